@@ -1,0 +1,1 @@
+"""WanDistiller: distill a large Wan video diffusion transformer into a small text-to-image student."""

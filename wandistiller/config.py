@@ -1,0 +1,135 @@
+"""Schemas for the Hydra config tree.
+
+One dataclass per config group, registered in Hydra's ConfigStore as `train_schema` and listed first in
+`conf/train.yaml`'s defaults. Every YAML option then merges into a typed node, so a typo in a key or a
+value of the wrong type fails at composition with Hydra's own message, before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class TeacherConfig:
+    name: str = MISSING
+    # A local diffusers-format Wan folder or a Hub id.
+    path: str = MISSING
+    # "tiny" / "tiny_moe": build this embedded teacher at `path` when it is not there yet.
+    builtin: str | None = None
+    guidance_scale: float = 5.0
+    # Two-expert teachers: CFG scale of the low-noise expert (`transformer_2`); None = guidance_scale.
+    guidance_scale_2: float | None = None
+    negative_prompt: str = ""
+    max_sequence_length: int = 512
+    # Shift of the flow schedule training timesteps are drawn from; None = the teacher scheduler's.
+    flow_shift: float | None = None
+
+
+@dataclass
+class PlacementConfig:
+    _target_: str = MISSING
+    # GPU index for the single-device placements; None = this process's own device (LOCAL_RANK).
+    device_index: int | None = None
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    teacher_dtype: str = MISSING
+    student_dtype: str = "fp32"
+    autocast_dtype: str | None = None
+
+
+@dataclass
+class DataConfig:
+    # Prompts file, one per line; None = the prompts shipped with WanDistiller.
+    prompts_path: str | None = None
+    # Student latents: 16 channels x frames x height x width (a 480x832 frame is 1 x 60 x 104).
+    latent_frames: int = 1
+    latent_height: int = 8
+    latent_width: int = 8
+    # How clean latents x0 are made: "gaussian" (data-free distillation).
+    latents: str = "gaussian"
+
+
+@dataclass
+class StudentConfig:
+    # A named architecture from `wandistiller.student.STUDENT_BUILDERS`, or None with `config_path`.
+    builder: str | None = None
+    # A diffusers WanTransformer3DModel config.json (the old student_config.json).
+    config_path: str | None = None
+    # "random", or "teacher": copy embeddings and evenly spaced blocks (widths must match).
+    init: str = "random"
+    # Weight of hidden-state distillation through a learned student->teacher width projection; 0 = off.
+    hidden_kd_weight: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    batch_size: int = 4
+    grad_accum_steps: int = 1
+    max_steps: int = 100
+    optimizer: Any = field(
+        default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4, "weight_decay": 0.0}
+    )
+    lr_scheduler: str = "cosine"
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    gradient_checkpointing: bool = False
+    ema_decay: float | None = None
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    # None: a new run; "auto": continue the latest checkpoint in the run folder; or a checkpoint folder.
+    resume: str | None = None
+    log_every: int = 1
+    progress_bar: bool = True
+    # The teacher-vs-student PNG grid at the end: prompts shown and sampling steps; 0 prompts = skip.
+    sample_prompts: int = 4
+    sample_steps: int = 10
+
+
+@dataclass
+class LoggerConfig:
+    _target_: str = MISSING
+    project: str = "wandistiller"
+    entity: str | None = None
+    # "offline" (default: no network), "online", or "disabled".
+    mode: str = "offline"
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DistributedConfig:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class TrainConfig:
+    teacher: TeacherConfig = MISSING
+    teacher_placement: PlacementConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    data: DataConfig = MISSING
+    student: StudentConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    distributed: DistributedConfig = MISSING
+    paths: PathsConfig = MISSING
+    seed: int = 0
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

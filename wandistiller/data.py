@@ -1,0 +1,175 @@
+"""Training inputs: prompts, their cached text embeddings, and per-step batches.
+
+The inputs of a step are a pure function of (seed, step, micro-batch, rank): any process -- a resumed
+run, or a teacher owner building every rank's batch -- can rebuild them exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wandistiller.errors import UserError
+from wandistiller.teacher import TeacherSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPTS = Path(__file__).parent / "assets" / "prompts.txt"
+
+
+def read_prompts(prompts_path: str | None) -> list[str]:
+    path = DEFAULT_PROMPTS if prompts_path is None else Path(prompts_path).expanduser()
+    key = f"data.prompts_path={str(path)!r}"
+    if not path.is_file():
+        raise UserError(f"{key} does not exist; give a text file with one prompt per line")
+    try:
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise UserError(f"{key} is not UTF-8 text; give a text file with one prompt per line") from None
+    if not prompts:
+        raise UserError(f"{key} holds no prompts; put one prompt per line")
+    return prompts
+
+
+@dataclass
+class PromptEmbeddings:
+    """Per-prompt text-encoder states, trimmed to each prompt's length (re-padded with zeros per batch,
+    exactly as WanPipeline pads), plus the negative prompt's."""
+
+    prompts: list[str]
+    embeds: list[torch.Tensor]
+    negative: torch.Tensor
+    max_sequence_length: int
+
+    def padded(self, indices: torch.Tensor) -> torch.Tensor:
+        rows = [self.embeds[i] for i in indices.tolist()]
+        return torch.stack([_pad(r, self.max_sequence_length) for r in rows])
+
+    def negative_batch(self, n: int) -> torch.Tensor:
+        return _pad(self.negative, self.max_sequence_length).expand(n, -1, -1)
+
+
+def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.cat([x, x.new_zeros(length - x.shape[0], x.shape[1])])
+
+
+def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
+    encoder = spec.path / "text_encoder"
+    weights = sorted((p.name, p.stat().st_size) for p in encoder.glob("*.safetensors"))
+    blob = json.dumps(
+        [str(spec.path.resolve()), (encoder / "config.json").read_text(), weights, prompts, negative, max_len, str(dtype)]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def encode_prompts(
+    spec: TeacherSpec,
+    prompts: list[str],
+    negative_prompt: str,
+    max_sequence_length: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    cache_dir: str | os.PathLike,
+) -> PromptEmbeddings:
+    """Text embeddings from the teacher's own encoder, computed once and cached on disk.
+
+    Uses WanPipeline.encode_prompt (the pipeline's tokenization, cleaning and padding), then frees the
+    encoder: it is never resident during training.
+    """
+    cache = Path(cache_dir).expanduser() / "embeddings" / f"{_cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)}.pt"
+    if cache.is_file():
+        log.info("text embeddings: cached %s", cache)
+        return PromptEmbeddings(**torch.load(cache, weights_only=True))
+
+    from diffusers import WanPipeline
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    log.info("text embeddings: encoding %d prompts with %s/text_encoder", len(prompts), spec.path)
+    pipe = WanPipeline.from_pretrained(
+        spec.path, transformer=None, transformer_2=None, vae=None, torch_dtype=dtype, use_safetensors=True
+    ).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    tokenizer = pipe.tokenizer
+    embeds = []
+    with torch.no_grad():
+        for start in range(0, len(prompts), 16):
+            chunk = prompts[start : start + 16]
+            padded, _ = pipe.encode_prompt(
+                chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+            )
+            lengths = tokenizer(
+                [prompt_clean(p) for p in chunk], max_length=max_sequence_length, truncation=True, add_special_tokens=True
+            ).input_ids
+            embeds += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+        negative, _ = pipe.encode_prompt(
+            negative_prompt, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+        )
+        negative_len = len(tokenizer(prompt_clean(negative_prompt), max_length=max_sequence_length, truncation=True).input_ids)
+    del pipe
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    result = PromptEmbeddings(prompts, embeds, negative[0, :negative_len].cpu().clone(), max_sequence_length)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache.parent, suffix=".tmp", delete=False) as f:
+        torch.save(vars(result), f)
+    os.replace(f.name, cache)
+    return result
+
+
+@dataclass
+class Batch:
+    prompt_idx: torch.Tensor  # [B]
+    x_t: torch.Tensor  # [B, C, F, H, W] noisy latents
+    t: torch.Tensor  # [B] float timesteps in [0, num_train_timesteps)
+    cond: torch.Tensor  # [B, L, D]
+    uncond: torch.Tensor  # [B, L, D]
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(v.to(device, non_blocking=True) for v in vars(self).values()))
+
+
+def shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
+    """Wan's flow shift applied to uniform u in [0, 1): sigma = s*u / (1 + (s-1)*u)."""
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def make_batch(
+    *,
+    seed: int,
+    step: int,
+    micro: int,
+    rank: int,
+    batch_size: int,
+    latent_shape: tuple[int, int, int, int],
+    flow_shift: float,
+    num_train_timesteps: int,
+    embeddings: PromptEmbeddings,
+) -> Batch:
+    """One micro-batch, a pure function of its arguments (built on the CPU, so every device agrees)."""
+    g = torch.Generator().manual_seed(_mix(seed, step, micro, rank))
+    prompt_idx = torch.randint(len(embeddings.embeds), (batch_size,), generator=g)
+    x0 = torch.randn((batch_size, *latent_shape), generator=g)
+    noise = torch.randn((batch_size, *latent_shape), generator=g)
+    sigma = shifted_sigmas(torch.rand(batch_size, generator=g), flow_shift)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    x_t = (1 - s) * x0 + s * noise  # rectified flow: the velocity is noise - x0
+    return Batch(
+        prompt_idx=prompt_idx,
+        x_t=x_t,
+        t=sigma * num_train_timesteps,
+        cond=embeddings.padded(prompt_idx),
+        uncond=embeddings.negative_batch(batch_size),
+    )
+
+
+def _mix(*ints: int) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(ints).encode(), digest_size=8).digest(), "little") >> 1

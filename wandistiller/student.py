@@ -1,0 +1,128 @@
+"""The student: a WanTransformer3DModel built from a named architecture or a diffusers config.json.
+
+Architecture constants live in STUDENT_BUILDERS and nowhere else. What must agree with the teacher
+(latent channels, patch size, text width) is inherited from the teacher unless a config file sets it,
+and then checked before any weights load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from wandistiller.errors import UserError
+from wandistiller.teacher import TeacherSpec, capture_last_block
+
+STUDENT_BUILDERS: dict[str, dict] = {
+    # 2 blocks at the tiny teacher's width (so it can start from the teacher's blocks).
+    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2),
+    # ~0.2B parameters: width 1536, 6 blocks.
+    "small": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=4096, num_layers=6),
+    # Wan 2.1 1.3B's shape.
+    "base": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
+}
+# Keys the student takes from the teacher unless its config sets them.
+INHERITED = ("patch_size", "in_channels", "out_channels", "text_dim", "freq_dim", "qk_norm", "cross_attn_norm", "eps", "rope_max_seq_len")
+# Keys that must equal the teacher's for the student to consume the same inputs and predict the same target.
+MUST_MATCH = ("patch_size", "in_channels", "out_channels", "text_dim")
+# Keys that must equal the teacher's to copy its blocks into the student (student.init=teacher).
+WIDTHS = ("num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "freq_dim", "qk_norm", "cross_attn_norm")
+
+
+def student_config(student_cfg, spec: TeacherSpec) -> dict:
+    """The student's WanTransformer3DModel config, checked against the teacher's."""
+    teacher = spec.transformer_config
+    if student_cfg.builder is not None:
+        if student_cfg.builder not in STUDENT_BUILDERS:
+            raise UserError(
+                f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(STUDENT_BUILDERS)} "
+                "or student=from_json student.config_path=…"
+            )
+        own, source = dict(STUDENT_BUILDERS[student_cfg.builder]), f"student={student_cfg.builder}"
+    elif student_cfg.config_path is not None:
+        path = Path(student_cfg.config_path).expanduser()
+        source = f"student.config_path={str(path)!r}"
+        if not path.is_file():
+            raise UserError(f"{source} does not exist; give a WanTransformer3DModel config.json")
+        try:
+            own = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+        except json.JSONDecodeError as e:
+            raise UserError(f"{source} is not valid JSON ({e})") from None
+    else:
+        raise UserError("student: set student.builder (tiny, small, base) or use student=from_json student.config_path=…")
+
+    config = {k: teacher[k] for k in INHERITED if k in teacher} | own
+    for key in MUST_MATCH:
+        mine, theirs = _norm(config.get(key)), _norm(teacher.get(key))
+        if mine != theirs:
+            raise UserError(
+                f"{source}: {key}={mine} but the teacher has {key}={theirs}; set it to {theirs} (or drop it to inherit the teacher's)"
+            )
+    from diffusers import WanTransformer3DModel
+
+    unknown = set(config) - set(WanTransformer3DModel.extract_init_dict(config)[0])
+    if unknown:
+        raise UserError(f"{source}: {sorted(unknown)} are not WanTransformer3DModel options; remove them")
+    return config
+
+
+def _norm(v):
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
+class Student(nn.Module):
+    """The student transformer plus, for hidden-state distillation, a learned width projection.
+
+    This wrapper is the one module the optimizer (and DDP) sees.
+    """
+
+    def __init__(self, transformer: nn.Module, teacher_width: int | None):
+        super().__init__()
+        self.transformer = transformer
+        width = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+        self.hidden_proj = nn.Linear(width, teacher_width) if teacher_width else None
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with capture_last_block(self.transformer, self.hidden_proj is not None) as captured:
+            pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+        hidden = self.hidden_proj(captured[0]) if self.hidden_proj is not None else None
+        return pred, hidden
+
+
+def build_student(student_cfg, spec: TeacherSpec, dtype: torch.dtype = torch.float32) -> Student:
+    from diffusers import WanTransformer3DModel
+
+    if student_cfg.init not in ("random", "teacher"):
+        raise UserError(f"student.init={student_cfg.init!r} is unknown; use random or teacher")
+    config = student_config(student_cfg, spec)
+    if student_cfg.init == "teacher":
+        for key in WIDTHS:
+            mine, theirs = config.get(key), spec.transformer_config.get(key)
+            if mine != theirs:
+                raise UserError(
+                    f"student.init=teacher copies the teacher's blocks, but the student's {key}={mine} and the "
+                    f"teacher's is {theirs}; use student.init=random or a student of the teacher's width"
+                )
+    transformer = WanTransformer3DModel.from_config(config)
+    teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
+    student = Student(transformer, teacher_width if student_cfg.hidden_kd_weight > 0 else None)
+    return student if dtype == torch.float32 else student.to(dtype)
+
+
+def init_from_teacher(student: Student, teacher_expert: nn.Module) -> None:
+    """Copy the teacher's embeddings, output head and evenly spaced blocks into the student.
+
+    Widths were checked by build_student; with two experts the caller passes `transformer`.
+    """
+    s, t = student.transformer, teacher_expert
+    n_s, n_t = len(s.blocks), len(t.blocks)
+    picks = [round(i * (n_t - 1) / max(n_s - 1, 1)) for i in range(n_s)]
+    state = {k: v for k, v in t.state_dict().items() if not k.startswith("blocks.")}
+    for i, j in enumerate(picks):
+        state |= {f"blocks.{i}.{k}": v for k, v in t.blocks[j].state_dict().items()}
+    with torch.no_grad():
+        for name, param in s.state_dict().items():
+            param.copy_(state[name].to(param.dtype))

@@ -1,0 +1,207 @@
+"""The frozen Wan teacher: find its folder, check it, load it, and compute guided velocity targets.
+
+One code path for every teacher: a Hub id is first fetched into the local cache by diffusers, then
+every teacher -- the embedded tiny one included -- is a local diffusers-format folder loaded with
+`from_pretrained(..., use_safetensors=True)`. No remote code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from wandistiller.errors import UserError
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """What the folder says about the teacher, read from JSON files only (no weights)."""
+
+    path: Path
+    experts: tuple[str, ...]  # ("transformer",) or ("transformer", "transformer_2")
+    transformer_config: dict = field(hash=False)
+    boundary_ratio: float | None
+    flow_shift: float
+    num_train_timesteps: int
+
+    @property
+    def boundary_timestep(self) -> float | None:
+        return None if self.boundary_ratio is None else self.boundary_ratio * self.num_train_timesteps
+
+
+def resolve_teacher_path(teacher_cfg) -> Path:
+    """A local folder as is; the embedded teachers built on first use; a Hub id fetched by diffusers."""
+    from wandistiller.tiny_teacher import ensure_tiny_teacher
+
+    if teacher_cfg.builtin is not None:
+        if teacher_cfg.builtin not in ("tiny", "tiny_moe"):
+            raise UserError(f"teacher.builtin={teacher_cfg.builtin!r} is unknown; use tiny, tiny_moe or null")
+        return ensure_tiny_teacher(teacher_cfg.path, two_experts=teacher_cfg.builtin == "tiny_moe")
+    path = Path(teacher_cfg.path).expanduser()
+    if path.is_dir():
+        return path
+    looks_like_hub_id = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise UserError(f"teacher.path={teacher_cfg.path!r} does not exist; point it at a diffusers-format Wan folder")
+    from diffusers import DiffusionPipeline
+
+    try:
+        return Path(DiffusionPipeline.download(teacher_cfg.path, use_safetensors=True))
+    except Exception as e:  # offline, unknown repo, gated repo: all the same to the user
+        raise UserError(
+            f"teacher.path={teacher_cfg.path!r} is not a local folder and could not be fetched from the Hub "
+            f"({type(e).__name__}); download it (huggingface-cli download {teacher_cfg.path} --local-dir DIR) "
+            "and set teacher.path=DIR"
+        ) from None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{what}: {path} is missing; is this a diffusers-format Wan folder?") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what}: {path} is not valid JSON ({e})") from None
+
+
+def _require_safetensors(folder: Path, key: str) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise UserError(
+            f"{key}: {folder} holds only pickle .bin weights; WanDistiller loads safetensors only "
+            "(convert with diffusers' save_pretrained(safe_serialization=True))"
+        )
+    raise UserError(f"{key}: {folder} holds no weights (*.safetensors)")
+
+
+def inspect_teacher(path: Path) -> TeacherSpec:
+    """Check that `path` is a Wan text-to-video diffusers folder and read its shape, without weights."""
+    key = f"teacher.path={str(path)!r}"
+    if not path.is_dir():
+        raise UserError(f"{key} is not a folder")
+    index = _read_json(path / "model_index.json", key)
+    experts = tuple(name for name in ("transformer", "transformer_2") if index.get(name, [None])[-1])
+    if not experts or index["transformer"][-1] != "WanTransformer3DModel":
+        raise UserError(
+            f"{key} is a {index.get('_class_name', 'unknown')} folder without a WanTransformer3DModel 'transformer'; "
+            "point it at a Wan T2V diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
+        )
+    for name in experts + ("text_encoder",):
+        _require_safetensors(path / name, key)
+    config = _read_json(path / "transformer" / "config.json", key)
+    if experts == ("transformer", "transformer_2"):
+        config_2 = _read_json(path / "transformer_2" / "config.json", key)
+        if config_2.get("in_channels") != config.get("in_channels") or config_2.get("text_dim") != config.get("text_dim"):
+            raise UserError(f"{key}: transformer and transformer_2 disagree on in_channels/text_dim")
+    boundary_ratio = index.get("boundary_ratio")
+    if len(experts) == 2 and boundary_ratio is None:
+        raise UserError(f"{key} has transformer_2 but no boundary_ratio in model_index.json; add it (Wan 2.2: 0.875)")
+    scheduler = _read_json(path / "scheduler" / "scheduler_config.json", key)
+    # UniPC / DPM++ call it flow_shift; FlowMatchEulerDiscrete calls it shift.
+    flow_shift = scheduler.get("flow_shift") or scheduler.get("shift") or 1.0
+    return TeacherSpec(
+        path=path,
+        experts=experts,
+        transformer_config=config,
+        boundary_ratio=boundary_ratio if len(experts) == 2 else None,
+        flow_shift=float(flow_shift),
+        num_train_timesteps=int(scheduler.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS)),
+    )
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """The one place a teacher module becomes a frozen teacher: eval, no grads, nothing left on meta."""
+    model.eval().requires_grad_(False)
+    on_meta = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if on_meta:
+        raise RuntimeError(f"teacher tensors left on the meta device after loading: {on_meta[:5]}")
+    return model
+
+
+def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs) -> nn.Module:
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel.from_pretrained(
+        spec.path, subfolder=name, torch_dtype=dtype, use_safetensors=True, **load_kwargs
+    )
+    return freeze(model)
+
+
+class Teacher:
+    """Guided-velocity targets from one or two frozen Wan experts.
+
+    Mirrors WanPipeline's denoising step: for two experts, `transformer` serves t >= boundary and
+    `transformer_2` the rest (timestep space, not index space); CFG is uncond + g * (cond - uncond)
+    with the expert's own scale. Cond and uncond run as one batch of 2B.
+    """
+
+    def __init__(self, spec: TeacherSpec, experts: list[nn.Module], guidance_scales: list[float], device: torch.device):
+        if len(experts) != len(guidance_scales):
+            raise ValueError("one guidance scale per expert")
+        self.spec = spec
+        self.experts = experts
+        self.guidance_scales = guidance_scales
+        self.device = device
+        self.dtype = experts[0].dtype  # ModelMixin.dtype skips the modules diffusers keeps in fp32
+
+    def expert_index(self, t: torch.Tensor) -> torch.Tensor:
+        """0 for `transformer` (t >= boundary, the high-noise expert), 1 for `transformer_2`."""
+        if len(self.experts) == 1:
+            return torch.zeros_like(t, dtype=torch.long)
+        return (t < self.spec.boundary_timestep).long()
+
+    @torch.no_grad()
+    def targets(
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor, want_hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Guided velocity (float32, on the teacher's device) and, if asked, the last block's cond hidden states."""
+        x_t, t = x_t.to(self.device, self.dtype), t.to(self.device)
+        cond, uncond = cond.to(self.device, self.dtype), uncond.to(self.device, self.dtype)
+        which = self.expert_index(t)
+        out = torch.empty(x_t.shape, dtype=torch.float32, device=self.device)
+        hidden = None
+        for i, (expert, scale) in enumerate(zip(self.experts, self.guidance_scales)):
+            rows = (which == i).nonzero().flatten()
+            if rows.numel() == 0:
+                continue
+            if rows.numel() < len(t):  # group the samples each expert serves, as one batch per expert
+                xs, ts, cs, us = x_t[rows], t[rows], cond[rows], uncond[rows]
+            else:
+                xs, ts, cs, us = x_t, t, cond, uncond
+            with capture_last_block(expert, want_hidden) as captured:
+                pred = expert(
+                    hidden_states=torch.cat([xs, xs]),
+                    timestep=torch.cat([ts, ts]),
+                    encoder_hidden_states=torch.cat([cs, us]),
+                    return_dict=False,
+                )[0]
+            pred_cond, pred_uncond = pred.float().chunk(2)
+            out[rows] = pred_uncond + scale * (pred_cond - pred_uncond)
+            if want_hidden:
+                h = captured[0][: len(rows)].float()
+                hidden = h.new_empty((len(t), *h.shape[1:])) if hidden is None else hidden
+                hidden[rows] = h
+        return out, hidden
+
+
+class capture_last_block:
+    """Context manager: a forward hook that keeps the last transformer block's output."""
+
+    def __init__(self, model: nn.Module, enabled: bool):
+        self.model, self.enabled, self.captured, self.handle = model, enabled, [], None
+
+    def __enter__(self) -> list[torch.Tensor]:
+        if self.enabled:
+            self.handle = self.model.blocks[-1].register_forward_hook(lambda m, i, o: self.captured.append(o))
+        return self.captured
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self.handle.remove()

@@ -1,0 +1,111 @@
+"""Build the embedded tiny Wan teachers as real diffusers-format folders.
+
+No machine here reaches a model hub, so the default teacher is made locally: a word-level tokenizer,
+a UMT5 text encoder, an AutoencoderKLWan, one or two WanTransformer3DModels and Wan's UniPC flow
+scheduler, saved with `save_pretrained`. Training then loads the folder through exactly the code
+path a downloaded Wan model takes (`teacher.load_teacher`), so nothing downstream knows it is tiny.
+
+Building is deterministic (fixed seeds), so the same folder comes out on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from wandistiller.data import DEFAULT_PROMPTS
+
+# Shaped like Wan (patch (1,2,2), 16 latent channels, qk rms-norm), with every width tiny.
+TINY_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=64,
+    ffn_dim=64,
+    num_layers=4,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+TINY_TEXT_ENCODER = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+# Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
+TINY_MOE_BOUNDARY_RATIO = 0.875
+
+
+def _build_tokenizer():
+    """A word-level tokenizer over the default prompts' words; T5-like specials (pad=0, eos=1, unk=2)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for p in DEFAULT_PROMPTS.read_text().splitlines() for w in re.findall(r"\w+|[^\w\s]", p.lower())})
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
+    )
+
+
+def build_tiny_pipeline(two_experts: bool = False):
+    """A WanPipeline with tiny random components (seeded). Two experts mirror Wan 2.2 A14B."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tokenizer = _build_tokenizer()
+    torch.manual_seed(0)
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TINY_TEXT_ENCODER)).eval()
+    torch.manual_seed(1)
+    vae = AutoencoderKLWan(**TINY_VAE).eval()
+    torch.manual_seed(2)
+    transformer = WanTransformer3DModel(**TINY_TRANSFORMER).eval()
+    transformer_2 = None
+    if two_experts:
+        torch.manual_seed(3)
+        transformer_2 = WanTransformer3DModel(**TINY_TRANSFORMER).eval()
+    # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
+    )
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=scheduler,
+        transformer=transformer,
+        transformer_2=transformer_2,
+        boundary_ratio=TINY_MOE_BOUNDARY_RATIO if two_experts else None,
+    )
+
+
+def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> Path:
+    """Create the tiny teacher folder at `path` unless it is already there; return the path.
+
+    Written to a temporary sibling and renamed, so a crash or a concurrent builder never leaves a
+    half-written folder that later looks like a teacher.
+    """
+    path = Path(path).expanduser()
+    if (path / "model_index.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        build_tiny_pipeline(two_experts).save_pretrained(tmp, safe_serialization=True)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process finished first; theirs is identical
+            if not (path / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
