@@ -65,7 +65,15 @@ def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: in
     encoder = spec.path / "text_encoder"
     weights = sorted((p.name, p.stat().st_size) for p in encoder.glob("*.safetensors"))
     blob = json.dumps(
-        [str(spec.path.resolve()), (encoder / "config.json").read_text(), weights, prompts, negative, max_len, str(dtype)]
+        [
+            str(spec.path.resolve()),
+            (encoder / "config.json").read_text(),
+            weights,
+            prompts,
+            negative,
+            max_len,
+            str(dtype),
+        ]
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -84,7 +92,11 @@ def encode_prompts(
     Uses WanPipeline.encode_prompt (the pipeline's tokenization, cleaning and padding), then frees the
     encoder: it is never resident during training.
     """
-    cache = Path(cache_dir).expanduser() / "embeddings" / f"{_cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)}.pt"
+    cache = (
+        Path(cache_dir).expanduser()
+        / "embeddings"
+        / f"{_cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)}.pt"
+    )
     if cache.is_file():
         log.info("text embeddings: cached %s", cache)
         return PromptEmbeddings(**torch.load(cache, weights_only=True))
@@ -106,13 +118,18 @@ def encode_prompts(
                 chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
             )
             lengths = tokenizer(
-                [prompt_clean(p) for p in chunk], max_length=max_sequence_length, truncation=True, add_special_tokens=True
+                [prompt_clean(p) for p in chunk],
+                max_length=max_sequence_length,
+                truncation=True,
+                add_special_tokens=True,
             ).input_ids
             embeds += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
         negative, _ = pipe.encode_prompt(
             negative_prompt, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
         )
-        negative_len = len(tokenizer(prompt_clean(negative_prompt), max_length=max_sequence_length, truncation=True).input_ids)
+        negative_len = len(
+            tokenizer(prompt_clean(negative_prompt), max_length=max_sequence_length, truncation=True).input_ids
+        )
     del pipe
     gc.collect()
     if device.type == "cuda":

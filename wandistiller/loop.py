@@ -42,7 +42,9 @@ class Run:
 def distill_step(run: Run, batch: Batch, kd_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """Teacher targets, student prediction, loss parts: (loss, velocity loss, hidden loss, teacher ms)."""
     start = _now(run.device)
-    target, teacher_hidden = run.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden=kd_weight > 0)
+    target, teacher_hidden = run.teacher.targets(
+        batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden=kd_weight > 0
+    )
     target = target.to(run.device, non_blocking=True)
     teacher_ms = (_now(run.device) - start) * 1e3
     dtype = run.precision.autocast_dtype
@@ -57,17 +59,34 @@ def distill_step(run: Run, batch: Batch, kd_weight: float) -> tuple[torch.Tensor
 
 def train_loop(run: Run, trainer_cfg, data_cfg, kd_weight: float, start_step: int) -> list[dict]:
     spec = run.teacher.spec
-    latent_shape = (spec.transformer_config["in_channels"], data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
+    latent_shape = (
+        spec.transformer_config["in_channels"],
+        data_cfg.latent_frames,
+        data_cfg.latent_height,
+        data_cfg.latent_width,
+    )
     accum, batch_size = trainer_cfg.grad_accum_steps, trainer_cfg.batch_size
     params = [p for p in run.student.parameters() if p.requires_grad]
-    bar = tqdm(total=trainer_cfg.max_steps, initial=start_step, desc="distill", disable=not trainer_cfg.progress_bar or run.rank != 0)
+    bar = tqdm(
+        total=trainer_cfg.max_steps,
+        initial=start_step,
+        desc="distill",
+        disable=not trainer_cfg.progress_bar or run.rank != 0,
+    )
     for step in range(start_step, trainer_cfg.max_steps):
         step_start, teacher_ms, sums = _now(run.device), 0.0, torch.zeros(3, device=run.device)
         _reset_peak_memory()
         for micro in range(accum):
             batch = make_batch(
-                seed=run.seed, step=step, micro=micro, rank=run.rank, batch_size=batch_size, latent_shape=latent_shape,
-                flow_shift=run.flow_shift, num_train_timesteps=spec.num_train_timesteps, embeddings=run.embeddings,
+                seed=run.seed,
+                step=step,
+                micro=micro,
+                rank=run.rank,
+                batch_size=batch_size,
+                latent_shape=latent_shape,
+                flow_shift=run.flow_shift,
+                num_train_timesteps=spec.num_train_timesteps,
+                embeddings=run.embeddings,
             ).to(run.device)
             loss, velocity_loss, hidden_loss, ms = distill_step(run, batch, kd_weight)
             run.scaler.scale(loss / accum).backward()
@@ -85,9 +104,15 @@ def train_loop(run: Run, trainer_cfg, data_cfg, kd_weight: float, start_step: in
         step_ms = (_now(run.device) - step_start) * 1e3
         loss, velocity_loss, hidden_loss = sums.tolist()
         metrics = {
-            "loss": loss, "loss_velocity": velocity_loss, "loss_hidden": hidden_loss, "grad_norm": float(grad_norm),
-            "lr": run.lr_scheduler.get_last_lr()[0], "samples_per_s": batch_size * accum / (step_ms / 1e3),
-            "step_ms": step_ms, "teacher_ms": teacher_ms, "student_ms": step_ms - teacher_ms,
+            "loss": loss,
+            "loss_velocity": velocity_loss,
+            "loss_hidden": hidden_loss,
+            "grad_norm": float(grad_norm),
+            "lr": run.lr_scheduler.get_last_lr()[0],
+            "samples_per_s": batch_size * accum / (step_ms / 1e3),
+            "step_ms": step_ms,
+            "teacher_ms": teacher_ms,
+            "student_ms": step_ms - teacher_ms,
         } | memory_metrics()
         run.history.append({"step": step + 1} | metrics)
         bar.update()
@@ -130,4 +155,3 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
-

@@ -3,7 +3,7 @@
 One small class per placement behind one interface, each named by `_target_` in
 `conf/teacher_placement/<name>.yaml`:
 
-    check(spec, precision)  refuse early, before any weights load, with one line naming a fix
+    check(precision)        refuse early, before any weights load or download, with one line naming a fix
     load(spec, teacher_cfg, precision) -> Teacher
 """
 
@@ -40,7 +40,7 @@ class CpuPlacement:
     def __init__(self, device_index: int | None = None):
         self.device = torch.device("cpu")
 
-    def check(self, spec: TeacherSpec, precision: Precision) -> None:
+    def check(self, precision: Precision) -> None:
         if precision.teacher_dtype == torch.float16:
             raise UserError("teacher_placement=cpu cannot run an fp16 teacher; use precision=bf16 or precision=fp32")
 
@@ -57,7 +57,7 @@ class GpuPlacement:
         self.device_index = int(os.environ.get("LOCAL_RANK", 0)) if device_index is None else device_index
         self.device = torch.device("cuda", self.device_index)
 
-    def check(self, spec: TeacherSpec, precision: Precision) -> None:
+    def check(self, precision: Precision) -> None:
         if not torch.cuda.is_available():
             raise UserError("teacher_placement=gpu needs a CUDA GPU and none is visible; use teacher_placement=cpu")
         if self.device_index >= torch.cuda.device_count():

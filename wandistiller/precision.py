@@ -30,7 +30,9 @@ class Precision:
             name=cfg.name,
             teacher_dtype=to_dtype(cfg.teacher_dtype, "precision.teacher_dtype"),
             student_dtype=to_dtype(cfg.student_dtype, "precision.student_dtype"),
-            autocast_dtype=None if cfg.autocast_dtype is None else to_dtype(cfg.autocast_dtype, "precision.autocast_dtype"),
+            autocast_dtype=None
+            if cfg.autocast_dtype is None
+            else to_dtype(cfg.autocast_dtype, "precision.autocast_dtype"),
         )
 
     @property

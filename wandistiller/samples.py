@@ -21,8 +21,14 @@ CELL = 192  # pixels per sample in the grid, so tiny teachers' 64-pixel samples 
 
 @torch.no_grad()
 def sample_grid(
-    teacher: Teacher, student_transformer: torch.nn.Module, embeddings: PromptEmbeddings, data_cfg,
-    num_prompts: int, steps: int, seed: int, path: Path,
+    teacher: Teacher,
+    student_transformer: torch.nn.Module,
+    embeddings: PromptEmbeddings,
+    data_cfg,
+    num_prompts: int,
+    steps: int,
+    seed: int,
+    path: Path,
 ) -> Path:
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
@@ -39,14 +45,26 @@ def sample_grid(
 
     def draw(transformer, transformer_2, guidance, guidance_2, boundary):
         device = next(transformer.parameters()).device
-        pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae.to(device), scheduler=scheduler,
-                           transformer=transformer, transformer_2=transformer_2, boundary_ratio=boundary)
+        pipe = WanPipeline(
+            tokenizer=None,
+            text_encoder=None,
+            vae=vae.to(device),
+            scheduler=scheduler,
+            transformer=transformer,
+            transformer_2=transformer_2,
+            boundary_ratio=boundary,
+        )
         pipe.set_progress_bar_config(disable=True)
         dtype = transformer.dtype
         frames = pipe(
-            prompt_embeds=cond.to(device, dtype), negative_prompt_embeds=uncond.to(device, dtype), guidance_scale=guidance,
-            guidance_scale_2=guidance_2, num_inference_steps=steps, output_type="np",
-            generator=torch.Generator(device).manual_seed(seed), **size,
+            prompt_embeds=cond.to(device, dtype),
+            negative_prompt_embeds=uncond.to(device, dtype),
+            guidance_scale=guidance,
+            guidance_scale_2=guidance_2,
+            num_inference_steps=steps,
+            output_type="np",
+            generator=torch.Generator(device).manual_seed(seed),
+            **size,
         ).frames
         return frames[:, 0]  # first frame of each video
 

@@ -25,7 +25,17 @@ STUDENT_BUILDERS: dict[str, dict] = {
     "base": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
 }
 # Keys the student takes from the teacher unless its config sets them.
-INHERITED = ("patch_size", "in_channels", "out_channels", "text_dim", "freq_dim", "qk_norm", "cross_attn_norm", "eps", "rope_max_seq_len")
+INHERITED = (
+    "patch_size",
+    "in_channels",
+    "out_channels",
+    "text_dim",
+    "freq_dim",
+    "qk_norm",
+    "cross_attn_norm",
+    "eps",
+    "rope_max_seq_len",
+)
 # Keys that must equal the teacher's for the student to consume the same inputs and predict the same target.
 MUST_MATCH = ("patch_size", "in_channels", "out_channels", "text_dim")
 # Keys that must equal the teacher's to copy its blocks into the student (student.init=teacher).
@@ -52,7 +62,9 @@ def student_config(student_cfg, spec: TeacherSpec) -> dict:
         except json.JSONDecodeError as e:
             raise UserError(f"{source} is not valid JSON ({e})") from None
     else:
-        raise UserError("student: set student.builder (tiny, small, base) or use student=from_json student.config_path=…")
+        raise UserError(
+            "student: set student.builder (tiny, small, base) or use student=from_json student.config_path=…"
+        )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
     for key in MUST_MATCH:
@@ -85,7 +97,9 @@ class Student(nn.Module):
         width = transformer.config.num_attention_heads * transformer.config.attention_head_dim
         self.hidden_proj = nn.Linear(width, teacher_width) if teacher_width else None
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with capture_last_block(self.transformer, self.hidden_proj is not None) as captured:
             pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
         hidden = self.hidden_proj(captured[0]) if self.hidden_proj is not None else None

@@ -98,7 +98,9 @@ def inspect_teacher(path: Path) -> TeacherSpec:
     config = _read_json(path / "transformer" / "config.json", key)
     if experts == ("transformer", "transformer_2"):
         config_2 = _read_json(path / "transformer_2" / "config.json", key)
-        if config_2.get("in_channels") != config.get("in_channels") or config_2.get("text_dim") != config.get("text_dim"):
+        if config_2.get("in_channels") != config.get("in_channels") or config_2.get("text_dim") != config.get(
+            "text_dim"
+        ):
             raise UserError(f"{key}: transformer and transformer_2 disagree on in_channels/text_dim")
     boundary_ratio = index.get("boundary_ratio")
     if len(experts) == 2 and boundary_ratio is None:

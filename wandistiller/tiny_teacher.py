@@ -99,6 +99,9 @@ def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> P
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.disable_progress_bar()
     try:
         build_tiny_pipeline(two_experts).save_pretrained(tmp, safe_serialization=True)
         try:
@@ -108,4 +111,5 @@ def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> P
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        diffusers_logging.enable_progress_bar()
     return path

@@ -31,8 +31,15 @@ class NullTracker:
 class WandbTracker(NullTracker):
     """One wandb run per training run; a resumed run continues the same run id."""
 
-    def __init__(self, project: str, entity: str | None = None, mode: str = "offline", group: str | None = None,
-                 name: str | None = None, tags: list[str] | None = None):
+    def __init__(
+        self,
+        project: str,
+        entity: str | None = None,
+        mode: str = "offline",
+        group: str | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+    ):
         self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or []))
         self.run = None
 
@@ -42,7 +49,9 @@ class WandbTracker(NullTracker):
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **self.kwargs)
+        self.run = wandb.init(
+            dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **self.kwargs
+        )
         self.run_id = self.run.id
 
     def log(self, metrics: dict, step: int) -> None:

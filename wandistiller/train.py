@@ -47,17 +47,32 @@ def run(cfg: DictConfig) -> dict:
     precision = Precision.from_config(cfg.precision)
     precision.check(device)
     placement = instantiate(cfg.teacher_placement)
+    placement.check(precision)
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher))
-    placement.check(spec, precision)
     torch.manual_seed(cfg.seed)
     student = build_student(cfg.student, spec, precision.student_dtype)
     prompts = read_prompts(cfg.data.prompts_path)
     save_config(run_dir, cfg, resume_from)
-    log.info("teacher %s (%s, %d expert(s)) on %s; student %.1fM params on %s; precision %s",
-             cfg.teacher.name, spec.path, len(spec.experts), placement.name, _millions(student), device, precision.name)
+    log.info(
+        "teacher %s (%s, %d expert(s)) on %s; student %.1fM params on %s; precision %s",
+        cfg.teacher.name,
+        spec.path,
+        len(spec.experts),
+        placement.name,
+        _millions(student),
+        device,
+        precision.name,
+    )
 
-    embeddings = encode_prompts(spec, prompts, cfg.teacher.negative_prompt, cfg.teacher.max_sequence_length,
-                                precision.teacher_dtype, placement.device, cfg.paths.cache_dir)
+    embeddings = encode_prompts(
+        spec,
+        prompts,
+        cfg.teacher.negative_prompt,
+        cfg.teacher.max_sequence_length,
+        precision.teacher_dtype,
+        placement.device,
+        cfg.paths.cache_dir,
+    )
     teacher = placement.load(spec, cfg.teacher, precision)
     if cfg.student.init == "teacher" and resume_from is None:
         init_from_teacher(student, teacher.experts[0])
@@ -70,8 +85,12 @@ def run(cfg: DictConfig) -> dict:
 
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
-    lr_scheduler = get_scheduler(cfg.trainer.lr_scheduler, optimizer, num_warmup_steps=cfg.trainer.warmup_steps,
-                                 num_training_steps=cfg.trainer.max_steps)
+    lr_scheduler = get_scheduler(
+        cfg.trainer.lr_scheduler,
+        optimizer,
+        num_warmup_steps=cfg.trainer.warmup_steps,
+        num_training_steps=cfg.trainer.max_steps,
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     ema = EMAModel(params, decay=cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
     tracker = instantiate(cfg.logger)
@@ -93,9 +112,21 @@ def run(cfg: DictConfig) -> dict:
     tracker.start(run_dir, OmegaConf.to_container(cfg, resolve=True), tracker_run_id)
 
     flow_shift = cfg.teacher.flow_shift or spec.flow_shift
-    loop = Run(student=student, teacher=teacher, embeddings=embeddings, optimizer=optimizer, lr_scheduler=lr_scheduler,
-               scaler=scaler, ema=ema, tracker=tracker, precision=precision, device=device, run_dir=run_dir,
-               seed=cfg.seed, flow_shift=flow_shift)
+    loop = Run(
+        student=student,
+        teacher=teacher,
+        embeddings=embeddings,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        scaler=scaler,
+        ema=ema,
+        tracker=tracker,
+        precision=precision,
+        device=device,
+        run_dir=run_dir,
+        seed=cfg.seed,
+        flow_shift=flow_shift,
+    )
     history = train_loop(loop, cfg.trainer, cfg.data, cfg.student.hidden_kd_weight, start_step)
 
     student.transformer.save_pretrained(run_dir / "student", safe_serialization=True)
@@ -106,29 +137,50 @@ def run(cfg: DictConfig) -> dict:
     if cfg.trainer.sample_prompts > 0:
         from wandistiller.samples import sample_grid
 
-        grid = sample_grid(teacher, student.transformer, embeddings, cfg.data, cfg.trainer.sample_prompts,
-                           cfg.trainer.sample_steps, cfg.seed, run_dir / "samples.png")
+        grid = sample_grid(
+            teacher,
+            student.transformer,
+            embeddings,
+            cfg.data,
+            cfg.trainer.sample_prompts,
+            cfg.trainer.sample_steps,
+            cfg.seed,
+            run_dir / "samples.png",
+        )
         tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
     summary = summarize(cfg, history, placement.name, precision.name, student, teacher, device, time.time() - started)
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "metrics_steps.jsonl").open("a").writelines(json.dumps(h) + "\n" for h in history)
     tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
-    log.info("done: %d steps, loss %.4f -> %.4f; outputs in %s", summary["steps_run"], summary["loss_first"],
-             summary["loss_last"], run_dir)
+    log.info(
+        "done: %d steps, loss %.4f -> %.4f; outputs in %s",
+        summary["steps_run"],
+        summary["loss_first"],
+        summary["loss_last"],
+        run_dir,
+    )
     return summary
 
 
 def check_config(cfg: DictConfig) -> None:
     """Values the schema's types cannot catch, each named with its key and a fix."""
     t, d = cfg.trainer, cfg.data
-    for key, value in [("trainer.batch_size", t.batch_size), ("trainer.grad_accum_steps", t.grad_accum_steps),
-                       ("trainer.max_steps", t.max_steps), ("trainer.checkpoint_every", t.checkpoint_every),
-                       ("trainer.log_every", t.log_every), ("data.latent_frames", d.latent_frames),
-                       ("data.latent_height", d.latent_height), ("data.latent_width", d.latent_width)]:
+    for key, value in [
+        ("trainer.batch_size", t.batch_size),
+        ("trainer.grad_accum_steps", t.grad_accum_steps),
+        ("trainer.max_steps", t.max_steps),
+        ("trainer.checkpoint_every", t.checkpoint_every),
+        ("trainer.log_every", t.log_every),
+        ("data.latent_frames", d.latent_frames),
+        ("data.latent_height", d.latent_height),
+        ("data.latent_width", d.latent_width),
+    ]:
         if value <= 0:
             raise UserError(f"{key}={value} must be a positive integer")
     if d.latent_height % 2 or d.latent_width % 2:
-        raise UserError(f"data.latent_height/latent_width ({d.latent_height}x{d.latent_width}) must be even (Wan patches 2x2)")
+        raise UserError(
+            f"data.latent_height/latent_width ({d.latent_height}x{d.latent_width}) must be even (Wan patches 2x2)"
+        )
     if d.latents != "gaussian":
         raise UserError(f"data.latents={d.latents!r} is unknown; use gaussian")
     if cfg.distributed.nproc_per_node != 1 or cfg.distributed.nnodes != 1:
@@ -167,7 +219,9 @@ def student_device() -> torch.device:
     return torch.device("cpu")
 
 
-def summarize(cfg, history: list[dict], placement: str, precision: str, student, teacher, device, wall_s: float) -> dict:
+def summarize(
+    cfg, history: list[dict], placement: str, precision: str, student, teacher, device, wall_s: float
+) -> dict:
     def median(key):
         values = [h[key] for h in history[1:] or history]  # the first step pays warm-up
         return statistics.median(values) if values else None
@@ -195,8 +249,11 @@ def summarize(cfg, history: list[dict], placement: str, precision: str, student,
         "student_ms_median": median("student_ms"),
         **{f"{k}_max": v for k, v in peaks.items()},
         "device": str(device),
-        "hardware": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                     "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]},
+        "hardware": {
+            "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        },
         "wall_s": wall_s,
     }
 

@@ -1,0 +1,34 @@
+# Everyday commands. `make train` and `make test` each set up .venv first (once).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch is installed first and pinned: a bare `torch` requirement can pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+ARGS   ?=
+
+.PHONY: setup train test test-fast lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+train: setup          ## distill the embedded tiny teacher (extra overrides: make train ARGS="trainer.max_steps=50")
+	$(PY) -m wandistiller.train $(ARGS)
+
+test: setup           ## the whole CPU suite (what CI runs)
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: setup      ## skip the slow end-to-end tests
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check wandistiller tests scripts
+	$(VENV)/bin/ruff format --check wandistiller tests scripts
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,102 @@
+"""The student: builders, config.json students, checks against the teacher, init from the teacher."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from wandistiller.errors import UserError
+from wandistiller.placement import CpuPlacement
+from wandistiller.precision import Precision
+from wandistiller.student import build_student, init_from_teacher, student_config
+from wandistiller.teacher import inspect_teacher
+
+
+def scfg(**kw):
+    return OmegaConf.create({"builder": None, "config_path": None, "init": "random", "hidden_kd_weight": 0.0} | kw)
+
+
+def test_named_students_inherit_what_must_match_the_teacher(tiny_path):
+    spec = inspect_teacher(tiny_path)
+    config = student_config(scfg(builder="small"), spec)
+    assert config["text_dim"] == 32 and config["in_channels"] == 16 and list(config["patch_size"]) == [1, 2, 2]
+    assert config["num_attention_heads"] * config["attention_head_dim"] == 1536
+
+
+def test_student_from_a_diffusers_config_json(tmp_path, tiny_path):
+    path = tmp_path / "student_config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "_class_name": "WanTransformer3DModel",
+                "num_attention_heads": 4,
+                "attention_head_dim": 8,
+                "ffn_dim": 48,
+                "num_layers": 3,
+            }
+        )
+    )
+    student = build_student(scfg(config_path=str(path)), inspect_teacher(tiny_path))
+    assert len(student.transformer.blocks) == 3 and student.transformer.config.text_dim == 32
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [({"text_dim": 4096}, "text_dim"), ({"in_channels": 48}, "in_channels"), ({"patch_size": [1, 4, 4]}, "patch_size")],
+)
+def test_a_student_that_does_not_fit_the_teacher_is_refused_naming_the_key(tmp_path, tiny_path, override, key):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"num_attention_heads": 2, "attention_head_dim": 16, "num_layers": 1} | override))
+    with pytest.raises(UserError, match=rf"{key}=.* but the teacher has {key}="):
+        build_student(scfg(config_path=str(path)), inspect_teacher(tiny_path))
+
+
+def test_unknown_keys_and_missing_files_are_refused(tmp_path, tiny_path):
+    spec = inspect_teacher(tiny_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"num_layer": 2}))
+    with pytest.raises(UserError, match="num_layer"):
+        build_student(scfg(config_path=str(path)), spec)
+    with pytest.raises(UserError, match="does not exist"):
+        build_student(scfg(config_path=str(tmp_path / "nope.json")), spec)
+    with pytest.raises(UserError, match="student.builder='huge' is unknown"):
+        build_student(scfg(builder="huge"), spec)
+
+
+def test_init_from_teacher_needs_the_teachers_width(tiny_path):
+    with pytest.raises(UserError, match="student.init=teacher"):
+        build_student(scfg(builder="small", init="teacher"), inspect_teacher(tiny_path))
+
+
+def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_path, tiny_path):
+    spec = inspect_teacher(tiny_path)
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                k: spec.transformer_config[k]
+                for k in ("num_attention_heads", "attention_head_dim", "ffn_dim", "num_layers")
+            }
+        )
+    )
+    student = build_student(scfg(config_path=str(path), init="teacher"), spec)
+    teacher = CpuPlacement().load(
+        spec,
+        OmegaConf.create({"guidance_scale": 1.0, "guidance_scale_2": None}),
+        Precision("fp32", torch.float32, torch.float32, None),
+    )
+    init_from_teacher(student, teacher.experts[0])
+    x, t, cond = torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32)
+    with torch.no_grad():
+        pred, _ = student(x, t, cond)
+        expected = teacher.experts[0](hidden_states=x, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+    torch.testing.assert_close(pred, expected)
+
+
+def test_hidden_state_distillation_projects_to_the_teachers_width(tiny_path):
+    student = build_student(scfg(builder="tiny", hidden_kd_weight=0.5), inspect_teacher(tiny_path))
+    pred, hidden = student(torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32))
+    assert pred.shape == (2, 16, 1, 8, 8) and hidden.shape == (2, 16, 32)

@@ -1,0 +1,183 @@
+"""The teacher: loading real diffusers folders, guided targets equal to WanPipeline's, expert routing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from diffusers import WanPipeline
+from omegaconf import OmegaConf
+
+from wandistiller.data import encode_prompts
+from wandistiller.errors import UserError
+from wandistiller.placement import CpuPlacement
+from wandistiller.precision import Precision
+from wandistiller.teacher import inspect_teacher, resolve_teacher_path
+
+FP32 = Precision("fp32", torch.float32, torch.float32, None)
+
+
+def teacher_cfg(**kw):
+    return OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None} | kw)
+
+
+def capture_pipeline_calls(pipe, prompt, steps):
+    """Run WanPipeline and record every transformer call: which expert, its inputs and its output."""
+    calls = []
+    for name in ("transformer", "transformer_2"):
+        model = getattr(pipe, name)
+        if model is not None:
+            model.register_forward_hook(
+                lambda m, args, kwargs, out, name=name: calls.append((name, kwargs, out[0])), with_kwargs=True
+            )
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    pipe(
+        prompt,
+        num_frames=1,
+        height=64,
+        width=64,
+        num_inference_steps=steps,
+        output_type="latent",
+        generator=g,
+        guidance_scale=4.0,
+        guidance_scale_2=3.0 if pipe.transformer_2 is not None else None,
+    )
+    return calls
+
+
+@pytest.mark.parametrize("which", ["tiny", "tiny_moe"])
+def test_targets_equal_the_guided_prediction_inside_wan_pipeline(which, tiny_path, tiny_moe_path, cache_dir):
+    path = tiny_path if which == "tiny" else tiny_moe_path
+    pipe = WanPipeline.from_pretrained(path, torch_dtype=torch.float32, use_safetensors=True)
+    calls = capture_pipeline_calls(pipe, "A red fox trotting through fresh snow at dawn", steps=8)
+    spec = inspect_teacher(path)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32)
+    embeddings = encode_prompts(
+        spec, ["A red fox trotting through fresh snow at dawn"], "", 512, torch.float32, torch.device("cpu"), cache_dir
+    )
+    cond, uncond = embeddings.padded(torch.tensor([0])), embeddings.negative_batch(1)
+    experts_used = set()
+    for (name, kw_cond, out_cond), (_, kw_uncond, out_uncond) in zip(calls[::2], calls[1::2]):
+        # The cached embeddings are the pipeline's own, bit for bit.
+        assert torch.equal(kw_cond["encoder_hidden_states"], cond)
+        assert torch.equal(kw_uncond["encoder_hidden_states"], uncond)
+        t = kw_cond["timestep"].float()
+        scale = 4.0 if name == "transformer" else 3.0
+        expected = out_uncond + scale * (out_cond - out_uncond)
+        target, _ = teacher.targets(kw_cond["hidden_states"], t, cond, uncond)
+        assert teacher.expert_index(t).item() == (0 if name == "transformer" else 1)
+        torch.testing.assert_close(target, expected, rtol=1e-5, atol=1e-5)
+        experts_used.add(name)
+    assert experts_used == ({"transformer"} if which == "tiny" else {"transformer", "transformer_2"})
+
+
+def test_two_expert_routing_is_in_timestep_space_at_the_boundary(tiny_moe_path):
+    spec = inspect_teacher(tiny_moe_path)
+    assert spec.boundary_ratio == 0.875 and spec.boundary_timestep == 875.0
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32)
+    t = torch.tensor([999.0, 875.0, 874.999, 500.0, 0.0])
+    assert teacher.expert_index(t).tolist() == [0, 0, 1, 1, 1]
+
+
+def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
+    spec = inspect_teacher(tiny_moe_path)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, 1, 8, 8, generator=g)
+    t = torch.tensor([950.0, 100.0, 880.0, 300.0])
+    cond, uncond = torch.randn(4, 512, 32, generator=g), torch.zeros(4, 512, 32)
+    together, _ = teacher.targets(x, t, cond, uncond)
+    for i in range(4):
+        alone, _ = teacher.targets(x[i : i + 1], t[i : i + 1], cond[i : i + 1], uncond[i : i + 1])
+        torch.testing.assert_close(together[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_teacher_is_frozen(tiny_path):
+    teacher = CpuPlacement().load(inspect_teacher(tiny_path), teacher_cfg(), FP32)
+    expert = teacher.experts[0]
+    assert not expert.training and not any(p.requires_grad for p in expert.parameters())
+
+
+def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
+    """Sharded safetensors, FlowMatchEuler scheduler, bf16 text encoder, model_index written by hand."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from wandistiller.tiny_teacher import TINY_TRANSFORMER, _build_tokenizer
+
+    root = tmp_path / "Wan-external"
+    tokenizer = _build_tokenizer()
+    tokenizer.save_pretrained(root / "tokenizer")
+    UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=48)).to(
+        torch.bfloat16
+    ).save_pretrained(root / "text_encoder")
+    for i, name in enumerate(["transformer", "transformer_2"]):
+        torch.manual_seed(10 + i)
+        WanTransformer3DModel(**TINY_TRANSFORMER | {"num_layers": 3}).save_pretrained(
+            root / name, max_shard_size="50KB"
+        )
+    FlowMatchEulerDiscreteScheduler(shift=5.0).save_pretrained(root / "scheduler")
+    from wandistiller.tiny_teacher import build_tiny_pipeline
+
+    build_tiny_pipeline().vae.save_pretrained(root / "vae")
+    (root / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "WanPipeline",
+                "_diffusers_version": "0.35.0",
+                "boundary_ratio": 0.9,
+                "expand_timesteps": False,
+                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+                "text_encoder": ["transformers", "UMT5EncoderModel"],
+                "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+                "transformer": ["diffusers", "WanTransformer3DModel"],
+                "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                "vae": ["diffusers", "AutoencoderKLWan"],
+            }
+        )
+    )
+    assert (root / "transformer" / "diffusion_pytorch_model.safetensors.index.json").is_file()  # really sharded
+    spec = inspect_teacher(resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(root)})))
+    assert spec.experts == ("transformer", "transformer_2") and spec.flow_shift == 5.0 and spec.boundary_timestep == 900
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32)
+    assert len(teacher.experts[1].blocks) == 3
+    target, _ = teacher.targets(
+        torch.randn(2, 16, 1, 8, 8), torch.tensor([950.0, 10.0]), torch.randn(2, 512, 32), torch.zeros(2, 512, 32)
+    )
+    assert target.shape == (2, 16, 1, 8, 8) and torch.isfinite(target).all()
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("missing", "does not exist"),
+        ("empty_dir", "model_index.json is missing"),
+        ("pickle_only", "only pickle .bin weights"),
+        ("not_wan", "without a WanTransformer3DModel"),
+    ],
+)
+def test_a_folder_that_is_not_a_wan_teacher_is_refused_clearly(tmp_path, tiny_path, damage, message):
+    folder = tmp_path / "teacher"
+    if damage == "empty_dir":
+        folder.mkdir()
+    elif damage == "pickle_only":
+        shutil.copytree(tiny_path, folder)
+        for f in (folder / "transformer").glob("*.safetensors"):
+            f.rename(f.with_name("diffusion_pytorch_model.bin"))
+    elif damage == "not_wan":
+        shutil.copytree(tiny_path, folder)
+        index = json.loads((folder / "model_index.json").read_text())
+        index["_class_name"], index["transformer"] = "FluxPipeline", ["diffusers", "FluxTransformer2DModel"]
+        (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match=message) as e:
+        inspect_teacher(resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(folder)})))
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreachable_hub_id_says_how_to_get_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="huggingface-cli download"):
+        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model-Diffusers"}))
