@@ -71,7 +71,8 @@ def student_config(student_cfg, spec: TeacherSpec) -> dict:
         mine, theirs = _norm(config.get(key)), _norm(teacher.get(key))
         if mine != theirs:
             raise UserError(
-                f"{source}: {key}={mine} but the teacher has {key}={theirs}; set it to {theirs} (or drop it to inherit the teacher's)"
+                f"{source}: {key}={mine} but the teacher has {key}={theirs}; "
+                f"set it to {theirs} (or drop it to inherit the teacher's)"
             )
     from diffusers import WanTransformer3DModel
 
