@@ -31,7 +31,11 @@ def test_placement_targets_point_at_classes(make_cfg):
     for option in (CONF / "teacher_placement").glob("*.yaml"):
         cfg = make_cfg(f"teacher_placement={option.stem}")
         cls = get_class(cfg.teacher_placement._target_)
-        assert callable(cls.load) and callable(cls.check)
+        if option.stem == "auto":  # resolved by the planner into one of the others
+            continue
+        placement = cls(**{k: v for k, v in cfg.teacher_placement.items() if k != "_target_"})
+        assert placement.name == option.stem and placement.serving in ("local", "node_owner", "dedicated_owner")
+        assert callable(placement.load) and callable(placement.check) and callable(placement.teacher_device)
 
 
 @pytest.mark.parametrize(

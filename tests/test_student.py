@@ -8,6 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
 from wandistiller.placement import CpuPlacement
 from wandistiller.precision import Precision
@@ -87,8 +88,9 @@ def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_
         spec,
         OmegaConf.create({"guidance_scale": 1.0, "guidance_scale_2": None}),
         Precision("fp32", torch.float32, torch.float32, None),
+        Topology(),
     )
-    init_from_teacher(student, teacher.experts[0])
+    init_from_teacher(student, spec)
     x, t, cond = torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32)
     with torch.no_grad():
         pred, _ = student(x, t, cond)

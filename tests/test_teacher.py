@@ -11,6 +11,7 @@ from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
 from wandistiller.data import encode_prompts
+from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
 from wandistiller.placement import CpuPlacement
 from wandistiller.precision import Precision
@@ -51,10 +52,10 @@ def capture_pipeline_calls(pipe, prompt, steps):
 @pytest.mark.parametrize("which", ["tiny", "tiny_moe"])
 def test_targets_equal_the_guided_prediction_inside_wan_pipeline(which, tiny_path, tiny_moe_path, cache_dir):
     path = tiny_path if which == "tiny" else tiny_moe_path
-    pipe = WanPipeline.from_pretrained(path, torch_dtype=torch.float32, use_safetensors=True)
+    pipe = WanPipeline.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
     calls = capture_pipeline_calls(pipe, "A red fox trotting through fresh snow at dawn", steps=8)
     spec = inspect_teacher(path)
-    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32, Topology())
     embeddings = encode_prompts(
         spec, ["A red fox trotting through fresh snow at dawn"], "", 512, torch.float32, torch.device("cpu"), cache_dir
     )
@@ -77,14 +78,14 @@ def test_targets_equal_the_guided_prediction_inside_wan_pipeline(which, tiny_pat
 def test_two_expert_routing_is_in_timestep_space_at_the_boundary(tiny_moe_path):
     spec = inspect_teacher(tiny_moe_path)
     assert spec.boundary_ratio == 0.875 and spec.boundary_timestep == 875.0
-    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32)
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
     t = torch.tensor([999.0, 875.0, 874.999, 500.0, 0.0])
     assert teacher.expert_index(t).tolist() == [0, 0, 1, 1, 1]
 
 
 def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
     spec = inspect_teacher(tiny_moe_path)
-    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32, Topology())
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, 1, 8, 8, generator=g)
     t = torch.tensor([950.0, 100.0, 880.0, 300.0])
@@ -96,7 +97,7 @@ def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
 
 
 def test_teacher_is_frozen(tiny_path):
-    teacher = CpuPlacement().load(inspect_teacher(tiny_path), teacher_cfg(), FP32)
+    teacher = CpuPlacement().load(inspect_teacher(tiny_path), teacher_cfg(), FP32, Topology())
     expert = teacher.experts[0]
     assert not expert.training and not any(p.requires_grad for p in expert.parameters())
 
@@ -142,7 +143,7 @@ def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
     assert (root / "transformer" / "diffusion_pytorch_model.safetensors.index.json").is_file()  # really sharded
     spec = inspect_teacher(resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(root)})))
     assert spec.experts == ("transformer", "transformer_2") and spec.flow_shift == 5.0 and spec.boundary_timestep == 900
-    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32)
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
     assert len(teacher.experts[1].blocks) == 3
     target, _ = teacher.targets(
         torch.randn(2, 16, 1, 8, 8), torch.tensor([950.0, 10.0]), torch.randn(2, 512, 32), torch.zeros(2, 512, 32)

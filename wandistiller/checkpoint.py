@@ -20,6 +20,10 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f"step_{step:08d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.split("_")[-1])
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (temporary folders start with '.' and are skipped)."""
     root = run_dir / CHECKPOINTS

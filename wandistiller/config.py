@@ -7,11 +7,15 @@ value of the wrong type fails at composition with Hydra's own message, before an
 
 from __future__ import annotations
 
+import datetime
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -33,8 +37,14 @@ class TeacherConfig:
 @dataclass
 class PlacementConfig:
     _target_: str = MISSING
-    # GPU index for the single-device placements; None = this process's own device (LOCAL_RANK).
-    device_index: int | None = None
+    # gpu0: the teacher's process also trains a student on GPU 0.
+    train_on_owner: bool = False
+    # gpu0 / balanced / sequential / device_map: keep the process layout, put the teacher on the CPU.
+    debug_cpu: bool = False
+    # balanced / sequential / device_map: accelerate's device_map ("balanced", "sequential" or a dict).
+    strategy: Any = None
+    # balanced / sequential / device_map: per-GPU caps, e.g. {0: 20GiB, 1: 70GiB}.
+    max_memory: Any = None
 
 
 @dataclass
@@ -107,8 +117,23 @@ class LoggerConfig:
 
 @dataclass
 class DistributedConfig:
+    # Workers per node, started from inside the Hydra job (or by torchrun, which then sets them).
     nproc_per_node: int = 1
     nnodes: int = 1
+    # Multi-node rendezvous (c10d): host:port of the first node, and a job id shared by all nodes.
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    # Collective timeout: long enough for rank 0's one-off work (first load, checkpoint saves).
+    timeout_min: float = 30.0
+
+
+@dataclass
+class HardwareConfig:
+    """For the planner: null = detect this machine; set them to plan for other hardware on paper."""
+
+    gpus: int | None = None
+    gpu_memory_gib: float | None = None
+    host_memory_gib: float | None = None
 
 
 @dataclass
@@ -127,9 +152,33 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
     distributed: DistributedConfig = MISSING
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING
     seed: int = 0
 
 
+def shared_now(fmt: str) -> str:
+    """`${now:}` that every local rank started by torchrun agrees on: the launching agent's start time.
+
+    Lets `torchrun -m wandistiller.train` ranks compute one run folder without talking to each other.
+    """
+    started = time.time()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        try:
+            ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+            started = boot + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return datetime.datetime.fromtimestamp(started).strftime(fmt)
+
+
+def rank_suffix() -> str:
+    rank = int(os.environ.get("RANK", 0))
+    return f"_rank{rank}" if rank else ""
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)

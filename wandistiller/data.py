@@ -106,7 +106,7 @@ def encode_prompts(
 
     log.info("text embeddings: encoding %d prompts with %s/text_encoder", len(prompts), spec.path)
     pipe = WanPipeline.from_pretrained(
-        spec.path, transformer=None, transformer_2=None, vae=None, torch_dtype=dtype, use_safetensors=True
+        spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
     ).to(device)
     pipe.set_progress_bar_config(disable=True)
     tokenizer = pipe.tokenizer

@@ -1,30 +1,31 @@
-"""The distillation step and the flat training loop."""
+"""The distillation step and the flat training loop (the same on 1 process or N)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from wandistiller.checkpoint import save_checkpoint
-from wandistiller.data import Batch, PromptEmbeddings, make_batch
+from wandistiller.data import Batch
 from wandistiller.precision import Precision
-from wandistiller.student import Student
-from wandistiller.teacher import Teacher
 
 
 @dataclass
 class Run:
-    """Everything the loop drives, built by `train.run` (runtime objects, not YAML)."""
+    """Everything the loop drives, built by the worker (runtime objects, not YAML)."""
 
-    student: Student
-    teacher: Teacher
-    embeddings: PromptEmbeddings
+    model: torch.nn.Module  # the Student, DDP-wrapped when several ranks train
+    targets: object  # LocalTargets | OwnerTargets | RemoteTargets
+    batch_fn: object  # (step, micro, dp_rank) -> Batch
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -33,23 +34,25 @@ class Run:
     precision: Precision
     device: torch.device
     run_dir: Path
-    seed: int
-    flow_shift: float
-    rank: int = 0
+    dp_rank: int = 0
+    is_main: bool = True
+    student_group: object = None  # process group of the training ranks (None: no reduction)
     history: list[dict] = field(default_factory=list)
 
+    @property
+    def student(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)
 
-def distill_step(run: Run, batch: Batch, kd_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+
+def distill_step(run: Run, step: int, micro: int, batch: Batch, kd_weight: float):
     """Teacher targets, student prediction, loss parts: (loss, velocity loss, hidden loss, teacher ms)."""
     start = _now(run.device)
-    target, teacher_hidden = run.teacher.targets(
-        batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden=kd_weight > 0
-    )
+    target, teacher_hidden = run.targets.get(step, micro, batch, kd_weight > 0)
     target = target.to(run.device, non_blocking=True)
     teacher_ms = (_now(run.device) - start) * 1e3
     dtype = run.precision.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
-        pred, student_hidden = run.student(batch.x_t, batch.t, batch.cond)
+        pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond)
     velocity_loss = F.mse_loss(pred.float(), target)
     hidden_loss = torch.zeros((), device=run.device)
     if kd_weight > 0:
@@ -57,39 +60,29 @@ def distill_step(run: Run, batch: Batch, kd_weight: float) -> tuple[torch.Tensor
     return velocity_loss + kd_weight * hidden_loss, velocity_loss.detach(), hidden_loss.detach(), teacher_ms
 
 
-def train_loop(run: Run, trainer_cfg, data_cfg, kd_weight: float, start_step: int) -> list[dict]:
-    spec = run.teacher.spec
-    latent_shape = (
-        spec.transformer_config["in_channels"],
-        data_cfg.latent_frames,
-        data_cfg.latent_height,
-        data_cfg.latent_width,
-    )
+def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list[dict]:
     accum, batch_size = trainer_cfg.grad_accum_steps, trainer_cfg.batch_size
-    params = [p for p in run.student.parameters() if p.requires_grad]
+    world = dist.get_world_size(run.student_group) if run.student_group is not None else 1
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    fail_step = _injected_failure()
     bar = tqdm(
         total=trainer_cfg.max_steps,
         initial=start_step,
         desc="distill",
-        disable=not trainer_cfg.progress_bar or run.rank != 0,
+        disable=not trainer_cfg.progress_bar or not run.is_main,
     )
     for step in range(start_step, trainer_cfg.max_steps):
+        if step == fail_step:
+            _fail(step)
         step_start, teacher_ms, sums = _now(run.device), 0.0, torch.zeros(3, device=run.device)
         _reset_peak_memory()
         for micro in range(accum):
-            batch = make_batch(
-                seed=run.seed,
-                step=step,
-                micro=micro,
-                rank=run.rank,
-                batch_size=batch_size,
-                latent_shape=latent_shape,
-                flow_shift=run.flow_shift,
-                num_train_timesteps=spec.num_train_timesteps,
-                embeddings=run.embeddings,
-            ).to(run.device)
-            loss, velocity_loss, hidden_loss, ms = distill_step(run, batch, kd_weight)
-            run.scaler.scale(loss / accum).backward()
+            batch = run.batch_fn(step, micro, run.dp_rank).to(run.device)
+            # DDP all-reduces gradients on the last micro-batch only.
+            sync = micro == accum - 1 or not hasattr(run.model, "no_sync")
+            with contextlib.nullcontext() if sync else run.model.no_sync():
+                loss, velocity_loss, hidden_loss, ms = distill_step(run, step, micro, batch, kd_weight)
+                run.scaler.scale(loss / accum).backward()
             sums += torch.stack([loss.detach(), velocity_loss, hidden_loss]) / accum
             teacher_ms += ms
             del batch, loss  # free activations' owners before the next micro-batch
@@ -102,14 +95,19 @@ def train_loop(run: Run, trainer_cfg, data_cfg, kd_weight: float, start_step: in
         if run.ema is not None:
             run.ema.step(params)
         step_ms = (_now(run.device) - step_start) * 1e3
-        loss, velocity_loss, hidden_loss = sums.tolist()
+        # Loss parts and timings averaged over the training ranks (one small all-reduce).
+        stats = torch.cat([sums, torch.tensor([teacher_ms, step_ms], device=run.device)])
+        if world > 1:
+            dist.all_reduce(stats, group=run.student_group)
+            stats /= world
+        loss, velocity_loss, hidden_loss, teacher_ms, step_ms = stats.tolist()
         metrics = {
             "loss": loss,
             "loss_velocity": velocity_loss,
             "loss_hidden": hidden_loss,
             "grad_norm": float(grad_norm),
             "lr": run.lr_scheduler.get_last_lr()[0],
-            "samples_per_s": batch_size * accum / (step_ms / 1e3),
+            "samples_per_s": world * batch_size * accum / (step_ms / 1e3),
             "step_ms": step_ms,
             "teacher_ms": teacher_ms,
             "student_ms": step_ms - teacher_ms,
@@ -117,10 +115,11 @@ def train_loop(run: Run, trainer_cfg, data_cfg, kd_weight: float, start_step: in
         run.history.append({"step": step + 1} | metrics)
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        if (step + 1) % trainer_cfg.log_every == 0:
+        if run.is_main and (step + 1) % trainer_cfg.log_every == 0:
             run.tracker.log(metrics, step=step + 1)
-        if (step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == trainer_cfg.max_steps:
+        if run.is_main and ((step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == trainer_cfg.max_steps):
             save_checkpoint(run.run_dir, step + 1, training_state(run), keep=trainer_cfg.keep_checkpoints)
+    run.targets.finish()
     bar.close()
     return run.history
 
@@ -155,3 +154,18 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def _injected_failure() -> int | None:
+    """WANDISTILLER_INJECT_FAILURE=RANK:STEP[:oom] makes that rank fail at that step (failure-handling tests)."""
+    spec = os.environ.get("WANDISTILLER_INJECT_FAILURE")
+    if not spec:
+        return None
+    rank, step, *_ = spec.split(":")
+    return int(step) if int(rank) == int(os.environ.get("RANK", 0)) else None
+
+
+def _fail(step: int) -> None:
+    if os.environ["WANDISTILLER_INJECT_FAILURE"].endswith(":oom"):
+        raise torch.OutOfMemoryError(f"injected out-of-memory at step {step}")
+    raise RuntimeError(f"injected failure at step {step}")

@@ -1,18 +1,22 @@
-"""Teacher placements: where the teacher's weights live and who runs it.
+"""Teacher placements: where the teacher's weights live, and who runs it for whom.
 
-One small class per placement behind one interface, each named by `_target_` in
-`conf/teacher_placement/<name>.yaml`:
+One small class per placement, each named by `_target_` in `conf/teacher_placement/<name>.yaml`,
+behind one interface:
 
-    check(precision)        refuse early, before any weights load or download, with one line naming a fix
-    load(spec, teacher_cfg, precision) -> Teacher
+    name                       the option's name (what the planner and reports call it)
+    serving                    "local" (every rank runs its own teacher), "node_owner" (one rank per
+                               node runs it and also trains) or "dedicated_owner" (one rank per node
+                               only runs the teacher; the others train)
+    check(precision, world)    refuse early, before any weights load or download, naming a fix
+    teacher_device(topology)   where inputs go (and targets come from)
+    load(spec, teacher_cfg, precision, topology) -> Teacher
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
 from wandistiller.precision import Precision
 from wandistiller.teacher import Teacher, TeacherSpec, load_expert
@@ -28,43 +32,134 @@ def guidance_scales(spec: TeacherSpec, teacher_cfg) -> list[float]:
 
 
 def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: torch.device, **load_kwargs) -> Teacher:
-    experts = [load_expert(spec, name, dtype, **load_kwargs).to(device) for name in spec.experts]
+    experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
+    if "device_map" not in load_kwargs:
+        experts = [e.to(device) for e in experts]
     return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
 
 
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class CpuPlacement:
-    """Weights in CPU RAM, computing on the CPU (the old --teacher_on_cpu)."""
+    """One teacher per node in CPU RAM, computing on the CPU, serving the node's ranks."""
 
-    name = "cpu"
+    name, serving = "cpu", "node_owner"
 
-    def __init__(self, device_index: int | None = None):
-        self.device = torch.device("cpu")
+    def __init__(self, **_: object):
+        pass
 
-    def check(self, precision: Precision) -> None:
+    def check(self, precision: Precision, world) -> None:
         if precision.teacher_dtype == torch.float16:
             raise UserError("teacher_placement=cpu cannot run an fp16 teacher; use precision=bf16 or precision=fp32")
 
-    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision) -> Teacher:
-        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, self.device)
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cpu")
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, self.teacher_device(topology))
 
 
 class GpuPlacement:
-    """A full teacher on this process's own GPU; loaded straight onto it, not staged in host RAM."""
+    """A full teacher on every rank's own GPU, loaded straight onto it."""
 
-    name = "gpu"
+    name, serving = "gpu", "local"
 
-    def __init__(self, device_index: int | None = None):
-        self.device_index = int(os.environ.get("LOCAL_RANK", 0)) if device_index is None else device_index
-        self.device = torch.device("cuda", self.device_index)
+    def __init__(self, **_: object):
+        pass
 
-    def check(self, precision: Precision) -> None:
-        if not torch.cuda.is_available():
+    def check(self, precision: Precision, world) -> None:
+        if _gpus() == 0:
             raise UserError("teacher_placement=gpu needs a CUDA GPU and none is visible; use teacher_placement=cpu")
-        if self.device_index >= torch.cuda.device_count():
+
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cuda", topology.local_rank % _gpus())
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        device = self.teacher_device(topology)
+        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device, device_map=str(device))
+
+
+class Gpu0Placement:
+    """The teacher on GPU 0 in a dedicated process; students train on GPUs 1..n.
+
+    The owner computes step k+1's targets while the students train step k. With `train_on_owner`
+    the owner trains too (on GPU 0, beside the teacher) and serves synchronously.
+    `debug_cpu` keeps this process layout but puts the teacher on the CPU (tests, dry runs).
+    """
+
+    name = "gpu0"
+
+    def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False, **_: object):
+        self.train_on_owner, self.debug_cpu = train_on_owner, debug_cpu
+        self.serving = "node_owner" if train_on_owner else "dedicated_owner"
+
+    def check(self, precision: Precision, world) -> None:
+        if not self.train_on_owner and world.nproc_per_node < 2:
             raise UserError(
-                f"teacher_placement.device_index={self.device_index} but only {torch.cuda.device_count()} GPU(s) "
-                "are visible; pick one of them or leave it null"
+                "teacher_placement=gpu0 runs the teacher in its own process: set distributed.nproc_per_node to "
+                "1 + the number of student GPUs (or teacher_placement.train_on_owner=true)"
+            )
+        if self.debug_cpu:
+            return
+        if _gpus() < 2:
+            other = "gpu" if _gpus() == 1 else "cpu"
+            raise UserError(
+                f"teacher_placement=gpu0 needs 2 or more GPUs (teacher on GPU 0, students on 1..n) and this machine "
+                f"has {_gpus()}; use teacher_placement={other}"
             )
 
-    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision) -> Teacher:
-        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, self.device, device_map=str(self.device))
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cpu") if self.debug_cpu else torch.device("cuda", 0)
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        device = self.teacher_device(topology)
+        kwargs = {} if self.debug_cpu else {"device_map": str(device)}
+        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device, **kwargs)
+
+
+class DeviceMapPlacement:
+    """One teacher per node spread over the node's GPUs by accelerate, owned by the node's first rank.
+
+    `strategy` is "balanced", "sequential" or a module->device dict (`device_map`). Only the owner
+    loads it, so N ranks make one spread copy, not N (a plain device_map under torchrun loads N).
+    """
+
+    serving = "node_owner"
+
+    def __init__(self, strategy="balanced", max_memory=None, debug_cpu: bool = False, **_: object):
+        self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
+        self.name = strategy if isinstance(strategy, str) else "device_map"
+
+    def check(self, precision: Precision, world) -> None:
+        if not self.debug_cpu and _gpus() == 0:
+            raise UserError(
+                f"teacher_placement={self.name} spreads the teacher over GPUs and none is visible; "
+                "use teacher_placement=cpu"
+            )
+
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cpu") if self.debug_cpu else torch.device("cuda", topology.local_rank % _gpus())
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        device = self.teacher_device(topology)
+        if self.debug_cpu:
+            return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device)
+        strategy = self.strategy if isinstance(self.strategy, str) else dict(self.strategy)
+        max_memory = {int(k) if str(k).isdigit() else k: v for k, v in (self.max_memory or {}).items()} or None
+        teacher = load_teacher(
+            spec, teacher_cfg, precision.teacher_dtype, device, device_map=strategy, max_memory=max_memory
+        )
+        # Inputs go where the first layer lives; accelerate's hooks carry activations across GPUs.
+        teacher.device = teacher.experts[0].patch_embedding.weight.device
+        return teacher
+
+
+class AutoPlacement:
+    """Resolved by the planner (`wandistiller.plan`) into the fastest placement that fits."""
+
+    name, serving = "auto", None
+
+    def __init__(self, **_: object):
+        pass

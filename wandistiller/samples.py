@@ -14,68 +14,71 @@ import torch
 from PIL import Image, ImageDraw
 
 from wandistiller.data import PromptEmbeddings
-from wandistiller.teacher import Teacher
+from wandistiller.teacher import Teacher, TeacherSpec
 
 CELL = 192  # pixels per sample in the grid, so tiny teachers' 64-pixel samples stay visible
 
 
 @torch.no_grad()
-def sample_grid(
-    teacher: Teacher,
-    student_transformer: torch.nn.Module,
+def draw(
+    spec: TeacherSpec,
+    transformers: list,
+    guidance_scales: list,
     embeddings: PromptEmbeddings,
     data_cfg,
     num_prompts: int,
     steps: int,
     seed: int,
-    path: Path,
-) -> Path:
+) -> np.ndarray:
+    """First frames for the first `num_prompts` prompts: teacher (its experts and CFG) or student (no CFG)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
-    spec = teacher.spec
-    vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", torch_dtype=torch.float32, use_safetensors=True)
+    vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
     scheduler = UniPCMultistepScheduler.from_pretrained(spec.path, subfolder="scheduler")
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
-    size = dict(
+    transformer = transformers[0]
+    device, dtype = transformer.device, transformer.dtype
+    two = len(transformers) == 2
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=vae.to(device),
+        scheduler=scheduler,
+        transformer=transformer,
+        transformer_2=transformers[1] if two else None,
+        boundary_ratio=spec.boundary_ratio if two else None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    frames = pipe(
+        prompt_embeds=cond.to(device, dtype),
+        negative_prompt_embeds=uncond.to(device, dtype),
+        guidance_scale=guidance_scales[0],
+        guidance_scale_2=guidance_scales[1] if two else None,
+        num_inference_steps=steps,
+        output_type="np",
+        generator=torch.Generator(device).manual_seed(seed),
         height=data_cfg.latent_height * vae.config.scale_factor_spatial,
         width=data_cfg.latent_width * vae.config.scale_factor_spatial,
         num_frames=(data_cfg.latent_frames - 1) * vae.config.scale_factor_temporal + 1,
-    )
-
-    def draw(transformer, transformer_2, guidance, guidance_2, boundary):
-        device = next(transformer.parameters()).device
-        pipe = WanPipeline(
-            tokenizer=None,
-            text_encoder=None,
-            vae=vae.to(device),
-            scheduler=scheduler,
-            transformer=transformer,
-            transformer_2=transformer_2,
-            boundary_ratio=boundary,
-        )
-        pipe.set_progress_bar_config(disable=True)
-        dtype = transformer.dtype
-        frames = pipe(
-            prompt_embeds=cond.to(device, dtype),
-            negative_prompt_embeds=uncond.to(device, dtype),
-            guidance_scale=guidance,
-            guidance_scale_2=guidance_2,
-            num_inference_steps=steps,
-            output_type="np",
-            generator=torch.Generator(device).manual_seed(seed),
-            **size,
-        ).frames
-        return frames[:, 0]  # first frame of each video
-
-    experts = teacher.experts + [None] * (2 - len(teacher.experts))
-    scales = teacher.guidance_scales + [None] * (2 - len(teacher.guidance_scales))
-    teacher_imgs = draw(experts[0], experts[1], scales[0], scales[1], spec.boundary_ratio)
-    student_imgs = draw(student_transformer, None, 1.0, None, None)
-    return _save_grid(teacher_imgs, student_imgs, [embeddings.prompts[i] for i in idx], path)
+    ).frames
+    return frames[:, 0]
 
 
-def _save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path) -> Path:
+def teacher_images(
+    teacher: Teacher, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
+) -> np.ndarray:
+    return draw(teacher.spec, teacher.experts, teacher.guidance_scales, embeddings, data_cfg, num_prompts, steps, seed)
+
+
+def student_images(
+    spec: TeacherSpec, transformer, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
+) -> np.ndarray:
+    # Trained on guided targets: samples without CFG.
+    return draw(spec, [transformer], [1.0], embeddings, data_cfg, num_prompts, steps, seed)
+
+
+def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path) -> Path:
     header, caption = 24, 36
     grid = Image.new("RGB", (2 * CELL, header + len(prompts) * (CELL + caption)), "white")
     pen = ImageDraw.Draw(grid)

@@ -127,17 +127,39 @@ def build_student(student_cfg, spec: TeacherSpec, dtype: torch.dtype = torch.flo
     return student if dtype == torch.float32 else student.to(dtype)
 
 
-def init_from_teacher(student: Student, teacher_expert: nn.Module) -> None:
+def teacher_weights(spec: TeacherSpec, rename, expert: str = "transformer") -> dict[str, torch.Tensor]:
+    """Read the tensors of one expert that `rename(key) -> [new keys]` wants, from its safetensors
+    files (sharded or not), without loading the rest."""
+    from safetensors import safe_open
+
+    state = {}
+    for file in sorted((spec.path / expert).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                for new_key in rename(key):
+                    state[new_key] = f.get_tensor(key)
+    return state
+
+
+def init_from_teacher(student: Student, spec: TeacherSpec) -> None:
     """Copy the teacher's embeddings, output head and evenly spaced blocks into the student.
 
-    Widths were checked by build_student; with two experts the caller passes `transformer`.
+    Reads the teacher's files directly (with two experts, `transformer`), so a rank that holds no
+    teacher can start from it too. Widths were checked by build_student.
     """
-    s, t = student.transformer, teacher_expert
-    n_s, n_t = len(s.blocks), len(t.blocks)
-    picks = [round(i * (n_t - 1) / max(n_s - 1, 1)) for i in range(n_s)]
-    state = {k: v for k, v in t.state_dict().items() if not k.startswith("blocks.")}
-    for i, j in enumerate(picks):
-        state |= {f"blocks.{i}.{k}": v for k, v in t.blocks[j].state_dict().items()}
+    s = student.transformer
+    n_s, n_t = len(s.blocks), spec.transformer_config["num_layers"]
+    picks: dict[int, list[int]] = {}
+    for i in range(n_s):
+        picks.setdefault(round(i * (n_t - 1) / max(n_s - 1, 1)), []).append(i)
+
+    def rename(key: str) -> list[str]:
+        if not key.startswith("blocks."):
+            return [key]
+        _, j, rest = key.split(".", 2)
+        return [f"blocks.{i}.{rest}" for i in picks.get(int(j), [])]
+
+    state = teacher_weights(spec, rename)
     with torch.no_grad():
         for name, param in s.state_dict().items():
             param.copy_(state[name].to(param.dtype))

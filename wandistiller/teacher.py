@@ -131,7 +131,7 @@ def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs)
     from diffusers import WanTransformer3DModel
 
     model = WanTransformer3DModel.from_pretrained(
-        spec.path, subfolder=name, torch_dtype=dtype, use_safetensors=True, **load_kwargs
+        spec.path, subfolder=name, dtype=dtype, use_safetensors=True, **load_kwargs
     )
     return freeze(model)
 
@@ -184,10 +184,11 @@ class Teacher:
                     encoder_hidden_states=torch.cat([cs, us]),
                     return_dict=False,
                 )[0]
-            pred_cond, pred_uncond = pred.float().chunk(2)
+            # (to this device: a model spread over GPUs returns from its last one)
+            pred_cond, pred_uncond = pred.to(self.device, torch.float32).chunk(2)
             out[rows] = pred_uncond + scale * (pred_cond - pred_uncond)
             if want_hidden:
-                h = captured[0][: len(rows)].float()
+                h = captured[0][: len(rows)].to(self.device, torch.float32)
                 hidden = h.new_empty((len(t), *h.shape[1:])) if hidden is None else hidden
                 hidden[rows] = h
         return out, hidden

@@ -4,31 +4,31 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import platform
-import statistics
 import time
 import warnings
 from pathlib import Path
 
 import hydra
-import torch
-from hydra.utils import instantiate
+import torch.distributed as dist
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.checkpoint import list_checkpoints, load_checkpoint, resolve_resume
+from wandistiller import plan
+from wandistiller.checkpoint import checkpoint_step, list_checkpoints, resolve_resume
 from wandistiller.config import register_configs
-from wandistiller.data import encode_prompts, read_prompts
+from wandistiller.data import read_prompts
+from wandistiller.distributed import Topology, init_process_group, launch, under_torchrun
 from wandistiller.errors import UserError, exit_on_user_error
-from wandistiller.loop import Run, train_loop
 from wandistiller.precision import Precision
-from wandistiller.student import build_student, init_from_teacher
+from wandistiller.student import build_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
+from wandistiller.worker import Prepared, student_device, train_worker, worker_entry
 
 log = logging.getLogger("wandistiller")
 register_configs()
 # Wan keeps its norms in fp32 on purpose (diffusers' _keep_in_fp32_modules); torch warns on every call.
 warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
@@ -38,128 +38,133 @@ def main(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Distill the configured teacher into the configured student; returns the metrics.json summary."""
-    started = time.time()
-    run_dir = Path(cfg.paths.output_dir)
-    check_config(cfg)
-    resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
-    device = student_device()
-    precision = Precision.from_config(cfg.precision)
-    precision.check(device)
-    placement = instantiate(cfg.teacher_placement)
-    placement.check(precision)
-    spec = inspect_teacher(resolve_teacher_path(cfg.teacher))
-    torch.manual_seed(cfg.seed)
-    student = build_student(cfg.student, spec, precision.student_dtype)
-    prompts = read_prompts(cfg.data.prompts_path)
-    save_config(run_dir, cfg, resume_from)
+    """Distill the configured teacher into the configured student; returns the metrics.json summary.
+
+    Prepares once (checks, planner, teacher folder, run folder), then trains in this process, in
+    workers it launches (distributed.nproc_per_node > 1), or as one rank of a torchrun job.
+    """
+    topo = Topology.from_env()
+    if under_torchrun():
+        init_process_group(topo, cfg.distributed.timeout_min)
+        box = [prepare(cfg, topo) if topo.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)  # one run folder and one resolved placement for all ranks
+        return train_worker(cfg, box[0], topo)
+    prepared = prepare(cfg, topo)
+    if _finished(prepared, cfg):
+        log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
+        return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
+    if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1:
+        summary = _launch_workers(cfg, prepared)
+    else:
+        summary = train_worker(cfg, prepared, topo)
+    if "status" not in summary:  # a torchrun rank other than the main one
+        return summary
     log.info(
-        "teacher %s (%s, %d expert(s)) on %s; student %.1fM params on %s; precision %s",
-        cfg.teacher.name,
-        spec.path,
-        len(spec.experts),
-        placement.name,
-        _millions(student),
-        device,
-        precision.name,
-    )
-
-    embeddings = encode_prompts(
-        spec,
-        prompts,
-        cfg.teacher.negative_prompt,
-        cfg.teacher.max_sequence_length,
-        precision.teacher_dtype,
-        placement.device,
-        cfg.paths.cache_dir,
-    )
-    teacher = placement.load(spec, cfg.teacher, precision)
-    if cfg.student.init == "teacher" and resume_from is None:
-        init_from_teacher(student, teacher.experts[0])
-    student.to(device).train()
-    if cfg.trainer.gradient_checkpointing:
-        student.transformer.enable_gradient_checkpointing()
-
-    from diffusers.optimization import get_scheduler
-    from diffusers.training_utils import EMAModel
-
-    params = [p for p in student.parameters() if p.requires_grad]
-    optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
-    lr_scheduler = get_scheduler(
-        cfg.trainer.lr_scheduler,
-        optimizer,
-        num_warmup_steps=cfg.trainer.warmup_steps,
-        num_training_steps=cfg.trainer.max_steps,
-    )
-    scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
-    ema = EMAModel(params, decay=cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
-    tracker = instantiate(cfg.logger)
-
-    start_step, tracker_run_id = 0, None
-    if resume_from is not None:
-        state = load_checkpoint(resume_from)
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        if ema is not None and state["ema"] is not None:
-            ema.load_state_dict(state["ema"])
-        start_step, tracker_run_id = state["step"], state["tracker_run_id"]
-        log.info("resuming from %s (step %d)", resume_from, start_step)
-        if start_step >= cfg.trainer.max_steps and (run_dir / "metrics.json").is_file():
-            log.info("nothing to do: the run already reached trainer.max_steps=%d", cfg.trainer.max_steps)
-            return json.loads((run_dir / "metrics.json").read_text())
-    tracker.start(run_dir, OmegaConf.to_container(cfg, resolve=True), tracker_run_id)
-
-    flow_shift = cfg.teacher.flow_shift or spec.flow_shift
-    loop = Run(
-        student=student,
-        teacher=teacher,
-        embeddings=embeddings,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        scaler=scaler,
-        ema=ema,
-        tracker=tracker,
-        precision=precision,
-        device=device,
-        run_dir=run_dir,
-        seed=cfg.seed,
-        flow_shift=flow_shift,
-    )
-    history = train_loop(loop, cfg.trainer, cfg.data, cfg.student.hidden_kd_weight, start_step)
-
-    student.transformer.save_pretrained(run_dir / "student", safe_serialization=True)
-    if ema is not None:
-        ema.copy_to(params)  # the EMA weights are the ones worth keeping; saved beside the raw ones
-        student.transformer.save_pretrained(run_dir / "student_ema", safe_serialization=True)
-    student.eval()
-    if cfg.trainer.sample_prompts > 0:
-        from wandistiller.samples import sample_grid
-
-        grid = sample_grid(
-            teacher,
-            student.transformer,
-            embeddings,
-            cfg.data,
-            cfg.trainer.sample_prompts,
-            cfg.trainer.sample_steps,
-            cfg.seed,
-            run_dir / "samples.png",
-        )
-        tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
-    summary = summarize(cfg, history, placement.name, precision.name, student, teacher, device, time.time() - started)
-    (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
-    (run_dir / "metrics_steps.jsonl").open("a").writelines(json.dumps(h) + "\n" for h in history)
-    tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
-    log.info(
-        "done: %d steps, loss %.4f -> %.4f; outputs in %s",
+        "done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s",
         summary["steps_run"],
-        summary["loss_first"],
-        summary["loss_last"],
-        run_dir,
+        summary["samples_per_s_median"] or 0,
+        summary["loss_first"] or 0,
+        summary["loss_last"] or 0,
+        prepared.run_dir,
     )
     return summary
+
+
+def prepare(cfg: DictConfig, topo: Topology) -> Prepared:
+    """Everything cheap that can refuse a run, in the order that refuses earliest; then the run folder."""
+    check_config(cfg)
+    precision = Precision.from_config(cfg.precision)
+    precision.check(student_device(topo))
+    placement_cfg, table = choose_placement(cfg, precision)
+    spec = inspect_teacher(resolve_teacher_path(cfg.teacher))
+    build_student(cfg.student, spec)  # checks the student against the teacher; cheap at these sizes
+    read_prompts(cfg.data.prompts_path)
+    if placement_cfg is None:  # a Hub teacher: planned now that its config is here
+        placement_cfg, table = choose_placement(cfg, precision)
+    run_dir = Path(cfg.paths.output_dir)
+    resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
+    save_config(run_dir, cfg, resume_from)
+    if table:
+        log.info("teacher placement plan:\n%s", table)
+    return Prepared(str(run_dir), str(spec.path), placement_cfg, str(resume_from) if resume_from else None, table)
+
+
+def choose_placement(cfg: DictConfig, precision: Precision) -> tuple[dict | None, str | None]:
+    """The placement config to run, `auto` resolved; a placement that cannot fit is refused, naming one that can.
+
+    Returns (None, None) when the teacher's config is not on disk yet (a Hub id not downloaded).
+    """
+    placement_cfg = OmegaConf.to_container(cfg.teacher_placement, resolve=True)
+    cls = get_class(placement_cfg["_target_"])
+    if cls.__name__ != "AutoPlacement":
+        cls(**{k: v for k, v in placement_cfg.items() if k != "_target_"}).check(precision, cfg.distributed)
+    found = plan.planning_teacher_config(cfg.teacher)
+    if found is None:
+        return (None, None) if cls.__name__ == "AutoPlacement" else (placement_cfg, None)
+    hw = plan.Hardware.detect(cfg.hardware)
+    estimates = plan.plan(plan.workload(cfg, *found, precision.teacher_dtype), hw, plan.ranks_per_node(cfg, hw))
+    best = plan.choose(estimates)
+    if cls.__name__ == "AutoPlacement":
+        if best is None:
+            raise UserError(
+                "teacher_placement=auto: no placement fits this teacher on this hardware "
+                f"({hw.describe()}); use precision=bf16, a smaller trainer.batch_size or more memory"
+            )
+        return _placement_config(best.placement), plan.format_table(estimates, hw, best.placement)
+    name = cls(**{k: v for k, v in placement_cfg.items() if k != "_target_"}).name
+    mine = next((e for e in estimates if e.placement == name), None)
+    if mine is not None and not mine.fits and not placement_cfg.get("debug_cpu"):
+        other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
+        raise UserError(
+            f"teacher_placement={name} will not fit: it needs {_need(mine)} and this machine has "
+            f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
+        )
+    return placement_cfg, plan.format_table(estimates, hw, name)
+
+
+def _placement_config(name: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(CONF / "teacher_placement" / f"{name}.yaml"))
+
+
+def _need(e: plan.Estimate) -> str:
+    gpu = f"{max(e.gpu_bytes) / plan.GiB:.1f} GiB on its fullest GPU, " if e.gpu_bytes else ""
+    return f"{gpu}{e.host_bytes / plan.GiB:.1f} GiB host RAM"
+
+
+def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
+    except ChildFailedError as e:
+        rank, failure, message = _root_cause(e)
+        raise UserError(
+            f"worker rank {rank} failed (exit code {failure.exitcode}); "
+            f"{message.splitlines()[0] if message else 'see its output above'}"
+        ) from None
+    return next((r for r in results if "status" in r), results[0])
+
+
+# What the survivors of a crashed rank report: symptoms, not the cause.
+_COLLATERAL = (
+    "Connection closed by peer",
+    "Connection reset",
+    "remote worker",
+    "Broken pipe",
+    "ProcessGroup",
+    "NCCL communicator was aborted",
+)
+
+
+def _root_cause(error) -> tuple:
+    """The failed rank whose error is not just a broken connection to another failed rank; earliest first."""
+    failures = []
+    for rank, failure in error.failures.items():
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+        collateral = any(s in message for s in _COLLATERAL) or failure.exitcode == -15  # terminated by the agent
+        failures.append((collateral, failure.timestamp, rank, failure, message))
+    _, _, rank, failure, message = min(failures, key=lambda f: f[:3])
+    return rank, failure, message
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -174,6 +179,8 @@ def check_config(cfg: DictConfig) -> None:
         ("data.latent_frames", d.latent_frames),
         ("data.latent_height", d.latent_height),
         ("data.latent_width", d.latent_width),
+        ("distributed.nproc_per_node", cfg.distributed.nproc_per_node),
+        ("distributed.nnodes", cfg.distributed.nnodes),
     ]:
         if value <= 0:
             raise UserError(f"{key}={value} must be a positive integer")
@@ -183,8 +190,8 @@ def check_config(cfg: DictConfig) -> None:
         )
     if d.latents != "gaussian":
         raise UserError(f"data.latents={d.latents!r} is unknown; use gaussian")
-    if cfg.distributed.nproc_per_node != 1 or cfg.distributed.nnodes != 1:
-        raise UserError("distributed.nproc_per_node/nnodes: multi-process training is not in this version yet; use 1")
+    if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
+        raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
 
 
 def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
@@ -201,6 +208,12 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     return resolve_resume(resume, run_dir)
 
 
+def _finished(prepared: Prepared, cfg: DictConfig) -> bool:
+    if prepared.resume_from is None or not (Path(prepared.run_dir) / "metrics.json").is_file():
+        return False
+    return checkpoint_step(Path(prepared.resume_from)) >= cfg.trainer.max_steps
+
+
 def save_config(run_dir: Path, cfg: DictConfig, resume_from: Path | None) -> None:
     """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own."""
     hydra_dir = run_dir / ".hydra"
@@ -211,55 +224,6 @@ def save_config(run_dir: Path, cfg: DictConfig, resume_from: Path | None) -> Non
 
     if HydraConfig.initialized() and name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
-
-
-def student_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
-
-
-def summarize(
-    cfg, history: list[dict], placement: str, precision: str, student, teacher, device, wall_s: float
-) -> dict:
-    def median(key):
-        values = [h[key] for h in history[1:] or history]  # the first step pays warm-up
-        return statistics.median(values) if values else None
-
-    peaks = {k: max(h[k] for h in history) for k in history[0] if k.endswith("_gib")} if history else {}
-    return {
-        "status": "completed",
-        "teacher": cfg.teacher.name,
-        "teacher_path": str(teacher.spec.path),
-        "teacher_experts": len(teacher.experts),
-        "teacher_params_m": sum(_millions(e) for e in teacher.experts),
-        "student_params_m": _millions(student),
-        "placement": placement,
-        "precision": precision,
-        "world_size": 1,
-        "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps,
-        "steps_run": len(history),
-        "final_step": history[-1]["step"] if history else None,
-        "loss_first": history[0]["loss"] if history else None,
-        "loss_last": history[-1]["loss"] if history else None,
-        "samples_per_s_median": median("samples_per_s"),
-        "step_ms_median": median("step_ms"),
-        "step_ms_stdev": statistics.pstdev([h["step_ms"] for h in history]) if history else None,
-        "teacher_ms_median": median("teacher_ms"),
-        "student_ms_median": median("student_ms"),
-        **{f"{k}_max": v for k, v in peaks.items()},
-        "device": str(device),
-        "hardware": {
-            "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        },
-        "wall_s": wall_s,
-    }
-
-
-def _millions(module: torch.nn.Module) -> float:
-    return sum(p.numel() for p in module.parameters()) / 1e6
 
 
 if __name__ == "__main__":

@@ -1,0 +1,274 @@
+"""Several processes on the CPU (gloo): served targets, DDP, launching, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from conftest import ROOT, run_cli
+from wandistiller.data import encode_prompts, read_prompts
+from wandistiller.distributed import Topology
+from wandistiller.placement import CpuPlacement
+from wandistiller.precision import Precision
+from wandistiller.student import build_student
+from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
+from wandistiller.teacher import inspect_teacher
+from wandistiller.worker import _batch, roles_for
+
+FP32 = Precision("fp32", torch.float32, torch.float32, None)
+
+
+def spawn(fn, nproc: int, *args):
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    return elastic_launch(config, fn)(*args)
+
+
+def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> dict:
+    """Each training rank checks the targets it is served against a teacher of its own."""
+    dist.init_process_group("gloo")
+    topo = Topology.from_env()
+    roles = roles_for(serving, topo)
+    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
+    emb = encode_prompts(spec, read_prompts(None), "", 512, torch.float32, torch.device("cpu"), cache_dir)
+    batch_fn = lambda step, micro, dp: _batch(0, 3, (16, 1, 8, 8), 3.0, 1000, emb, step, micro, dp)  # noqa: E731
+    teacher = CpuPlacement().load(spec, teacher_cfg, FP32, topo)  # every rank: the owner's, or the reference
+    steps, accum, cpu = range(2, 5), 2, torch.device("cpu")
+    checked = 0
+    if not roles.trains:
+        serve(teacher, list(roles.served), batch_fn, steps, accum, True, cpu)
+    else:
+        if roles.owner is not None:
+            provider = RemoteTargets(roles.owner, spec.transformer_config, cpu)
+        else:
+            provider = OwnerTargets(teacher, list(roles.served), batch_fn, cpu)
+        local = LocalTargets(teacher)
+        for step in steps:
+            for micro in range(accum):
+                batch = batch_fn(step, micro, roles.dp_rank)
+                served, served_hidden = provider.get(step, micro, batch, True)
+                mine, mine_hidden = local.get(step, micro, batch, True)
+                assert torch.equal(served, mine) and torch.equal(served_hidden, mine_hidden)
+                checked += 1
+        provider.finish()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rank": topo.rank, "checked": checked, "trains": roles.trains}
+
+
+@pytest.mark.parametrize("serving,nproc", [("node_owner", 2), ("dedicated_owner", 3)])
+def test_served_targets_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir, serving, nproc):
+    results = spawn(_served_targets_worker, nproc, str(tiny_moe_path), str(cache_dir), serving)
+    trained = [r for r in results.values() if r["trains"]]
+    assert len(trained) == (nproc if serving == "node_owner" else nproc - 1)
+    assert all(r["checked"] == 6 for r in trained)
+
+
+def _ddp_worker(teacher_path: str) -> list:
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    torch.manual_seed(0)
+    student = build_student(
+        OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0}), spec
+    )
+    model = DistributedDataParallel(student)
+    g = torch.Generator().manual_seed(dist.get_rank())  # different data on each rank
+    pred, _ = model(
+        torch.randn(2, 16, 1, 8, 8, generator=g),
+        torch.rand(2, generator=g) * 1000,
+        torch.randn(2, 512, 32, generator=g),
+    )
+    pred.square().mean().backward()
+    grads = torch.cat([p.grad.flatten() for p in student.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, grads)
+    dist.destroy_process_group()
+    return [bool(torch.equal(gathered[0], g)) and bool(g.abs().sum() > 0) for g in gathered]
+
+
+def test_ddp_gradients_are_equal_across_ranks_after_a_step(tiny_path):
+    results = spawn(_ddp_worker, 2, str(tiny_path))
+    assert all(all(flags) for flags in results.values())
+
+
+def _cli(run_dir, cache_dir, *extra, env=None):
+    return run_cli(
+        f"hydra.run.dir={run_dir}",
+        f"paths.cache_dir={cache_dir}",
+        "logger=none",
+        "trainer.progress_bar=false",
+        "precision=fp32",
+        *extra,
+        env=env,
+    )
+
+
+def steps(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+
+
+def test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    result = _cli(
+        run_dir,
+        cache_dir,
+        "distributed.nproc_per_node=2",
+        "trainer.max_steps=25",
+        "student.init=random",
+        "trainer.optimizer.lr=3e-3",
+        "trainer.warmup_steps=0",
+        "trainer.sample_prompts=2",
+        "trainer.sample_steps=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["world_size"] == 2 and summary["training_ranks"] == 2 and summary["batch_size"] == 8
+    assert [r["role"] for r in summary["ranks"]] == ["owner + student", "student"]
+    losses = [s["loss"] for s in steps(run_dir)]
+    assert sum(losses[-5:]) < 0.6 * sum(losses[:5])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "samples.png").is_file()
+
+
+@pytest.mark.slow
+def test_gpu0_layout_serves_two_students_from_a_dedicated_owner(tmp_path, cache_dir, tiny_moe_path):
+    run_dir = tmp_path / "r"
+    result = _cli(
+        run_dir,
+        cache_dir,
+        "teacher=tiny_moe",
+        "distributed.nproc_per_node=3",
+        "teacher_placement=gpu0",
+        "teacher_placement.debug_cpu=true",
+        "trainer.max_steps=4",
+        "trainer.sample_prompts=1",
+        "trainer.sample_steps=2",
+        "student.hidden_kd_weight=0.1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["placement"] == "gpu0" and summary["training_ranks"] == 2
+    assert [r["role"] for r in summary["ranks"]] == ["teacher owner", "student", "student"]
+    assert 0 <= summary["owner_idle_fraction"] < 1
+    assert (run_dir / "samples.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "kind,expected", [("", "injected failure at step 2"), (":oom", "CUDA out of memory on rank 1")]
+)
+def test_a_failing_rank_ends_the_job_quickly_with_its_error(tmp_path, cache_dir, tiny_path, kind, expected):
+    run_dir = tmp_path / "r"
+    start = time.time()
+    result = _cli(
+        run_dir,
+        cache_dir,
+        "distributed.nproc_per_node=2",
+        "trainer.max_steps=50",
+        "trainer.checkpoint_every=1",
+        env={"WANDISTILLER_INJECT_FAILURE": f"1:2{kind}"},
+    )
+    assert result.returncode != 0 and time.time() - start < 90
+    assert "worker rank 1 failed" in result.stderr and expected in result.stdout + result.stderr
+    if kind:
+        assert "planner's estimates" in result.stdout + result.stderr
+    # The checkpoints written before the failure are complete and resumable.
+    assert (run_dir / "checkpoints" / "step_00000002" / "state.pt").is_file()
+    again = _cli(run_dir, cache_dir, "distributed.nproc_per_node=2", "trainer.max_steps=4", "trainer.resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_checkpoint(
+    tmp_path, cache_dir, tiny_path
+):
+    run_dir = tmp_path / "r"
+    args = [
+        sys.executable,
+        "-m",
+        "wandistiller.train",
+        f"hydra.run.dir={run_dir}",
+        f"paths.cache_dir={cache_dir}",
+        "logger=none",
+        "trainer.progress_bar=false",
+        "distributed.nproc_per_node=2",
+        "trainer.max_steps=100000",
+        "trainer.checkpoint_every=5",
+        "trainer.sample_prompts=0",
+    ]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list((run_dir / "checkpoints").glob("step_*")) and time.time() < deadline:
+        time.sleep(0.5)
+    victim = int(re.search(r"rank 1 \(pid (\d+)\)", (run_dir / "train_rank1.log").read_text()).group(1))
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and time.time() - killed_at < 60
+    assert not subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout  # no orphans left
+    done = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    assert torch.load(done / "state.pt", weights_only=False)["step"] == int(done.name.split("_")[1])
+    again = _cli(
+        run_dir,
+        cache_dir,
+        "distributed.nproc_per_node=2",
+        f"trainer.max_steps={int(done.name[5:]) + 2}",
+        "trainer.resume=auto",
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
+    out = tmp_path / "outputs"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "wandistiller.train",
+            f"paths.cache_dir={cache_dir}",
+            "logger=none",
+            "trainer.progress_bar=false",
+            "trainer.max_steps=3",
+            "trainer.sample_prompts=0",
+            f"hydra.run.dir={out}/${{wd_now:%H-%M-%S}}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folders = list(out.iterdir())
+    assert len(folders) == 1
+    summary = json.loads((folders[0] / "metrics.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 3
+    assert (folders[0] / "train.log").is_file() and (folders[0] / "train_rank1.log").is_file()
