@@ -14,10 +14,10 @@ import uuid
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import ROOT, run_cli
 from omegaconf import OmegaConf
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from conftest import ROOT, run_cli
 from wandistiller.data import encode_prompts, read_prompts
 from wandistiller.distributed import Topology
 from wandistiller.placement import CpuPlacement

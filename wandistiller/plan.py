@@ -165,7 +165,7 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
                 left -= take
             share[-1] += left
         gpus = tuple(s + (act if i == 0 else 0) + (student if i < used else 0) for i, s in enumerate(share))
-        note = f"one teacher per node spread over {n_gpu} GPU(s)"
+        note = f"one teacher per node spread over {n_gpu} GPU(s)" if name == "balanced" else "fills GPU 0 first"
     else:
         raise UserError(f"teacher_placement={name} has no memory estimate; choose one of {', '.join(SPEED_ORDER)}")
     fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
@@ -212,7 +212,7 @@ def planning_teacher_config(teacher_cfg) -> tuple[dict, int] | None:
 def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype) -> Workload:
     from omegaconf import OmegaConf
 
-    from wandistiller.student import STUDENT_BUILDERS, INHERITED
+    from wandistiller.student import INHERITED, STUDENT_BUILDERS
 
     student = dict(STUDENT_BUILDERS.get(cfg.student.builder or "", {}))
     if cfg.student.config_path and Path(cfg.student.config_path).is_file():
