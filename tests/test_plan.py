@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import ROOT
+
 from wandistiller import plan
 from wandistiller.errors import UserError
 from wandistiller.precision import DTYPES, Precision

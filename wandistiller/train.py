@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +23,7 @@ from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.precision import Precision
 from wandistiller.student import build_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
-from wandistiller.worker import Prepared, student_device, train_worker, worker_entry
+from wandistiller.worker import FAILURES, Prepared, student_device, train_worker, worker_entry
 
 log = logging.getLogger("wandistiller")
 register_configs()
@@ -137,11 +138,8 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
     except ChildFailedError as e:
-        rank, failure, message = _root_cause(e)
-        raise UserError(
-            f"worker rank {rank} failed (exit code {failure.exitcode}); "
-            f"{message.splitlines()[0] if message else 'see its output above'}"
-        ) from None
+        rank, message = _root_cause(e, Path(prepared.run_dir) / FAILURES)
+        raise WorkerFailed(f"worker rank {rank} failed: {message} (its traceback is above)") from None
     return next((r for r in results if "status" in r), results[0])
 
 
@@ -156,15 +154,25 @@ _COLLATERAL = (
 )
 
 
-def _root_cause(error) -> tuple:
+def _root_cause(error, failures_dir: Path) -> tuple[int, str]:
     """The failed rank whose error is not just a broken connection to another failed rank; earliest first."""
-    failures = []
-    for rank, failure in error.failures.items():
+    found = [json.loads(f.read_text()) for f in sorted(failures_dir.glob("rank*.json"))]
+    shutil.rmtree(failures_dir, ignore_errors=True)
+    for rank, failure in error.failures.items():  # what the launcher saw (error files written by @record)
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-        collateral = any(s in message for s in _COLLATERAL) or failure.exitcode == -15  # terminated by the agent
-        failures.append((collateral, failure.timestamp, rank, failure, message))
-    _, _, rank, failure, message = min(failures, key=lambda f: f[:3])
-    return rank, failure, message
+        found.append(
+            {
+                "rank": rank,
+                "time": failure.timestamp,
+                "message": message.splitlines()[0] if message else f"exit code {failure.exitcode}",
+            }
+        )
+    found.sort(key=lambda f: (any(s in f["message"] for s in _COLLATERAL), f["time"]))
+    return found[0]["rank"], found[0]["message"]
+
+
+class WorkerFailed(UserError):
+    """A worker died (an error, an out-of-memory, a kill); its traceback was printed above."""
 
 
 def check_config(cfg: DictConfig) -> None:

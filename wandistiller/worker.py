@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from wandistiller.checkpoint import load_checkpoint
 from wandistiller.data import encode_prompts, make_batch, read_prompts
 from wandistiller.distributed import Topology, destroy_process_group, init_process_group
-from wandistiller.errors import exit_on_user_error
+from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher
@@ -86,13 +86,29 @@ def student_device(topo: Topology) -> torch.device:
     return torch.device("cpu")
 
 
+FAILURES = ".failures"
+
+
 @record
 def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
     """Entry of a worker started by the elastic launcher (`@record`: its traceback becomes the root cause)."""
     topo = Topology.from_env()
     _setup_logging(topo, Path(prepared.run_dir))
-    with exit_on_user_error():
-        return train_worker(OmegaConf.create(cfg_container), prepared, topo)
+    try:
+        with exit_on_user_error():
+            return train_worker(OmegaConf.create(cfg_container), prepared, topo)
+    except BaseException as e:
+        # The launcher reports whichever rank it saw fail first -- often a survivor whose connection to
+        # the culprit broke. Each rank leaves its own error, with a time, for the parent to pick from.
+        folder = Path(prepared.run_dir) / FAILURES
+        folder.mkdir(exist_ok=True)
+        cause = e.__context__ if isinstance(e, SystemExit) and e.__context__ else e
+        first_line = str(cause).splitlines()[0] if str(cause) else ""
+        message = first_line if isinstance(cause, UserError) else f"{type(cause).__name__}: {first_line}"
+        (folder / f"rank{topo.rank}.json").write_text(
+            json.dumps({"rank": topo.rank, "time": time.time(), "message": message})
+        )
+        raise
 
 
 def train_worker(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
@@ -106,8 +122,6 @@ def train_worker(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
         init_process_group(topo, cfg.distributed.timeout_min)
         return _train(cfg, prepared, topo)
     except torch.OutOfMemoryError as e:
-        from wandistiller.errors import UserError
-
         raise UserError(oom_report(e, prepared)) from None
     finally:
         destroy_process_group()
