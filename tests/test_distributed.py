@@ -220,16 +220,14 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         "trainer.checkpoint_every=5",
         "trainer.sample_prompts=0",
     ]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list((run_dir / "checkpoints").glob("step_*")) and time.time() < deadline:
-        time.sleep(0.5)
-    victim = int(re.search(r"rank 1 \(pid (\d+)\)", (run_dir / "train_rank1.log").read_text()).group(1))
-    killed_at = time.time()
-    os.kill(victim, signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert proc.returncode != 0 and time.time() - killed_at < 60
-    assert not subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout  # no orphans left
+    proc = subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    try:
+        _kill_rank_1_once_a_checkpoint_exists(proc, run_dir)
+    finally:  # never leave a training job behind, whatever failed above
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     done = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     assert torch.load(done / "state.pt", weights_only=False)["step"] == int(done.name.split("_")[1])
     again = _cli(
@@ -240,6 +238,18 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         "trainer.resume=auto",
     )
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def _kill_rank_1_once_a_checkpoint_exists(proc, run_dir):
+    deadline = time.time() + 120
+    while not list((run_dir / "checkpoints").glob("step_*")) and time.time() < deadline:
+        time.sleep(0.5)
+    victim = int(re.search(r"rank 1 \(pid (\d+)\)", (run_dir / "train_rank1.log").read_text()).group(1))
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and time.time() - killed_at < 60
+    assert not subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout  # no orphans left
 
 
 @pytest.mark.slow
