@@ -52,20 +52,25 @@ class Point:
 
 
 def load_points(sweep_dir: Path) -> list[Point]:
-    """Every job folder of a sweep (the numbered subfolders Hydra made), in job order."""
+    """Every job folder of a sweep (the numbered subfolders Hydra made), in job order, labelled by the
+    overrides that differ between points (the ones the sweep varies)."""
+    folders = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    overrides = []
+    for folder in folders:
+        file = folder / ".hydra" / "overrides.yaml"
+        overrides.append(dict(o.split("=", 1) for o in OmegaConf.load(file) if "=" in o) if file.is_file() else {})
+    keys = sorted({k for o in overrides for k in o})
+    varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
     points = []
-    for folder in sorted(
-        (p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-    ):
-        overrides = folder / ".hydra" / "overrides.yaml"
-        label = " ".join(OmegaConf.load(overrides)) if overrides.is_file() else folder.name
+    for folder, o in zip(folders, overrides):
         metrics_file = folder / "metrics.json"
         metrics = (
             json.loads(metrics_file.read_text())
             if metrics_file.is_file()
             else {"status": "failed", "reason": "no metrics.json (the job died before it could write one)"}
         )
-        points.append(Point(folder, label or "(defaults)", metrics))
+        label = " ".join(f"{k}={o[k]}" for k in varying if k in o) or folder.name
+        points.append(Point(folder, label, metrics))
     return points
 
 

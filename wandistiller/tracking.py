@@ -15,7 +15,9 @@ class NullTracker:
     def __init__(self, **_: object):
         pass
 
-    def start(self, run_dir: Path, config: dict, run_id: str | None) -> None:
+    def start(
+        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
+    ) -> None:
         pass
 
     def log(self, metrics: dict, step: int) -> None:
@@ -43,15 +45,17 @@ class WandbTracker(NullTracker):
         self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or []))
         self.run = None
 
-    def start(self, run_dir: Path, config: dict, run_id: str | None) -> None:
+    def start(
+        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
+    ) -> None:
+        """`group`/`name` (a sweep and its point) fill in what the logger config leaves null."""
         # Offline wandb still sends crash reports unless told not to.
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        self.run = wandb.init(
-            dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **self.kwargs
-        )
+        kwargs = self.kwargs | {"group": self.kwargs["group"] or group, "name": self.kwargs["name"] or name}
+        self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **kwargs)
         self.run_id = self.run.id
 
     def log(self, metrics: dict, step: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -42,7 +43,8 @@ def run(cfg: DictConfig) -> dict:
     """Distill the configured teacher into the configured student; returns the metrics.json summary.
 
     Prepares once (checks, planner, teacher folder, run folder), then trains in this process, in
-    workers it launches (distributed.nproc_per_node > 1), or as one rank of a torchrun job.
+    workers it launches (distributed.nproc_per_node > 1, and every point of a sweep, so that no CUDA
+    memory carries from one point to the next), or as one rank of a torchrun job.
     """
     topo = Topology.from_env()
     if under_torchrun():
@@ -50,28 +52,73 @@ def run(cfg: DictConfig) -> dict:
         box = [prepare(cfg, topo) if topo.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)  # one run folder and one resolved placement for all ranks
         return train_worker(cfg, box[0], topo)
-    prepared = prepare(cfg, topo)
-    if _finished(prepared, cfg):
-        log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
-        return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
-    if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1:
-        summary = _launch_workers(cfg, prepared)
-    else:
-        summary = train_worker(cfg, prepared, topo)
-    if "status" not in summary:  # a torchrun rank other than the main one
-        return summary
-    log.info(
-        "done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s",
-        summary["steps_run"],
-        summary["samples_per_s_median"] or 0,
-        summary["loss_first"] or 0,
-        summary["loss_last"] or 0,
-        prepared.run_dir,
-    )
+    point = sweep_point()
+    try:
+        prepared = prepare(cfg, topo, point)
+        if _finished(prepared, cfg):
+            log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
+            return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
+        if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1 or point is not None:
+            summary = _launch_workers(cfg, prepared)
+        else:
+            summary = train_worker(cfg, prepared, topo)
+    except UserError as e:
+        if point is None:
+            raise
+        return record_failed_point(cfg, e, point)  # a sweep goes on past a point that failed or was refused
+    if "status" in summary:
+        log.info(
+            "done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s",
+            summary["steps_run"],
+            summary["samples_per_s_median"] or 0,
+            summary["loss_first"] or 0,
+            summary["loss_last"] or 0,
+            prepared.run_dir,
+        )
     return summary
 
 
-def prepare(cfg: DictConfig, topo: Topology) -> Prepared:
+def sweep_point() -> dict | None:
+    """This job's place in a Hydra multirun: its wandb group (the sweep) and name (its overrides)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    from wandistiller.sweep import sweep_group
+
+    hc = HydraConfig.get()
+    return {
+        "group": sweep_group(Path(hc.sweep.dir)),
+        "name": hc.job.override_dirname or f"job{hc.job.num}",
+        "overrides": list(hc.overrides.task),
+        "choices": dict(hc.runtime.choices),
+    }
+
+
+def record_failed_point(cfg: DictConfig, error: UserError, point: dict) -> dict:
+    """A failed or refused sweep point leaves a metrics.json saying so -- unless its folder holds
+    another run's outputs, which are never touched."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    run_dir = Path(cfg.paths.output_dir)
+    record = {
+        "status": "failed" if isinstance(error, WorkerFailed) else "refused",
+        "reason": str(error).splitlines()[0],
+        "placement": point["choices"].get("teacher_placement"),
+        "precision": cfg.precision.name,
+        "world_size": cfg.distributed.nproc_per_node * cfg.distributed.nnodes,
+        "overrides": point["overrides"],
+    }
+    if (run_dir / "metrics.json").exists() or list_checkpoints(run_dir) and "already holds" in record["reason"]:
+        return record
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    OmegaConf.save(OmegaConf.create(point["overrides"]), run_dir / ".hydra" / "overrides.yaml")
+    (run_dir / "metrics.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """Everything cheap that can refuse a run, in the order that refuses earliest; then the run folder."""
     check_config(cfg)
     precision = Precision.from_config(cfg.precision)
@@ -87,7 +134,9 @@ def prepare(cfg: DictConfig, topo: Topology) -> Prepared:
     save_config(run_dir, cfg, resume_from)
     if table:
         log.info("teacher placement plan:\n%s", table)
-    return Prepared(str(run_dir), str(spec.path), placement_cfg, str(resume_from) if resume_from else None, table)
+    return Prepared(
+        str(run_dir), str(spec.path), placement_cfg, str(resume_from) if resume_from else None, table, point
+    )
 
 
 def choose_placement(cfg: DictConfig, precision: Precision) -> tuple[dict | None, str | None]:

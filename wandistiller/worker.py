@@ -41,6 +41,7 @@ class Prepared:
     placement: dict  # the teacher_placement config, `auto` already resolved
     resume_from: str | None
     plan_table: str | None
+    sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ def _train(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
             student_group,
             state,
             placement,
+            prepared,
         )
         history = train_loop(run, cfg.trainer, cfg.student.hidden_kd_weight, start_step)
         role = "owner + student" if roles.has_teacher and roles.served else "student"
@@ -215,7 +217,17 @@ def _train(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
     if topo.rank != roles.main:
         return rank_summary
     summary = summarize(
-        cfg, history, placement.name, precision.name, run.student, spec, device, topo, ranks, time.time() - started
+        cfg,
+        history,
+        placement.name,
+        precision.name,
+        run.student,
+        spec,
+        device,
+        topo,
+        ranks,
+        prepared,
+        time.time() - started,
     )
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     with (run_dir / "metrics_steps.jsonl").open("a") as f:
@@ -241,7 +253,20 @@ def _batch(seed, batch_size, latent_shape, flow_shift, num_train_timesteps, embe
 
 
 def _build_run(
-    cfg, spec, roles, topo, device, precision, teacher, batch_fn, transfer, run_dir, student_group, state, placement
+    cfg,
+    spec,
+    roles,
+    topo,
+    device,
+    precision,
+    teacher,
+    batch_fn,
+    transfer,
+    run_dir,
+    student_group,
+    state,
+    placement,
+    prepared,
 ) -> Run:
     from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
@@ -275,10 +300,13 @@ def _build_run(
             ema.load_state_dict(state["ema"])
         log.info("resuming at step %d", state["step"])
     if is_main:
+        point = prepared.sweep_point or {}
         tracker.start(
             run_dir,
             OmegaConf.to_container(cfg, resolve=True) | {"teacher_placement": placement.name},
             state["tracker_run_id"] if state else None,
+            group=point.get("group"),
+            name=point.get("name"),
         )
     model = student
     if len(roles.students) > 1:
@@ -373,7 +401,7 @@ def oom_report(error: Exception, prepared: Prepared) -> str:
     return "\n".join(lines)
 
 
-def summarize(cfg, history, placement, precision, student, spec, device, topo, ranks, wall_s) -> dict:
+def summarize(cfg, history, placement, precision, student, spec, device, topo, ranks, prepared, wall_s) -> dict:
     def median(key):
         values = [h[key] for h in history[1:] or history]  # the first step pays warm-up
         return statistics.median(values) if values else None
@@ -402,6 +430,7 @@ def summarize(cfg, history, placement, precision, student, spec, device, topo, r
         "teacher_ms_median": median("teacher_ms"),
         "student_ms_median": median("student_ms"),
         "owner_idle_fraction": owner.get("owner_idle_fraction"),
+        "overrides": (prepared.sweep_point or {}).get("overrides"),
         **{f"{k}_max": v for k, v in peaks.items()},
         "ranks": ranks,
         "device": str(device),
