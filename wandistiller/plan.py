@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +55,8 @@ class Hardware:
     def detect(cls, hardware_cfg) -> Hardware:
         if hardware_cfg.gpus is not None:
             gpus = (int(hardware_cfg.gpu_memory_gib * GiB),) * hardware_cfg.gpus
-        elif torch.cuda.is_available():
-            gpus = tuple(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
         else:
-            gpus = ()
+            gpus = free_gpu_bytes()
         if hardware_cfg.host_memory_gib is not None:
             host = int(hardware_cfg.host_memory_gib * GiB)
         else:
@@ -69,6 +68,34 @@ class Hardware:
             f"{len(self.gpu_bytes)} GPU(s) of {min(self.gpu_bytes) / GiB:.0f} GiB free" if self.gpu_bytes else "no GPU"
         )
         return f"{gpus}, {self.host_bytes / GiB:.0f} GiB host RAM"
+
+
+def free_gpu_bytes() -> tuple[int, ...]:
+    """Free memory per visible GPU, read without creating a CUDA context in this process.
+
+    The Hydra job plans before it launches workers; a context here would hold GPU memory for the whole
+    sweep. nvidia-smi reports free memory; without it, the total is the best guess.
+    """
+    if not torch.cuda.is_available():  # asks the driver for a device count; creates no context
+        return ()
+    count = torch.cuda.device_count()
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.split()
+        free = [int(v) * 2**20 for v in out]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible and all(v.strip().isdigit() for v in visible.split(",")):
+            free = [free[int(v)] for v in visible.split(",")]
+        if len(free) >= count:
+            return tuple(free[:count])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
+    return tuple(torch.cuda.get_device_properties(i).total_memory for i in range(count))
 
 
 @dataclass(frozen=True)
