@@ -18,14 +18,14 @@ from conftest import ROOT, run_cli
 from omegaconf import OmegaConf
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from wandistiller.data import encode_prompts, read_prompts
+from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology
 from wandistiller.placement import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.student import build_student
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
 from wandistiller.teacher import inspect_teacher
-from wandistiller.worker import _batch, roles_for
+from wandistiller.worker import roles_for
 
 FP32 = Precision("fp32", torch.float32, torch.float32, None)
 
@@ -53,7 +53,7 @@ def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> d
     spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
     teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
     emb = encode_prompts(spec, read_prompts(None), "", 512, torch.float32, torch.device("cpu"), cache_dir)
-    batch_fn = lambda step, micro, dp: _batch(0, 3, (16, 1, 8, 8), 3.0, 1000, emb, step, micro, dp)  # noqa: E731
+    batch_fn = batch_source(0, 3, (16, 1, 8, 8), 3.0, 1000, emb)
     teacher = CpuPlacement().load(spec, teacher_cfg, FP32, topo)  # every rank: the owner's, or the reference
     steps, accum, cpu = range(2, 5), 2, torch.device("cpu")
     checked = 0

@@ -59,19 +59,17 @@ def _setup(cache_dir: Path, batch_size: int):
 
 def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: int) -> float:
     """Seconds per step of wandistiller's own loop (no checkpoints, no tracker, no progress bar)."""
-    import functools
-
     from diffusers.optimization import get_scheduler
 
+    from wandistiller.data import batch_source
     from wandistiller.loop import Run, train_loop
     from wandistiller.targets import LocalTargets
     from wandistiller.tracking import NullTracker
-    from wandistiller.worker import _batch
 
     trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     shape = (16, cfg.data.latent_frames, cfg.data.latent_height, cfg.data.latent_width)
-    batch_fn = functools.partial(_batch, 0, cfg.trainer.batch_size, shape, spec.flow_shift, 1000, embeddings)
+    batch_fn = batch_source(0, cfg.trainer.batch_size, shape, spec.flow_shift, 1000, embeddings)
     run = Run(
         model=student,
         targets=LocalTargets(teacher),

@@ -188,5 +188,31 @@ def make_batch(
     )
 
 
+def batch_source(
+    seed: int,
+    batch_size: int,
+    latent_shape: tuple[int, int, int, int],
+    flow_shift: float,
+    num_train_timesteps: int,
+    embeddings: PromptEmbeddings,
+):
+    """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call."""
+
+    def batch(step: int, micro: int, dp_rank: int) -> Batch:
+        return make_batch(
+            seed=seed,
+            step=step,
+            micro=micro,
+            rank=dp_rank,
+            batch_size=batch_size,
+            latent_shape=latent_shape,
+            flow_shift=flow_shift,
+            num_train_timesteps=num_train_timesteps,
+            embeddings=embeddings,
+        )
+
+    return batch
+
+
 def _mix(*ints: int) -> int:
     return int.from_bytes(hashlib.blake2b(repr(ints).encode(), digest_size=8).digest(), "little") >> 1

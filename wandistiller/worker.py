@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from wandistiller.checkpoint import load_checkpoint
-from wandistiller.data import encode_prompts, make_batch, read_prompts
+from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, destroy_process_group, init_process_group
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.loop import Run, memory_metrics, train_loop
@@ -28,6 +28,7 @@ from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, Served, serve
 from wandistiller.teacher import inspect_teacher
+from wandistiller.tracking import NullTracker
 
 log = logging.getLogger("wandistiller")
 
@@ -129,244 +130,250 @@ def train_worker(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
 
 
 def _train(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
-    started = time.time()
-    run_dir = Path(prepared.run_dir)
-    placement = instantiate(prepared.placement)
-    roles = roles_for(placement.serving, topo)
-    device = student_device(topo) if roles.trains else placement.teacher_device(topo)
-    precision = Precision.from_config(cfg.precision)
-    spec = inspect_teacher(Path(prepared.teacher_path))
-    want_hidden = cfg.student.hidden_kd_weight > 0
+    return Worker(cfg, prepared, topo).run()
 
-    # Text embeddings: the main rank encodes (or finds them cached); the others then read the cache.
-    encode = functools.partial(
-        encode_prompts,
-        spec,
-        read_prompts(cfg.data.prompts_path),
-        cfg.teacher.negative_prompt,
-        cfg.teacher.max_sequence_length,
-        precision.teacher_dtype,
-    )
-    if topo.rank == roles.main:
-        embeddings = encode(placement.teacher_device(topo) if roles.has_teacher else device, cfg.paths.cache_dir)
-    _barrier(topo)
-    if topo.rank != roles.main:
-        embeddings = encode(torch.device("cpu"), cfg.paths.cache_dir)
 
-    teacher = placement.load(spec, cfg.teacher, precision, topo) if roles.has_teacher else None
-    latent_shape = (
-        spec.transformer_config["in_channels"],
-        cfg.data.latent_frames,
-        cfg.data.latent_height,
-        cfg.data.latent_width,
-    )
-    batch_fn = functools.partial(
-        _batch,
-        cfg.seed,
-        cfg.trainer.batch_size,
-        latent_shape,
-        cfg.teacher.flow_shift or spec.flow_shift,
-        spec.num_train_timesteps,
-        embeddings,
-    )
-    transfer = placement.teacher_device(topo) if placement.teacher_device(topo).type == "cuda" else torch.device("cpu")
-    if transfer.type == "cuda" and roles.trains and not roles.has_teacher:
-        transfer = device
-    state = load_checkpoint(Path(prepared.resume_from)) if prepared.resume_from else None
-    start_step = state["step"] if state else 0
-    student_group = dist.new_group(list(roles.students)) if topo.distributed else None
+class Worker:
+    """One process's view of the run: who it is, where it computes, what it trains."""
 
-    if not roles.trains:  # a dedicated owner: serve until the students are done
+    def __init__(self, cfg: DictConfig, prepared: Prepared, topo: Topology):
+        self.cfg, self.prepared, self.topo = cfg, prepared, topo
+        self.run_dir = Path(prepared.run_dir)
+        self.placement = instantiate(prepared.placement)
+        self.roles = roles_for(self.placement.serving, topo)
+        self.device = student_device(topo) if self.roles.trains else self.placement.teacher_device(topo)
+        self.precision = Precision.from_config(cfg.precision)
+        self.spec = inspect_teacher(Path(prepared.teacher_path))
+        self.is_main = topo.rank == self.roles.main
+
+    def run(self) -> dict:
+        started = time.time()
+        cfg, topo, roles = self.cfg, self.topo, self.roles
+        embeddings = self.embeddings()
+        teacher = self.placement.load(self.spec, cfg.teacher, self.precision, topo) if roles.has_teacher else None
+        shape = (
+            self.spec.transformer_config["in_channels"],
+            cfg.data.latent_frames,
+            cfg.data.latent_height,
+            cfg.data.latent_width,
+        )
+        batch_fn = batch_source(
+            cfg.seed,
+            cfg.trainer.batch_size,
+            shape,
+            cfg.teacher.flow_shift or self.spec.flow_shift,
+            self.spec.num_train_timesteps,
+            embeddings,
+        )
+        state = load_checkpoint(Path(self.prepared.resume_from)) if self.prepared.resume_from else None
+        start_step = state["step"] if state else 0
+        student_group = dist.new_group(list(roles.students)) if topo.distributed else None
+
+        if roles.trains:
+            run = self.build_run(teacher, batch_fn, student_group, state)
+            history = train_loop(run, cfg.trainer, cfg.student.hidden_kd_weight, start_step)
+            role = "owner + student" if roles.has_teacher and roles.served else "student"
+            rank_summary = {"rank": topo.rank, "role": role} | memory_metrics()
+        else:  # a dedicated owner: serve until the students are done
+            log.info(
+                "rank %d: teacher owner on %s serving ranks %s",
+                topo.rank,
+                teacher.device,
+                [s.rank for s in roles.served],
+            )
+            stats = serve(
+                teacher,
+                list(roles.served),
+                batch_fn,
+                range(start_step, cfg.trainer.max_steps),
+                cfg.trainer.grad_accum_steps,
+                cfg.student.hidden_kd_weight > 0,
+                self.transfer_device(),
+            )
+            rank_summary = {"rank": topo.rank, "role": "teacher owner"} | stats | memory_metrics()
+            history, run = [], None
+
+        ranks = _gather(topo, rank_summary)
+        grid = self.save_outputs(teacher, run, embeddings)
+        if not self.is_main:
+            return rank_summary
+        summary = self.summarize(history, run.student, ranks, time.time() - started)
+        (self.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+        with (self.run_dir / "metrics_steps.jsonl").open("a") as f:
+            f.writelines(json.dumps(h) + "\n" for h in history)
+        if grid is not None:
+            run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
+        run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+        return summary
+
+    def embeddings(self):
+        """The main rank encodes (or finds them cached); the others then read the cache."""
+        cfg = self.cfg
+        encode = functools.partial(
+            encode_prompts,
+            self.spec,
+            read_prompts(cfg.data.prompts_path),
+            cfg.teacher.negative_prompt,
+            cfg.teacher.max_sequence_length,
+            self.precision.teacher_dtype,
+        )
+        if self.is_main:
+            where = self.placement.teacher_device(self.topo) if self.roles.has_teacher else self.device
+            embeddings = encode(where, cfg.paths.cache_dir)
+        _barrier(self.topo)
+        return embeddings if self.is_main else encode(torch.device("cpu"), cfg.paths.cache_dir)
+
+    def transfer_device(self) -> torch.device:
+        """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
+        teacher_device = self.placement.teacher_device(self.topo)
+        if teacher_device.type != "cuda":
+            return torch.device("cpu")
+        return self.device if self.roles.trains and not self.roles.has_teacher else teacher_device
+
+    def build_run(self, teacher, batch_fn, student_group, state: dict | None) -> Run:
+        from diffusers.optimization import get_scheduler
+        from diffusers.training_utils import EMAModel
+        from torch.nn.parallel import DistributedDataParallel
+
+        cfg, roles, device = self.cfg, self.roles, self.device
+        torch.manual_seed(cfg.seed)
+        student = build_student(cfg.student, self.spec, self.precision.student_dtype)
+        if cfg.student.init == "teacher" and state is None:
+            init_from_teacher(student, self.spec)
+        student.to(device).train()
+        if cfg.trainer.gradient_checkpointing:
+            student.transformer.enable_gradient_checkpointing()
+        params = [p for p in student.parameters() if p.requires_grad]
+        optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
+        lr_scheduler = get_scheduler(
+            cfg.trainer.lr_scheduler,
+            optimizer,
+            num_warmup_steps=cfg.trainer.warmup_steps,
+            num_training_steps=cfg.trainer.max_steps,
+        )
+        scaler = torch.amp.GradScaler(device.type, enabled=self.precision.needs_grad_scaler)
+        ema = EMAModel(params, decay=cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
+        tracker = instantiate(cfg.logger) if self.is_main else NullTracker()
+        if state is not None:
+            student.load_state_dict(state["student"])
+            optimizer.load_state_dict(state["optimizer"])
+            lr_scheduler.load_state_dict(state["lr_scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            if ema is not None and state["ema"] is not None:
+                ema.load_state_dict(state["ema"])
+            log.info("resuming at step %d", state["step"])
+        if self.is_main:
+            point = self.prepared.sweep_point or {}
+            config = OmegaConf.to_container(cfg, resolve=True) | {"teacher_placement": self.placement.name}
+            tracker.start(
+                self.run_dir,
+                config,
+                state["tracker_run_id"] if state else None,
+                group=point.get("group"),
+                name=point.get("name"),
+            )
+        model = student
+        if len(roles.students) > 1:
+            model = DistributedDataParallel(
+                student, device_ids=[device.index] if device.type == "cuda" else None, process_group=student_group
+            )
+        if roles.owner is not None:
+            targets = RemoteTargets(roles.owner, self.spec.transformer_config, self.transfer_device())
+        elif roles.served:
+            targets = OwnerTargets(teacher, list(roles.served), batch_fn, self.transfer_device())
+        else:
+            targets = LocalTargets(teacher)
         log.info(
-            "rank %d: teacher owner on %s serving ranks %s", topo.rank, teacher.device, [s.rank for s in roles.served]
-        )
-        stats = serve(
-            teacher,
-            list(roles.served),
-            batch_fn,
-            range(start_step, cfg.trainer.max_steps),
-            cfg.trainer.grad_accum_steps,
-            want_hidden,
-            transfer,
-        )
-        rank_summary = {"rank": topo.rank, "role": "teacher owner"} | stats | memory_metrics()
-        history, run = [], None
-    else:
-        run = _build_run(
-            cfg,
-            spec,
-            roles,
-            topo,
+            "rank %d (pid %d): student %.1fM params on %s; teacher %s (%s)",
+            self.topo.rank,
+            os.getpid(),
+            _millions(student),
             device,
-            precision,
-            teacher,
-            batch_fn,
-            transfer,
-            run_dir,
-            student_group,
-            state,
-            placement,
-            prepared,
+            self.placement.name,
+            "here" if teacher is not None else f"served by rank {roles.owner}",
         )
-        history = train_loop(run, cfg.trainer, cfg.student.hidden_kd_weight, start_step)
-        role = "owner + student" if roles.has_teacher and roles.served else "student"
-        rank_summary = {"rank": topo.rank, "role": role} | memory_metrics()
-
-    ranks = _gather(topo, rank_summary)
-    grid = _sample_grid(cfg, topo, roles, spec, teacher, run, embeddings, run_dir)
-    if topo.rank != roles.main:
-        return rank_summary
-    summary = summarize(
-        cfg,
-        history,
-        placement.name,
-        precision.name,
-        run.student,
-        spec,
-        device,
-        topo,
-        ranks,
-        prepared,
-        time.time() - started,
-    )
-    (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
-    with (run_dir / "metrics_steps.jsonl").open("a") as f:
-        f.writelines(json.dumps(h) + "\n" for h in history)
-    if grid is not None:
-        run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
-    run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
-    return summary
-
-
-def _batch(seed, batch_size, latent_shape, flow_shift, num_train_timesteps, embeddings, step, micro, dp_rank):
-    return make_batch(
-        seed=seed,
-        step=step,
-        micro=micro,
-        rank=dp_rank,
-        batch_size=batch_size,
-        latent_shape=latent_shape,
-        flow_shift=flow_shift,
-        num_train_timesteps=num_train_timesteps,
-        embeddings=embeddings,
-    )
-
-
-def _build_run(
-    cfg,
-    spec,
-    roles,
-    topo,
-    device,
-    precision,
-    teacher,
-    batch_fn,
-    transfer,
-    run_dir,
-    student_group,
-    state,
-    placement,
-    prepared,
-) -> Run:
-    from diffusers.optimization import get_scheduler
-    from diffusers.training_utils import EMAModel
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.manual_seed(cfg.seed)
-    student = build_student(cfg.student, spec, precision.student_dtype)
-    if cfg.student.init == "teacher" and state is None:
-        init_from_teacher(student, spec)
-    student.to(device).train()
-    if cfg.trainer.gradient_checkpointing:
-        student.transformer.enable_gradient_checkpointing()
-    params = [p for p in student.parameters() if p.requires_grad]
-    optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
-    lr_scheduler = get_scheduler(
-        cfg.trainer.lr_scheduler,
-        optimizer,
-        num_warmup_steps=cfg.trainer.warmup_steps,
-        num_training_steps=cfg.trainer.max_steps,
-    )
-    scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
-    ema = EMAModel(params, decay=cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
-    is_main = topo.rank == roles.main
-    tracker = instantiate(cfg.logger) if is_main else instantiate({"_target_": "wandistiller.tracking.NullTracker"})
-    if state is not None:
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        if ema is not None and state["ema"] is not None:
-            ema.load_state_dict(state["ema"])
-        log.info("resuming at step %d", state["step"])
-    if is_main:
-        point = prepared.sweep_point or {}
-        tracker.start(
-            run_dir,
-            OmegaConf.to_container(cfg, resolve=True) | {"teacher_placement": placement.name},
-            state["tracker_run_id"] if state else None,
-            group=point.get("group"),
-            name=point.get("name"),
+        return Run(
+            model=model,
+            targets=targets,
+            batch_fn=batch_fn,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            scaler=scaler,
+            ema=ema,
+            tracker=tracker,
+            precision=self.precision,
+            device=device,
+            run_dir=self.run_dir,
+            dp_rank=roles.dp_rank,
+            is_main=self.is_main,
+            student_group=student_group if self.topo.distributed else None,
         )
-    model = student
-    if len(roles.students) > 1:
-        model = DistributedDataParallel(
-            student, device_ids=[device.index] if device.type == "cuda" else None, process_group=student_group
-        )
-    if roles.owner is not None:
-        targets = RemoteTargets(roles.owner, spec.transformer_config, transfer)
-    elif roles.served:
-        targets = OwnerTargets(teacher, list(roles.served), batch_fn, transfer)
-    else:
-        targets = LocalTargets(teacher)
-    log.info(
-        "rank %d (pid %d): student %.1fM params on %s; teacher %s (%s)",
-        topo.rank,
-        os.getpid(),
-        _millions(student),
-        device,
-        placement.name,
-        "here" if teacher is not None else f"served by rank {roles.owner}",
-    )
-    return Run(
-        model=model,
-        targets=targets,
-        batch_fn=batch_fn,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        scaler=scaler,
-        ema=ema,
-        tracker=tracker,
-        precision=precision,
-        device=device,
-        run_dir=run_dir,
-        dp_rank=roles.dp_rank,
-        is_main=is_main,
-        student_group=student_group if topo.distributed else None,
-    )
 
+    def save_outputs(self, teacher, run: Run | None, embeddings) -> Path | None:
+        """The final student, then the teacher-vs-student grid: rank 0 (which always holds a teacher)
+        draws the teacher's column, the main rank the student's."""
+        from wandistiller.samples import save_grid, student_images, teacher_images
 
-def _sample_grid(cfg, topo, roles, spec, teacher, run, embeddings, run_dir) -> Path | None:
-    """Saves the student, then the teacher-vs-student grid: rank 0 (which always holds a teacher) draws
-    the teacher's column, the main rank the student's."""
-    from wandistiller.samples import save_grid, student_images, teacher_images
+        cfg, run_dir = self.cfg, self.run_dir
+        if self.is_main:
+            run.student.transformer.save_pretrained(run_dir / "student", safe_serialization=True)
+            if run.ema is not None:
+                run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
+                run.student.transformer.save_pretrained(run_dir / "student_ema", safe_serialization=True)
+        n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+        if n <= 0:
+            return None
+        drawn = [teacher_images(teacher, embeddings, cfg.data, n, steps, cfg.seed) if self.topo.rank == 0 else None]
+        if self.topo.distributed:
+            dist.broadcast_object_list(drawn, src=0)
+        if not self.is_main:
+            return None
+        run.student.eval()
+        mine = student_images(self.spec, run.student.transformer, embeddings, cfg.data, n, steps, cfg.seed)
+        return save_grid(drawn[0], mine, embeddings.prompts[:n], run_dir / "samples.png")
 
-    if run is not None and topo.rank == roles.main:
-        run.student.transformer.save_pretrained(run_dir / "student", safe_serialization=True)
-        if run.ema is not None:
-            run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
-            run.student.transformer.save_pretrained(run_dir / "student_ema", safe_serialization=True)
-    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
-    if n <= 0:
-        return None
-    drawn = [teacher_images(teacher, embeddings, cfg.data, n, steps, cfg.seed) if topo.rank == 0 else None]
-    if topo.distributed:
-        dist.broadcast_object_list(drawn, src=0)
-    if topo.rank != roles.main:
-        return None
-    run.student.eval()
-    mine = student_images(spec, run.student.transformer, embeddings, cfg.data, n, steps, cfg.seed)
-    return save_grid(drawn[0], mine, embeddings.prompts[:n], run_dir / "samples.png")
+    def summarize(self, history: list[dict], student, ranks: list[dict], wall_s: float) -> dict:
+        cfg = self.cfg
+
+        def median(key):
+            values = [h[key] for h in history[1:] or history]  # the first step pays warm-up
+            return statistics.median(values) if values else None
+
+        peaks = {k: max(h[k] for h in history) for k in history[0] if k.endswith("_gib")} if history else {}
+        students = sum(1 for r in ranks if "student" in r["role"])
+        owner = next((r for r in ranks if "owner_idle_fraction" in r), {})
+        return {
+            "status": "completed",
+            "teacher": cfg.teacher.name,
+            "teacher_path": str(self.spec.path),
+            "teacher_experts": len(self.spec.experts),
+            "student_params_m": _millions(student),
+            "placement": self.placement.name,
+            "precision": self.precision.name,
+            "world_size": self.topo.world_size,
+            "training_ranks": students,
+            "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps * students,
+            "steps_run": len(history),
+            "final_step": history[-1]["step"] if history else None,
+            "loss_first": history[0]["loss"] if history else None,
+            "loss_last": history[-1]["loss"] if history else None,
+            "samples_per_s_median": median("samples_per_s"),
+            "step_ms_median": median("step_ms"),
+            "step_ms_stdev": statistics.pstdev([h["step_ms"] for h in history]) if history else None,
+            "teacher_ms_median": median("teacher_ms"),
+            "student_ms_median": median("student_ms"),
+            "owner_idle_fraction": owner.get("owner_idle_fraction"),
+            "overrides": (self.prepared.sweep_point or {}).get("overrides"),
+            **{f"{k}_max": v for k, v in peaks.items()},
+            "ranks": ranks,
+            "device": str(self.device),
+            "hardware": {
+                "cpu": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+                "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            },
+            "wall_s": wall_s,
+        }
 
 
 def _gather(topo: Topology, item: dict) -> list[dict]:
@@ -399,48 +406,6 @@ def oom_report(error: Exception, prepared: Prepared) -> str:
         "trainer.batch_size, or trainer.gradient_checkpointing=true"
     )
     return "\n".join(lines)
-
-
-def summarize(cfg, history, placement, precision, student, spec, device, topo, ranks, prepared, wall_s) -> dict:
-    def median(key):
-        values = [h[key] for h in history[1:] or history]  # the first step pays warm-up
-        return statistics.median(values) if values else None
-
-    peaks = {k: max(h[k] for h in history) for k in history[0] if k.endswith("_gib")} if history else {}
-    students = sum(1 for r in ranks if "student" in r["role"])
-    owner = next((r for r in ranks if "owner_idle_fraction" in r), {})
-    return {
-        "status": "completed",
-        "teacher": cfg.teacher.name,
-        "teacher_path": str(spec.path),
-        "teacher_experts": len(spec.experts),
-        "student_params_m": _millions(student),
-        "placement": placement,
-        "precision": precision,
-        "world_size": topo.world_size,
-        "training_ranks": students,
-        "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps * students,
-        "steps_run": len(history),
-        "final_step": history[-1]["step"] if history else None,
-        "loss_first": history[0]["loss"] if history else None,
-        "loss_last": history[-1]["loss"] if history else None,
-        "samples_per_s_median": median("samples_per_s"),
-        "step_ms_median": median("step_ms"),
-        "step_ms_stdev": statistics.pstdev([h["step_ms"] for h in history]) if history else None,
-        "teacher_ms_median": median("teacher_ms"),
-        "student_ms_median": median("student_ms"),
-        "owner_idle_fraction": owner.get("owner_idle_fraction"),
-        "overrides": (prepared.sweep_point or {}).get("overrides"),
-        **{f"{k}_max": v for k, v in peaks.items()},
-        "ranks": ranks,
-        "device": str(device),
-        "hardware": {
-            "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        },
-        "wall_s": wall_s,
-    }
 
 
 def _millions(module: torch.nn.Module) -> float:
