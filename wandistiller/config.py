@@ -45,6 +45,9 @@ class PlacementConfig:
     strategy: Any = None
     # balanced / sequential / device_map: per-GPU caps, e.g. {0: 20GiB, 1: 70GiB}.
     max_memory: Any = None
+    # offload / disk: where the weights stream from ("host" RAM or "disk"), and how many blocks stay resident.
+    source: str | None = None
+    resident_blocks: Any = "auto"
 
 
 @dataclass

@@ -156,6 +156,65 @@ class DeviceMapPlacement:
         return teacher
 
 
+class StreamPlacement:
+    """Teacher weights outside the compute device, streamed in block by block, one block ahead.
+
+    `offload`: weights in pinned host RAM, computing on this rank's GPU. `disk`: weights stay in the
+    safetensors files (memory-mapped) and stream from there, for teachers larger than RAM; on a machine
+    without a GPU it computes on the CPU. The first `resident_blocks` blocks stay on the device
+    ("auto": as many as the free memory holds, per the planner).
+    """
+
+    serving = "local"
+
+    def __init__(self, source: str = "host", resident_blocks="auto", **_: object):
+        self.source, self.resident_blocks = source, resident_blocks
+        self.name = {"host": "offload", "disk": "disk"}[source]
+
+    def check(self, precision: Precision, world) -> None:
+        if self.source == "host" and _gpus() == 0:
+            raise UserError(
+                "teacher_placement=offload streams the teacher from RAM to a GPU and none is visible; "
+                "use teacher_placement=cpu (the same RAM, computing on the CPU)"
+            )
+        if self.resident_blocks != "auto" and (not str(self.resident_blocks).isdigit()):
+            raise UserError(f"teacher_placement.resident_blocks={self.resident_blocks!r}: use auto or a count >= 0")
+
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cuda", topology.local_rank % _gpus()) if _gpus() else torch.device("cpu")
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        import os
+
+        from wandistiller.streaming import load_streamed_expert
+
+        device = self.teacher_device(topology)
+        experts = []
+        for name in spec.experts:
+            folder = spec.path / name
+            if self.source == "disk" and not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
+                raise UserError(
+                    f"teacher_placement=disk reads {folder} while training and cannot: make its "
+                    "*.safetensors readable, or use teacher_placement=offload"
+                )
+            experts.append(
+                load_streamed_expert(
+                    folder, precision.teacher_dtype, device, self.source, self._resident(spec, precision, device)
+                )
+            )
+        return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+
+    def _resident(self, spec: TeacherSpec, precision: Precision, device: torch.device) -> int:
+        if self.resident_blocks != "auto":
+            return int(self.resident_blocks)
+        if device.type != "cuda":
+            return 0
+        from wandistiller.plan import resident_blocks
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return resident_blocks(spec.transformer_config, len(spec.experts), precision.teacher_dtype, free)
+
+
 class AutoPlacement:
     """Resolved by the planner (`wandistiller.plan`) into the fastest placement that fits."""
 

@@ -43,7 +43,7 @@ KNOWN_TEACHERS = {
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": (WAN_14B, 2),
 }
 # Fastest first. A placement's rank here is the planner's whole notion of speed.
-SPEED_ORDER = ["gpu", "gpu0", "balanced", "sequential", "cpu"]
+SPEED_ORDER = ["gpu", "gpu0", "balanced", "sequential", "offload", "disk", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,20 @@ def _width(c: dict) -> int:
     return c["num_attention_heads"] * c["attention_head_dim"]
 
 
+def block_bytes(config: dict, dtype_bytes: int) -> tuple[int, int]:
+    """(bytes outside the blocks, bytes of one block) for one expert: what streaming keeps and moves."""
+    outside = param_count(config | {"num_layers": 0})
+    return outside * dtype_bytes, (param_count(config) - outside) // config["num_layers"] * dtype_bytes
+
+
+def resident_blocks(config: dict, experts: int, dtype: torch.dtype, free_bytes: int) -> int:
+    """How many blocks per expert a streamed teacher keeps on the GPU: what is left after the parts that
+    never stream and two streaming slots, keeping 20% + 4 GiB free for the student and activations."""
+    outside, block = block_bytes(config, torch.finfo(dtype).bits // 8)
+    budget = free_bytes * 0.8 - 4 * GiB - experts * (outside + 2 * block)
+    return max(0, min(config["num_layers"], int(budget // (experts * block))))
+
+
 def teacher_weight_bytes(w: Workload) -> int:
     return param_count(w.teacher_config) * w.teacher_dtype_bytes * w.experts
 
@@ -170,6 +184,10 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         gpus = (student,) * min(n_gpu, ranks_per_node)
         host = teacher + act + host_small * ranks_per_node
         note = "one teacher per node in host RAM, computing on the CPU"
+    elif name == "disk" and n_gpu == 0:
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        host = w.experts * outside + 2 * block + act + host_small * ranks_per_node
+        note = "safetensors on disk -> RAM, one block ahead, computing on the CPU"
     elif n_gpu == 0:
         return Estimate(name, False, (), 0, "needs a GPU")
     elif name == "gpu":
@@ -193,6 +211,16 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
             share[-1] += left
         gpus = tuple(s + (act if i == 0 else 0) + (student if i < used else 0) for i, s in enumerate(share))
         note = f"one teacher per node spread over {n_gpu} GPU(s)" if name == "balanced" else "fills GPU 0 first"
+    elif name in ("offload", "disk"):
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        streaming = w.experts * outside + 2 * block + act + student
+        gpus = (streaming,) * min(n_gpu, ranks_per_node)
+        if name == "offload":
+            host = teacher * ranks_per_node + host_small * ranks_per_node
+            note = "pinned RAM -> GPU, one block ahead (a pinned copy per rank)"
+        else:
+            host = (2 * block + host_small) * ranks_per_node
+            note = "safetensors on disk -> GPU, one block ahead"
     else:
         raise UserError(f"teacher_placement={name} has no memory estimate; choose one of {', '.join(SPEED_ORDER)}")
     fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
@@ -200,7 +228,10 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
 
 
 def plan(w: Workload, hw: Hardware, ranks_per_node: int) -> list[Estimate]:
-    return [estimate(name, w, hw, ranks_per_node) for name in SPEED_ORDER]
+    order = list(SPEED_ORDER)
+    if not hw.gpu_bytes:  # without a GPU, streaming from disk to the CPU is the slowest way, not the 2nd
+        order.append(order.pop(order.index("disk")))
+    return [estimate(name, w, hw, ranks_per_node) for name in order]
 
 
 def choose(estimates: list[Estimate]) -> Estimate | None:
