@@ -1,6 +1,12 @@
 """Benchmarks you run on purpose (never timed unit tests).
 
     python -m wandistiller.bench overhead [--steps 40] [--reps 5] [--out bench_overhead.json]
+    python -m wandistiller.bench teacher --arch 14b --placement offload --batch 1,8 [--resident-blocks 0]
+
+`teacher`: ms per sample of a teacher forward (random weights, the chosen architecture, 1560 tokens =
+one 480x832 frame, 512 text tokens) for a streamed placement against the GPU-resident model in the
+same process, plus peak GPU memory and the copy floor (streamed bytes / pinned host->device bandwidth
+measured in the same run).
 
 `overhead`: the framework's training loop against a hand-written loop doing the same arithmetic (the
 same tiny teacher and student, guided targets, MSE, AdamW, clipping, LR schedule) in the same process,
@@ -155,6 +161,145 @@ def overhead(args) -> dict:
     return result
 
 
+ARCHS = {
+    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=4, text_dim=32, freq_dim=64),
+    "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30, text_dim=4096),
+    "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40, text_dim=4096),
+}
+
+
+def _random_model(arch: str, dtype: torch.dtype):
+    """A Wan transformer of that shape with random weights, built on the CPU without a slow init."""
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.streaming import _replace
+
+    with init_empty_weights():  # parameters on meta; buffers (rope tables) real
+        model = WanTransformer3DModel(**ARCHS[arch])
+    g = torch.Generator().manual_seed(0)
+    for name, p in list(model.named_parameters()):
+        _replace(model, name, (torch.randn(p.shape, generator=g) * 0.02).to(dtype))
+    return model.eval().requires_grad_(False)
+
+
+def _time_forward(model, inputs, device, reps: int) -> float:
+    for _ in range(2):
+        model(**inputs)
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        model(**inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _pinned_bandwidth(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    src = torch.empty(2**30, dtype=torch.uint8).pin_memory()
+    dst = torch.empty_like(src, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return 5 * src.numel() / (time.perf_counter() - start)
+
+
+def _inputs(b: int, args, config: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    g = torch.Generator().manual_seed(b)  # never all-zero inputs
+    shape = (b, 16, 1, args.latent_height, args.latent_width)
+    return dict(
+        hidden_states=torch.randn(shape, generator=g).to(device, dtype),
+        timestep=(torch.rand(b, generator=g) * 1000).to(device),
+        encoder_hidden_states=torch.randn(b, 512, config["text_dim"], generator=g).to(device, dtype),
+        return_dict=False,
+    )
+
+
+@torch.no_grad()
+def teacher_bench(args) -> dict:
+    import copy
+
+    from wandistiller.plan import block_bytes
+    from wandistiller.streaming import stream_blocks
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16
+    host_model = _random_model(args.arch, dtype)
+    config = dict(host_model.config)
+    outside, block = block_bytes(config, 2)
+    streamed_bytes = (config["num_layers"] - args.resident_blocks) * block
+    bandwidth = _pinned_bandwidth(device)
+    batches = [int(x) for x in args.batch.split(",")]
+    inputs = {b: _inputs(b, args, config, device, dtype) for b in batches}
+
+    def peak() -> float | None:
+        return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+    resident, measured = copy.deepcopy(host_model).to(device), {}
+    for b in batches:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = _time_forward(resident, inputs[b], device, args.reps)
+        measured[b] = (seconds, peak(), resident(**inputs[b])[0].float().cpu())
+    del resident
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    stream_blocks(host_model, device, "host", args.resident_blocks)  # in place: pinned copies, two device slots
+    rows = []
+    for b in batches:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = _time_forward(host_model, inputs[b], device, args.reps)
+        resident_s, resident_peak, reference = measured[b]
+        floor = streamed_bytes / bandwidth if bandwidth else None
+        rows.append(
+            {
+                "batch": b,
+                "resident_ms_per_sample": 1e3 * resident_s / b,
+                "offload_ms_per_sample": 1e3 * seconds / b,
+                "ratio_vs_resident": seconds / resident_s,
+                "copy_floor_ms": 1e3 * floor if floor else None,
+                "ratio_vs_copy_floor": seconds / floor if floor else None,
+                "resident_peak_gib": resident_peak,
+                "offload_peak_gib": peak(),
+                "bit_identical": torch.equal(host_model(**inputs[b])[0].float().cpu(), reference),
+            }
+        )
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    print(
+        f"teacher {args.arch}, {args.latent_height * args.latent_width // 4} tokens, bf16, {device_name}; "
+        f"streams {streamed_bytes / 1e9:.1f} GB ({args.resident_blocks} blocks resident); pinned H2D "
+        f"{(bandwidth or 0) / 1e9:.1f} GB/s"
+    )
+    print(
+        f"{'batch':>5} {'resident ms/s':>14} {'offload ms/s':>13} {'x resident':>10} {'x floor':>8} "
+        f"{'peak GiB':>9} same"
+    )
+    for r in rows:
+        print(
+            f"{r['batch']:>5} {r['resident_ms_per_sample']:>14.1f} {r['offload_ms_per_sample']:>13.1f} "
+            f"{r['ratio_vs_resident']:>10.3f} {r['ratio_vs_copy_floor'] or 0:>8.3f} {r['offload_peak_gib'] or 0:>9.2f} "
+            f"{r['bit_identical']}"
+        )
+    return {
+        "benchmark": "teacher",
+        "arch": args.arch,
+        "device": device_name,
+        "date": time.strftime("%Y-%m-%d"),
+        "pinned_h2d_bytes_per_s": bandwidth,
+        "streamed_bytes": streamed_bytes,
+        "rows": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m wandistiller.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -166,8 +311,18 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--cache-dir", default="~/.cache/wandistiller")
     p.add_argument("--out", default="bench_overhead.json")
+    t = sub.add_parser("teacher", help="a streamed teacher forward vs the GPU-resident one (random weights)")
+    t.add_argument("--arch", choices=sorted(ARCHS), default="14b")
+    t.add_argument("--placement", choices=["offload"], default="offload")
+    t.add_argument("--batch", default="1,8")
+    t.add_argument("--resident-blocks", type=int, default=0)
+    t.add_argument("--latent-height", type=int, default=60)
+    t.add_argument("--latent-width", type=int, default=104)
+    t.add_argument("--reps", type=int, default=5)
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--out", default="bench_teacher.json")
     args = parser.parse_args()
-    result = {"overhead": overhead}[args.bench](args)
+    result = {"overhead": overhead, "teacher": teacher_bench}[args.bench](args)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 
