@@ -282,3 +282,58 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
     summary = json.loads((folders[0] / "metrics.json").read_text())
     assert summary["world_size"] == 2 and summary["final_step"] == 3
     assert (folders[0] / "train.log").is_file() and (folders[0] / "train_rank1.log").is_file()
+
+
+def _sharded_worker(teacher_path: str) -> bool:
+    from wandistiller.placement import ShardedPlacement
+
+    dist.init_process_group("gloo")
+    topo = Topology.from_env()
+    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
+    sharded = ShardedPlacement().load(spec, teacher_cfg, FP32, topo)
+    local = CpuPlacement().load(spec, teacher_cfg, FP32, topo)
+    ok = True
+    # Rank 0's batch needs both experts, rank 1's only the high-noise one: the collective forwards must still pair up.
+    t = torch.tensor([950.0, 100.0]) if topo.rank == 0 else torch.tensor([990.0, 900.0])
+    for step in range(2):
+        g = torch.Generator().manual_seed(10 * step + topo.rank)
+        x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+        got, got_hidden = sharded.targets(x, t, cond, torch.zeros(2, 512, 32), want_hidden=True)
+        want, want_hidden = local.targets(x, t, cond, torch.zeros(2, 512, 32), want_hidden=True)
+        ok &= bool(torch.equal(got, want) and torch.equal(got_hidden, want_hidden))
+    shard_params = sum(p.to_local().numel() for p in sharded.experts[0].blocks.parameters())
+    ok &= shard_params < sum(p.numel() for p in local.experts[0].blocks.parameters())
+    dist.destroy_process_group()
+    return ok
+
+
+def test_a_sharded_teacher_gives_local_targets_bit_for_bit_and_holds_a_shard(tiny_moe_path):
+    assert all(spawn(_sharded_worker, 2, str(tiny_moe_path)).values())
+
+
+@pytest.mark.slow
+def test_a_two_rank_sharded_run_trains(tmp_path, cache_dir, tiny_moe_path):
+    run_dir = tmp_path / "r"
+    result = _cli(
+        run_dir,
+        cache_dir,
+        "teacher=tiny_moe",
+        "teacher_placement=sharded",
+        "distributed.nproc_per_node=2",
+        "trainer.max_steps=3",
+        "trainer.sample_prompts=1",
+        "trainer.sample_steps=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["placement"] == "sharded" and summary["training_ranks"] == 2
+    assert (run_dir / "samples.png").is_file()
+
+
+def test_sharded_with_one_process_is_refused(make_cfg, tmp_path):
+    from wandistiller.errors import UserError
+    from wandistiller.train import run
+
+    with pytest.raises(UserError, match="teacher_placement=sharded .* distributed.nproc_per_node"):
+        run(make_cfg("teacher_placement=sharded", run_dir=tmp_path / "r"))

@@ -215,6 +215,52 @@ class StreamPlacement:
         return resident_blocks(spec.transformer_config, len(spec.experts), precision.teacher_dtype, free)
 
 
+class ShardedPlacement:
+    """The frozen teacher sharded across all ranks with FSDP2 (`fully_shard`, one unit per block); each
+    rank runs its own batch, all-gathering each block's weights as it goes.
+
+    Loading is staggered rank by rank on a node, so host RAM holds one full copy at a time, and each
+    block moves to the device on its own, so a GPU never holds more than one full block plus its shards.
+    Every rank must run the same forwards (they are collectives): `Teacher.collective` makes sure.
+    """
+
+    name, serving, collective = "sharded", "local", True
+
+    def __init__(self, **_: object):
+        pass
+
+    def check(self, precision: Precision, world) -> None:
+        if world.nproc_per_node * world.nnodes < 2:
+            raise UserError(
+                "teacher_placement=sharded splits the teacher over ranks: set distributed.nproc_per_node "
+                "to 2 or more (or use teacher_placement=gpu, offload or cpu for one process)"
+            )
+
+    def teacher_device(self, topology: Topology) -> torch.device:
+        return torch.device("cuda", topology.local_rank % _gpus()) if _gpus() else torch.device("cpu")
+
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = self.teacher_device(topology)
+        mesh = init_device_mesh(device.type, (topology.world_size,))
+        experts = []
+        for name in spec.experts:
+            for turn in range(topology.local_world_size):
+                if turn == topology.local_rank:
+                    expert = load_expert(spec, name, precision.teacher_dtype)  # on the CPU
+                    for block in expert.blocks:
+                        fully_shard(block, mesh=mesh)
+                    fully_shard(expert, mesh=mesh)
+                    experts.append(expert)
+                dist.barrier()
+        teacher = Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+        teacher.collective = True
+        return teacher
+
+
 class AutoPlacement:
     """Resolved by the planner (`wandistiller.plan`) into the fastest placement that fits."""
 

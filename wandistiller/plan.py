@@ -43,7 +43,7 @@ KNOWN_TEACHERS = {
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": (WAN_14B, 2),
 }
 # Fastest first. A placement's rank here is the planner's whole notion of speed.
-SPEED_ORDER = ["gpu", "gpu0", "balanced", "sequential", "offload", "disk", "cpu"]
+SPEED_ORDER = ["gpu", "gpu0", "balanced", "sequential", "sharded", "offload", "disk", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,14 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         gpus = (student,) * min(n_gpu, ranks_per_node)
         host = teacher + act + host_small * ranks_per_node
         note = "one teacher per node in host RAM, computing on the CPU"
+    elif name == "sharded":
+        if ranks_per_node < 2:
+            return Estimate(name, False, (), 0, "needs 2 or more ranks")
+        _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        gpus = (teacher // ranks_per_node + 2 * block + act + student,) * min(n_gpu, ranks_per_node)
+        # Loading is staggered (one full copy at a time); without a GPU the shards live in RAM.
+        host = teacher + host_small * ranks_per_node + (0 if n_gpu else ranks_per_node * (2 * block + act))
+        note = f"FSDP2 shards over {ranks_per_node} ranks, gathering a block at a time"
     elif name == "disk" and n_gpu == 0:
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
         host = w.experts * outside + 2 * block + act + host_small * ranks_per_node

@@ -152,6 +152,8 @@ class Teacher:
         self.guidance_scales = guidance_scales
         self.device = device
         self.dtype = experts[0].dtype  # ModelMixin.dtype skips the modules diffusers keeps in fp32
+        # Sharded experts' forwards are collectives: every rank runs every expert, even without samples for it.
+        self.collective = False
 
     def expert_index(self, t: torch.Tensor) -> torch.Tensor:
         """0 for `transformer` (t >= boundary, the high-noise expert), 1 for `transformer_2`."""
@@ -172,6 +174,8 @@ class Teacher:
         for i, (expert, scale) in enumerate(zip(self.experts, self.guidance_scales)):
             rows = (which == i).nonzero().flatten()
             if rows.numel() == 0:
+                if self.collective:  # keep step with the other ranks: one sample's forward, thrown away
+                    expert(hidden_states=x_t[:1], timestep=t[:1], encoder_hidden_states=cond[:1], return_dict=False)
                 continue
             if rows.numel() < len(t):  # group the samples each expert serves, as one batch per expert
                 xs, ts, cs, us = x_t[rows], t[rows], cond[rows], uncond[rows]

@@ -323,7 +323,9 @@ class Worker:
         n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
         if n <= 0:
             return None
-        drawn = [teacher_images(teacher, embeddings, cfg.data, n, steps, cfg.seed) if self.topo.rank == 0 else None]
+        # Rank 0 always holds a teacher; a sharded one needs every rank in its forwards.
+        draws = self.topo.rank == 0 or getattr(self.placement, "collective", False)
+        drawn = [teacher_images(teacher, embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
         if self.topo.distributed:
             dist.broadcast_object_list(drawn, src=0)
         if not self.is_main:
