@@ -109,7 +109,7 @@ def record_failed_point(cfg: DictConfig, error: UserError, point: dict) -> dict:
         "world_size": cfg.distributed.nproc_per_node * cfg.distributed.nnodes,
         "overrides": point["overrides"],
     }
-    if (run_dir / "metrics.json").exists() or list_checkpoints(run_dir) and "already holds" in record["reason"]:
+    if "already holds another run's outputs" in record["reason"] or (run_dir / "metrics.json").exists():
         return record
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ".hydra").mkdir(exist_ok=True)
