@@ -34,11 +34,13 @@ def test_a_streamed_teacher_gives_the_resident_teachers_targets_bit_for_bit(tiny
         got, got_hidden = teacher.targets(x, t, cond, uncond, want_hidden=True)
         want, want_hidden = resident_teacher.targets(x, t, cond, uncond, want_hidden=True)
         assert torch.equal(got, want) and torch.equal(got_hidden, want_hidden)
+    assert teacher.copy_ms() > 0 and teacher.copy_ms() == 0.0  # drained: counted once
 
 
 def test_a_disk_teacher_trains_on_the_cpu(make_cfg, tmp_path):
     summary = run(make_cfg("teacher_placement=disk", "teacher=tiny_moe", "trainer.max_steps=3", run_dir=tmp_path / "r"))
     assert summary["placement"] == "disk" and summary["steps_run"] == 3
+    assert summary["copy_ms_median"] > 0  # the time spent streaming blocks, per step
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

@@ -112,6 +112,9 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
             "teacher_ms": teacher_ms,
             "student_ms": step_ms - teacher_ms,
         } | memory_metrics()
+        copy_ms = run.targets.copy_ms()
+        if copy_ms is not None:  # streamed teachers: time spent copying weights (overlapped with compute)
+            metrics["copy_ms"] = copy_ms
         run.history.append({"step": step + 1} | metrics)
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)

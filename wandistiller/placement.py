@@ -189,7 +189,7 @@ class StreamPlacement:
         from wandistiller.streaming import load_streamed_expert
 
         device = self.teacher_device(topology)
-        experts = []
+        experts, streamers = [], []
         for name in spec.experts:
             folder = spec.path / name
             if self.source == "disk" and not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
@@ -197,12 +197,14 @@ class StreamPlacement:
                     f"teacher_placement=disk reads {folder} while training and cannot: make its "
                     "*.safetensors readable, or use teacher_placement=offload"
                 )
-            experts.append(
-                load_streamed_expert(
-                    folder, precision.teacher_dtype, device, self.source, self._resident(spec, precision, device)
-                )
+            expert, streamer = load_streamed_expert(
+                folder, precision.teacher_dtype, device, self.source, self._resident(spec, precision, device)
             )
-        return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+            experts.append(expert)
+            streamers += [streamer] if streamer is not None else []
+        teacher = Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+        teacher.streamers = streamers
+        return teacher
 
     def _resident(self, spec: TeacherSpec, precision: Precision, device: torch.device) -> int:
         if self.resident_blocks != "auto":

@@ -15,6 +15,7 @@ resident model's, bit for bit).
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -108,7 +109,8 @@ class BlockStreamer:
         self.computed = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
         self.reader = ThreadPoolExecutor(1) if isinstance(source, DiskSource) else None
         self.pending: dict[int, Future] = {}
-        self.copy_ms_events: list[tuple] = []
+        self.copy_events: list[tuple] = []  # (start, end) CUDA events of copies not yet counted
+        self.copy_seconds = 0.0  # copy time already counted (CPU copies, and drained CUDA events)
         for i in streamed:
             blocks[i].register_forward_pre_hook(lambda m, args, i=i: self._before(i))
             blocks[i].register_forward_hook(lambda m, args, out, i=i: self._after(i))
@@ -130,14 +132,28 @@ class BlockStreamer:
         host = self._host(i)
         self.holds[slot] = i
         if not self.cuda:
+            start = time.perf_counter()
             for n, t in self.slots[slot].items():
                 t.copy_(host[n])
+            self.copy_seconds += time.perf_counter() - start
             return
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.computed[slot])
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self.copy_stream)
             for n, t in self.slots[slot].items():
                 t.copy_(host[n], non_blocking=True)
+            end.record(self.copy_stream)
             self.copied[slot].record(self.copy_stream)
+            self.copy_events.append((start, end))
+
+    def drain_copy_ms(self) -> float:
+        """Milliseconds spent copying blocks since the last call (on the copy stream: overlapped, not added)."""
+        for start, end in self.copy_events[:-2]:  # the last two may still be in flight: counted next time
+            self.copy_seconds += start.elapsed_time(end) / 1e3 if end.query() else 0.0
+        self.copy_events = self.copy_events[-2:]
+        ms, self.copy_seconds = self.copy_seconds * 1e3, 0.0
+        return ms
 
     def _before(self, i: int) -> None:
         if i not in self.holds:  # the first block of the first forward: nobody prefetched it
@@ -192,7 +208,7 @@ def stream_blocks(
 
 def load_streamed_expert(
     path: Path, dtype: torch.dtype, device: torch.device, source_kind: str, resident_blocks: int
-) -> nn.Module:
+) -> tuple[nn.Module, BlockStreamer | None]:
     """One expert whose blocks stream to `device`: `host` loads it into (pinned) RAM first; `disk` never
     reads a block into RAM until it is needed, so the teacher may be larger than RAM."""
     from wandistiller.teacher import freeze
@@ -205,8 +221,8 @@ def load_streamed_expert(
         )
     else:
         model = _skeleton_with_resident_weights(path, dtype)
-    stream_blocks(model, device, source_kind, resident_blocks, folder=path)
-    return freeze(model)
+    streamer = stream_blocks(model, device, source_kind, resident_blocks, folder=path)
+    return freeze(model), streamer
 
 
 def _skeleton_with_resident_weights(folder: Path, dtype: torch.dtype) -> nn.Module:

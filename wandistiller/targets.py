@@ -47,6 +47,9 @@ class LocalTargets:
     def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
         return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden)
 
+    def copy_ms(self) -> float | None:
+        return self.teacher.copy_ms()
+
     def finish(self) -> None:
         pass
 
@@ -86,6 +89,9 @@ class RemoteTargets:
             hidden = torch.empty(hidden_shape(self.teacher_config, batch), dtype=torch.float32, device=self.transfer)
             dist.recv(hidden, src=self.owner)
         return target, hidden
+
+    def copy_ms(self) -> float | None:
+        return None
 
     def finish(self) -> None:
         pass

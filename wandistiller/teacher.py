@@ -154,6 +154,11 @@ class Teacher:
         self.dtype = experts[0].dtype  # ModelMixin.dtype skips the modules diffusers keeps in fp32
         # Sharded experts' forwards are collectives: every rank runs every expert, even without samples for it.
         self.collective = False
+        self.streamers: list = []  # set by the streaming placements (offload, disk)
+
+    def copy_ms(self) -> float | None:
+        """Time spent streaming weights since the last call; None for a teacher that does not stream."""
+        return sum(s.drain_copy_ms() for s in self.streamers) if self.streamers else None
 
     def expert_index(self, t: torch.Tensor) -> torch.Tensor:
         """0 for `transformer` (t >= boundary, the high-noise expert), 1 for `transformer_2`."""

@@ -364,6 +364,7 @@ class Worker:
             "step_ms_stdev": statistics.pstdev([h["step_ms"] for h in history]) if history else None,
             "teacher_ms_median": median("teacher_ms"),
             "student_ms_median": median("student_ms"),
+            "copy_ms_median": median("copy_ms") if history and "copy_ms" in history[0] else None,
             "owner_idle_fraction": owner.get("owner_idle_fraction"),
             "overrides": (self.prepared.sweep_point or {}).get("overrides"),
             **{f"{k}_max": v for k, v in peaks.items()},
