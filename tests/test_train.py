@@ -197,3 +197,17 @@ def test_cli_default_job_with_wandb_offline_and_resume_keeps_the_run_id(tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")} == {run_id}
     assert json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
+
+
+@pytest.mark.slow
+def test_regionally_compiled_teacher_and_student_train_like_eager_ones(make_cfg, tmp_path):
+    common = ["trainer.max_steps=2", "trainer.batch_size=2"]
+    eager = run(make_cfg(*common, run_dir=tmp_path / "eager"))
+    compiled = run(make_cfg(*common, "teacher.compile=true", "trainer.compile_student=true", run_dir=tmp_path / "c"))
+    assert compiled["steps_run"] == 2
+    assert abs(compiled["loss_last"] - eager["loss_last"]) < 1e-3 * max(eager["loss_last"], 1e-6) + 1e-6
+
+
+def test_compiling_a_streamed_teacher_is_refused(make_cfg, tmp_path):
+    with pytest.raises(UserError, match="teacher.compile=true works with the single-device placements"):
+        run(make_cfg("teacher_placement=disk", "teacher.compile=true", run_dir=tmp_path / "r"))

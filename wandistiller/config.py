@@ -32,6 +32,9 @@ class TeacherConfig:
     max_sequence_length: int = 512
     # Shift of the flow schedule training timesteps are drawn from; None = the teacher scheduler's.
     flow_shift: float | None = None
+    # Regional torch.compile of the teacher's repeated blocks (diffusers' compile_repeated_blocks);
+    # single-device placements only (cpu, gpu, gpu0).
+    compile: bool = False
 
 
 @dataclass
@@ -94,6 +97,8 @@ class TrainerConfig:
     warmup_steps: int = 0
     max_grad_norm: float | None = 1.0
     gradient_checkpointing: bool = False
+    # Regional torch.compile of the student's repeated blocks.
+    compile_student: bool = False
     ema_decay: float | None = None
     checkpoint_every: int = 50
     keep_checkpoints: int = 2

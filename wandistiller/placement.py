@@ -45,7 +45,7 @@ def _gpus() -> int:
 class CpuPlacement:
     """One teacher per node in CPU RAM, computing on the CPU, serving the node's ranks."""
 
-    name, serving = "cpu", "node_owner"
+    name, serving, compilable = "cpu", "node_owner", True
 
     def __init__(self, **_: object):
         pass
@@ -64,7 +64,7 @@ class CpuPlacement:
 class GpuPlacement:
     """A full teacher on every rank's own GPU, loaded straight onto it."""
 
-    name, serving = "gpu", "local"
+    name, serving, compilable = "gpu", "local", True
 
     def __init__(self, **_: object):
         pass
@@ -89,7 +89,7 @@ class Gpu0Placement:
     `debug_cpu` keeps this process layout but puts the teacher on the CPU (tests, dry runs).
     """
 
-    name = "gpu0"
+    name, compilable = "gpu0", True
 
     def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False, **_: object):
         self.train_on_owner, self.debug_cpu = train_on_owner, debug_cpu
@@ -126,7 +126,7 @@ class DeviceMapPlacement:
     loads it, so N ranks make one spread copy, not N (a plain device_map under torchrun loads N).
     """
 
-    serving = "node_owner"
+    serving, compilable = "node_owner", False  # accelerate's cross-device hooks and dynamo: not tried
 
     def __init__(self, strategy="balanced", max_memory=None, debug_cpu: bool = False, **_: object):
         self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
@@ -165,7 +165,7 @@ class StreamPlacement:
     ("auto": as many as the free memory holds, per the planner).
     """
 
-    serving = "local"
+    serving, compilable = "local", False  # the streamer swaps weights under the blocks between calls
 
     def __init__(self, source: str = "host", resident_blocks="auto", **_: object):
         self.source, self.resident_blocks = source, resident_blocks
@@ -226,7 +226,7 @@ class ShardedPlacement:
     Every rank must run the same forwards (they are collectives): `Teacher.collective` makes sure.
     """
 
-    name, serving, collective = "sharded", "local", True
+    name, serving, collective, compilable = "sharded", "local", True, False
 
     def __init__(self, **_: object):
         pass
@@ -266,7 +266,7 @@ class ShardedPlacement:
 class AutoPlacement:
     """Resolved by the planner (`wandistiller.plan`) into the fastest placement that fits."""
 
-    name, serving = "auto", None
+    name, serving, compilable = "auto", None, True
 
     def __init__(self, **_: object):
         pass

@@ -129,6 +129,11 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     read_prompts(cfg.data.prompts_path)
     if placement_cfg is None:  # a Hub teacher: planned now that its config is here
         placement_cfg, table = choose_placement(cfg, precision)
+    if cfg.teacher.compile and not get_class(placement_cfg["_target_"]).compilable:
+        raise UserError(
+            "teacher.compile=true works with the single-device placements (cpu, gpu, gpu0), not with "
+            "the placement chosen here; drop teacher.compile or pick one of those"
+        )
     run_dir = Path(cfg.paths.output_dir)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     save_config(run_dir, cfg, resume_from)

@@ -151,6 +151,9 @@ class Worker:
         cfg, topo, roles = self.cfg, self.topo, self.roles
         embeddings = self.embeddings()
         teacher = self.placement.load(self.spec, cfg.teacher, self.precision, topo) if roles.has_teacher else None
+        if teacher is not None and cfg.teacher.compile and getattr(self.placement, "compilable", False):
+            for expert in teacher.experts:
+                expert.compile_repeated_blocks(fullgraph=True)
         shape = (
             self.spec.transformer_config["in_channels"],
             cfg.data.latent_frames,
@@ -243,6 +246,8 @@ class Worker:
         student.to(device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
+        if cfg.trainer.compile_student:
+            student.transformer.compile_repeated_blocks(fullgraph=True)
         params = [p for p in student.parameters() if p.requires_grad]
         optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
         lr_scheduler = get_scheduler(
