@@ -307,20 +307,26 @@ def ranks_per_node(cfg, hw: Hardware) -> int:
 
 
 def main() -> None:
-    import hydra
+    """Compose the same config tree as training (no run folder, no log file) and print the plan."""
+    import sys
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from wandistiller.config import register_configs
     from wandistiller.errors import exit_on_user_error
     from wandistiller.precision import Precision
 
     register_configs()
-
-    @hydra.main(version_base=None, config_path="../conf", config_name="train")
-    def _plan(cfg) -> None:
-        with exit_on_user_error():
-            print(plan_report(cfg, Precision.from_config(cfg.precision).teacher_dtype))
-
-    _plan()
+    try:
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
+            cfg = compose("train", overrides=sys.argv[1:])
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    with exit_on_user_error():
+        print(plan_report(cfg, Precision.from_config(cfg.precision).teacher_dtype))
 
 
 def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
