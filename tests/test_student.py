@@ -22,7 +22,7 @@ def scfg(**kw):
 
 def test_named_students_inherit_what_must_match_the_teacher(tiny_path):
     spec = inspect_teacher(tiny_path)
-    config = student_config(scfg(builder="small"), spec)
+    config = student_config(scfg(builder="small"), spec.transformer_config)
     assert config["text_dim"] == 32 and config["in_channels"] == 16 and list(config["patch_size"]) == [1, 2, 2]
     assert config["num_attention_heads"] * config["attention_head_dim"] == 1536
 

@@ -276,21 +276,15 @@ def planning_teacher_config(teacher_cfg) -> tuple[dict, int] | None:
 
 
 def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype) -> Workload:
-    from omegaconf import OmegaConf
+    from wandistiller.student import student_config
 
-    from wandistiller.student import INHERITED, STUDENT_BUILDERS
-
-    student = dict(STUDENT_BUILDERS.get(cfg.student.builder or "", {}))
-    if cfg.student.config_path and Path(cfg.student.config_path).is_file():
-        student = json.loads(Path(cfg.student.config_path).read_text())
-    student = {k: teacher_config[k] for k in INHERITED if k in teacher_config} | student
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
     d = cfg.data
     return Workload(
         teacher_config=teacher_config,
         experts=experts,
         teacher_dtype_bytes=torch.finfo(teacher_dtype).bits // 8,
-        student_config=OmegaConf.to_container(OmegaConf.create(student)),
+        student_config=student_config(cfg.student, teacher_config),
         batch_size=cfg.trainer.batch_size,
         tokens=(d.latent_frames // pt) * (d.latent_height // ph) * (d.latent_width // pw),
         text_tokens=cfg.teacher.max_sequence_length,

@@ -42,9 +42,13 @@ MUST_MATCH = ("patch_size", "in_channels", "out_channels", "text_dim")
 WIDTHS = ("num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "freq_dim", "qk_norm", "cross_attn_norm")
 
 
-def student_config(student_cfg, spec: TeacherSpec) -> dict:
-    """The student's WanTransformer3DModel config, checked against the teacher's."""
-    teacher = spec.transformer_config
+def student_config(student_cfg, teacher: dict) -> dict:
+    """The student's WanTransformer3DModel config, checked against the teacher's transformer config.
+
+    Reads JSON only, so the Hydra job and the planner can check a student without building it.
+    """
+    if student_cfg.init not in ("random", "teacher"):
+        raise UserError(f"student.init={student_cfg.init!r} is unknown; use random or teacher")
     if student_cfg.builder is not None:
         if student_cfg.builder not in STUDENT_BUILDERS:
             raise UserError(
@@ -82,6 +86,20 @@ def student_config(student_cfg, spec: TeacherSpec) -> dict:
     return config
 
 
+def check_student(student_cfg, teacher: dict) -> dict:
+    """student_config, plus what starting from the teacher's blocks needs (student.init=teacher)."""
+    config = student_config(student_cfg, teacher)
+    if student_cfg.init == "teacher":
+        for key in WIDTHS:
+            mine, theirs = config.get(key), teacher.get(key)
+            if mine != theirs:
+                raise UserError(
+                    f"student.init=teacher copies the teacher's blocks, but the student's {key}={mine} and the "
+                    f"teacher's is {theirs}; use student.init=random or a student of the teacher's width"
+                )
+    return config
+
+
 def _norm(v):
     return list(v) if isinstance(v, (list, tuple)) else v
 
@@ -110,18 +128,7 @@ class Student(nn.Module):
 def build_student(student_cfg, spec: TeacherSpec, dtype: torch.dtype = torch.float32) -> Student:
     from diffusers import WanTransformer3DModel
 
-    if student_cfg.init not in ("random", "teacher"):
-        raise UserError(f"student.init={student_cfg.init!r} is unknown; use random or teacher")
-    config = student_config(student_cfg, spec)
-    if student_cfg.init == "teacher":
-        for key in WIDTHS:
-            mine, theirs = config.get(key), spec.transformer_config.get(key)
-            if mine != theirs:
-                raise UserError(
-                    f"student.init=teacher copies the teacher's blocks, but the student's {key}={mine} and the "
-                    f"teacher's is {theirs}; use student.init=random or a student of the teacher's width"
-                )
-    transformer = WanTransformer3DModel.from_config(config)
+    transformer = WanTransformer3DModel.from_config(check_student(student_cfg, spec.transformer_config))
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width if student_cfg.hidden_kd_weight > 0 else None)
     return student if dtype == torch.float32 else student.to(dtype)

@@ -22,7 +22,7 @@ from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, init_process_group, launch, under_torchrun
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.precision import Precision
-from wandistiller.student import build_student
+from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 from wandistiller.worker import FAILURES, Prepared, student_device, train_worker, worker_entry
 
@@ -125,7 +125,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     precision.check(student_device(topo))
     placement_cfg, table = choose_placement(cfg, precision)
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher))
-    build_student(cfg.student, spec)  # checks the student against the teacher; cheap at these sizes
+    check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
     read_prompts(cfg.data.prompts_path)
     if placement_cfg is None:  # a Hub teacher: planned now that its config is here
         placement_cfg, table = choose_placement(cfg, precision)
@@ -151,22 +151,24 @@ def choose_placement(cfg: DictConfig, precision: Precision) -> tuple[dict | None
     """
     placement_cfg = OmegaConf.to_container(cfg.teacher_placement, resolve=True)
     cls = get_class(placement_cfg["_target_"])
-    if cls.__name__ != "AutoPlacement":
-        cls(**{k: v for k, v in placement_cfg.items() if k != "_target_"}).check(precision, cfg.distributed)
+    auto = cls.__name__ == "AutoPlacement"
+    if not auto:
+        placement = cls(**{k: v for k, v in placement_cfg.items() if k != "_target_"})
+        placement.check(precision, cfg.distributed)
     found = plan.planning_teacher_config(cfg.teacher)
     if found is None:
-        return (None, None) if cls.__name__ == "AutoPlacement" else (placement_cfg, None)
+        return (None, None) if auto else (placement_cfg, None)
     hw = plan.Hardware.detect(cfg.hardware)
     estimates = plan.plan(plan.workload(cfg, *found, precision.teacher_dtype), hw, plan.ranks_per_node(cfg, hw))
     best = plan.choose(estimates)
-    if cls.__name__ == "AutoPlacement":
+    if auto:
         if best is None:
             raise UserError(
                 "teacher_placement=auto: no placement fits this teacher on this hardware "
                 f"({hw.describe()}); use precision=bf16, a smaller trainer.batch_size or more memory"
             )
         return _placement_config(best.placement), plan.format_table(estimates, hw, best.placement)
-    name = cls(**{k: v for k, v in placement_cfg.items() if k != "_target_"}).name
+    name = placement.name
     mine = next((e for e in estimates if e.placement == name), None)
     if mine is not None and not mine.fits and not placement_cfg.get("debug_cpu"):
         other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
