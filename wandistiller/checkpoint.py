@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,10 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    return int(path.name.split("_")[-1])
+    """The step a checkpoint was taken at: from its folder name, or (a renamed folder) from its state."""
+    if re.fullmatch(r"step_\d+", path.name):
+        return int(path.name[len("step_") :])
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)["step"]
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from wandistiller.checkpoint import load_checkpoint
+from wandistiller.checkpoint import checkpoint_step, load_checkpoint
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, destroy_process_group, init_process_group
 from wandistiller.errors import UserError, exit_on_user_error
@@ -168,8 +168,10 @@ class Worker:
             self.spec.num_train_timesteps,
             embeddings,
         )
-        state = load_checkpoint(Path(self.prepared.resume_from)) if self.prepared.resume_from else None
-        start_step = state["step"] if state else 0
+        resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
+        start_step = checkpoint_step(resume_from) if resume_from else 0
+        # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
+        state = load_checkpoint(resume_from) if resume_from and roles.trains else None
         student_group = dist.new_group(list(roles.students)) if topo.distributed else None
 
         if roles.trains:
