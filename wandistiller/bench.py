@@ -173,13 +173,13 @@ def _random_model(arch: str, dtype: torch.dtype):
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.streaming import _replace
+    from wandistiller.streaming import replace_tensor
 
     with init_empty_weights():  # parameters on meta; buffers (rope tables) real
         model = WanTransformer3DModel(**ARCHS[arch])
     g = torch.Generator().manual_seed(0)
     for name, p in list(model.named_parameters()):
-        _replace(model, name, (torch.randn(p.shape, generator=g) * 0.02).to(dtype))
+        replace_tensor(model, name, (torch.randn(p.shape, generator=g) * 0.02).to(dtype))
     return model.eval().requires_grad_(False)
 
 

@@ -79,7 +79,7 @@ def _block_tensors(block: nn.Module) -> dict[str, torch.Tensor]:
     return dict(block.named_parameters()) | dict(block.named_buffers())
 
 
-def _replace(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+def replace_tensor(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Put `tensor` in place of a parameter or buffer, also across devices (meta -> real), which `.data=` can't."""
     *path, leaf = name.split(".")
     for part in path:
@@ -115,7 +115,7 @@ class BlockStreamer:
             blocks[i].register_forward_pre_hook(lambda m, args, i=i: self._before(i))
             blocks[i].register_forward_hook(lambda m, args, out, i=i: self._after(i))
             for n, t in _block_tensors(blocks[i]).items():  # the host/disk copy is the only one now
-                _replace(blocks[i], n, torch.empty(0, dtype=t.dtype, device=device))
+                replace_tensor(blocks[i], n, torch.empty(0, dtype=t.dtype, device=device))
 
     def _read_ahead(self, i: int) -> None:
         if self.reader is not None and i not in self.pending:
@@ -149,9 +149,13 @@ class BlockStreamer:
 
     def drain_copy_ms(self) -> float:
         """Milliseconds spent copying blocks since the last call (on the copy stream: overlapped, not added)."""
-        for start, end in self.copy_events[:-2]:  # the last two may still be in flight: counted next time
-            self.copy_seconds += start.elapsed_time(end) / 1e3 if end.query() else 0.0
-        self.copy_events = self.copy_events[-2:]
+        in_flight = []
+        for start, end in self.copy_events:  # copies still running are counted next time
+            if end.query():
+                self.copy_seconds += start.elapsed_time(end) / 1e3
+            else:
+                in_flight.append((start, end))
+        self.copy_events = in_flight
         ms, self.copy_seconds = self.copy_seconds * 1e3, 0.0
         return ms
 
@@ -195,12 +199,12 @@ def stream_blocks(
             block.to(device)
         else:  # resident blocks of a disk teacher: read once, kept on the device
             for n, t in source.fetch(i).items():
-                _replace(block, n, t.to(device))
+                replace_tensor(block, n, t.to(device))
     for name, child in model.named_children():
         if name != "blocks":
             child.to(device)
     for name, p in list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False)):
-        _replace(model, name, p.data.to(device))
+        replace_tensor(model, name, p.data.to(device))
     if not streamed:
         return None
     return BlockStreamer(blocks, device, source, streamed)
@@ -238,7 +242,7 @@ def _skeleton_with_resident_weights(folder: Path, dtype: torch.dtype) -> nn.Modu
     for name, p in list(model.named_parameters()):
         dt = torch.float32 if _is_fp32(name, keep) else dtype
         if name in wanted:
-            _replace(model, name, source.files[source.weight_map[name]].get_tensor(name).to(dt))
+            replace_tensor(model, name, source.files[source.weight_map[name]].get_tensor(name).to(dt))
         else:
-            _replace(model, name, torch.empty_like(p, dtype=dt, device="meta"))
+            replace_tensor(model, name, torch.empty_like(p, dtype=dt, device="meta"))
     return model
