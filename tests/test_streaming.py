@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -11,6 +13,7 @@ from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
 from wandistiller.placement import CpuPlacement, StreamPlacement
 from wandistiller.precision import DTYPES, Precision
+from wandistiller.streaming import ALIGN, SHM, BlockLayout, node_shared_buffer, pack_blocks
 from wandistiller.teacher import inspect_teacher
 from wandistiller.train import choose_placement, run
 
@@ -66,3 +69,66 @@ def test_the_planner_streams_when_the_teacher_does_not_fit_and_refuses_offload_w
     assert 40 * block + outside == pytest.approx(28.6e9, rel=0.01) and outside < 0.02 * 28.6e9
     kept = [plan.resident_blocks(config, 1, DTYPES["bf16"], gib * plan.GiB) for gib in (6, 24, 40, 80)]
     assert kept[0] == 0 and kept == sorted(kept) and kept[-1] == 40
+
+
+def _shared_offload_worker(teacher_path: str) -> dict:
+    """Each rank loads an offload teacher sharing the node's host copy, and reports what it maps."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    topo = Topology.from_env()
+    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    streamed = StreamPlacement(source="host", resident_blocks=1, share_host_copy=True)
+    streamed.teacher_device = lambda topology: torch.device("cpu")
+    teacher = streamed.load(spec, TEACHER, BF16, topo)
+    resident = CpuPlacement().load(spec, TEACHER, BF16, topo)
+    g = torch.Generator().manual_seed(topo.rank)
+    x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0]), torch.zeros(2, 512, 32)
+    same = torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
+    # The (unlinked) /dev/shm files this process maps, by inode: one per expert, the same on every rank.
+    maps = open("/proc/self/maps").read().splitlines()
+    inodes = sorted({line.split()[4] for line in maps if "/dev/shm/wandistiller-" in line})
+    dist.destroy_process_group()
+    return {"same": same, "inodes": inodes, "left": sorted(p.name for p in SHM.glob("wandistiller-*"))}
+
+
+def test_ranks_of_a_node_share_one_host_copy_of_an_offload_teacher(tiny_moe_path):
+    from test_distributed import spawn
+
+    before = set(SHM.glob("wandistiller-*"))
+    results = spawn(_shared_offload_worker, 2, str(tiny_moe_path))
+    assert all(r["same"] for r in results.values())  # targets still equal the resident teacher's, bit for bit
+    assert len(results[0]["inodes"]) == 2 and results[0]["inodes"] == results[1]["inodes"]  # two experts, one copy
+    assert set(SHM.glob("wandistiller-*")) == before  # nothing left behind in /dev/shm
+
+
+def test_a_shared_host_copy_larger_than_dev_shm_is_refused_naming_the_fix():
+    too_big = shutil.disk_usage(SHM).free + 2**30
+    with pytest.raises(UserError, match=r"share_host_copy=true .* --shm-size.*share_host_copy=false"):
+        node_shared_buffer("wandistiller-test", too_big, Topology(), fill=None)
+
+
+def test_a_packed_block_views_every_tensor_of_the_block_aligned(tiny_path):
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel.from_pretrained(tiny_path, subfolder="transformer", use_safetensors=True)
+    layout = BlockLayout.of(model.blocks[0])
+    buffer = torch.empty(2 * layout.nbytes, dtype=torch.uint8)
+    pack_blocks(buffer, layout, [1, 0], lambda i: dict(model.blocks[i].state_dict()))
+    views = layout.views(buffer[layout.nbytes :])  # second place: block 0
+    assert {n: v.dtype for n, v in views.items()}["scale_shift_table"] == torch.float32  # kept in fp32 by diffusers
+    for name, tensor in model.blocks[0].state_dict().items():
+        assert torch.equal(views[name], tensor) and (views[name].data_ptr() - buffer.data_ptr()) % ALIGN == 0
+
+
+def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_cfg):
+    hardware = ["hardware.gpus=8", "hardware.gpu_memory_gib=24", "hardware.host_memory_gib=1000"]
+    common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
+    host = {}
+    for share in ("true", "false"):
+        cfg = make_cfg(*common, *hardware, "teacher_placement=offload", f"teacher_placement.share_host_copy={share}")
+        w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
+        host[share] = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=8).host_bytes
+    assert host["false"] - host["true"] == pytest.approx(7 * 28.6e9, rel=0.01)  # 8 ranks: 7 copies saved
+    assert host["true"] < 2 * 28.6e9

@@ -51,6 +51,8 @@ class PlacementConfig:
     # offload / disk: where the weights stream from ("host" RAM or "disk"), and how many blocks stay resident.
     source: str | None = None
     resident_blocks: Any = "auto"
+    # offload: a node's ranks share one pinned copy of the teacher (through /dev/shm) instead of one each.
+    share_host_copy: bool = True
 
 
 @dataclass

@@ -159,16 +159,17 @@ class DeviceMapPlacement:
 class StreamPlacement:
     """Teacher weights outside the compute device, streamed in block by block, one block ahead.
 
-    `offload`: weights in pinned host RAM, computing on this rank's GPU. `disk`: weights stay in the
-    safetensors files (memory-mapped) and stream from there, for teachers larger than RAM; on a machine
-    without a GPU it computes on the CPU. The first `resident_blocks` blocks stay on the device
-    ("auto": as many as the free memory holds, per the planner).
+    `offload`: weights in pinned host RAM, computing on this rank's GPU; with `share_host_copy` the ranks
+    of a node share one pinned copy (through /dev/shm). `disk`: weights stay in the safetensors files
+    (memory-mapped) and stream from there, for teachers larger than RAM; on a machine without a GPU it
+    computes on the CPU. The first `resident_blocks` blocks stay on the device ("auto": as many as the
+    free memory holds, per the planner).
     """
 
     serving, compilable = "local", False  # the streamer swaps weights under the blocks between calls
 
-    def __init__(self, source: str = "host", resident_blocks="auto", **_: object):
-        self.source, self.resident_blocks = source, resident_blocks
+    def __init__(self, source: str = "host", resident_blocks="auto", share_host_copy: bool = True, **_: object):
+        self.source, self.resident_blocks, self.share_host_copy = source, resident_blocks, share_host_copy
         self.name = {"host": "offload", "disk": "disk"}[source]
 
     def check(self, precision: Precision, world) -> None:
@@ -198,13 +199,28 @@ class StreamPlacement:
                     "*.safetensors readable, or use teacher_placement=offload"
                 )
             expert, streamer = load_streamed_expert(
-                folder, precision.teacher_dtype, device, self.source, self._resident(spec, precision, device)
+                folder,
+                precision.teacher_dtype,
+                device,
+                self.source,
+                self._resident(spec, precision, device),
+                share=self._share(folder, topology),
             )
             experts.append(expert)
             streamers += [streamer] if streamer is not None else []
         teacher = Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
         teacher.streamers = streamers
         return teacher
+
+    def _share(self, folder, topology: Topology) -> tuple[str, Topology] | None:
+        """(a name the node's ranks agree on, topology) when they should share one host copy, else None."""
+        import hashlib
+        import os
+
+        if self.source != "host" or not self.share_host_copy or topology.local_world_size < 2:
+            return None
+        job = ":".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
+        return f"wandistiller-{hashlib.sha1(f'{job}:{folder}'.encode()).hexdigest()[:16]}", topology
 
     def _resident(self, spec: TeacherSpec, precision: Precision, device: torch.device) -> int:
         if self.resident_blocks != "auto":

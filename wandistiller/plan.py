@@ -109,6 +109,7 @@ class Workload:
     text_tokens: int
     gradient_checkpointing: bool
     ema: bool
+    shared_host_copy: bool = True  # offload: one pinned copy per node (else one per rank)
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,9 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         streaming = w.experts * outside + 2 * block + act + student
         gpus = (streaming,) * min(n_gpu, ranks_per_node)
         if name == "offload":
-            host = teacher * ranks_per_node + host_small * ranks_per_node
-            note = "pinned RAM -> GPU, one block ahead (a pinned copy per rank)"
+            copies = 1 if w.shared_host_copy else ranks_per_node
+            host = teacher * copies + (block + host_small) * ranks_per_node
+            note = "pinned RAM -> GPU, one block ahead, " + ("a copy per node" if copies == 1 else "a copy per rank")
         else:
             host = (2 * block + host_small) * ranks_per_node
             note = "safetensors on disk -> GPU, one block ahead"
@@ -290,6 +292,7 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         text_tokens=cfg.teacher.max_sequence_length,
         gradient_checkpointing=cfg.trainer.gradient_checkpointing,
         ema=cfg.trainer.ema_decay is not None,
+        shared_host_copy=cfg.teacher_placement.share_host_copy,
     )
 
 

@@ -14,26 +14,110 @@ resident model's, bit for bit).
 
 from __future__ import annotations
 
+import atexit
 import json
+import math
+import shutil
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from wandistiller.errors import UserError
 
-class HostSource:
-    """Each streamed block's tensors in host memory (pinned when the device is a GPU)."""
+ALIGN = 512  # bytes; every tensor of a packed block starts at such an offset (any dtype may view it)
+SHM = Path("/dev/shm")
 
-    def __init__(self, blocks: nn.ModuleList, indices: list[int], pin: bool):
-        self.tensors = {
-            i: {n: (t.detach().pin_memory() if pin else t.detach()) for n, t in _block_tensors(blocks[i]).items()}
-            for i in indices
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each of a block's tensors sits in one flat byte buffer. Wan's blocks all share one layout,
+    so a block moves host -> device as one contiguous copy, into a slot whose views never change."""
+
+    entries: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]  # name, dtype, shape, byte offset
+    nbytes: int
+
+    @classmethod
+    def of(cls, block: nn.Module) -> BlockLayout:
+        entries, offset = [], 0
+        for name, t in _block_tensors(block).items():
+            entries.append((name, t.dtype, tuple(t.shape), offset))
+            offset += -(-t.numel() * t.dtype.itemsize // ALIGN) * ALIGN
+        return cls(tuple(entries), offset)
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            name: flat[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for name, dtype, shape, offset in self.entries
         }
 
-    def fetch(self, i: int) -> dict[str, torch.Tensor]:
-        return self.tensors[i]
+
+class HostSource:
+    """The streamed blocks packed back to back in one host buffer: one copy per block (not one per tensor)."""
+
+    def __init__(self, buffer: torch.Tensor, layout: BlockLayout, indices: list[int]):
+        self.buffer, self.layout = buffer, layout
+        self.position = {i: k for k, i in enumerate(indices)}
+
+    def fetch(self, i: int) -> torch.Tensor:
+        k, n = self.position[i], self.layout.nbytes
+        return self.buffer[k * n : (k + 1) * n]
+
+
+def pack_blocks(buffer: torch.Tensor, layout: BlockLayout, indices: list[int], read_block) -> None:
+    """Fill `buffer` with blocks `indices`, each read by `read_block(i)` (name -> tensor) one at a time."""
+    for k, i in enumerate(indices):
+        views = layout.views(buffer[k * layout.nbytes : (k + 1) * layout.nbytes])
+        for name, t in read_block(i).items():
+            views[name].copy_(t)
+
+
+def pin_exactly(buffer: torch.Tensor) -> None:
+    """Page-lock `buffer` where it lies (cudaHostRegister). Tensor.pin_memory() would copy it into torch's
+    caching host allocator, which rounds each request up to a power of two: up to ~2x the RAM."""
+    err = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 1))
+    if err != 0:
+        raise UserError(
+            f"could not pin {buffer.numel() / 2**30:.1f} GiB of host RAM for teacher_placement=offload "
+            f"(cudaError {err}); free RAM, or set teacher_placement.resident_blocks to keep more blocks on the GPU"
+        )
+    weakref.finalize(buffer, torch.cuda.cudart().cudaHostUnregister, buffer.data_ptr())
+
+
+def node_shared_buffer(name: str, nbytes: int, topology, fill) -> torch.Tensor:
+    """One host buffer per node, shared by the node's ranks through a file in /dev/shm (RAM, not disk).
+
+    The node's first rank creates and fills it while the others wait, then they map it; the file is
+    unlinked once every rank holds it, so the RAM goes back when the last rank exits, even after a crash.
+    """
+    import torch.distributed as dist
+
+    free = shutil.disk_usage(SHM).free
+    if free < nbytes:  # every rank sees the same numbers, so every rank refuses alike
+        raise UserError(
+            f"teacher_placement.share_host_copy=true keeps one copy of the teacher per node in {SHM}, which has "
+            f"{free / 2**30:.1f} GiB free of the {nbytes / 2**30:.1f} GiB needed: enlarge it (docker run "
+            "--shm-size), or set teacher_placement.share_host_copy=false (one copy per rank)"
+        )
+    path = SHM / name
+    owner = topology.local_rank == 0
+    dist.barrier()  # everyone has checked the free space before the first byte is written
+    if owner:
+        path.unlink(missing_ok=True)  # a leftover of a killed run with the same name
+        atexit.register(path.unlink, missing_ok=True)
+        buffer = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+        fill(buffer)
+    dist.barrier()
+    if not owner:
+        buffer = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+    dist.barrier()
+    if owner:
+        path.unlink(missing_ok=True)
+    return buffer
 
 
 class DiskSource:
@@ -96,12 +180,12 @@ class BlockStreamer:
     `stream(model)` installs it; the model's non-block modules must already be on `device`.
     """
 
-    def __init__(self, blocks: nn.ModuleList, device: torch.device, source, streamed: list[int]):
+    def __init__(self, blocks: nn.ModuleList, device: torch.device, source, streamed: list[int], layout: BlockLayout):
         self.blocks, self.device, self.source, self.streamed = blocks, device, source, streamed
         self.next_of = {a: b for a, b in zip(streamed, streamed[1:] + streamed[:1])}
-        template = _block_tensors(blocks[streamed[0]])
-        # Two device slots shaped like one block: the one computing and the one being filled.
-        self.slots = [{n: torch.empty_like(t, device=device) for n, t in template.items()} for _ in range(2)]
+        # Two device slots, each one flat buffer viewed as a block: the one computing and the one being filled.
+        self.flat_slots = [torch.empty(layout.nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.slots = [layout.views(flat) for flat in self.flat_slots]
         self.holds: list[int | None] = [None, None]  # which block each slot holds (or is receiving)
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
@@ -112,6 +196,8 @@ class BlockStreamer:
         self.copy_events: list[tuple] = []  # (start, end) CUDA events of copies not yet counted
         self.copy_seconds = 0.0  # copy time already counted (CPU copies, and drained CUDA events)
         for i in streamed:
+            if BlockLayout.of(blocks[i]) != layout:
+                raise ValueError(f"block {i} is shaped unlike block {streamed[0]}; blocks of one shape can stream")
             blocks[i].register_forward_pre_hook(lambda m, args, i=i: self._before(i))
             blocks[i].register_forward_hook(lambda m, args, out, i=i: self._after(i))
             for n, t in _block_tensors(blocks[i]).items():  # the host/disk copy is the only one now
@@ -121,11 +207,18 @@ class BlockStreamer:
         if self.reader is not None and i not in self.pending:
             self.pending[i] = self.reader.submit(self.source.fetch, i)
 
-    def _host(self, i: int) -> dict[str, torch.Tensor]:
+    def _host(self, i: int) -> torch.Tensor | dict[str, torch.Tensor]:
         if self.reader is not None:
             self._read_ahead(i)
             return self.pending.pop(i).result()
         return self.source.fetch(i)
+
+    def _copy(self, host: torch.Tensor | dict[str, torch.Tensor], slot: int) -> None:
+        if isinstance(host, torch.Tensor):  # a packed block: one copy
+            self.flat_slots[slot].copy_(host, non_blocking=self.cuda)
+        else:
+            for n, t in self.slots[slot].items():
+                t.copy_(host[n], non_blocking=self.cuda)
 
     def _load(self, i: int, slot: int) -> None:
         """Copy block i into `slot`: on the side stream, after the slot's previous block finished computing."""
@@ -133,16 +226,14 @@ class BlockStreamer:
         self.holds[slot] = i
         if not self.cuda:
             start = time.perf_counter()
-            for n, t in self.slots[slot].items():
-                t.copy_(host[n])
+            self._copy(host, slot)
             self.copy_seconds += time.perf_counter() - start
             return
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.computed[slot])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(self.copy_stream)
-            for n, t in self.slots[slot].items():
-                t.copy_(host[n], non_blocking=True)
+            self._copy(host, slot)
             end.record(self.copy_stream)
             self.copied[slot].record(self.copy_stream)
             self.copy_events.append((start, end))
@@ -178,28 +269,32 @@ class BlockStreamer:
 
 
 def stream_blocks(
-    model: nn.Module, device: torch.device, source_kind: str, resident_blocks: int, folder: Path | None = None
+    model: nn.Module,
+    device: torch.device,
+    source_kind: str,
+    resident_blocks: int,
+    folder: Path | None = None,
+    share: tuple[str, object] | None = None,
 ) -> BlockStreamer | None:
     """Keep the first `resident_blocks` blocks and everything outside the blocks on `device`; stream the rest.
 
-    The model comes loaded on the CPU (`offload`) or with its blocks still on the meta device (`disk`).
+    The model's blocks are either real (in RAM: the benchmark's random teacher) or on the meta device,
+    to be read from the safetensors files in `folder` (the placements, so RAM never holds the teacher
+    twice). `host` packs the streamed blocks into one host buffer, pinned when `device` is a GPU and,
+    with `share=(name, topology)`, one per node; `disk` reads them from the files as they are needed.
     """
     blocks = model.blocks
     streamed = list(range(min(resident_blocks, len(blocks)), len(blocks)))
     pin = device.type == "cuda"
-    if source_kind == "host":
-        source = HostSource(blocks, streamed, pin)
-    else:
+    disk = None
+    if folder is not None:
         keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
-        source = DiskSource(folder, model.dtype, keep, pin)
-    for i, block in enumerate(blocks):
-        if i in streamed:
-            continue
-        if source_kind == "host":
-            block.to(device)
-        else:  # resident blocks of a disk teacher: read once, kept on the device
-            for n, t in source.fetch(i).items():
-                replace_tensor(block, n, t.to(device))
+        disk = DiskSource(folder, model.dtype, keep, pin=pin and source_kind == "disk")
+    read_block = disk.fetch if disk is not None else (lambda i: _block_tensors(blocks[i]))
+    for i in range(len(blocks)):
+        if i not in streamed:
+            for n, t in read_block(i).items():
+                replace_tensor(blocks[i], n, t.to(device))
     for name, child in model.named_children():
         if name != "blocks":
             child.to(device)
@@ -207,25 +302,38 @@ def stream_blocks(
         replace_tensor(model, name, p.data.to(device))
     if not streamed:
         return None
-    return BlockStreamer(blocks, device, source, streamed)
+    layout = BlockLayout.of(blocks[streamed[0]])
+    if source_kind == "disk":
+        source = disk
+    else:
+        nbytes = layout.nbytes * len(streamed)
+        fill = lambda buffer: pack_blocks(buffer, layout, streamed, read_block)
+        if share is not None:
+            buffer = node_shared_buffer(share[0], nbytes, share[1], fill)
+        else:
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            fill(buffer)
+        if pin:
+            pin_exactly(buffer)
+        source = HostSource(buffer, layout, streamed)
+    return BlockStreamer(blocks, device, source, streamed, layout)
 
 
 def load_streamed_expert(
-    path: Path, dtype: torch.dtype, device: torch.device, source_kind: str, resident_blocks: int
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    source_kind: str,
+    resident_blocks: int,
+    share: tuple[str, object] | None = None,
 ) -> tuple[nn.Module, BlockStreamer | None]:
-    """One expert whose blocks stream to `device`: `host` loads it into (pinned) RAM first; `disk` never
-    reads a block into RAM until it is needed, so the teacher may be larger than RAM."""
+    """One expert whose blocks stream to `device`, read from its files without ever holding the whole
+    expert in RAM: `host` packs the streamed blocks into (pinned) RAM once; `disk` reads each block when
+    it is needed, so the teacher may be larger than RAM."""
     from wandistiller.teacher import freeze
 
-    if source_kind == "host":
-        from diffusers import WanTransformer3DModel
-
-        model = WanTransformer3DModel.from_pretrained(
-            path.parent, subfolder=path.name, dtype=dtype, use_safetensors=True
-        )
-    else:
-        model = _skeleton_with_resident_weights(path, dtype)
-    streamer = stream_blocks(model, device, source_kind, resident_blocks, folder=path)
+    model = _skeleton_with_resident_weights(path, dtype)
+    streamer = stream_blocks(model, device, source_kind, resident_blocks, folder=path, share=share)
     return freeze(model), streamer
 
 
