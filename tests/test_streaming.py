@@ -132,3 +132,25 @@ def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_
         host[share] = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=8).host_bytes
     assert host["false"] - host["true"] == pytest.approx(7 * 28.6e9, rel=0.01)  # 8 ranks: 7 copies saved
     assert host["true"] < 2 * 28.6e9
+
+
+@pytest.mark.slow
+def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_targets(tiny_path):
+    from torch._dynamo.utils import counters
+
+    from wandistiller.teacher import compile_blocks
+
+    spec = inspect_teacher(tiny_path)
+    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    streamed = StreamPlacement(source="disk", resident_blocks=1)
+    teacher = streamed.load(spec, TEACHER, BF16, Topology())
+    for expert in resident.experts + teacher.experts:
+        compile_blocks(expert)
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0]), torch.zeros(2, 512, 32)
+    for _ in range(2):
+        assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
+    assert counters["stats"]["unique_graphs"] == 1  # swapping weights in does not recompile

@@ -208,6 +208,7 @@ def test_regionally_compiled_teacher_and_student_train_like_eager_ones(make_cfg,
     assert abs(compiled["loss_last"] - eager["loss_last"]) < 1e-3 * max(eager["loss_last"], 1e-6) + 1e-6
 
 
-def test_compiling_a_streamed_teacher_is_refused(make_cfg, tmp_path):
-    with pytest.raises(UserError, match="teacher.compile=true works with the single-device placements"):
-        run(make_cfg("teacher_placement=disk", "teacher.compile=true", run_dir=tmp_path / "r"))
+def test_compiling_a_teacher_spread_by_accelerate_is_refused(make_cfg, tmp_path):
+    overrides = ["teacher_placement=balanced", "teacher_placement.debug_cpu=true", "teacher.compile=true"]
+    with pytest.raises(UserError, match="teacher.compile=true works with the placements that run a whole teacher"):
+        run(make_cfg(*overrides, run_dir=tmp_path / "r"))

@@ -223,12 +223,21 @@ def _inputs(b: int, args, config: dict, device: torch.device, dtype: torch.dtype
     )
 
 
+def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
+    """Matmul FLOPs of one forward (as ../shared/gpu_baseline.py counts them): projections, attention, FFN."""
+    d, f = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
+    L, T = tokens, text_tokens
+    per_layer = 12 * L * d * d + 4 * T * d * d + 4 * L * L * d + 4 * L * T * d + 4 * L * d * f
+    return batch * config["num_layers"] * per_layer
+
+
 @torch.no_grad()
 def teacher_bench(args) -> dict:
     import copy
 
     from wandistiller.plan import block_bytes
     from wandistiller.streaming import stream_blocks
+    from wandistiller.teacher import compile_blocks
 
     device = torch.device(args.device)
     dtype = torch.bfloat16
@@ -244,6 +253,8 @@ def teacher_bench(args) -> dict:
         return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
     resident, measured = copy.deepcopy(host_model).to(device), {}
+    if args.compile:  # the same regional compile for both, so the ratio compares like with like
+        compile_blocks(resident)
     for b in batches:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -252,7 +263,10 @@ def teacher_bench(args) -> dict:
     del resident
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    stream_blocks(host_model, device, "host", args.resident_blocks)  # in place: pinned copies, two device slots
+    stream_blocks(host_model, device, "host", args.resident_blocks)  # in place: one pinned buffer, two device slots
+    if args.compile:
+        compile_blocks(host_model)
+    tokens = args.latent_height * args.latent_width // 4
     rows = []
     for b in batches:
         if device.type == "cuda":
@@ -268,6 +282,8 @@ def teacher_bench(args) -> dict:
                 "ratio_vs_resident": seconds / resident_s,
                 "copy_floor_ms": 1e3 * floor if floor else None,
                 "ratio_vs_copy_floor": seconds / floor if floor else None,
+                "resident_mfu_vs_989": forward_flops(config, b, tokens) / resident_s / 989e12,
+                "offload_mfu_vs_989": forward_flops(config, b, tokens) / seconds / 989e12,
                 "resident_peak_gib": resident_peak,
                 "offload_peak_gib": peak(),
                 "bit_identical": torch.equal(host_model(**inputs[b])[0].float().cpu(), reference),
@@ -275,23 +291,25 @@ def teacher_bench(args) -> dict:
         )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(
-        f"teacher {args.arch}, {args.latent_height * args.latent_width // 4} tokens, bf16, {device_name}; "
+        f"teacher {args.arch}, {tokens} tokens, bf16{', compiled' if args.compile else ''}, {device_name}; "
         f"streams {streamed_bytes / 1e9:.1f} GB ({args.resident_blocks} blocks resident); pinned H2D "
         f"{(bandwidth or 0) / 1e9:.1f} GB/s"
     )
     print(
-        f"{'batch':>5} {'resident ms/s':>14} {'offload ms/s':>13} {'x resident':>10} {'x floor':>8} "
+        f"{'batch':>5} {'resident ms/s':>14} {'MFU':>5} {'offload ms/s':>13} {'x resident':>10} {'x floor':>8} "
         f"{'peak GiB':>9} same"
     )
     for r in rows:
         print(
-            f"{r['batch']:>5} {r['resident_ms_per_sample']:>14.1f} {r['offload_ms_per_sample']:>13.1f} "
+            f"{r['batch']:>5} {r['resident_ms_per_sample']:>14.1f} {r['resident_mfu_vs_989']:>5.0%} "
+            f"{r['offload_ms_per_sample']:>13.1f} "
             f"{r['ratio_vs_resident']:>10.3f} {r['ratio_vs_copy_floor'] or 0:>8.3f} {r['offload_peak_gib'] or 0:>9.2f} "
             f"{r['bit_identical']}"
         )
     return {
         "benchmark": "teacher",
         "arch": args.arch,
+        "compiled": args.compile,
         "device": device_name,
         "date": time.strftime("%Y-%m-%d"),
         "pinned_h2d_bytes_per_s": bandwidth,
@@ -319,6 +337,7 @@ def main() -> None:
     t.add_argument("--latent-height", type=int, default=60)
     t.add_argument("--latent-width", type=int, default=104)
     t.add_argument("--reps", type=int, default=5)
+    t.add_argument("--compile", action="store_true", help="regional torch.compile for both (compile_blocks)")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--out", default="bench_teacher.json")
     args = parser.parse_args()

@@ -32,8 +32,8 @@ class TeacherConfig:
     max_sequence_length: int = 512
     # Shift of the flow schedule training timesteps are drawn from; None = the teacher scheduler's.
     flow_shift: float | None = None
-    # Regional torch.compile of the teacher's repeated blocks (diffusers' compile_repeated_blocks);
-    # single-device placements only (cpu, gpu, gpu0).
+    # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
+    # whole teacher in one process only (cpu, gpu, gpu0, offload, disk).
     compile: bool = False
 
 

@@ -166,7 +166,7 @@ class StreamPlacement:
     free memory holds, per the planner).
     """
 
-    serving, compilable = "local", False  # the streamer swaps weights under the blocks between calls
+    serving, compilable = "local", True  # compile_blocks leaves the streamer's hooks eager
 
     def __init__(self, source: str = "host", resident_blocks="auto", share_host_copy: bool = True, **_: object):
         self.source, self.resident_blocks, self.share_host_copy = source, resident_blocks, share_host_copy

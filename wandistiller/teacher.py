@@ -136,6 +136,17 @@ def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs)
     return freeze(model)
 
 
+def compile_blocks(expert: nn.Module) -> None:
+    """Regional torch.compile: one graph for the block, reused by all 40 (as diffusers' compile_repeated_blocks).
+
+    Only each block's `forward` is compiled, not its whole call (which compile_repeated_blocks takes), so
+    hooks on a block stay eager: the streamers swap weights in them between calls, which a graph could not.
+    Weights are graph inputs, so swapping them does not recompile; outputs equal the resident compiled ones.
+    """
+    for block in expert.blocks:
+        block.forward = torch.compile(block.forward, fullgraph=True)
+
+
 class Teacher:
     """Guided-velocity targets from one or two frozen Wan experts.
 

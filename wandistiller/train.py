@@ -131,8 +131,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         placement_cfg, table = choose_placement(cfg, precision)
     if cfg.teacher.compile and not get_class(placement_cfg["_target_"]).compilable:
         raise UserError(
-            "teacher.compile=true works with the single-device placements (cpu, gpu, gpu0), not with "
-            "the placement chosen here; drop teacher.compile or pick one of those"
+            "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
+            "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
         )
     run_dir = Path(cfg.paths.output_dir)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)

@@ -27,7 +27,7 @@ from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, Served, serve
-from wandistiller.teacher import inspect_teacher
+from wandistiller.teacher import compile_blocks, inspect_teacher
 from wandistiller.tracking import NullTracker
 
 log = logging.getLogger("wandistiller")
@@ -153,7 +153,7 @@ class Worker:
         teacher = self.placement.load(self.spec, cfg.teacher, self.precision, topo) if roles.has_teacher else None
         if teacher is not None and cfg.teacher.compile and getattr(self.placement, "compilable", False):
             for expert in teacher.experts:
-                expert.compile_repeated_blocks(fullgraph=True)
+                compile_blocks(expert)
         shape = (
             self.spec.transformer_config["in_channels"],
             cfg.data.latent_frames,
