@@ -154,3 +154,30 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
     for _ in range(2):
         assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
     assert counters["stats"]["unique_graphs"] == 1  # swapping weights in does not recompile
+
+
+def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):
+    from wandistiller.streaming import stored_as
+
+    spec = inspect_teacher(tiny_moe_path)
+    assert not stored_as(tiny_moe_path / "transformer", DTYPES["bf16"])  # the tiny teacher is saved in fp32
+    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    placement = StreamPlacement(source="disk", resident_blocks=0, offload_dir=str(tmp_path / "offload"))
+    teacher = placement.load(spec, TEACHER, BF16, Topology())
+    copies = sorted((tmp_path / "offload").iterdir())
+    assert [c.name.split("-")[:2] for c in copies] == [["transformer", "bfloat16"], ["transformer_2", "bfloat16"]]
+    assert all(stored_as(c, DTYPES["bf16"]) for c in copies)
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0]), torch.zeros(2, 512, 32)
+    assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
+    written = {f: f.stat().st_mtime_ns for c in copies for f in c.iterdir()}
+    placement.load(spec, TEACHER, BF16, Topology())  # a later run reuses the copy
+    assert {f: f.stat().st_mtime_ns for c in copies for f in c.iterdir()} == written
+
+
+def test_an_offload_dir_that_cannot_be_written_is_refused_naming_the_key(tiny_path, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    placement = StreamPlacement(source="disk", offload_dir=str(tmp_path / "a_file" / "offload"))
+    with pytest.raises(UserError, match=r"teacher_placement.offload_dir=.* cannot be written .* writable folder"):
+        placement.load(inspect_teacher(tiny_path), TEACHER, BF16, Topology())

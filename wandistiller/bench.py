@@ -212,6 +212,12 @@ def _pinned_bandwidth(device: torch.device) -> float | None:
     return 5 * src.numel() / (time.perf_counter() - start)
 
 
+def _host_rss_gib() -> float:
+    """This process's resident host memory now (pinned buffers included)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 2**20
+
+
 def _inputs(b: int, args, config: dict, device: torch.device, dtype: torch.dtype) -> dict:
     g = torch.Generator().manual_seed(b)  # never all-zero inputs
     shape = (b, 16, 1, args.latent_height, args.latent_width)
@@ -266,6 +272,7 @@ def teacher_bench(args) -> dict:
     stream_blocks(host_model, device, "host", args.resident_blocks)  # in place: one pinned buffer, two device slots
     if args.compile:
         compile_blocks(host_model)
+    host_rss = _host_rss_gib()  # the pinned blocks, plus what the benchmark itself keeps
     tokens = args.latent_height * args.latent_width // 4
     rows = []
     for b in batches:
@@ -293,7 +300,7 @@ def teacher_bench(args) -> dict:
     print(
         f"teacher {args.arch}, {tokens} tokens, bf16{', compiled' if args.compile else ''}, {device_name}; "
         f"streams {streamed_bytes / 1e9:.1f} GB ({args.resident_blocks} blocks resident); pinned H2D "
-        f"{(bandwidth or 0) / 1e9:.1f} GB/s"
+        f"{(bandwidth or 0) / 1e9:.1f} GB/s; host RSS {host_rss:.1f} GiB"
     )
     print(
         f"{'batch':>5} {'resident ms/s':>14} {'MFU':>5} {'offload ms/s':>13} {'x resident':>10} {'x floor':>8} "
@@ -314,6 +321,7 @@ def teacher_bench(args) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "pinned_h2d_bytes_per_s": bandwidth,
         "streamed_bytes": streamed_bytes,
+        "host_rss_gib": host_rss,
         "rows": rows,
     }
 

@@ -53,6 +53,9 @@ class PlacementConfig:
     resident_blocks: Any = "auto"
     # offload: a node's ranks share one pinned copy of the teacher (through /dev/shm) instead of one each.
     share_host_copy: bool = True
+    # disk: where a teacher stored in a wider dtype than it computes in is converted once (null: convert
+    # each block as it streams).
+    offload_dir: str | None = None
 
 
 @dataclass

@@ -168,8 +168,16 @@ class StreamPlacement:
 
     serving, compilable = "local", True  # compile_blocks leaves the streamer's hooks eager
 
-    def __init__(self, source: str = "host", resident_blocks="auto", share_host_copy: bool = True, **_: object):
+    def __init__(
+        self,
+        source: str = "host",
+        resident_blocks="auto",
+        share_host_copy: bool = True,
+        offload_dir: str | None = None,
+        **_: object,
+    ):
         self.source, self.resident_blocks, self.share_host_copy = source, resident_blocks, share_host_copy
+        self.offload_dir = offload_dir
         self.name = {"host": "offload", "disk": "disk"}[source]
 
     def check(self, precision: Precision, world) -> None:
@@ -187,7 +195,7 @@ class StreamPlacement:
     def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher:
         import os
 
-        from wandistiller.streaming import load_streamed_expert
+        from wandistiller.streaming import converted_copy, load_streamed_expert
 
         device = self.teacher_device(topology)
         experts, streamers = [], []
@@ -198,6 +206,8 @@ class StreamPlacement:
                     f"teacher_placement=disk reads {folder} while training and cannot: make its "
                     "*.safetensors readable, or use teacher_placement=offload"
                 )
+            if self.source == "disk":
+                folder = converted_copy(folder, precision.teacher_dtype, self.offload_dir, topology)
             expert, streamer = load_streamed_expert(
                 folder,
                 precision.teacher_dtype,

@@ -148,6 +148,85 @@ class DiskSource:
         return out
 
 
+def stored_as(folder: Path, dtype: torch.dtype) -> bool:
+    """Whether the expert's files already hold every tensor in the dtype it computes in (read from headers)."""
+    from diffusers import WanTransformer3DModel
+    from safetensors import safe_open
+
+    keep = set(WanTransformer3DModel._keep_in_fp32_modules or [])
+    want = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                if f.get_slice(key).get_dtype() != want[torch.float32 if _is_fp32(key, keep) else dtype]:
+                    return False
+    return True
+
+
+def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, topology) -> Path:
+    """The folder `disk` streams from: the expert's own, or a copy in `offload_dir` already in `dtype`.
+
+    Wan's Hub checkpoints are stored in float32; streaming them into a bf16 teacher would read twice the
+    bytes from disk and convert every block on every forward. The copy is written once (by the node's
+    first rank, block by block, so RAM holds one block) and reused by later runs.
+    """
+    import hashlib
+    import os
+
+    import torch.distributed as dist
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import save_file
+
+    if offload_dir is None or stored_as(folder, dtype):
+        return folder
+    files = sorted(folder.glob("*.safetensors"))
+    stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha1(repr((str(folder.resolve()), stamp, str(dtype))).encode()).hexdigest()[:12]
+    dtype_name = str(dtype).split(".")[-1]
+    target = Path(offload_dir).expanduser() / f"{folder.name}-{dtype_name}-{key}"
+    if topology.local_rank == 0 and not target.is_dir():
+        needed = sum(f.stat().st_size for f in files)  # at most the stored size: the copy is never wider
+        where = f"teacher_placement.offload_dir={offload_dir}"
+        try:
+            partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            partial.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(partial).free
+        except OSError as e:
+            raise UserError(
+                f"{where} cannot be written ({e.strerror}); disk converts the teacher to {dtype_name} there once: "
+                "point it at a writable folder"
+            ) from None
+        if free < needed:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise UserError(
+                f"{where} has {free / 2**30:.1f} GiB free and the {dtype_name} copy of {folder} needs up to "
+                f"{needed / 2**30:.1f} GiB: point it at a larger disk"
+            )
+        keep = set(WanTransformer3DModel._keep_in_fp32_modules or [])
+        source = DiskSource(folder, dtype, keep, pin=False)
+        groups: dict[str, list[str]] = {}
+        for name in source.weight_map:  # one file per block, one for the rest
+            group = f"blocks-{int(name.split('.')[1]):03d}" if name.startswith("blocks.") else "rest"
+            groups.setdefault(f"{group}.safetensors", []).append(name)
+        for file, names in groups.items():
+            tensors = {}
+            for name in names:
+                t = source.files[source.weight_map[name]].get_tensor(name)
+                tensors[name] = t.to(torch.float32 if _is_fp32(name, keep) else dtype).contiguous()
+            save_file(tensors, partial / file)
+        weight_map = {name: file for file, names in groups.items() for name in names}
+        index = {"metadata": {"converted_from": str(folder)}, "weight_map": weight_map}
+        (partial / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        shutil.copy(folder / "config.json", partial / "config.json")
+        try:
+            partial.rename(target)
+        except OSError:  # another job finished the same copy first
+            shutil.rmtree(partial, ignore_errors=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return target
+
+
 def _keys(file: Path) -> list[str]:
     from safetensors import safe_open
 
