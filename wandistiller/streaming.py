@@ -6,10 +6,12 @@ is copied into one of two device slots right before it runs, the next one on a s
 current one computes (double buffering), so copy time hides behind compute. Frozen weights are never
 copied back.
 
-Sources: `HostSource` keeps each block in pinned host memory (placement `offload`); `DiskSource`
-reads it from the safetensors files, memory-mapped (placement `disk`), for teachers larger than RAM.
-On a CPU device the same code runs with plain copies (what the tests check: outputs equal the
-resident model's, bit for bit).
+Sources: `HostSource` packs the streamed blocks into one host buffer, page-locked exactly where it
+lies and shared by a node's ranks (placement `offload`); `DiskSource` reads each block from the
+safetensors files, memory-mapped (placement `disk`), for teachers larger than RAM -- from a copy in
+the compute dtype when the files are stored wider. Neither ever holds the whole teacher in RAM twice:
+blocks are read from the files one at a time. On a CPU device the same code runs with plain copies
+(what the tests check: outputs equal the resident model's, bit for bit).
 """
 
 from __future__ import annotations
