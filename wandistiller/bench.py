@@ -250,7 +250,6 @@ def teacher_bench(args) -> dict:
     host_model = _random_model(args.arch, dtype)
     config = dict(host_model.config)
     outside, block = block_bytes(config, 2)
-    streamed_bytes = (config["num_layers"] - args.resident_blocks) * block
     bandwidth = _pinned_bandwidth(device)
     batches = [int(x) for x in args.batch.split(",")]
     inputs = {b: _inputs(b, args, config, device, dtype) for b in batches}
@@ -269,7 +268,14 @@ def teacher_bench(args) -> dict:
     del resident
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    stream_blocks(host_model, device, "host", args.resident_blocks)  # in place: one pinned buffer, two device slots
+    kept = args.resident_blocks
+    if kept == "auto":  # what the offload placement keeps: as many blocks as the free memory holds
+        from wandistiller.plan import resident_blocks
+
+        kept = resident_blocks(config, 1, dtype, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 0
+    kept = int(kept)
+    streamed_bytes = (config["num_layers"] - kept) * block
+    stream_blocks(host_model, device, "host", kept)  # in place: one pinned buffer, two device slots
     if args.compile:
         compile_blocks(host_model)
     host_rss = _host_rss_gib()  # the pinned blocks, plus what the benchmark itself keeps
@@ -299,7 +305,7 @@ def teacher_bench(args) -> dict:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(
         f"teacher {args.arch}, {tokens} tokens, bf16{', compiled' if args.compile else ''}, {device_name}; "
-        f"streams {streamed_bytes / 1e9:.1f} GB ({args.resident_blocks} blocks resident); pinned H2D "
+        f"streams {streamed_bytes / 1e9:.1f} GB ({kept} blocks resident); pinned H2D "
         f"{(bandwidth or 0) / 1e9:.1f} GB/s; host RSS {host_rss:.1f} GiB"
     )
     print(
@@ -321,6 +327,7 @@ def teacher_bench(args) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "pinned_h2d_bytes_per_s": bandwidth,
         "streamed_bytes": streamed_bytes,
+        "resident_blocks": kept,
         "host_rss_gib": host_rss,
         "rows": rows,
     }
@@ -341,7 +348,7 @@ def main() -> None:
     t.add_argument("--arch", choices=sorted(ARCHS), default="14b")
     t.add_argument("--placement", choices=["offload"], default="offload")
     t.add_argument("--batch", default="1,8")
-    t.add_argument("--resident-blocks", type=int, default=0)
+    t.add_argument("--resident-blocks", default="0", help="blocks kept on the device: a count, or auto")
     t.add_argument("--latent-height", type=int, default=60)
     t.add_argument("--latent-width", type=int, default=104)
     t.add_argument("--reps", type=int, default=5)
