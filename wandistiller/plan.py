@@ -195,7 +195,7 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         note = f"FSDP2 shards over {ranks_per_node} ranks, gathering a block at a time"
     elif name == "disk" and n_gpu == 0:
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
-        host = w.experts * outside + 2 * block + act + host_small * ranks_per_node
+        host = w.experts * (outside + 2 * block) + act + host_small * ranks_per_node
         note = "safetensors on disk -> RAM, one block ahead, computing on the CPU"
     elif n_gpu == 0:
         return Estimate(name, False, (), 0, "needs a GPU")
@@ -222,7 +222,7 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         note = f"one teacher per node spread over {n_gpu} GPU(s)" if name == "balanced" else "fills GPU 0 first"
     elif name in ("offload", "disk"):
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
-        streaming = w.experts * outside + 2 * block + act + student
+        streaming = w.experts * (outside + 2 * block) + act + student  # two device slots per expert
         gpus = (streaming,) * min(n_gpu, ranks_per_node)
         if name == "offload":
             copies = 1 if w.shared_host_copy else ranks_per_node
