@@ -2,11 +2,16 @@
 
     python -m wandistiller.bench overhead [--steps 40] [--reps 5] [--out bench_overhead.json]
     python -m wandistiller.bench teacher --arch 14b --placement offload --batch 1,8 [--resident-blocks 0]
+    python -m wandistiller.bench load --arch 1.3b [--folder ~/.cache/wandistiller/bench_1.3b]
 
 `teacher`: ms per sample of a teacher forward (random weights, the chosen architecture, 1560 tokens =
 one 480x832 frame, 512 text tokens) for a streamed placement against the GPU-resident model in the
 same process, plus peak GPU memory and the copy floor (streamed bytes / pinned host->device bandwidth
 measured in the same run).
+
+`load`: host memory and seconds to load one expert from a diffusers folder (random weights, written
+once to --folder), each way in a fresh process: diffusers' from_pretrained (what `cpu`/`gpu` do), and
+the `offload` / `disk` streamed loaders. Peak RSS (VmHWM) includes memory-mapped file pages.
 
 `overhead`: the framework's training loop against a hand-written loop doing the same arithmetic (the
 same tiny teacher and student, guided targets, MSE, AdamW, clipping, LR schedule) in the same process,
@@ -333,6 +338,87 @@ def teacher_bench(args) -> dict:
     }
 
 
+def _memory_gib() -> dict[str, float]:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            fields[key] = int(value.split()[0]) / 2**20
+    return fields
+
+
+def _load_once(how: str, folder: str, device: str) -> dict:
+    """In a fresh process: load one expert `how`, and what that cost in host memory and time."""
+    import threading
+
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.streaming import load_streamed_expert
+
+    before = _memory_gib()
+    base = before["RssAnon"] + before["RssShmem"]
+    peak_anon, done = [0.0], threading.Event()
+
+    def sample() -> None:  # RAM that is not page cache has no high-water mark of its own: sample it
+        while not done.wait(0.005):
+            m = _memory_gib()
+            peak_anon[0] = max(peak_anon[0], m["RssAnon"] + m["RssShmem"] - base)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    start = time.perf_counter()
+    if how == "from_pretrained":
+        path = Path(folder)
+        model = WanTransformer3DModel.from_pretrained(
+            path.parent, subfolder=path.name, dtype=torch.bfloat16, use_safetensors=True
+        ).to(device)
+        for p in model.parameters():  # safetensors maps the files lazily: read every weight once, as a forward will
+            p.sum()
+    else:
+        model, _ = load_streamed_expert(Path(folder), torch.bfloat16, torch.device(device), how, resident_blocks=0)
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    after = _memory_gib()
+    del model
+    return {
+        "how": how,
+        "seconds": seconds,
+        "peak_rss_gib": after["VmHWM"] - before["VmRSS"],
+        "peak_anon_shmem_gib": peak_anon[0],
+        "held_anon_shmem_gib": after["RssAnon"] + after["RssShmem"] - base,
+    }
+
+
+def load_bench(args) -> dict:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    folder = Path(args.folder).expanduser() / "transformer"
+    if not (folder / "config.json").is_file():
+        _random_model(args.arch, torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    stored = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**30
+    rows = []
+    for how in ("from_pretrained", "host", "disk"):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows.append(pool.submit(_load_once, how, str(folder), args.device).result())
+    print(f"one {args.arch} expert, bf16, {stored:.2f} GiB stored, device {args.device}")
+    print(f"{'loader':<16}{'seconds':>9}{'peak RSS GiB':>14}{'peak anon+shm':>15}{'held anon+shm':>15}")
+    for r in rows:
+        name = {"host": "offload", "disk": "disk"}.get(r["how"], r["how"])
+        print(
+            f"{name:<16}{r['seconds']:>9.1f}{r['peak_rss_gib']:>14.2f}{r['peak_anon_shmem_gib']:>15.2f}"
+            f"{r['held_anon_shmem_gib']:>15.2f}"
+        )
+    return {
+        "benchmark": "load",
+        "arch": args.arch,
+        "stored_gib": stored,
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m wandistiller.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,8 +441,13 @@ def main() -> None:
     t.add_argument("--compile", action="store_true", help="regional torch.compile for both (compile_blocks)")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--out", default="bench_teacher.json")
+    ld = sub.add_parser("load", help="host memory and time to load one expert, each loader in a fresh process")
+    ld.add_argument("--arch", choices=sorted(ARCHS), default="1.3b")
+    ld.add_argument("--folder", default="~/.cache/wandistiller/bench_1.3b")
+    ld.add_argument("--device", default="cpu")
+    ld.add_argument("--out", default="bench_load.json")
     args = parser.parse_args()
-    result = {"overhead": overhead, "teacher": teacher_bench}[args.bench](args)
+    result = {"overhead": overhead, "teacher": teacher_bench, "load": load_bench}[args.bench](args)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 
