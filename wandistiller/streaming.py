@@ -190,7 +190,7 @@ def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, to
         needed = sum(f.stat().st_size for f in files)  # at most the stored size: the copy is never wider
         where = f"teacher_placement.offload_dir={offload_dir}"
         try:
-            partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            partial = target.with_name(f"{target.name}.partial-{os.uname().nodename}-{os.getpid()}")
             partial.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(partial).free
         except OSError as e:
