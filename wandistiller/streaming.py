@@ -94,7 +94,8 @@ def node_shared_buffer(name: str, nbytes: int, topology, fill) -> torch.Tensor:
     """One host buffer per node, shared by the node's ranks through a file in /dev/shm (RAM, not disk).
 
     The node's first rank creates and fills it while the others wait, then they map it; the file is
-    unlinked once every rank holds it, so the RAM goes back when the last rank exits, even after a crash.
+    unlinked once every rank holds it, so from then on the RAM goes back when the last rank exits, even
+    after a crash. (Only a rank killed while filling it leaves `/dev/shm/wandistiller-*` behind.)
     """
     import torch.distributed as dist
 
