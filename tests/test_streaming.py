@@ -181,3 +181,51 @@ def test_an_offload_dir_that_cannot_be_written_is_refused_naming_the_key(tiny_pa
     placement = StreamPlacement(source="disk", offload_dir=str(tmp_path / "a_file" / "offload"))
     with pytest.raises(UserError, match=r"teacher_placement.offload_dir=.* cannot be written .* writable folder"):
         placement.load(inspect_teacher(tiny_path), TEACHER, BF16, Topology())
+
+
+def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batches(tiny_moe_path):
+    from wandistiller.data import Batch
+    from wandistiller.targets import LocalTargets, WholeStepTargets
+
+    fp32 = Precision("fp32", DTYPES["fp32"], DTYPES["fp32"], None)
+    spec = inspect_teacher(tiny_moe_path)
+
+    def batch_fn(step: int, micro: int, rank: int) -> Batch:
+        g = torch.Generator().manual_seed(100 * step + micro)
+        x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+        return Batch(torch.zeros(2), x, torch.tensor([950.0, 100.0]), cond, torch.zeros(2, 512, 32))
+
+    got, loads = {}, {}
+    for name, make in [("per_micro", LocalTargets), ("whole_step", lambda t: WholeStepTargets(t, batch_fn, 0, 3))]:
+        teacher = StreamPlacement(source="disk", resident_blocks=0).load(spec, TEACHER, fp32, Topology())
+        targets = make(teacher)
+        got[name] = [targets.get(step, m, batch_fn(step, m, 0), True) for step in range(2) for m in range(3)]
+        loads[name] = sum(s.loads for s in teacher.streamers)
+    for (t1, h1), (t2, h2) in zip(got["per_micro"], got["whole_step"]):
+        torch.testing.assert_close(t2, t1, rtol=1e-4, atol=1e-5)  # same targets, to rounding
+        torch.testing.assert_close(h2, h1, rtol=1e-4, atol=1e-5)
+    assert loads["whole_step"] * 2 < loads["per_micro"]  # 3 micro-batches, one stream of each expert per step
+
+
+def test_a_streamed_teacher_trains_with_one_teacher_call_per_step(make_cfg, tmp_path):
+    overrides = ["teacher_placement=disk", "trainer.grad_accum_steps=2", "trainer.max_steps=2"]
+    summary = run(make_cfg(*overrides, "trainer.teacher_whole_step=true", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2 and summary["placement"] == "disk"
+
+
+def test_one_teacher_call_per_step_is_refused_where_an_owner_serves_the_targets(make_cfg, tmp_path):
+    overrides = ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"]
+    with pytest.raises(UserError, match="trainer.teacher_whole_step=true .* teacher_placement=gpu0 .* drop"):
+        run(make_cfg(*overrides, "trainer.teacher_whole_step=true", run_dir=tmp_path / "r"))
+
+
+def test_the_planner_sizes_the_teachers_activations_for_a_whole_step(make_cfg):
+    common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
+    hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=24", "teacher_placement=offload"]
+    gpu = {}
+    for whole in ("false", "true"):
+        cfg = make_cfg(*common, *hardware, "trainer.grad_accum_steps=8", f"trainer.teacher_whole_step={whole}")
+        w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
+        gpu[whole] = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=1).gpu_bytes[0]
+    act = plan.teacher_activation_bytes(w, cfg.trainer.batch_size)
+    assert gpu["true"] - gpu["false"] == 7 * act  # 8 micro-batches in one teacher call

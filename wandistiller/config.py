@@ -94,6 +94,9 @@ class StudentConfig:
 class TrainerConfig:
     batch_size: int = 4
     grad_accum_steps: int = 1
+    # One teacher call for all of a step's micro-batches (a streamed teacher then moves its weights once
+    # per step, not once per micro-batch); targets equal to rounding. Ranks that run their own teacher.
+    teacher_whole_step: bool = False
     max_steps: int = 100
     optimizer: Any = field(
         default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4, "weight_decay": 0.0}

@@ -110,6 +110,7 @@ class Workload:
     gradient_checkpointing: bool
     ema: bool
     shared_host_copy: bool = True  # offload: one pinned copy per node (else one per rank)
+    teacher_batch_size: int = 0  # samples per teacher call when not batch_size (trainer.teacher_whole_step)
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
     """Per-device bytes for one placement on one node."""
     n_gpu = len(hw.gpu_bytes)
     teacher, student = teacher_weight_bytes(w), student_bytes(w) + CUDA_CONTEXT
-    act = teacher_activation_bytes(w, w.batch_size)
+    act = teacher_activation_bytes(w, w.teacher_batch_size or w.batch_size)
     host_small = 2 * GiB
     gpus: tuple[int, ...] = ()
     host, note = host_small, ""
@@ -293,6 +294,8 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         gradient_checkpointing=cfg.trainer.gradient_checkpointing,
         ema=cfg.trainer.ema_decay is not None,
         shared_host_copy=cfg.teacher_placement.share_host_copy,
+        teacher_batch_size=cfg.trainer.batch_size
+        * (cfg.trainer.grad_accum_steps if cfg.trainer.teacher_whole_step else 1),
     )
 
 

@@ -277,6 +277,7 @@ class BlockStreamer:
         self.pending: dict[int, Future] = {}
         self.copy_events: list[tuple] = []  # (start, end) CUDA events of copies not yet counted
         self.copy_seconds = 0.0  # copy time already counted (CPU copies, and drained CUDA events)
+        self.loads = 0  # blocks copied in so far
         for i in streamed:
             if BlockLayout.of(blocks[i]) != layout:
                 raise ValueError(f"block {i} is shaped unlike block {streamed[0]}; blocks of one shape can stream")
@@ -306,6 +307,7 @@ class BlockStreamer:
         """Copy block i into `slot`: on the side stream, after the slot's previous block finished computing."""
         host = self._host(i)
         self.holds[slot] = i
+        self.loads += 1
         if not self.cuda:
             start = time.perf_counter()
             self._copy(host, slot)

@@ -54,6 +54,32 @@ class LocalTargets:
         pass
 
 
+class WholeStepTargets(LocalTargets):
+    """This rank's targets for all of a step's micro-batches from one teacher call, at the first of them.
+
+    A streamed teacher (offload, disk) moves its weights once per forward, so at small micro-batches it
+    is bound by copying; one call per step moves them once for `accum` micro-batches, and the larger
+    batch hides the copies behind compute. The targets equal per-micro-batch ones to rounding (other
+    batch shapes pick other kernels), not bit for bit.
+    """
+
+    def __init__(self, teacher: Teacher, batch_fn: BatchFn, dp_rank: int, accum: int):
+        super().__init__(teacher)
+        self.batch_fn, self.dp_rank, self.accum = batch_fn, dp_rank, accum
+        self.step, self.rows = None, 0
+        self.target = self.hidden = None
+
+    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+        if self.step != step:
+            batches = [batch if m == micro else self.batch_fn(step, m, self.dp_rank) for m in range(self.accum)]
+            inputs = [torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond")]
+            uncond = torch.cat([b.uncond.to(batch.x_t.device) for b in batches])
+            self.target, self.hidden = self.teacher.targets(*inputs, uncond, want_hidden)
+            self.step, self.rows = step, len(batch.t)
+        rows = slice(micro * self.rows, (micro + 1) * self.rows)
+        return self.target[rows], None if self.hidden is None else self.hidden[rows]
+
+
 class OwnerTargets(LocalTargets):
     """An owner that also trains: serves its node's other ranks, then computes its own targets."""
 

@@ -134,6 +134,14 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
             "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
             "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
         )
+    placement = get_class(placement_cfg["_target_"])(**{k: v for k, v in placement_cfg.items() if k != "_target_"})
+    served = placement.serving != "local" and max(cfg.distributed.nproc_per_node, topo.local_world_size) > 1
+    if cfg.trainer.teacher_whole_step and served:
+        raise UserError(
+            f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
+            f"teacher_placement={placement.name} a teacher owner serves them; use gpu, offload, disk or sharded, "
+            "or drop trainer.teacher_whole_step"
+        )
     run_dir = Path(cfg.paths.output_dir)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     save_config(run_dir, cfg, resume_from)

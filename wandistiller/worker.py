@@ -26,7 +26,7 @@ from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher
-from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, Served, serve
+from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, Served, WholeStepTargets, serve
 from wandistiller.teacher import compile_blocks, inspect_teacher
 from wandistiller.tracking import NullTracker
 
@@ -288,6 +288,8 @@ class Worker:
             targets = RemoteTargets(roles.owner, self.spec.transformer_config, self.transfer_device())
         elif roles.served:
             targets = OwnerTargets(teacher, list(roles.served), batch_fn, self.transfer_device())
+        elif cfg.trainer.teacher_whole_step:
+            targets = WholeStepTargets(teacher, batch_fn, roles.dp_rank, cfg.trainer.grad_accum_steps)
         else:
             targets = LocalTargets(teacher)
         log.info(
