@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import mmap
 import shutil
 import time
 import weakref
@@ -394,8 +395,8 @@ def stream_blocks(
         fill = lambda buffer: pack_blocks(buffer, layout, streamed, read_block)
         if share is not None:
             buffer = node_shared_buffer(share[0], nbytes, share[1], fill)
-        else:
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
+        else:  # page-aligned (an anonymous mapping), as page-locking wants it; torch.empty is 64-byte aligned
+            buffer = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
             fill(buffer)
         if pin:
             pin_exactly(buffer)
