@@ -7,7 +7,8 @@
 #   echo /.whl/ >> .git/info/exclude; mkdir -p .whl && cp ../shared/gpu_baseline.py .whl/
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl diffusers==0.42.1 importlib_metadata==10.2.0 omegaconf==2.3.1
-#   python3 -m pip download --no-deps -d .whl antlr4-python3-runtime==4.9.3   # an sdist: pip builds it there
+#   python3 -m pip download --no-deps -d /tmp/sd antlr4-python3-runtime==4.9.3 && \
+#     python3 -m pip wheel --no-deps -w .whl /tmp/sd/antlr4-python3-runtime-4.9.3.tar.gz   # sdist only
 # Then: run(command="bash scripts/gpu_figures.sh", carry=[".whl"], timeout_s=600)
 set -euo pipefail
 OUT=${OUT:-gpu_figures}
