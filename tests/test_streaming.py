@@ -222,10 +222,23 @@ def test_one_teacher_call_per_step_is_refused_where_an_owner_serves_the_targets(
 def test_the_planner_sizes_the_teachers_activations_for_a_whole_step(make_cfg):
     common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
     hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=24", "teacher_placement=offload"]
-    gpu = {}
+    streaming = {}
     for whole in ("false", "true"):
         cfg = make_cfg(*common, *hardware, "trainer.grad_accum_steps=8", f"trainer.teacher_whole_step={whole}")
         w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
-        gpu[whole] = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=1).gpu_bytes[0]
+        e = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=1)
+        streaming[whole] = e.gpu_bytes[0] - e.resident_blocks * plan.block_bytes(w.teacher_config, 2)[1]
     act = plan.teacher_activation_bytes(w, cfg.trainer.batch_size)
-    assert gpu["true"] - gpu["false"] == 7 * act  # 8 micro-batches in one teacher call
+    assert streaming["true"] - streaming["false"] == 7 * act  # 8 micro-batches in one teacher call
+
+
+def test_the_planner_keeps_what_fits_of_a_streamed_teacher_resident_and_the_run_uses_its_count(make_cfg):
+    frame = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
+    kept = {}
+    for gib in (24, 40, 80):
+        hardware = ["hardware.gpus=1", f"hardware.gpu_memory_gib={gib}", "hardware.host_memory_gib=64"]
+        placement, table = choose_placement(make_cfg(*frame, *hardware, "teacher_placement=auto"), BF16)
+        kept[gib] = placement.get("resident_blocks")
+        if gib < 40:
+            assert placement["source"] == "host" and f"{kept[gib]}/40 blocks resident <- chosen" in table
+    assert 0 < kept[24] < 40 and kept[80] is None  # 80 GiB: the whole teacher fits, so `gpu` is chosen

@@ -120,6 +120,7 @@ class Estimate:
     gpu_bytes: tuple[int, ...]  # per GPU
     host_bytes: int
     note: str
+    resident_blocks: int | None = None  # offload/disk on a GPU: blocks per expert kept there, not streamed
 
 
 @functools.lru_cache(maxsize=16)
@@ -147,8 +148,9 @@ def block_bytes(config: dict, dtype_bytes: int) -> tuple[int, int]:
 
 
 def resident_blocks(config: dict, experts: int, dtype: torch.dtype, free_bytes: int) -> int:
-    """How many blocks per expert a streamed teacher keeps on the GPU: what is left after the parts that
-    never stream and two streaming slots, keeping 20% + 4 GiB free for the student and activations."""
+    """How many blocks per expert a streamed teacher keeps on the GPU when no plan says (a run uses the
+    planner's count, which knows the student): what is left after the parts that never stream and two
+    streaming slots, keeping 20% + 4 GiB free for the student and activations."""
     outside, block = block_bytes(config, torch.finfo(dtype).bits // 8)
     budget = free_bytes * 0.8 - 4 * GiB - experts * (outside + 2 * block)
     return max(0, min(config["num_layers"], int(budget // (experts * block))))
@@ -224,7 +226,10 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
     elif name in ("offload", "disk"):
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
         streaming = w.experts * (outside + 2 * block) + act + student  # two device slots per expert
-        gpus = (streaming,) * min(n_gpu, ranks_per_node)
+        # The GPU memory left over keeps the first blocks resident: fewer bytes to stream per forward.
+        layers = w.teacher_config["num_layers"]
+        kept = min(layers, max(0, int((min(hw.gpu_bytes) * HEADROOM - streaming) // (w.experts * block))))
+        gpus = (streaming + w.experts * kept * block,) * min(n_gpu, ranks_per_node)
         if name == "offload":
             copies = 1 if w.shared_host_copy else ranks_per_node
             host = teacher * copies + (block + host_small) * ranks_per_node
@@ -232,6 +237,9 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         else:
             host = (2 * block + host_small) * ranks_per_node
             note = "safetensors on disk -> GPU, one block ahead"
+        note += f"; {kept}/{layers} blocks resident"
+        fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
+        return Estimate(name, fits, gpus, host, note, resident_blocks=kept)
     else:
         raise UserError(f"teacher_placement={name} has no memory estimate; choose one of {', '.join(SPEED_ORDER)}")
     fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM

@@ -175,7 +175,7 @@ def choose_placement(cfg: DictConfig, precision: Precision) -> tuple[dict | None
                 "teacher_placement=auto: no placement fits this teacher on this hardware "
                 f"({hw.describe()}); use precision=bf16, a smaller trainer.batch_size or more memory"
             )
-        return _placement_config(best.placement), plan.format_table(estimates, hw, best.placement)
+        return _with_plan(_placement_config(best.placement), best), plan.format_table(estimates, hw, best.placement)
     name = placement.name
     mine = next((e for e in estimates if e.placement == name), None)
     if mine is not None and not mine.fits and not placement_cfg.get("debug_cpu"):
@@ -184,7 +184,14 @@ def choose_placement(cfg: DictConfig, precision: Precision) -> tuple[dict | None
             f"teacher_placement={name} will not fit: it needs {_need(mine)} and this machine has "
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
-    return placement_cfg, plan.format_table(estimates, hw, name)
+    return _with_plan(placement_cfg, mine), plan.format_table(estimates, hw, name)
+
+
+def _with_plan(placement_cfg: dict, estimate: plan.Estimate | None) -> dict:
+    """The planner decides what `auto` leaves open: how many blocks a streamed teacher keeps resident."""
+    if estimate is not None and estimate.resident_blocks is not None and placement_cfg.get("resident_blocks") == "auto":
+        placement_cfg["resident_blocks"] = estimate.resident_blocks
+    return placement_cfg
 
 
 def _placement_config(name: str) -> dict:
