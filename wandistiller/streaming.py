@@ -117,6 +117,8 @@ def node_shared_buffer(name: str, nbytes: int, topology, fill) -> torch.Tensor:
         fill(buffer)
     dist.barrier()
     if not owner:
+        if not path.is_file() or path.stat().st_size != nbytes:  # from_file would create an empty one
+            raise RuntimeError(f"{path} is missing or not {nbytes} bytes: the node's ranks disagree on the teacher")
         buffer = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
     dist.barrier()
     if owner:
@@ -393,8 +395,8 @@ def stream_blocks(
     else:
         nbytes = layout.nbytes * len(streamed)
         fill = lambda buffer: pack_blocks(buffer, layout, streamed, read_block)
-        if share is not None:
-            buffer = node_shared_buffer(share[0], nbytes, share[1], fill)
+        if share is not None:  # the name says what it holds, so ranks that disagree fail instead of misreading
+            buffer = node_shared_buffer(f"{share[0]}-{streamed[0]}-{nbytes}", nbytes, share[1], fill)
         else:  # page-aligned (an anonymous mapping), as page-locking wants it; torch.empty is 64-byte aligned
             buffer = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
             fill(buffer)
