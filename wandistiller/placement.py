@@ -162,8 +162,8 @@ class StreamPlacement:
     `offload`: weights in pinned host RAM, computing on this rank's GPU; with `share_host_copy` the ranks
     of a node share one pinned copy (through /dev/shm). `disk`: weights stay in the safetensors files
     (memory-mapped) and stream from there, for teachers larger than RAM; on a machine without a GPU it
-    computes on the CPU. The first `resident_blocks` blocks stay on the device ("auto": as many as the
-    free memory holds, per the planner).
+    computes on the CPU. The first `resident_blocks` blocks stay on the device (a run gets the planner's
+    count of what fits beside the student; "auto" without a plan: what the free memory holds).
     """
 
     serving, compilable = "local", True  # compile_blocks leaves the streamer's hooks eager
