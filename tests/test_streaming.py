@@ -157,16 +157,17 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
 
 
 def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):
-    from wandistiller.streaming import stored_as
+    from wandistiller.streaming import DiskSource
 
     spec = inspect_teacher(tiny_moe_path)
-    assert not stored_as(tiny_moe_path / "transformer", DTYPES["bf16"])  # the tiny teacher is saved in fp32
+    # The tiny teacher is saved in fp32.
+    assert not DiskSource(tiny_moe_path / "transformer", DTYPES["bf16"]).stored_as_computed()
     resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
     placement = StreamPlacement(source="disk", resident_blocks=0, offload_dir=str(tmp_path / "offload"))
     teacher = placement.load(spec, TEACHER, BF16, Topology())
     copies = sorted((tmp_path / "offload").iterdir())
     assert [c.name.split("-")[:2] for c in copies] == [["transformer", "bfloat16"], ["transformer_2", "bfloat16"]]
-    assert all(stored_as(c, DTYPES["bf16"]) for c in copies)
+    assert all(DiskSource(c, DTYPES["bf16"]).stored_as_computed() for c in copies)
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
     t, uncond = torch.tensor([950.0, 100.0]), torch.zeros(2, 512, 32)

@@ -73,8 +73,9 @@ class HostSource:
 
 def pack_blocks(buffer: torch.Tensor, layout: BlockLayout, indices: list[int], read_block) -> None:
     """Fill `buffer` with blocks `indices`, each read by `read_block(i)` (name -> tensor) one at a time."""
-    for k, i in enumerate(indices):
-        views = layout.views(buffer[k * layout.nbytes : (k + 1) * layout.nbytes])
+    packed = HostSource(buffer, layout, indices)
+    for i in indices:
+        views = layout.views(packed.fetch(i))
         for name, t in read_block(i).items():
             views[name].copy_(t)
 
@@ -127,9 +128,11 @@ def node_shared_buffer(name: str, nbytes: int, topology, fill) -> torch.Tensor:
 
 
 class DiskSource:
-    """Each streamed block's tensors read on demand from the expert's safetensors files (memory-mapped)."""
+    """An expert's tensors read on demand from its safetensors files (memory-mapped), each in the dtype the
+    teacher computes it in: `dtype`, or float32 for the modules diffusers keeps in float32."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, keep_fp32: set[str], pin: bool):
+    def __init__(self, folder: Path, dtype: torch.dtype, pin: bool = False):
+        from diffusers import WanTransformer3DModel
         from safetensors import safe_open
 
         index_file = folder / "diffusion_pytorch_model.safetensors.index.json"
@@ -140,33 +143,32 @@ class DiskSource:
                 k: "diffusion_pytorch_model.safetensors" for k in _keys(folder / "diffusion_pytorch_model.safetensors")
             }
         self.files = {name: safe_open(folder / name, framework="pt") for name in set(weight_map.values())}
-        self.weight_map, self.dtype, self.keep_fp32, self.pin = weight_map, dtype, keep_fp32, pin
+        self.folder, self.weight_map, self.dtype, self.pin = folder, weight_map, dtype, pin
+        self.keep_fp32 = set(WanTransformer3DModel._keep_in_fp32_modules or [])
+        self.block_keys: dict[int, list[str]] = {}  # block index -> its keys
+        for key in weight_map:
+            if key.startswith("blocks."):
+                self.block_keys.setdefault(int(key.split(".")[1]), []).append(key)
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        return torch.float32 if any(part in self.keep_fp32 for part in name.split(".")) else self.dtype
+
+    def read(self, key: str) -> torch.Tensor:
+        return self.files[self.weight_map[key]].get_tensor(key).to(self.dtype_of(key))
 
     def fetch(self, i: int) -> dict[str, torch.Tensor]:
-        prefix = f"blocks.{i}."
-        out = {}
-        for key, file in self.weight_map.items():
-            if key.startswith(prefix):
-                name = key[len(prefix) :]
-                t = self.files[file].get_tensor(key)
-                t = t.to(torch.float32 if _is_fp32(name, self.keep_fp32) else self.dtype)
-                out[name] = t.pin_memory() if self.pin else t
-        return out
+        """Block i's tensors by their names inside the block (pinned when streaming to a GPU)."""
+        start = len(f"blocks.{i}.")
+        out = {key[start:]: self.read(key) for key in self.block_keys[i]}
+        return {n: t.pin_memory() for n, t in out.items()} if self.pin else out
 
-
-def stored_as(folder: Path, dtype: torch.dtype) -> bool:
-    """Whether the expert's files already hold every tensor in the dtype it computes in (read from headers)."""
-    from diffusers import WanTransformer3DModel
-    from safetensors import safe_open
-
-    keep = set(WanTransformer3DModel._keep_in_fp32_modules or [])
-    want = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-    for file in folder.glob("*.safetensors"):
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                if f.get_slice(key).get_dtype() != want[torch.float32 if _is_fp32(key, keep) else dtype]:
-                    return False
-    return True
+    def stored_as_computed(self) -> bool:
+        """Whether the files already hold every tensor in the dtype it computes in (read from headers)."""
+        names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+        return all(
+            self.files[file].get_slice(key).get_dtype() == names[self.dtype_of(key)]
+            for key, file in self.weight_map.items()
+        )
 
 
 def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, topology) -> Path:
@@ -180,10 +182,10 @@ def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, to
     import os
 
     import torch.distributed as dist
-    from diffusers import WanTransformer3DModel
     from safetensors.torch import save_file
 
-    if offload_dir is None or stored_as(folder, dtype):
+    source = DiskSource(folder, dtype)
+    if offload_dir is None or source.stored_as_computed():
         return folder
     files = sorted(folder.glob("*.safetensors"))
     stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
@@ -208,18 +210,11 @@ def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, to
                 f"{where} has {free / 2**30:.1f} GiB free and the {dtype_name} copy of {folder} needs up to "
                 f"{needed / 2**30:.1f} GiB: point it at a larger disk"
             )
-        keep = set(WanTransformer3DModel._keep_in_fp32_modules or [])
-        source = DiskSource(folder, dtype, keep, pin=False)
-        groups: dict[str, list[str]] = {}
-        for name in source.weight_map:  # one file per block, one for the rest
-            group = f"blocks-{int(name.split('.')[1]):03d}" if name.startswith("blocks.") else "rest"
-            groups.setdefault(f"{group}.safetensors", []).append(name)
+        # One file per block, one for the rest: RAM holds one block's tensors at a time.
+        groups = {f"blocks-{i:03d}.safetensors": keys for i, keys in sorted(source.block_keys.items())}
+        groups["rest.safetensors"] = [k for k in source.weight_map if not k.startswith("blocks.")]
         for file, names in groups.items():
-            tensors = {}
-            for name in names:
-                t = source.files[source.weight_map[name]].get_tensor(name)
-                tensors[name] = t.to(torch.float32 if _is_fp32(name, keep) else dtype).contiguous()
-            save_file(tensors, partial / file)
+            save_file({name: source.read(name).contiguous() for name in names}, partial / file)
         weight_map = {name: file for file, names in groups.items() for name in names}
         index = {"metadata": {"converted_from": str(folder)}, "weight_map": weight_map}
         (partial / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=1))
@@ -238,10 +233,6 @@ def _keys(file: Path) -> list[str]:
 
     with safe_open(file, framework="pt") as f:
         return list(f.keys())
-
-
-def _is_fp32(name: str, keep_fp32: set[str]) -> bool:
-    return any(part in keep_fp32 for part in name.split("."))
 
 
 def _block_tensors(block: nn.Module) -> dict[str, torch.Tensor]:
@@ -360,23 +351,19 @@ def stream_blocks(
     device: torch.device,
     source_kind: str,
     resident_blocks: int,
-    folder: Path | None = None,
+    disk: DiskSource | None = None,
     share: tuple[str, object] | None = None,
 ) -> BlockStreamer | None:
     """Keep the first `resident_blocks` blocks and everything outside the blocks on `device`; stream the rest.
 
     The model's blocks are either real (in RAM: the benchmark's random teacher) or on the meta device,
-    to be read from the safetensors files in `folder` (the placements, so RAM never holds the teacher
+    to be read from the expert's files through `disk` (the placements, so RAM never holds the teacher
     twice). `host` packs the streamed blocks into one host buffer, pinned when `device` is a GPU and,
     with `share=(name, topology)`, one per node; `disk` reads them from the files as they are needed.
     """
     blocks = model.blocks
     streamed = list(range(min(resident_blocks, len(blocks)), len(blocks)))
     pin = device.type == "cuda"
-    disk = None
-    if folder is not None:
-        keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
-        disk = DiskSource(folder, model.dtype, keep, pin=pin and source_kind == "disk")
     read_block = disk.fetch if disk is not None else (lambda i: _block_tensors(blocks[i]))
     for i in range(len(blocks)):
         if i not in streamed:
@@ -419,25 +406,22 @@ def load_streamed_expert(
     it is needed, so the teacher may be larger than RAM."""
     from wandistiller.teacher import freeze
 
-    model = _skeleton_with_resident_weights(path, dtype)
-    streamer = stream_blocks(model, device, source_kind, resident_blocks, folder=path, share=share)
+    disk = DiskSource(path, dtype, pin=device.type == "cuda" and source_kind == "disk")
+    model = _skeleton_with_resident_weights(disk)
+    streamer = stream_blocks(model, device, source_kind, resident_blocks, disk=disk, share=share)
     return freeze(model), streamer
 
 
-def _skeleton_with_resident_weights(folder: Path, dtype: torch.dtype) -> nn.Module:
+def _skeleton_with_resident_weights(source: DiskSource) -> nn.Module:
     """The model with every weight on the meta device, then the non-block weights read from its files."""
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
     with init_empty_weights():
-        model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
-    keep = set(model._keep_in_fp32_modules or [])
-    source = DiskSource(folder, dtype, keep, pin=False)
-    wanted = {k for k in source.weight_map if not k.startswith("blocks.")}
+        model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(source.folder))
     for name, p in list(model.named_parameters()):
-        dt = torch.float32 if _is_fp32(name, keep) else dtype
-        if name in wanted:
-            replace_tensor(model, name, source.files[source.weight_map[name]].get_tensor(name).to(dt))
+        if name in source.weight_map and not name.startswith("blocks."):
+            replace_tensor(model, name, source.read(name))
         else:
-            replace_tensor(model, name, torch.empty_like(p, dtype=dt, device="meta"))
+            replace_tensor(model, name, torch.empty_like(p, dtype=source.dtype_of(name), device="meta"))
     return model
