@@ -147,13 +147,17 @@ def block_bytes(config: dict, dtype_bytes: int) -> tuple[int, int]:
     return outside * dtype_bytes, (param_count(config) - outside) // config["num_layers"] * dtype_bytes
 
 
+def blocks_that_fit(config: dict, experts: int, dtype_bytes: int, budget: float) -> int:
+    """Blocks per expert a streamed teacher can keep on a GPU with `budget` bytes for the teacher's
+    weights: what is left after the parts that never stream and two streaming slots per expert."""
+    outside, block = block_bytes(config, dtype_bytes)
+    return max(0, min(config["num_layers"], int((budget - experts * (outside + 2 * block)) // (experts * block))))
+
+
 def resident_blocks(config: dict, experts: int, dtype: torch.dtype, free_bytes: int) -> int:
-    """How many blocks per expert a streamed teacher keeps on the GPU when no plan says (a run uses the
-    planner's count, which knows the student): what is left after the parts that never stream and two
-    streaming slots, keeping 20% + 4 GiB free for the student and activations."""
-    outside, block = block_bytes(config, torch.finfo(dtype).bits // 8)
-    budget = free_bytes * 0.8 - 4 * GiB - experts * (outside + 2 * block)
-    return max(0, min(config["num_layers"], int(budget // (experts * block))))
+    """The same when no plan says (a run uses the planner's count, which knows the student): 20% + 4 GiB
+    of the free memory are left for the student and activations."""
+    return blocks_that_fit(config, experts, torch.finfo(dtype).bits // 8, free_bytes * 0.8 - 4 * GiB)
 
 
 def teacher_weight_bytes(w: Workload) -> int:
@@ -183,7 +187,7 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
     act = teacher_activation_bytes(w, w.teacher_batch_size or w.batch_size)
     host_small = 2 * GiB
     gpus: tuple[int, ...] = ()
-    host, note = host_small, ""
+    host, note, kept = host_small, "", None
     if name == "cpu":
         gpus = (student,) * min(n_gpu, ranks_per_node)
         host = teacher + act + host_small * ranks_per_node
@@ -225,11 +229,11 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         note = f"one teacher per node spread over {n_gpu} GPU(s)" if name == "balanced" else "fills GPU 0 first"
     elif name in ("offload", "disk"):
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
-        streaming = w.experts * (outside + 2 * block) + act + student  # two device slots per expert
         # The GPU memory left over keeps the first blocks resident: fewer bytes to stream per forward.
-        layers = w.teacher_config["num_layers"]
-        kept = min(layers, max(0, int((min(hw.gpu_bytes) * HEADROOM - streaming) // (w.experts * block))))
-        gpus = (streaming + w.experts * kept * block,) * min(n_gpu, ranks_per_node)
+        budget = min(hw.gpu_bytes) * HEADROOM - act - student
+        kept = blocks_that_fit(w.teacher_config, w.experts, w.teacher_dtype_bytes, budget)
+        streaming = w.experts * (outside + (2 + kept) * block) + act + student  # two device slots per expert
+        gpus = (streaming,) * min(n_gpu, ranks_per_node)
         if name == "offload":
             copies = 1 if w.shared_host_copy else ranks_per_node
             host = teacher * copies + (block + host_small) * ranks_per_node
@@ -237,13 +241,11 @@ def estimate(name: str, w: Workload, hw: Hardware, ranks_per_node: int) -> Estim
         else:
             host = (2 * block + host_small) * ranks_per_node
             note = "safetensors on disk -> GPU, one block ahead"
-        note += f"; {kept}/{layers} blocks resident"
-        fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
-        return Estimate(name, fits, gpus, host, note, resident_blocks=kept)
+        note += f"; {kept}/{w.teacher_config['num_layers']} blocks resident"
     else:
         raise UserError(f"teacher_placement={name} has no memory estimate; choose one of {', '.join(SPEED_ORDER)}")
     fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
-    return Estimate(name, fits, gpus, host, note)
+    return Estimate(name, fits, gpus, host, note, resident_blocks=kept)
 
 
 def plan(w: Workload, hw: Hardware, ranks_per_node: int) -> list[Estimate]:
