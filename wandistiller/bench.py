@@ -217,12 +217,6 @@ def _pinned_bandwidth(device: torch.device) -> float | None:
     return 5 * src.numel() / (time.perf_counter() - start)
 
 
-def _host_rss_gib() -> float:
-    """This process's resident host memory now (pinned buffers included)."""
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 2**20
-
-
 def _inputs(b: int, args, config: dict, device: torch.device, dtype: torch.dtype) -> dict:
     g = torch.Generator().manual_seed(b)  # never all-zero inputs
     shape = (b, 16, 1, args.latent_height, args.latent_width)
@@ -283,7 +277,7 @@ def teacher_bench(args) -> dict:
     stream_blocks(host_model, device, "host", kept)  # in place: one pinned buffer, two device slots
     if args.compile:
         compile_blocks(host_model)
-    host_rss = _host_rss_gib()  # the pinned blocks, plus what the benchmark itself keeps
+    host_rss = _memory_gib()["VmRSS"]  # the pinned blocks, plus what the benchmark itself keeps
     tokens = args.latent_height * args.latent_width // 4
     rows = []
     for b in batches:
@@ -339,6 +333,7 @@ def teacher_bench(args) -> dict:
 
 
 def _memory_gib() -> dict[str, float]:
+    """This process's host memory now (VmRSS: pinned buffers included) and its peak (VmHWM), in GiB."""
     fields = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
