@@ -72,9 +72,10 @@ class WholeStepTargets(LocalTargets):
     def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
         if self.step != step:
             batches = [batch if m == micro else self.batch_fn(step, m, self.dp_rank) for m in range(self.accum)]
-            inputs = [torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond")]
-            uncond = torch.cat([b.uncond.to(batch.x_t.device) for b in batches])
-            self.target, self.hidden = self.teacher.targets(*inputs, uncond, want_hidden)
+            x_t, t, cond, uncond = (
+                torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond", "uncond")
+            )
+            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, want_hidden)
             self.step, self.rows = step, len(batch.t)
         rows = slice(micro * self.rows, (micro + 1) * self.rows)
         return self.target[rows], None if self.hidden is None else self.hidden[rows]
