@@ -129,12 +129,12 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     read_prompts(cfg.data.prompts_path)
     if placement_cfg is None:  # a Hub teacher: planned now that its config is here
         placement_cfg, table = choose_placement(cfg, precision)
-    if cfg.teacher.compile and not get_class(placement_cfg["_target_"]).compilable:
+    placement = get_class(placement_cfg["_target_"])(**{k: v for k, v in placement_cfg.items() if k != "_target_"})
+    if cfg.teacher.compile and not placement.compilable:
         raise UserError(
             "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
             "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
         )
-    placement = get_class(placement_cfg["_target_"])(**{k: v for k, v in placement_cfg.items() if k != "_target_"})
     served = placement.serving != "local" and max(cfg.distributed.nproc_per_node, topo.local_world_size) > 1
     if cfg.trainer.teacher_whole_step and served:
         raise UserError(
