@@ -279,6 +279,8 @@ class BlockStreamer:
             blocks[i].register_forward_hook(lambda m, args, out, i=i: self._after(i))
             for n, t in _block_tensors(blocks[i]).items():  # the host/disk copy is the only one now
                 replace_tensor(blocks[i], n, torch.empty(0, dtype=t.dtype, device=device))
+        # Each streamed block's parameters and buffers, looked up once: every forward re-points them at a slot.
+        self.tensors = {i: list(_block_tensors(blocks[i]).items()) for i in streamed}
 
     def _read_ahead(self, i: int) -> None:
         if self.reader is not None and i not in self.pending:
@@ -334,7 +336,7 @@ class BlockStreamer:
         slot = self.holds.index(i)
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
-        for n, t in _block_tensors(self.blocks[i]).items():
+        for n, t in self.tensors[i]:
             t.data = self.slots[slot][n]
         nxt = self.next_of[i]
         if nxt != i:
