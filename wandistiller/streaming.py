@@ -364,13 +364,13 @@ def stream_blocks(
     with `share=(name, topology)`, one per node; `disk` reads them from the files as they are needed.
     """
     blocks = model.blocks
-    streamed = list(range(min(resident_blocks, len(blocks)), len(blocks)))
+    kept = min(resident_blocks, len(blocks))
+    streamed = list(range(kept, len(blocks)))
     pin = device.type == "cuda"
     read_block = disk.fetch if disk is not None else (lambda i: _block_tensors(blocks[i]))
-    for i in range(len(blocks)):
-        if i not in streamed:
-            for n, t in read_block(i).items():
-                replace_tensor(blocks[i], n, t.to(device))
+    for i in range(kept):
+        for n, t in read_block(i).items():
+            replace_tensor(blocks[i], n, t.to(device))
     for name, child in model.named_children():
         if name != "blocks":
             child.to(device)
