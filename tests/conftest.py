@@ -5,15 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
-from wandistiller.config import register_configs
+from wandistiller.config import CONF_DIR, register_configs
+from wandistiller.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = CONF_DIR
+FP32 = Precision("fp32", torch.float32, torch.float32, None)
+BF16 = Precision("bf16", torch.bfloat16, torch.float32, torch.bfloat16)
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
 register_configs()
@@ -67,3 +72,39 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
         env={**os.environ, **(env or {})},
         timeout=600,
     )
+
+
+def spawn(fn, nproc: int, *args):
+    """Run `fn(*args)` in `nproc` fresh processes joined in one gloo group (torch's elastic launcher)."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    return elastic_launch(config, fn)(*args)
+
+
+def choose(cfg):
+    """preflight's placement choice for a composed config, as a single-process job would make it."""
+    from wandistiller.distributed import Topology, World
+    from wandistiller.preflight import choose_placement
+
+    return choose_placement(cfg, Precision.from_config(cfg.precision), World.of(cfg.distributed, Topology()))
+
+
+def workload(cfg):
+    """The planner's workload for a composed config (bf16 teacher)."""
+    from wandistiller import plan
+    from wandistiller.memory import Hardware
+
+    hw = Hardware.detect(cfg.hardware)
+    found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    return plan.workload(cfg, *found, torch.bfloat16, plan.ranks_per_node(cfg, hw)), hw

@@ -9,40 +9,19 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, run_cli
+from conftest import FP32, ROOT, run_cli, spawn
 from omegaconf import OmegaConf
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from wandistiller.data import batch_source, encode_prompts, read_prompts
-from wandistiller.distributed import Topology
-from wandistiller.placement import CpuPlacement
-from wandistiller.precision import Precision
+from wandistiller.distributed import Topology, roles_for
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.student import build_student
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
 from wandistiller.teacher import inspect_teacher
-from wandistiller.worker import roles_for
-
-FP32 = Precision("fp32", torch.float32, torch.float32, None)
-
-
-def spawn(fn, nproc: int, *args):
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    return elastic_launch(config, fn)(*args)
 
 
 def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> dict:
@@ -93,7 +72,7 @@ def _ddp_worker(teacher_path: str) -> list:
     spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
     torch.manual_seed(0)
     student = build_student(
-        OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0}), spec
+        spec, **OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
     )
     model = DistributedDataParallel(student)
     g = torch.Generator().manual_seed(dist.get_rank())  # different data on each rank
@@ -285,7 +264,7 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
 
 
 def _sharded_worker(teacher_path: str) -> bool:
-    from wandistiller.placement import ShardedPlacement
+    from wandistiller.placements.sharded import ShardedPlacement
 
     dist.init_process_group("gloo")
     topo = Topology.from_env()

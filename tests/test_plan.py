@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from conftest import ROOT
+from conftest import ROOT, choose, workload
 
 from wandistiller import plan
 from wandistiller.errors import UserError
-from wandistiller.precision import DTYPES, Precision
-from wandistiller.train import choose_placement
+from wandistiller.memory import param_count, teacher_weight_bytes
 
-BF16 = Precision("bf16", DTYPES["bf16"], DTYPES["fp32"], DTYPES["bf16"])
 FRAME = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
 HARDWARE = {
     "1x24GiB": ["hardware.gpus=1", "hardware.gpu_memory_gib=24", "hardware.host_memory_gib=256"],
@@ -35,9 +36,8 @@ EXPECTED = {  # (teacher, hardware) -> auto's choice
 
 def estimates_for(make_cfg, teacher, hardware, *extra):
     cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE[hardware], *extra)
-    found = plan.planning_teacher_config(cfg.teacher)
-    hw = plan.Hardware.detect(cfg.hardware)
-    return plan.plan(plan.workload(cfg, *found, DTYPES["bf16"]), hw, plan.ranks_per_node(cfg, hw)), cfg
+    w, hw = workload(cfg)
+    return plan.plan(w, hw), cfg
 
 
 @pytest.mark.parametrize("teacher,hardware", sorted(EXPECTED))
@@ -45,20 +45,16 @@ def test_auto_picks_the_fastest_placement_that_fits(make_cfg, teacher, hardware)
     estimates, cfg = estimates_for(make_cfg, teacher, hardware)
     assert plan.choose(estimates).placement == EXPECTED[teacher, hardware]
     auto = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE[hardware], "teacher_placement=auto")
-    resolved, table = choose_placement(auto, BF16)
-    assert resolved["_target_"].endswith(
-        {"cpu": "CpuPlacement", "gpu": "GpuPlacement", "balanced": "DeviceMapPlacement", "offload": "StreamPlacement"}[
-            EXPECTED[teacher, hardware]
-        ]
-    )
+    resolved, table = choose(auto)
+    assert resolved.name == EXPECTED[teacher, hardware]
     assert f"{EXPECTED[teacher, hardware]:<11}" in table and "<- chosen" in table
 
 
 def test_the_14b_expert_weighs_what_its_parameters_say(make_cfg):
     estimates, cfg = estimates_for(make_cfg, "wan2.1_t2v_14b", "1x80GiB")
-    w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
-    assert 14.2e9 < plan.param_count(w.teacher_config) < 14.4e9  # Wan 14B
-    assert abs(plan.teacher_weight_bytes(w) / 1e9 - 28.6) < 0.1
+    w, _ = workload(cfg)
+    assert 14.2e9 < param_count(w.teacher_config) < 14.4e9  # Wan 14B
+    assert abs(teacher_weight_bytes(w) / 1e9 - 28.6) < 0.1
 
 
 def test_gpu0_leaves_the_student_gpus_free_of_teacher_weights(make_cfg):
@@ -80,19 +76,29 @@ def test_a_placement_that_cannot_fit_is_refused_naming_one_that_can(make_cfg):
     with pytest.raises(
         UserError, match=r"teacher_placement=cpu will not fit: .*GiB host RAM.*use teacher_placement=gpu"
     ):
-        choose_placement(cfg, BF16)
+        choose(cfg)
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_plan_cli_prints_the_table_for_hardware_described_on_paper():
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "wandistiller.plan", "teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"]],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = plan_cli("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])
     assert result.returncode == 0, result.stderr
     assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
+
+
+def test_plan_cli_names_a_missing_hardware_key_in_one_line():
+    # Regression: hardware.gpus without hardware.gpu_memory_gib ended in a TypeError traceback.
+    result = plan_cli("teacher=wan2.1_t2v_14b", "hardware.gpus=8")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
+
+
+def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
+    assert plan_cli("--help").returncode == 0
+    result = plan_cli("teacher_placement=nowhere")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "offload" in result.stderr

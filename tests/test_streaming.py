@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
+from conftest import BF16, FP32, choose, spawn, workload
 from omegaconf import OmegaConf
 
-from wandistiller import plan
+from wandistiller import memory
+from wandistiller.arch import WAN_14B
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
-from wandistiller.placement import CpuPlacement, StreamPlacement
-from wandistiller.precision import DTYPES, Precision
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.placements.disk import DiskPlacement
+from wandistiller.placements.offload import OffloadPlacement
+from wandistiller.precision import DTYPES
 from wandistiller.streaming import ALIGN, SHM, BlockLayout, node_shared_buffer, pack_blocks
 from wandistiller.teacher import inspect_teacher
-from wandistiller.train import choose_placement, run
+from wandistiller.train import run
 
-BF16 = Precision("bf16", DTYPES["bf16"], DTYPES["fp32"], DTYPES["bf16"])
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
 
 
@@ -27,7 +31,7 @@ def test_a_streamed_teacher_gives_the_resident_teachers_targets_bit_for_bit(tiny
     # (offload refuses a machine without a GPU at check(); its streaming code runs on the CPU here.)
     spec = inspect_teacher(tiny_moe_path)
     resident_teacher = CpuPlacement().load(spec, TEACHER, BF16, Topology())
-    streamed = StreamPlacement(source=source, resident_blocks=resident)
+    streamed = {"host": OffloadPlacement, "disk": DiskPlacement}[source](resident_blocks=resident)
     streamed.teacher_device = lambda topology: torch.device("cpu")  # compute where the reference does
     teacher = streamed.load(spec, TEACHER, BF16, Topology())
     g = torch.Generator().manual_seed(0)
@@ -62,12 +66,11 @@ def test_the_planner_streams_when_the_teacher_does_not_fit_and_refuses_offload_w
         "hardware.host_memory_gib=16",
         "teacher_placement=auto",
     )
-    placement, table = choose_placement(cfg, BF16)
-    assert placement["source"] == "disk" and "offload     no" in table  # 28.6 GB of pinned RAM do not fit in 16
-    config = plan.KNOWN_TEACHERS["Wan-AI/Wan2.1-T2V-14B-Diffusers"][0]
-    outside, block = plan.block_bytes(config, 2)
+    placement, table = choose(cfg)
+    assert placement.name == "disk" and "offload     no" in table  # 28.6 GB of pinned RAM do not fit in 16
+    outside, block = memory.block_bytes(WAN_14B, 2)
     assert 40 * block + outside == pytest.approx(28.6e9, rel=0.01) and outside < 0.02 * 28.6e9
-    kept = [plan.resident_blocks(config, 1, DTYPES["bf16"], gib * plan.GiB) for gib in (6, 24, 40, 80)]
+    kept = [memory.resident_blocks(WAN_14B, 1, DTYPES["bf16"], gib * memory.GiB) for gib in (6, 24, 40, 80)]
     assert kept[0] == 0 and kept == sorted(kept) and kept[-1] == 40
 
 
@@ -78,7 +81,7 @@ def _shared_offload_worker(teacher_path: str) -> dict:
     dist.init_process_group("gloo")
     topo = Topology.from_env()
     spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
-    streamed = StreamPlacement(source="host", resident_blocks=1, share_host_copy=True)
+    streamed = OffloadPlacement(resident_blocks=1, share_host_copy=True)
     streamed.teacher_device = lambda topology: torch.device("cpu")
     teacher = streamed.load(spec, TEACHER, BF16, topo)
     resident = CpuPlacement().load(spec, TEACHER, BF16, topo)
@@ -94,7 +97,6 @@ def _shared_offload_worker(teacher_path: str) -> dict:
 
 
 def test_ranks_of_a_node_share_one_host_copy_of_an_offload_teacher(tiny_moe_path):
-    from test_distributed import spawn
 
     before = set(SHM.glob("wandistiller-*"))
     results = spawn(_shared_offload_worker, 2, str(tiny_moe_path))
@@ -128,8 +130,8 @@ def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_
     host = {}
     for share in ("true", "false"):
         cfg = make_cfg(*common, *hardware, "teacher_placement=offload", f"teacher_placement.share_host_copy={share}")
-        w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
-        host[share] = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=8).host_bytes
+        w, hw = workload(cfg)
+        host[share] = OffloadPlacement(share_host_copy=share == "true").estimate(w, hw).host_bytes
     assert host["false"] - host["true"] == pytest.approx(7 * 28.6e9, rel=0.01)  # 8 ranks: 7 copies saved
     assert host["true"] < 2 * 28.6e9
 
@@ -142,7 +144,7 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
 
     spec = inspect_teacher(tiny_path)
     resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
-    streamed = StreamPlacement(source="disk", resident_blocks=1)
+    streamed = DiskPlacement(resident_blocks=1)
     teacher = streamed.load(spec, TEACHER, BF16, Topology())
     for expert in resident.experts + teacher.experts:
         compile_blocks(expert)
@@ -163,7 +165,7 @@ def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tin
     # The tiny teacher is saved in fp32.
     assert not DiskSource(tiny_moe_path / "transformer", DTYPES["bf16"]).stored_as_computed()
     resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
-    placement = StreamPlacement(source="disk", resident_blocks=0, offload_dir=str(tmp_path / "offload"))
+    placement = DiskPlacement(resident_blocks=0, offload_dir=str(tmp_path / "offload"))
     teacher = placement.load(spec, TEACHER, BF16, Topology())
     copies = sorted((tmp_path / "offload").iterdir())
     assert [c.name.split("-")[:2] for c in copies] == [["transformer", "bfloat16"], ["transformer_2", "bfloat16"]]
@@ -179,7 +181,7 @@ def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tin
 
 def test_an_offload_dir_that_cannot_be_written_is_refused_naming_the_key(tiny_path, tmp_path):
     (tmp_path / "a_file").write_text("")
-    placement = StreamPlacement(source="disk", offload_dir=str(tmp_path / "a_file" / "offload"))
+    placement = DiskPlacement(offload_dir=str(tmp_path / "a_file" / "offload"))
     with pytest.raises(UserError, match=r"teacher_placement.offload_dir=.* cannot be written .* writable folder"):
         placement.load(inspect_teacher(tiny_path), TEACHER, BF16, Topology())
 
@@ -188,7 +190,6 @@ def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batche
     from wandistiller.data import Batch
     from wandistiller.targets import LocalTargets, WholeStepTargets
 
-    fp32 = Precision("fp32", DTYPES["fp32"], DTYPES["fp32"], None)
     spec = inspect_teacher(tiny_moe_path)
 
     def batch_fn(step: int, micro: int, rank: int) -> Batch:
@@ -198,7 +199,7 @@ def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batche
 
     got, loads = {}, {}
     for name, make in [("per_micro", LocalTargets), ("whole_step", lambda t: WholeStepTargets(t, batch_fn, 0, 3))]:
-        teacher = StreamPlacement(source="disk", resident_blocks=0).load(spec, TEACHER, fp32, Topology())
+        teacher = DiskPlacement(resident_blocks=0).load(spec, TEACHER, FP32, Topology())
         targets = make(teacher)
         got[name] = [targets.get(step, m, batch_fn(step, m, 0), True) for step in range(2) for m in range(3)]
         loads[name] = sum(s.loads for s in teacher.streamers)
@@ -226,10 +227,10 @@ def test_the_planner_sizes_the_teachers_activations_for_a_whole_step(make_cfg):
     streaming = {}
     for whole in ("false", "true"):
         cfg = make_cfg(*common, *hardware, "trainer.grad_accum_steps=8", f"trainer.teacher_whole_step={whole}")
-        w = plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher), DTYPES["bf16"])
-        e = plan.estimate("offload", w, plan.Hardware.detect(cfg.hardware), ranks_per_node=1)
-        streaming[whole] = e.gpu_bytes[0] - e.resident_blocks * plan.block_bytes(w.teacher_config, 2)[1]
-    act = plan.teacher_activation_bytes(w, cfg.trainer.batch_size)
+        w, hw = workload(cfg)
+        e = OffloadPlacement().estimate(w, hw)
+        streaming[whole] = e.gpu_bytes[0] - e.resident_blocks * memory.block_bytes(w.teacher_config, 2)[1]
+    act = memory.teacher_activation_bytes(replace(w, teacher_batch_size=0))
     assert streaming["true"] - streaming["false"] == 7 * act  # 8 micro-batches in one teacher call
 
 
@@ -238,8 +239,8 @@ def test_the_planner_keeps_what_fits_of_a_streamed_teacher_resident_and_the_run_
     kept = {}
     for gib in (24, 40, 80):
         hardware = ["hardware.gpus=1", f"hardware.gpu_memory_gib={gib}", "hardware.host_memory_gib=64"]
-        placement, table = choose_placement(make_cfg(*frame, *hardware, "teacher_placement=auto"), BF16)
-        kept[gib] = placement.get("resident_blocks")
+        placement, table = choose(make_cfg(*frame, *hardware, "teacher_placement=auto", "precision=bf16"))
+        kept[gib] = getattr(placement, "resident_blocks", None)
         if gib < 40:
-            assert placement["source"] == "host" and f"{kept[gib]}/40 blocks resident <- chosen" in table
+            assert placement.name == "offload" and f"{kept[gib]}/40 blocks resident <- chosen" in table
     assert 0 < kept[24] < 40 and kept[80] is None  # 80 GiB: the whole teacher fits, so `gpu` is chosen

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
-from wandistiller.placement import CpuPlacement
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher, student_config
 from wandistiller.teacher import inspect_teacher
@@ -40,7 +40,7 @@ def test_student_from_a_diffusers_config_json(tmp_path, tiny_path):
             }
         )
     )
-    student = build_student(scfg(config_path=str(path)), inspect_teacher(tiny_path))
+    student = build_student(inspect_teacher(tiny_path), **scfg(config_path=str(path)))
     assert len(student.transformer.blocks) == 3 and student.transformer.config.text_dim == 32
 
 
@@ -52,7 +52,7 @@ def test_a_student_that_does_not_fit_the_teacher_is_refused_naming_the_key(tmp_p
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"num_attention_heads": 2, "attention_head_dim": 16, "num_layers": 1} | override))
     with pytest.raises(UserError, match=rf"{key}=.* but the teacher has {key}="):
-        build_student(scfg(config_path=str(path)), inspect_teacher(tiny_path))
+        build_student(inspect_teacher(tiny_path), **scfg(config_path=str(path)))
 
 
 def test_unknown_keys_and_missing_files_are_refused(tmp_path, tiny_path):
@@ -60,16 +60,16 @@ def test_unknown_keys_and_missing_files_are_refused(tmp_path, tiny_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"num_layer": 2}))
     with pytest.raises(UserError, match="num_layer"):
-        build_student(scfg(config_path=str(path)), spec)
+        build_student(spec, **scfg(config_path=str(path)))
     with pytest.raises(UserError, match="does not exist"):
-        build_student(scfg(config_path=str(tmp_path / "nope.json")), spec)
+        build_student(spec, **scfg(config_path=str(tmp_path / "nope.json")))
     with pytest.raises(UserError, match="student.builder='huge' is unknown"):
-        build_student(scfg(builder="huge"), spec)
+        build_student(spec, **scfg(builder="huge"))
 
 
 def test_init_from_teacher_needs_the_teachers_width(tiny_path):
     with pytest.raises(UserError, match="student.init=teacher"):
-        build_student(scfg(builder="small", init="teacher"), inspect_teacher(tiny_path))
+        build_student(inspect_teacher(tiny_path), **scfg(builder="small", init="teacher"))
 
 
 def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_path, tiny_path):
@@ -83,7 +83,7 @@ def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_
             }
         )
     )
-    student = build_student(scfg(config_path=str(path), init="teacher"), spec)
+    student = build_student(spec, **scfg(config_path=str(path), init="teacher"))
     teacher = CpuPlacement().load(
         spec,
         OmegaConf.create({"guidance_scale": 1.0, "guidance_scale_2": None}),
@@ -99,6 +99,6 @@ def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_
 
 
 def test_hidden_state_distillation_projects_to_the_teachers_width(tiny_path):
-    student = build_student(scfg(builder="tiny", hidden_kd_weight=0.5), inspect_teacher(tiny_path))
+    student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny", hidden_kd_weight=0.5))
     pred, hidden = student(torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32))
     assert pred.shape == (2, 16, 1, 8, 8) and hidden.shape == (2, 16, 32)

@@ -7,17 +7,15 @@ import shutil
 
 import pytest
 import torch
+from conftest import FP32
 from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
 from wandistiller.data import encode_prompts
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
-from wandistiller.placement import CpuPlacement
-from wandistiller.precision import Precision
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
-
-FP32 = Precision("fp32", torch.float32, torch.float32, None)
 
 
 def teacher_cfg(**kw):
@@ -141,7 +139,9 @@ def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
         )
     )
     assert (root / "transformer" / "diffusion_pytorch_model.safetensors.index.json").is_file()  # really sharded
-    spec = inspect_teacher(resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(root)})))
+    spec = inspect_teacher(
+        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(root)}), "/nonexistent-cache")
+    )
     assert spec.experts == ("transformer", "transformer_2") and spec.flow_shift == 5.0 and spec.boundary_timestep == 900
     teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
     assert len(teacher.experts[1].blocks) == 3
@@ -174,11 +174,15 @@ def test_a_folder_that_is_not_a_wan_teacher_is_refused_clearly(tmp_path, tiny_pa
         index["_class_name"], index["transformer"] = "FluxPipeline", ["diffusers", "FluxTransformer2DModel"]
         (folder / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(UserError, match=message) as e:
-        inspect_teacher(resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(folder)})))
+        inspect_teacher(
+            resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(folder)}), "/nonexistent-cache")
+        )
     assert "\n" not in str(e.value)
 
 
 def test_an_unreachable_hub_id_says_how_to_get_it(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UserError, match="huggingface-cli download"):
-        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model-Diffusers"}))
+    with pytest.raises(UserError, match="hf download"):
+        resolve_teacher_path(
+            OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model-Diffusers"}), "/nonexistent-cache"
+        )

@@ -31,21 +31,22 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from wandistiller.arch import BENCH_ARCHS
+
 
 def _setup(cache_dir: Path, batch_size: int):
     from hydra import compose, initialize_config_dir
 
-    from wandistiller.config import register_configs
+    from wandistiller.config import CONF_DIR, register_configs
     from wandistiller.data import encode_prompts, read_prompts
     from wandistiller.distributed import Topology
-    from wandistiller.placement import CpuPlacement
+    from wandistiller.placements.cpu import CpuPlacement
     from wandistiller.precision import Precision
-    from wandistiller.student import build_student, init_from_teacher
+    from wandistiller.student import build_student
     from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(
             "train",
             overrides=[
@@ -57,14 +58,13 @@ def _setup(cache_dir: Path, batch_size: int):
             ],
         )
     precision = Precision.from_config(cfg.precision)
-    spec = inspect_teacher(resolve_teacher_path(cfg.teacher))
+    spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     teacher = CpuPlacement().load(spec, cfg.teacher, precision, Topology())
     embeddings = encode_prompts(
         spec, read_prompts(None), "", 512, precision.teacher_dtype, torch.device("cpu"), cache_dir
     )
     torch.manual_seed(0)
-    student = build_student(cfg.student, spec)
-    init_from_teacher(student, spec)
+    student = build_student(spec, builder=cfg.student.builder, init="teacher")
     return cfg, spec, teacher, embeddings, student, precision
 
 
@@ -166,11 +166,7 @@ def overhead(args) -> dict:
     return result
 
 
-ARCHS = {
-    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=4, text_dim=32, freq_dim=64),
-    "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30, text_dim=4096),
-    "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40, text_dim=4096),
-}
+ARCHS = BENCH_ARCHS
 
 
 def _random_model(arch: str, dtype: torch.dtype):
@@ -240,7 +236,7 @@ def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512)
 def teacher_bench(args) -> dict:
     import copy
 
-    from wandistiller.plan import block_bytes
+    from wandistiller.memory import block_bytes
     from wandistiller.streaming import stream_blocks
     from wandistiller.teacher import compile_blocks
 
@@ -269,7 +265,7 @@ def teacher_bench(args) -> dict:
         torch.cuda.empty_cache()
     kept = args.resident_blocks
     if kept == "auto":  # what the offload placement keeps: as many blocks as the free memory holds
-        from wandistiller.plan import resident_blocks
+        from wandistiller.memory import resident_blocks
 
         kept = resident_blocks(config, 1, dtype, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 0
     kept = int(kept)

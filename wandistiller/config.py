@@ -11,11 +11,62 @@ import datetime
 import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+# The Hydra config tree ships inside the package, so a non-editable `pip install .` finds it too.
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+class Choice(str, Enum):
+    """A string option with a fixed set of values: a typo fails at composition, listing the valid ones."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Builtin(Choice):
+    tiny = "tiny"
+    tiny_moe = "tiny_moe"
+
+
+class DType(Choice):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Latents(Choice):
+    gaussian = "gaussian"
+
+
+class StudentInit(Choice):
+    random = "random"
+    teacher = "teacher"
+    auto = "auto"  # the teacher's blocks when the widths match, else random
+
+
+class LoggerMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+def _scheduler_names() -> dict[str, str]:
+    from diffusers.optimization import SchedulerType
+
+    return {s.value: s.value for s in SchedulerType}
+
+
+# Every schedule diffusers.optimization.get_scheduler knows.
+LrScheduler = Choice("LrScheduler", _scheduler_names())
 
 
 @dataclass
@@ -24,7 +75,7 @@ class TeacherConfig:
     # A local diffusers-format Wan folder or a Hub id.
     path: str = MISSING
     # "tiny" / "tiny_moe": build this embedded teacher at `path` when it is not there yet.
-    builtin: str | None = None
+    builtin: Builtin | None = None
     guidance_scale: float = 5.0
     # Two-expert teachers: CFG scale of the low-noise expert (`transformer_2`); None = guidance_scale.
     guidance_scale_2: float | None = None
@@ -38,85 +89,71 @@ class TeacherConfig:
 
 
 @dataclass
-class PlacementConfig:
-    _target_: str = MISSING
-    # gpu0: the teacher's process also trains a student on GPU 0.
-    train_on_owner: bool = False
-    # gpu0 / balanced / sequential / device_map: keep the process layout, put the teacher on the CPU.
-    debug_cpu: bool = False
-    # balanced / sequential / device_map: accelerate's device_map ("balanced", "sequential" or a dict).
-    strategy: Any = None
-    # balanced / sequential / device_map: per-GPU caps, e.g. {0: 20GiB, 1: 70GiB}.
-    max_memory: Any = None
-    # offload / disk: where the weights stream from ("host" RAM or "disk"), and how many blocks stay resident.
-    source: str | None = None
-    resident_blocks: Any = "auto"
-    # offload: a node's ranks share one pinned copy of the teacher (through /dev/shm) instead of one each.
-    share_host_copy: bool = True
-    # disk: where a teacher stored in a wider dtype than it computes in is converted once (null: convert
-    # each block as it streams).
-    offload_dir: str | None = None
-
-
-@dataclass
 class PrecisionConfig:
     name: str = MISSING
-    teacher_dtype: str = MISSING
-    student_dtype: str = "fp32"
-    autocast_dtype: str | None = None
+    teacher_dtype: DType = MISSING
+    student_dtype: DType = DType.fp32
+    autocast_dtype: DType | None = None
 
 
 @dataclass
 class DataConfig:
+    """Defaults in conf/data/*.yaml."""
+
     # Prompts file, one per line; None = the prompts shipped with WanDistiller.
-    prompts_path: str | None = None
+    prompts_path: str | None = MISSING
     # Student latents: 16 channels x frames x height x width (a 480x832 frame is 1 x 60 x 104).
-    latent_frames: int = 1
-    latent_height: int = 8
-    latent_width: int = 8
+    latent_frames: int = MISSING
+    latent_height: int = MISSING
+    latent_width: int = MISSING
     # How clean latents x0 are made: "gaussian" (data-free distillation).
-    latents: str = "gaussian"
+    latents: Latents = MISSING
 
 
 @dataclass
 class StudentConfig:
+    # What builds the student: called with these keys plus the teacher's spec and a dtype (swap in your own).
+    _target_: str = "wandistiller.student.build_student"
     # A named architecture from `wandistiller.student.STUDENT_BUILDERS`, or None with `config_path`.
     builder: str | None = None
     # A diffusers WanTransformer3DModel config.json (the old student_config.json).
     config_path: str | None = None
-    # "random", or "teacher": copy embeddings and evenly spaced blocks (widths must match).
-    init: str = "random"
+    # "teacher": copy embeddings and evenly spaced blocks (widths must match); "auto": that when the widths
+    # match, else "random".
+    init: StudentInit = StudentInit.auto
     # Weight of hidden-state distillation through a learned student->teacher width projection; 0 = off.
     hidden_kd_weight: float = 0.0
 
 
 @dataclass
 class TrainerConfig:
-    batch_size: int = 4
-    grad_accum_steps: int = 1
+    """The loop's settings; their defaults live in conf/trainer/default.yaml alone."""
+
+    batch_size: int = MISSING
+    grad_accum_steps: int = MISSING
     # One teacher call for all of a step's micro-batches (a streamed teacher then moves its weights once
     # per step, not once per micro-batch); targets equal to rounding. Ranks that run their own teacher.
-    teacher_whole_step: bool = False
-    max_steps: int = 100
-    optimizer: Any = field(
-        default_factory=lambda: {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4, "weight_decay": 0.0}
-    )
-    lr_scheduler: str = "cosine"
-    warmup_steps: int = 0
-    max_grad_norm: float | None = 1.0
-    gradient_checkpointing: bool = False
+    teacher_whole_step: bool = MISSING
+    max_steps: int = MISSING
+    optimizer: Any = MISSING
+    # (pred, target, student_hidden, teacher_hidden) -> (loss, velocity part, hidden part); swap with _target_.
+    loss: Any = MISSING
+    lr_scheduler: LrScheduler = MISSING
+    warmup_steps: int = MISSING
+    max_grad_norm: float | None = MISSING
+    gradient_checkpointing: bool = MISSING
     # Regional torch.compile of the student's repeated blocks.
-    compile_student: bool = False
-    ema_decay: float | None = None
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
+    compile_student: bool = MISSING
+    ema_decay: float | None = MISSING
+    checkpoint_every: int = MISSING
+    keep_checkpoints: int = MISSING
     # None: a new run; "auto": continue the latest checkpoint in the run folder; or a checkpoint folder.
-    resume: str | None = None
-    log_every: int = 1
-    progress_bar: bool = True
+    resume: str | None = MISSING
+    log_every: int = MISSING
+    progress_bar: bool = MISSING
     # The teacher-vs-student PNG grid at the end: prompts shown and sampling steps; 0 prompts = skip.
-    sample_prompts: int = 4
-    sample_steps: int = 10
+    sample_prompts: int = MISSING
+    sample_steps: int = MISSING
 
 
 @dataclass
@@ -125,7 +162,7 @@ class LoggerConfig:
     project: str = "wandistiller"
     entity: str | None = None
     # "offline" (default: no network), "online", or "disabled".
-    mode: str = "offline"
+    mode: LoggerMode = LoggerMode.offline
     group: str | None = None
     name: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -161,7 +198,8 @@ class PathsConfig:
 @dataclass
 class TrainConfig:
     teacher: TeacherConfig = MISSING
-    teacher_placement: PlacementConfig = MISSING
+    # Each option has its own schema (wandistiller/placements/<option>.py), so this node is untyped here.
+    teacher_placement: Any = MISSING
     precision: PrecisionConfig = MISSING
     data: DataConfig = MISSING
     student: StudentConfig = MISSING
@@ -170,6 +208,8 @@ class TrainConfig:
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING
+    # The recipe one process runs: setup() then train() (wandistiller.recipe.DistillationRecipe).
+    recipe: Any = MISSING
     seed: int = 0
 
 
@@ -195,6 +235,54 @@ def rank_suffix() -> str:
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    from wandistiller.placements import register_schemas
+
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)
+    register_schemas(store)
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
+
+
+def compose_config(overrides: list[str]):
+    """The tree `python -m wandistiller.train OVERRIDES` would run, composed outside a Hydra job (no run
+    folder, no log file): for the planner's CLI and the tools. A bad override is one UserError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from wandistiller.errors import UserError
+
+    register_configs()
+    try:
+        if GlobalHydra.instance().is_initialized():
+            return compose("train", overrides=overrides)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return compose("train", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(hydra_error_line(e)) from None
+
+
+def compose_option(group: str, option: str):
+    """One config group option, composed by Hydra with its schema and defaults, its interpolations left
+    for the tree it is put into to resolve (e.g. `teacher_placement=auto` becoming the planner's choice)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(overrides=[f"+{group}={option}"])[group]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(overrides=[f"+{group}={option}"])[group]
+
+
+def hydra_error_line(error: Exception) -> str:
+    """Hydra's own words (its list of valid options included) and their cause, on one line."""
+    words = [str(error)] + ([str(error.__cause__)] if error.__cause__ else [])
+    lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
+    return " ".join(
+        line
+        for line in lines
+        if not line.startswith(("Config search path", "provider=", "full_key", "reference_type", "object_type"))
+    )

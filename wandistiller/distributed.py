@@ -9,9 +9,12 @@ too: every rank runs the Hydra main, rank 0 prepares while the others wait.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -46,6 +49,92 @@ class Topology:
             local_rank=int(env.get("LOCAL_RANK", 0)),
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
         )
+
+
+@dataclass(frozen=True)
+class World:
+    """How many processes a run has: configured, or started by torchrun (whose count wins)."""
+
+    nproc_per_node: int
+    nnodes: int
+
+    @classmethod
+    def of(cls, distributed_cfg, topo: Topology) -> World:
+        nodes = topo.world_size // topo.local_world_size
+        return cls(max(distributed_cfg.nproc_per_node, topo.local_world_size), max(distributed_cfg.nnodes, nodes))
+
+    @property
+    def size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_device(topology: Topology) -> torch.device:
+    """This rank's own GPU (a node's ranks share its GPUs round-robin), or the CPU on a machine without one."""
+    return torch.device("cuda", topology.local_rank % gpu_count()) if gpu_count() else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Served:
+    """A rank an owner serves: its global rank (for sends) and data-parallel rank (for its batch)."""
+
+    rank: int
+    dp_rank: int
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who does what, from the placement's serving mode and the process layout."""
+
+    trains: bool
+    has_teacher: bool
+    owner: int | None  # the rank serving this rank's targets; None when it computes its own
+    served: tuple[Served, ...]  # ranks this rank serves (owners only)
+    students: tuple[int, ...]  # every training rank (the DDP group)
+    dp_rank: int  # index among the students; -1 for a dedicated owner
+
+    @property
+    def main(self) -> int:
+        """The first training rank writes checkpoints, outputs and the tracker."""
+        return self.students[0]
+
+
+def roles_for(serving: str, topo: Topology) -> Roles:
+    """`serving` is a placement's Serving: local, node_owner or dedicated_owner."""
+    everyone = tuple(range(topo.world_size))
+    owner = topo.node_ranks[0]
+    if serving == "local":
+        return Roles(True, True, None, (), everyone, topo.rank)
+    students = everyone if serving == "node_owner" else tuple(r for r in everyone if r % topo.local_world_size)
+    if not students:
+        raise RuntimeError("no training rank: a dedicated teacher owner needs more than one process per node")
+    served = tuple(Served(r, students.index(r)) for r in topo.node_ranks if r != owner)
+    is_owner = topo.rank == owner
+    return Roles(
+        trains=topo.rank in students,
+        has_teacher=is_owner,
+        owner=None if is_owner else owner,
+        served=served if is_owner else (),
+        students=students,
+        dp_rank=students.index(topo.rank) if topo.rank in students else -1,
+    )
+
+
+def barrier(topo: Topology) -> None:
+    if topo.distributed:
+        dist.barrier()
+
+
+def gather(topo: Topology, item: dict) -> list[dict]:
+    """`item` from every rank, in rank order (just `[item]` in one process)."""
+    if not topo.distributed:
+        return [item]
+    items = [None] * topo.world_size
+    dist.all_gather_object(items, item)
+    return items
 
 
 def under_torchrun() -> bool:
@@ -91,3 +180,16 @@ def launch(entrypoint, args: tuple, distributed_cfg) -> list:
     )
     result = elastic_launch(config, entrypoint)(*args)
     return [result[i] for i in sorted(result)]
+
+
+def worker_logging(topo: Topology, run_dir: Path) -> None:
+    """Spawned workers have no Hydra logging: rank 0 logs to the console and train.log, others to their own file."""
+    fmt = logging.Formatter(f"[%(asctime)s][rank {topo.rank}][%(levelname)s] - %(message)s")
+    handlers = [logging.FileHandler(run_dir / ("train.log" if topo.rank == 0 else f"train_rank{topo.rank}.log"))]
+    if topo.rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for h in handlers:
+        h.setFormatter(fmt)
+        root.addHandler(h)

@@ -6,6 +6,7 @@ import contextlib
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,8 @@ class Run:
     precision: Precision
     device: torch.device
     run_dir: Path
+    # (pred, target, student_hidden, teacher_hidden) -> (loss, velocity part, hidden part): `trainer.loss`.
+    loss_fn: Callable = None
     dp_rank: int = 0
     is_main: bool = True
     student_group: object = None  # process group of the training ranks (None: no reduction)
@@ -53,11 +56,17 @@ def distill_step(run: Run, step: int, micro: int, batch: Batch, kd_weight: float
     dtype = run.precision.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
         pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond)
+    loss, velocity_loss, hidden_loss = (run.loss_fn or distillation_loss)(pred, target, student_hidden, teacher_hidden)
+    return loss, velocity_loss.detach(), hidden_loss.detach(), teacher_ms
+
+
+def distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
+    """Velocity MSE, plus hidden-state MSE through the student's projection: (loss, velocity, hidden)."""
     velocity_loss = F.mse_loss(pred.float(), target)
-    hidden_loss = torch.zeros((), device=run.device)
-    if kd_weight > 0:
-        hidden_loss = F.mse_loss(student_hidden.float(), teacher_hidden.to(run.device))
-    return velocity_loss + kd_weight * hidden_loss, velocity_loss.detach(), hidden_loss.detach(), teacher_ms
+    hidden_loss = torch.zeros((), device=pred.device)
+    if hidden_kd_weight > 0:
+        hidden_loss = F.mse_loss(student_hidden.float(), teacher_hidden.to(pred.device))
+    return velocity_loss + hidden_kd_weight * hidden_loss, velocity_loss, hidden_loss
 
 
 def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list[dict]:

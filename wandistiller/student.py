@@ -1,6 +1,6 @@
 """The student: a WanTransformer3DModel built from a named architecture or a diffusers config.json.
 
-Architecture constants live in STUDENT_BUILDERS and nowhere else. What must agree with the teacher
+Architecture constants live in wandistiller.arch.STUDENT_BUILDERS. What must agree with the teacher
 (latent channels, patch size, text width) is inherited from the teacher unless a config file sets it,
 and then checked before any weights load.
 """
@@ -8,22 +8,19 @@ and then checked before any weights load.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
+from wandistiller.arch import STUDENT_BUILDERS
 from wandistiller.errors import UserError
 from wandistiller.teacher import TeacherSpec, capture_last_block
 
-STUDENT_BUILDERS: dict[str, dict] = {
-    # 2 blocks at the tiny teacher's width (so it can start from the teacher's blocks).
-    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2),
-    # ~0.2B parameters: width 1536, 6 blocks.
-    "small": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=4096, num_layers=6),
-    # Wan 2.1 1.3B's shape.
-    "base": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
-}
+log = logging.getLogger(__name__)
+
 # Keys the student takes from the teacher unless its config sets them.
 INHERITED = (
     "patch_size",
@@ -47,8 +44,8 @@ def student_config(student_cfg, teacher: dict) -> dict:
 
     Reads JSON only, so the Hydra job and the planner can check a student without building it.
     """
-    if student_cfg.init not in ("random", "teacher"):
-        raise UserError(f"student.init={student_cfg.init!r} is unknown; use random or teacher")
+    if student_cfg.init not in ("random", "teacher", "auto"):
+        raise UserError(f"student.init={student_cfg.init!r} is unknown; use auto, random or teacher")
     if student_cfg.builder is not None:
         if student_cfg.builder not in STUDENT_BUILDERS:
             raise UserError(
@@ -95,9 +92,16 @@ def check_student(student_cfg, teacher: dict) -> dict:
             if mine != theirs:
                 raise UserError(
                     f"student.init=teacher copies the teacher's blocks, but the student's {key}={mine} and the "
-                    f"teacher's is {theirs}; use student.init=random or a student of the teacher's width"
+                    f"teacher's is {theirs}; use student.init=auto (or random) or a student of the teacher's width"
                 )
     return config
+
+
+def starts_from_teacher(student_cfg, config: dict, teacher: dict) -> bool:
+    """init=teacher, or init=auto with every width equal to the teacher's."""
+    if student_cfg.init == "auto":
+        return all(config.get(key) == teacher.get(key) for key in WIDTHS)
+    return student_cfg.init == "teacher"
 
 
 def _norm(v):
@@ -125,12 +129,30 @@ class Student(nn.Module):
         return pred, hidden
 
 
-def build_student(student_cfg, spec: TeacherSpec, dtype: torch.dtype = torch.float32) -> Student:
+def build_student(
+    spec: TeacherSpec,
+    dtype: torch.dtype = torch.float32,
+    *,
+    builder: str | None = None,
+    config_path: str | None = None,
+    init: str = "auto",
+    hidden_kd_weight: float = 0.0,
+) -> Student:
+    """The student for this teacher (the default `student._target_`; the keys are the `student` config's)."""
     from diffusers import WanTransformer3DModel
 
-    transformer = WanTransformer3DModel.from_config(check_student(student_cfg, spec.transformer_config))
+    student_cfg = SimpleNamespace(
+        builder=builder, config_path=config_path, init=init, hidden_kd_weight=hidden_kd_weight
+    )
+    config = check_student(student_cfg, spec.transformer_config)
+    transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
-    student = Student(transformer, teacher_width if student_cfg.hidden_kd_weight > 0 else None)
+    student = Student(transformer, teacher_width if hidden_kd_weight > 0 else None)
+    if starts_from_teacher(student_cfg, config, spec.transformer_config):
+        init_from_teacher(student, spec)
+        log.info("student: starts from the teacher's embeddings, head and evenly spaced blocks")
+    else:
+        log.info("student: random initialisation (student.init=%s)", init)
     return student if dtype == torch.float32 else student.to(dtype)
 
 

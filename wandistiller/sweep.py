@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from wandistiller.errors import UserError
+from wandistiller.failures import WorkerFailed
+from wandistiller.rundir import RunDirTaken
 
 log = logging.getLogger(__name__)
 
@@ -228,3 +233,41 @@ def _log_wandb(config: DictConfig, sweep_dir: Path, png: Path) -> None:
 
 def sweep_group(sweep_dir: Path) -> str:
     return "sweep-" + "-".join(sweep_dir.resolve().parts[-2:])
+
+
+def sweep_point() -> dict | None:
+    """This job's place in a Hydra multirun: its wandb group (the sweep) and name (its overrides)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hc = HydraConfig.get()
+    return {
+        "group": sweep_group(Path(hc.sweep.dir)),
+        "name": hc.job.override_dirname or f"job{hc.job.num}",
+        "overrides": list(hc.overrides.task),
+        "choices": dict(hc.runtime.choices),
+    }
+
+
+def record_failed_point(cfg: DictConfig, error: UserError, point: dict) -> dict:
+    """A failed or refused sweep point leaves a metrics.json saying so -- unless its folder holds
+    another run's outputs, which are never touched."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    run_dir = Path(cfg.paths.output_dir)
+    record = {
+        "status": "failed" if isinstance(error, WorkerFailed) else "refused",
+        "reason": str(error).splitlines()[0],
+        "placement": point["choices"].get("teacher_placement"),
+        "precision": cfg.precision.name,
+        "world_size": cfg.distributed.nproc_per_node * cfg.distributed.nnodes,
+        "overrides": point["overrides"],
+    }
+    if isinstance(error, RunDirTaken) or (run_dir / "metrics.json").exists():
+        return record
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    OmegaConf.save(OmegaConf.create(point["overrides"]), run_dir / ".hydra" / "overrides.yaml")
+    (run_dir / "metrics.json").write_text(json.dumps(record, indent=2))
+    return record

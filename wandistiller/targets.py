@@ -11,24 +11,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from wandistiller.data import Batch
+from wandistiller.distributed import Served
 from wandistiller.teacher import Teacher
 
 # (step, micro, dp_rank) -> that rank's batch
 BatchFn = Callable[[int, int, int], Batch]
-
-
-@dataclass(frozen=True)
-class Served:
-    """A rank an owner serves: its global rank (for sends) and data-parallel rank (for its batch)."""
-
-    rank: int
-    dp_rank: int
 
 
 def hidden_shape(teacher_config: dict, batch: Batch) -> tuple[int, int, int]:

@@ -35,28 +35,39 @@ class TeacherSpec:
         return None if self.boundary_ratio is None else self.boundary_ratio * self.num_train_timesteps
 
 
-def resolve_teacher_path(teacher_cfg) -> Path:
+def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
+    """The embedded teacher to build ("tiny", "tiny_moe"), or None. `teacher.builtin` applies only to a path
+    in the cache's teachers/ folder: a folder of the user's is never written into, whatever builtin says."""
+    if teacher_cfg.builtin is None:
+        return None
+    path, teachers = Path(str(teacher_cfg.path)).expanduser(), Path(str(cache_dir)).expanduser() / "teachers"
+    return str(teacher_cfg.builtin) if path.resolve().parent == teachers.resolve() else None
+
+
+def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
     """A local folder as is; the embedded teachers built on first use; a Hub id fetched by diffusers."""
     from wandistiller.tiny_teacher import ensure_tiny_teacher
 
-    if teacher_cfg.builtin is not None:
-        if teacher_cfg.builtin not in ("tiny", "tiny_moe"):
-            raise UserError(f"teacher.builtin={teacher_cfg.builtin!r} is unknown; use tiny, tiny_moe or null")
-        return ensure_tiny_teacher(teacher_cfg.path, two_experts=teacher_cfg.builtin == "tiny_moe")
+    builtin = builtin_teacher(teacher_cfg, cache_dir)
+    if builtin is not None:
+        return ensure_tiny_teacher(teacher_cfg.path, two_experts=builtin == "tiny_moe")
     path = Path(teacher_cfg.path).expanduser()
+    key = f"teacher.path={teacher_cfg.path!r}"
     if path.is_dir():
         return path
+    if path.exists():
+        raise UserError(f"{key} is a file; point it at a diffusers-format Wan folder (holding model_index.json)")
     looks_like_hub_id = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        raise UserError(f"teacher.path={teacher_cfg.path!r} does not exist; point it at a diffusers-format Wan folder")
+        raise UserError(f"{key} does not exist; point it at a diffusers-format Wan folder")
     from diffusers import DiffusionPipeline
 
     try:
         return Path(DiffusionPipeline.download(teacher_cfg.path, use_safetensors=True))
     except Exception as e:  # offline, unknown repo, gated repo: all the same to the user
         raise UserError(
-            f"teacher.path={teacher_cfg.path!r} is not a local folder and could not be fetched from the Hub "
-            f"({type(e).__name__}); download it (huggingface-cli download {teacher_cfg.path} --local-dir DIR) "
+            f"{key} is not a local folder and could not be fetched from the Hub "
+            f"({type(e).__name__}); download it (hf download {teacher_cfg.path} --local-dir DIR) "
             "and set teacher.path=DIR"
         ) from None
 

@@ -18,27 +18,8 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
 from wandistiller.data import DEFAULT_PROMPTS
-
-# Shaped like Wan (patch (1,2,2), 16 latent channels, qk rms-norm), with every width tiny.
-TINY_TRANSFORMER = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=16,
-    in_channels=16,
-    out_channels=16,
-    text_dim=32,
-    freq_dim=64,
-    ffn_dim=64,
-    num_layers=4,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=32,
-)
-TINY_TEXT_ENCODER = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
-TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
-# Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
-TINY_MOE_BOUNDARY_RATIO = 0.875
 
 
 def _build_tokenizer():

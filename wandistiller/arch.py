@@ -1,0 +1,65 @@
+"""Architecture constants: the one home of every WanTransformer3DModel shape the project names.
+
+The public Wan teachers (so the planner needs no download), the embedded tiny teacher, the named
+students and the benchmark shapes all read their numbers from here.
+"""
+
+from __future__ import annotations
+
+# Wan 2.1/2.2 14B: also each of Wan 2.2 A14B's two experts.
+WAN_14B = dict(
+    num_attention_heads=40,
+    attention_head_dim=128,
+    ffn_dim=13824,
+    num_layers=40,
+    text_dim=4096,
+    in_channels=16,
+    out_channels=16,
+    patch_size=[1, 2, 2],
+    freq_dim=256,
+)
+WAN_1_3B = WAN_14B | dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
+
+# Public teachers by Hub id: (transformer config, number of experts).
+KNOWN_TEACHERS = {
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": (WAN_1_3B, 1),
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": (WAN_14B, 1),
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": (WAN_14B, 2),
+}
+
+# The embedded tiny teacher: shaped like Wan (patch (1,2,2), 16 latent channels, qk rms-norm), every width tiny.
+TINY_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=64,
+    ffn_dim=64,
+    num_layers=4,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+TINY_TEXT_ENCODER = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+# Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
+TINY_MOE_BOUNDARY_RATIO = 0.875
+
+# Named students (student.builder); what must match the teacher is inherited from it.
+STUDENT_BUILDERS: dict[str, dict] = {
+    # 2 blocks at the tiny teacher's width (so it can start from the teacher's blocks).
+    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2),
+    # ~0.2B parameters: width 1536, 6 blocks.
+    "small": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=4096, num_layers=6),
+    # Wan 2.1 1.3B's shape.
+    "base": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
+}
+
+# Teacher shapes the benchmarks build with random weights.
+BENCH_ARCHS = {
+    "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=4, text_dim=32, freq_dim=64),
+    "1.3b": WAN_1_3B,
+    "14b": WAN_14B,
+}

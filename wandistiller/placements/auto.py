@@ -1,0 +1,21 @@
+"""`teacher_placement=auto`: the planner's choice, resolved before anything loads.
+
+`wandistiller.preflight.choose_placement` asks every registered placement for its estimate, takes
+the fastest that fits and composes `teacher_placement=<choice>` through Hydra, so the chosen option's
+schema, defaults and interpolations (e.g. `disk`'s `${paths.cache_dir}`) apply as if it had been named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AutoConfig:
+    _target_: str = "wandistiller.placements.auto.AutoPlacement"
+
+
+class AutoPlacement:
+    """A marker: never loads a teacher (preflight replaces it with the planner's choice)."""
+
+    name = "auto"

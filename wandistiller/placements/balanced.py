@@ -1,0 +1,26 @@
+"""`teacher_placement=balanced`: one teacher per node spread evenly over the node's GPUs by accelerate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wandistiller.memory import Hardware
+from wandistiller.placements.device_map import DeviceMapPlacement
+
+
+@dataclass
+class BalancedConfig:
+    _target_: str = "wandistiller.placements.balanced.BalancedPlacement"
+    max_memory: Any = None  # per-GPU caps, e.g. {0: 30GiB, 1: 30GiB}
+    debug_cpu: bool = False
+
+
+class BalancedPlacement(DeviceMapPlacement):
+    name, speed_rank, auto_candidate = "balanced", 20, True
+
+    def __init__(self, max_memory: Any = None, debug_cpu: bool = False):
+        super().__init__("balanced", max_memory, debug_cpu)
+
+    def note(self, hw: Hardware) -> str:
+        return f"one teacher per node spread over {len(hw.gpu_bytes)} GPU(s)"

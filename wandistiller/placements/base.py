@@ -1,0 +1,78 @@
+"""The interface every teacher placement implements, and what they share.
+
+A placement answers two questions: where do the teacher's weights live, and who runs the teacher for
+whom. Each option of `conf/teacher_placement/` is one module of this package holding one class and
+its config schema (so a key the option does not take fails when the config is composed):
+
+    name             the option's name (what the planner, reports and errors call it)
+    serving          Serving.LOCAL (every rank runs its own teacher), NODE_OWNER (one rank per node runs
+                     it and also trains) or DEDICATED_OWNER (one rank per node only runs the teacher)
+    compilable       whether teacher.compile=true (regional torch.compile) works with it
+    collective       whether the teacher's forwards are collectives (every rank must run each one)
+    check(precision, world)            refuse early, before any weights load, naming a fix
+    estimate(workload, hardware)       bytes on each device (the planner's input)
+    teacher_device(topology)           where inputs go (and targets come from)
+    load(spec, teacher_cfg, precision, topology) -> Teacher
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from enum import Enum
+from typing import ClassVar
+
+import torch
+
+from wandistiller.distributed import Topology
+from wandistiller.memory import Estimate, Hardware, Workload
+from wandistiller.precision import Precision
+from wandistiller.teacher import Teacher, TeacherSpec, load_expert
+
+
+class Serving(str, Enum):
+    LOCAL = "local"
+    NODE_OWNER = "node_owner"
+    DEDICATED_OWNER = "dedicated_owner"
+
+
+class Placement(ABC):
+    name: ClassVar[str]
+    # The planner's whole notion of speed: `auto` takes the fitting placement with the lowest rank.
+    speed_rank: ClassVar[int]
+    serving: Serving = Serving.LOCAL
+    compilable: ClassVar[bool] = True
+    collective: ClassVar[bool] = False
+    # Whether `auto` may choose it (a hand-written device map is the user's own choice).
+    auto_candidate: ClassVar[bool] = True
+
+    def check(self, precision: Precision, world) -> None:  # noqa: B027 -- most placements check nothing
+        """Refuse a placement that cannot run here (no GPU, too few ranks), naming one that can."""
+
+    def speed(self, hw: Hardware) -> int:
+        return self.speed_rank
+
+    @abstractmethod
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate: ...
+
+    @abstractmethod
+    def teacher_device(self, topology: Topology) -> torch.device: ...
+
+    @abstractmethod
+    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher: ...
+
+
+def guidance_scales(spec: TeacherSpec, teacher_cfg) -> list[float]:
+    """The CFG scale per expert; the low-noise expert falls back to the main scale, as WanPipeline does."""
+    scales = [teacher_cfg.guidance_scale]
+    if len(spec.experts) == 2:
+        scale_2 = teacher_cfg.guidance_scale_2
+        scales.append(teacher_cfg.guidance_scale if scale_2 is None else scale_2)
+    return scales
+
+
+def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: torch.device, **load_kwargs) -> Teacher:
+    """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it."""
+    experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
+    if "device_map" not in load_kwargs:
+        experts = [e.to(device) for e in experts]
+    return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)

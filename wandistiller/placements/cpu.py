@@ -1,0 +1,37 @@
+"""`teacher_placement=cpu`: one teacher per node in host RAM, computing on the CPU, serving the node's ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wandistiller.errors import UserError
+from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
+from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.placements.base import Placement, Serving, load_teacher
+
+
+@dataclass
+class CpuConfig:
+    _target_: str = "wandistiller.placements.cpu.CpuPlacement"
+
+
+class CpuPlacement(Placement):
+    name, speed_rank, serving = "cpu", 70, Serving.NODE_OWNER
+
+    def check(self, precision, world) -> None:
+        if precision.teacher_dtype == torch.float16:
+            raise UserError("teacher_placement=cpu cannot run an fp16 teacher; use precision=bf16 or precision=fp32")
+
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        gpus = (student_device_bytes(w),) * min(len(hw.gpu_bytes), w.ranks_per_node)
+        host = weights(w) + activations(w) + HOST_PER_RANK * w.ranks_per_node
+        return Estimate.of(self.name, gpus, host, hw, "one teacher per node in host RAM, computing on the CPU")
+
+    def teacher_device(self, topology) -> torch.device:
+        return torch.device("cpu")
+
+    def load(self, spec, teacher_cfg, precision, topology):
+        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, self.teacher_device(topology))

@@ -1,0 +1,100 @@
+"""`teacher_placement=device_map`: one teacher per node placed by accelerate over the node's GPUs, owned by
+the node's first rank. `balanced` and `sequential` (their own modules) are this with accelerate's named
+strategies; here the strategy is your own module -> GPU dict.
+
+Only the owner loads it, so N ranks make one spread copy, not N (a plain device_map under torchrun loads N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from wandistiller.distributed import gpu_count
+from wandistiller.errors import UserError
+from wandistiller.memory import HEADROOM, HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
+from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.placements.base import Placement, Serving, load_teacher
+
+
+@dataclass
+class DeviceMapConfig:
+    _target_: str = "wandistiller.placements.device_map.DeviceMapPlacement"
+    # accelerate's device_map: module name -> GPU index.
+    strategy: Any = None
+    # Per-GPU caps, e.g. {0: 20GiB, 1: 70GiB}.
+    max_memory: Any = None
+    # Keep the process layout, put the teacher on the CPU (tests, dry runs).
+    debug_cpu: bool = False
+
+
+class DeviceMapPlacement(Placement):
+    name, speed_rank, serving = "device_map", 25, Serving.NODE_OWNER
+    compilable = False  # accelerate's cross-device hooks and dynamo: not tried
+    auto_candidate = False
+
+    def __init__(self, strategy: Any = None, max_memory: Any = None, debug_cpu: bool = False):
+        self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
+
+    def check(self, precision, world) -> None:
+        if not self.debug_cpu and gpu_count() == 0:
+            raise UserError(
+                f"teacher_placement={self.name} spreads the teacher over GPUs and none is visible; "
+                "use teacher_placement=cpu"
+            )
+        if self.strategy is None:
+            raise UserError(
+                "teacher_placement=device_map needs teacher_placement.strategy={module: GPU, …}; "
+                "or use teacher_placement=balanced / sequential"
+            )
+
+    def shares(self, w: Workload, hw: Hardware) -> list[int]:
+        """Teacher bytes per GPU: a hand-written map is planned as an even spread."""
+        return [weights(w) // len(hw.gpu_bytes)] * len(hw.gpu_bytes)
+
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        if not hw.gpu_bytes:
+            return Estimate.refused(self.name, "needs a GPU")
+        used = self.student_gpus(w, hw)
+        student, act = student_device_bytes(w), activations(w)
+        gpus = tuple(
+            s + (act if i == 0 else 0) + (student if i < used else 0) for i, s in enumerate(self.shares(w, hw))
+        )
+        return Estimate.of(self.name, gpus, HOST_PER_RANK, hw, self.note(hw))
+
+    def student_gpus(self, w: Workload, hw: Hardware) -> int:
+        """How many of the node's GPUs also hold a training rank's student."""
+        return min(len(hw.gpu_bytes), max(w.ranks_per_node, 1))
+
+    def note(self, hw: Hardware) -> str:
+        return "your device map (planned as an even spread)"
+
+    def teacher_device(self, topology) -> torch.device:
+        return torch.device("cpu") if self.debug_cpu else torch.device("cuda", topology.local_rank % gpu_count())
+
+    def load(self, spec, teacher_cfg, precision, topology):
+        device = self.teacher_device(topology)
+        if self.debug_cpu:
+            return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device)
+        strategy = self.strategy if isinstance(self.strategy, str) else dict(self.strategy)
+        max_memory = {int(k) if str(k).isdigit() else k: v for k, v in (self.max_memory or {}).items()} or None
+        teacher = load_teacher(
+            spec, teacher_cfg, precision.teacher_dtype, device, device_map=strategy, max_memory=max_memory
+        )
+        # Inputs go where the first layer lives; accelerate's hooks carry activations across GPUs.
+        teacher.device = teacher.experts[0].patch_embedding.weight.device
+        return teacher
+
+
+def sequential_shares(w: Workload, hw: Hardware) -> list[int]:
+    """Fill GPU 0 first (beside the student and the activations), then the next."""
+    share, left = [], weights(w)
+    for cap in hw.gpu_bytes:
+        take = max(min(left, int(cap * HEADROOM) - student_device_bytes(w) - activations(w)), 0)
+        share.append(take)
+        left -= take
+    share[-1] += left
+    return share

@@ -1,0 +1,61 @@
+"""`teacher_placement=disk`: teacher weights stay in their safetensors files (memory-mapped) and stream block
+by block as `offload` does, for teachers larger than RAM. Computes on this rank's GPU, or on the CPU where
+there is none. A teacher stored wider than it computes (Wan's Hub checkpoints are fp32) is converted once,
+block by block, into `offload_dir` and streamed from the copy: half the bytes per forward for bf16.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wandistiller.errors import UserError
+from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, block_bytes
+from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.placements.offload import OffloadPlacement
+
+
+@dataclass
+class DiskConfig:
+    _target_: str = "wandistiller.placements.disk.DiskPlacement"
+    resident_blocks: Any = "auto"
+    # Where a teacher stored wider than it computes is converted once (null: convert each block as it streams).
+    offload_dir: str | None = None
+
+
+class DiskPlacement(OffloadPlacement):
+    name, speed_rank = "disk", 60
+    source = "disk"
+
+    def __init__(self, resident_blocks: Any = "auto", offload_dir: str | None = None):
+        super().__init__(resident_blocks, share_host_copy=False)
+        self.offload_dir = offload_dir
+
+    def check(self, precision, world) -> None:
+        self.check_resident_blocks()  # no GPU needed: without one it computes on the CPU
+
+    def speed(self, hw: Hardware) -> int:
+        # Without a GPU, streaming from disk to the CPU is the slowest way, not the second slowest.
+        return self.speed_rank if hw.gpu_bytes else 80
+
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        if not hw.gpu_bytes:
+            host = w.experts * (outside + 2 * block) + activations(w) + HOST_PER_RANK * w.ranks_per_node
+            return Estimate.of(self.name, (), host, hw, "safetensors on disk -> RAM, one block ahead, on the CPU")
+        kept, gpus, block = self.streaming_gpu_bytes(w, hw)
+        host = (2 * block + HOST_PER_RANK) * w.ranks_per_node
+        note = f"safetensors on disk -> GPU, one block ahead; {kept}/{w.teacher_config['num_layers']} blocks resident"
+        return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
+
+    def expert_folder(self, folder: Path, precision, topology) -> Path:
+        from wandistiller.streaming import converted_copy
+
+        if not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
+            raise UserError(
+                f"teacher_placement=disk reads {folder} while training and cannot: make its "
+                "*.safetensors readable, or use teacher_placement=offload"
+            )
+        return converted_copy(folder, precision.teacher_dtype, self.offload_dir, topology)

@@ -1,0 +1,40 @@
+"""`teacher_placement=gpu`: a full teacher on every rank's own GPU, loaded straight onto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wandistiller.distributed import gpu_count, local_device
+from wandistiller.errors import UserError
+from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
+from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.placements.base import Placement, load_teacher
+
+
+@dataclass
+class GpuConfig:
+    _target_: str = "wandistiller.placements.gpu.GpuPlacement"
+
+
+class GpuPlacement(Placement):
+    name, speed_rank = "gpu", 0
+
+    def check(self, precision, world) -> None:
+        if gpu_count() == 0:
+            raise UserError("teacher_placement=gpu needs a CUDA GPU and none is visible; use teacher_placement=cpu")
+
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        if not hw.gpu_bytes:
+            return Estimate.refused(self.name, "needs a GPU")
+        gpus = (weights(w) + activations(w) + student_device_bytes(w),) * min(len(hw.gpu_bytes), w.ranks_per_node)
+        return Estimate.of(self.name, gpus, HOST_PER_RANK, hw, "a full teacher on every rank's GPU")
+
+    def teacher_device(self, topology) -> torch.device:
+        return local_device(topology)
+
+    def load(self, spec, teacher_cfg, precision, topology):
+        device = self.teacher_device(topology)
+        return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device, device_map=str(device))

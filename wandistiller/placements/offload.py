@@ -1,0 +1,135 @@
+"""`teacher_placement=offload`: teacher weights in pinned host RAM, streamed to this rank's GPU block by
+block, the next block prefetched on a side stream while the current one computes.
+
+The first `resident_blocks` blocks stay on the GPU (a run gets the planner's count of what fits beside
+the student; "auto" without a plan: what the free memory holds). With `share_host_copy` the ranks of a
+node share one pinned copy (through /dev/shm). `disk` (its own module) streams the same way from the
+safetensors files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wandistiller.distributed import gpu_count, local_device
+from wandistiller.errors import UserError
+from wandistiller.memory import (
+    HEADROOM,
+    HOST_PER_RANK,
+    Estimate,
+    Hardware,
+    Workload,
+    block_bytes,
+    blocks_that_fit,
+    student_device_bytes,
+)
+from wandistiller.memory import resident_blocks as blocks_free_memory_holds
+from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.placements.base import Placement, guidance_scales
+from wandistiller.teacher import Teacher
+
+
+@dataclass
+class OffloadConfig:
+    _target_: str = "wandistiller.placements.offload.OffloadPlacement"
+    # Blocks kept on the GPU: auto = as many as the planner finds room for, or a count >= 0.
+    resident_blocks: Any = "auto"
+    # One pinned copy per node, shared by its ranks through /dev/shm; false = one per rank.
+    share_host_copy: bool = True
+
+
+class OffloadPlacement(Placement):
+    name, speed_rank = "offload", 50
+    source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
+
+    def __init__(self, resident_blocks: Any = "auto", share_host_copy: bool = True):
+        self.resident_blocks, self.share_host_copy = resident_blocks, share_host_copy
+
+    def check(self, precision, world) -> None:
+        if gpu_count() == 0:
+            raise UserError(
+                "teacher_placement=offload streams the teacher from RAM to a GPU and none is visible; "
+                "use teacher_placement=cpu (the same RAM, computing on the CPU)"
+            )
+        self.check_resident_blocks()
+
+    def check_resident_blocks(self) -> None:
+        if self.resident_blocks != "auto" and not str(self.resident_blocks).isdigit():
+            raise UserError(f"teacher_placement.resident_blocks={self.resident_blocks!r}: use auto or a count >= 0")
+
+    def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        if not hw.gpu_bytes:
+            return Estimate.refused(self.name, "needs a GPU")
+        kept, gpus, block = self.streaming_gpu_bytes(w, hw)
+        copies = 1 if self.share_host_copy else w.ranks_per_node
+        host = weights(w) * copies + (block + HOST_PER_RANK) * w.ranks_per_node
+        note = "pinned RAM -> GPU, one block ahead, " + ("a copy per node" if copies == 1 else "a copy per rank")
+        note += f"; {kept}/{w.teacher_config['num_layers']} blocks resident"
+        return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
+
+    def streaming_gpu_bytes(self, w: Workload, hw: Hardware) -> tuple[int, tuple[int, ...], int]:
+        """(blocks kept resident, bytes per GPU, bytes of one block): what is left over after the student and
+        the activations keeps the first blocks resident, so fewer bytes stream per forward."""
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        student = student_device_bytes(w)
+        budget = min(hw.gpu_bytes) * HEADROOM - activations(w) - student
+        kept = blocks_that_fit(w.teacher_config, w.experts, w.teacher_dtype_bytes, budget)
+        if self.resident_blocks != "auto":
+            kept = min(int(self.resident_blocks), w.teacher_config["num_layers"])
+        streaming = w.experts * (outside + (2 + kept) * block) + activations(w) + student  # two slots per expert
+        return kept, (streaming,) * min(len(hw.gpu_bytes), w.ranks_per_node), block
+
+    def with_plan(self, estimate: Estimate | None) -> None:
+        """The planner decides what `auto` leaves open: how many blocks stay resident."""
+        if estimate is not None and estimate.resident_blocks is not None and self.resident_blocks == "auto":
+            self.resident_blocks = estimate.resident_blocks
+
+    def teacher_device(self, topology) -> torch.device:
+        return local_device(topology)
+
+    def expert_folder(self, folder: Path, precision, topology) -> Path:
+        """Where an expert's streamed weights are read from."""
+        return folder
+
+    def load(self, spec, teacher_cfg, precision, topology) -> Teacher:
+        from wandistiller.streaming import load_streamed_expert
+
+        device = self.teacher_device(topology)
+        experts, streamers = [], []
+        for name in spec.experts:
+            folder = self.expert_folder(spec.path / name, precision, topology)
+            expert, streamer = load_streamed_expert(
+                folder,
+                precision.teacher_dtype,
+                device,
+                self.source,
+                self._resident(spec, precision, device),
+                share=self._share(folder, topology),
+            )
+            experts.append(expert)
+            streamers += [streamer] if streamer is not None else []
+        teacher = Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+        teacher.streamers = streamers
+        return teacher
+
+    def _share(self, folder: Path, topology) -> tuple[str, object] | None:
+        """(a name the node's ranks agree on, topology) when they should share one host copy, else None."""
+        if not self.share_host_copy or topology.local_world_size < 2:
+            return None
+        job = ":".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
+        return f"wandistiller-{hashlib.sha1(f'{job}:{folder}'.encode()).hexdigest()[:16]}", topology
+
+    def _resident(self, spec, precision, device: torch.device) -> int:
+        if self.resident_blocks != "auto":
+            return int(self.resident_blocks)
+        if device.type != "cuda":
+            return 0
+        free, _ = torch.cuda.mem_get_info(device)
+        return blocks_free_memory_holds(spec.transformer_config, len(spec.experts), precision.teacher_dtype, free)

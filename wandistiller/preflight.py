@@ -1,0 +1,152 @@
+"""Everything that can refuse a run, in the order that refuses earliest, before the run folder is claimed.
+
+`prepare` is the whole list: each refusal is one UserError line naming the key and the fix. It runs
+once per job (in the Hydra job, or on rank 0 under torchrun), resolves `teacher_placement=auto`
+through the planner, builds the placement once, and hands the workers a picklable `Prepared`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from wandistiller import plan
+from wandistiller.config import compose_option
+from wandistiller.data import read_prompts
+from wandistiller.distributed import Topology, World, local_device, under_torchrun
+from wandistiller.errors import UserError
+from wandistiller.memory import Hardware
+from wandistiller.placements import Placement, Serving
+from wandistiller.precision import Precision
+from wandistiller.rundir import claim_run_dir, save_config
+from wandistiller.student import check_student
+from wandistiller.teacher import inspect_teacher, resolve_teacher_path
+
+log = logging.getLogger("wandistiller")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the job settled before any worker starts (picklable: it travels to spawned workers)."""
+
+    run_dir: str
+    teacher_path: str
+    placement: Placement  # built once; `auto` already resolved
+    resume_from: str | None
+    plan_table: str | None
+    sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
+
+
+def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
+    """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
+    check_values(cfg)
+    world = World.of(cfg.distributed, topo)
+    precision = Precision.from_config(cfg.precision)
+    precision.check(local_device(topo))
+    placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
+    spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
+    check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
+    read_prompts(cfg.data.prompts_path)
+    if table is None:  # a Hub teacher: planned now that its config is here
+        placement, table = choose_placement(cfg, precision, world)
+    check_combination(cfg, placement, world)
+    run_dir = Path(cfg.paths.output_dir)
+    resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
+    save_config(run_dir, cfg, resume_from)
+    if table:
+        log.info("teacher placement plan:\n%s", table)
+    return Prepared(str(run_dir), str(spec.path), placement, str(resume_from) if resume_from else None, table, point)
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Values the schema's types cannot catch, each named with its key and a fix."""
+    t, d = cfg.trainer, cfg.data
+    for key, value in [
+        ("trainer.batch_size", t.batch_size),
+        ("trainer.grad_accum_steps", t.grad_accum_steps),
+        ("trainer.max_steps", t.max_steps),
+        ("trainer.checkpoint_every", t.checkpoint_every),
+        ("trainer.log_every", t.log_every),
+        ("data.latent_frames", d.latent_frames),
+        ("data.latent_height", d.latent_height),
+        ("data.latent_width", d.latent_width),
+        ("distributed.nproc_per_node", cfg.distributed.nproc_per_node),
+        ("distributed.nnodes", cfg.distributed.nnodes),
+    ]:
+        if value <= 0:
+            raise UserError(f"{key}={value} must be a positive integer")
+    if d.latent_height % 2 or d.latent_width % 2:
+        raise UserError(
+            f"data.latent_height/latent_width ({d.latent_height}x{d.latent_width}) must be even (Wan patches 2x2)"
+        )
+    if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
+        raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
+
+
+def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:
+    """The placement to run, `auto` resolved (its config node replaced by the choice's, composed by Hydra);
+    one that cannot fit is refused, naming one that can. The table is None while the teacher's config is
+    not on disk yet (a Hub id not downloaded)."""
+    auto = cfg.teacher_placement._target_.endswith(".AutoPlacement")
+    placement = None if auto else instantiate(cfg.teacher_placement)
+    if placement is not None:
+        placement.check(precision, world)
+    found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    if found is None:
+        return placement, None
+    hw = Hardware.detect(cfg.hardware)
+    w = plan.workload(cfg, *found, precision.teacher_dtype, plan.ranks_per_node(cfg, hw, world.nproc_per_node))
+    estimates = plan.plan(w, hw, placement)
+    best = plan.choose(estimates)
+    if auto:
+        placement, best = _resolve_auto(cfg, estimates, hw, precision, world)
+    mine = next(e for e in estimates if e.placement == placement.name)
+    if not mine.fits and not getattr(placement, "debug_cpu", False):
+        other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
+        raise UserError(
+            f"teacher_placement={placement.name} will not fit: it needs {mine.need()} and this machine has "
+            f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
+        )
+    if hasattr(placement, "with_plan"):
+        placement.with_plan(mine)
+    return placement, plan.format_table(estimates, hw, placement.name)
+
+
+def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision, world: World):
+    """The fastest placement that fits and can run with this process layout; `cfg.teacher_placement` becomes
+    its config node, composed by Hydra (its schema, defaults and interpolations apply as if it had been named)."""
+    on_paper = cfg.hardware.gpus is not None  # planning for other hardware: this machine cannot check it
+    for estimate in (e for e in estimates if e.fits):
+        # In the run's tree, so interpolations (disk's ${paths.cache_dir}) resolve there.
+        cfg.teacher_placement = compose_option("teacher_placement", estimate.placement)
+        placement = instantiate(cfg.teacher_placement)
+        try:
+            if not on_paper:
+                placement.check(precision, world)
+        except UserError as refused:
+            log.info("teacher_placement=auto: not %s (%s)", estimate.placement, refused)
+            continue
+        return placement, estimate
+    raise UserError(
+        "teacher_placement=auto: no placement fits this teacher on this hardware "
+        f"({hw.describe()}); use precision=bf16, a smaller trainer.batch_size or more memory"
+    )
+
+
+def check_combination(cfg: DictConfig, placement: Placement, world: World) -> None:
+    """Options that each work, but not together."""
+    if cfg.teacher.compile and not placement.compilable:
+        raise UserError(
+            "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
+            "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
+        )
+    if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
+        raise UserError(
+            f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
+            f"teacher_placement={placement.name} a teacher owner serves them; use gpu, offload, disk or sharded, "
+            "or drop trainer.teacher_whole_step"
+        )
