@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import plan
 from wandistiller.config import compose_option
@@ -44,6 +44,7 @@ class Prepared:
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
     check_values(cfg)
+    check_targets(cfg)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
@@ -85,6 +86,21 @@ def check_values(cfg: DictConfig) -> None:
         )
     if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
         raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every `_target_` a user may swap names something importable, before anything else runs."""
+    from hydra.utils import get_object
+
+    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", "logger", "teacher_placement"):
+        target = OmegaConf.select(cfg, f"{key}._target_")
+        try:
+            get_object(target)
+        except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
+            raise UserError(
+                f"{key}._target_={target!r} cannot be imported; name a class or function as module.name "
+                "(on PYTHONPATH)"
+            ) from None
 
 
 def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:

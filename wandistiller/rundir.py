@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -39,3 +42,16 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
     OmegaConf.save(cfg, hydra_dir / name)
     if HydraConfig.initialized() and name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
+
+
+@contextlib.contextmanager
+def removed_if_refused(run_dir: Path) -> Iterator[None]:
+    """A run refused before it wrote anything leaves no folder behind: Hydra creates the folder (and its
+    log) before the job starts, so on a refusal a folder holding nothing but that log is removed."""
+    try:
+        yield
+    except UserError:
+        leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else {"-"}
+        if leftovers <= {"train.log"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise

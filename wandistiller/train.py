@@ -33,6 +33,7 @@ from wandistiller.distributed import (
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.failures import WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.preflight import Prepared, prepare
+from wandistiller.rundir import removed_if_refused
 from wandistiller.sweep import record_failed_point, sweep_point
 
 log = logging.getLogger("wandistiller")
@@ -43,7 +44,7 @@ warnings.filterwarnings("ignore", message="Mismatch dtype between input and weig
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error():
+    with exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
         run(cfg)
 
 
