@@ -1,0 +1,43 @@
+"""The GPU lane: what only a CUDA machine can check (skipped elsewhere). Tiny models, seconds each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import BF16
+from omegaconf import OmegaConf
+
+from wandistiller.distributed import Topology
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.placements.disk import DiskPlacement
+from wandistiller.placements.offload import OffloadPlacement
+from wandistiller.teacher import inspect_teacher
+from wandistiller.train import run
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
+
+
+@pytest.mark.parametrize("placement", [OffloadPlacement(resident_blocks=1), DiskPlacement(resident_blocks=0)])
+def test_a_streamed_teacher_on_cuda_gives_the_resident_teachers_targets_bit_for_bit(tiny_moe_path, placement):
+    spec = inspect_teacher(tiny_moe_path)
+    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    for expert in resident.experts:
+        expert.to("cuda")
+    resident.device = torch.device("cuda")
+    teacher = placement.load(spec, TEACHER, BF16, Topology())
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
+    for _ in range(3):  # wraps around from the last block to the first between forwards
+        got, _ = teacher.targets(x, t, cond, uncond)
+        want, _ = resident.targets(x, t, cond, uncond)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("overrides", [["teacher_placement=gpu"], ["teacher_placement=gpu", "precision=fp16"],
+                                       ["teacher_placement=disk"], ["teacher_placement=offload"]])  # fmt: skip
+def test_two_steps_train_on_the_gpu(make_cfg, tmp_path, overrides):
+    summary = run(make_cfg(*overrides, "trainer.max_steps=2", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2 and summary["device"].startswith("cuda")
+    assert all(torch.isfinite(torch.tensor(summary[k])) for k in ("loss_first", "loss_last"))
