@@ -76,6 +76,20 @@ class DataConfig:
     latent_width: int = 8
     # How clean latents x0 are made: "gaussian" (data-free distillation).
     latents: str = "gaussian"
+    # latents=teacher: samples the teacher makes per training prompt, and its sampling steps for them.
+    latents_per_prompt: int = 1
+    sample_steps: int = 20
+    # Latents made (or images encoded) per cache chunk: an interrupted run keeps its finished chunks.
+    latent_chunk: int = 16
+    # Held-out prompts for validation, one per line; None = the last `val_fraction` of the prompts.
+    val_prompts_path: str | None = None
+    val_fraction: float = 0.1
+    # latents=images: a folder of images with captions (.txt beside each, or captions.jsonl), or a
+    # Hugging Face `datasets` folder (save_to_disk); columns None = detect "image" / "text"-like names.
+    root: str | None = None
+    dataset: str | None = None
+    image_column: str | None = None
+    text_column: str | None = None
 
 
 @dataclass
