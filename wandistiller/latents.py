@@ -66,9 +66,10 @@ class LatentBank:
         return self.prompt_idx[items], self.x0(items)
 
 
-def noise_for(seed: int, prompt: int, k: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """The starting noise of latent k of a prompt: its own generator, so any chunking draws the same noise."""
-    digest = hashlib.blake2b(repr(("teacher_latents", seed, prompt, k)).encode(), digest_size=8).digest()
+def noise_for(seed: int, prompt: int, k: int, shape: tuple[int, ...], stream: str = "teacher_latents") -> torch.Tensor:
+    """The starting noise of latent k of a prompt: its own generator, so any chunking draws the same noise.
+    `stream` keeps other users of the seed (evaluation, generation) off the training latents' noise."""
+    digest = hashlib.blake2b(repr((stream, seed, prompt, k)).encode(), digest_size=8).digest()
     return torch.randn(shape, generator=torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1))
 
 
