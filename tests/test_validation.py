@@ -65,3 +65,20 @@ def test_loss_png_is_drawn_from_metrics_steps(tmp_path):
     out = save_loss_plot(tmp_path, extra_rows=rows[10:])
     assert out == tmp_path / "loss.png" and Image.open(out).size == (700, 400)
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_with_a_latent_bank_validation_starts_from_each_prompts_first_latent(tiny_path, cache_dir):
+    from wandistiller.latents import LatentBank
+
+    spec = inspect_teacher(tiny_path)
+    emb = encode_prompts(spec, ["a red fox", "a lighthouse"], "", 512, torch.float32, torch.device("cpu"), cache_dir)
+
+    def bank(first: float) -> LatentBank:  # two latents per prompt; only the first may be used
+        rows = torch.tensor([first, 100.0, first, 100.0]).view(4, 1, 1, 1, 1).expand(4, 16, 1, 8, 8)
+        return LatentBank([rows.contiguous()], torch.tensor([0, 0, 1, 1]), chunk_size=4)
+
+    zeros, ones = (build_val_set(emb, (16, 1, 8, 8), 0, timesteps=4, latent_bank=bank(v)) for v in (0.0, 1.0))
+    s = (zeros.t / 1000).view(-1, 1, 1, 1, 1)
+    # The same noise whatever x0 is: x_t = (1 - s) * x0 + s * noise with x0 the first latent, never the second.
+    torch.testing.assert_close(zeros.x_t / s, (ones.x_t - (1 - s)) / s)
+    assert (zeros.x_t / s).abs().max() < 10 and torch.equal(zeros.cond, emb.padded(torch.tensor([0] * 4 + [1] * 4)))

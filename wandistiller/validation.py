@@ -74,15 +74,14 @@ def build_val_set(
     n_prompts = len(embeddings.prompts)
     digest = hashlib.blake2b(repr(("validation", seed)).encode(), digest_size=8).digest()
     g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    t = timestep_grid(timesteps, num_train_timesteps).repeat(n_prompts)
+    prompt_idx = torch.arange(n_prompts).repeat_interleave(timesteps)
+    noise = torch.randn((len(t), *latent_shape), generator=g)  # first: the same noise whatever x0 is
     if latent_bank is None:
         x0 = torch.randn((n_prompts, *latent_shape), generator=g)
     else:
         first = [int((latent_bank.prompt_idx == i).nonzero()[0]) for i in range(n_prompts)]
         x0 = latent_bank.x0(torch.tensor(first))
-    grid = timestep_grid(timesteps, num_train_timesteps)
-    prompt_idx = torch.arange(n_prompts).repeat_interleave(timesteps)
-    t = grid.repeat(n_prompts)
-    noise = torch.randn((len(t), *latent_shape), generator=g)
     s = (t / num_train_timesteps).view(-1, 1, 1, 1, 1)
     return ValSet(
         x_t=(1 - s) * x0[prompt_idx] + s * noise,
