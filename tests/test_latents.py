@@ -12,7 +12,14 @@ from omegaconf import OmegaConf
 from wandistiller import latents
 from wandistiller.data import _mix, encode_prompts, make_batch
 from wandistiller.distributed import Topology
-from wandistiller.latents import SamplerSettings, cache_key, load_latent_bank, noise_for, teacher_latents
+from wandistiller.latents import (
+    SamplerSettings,
+    cache_key,
+    latents_folder,
+    load_latent_bank,
+    noise_for,
+    teacher_latents,
+)
 from wandistiller.placement import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.teacher import inspect_teacher
@@ -67,6 +74,9 @@ def test_the_cache_is_reused_and_keyed_by_every_part(tiny_path, cache_dir, tmp_p
     monkeypatch.setattr(latents, "_generate_chunk", no_generation)
     again = teacher_latents(teacher, emb, 0, settings, tmp_path, chunk_size=2, progress=False)
     assert torch.equal(again.x0(torch.arange(len(first))), first.x0(torch.arange(len(first))))
+    # A rank without a teacher finds the same cache from the spec alone.
+    folder = latents_folder(teacher.spec, emb, 0, settings, torch.float32, tmp_path)
+    assert torch.equal(load_latent_bank(folder).x0(torch.arange(len(first))), first.x0(torch.arange(len(first))))
 
     key = cache_key(teacher.spec, emb, 0, settings, torch.float32)
     other_emb = encode_prompts(teacher.spec, PROMPTS[:4], "", 512, torch.float32, torch.device("cpu"), cache_dir)

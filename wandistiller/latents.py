@@ -172,6 +172,11 @@ def _generate_chunk(teacher: Teacher, pipe, embeddings, seed, settings, items: r
     return sample_latents(pipe, noise.to(teacher.device), cond, uncond, settings)
 
 
+def latents_folder(spec: TeacherSpec, embeddings, seed: int, settings: SamplerSettings, dtype, cache_dir) -> Path:
+    """Where these latents are cached: what a rank without a teacher passes to `load_latent_bank`."""
+    return Path(cache_dir).expanduser() / "teacher_latents" / cache_key(spec, embeddings, seed, settings, dtype)
+
+
 def teacher_latents(
     teacher: Teacher,
     embeddings: PromptEmbeddings,
@@ -184,10 +189,10 @@ def teacher_latents(
     """A LatentBank of `latents_per_prompt` teacher samples per prompt, generated once and cached.
 
     Item j is prompt j // K, sample j % K. Only the process holding the teacher calls this (an owner, or
-    every rank of a sharded teacher together); others call `load_latent_bank` once it is complete.
+    every rank of a sharded teacher together); the others, after a barrier, call
+    `load_latent_bank(latents_folder(spec, embeddings, seed, settings, teacher_dtype, cache_dir))`.
     """
-    key = cache_key(teacher.spec, embeddings, seed, settings, teacher.dtype)
-    folder = Path(cache_dir).expanduser() / "teacher_latents" / key
+    folder = latents_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir)
     pipe = []  # built on the first chunk that needs it: a complete cache loads no pipeline
 
     def make_chunk(items: range) -> torch.Tensor:
