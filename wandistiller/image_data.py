@@ -164,9 +164,7 @@ def image_latents(
 def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
     """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
     if (data_cfg.root is None) == (data_cfg.dataset is None):
-        raise UserError(
-            "data=image_folder: set one of data.root (an image folder) or data.dataset (a datasets folder)"
-        )
+        raise UserError("data=image_folder: set one of data.root (an image folder) or data.dataset (a datasets folder)")
     if data_cfg.root is not None:
         source = folder_source(data_cfg.root)
     else:
