@@ -44,7 +44,9 @@ class DType(Choice):
 
 
 class Latents(Choice):
-    gaussian = "gaussian"
+    gaussian = "gaussian"  # data-free: x0 ~ N(0, I)
+    teacher = "teacher"  # samples the teacher makes itself (data=teacher_latents)
+    images = "images"  # real images through the teacher's VAE (data=image_folder)
 
 
 class StudentInit(Choice):
@@ -106,8 +108,22 @@ class DataConfig:
     latent_frames: int = MISSING
     latent_height: int = MISSING
     latent_width: int = MISSING
-    # How clean latents x0 are made: "gaussian" (data-free distillation).
+    # How clean latents x0 are made: gaussian, teacher or images.
     latents: Latents = MISSING
+    # latents=teacher: samples the teacher makes per training prompt, and its sampling steps for them.
+    latents_per_prompt: int = 1
+    sample_steps: int = 20
+    # Latents made (or images encoded) per cache chunk: an interrupted run keeps its finished chunks.
+    latent_chunk: int = 16
+    # Held-out prompts for validation, one per line; None = the last `val_fraction` of the prompts.
+    val_prompts_path: str | None = None
+    val_fraction: float = 0.1
+    # latents=images: a folder of images with captions (.txt beside each, or captions.jsonl), or a
+    # Hugging Face `datasets` folder (save_to_disk); columns None = detect "image" / "text"-like names.
+    root: str | None = None
+    dataset: str | None = None
+    image_column: str | None = None
+    text_column: str | None = None
 
 
 @dataclass

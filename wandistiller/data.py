@@ -170,11 +170,19 @@ def make_batch(
     flow_shift: float,
     num_train_timesteps: int,
     embeddings: PromptEmbeddings,
+    latent_bank=None,
 ) -> Batch:
-    """One micro-batch, a pure function of its arguments (built on the CPU, so every device agrees)."""
+    """One micro-batch, a pure function of its arguments (built on the CPU, so every device agrees).
+
+    x0 is Gaussian, or drawn from `latent_bank` (a wandistiller.latents.LatentBank: teacher samples or
+    encoded images) with the same generator; the prompt is then the latent's own, so cond matches x0.
+    """
     g = torch.Generator().manual_seed(_mix(seed, step, micro, rank))
-    prompt_idx = torch.randint(len(embeddings.embeds), (batch_size,), generator=g)
-    x0 = torch.randn((batch_size, *latent_shape), generator=g)
+    if latent_bank is None:
+        prompt_idx = torch.randint(len(embeddings.embeds), (batch_size,), generator=g)
+        x0 = torch.randn((batch_size, *latent_shape), generator=g)
+    else:
+        prompt_idx, x0 = latent_bank.draw(batch_size, g)
     noise = torch.randn((batch_size, *latent_shape), generator=g)
     sigma = shifted_sigmas(torch.rand(batch_size, generator=g), flow_shift)
     s = sigma.view(-1, 1, 1, 1, 1)
@@ -195,8 +203,11 @@ def batch_source(
     flow_shift: float,
     num_train_timesteps: int,
     embeddings: PromptEmbeddings,
+    latent_bank=None,
 ):
     """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call."""
+    if latent_bank is not None and latent_bank.latent_shape != tuple(latent_shape):
+        raise ValueError(f"latent bank holds {latent_bank.latent_shape} latents, the run trains on {latent_shape}")
 
     def batch(step: int, micro: int, dp_rank: int) -> Batch:
         return make_batch(
@@ -209,6 +220,7 @@ def batch_source(
             flow_shift=flow_shift,
             num_train_timesteps=num_train_timesteps,
             embeddings=embeddings,
+            latent_bank=latent_bank,
         )
 
     return batch

@@ -1,0 +1,81 @@
+"""`wandistiller.eval` and `wandistiller.generate` on a real (short) run folder."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from wandistiller import eval as eval_cli
+from wandistiller import generate as generate_cli
+from wandistiller.runs import load_student, open_run, student_source
+from wandistiller.train import run
+
+
+@pytest.fixture
+def run_dir(make_cfg, tmp_path):
+    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
+    return folder
+
+
+def test_eval_writes_eval_json_and_a_grid(run_dir):
+    result = eval_cli.evaluate(run_dir, steps=3, limit=2)
+    written = json.loads((run_dir / "eval.json").read_text())
+    assert written == result and len(result["prompts"]) == 2
+    for row in result["prompts"]:
+        assert set(row) == {"prompt", "latent_mse", "psnr", "ssim", "student_s", "teacher_s"}
+        assert row["latent_mse"] > 0 and math.isfinite(row["psnr"]) and -1 <= row["ssim"] <= 1
+    assert result["mean"]["speedup"] > 0 and result["student"].endswith("student")
+    assert Image.open(run_dir / "eval.png").size[0] == 2 * 192
+    # The held-out prompts, not training ones: the last tenth of the shipped prompts.
+    assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
+
+
+def test_checkpoints_are_chosen_by_name(run_dir):
+    r = open_run(run_dir)
+    assert student_source(r, None) == run_dir / "student"
+    assert student_source(r, "latest").name == "step_00000002"
+    step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    final = load_student(r, student_source(r, None), torch.device("cpu"))
+    assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
+    state = torch.load(run_dir / "checkpoints/step_00000002/state.pt", weights_only=False)["student"]
+    assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
+
+
+def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):
+    args = generate_cli.parse_args([str(run_dir / "student"), "--prompt", "a red fox", "--steps", "2", "--teacher"])
+    args.out = str(tmp_path / "out")
+    paths = generate_cli.run_generate(args)
+    assert [p.name for p in paths] == ["a-red-fox_seed0_student.png", "a-red-fox_seed0_teacher.png"]
+    assert all(Image.open(p).size == (64, 64) for p in paths)
+
+
+@pytest.mark.parametrize("case", ["not a run", "no student yet"])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, make_cfg, case):
+    folder, message = tmp_path, "is not a run folder"
+    if case == "no student yet":  # a run's config, and nothing trained
+        folder, message = tmp_path / "run", "has no student yet"
+        (folder / ".hydra").mkdir(parents=True)
+        OmegaConf.save(make_cfg(), folder / ".hydra" / "config.yaml")
+    for cli, extra in ((eval_cli, []), (generate_cli, ["--prompt", "x"])):
+        with pytest.raises(SystemExit) as e:
+            cli.main([str(folder), *extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_the_cli_has_help_and_no_traceback(tmp_path):
+    help_ = subprocess.run([sys.executable, "-m", "wandistiller.eval", "--help"], capture_output=True, text=True)
+    assert help_.returncode == 0 and "--checkpoint" in help_.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "wandistiller.generate", str(tmp_path), "--prompt", "x"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

@@ -1,0 +1,119 @@
+"""Real images as x0: a captioned folder or a `datasets` folder, encoded once with the teacher's VAE."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from diffusers import WanPipeline
+from omegaconf import OmegaConf
+from PIL import Image
+
+from wandistiller import image_data as image_data_module
+from wandistiller.errors import UserError
+from wandistiller.image_data import image_data, to_pixels
+from wandistiller.teacher import inspect_teacher
+from wandistiller.vae import decode_latents, encode_images, load_vae
+
+CAPTIONS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen"]
+TEACHER = OmegaConf.create({"negative_prompt": "", "max_sequence_length": 512})
+
+
+def images() -> list[Image.Image]:
+    """Three small non-square images (so the crop matters), different in colour and structure."""
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 255, (80 + 10 * i, 100, 3), dtype=np.uint8)) for i in range(3)]
+
+
+def data_cfg(**kw):
+    base = dict(root=None, dataset=None, image_column=None, text_column=None, latent_chunk=2)
+    return OmegaConf.create(base | dict(latent_frames=1, latent_height=8, latent_width=8) | kw)
+
+
+def write_folder(root, jsonl=False):
+    root.mkdir()
+    for i, (img, caption) in enumerate(zip(images(), CAPTIONS)):
+        img.save(root / f"img{i}.png")
+        if not jsonl:
+            (root / f"img{i}.txt").write_text(caption + "\n")
+    if jsonl:
+        lines = [json.dumps({"file_name": f"img{i}.png", "text": c}) for i, c in enumerate(CAPTIONS)]
+        (root / "captions.jsonl").write_text("\n".join(lines))
+    return root
+
+
+def load(spec, cfg, cache):
+    return image_data(spec, cfg, TEACHER, torch.float32, torch.device("cpu"), cache, progress=False)
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_a_captioned_folder_is_encoded_once_with_the_teachers_vae(jsonl, tiny_path, tmp_path, monkeypatch):
+    spec = inspect_teacher(tiny_path)
+    root = write_folder(tmp_path / "images", jsonl)
+    emb, bank = load(spec, data_cfg(root=str(root)), tmp_path / "cache")
+    assert emb.prompts == CAPTIONS and len(bank) == 3 and bank.latent_shape == (16, 1, 8, 8)
+    assert bank.prompt_idx.tolist() == [0, 1, 2]
+    vae = load_vae(spec, torch.device("cpu"))
+    expected = encode_images(vae, torch.stack([to_pixels(img, 64, 64) for img in images()]))
+    torch.testing.assert_close(bank.x0(torch.arange(3)), expected)
+    monkeypatch.setattr(image_data_module, "load_vae", lambda *a: pytest.fail("a complete cache encodes nothing"))
+    load(spec, data_cfg(root=str(root)), tmp_path / "cache")
+
+
+def test_a_datasets_folder_is_read_offline_and_matches_the_same_images_in_a_folder(tiny_path, tmp_path):
+    spec = inspect_teacher(tiny_path)
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"image": images(), "caption": CAPTIONS}, features=features)
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "ds"))
+    emb, bank = load(spec, data_cfg(dataset=str(tmp_path / "ds")), tmp_path / "cache")
+    _, from_folder = load(spec, data_cfg(root=str(write_folder(tmp_path / "images"))), tmp_path / "cache")
+    assert emb.prompts == CAPTIONS
+    torch.testing.assert_close(bank.x0(torch.arange(3)), from_folder.x0(torch.arange(3)))
+
+
+def test_decoding_is_wan_pipelines_own(tiny_path):
+    pipe = WanPipeline.from_pretrained(tiny_path, dtype=torch.float32, use_safetensors=True)
+    pipe.set_progress_bar_config(disable=True)
+    noise = torch.randn(1, 16, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    args = dict(prompt="a red fox", latents=noise, num_frames=1, height=64, width=64, num_inference_steps=2)
+    latent = pipe(**args, output_type="latent").frames
+    image = pipe(**args, output_type="pt").frames[:, 0]
+    torch.testing.assert_close(decode_latents(pipe.vae, latent), image)
+
+
+def bad_folder(tmp_path, damage):
+    root = write_folder(tmp_path / "images")
+    if damage == "empty":
+        for p in root.iterdir():
+            p.unlink()
+    elif damage == "unreadable":
+        (root / "img1.png").write_bytes(b"not a png at all")
+    elif damage == "uncaptioned":
+        (root / "img2.txt").unlink()
+    return data_cfg(root=str(root))
+
+
+def bad_dataset(tmp_path, damage):
+    columns = {"image": images(), "caption": CAPTIONS}
+    del columns["image" if damage == "no_image_column" else "caption"]
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "ds"))
+    return data_cfg(dataset=str(tmp_path / "ds"))
+
+
+@pytest.mark.parametrize(
+    "make,damage,message",
+    [
+        (bad_folder, "empty", r"data.root=.* holds no images"),
+        (bad_folder, "unreadable", r"data.root=.*image 1 .* is unreadable"),
+        (bad_folder, "uncaptioned", r"data.root=.*img2.png has no caption"),
+        (bad_dataset, "no_image_column", r"data.dataset=.* has no image column"),
+        (bad_dataset, "no_text_column", r"data.dataset=.* has no text column"),
+    ],
+)
+def test_bad_image_data_is_one_line_naming_the_key(tiny_path, tmp_path, make, damage, message):
+    with pytest.raises(UserError, match=message) as e:
+        load(inspect_teacher(tiny_path), make(tmp_path, damage), tmp_path / "cache")
+    assert "\n" not in str(e.value)

@@ -1,0 +1,123 @@
+"""`python -m wandistiller.eval <run_dir>`: how close the student's samples come to its teacher's.
+
+Both sample through WanPipeline from the same noise, prompt, scheduler and steps (the teacher with its
+CFG and experts, the student alone without CFG). Per prompt and on average: latent MSE, PSNR and SSIM of
+the decoded images against the teacher's (torchmetrics), and each one's seconds per image. Writes
+`eval.json` and `eval.png` (teacher | student) into the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from wandistiller.data import encode_prompts, read_prompts
+from wandistiller.errors import exit_on_user_error
+from wandistiller.precision import to_dtype
+from wandistiller.runs import RunFolder, as_sampler, generate, load_student, load_teacher, open_run, student_source
+from wandistiller.validation import split_prompts
+
+log = logging.getLogger(__name__)
+
+
+def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int) -> list[str]:
+    """The given file, or the run's held-out prompts (never trained on)."""
+    if prompts_path is not None:
+        return read_prompts(prompts_path)[:limit]
+    data = run.cfg.data
+    held_out = split_prompts(
+        read_prompts(data.prompts_path), data.get("val_prompts_path"), data.get("val_fraction", 0.1)
+    )
+    return held_out[1][:limit]
+
+
+def image_metrics(student_imgs: torch.Tensor, teacher_imgs: torch.Tensor) -> list[dict]:
+    from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+    rows = []
+    for s, t in zip(student_imgs, teacher_imgs):
+        rows.append(
+            {
+                "psnr": float(peak_signal_noise_ratio(s[None], t[None], data_range=1.0)),
+                "ssim": float(structural_similarity_index_measure(s[None], t[None], data_range=1.0)),
+            }
+        )
+    return rows
+
+
+def evaluate(
+    run_dir: str | Path,
+    checkpoint: str | None = None,
+    prompts_path: str | None = None,
+    steps: int = 20,
+    limit: int = 8,
+    dtype: str | None = None,
+    device: torch.device | None = None,
+) -> dict:
+    """Run the evaluation and write `eval.json` and `eval.png`; returns what eval.json holds."""
+    from wandistiller.samples import save_grid
+    from wandistiller.vae import decode_latents, load_vae
+
+    run = open_run(run_dir)
+    source = student_source(run, checkpoint)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
+    prompts = eval_prompts(run, prompts_path, limit)
+    t_cfg = run.cfg.teacher
+    cache_dir = run.cfg.paths.cache_dir
+    emb = encode_prompts(
+        run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
+    )
+    idx, seed = list(range(len(prompts))), int(run.cfg.seed)
+    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape)
+    student = as_sampler(run.spec, load_student(run, source, device), device)
+    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape)
+    vae = load_vae(run.spec, device)
+    teacher_imgs, student_imgs = decode_latents(vae, teacher_lat), decode_latents(vae, student_lat)
+    mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
+    rows = [
+        {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
+        for p, m, im, s, t in zip(prompts, mse, image_metrics(student_imgs, teacher_imgs), student_s, teacher_s)
+    ]
+    mean = {k: statistics.fmean(r[k] for r in rows) for k in ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")}
+    mean["speedup"] = mean["teacher_s"] / mean["student_s"]
+    result = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed, "mean": mean}
+    result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
+    (run.path / "eval.json").write_text(json.dumps(result, indent=2))
+    as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
+    save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / "eval.png")
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m wandistiller.eval", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
+    parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
+    parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
+    parser.add_argument("--steps", type=int, default=20, help="sampling steps for both (default 20)")
+    parser.add_argument("--limit", type=int, default=8, help="at most this many prompts (default 8)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with exit_on_user_error():
+        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype)
+        m = result["mean"]
+        print(
+            f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
+            f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
+        )
+        print(f"wrote {Path(args.run_dir) / 'eval.json'} and eval.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

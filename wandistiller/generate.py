@@ -1,0 +1,95 @@
+"""`python -m wandistiller.generate <run_dir or student folder> --prompt "…"`: images from the student.
+
+The student samples through diffusers' WanPipeline in the teacher's place, with the teacher's scheduler,
+text encoder and VAE; `--teacher` writes the teacher's image from the same noise beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from wandistiller.data import encode_prompts
+from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.precision import to_dtype
+from wandistiller.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
+
+
+def locate(path: str, checkpoint: str | None, teacher_path: str | None):
+    """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
+    path_ = Path(path).expanduser()
+    if (path_ / "config.json").is_file() and not (path_ / ".hydra").is_dir():
+        run = open_run(path_.parent, teacher_path) if (path_.parent / ".hydra").is_dir() else None
+        if run is None:
+            raise UserError(f"{path} is a student folder outside a run folder; give its run folder instead")
+        return run, path_
+    run = open_run(path_, teacher_path)
+    return run, student_source(run, checkpoint)
+
+
+def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
+    from wandistiller.vae import decode_latents
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for img, prompt in zip(decode_latents(vae, latents), prompts):
+        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+        path = out / f"{slug}_seed{seed}_{who}.png"
+        Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
+    from wandistiller.vae import load_vae
+
+    run, source = locate(args.path, args.checkpoint, None)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
+    t_cfg = run.cfg.teacher
+    emb = encode_prompts(
+        run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
+    )
+    idx, out = list(range(len(args.prompt))), Path(args.out or run.path / "generated")
+    vae = load_vae(run.spec, device)
+    student = as_sampler(run.spec, load_student(run, source, device), device)
+    latents, _ = generate(student, emb, idx, args.seed, args.steps, run.latent_shape)
+    paths = write_images(latents, vae, args.prompt, out, "student", args.seed)
+    if args.teacher:
+        latents, _ = generate(load_teacher(run, device, dtype), emb, idx, args.seed, args.steps, run.latent_shape)
+        paths += write_images(latents, vae, args.prompt, out, "teacher", args.seed)
+    return paths
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m wandistiller.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a run folder, or its saved student folder (<run>/student)")
+    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    parser.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
+    parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
+    parser.add_argument("--out", help="output folder (default <run>/generated)")
+    parser.add_argument(
+        "--dtype", choices=["fp32", "bf16", "fp16"], help="teacher/text-encoder dtype (default: the run's)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with exit_on_user_error():
+        for path in run_generate(args):
+            print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
