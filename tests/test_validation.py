@@ -8,11 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
+from wandistiller.placement import CpuPlacement
 
 from wandistiller.data import encode_prompts, read_prompts
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
-from wandistiller.placement import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.student import build_student
 from wandistiller.teacher import inspect_teacher

@@ -98,8 +98,7 @@ def check_targets(cfg: DictConfig) -> None:
             get_object(target)
         except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
             raise UserError(
-                f"{key}._target_={target!r} cannot be imported; name a class or function as module.name "
-                "(on PYTHONPATH)"
+                f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
 
 

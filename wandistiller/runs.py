@@ -71,7 +71,6 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
 def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32):
     """The student's WanTransformer3DModel, from a saved folder or a checkpoint's training state."""
     from diffusers import WanTransformer3DModel
-
     from hydra.utils import instantiate
 
     if (source / "config.json").is_file():
