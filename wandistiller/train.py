@@ -16,12 +16,13 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import plan
-from wandistiller.checkpoint import checkpoint_step, list_checkpoints, resolve_resume
+from wandistiller.checkpoint import checkpoint_step
 from wandistiller.config import register_configs
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, init_process_group, launch, under_torchrun
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.precision import Precision
+from wandistiller.rundir import RunDirTaken, claim_run_dir
 from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 from wandistiller.worker import FAILURES, Prepared, student_device, train_worker, worker_entry
@@ -109,7 +110,7 @@ def record_failed_point(cfg: DictConfig, error: UserError, point: dict) -> dict:
         "world_size": cfg.distributed.nproc_per_node * cfg.distributed.nnodes,
         "overrides": point["overrides"],
     }
-    if "already holds another run's outputs" in record["reason"] or (run_dir / "metrics.json").exists():
+    if isinstance(error, RunDirTaken) or (run_dir / "metrics.json").exists():
         return record
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ".hydra").mkdir(exist_ok=True)
@@ -271,20 +272,6 @@ def check_config(cfg: DictConfig) -> None:
         raise UserError(f"data.latents={d.latents!r} is unknown; use gaussian")
     if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
         raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
-
-
-def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
-    """Refuse to write over another run's outputs; return the checkpoint to resume from, if any."""
-    finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
-    earlier = list_checkpoints(run_dir)
-    if (earlier or finished) and resume != "auto":
-        what = f"checkpoints up to {earlier[-1].name}" if earlier else " and ".join(finished)
-        raise UserError(
-            f"the run folder {run_dir} already holds another run's outputs ({what}); "
-            "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return resolve_resume(resume, run_dir)
 
 
 def _finished(prepared: Prepared, cfg: DictConfig) -> bool:

@@ -1,0 +1,71 @@
+"""The run folder: claimed by one live run at a time, never written over another run's outputs.
+
+A live run holds an exclusive `flock` on `<run_dir>/.lock` through a descriptor kept open for the
+life of the process. The OS releases it when the process ends, however it ends (exit, crash, kill -9),
+so a lock is never stale and needs no cleanup; a second run started into the folder meanwhile is
+refused with one line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from wandistiller import leftovers
+from wandistiller.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
+from wandistiller.errors import UserError
+
+LOCK_FILE = ".lock"
+_held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
+
+
+class RunDirTaken(UserError):
+    """The run folder holds another run's outputs, or another live run."""
+
+
+def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
+    """Refuse to write over another run's outputs or beside a live run; return the checkpoint to resume from.
+
+    Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
+    lock is held, what killed processes left in the folder is cleaned up.
+    """
+    finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
+    earlier = list_checkpoints(run_dir)
+    if (earlier or finished) and resume != "auto":
+        what = f"checkpoints up to {earlier[-1].name}" if earlier else " and ".join(finished)
+        raise RunDirTaken(
+            f"the run folder {run_dir} already holds another run's outputs ({what}); "
+            "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
+    clean_leftovers(run_dir)
+    return resolve_resume(resume, run_dir)
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock until this process ends; refuse (RunDirTaken) if a live run holds it."""
+    key = run_dir.resolve()
+    if key in _held:  # this process's own earlier job in the same folder (tests, in-process sweeps)
+        return
+    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunDirTaken(
+            f"the run folder {run_dir} is in use by a live run ({holder}); wait for it to end, "
+            "or choose a new folder with hydra.run.dir=…"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {leftovers.HOST}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give the lock back before the process ends (a long-lived process that runs several jobs)."""
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)
