@@ -227,6 +227,7 @@ def check_compatible(state: dict, student: torch.nn.Module) -> None:
         detail = f"it has {len(extra)} tensors this student lacks and lacks {len(missing)} of its own"
         detail += f" (e.g. {(missing or extra)[0]})"
     raise UserError(
-        f"trainer.resume: the checkpoint {state.get('path', '')} is of another student shape ({detail}); "
+        f"trainer.resume: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
+        f"shape ({detail}); "
         "resume with the student config it was trained with, or start a new run folder"
     )
