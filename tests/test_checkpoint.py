@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from wandistiller.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     resolve_resume,
+    restore,
     save_checkpoint,
 )
 from wandistiller.errors import UserError
@@ -99,19 +101,43 @@ def test_a_crafted_pickle_never_runs_explicit_resume_is_one_line(tmp_path):
     assert "\n" not in str(e.value) and not marker.exists()
 
 
-def test_cli_a_crafted_pickle_found_by_auto_is_skipped_and_never_runs(tmp_path, cache_dir, tiny_path):
+@pytest.mark.slow  # a run, then a CLI resume: ~25 s
+def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_runs(make_cfg, tmp_path, cache_dir):
     run_dir, marker = tmp_path / "r", tmp_path / "pwned"
-    crafted_checkpoint(run_dir / "checkpoints" / "step_00000001", marker)
-    common = [f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0", "trainer.max_steps=2"]
-    result = run_cli(*common, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "trainer.progress_bar=false")
+    run(make_cfg("trainer.max_steps=2", run_dir=run_dir))
+    crafted_checkpoint(run_dir / "checkpoints" / "step_00000003", marker)  # newer than the real one
+    (run_dir / "metrics.json").unlink()
+    common = [f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0", "trainer.max_steps=4"]
+    result = run_cli(*common, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "precision=fp32")
     assert result.returncode == 0, result.stderr[-3000:]
     skips = [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "skipping" in line]
-    assert len(skips) == 1 and "state.pt, a pickle" in skips[0]
-    assert not marker.exists() and (run_dir / "checkpoints" / "step_00000002" / "state.json").is_file()
-    explicit = run_cli(*common, f"trainer.resume={run_dir}/checkpoints/step_00000001", f"hydra.run.dir={tmp_path}/s")
-    assert explicit.returncode == 2 and not marker.exists()
-    errors = [line for line in explicit.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith("error: trainer.resume=") and "Traceback" not in explicit.stderr
+    assert len(skips) == 1 and "step_00000003: it holds only state.pt, a pickle" in skips[0], skips
+    assert "resuming at step 2" in result.stdout + result.stderr
+    assert not marker.exists() and json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
+
+
+def test_cli_an_explicit_crafted_pickle_is_one_error_line(tmp_path, cache_dir):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "evil", marker)
+    common = [f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s"]
+    result = run_cli(*common, f"trainer.resume={tmp_path}/evil")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
+    assert errors[0].startswith("error: trainer.resume=") and not marker.exists()
+
+
+def test_auto_skips_a_crafted_pickle_and_refuses_when_no_checkpoint_is_usable(tmp_path, caplog):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "checkpoints" / "step_00000003", marker)
+    _, state = real_state()
+    save_checkpoint(tmp_path, 2, state, keep=2)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert len(caplog.records) == 1 and "step_00000003: it holds only state.pt, a pickle" in caplog.text
+    shutil.rmtree(checkpoint_dir(tmp_path, 2))
+    with pytest.raises(UserError, match="trainer.resume=auto: none of the checkpoints in .* can be resumed from"):
+        resolve_resume("auto", tmp_path)
+    assert not marker.exists()
 
 
 def damage(path, how):
@@ -180,6 +206,10 @@ def test_a_checkpoint_of_another_student_shape_is_one_line(tmp_path):
     with pytest.raises(UserError, match="another student shape .*lacks 2"):
         check_compatible(state, torch.nn.Sequential(*model, torch.nn.Linear(2, 2)))
     check_compatible(state, model)
+    broken = state | {"optimizer": {"state": {}, "param_groups": []}, "path": "ckpt"}
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(UserError, match=r"the checkpoint ckpt does not fit this run \(ValueError"):
+        restore(broken, model, opt, None, None, None)
 
 
 def test_resume_with_another_student_shape_is_refused_in_one_line(make_cfg, tmp_path):
@@ -198,6 +228,10 @@ def test_prune_keeps_later_checkpoints_it_skipped_and_deletes_by_rename(tmp_path
     assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 4)
     save_checkpoint(tmp_path, 5, state, keep=1)  # the resumed run goes on from 4
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+    damage(checkpoint_dir(tmp_path, 5), "truncated")
+    save_checkpoint(tmp_path, 6, state, keep=1)  # replaces the damaged 6; the damaged 5 is left to look at
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+    assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 6)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
 
 

@@ -27,6 +27,7 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 TENSORS = "tensors.safetensors"
 LEGACY_FILE = "state.pt"  # a pickle, written before checkpoints were data: listed, never loaded
+REQUIRED = {"student", "optimizer", "lr_scheduler", "scaler", "ema", "tracker_run_id", "rng"}
 TMP, PRUNE = r"\.tmp-step_\d+", r"\.prune-step_\d+"  # temporary names, before `-<host>-<pid>`
 
 
@@ -124,7 +125,8 @@ def _prune(run_dir: Path, step: int, keep: int) -> None:
     are left alone: this run replaces each of them when it gets there."""
     if keep <= 0:
         return
-    earlier = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) <= step]
+    # Unusable ones are neither counted nor removed: they are left for the user to look at.
+    earlier = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) <= step and problem(p) is None]
     for old in earlier[:-keep]:
         try:
             _discard(old)
@@ -154,7 +156,7 @@ def problem(path: Path) -> str | None:
         )
     try:
         state = json.loads((path / STATE_FILE).read_text())
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
             return f"{STATE_FILE} is not a checkpoint's state"
         safestate.check_tensors(path / TENSORS)
     except FileNotFoundError as e:
@@ -173,7 +175,13 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        return _newest_usable(run_dir, "trainer.resume=auto")
+        found = _newest_usable(run_dir, "trainer.resume=auto")
+        if found is None and list_checkpoints(run_dir):  # starting over would replace the run's outputs
+            raise UserError(
+                f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from "
+                "(see above); move them away to start this run over, or choose a new folder with hydra.run.dir=…"
+            )
+        return found
     path = Path(resume).expanduser()
     if (path / STATE_FILE).is_file() or (path / LEGACY_FILE).is_file():
         why = problem(path)
@@ -231,3 +239,21 @@ def check_compatible(state: dict, student: torch.nn.Module) -> None:
         f"shape ({detail}); "
         "resume with the student config it was trained with, or start a new run folder"
     )
+
+
+def restore(state: dict, student, optimizer, lr_scheduler, scaler, ema) -> None:
+    """Load a checkpoint's state into the run's objects; a mismatch is one UserError, not a traceback."""
+    check_compatible(state, student)
+    try:
+        student.load_state_dict(state["student"])
+        optimizer.load_state_dict(state["optimizer"])
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        if ema is not None and state["ema"] is not None:
+            ema.load_state_dict(state["ema"])
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        raise UserError(
+            f"trainer.resume: the checkpoint {state.get('path', '')} does not fit this run "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); resume with the config it was "
+            "trained with, or start a new run folder"
+        ) from None

@@ -49,7 +49,12 @@ def lock_run_dir(run_dir: Path) -> None:
     key = run_dir.resolve()
     if key in _held:  # this process's own earlier job in the same folder (tests, in-process sweeps)
         return
-    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(
+            f"the run folder {run_dir} cannot be written ({e.strerror}); choose another with hydra.run.dir=…"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

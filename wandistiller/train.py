@@ -22,7 +22,7 @@ from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, init_process_group, launch, under_torchrun
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.precision import Precision
-from wandistiller.rundir import RunDirTaken, claim_run_dir
+from wandistiller.rundir import RunDirTaken, claim_run_dir, release_run_dir
 from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 from wandistiller.worker import FAILURES, Prepared, student_device, train_worker, worker_entry
@@ -67,6 +67,8 @@ def run(cfg: DictConfig) -> dict:
         if point is None:
             raise
         return record_failed_point(cfg, e, point)  # a sweep goes on past a point that failed or was refused
+    finally:  # the run is over: a later run in this process or another may take its folder
+        release_run_dir(Path(cfg.paths.output_dir))
     if "status" in summary:
         log.info(
             "done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s",

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from wandistiller.checkpoint import check_compatible, checkpoint_step, load_checkpoint
+from wandistiller.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, destroy_process_group, init_process_group
 from wandistiller.errors import UserError, exit_on_user_error
@@ -262,13 +262,7 @@ class Worker:
         ema = EMAModel(params, decay=cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
         tracker = instantiate(cfg.logger) if self.is_main else NullTracker()
         if state is not None:
-            check_compatible(state, student)
-            student.load_state_dict(state["student"])
-            optimizer.load_state_dict(state["optimizer"])
-            lr_scheduler.load_state_dict(state["lr_scheduler"])
-            scaler.load_state_dict(state["scaler"])
-            if ema is not None and state["ema"] is not None:
-                ema.load_state_dict(state["ema"])
+            restore(state, student, optimizer, lr_scheduler, scaler, ema)
             log.info("resuming at step %d", state["step"])
         if self.is_main:
             point = self.prepared.sweep_point or {}
