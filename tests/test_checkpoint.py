@@ -151,7 +151,8 @@ def damage(path, how):
     elif how == "bad json":
         (path / "state.json").write_text('{"step": 3, "student": ')
     elif how == "dangling":
-        (path / "state.json").write_text(json.dumps({"step": 3, "student": {"w": {"__tensor__": "nope"}}}))
+        state = json.loads((path / "state.json").read_text())
+        (path / "state.json").write_text(json.dumps(state | {"student": {"w": {"__tensor__": "nope"}}}))
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "bad json"])
@@ -167,10 +168,12 @@ def test_auto_skips_a_damaged_latest_checkpoint_in_one_line(tmp_path, caplog, ho
     assert "\n" not in str(e.value)
 
 
-def test_a_checkpoint_whose_json_names_a_missing_tensor_is_one_line(tmp_path):
+def test_a_checkpoint_whose_json_names_a_missing_tensor_is_found_before_loading(tmp_path):
     _, state = real_state()
     path = save_checkpoint(tmp_path, 2, state, keep=5)
     damage(path, "dangling")
+    with pytest.raises(UserError, match="cannot be resumed from: .*refers to tensor 'nope'"):
+        resolve_resume(str(path), tmp_path)
     with pytest.raises(UserError, match="cannot be read .*lacks"):
         load_checkpoint(path)
 
@@ -190,7 +193,7 @@ def test_a_failed_save_removes_its_temp_folder_and_keeps_the_earlier_ones(tmp_pa
     with pytest.raises(UserError, match=r"could not write a checkpoint into .*checkpoints \(No space left") as e:
         save_checkpoint(tmp_path, 4, state, keep=1)
     monkeypatch.undo()
-    assert "GiB free there" in str(e.value) and "\n" not in str(e.value)
+    assert "MiB free there" in str(e.value) and "\n" not in str(e.value)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
     assert load_checkpoint(earlier)["step"] == 2
 

@@ -102,14 +102,18 @@ def _write_text(path: Path, text: str) -> None:
 
 def _save_failed(folder: Path, error: OSError, nbytes: int) -> str:
     try:
-        free = f"{shutil.disk_usage(folder).free / 2**30:.2f} GiB is free"
+        free = f"{_size(shutil.disk_usage(folder).free)} is free"
     except OSError:
         free = "its free space cannot be read"
     return (
         f"could not write a checkpoint into {folder} ({error.strerror or error}): it needs about "
-        f"{nbytes / 2**30:.2f} GiB free there and {free}; free some space (or fix the folder's permissions) "
+        f"{_size(nbytes)} free there and {free}; free some space (or fix the folder's permissions) "
         "and resume with trainer.resume=auto -- the earlier checkpoints are intact"
     )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _discard(folder: Path) -> None:
@@ -158,11 +162,13 @@ def problem(path: Path) -> str | None:
         state = json.loads((path / STATE_FILE).read_text())
         if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
             return f"{STATE_FILE} is not a checkpoint's state"
-        safestate.check_tensors(path / TENSORS)
+        names = safestate.check_tensors(path / TENSORS)
+        safestate.decode(state, dict.fromkeys(names))  # every reference resolves, every value is ours
     except FileNotFoundError as e:
         return f"{Path(e.filename).name} is missing"
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
-        return f"{STATE_FILE} or {TENSORS} is damaged ({str(e)[:200] or type(e).__name__})"
+        what = f"lacks {e}" if isinstance(e, KeyError) else str(e)[:200] or type(e).__name__
+        return f"{STATE_FILE} or {TENSORS} is damaged ({what})"
     return None
 
 

@@ -114,8 +114,8 @@ def _write_all(fd: int, data) -> None:
         view = view[written:]
 
 
-def check_tensors(path: Path) -> None:
-    """Raise ValueError unless `path` is a whole safetensors file: a sane header that covers the file
+def check_tensors(path: Path) -> set[str]:
+    """The tensor names of a whole safetensors file; else ValueError. A sane header must cover the file
     exactly, so a truncated, padded or garbage file is caught from its first bytes."""
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -131,9 +131,13 @@ def check_tensors(path: Path) -> None:
             raise ValueError(f"{path.name} has an unreadable header") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path.name} has an unreadable header")
-    ends = [e["data_offsets"][1] for k, e in header.items() if k != "__metadata__" and isinstance(e, dict)]
-    if 8 + n + max(ends, default=0) != size:
-        raise ValueError(f"{path.name} is {size} bytes but its header describes {8 + n + max(ends, default=0)}")
+    entries = {k: e for k, e in header.items() if k != "__metadata__"}
+    if not all(isinstance(e, dict) and e.get("dtype") in DTYPES.values() for e in entries.values()):
+        raise ValueError(f"{path.name} describes a tensor it cannot hold")
+    end = max((e["data_offsets"][1] for e in entries.values()), default=0)
+    if 8 + n + end != size:
+        raise ValueError(f"{path.name} is {size} bytes but its header describes {8 + n + end}")
+    return set(entries)
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
