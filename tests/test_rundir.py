@@ -68,3 +68,13 @@ def test_a_refused_folder_is_not_created(tmp_path):
     with pytest.raises(RunDirTaken):
         claim_run_dir(tmp_path / "r", None)
     assert not (tmp_path / "r" / ".lock").exists()
+
+
+def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
+    from wandistiller.train import record_failed_point
+
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)  # a live run's, say: no metrics.json yet
+    point = {"choices": {"teacher_placement": "cpu"}, "overrides": ["trainer.batch_size=2"]}
+    record = record_failed_point(make_cfg(run_dir=run_dir), RunDirTaken("in use"), point)
+    assert record["status"] == "refused" and sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]
