@@ -67,7 +67,11 @@ SIGNAL_TWICE = textwrap.dedent(
     os.kill(os.getpid(), signum)
     time.sleep(0.2)
     print("requested", stop.requested(), flush=True)
+    os.kill(os.getpid(), signum)  # an echo of the same request (terminal + launcher): ignored
+    time.sleep(0.2)
+    print("after the echo", flush=True)
     if len(sys.argv) > 2:
+        time.sleep(1.0)  # a second request, later
         os.kill(os.getpid(), signum)
         time.sleep(5)
         print("still alive", flush=True)
@@ -82,7 +86,7 @@ def _signal_self(name: str, twice: bool) -> subprocess.CompletedProcess:
 
 def test_ctrl_c_once_is_a_request_and_twice_exits_at_once():
     once = _signal_self("SIGINT", twice=False)
-    assert once.returncode == 0 and "requested True" in once.stdout
+    assert once.returncode == 0 and "requested True" in once.stdout and "after the echo" in once.stdout
     assert "SIGINT: stopping after this step" in once.stderr
     twice = _signal_self("SIGTERM", twice=True)
     assert twice.returncode == -signal.SIGTERM and "still alive" not in twice.stdout
@@ -115,3 +119,36 @@ def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled():
         start_method="spawn",
     )
     assert elastic_launch(config, _agree_worker)() == {0: (False, True), 1: (False, True)}
+
+
+@pytest.mark.slow  # two CPU workers: ~60 s here
+def test_sigterm_to_the_launcher_of_two_workers_stops_both_at_one_step_with_one_line(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
+        + ["logger=none", "trainer.sample_prompts=0", "trainer.progress_bar=false", "distributed.nproc_per_node=2"]
+        + ["trainer.max_steps=100000", "trainer.checkpoint_every=2", "trainer.batch_size=2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while not list_checkpoints(run_dir) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert list_checkpoints(run_dir), "no progress within 300 s"
+        proc.send_signal(signal.SIGTERM)  # the launcher only, as Kubernetes does
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stops = [line for line in stderr.splitlines() if line.startswith("stopped by")]
+    assert stops == [
+        "stopped by SIGTERM; the workers saved a checkpoint at their last step; to continue, run the same "
+        f"command with trainer.resume=auto hydra.run.dir={run_dir}"
+    ], stderr[-3000:]
+    assert "Traceback" not in stderr and not (run_dir / ".failures").exists()
+    assert load_checkpoint(list_checkpoints(run_dir)[-1])["step"] >= 2

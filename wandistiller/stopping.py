@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,11 @@ import torch.distributed as dist
 from wandistiller.errors import Stopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A launched worker gets a Ctrl-C twice at once: from the terminal (its process group) and forwarded by
+# the elastic agent. Within this many seconds a second signal is the same request, not a second one.
+ECHO_S = 1.0
+# Set for the workers `distributed.launch` starts: their launcher prints the line (`launcher_stopped`).
+LAUNCHED = "WANDISTILLER_LAUNCHED"
 
 
 class Stop:
@@ -25,6 +31,7 @@ class Stop:
 
     def __init__(self):
         self.signum: int | None = None
+        self._first = 0.0
         self._previous: dict[int, object] = {}
 
     def install(self) -> Stop:
@@ -41,13 +48,15 @@ class Stop:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self.signum is not None and time.monotonic() - self._first < ECHO_S:
+            return  # the same request again: Ctrl-C reaches a worker from the terminal and from its launcher
         if self.signum is not None:  # the second one: what the signal does by default, now
             self.restore()
             signal.signal(signum, signal.SIG_DFL)
             os.write(2, f"\n{name} again: exiting now, without a checkpoint\n".encode())
             os.kill(os.getpid(), signum)
             return
-        self.signum = signum
+        self.signum, self._first = signum, time.monotonic()
         # os.write, not print: a signal can arrive in the middle of a print to the same stream.
         os.write(2, f"\n{name}: stopping after this step with a checkpoint ({name} again exits at once)\n".encode())
 
@@ -69,7 +78,18 @@ class Stop:
             f"stopped by {name} after step {step}, with a checkpoint; to continue, run the same command with "
             f"trainer.resume=auto hydra.run.dir={run_dir}"
         )
-        raise Stopped(message if is_main else "", 128 + (self.signum or signal.SIGTERM))
+        said_by_launcher = os.environ.get(LAUNCHED) == "1"
+        raise Stopped(message if is_main and not said_by_launcher else "", 128 + (self.signum or signal.SIGTERM))
+
+
+def launcher_stopped(error, run_dir) -> Stopped:
+    """What the process that launched the workers says when a signal stopped them: they saved a
+    checkpoint and said nothing, so that the user reads one line, not one per process."""
+    return Stopped(
+        f"stopped by {signal.Signals(error.sigval).name}; the workers saved a checkpoint at their last step; to "
+        f"continue, run the same command with trainer.resume=auto hydra.run.dir={run_dir}",
+        128 + error.sigval,
+    )
 
 
 def install() -> Stop:

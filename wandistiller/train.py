@@ -23,6 +23,7 @@ from wandistiller.distributed import Topology, init_process_group, launch, under
 from wandistiller.errors import UserError, exit_on_user_error
 from wandistiller.precision import Precision
 from wandistiller.rundir import RunDirTaken, claim_run_dir, release_run_dir
+from wandistiller.stopping import launcher_stopped
 from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 from wandistiller.worker import FAILURES, Prepared, student_device, train_worker, worker_entry
@@ -207,10 +208,14 @@ def _need(e: plan.Estimate) -> str:
 
 
 def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
+    except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
+        shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
+        raise launcher_stopped(e, prepared.run_dir) from None
     except ChildFailedError as e:
         rank, message = _root_cause(e, Path(prepared.run_dir) / FAILURES)
         raise WorkerFailed(f"worker rank {rank} failed: {message} (its traceback is above)") from None
