@@ -155,8 +155,8 @@ def problem(path: Path) -> str | None:
     """Why the checkpoint at `path` cannot be resumed from, or None. Cheap: JSON and a header only."""
     if not (path / STATE_FILE).is_file() and (path / LEGACY_FILE).is_file():
         return (
-            f"it holds only {LEGACY_FILE}, a pickle from an older WanDistiller, which is never loaded because "
-            "unpickling can run code"
+            f"it holds only {LEGACY_FILE}, a pickle from an older WanDistiller, which training never loads because "
+            f"unpickling can run code (python -m wandistiller.legacy {path} converts it safely)"
         )
     try:
         state = json.loads((path / STATE_FILE).read_text())
