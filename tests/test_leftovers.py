@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import ROOT
 
 from wandistiller import leftovers
 from wandistiller.checkpoint import TMP, checkpoint_dir, list_checkpoints, save_checkpoint
@@ -105,3 +107,43 @@ def test_the_disk_placements_dead_partial_conversions_are_removed(tmp_path, tiny
     target = converted_copy(tiny_path / "transformer", torch.bfloat16, str(offload), Topology())
     assert target.parent == offload and (target / "config.json").is_file()
     assert sorted(p.name for p in offload.iterdir()) == sorted([target.name, live.name, other.name])
+
+
+SAVER = """
+import sys, torch
+from pathlib import Path
+from wandistiller.checkpoint import save_checkpoint, list_checkpoints, checkpoint_step
+run = Path(sys.argv[1])
+start = checkpoint_step(list_checkpoints(run)[-1]) if list_checkpoints(run) else 0
+state = {"student": {f"w{i}": torch.randn(256, 1024) for i in range(8)}, "optimizer": {}, "lr_scheduler": {},
+         "scaler": {}, "ema": None, "tracker_run_id": None}
+print("ready", flush=True)
+for step in range(start + 1, start + 100000):
+    save_checkpoint(run, step, state, keep=2)
+"""
+
+
+def test_kill_9_at_random_moments_of_saving_leaves_usable_checkpoints_and_no_leftovers(tmp_path):
+    import random
+    import signal
+    import time
+
+    from wandistiller.checkpoint import clean_leftovers, load_checkpoint, problem
+
+    rng = random.Random(0)
+    for _ in range(4):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.8))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        clean_leftovers(tmp_path)
+        found = list_checkpoints(tmp_path)
+        assert found and not [c for c in found if problem(c)]
+        assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+        load_checkpoint(found[-1])
