@@ -61,7 +61,8 @@ def test_a_host_name_with_dashes_parses():
 
 def test_claiming_a_run_folder_cleans_what_killed_saves_and_prunes_left(tmp_path, dead_pid, live_pid):
     run_dir = tmp_path / "r"
-    save_checkpoint(run_dir, 2, {"student": {"w": torch.ones(2)}}, keep=5)
+    state = {"student": {"w": torch.ones(2)}, "optimizer": {}, "lr_scheduler": {}, "scaler": {}, "ema": None}
+    save_checkpoint(run_dir, 2, state | {"tracker_run_id": None}, keep=5)
     root = run_dir / "checkpoints"
     for n in (name(".tmp-step_00000004", dead_pid), name(".prune-step_00000001", dead_pid)):
         (root / n).mkdir()
