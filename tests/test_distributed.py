@@ -16,6 +16,7 @@ import torch.distributed as dist
 from conftest import FP32, ROOT, run_cli, spawn
 from omegaconf import OmegaConf
 
+from wandistiller.checkpoint import load_checkpoint
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, roles_for
 from wandistiller.placements.cpu import CpuPlacement
@@ -175,7 +176,7 @@ def test_a_failing_rank_ends_the_job_quickly_with_its_error(tmp_path, cache_dir,
     if kind:
         assert "planner's estimates" in result.stdout + result.stderr
     # The checkpoints written before the failure are complete and resumable.
-    assert (run_dir / "checkpoints" / "step_00000002" / "state.pt").is_file()
+    assert (run_dir / "checkpoints" / "step_00000002" / "state.json").is_file()
     again = _cli(run_dir, cache_dir, "distributed.nproc_per_node=2", "trainer.max_steps=4", "trainer.resume=auto")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
@@ -208,7 +209,7 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     done = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
-    assert torch.load(done / "state.pt", weights_only=False)["step"] == int(done.name.split("_")[1])
+    assert load_checkpoint(done)["step"] == int(done.name.split("_")[1])
     again = _cli(
         run_dir,
         cache_dir,

@@ -12,6 +12,7 @@ from conftest import run_cli
 from diffusers import WanTransformer3DModel
 from hydra.utils import instantiate
 
+from wandistiller.checkpoint import load_checkpoint
 from wandistiller.errors import UserError
 from wandistiller.teacher import inspect_teacher
 from wandistiller.train import run
@@ -52,8 +53,8 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(make_cfg, tmp_path):
     summary = run(make_cfg(*common, "trainer.resume=auto", run_dir=resumed))
     assert summary["steps_run"] == 3 and summary["final_step"] == 6
     assert losses(resumed) == losses(straight)[3:]
-    a = torch.load(straight / "checkpoints/step_00000006/state.pt", weights_only=False)
-    b = torch.load(resumed / "checkpoints/step_00000006/state.pt", weights_only=False)
+    a = load_checkpoint(straight / "checkpoints/step_00000006")
+    b = load_checkpoint(resumed / "checkpoints/step_00000006")
     for key in a["student"]:
         assert torch.equal(a["student"][key], b["student"][key]), key
     assert (resumed / ".hydra" / "config.yaml").is_file() and list((resumed / ".hydra").glob("config_resume_*.yaml"))
@@ -64,9 +65,7 @@ def test_the_saved_student_reloads_and_reproduces_its_predictions(make_cfg, tmp_
     run(cfg)
     reloaded = WanTransformer3DModel.from_pretrained(tmp_path / "r" / "student", use_safetensors=True)
     trained = instantiate(cfg.student, _partial_=True)(spec=inspect_teacher(tiny_path))
-    trained.load_state_dict(
-        torch.load(tmp_path / "r/checkpoints/step_00000003/state.pt", weights_only=False)["student"]
-    )
+    trained.load_state_dict(load_checkpoint(tmp_path / "r/checkpoints/step_00000003")["student"])
     x, t, cond = torch.randn(2, 16, 1, 8, 8), torch.tensor([700.0, 30.0]), torch.randn(2, 512, 32)
     with torch.no_grad():
         expected, _ = trained(x, t, cond)
@@ -180,7 +179,7 @@ def test_cli_default_job_with_wandb_offline_and_resume_keeps_the_run_id(tmp_path
         "metrics.json",
         "samples.png",
         "student/config.json",
-        "checkpoints/step_00000004/state.pt",
+        "checkpoints/step_00000004/state.json",
         "train.log",
     ):
         assert (run_dir / name).is_file(), name

@@ -178,6 +178,7 @@ def launch(entrypoint, args: tuple, distributed_cfg) -> list:
         monitor_interval=0.5,
         start_method="spawn",
     )
+    os.environ["WANDISTILLER_LAUNCHED"] = "1"  # inherited by the workers: a stop is reported here (stopping.py)
     result = elastic_launch(config, entrypoint)(*args)
     return [result[i] for i in sorted(result)]
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from wandistiller.checkpoint import save_checkpoint
 from wandistiller.data import Batch
 from wandistiller.precision import Precision
+from wandistiller.stopping import install as catch_stop_signals
 
 
 @dataclass
@@ -80,6 +81,7 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
         desc="distill",
         disable=not trainer_cfg.progress_bar or not run.is_main,
     )
+    stop = catch_stop_signals()
     for step in range(start_step, trainer_cfg.max_steps):
         if step == fail_step:
             _fail(step)
@@ -129,8 +131,14 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if run.is_main and (step + 1) % trainer_cfg.log_every == 0:
             run.tracker.log(metrics, step=step + 1)
-        if run.is_main and ((step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == trainer_cfg.max_steps):
+        stopping = stop.requested(run.student_group)
+        if run.is_main and (
+            stopping or (step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == trainer_cfg.max_steps
+        ):
             save_checkpoint(run.run_dir, step + 1, training_state(run), keep=trainer_cfg.keep_checkpoints)
+        if stopping:
+            stop.exit(run.run_dir, step + 1, run.is_main)
+    stop.restore()
     run.targets.finish()
     bar.close()
     return run.history

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import outputs
-from wandistiller.checkpoint import checkpoint_step, load_checkpoint
+from wandistiller.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, barrier, gather, local_device, roles_for
 from wandistiller.loop import Run, memory_metrics, train_loop
@@ -59,7 +59,7 @@ class DistillationRecipe:
         self.student_group = dist.new_group(list(self.roles.students)) if self.topo.distributed else None
         if not self.roles.trains:
             return
-        student = self._setup_student(state)
+        student = self._setup_student()
         optimizer, lr_scheduler, scaler, ema = self._setup_optimization(student, state)
         tracker = self._setup_tracker(state)
         self.run = Run(
@@ -113,13 +113,11 @@ class DistillationRecipe:
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings)
 
-    def _setup_student(self, state: dict | None) -> torch.nn.Module:
+    def _setup_student(self) -> torch.nn.Module:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
         student = instantiate(cfg.student, _partial_=True)(spec=self.spec, dtype=self.precision.student_dtype)
-        if state is not None:
-            student.load_state_dict(state["student"])
         student.to(self.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
@@ -150,11 +148,7 @@ class DistillationRecipe:
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         ema = EMAModel(params, decay=t.ema_decay) if t.ema_decay else None
         if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
-            lr_scheduler.load_state_dict(state["lr_scheduler"])
-            scaler.load_state_dict(state["scaler"])
-            if ema is not None and state["ema"] is not None:
-                ema.load_state_dict(state["ema"])
+            restore(state, student, optimizer, lr_scheduler, scaler, ema)
             log.info("resuming at step %d", state["step"])
         self.tracker_run_id = state["tracker_run_id"] if state else None
         return optimizer, lr_scheduler, scaler, ema

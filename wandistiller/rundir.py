@@ -1,8 +1,16 @@
-"""The run folder: claimed once, before any output is written, and never written over."""
+"""The run folder: claimed by one live run at a time, never written over another run's outputs.
+
+A live run holds an exclusive `flock` on `<run_dir>/.lock` through a descriptor kept open for the
+life of the process. The OS releases it when the process ends, however it ends (exit, crash, kill -9),
+so a lock is never stale and needs no cleanup; a second run started into the folder meanwhile is
+refused with one line.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -10,16 +18,24 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from wandistiller.checkpoint import list_checkpoints, resolve_resume
+from wandistiller import leftovers
+from wandistiller.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 from wandistiller.errors import UserError
+
+LOCK_FILE = ".lock"
+_held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
 
 
 class RunDirTaken(UserError):
-    """The run folder holds another run's outputs (and this run does not continue it)."""
+    """The run folder holds another run's outputs, or another live run."""
 
 
 def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
-    """Refuse to write over another run's outputs; return the checkpoint to resume from, if any."""
+    """Refuse to write over another run's outputs or beside a live run; return the checkpoint to resume from.
+
+    Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
+    lock is held, what killed processes left in the folder is cleaned up.
+    """
     finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
     earlier = list_checkpoints(run_dir)
     if (earlier or finished) and resume != "auto":
@@ -29,7 +45,41 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
             "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
+    clean_leftovers(run_dir)
     return resolve_resume(resume, run_dir)
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock until this process ends; refuse (RunDirTaken) if a live run holds it."""
+    key = run_dir.resolve()
+    if key in _held:  # this process's own earlier job in the same folder (tests, in-process sweeps)
+        return
+    try:
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(
+            f"the run folder {run_dir} cannot be written ({e.strerror}); choose another with hydra.run.dir=…"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunDirTaken(
+            f"the run folder {run_dir} is in use by a live run ({holder}); wait for it to end, "
+            "or choose a new folder with hydra.run.dir=…"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {leftovers.HOST}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give the lock back before the process ends (a long-lived process that runs several jobs)."""
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
@@ -47,11 +97,11 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
 @contextlib.contextmanager
 def removed_if_refused(run_dir: Path) -> Iterator[None]:
     """A run refused before it wrote anything leaves no folder behind: Hydra creates the folder (and its
-    log) before the job starts, so on a refusal a folder holding nothing but that log is removed."""
+    log) before the job starts, so on a refusal a folder holding nothing but that log (and our lock) goes."""
     try:
         yield
-    except UserError:
-        leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else {"-"}
-        if leftovers <= {"train.log"}:
+    except UserError as e:
+        leftovers_here = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else {"-"}
+        if leftovers_here <= {"train.log", LOCK_FILE} and not isinstance(e, RunDirTaken):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise

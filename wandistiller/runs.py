@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints
+from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints, load_checkpoint
 from wandistiller.errors import UserError
 from wandistiller.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.teacher import Teacher, TeacherSpec, inspect_teacher, load_expert, resolve_teacher_path
@@ -77,7 +77,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
         transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
-        student.load_state_dict(torch.load(source / STATE_FILE, map_location="cpu", weights_only=False)["student"])
+        student.load_state_dict(load_checkpoint(source)["student"])  # safetensors + JSON: never unpickles
         transformer = student.transformer.to(dtype)
     return transformer.to(device).eval().requires_grad_(False)
 

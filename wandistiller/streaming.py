@@ -30,10 +30,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from wandistiller import leftovers
 from wandistiller.errors import UserError
 
 ALIGN = 512  # bytes; every tensor of a packed block starts at such an offset (any dtype may view it)
 SHM = Path("/dev/shm")
+# converted_copy's temporary folders: `<teacher>-<dtype>-<12 hex>.partial`, then `-<host>-<pid>`.
+PARTIAL = r".+-[a-z0-9]+-[0-9a-f]{12}\.partial"
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,6 @@ def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, to
     first rank, block by block, so RAM holds one block) and reused by later runs.
     """
     import hashlib
-    import os
 
     import torch.distributed as dist
     from safetensors.torch import save_file
@@ -193,10 +195,12 @@ def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, to
     dtype_name = str(dtype).split(".")[-1]
     target = Path(offload_dir).expanduser() / f"{folder.name}-{dtype_name}-{key}"
     if topology.local_rank == 0 and not target.is_dir():
+        # A killed conversion leaves tens of GB behind: remove those whose writer is gone.
+        leftovers.remove_dead(target.parent, PARTIAL)
         needed = sum(f.stat().st_size for f in files)  # at most the stored size: the copy is never wider
         where = f"teacher_placement.offload_dir={offload_dir}"
         try:
-            partial = target.with_name(f"{target.name}.partial-{os.uname().nodename}-{os.getpid()}")
+            partial = target.with_name(leftovers.owned_name(f"{target.name}.partial"))
             partial.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(partial).free
         except OSError as e:

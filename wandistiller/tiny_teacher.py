@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from wandistiller import leftovers
 from wandistiller.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
 from wandistiller.data import DEFAULT_PROMPTS
 
@@ -79,7 +79,11 @@ def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> P
     if (path / "model_index.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    # Named for this process, so that the next start can remove it if this one is killed midway.
+    leftovers.remove_dead(path.parent, build_pattern(path))
+    tmp = path.parent / leftovers.owned_name(f".{path.name}.build")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.disable_progress_bar()
@@ -94,3 +98,8 @@ def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> P
         shutil.rmtree(tmp, ignore_errors=True)
         diffusers_logging.enable_progress_bar()
     return path
+
+
+def build_pattern(path: Path) -> str:
+    """The names of `path`'s temporary build folders (before `-<host>-<pid>`)."""
+    return re.escape(f".{path.name}.build")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import warnings
 from pathlib import Path
 
@@ -31,9 +32,10 @@ from wandistiller.distributed import (
     worker_logging,
 )
 from wandistiller.errors import UserError, exit_on_user_error
-from wandistiller.failures import WorkerFailed, oom_report, record_failure, root_cause
+from wandistiller.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.preflight import Prepared, prepare
-from wandistiller.rundir import removed_if_refused
+from wandistiller.rundir import release_run_dir, removed_if_refused
+from wandistiller.stopping import launcher_stopped
 from wandistiller.sweep import record_failed_point, sweep_point
 
 log = logging.getLogger("wandistiller")
@@ -72,6 +74,10 @@ def run(cfg: DictConfig) -> dict:
         if point is None:
             raise
         return record_failed_point(cfg, e, point)  # a sweep goes on past a point that failed or was refused
+    finally:  # the run is over: a later run in this process or another may take its folder
+        release_run_dir(Path(cfg.paths.output_dir))
+    finally:  # the run is over: a later run in this process or another may take its folder
+        release_run_dir(Path(cfg.paths.output_dir))
     if "status" in summary:
         log.info("done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
                  summary["samples_per_s_median"] or 0, summary["loss_first"] or 0, summary["loss_last"] or 0,
@@ -123,10 +129,18 @@ def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
 
 
 def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
+    except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
+        shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
+        raise launcher_stopped(e, prepared.run_dir) from None
+    except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
+        shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
+        raise launcher_stopped(e, prepared.run_dir) from None
     except ChildFailedError as e:
         rank, message = root_cause(e, Path(prepared.run_dir))
         raise WorkerFailed(f"worker rank {rank} failed: {message} (its traceback is above)") from None

@@ -1,0 +1,80 @@
+"""One live run per run folder; the lock goes away with its process, however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+
+from wandistiller.rundir import RunDirTaken, claim_run_dir
+from wandistiller.train import run
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from wandistiller.rundir import claim_run_dir
+    claim_run_dir(Path(sys.argv[1]), None)
+    print("holding", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process that has claimed tmp_path/r and is still alive."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout.readline().strip() == "holding"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_run_into_a_live_runs_folder_is_refused_in_one_line(make_cfg, tmp_path, holder):
+    with pytest.raises(RunDirTaken, match=rf"is in use by a live run \(pid {holder.pid} on .*hydra.run.dir") as e:
+        run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=tmp_path / "r"))
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock"]  # nothing of ours was written
+
+
+def test_the_lock_is_released_when_its_holder_is_killed(tmp_path, holder):
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert claim_run_dir(tmp_path / "r", None) is None
+
+
+def test_another_runs_outputs_are_refused_with_rundirtaken(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=run_dir))
+    with pytest.raises(RunDirTaken, match="already holds another run's outputs"):
+        claim_run_dir(run_dir, None)
+
+
+def test_a_refused_folder_is_not_created(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.json").write_text("{}")
+    with pytest.raises(RunDirTaken):
+        claim_run_dir(tmp_path / "r", None)
+    assert not (tmp_path / "r" / ".lock").exists()
+
+
+def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
+    from wandistiller.train import record_failed_point
+
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)  # a live run's, say: no metrics.json yet
+    point = {"choices": {"teacher_placement": "cpu"}, "overrides": ["trainer.batch_size=2"]}
+    record = record_failed_point(make_cfg(run_dir=run_dir), RunDirTaken("in use"), point)
+    assert record["status"] == "refused" and sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]

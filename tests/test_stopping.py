@@ -1,0 +1,154 @@
+"""SIGTERM / Ctrl-C: a checkpoint at the next step boundary and one line on how to resume; twice: exit now."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+import torch.distributed as dist
+from conftest import ROOT, run_cli
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from wandistiller.checkpoint import list_checkpoints, load_checkpoint
+from wandistiller.stopping import Stop
+
+
+@pytest.mark.slow  # two CLI starts: ~20 s
+def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    common = [f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0", "trainer.progress_bar=false"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wandistiller.train", *common, f"hydra.run.dir={run_dir}"]
+        + ["trainer.max_steps=100000", "trainer.checkpoint_every=3"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not list_checkpoints(run_dir) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list_checkpoints(run_dir), "no progress within 120 s"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:  # never leave a training job behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    step = load_checkpoint(list_checkpoints(run_dir)[-1])["step"]
+    assert last == (
+        f"stopped by SIGTERM after step {step}, with a checkpoint; to continue, run the same command with "
+        f"trainer.resume=auto hydra.run.dir={run_dir}"
+    )
+    assert not (run_dir / "metrics.json").exists() and not (run_dir / "student").exists()  # not a finished run
+    again = run_cli(*common, f"hydra.run.dir={run_dir}", f"trainer.max_steps={step + 2}", "trainer.resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["final_step"] == step + 2 and summary["steps_run"] == 2
+
+
+SIGNAL_TWICE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from wandistiller.stopping import Stop
+    stop = Stop().install()
+    signum = getattr(signal, sys.argv[1])
+    os.kill(os.getpid(), signum)
+    time.sleep(0.2)
+    print("requested", stop.requested(), flush=True)
+    os.kill(os.getpid(), signum)  # an echo of the same request (terminal + launcher): ignored
+    time.sleep(0.2)
+    print("after the echo", flush=True)
+    if len(sys.argv) > 2:
+        time.sleep(1.0)  # a second request, later
+        os.kill(os.getpid(), signum)
+        time.sleep(5)
+        print("still alive", flush=True)
+    """
+)
+
+
+def _signal_self(name: str, twice: bool) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-c", SIGNAL_TWICE, name] + (["twice"] if twice else [])
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_ctrl_c_once_is_a_request_and_twice_exits_at_once():
+    once = _signal_self("SIGINT", twice=False)
+    assert once.returncode == 0 and "requested True" in once.stdout and "after the echo" in once.stdout
+    assert "SIGINT: stopping after this step" in once.stderr
+    twice = _signal_self("SIGTERM", twice=True)
+    assert twice.returncode == -signal.SIGTERM and "still alive" not in twice.stdout
+    assert "SIGTERM again: exiting now" in twice.stderr
+
+
+def _agree_worker() -> tuple[bool, bool]:
+    dist.init_process_group("gloo")
+    stop = Stop().install()
+    before = stop.requested(dist.group.WORLD)
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+    after = stop.requested(dist.group.WORLD)
+    stop.restore()
+    dist.destroy_process_group()
+    return before, after
+
+
+def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled():
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    assert elastic_launch(config, _agree_worker)() == {0: (False, True), 1: (False, True)}
+
+
+@pytest.mark.slow  # two CPU workers: ~60 s here
+def test_sigterm_to_the_launcher_of_two_workers_stops_both_at_one_step_with_one_line(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
+        + ["logger=none", "trainer.sample_prompts=0", "trainer.progress_bar=false", "distributed.nproc_per_node=2"]
+        + ["trainer.max_steps=100000", "trainer.checkpoint_every=2", "trainer.batch_size=2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while not list_checkpoints(run_dir) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert list_checkpoints(run_dir), "no progress within 300 s"
+        proc.send_signal(signal.SIGTERM)  # the launcher only, as Kubernetes does
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stops = [line for line in stderr.splitlines() if line.startswith("stopped by")]
+    assert stops == [
+        "stopped by SIGTERM; the workers saved a checkpoint at their last step; to continue, run the same "
+        f"command with trainer.resume=auto hydra.run.dir={run_dir}"
+    ], stderr[-3000:]
+    assert "Traceback" not in stderr and not (run_dir / ".failures").exists()
+    assert load_checkpoint(list_checkpoints(run_dir)[-1])["step"] >= 2
