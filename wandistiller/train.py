@@ -76,8 +76,6 @@ def run(cfg: DictConfig) -> dict:
         return record_failed_point(cfg, e, point)  # a sweep goes on past a point that failed or was refused
     finally:  # the run is over: a later run in this process or another may take its folder
         release_run_dir(Path(cfg.paths.output_dir))
-    finally:  # the run is over: a later run in this process or another may take its folder
-        release_run_dir(Path(cfg.paths.output_dir))
     if "status" in summary:
         log.info("done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
                  summary["samples_per_s_median"] or 0, summary["loss_first"] or 0, summary["loss_last"] or 0,
@@ -130,14 +128,10 @@ def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
 
 def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
-    except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
-        shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
-        raise launcher_stopped(e, prepared.run_dir) from None
     except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
         shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
         raise launcher_stopped(e, prepared.run_dir) from None
