@@ -14,6 +14,7 @@ from PIL import Image
 
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
+from wandistiller.checkpoint import load_checkpoint
 from wandistiller.runs import load_student, open_run, student_source
 from wandistiller.train import run
 
@@ -46,7 +47,7 @@ def test_checkpoints_are_chosen_by_name(run_dir):
     step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
     final = load_student(r, student_source(r, None), torch.device("cpu"))
     assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
-    state = torch.load(run_dir / "checkpoints/step_00000002/state.pt", weights_only=False)["student"]
+    state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]
     assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
 
 

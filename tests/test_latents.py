@@ -8,7 +8,6 @@ import pytest
 import torch
 from diffusers import WanPipeline
 from omegaconf import OmegaConf
-from wandistiller.placement import CpuPlacement
 
 from wandistiller import latents
 from wandistiller.data import _mix, encode_prompts, make_batch
@@ -21,6 +20,7 @@ from wandistiller.latents import (
     noise_for,
     teacher_latents,
 )
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.teacher import inspect_teacher
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from wandistiller.placement import CpuPlacement
 
 from wandistiller.data import encode_prompts, read_prompts
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.precision import Precision
 from wandistiller.student import build_student
 from wandistiller.teacher import inspect_teacher
@@ -44,7 +44,7 @@ def val_run(tiny_path, cache_dir):
     _, held_out = split_prompts(read_prompts(None), None)
     emb = encode_prompts(spec, held_out, "", 512, torch.float32, torch.device("cpu"), cache_dir)
     torch.manual_seed(0)
-    student = build_student(STUDENT, spec).train()
+    student = build_student(spec, **STUDENT).train()
     val_set = build_val_set(emb, (16, 1, 8, 8), seed=0)
     return student, val_loss(student, lambda *a: teacher.targets(*a)[0], val_set, batch_size=8)
 
