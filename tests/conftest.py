@@ -54,6 +54,8 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
             "logger=none",
             "trainer.progress_bar=false",
             "trainer.sample_prompts=0",
+            "trainer.val_every=0",
+            "trainer.eval_at_end=false",
             "precision=fp32",
         ]
         with initialize_config_dir(config_dir=str(CONF), version_base=None):

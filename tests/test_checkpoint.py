@@ -107,7 +107,14 @@ def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_run
     run(make_cfg("trainer.max_steps=2", run_dir=run_dir))
     crafted_checkpoint(run_dir / "checkpoints" / "step_00000003", marker)  # newer than the real one
     (run_dir / "metrics.json").unlink()
-    common = [f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0", "trainer.max_steps=4"]
+    common = [
+        f"paths.cache_dir={cache_dir}",
+        "logger=none",
+        "trainer.sample_prompts=0",
+        "trainer.eval_at_end=false",
+        "trainer.val_every=0",
+        "trainer.max_steps=4",
+    ]
     result = run_cli(*common, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "precision=fp32")
     assert result.returncode == 0, result.stderr[-3000:]
     skips = [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "skipping" in line]

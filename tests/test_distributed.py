@@ -101,6 +101,7 @@ def _cli(run_dir, cache_dir, *extra, env=None):
         f"paths.cache_dir={cache_dir}",
         "logger=none",
         "trainer.progress_bar=false",
+        "trainer.eval_at_end=false",
         "precision=fp32",
         *extra,
         env=env,
@@ -199,6 +200,8 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         "trainer.max_steps=100000",
         "trainer.checkpoint_every=5",
         "trainer.sample_prompts=0",
+        "trainer.eval_at_end=false",
+        "trainer.val_every=0",
     ]
     proc = subprocess.Popen(
         args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True
@@ -249,6 +252,8 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
             "trainer.progress_bar=false",
             "trainer.max_steps=3",
             "trainer.sample_prompts=0",
+            "trainer.eval_at_end=false",
+            "trainer.val_every=0",
             f"hydra.run.dir={out}/${{wd_now:%H-%M-%S}}",
         ],
         cwd=ROOT,

@@ -23,7 +23,14 @@ from wandistiller.stopping import Stop
 @pytest.mark.slow  # two CLI starts: ~20 s
 def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "r"
-    common = [f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0", "trainer.progress_bar=false"]
+    common = [
+        f"paths.cache_dir={cache_dir}",
+        "logger=none",
+        "trainer.sample_prompts=0",
+        "trainer.eval_at_end=false",
+        "trainer.val_every=0",
+        "trainer.progress_bar=false",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "wandistiller.train", *common, f"hydra.run.dir={run_dir}"]
         + ["trainer.max_steps=100000", "trainer.checkpoint_every=3"],
@@ -126,7 +133,14 @@ def test_sigterm_to_the_launcher_of_two_workers_stops_both_at_one_step_with_one_
     run_dir = tmp_path / "r"
     proc = subprocess.Popen(
         [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
-        + ["logger=none", "trainer.sample_prompts=0", "trainer.progress_bar=false", "distributed.nproc_per_node=2"]
+        + [
+            "logger=none",
+            "trainer.sample_prompts=0",
+            "trainer.eval_at_end=false",
+            "trainer.val_every=0",
+            "trainer.progress_bar=false",
+            "distributed.nproc_per_node=2",
+        ]
         + ["trainer.max_steps=100000", "trainer.checkpoint_every=2", "trainer.batch_size=2"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

@@ -28,7 +28,7 @@ STATE_FILE = "state.json"
 TENSORS = "tensors.safetensors"
 LEGACY_FILE = "state.pt"  # a pickle, written before checkpoints were data: listed, never loaded
 REQUIRED = {"student", "optimizer", "lr_scheduler", "scaler", "ema", "tracker_run_id", "rng"}
-TMP, PRUNE = r"\.tmp-step_\d+", r"\.prune-step_\d+"  # temporary names, before `-<host>-<pid>`
+TMP, PRUNE = r"\.tmp-(?:step_\d+|best)", r"\.prune-(?:step_\d+|best)"  # temporary names, before `-<host>-<pid>`
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -74,7 +74,13 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     A failed write (a full disk, no permission) removes its temporary folder and is one UserError naming
     the folder and the space it needs; the checkpoints written before stay as they were.
     """
-    final = checkpoint_dir(run_dir, step)
+    final = write_checkpoint(checkpoint_dir(run_dir, step), step, state)
+    _prune(run_dir, step, keep)
+    return final
+
+
+def write_checkpoint(final: Path, step: int, state: dict) -> Path:
+    """The checkpoint folder `final`, written whole (to a temporary sibling, then renamed) or not at all."""
     tmp = final.with_name(leftovers.owned_name(f".tmp-{final.name}"))
     tensors: dict[str, torch.Tensor] = {}
     data = safestate.encode(state | {"step": step, "rng": rng_state()}, tensors)
@@ -89,7 +95,6 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(_save_failed(final.parent, e, safestate.tensor_bytes(tensors))) from None
-    _prune(run_dir, step, keep)
     return final
 
 

@@ -170,6 +170,12 @@ class TrainerConfig:
     # The teacher-vs-student PNG grid at the end: prompts shown and sampling steps; 0 prompts = skip.
     sample_prompts: int = MISSING
     sample_steps: int = MISSING
+    # Held-out val/loss (and checkpoints/best/, loss.png) every N steps; 0 = never.
+    val_every: int = MISSING
+    # The grid every N steps, into samples/step_XXXXXXXX.png; 0 = only at the end.
+    sample_every: int = MISSING
+    # End with `python -m wandistiller.eval` (student vs teacher from the same noise) into metrics.json.
+    eval_at_end: bool = MISSING
 
 
 @dataclass

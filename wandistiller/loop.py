@@ -42,6 +42,8 @@ class Run:
     is_main: bool = True
     student_group: object = None  # process group of the training ranks (None: no reduction)
     history: list[dict] = field(default_factory=list)
+    # Called as hook(run, step) after each step (validation, samples, metrics as they happen: monitor.py).
+    hooks: list[Callable] = field(default_factory=list)
 
     @property
     def student(self) -> torch.nn.Module:
@@ -136,6 +138,8 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
             stopping or (step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == trainer_cfg.max_steps
         ):
             save_checkpoint(run.run_dir, step + 1, training_state(run), keep=trainer_cfg.keep_checkpoints)
+        for hook in run.hooks:
+            hook(run, step + 1)
         if stopping:
             stop.exit(run.run_dir, step + 1, run.is_main)
     stop.restore()

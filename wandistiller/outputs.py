@@ -4,6 +4,7 @@ and metrics_steps.jsonl, and the tracker's summary."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import statistics
@@ -13,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("wandistiller")
+
 
 def millions(module: torch.nn.Module) -> float:
     return sum(p.numel() for p in module.parameters()) / 1e6
@@ -21,17 +24,15 @@ def millions(module: torch.nn.Module) -> float:
 def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
     """Every rank's last step: the main rank writes the outputs and returns the run's summary."""
     run, cfg = recipe.run, recipe.cfg
-    if recipe.is_main:
-        save_student(run)
-    grid = draw_samples(recipe)
     if not recipe.is_main:
         return ranks[recipe.topo.rank]
-    summary = summarize(recipe, history, ranks)
-    (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
-    with (recipe.run_dir / "metrics_steps.jsonl").open("a") as f:
-        f.writelines(json.dumps(h) + "\n" for h in history)
-    if grid is not None:
+    save_student(run)
+    if recipe.teacher_samples is not None:
+        grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
         run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
+    summary = summarize(recipe, whole_run(recipe.run_dir, history), ranks)
+    summary |= validation_summary(recipe.run_dir) | evaluate_at_end(recipe)
+    (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
 
@@ -44,10 +45,10 @@ def save_student(run) -> None:
         run.student.transformer.save_pretrained(run.run_dir / "student_ema", safe_serialization=True)
 
 
-def draw_samples(recipe) -> Path | None:
-    """The teacher-vs-student grid: rank 0 (which always holds a teacher) draws the teacher's column, the
-    main rank the student's. A sharded teacher needs every rank in its forwards."""
-    from wandistiller.samples import save_grid, student_images, teacher_images
+def teacher_column(recipe):
+    """The teacher's images for the sample grids, drawn once: by rank 0 (which always holds a teacher; a
+    sharded one needs every rank in its forwards), then sent to the main rank. None without samples."""
+    from wandistiller.samples import teacher_images
 
     cfg = recipe.cfg
     n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
@@ -57,12 +58,60 @@ def draw_samples(recipe) -> Path | None:
     drawn = [teacher_images(recipe.teacher, recipe.embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
     if recipe.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)
-    if not recipe.is_main:
-        return None
-    student = recipe.run.student
+    return drawn[0]
+
+
+def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
+    """The teacher-vs-student grid at `path`, the student drawn from the same noise and prompts now."""
+    from wandistiller.samples import save_grid, student_images
+
+    cfg = recipe.cfg
+    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+    was_training = student.training
     student.eval()
     mine = student_images(recipe.spec, student.transformer, recipe.embeddings, cfg.data, n, steps, cfg.seed)
-    return save_grid(drawn[0], mine, recipe.embeddings.prompts[:n], recipe.run_dir / "samples.png")
+    student.train(was_training)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_grid(recipe.teacher_samples, mine, recipe.embeddings.prompts[:n], path)
+
+
+def whole_run(run_dir: Path, history: list[dict]) -> list[dict]:
+    """Every training step of the run, the segments before a resume included (metrics_steps.jsonl holds
+    them, validation rows aside); this segment's `history` if the file is missing."""
+    path = run_dir / "metrics_steps.jsonl"
+    if not path.is_file():
+        return history
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = {r["step"]: r for r in rows if "loss" in r}  # a step redone after a resume: its last record
+    return [steps[k] for k in sorted(steps)] or history
+
+
+def validation_summary(run_dir: Path) -> dict:
+    """The last and the best held-out loss of the run (metrics_steps.jsonl's validation rows)."""
+    path = run_dir / "metrics_steps.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    val = [r for r in rows if "val/loss" in r]
+    if not val:
+        return {}
+    return {"val_loss_last": val[-1]["val/loss"], "val_loss_best": min(r["val/loss"] for r in val)}
+
+
+def evaluate_at_end(recipe) -> dict:
+    """trainer.eval_at_end: student against teacher from the same noise (python -m wandistiller.eval),
+    its mean figures for metrics.json. The training teacher is freed first: eval loads its own."""
+    if not recipe.cfg.trainer.eval_at_end:
+        return {}
+    if recipe.placement.name not in ("cpu", "gpu"):
+        where = f"python -m wandistiller.eval {recipe.run_dir}"
+        log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one device); "
+                 "run %s where it fits", recipe.placement.name, where)  # fmt: skip
+        return {}
+    from wandistiller.eval import evaluate
+
+    recipe.teacher = None
+    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device)
+    recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
+    return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
 def summarize(recipe, history: list[dict], ranks: list[dict]) -> dict:

@@ -28,6 +28,7 @@ from wandistiller.preflight import Prepared
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.teacher import compile_blocks, inspect_teacher
 from wandistiller.tracking import NullTracker
+from wandistiller.validation import split_prompts
 
 log = logging.getLogger("wandistiller")
 
@@ -49,9 +50,12 @@ class DistillationRecipe:
 
     # -- setup: each step builds one thing ------------------------------------------------------------
     def setup(self) -> None:
-        self.embeddings = self._setup_embeddings()
+        self.embeddings, self.val_embeddings = self._setup_embeddings()
         self.teacher = self._setup_teacher()
+        self.latent_bank = self._setup_latents()
         self.batch_fn = self._setup_batches()
+        self.val_set = self._setup_val_set()
+        self.teacher_samples = self._setup_teacher_samples()
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
         # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
@@ -78,24 +82,40 @@ class DistillationRecipe:
             dp_rank=self.roles.dp_rank,
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
+            hooks=[self._setup_monitor()] if self.is_main else [],
         )
 
     def _setup_embeddings(self):
-        """The main rank encodes (or finds them cached); the others then read the cache."""
+        """(training, held-out) prompt embeddings: the main rank encodes (or finds them cached), then the
+        others read the cache."""
         cfg = self.cfg
+        train, held_out = split_prompts(read_prompts(cfg.data.prompts_path), cfg.data.val_prompts_path,
+                                        cfg.data.val_fraction)  # fmt: skip
         encode = functools.partial(
             encode_prompts,
             self.spec,
-            read_prompts(cfg.data.prompts_path),
-            cfg.teacher.negative_prompt,
-            cfg.teacher.max_sequence_length,
-            self.precision.teacher_dtype,
+            negative_prompt=cfg.teacher.negative_prompt,
+            max_sequence_length=cfg.teacher.max_sequence_length,
+            dtype=self.precision.teacher_dtype,
+            cache_dir=cfg.paths.cache_dir,
         )
         if self.is_main:
             where = self.placement.teacher_device(self.topo) if self.roles.has_teacher else self.device
-            embeddings = encode(where, cfg.paths.cache_dir)
+            found = encode(train, device=where), encode(held_out, device=where)
         barrier(self.topo)
-        return embeddings if self.is_main else encode(torch.device("cpu"), cfg.paths.cache_dir)
+        if self.is_main:
+            return found
+        return encode(train, device=torch.device("cpu")), encode(held_out, device=torch.device("cpu"))
+
+    def _setup_latents(self):
+        """x0 for training: None (Gaussian), the teacher's own samples, or encoded images (whose captions
+        then replace the training prompts)."""
+        from wandistiller import data_sources
+
+        bank, embeddings = data_sources.training_latents(self)
+        if embeddings is not None:
+            self.embeddings = embeddings
+        return bank
 
     def _setup_teacher(self):
         if not self.roles.has_teacher:
@@ -108,10 +128,30 @@ class DistillationRecipe:
 
     def _setup_batches(self):
         cfg, spec = self.cfg, self.spec
-        shape = (spec.transformer_config["in_channels"], cfg.data.latent_frames, cfg.data.latent_height,
-                 cfg.data.latent_width)  # fmt: skip
+        shape = self.latent_shape()
         shift = cfg.teacher.flow_shift or spec.flow_shift
-        return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings)
+        return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings,
+                            latent_bank=self.latent_bank)  # fmt: skip
+
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        d = self.cfg.data
+        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+
+    def _setup_val_set(self):
+        from wandistiller import data_sources
+
+        return data_sources.val_set(self) if self.cfg.trainer.val_every > 0 else None
+
+    def _setup_teacher_samples(self):
+        from wandistiller import outputs
+
+        return outputs.teacher_column(self)
+
+    def _setup_monitor(self):
+        from wandistiller.monitor import Monitor
+
+        samples = functools.partial(outputs.save_samples, self) if self.teacher_samples is not None else None
+        return Monitor(self.cfg.trainer, self.val_set, samples)
 
     def _setup_student(self) -> torch.nn.Module:
         cfg = self.cfg

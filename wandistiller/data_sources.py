@@ -1,0 +1,84 @@
+"""Where a run's clean latents x0 come from (`data.latents`), and its held-out validation set, built in
+the processes that need them: the rank that holds a teacher makes what needs one, the others read the
+cache it wrote (text embeddings work the same way)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from wandistiller.distributed import barrier
+from wandistiller.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
+from wandistiller.validation import build_val_set, fill_targets
+
+log = logging.getLogger("wandistiller")
+
+
+def makers(recipe) -> bool:
+    """Whether this rank makes what needs the teacher: rank 0 (which always holds one), or every rank of a
+    teacher whose forwards are collectives."""
+    return recipe.teacher is not None and (recipe.topo.rank == 0 or recipe.placement.collective)
+
+
+def training_latents(recipe):
+    """(LatentBank or None, the training embeddings when they change): Gaussian x0 needs nothing; teacher
+    latents are the teacher's own samples of the training prompts; images are encoded with its VAE."""
+    kind = str(recipe.cfg.data.latents)
+    if kind == "gaussian":
+        return None, None
+    if kind == "images":
+        return _image_latents(recipe)
+    cfg, spec = recipe.cfg, recipe.spec
+    settings = SamplerSettings(
+        cfg.data.sample_steps, tuple(_guidance(recipe)), recipe.latent_shape(), cfg.data.latents_per_prompt
+    )
+    bank = None
+    if makers(recipe):
+        bank = teacher_latents(recipe.teacher, recipe.embeddings, cfg.seed, settings, cfg.paths.cache_dir,
+                               cfg.data.latent_chunk, progress=recipe.topo.rank == 0)  # fmt: skip
+    barrier(recipe.topo)
+    if bank is None:
+        folder = latents_folder(spec, recipe.embeddings, cfg.seed, settings, recipe.precision.teacher_dtype,
+                                cfg.paths.cache_dir)  # fmt: skip
+        bank = load_latent_bank(folder)
+    return bank, None
+
+
+def _guidance(recipe) -> list[float]:
+    t = recipe.cfg.teacher
+    scales = [t.guidance_scale]
+    if len(recipe.spec.experts) == 2:
+        scales.append(t.guidance_scale if t.guidance_scale_2 is None else t.guidance_scale_2)
+    return scales
+
+
+def _image_latents(recipe):
+    from wandistiller.image_data import image_data
+
+    cfg = recipe.cfg
+    args = (recipe.spec, cfg.data, cfg.teacher, recipe.precision.teacher_dtype)
+    if recipe.is_main:
+        found = image_data(*args, recipe.device, cfg.paths.cache_dir, progress=True)
+    barrier(recipe.topo)  # the main rank encoded them; the others read its cache
+    if not recipe.is_main:
+        found = image_data(*args, torch.device("cpu"), cfg.paths.cache_dir, progress=False)
+    embeddings, bank = found
+    return bank, embeddings
+
+
+def val_set(recipe):
+    """The held-out set with the teacher's targets filled in once, on the main rank (None elsewhere)."""
+    cfg = recipe.cfg
+    if cfg.trainer.val_every > cfg.trainer.max_steps:
+        log.warning("trainer.val_every=%d > trainer.max_steps=%d: no validation will run",
+                    cfg.trainer.val_every, cfg.trainer.max_steps)  # fmt: skip
+    held_out = build_val_set(recipe.val_embeddings, recipe.latent_shape(), cfg.seed, recipe.spec.num_train_timesteps)
+    box = [None]
+    if makers(recipe):
+        box = [fill_targets(held_out, lambda *a: recipe.teacher.targets(*a)[0]).targets]
+    if recipe.topo.distributed:
+        dist.broadcast_object_list(box, src=0)
+    held_out.targets = box[0]
+    return held_out if recipe.is_main else None

@@ -1,0 +1,57 @@
+"""What a run shows while it trains, on the main rank, after every step: the per-step metrics appended to
+`metrics_steps.jsonl` as they happen, the held-out `val/loss` (overall and per noise band) every
+`trainer.val_every` steps with `checkpoints/best/` and `loss.png`, and a teacher-vs-student grid every
+`trainer.sample_every` steps in `samples/`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from wandistiller.checkpoint import CHECKPOINTS, write_checkpoint
+from wandistiller.validation import ValSet, save_loss_plot, val_loss
+
+log = logging.getLogger("wandistiller")
+
+
+class Monitor:
+    """A loop hook: `monitor(run, step)` after each step's optimizer update and checkpoint."""
+
+    def __init__(self, trainer_cfg, val_set: ValSet | None, samples=None):
+        self.t, self.val_set, self.samples = trainer_cfg, val_set, samples
+        self.written = 0  # run.history entries already in metrics_steps.jsonl
+        self.best = math.inf
+
+    def __call__(self, run, step: int) -> None:
+        row = {}
+        if self.val_set is not None and self.t.val_every > 0 and step % self.t.val_every == 0:
+            row = self.validate(run, step)
+        self.append_metrics(run, row)
+        if row:
+            save_loss_plot(run.run_dir)
+        if self.samples is not None and self.t.sample_every > 0 and step % self.t.sample_every == 0:
+            path = self.samples(run.student, Path(run.run_dir) / "samples" / f"step_{step:08d}.png")
+            run.tracker.log_image("samples", path, step=step)
+
+    def validate(self, run, step: int) -> dict:
+        from wandistiller.loop import training_state
+
+        metrics = val_loss(
+            run.student, None, self.val_set, device=run.device, autocast_dtype=run.precision.autocast_dtype
+        )
+        run.tracker.log(metrics, step=step)
+        log.info("step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+        if metrics["val/loss"] < self.best:
+            self.best = metrics["val/loss"]
+            write_checkpoint(Path(run.run_dir) / CHECKPOINTS / "best", step, training_state(run) | {"val": metrics})
+        return {"step": step} | metrics
+
+    def append_metrics(self, run, extra: dict) -> None:
+        """Rows not yet written (an interrupted run keeps what it measured), then `extra` (a validation)."""
+        rows = run.history[self.written :] + ([extra] if extra else [])
+        self.written = len(run.history)
+        if rows:
+            with (Path(run.run_dir) / "metrics_steps.jsonl").open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
