@@ -107,7 +107,7 @@ def bad_dataset(tmp_path, damage):
     "make,damage,message",
     [
         (bad_folder, "empty", r"data.root=.* holds no images"),
-        (bad_folder, "unreadable", r"data.root=.*image 1 .* is unreadable"),
+        (bad_folder, "unreadable", r"data.root=.*img1.png is not a readable image"),
         (bad_folder, "uncaptioned", r"data.root=.*img2.png has no caption"),
         (bad_dataset, "no_image_column", r"data.dataset=.* has no image column"),
         (bad_dataset, "no_text_column", r"data.dataset=.* has no text column"),

@@ -80,6 +80,12 @@ def folder_source(root: str) -> ImageSource:
             where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {image.stem}.txt beside it"
             raise UserError(f"{key}: {rel} has no caption ({where}); caption every image")
         captions.append(caption)
+    for image in images:  # headers only: an unreadable image is named now, not after the encoder loads
+        try:
+            with Image.open(image) as opened:
+                opened.verify()
+        except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
+            raise UserError(f"{key}: {image.relative_to(path).as_posix()} is not a readable image") from None
     stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in images]
     fingerprint = hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
     return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint)
@@ -161,14 +167,19 @@ def image_latents(
     return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress)
 
 
-def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
-    """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
+def image_source(data_cfg) -> ImageSource:
+    """The images and captions `data.root` or `data.dataset` names; refused in one line where they cannot
+    serve (the preflight calls this before anything heavy)."""
     if (data_cfg.root is None) == (data_cfg.dataset is None):
         raise UserError("data=image_folder: set one of data.root (an image folder) or data.dataset (a datasets folder)")
     if data_cfg.root is not None:
-        source = folder_source(data_cfg.root)
-    else:
-        source = dataset_source(data_cfg.dataset, data_cfg.image_column, data_cfg.text_column)
+        return folder_source(data_cfg.root)
+    return dataset_source(data_cfg.dataset, data_cfg.image_column, data_cfg.text_column)
+
+
+def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
+    """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
+    source = image_source(data_cfg)
     channels = spec.transformer_config["in_channels"]
     shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
     bank = image_latents(spec, source, shape, cache_dir, device, data_cfg.latent_chunk, progress)

@@ -51,7 +51,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
-    read_prompts(cfg.data.prompts_path)
+    check_data(cfg)
     if table is None:  # a Hub teacher: planned now that its config is here
         placement, table = choose_placement(cfg, precision, world)
     check_combination(cfg, placement, world)
@@ -86,6 +86,15 @@ def check_values(cfg: DictConfig) -> None:
         )
     if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
         raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
+
+
+def check_data(cfg: DictConfig) -> None:
+    """The prompts file, and for data.latents=images the images and captions."""
+    read_prompts(cfg.data.prompts_path)
+    if cfg.data.latents == "images":
+        from wandistiller.image_data import image_source
+
+        image_source(cfg.data)
 
 
 def check_targets(cfg: DictConfig) -> None:

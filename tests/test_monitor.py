@@ -1,0 +1,74 @@
+"""What a run shows while it trains: validation, best checkpoint, loss.png, periodic grids, metrics as they
+happen, the evaluation at the end -- and the data sources a run can draw x0 from."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from wandistiller.checkpoint import load_checkpoint
+from wandistiller.train import run
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+
+
+def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    overrides = ["trainer.max_steps=4", "trainer.val_every=2", "trainer.sample_every=2", "trainer.sample_prompts=1",
+                 "trainer.sample_steps=2", "trainer.eval_at_end=true", "trainer.checkpoint_every=10"]  # fmt: skip
+    summary = run(make_cfg(*overrides, run_dir=run_dir))
+    val = [r for r in rows(run_dir) if "val/loss" in r]
+    assert [r["step"] for r in val] == [2, 4]
+    assert {"val/loss_t<250", "val/loss_250-750", "val/loss_t>750"} <= set(val[0])
+    best = load_checkpoint(run_dir / "checkpoints" / "best")
+    assert best["val"]["val/loss"] == min(r["val/loss"] for r in val) == summary["val_loss_best"]
+    assert (run_dir / "loss.png").is_file() and (run_dir / "samples.png").is_file()
+    assert sorted(p.name for p in (run_dir / "samples").iterdir()) == ["step_00000002.png", "step_00000004.png"]
+    assert summary["eval_latent_mse"] >= 0 and (run_dir / "eval.json").is_file()
+    # Deterministic: the same run gives the same held-out losses.
+    again = tmp_path / "again"
+    run(make_cfg(*overrides, "trainer.eval_at_end=false", "trainer.sample_every=0", run_dir=again))
+    assert [r["val/loss"] for r in rows(again) if "val/loss" in r] == [r["val/loss"] for r in val]
+
+
+def test_metrics_are_written_as_they_happen_and_summarised_over_a_resumed_run(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    first = run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=run_dir))
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]
+    (run_dir / "metrics.json").unlink()  # as if stopped before the end: the step rows are there already
+    (run_dir / "student").rename(tmp_path / "student_first")
+    summary = run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))
+    assert summary["steps_run"] == 4 and summary["loss_first"] == first["loss_first"] and summary["final_step"] == 4
+
+
+def test_a_student_trains_on_the_teachers_own_latents(make_cfg, tmp_path, cache_dir):
+    overrides = ["data=teacher_latents", "data.sample_steps=2", "trainer.max_steps=2"]
+    summary = run(make_cfg(*overrides, run_dir=tmp_path / "a"))
+    assert summary["steps_run"] == 2
+    made = sorted((cache_dir / "teacher_latents").iterdir())
+    run(make_cfg(*overrides, run_dir=tmp_path / "b"))  # a second run reuses the cache
+    assert sorted((cache_dir / "teacher_latents").iterdir()) == made
+
+
+def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i, caption in enumerate(["a red fox in snow", "a boat on a lake", "a city at night"]):
+        Image.fromarray(rng.integers(0, 255, (72, 90, 3), dtype=np.uint8)).save(images / f"{i}.png")
+        (images / f"{i}.txt").write_text(caption)
+    summary = run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2
+
+
+@pytest.mark.parametrize("override", ["data=image_folder"])
+def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, tmp_path, override):
+    from wandistiller.errors import UserError
+
+    with pytest.raises(UserError, match="data.root"):
+        run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))
