@@ -20,8 +20,11 @@ def test_every_group_is_tested_and_non_empty():
 @pytest.mark.parametrize("group,option", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
 def test_every_option_composes_and_resolves(make_cfg, group, option):
     # Keys an option leaves for the user on purpose (??? in its YAML).
-    extra = {("student", "from_json"): ["student.config_path=/x/config.json"],
-             ("distributed", "multi_node"): ["distributed.rdzv_endpoint=node0:29500"]}.get((group, option), [])  # fmt: skip
+    deliberate = {
+        ("student", "from_json"): ["student.config_path=/x/config.json"],
+        ("distributed", "multi_node"): ["distributed.rdzv_endpoint=node0:29500"],
+    }
+    extra = deliberate.get((group, option), [])
     prefix = "+" if group == "experiment" else ""  # presets are added, not chosen from a default
     cfg = make_cfg(f"{prefix}{group}={option}", *extra)
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
