@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ COLUMNS = [
     "copy ms",
     "peak GPU GiB",
     "host RSS GiB",
+    "val/loss",
     "note",
 ]
 
@@ -110,6 +112,7 @@ def table_rows(points: list[Point]) -> list[list[str]]:
                 _num(m.get("copy_ms_median"), ".1f"),
                 _num(p.peak_gpu_gib, ".2f"),
                 _num(m.get("host_peak_rss_gib_max"), ".2f"),
+                _num(m.get("val_loss_last"), ".5f"),
                 note,
             ]
         )
@@ -129,15 +132,16 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [p.label.replace(" ", "\n") for p in points]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(points)), 4.8))
+    # One override per line, long ones wrapped, turned so neighbours never overlap.
+    labels = ["\n".join(textwrap.fill(part, 22) for part in p.label.split(" ")) for p in points]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.4 * len(points) + 4), 5.6))
     throughput = [p.metrics.get("samples_per_s_median") or 0 if p.ok else 0 for p in points]
     memory = [(p.peak_gpu_gib or p.metrics.get("host_peak_rss_gib_max") or 0) if p.ok else 0 for p in points]
     memory_kind = "peak GPU GiB" if any(p.peak_gpu_gib for p in points) else "peak host RSS GiB"
     colors = ["tab:blue" if p.ok else "tab:red" for p in points]
     for ax, values, name in ((ax1, throughput, "samples/s"), (ax2, memory, memory_kind)):
         bars = ax.bar(range(len(points)), values, color=colors)
-        ax.set_xticks(range(len(points)), labels, fontsize=7)
+        ax.set_xticks(range(len(points)), labels, fontsize=7, rotation=30, ha="right")
         ax.set_ylabel(name)
         ax.set_title(name)
         for bar, p, v in zip(bars, points, values):
