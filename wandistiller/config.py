@@ -35,6 +35,10 @@ class TeacherConfig:
     # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
     # whole teacher in one process only (cpu, gpu, gpu0, offload, disk).
     compile: bool = False
+    # "fp8": torchao float8 dynamic quantization of the blocks' Linear layers (Hopper+; wandistiller.quantize).
+    quantize: str | None = None
+    # diffusers attention backend for the teacher ("flash", "_native_cudnn", ...); None = diffusers' default.
+    attention_backend: str | None = None
 
 
 @dataclass
@@ -107,6 +111,8 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     # Regional torch.compile of the student's repeated blocks.
     compile_student: bool = False
+    # torch.compile mode for the student's blocks: None (default), "reduce-overhead" (CUDA graphs), "max-autotune".
+    compile_mode: str | None = None
     ema_decay: float | None = None
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
