@@ -21,6 +21,7 @@ from wandistiller.config import register_configs
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, init_process_group, launch, under_torchrun
 from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.fastpaths import check_compile_mode, check_quantize
 from wandistiller.precision import Precision
 from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
@@ -135,6 +136,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
             "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
             "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
         )
+    check_quantize(cfg.teacher.quantize, placement.teacher_device(topo))
+    check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
     served = placement.serving != "local" and max(cfg.distributed.nproc_per_node, topo.local_world_size) > 1
     if cfg.trainer.teacher_whole_step and served:
         raise UserError(

@@ -23,6 +23,7 @@ from wandistiller.checkpoint import checkpoint_step, load_checkpoint
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, destroy_process_group, init_process_group
 from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.precision import Precision
 from wandistiller.student import build_student, init_from_teacher
@@ -151,6 +152,9 @@ class Worker:
         cfg, topo, roles = self.cfg, self.topo, self.roles
         embeddings = self.embeddings()
         teacher = self.placement.load(self.spec, cfg.teacher, self.precision, topo) if roles.has_teacher else None
+        if teacher is not None:  # the opt-in fast paths, before compiling (a graph then sees fp8 layers)
+            quantize_teacher(teacher, cfg.teacher.quantize)
+            use_attention_backend(teacher, cfg.teacher.attention_backend)
         if teacher is not None and cfg.teacher.compile and getattr(self.placement, "compilable", False):
             for expert in teacher.experts:
                 compile_blocks(expert)
@@ -167,6 +171,7 @@ class Worker:
             cfg.teacher.flow_shift or self.spec.flow_shift,
             self.spec.num_train_timesteps,
             embeddings,
+            self.device,  # built where they are used; the same values as on the CPU
         )
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         start_step = checkpoint_step(resume_from) if resume_from else 0
@@ -249,7 +254,7 @@ class Worker:
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
-            student.transformer.compile_repeated_blocks(fullgraph=True)
+            student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
         params = [p for p in student.parameters() if p.requires_grad]
         optimizer = instantiate(cfg.trainer.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
         lr_scheduler = get_scheduler(
