@@ -101,9 +101,9 @@ def job_bench(args) -> dict:
     _defaults(args)
     folder = teacher_folder(args.arch, args.cache_dir)
     framework = framework_job(args, folder)
-    theirs = handwritten.run_loop(args, handwritten.setup(args, folder))
+    theirs = None if args.framework_only else handwritten.run_loop(args, handwritten.setup(args, folder))
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
-    ratio = framework["samples_per_s"] / theirs["samples_per_s"]
+    ratio = framework["samples_per_s"] / theirs["samples_per_s"] if theirs else None
     options = {k: getattr(args, k) for k in ("compile", "compile_mode", "quantize", "attention_backend")}
     print(
         f"job {args.arch} -> student={args.student}, b{args.batch}, {args.latent_height}x{args.latent_width} latents, "
@@ -111,13 +111,16 @@ def job_bench(args) -> dict:
         f"{args.steps} steps ({args.warmup} warm-up), {device}"
     )
     print(f"{'loop':<14}{'samples/s':>11}{'step ms':>9}{'teacher ms':>12}{'student ms':>12}{'peak GiB':>10}  loss")
-    for name, r in (("wandistiller", framework), ("hand-written", theirs)):
+    for name, r in (("wandistiller", framework), ("hand-written", theirs or {})):
+        if not r:
+            continue
         print(
             f"{name:<14}{r['samples_per_s']:>11.2f}{r['step_ms_median']:>9.1f}{r['teacher_ms_median']:>12.1f}"
             f"{r['student_ms_median']:>12.1f}{r['peak_gib'] or 0:>10.2f}  {r['loss_last']:.6g}"
         )
-    error = theirs["target_rel_error_vs_bf16"]
-    print(f"ratio {ratio:.3f}x (target >= 1.00x)" + (f"; fp8 targets' relative error {error:.2e}" if error else ""))
+    error = (theirs or {}).get("target_rel_error_vs_bf16")
+    if ratio is not None:
+        print(f"ratio {ratio:.3f}x (target >= 1.00x)" + (f"; fp8 targets' relative error {error:.2e}" if error else ""))
     return {
         "benchmark": "job",
         "arch": args.arch,
@@ -157,5 +160,6 @@ def add_parser(sub) -> None:
     j.add_argument("--quantize", choices=["fp8"], default=None, help="fp8 teacher (torchao; Hopper+)")
     j.add_argument("--attention-backend", default=None, help="the teacher's diffusers attention backend")
     j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--framework-only", action="store_true", help="skip the hand-written loop (no ratio)")
     j.add_argument("--cache-dir", default="~/.cache/wandistiller")
     j.add_argument("--out", default="bench_job.json")
