@@ -76,3 +76,13 @@ def test_the_flow_shift_moves_timesteps_towards_noise():
     assert (shifted_sigmas(u, 3.0) >= u).all()
     # Wan 2.2's boundary t=875 at shift 3 falls at 1 - 0.875/(3 - 2*0.875) = 0.30 of the way through u.
     assert abs(float(shifted_sigmas(torch.tensor(0.7), 3.0)) - 0.875) < 1e-6
+
+
+def test_batches_built_for_a_device_equal_the_cpu_ones_bit_for_bit(tiny_path, tmp_path):
+    """The draws stay on the CPU whatever the device; only padding moves (checked here on the CPU device,
+    the path CI has; on CUDA the same code adds pinned copies)."""
+    spec = inspect_teacher(tiny_path)
+    emb = encode_prompts(spec, read_prompts(None), "", 512, torch.float32, torch.device("cpu"), tmp_path)
+    a, b = batch(emb), batch(emb, device=torch.device("cpu"))
+    assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()))
+    assert torch.equal(emb.padded(a.prompt_idx, torch.device("cpu")), emb.padded(a.prompt_idx))

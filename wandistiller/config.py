@@ -88,6 +88,10 @@ class TeacherConfig:
     # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
     # whole teacher in one process only (cpu, gpu, gpu0, offload, disk).
     compile: bool = False
+    # "fp8": torchao float8 dynamic quantization of the blocks' Linear layers (Hopper+; wandistiller.fastpaths).
+    quantize: str | None = None
+    # diffusers attention backend for the teacher ("flash", "_native_cudnn", ...); None = diffusers' default.
+    attention_backend: str | None = None
 
 
 @dataclass
@@ -160,6 +164,8 @@ class TrainerConfig:
     gradient_checkpointing: bool = MISSING
     # Regional torch.compile of the student's repeated blocks.
     compile_student: bool = MISSING
+    # torch.compile mode for the student's blocks: None (default), "reduce-overhead" (CUDA graphs), "max-autotune".
+    compile_mode: str | None = MISSING
     ema_decay: float | None = MISSING
     checkpoint_every: int = MISSING
     keep_checkpoints: int = MISSING

@@ -49,16 +49,26 @@ class PromptEmbeddings:
     negative: torch.Tensor
     max_sequence_length: int
 
-    def padded(self, indices: torch.Tensor) -> torch.Tensor:
+    def padded(self, indices: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
         rows = [self.embeds[i] for i in indices.tolist()]
+        if device is not None and device.type != "cpu":  # move the prompts' own tokens only, pad there
+            rows = _to_device(torch.cat(rows), device).split([len(r) for r in rows])
         return torch.stack([_pad(r, self.max_sequence_length) for r in rows])
 
-    def negative_batch(self, n: int) -> torch.Tensor:
-        return _pad(self.negative, self.max_sequence_length).expand(n, -1, -1)
+    def negative_batch(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        negative = self.negative if device is None else _to_device(self.negative, device)
+        return _pad(negative, self.max_sequence_length).expand(n, -1, -1)
 
 
 def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(length - x.shape[0], x.shape[1])])
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without making the host wait: through pinned memory on CUDA."""
+    if device.type == "cuda":
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
 
 
 def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
@@ -171,11 +181,14 @@ def make_batch(
     num_train_timesteps: int,
     embeddings: PromptEmbeddings,
     latent_bank=None,
+    device: torch.device | None = None,
 ) -> Batch:
-    """One micro-batch, a pure function of its arguments (built on the CPU, so every device agrees).
+    """One micro-batch, a pure function of its arguments, on `device` (None: the CPU).
 
     x0 is Gaussian, or drawn from `latent_bank` (a wandistiller.latents.LatentBank: teacher samples or
     encoded images) with the same generator; the prompt is then the latent's own, so cond matches x0.
+    The random draws are made on the CPU whatever the device, so every device agrees bit for bit; on a
+    GPU only they (through pinned memory) and the prompts' own tokens move, and the padding is done there.
     """
     g = torch.Generator().manual_seed(_mix(seed, step, micro, rank))
     if latent_bank is None:
@@ -187,12 +200,13 @@ def make_batch(
     sigma = shifted_sigmas(torch.rand(batch_size, generator=g), flow_shift)
     s = sigma.view(-1, 1, 1, 1, 1)
     x_t = (1 - s) * x0 + s * noise  # rectified flow: the velocity is noise - x0
+    moved = (lambda x: x) if device is None else (lambda x: _to_device(x, device))
     return Batch(
-        prompt_idx=prompt_idx,
-        x_t=x_t,
-        t=sigma * num_train_timesteps,
-        cond=embeddings.padded(prompt_idx),
-        uncond=embeddings.negative_batch(batch_size),
+        prompt_idx=moved(prompt_idx),
+        x_t=moved(x_t),
+        t=moved(sigma * num_train_timesteps),
+        cond=embeddings.padded(prompt_idx, device),
+        uncond=embeddings.negative_batch(batch_size, device),
     )
 
 
@@ -204,8 +218,12 @@ def batch_source(
     num_train_timesteps: int,
     embeddings: PromptEmbeddings,
     latent_bank=None,
+    device: torch.device | None = None,
 ):
-    """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call."""
+    """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call.
+
+    With `device` the batches are built there (the same values as on the CPU); None: on the CPU.
+    """
     if latent_bank is not None and latent_bank.latent_shape != tuple(latent_shape):
         raise ValueError(f"latent bank holds {latent_bank.latent_shape} latents, the run trains on {latent_shape}")
 
@@ -221,6 +239,7 @@ def batch_source(
             num_train_timesteps=num_train_timesteps,
             embeddings=embeddings,
             latent_bank=latent_bank,
+            device=device,
         )
 
     return batch

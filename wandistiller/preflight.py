@@ -19,6 +19,7 @@ from wandistiller.config import compose_option
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, World, local_device, under_torchrun
 from wandistiller.errors import UserError
+from wandistiller.fastpaths import check_compile_mode, check_quantize
 from wandistiller.memory import Hardware
 from wandistiller.placements import Placement, Serving
 from wandistiller.precision import Precision
@@ -163,6 +164,13 @@ def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision
 
 def check_combination(cfg: DictConfig, placement: Placement, world: World) -> None:
     """Options that each work, but not together."""
+    check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()))
+    if cfg.teacher.quantize and placement.name not in ("cpu", "gpu", "gpu0"):
+        raise UserError(
+            f"teacher.quantize={cfg.teacher.quantize} works with a resident teacher (gpu, gpu0), not with "
+            f"teacher_placement={placement.name}; use one of those or drop teacher.quantize"
+        )
+    check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
     if cfg.teacher.compile and not placement.compilable:
         raise UserError(
             "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "

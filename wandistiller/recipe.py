@@ -22,6 +22,7 @@ from wandistiller import outputs
 from wandistiller.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, barrier, gather, local_device, roles_for
+from wandistiller.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.precision import Precision
 from wandistiller.preflight import Prepared
@@ -121,6 +122,9 @@ class DistillationRecipe:
         if not self.roles.has_teacher:
             return None
         teacher = self.placement.load(self.spec, self.cfg.teacher, self.precision, self.topo)
+        # The opt-in fast paths, before compiling (a graph then sees the fp8 layers).
+        quantize_teacher(teacher, self.cfg.teacher.quantize)
+        use_attention_backend(teacher, self.cfg.teacher.attention_backend)
         if self.cfg.teacher.compile and self.placement.compilable:
             for expert in teacher.experts:
                 compile_blocks(expert)
@@ -131,7 +135,7 @@ class DistillationRecipe:
         shape = self.latent_shape()
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings,
-                            latent_bank=self.latent_bank)  # fmt: skip
+                            latent_bank=self.latent_bank, device=self.device)  # fmt: skip
 
     def latent_shape(self) -> tuple[int, int, int, int]:
         d = self.cfg.data
@@ -162,7 +166,7 @@ class DistillationRecipe:
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
-            student.transformer.compile_repeated_blocks(fullgraph=True)
+            student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
         log.info(
             "rank %d (pid %d): student %.1fM params on %s; teacher %s (%s)",
             self.topo.rank,

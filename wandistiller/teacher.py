@@ -199,12 +199,14 @@ class Teacher:
         out = torch.empty(x_t.shape, dtype=torch.float32, device=self.device)
         hidden = None
         for i, (expert, scale) in enumerate(zip(self.experts, self.guidance_scales)):
-            rows = (which == i).nonzero().flatten()
-            if rows.numel() == 0:
+            # One expert serves every row: no nonzero(), which would make the host wait for the device.
+            rows = slice(None) if len(self.experts) == 1 else (which == i).nonzero().flatten()
+            count = len(t) if len(self.experts) == 1 else rows.numel()
+            if count == 0:
                 if self.collective:  # keep step with the other ranks: one sample's forward, thrown away
                     expert(hidden_states=x_t[:1], timestep=t[:1], encoder_hidden_states=cond[:1], return_dict=False)
                 continue
-            if rows.numel() < len(t):  # group the samples each expert serves, as one batch per expert
+            if count < len(t):  # group the samples each expert serves, as one batch per expert
                 xs, ts, cs, us = x_t[rows], t[rows], cond[rows], uncond[rows]
             else:
                 xs, ts, cs, us = x_t, t, cond, uncond
@@ -219,7 +221,7 @@ class Teacher:
             pred_cond, pred_uncond = pred.to(self.device, torch.float32).chunk(2)
             out[rows] = pred_uncond + scale * (pred_cond - pred_uncond)
             if want_hidden:
-                h = captured[0][: len(rows)].to(self.device, torch.float32)
+                h = captured[0][:count].to(self.device, torch.float32)
                 hidden = h.new_empty((len(t), *h.shape[1:])) if hidden is None else hidden
                 hidden[rows] = h
         return out, hidden

@@ -38,22 +38,29 @@ def _build_tokenizer():
     )
 
 
-def build_tiny_pipeline(two_experts: bool = False):
-    """A WanPipeline with tiny random components (seeded). Two experts mirror Wan 2.2 A14B."""
+def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | None = None):
+    """A WanPipeline with tiny random components (seeded). Two experts mirror Wan 2.2 A14B.
+
+    `transformer_config` overrides the transformer's (benchmarks: a real-shaped Wan, its weights stored in
+    bf16); the text encoder is then as wide as its `text_dim` (4096 for Wan), every other component tiny.
+    """
+    config = TINY_TRANSFORMER | (transformer_config or {})
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = _build_tokenizer()
     torch.manual_seed(0)
-    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TINY_TEXT_ENCODER)).eval()
+    text_config = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **text_config)).eval()
     torch.manual_seed(1)
     vae = AutoencoderKLWan(**TINY_VAE).eval()
     torch.manual_seed(2)
-    transformer = WanTransformer3DModel(**TINY_TRANSFORMER).eval()
+    dtype = torch.float32 if transformer_config is None else torch.bfloat16  # halves a big one's files
+    transformer = WanTransformer3DModel(**config).eval().to(dtype)
     transformer_2 = None
     if two_experts:
         torch.manual_seed(3)
-        transformer_2 = WanTransformer3DModel(**TINY_TRANSFORMER).eval()
+        transformer_2 = WanTransformer3DModel(**config).eval().to(dtype)
     # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
     scheduler = UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
@@ -69,7 +76,9 @@ def build_tiny_pipeline(two_experts: bool = False):
     )
 
 
-def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> Path:
+def ensure_tiny_teacher(
+    path: str | os.PathLike, two_experts: bool = False, transformer_config: dict | None = None
+) -> Path:
     """Create the tiny teacher folder at `path` unless it is already there; return the path.
 
     Written to a temporary sibling and renamed, so a crash or a concurrent builder never leaves a
@@ -88,7 +97,7 @@ def ensure_tiny_teacher(path: str | os.PathLike, two_experts: bool = False) -> P
 
     diffusers_logging.disable_progress_bar()
     try:
-        build_tiny_pipeline(two_experts).save_pretrained(tmp, safe_serialization=True)
+        build_tiny_pipeline(two_experts, transformer_config).save_pretrained(tmp, safe_serialization=True)
         try:
             tmp.rename(path)
         except OSError:  # another process finished first; theirs is identical

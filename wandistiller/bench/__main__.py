@@ -1,0 +1,65 @@
+"""`python -m wandistiller.bench SUBCOMMAND`: parse, run the chosen benchmark, write its JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+import wandistiller.bench as package
+from wandistiller.bench import job
+from wandistiller.bench.models import ARCHS
+
+
+def parser() -> argparse.ArgumentParser:
+    main_parser = argparse.ArgumentParser(
+        prog="python -m wandistiller.bench",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = main_parser.add_subparsers(dest="bench", required=True)
+    p = sub.add_parser("overhead", help="framework loop vs a hand-written loop on the tiny CPU default")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--cache-dir", default="~/.cache/wandistiller")
+    p.add_argument("--out", default="bench_overhead.json")
+    t = sub.add_parser("teacher", help="a streamed teacher forward vs the GPU-resident one (random weights)")
+    t.add_argument("--arch", choices=sorted(ARCHS), default="14b")
+    t.add_argument("--placement", choices=["offload"], default="offload")
+    t.add_argument("--batch", default="1,8")
+    t.add_argument("--resident-blocks", default="0", help="blocks kept on the device: a count, or auto")
+    t.add_argument("--latent-height", type=int, default=60)
+    t.add_argument("--latent-width", type=int, default=104)
+    t.add_argument("--reps", type=int, default=5)
+    t.add_argument("--compile", action="store_true", help="regional torch.compile for both (compile_blocks)")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--out", default="bench_teacher.json")
+    ld = sub.add_parser("load", help="host memory and time to load one expert, each loader in a fresh process")
+    ld.add_argument("--arch", choices=sorted(ARCHS), default="1.3b")
+    ld.add_argument("--folder", default="~/.cache/wandistiller/bench_1.3b")
+    ld.add_argument("--device", default="cpu")
+    ld.add_argument("--out", default="bench_load.json")
+    job.add_parser(sub)
+    return main_parser
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.bench == "overhead":
+        from wandistiller.bench.overhead import overhead as bench
+    elif args.bench == "teacher":
+        from wandistiller.bench.teacher import teacher_bench as bench
+    elif args.bench == "load":
+        from wandistiller.bench.load import load_bench as bench
+    else:
+        bench = job.job_bench
+    result = bench(args)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""What the benchmarks share: Wan architectures, random-weight models, timing and memory helpers."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from wandistiller.arch import BENCH_ARCHS
+
+ARCHS = BENCH_ARCHS
+
+
+def model_config(arch: str) -> dict:
+    """The full WanTransformer3DModel config of an architecture (defaults filled in), without weights."""
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    with init_empty_weights():
+        return dict(WanTransformer3DModel(**ARCHS[arch]).config)
+
+
+def random_model(arch: str, dtype: torch.dtype):
+    """A Wan transformer of that shape with random weights, built on the CPU without a slow init.
+
+    Every weight is a slice of one seeded pool of 2**27 normal values (x0.02), at an offset set by its
+    index: the same model on every call, in the time of a memory copy (a 14B expert in seconds, where
+    drawing 14e9 values took minutes), so each benchmark process can build its own. Never all zeros.
+    """
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.streaming import replace_tensor
+
+    with init_empty_weights():  # parameters on meta; buffers (rope tables) real
+        model = WanTransformer3DModel(**ARCHS[arch])
+    pool = (torch.randn(2**27, generator=torch.Generator().manual_seed(0)) * 0.02).to(dtype)
+    for i, (name, p) in enumerate(list(model.named_parameters())):
+        start = (i * 1_000_003) % (pool.numel() - p.numel() + 1)
+        replace_tensor(model, name, pool[start : start + p.numel()].clone().view(p.shape))
+    return model.eval().requires_grad_(False)
+
+
+def time_forward(model, inputs, device, reps: int) -> float:
+    for _ in range(2):
+        model(**inputs)
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        model(**inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def pinned_bandwidth(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    src = torch.empty(2**30, dtype=torch.uint8).pin_memory()
+    dst = torch.empty_like(src, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return 5 * src.numel() / (time.perf_counter() - start)
+
+
+def forward_inputs(b: int, args, config: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    g = torch.Generator().manual_seed(b)  # never all-zero inputs
+    shape = (b, 16, 1, args.latent_height, args.latent_width)
+    return dict(
+        hidden_states=torch.randn(shape, generator=g).to(device, dtype),
+        timestep=(torch.rand(b, generator=g) * 1000).to(device),
+        encoder_hidden_states=torch.randn(b, 512, config["text_dim"], generator=g).to(device, dtype),
+        return_dict=False,
+    )
+
+
+def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
+    """Matmul FLOPs of one forward (as ../shared/gpu_baseline.py counts them): projections, attention, FFN."""
+    d, f = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
+    L, T = tokens, text_tokens
+    per_layer = 12 * L * d * d + 4 * T * d * d + 4 * L * L * d + 4 * L * T * d + 4 * L * d * f
+    return batch * config["num_layers"] * per_layer
+
+
+def memory_gib() -> dict[str, float]:
+    """This process's host memory now (VmRSS: pinned buffers included) and its peak (VmHWM), in GiB."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            fields[key] = int(value.split()[0]) / 2**20
+    return fields
