@@ -87,7 +87,7 @@ def _prepare_or_refuse(cfg: DictConfig, topo: Topology):
     """Under torchrun: rank 0's preparation (with the resolved config), or its refusal, for every rank."""
     try:
         prepared = prepare(cfg, topo)
-        return prepared, OmegaConf.to_container(cfg)
+        return prepared, OmegaConf.to_container(cfg, resolve=True)  # what rank 0 resolved, for every rank
     except UserError as e:
         return e
 
