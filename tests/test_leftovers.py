@@ -12,9 +12,9 @@ from conftest import ROOT
 
 from wandistiller import leftovers
 from wandistiller.checkpoint import TMP, checkpoint_dir, list_checkpoints, save_checkpoint
+from wandistiller.disk_source import converted_copy
 from wandistiller.distributed import Topology
 from wandistiller.rundir import claim_run_dir
-from wandistiller.streaming import converted_copy
 from wandistiller.tiny_teacher import build_pattern, ensure_tiny_teacher
 
 

@@ -159,7 +159,7 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
 
 
 def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):
-    from wandistiller.streaming import DiskSource
+    from wandistiller.disk_source import DiskSource
 
     spec = inspect_teacher(tiny_moe_path)
     # The tiny teacher is saved in fp32.

@@ -102,11 +102,8 @@ def encode_prompts(
     Uses WanPipeline.encode_prompt (the pipeline's tokenization, cleaning and padding), then frees the
     encoder: it is never resident during training.
     """
-    cache = (
-        Path(cache_dir).expanduser()
-        / "embeddings"
-        / f"{_cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)}.pt"
-    )
+    key = _cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)
+    cache = Path(cache_dir).expanduser() / "embeddings" / f"{key}.pt"
     if cache.is_file():
         log.info("text embeddings: cached %s", cache)
         return PromptEmbeddings(**torch.load(cache, weights_only=True))
@@ -145,11 +142,16 @@ def encode_prompts(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = PromptEmbeddings(prompts, embeds, negative[0, :negative_len].cpu().clone(), max_sequence_length)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache.parent, suffix=".tmp", delete=False) as f:
-        torch.save(vars(result), f)
-    os.replace(f.name, cache)
+    _save_atomically(vars(result), cache)
     return result
+
+
+def _save_atomically(obj: dict, path: Path) -> None:
+    """Written to a temporary sibling, then renamed: a reader never sees half a cache file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+        torch.save(obj, f)
+    os.replace(f.name, path)
 
 
 @dataclass

@@ -51,7 +51,7 @@ class DiskPlacement(OffloadPlacement):
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
 
     def expert_folder(self, folder: Path, precision, topology) -> Path:
-        from wandistiller.streaming import converted_copy
+        from wandistiller.disk_source import converted_copy
 
         if not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
             raise UserError(

@@ -1,0 +1,125 @@
+"""The `disk` placement's source: an expert's tensors read from its safetensors files, memory-mapped,
+and the copy of a teacher stored wider than it computes, converted once into `offload_dir`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from wandistiller import leftovers
+from wandistiller.errors import UserError
+
+# converted_copy's temporary folders: `<teacher>-<dtype>-<12 hex>.partial`, then `-<host>-<pid>`.
+PARTIAL = r".+-[a-z0-9]+-[0-9a-f]{12}\.partial"
+
+
+class DiskSource:
+    """An expert's tensors read on demand from its safetensors files (memory-mapped), each in the dtype the
+    teacher computes it in: `dtype`, or float32 for the modules diffusers keeps in float32."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype, pin: bool = False):
+        from diffusers import WanTransformer3DModel
+        from safetensors import safe_open
+
+        index_file = folder / "diffusion_pytorch_model.safetensors.index.json"
+        if index_file.is_file():
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        else:
+            weight_map = {
+                k: "diffusion_pytorch_model.safetensors" for k in _keys(folder / "diffusion_pytorch_model.safetensors")
+            }
+        self.files = {name: safe_open(folder / name, framework="pt") for name in set(weight_map.values())}
+        self.folder, self.weight_map, self.dtype, self.pin = folder, weight_map, dtype, pin
+        self.keep_fp32 = set(WanTransformer3DModel._keep_in_fp32_modules or [])
+        self.block_keys: dict[int, list[str]] = {}  # block index -> its keys
+        for key in weight_map:
+            if key.startswith("blocks."):
+                self.block_keys.setdefault(int(key.split(".")[1]), []).append(key)
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        return torch.float32 if any(part in self.keep_fp32 for part in name.split(".")) else self.dtype
+
+    def read(self, key: str) -> torch.Tensor:
+        return self.files[self.weight_map[key]].get_tensor(key).to(self.dtype_of(key))
+
+    def fetch(self, i: int) -> dict[str, torch.Tensor]:
+        """Block i's tensors by their names inside the block (pinned when streaming to a GPU)."""
+        start = len(f"blocks.{i}.")
+        out = {key[start:]: self.read(key) for key in self.block_keys[i]}
+        return {n: t.pin_memory() for n, t in out.items()} if self.pin else out
+
+    def stored_as_computed(self) -> bool:
+        """Whether the files already hold every tensor in the dtype it computes in (read from headers)."""
+        names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+        return all(
+            self.files[file].get_slice(key).get_dtype() == names[self.dtype_of(key)]
+            for key, file in self.weight_map.items()
+        )
+
+
+def converted_copy(folder: Path, dtype: torch.dtype, offload_dir: str | None, topology) -> Path:
+    """The folder `disk` streams from: the expert's own, or a copy in `offload_dir` already in `dtype`.
+
+    Wan's Hub checkpoints are stored in float32; streaming them into a bf16 teacher would read twice the
+    bytes from disk and convert every block on every forward. The copy is written once (by the node's
+    first rank, block by block, so RAM holds one block) and reused by later runs.
+    """
+    import hashlib
+
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    source = DiskSource(folder, dtype)
+    if offload_dir is None or source.stored_as_computed():
+        return folder
+    files = sorted(folder.glob("*.safetensors"))
+    stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha1(repr((str(folder.resolve()), stamp, str(dtype))).encode()).hexdigest()[:12]
+    dtype_name = str(dtype).split(".")[-1]
+    target = Path(offload_dir).expanduser() / f"{folder.name}-{dtype_name}-{key}"
+    if topology.local_rank == 0 and not target.is_dir():
+        # A killed conversion leaves tens of GB behind: remove those whose writer is gone.
+        leftovers.remove_dead(target.parent, PARTIAL)
+        needed = sum(f.stat().st_size for f in files)  # at most the stored size: the copy is never wider
+        where = f"teacher_placement.offload_dir={offload_dir}"
+        try:
+            partial = target.with_name(leftovers.owned_name(f"{target.name}.partial"))
+            partial.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(partial).free
+        except OSError as e:
+            raise UserError(
+                f"{where} cannot be written ({e.strerror}); disk converts the teacher to {dtype_name} there once: "
+                "point it at a writable folder"
+            ) from None
+        if free < needed:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise UserError(
+                f"{where} has {free / 2**30:.1f} GiB free and the {dtype_name} copy of {folder} needs up to "
+                f"{needed / 2**30:.1f} GiB: point it at a larger disk"
+            )
+        # One file per block, one for the rest: RAM holds one block's tensors at a time.
+        groups = {f"blocks-{i:03d}.safetensors": keys for i, keys in sorted(source.block_keys.items())}
+        groups["rest.safetensors"] = [k for k in source.weight_map if not k.startswith("blocks.")]
+        for file, names in groups.items():
+            save_file({name: source.read(name).contiguous() for name in names}, partial / file)
+        weight_map = {name: file for file, names in groups.items() for name in names}
+        index = {"metadata": {"converted_from": str(folder)}, "weight_map": weight_map}
+        (partial / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        shutil.copy(folder / "config.json", partial / "config.json")
+        try:
+            partial.rename(target)
+        except OSError:  # another job finished the same copy first
+            shutil.rmtree(partial, ignore_errors=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return target
+
+
+def _keys(file: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(file, framework="pt") as f:
+        return list(f.keys())
