@@ -60,7 +60,8 @@ def test_the_14b_expert_weighs_what_its_parameters_say(make_cfg):
 def test_gpu0_leaves_the_student_gpus_free_of_teacher_weights(make_cfg):
     estimates, _ = estimates_for(make_cfg, "wan2.1_t2v_14b", "4x80GiB")
     gpu0 = next(e for e in estimates if e.placement == "gpu0")
-    assert gpu0.fits and gpu0.gpu_bytes[0] > 28e9 and all(b < 10e9 for b in gpu0.gpu_bytes[1:])
+    # The student GPUs hold a student (about 10 GB at b4 x 1560 tokens), none of the 28.6 GB of teacher weights.
+    assert gpu0.fits and gpu0.gpu_bytes[0] > 28e9 and all(b < 14e9 for b in gpu0.gpu_bytes[1:])
 
 
 def test_a_placement_that_cannot_fit_is_refused_naming_one_that_can(make_cfg):
