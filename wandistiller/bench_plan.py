@@ -66,6 +66,7 @@ def run(args) -> dict:
                 ]
                 row = {"student": student, "batch": batch, "placement": placement, "overrides": overrides}
                 row |= predict(overrides)
+                cache_embeddings(overrides)
                 row |= measure(overrides, args.steps, args.device)
                 rows.append(row | errors(row))
                 print(_row_line(row), flush=True)
@@ -95,6 +96,26 @@ def predict(overrides: list[str]) -> dict:
         "predicted_fits": estimate.fits,
         "extrapolated": plan.extrapolated(w, hw, estimate.placement),
     }
+
+
+def cache_embeddings(overrides: list[str]) -> None:
+    """Encode the prompts once, in a process of its own, so each measured job reads them from the cache.
+
+    The planner plans the training job; the first run's one-time text encoding (the text encoder loaded,
+    then freed) is not what it predicts, and would otherwise count in the first point's peak."""
+    code = (
+        "import sys, torch\n"
+        "from wandistiller.config import compose_config\n"
+        "from wandistiller.data import encode_prompts, read_prompts\n"
+        "from wandistiller.precision import Precision\n"
+        "from wandistiller.teacher import inspect_teacher, resolve_teacher_path\n"
+        "cfg = compose_config(sys.argv[1:])\n"
+        "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
+        "encode_prompts(spec, read_prompts(cfg.data.prompts_path), cfg.teacher.negative_prompt,\n"
+        "    cfg.teacher.max_sequence_length, Precision.from_config(cfg.precision).teacher_dtype,\n"
+        "    torch.device('cpu'), cfg.paths.cache_dir)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, *overrides], check=True, capture_output=True)
 
 
 def measure(overrides: list[str], steps: int, device: str) -> dict:
