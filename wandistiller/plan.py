@@ -63,7 +63,7 @@ def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = N
         star = "*" if w is not None and planned and extrapolated(w, hw, e.placement) else ""
         gpu = ", ".join(f"{b / GiB:.1f}" for b in e.gpu_bytes) or "-"
         gpu = (gpu if len(gpu) <= 31 else gpu[:28] + "...") + (star if e.gpu_bytes else "")
-        host = f"{e.host_bytes / GiB:.1f}{star}"
+        host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
         mark = " <- chosen" if e.placement == chosen else ""
         why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else ""
         rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {e.note}{why}{mark}")
