@@ -1,13 +1,13 @@
 """`bench plan`: the planner's predictions beside measured peaks, each placement in a fresh process.
 
     python -m wandistiller.bench_plan --arch tiny --student tiny,small --placements cpu,disk --device cpu
-    python -m wandistiller.bench_plan --arch 1.3b --student small --batch 16 --placements gpu,offload,disk
+    python -m wandistiller.bench_plan --arch 1.3b --student small --batch 16 --placements gpu,offload,disk --device cuda
 
 Each point runs `python -m wandistiller.train … trainer.max_steps=3` as a child process, as a user would.
-Host: the child's peak RSS from the kernel (`wait4`'s ru_maxrss = VmHWM over the whole job: the pinned
-and /dev/shm pages it touched and the mapped safetensors pages included). GPU: the job's own
-`gpu*_peak_gib_max` (peak allocated by torch), plus, where nvidia-smi answers, the most the process held
-on the card (context and allocator cache included). A benchmark run on purpose, never a timed test.
+Host: the child's own VmHWM, read from /proc while it runs (its peak RSS over the whole job: pinned and
+/dev/shm pages it touched and mapped safetensors pages included; not ru_maxrss, see `measure`). GPU: the
+job's own `gpu*_peak_gib_max` (peak allocated by torch), plus, where nvidia-smi answers, the most the
+process held on the card (context and allocator cache included). A benchmark run on purpose, never a timed test.
 
 For 1.3b/14b shapes a diffusers folder with random bf16 weights is written once to --folder (the tiny
 teacher's tokenizer, VAE and scheduler; a one-layer text encoder of Wan's width 4096).
@@ -140,7 +140,10 @@ def measure(overrides: list[str], steps: int, device: str) -> dict:
         metrics = json.loads(metrics_file.read_text())
     gpus = sorted(k for k in metrics if k.startswith("gpu") and k.endswith("_peak_gib_max"))
     return {
-        "measured_host_gib": usage.ru_maxrss / 2**20,  # KiB on Linux
+        # The child's own VmHWM, read from /proc until it exits. Not wait4's ru_maxrss: Linux carries the
+        # parent's high-water mark over exec into it, so a bench or test process larger than the job shows.
+        "measured_host_gib": anon.hwm / 2**20,
+        "ru_maxrss_gib": usage.ru_maxrss / 2**20,
         # Without the mapped file pages (reclaimable page cache, e.g. disk's safetensors), sampled every 20 ms.
         "measured_host_anon_shmem_gib": anon.peak / 2**20,
         "measured_gpu_gib": [metrics[k] for k in gpus],
@@ -184,11 +187,12 @@ class _GpuSampler(threading.Thread):
 
 
 class _AnonSampler(threading.Thread):
-    """The most anonymous + shared memory (KiB) a process held: pinned and /dev/shm buffers, not file pages."""
+    """A process's VmHWM (KiB, its own peak RSS), and the most anonymous + shared memory it held (pinned and
+    /dev/shm buffers, not file pages), read every 20 ms."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
-        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+        self.pid, self.peak, self.hwm, self.stop = pid, 0, 0, threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.02):
@@ -198,6 +202,7 @@ class _AnonSampler(threading.Thread):
                 return
             kib = [int(fields[k].split()[0]) for k in ("RssAnon", "RssShmem") if k in fields]
             self.peak = max(self.peak, sum(kib))
+            self.hwm = max(self.hwm, int(fields.get("VmHWM", "0 kB").split()[0]))
 
 
 def _teacher_overrides(args) -> list[str]:
