@@ -159,7 +159,9 @@ def errors(row: dict) -> dict:
         out["host_error_pct"] = 100 * (row["predicted_host_gib"] / row["measured_host_gib"] - 1)
         # VmHWM counts mapped file pages (libraries; disk's safetensors pages, which the kernel reclaims as
         # page cache): for a streamed 14B teacher read this error instead.
-        out["host_anon_shmem_error_pct"] = 100 * (row["predicted_host_gib"] / row["measured_host_anon_shmem_gib"] - 1)
+        if row["measured_host_anon_shmem_gib"]:
+            anon = row["measured_host_anon_shmem_gib"]
+            out["host_anon_shmem_error_pct"] = 100 * (row["predicted_host_gib"] / anon - 1)
     measured = row.get("measured_gpu_gib") or []
     if measured and row["predicted_gpu_gib"]:
         out["gpu_error_pct"] = 100 * (max(row["predicted_gpu_gib"]) / max(measured) - 1)
