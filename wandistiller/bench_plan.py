@@ -47,8 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     """Every (student, batch, placement) point: prediction, measurement, error; a table last."""
+    from wandistiller.errors import UserError
+
+    latent = args.latent or ("8x8" if args.arch == "tiny" else "60x104")
+    height, _, width = latent.partition("x")
+    if not (height.isdigit() and width.isdigit()) or not all(b.strip().isdigit() for b in args.batch.split(",")):
+        raise UserError(f"--latent={latent!r} / --batch={args.batch!r}: use HxW (e.g. 60x104) and sizes like 1,8")
     teacher = _teacher_overrides(args)
-    height, width = (args.latent or ("8x8" if args.arch == "tiny" else "60x104")).split("x")
     rows = []
     for student in args.student.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
