@@ -215,6 +215,9 @@ class HardwareConfig:
     gpus: int | None = None
     gpu_memory_gib: float | None = None
     host_memory_gib: float | None = None
+    # Left free on every device when planning: the larger of the two (GiB, and a fraction of the device).
+    headroom_gib: float = 0.0
+    headroom_fraction: float = 0.08
 
 
 @dataclass

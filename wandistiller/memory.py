@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass
@@ -16,15 +17,35 @@ from dataclasses import dataclass
 import torch
 
 GiB = 2**30
-CUDA_CONTEXT = int(0.6 * GiB)  # per process per GPU: CUDA context, cuBLAS workspaces, allocator slack
-HOST_PER_RANK = 2 * GiB  # per process in host RAM: Python, torch, the libraries, small buffers
-HEADROOM = 0.92  # plan to fill at most this share of a device
+# The calibrated model's constants. "measured": read off a run; "fitted": a factor on a physical count,
+# fitted to measured peaks by scripts/fit_planner.py (data and residuals in docs/planner_fit.json, method in
+# docs/PLANNER.md); "extrapolated": not yet checked against any measurement.
+HOST_BASE = int(0.42 * GiB)  # measured: a training job's RSS with tiny models (Python, torch, diffusers, Hydra)
+HOST_CUDA = int(1.6 * GiB)  # extrapolated: host RSS the CUDA runtime adds per process (its libraries, kernels)
+CUDA_CONTEXT = int(0.6 * GiB)  # extrapolated: per process per GPU, the context and cuBLAS workspaces
+# Saved activations per token and block under bf16 autocast, bytes = ACT_PER_D * width + ACT_PER_FFN * ffn_dim:
+# measured on the CPU with autograd's saved-tensor hooks on diffusers' WanTransformerBlock (width 1536).
+ACT_PER_D, ACT_PER_FFN, ACT_TEXT_PER_D = 68, 4, 12
+# Per token outside the blocks: patch embedding, output norm and head (x width), and the fp32 latents,
+# noise, targets and loss terms (x channels x patch); measured the same way.
+ACT_OUTSIDE_PER_D, ACT_LATENT_PER_VALUE = 24, 32
+ACT_FACTOR = {"cpu": 1.0, "gpu": 0.95, "gpu_compiled": 0.56}  # fitted (GPU): see docs/planner_fit.json
+# fitted: bytes per image token and per text token that glibc's heap keeps on the CPU beyond the physical count
+CPU_HEAP_PER_TOKEN = (1723, 1232)
+FIT_ERROR_PCT = 13  # fitted: predictions lie 0 to this % above the measured peaks (the plan table's error bar)
+# Planned on top of a process's fitted bytes (not the teacher's weights, which are exact), so a prediction
+# lands above its measurement (the target: 0 to +15%) rather than around it.
+FIT_MARGIN = 0.05
+DEFAULT_HEADROOM_FRACTION = 0.08  # of each device, left free unless hardware.headroom_* say otherwise
 
 
 @dataclass(frozen=True)
 class Hardware:
     gpu_bytes: tuple[int, ...]  # free memory per GPU on one node
     host_bytes: int  # available host RAM on one node
+    # Left free on every device (GPU and host): the larger of the two, hardware.headroom_gib/_fraction.
+    headroom_gib: float = 0.0
+    headroom_fraction: float = DEFAULT_HEADROOM_FRACTION
 
     @classmethod
     def detect(cls, hardware_cfg) -> Hardware:
@@ -44,13 +65,29 @@ class Hardware:
             host = int(hardware_cfg.host_memory_gib * GiB)
         else:
             host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return cls(gpus, host)
+        headroom = (hardware_cfg.headroom_gib, hardware_cfg.headroom_fraction)
+        if headroom[0] < 0 or not 0 <= headroom[1] < 1:
+            raise UserError(
+                f"hardware.headroom_gib={headroom[0]} / hardware.headroom_fraction={headroom[1]}: use a size >= 0 "
+                "and a fraction in [0, 1)"
+            )
+        return cls(gpus, host, *headroom)
+
+    def headroom(self, capacity: int) -> int:
+        """Bytes of a device of `capacity` the planner leaves free."""
+        return int(max(self.headroom_gib * GiB, self.headroom_fraction * capacity))
+
+    def usable(self, capacity: int) -> int:
+        return capacity - self.headroom(capacity)
 
     def describe(self) -> str:
         gpus = (
             f"{len(self.gpu_bytes)} GPU(s) of {min(self.gpu_bytes) / GiB:.0f} GiB free" if self.gpu_bytes else "no GPU"
         )
         return f"{gpus}, {self.host_bytes / GiB:.0f} GiB host RAM"
+
+    def describe_headroom(self) -> str:
+        return f"headroom: the larger of {self.headroom_gib:g} GiB and {self.headroom_fraction:.0%} of each device"
 
 
 def free_gpu_bytes() -> tuple[int, ...]:
@@ -94,6 +131,8 @@ class Workload:
     ema: bool
     ranks_per_node: int = 1
     teacher_batch_size: int = 0  # samples per teacher call when not batch_size (trainer.teacher_whole_step)
+    autocast: bool = True  # the student runs under bf16/fp16 autocast (false: fp32 activations)
+    compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
 
 
 @dataclass(frozen=True)
@@ -104,14 +143,25 @@ class Estimate:
     host_bytes: int
     note: str
     resident_blocks: int | None = None  # offload/disk on a GPU: blocks per expert kept there, not streamed
+    # Why it does not fit although the memory alone would hold it: the headroom's numbers (else "").
+    headroom_excludes: str = ""
 
     @classmethod
     def of(
         cls, name: str, gpus: tuple[int, ...], host: int, hw: Hardware, note: str, resident_blocks: int | None = None
     ) -> Estimate:
         """An estimate that fits when every device keeps its headroom."""
-        fits = all(need <= cap * HEADROOM for need, cap in zip(gpus, hw.gpu_bytes)) and host <= hw.host_bytes * HEADROOM
-        return cls(name, fits, gpus, host, note, resident_blocks)
+        devices = [(f"GPU {i}", need, cap) for i, (need, cap) in enumerate(zip(gpus, hw.gpu_bytes))]
+        devices.append(("host RAM", host, hw.host_bytes))
+        over = [(d, need, cap) for d, need, cap in devices if need > hw.usable(cap)]
+        why = ""
+        if over and all(need <= cap for _, need, cap in over):
+            d, need, cap = over[0]
+            why = (
+                f"needs {need / GiB:.1f} GiB on {d}, and {cap / GiB:.1f} GiB free less {hw.headroom(cap) / GiB:.1f} "
+                f"GiB headroom leaves {hw.usable(cap) / GiB:.1f}"
+            )
+        return cls(name, not over, gpus, host, note, resident_blocks, why)
 
     @classmethod
     def refused(cls, name: str, why: str) -> Estimate:
@@ -164,21 +214,68 @@ def teacher_weight_bytes(w: Workload) -> int:
 
 
 def teacher_activation_bytes(w: Workload) -> int:
-    """Inference keeps about one block's intermediates for the CFG pair (2x the batch)."""
+    """The teacher's transient forward (no grad) at twice the batch (cond + uncond): the widest moment of a
+    block -- the residual in fp32 beside its norm, q/k/v and the FFN's input, hidden and GELU output --
+    plus the text's keys and values. A physical count, not yet checked against a measured peak."""
     c, batch = w.teacher_config, w.teacher_batch_size or w.batch_size
-    per_token = c["ffn_dim"] + 4 * width(c)
+    per_token = 2 * c["ffn_dim"] + 8 * width(c)
     return 2 * batch * (w.tokens * per_token + 2 * w.text_tokens * width(c)) * w.teacher_dtype_bytes
 
 
-def student_bytes(w: Workload) -> int:
-    """fp32 weights + grads + AdamW moments (+ EMA), and activations kept for backward (bf16)."""
-    c = w.student_config
-    params = param_count(c) * (16 + (4 if w.ema else 0))
-    per_layer = w.batch_size * w.tokens * (10 * width(c) + 2 * c["ffn_dim"]) * 2
-    layers = 1 if w.gradient_checkpointing else c["num_layers"]
-    return params + per_layer * layers + c["num_layers"] * w.batch_size * w.tokens * width(c) * 2
+def student_state_bytes(w: Workload, grads: bool = True) -> int:
+    """fp32 master weights, AdamW's two moments (+ EMA), and the fp32 grads while they exist (backward to step)."""
+    per_param = 12 + (4 if grads else 0) + (4 if w.ema else 0)
+    return param_count(w.student_config) * per_param
+
+
+def student_activation_bytes(w: Workload, device: str = "gpu") -> int:
+    """What the student's forward keeps for backward: each block's saved tensors per token (image and text),
+    what lies outside the blocks, and under autocast the bf16 copy of every weight. With gradient
+    checkpointing only each block's input is kept, plus one block being recomputed. Times the fitted factor
+    of that device (`ACT_FACTOR`): CPU, GPU eager, GPU with regional compile."""
+    c, n, s = w.student_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
+    # Without autocast the blocks' bf16 tensors (48 of the 68 x width bytes) are fp32: 1.7x the block's bytes.
+    d, scale = width(c), 1 if w.autocast else 1.7
+    block = n * (ACT_PER_D * d + ACT_PER_FFN * c["ffn_dim"]) + s * ACT_TEXT_PER_D * d
+    blocks = c["num_layers"] * block
+    if w.gradient_checkpointing:
+        blocks = block + c["num_layers"] * (n * 2 * d)
+    patch = c.get("out_channels", 16) * math.prod(c.get("patch_size", (1, 2, 2)))
+    # Text outside the blocks: the fp32 cond/uncond embeddings of the batch, the text projection's tensors.
+    outside = n * (ACT_OUTSIDE_PER_D * d + ACT_LATENT_PER_VALUE * patch) + s * (10 * c.get("text_dim", 4096) + 6 * d)
+    casts = param_count(c) * 2 if w.autocast else 0
+    factor = ACT_FACTOR["gpu_compiled" if w.compiled and device == "gpu" else device]
+    heap = n * CPU_HEAP_PER_TOKEN[0] + s * CPU_HEAP_PER_TOKEN[1] if device == "cpu" else 0
+    return int(factor * (scale * blocks + outside + casts) + heap)
+
+
+def training_bytes(w: Workload, device: str = "gpu", teacher_here: bool = True) -> int:
+    """A training process's peak on `device` for the student: the larger of its two phases -- the teacher's
+    transient forward (if it runs here) beside the weights and moments, or the student's forward and
+    backward with its saved activations and grads (`zero_grad(set_to_none=True)` frees grads between)."""
+    student = student_state_bytes(w) + student_activation_bytes(w, device)
+    teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0)
+    return int(max(student, teacher) * (1 + FIT_MARGIN))
 
 
 def student_device_bytes(w: Workload) -> int:
-    """A training rank's GPU: the student and its process's CUDA context."""
-    return student_bytes(w) + CUDA_CONTEXT
+    """A training rank's GPU when the teacher runs elsewhere: the student and its process's CUDA context."""
+    return training_bytes(w, "gpu", teacher_here=False) + CUDA_CONTEXT
+
+
+def beside_teacher_bytes(w: Workload) -> int:
+    """A GPU that trains the student and runs the teacher's forward (gpu, offload, disk, sharded), less the
+    teacher's weights."""
+    return training_bytes(w, "gpu", teacher_here=True) + CUDA_CONTEXT
+
+
+def host_process_bytes(hw: Hardware) -> int:
+    """One process's host RSS before its models: the interpreter and libraries, and the CUDA runtime's."""
+    return int(HOST_BASE * (1 + FIT_MARGIN)) + (HOST_CUDA if hw.gpu_bytes else 0)
+
+
+def host_training_bytes(w: Workload, hw: Hardware, teacher_here: bool = True) -> int:
+    """Host RAM a process needs beside the teacher's weights: its base, and without a GPU the student too."""
+    if hw.gpu_bytes:
+        return host_process_bytes(hw) + (teacher_activation_bytes(w) if teacher_here else 0)
+    return host_process_bytes(hw) + training_bytes(w, "cpu", teacher_here)

@@ -14,7 +14,7 @@ import torch
 
 from wandistiller.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
 from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, GiB, Hardware, Workload, param_count, teacher_weight_bytes
+from wandistiller.memory import FIT_ERROR_PCT, Estimate, GiB, Hardware, Workload, param_count, teacher_weight_bytes
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.teacher import builtin_teacher
 
@@ -32,18 +32,41 @@ def choose(estimates: list[Estimate]) -> Estimate | None:
     return next((e for e in estimates if e.fits), None)
 
 
-def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = None) -> str:
+# The shapes the model was fitted on (docs/planner_fit.json); a figure beyond them is marked extrapolated.
+FITTED_STUDENTS = {(32, 64), (1536, 4096)}  # (width, ffn_dim)
+FITTED_CPU_TOKENS = (16384, 32768)  # image and text tokens per step, host RSS with the student on the CPU
+FITTED_GPU = {"placements": {"gpu"}, "teacher_width": 1536, "tokens": 16 * 1560}  # the H200 datum
+
+
+def extrapolated(w: Workload, hw: Hardware, placement: str) -> bool:
+    """Whether this placement's figures lie beyond the shapes and placements the model was fitted on."""
+    c, teacher = w.student_config, w.teacher_config
+    if (c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"]) not in FITTED_STUDENTS:
+        return True
+    if hw.gpu_bytes:  # one GPU datum: a resident 1.3B-shaped teacher, b16 x 1560 tokens
+        width = teacher["num_attention_heads"] * teacher["attention_head_dim"]
+        too_big = width > FITTED_GPU["teacher_width"] or w.batch_size * w.tokens > FITTED_GPU["tokens"]
+        return too_big or placement not in FITTED_GPU["placements"] or w.ranks_per_node > 1
+    tokens = (w.batch_size * w.tokens, (w.teacher_batch_size or w.batch_size) * w.text_tokens)
+    return any(n > limit for n, limit in zip(tokens, FITTED_CPU_TOKENS)) or teacher["num_layers"] > 4
+
+
+def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = None, w: Workload | None = None) -> str:
     rows = [
-        f"hardware: {hw.describe()}",
+        f"hardware: {hw.describe()}; {hw.describe_headroom()}",
+        f"predictions: 0 to +{FIT_ERROR_PCT}% over the measured peaks where fitted (docs/PLANNER.md); "
+        "* = extrapolated beyond the fitted shapes",
         f"{'placement':<11} {'fits':<5} {'peak GPU GiB (per device)':<34} host GiB  note",
     ]
     for e in estimates:
+        planned = bool(e.gpu_bytes or e.host_bytes)
+        star = "*" if w is not None and planned and extrapolated(w, hw, e.placement) else ""
         gpu = ", ".join(f"{b / GiB:.1f}" for b in e.gpu_bytes) or "-"
-        gpu = gpu if len(gpu) <= 32 else gpu[:29] + "..."
+        gpu = (gpu if len(gpu) <= 31 else gpu[:28] + "...") + (star if e.gpu_bytes else "")
+        host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
         mark = " <- chosen" if e.placement == chosen else ""
-        rows.append(
-            f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {e.host_bytes / GiB:<9.1f} {e.note}{mark}"
-        )
+        why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else ""
+        rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {e.note}{why}{mark}")
     return "\n".join(rows)
 
 
@@ -83,6 +106,8 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         ema=t.ema_decay is not None,
         ranks_per_node=ranks,
         teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
+        autocast=cfg.precision.autocast_dtype is not None,
+        compiled=t.compile_student,
     )
 
 
@@ -107,7 +132,7 @@ def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
         f"student {param_count(w.student_config) / 1e6:.0f}M params; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
-    return "\n".join([head, format_table(estimates, hw, best.placement if best else None), tail])
+    return "\n".join([head, format_table(estimates, hw, best.placement if best else None, w), tail])
 
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]

@@ -138,14 +138,22 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
         )
     if hasattr(placement, "with_plan"):
         placement.with_plan(mine)
-    return placement, plan.format_table(estimates, hw, placement.name)
+    return placement, plan.format_table(estimates, hw, placement.name, w)
 
 
 def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision, world: World):
     """The fastest placement that fits and can run with this process layout; `cfg.teacher_placement` becomes
     its config node, composed by Hydra (its schema, defaults and interpolations apply as if it had been named)."""
     on_paper = cfg.hardware.gpus is not None  # planning for other hardware: this machine cannot check it
-    for estimate in (e for e in estimates if e.fits):
+    for estimate in estimates:  # fastest first
+        if not estimate.fits:
+            if estimate.headroom_excludes:  # it would fit the memory, not the margin the user asked to keep
+                log.info(
+                    "teacher_placement=auto: not %s, the headroom excludes it: %s",
+                    estimate.placement,
+                    estimate.headroom_excludes,
+                )
+            continue
         # In the run's tree, so interpolations (disk's ${paths.cache_dir}) resolve there.
         cfg.teacher_placement = compose_option("teacher_placement", estimate.placement)
         placement = instantiate(cfg.teacher_placement)

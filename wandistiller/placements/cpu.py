@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from wandistiller.errors import UserError
-from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import Estimate, Hardware, Workload, host_training_bytes, student_device_bytes
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, Serving, load_teacher
 
@@ -27,7 +26,9 @@ class CpuPlacement(Placement):
 
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         gpus = (student_device_bytes(w),) * min(len(hw.gpu_bytes), w.ranks_per_node)
-        host = weights(w) + activations(w) + HOST_PER_RANK * w.ranks_per_node
+        # The owner holds the teacher and runs its forward; every rank is a process (without a GPU, a student).
+        others = (w.ranks_per_node - 1) * host_training_bytes(w, hw, teacher_here=False)
+        host = weights(w) + host_training_bytes(w, hw) + others
         return Estimate.of(self.name, gpus, host, hw, "one teacher per node in host RAM, computing on the CPU")
 
     def teacher_device(self, topology) -> torch.device:

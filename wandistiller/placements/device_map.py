@@ -14,7 +14,7 @@ import torch
 
 from wandistiller.distributed import gpu_count
 from wandistiller.errors import UserError
-from wandistiller.memory import HEADROOM, HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
+from wandistiller.memory import Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
 from wandistiller.memory import teacher_activation_bytes as activations
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, Serving, load_teacher
@@ -63,7 +63,7 @@ class DeviceMapPlacement(Placement):
         gpus = tuple(
             s + (act if i == 0 else 0) + (student if i < used else 0) for i, s in enumerate(self.shares(w, hw))
         )
-        return Estimate.of(self.name, gpus, HOST_PER_RANK, hw, self.note(hw))
+        return Estimate.of(self.name, gpus, host_process_bytes(hw) * max(used, 1), hw, self.note(hw))
 
     def student_gpus(self, w: Workload, hw: Hardware) -> int:
         """How many of the node's GPUs also hold a training rank's student."""
@@ -93,7 +93,7 @@ def sequential_shares(w: Workload, hw: Hardware) -> list[int]:
     """Fill GPU 0 first (beside the student and the activations), then the next."""
     share, left = [], weights(w)
     for cap in hw.gpu_bytes:
-        take = max(min(left, int(cap * HEADROOM) - student_device_bytes(w) - activations(w)), 0)
+        take = max(min(left, hw.usable(cap) - student_device_bytes(w) - activations(w)), 0)
         share.append(take)
         left -= take
     share[-1] += left

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.errors import UserError
-from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, block_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import Estimate, Hardware, Workload, block_bytes, host_process_bytes, host_training_bytes
 from wandistiller.placements.offload import OffloadPlacement
 
 
@@ -43,10 +42,10 @@ class DiskPlacement(OffloadPlacement):
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
         if not hw.gpu_bytes:
-            host = w.experts * (outside + 2 * block) + activations(w) + HOST_PER_RANK * w.ranks_per_node
+            host = (w.experts * (outside + 2 * block) + host_training_bytes(w, hw)) * w.ranks_per_node
             return Estimate.of(self.name, (), host, hw, "safetensors on disk -> RAM, one block ahead, on the CPU")
         kept, gpus, block = self.streaming_gpu_bytes(w, hw)
-        host = (2 * block + HOST_PER_RANK) * w.ranks_per_node
+        host = (2 * block + host_process_bytes(hw)) * w.ranks_per_node
         note = f"safetensors on disk -> GPU, one block ahead; {kept}/{w.teacher_config['num_layers']} blocks resident"
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
 

@@ -8,8 +8,7 @@ import torch
 
 from wandistiller.distributed import gpu_count, local_device
 from wandistiller.errors import UserError
-from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import Estimate, Hardware, Workload, beside_teacher_bytes, host_process_bytes
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, load_teacher
 
@@ -29,8 +28,9 @@ class GpuPlacement(Placement):
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         if not hw.gpu_bytes:
             return Estimate.refused(self.name, "needs a GPU")
-        gpus = (weights(w) + activations(w) + student_device_bytes(w),) * min(len(hw.gpu_bytes), w.ranks_per_node)
-        return Estimate.of(self.name, gpus, HOST_PER_RANK, hw, "a full teacher on every rank's GPU")
+        ranks = min(len(hw.gpu_bytes), w.ranks_per_node)
+        gpus = (weights(w) + beside_teacher_bytes(w),) * ranks
+        return Estimate.of(self.name, gpus, host_process_bytes(hw) * ranks, hw, "a full teacher on every rank's GPU")
 
     def teacher_device(self, topology) -> torch.device:
         return local_device(topology)

@@ -12,7 +12,7 @@ import torch
 
 from wandistiller.distributed import gpu_count
 from wandistiller.errors import UserError
-from wandistiller.memory import CUDA_CONTEXT, HOST_PER_RANK, Estimate, Hardware, Workload, student_device_bytes
+from wandistiller.memory import CUDA_CONTEXT, Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
 from wandistiller.memory import teacher_activation_bytes as activations
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, Serving, load_teacher
@@ -54,7 +54,7 @@ class Gpu0Placement(Placement):
         students = max(min(len(hw.gpu_bytes), w.ranks_per_node) - 1, 1)
         gpus = (weights(w) + activations(w) + CUDA_CONTEXT,) + (student_device_bytes(w),) * students
         note = f"teacher on GPU 0, {students} student rank(s) on GPUs 1..{students}"
-        return Estimate.of(self.name, gpus, HOST_PER_RANK, hw, note)
+        return Estimate.of(self.name, gpus, host_process_bytes(hw) * (students + 1), hw, note)
 
     def teacher_device(self, topology) -> torch.device:
         return torch.device("cpu") if self.debug_cpu else torch.device("cuda", 0)

@@ -20,17 +20,15 @@ import torch
 from wandistiller.distributed import gpu_count, local_device
 from wandistiller.errors import UserError
 from wandistiller.memory import (
-    HEADROOM,
-    HOST_PER_RANK,
     Estimate,
     Hardware,
     Workload,
+    beside_teacher_bytes,
     block_bytes,
     blocks_that_fit,
-    student_device_bytes,
+    host_process_bytes,
 )
 from wandistiller.memory import resident_blocks as blocks_free_memory_holds
-from wandistiller.memory import teacher_activation_bytes as activations
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, guidance_scales
 from wandistiller.teacher import Teacher
@@ -69,7 +67,7 @@ class OffloadPlacement(Placement):
             return Estimate.refused(self.name, "needs a GPU")
         kept, gpus, block = self.streaming_gpu_bytes(w, hw)
         copies = 1 if self.share_host_copy else w.ranks_per_node
-        host = weights(w) * copies + (block + HOST_PER_RANK) * w.ranks_per_node
+        host = weights(w) * copies + (block + host_process_bytes(hw)) * w.ranks_per_node
         note = "pinned RAM -> GPU, one block ahead, " + ("a copy per node" if copies == 1 else "a copy per rank")
         note += f"; {kept}/{w.teacher_config['num_layers']} blocks resident"
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
@@ -78,12 +76,12 @@ class OffloadPlacement(Placement):
         """(blocks kept resident, bytes per GPU, bytes of one block): what is left over after the student and
         the activations keeps the first blocks resident, so fewer bytes stream per forward."""
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
-        student = student_device_bytes(w)
-        budget = min(hw.gpu_bytes) * HEADROOM - activations(w) - student
+        beside = beside_teacher_bytes(w)  # the student, the teacher's transient forward, the context
+        budget = hw.usable(min(hw.gpu_bytes)) - beside
         kept = blocks_that_fit(w.teacher_config, w.experts, w.teacher_dtype_bytes, budget)
         if self.resident_blocks != "auto":
             kept = min(int(self.resident_blocks), w.teacher_config["num_layers"])
-        streaming = w.experts * (outside + (2 + kept) * block) + activations(w) + student  # two slots per expert
+        streaming = w.experts * (outside + (2 + kept) * block) + beside  # two slots per expert
         return kept, (streaming,) * min(len(hw.gpu_bytes), w.ranks_per_node), block
 
     def with_plan(self, estimate: Estimate | None) -> None:

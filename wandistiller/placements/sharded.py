@@ -14,8 +14,7 @@ import torch
 
 from wandistiller.distributed import local_device
 from wandistiller.errors import UserError
-from wandistiller.memory import HOST_PER_RANK, Estimate, Hardware, Workload, block_bytes, student_device_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
+from wandistiller.memory import Estimate, Hardware, Workload, beside_teacher_bytes, block_bytes, host_training_bytes
 from wandistiller.memory import teacher_weight_bytes as weights
 from wandistiller.placements.base import Placement, guidance_scales
 from wandistiller.teacher import Teacher, load_expert
@@ -41,11 +40,9 @@ class ShardedPlacement(Placement):
         if ranks < 2:
             return Estimate.refused(self.name, "needs 2 or more ranks")
         _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
-        gpus = (weights(w) // ranks + 2 * block + activations(w) + student_device_bytes(w),) * min(
-            len(hw.gpu_bytes), ranks
-        )
+        gpus = (weights(w) // ranks + 2 * block + beside_teacher_bytes(w),) * min(len(hw.gpu_bytes), ranks)
         # Loading is staggered (one full copy at a time); without a GPU the shards live in RAM.
-        host = weights(w) + HOST_PER_RANK * ranks + (0 if hw.gpu_bytes else ranks * (2 * block + activations(w)))
+        host = weights(w) + ranks * (host_training_bytes(w, hw) + (0 if hw.gpu_bytes else 2 * block))
         return Estimate.of(self.name, gpus, host, hw, f"FSDP2 shards over {ranks} ranks, gathering a block at a time")
 
     def teacher_device(self, topology) -> torch.device:

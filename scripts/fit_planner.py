@@ -1,0 +1,127 @@
+"""Fit the planner's non-physical terms to measured peaks; write docs/planner_fit.json (data, fit, residuals).
+
+    python scripts/fit_planner.py bench_plan_*.json [--out docs/planner_fit.json]
+
+Inputs: `python -m wandistiller.bench_plan` results (host RSS on the CPU grid) and the GPU figures listed in
+GPU_DATA below (one H200, recorded in docs/PERFORMANCE.md). What is fitted, and how (docs/PLANNER.md):
+
+  - GPU: one factor on the student's physical saved activations, eager and with regional compile, each solved
+    from its datum (peak allocated = weights + states + factor x activations; the CUDA context is not in it).
+  - CPU: bytes per image token and per text token that glibc's heap keeps beyond the physical count (small
+    tensors at tiny widths), least squares over the CPU points with the physical count at factor 1.
+
+The printed constants go into wandistiller/memory.py by hand (a test checks they match this file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from wandistiller import memory  # noqa: E402
+from wandistiller.bench_plan import predict  # noqa: E402
+
+H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
+GPU_1_3B = ["teacher=wan2.1_t2v_1.3b", "student=small", "trainer.batch_size=16", "precision=bf16"]
+GPU_1_3B += ["data.latent_height=60", "data.latent_width=104", "teacher_placement=gpu", *H200]
+GPU_DATA = [  # (name, overrides, measured gpu0_peak_gib_max) -- one H200, 2026-11-26, docs/PERFORMANCE.md
+    ("h200 1.3b->small b16 gpu eager", GPU_1_3B, 24.3),
+    ("h200 1.3b->small b16 gpu compiled", [*GPU_1_3B, "teacher.compile=true", "trainer.compile_student=true"], 16.7),
+]
+
+
+def cpu_points(files: list[str]) -> list[dict]:
+    points = []
+    for f in files:
+        for r in json.loads(Path(f).read_text())["rows"]:
+            if r.get("measured_host_gib"):
+                shape = " ".join(
+                    o.split("=")[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in r["overrides"][4:]
+                )
+                name = f"cpu {r['student']} b{r['batch']} {r['placement']} {shape}"
+                points.append({"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]})
+    return points
+
+
+def workload(overrides: list[str]):
+    import torch
+
+    from wandistiller import plan
+    from wandistiller.config import compose_config
+
+    cfg = compose_config(overrides)
+    return plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir), torch.bfloat16, 1)
+
+
+def tokens(overrides: list[str]) -> tuple[int, int]:
+    """(image tokens, text tokens) per step of a point."""
+    w = workload(overrides)
+    return w.batch_size * w.tokens, w.batch_size * w.text_tokens
+
+
+def fit_gpu() -> dict:
+    """Each GPU factor from its datum: (measured - everything but the activations) / physical activations."""
+    factors = {}
+    for key, (_, overrides, measured) in zip(("gpu", "gpu_compiled"), GPU_DATA):
+        w = workload(overrides)
+        memory.ACT_FACTOR[key] = 1.0
+        physical = memory.student_activation_bytes(w, "gpu")
+        rest = memory.teacher_weight_bytes(w) + memory.student_state_bytes(w)  # the student's phase is the peak
+        factors[key] = round((measured * memory.GiB - rest) / physical, 2)
+        memory.ACT_FACTOR[key] = factors[key]
+    return factors
+
+
+def fit_cpu(points: list[dict]) -> tuple[int, int]:
+    memory.CPU_HEAP_PER_TOKEN = (0, 0)
+    rows, residual = [], []
+    for p in points:
+        rows.append(tokens(p["overrides"]))
+        residual.append((p["measured_gib"] - predict(p["overrides"])["predicted_host_gib"]) * memory.GiB)
+    (img, txt), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(residual), rcond=None)
+    memory.CPU_HEAP_PER_TOKEN = (max(int(img), 0), max(int(txt), 0))
+    return memory.CPU_HEAP_PER_TOKEN
+
+
+def residuals(points: list[dict]) -> list[dict]:
+    out = []
+    for p in points:
+        pred = predict(p["overrides"])
+        got = max(pred["predicted_gpu_gib"]) if p.get("gpu") else pred["predicted_host_gib"]
+        out.append(p | {"predicted_gib": round(got, 3), "error_pct": round(100 * (got / p["measured_gib"] - 1), 1)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bench_json", nargs="+")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "planner_fit.json"))
+    args = parser.parse_args()
+    cpu = cpu_points(args.bench_json)
+    margin, memory.FIT_MARGIN = memory.FIT_MARGIN, 0.0  # fit the terms to the measurements, then plan above them
+    gpu = [{"name": n, "overrides": o, "measured_gib": m, "gpu": True} for n, o, m in GPU_DATA]
+    fitted = {"ACT_FACTOR": {"cpu": 1.0} | fit_gpu(), "CPU_HEAP_PER_TOKEN": list(fit_cpu(cpu))}
+    memory.FIT_MARGIN = margin
+    table = residuals(gpu + cpu)
+    errors = [r["error_pct"] for r in table]
+    fitted["FIT_ERROR_PCT"] = int(np.ceil(max(abs(e) for e in errors)))
+    fitted["FIT_MARGIN"] = margin
+    for r in table:
+        got = f"measured {r['measured_gib']:7.3f}  predicted {r['predicted_gib']:7.3f}"
+        print(f"{r['name']:<60} {got}  {r['error_pct']:+6.1f}%")
+    print("fitted:", json.dumps(fitted))
+    result = {"date": time.strftime("%Y-%m-%d"), "method": "docs/PLANNER.md", "fitted": fitted, "points": table}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

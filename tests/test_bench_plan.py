@@ -1,0 +1,40 @@
+"""`bench plan` on this machine: the planner's host prediction against the peak RSS of a real training job
+run in a fresh process -- a band, not an exact number (the target: 0 to +15%, never under by more than 5%)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from wandistiller import bench_plan
+
+
+def bench(cache_dir, **overrides) -> dict:
+    parser = argparse.ArgumentParser()
+    bench_plan.add_arguments(parser)
+    args = parser.parse_args(["--cache-dir", str(cache_dir), "--steps", "2"])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return bench_plan.run(args)
+
+
+def assert_in_band(result: dict) -> None:
+    for row in result["rows"]:
+        assert not row.get("failed"), row.get("failed")
+        assert -5 <= row["host_error_pct"] <= 15, row
+        assert not row["extrapolated"]
+
+
+def test_the_tiny_default_on_the_cpu_is_predicted_within_the_band(cache_dir, tiny_path, capsys):
+    result = bench(cache_dir, arch="tiny", student="tiny", batch="4", placements="cpu")
+    assert_in_band(result)
+    assert "host pred" in capsys.readouterr().out  # the table is printed last
+
+
+@pytest.mark.slow
+def test_the_small_student_and_a_disk_teacher_on_the_cpu_are_predicted_within_the_band(cache_dir, tiny_path):
+    # ~0.2B parameters: fp32 weights, grads and AdamW moments are most of its 4 GiB.
+    result = bench(cache_dir, arch="tiny", student="small", batch="2", latent="16x16", placements="cpu,disk")
+    assert_in_band(result)
+    assert [r["placement"] for r in result["rows"]] == ["cpu", "disk"]

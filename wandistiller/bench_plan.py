@@ -1,0 +1,307 @@
+"""`bench plan`: the planner's predictions beside measured peaks, each placement in a fresh process.
+
+    python -m wandistiller.bench_plan --arch tiny --student tiny,small --placements cpu,disk --device cpu
+    python -m wandistiller.bench_plan --arch 1.3b --student small --batch 16 --placements gpu,offload,disk --device cuda
+
+Each point runs `python -m wandistiller.train … trainer.max_steps=3` as a child process, as a user would.
+Host: the child's own VmHWM, read from /proc while it runs (its peak RSS over the whole job: pinned and
+/dev/shm pages it touched and mapped safetensors pages included; not ru_maxrss, see `measure`). GPU: the
+job's own `gpu*_peak_gib_max` (peak allocated by torch), plus, where nvidia-smi answers, the most the
+process held on the card (context and allocator cache included). A benchmark run on purpose, never a timed test.
+
+For 1.3b/14b shapes a diffusers folder with random bf16 weights is written once to --folder (the tiny
+teacher's tokenizer, VAE and scheduler; a one-layer text encoder of Wan's width 4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from wandistiller.arch import BENCH_ARCHS
+
+GiB = 2**30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", choices=sorted(BENCH_ARCHS), default="tiny")
+    parser.add_argument("--student", default="tiny", help="comma-separated: tiny, small, base")
+    parser.add_argument("--batch", default="4", help="comma-separated batch sizes")
+    parser.add_argument("--placements", default="cpu,disk", help="comma-separated teacher placements")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--latent", default=None, help="HxW latent size (default: 8x8 tiny, 60x104 otherwise)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="regional torch.compile of teacher and student")
+    parser.add_argument("--folder", default="~/.cache/wandistiller/bench_plan", help="random-weight teachers")
+    parser.add_argument("--cache-dir", default=None, help="paths.cache_dir for the runs (default: the usual)")
+    parser.add_argument("--set", action="append", default=[], help="one more override for every run")
+    parser.add_argument("--out", default="bench_plan.json")
+
+
+def run(args) -> dict:
+    """Every (student, batch, placement) point: prediction, measurement, error; a table last."""
+    from wandistiller.errors import UserError
+
+    latent = args.latent or ("8x8" if args.arch == "tiny" else "60x104")
+    height, _, width = latent.partition("x")
+    if not (height.isdigit() and width.isdigit()) or not all(b.strip().isdigit() for b in args.batch.split(",")):
+        raise UserError(f"--latent={latent!r} / --batch={args.batch!r}: use HxW (e.g. 60x104) and sizes like 1,8")
+    teacher = _teacher_overrides(args)
+    rows = []
+    for student in args.student.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            for placement in args.placements.split(","):
+                overrides = [
+                    *teacher,
+                    f"student={student}",
+                    f"trainer.batch_size={batch}",
+                    f"teacher_placement={placement}",
+                    f"data.latent_height={height}",
+                    f"data.latent_width={width}",
+                    *(["teacher.compile=true", "trainer.compile_student=true"] if args.compile else []),
+                    *(["paths.cache_dir=" + args.cache_dir] if args.cache_dir else []),
+                    *args.set,
+                ]
+                row = {"student": student, "batch": batch, "placement": placement, "overrides": overrides}
+                row |= predict(overrides)
+                cache_embeddings(overrides)
+                row |= measure(overrides, args.steps, args.device)
+                rows.append(row | errors(row))
+                print(_row_line(row), flush=True)
+    result = {"benchmark": "plan", "arch": args.arch, "device": args.device, "compile": args.compile}
+    result |= {"date": time.strftime("%Y-%m-%d"), "card": _card(args.device), "rows": rows}
+    print(format_rows(result))
+    return result
+
+
+def predict(overrides: list[str]) -> dict:
+    """The planner's per-device prediction for the placement these overrides name, on this machine."""
+    from wandistiller import plan
+    from wandistiller.config import compose_config
+    from wandistiller.memory import Hardware
+    from wandistiller.precision import Precision
+
+    cfg = compose_config(overrides)
+    found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    hw = Hardware.detect(cfg.hardware)
+    w = plan.workload(cfg, *found, Precision.from_config(cfg.precision).teacher_dtype, 1)
+    from hydra.utils import instantiate
+
+    estimate = instantiate(cfg.teacher_placement).estimate(w, hw)
+    return {
+        "predicted_host_gib": estimate.host_bytes / GiB,
+        "predicted_gpu_gib": [b / GiB for b in estimate.gpu_bytes],
+        "predicted_fits": estimate.fits,
+        "extrapolated": plan.extrapolated(w, hw, estimate.placement),
+    }
+
+
+def cache_embeddings(overrides: list[str]) -> None:
+    """Encode the prompts once, in a process of its own, so each measured job reads them from the cache.
+
+    The planner plans the training job; the first run's one-time text encoding (the text encoder loaded,
+    then freed) is not what it predicts, and would otherwise count in the first point's peak."""
+    code = (
+        "import sys, torch\n"
+        "from wandistiller.config import compose_config\n"
+        "from wandistiller.data import encode_prompts, read_prompts\n"
+        "from wandistiller.precision import Precision\n"
+        "from wandistiller.teacher import inspect_teacher, resolve_teacher_path\n"
+        "cfg = compose_config(sys.argv[1:])\n"
+        "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
+        "encode_prompts(spec, read_prompts(cfg.data.prompts_path), cfg.teacher.negative_prompt,\n"
+        "    cfg.teacher.max_sequence_length, Precision.from_config(cfg.precision).teacher_dtype,\n"
+        "    torch.device('cpu'), cfg.paths.cache_dir)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, *overrides], check=True, capture_output=True)
+
+
+def measure(overrides: list[str], steps: int, device: str) -> dict:
+    """One training job in a fresh process: its peak host RSS and its per-GPU peaks."""
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as run_dir:
+        cmd = [sys.executable, "-m", "wandistiller.train", *overrides, f"trainer.max_steps={steps}", "logger=none"]
+        cmd += ["trainer.sample_prompts=0", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
+        log = Path(run_dir) / "stdout.txt"
+        with open(log, "w") as out:
+            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+            held = _GpuSampler(child.pid) if device == "cuda" else None
+            anon = _AnonSampler(child.pid)
+            for sampler in filter(None, (held, anon)):
+                sampler.start()
+            _, status, usage = os.wait4(child.pid, 0)
+        for sampler in filter(None, (held, anon)):
+            sampler.stop.set()
+            sampler.join()
+        metrics_file = Path(run_dir) / "metrics.json"
+        if os.waitstatus_to_exitcode(status) != 0 or not metrics_file.is_file():
+            return {"measured_host_gib": None, "failed": log.read_text()[-2000:]}
+        metrics = json.loads(metrics_file.read_text())
+    gpus = sorted(k for k in metrics if k.startswith("gpu") and k.endswith("_peak_gib_max"))
+    return {
+        # The child's own VmHWM, read from /proc until it exits. Not wait4's ru_maxrss: Linux carries the
+        # parent's high-water mark over exec into it, so a bench or test process larger than the job shows.
+        "measured_host_gib": anon.hwm / 2**20,
+        "ru_maxrss_gib": usage.ru_maxrss / 2**20,
+        # Without the mapped file pages (reclaimable page cache, e.g. disk's safetensors), sampled every 20 ms.
+        "measured_host_anon_shmem_gib": anon.peak / 2**20,
+        "measured_gpu_gib": [metrics[k] for k in gpus],
+        "measured_gpu_held_gib": held.peak / 1024 if held is not None and held.peak else None,
+        "samples_per_s": metrics.get("samples_per_s_median"),
+    }
+
+
+def errors(row: dict) -> dict:
+    """(predicted - measured) / measured in percent: positive = the planner asks for more than was used."""
+    out = {}
+    if row.get("measured_host_gib"):
+        out["host_error_pct"] = 100 * (row["predicted_host_gib"] / row["measured_host_gib"] - 1)
+        # VmHWM counts mapped file pages (libraries; disk's safetensors pages, which the kernel reclaims as
+        # page cache): for a streamed 14B teacher read this error instead.
+        if row["measured_host_anon_shmem_gib"]:
+            anon = row["measured_host_anon_shmem_gib"]
+            out["host_anon_shmem_error_pct"] = 100 * (row["predicted_host_gib"] / anon - 1)
+    measured = row.get("measured_gpu_gib") or []
+    if measured and row["predicted_gpu_gib"]:
+        out["gpu_error_pct"] = 100 * (max(row["predicted_gpu_gib"]) / max(measured) - 1)
+    return out
+
+
+class _GpuSampler(threading.Thread):
+    """The most memory nvidia-smi shows a process holding (MiB), sampled every 0.2 s."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+        while not self.stop.wait(0.2):
+            try:
+                lines = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.splitlines()
+            except (OSError, subprocess.SubprocessError):
+                return
+            for line in lines:
+                pid, _, used = line.partition(",")
+                if pid.strip() == str(self.pid) and used.strip().isdigit():
+                    self.peak = max(self.peak, int(used))
+
+
+class _AnonSampler(threading.Thread):
+    """A process's VmHWM (KiB, its own peak RSS), and the most anonymous + shared memory it held (pinned and
+    /dev/shm buffers, not file pages), read every 20 ms."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.hwm, self.stop = pid, 0, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            try:
+                fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
+            except (OSError, ValueError):
+                return
+            kib = [int(fields[k].split()[0]) for k in ("RssAnon", "RssShmem") if k in fields]
+            self.peak = max(self.peak, sum(kib))
+            self.hwm = max(self.hwm, int(fields.get("VmHWM", "0 kB").split()[0]))
+
+
+def _teacher_overrides(args) -> list[str]:
+    if args.arch == "tiny":
+        return ["teacher=tiny"]
+    folder = ensure_random_teacher(args.arch, Path(args.folder).expanduser() / args.arch)
+    return ["teacher=wan2.1_t2v_1.3b", f"teacher.path={folder}", "teacher.name=" + f"random_{args.arch}"]
+
+
+def ensure_random_teacher(arch: str, folder: Path) -> Path:
+    """A Wan folder of `arch`'s shape with random bf16 weights, written once (renamed into place when whole).
+
+    Only the transformer is full-sized: the tiny teacher's tokenizer, VAE and scheduler, and a one-layer
+    text encoder of Wan's width 4096 (so the transformer's text projection keeps its real shape)."""
+    if (folder / "model_index.json").is_file():
+        return folder
+    import torch
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from wandistiller.arch import TINY_TEXT_ENCODER
+    from wandistiller.streaming import replace_tensor
+    from wandistiller.tiny_teacher import build_tiny_pipeline
+
+    pipe = build_tiny_pipeline()
+    text = TINY_TEXT_ENCODER | dict(d_model=BENCH_ARCHS[arch]["text_dim"], num_layers=1)
+    pipe.text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(pipe.tokenizer), **text)).eval()
+    with init_empty_weights():  # parameters on meta, buffers (rope tables) real: no slow init
+        pipe.transformer = WanTransformer3DModel(**BENCH_ARCHS[arch])
+    g = torch.Generator().manual_seed(0)
+    for name, p in list(pipe.transformer.named_parameters()):
+        replace_tensor(pipe.transformer, name, (torch.randn(p.shape, generator=g) * 0.02).to(torch.bfloat16))
+    partial = folder.with_name(folder.name + ".partial")
+    pipe.save_pretrained(partial, safe_serialization=True)
+    partial.rename(folder)
+    return folder
+
+
+def _card(device: str) -> str:
+    if device != "cuda":
+        import platform
+
+        return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def _row_line(r: dict) -> str:
+    return f"{r['student']} b{r['batch']} {r['placement']}: " + (
+        "failed" if r.get("failed") else f"host {r['measured_host_gib']:.2f} GiB, gpu {r.get('measured_gpu_gib')}"
+    )
+
+
+def format_rows(result: dict) -> str:
+    head = f"{'student':<8}{'batch':>6} {'placement':<10}{'host pred':>10}{'meas':>8}{'err%':>7}"
+    head += f"{'GPU pred':>10}{'meas':>8}{'err%':>7}  note"
+    lines = [f"bench plan: arch {result['arch']} on {result['card']}, compile={result['compile']}", head]
+    for r in result["rows"]:
+        if r.get("failed"):
+            lines.append(f"{r['student']:<8}{r['batch']:>6} {r['placement']:<10} failed: see the JSON")
+            continue
+        gpu_pred = max(r["predicted_gpu_gib"], default=None)
+        gpu_meas = max(r["measured_gpu_gib"], default=None)
+        gpu = f"{'-':>10}{'-':>8}{'':7}"
+        if gpu_meas:
+            gpu = f"{gpu_pred:>10.2f}{gpu_meas:>8.2f}{r['gpu_error_pct']:>+7.1f}"
+        lines.append(
+            f"{r['student']:<8}{r['batch']:>6} {r['placement']:<10}{r['predicted_host_gib']:>10.2f}"
+            f"{r['measured_host_gib']:>8.2f}{r['host_error_pct']:>+7.1f}"
+            + gpu
+            + ("  extrapolated" if r["extrapolated"] else "")
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from wandistiller.errors import exit_on_user_error
+
+    parser = argparse.ArgumentParser(
+        prog="python -m wandistiller.bench_plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    args = parser.parse_args()
+    with exit_on_user_error():
+        result = run(args)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
