@@ -2,7 +2,7 @@
 
     python scripts/fit_planner.py bench_plan_*.json [--out docs/planner_fit.json]
 
-Inputs: `python -m wandistiller.bench_plan` results (host RSS on the CPU grid) and the GPU figures listed in
+Inputs: `python -m wandistiller.bench plan` results (host RSS on the CPU grid) and the GPU figures listed in
 GPU_DATA below (one H200, recorded in docs/PERFORMANCE.md). What is fitted, and how (docs/PLANNER.md):
 
   - GPU: one factor on the student's physical saved activations, eager and with regional compile, each solved
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from wandistiller import memory  # noqa: E402
-from wandistiller.bench_plan import predict  # noqa: E402
+from wandistiller.bench.plan import predict  # noqa: E402
 
 H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
 GPU_1_3B = ["teacher=wan2.1_t2v_1.3b", "student=small", "trainer.batch_size=16", "precision=bf16"]

@@ -54,6 +54,7 @@ step gpu_baseline 100 python3 .whl/gpu_baseline.py "$FIG"
 step job_cudnn 80 "${JOB[@]}" --attention-backend _native_cudnn --steps 12 --warmup 4 --framework-only \
   --out "$FIG/job_cudnn.json"
 if python3 -m wandistiller.bench --help 2>/dev/null | grep -q "plan"; then
-  step bench_plan 30 python3 -m wandistiller.bench plan --out "$FIG/bench_plan.json"
+  step bench_plan 120 python3 -m wandistiller.bench plan --arch 1.3b --device cuda --student small --batch 16 \
+    --placements gpu,offload,disk --folder /tmp/bench_plan --out "$FIG/bench_plan.json"
 fi
 echo "total ${SECONDS}s"

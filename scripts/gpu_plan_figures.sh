@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_ERROR_REPORTING=false HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/card.txt"
-plan() { python3 -m wandistiller.bench_plan --arch "$ARCH" --device cuda --student small --folder /tmp/bench_plan \
+plan() { python3 -m wandistiller.bench plan --arch "$ARCH" --device cuda --student small --folder /tmp/bench_plan \
   --cache-dir /tmp/wandistiller "$@" 2>&1 | tee -a "$OUT/log_$ARCH.txt"; }
 if [ "$ARCH" = 1.3b ]; then
   # The recorded datum's shape (b16, one 480x832 frame), eager then compiled, then the streamed placements.

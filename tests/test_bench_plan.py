@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from wandistiller import bench_plan
+from wandistiller.bench import plan as bench_plan
 
 
 def bench(cache_dir, **overrides) -> dict:

@@ -213,11 +213,23 @@ def training_state(run: Run) -> dict:
 
 def memory_metrics() -> dict:
     """Peak host RSS and, per visible GPU, peak allocated memory since the last reset (GiB)."""
-    metrics = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    metrics = {"host_peak_rss_gib": _peak_rss_kib() / 2**20}
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             metrics[f"gpu{i}_peak_gib"] = torch.cuda.max_memory_allocated(i) / 2**30
     return metrics
+
+
+def _peak_rss_kib() -> int:
+    """This process's own peak RSS (VmHWM). Not ru_maxrss: Linux carries the launching process's high-water
+    mark over exec into it, so a job started from a big process (a sweep, pytest) reported that one's."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # not Linux: the best there is
 
 
 def _reset_peak_memory() -> None:

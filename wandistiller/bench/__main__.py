@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import job
+from wandistiller.bench import job, plan
 from wandistiller.bench.models import ARCHS
+from wandistiller.errors import exit_on_user_error
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
     ld.add_argument("--device", default="cpu")
     ld.add_argument("--out", default="bench_load.json")
     job.add_parser(sub)
+    plan.add_arguments(sub.add_parser("plan", help="the planner's predictions beside measured peaks (fresh processes)"))
     return main_parser
 
 
@@ -54,9 +56,12 @@ def main() -> None:
         from wandistiller.bench.teacher import teacher_bench as bench
     elif args.bench == "load":
         from wandistiller.bench.load import load_bench as bench
+    elif args.bench == "plan":
+        bench = plan.run
     else:
         bench = job.job_bench
-    result = bench(args)
+    with exit_on_user_error():  # a bad flag value is one line, as for the train job
+        result = bench(args)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 

@@ -1,7 +1,7 @@
 """`bench plan`: the planner's predictions beside measured peaks, each placement in a fresh process.
 
-    python -m wandistiller.bench_plan --arch tiny --student tiny,small --placements cpu,disk --device cpu
-    python -m wandistiller.bench_plan --arch 1.3b --student small --batch 16 --placements gpu,offload,disk --device cuda
+    python -m wandistiller.bench plan --arch tiny --student tiny,small --placements cpu,disk --device cpu
+    python -m wandistiller.bench plan --arch 1.3b --student small --batch 16 --placements gpu,offload,disk --device cuda
 
 Each point runs `python -m wandistiller.train … trainer.max_steps=3` as a child process, as a user would.
 Host: the child's own VmHWM, read from /proc while it runs (its peak RSS over the whole job: pinned and
@@ -285,23 +285,3 @@ def format_rows(result: dict) -> str:
             + ("  extrapolated" if r["extrapolated"] else "")
         )
     return "\n".join(lines)
-
-
-def main() -> None:
-    from wandistiller.errors import exit_on_user_error
-
-    parser = argparse.ArgumentParser(
-        prog="python -m wandistiller.bench_plan",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    args = parser.parse_args()
-    with exit_on_user_error():
-        result = run(args)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
