@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import FP32
 from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
@@ -21,10 +22,8 @@ from wandistiller.latents import (
     teacher_latents,
 )
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.precision import Precision
 from wandistiller.teacher import inspect_teacher
 
-FP32 = Precision("fp32", torch.float32, torch.float32, None)
 PROMPTS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen", "a sailboat at dawn", "a city in rain"]
 SHAPE = (16, 1, 8, 8)
 

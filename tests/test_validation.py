@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import FP32
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -13,12 +14,10 @@ from wandistiller.data import encode_prompts, read_prompts
 from wandistiller.distributed import Topology
 from wandistiller.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.precision import Precision
 from wandistiller.student import build_student
 from wandistiller.teacher import inspect_teacher
 from wandistiller.validation import build_val_set, save_loss_plot, split_prompts, timestep_grid, val_loss
 
-FP32 = Precision("fp32", torch.float32, torch.float32, None)
 STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
 
 
