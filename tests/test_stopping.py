@@ -62,7 +62,7 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
     again = run_cli(*common, f"hydra.run.dir={run_dir}", f"trainer.max_steps={step + 2}", "trainer.resume=auto")
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((run_dir / "metrics.json").read_text())
-    assert summary["final_step"] == step + 2 and summary["steps_run"] == 2
+    assert summary["final_step"] == step + 2 and summary["steps_this_segment"] == 2
 
 
 SIGNAL_TWICE = textwrap.dedent(

@@ -30,7 +30,7 @@ def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
     if recipe.teacher_samples is not None:
         grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
         run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
-    summary = summarize(recipe, whole_run(recipe.run_dir, history), ranks)
+    summary = summarize(recipe, whole_run(recipe.run_dir, history), ranks, segment=history)
     summary |= validation_summary(recipe.run_dir) | evaluate_at_end(recipe)
     (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
@@ -114,7 +114,7 @@ def evaluate_at_end(recipe) -> dict:
     return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
-def summarize(recipe, history: list[dict], ranks: list[dict]) -> dict:
+def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
     cfg = recipe.cfg
 
     def median(key):
@@ -135,7 +135,8 @@ def summarize(recipe, history: list[dict], ranks: list[dict]) -> dict:
         "world_size": recipe.topo.world_size,
         "training_ranks": students,
         "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps * students,
-        "steps_run": len(history),
+        "steps_run": len(history),  # the whole run's, resumed segments included
+        "steps_this_segment": len(segment),
         "final_step": history[-1]["step"] if history else None,
         "loss_first": history[0]["loss"] if history else None,
         "loss_last": history[-1]["loss"] if history else None,

@@ -29,12 +29,14 @@ def setup(args, folder: Path) -> dict:
     from wandistiller.data import encode_prompts, read_prompts
     from wandistiller.student import build_student
     from wandistiller.teacher import inspect_teacher
+    from wandistiller.validation import split_prompts
 
     device, (teacher_dtype, _) = torch.device(args.device), DTYPES[args.precision]
     spec = inspect_teacher(folder)
     teacher = WanTransformer3DModel.from_pretrained(folder, subfolder="transformer", dtype=teacher_dtype)
     teacher = teacher.to(device).eval().requires_grad_(False)
-    embeddings = encode_prompts(spec, read_prompts(None), "", 512, teacher_dtype, device, args.cache_dir)
+    train_prompts, _ = split_prompts(read_prompts(None), None)  # the framework trains on all but the held-out 10%
+    embeddings = encode_prompts(spec, train_prompts, "", 512, teacher_dtype, device, args.cache_dir)
     table = torch.stack([embeddings.padded(torch.tensor([i]))[0] for i in range(len(embeddings.embeds))])
     torch.manual_seed(args.seed)  # as the framework's worker does before building the student
     student_keys = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "student" / f"{args.student}.yaml"))

@@ -114,11 +114,13 @@ def cache_embeddings(overrides: list[str]) -> None:
         "from wandistiller.data import encode_prompts, read_prompts\n"
         "from wandistiller.precision import Precision\n"
         "from wandistiller.teacher import inspect_teacher, resolve_teacher_path\n"
+        "from wandistiller.validation import split_prompts\n"
         "cfg = compose_config(sys.argv[1:])\n"
         "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
-        "encode_prompts(spec, read_prompts(cfg.data.prompts_path), cfg.teacher.negative_prompt,\n"
-        "    cfg.teacher.max_sequence_length, Precision.from_config(cfg.precision).teacher_dtype,\n"
-        "    torch.device('cpu'), cfg.paths.cache_dir)\n"
+        "d = cfg.data\n"
+        "for prompts in split_prompts(read_prompts(d.prompts_path), d.val_prompts_path, d.val_fraction):\n"
+        "    encode_prompts(spec, prompts, cfg.teacher.negative_prompt, cfg.teacher.max_sequence_length,\n"
+        "        Precision.from_config(cfg.precision).teacher_dtype, torch.device('cpu'), cfg.paths.cache_dir)\n"
     )
     subprocess.run([sys.executable, "-c", code, *overrides], check=True, capture_output=True)
 
@@ -128,6 +130,7 @@ def measure(overrides: list[str], steps: int, device: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as run_dir:
         cmd = [sys.executable, "-m", "wandistiller.train", *overrides, f"trainer.max_steps={steps}", "logger=none"]
         cmd += ["trainer.sample_prompts=0", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
+        cmd += ["trainer.val_every=0", "trainer.eval_at_end=false"]  # the planner plans training, not evaluation
         log = Path(run_dir) / "stdout.txt"
         with open(log, "w") as out:
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
