@@ -39,7 +39,7 @@ MAY_CHANGE = (
     "teacher_placement",
     "logger",
     "hydra",
-    "paths",
+    "paths.cache_dir",  # derived files only (built tiny teachers, text embeddings)
     "hardware",
     "distributed.timeout_min",
     "distributed.rdzv_endpoint",
