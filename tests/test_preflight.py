@@ -31,9 +31,9 @@ def refused(match: str):
 @pytest.mark.parametrize(
     "body,message",
     [
-        ("[1, 2]", "holds a JSON list, not an object"),
-        ('"hello"', "holds a JSON str, not an object"),
-        ("null", "holds a JSON NoneType"),
+        ("[1, 2]", "holds a JSON array, not an object"),
+        ('"hello"', "holds a JSON string, not an object"),
+        ("null", "holds a JSON null"),
         ("{num_layers: 2", "is not valid JSON"),
         ("", "is not valid JSON"),
         (TINY_STUDENT | {"num_layers": -1}, "num_layers=-1 must be a positive integer"),
@@ -99,12 +99,12 @@ WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
     "damage,message",
     [
         (lambda f: (f / "model_index.json").write_text("{oops"), "model_index.json is not valid JSON"),
-        (lambda f: (f / "model_index.json").write_text("[1]"), "holds a JSON list, not an object"),
+        (lambda f: (f / "model_index.json").write_text("[1]"), "holds a JSON array, not an object"),
         (_edit_json("model_index.json", lambda j: j | {"transformer": None}), "without a WanTransformer3DModel"),
         (_edit_json("model_index.json", lambda j: j | {"transformer": "x"}), "model_index.json's 'transformer' is"),
         (_edit_json("transformer/config.json", lambda j: j | {"num_layers": "four"}), 'num_layers="four"'),
         (_edit_json("transformer/config.json", lambda j: j | {"attention_head_dim": 7}), "attention_head_dim=7"),
-        (lambda f: (f / "transformer/config.json").write_text("[]"), "holds a JSON list"),
+        (lambda f: (f / "transformer/config.json").write_text("[]"), "holds a JSON array"),
         (lambda f: (f / WEIGHTS).write_bytes((f / WEIGHTS).read_bytes()[:-100]), "truncated"),
         (lambda f: (f / WEIGHTS).write_bytes(b"\x07" * 5000), "not a safetensors file, or is truncated"),
         (lambda f: (f / WEIGHTS).write_bytes(b""), "0 bytes, too short"),
@@ -227,3 +227,12 @@ def test_online_wandb_without_a_login_is_refused_before_the_run_folder(make_cfg,
     monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     monkeypatch.setenv("WANDB_API_KEY", "b" * 40)
     assert WandbTracker.login_problem("online") is None and WandbTracker.login_problem("offline") is None
+
+
+def test_a_local_teachers_files_are_checked_before_the_planner_reads_its_config(make_cfg, tmp_path, tiny_path):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    _edit_json("transformer/config.json", lambda j: j | {"num_layers": "four"})(folder)
+    with refused('transformer/config.json: num_layers="four" must be a positive integer'):
+        run(make_cfg(f"teacher.path={folder}", run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

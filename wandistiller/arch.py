@@ -77,7 +77,7 @@ def wan_config_problem(config: object) -> str | None:
     model with no blocks), so a wrong value would otherwise train nonsense or fail deep inside a worker.
     """
     if not isinstance(config, dict):
-        return f"holds a JSON {type(config).__name__}, not an object of WanTransformer3DModel options"
+        return f"holds a JSON {json_kind(config)}, not an object of WanTransformer3DModel options"
     for key in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
         value = config.get(key)
         if value is None and (key in _OPTIONAL_POSITIVE_INTS or key not in config):
@@ -102,6 +102,12 @@ def wan_config_problem(config: object) -> str | None:
     if config.get("qk_norm") is not None and not isinstance(config["qk_norm"], str):
         return f"qk_norm={json_repr(config['qk_norm'])} must be a string (e.g. rms_norm_across_heads) or null"
     return None
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words (a list is an array, None is null)."""
+    kinds = {list: "array", str: "string", type(None): "null", bool: "boolean", int: "number", float: "number"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _is_int(value: object) -> bool:

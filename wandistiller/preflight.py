@@ -54,6 +54,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
+    if Path(str(cfg.teacher.path)).expanduser().is_dir():  # a local teacher's files, before the planner reads them
+        inspect_teacher(Path(str(cfg.teacher.path)).expanduser())
     placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone

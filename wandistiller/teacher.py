@@ -83,7 +83,9 @@ def _read_json(path: Path, what: str) -> dict:
     except OSError as e:
         raise UserError(f"{what}: {path} cannot be read ({e.strerror})") from None
     if not isinstance(body, dict):
-        raise UserError(f"{what}: {path} holds a JSON {type(body).__name__}, not an object; re-download the teacher")
+        from wandistiller.arch import json_kind
+
+        raise UserError(f"{what}: {path} holds a JSON {json_kind(body)}, not an object; re-download the teacher")
     return body
 
 
