@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 
 
@@ -48,14 +49,13 @@ def internal_errors_reported() -> Iterator[None]:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or isinstance(e, (UserError, Stopped)):
             raise
         logs = write_to_log_files("internal error", exc_info=sys.exc_info())
-        where = f" (the traceback is in {logs[0]})" if logs else ""
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(
-            f"internal error: {type(e).__name__}: {first} -- please report it with train.log{where}; "
-            "HYDRA_FULL_ERROR=1 shows the traceback here",
-            file=sys.stderr,
-            flush=True,
-        )
+        if logs:
+            report = f"with train.log (the traceback is in {logs[0]}); HYDRA_FULL_ERROR=1 shows it here"
+        else:  # a tool without a log file (eval, generate): the traceback is all there is to report
+            traceback.print_exc()
+            report = "with the traceback above"
+        print(f"internal error: {type(e).__name__}: {first} -- please report it {report}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.errors import exit_on_user_error
+from wandistiller.errors import exit_on_user_error, internal_errors_reported
 from wandistiller.precision import to_dtype
 from wandistiller.runs import RunFolder, as_sampler, generate, load_student, load_teacher, open_run, student_source
 from wandistiller.validation import split_prompts
@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with exit_on_user_error():
+    with internal_errors_reported(), exit_on_user_error():
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype)
         m = result["mean"]
         print(

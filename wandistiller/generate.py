@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from wandistiller.data import encode_prompts
-from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.precision import to_dtype
 from wandistiller.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
 
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with exit_on_user_error():
+    with internal_errors_reported(), exit_on_user_error():
         for path in run_generate(args):
             print(path)
 
