@@ -111,7 +111,6 @@ def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
         ("trainer.val_every", t.val_every),
         ("trainer.sample_every", t.sample_every),
         ("student.hidden_kd_weight", cfg.student.hidden_kd_weight),
-        ("seed", cfg.seed),
     ]
 
 
