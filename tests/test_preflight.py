@@ -235,3 +235,10 @@ def test_a_local_teachers_files_are_checked_before_the_planner_reads_its_config(
     with refused('transformer/config.json: num_layers="four" must be a positive integer'):
         run(make_cfg(f"teacher.path={folder}", run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("override", ["+trainer.bacth_size=2", "+foo=1", "+data.promts_path=x"])
+def test_a_key_added_with_plus_that_no_schema_knows_is_refused(make_cfg, tmp_path, override):
+    key = override[1:].split("=")[0]
+    with refused(f"{key} is not a WanDistiller option"):
+        run(make_cfg(override, run_dir=tmp_path / "r"))

@@ -46,6 +46,7 @@ class Prepared:
 
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
+    check_known_keys(cfg)
     check_values(cfg)
     check_targets(cfg)
     check_training_parts(cfg)
@@ -71,6 +72,37 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         log.info("teacher placement plan:\n%s", table)
     resumed = str(resume_from) if resume_from else None
     return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Hydra's `+key=value` adds a key the schema does not know, so `+trainer.bacth_size=2` would be
+    ignored in silence: every key under a typed node must be one of its schema's fields."""
+    import dataclasses
+
+    from wandistiller.config import TrainConfig
+
+    def walk(schema, node: DictConfig, prefix: str) -> None:
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        for key in node.keys():
+            if key not in fields:
+                raise UserError(
+                    f"{prefix}{key} is not a WanDistiller option (it was added with +); check its spelling "
+                    f"(`python -m wandistiller.train --cfg job` lists the options)"
+                )
+            sub = _schema_of(schema, key)
+            if sub is not None and isinstance(node[key], DictConfig):
+                walk(sub, node[key], f"{prefix}{key}.")
+
+    walk(TrainConfig, cfg, "")
+
+
+def _schema_of(schema, key: str):
+    """The dataclass that types `schema.key`, or None for an untyped (Any) node."""
+    import dataclasses
+    import typing
+
+    hint = typing.get_type_hints(schema).get(key)
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def check_values(cfg: DictConfig) -> None:
