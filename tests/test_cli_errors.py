@@ -46,3 +46,32 @@ def test_under_torchrun_a_refusal_is_one_line_from_rank_0_and_leaves_no_folder(t
     ours = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode != 0 and ours == ["error: trainer.batch_size=0 must be a positive integer"]
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("tool", ["eval", "generate"])
+def test_tools_refuse_zero_or_negative_steps_in_their_usage_line(tool, capsys):
+    import importlib
+
+    module = importlib.import_module(f"wandistiller.{tool}")
+    argv = ["run", "--steps", "0"] + (["--prompt", "a fox"] if tool == "generate" else [])
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    assert e.value.code == 2 and "--steps: 0 must be 1 or more" in capsys.readouterr().err
+
+
+def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp_path):
+    import torch
+
+    from wandistiller.errors import UserError
+    from wandistiller.runs import load_student, open_run
+    from wandistiller.train import run
+
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=run_dir))
+    weights = run_dir / "student" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(UserError, match="the student in .*too short|the student in .*truncated"):
+        load_student(open_run(run_dir), run_dir / "student", torch.device("cpu"))
+    (run_dir / ".hydra" / "config.yaml").write_text("[:")
+    with pytest.raises(UserError, match="config.yaml cannot be read"):
+        open_run(run_dir)

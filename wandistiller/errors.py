@@ -67,3 +67,16 @@ def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") 
     for handler in files:
         handler.handle(record)
     return [h.baseFilename for h in files]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above zero (a step count, a limit)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value

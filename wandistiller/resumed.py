@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -69,7 +70,7 @@ def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
         try:
             loaded = OmegaConf.to_container(OmegaConf.load(first_file))
             first = [str(o) for o in loaded] if isinstance(loaded, list) else []
-        except (OmegaConfBaseException, ValueError, OSError, UnicodeDecodeError):
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError):
             first = []
     if now is None and not first:
         return None
@@ -83,7 +84,7 @@ def saved_config(run_dir: Path) -> DictConfig | None:
         return None
     try:
         saved = OmegaConf.load(path)
-    except (OmegaConfBaseException, ValueError, OSError, UnicodeDecodeError) as e:  # yaml errors are ValueErrors
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError) as e:
         saved = f"cannot be read ({type(e).__name__})"
     if not isinstance(saved, DictConfig) or "trainer" not in saved:
         raise UserError(
