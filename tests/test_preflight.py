@@ -242,3 +242,14 @@ def test_a_key_added_with_plus_that_no_schema_knows_is_refused(make_cfg, tmp_pat
     key = override[1:].split("=")[0]
     with refused(f"{key} is not a WanDistiller option"):
         run(make_cfg(override, run_dir=tmp_path / "r"))
+
+
+def test_a_teacher_path_that_is_a_symlink_loop_is_named_so(tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.teacher import resolve_teacher_path
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with refused("is a symbolic link that leads nowhere"):
+        resolve_teacher_path(OmegaConf.create({"builtin": "tiny", "path": str(tmp_path / "a")}), tmp_path / "cache")

@@ -41,7 +41,11 @@ def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
     if teacher_cfg.builtin is None:
         return None
     path, teachers = Path(str(teacher_cfg.path)).expanduser(), Path(str(cache_dir)).expanduser() / "teachers"
-    return str(teacher_cfg.builtin) if path.resolve().parent == teachers.resolve() else None
+    try:
+        inside = path.resolve().parent == teachers.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not the cache's own folder, whatever it is
+        return None
+    return str(teacher_cfg.builtin) if inside else None
 
 
 def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
@@ -57,6 +61,8 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
         return path
     if path.exists():
         raise UserError(f"{key} is a file; point it at a diffusers-format Wan folder (holding model_index.json)")
+    if path.is_symlink():
+        raise UserError(f"{key} is a symbolic link that leads nowhere (a loop or a missing target); fix the link")
     looks_like_hub_id = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise UserError(f"{key} does not exist; point it at a diffusers-format Wan folder")
