@@ -210,6 +210,8 @@ def test_a_folder_as_prompts_path_is_named_a_folder_and_a_bom_is_dropped(tmp_pat
     path.write_bytes(b"a\x00b\n")
     with refused("holds NUL bytes"):
         read_prompts(str(path))
+    with refused("is not a regular file (a pipe or a device)"):
+        read_prompts("/dev/null")
 
 
 def test_online_wandb_without_a_login_is_refused_before_the_run_folder(make_cfg, tmp_path, monkeypatch):

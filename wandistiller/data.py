@@ -31,6 +31,8 @@ def read_prompts(prompts_path: str | None, key: str = "data.prompts_path") -> li
     key = f"{key}={str(path)!r}"
     if path.is_dir():
         raise UserError(f"{key} is a folder; give a text file with one prompt per line")
+    if path.exists() and not path.is_file():  # a pipe or a device: reading it could block or never end
+        raise UserError(f"{key} is not a regular file (a pipe or a device); give a text file with one prompt per line")
     if not path.is_file():
         raise UserError(f"{key} does not exist; give a text file with one prompt per line")
     try:
