@@ -83,7 +83,9 @@ def whole_run(run_dir: Path, history: list[dict]) -> list[dict]:
         return history
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = {r["step"]: r for r in rows if "loss" in r}  # a step redone after a resume: its last record
-    return [steps[k] for k in sorted(steps)] or history
+    # Steps past this segment's last were measured by a killed segment and rolled back to a checkpoint.
+    last = history[-1]["step"] if history else max(steps, default=0)
+    return [steps[k] for k in sorted(steps) if k <= last] or history
 
 
 def validation_summary(run_dir: Path) -> dict:
