@@ -98,3 +98,12 @@ def test_steps_a_killed_segment_measured_past_the_resumed_run_are_not_in_its_sum
         f.writelines(json.dumps(r) + "\n" for r in history)
     steps = whole_run(tmp_path, history)
     assert [r["step"] for r in steps] == list(range(1, 14)) and steps[-1]["loss"] == 0.5
+
+
+def test_a_resume_takes_only_the_changeable_keys_given_not_their_whole_group(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg(*FIRST, "logger=wandb", "logger.mode=disabled", "logger.project=mine", run_dir=run_dir))
+    (run_dir / "metrics.json").unlink()
+    given = ["trainer.resume=auto", "logger.tags=[again]"]
+    cfg = continued_config(make_cfg(*given, run_dir=run_dir), given)
+    assert cfg.logger.project == "mine" and cfg.logger.mode == "disabled" and list(cfg.logger.tags) == ["again"]
