@@ -255,3 +255,9 @@ def test_a_teacher_path_that_is_a_symlink_loop_is_named_so(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with refused("is a symbolic link that leads nowhere"):
         resolve_teacher_path(OmegaConf.create({"builtin": "tiny", "path": str(tmp_path / "a")}), tmp_path / "cache")
+
+
+def test_a_run_refused_after_its_folder_was_claimed_leaves_no_folder_in_process_too(make_cfg, tmp_path):
+    with refused("trainer.resume='/no/such/ckpt'"):
+        run(make_cfg("trainer.resume=/no/such/ckpt", run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

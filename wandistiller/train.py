@@ -8,6 +8,7 @@ point to the next), or as one rank of a torchrun job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -64,7 +65,9 @@ def run(cfg: DictConfig) -> dict:
     point = sweep_point()
     try:
         cfg = continued_config(cfg, task_overrides())  # a resume continues the run's own saved config
-        prepared = prepare(cfg, topo, point)
+        # In-process callers too: a refusal after the folder was claimed (a bad trainer.resume) leaves none.
+        with removed_if_refused(Path(cfg.paths.output_dir)) if point is None else contextlib.nullcontext():
+            prepared = prepare(cfg, topo, point)
         if _finished(prepared, cfg):
             log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
             return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
