@@ -63,3 +63,61 @@ BENCH_ARCHS = {
     "1.3b": WAN_1_3B,
     "14b": WAN_14B,
 }
+
+# WanTransformer3DModel options a config file may set, by the kind of value each must hold.
+_POSITIVE_INTS = ("num_attention_heads", "attention_head_dim", "in_channels", "text_dim", "freq_dim", "ffn_dim",
+                  "num_layers", "rope_max_seq_len")  # fmt: skip
+_OPTIONAL_POSITIVE_INTS = ("out_channels", "image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
+
+
+def wan_config_problem(config: object) -> str | None:
+    """What is wrong with a WanTransformer3DModel config (a config.json body), in words; None if nothing.
+
+    Checked from JSON before any weights load: diffusers builds whatever it is given (num_layers=-1 is a
+    model with no blocks), so a wrong value would otherwise train nonsense or fail deep inside a worker.
+    """
+    if not isinstance(config, dict):
+        return f"holds a JSON {json_kind(config)}, not an object of WanTransformer3DModel options"
+    for key in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
+        value = config.get(key)
+        if value is None and (key in _OPTIONAL_POSITIVE_INTS or key not in config):
+            continue
+        if not _is_int(value) or value <= 0:
+            return f"{key}={json_repr(value)} must be a positive integer"
+    head_dim = config.get("attention_head_dim")
+    # Wan's rope splits each head into time/height/width parts of 2*(d//6) channels each, all even.
+    if head_dim is not None and (head_dim % 2 or head_dim < 6):
+        return f"attention_head_dim={head_dim} must be even and at least 6 (Wan's 3-axis rope splits it)"
+    patch = config.get("patch_size")
+    if patch is not None and not (
+        isinstance(patch, (list, tuple)) and len(patch) == 3 and all(_is_int(p) and p > 0 for p in patch)
+    ):
+        return f"patch_size={json_repr(patch)} must be three positive integers, e.g. [1, 2, 2]"
+    eps = config.get("eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0):
+        return f"eps={json_repr(eps)} must be a positive number"
+    for key in ("cross_attn_norm",):
+        if key in config and not isinstance(config[key], bool):
+            return f"{key}={json_repr(config[key])} must be true or false"
+    if config.get("qk_norm") is not None and not isinstance(config["qk_norm"], str):
+        return f"qk_norm={json_repr(config['qk_norm'])} must be a string (e.g. rms_norm_across_heads) or null"
+    return None
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words (a list is an array, None is null)."""
+    kinds = {list: "array", str: "string", type(None): "null", bool: "boolean", int: "number", float: "number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is a Python int: not a size
+
+
+def json_repr(value: object) -> str:
+    import json
+
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)

@@ -25,15 +25,25 @@ log = logging.getLogger(__name__)
 DEFAULT_PROMPTS = Path(__file__).parent / "assets" / "prompts.txt"
 
 
-def read_prompts(prompts_path: str | None) -> list[str]:
+def read_prompts(prompts_path: str | None, key: str = "data.prompts_path") -> list[str]:
+    """The prompts of a text file, one a line; a UTF-8 byte-order mark (Windows editors add one) is dropped."""
     path = DEFAULT_PROMPTS if prompts_path is None else Path(prompts_path).expanduser()
-    key = f"data.prompts_path={str(path)!r}"
+    key = f"{key}={str(path)!r}"
+    if path.is_dir():
+        raise UserError(f"{key} is a folder; give a text file with one prompt per line")
+    if path.exists() and not path.is_file():  # a pipe or a device: reading it could block or never end
+        raise UserError(f"{key} is not a regular file (a pipe or a device); give a text file with one prompt per line")
     if not path.is_file():
         raise UserError(f"{key} does not exist; give a text file with one prompt per line")
     try:
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{key} is not UTF-8 text; give a text file with one prompt per line") from None
+    except OSError as e:
+        raise UserError(f"{key} cannot be read ({e.strerror}); give a readable text file") from None
+    if "\x00" in text:
+        raise UserError(f"{key} holds NUL bytes, so it is not a text file; give one prompt per line")
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise UserError(f"{key} holds no prompts; put one prompt per line")
     return prompts

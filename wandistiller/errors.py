@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Iterator
 
 
@@ -33,3 +36,47 @@ def exit_on_user_error() -> Iterator[None]:
         if str(e):  # the main rank's; the other ranks stop silently
             print(str(e), file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
+
+
+@contextlib.contextmanager
+def internal_errors_reported() -> Iterator[None]:
+    """An unexpected exception -- a bug, not a mistake of the user's -- is one line on the terminal that
+    says how to report it; its traceback goes into the run's log file (train.log). HYDRA_FULL_ERROR=1
+    (Hydra's own switch for full tracebacks) lets it through untouched, for developers."""
+    try:
+        yield
+    except Exception as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or isinstance(e, (UserError, Stopped)):
+            raise
+        logs = write_to_log_files("internal error", exc_info=sys.exc_info())
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if logs:
+            report = f"with train.log (the traceback is in {logs[0]}); HYDRA_FULL_ERROR=1 shows it here"
+        else:  # a tool without a log file (eval, generate): the traceback is all there is to report
+            traceback.print_exc()
+            report = "with the traceback above"
+        print(f"internal error: {type(e).__name__}: {first} -- please report it {report}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") -> list[str]:
+    """Log `message` to the log files alone (Hydra's train.log), not the terminal; returns their paths."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    record = logging.getLogger(name).makeRecord(name, logging.INFO if exc_info is None else logging.ERROR, "", 0,
+                                                message, None, exc_info)  # fmt: skip
+    for handler in files:
+        handler.handle(record)
+    return [h.baseFilename for h in files]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above zero (a step count, a limit)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.errors import exit_on_user_error
+from wandistiller.errors import exit_on_user_error, internal_errors_reported, positive_int
 from wandistiller.precision import to_dtype
 from wandistiller.runs import RunFolder, as_sampler, generate, load_student, load_teacher, open_run, student_source
 from wandistiller.validation import split_prompts
@@ -100,8 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
     parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
-    parser.add_argument("--steps", type=int, default=20, help="sampling steps for both (default 20)")
-    parser.add_argument("--limit", type=int, default=8, help="at most this many prompts (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps for both (default 20)")
+    parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     return parser.parse_args(argv)
 
@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with exit_on_user_error():
+    with internal_errors_reported(), exit_on_user_error():
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype)
         m = result["mean"]
         print(

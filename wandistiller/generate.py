@@ -17,7 +17,8 @@ import torch
 from PIL import Image
 
 from wandistiller.data import encode_prompts
-from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.files import folder_problem
 from wandistiller.precision import to_dtype
 from wandistiller.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
 
@@ -58,6 +59,9 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
     )
     idx, out = list(range(len(args.prompt))), Path(args.out or run.path / "generated")
+    problem = folder_problem(out)
+    if problem:  # before minutes of sampling, not after
+        raise UserError(f"--out: {problem}; choose another folder")
     vae = load_vae(run.spec, device)
     student = as_sampler(run.spec, load_student(run, source, device), device)
     latents, _ = generate(student, emb, idx, args.seed, args.steps, run.latent_shape)
@@ -72,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.generate", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run folder, or its saved student folder (<run>/student)")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    parser.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
@@ -86,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with exit_on_user_error():
+    with internal_errors_reported(), exit_on_user_error():
         for path in run_generate(args):
             print(path)
 

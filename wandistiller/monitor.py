@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from wandistiller.checkpoint import CHECKPOINTS, write_checkpoint
+from wandistiller.errors import write_to_log_files
 from wandistiller.validation import ValSet, save_loss_plot, val_loss
 
 log = logging.getLogger("wandistiller")
@@ -55,3 +56,25 @@ class Monitor:
         if rows:
             with (Path(run.run_dir) / "metrics_steps.jsonl").open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+class ProgressLog:
+    """A loop hook: a line in train.log every `trainer.log_every` steps (step, loss, samples/s), so the log
+    shows a run's progress while it runs. With the progress bar on, the terminal already shows it: the
+    line then goes to the log file alone, not between the bar's redraws."""
+
+    def __init__(self, trainer_cfg):
+        self.t = trainer_cfg
+
+    def __call__(self, run, step: int) -> None:
+        if step % self.t.log_every and step != self.t.max_steps:
+            return
+        last = run.history[-1] if run.history else {}
+        line = (
+            f"step {step}/{self.t.max_steps}: loss {last.get('loss', float('nan')):.5f}, "
+            f"{last.get('samples_per_s', 0.0):.1f} samples/s, lr {last.get('lr', 0.0):.3g}"
+        )
+        if self.t.progress_bar:
+            write_to_log_files(line)
+        else:
+            log.info(line)

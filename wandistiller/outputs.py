@@ -83,7 +83,9 @@ def whole_run(run_dir: Path, history: list[dict]) -> list[dict]:
         return history
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = {r["step"]: r for r in rows if "loss" in r}  # a step redone after a resume: its last record
-    return [steps[k] for k in sorted(steps)] or history
+    # Steps past this segment's last were measured by a killed segment and rolled back to a checkpoint.
+    last = history[-1]["step"] if history else max(steps, default=0)
+    return [steps[k] for k in sorted(steps) if k <= last] or history
 
 
 def validation_summary(run_dir: Path) -> dict:
@@ -114,6 +116,20 @@ def evaluate_at_end(recipe) -> dict:
     return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
+def teacher_identity(recipe) -> dict:
+    """The teacher by what was loaded: the Hub id or folder given, the folder read, and its shape (a
+    config option's name alone, e.g. "tiny", says nothing once teacher.path points elsewhere)."""
+    spec, config = recipe.spec, recipe.spec.transformer_config
+    keys = ("num_layers", "num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "in_channels")
+    return {
+        "teacher": str(recipe.cfg.teacher.path),
+        "teacher_config_name": recipe.cfg.teacher.name,
+        "teacher_path": str(spec.path),
+        "teacher_experts": len(spec.experts),
+        "teacher_shape": {k: config.get(k) for k in keys},
+    }
+
+
 def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
     cfg = recipe.cfg
 
@@ -126,9 +142,7 @@ def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict
     owner = next((r for r in ranks if "owner_idle_fraction" in r), {})
     return {
         "status": "completed",
-        "teacher": cfg.teacher.name,
-        "teacher_path": str(recipe.spec.path),
-        "teacher_experts": len(recipe.spec.experts),
+        **teacher_identity(recipe),
         "student_params_m": millions(recipe.run.student),
         "placement": recipe.placement.name,
         "precision": recipe.precision.name,
@@ -147,7 +161,7 @@ def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict
         "student_ms_median": median("student_ms"),
         "copy_ms_median": median("copy_ms"),
         "owner_idle_fraction": owner.get("owner_idle_fraction"),
-        "overrides": (recipe.prepared.sweep_point or {}).get("overrides"),
+        "overrides": (recipe.prepared.sweep_point or {}).get("overrides") or recipe.prepared.overrides,
         **{f"{k}_max": v for k, v in peaks.items()},
         "ranks": ranks,
         "device": str(recipe.device),

@@ -8,6 +8,7 @@ through the planner, builds the placement once, and hands the workers a picklabl
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from wandistiller.fastpaths import check_compile_mode, check_quantize
 from wandistiller.memory import Hardware
 from wandistiller.placements import Placement, Serving
 from wandistiller.precision import Precision
+from wandistiller.resumed import recorded_overrides
 from wandistiller.rundir import claim_run_dir, save_config
 from wandistiller.student import check_student
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
@@ -40,15 +42,22 @@ class Prepared:
     resume_from: str | None
     plan_table: str | None
     sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
+    overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
 
 
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
+    check_known_keys(cfg)
     check_values(cfg)
     check_targets(cfg)
+    check_training_parts(cfg)
+    check_tracker(cfg)
+    check_folders(cfg)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
+    if Path(str(cfg.teacher.path)).expanduser().is_dir():  # a local teacher's files, before the planner reads them
+        inspect_teacher(Path(str(cfg.teacher.path)).expanduser())
     placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
@@ -57,11 +66,44 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         placement, table = choose_placement(cfg, precision, world)
     check_combination(cfg, placement, world)
     run_dir = Path(cfg.paths.output_dir)
+    overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     save_config(run_dir, cfg, resume_from)
     if table:
         log.info("teacher placement plan:\n%s", table)
-    return Prepared(str(run_dir), str(spec.path), placement, str(resume_from) if resume_from else None, table, point)
+    resumed = str(resume_from) if resume_from else None
+    return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Hydra's `+key=value` adds a key the schema does not know, so `+trainer.bacth_size=2` would be
+    ignored in silence: every key under a typed node must be one of its schema's fields."""
+    import dataclasses
+
+    from wandistiller.config import TrainConfig
+
+    def walk(schema, node: DictConfig, prefix: str) -> None:
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        for key in node.keys():
+            if key not in fields:
+                raise UserError(
+                    f"{prefix}{key} is not a WanDistiller option (it was added with +); check its spelling "
+                    f"(`python -m wandistiller.train --cfg job` lists the options)"
+                )
+            sub = _schema_of(schema, key)
+            if sub is not None and isinstance(node[key], DictConfig):
+                walk(sub, node[key], f"{prefix}{key}.")
+
+    walk(TrainConfig, cfg, "")
+
+
+def _schema_of(schema, key: str):
+    """The dataclass that types `schema.key`, or None for an untyped (Any) node."""
+    import dataclasses
+    import typing
+
+    hint = typing.get_type_hints(schema).get(key)
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -81,6 +123,10 @@ def check_values(cfg: DictConfig) -> None:
     ]:
         if value <= 0:
             raise UserError(f"{key}={value} must be a positive integer")
+    for key, value in _at_least_zero(cfg):
+        if value < 0:
+            raise UserError(f"{key}={value} must be 0 or more")
+    check_ranges(cfg)
     if d.latent_height % 2 or d.latent_width % 2:
         raise UserError(
             f"data.latent_height/latent_width ({d.latent_height}x{d.latent_width}) must be even (Wan patches 2x2)"
@@ -89,13 +135,96 @@ def check_values(cfg: DictConfig) -> None:
         raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
 
 
+def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
+    t = cfg.trainer
+    return [
+        ("trainer.warmup_steps", t.warmup_steps),
+        ("trainer.keep_checkpoints", t.keep_checkpoints),
+        ("trainer.sample_prompts", t.sample_prompts),
+        ("trainer.val_every", t.val_every),
+        ("trainer.sample_every", t.sample_every),
+        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight),
+    ]
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Numbers with a meaning only in some range; each refusal says the range (`None` = the default)."""
+    t, d, teacher = cfg.trainer, cfg.data, cfg.teacher
+    checks = [
+        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: v > 0, "a positive integer"),
+        ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
+        ("data.sample_steps", d.sample_steps, lambda v: v > 0, "a positive integer"),
+        ("data.latents_per_prompt", d.latents_per_prompt, lambda v: v > 0, "a positive integer"),
+        ("data.latent_chunk", d.latent_chunk, lambda v: v > 0, "a positive integer"),
+        ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
+        ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
+        ("teacher.flow_shift", teacher.flow_shift, lambda v: v is None or v > 0, "positive, or null (the teacher's)"),
+        ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
+        ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
+        ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
+    ] + [
+        (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
+        for k, v in cfg.hardware.items()
+    ]
+    for key, value, ok, what in checks:
+        if not ok(value) or (isinstance(value, float) and math.isnan(value)):
+            raise UserError(f"{key}={value} must be {what}")
+
+
+def check_training_parts(cfg: DictConfig) -> None:
+    """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
+    (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads."""
+    import torch
+    from diffusers.optimization import get_scheduler
+
+    t = cfg.trainer
+    try:
+        optimizer = instantiate(t.optimizer)([torch.nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise UserError(f"trainer.optimizer: {_first_line(e)}; fix the value under trainer.optimizer") from None
+    try:
+        get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
+
+
+def _first_line(error: Exception) -> str:
+    words = str(error).strip().splitlines()
+    return words[0] if words else type(error).__name__
+
+
+def check_folders(cfg: DictConfig) -> None:
+    """The run folder and the cache can be created and written: checked before either is touched."""
+    from wandistiller.files import folder_problem
+
+    for key, folder in (("hydra.run.dir", cfg.paths.output_dir), ("paths.cache_dir", cfg.paths.cache_dir)):
+        problem = folder_problem(Path(str(folder)))
+        if problem:
+            raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
+
+
 def check_data(cfg: DictConfig) -> None:
     """The prompts file, and for data.latents=images the images and captions."""
     read_prompts(cfg.data.prompts_path)
+    if cfg.data.val_prompts_path is not None:
+        read_prompts(cfg.data.val_prompts_path, key="data.val_prompts_path")
     if cfg.data.latents == "images":
         from wandistiller.image_data import image_source
 
         image_source(cfg.data)
+
+
+def check_tracker(cfg: DictConfig) -> None:
+    """A tracker that must log in can (logger.mode=online needs a wandb key), checked without the network."""
+    from hydra.utils import get_object
+
+    tracker = get_object(cfg.logger._target_)
+    problem = tracker.login_problem(cfg.logger.get("mode")) if hasattr(tracker, "login_problem") else None
+    if problem:
+        raise UserError(
+            f"logger.mode=online: {problem}; run `wandb login` (or set WANDB_API_KEY), or use logger.mode=offline"
+        )
 
 
 def check_targets(cfg: DictConfig) -> None:

@@ -24,6 +24,7 @@ from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, barrier, gather, local_device, roles_for
 from wandistiller.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.loop import Run, memory_metrics, train_loop
+from wandistiller.monitor import ProgressLog
 from wandistiller.precision import Precision
 from wandistiller.preflight import Prepared
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
@@ -83,7 +84,7 @@ class DistillationRecipe:
             dp_rank=self.roles.dp_rank,
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
-            hooks=[self._setup_monitor()] if self.is_main else [],
+            hooks=[self._setup_monitor(), ProgressLog(self.cfg.trainer)] if self.is_main else [],
         )
 
     def _setup_embeddings(self):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from wandistiller import leftovers
@@ -94,14 +95,51 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
 
 
+# What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
+# torchrun), the lock, and the config saved once the folder was claimed.
+_OURS_IF_REFUSED = {LOCK_FILE, ".hydra"}
+
+
 @contextlib.contextmanager
 def removed_if_refused(run_dir: Path) -> Iterator[None]:
-    """A run refused before it wrote anything leaves no folder behind: Hydra creates the folder (and its
-    log) before the job starts, so on a refusal a folder holding nothing but that log (and our lock) goes."""
+    """A run refused before it trained leaves no folder behind. Hydra creates the folder (and its log)
+    before the job starts, so the folder is removed on a refusal if it held nothing but logs when the job
+    began and holds nothing but logs, the lock and the saved config now. A folder another run left
+    outputs in is never touched (its contents were there before), nor one another live run holds."""
+    before = _contents(run_dir)
     try:
         yield
     except UserError as e:
-        leftovers_here = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else {"-"}
-        if leftovers_here <= {"train.log", LOCK_FILE} and not isinstance(e, RunDirTaken):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if before <= _logs(before) and _contents(run_dir) <= _logs(_contents(run_dir)) | _OURS_IF_REFUSED:
+            if not isinstance(e, RunDirTaken):
+                shutil.rmtree(run_dir, ignore_errors=True)
         raise
+
+
+def _contents(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+
+
+def _logs(names: set[str]) -> set[str]:
+    return {n for n in names if n.startswith("train") and n.endswith(".log")}
+
+
+class RunDirCheck(Callback):
+    """A Hydra callback: the run (or sweep) folder can be created and written, checked before Hydra
+    creates it for its log -- otherwise Hydra's own mkdir fails with a traceback before any of our code."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        self._check(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._check(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(folder: str, key: str) -> None:
+        from wandistiller.errors import exit_on_user_error
+        from wandistiller.files import folder_problem
+
+        problem = folder_problem(Path(str(folder)))
+        if problem:
+            with exit_on_user_error():
+                raise UserError(f"{key}: {problem}; choose another folder with {key}=…")

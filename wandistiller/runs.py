@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints, load_checkpoint
 from wandistiller.errors import UserError
+from wandistiller.files import safetensors_problem
 from wandistiller.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.teacher import Teacher, TeacherSpec, inspect_teacher, load_expert, resolve_teacher_path
 
@@ -41,7 +42,10 @@ def open_run(path: str | Path, teacher_path: str | None = None) -> RunFolder:
     config = path / ".hydra" / "config.yaml"
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
-    cfg = OmegaConf.load(config)
+    try:
+        cfg = OmegaConf.load(config)
+    except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
+        raise UserError(f"{config} cannot be read ({type(e).__name__}); restore it from the run's backup") from None
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
     return RunFolder(path, cfg, inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)))
@@ -74,6 +78,10 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     from hydra.utils import instantiate
 
     if (source / "config.json").is_file():
+        for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
+            problem = safetensors_problem(file)
+            if problem:
+                raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
         transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from wandistiller.arch import STUDENT_BUILDERS
+from wandistiller.arch import STUDENT_BUILDERS, wan_config_problem
 from wandistiller.errors import UserError
 from wandistiller.teacher import TeacherSpec, capture_last_block
 
@@ -56,18 +56,16 @@ def student_config(student_cfg, teacher: dict) -> dict:
     elif student_cfg.config_path is not None:
         path = Path(student_cfg.config_path).expanduser()
         source = f"student.config_path={str(path)!r}"
-        if not path.is_file():
-            raise UserError(f"{source} does not exist; give a WanTransformer3DModel config.json")
-        try:
-            own = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-        except json.JSONDecodeError as e:
-            raise UserError(f"{source} is not valid JSON ({e})") from None
+        own = _read_student_json(path, source)
     else:
         raise UserError(
             "student: set student.builder (tiny, small, base) or use student=from_json student.config_path=…"
         )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
+    problem = wan_config_problem(config)
+    if problem:
+        raise UserError(f"{source}: {problem}")
     for key in MUST_MATCH:
         mine, theirs = _norm(config.get(key)), _norm(teacher.get(key))
         if mine != theirs:
@@ -81,6 +79,23 @@ def student_config(student_cfg, teacher: dict) -> dict:
     if unknown:
         raise UserError(f"{source}: {sorted(unknown)} are not WanTransformer3DModel options; remove them")
     return config
+
+
+def _read_student_json(path: Path, source: str) -> dict:
+    """The options a student config.json sets (diffusers' own `_class_name`-style keys dropped)."""
+    if path.is_dir():
+        raise UserError(f"{source} is a folder; give the WanTransformer3DModel config.json inside it")
+    if not path.is_file():
+        raise UserError(f"{source} does not exist; give a WanTransformer3DModel config.json")
+    try:
+        body = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{source} is not valid JSON ({e}); give a WanTransformer3DModel config.json") from None
+    except OSError as e:
+        raise UserError(f"{source} cannot be read ({e.strerror})") from None
+    if not isinstance(body, dict):
+        raise UserError(f"{source}: {wan_config_problem(body)}")
+    return {k: v for k, v in body.items() if not k.startswith("_")}
 
 
 def check_student(student_cfg, teacher: dict) -> dict:

@@ -41,7 +41,11 @@ def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
     if teacher_cfg.builtin is None:
         return None
     path, teachers = Path(str(teacher_cfg.path)).expanduser(), Path(str(cache_dir)).expanduser() / "teachers"
-    return str(teacher_cfg.builtin) if path.resolve().parent == teachers.resolve() else None
+    try:
+        inside = path.resolve().parent == teachers.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not the cache's own folder, whatever it is
+        return None
+    return str(teacher_cfg.builtin) if inside else None
 
 
 def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
@@ -57,6 +61,8 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
         return path
     if path.exists():
         raise UserError(f"{key} is a file; point it at a diffusers-format Wan folder (holding model_index.json)")
+    if path.is_symlink():
+        raise UserError(f"{key} is a symbolic link that leads nowhere (a loop or a missing target); fix the link")
     looks_like_hub_id = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise UserError(f"{key} does not exist; point it at a diffusers-format Wan folder")
@@ -73,23 +79,74 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
 
 
 def _read_json(path: Path, what: str) -> dict:
+    """A JSON object from a teacher folder; anything else is one UserError naming the file."""
     try:
-        return json.loads(path.read_text())
+        body = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise UserError(f"{what}: {path} is missing; is this a diffusers-format Wan folder?") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{what}: {path} is not valid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what}: {path} is not valid JSON ({e}); re-download the teacher") from None
+    except OSError as e:
+        raise UserError(f"{what}: {path} cannot be read ({e.strerror})") from None
+    if not isinstance(body, dict):
+        from wandistiller.arch import json_kind
+
+        raise UserError(f"{what}: {path} holds a JSON {json_kind(body)}, not an object; re-download the teacher")
+    return body
 
 
 def _require_safetensors(folder: Path, key: str) -> None:
-    if any(folder.glob("*.safetensors")):
-        return
-    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+    """Weights are there, as safetensors, and each file's header agrees with its size (no weights read)."""
+    from wandistiller.files import safetensors_problem
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+            raise UserError(
+                f"{key}: {folder} holds only pickle .bin weights; WanDistiller loads safetensors only "
+                "(convert with diffusers' save_pretrained(safe_serialization=True))"
+            )
+        raise UserError(f"{key}: {folder} holds no weights (*.safetensors)")
+    for file in files:
+        problem = safetensors_problem(file)
+        if problem:
+            raise UserError(f"{key}: {problem}; re-download the teacher (hf download … --local-dir DIR)")
+
+
+def _component(index: dict, name: str, key: str) -> str | None:
+    """The class a model_index.json entry names (["diffusers", "WanTransformer3DModel"]), or None if absent."""
+    entry = index.get(name)
+    if entry is None:
+        return None
+    if not (isinstance(entry, list) and len(entry) == 2 and all(e is None or isinstance(e, str) for e in entry)):
         raise UserError(
-            f"{key}: {folder} holds only pickle .bin weights; WanDistiller loads safetensors only "
-            "(convert with diffusers' save_pretrained(safe_serialization=True))"
+            f"{key}: model_index.json's {name!r} is {json.dumps(entry)}; it should be [library, class], "
+            'e.g. ["diffusers", "WanTransformer3DModel"]'
         )
-    raise UserError(f"{key}: {folder} holds no weights (*.safetensors)")
+    return entry[1]
+
+
+def _expert_config(path: Path, name: str, key: str) -> dict:
+    from wandistiller.arch import wan_config_problem
+
+    config = _read_json(path / name / "config.json", key)
+    problem = wan_config_problem(config)
+    if problem:
+        raise UserError(f"{key}: {name}/config.json: {problem}; re-download the teacher")
+    return config
+
+
+def _schedule(path: Path, key: str) -> tuple[float, int]:
+    """(flow shift, train timesteps) from the scheduler's config: UniPC / DPM++ call the shift flow_shift,
+    FlowMatchEulerDiscrete calls it shift."""
+    scheduler = _read_json(path / "scheduler" / "scheduler_config.json", key)
+    shift = scheduler.get("flow_shift") or scheduler.get("shift") or 1.0
+    steps = scheduler.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS)
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not shift > 0:
+        raise UserError(f"{key}: scheduler_config.json's flow_shift={shift!r} must be a positive number")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise UserError(f"{key}: scheduler_config.json's num_train_timesteps={steps!r} must be a positive integer")
+    return float(shift), steps
 
 
 def inspect_teacher(path: Path) -> TeacherSpec:
@@ -98,34 +155,35 @@ def inspect_teacher(path: Path) -> TeacherSpec:
     if not path.is_dir():
         raise UserError(f"{key} is not a folder")
     index = _read_json(path / "model_index.json", key)
-    experts = tuple(name for name in ("transformer", "transformer_2") if index.get(name, [None])[-1])
-    if not experts or index["transformer"][-1] != "WanTransformer3DModel":
+    experts = tuple(name for name in ("transformer", "transformer_2") if _component(index, name, key))
+    if not experts or _component(index, "transformer", key) != "WanTransformer3DModel":
         raise UserError(
             f"{key} is a {index.get('_class_name', 'unknown')} folder without a WanTransformer3DModel 'transformer'; "
             "point it at a Wan T2V diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
         )
     for name in experts + ("text_encoder",):
         _require_safetensors(path / name, key)
-    config = _read_json(path / "transformer" / "config.json", key)
+    config = _expert_config(path, "transformer", key)
     if experts == ("transformer", "transformer_2"):
-        config_2 = _read_json(path / "transformer_2" / "config.json", key)
+        config_2 = _expert_config(path, "transformer_2", key)
         if config_2.get("in_channels") != config.get("in_channels") or config_2.get("text_dim") != config.get(
             "text_dim"
         ):
             raise UserError(f"{key}: transformer and transformer_2 disagree on in_channels/text_dim")
     boundary_ratio = index.get("boundary_ratio")
-    if len(experts) == 2 and boundary_ratio is None:
-        raise UserError(f"{key} has transformer_2 but no boundary_ratio in model_index.json; add it (Wan 2.2: 0.875)")
-    scheduler = _read_json(path / "scheduler" / "scheduler_config.json", key)
-    # UniPC / DPM++ call it flow_shift; FlowMatchEulerDiscrete calls it shift.
-    flow_shift = scheduler.get("flow_shift") or scheduler.get("shift") or 1.0
+    if len(experts) == 2 and not (isinstance(boundary_ratio, (int, float)) and 0 < boundary_ratio < 1):
+        raise UserError(
+            f"{key} has transformer_2 but boundary_ratio={boundary_ratio!r} in model_index.json; "
+            "set it to a number in (0, 1) (Wan 2.2: 0.875)"
+        )
+    flow_shift, num_train_timesteps = _schedule(path, key)
     return TeacherSpec(
         path=path,
         experts=experts,
         transformer_config=config,
         boundary_ratio=boundary_ratio if len(experts) == 2 else None,
-        flow_shift=float(flow_shift),
-        num_train_timesteps=int(scheduler.get("num_train_timesteps", NUM_TRAIN_TIMESTEPS)),
+        flow_shift=flow_shift,
+        num_train_timesteps=num_train_timesteps,
     )
 
 

@@ -45,6 +45,28 @@ class WandbTracker(NullTracker):
         self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or []))
         self.run = None
 
+    @staticmethod
+    def login_problem(mode: str) -> str | None:
+        """Why `mode=online` could not log in, checked before the run folder is claimed; None if it can.
+
+        Looks where wandb itself looks (WANDB_API_KEY, an identity token file, a settings file's api_key,
+        the .netrc entry for WANDB_BASE_URL's host) and never calls the network: without a key, wandb
+        would otherwise prompt, or fail, only after the teacher has loaded.
+        """
+        if str(mode) != "online" or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+            return None
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        try:
+            from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
+
+            if read_netrc_auth(host=host):
+                return None
+        except Exception as e:  # a malformed .netrc: wandb would fail on it too
+            return f"wandb cannot read its .netrc ({type(e).__name__}: {e})"
+        if _settings_api_key():
+            return None
+        return f"no wandb login for {host} (no WANDB_API_KEY, no .netrc entry)"
+
     def start(
         self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
     ) -> None:
@@ -72,3 +94,16 @@ class WandbTracker(NullTracker):
         self.run.finish()
         if self.kwargs["mode"] == "offline":
             log.info("wandb: offline run saved; upload it with: wandb sync %s", offline_dir)
+
+
+def _settings_api_key() -> bool:
+    """An api_key in wandb's global settings file (WANDB_CONFIG_DIR/settings or ~/.config/wandb/settings)."""
+    import configparser
+
+    folder = Path(os.environ.get("WANDB_CONFIG_DIR", Path.home() / ".config" / "wandb")).expanduser()
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(folder / "settings")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return False
+    return any(parser.get(section, "api_key", fallback=None) for section in parser.sections())

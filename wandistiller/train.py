@@ -8,6 +8,7 @@ point to the next), or as one rank of a torchrun job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -31,9 +32,10 @@ from wandistiller.distributed import (
     under_torchrun,
     worker_logging,
 )
-from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.preflight import Prepared, prepare
+from wandistiller.resumed import continued_config, task_overrides
 from wandistiller.rundir import release_run_dir, removed_if_refused
 from wandistiller.stopping import launcher_stopped
 from wandistiller.sweep import record_failed_point, sweep_point
@@ -46,7 +48,7 @@ warnings.filterwarnings("ignore", message="Mismatch dtype between input and weig
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    with exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
+    with internal_errors_reported(), exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
         run(cfg)
 
 
@@ -62,7 +64,10 @@ def run(cfg: DictConfig) -> dict:
         return run_recipe(OmegaConf.create(box[0][1]), box[0][0], topo)
     point = sweep_point()
     try:
-        prepared = prepare(cfg, topo, point)
+        cfg = continued_config(cfg, task_overrides())  # a resume continues the run's own saved config
+        # In-process callers too: a refusal after the folder was claimed (a bad trainer.resume) leaves none.
+        with removed_if_refused(Path(cfg.paths.output_dir)) if point is None else contextlib.nullcontext():
+            prepared = prepare(cfg, topo, point)
         if _finished(prepared, cfg):
             log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
             return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
@@ -86,6 +91,7 @@ def run(cfg: DictConfig) -> dict:
 def _prepare_or_refuse(cfg: DictConfig, topo: Topology):
     """Under torchrun: rank 0's preparation (with the resolved config), or its refusal, for every rank."""
     try:
+        cfg = continued_config(cfg, task_overrides())
         prepared = prepare(cfg, topo)
         return prepared, OmegaConf.to_container(cfg, resolve=True)  # what rank 0 resolved, for every rank
     except UserError as e:
