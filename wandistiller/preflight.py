@@ -166,6 +166,7 @@ def check_ranges(cfg: DictConfig) -> None:
     ] + [
         (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
         for k, v in cfg.hardware.items()
+        if not k.startswith("headroom")  # the headroom may be 0; memory.Hardware checks its range
     ]
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
