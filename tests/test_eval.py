@@ -40,6 +40,15 @@ def test_eval_writes_eval_json_and_a_grid(run_dir):
     assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
 
 
+def test_the_eval_cli_adds_its_numbers_to_the_runs_wandb_run(make_cfg, tmp_path, capsys):
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
+    eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])
+    assert "logged to the run's wandb run" in capsys.readouterr().out
+    ids = {p.name.rsplit("-", 1)[1] for p in (folder / "wandb").glob("offline-run-*")}
+    assert len(ids) == 1  # the run's own id, resumed (offline wandb writes a folder per resume; sync merges them)
+
+
 def test_checkpoints_are_chosen_by_name(run_dir):
     r = open_run(run_dir)
     assert student_source(r, None) == run_dir / "student"

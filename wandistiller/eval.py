@@ -117,6 +117,33 @@ def main(argv: list[str] | None = None) -> None:
             f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
         )
         print(f"wrote {Path(args.run_dir) / 'eval.json'} and eval.png")
+        log_to_run(Path(args.run_dir), result)
+
+
+def log_to_run(run_dir: Path, result: dict) -> None:
+    """Add the evaluation to the run's own wandb run (offline as it was), when it had one: its id is in the
+    run's checkpoints."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from wandistiller.checkpoint import STATE_FILE, list_checkpoints
+
+    checkpoints = list_checkpoints(run_dir)
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    if not checkpoints or not str(saved.logger.get("_target_", "")).endswith("WandbTracker"):
+        return
+    run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
+    if not run_id:
+        return
+    from wandistiller.tracking import WandbTracker
+
+    tracker = WandbTracker(saved.logger.project, saved.logger.entity, str(saved.logger.mode))
+    tracker.start(run_dir, {}, run_id)
+    tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
+    tracker.log_image("eval", run_dir / "eval.png", step=None)
+    tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
+    print(f"logged to the run's wandb run {run_id}")
 
 
 if __name__ == "__main__":
