@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -43,6 +44,11 @@ def _ddp_worker(teacher_path: str) -> list:
     grads = torch.cat([p.grad.flatten() for p in student.parameters()])
     gathered = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, grads)
+    # Drop DDP's reducer while the group lives, and give gloo's worker thread the GIL to release its last
+    # work: a reducer that outlives the group joins that thread while holding the GIL (a torch deadlock).
+    del model
+    gc.collect()
+    time.sleep(0.2)
     dist.destroy_process_group()
     return [bool(torch.equal(gathered[0], g)) and bool(g.abs().sum() > 0) for g in gathered]
 

@@ -9,9 +9,11 @@ too: every rank runs the Hydra main, rank 0 prepares while the others wait.
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +160,12 @@ def init_process_group(topology: Topology, timeout_min: float) -> None:
 
 
 def destroy_process_group() -> None:
+    """Leave the group once nothing else holds it. A DDP reducer that outlives its gloo group joins gloo's
+    worker thread while holding the GIL, and that thread may need the GIL to free its last finished work:
+    a deadlock at exit (torch 2.13). So collect the reducers first and let the worker threads run dry."""
     if dist.is_initialized():
+        gc.collect()
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 

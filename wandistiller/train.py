@@ -106,6 +106,7 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
     # One progress bar (the training loop's), not one per component load.
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
+    recipe = None
     try:
         init_process_group(topo, cfg.distributed.timeout_min)
         recipe = instantiate(cfg.recipe, _partial_=True)(cfg, prepared, topo)
@@ -114,6 +115,7 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
     except torch.OutOfMemoryError as e:
         raise UserError(oom_report(e, prepared.plan_table)) from None
     finally:
+        del recipe  # its DDP model goes while the process group still lives (see destroy_process_group)
         destroy_process_group()
 
 
