@@ -20,11 +20,14 @@ $(VENV)/.installed: pyproject.toml
 train: setup          ## distill the embedded tiny teacher (extra overrides: make train ARGS="trainer.max_steps=50")
 	$(PY) -m wandistiller.train $(ARGS)
 
+# One thread per process: the tests' tiny models gain nothing from more, and their 2-3 rank runs share 2 cores.
+TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
+
 test: setup           ## the whole CPU suite (what CI runs)
-	$(PY) -m pytest -q $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q $(ARGS)
 
 test-fast: setup      ## skip the slow end-to-end tests
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check wandistiller tests scripts
