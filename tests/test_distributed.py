@@ -160,6 +160,7 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         "logger=none",
         "trainer.progress_bar=false",
         "distributed.nproc_per_node=2",
+        "precision=fp32",  # as _cli's resume below says: a resume must agree with the run's saved config
         "trainer.max_steps=100000",
         "trainer.checkpoint_every=5",
         "trainer.sample_prompts=0",
