@@ -9,12 +9,10 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 import torch.distributed as dist
-from conftest import ROOT, run_cli
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from conftest import ROOT, run_cli, spawn
 
 from wandistiller.checkpoint import list_checkpoints, load_checkpoint
 from wandistiller.stopping import Stop
@@ -114,18 +112,7 @@ def _agree_worker() -> tuple[bool, bool]:
 
 
 def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled():
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=2,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    assert elastic_launch(config, _agree_worker)() == {0: (False, True), 1: (False, True)}
+    assert spawn(_agree_worker, 2) == {0: (False, True), 1: (False, True)}
 
 
 @pytest.mark.slow  # two CPU workers: ~60 s here
