@@ -19,16 +19,20 @@ def bench(cache_dir, **overrides) -> dict:
     return bench_plan.run(args)
 
 
-def assert_in_band(result: dict) -> None:
+def assert_in_band(result: dict, low: float = -5) -> None:
     for row in result["rows"]:
         assert not row.get("failed"), row.get("failed")
-        assert -5 <= row["host_error_pct"] <= 15, row
+        assert low <= row["host_error_pct"] <= 15, row
         assert not row["extrapolated"]
 
 
 def test_the_tiny_default_on_the_cpu_is_predicted_within_the_band(cache_dir, tiny_path, capsys):
     result = bench(cache_dir, arch="tiny", student="tiny", batch="4", placements="cpu")
-    assert_in_band(result)
+    # A 0.45 GiB job is mostly library code, whose file-backed pages count in the peak RSS by how much of
+    # torch's .so files the page cache holds: 0.41 GiB in one checkout, 0.51 in a fresh clone's new venv
+    # (all pages just written, so the kernel maps them around each fault). The -5% floor holds where the
+    # job's own memory dominates (the small student, below); here it allows that ~0.1 GiB of noise.
+    assert_in_band(result, low=-25)
     assert "host pred" in capsys.readouterr().out  # the table is printed last
 
 
