@@ -89,14 +89,14 @@ def test_cli_resume_keeps_the_first_runs_overrides_and_records_them(tmp_path, ca
 
 
 def test_steps_a_killed_segment_measured_past_the_resumed_run_are_not_in_its_summary(tmp_path):
-    from wandistiller.outputs import whole_run
+    from wandistiller.outputs import recorded_rows, whole_run
 
     rows = [{"step": s, "loss": 1.0} for s in range(1, 18)]  # killed at 17, last checkpoint at 10
     (tmp_path / "metrics_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     history = [{"step": s, "loss": 0.5} for s in range(11, 14)]  # resumed with trainer.max_steps=13
     with (tmp_path / "metrics_steps.jsonl").open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in history)
-    steps = whole_run(tmp_path, history)
+    steps = whole_run(recorded_rows(tmp_path), history)
     assert [r["step"] for r in steps] == list(range(1, 14)) and steps[-1]["loss"] == 0.5
 
 

@@ -278,19 +278,13 @@ def register_configs() -> None:
 def compose_config(overrides: list[str]):
     """The tree `python -m wandistiller.train OVERRIDES` would run, composed outside a Hydra job (no run
     folder, no log file): for the planner's CLI and the tools. A bad override is one UserError."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from wandistiller.errors import UserError
 
-    register_configs()
     try:
-        if GlobalHydra.instance().is_initialized():
-            return compose("train", overrides=overrides)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return compose("train", overrides=overrides)
+        return _compose("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(hydra_error_line(e)) from None
 
@@ -298,14 +292,19 @@ def compose_config(overrides: list[str]):
 def compose_option(group: str, option: str):
     """One config group option, composed by Hydra with its schema and defaults, its interpolations left
     for the tree it is put into to resolve (e.g. `teacher_placement=auto` becoming the planner's choice)."""
+    return _compose(None, [f"+{group}={option}"])[group]
+
+
+def _compose(config_name: str | None, overrides: list[str]):
+    """Hydra's compose, inside a Hydra job (which already set the search path) or outside one."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
     if GlobalHydra.instance().is_initialized():
-        return compose(overrides=[f"+{group}={option}"])[group]
+        return compose(config_name, overrides=overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(overrides=[f"+{group}={option}"])[group]
+        return compose(config_name, overrides=overrides)
 
 
 def hydra_error_line(error: Exception) -> str:

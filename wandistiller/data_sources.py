@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from wandistiller.distributed import barrier
 from wandistiller.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
+from wandistiller.placements.base import guidance_scales
 from wandistiller.validation import build_val_set, fill_targets
 
 log = logging.getLogger("wandistiller")
@@ -32,7 +33,10 @@ def training_latents(recipe):
         return _image_latents(recipe)
     cfg, spec = recipe.cfg, recipe.spec
     settings = SamplerSettings(
-        cfg.data.sample_steps, tuple(_guidance(recipe)), recipe.latent_shape(), cfg.data.latents_per_prompt
+        cfg.data.sample_steps,
+        tuple(guidance_scales(spec, cfg.teacher)),
+        recipe.latent_shape(),
+        cfg.data.latents_per_prompt,
     )
     bank = None
     if makers(recipe):
@@ -44,14 +48,6 @@ def training_latents(recipe):
                                 cfg.paths.cache_dir)  # fmt: skip
         bank = load_latent_bank(folder)
     return bank, None
-
-
-def _guidance(recipe) -> list[float]:
-    t = recipe.cfg.teacher
-    scales = [t.guidance_scale]
-    if len(recipe.spec.experts) == 2:
-        scales.append(t.guidance_scale if t.guidance_scale_2 is None else t.guidance_scale_2)
-    return scales
 
 
 def _image_latents(recipe):

@@ -30,8 +30,9 @@ def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
     if recipe.teacher_samples is not None:
         grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
         run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
-    summary = summarize(recipe, whole_run(recipe.run_dir, history), ranks, segment=history)
-    summary |= validation_summary(recipe.run_dir) | evaluate_at_end(recipe)
+    rows = recorded_rows(recipe.run_dir)  # what the monitor appended, every segment of the run
+    summary = summarize(recipe, whole_run(rows, history), ranks, segment=history)
+    summary |= validation_summary(rows) | evaluate_at_end(recipe)
     (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
@@ -75,23 +76,25 @@ def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
     return save_grid(recipe.teacher_samples, mine, recipe.embeddings.prompts[:n], path)
 
 
-def whole_run(run_dir: Path, history: list[dict]) -> list[dict]:
-    """Every training step of the run, the segments before a resume included (metrics_steps.jsonl holds
-    them, validation rows aside); this segment's `history` if the file is missing."""
+def recorded_rows(run_dir: Path) -> list[dict]:
+    """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
     path = run_dir / "metrics_steps.jsonl"
-    if not path.is_file():
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
+    """Every training step of the run, the segments before a resume included (validation rows aside);
+    this segment's `history` if nothing was recorded."""
+    if not rows:
         return history
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = {r["step"]: r for r in rows if "loss" in r}  # a step redone after a resume: its last record
     # Steps past this segment's last were measured by a killed segment and rolled back to a checkpoint.
     last = history[-1]["step"] if history else max(steps, default=0)
     return [steps[k] for k in sorted(steps) if k <= last] or history
 
 
-def validation_summary(run_dir: Path) -> dict:
+def validation_summary(rows: list[dict]) -> dict:
     """The last and the best held-out loss of the run (metrics_steps.jsonl's validation rows)."""
-    path = run_dir / "metrics_steps.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     val = [r for r in rows if "val/loss" in r]
     if not val:
         return {}

@@ -18,7 +18,7 @@ from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints
 from wandistiller.errors import UserError
 from wandistiller.files import safetensors_problem
 from wandistiller.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
-from wandistiller.teacher import Teacher, TeacherSpec, inspect_teacher, load_expert, resolve_teacher_path
+from wandistiller.teacher import Teacher, TeacherSpec, inspect_teacher, resolve_teacher_path
 
 
 @dataclass
@@ -91,11 +91,10 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
-    """The whole teacher on one device, with the run's guidance scales (the low-noise one as WanPipeline falls back)."""
-    t = run.cfg.teacher
-    scales = [t.guidance_scale] + ([t.guidance_scale_2 or t.guidance_scale] if len(run.spec.experts) == 2 else [])
-    experts = [load_expert(run.spec, name, dtype).to(device) for name in run.spec.experts]
-    return Teacher(run.spec, experts, scales, device)
+    """The whole teacher on one device, with the run's guidance scales: what teacher_placement=cpu/gpu load."""
+    from wandistiller.placements.base import load_teacher as load_whole
+
+    return load_whole(run.spec, run.cfg.teacher, dtype, device)
 
 
 def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
