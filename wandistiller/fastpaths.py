@@ -73,13 +73,16 @@ def quantize_teacher(teacher, mode: str | None) -> None:
             quantize_expert(expert, mode)
 
 
-def quantize_expert(expert: nn.Module, mode: str, compute: str = "auto") -> nn.Module:
-    """fp8 for the Linear layers inside the transformer blocks of a loaded, resident expert, in place."""
+def quantize_expert(
+    expert: nn.Module, mode: str, compute: str = "auto", device: torch.device | None = None, work_device=None
+) -> nn.Module:
+    """fp8 for the Linear layers inside the transformer blocks of a loaded, resident expert, in place;
+    `device`: where it will compute, when not where it lies now."""
     from wandistiller.fp8 import quantize_model
 
     if mode not in MODES:
         raise ValueError(f"unknown quantize mode {mode!r}")
-    quantize_model(expert, compute)
+    quantize_model(expert, compute, device, work_device)
     return expert
 
 

@@ -75,11 +75,14 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, compute: str) -> Fp8Linear:
+    def from_linear(cls, linear: nn.Linear, compute: str, work_device: torch.device | None = None) -> Fp8Linear:
+        """The layer's fp8 twin, where the Linear lies; `work_device`: where to do the arithmetic (a GPU
+        quantizes a 14B expert lying in host RAM in seconds, the CPU in minutes)."""
         w = linear.weight
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, w.dtype, compute, w.device)
         if not w.is_meta:  # a skeleton's layer (meta) gets its bytes later, from the streamers' sources
-            layer.weight, layer.weight_scale = quantize_weight(w.detach())
+            q, scale = quantize_weight(w.detach().to(work_device or w.device))
+            layer.weight, layer.weight_scale = q.to(w.device), scale.to(w.device)
             if linear.bias is not None:
                 layer.bias = linear.bias.detach().clone()
         return layer
@@ -115,7 +118,9 @@ def choose_compute(compute: str, device: torch.device, in_features: int, out_fea
     return "scaled_mm"
 
 
-def quantize_model(model: nn.Module, compute: str = "auto", device: torch.device | None = None) -> list[str]:
+def quantize_model(
+    model: nn.Module, compute: str = "auto", device: torch.device | None = None, work_device: torch.device | None = None
+) -> list[str]:
     """Replace every eligible Linear with an Fp8Linear in place; returns their names (relative to the model).
 
     Layer by layer, so the bf16 weights go as their fp8 copies come (the peak is the model plus one layer).
@@ -128,7 +133,7 @@ def quantize_model(model: nn.Module, compute: str = "auto", device: torch.device
         where = device if device is not None else module.weight.device
         how = choose_compute(compute, where, module.in_features, module.out_features)
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, Fp8Linear.from_linear(module, how))
+        setattr(model.get_submodule(parent_name), leaf, Fp8Linear.from_linear(module, how, work_device))
         names.append(name)
     return names
 
