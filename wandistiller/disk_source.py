@@ -36,6 +36,7 @@ class DiskSource:
         self.folder, self.weight_map, self.dtype, self.pin = folder, weight_map, dtype, pin
         # A block's layers computed in fp8 (wandistiller.fp8): their weights are quantized as they are read.
         self.fp8_layers = fp8_layers
+        self.work_device: torch.device | None = None  # where to quantize (a GPU: seconds for a 14B expert)
         self.keep_fp32 = set(WanTransformer3DModel._keep_in_fp32_modules or [])
         self.block_keys: dict[int, list[str]] = {}  # block index -> its keys
         for key in weight_map:
@@ -55,7 +56,8 @@ class DiskSource:
         """Block i's tensors by their names inside the block, fp8 layers quantized (pinned when streaming
         to a GPU)."""
         start = len(f"blocks.{i}.")
-        out = quantize_block_tensors({key[start:]: self.read(key) for key in self.block_keys[i]}, self.fp8_layers)
+        tensors = {key[start:]: self.read(key) for key in self.block_keys[i]}
+        out = quantize_block_tensors(tensors, self.fp8_layers, self.work_device)
         return {n: t.pin_memory() for n, t in out.items()} if self.pin else out
 
     def stored_as_computed(self) -> bool:

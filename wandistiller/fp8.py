@@ -7,7 +7,7 @@ quantized: they hold ~99% of the FLOPs and bytes, while the embeddings, time pro
 are small and precision-sensitive.
 
 Two ways to compute, fixed per layer when it is built (so a compiled graph sees no Python branch per
-call): `scaled_mm` (fp8 x fp8 on Hopper/Ada tensor cores; on the CPU, torch >= 2.7 runs it too) and
+call): `scaled_mm` (fp8 x fp8 on Hopper/Ada tensor cores; on the CPU where the build has it: 2.13 does) and
 `dequant` (the fp8 weight widened to bf16, then a bf16 matmul: any torch >= 2.1, any device, any shape).
 `scaled_mm` is used where a probe call succeeds on the device and the layer's widths are multiples of 16
 (cuBLASLt's fp8 alignment), else `dequant`.
@@ -46,8 +46,8 @@ def _rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.lru_cache(maxsize=8)
 def scaled_mm_runs(device: str) -> bool:
-    """Whether this torch runs a row-wise-scaled fp8 `_scaled_mm` on `device` (torch 2.6's CPU does not; a
-    pre-Ada GPU does not). Probed once per device with a 16x32x16 call."""
+    """Whether this torch runs a row-wise-scaled fp8 `_scaled_mm` on `device` (older CPU builds and pre-Ada
+    GPUs do not; its signature changed over 2.x too). Probed once per device with a 16x32x16 call."""
     if not hasattr(torch, "_scaled_mm"):
         return False
     try:
@@ -70,6 +70,9 @@ class Fp8Linear(nn.Module):
                  device: torch.device | str | None = None):  # fmt: skip
         super().__init__()
         self.in_features, self.out_features, self.compute = in_features, out_features, compute
+        # On a GPU, the fp8 tensor cores' fast accumulation (as torchao's inference configs): the error it adds
+        # is far below the quantization's. Set by quantize_model for the device it will compute on.
+        self.fast_accum = False
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=E4M3, device=device))
         self.register_buffer("weight_scale", torch.empty(out_features, 1, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype, device=device) if bias else None)
@@ -92,7 +95,12 @@ class Fp8Linear(nn.Module):
         if self.compute == "scaled_mm":
             xq, x_scale = _rowwise(rows)
             out = torch._scaled_mm(
-                xq, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale.t(), out_dtype=x.dtype
+                xq,
+                self.weight.t(),
+                scale_a=x_scale,
+                scale_b=self.weight_scale.t(),
+                out_dtype=x.dtype,
+                use_fast_accum=self.fast_accum,
             )  # weight.t(): column-major, as cuBLASLt wants the second operand
         else:
             out = F.linear(rows, self.weight.to(x.dtype) * self.weight_scale.to(x.dtype))
@@ -133,7 +141,9 @@ def quantize_model(
         where = device if device is not None else module.weight.device
         how = choose_compute(compute, where, module.in_features, module.out_features)
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, Fp8Linear.from_linear(module, how, work_device))
+        layer = Fp8Linear.from_linear(module, how, work_device)
+        layer.fast_accum = torch.device(where).type == "cuda"
+        setattr(model.get_submodule(parent_name), leaf, layer)
         names.append(name)
     return names
 
@@ -143,14 +153,19 @@ def block_fp8_layers(model: nn.Module) -> frozenset[str]:
     return frozenset(n for n, m in model.blocks[0].named_modules() if isinstance(m, Fp8Linear))
 
 
-def quantize_block_tensors(tensors: dict[str, torch.Tensor], layers: frozenset[str]) -> dict[str, torch.Tensor]:
+def quantize_block_tensors(
+    tensors: dict[str, torch.Tensor], layers: frozenset[str], work_device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
     """A block's tensors as read from its files (name -> bf16), with each fp8 layer's weight replaced by its
-    fp8 bytes and `weight_scale` added; tensors already stored in fp8 pass through."""
+    fp8 bytes and `weight_scale` added (computed on `work_device`, returned where the tensor was); tensors
+    already stored in fp8 pass through."""
     out = dict(tensors)
     for layer in layers:
         key = f"{layer}.weight"
         if key in out and out[key].dtype != E4M3:
-            out[key], out[f"{layer}.weight_scale"] = quantize_weight(out[key])
+            where = out[key].device
+            q, scale = quantize_weight(out[key].to(work_device or where))
+            out[key], out[f"{layer}.weight_scale"] = q.to(where), scale.to(where)
     return out
 
 

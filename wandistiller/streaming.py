@@ -308,6 +308,7 @@ def load_streamed_expert(
     if quantize:
         quantize_model(model, device=device)  # on the skeleton: layers of fp8 buffers, still on meta
         disk.fp8_layers = block_fp8_layers(model)
+        disk.work_device = device if device.type == "cuda" else None
     streamer = stream_blocks(model, device, source_kind, resident_blocks, disk=disk, share=share)
     return freeze(model), streamer
 
