@@ -40,6 +40,9 @@ step job_eager 130 "${JOB[@]}" --steps 12 --warmup 4 --out "$FIG/job_eager.json"
 # 3. fp8 + compile, framework and hand-written (the fp8 targets' relative MSE on the 1.3B shape), and the
 #    time from the teacher loaded to the first step (train.log: "compiling ..." / "compiled ... in X s").
 step job_fp8 120 "${JOB[@]}" --compile --quantize fp8 --steps 14 --warmup 6 --out "$FIG/job_fp8.json"
+python3 -c "import json,shutil,sys; r=json.load(open(sys.argv[1]))['framework']['run_dir']; \
+shutil.copy(r + '/train.log', sys.argv[2])" "$FIG/job_fp8.json" "$FIG/job_fp8_train.log" 2>/dev/null \
+  && grep -E "compil|step 1\b|teacher" "$FIG/job_fp8_train.log" | head -20
 # 4. bf16 compiled, framework only: the denominator of the fp8 target (>= 1.3x).
 step job_compiled 100 "${JOB[@]}" --compile --steps 14 --warmup 6 --framework-only --out "$FIG/job_compiled.json"
 # 5. A 14B expert in fp8, streamed from pinned RAM against resident fp8 and resident bf16 (each in its own

@@ -71,6 +71,17 @@ def test_fp8_targets_stay_within_one_percent_relative_mse_of_the_bf16_teachers(t
     assert 0 < relative_mse(got, want) < 0.01
 
 
+def test_quantizing_a_loaded_expert_gives_the_same_bytes_as_loading_it_quantized(tiny_path):
+    # bench job's hand-written loop quantizes in memory; the placements read block by block: one arithmetic.
+    from wandistiller.fastpaths import quantize_expert
+
+    spec = inspect_teacher(tiny_path)
+    loaded = CpuPlacement().load(spec, FP8, BF16, Topology()).experts[0]
+    in_memory = quantize_expert(load_expert(spec, "transformer", torch.bfloat16), "fp8")
+    want = in_memory.state_dict()
+    assert all(torch.equal(t.view(torch.uint8), want[k].view(torch.uint8)) for k, t in loaded.state_dict().items())
+
+
 @pytest.mark.parametrize("source", ["host", "disk"])
 @pytest.mark.parametrize("resident", [0, 1])
 def test_a_streamed_fp8_teacher_gives_the_resident_fp8_teachers_targets_bit_for_bit(tiny_moe_path, source, resident):
