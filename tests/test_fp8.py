@@ -98,6 +98,24 @@ def test_a_streamed_fp8_teacher_gives_the_resident_fp8_teachers_targets_bit_for_
         assert torch.equal(got, want) and torch.equal(got_hidden, want_hidden)
 
 
+@pytest.mark.slow  # two regional compiles on the CPU: ~1 min
+def test_a_compiled_streamed_fp8_teacher_gives_the_compiled_resident_fp8_targets(tiny_moe_path):
+    from wandistiller.teacher import compile_blocks
+
+    spec = inspect_teacher(tiny_moe_path)
+    resident, bf16 = (
+        CpuPlacement().load(spec, FP8, BF16, Topology()),
+        CpuPlacement().load(spec, TEACHER, BF16, Topology()),
+    )
+    streamed = OffloadPlacement(resident_blocks=0)
+    streamed.teacher_device = lambda topology: torch.device("cpu")
+    teacher = streamed.load(spec, FP8, BF16, Topology())
+    for expert in resident.experts + teacher.experts:
+        compile_blocks(expert)  # the fp8 layer traces: _scaled_mm and its scales inside the block's graph
+    got, want = teacher.targets(*_inputs())[0], resident.targets(*_inputs())[0]
+    assert torch.equal(got, want) and relative_mse(got, bf16.targets(*_inputs())[0]) < 0.01
+
+
 def test_a_disk_fp8_teacher_streams_the_quantized_tensors_from_its_converted_copy(tiny_moe_path, tmp_path):
     spec = inspect_teacher(tiny_moe_path)
     placement = DiskPlacement(resident_blocks=0, offload_dir=str(tmp_path / "offload"))
