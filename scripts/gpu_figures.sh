@@ -33,24 +33,25 @@ step() {
 JOB=(python3 -m wandistiller.bench job --arch 1.3b --device cuda --placement gpu --batch 16 --cache-dir /tmp/wandistiller)
 
 # 1. fp8 works on this torch and GPU: the GPU lane (fp8 scaled_mm chosen, streamed == resident, compiled runs).
-step gpu_tests 60 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py
-# 2. Baseline: the whole job eager against the hand-written eager loop (the 2x goal's denominator: >= 53 samples/s
-#    on an H200 means 2x of ~26.6). Builds the 1.3B-shaped teacher folder, cached for the rest.
-step job_eager 130 "${JOB[@]}" --steps 12 --warmup 4 --out "$FIG/job_eager.json"
-# 3. fp8 + compile, framework and hand-written (the fp8 targets' relative MSE on the 1.3B shape), and the
-#    time from the teacher loaded to the first step (train.log: "compiling ..." / "compiled ... in X s").
-step job_fp8 120 "${JOB[@]}" --compile --quantize fp8 --steps 14 --warmup 6 --out "$FIG/job_fp8.json"
+step gpu_tests 45 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py
+# 2. fp8 + compile, the framework (builds the 1.3B-shaped teacher folder first, cached for the rest). Its
+#    train.log says when compiling starts and how long it took (item 1: first step <= 60 s after loading).
+step job_fp8 75 "${JOB[@]}" --compile --quantize fp8 --steps 12 --warmup 5 --framework-only --out "$FIG/job_fp8.json"
 python3 -c "import json,shutil,sys; r=json.load(open(sys.argv[1]))['framework']['run_dir']; \
 shutil.copy(r + '/train.log', sys.argv[2])" "$FIG/job_fp8.json" "$FIG/job_fp8_train.log" 2>/dev/null \
   && grep -E "compil|step 1\b|teacher" "$FIG/job_fp8_train.log" | head -20
-# 4. bf16 compiled, framework only: the denominator of the fp8 target (>= 1.3x).
-step job_compiled 100 "${JOB[@]}" --compile --steps 14 --warmup 6 --framework-only --out "$FIG/job_compiled.json"
-# 5. A 14B expert in fp8, streamed from pinned RAM against resident fp8 and resident bf16 (each in its own
-#    process): b1 <= 0.6x the bf16 copy floor, b8 <= 1.05x resident fp8, peak <= 2 GiB, bit-identical, rel. MSE.
+# 3. bf16 compiled, the framework: the denominator of the fp8 target (>= 1.3x).
+step job_compiled 70 "${JOB[@]}" --compile --steps 12 --warmup 5 --framework-only --out "$FIG/job_compiled.json"
+# 4. A 14B expert in fp8 streamed from pinned RAM, against resident fp8 and resident bf16 (each its own process):
+#    b1 <= 0.6x the bf16 copy floor, b8 <= 1.05x resident fp8, peak <= 2 GiB, bit-identical, relative MSE <= 1%.
 step teacher_fp8 120 python3 -m wandistiller.bench teacher --arch 14b --batch 1,8 --reps 3 --quantize fp8 \
   --resident-blocks 0 --out "$FIG/teacher_fp8.json"
+# 5. The whole job eager against the hand-written eager loop: parity, and the 2x goal's denominator (an
+#    H200 measured 26.6 samples/s: >= 53 is the goal); the fp8 job's relative MSE if time is left.
+step job_eager 100 "${JOB[@]}" --steps 12 --warmup 4 --out "$FIG/job_eager.json"
 # 6. The planner's host column at the real shape (item 5): predicted vs measured host and GPU peaks.
 step plan_1.3b 90 bash scripts/gpu_plan_figures.sh 1.3b "$FIG"
-# 7. The shared reference figures on the same card, if there is time.
+# 7. fp8 targets against bf16 through the hand-written loop, and the shared reference figures, if time is left.
+step job_fp8_handwritten 90 "${JOB[@]}" --compile --quantize fp8 --steps 8 --warmup 4 --out "$FIG/job_fp8_both.json"
 if [ -f .whl/gpu_baseline.py ]; then step gpu_baseline 100 python3 .whl/gpu_baseline.py "$FIG"; fi
 echo "total ${SECONDS}s"
