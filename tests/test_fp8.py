@@ -185,6 +185,8 @@ def test_the_planner_counts_fp8_bytes_and_auto_says_when_only_fp8_fits(make_cfg)
     outside, block = memory.block_bytes(WAN_14B, 2)
     _, fp8_block = memory.block_bytes(WAN_14B, 2, fp8=True)
     assert 0.49 < fp8_block / block < 0.51  # linear weights halve; norms, modulation and biases stay
+    kept = [memory.resident_blocks(WAN_14B, 1, torch.bfloat16, 24 * memory.GiB, fp8) for fp8 in (False, True)]
+    assert kept[1] >= 2 * kept[0] > 0  # a streamed fp8 teacher keeps twice the blocks on the same GPU
     frame = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
     hw = ["hardware.gpus=1", "hardware.gpu_memory_gib=32", "hardware.host_memory_gib=64", "teacher_placement=auto"]
     cfg = make_cfg("teacher=wan2.1_t2v_14b", *frame, *hw)
