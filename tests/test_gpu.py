@@ -41,3 +41,33 @@ def test_two_steps_train_on_the_gpu(make_cfg, tmp_path, overrides):
     summary = run(make_cfg(*overrides, "trainer.max_steps=2", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 2 and summary["device"].startswith("cuda")
     assert all(torch.isfinite(torch.tensor(summary[k])) for k in ("loss_first", "loss_last"))
+
+
+FP8 = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0, "quantize": "fp8"})
+
+
+@pytest.mark.parametrize("placement", [OffloadPlacement(resident_blocks=1), DiskPlacement(resident_blocks=0)])
+def test_a_streamed_fp8_teacher_on_cuda_runs_scaled_mm_and_gives_the_resident_fp8_targets(tiny_moe_path, placement):
+    from wandistiller.fp8 import relative_mse
+    from wandistiller.placements.gpu import GpuPlacement
+
+    spec = inspect_teacher(tiny_moe_path)
+    resident = GpuPlacement().load(spec, FP8, BF16, Topology())
+    assert resident.experts[0].blocks[0].attn1.to_q.compute == "scaled_mm"  # the fp8 tensor cores
+    teacher = placement.load(spec, FP8, BF16, Topology())
+    bf16 = GpuPlacement().load(spec, TEACHER, BF16, Topology())
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
+    for _ in range(2):
+        got, _ = teacher.targets(x, t, cond, uncond)
+        assert torch.equal(got, resident.targets(x, t, cond, uncond)[0])
+    assert relative_mse(got, bf16.targets(x, t, cond, uncond)[0]) < 0.01
+
+
+@pytest.mark.parametrize("placement", ["gpu", "offload", "disk"])
+def test_two_fp8_steps_train_on_the_gpu_compiled(make_cfg, tmp_path, placement):
+    cfg = make_cfg(f"teacher_placement={placement}", "teacher.quantize=fp8", "precision=bf16", "teacher.compile=true",
+                   "trainer.max_steps=2", run_dir=tmp_path / "r")  # fmt: skip
+    summary = run(cfg)
+    assert summary["steps_run"] == 2 and torch.isfinite(torch.tensor(summary["loss_last"]))

@@ -153,3 +153,34 @@ def test_sigterm_to_the_launcher_of_two_workers_stops_both_at_one_step_with_one_
     ], stderr[-3000:]
     assert "Traceback" not in stderr and not (run_dir / ".failures").exists()
     assert load_checkpoint(list_checkpoints(run_dir)[-1])["step"] >= 2
+
+
+@pytest.mark.slow  # a CLI start and part of a compile: ~20 s
+def test_sigterm_while_the_first_step_compiles_exits_within_ten_seconds_in_one_line(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", "logger=none",
+         "trainer.sample_prompts=0", "trainer.eval_at_end=false", "trainer.val_every=0", "trainer.progress_bar=false",
+         "teacher.compile=true", "trainer.compile_student=true", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        log = run_dir / "train.log"
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and "compiling the teacher's block graph" in log.read_text():
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it compiled"
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert took < 10 and proc.returncode == 128 + signal.SIGTERM, (took, stderr[-2000:])
+    assert "Traceback" not in stderr and "compiled the teacher's block graph" not in log.read_text()
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("stopped by SIGTERM before the first training step finished") and "no checkpoint" in last
+    assert not list_checkpoints(run_dir)

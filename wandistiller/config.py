@@ -88,7 +88,7 @@ class TeacherConfig:
     # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
     # whole teacher in one process only (cpu, gpu, gpu0, offload, disk).
     compile: bool = False
-    # "fp8": torchao float8 dynamic quantization of the blocks' Linear layers (Hopper+; wandistiller.fastpaths).
+    # "fp8": the blocks' Linear layers in fp8, quantized once at load (wandistiller.fp8; CPU, or Ada/Hopper+).
     quantize: str | None = None
     # diffusers attention backend for the teacher ("flash", "_native_cudnn", ...); None = diffusers' default.
     attention_backend: str | None = None

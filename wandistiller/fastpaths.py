@@ -1,13 +1,16 @@
 """The opt-in fast paths, each checked before anything loads: an fp8 teacher, the teacher's attention
 backend, and the student's torch.compile mode.
 
-`teacher.quantize=fp8` swaps the teacher's transformer-block Linear layers for torchao's float8 dynamic
-quantization (per-row scales for weights and activations): the matmuls run on the fp8 tensor cores of
-Hopper and newer, at about twice the bf16 rate, and the weights take half the memory. The targets then
-differ from bf16 ones by quantization error; `python -m wandistiller.bench job --quantize fp8` reports it.
+`teacher.quantize=fp8` makes the Linear layers inside the teacher's blocks fp8 (`wandistiller.fp8`, the
+project's own layer on `torch._scaled_mm`: per-row weight scales computed once at load, per-row
+activation scales per call, bf16 output). The placement loads the teacher quantized (the bf16 teacher is
+never in RAM); resident (cpu, gpu, gpu0) and streamed (offload, disk: half the bytes moved) alike. On
+Hopper/Ada the matmuls run on fp8 tensor cores; on the CPU, `_scaled_mm` where this torch has it, else the
+weights are widened per layer. The targets differ from bf16 ones by the quantization error
+(`python -m wandistiller.bench teacher --quantize fp8` reports their relative MSE; held to <= 1%).
 
-Refused, with one line naming the key, where it cannot run: no CUDA device, a GPU without fp8, torchao
-missing, or a streamed teacher (the streamers copy plain tensors, not torchao's subclasses).
+Refused, with one line naming the key, where it cannot run: a GPU without fp8, a teacher not computing
+in bf16, a placement that cannot load it (accelerate's device maps, FSDP2 shards).
 
 `teacher.attention_backend=flash|_native_cudnn|...` picks diffusers' attention kernel for the teacher's
 experts (diffusers' own check says whether it is installed). `trainer.compile_mode=reduce-overhead`
@@ -23,60 +26,63 @@ from wandistiller.errors import UserError
 
 MODES = ("fp8",)
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper (H100/H200) and newer have fp8 tensor cores
-TORCHAO = "torchao==0.18.0"  # pyproject's [fp8] extra
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def check_quantize(mode: str | None, device: torch.device) -> None:
+def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.dtype = torch.bfloat16) -> None:
     """Refuse `teacher.quantize=MODE` before anything loads, where it cannot run on `device`."""
     if mode is None:
         return
     key = f"teacher.quantize={mode}"
     if mode not in MODES:
         raise UserError(f"{key} is unknown; use fp8 or null")
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise UserError(f"{key} needs a CUDA GPU with fp8 (Hopper or newer) and the teacher runs on {device}")
-    capability = torch.cuda.get_device_capability(device)
-    if capability < FP8_CAPABILITY:
-        name = torch.cuda.get_device_name(device)
-        raise UserError(f"{key} needs a GPU with fp8 (Hopper or newer); {name} is sm_{capability[0]}{capability[1]}")
-    try:
-        import torchao  # noqa: F401
-    except ImportError:
-        raise UserError(f"{key} needs torchao: pip install 'wandistiller[fp8]' ({TORCHAO})") from None
+    if teacher_dtype != torch.bfloat16:
+        raise UserError(f"{key} computes with a bf16 teacher and this one is {teacher_dtype}; use precision=bf16")
+    if device.type == "cuda" and torch.cuda.is_available():  # (planning on paper: no GPU here to ask)
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_CAPABILITY:
+            name = torch.cuda.get_device_name(device)
+            raise UserError(
+                f"{key} needs a GPU with fp8 (Ada, Hopper or newer); {name} is sm_{capability[0]}{capability[1]}: "
+                "drop teacher.quantize"
+            )
+
+
+def check_quantize_placement(mode: str | None, placement) -> None:
+    """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
+    from wandistiller.placements import OPTIONS
+
+    if mode is None or getattr(placement, "fp8", False):
+        return
+    able = [name for name, (_, cls) in OPTIONS.items() if getattr(cls, "fp8", False)]
+    raise UserError(
+        f"teacher.quantize={mode} cannot run with teacher_placement={placement.name}; use one of "
+        f"{', '.join(able)}, or drop teacher.quantize"
+    )
 
 
 def quantize_teacher(teacher, mode: str | None) -> None:
-    """Quantize every expert of a loaded, resident `Teacher` in place (after `check_quantize`)."""
+    """Quantize every expert a placement loaded in bf16 (the placements load fp8 experts already quantized,
+    so this changes nothing for them)."""
     if mode is None:
         return
-    if teacher.streamers:
-        raise UserError(f"teacher.quantize={mode} works with resident teachers (cpu, gpu, gpu0), not streamed ones")
+    from wandistiller.fp8 import is_quantized
+
     for expert in teacher.experts:
-        quantize_expert(expert, mode)
+        if not is_quantized(expert):
+            quantize_expert(expert, mode)
 
 
-def quantize_expert(expert: nn.Module, mode: str) -> nn.Module:
-    """fp8 dynamic quantization of the Linear layers inside the transformer blocks.
-
-    Only the blocks: they hold ~99% of the FLOPs, while the embeddings, the time projection and the output
-    head are small and precision-sensitive. Layers whose widths are not multiples of 16 stay in bf16
-    (fp8 matmuls need that alignment).
-    """
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+def quantize_expert(
+    expert: nn.Module, mode: str, compute: str = "auto", device: torch.device | None = None, work_device=None
+) -> nn.Module:
+    """fp8 for the Linear layers inside the transformer blocks of a loaded, resident expert, in place;
+    `device`: where it will compute, when not where it lies now."""
+    from wandistiller.fp8 import quantize_model
 
     if mode not in MODES:
         raise ValueError(f"unknown quantize mode {mode!r}")
-
-    def in_blocks(module: nn.Module, name: str) -> bool:
-        return (
-            isinstance(module, nn.Linear)
-            and name.startswith("blocks.")
-            and module.in_features % 16 == 0
-            and module.out_features % 16 == 0
-        )
-
-    quantize_(expert, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=in_blocks)
+    quantize_model(expert, compute, device, work_device)
     return expert
 
 

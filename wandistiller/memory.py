@@ -133,6 +133,7 @@ class Workload:
     teacher_batch_size: int = 0  # samples per teacher call when not batch_size (trainer.teacher_whole_step)
     autocast: bool = True  # the student runs under bf16/fp16 autocast (false: fp32 activations)
     compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
+    teacher_fp8: bool = False  # teacher.quantize=fp8: the blocks' Linear weights in 1 byte + a scale per row
 
 
 @dataclass(frozen=True)
@@ -190,27 +191,47 @@ def width(c: dict) -> int:
     return c["num_attention_heads"] * c["attention_head_dim"]
 
 
-def block_bytes(config: dict, dtype_bytes: int) -> tuple[int, int]:
-    """(bytes outside the blocks, bytes of one block) for one expert: what streaming keeps and moves."""
+@functools.lru_cache(maxsize=16)
+def _fp8_counts(config_json: str) -> tuple[int, int]:
+    """(weights, output rows) of one block's fp8 layers (wandistiller.fp8's choice, on a meta skeleton)."""
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.fp8 import eligible
+
+    with init_empty_weights():
+        model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})
+    layers = [m for n, m in model.named_modules() if eligible(n, m)]
+    return sum(m.weight.numel() for m in layers), sum(m.out_features for m in layers)
+
+
+def block_bytes(config: dict, dtype_bytes: int, fp8: bool = False) -> tuple[int, int]:
+    """(bytes outside the blocks, bytes of one block) for one expert: what streaming keeps and moves. With
+    `fp8` the blocks' Linear weights take 1 byte each plus a float32 scale per output row."""
     outside = param_count(config | {"num_layers": 0})
-    return outside * dtype_bytes, (param_count(config) - outside) // config["num_layers"] * dtype_bytes
+    block = (param_count(config) - outside) // config["num_layers"] * dtype_bytes
+    if fp8:
+        weights, rows = _fp8_counts(json.dumps({k: v for k, v in config.items() if not k.startswith("_")}))
+        block -= weights * (dtype_bytes - 1) - rows * 4
+    return outside * dtype_bytes, block
 
 
-def blocks_that_fit(config: dict, experts: int, dtype_bytes: int, budget: float) -> int:
+def blocks_that_fit(config: dict, experts: int, dtype_bytes: int, budget: float, fp8: bool = False) -> int:
     """Blocks per expert a streamed teacher can keep on a GPU with `budget` bytes for the teacher's
     weights: what is left after the parts that never stream and two streaming slots per expert."""
-    outside, block = block_bytes(config, dtype_bytes)
+    outside, block = block_bytes(config, dtype_bytes, fp8)
     return max(0, min(config["num_layers"], int((budget - experts * (outside + 2 * block)) // (experts * block))))
 
 
-def resident_blocks(config: dict, experts: int, dtype: torch.dtype, free_bytes: int) -> int:
+def resident_blocks(config: dict, experts: int, dtype: torch.dtype, free_bytes: int, fp8: bool = False) -> int:
     """The same when no plan says (a run uses the planner's count, which knows the student): 20% + 4 GiB
     of the free memory are left for the student and activations."""
-    return blocks_that_fit(config, experts, torch.finfo(dtype).bits // 8, free_bytes * 0.8 - 4 * GiB)
+    return blocks_that_fit(config, experts, torch.finfo(dtype).bits // 8, free_bytes * 0.8 - 4 * GiB, fp8)
 
 
 def teacher_weight_bytes(w: Workload) -> int:
-    return param_count(w.teacher_config) * w.teacher_dtype_bytes * w.experts
+    outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
+    return (outside + block * w.teacher_config["num_layers"]) * w.experts
 
 
 def teacher_activation_bytes(w: Workload) -> int:

@@ -6,6 +6,7 @@ fastest one that fits. Nothing is loaded, so it also plans on paper for hardware
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,11 +22,26 @@ from wandistiller.teacher import builtin_teacher
 
 def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[Estimate]:
     """Every candidate's estimate, fastest first; `configured` (the placement asked for, with its own
-    settings) stands in for its default-settings twin."""
+    settings) stands in for its default-settings twin. With an fp8 teacher a placement that cannot load
+    one is refused, and one that fits only because of fp8 says so."""
     placements = planner_candidates()
     if configured is not None:
         placements = [p for p in placements if p.name != configured.name] + [configured]
-    return [p.estimate(w, hw) for p in sorted(placements, key=lambda p: p.speed(hw))]
+    return [_estimate(p, w, hw) for p in sorted(placements, key=lambda p: p.speed(hw))]
+
+
+def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
+    if not w.teacher_fp8:
+        return p.estimate(w, hw)
+    if not p.fp8:
+        return Estimate.refused(p.name, "cannot load an fp8 teacher (teacher.quantize=fp8)")
+    fp8 = p.estimate(w, hw)
+    if not (fp8.gpu_bytes or fp8.host_bytes):  # refused for another reason (too few GPUs, ranks)
+        return fp8
+    note = f"{fp8.note}; fp8 weights"
+    if fp8.fits and not p.estimate(dataclasses.replace(w, teacher_fp8=False), hw).fits:
+        note += " (fits in fp8 only: bf16 would not)"
+    return dataclasses.replace(fp8, note=note)
 
 
 def choose(estimates: list[Estimate]) -> Estimate | None:
@@ -108,6 +124,7 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
         autocast=cfg.precision.autocast_dtype is not None,
         compiled=t.compile_student,
+        teacher_fp8=cfg.teacher.quantize == "fp8",
     )
 
 

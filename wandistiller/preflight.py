@@ -20,7 +20,7 @@ from wandistiller.config import compose_option
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, World, local_device, under_torchrun
 from wandistiller.errors import UserError
-from wandistiller.fastpaths import check_compile_mode, check_quantize
+from wandistiller.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
 from wandistiller.memory import Hardware
 from wandistiller.placements import Placement, Serving
 from wandistiller.precision import Precision
@@ -250,6 +250,7 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     placement = None if auto else instantiate(cfg.teacher_placement)
     if placement is not None:
         placement.check(precision, world)
+        check_quantize_placement(cfg.teacher.quantize, placement)  # before the planner calls it a misfit
     found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return placement, None
@@ -302,12 +303,8 @@ def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision
 
 def check_combination(cfg: DictConfig, placement: Placement, world: World) -> None:
     """Options that each work, but not together."""
-    check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()))
-    if cfg.teacher.quantize and placement.name not in ("cpu", "gpu", "gpu0"):
-        raise UserError(
-            f"teacher.quantize={cfg.teacher.quantize} works with a resident teacher (gpu, gpu0), not with "
-            f"teacher_placement={placement.name}; use one of those or drop teacher.quantize"
-        )
+    teacher_dtype = Precision.from_config(cfg.precision).teacher_dtype
+    check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()), teacher_dtype)
     check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
     if cfg.teacher.compile and not placement.compilable:
         raise UserError(

@@ -28,7 +28,7 @@ from wandistiller.monitor import ProgressLog
 from wandistiller.precision import Precision
 from wandistiller.preflight import Prepared
 from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
-from wandistiller.teacher import compile_blocks, inspect_teacher
+from wandistiller.teacher import compile_blocks, inspect_teacher, log_first_call
 from wandistiller.tracking import NullTracker
 from wandistiller.validation import split_prompts
 
@@ -168,6 +168,7 @@ class DistillationRecipe:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
+            log_first_call(student.transformer.blocks[0], "the student's block graph (forward; backward follows)")
         log.info(
             "rank %d (pid %d): student %.1fM params on %s; teacher %s (%s)",
             self.topo.rank,

@@ -4,6 +4,10 @@ Slurm and Kubernetes send SIGTERM before they kill; a user presses Ctrl-C. The f
 flag, which the loop reads once per step (`requested`); every training rank agrees on it, so they stop
 at the same step and the checkpoint is a consistent one. A second signal exits at once, the way the
 signal would have without us.
+
+Before the first step has finished (loading the teacher, compiling, the first step's compile) there is
+nothing to save, and that phase can last minutes: a signal then exits at once with one line, no
+checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ LAUNCHED = "WANDISTILLER_LAUNCHED"
 class Stop:
     """The loop's view of a stop request: `requested()` once per step, `exit()` after the checkpoint."""
 
-    def __init__(self):
+    def __init__(self, immediate: bool = False):
+        # Exit at the signal (nothing to save yet); the first `requested()` (a step is done) turns it off.
+        self.immediate = immediate
         self.signum: int | None = None
         self._first = 0.0
         self._previous: dict[int, object] = {}
@@ -48,6 +54,8 @@ class Stop:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self.immediate:
+            self._exit_before_first_step(name, signum)
         if self.signum is not None and time.monotonic() - self._first < ECHO_S:
             return  # the same request again: Ctrl-C reaches a worker from the terminal and from its launcher
         if self.signum is not None:  # the second one: what the signal does by default, now
@@ -60,9 +68,22 @@ class Stop:
         # os.write, not print: a signal can arrive in the middle of a print to the same stream.
         os.write(2, f"\n{name}: stopping after this step with a checkpoint ({name} again exits at once)\n".encode())
 
+    def _exit_before_first_step(self, name: str, signum: int) -> None:
+        """Exit now, from the handler. Not by raising: the signal may land inside torch.compile's tracing,
+        which wraps any exception into an internal error, or in code that swallows it."""
+        self.restore()
+        message = (
+            f"stopped by {name} before the first training step finished (loading or compiling): nothing to "
+            "save, no checkpoint written; run the same command to start again"
+        )
+        if os.environ.get(LAUNCHED) != "1":  # (a launched worker's launcher says it)
+            os.write(2, f"\n{message}\n".encode())
+        os._exit(128 + signum)  # no checkpoint exists to be half-written; the OS frees the run folder's lock
+
     def requested(self, group=None) -> bool:
         """Whether to stop after this step. With `group` (the training ranks), true on every rank as soon
         as one of them was signalled: a small all-reduce, so that all stop at the same step."""
+        self.immediate = False  # a step is done: from now on a signal stops at a step boundary
         flag = self.signum is not None
         if group is not None:
             t = torch.tensor([int(flag)])
@@ -93,5 +114,6 @@ def launcher_stopped(error, run_dir) -> Stopped:
 
 
 def install() -> Stop:
-    """A fresh Stop catching SIGTERM and SIGINT; the loop calls this once before its first step."""
-    return Stop().install()
+    """A fresh Stop catching SIGTERM and SIGINT; the loop calls this once before its first step (a signal
+    before that step is done exits at once) and setup around loading and compiling."""
+    return Stop(immediate=True).install()

@@ -261,8 +261,8 @@ def stream_blocks(
     pin = device.type == "cuda"
     read_block = disk.fetch if disk is not None else (lambda i: _block_tensors(blocks[i]))
     for i in range(kept):
-        for n, t in read_block(i).items():
-            replace_tensor(blocks[i], n, t.to(device))
+        for n, t in read_block(i).items():  # a copy: a tensor read from safetensors may map its file
+            replace_tensor(blocks[i], n, t.to(device, copy=True))
     for name, child in model.named_children():
         if name != "blocks":
             child.to(device)
@@ -294,16 +294,30 @@ def load_streamed_expert(
     source_kind: str,
     resident_blocks: int,
     share: tuple[str, object] | None = None,
+    quantize: str | None = None,
 ) -> tuple[nn.Module, BlockStreamer | None]:
     """One expert whose blocks stream to `device`, read from its files without ever holding the whole
     expert in RAM: `host` packs the streamed blocks into (pinned) RAM once; `disk` reads each block when
-    it is needed, so the teacher may be larger than RAM."""
+    it is needed, so the teacher may be larger than RAM. With `quantize="fp8"` the blocks' Linear layers
+    are fp8 (wandistiller.fp8), quantized as each block is read: the streamers move fp8 bytes."""
+    from wandistiller.fp8 import block_fp8_layers, quantize_model
     from wandistiller.teacher import freeze
 
     disk = DiskSource(path, dtype, pin=device.type == "cuda" and source_kind == "disk")
     model = _skeleton_with_resident_weights(disk)
+    if quantize:
+        quantize_model(model, device=device)  # on the skeleton: layers of fp8 buffers, still on meta
+        disk.fp8_layers = block_fp8_layers(model)
+        disk.work_device = device if device.type == "cuda" else None
     streamer = stream_blocks(model, device, source_kind, resident_blocks, disk=disk, share=share)
     return freeze(model), streamer
+
+
+def load_fp8_expert(path: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A resident fp8 expert on `device`, read block by block and quantized as read: RAM holds the fp8
+    teacher plus one bf16 block, never the bf16 teacher (a 14B expert: ~14.5 GB, not 28.6 + 14.5)."""
+    model, _ = load_streamed_expert(path, dtype, device, "host", resident_blocks=2**31, quantize="fp8")
+    return model
 
 
 def _skeleton_with_resident_weights(source: DiskSource) -> nn.Module:
@@ -315,7 +329,7 @@ def _skeleton_with_resident_weights(source: DiskSource) -> nn.Module:
         model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(source.folder))
     for name, p in list(model.named_parameters()):
         if name in source.weight_map and not name.startswith("blocks."):
-            replace_tensor(model, name, source.read(name))
+            replace_tensor(model, name, source.read(name).clone())  # not a view of the mapped file
         else:
             replace_tensor(model, name, torch.empty_like(p, dtype=source.dtype_of(name), device="meta"))
     return model

@@ -214,6 +214,27 @@ def compile_blocks(expert: nn.Module) -> None:
     """
     for block in expert.blocks:
         block.forward = torch.compile(block.forward, fullgraph=True)
+    log_first_call(expert.blocks[0], "the teacher's block graph")
+
+
+def log_first_call(module: nn.Module, what: str) -> None:
+    """One log line when `module`'s first call starts (torch.compile compiles then, lazily) and one with how
+    long that call took: a compile takes from seconds to minutes, and a silent wait looks like a hang."""
+    import logging
+    import time
+
+    log, started = logging.getLogger("wandistiller"), []
+
+    def before(m, args, kwargs=None):
+        log.info("compiling %s (torch.compile, on its first call)", what)
+        started.append(time.perf_counter())
+        pre.remove()
+
+    def after(m, args, out):
+        log.info("compiled %s in %.1f s (its first call, compute included)", what, time.perf_counter() - started[0])
+        post.remove()
+
+    pre, post = module.register_forward_pre_hook(before), module.register_forward_hook(after)
 
 
 class Teacher:

@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from wandistiller import stopping
 from wandistiller.checkpoint import checkpoint_step
 from wandistiller.config import register_configs
 from wandistiller.distributed import (
@@ -110,7 +111,11 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
     try:
         init_process_group(topo, cfg.distributed.timeout_min)
         recipe = instantiate(cfg.recipe, _partial_=True)(cfg, prepared, topo)
-        recipe.setup()
+        early = stopping.install()  # loading and compiling can take minutes: a signal exits at once
+        try:
+            recipe.setup()
+        finally:
+            early.restore()
         return recipe.train()
     except torch.OutOfMemoryError as e:
         raise UserError(oom_report(e, prepared.plan_table)) from None

@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--latent-width", type=int, default=104)
     t.add_argument("--reps", type=int, default=5)
     t.add_argument("--compile", action="store_true", help="regional torch.compile for both (compile_blocks)")
+    t.add_argument("--quantize", choices=["fp8"], default=None, help="fp8 blocks (wandistiller.fp8), vs bf16 too")
+    t.add_argument("--fp8-compute", choices=["auto", "scaled_mm", "dequant"], default="auto",
+                   help="fp8 matmuls: _scaled_mm, or the weights widened to bf16 per layer")  # fmt: skip
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--out", default="bench_teacher.json")
     ld = sub.add_parser("load", help="host memory and time to load one expert, each loader in a fresh process")

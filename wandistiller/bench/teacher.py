@@ -41,18 +41,23 @@ def _peak(device: torch.device) -> float | None:
 
 
 @torch.no_grad()
-def _measure(args, batches: list[int], streamed: bool) -> dict:
-    """Seconds per forward, peak GiB and the outputs, per batch, of the resident or the streamed model."""
+def _measure(args, batches: list[int], streamed: bool, quantize: str | None = None) -> dict:
+    """Seconds per forward, peak GiB and the outputs, per batch, of the resident or the streamed model
+    (bf16, or with `quantize="fp8"` its blocks' Linear layers in fp8, quantized before anything moves)."""
+    from wandistiller.fastpaths import quantize_expert
     from wandistiller.memory import resident_blocks
     from wandistiller.streaming import stream_blocks
     from wandistiller.teacher import compile_blocks
 
     device, dtype = torch.device(args.device), torch.bfloat16
     model = random_model(args.arch, dtype)  # the same weights in every process
+    if quantize:  # the arithmetic on the device (seconds for a 14B expert), the bytes where the model lies
+        quantize_expert(model, quantize, args.fp8_compute, device, work_device=device)
     config, kept = dict(model.config), args.resident_blocks
     if streamed:
         if kept == "auto":  # what the offload placement keeps: as many blocks as the free memory holds
-            kept = resident_blocks(config, 1, dtype, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 0
+            free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+            kept = resident_blocks(config, 1, dtype, free, bool(quantize)) if free else 0
         stream_blocks(model, device, "host", int(kept))  # in place: one pinned buffer, two device slots
     else:
         model = model.to(device)
@@ -75,18 +80,25 @@ def teacher_bench(args) -> dict:
     from wandistiller.memory import block_bytes
 
     config = model_config(args.arch)  # weights are built in each measuring process
-    _, block = block_bytes(config, 2)
+    fp8 = args.quantize == "fp8"
+    block, bf16_block = block_bytes(config, 2, fp8)[1], block_bytes(config, 2)[1]
     batches = [int(x) for x in args.batch.split(",")]
-    resident = _in_fresh_process(_measure, args, batches, False)
-    streamed = _in_fresh_process(_measure, args, batches, True)
+    bf16 = _in_fresh_process(_measure, args, batches, False) if fp8 else None  # the precision reference
+    resident = _in_fresh_process(_measure, args, batches, False, args.quantize)
+    streamed = _in_fresh_process(_measure, args, batches, True, args.quantize)
     kept, bandwidth = streamed["kept"], streamed["bandwidth"]
     streamed_bytes = (config["num_layers"] - kept) * block
     tokens = args.latent_height * args.latent_width // 4
     floor = streamed_bytes / bandwidth if bandwidth else None
+    bf16_floor = (config["num_layers"] - kept) * bf16_block / bandwidth if bandwidth else None
     rows = [_row(b, resident[b], streamed[b], floor, config, tokens) for b in batches]
+    if fp8:
+        for r, b in zip(rows, batches):
+            r |= _fp8_columns(b, bf16[b], resident[b], streamed[b], bf16_floor)
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
+    dtype_name = f"fp8 ({args.fp8_compute})" if fp8 else "bf16"
     print(
-        f"teacher {args.arch}, {tokens} tokens, bf16{', compiled' if args.compile else ''}, {device_name}; "
+        f"teacher {args.arch}, {tokens} tokens, {dtype_name}{', compiled' if args.compile else ''}, {device_name}; "
         f"streams {streamed_bytes / 1e9:.1f} GB ({kept} blocks resident); pinned H2D "
         f"{(bandwidth or 0) / 1e9:.1f} GB/s; host RSS {streamed['host_rss_gib']:.1f} GiB; each in its own process"
     )
@@ -101,10 +113,15 @@ def teacher_bench(args) -> dict:
             f"{r['ratio_vs_copy_floor'] or 0:>8.3f} "
             f"{r['resident_peak_gib'] or 0:>9.2f} {r['offload_peak_gib'] or 0:>9.2f} {r['bit_identical']}"
         )
+    if fp8:
+        _print_fp8(rows)
     return {
         "benchmark": "teacher",
         "arch": args.arch,
         "compiled": args.compile,
+        "quantize": args.quantize,
+        "fp8_compute": args.fp8_compute if fp8 else None,
+        "bf16_copy_floor_bytes": (config["num_layers"] - kept) * bf16_block,
         "device": device_name,
         "date": time.strftime("%Y-%m-%d"),
         "pinned_h2d_bytes_per_s": bandwidth,
@@ -131,3 +148,27 @@ def _row(b: int, resident: tuple, streamed: tuple, floor: float | None, config: 
         "offload_peak_gib": peak,
         "bit_identical": torch.equal(output, reference),
     }
+
+
+def _fp8_columns(b: int, bf16: tuple, resident: tuple, streamed: tuple, bf16_floor: float | None) -> dict:
+    """fp8 against bf16: speed (resident), precision (targets' relative MSE, held to <= 1%), and the
+    streamed fp8 forward against the bf16 copy floor (the issue's target: <= 0.6x)."""
+    from wandistiller.fp8 import relative_mse
+
+    return {
+        "bf16_resident_ms_per_sample": 1e3 * bf16[0] / b,
+        "fp8_vs_bf16_resident": resident[0] / bf16[0],
+        "rel_mse_vs_bf16": relative_mse(resident[2], bf16[2]),
+        "streamed_rel_mse_vs_bf16": relative_mse(streamed[2], bf16[2]),
+        "offload_vs_bf16_copy_floor": streamed[0] / bf16_floor if bf16_floor else None,
+    }
+
+
+def _print_fp8(rows: list[dict]) -> None:
+    print(f"{'batch':>5} {'bf16 res. ms/s':>15} {'fp8 x bf16':>10} {'rel. MSE':>9} {'offload x bf16 floor':>21}")
+    for r in rows:
+        floor = r["offload_vs_bf16_copy_floor"]
+        print(
+            f"{r['batch']:>5} {r['bf16_resident_ms_per_sample']:>15.1f} {r['fp8_vs_bf16_resident']:>10.3f} "
+            f"{r['rel_mse_vs_bf16']:>9.2e} {floor if floor is not None else float('nan'):>21.3f}"
+        )

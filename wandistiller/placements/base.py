@@ -9,6 +9,7 @@ its config schema (so a key the option does not take fails when the config is co
                      it and also trains) or DEDICATED_OWNER (one rank per node only runs the teacher)
     compilable       whether teacher.compile=true (regional torch.compile) works with it
     collective       whether the teacher's forwards are collectives (every rank must run each one)
+    fp8              whether teacher.quantize=fp8 (wandistiller.fp8) works with it
     check(precision, world)            refuse early, before any weights load, naming a fix
     estimate(workload, hardware)       bytes on each device (the planner's input)
     teacher_device(topology)           where inputs go (and targets come from)
@@ -42,6 +43,8 @@ class Placement(ABC):
     serving: Serving = Serving.LOCAL
     compilable: ClassVar[bool] = True
     collective: ClassVar[bool] = False
+    # Loads an fp8 teacher (teacher.quantize=fp8). Not yet: accelerate's device maps and FSDP2's shards.
+    fp8: ClassVar[bool] = False
     # Whether `auto` may choose it (a hand-written device map is the user's own choice).
     auto_candidate: ClassVar[bool] = True
 
@@ -71,7 +74,13 @@ def guidance_scales(spec: TeacherSpec, teacher_cfg) -> list[float]:
 
 
 def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: torch.device, **load_kwargs) -> Teacher:
-    """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it."""
+    """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
+    With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
+    if getattr(teacher_cfg, "quantize", None):
+        from wandistiller.streaming import load_fp8_expert
+
+        experts = [load_fp8_expert(spec.path / name, dtype, device) for name in spec.experts]
+        return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
     experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
     if "device_map" not in load_kwargs:
         experts = [e.to(device) for e in experts]

@@ -18,7 +18,7 @@ class CpuConfig:
 
 
 class CpuPlacement(Placement):
-    name, speed_rank, serving = "cpu", 70, Serving.NODE_OWNER
+    name, speed_rank, serving, fp8 = "cpu", 70, Serving.NODE_OWNER, True
 
     def check(self, precision, world) -> None:
         if precision.teacher_dtype == torch.float16:

@@ -25,7 +25,7 @@ class DiskConfig:
 
 
 class DiskPlacement(OffloadPlacement):
-    name, speed_rank = "disk", 60
+    name, speed_rank, fp8 = "disk", 60, True
     source = "disk"
 
     def __init__(self, resident_blocks: Any = "auto", offload_dir: str | None = None):
@@ -40,7 +40,7 @@ class DiskPlacement(OffloadPlacement):
         return self.speed_rank if hw.gpu_bytes else 80
 
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
-        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
         if not hw.gpu_bytes:
             host = (w.experts * (outside + 2 * block) + host_training_bytes(w, hw)) * w.ranks_per_node
             return Estimate.of(self.name, (), host, hw, "safetensors on disk -> RAM, one block ahead, on the CPU")
@@ -49,12 +49,15 @@ class DiskPlacement(OffloadPlacement):
         note = f"safetensors on disk -> GPU, one block ahead; {kept}/{w.teacher_config['num_layers']} blocks resident"
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
 
-    def expert_folder(self, folder: Path, precision, topology) -> Path:
+    def expert_folder(self, folder: Path, precision, topology, quantize: str | None = None) -> Path:
         from wandistiller.disk_source import converted_copy
+        from wandistiller.fp8 import fp8_layers_of
 
         if not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
             raise UserError(
                 f"teacher_placement=disk reads {folder} while training and cannot: make its "
                 "*.safetensors readable, or use teacher_placement=offload"
             )
-        return converted_copy(folder, precision.teacher_dtype, self.offload_dir, topology)
+        # fp8: the converted copy holds the quantized layers (half the bytes read per forward)
+        layers = fp8_layers_of(folder) if quantize else frozenset()
+        return converted_copy(folder, precision.teacher_dtype, self.offload_dir, topology, layers)

@@ -19,7 +19,7 @@ class GpuConfig:
 
 
 class GpuPlacement(Placement):
-    name, speed_rank = "gpu", 0
+    name, speed_rank, fp8 = "gpu", 0, True
 
     def check(self, precision, world) -> None:
         if gpu_count() == 0:

@@ -28,7 +28,7 @@ class Gpu0Config:
 
 
 class Gpu0Placement(Placement):
-    name, speed_rank = "gpu0", 10
+    name, speed_rank, fp8 = "gpu0", 10, True
 
     def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False):
         self.train_on_owner, self.debug_cpu = train_on_owner, debug_cpu

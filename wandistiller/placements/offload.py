@@ -44,7 +44,7 @@ class OffloadConfig:
 
 
 class OffloadPlacement(Placement):
-    name, speed_rank = "offload", 50
+    name, speed_rank, fp8 = "offload", 50, True
     source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
 
     def __init__(self, resident_blocks: Any = "auto", share_host_copy: bool = True):
@@ -75,10 +75,10 @@ class OffloadPlacement(Placement):
     def streaming_gpu_bytes(self, w: Workload, hw: Hardware) -> tuple[int, tuple[int, ...], int]:
         """(blocks kept resident, bytes per GPU, bytes of one block): what is left over after the student and
         the activations keeps the first blocks resident, so fewer bytes stream per forward."""
-        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes)
+        outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
         beside = beside_teacher_bytes(w)  # the student, the teacher's transient forward, the context
         budget = hw.usable(min(hw.gpu_bytes)) - beside
-        kept = blocks_that_fit(w.teacher_config, w.experts, w.teacher_dtype_bytes, budget)
+        kept = blocks_that_fit(w.teacher_config, w.experts, w.teacher_dtype_bytes, budget, w.teacher_fp8)
         if self.resident_blocks != "auto":
             kept = min(int(self.resident_blocks), w.teacher_config["num_layers"])
         streaming = w.experts * (outside + (2 + kept) * block) + beside  # two slots per expert
@@ -92,7 +92,7 @@ class OffloadPlacement(Placement):
     def teacher_device(self, topology) -> torch.device:
         return local_device(topology)
 
-    def expert_folder(self, folder: Path, precision, topology) -> Path:
+    def expert_folder(self, folder: Path, precision, topology, quantize: str | None = None) -> Path:
         """Where an expert's streamed weights are read from."""
         return folder
 
@@ -101,15 +101,17 @@ class OffloadPlacement(Placement):
 
         device = self.teacher_device(topology)
         experts, streamers = [], []
+        quantize = getattr(teacher_cfg, "quantize", None)
         for name in spec.experts:
-            folder = self.expert_folder(spec.path / name, precision, topology)
+            folder = self.expert_folder(spec.path / name, precision, topology, quantize)
             expert, streamer = load_streamed_expert(
                 folder,
                 precision.teacher_dtype,
                 device,
                 self.source,
-                self._resident(spec, precision, device),
+                self._resident(spec, precision, device, bool(quantize)),
                 share=self._share(folder, topology),
+                quantize=quantize,
             )
             experts.append(expert)
             streamers += [streamer] if streamer is not None else []
@@ -124,10 +126,11 @@ class OffloadPlacement(Placement):
         job = ":".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
         return f"wandistiller-{hashlib.sha1(f'{job}:{folder}'.encode()).hexdigest()[:16]}", topology
 
-    def _resident(self, spec, precision, device: torch.device) -> int:
+    def _resident(self, spec, precision, device: torch.device, fp8: bool = False) -> int:
         if self.resident_blocks != "auto":
             return int(self.resident_blocks)
         if device.type != "cuda":
             return 0
         free, _ = torch.cuda.mem_get_info(device)
-        return blocks_free_memory_holds(spec.transformer_config, len(spec.experts), precision.teacher_dtype, free)
+        config, experts = spec.transformer_config, len(spec.experts)
+        return blocks_free_memory_holds(config, experts, precision.teacher_dtype, free, fp8)
