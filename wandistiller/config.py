@@ -218,6 +218,8 @@ class HardwareConfig:
     # Left free on every device when planning: the larger of the two (GiB, and a fraction of the device).
     headroom_gib: float = 0.0
     headroom_fraction: float = 0.08
+    # The placement table in full on the terminal (else one line; it always goes to train.log).
+    show_plan: bool = False
 
 
 @dataclass
