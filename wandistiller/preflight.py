@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import plan
+from wandistiller import precision as precision_options
 from wandistiller.config import compose_option
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, World, local_device, under_torchrun
@@ -48,6 +49,7 @@ class Prepared:
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
     check_known_keys(cfg)
+    precision_options.resolve(cfg)
     check_values(cfg)
     check_targets(cfg)
     check_training_parts(cfg)
