@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import shutil
 
+import pytest
 import torch
 from conftest import run_cli
 
+from wandistiller.errors import UserError
 from wandistiller.precision import Precision, cast_keeping_fp32
 from wandistiller.train import run
 
@@ -54,3 +57,43 @@ def test_the_cli_run_has_no_float32_warning_and_ends_with_done(tmp_path):
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-2000:]
     assert "should be kept in float32" not in out and "outputs in" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("trainer.bacth_size=2", "Key 'bacth_size' not in 'TrainerConfig'; check its spelling"),
+        ("teacher_placement=cpuu", "Could not find 'teacher_placement/cpuu'"),
+        ("student.init=teachr", "Invalid value 'teachr'"),
+    ],
+)
+def test_hydras_own_mistakes_are_one_line_with_exit_code_2(override, words, tmp_path):
+    result = run_cli(f"hydra.run.dir={tmp_path / 'run'}", override)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and words in result.stderr
+    assert "+trainer" not in result.stderr and not (tmp_path / "run").exists()  # no hint that is then refused
+
+
+def test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs(tmp_path):
+    result = run_cli("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "teacher_placement=cpu,gpuu")
+    assert result.returncode == 2 and "teacher_placement/gpuu" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(tmp_path):
+    if shutil.which("sbatch"):
+        pytest.skip("a Slurm machine: the sweep would be submitted")
+    result = run_cli("-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={tmp_path / 's'}",
+                     "teacher_placement=gpu,gpu0")  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sbatch" in result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
+    from wandistiller.distributed import Topology
+    from wandistiller.preflight import prepare
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine runs gpu0")
+    with pytest.raises(UserError, match="gpu0 needs 2 or more GPUs"):
+        prepare(make_cfg("teacher_placement=gpu0"), Topology())

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import plan
@@ -55,6 +55,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_training_parts(cfg)
     check_tracker(cfg)
     check_folders(cfg)
+    default_ranks(cfg, topo)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
@@ -75,6 +76,19 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         show_plan(table, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None
     return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+
+
+def default_ranks(cfg: DictConfig, topo: Topology) -> None:
+    """A placement that needs its own process layout (gpu0: a teacher process beside the students) gets
+    it when distributed.nproc_per_node is left at 1, so `teacher_placement=gpu0` alone runs on a GPU machine
+    (and in a sweep beside single-process placements)."""
+    default = getattr(get_class(cfg.teacher_placement._target_), "default_ranks", None)
+    if default is None or cfg.distributed.nproc_per_node != 1 or topo.distributed or default() < 2:
+        return
+    if cfg.teacher_placement.get("train_on_owner") or cfg.teacher_placement.get("debug_cpu"):
+        return
+    cfg.distributed.nproc_per_node = default()
+    log.info("%s: distributed.nproc_per_node=%d (one process per GPU)", cfg.teacher_placement._target_, default())
 
 
 def show_plan(table: str, in_full: bool) -> None:
