@@ -84,7 +84,8 @@ def teacher_bench(args) -> dict:
     tokens = args.latent_height * args.latent_width // 4
     floor = streamed_bytes / bandwidth if bandwidth else None
     rows = [_row(b, resident[b], streamed[b], floor, config, tokens) for b in batches]
-    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
+    cpu = platform.processor() or platform.machine()  # processor() is "" on many Linux machines
+    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else cpu
     print(
         f"teacher {args.arch}, {tokens} tokens, bf16{', compiled' if args.compile else ''}, {device_name}; "
         f"streams {streamed_bytes / 1e9:.1f} GB ({kept} blocks resident); pinned H2D "
