@@ -61,6 +61,9 @@ def teacher_column(recipe):
     if n <= 0:
         return None
     draws = recipe.topo.rank == 0 or recipe.placement.collective
+    if recipe.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
+        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
+                 "skips them)", n, steps)  # fmt: skip
     drawn = [teacher_images(recipe.teacher, recipe.embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
     if recipe.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)

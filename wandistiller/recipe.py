@@ -130,6 +130,7 @@ class DistillationRecipe:
         if self.cfg.teacher.compile and self.placement.compilable:
             for expert in teacher.experts:
                 compile_blocks(expert)
+            log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
     def _setup_batches(self):
@@ -169,6 +170,8 @@ class DistillationRecipe:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
+            if self.is_main:  # the first step is the compilation: a silent minute otherwise
+                log.info("trainer.compile_student: the first steps compile the student's blocks (a minute or more)")
         log.info(
             "rank %d (pid %d): student %s params on %s; teacher %s (%s)",
             self.topo.rank,

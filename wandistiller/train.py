@@ -145,6 +145,10 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    d = cfg.distributed
+    if d.nnodes > 1:  # the rendezvous blocks until every node has joined: say what it waits for
+        log.info("waiting for %d nodes at %s (rdzv_id %s); start the same command on each", d.nnodes,
+                 d.get("rdzv_endpoint"), d.get("rdzv_id"))  # fmt: skip
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
     except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
