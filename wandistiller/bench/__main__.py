@@ -48,6 +48,17 @@ def parser() -> argparse.ArgumentParser:
     return main_parser
 
 
+def check_device(args) -> None:
+    """A GPU benchmark on a machine without one is one line, not a traceback or hours on the CPU."""
+    from wandistiller.errors import UserError
+
+    device = str(getattr(args, "device", "cpu"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU is visible here; run it on a GPU machine (or --device cpu)")
+    if args.bench in ("teacher", "job") and device == "cpu" and args.arch != "tiny":
+        raise UserError(f"--arch {args.arch} on the CPU would take hours; run it on a GPU, or use --arch tiny here")
+
+
 def main() -> None:
     args = parser().parse_args()
     if args.bench == "overhead":
@@ -61,6 +72,7 @@ def main() -> None:
     else:
         bench = job.job_bench
     with exit_on_user_error():  # a bad flag value is one line, as for the train job
+        check_device(args)
         result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
