@@ -97,3 +97,19 @@ def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
         pytest.skip("this machine runs gpu0")
     with pytest.raises(UserError, match="gpu0 needs 2 or more GPUs"):
         prepare(make_cfg("teacher_placement=gpu0"), Topology())
+
+
+def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg, tmp_path, caplog):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(10):
+        Image.new("RGB", (64, 64), (20 * i, 90, 200 - 10 * i)).save(images / f"{i}.png")
+        (images / f"{i}.txt").write_text(f"a plain field number {i}")
+    with caplog.at_level(logging.INFO):
+        run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", "trainer.val_every=2",
+                     run_dir=tmp_path / "run"))  # fmt: skip
+    assert "the last 1 of 10 images and their captions are held out for validation" in caplog.text
+    rows = (tmp_path / "run" / "metrics_steps.jsonl").read_text()
+    assert '"val/loss"' in rows
