@@ -152,7 +152,9 @@ def test_every_command_runs_as_written_or_names_what_it_needs_in_one_line(where,
         return
     errors = [ln for ln in out.splitlines() if ln.startswith("error:")]
     assert done.returncode != 0 and len(errors) == 1, f"{where}:{line} {command}\n{out[-3000:]}"
-    assert "Traceback" not in out and any(w in errors[0] for w in REFUSAL_WORDS[kind]), errors[0]
+    # torchrun's agent adds its own report (a ChildFailedError traceback) for any rank that exits non-zero.
+    assert command.startswith("torchrun") or "Traceback" not in out, out[-3000:]
+    assert any(w in errors[0] for w in REFUSAL_WORDS[kind]), errors[0]
 
 
 def test_a_new_docs_command_must_be_classified_here_or_run():
