@@ -3,8 +3,9 @@ in one call, and `python -m wandistiller.pipeline RUN --out DIR`, which writes w
 
 `<run>/pipeline/` is the student transformer beside the teacher's tokenizer, text encoder, VAE and
 scheduler, with a model card (README.md). Its files are hard links to the run's `student/` and to the
-teacher's files where the filesystem allows (no extra disk, even for a 14B teacher's 11 GB text encoder),
-copies elsewhere. The student was trained on guided targets, so it samples with `guidance_scale=1`.
+teacher's files where the filesystem allows (no extra disk, even for a 14B teacher's 11 GB text encoder);
+on another filesystem small files are copied and large ones symlinked (a documented reference). The
+student was trained on guided targets, so it samples with `guidance_scale=1`.
 """
 
 from __future__ import annotations
@@ -27,15 +28,24 @@ PIPELINE = "pipeline"
 TEACHER_PARTS = ("tokenizer", "text_encoder", "vae", "scheduler")
 
 
+COPY_LIMIT = 2**30  # larger files that cannot be hard-linked are referenced (symlinked), not copied
+
+
 def place(src: Path, dst: Path) -> str:
-    """`dst` as a hard link to `src` (a Hub cache's symlink followed to its blob), else a copy."""
+    """`dst` as a hard link to `src` (a Hub cache's symlink followed to its blob); on another filesystem a
+    copy, or for a file over COPY_LIMIT (a 14B teacher's text encoder) a symlink: every run would otherwise
+    hold its own 11+ GB. The export (`--out`) always writes real files."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.unlink(missing_ok=True)
+    real = src.resolve()
     try:
-        os.link(src.resolve(), dst)
+        os.link(real, dst)
         return "linked"
     except OSError:  # another filesystem, or one without hard links
-        shutil.copy2(src.resolve(), dst)
+        if real.stat().st_size > COPY_LIMIT:
+            os.symlink(real, dst)
+            return "referenced"
+        shutil.copy2(real, dst)
         return "copied"
 
 
@@ -56,7 +66,10 @@ def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str) 
             how.add(place(file, out / part / file.relative_to(src)))
     (out / "model_index.json").write_text(json.dumps(model_index(teacher_path), indent=2))
     (out / "README.md").write_text(card)
-    log.debug("pipeline %s: files %s", out, "/".join(sorted(how)))
+    if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
+        log.info("pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
+                 "python -m wandistiller.pipeline RUN --out DIR writes a self-contained copy", out,
+                 teacher_path)  # fmt: skip
     return out
 
 
