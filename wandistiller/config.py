@@ -333,6 +333,9 @@ def check_overrides(argv: list[str]) -> None:
 
     from wandistiller.errors import UserError
 
+    other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
+    if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it
+        return
     given = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
     try:
         parsed = OverridesParser.create().parse_overrides(given)
