@@ -4,6 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # torch is installed first and pinned: a bare `torch` requirement can pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# Where torch comes from: empty = PyPI's default build (CUDA on Linux x86_64); or the index URL that
+# pytorch.org's install selector gives, e.g. https://download.pytorch.org/whl/cpu (CPU only, much smaller)
+# or .../whl/cu128 (CUDA 12.8). See docs/REAL_MODEL.md.
+TORCH_INDEX ?=
 ARGS   ?=
 
 .PHONY: setup train test test-fast lint clean
@@ -13,7 +17,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
@@ -33,5 +37,5 @@ lint: setup
 	$(VENV)/bin/ruff check wandistiller tests scripts
 	$(VENV)/bin/ruff format --check wandistiller tests scripts
 
-clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+clean:                ## the environment and caches; never outputs/ or multirun/ (your runs)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

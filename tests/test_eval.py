@@ -40,6 +40,18 @@ def test_eval_writes_eval_json_and_a_grid(run_dir):
     assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
 
 
+def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
+    final = eval_cli.evaluate(run_dir, steps=2, limit=1)
+    first = eval_cli.evaluate(run_dir, checkpoint="step_1", steps=2, limit=1)
+    latest = eval_cli.evaluate(run_dir, checkpoint="latest", steps=2, limit=1)
+    assert first["files"] == ["eval_step_00000001.json", "eval_step_00000001.png"]
+    assert latest["files"] == ["eval_step_00000002.json", "eval_step_00000002.png"]
+    for result in (final, first, latest):
+        assert json.loads((run_dir / result["files"][0]).read_text()) == result
+        assert (run_dir / result["files"][1]).is_file()
+    assert first["mean"] != final["mean"]  # a different student: the end-of-run eval.json was not overwritten
+
+
 def test_the_eval_cli_adds_its_numbers_to_the_runs_wandb_run(make_cfg, tmp_path, capsys):
     folder = tmp_path / "run"
     run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))

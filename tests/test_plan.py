@@ -151,3 +151,23 @@ def test_the_fitted_constants_are_the_ones_docs_planner_fit_json_records():
     assert fit["fitted"]["FIT_ERROR_PCT"] == memory.FIT_ERROR_PCT and fit["fitted"]["FIT_MARGIN"] == memory.FIT_MARGIN
     # Every fitted point lies in the target band: 0 to +15% over its measurement.
     assert all(0 <= p["error_pct"] <= 15 for p in fit["points"]), [p for p in fit["points"] if p["error_pct"] < 0]
+
+
+def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_how_much(make_cfg):
+    estimates, cfg = estimates_for(make_cfg, "wan2.2_t2v_a14b", "8x40GiB", "hardware.host_memory_gib=16")
+    w, hw = workload(cfg)
+    table = plan.format_table(estimates, hw, "balanced", w)
+    cpu = next(r for r in table.splitlines() if r.startswith("cpu "))
+    # ~70 GiB of host RAM wanted, 16 less 8% headroom = 14.7 usable.
+    assert " no " in cpu and "short of" in cpu and "GiB on host RAM, 14.7 usable" in cpu
+    for e in estimates:
+        row = next(r for r in table.splitlines() if r.startswith(f"{e.placement} "))
+        assert e.fits or "short of" in row or "needs" in row or "headroom" in row, row
+
+
+def test_parameter_counts_carry_units():
+    from wandistiller.errors import human_count
+
+    assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
+        "512", "41.9K", "213M", "1M", "1.3B"
+    ]  # fmt: skip

@@ -192,6 +192,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
                 f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from "
                 "(see above); move them away to start this run over, or choose a new folder with hydra.run.dir=…"
             )
+        if found is None:  # right for a preempted job's first launch; said, so a mistyped folder is noticed
+            log.info("trainer.resume=auto: no checkpoint in %s; starting from step 0", run_dir / CHECKPOINTS)
         return found
     path = Path(resume).expanduser()
     if (path / STATE_FILE).is_file() or (path / LEGACY_FILE).is_file():

@@ -218,6 +218,8 @@ class HardwareConfig:
     # Left free on every device when planning: the larger of the two (GiB, and a fraction of the device).
     headroom_gib: float = 0.0
     headroom_fraction: float = 0.08
+    # The placement table in full on the terminal (else one line; it always goes to train.log).
+    show_plan: bool = False
 
 
 @dataclass
@@ -308,11 +310,50 @@ def _compose(config_name: str | None, overrides: list[str]):
 
 
 def hydra_error_line(error: Exception) -> str:
-    """Hydra's own words (its list of valid options included) and their cause, on one line."""
+    """Hydra's own words (its list of valid options included) and their cause, on one line, ending in a fix
+    that works: Hydra's "+key=value" hint is dropped, since an added key the schema lacks is refused too."""
     words = [str(error)] + ([str(error.__cause__)] if error.__cause__ else [])
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
-    return " ".join(
-        line
-        for line in lines
-        if not line.startswith(("Config search path", "provider=", "full_key", "reference_type", "object_type"))
-    )
+    skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
+    text = " ".join(line for line in lines if not line.startswith(skip))
+    if "not in" in text and "Key '" in text:
+        return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
+    if "Could not find" in text:
+        return f"{text}; pick one of those options"
+    return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
+
+
+def check_overrides(argv: list[str]) -> None:
+    """The command line's config overrides composed once before Hydra runs (each value of a sweep too), so
+    a typo is one UserError line rather than Hydra's several lines and exit code 1. Flags and hydra.*
+    overrides are Hydra's to check; nothing is loaded."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from wandistiller.errors import UserError
+
+    other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
+    if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it
+        return
+    given = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(given)
+        base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]
+        variants = [base] + [
+            base[:i] + [f"{o.get_key_element()}={v}"] + base[i + 1 :]
+            for i, o in enumerate(parsed)
+            if o.is_sweep_override() and o.is_choice_sweep()
+            for v in list(o.sweep_string_iterator())[1:]
+        ]
+        for overrides in variants:
+            _compose("train", [o for o in overrides if o is not None])
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(hydra_error_line(e)) from None
+
+
+def _first(override) -> str | None:
+    """A sweep override at its first value (None for range/interval sweeps: Hydra checks those)."""
+    if not override.is_choice_sweep():
+        return None
+    return f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}"

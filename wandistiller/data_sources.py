@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from wandistiller.distributed import barrier
-from wandistiller.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
+from wandistiller.latents import LatentBank, SamplerSettings, latents_folder, load_latent_bank, teacher_latents
 from wandistiller.placements.base import guidance_scales
 from wandistiller.validation import build_val_set, fill_targets
 
@@ -57,11 +57,38 @@ def _image_latents(recipe):
     args = (recipe.spec, cfg.data, cfg.teacher, recipe.precision.teacher_dtype)
     if recipe.is_main:
         found = image_data(*args, recipe.device, cfg.paths.cache_dir, progress=True)
+        held_out = _held_out_captions(recipe, found, recipe.device)
     barrier(recipe.topo)  # the main rank encoded them; the others read its cache
     if not recipe.is_main:
         found = image_data(*args, torch.device("cpu"), cfg.paths.cache_dir, progress=False)
+        held_out = _held_out_captions(recipe, found, torch.device("cpu"))
     embeddings, bank = found
-    return bank, embeddings
+    if held_out is None:
+        return bank, embeddings
+    recipe.val_embeddings, keep = held_out
+    # Images and captions are item i = prompt i: the held-out ones are the last, so training draws the rest.
+    return LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings
+
+
+def _held_out_captions(recipe, found, device):
+    """(embeddings of the last `data.val_fraction` of the captions, how many images stay for training), so
+    an image run validates on captions of its own that it never trained on; None where
+    data.val_prompts_path names the held-out prompts, or there is one image only."""
+    from wandistiller.data import encode_prompts
+    from wandistiller.validation import split_prompts
+
+    cfg, (embeddings, bank) = recipe.cfg, found
+    if cfg.data.val_prompts_path is not None or len(bank) < 2:
+        return None
+    captions = [embeddings.prompts[i] for i in bank.prompt_idx.tolist()]
+    train, held = split_prompts(captions, None, cfg.data.val_fraction)
+    if recipe.is_main:
+        log.info("image data: the last %d of %d images and their captions are held out for validation", len(held),
+                 len(captions))  # fmt: skip
+    t = cfg.teacher
+    held_emb = encode_prompts(recipe.spec, held, t.negative_prompt, t.max_sequence_length,
+                              recipe.precision.teacher_dtype, device, cfg.paths.cache_dir)  # fmt: skip
+    return held_emb, len(train)
 
 
 def val_set(recipe):

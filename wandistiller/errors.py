@@ -80,3 +80,12 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
     return value
+
+
+def human_count(n: int) -> str:
+    """A parameter count a person reads at a glance: 41888 -> "41.9K", 213_000_000 -> "213M", 1.3e9 -> "1.3B"."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size * 0.9995:  # 999,999 reads "1M", not "1e+03K"
+            value = n / size
+            return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
+    return str(n)

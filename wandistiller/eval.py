@@ -2,8 +2,10 @@
 
 Both sample through WanPipeline from the same noise, prompt, scheduler and steps (the teacher with its
 CFG and experts, the student alone without CFG). Per prompt and on average: latent MSE, PSNR and SSIM of
-the decoded images against the teacher's (torchmetrics), and each one's seconds per image. Writes
-`eval.json` and `eval.png` (teacher | student) into the run folder.
+the decoded images against the teacher's (torchmetrics), and each one's seconds per image. Writes one
+result per student evaluated into the run folder, so no evaluation overwrites another: `eval.json` and
+`eval.png` (teacher | student) for the final student (what metrics.json's `eval_*` figures come from),
+`eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def evaluate(
     dtype: str | None = None,
     device: torch.device | None = None,
 ) -> dict:
-    """Run the evaluation and write `eval.json` and `eval.png`; returns what eval.json holds."""
+    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
     from wandistiller.samples import save_grid
     from wandistiller.vae import decode_latents, load_vae
 
@@ -89,10 +91,18 @@ def evaluate(
     mean["speedup"] = mean["teacher_s"] / mean["student_s"]
     result = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed, "mean": mean}
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
-    (run.path / "eval.json").write_text(json.dumps(result, indent=2))
+    stem = result_stem(source)
+    result["files"] = [f"{stem}.json", f"{stem}.png"]
+    (run.path / f"{stem}.json").write_text(json.dumps(result, indent=2))
     as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
-    save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / "eval.png")
+    save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
     return result
+
+
+def result_stem(source: Path) -> str:
+    """`eval` for the final student, `eval_<checkpoint>` (eval_best, eval_step_00000050) for a checkpoint:
+    evaluating a checkpoint must not overwrite the end-of-run result that metrics.json quotes."""
+    return "eval" if source.name == "student" else f"eval_{source.name}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
             f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
         )
-        print(f"wrote {Path(args.run_dir) / 'eval.json'} and eval.png")
+        print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result)
 
 
@@ -141,7 +151,7 @@ def log_to_run(run_dir: Path, result: dict) -> None:
     tracker = WandbTracker(saved.logger.project, saved.logger.entity, str(saved.logger.mode))
     tracker.start(run_dir, {}, run_id)
     tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
-    tracker.log_image("eval", run_dir / "eval.png", step=None)
+    tracker.log_image("eval", run_dir / result["files"][1], step=None)
     tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
     print(f"logged to the run's wandb run {run_id}")
 

@@ -84,7 +84,7 @@ class Hardware:
         gpus = (
             f"{len(self.gpu_bytes)} GPU(s) of {min(self.gpu_bytes) / GiB:.0f} GiB free" if self.gpu_bytes else "no GPU"
         )
-        return f"{gpus}, {self.host_bytes / GiB:.0f} GiB host RAM"
+        return f"{gpus}, {self.host_bytes / GiB:.0f} GiB host RAM available"  # free now (or as planned on paper)
 
     def describe_headroom(self) -> str:
         return f"headroom: the larger of {self.headroom_gib:g} GiB and {self.headroom_fraction:.0%} of each device"

@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from wandistiller.pipeline import run_pipeline
+from wandistiller.validation import save_loss_plot
+
 log = logging.getLogger("wandistiller")
 
 
@@ -31,9 +34,11 @@ def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
         grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
         run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
     rows = recorded_rows(recipe.run_dir)  # what the monitor appended, every segment of the run
+    save_loss_plot(recipe.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(recipe, whole_run(rows, history), ranks, segment=history)
     summary |= validation_summary(rows) | evaluate_at_end(recipe)
     (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+    run_pipeline(recipe.run_dir, Path(recipe.spec.path))  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
 
@@ -56,6 +61,9 @@ def teacher_column(recipe):
     if n <= 0:
         return None
     draws = recipe.topo.rank == 0 or recipe.placement.collective
+    if recipe.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
+        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
+                 "skips them)", n, steps)  # fmt: skip
     drawn = [teacher_images(recipe.teacher, recipe.embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
     if recipe.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
-from wandistiller.errors import UserError
+from wandistiller.errors import UserError, human_count
 from wandistiller.memory import FIT_ERROR_PCT, Estimate, GiB, Hardware, Workload, param_count, teacher_weight_bytes
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.teacher import builtin_teacher
@@ -81,9 +81,24 @@ def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = N
         gpu = (gpu if len(gpu) <= 31 else gpu[:28] + "...") + (star if e.gpu_bytes else "")
         host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
         mark = " <- chosen" if e.placement == chosen else ""
-        why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else ""
+        why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else shortfall(e, hw)
         rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {e.note}{why}{mark}")
     return "\n".join(rows)
+
+
+def shortfall(e: Estimate, hw: Hardware) -> str:
+    """A "no" row's reason in numbers: which device is short and by how much (after its headroom). Rows
+    refused for another reason (no GPU, too few ranks) already say so in their note."""
+    if e.fits or not (e.gpu_bytes or e.host_bytes):
+        return ""
+    devices = [(f"GPU {i}", need, cap) for i, (need, cap) in enumerate(zip(e.gpu_bytes, hw.gpu_bytes))]
+    devices.append(("host RAM", e.host_bytes, hw.host_bytes))
+    short = [(d, need - hw.usable(cap), hw.usable(cap)) for d, need, cap in devices if need > hw.usable(cap)]
+    if not short:
+        return ""
+    d, missing, usable = max(short, key=lambda s: s[1])
+    more = f"; {len(short) - 1} more device(s) short too" if len(short) > 1 else ""
+    return f" (short of {missing / GiB:.1f} GiB on {d}, {usable / GiB:.1f} usable{more})"
 
 
 def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
@@ -146,7 +161,7 @@ def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
     best = choose(estimates)
     head = (
         f"teacher {cfg.teacher.name}: {found[1]} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
-        f"student {param_count(w.student_config) / 1e6:.0f}M params; batch {w.batch_size} x {w.tokens} tokens"
+        f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     return "\n".join([head, format_table(estimates, hw, best.placement if best else None, w), tail])

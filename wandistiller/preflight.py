@@ -12,14 +12,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller import plan
+from wandistiller import precision as precision_options
 from wandistiller.config import compose_option
 from wandistiller.data import read_prompts
 from wandistiller.distributed import Topology, World, local_device, under_torchrun
-from wandistiller.errors import UserError
+from wandistiller.errors import UserError, write_to_log_files
 from wandistiller.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
 from wandistiller.memory import Hardware
 from wandistiller.placements import Placement, Serving
@@ -48,11 +49,13 @@ class Prepared:
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
     check_known_keys(cfg)
+    precision_options.resolve(cfg)
     check_values(cfg)
     check_targets(cfg)
     check_training_parts(cfg)
     check_tracker(cfg)
     check_folders(cfg)
+    default_ranks(cfg, topo)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
@@ -70,9 +73,47 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     save_config(run_dir, cfg, resume_from)
     if table:
-        log.info("teacher placement plan:\n%s", table)
+        show_plan(table, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None
     return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+
+
+def default_ranks(cfg: DictConfig, topo: Topology) -> None:
+    """A placement that needs its own process layout (gpu0: a teacher process beside the students) gets
+    it when distributed.nproc_per_node is left at 1, so `teacher_placement=gpu0` alone runs on a GPU machine
+    (and in a sweep beside single-process placements)."""
+    default = getattr(get_class(cfg.teacher_placement._target_), "default_ranks", None)
+    if default is None or cfg.distributed.nproc_per_node != 1 or topo.distributed or default() < 2:
+        return
+    if cfg.teacher_placement.get("train_on_owner") or cfg.teacher_placement.get("debug_cpu"):
+        return
+    cfg.distributed.nproc_per_node = default()
+    log.info("%s: distributed.nproc_per_node=%d (one process per GPU)", cfg.teacher_placement._target_, default())
+
+
+def show_plan(table: str, in_full: bool) -> None:
+    """The planner's table on the terminal when asked for (or once per sweep), else one line; always in
+    train.log, so a run's own folder says what the planner saw."""
+    if in_full:
+        log.info("teacher placement plan:\n%s", table)
+        return
+    write_to_log_files(f"teacher placement plan:\n{table}")
+    rows = [r for r in table.splitlines()[3:] if r[12:17].strip() in ("yes", "no")]
+    chosen = next((r for r in rows if r.endswith("<- chosen")), None)
+    if chosen is None:
+        return
+    gpu, host = chosen[18:52].strip(), chosen[53:62].strip()
+    fit = sum(r[12:17].strip() == "yes" for r in rows)
+    where = "the table is in train.log, hardware.show_plan=true prints it"
+    peaks = (f"peak GPU {gpu} GiB, " if gpu != "-" else "") + f"host {host} GiB"
+    log.info("teacher placement: %s (%s; %d of %d placements fit here; %s)", chosen[:11].strip(), peaks, fit,
+             len(rows), where)  # fmt: skip
+
+
+def _first_sweep_point(point: dict | None) -> bool:
+    from hydra.core.hydra_config import HydraConfig
+
+    return point is not None and HydraConfig.initialized() and HydraConfig.get().job.num == 0
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -166,7 +207,7 @@ def check_ranges(cfg: DictConfig) -> None:
     ] + [
         (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
         for k, v in cfg.hardware.items()
-        if not k.startswith("headroom")  # the headroom may be 0; memory.Hardware checks its range
+        if not k.startswith("headroom") and k != "show_plan"  # the headroom may be 0; memory.Hardware checks its range
     ]
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):

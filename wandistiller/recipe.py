@@ -22,6 +22,7 @@ from wandistiller import outputs
 from wandistiller.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.data import batch_source, encode_prompts, read_prompts
 from wandistiller.distributed import Topology, barrier, gather, local_device, roles_for
+from wandistiller.errors import human_count
 from wandistiller.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.loop import Run, memory_metrics, train_loop
 from wandistiller.monitor import ProgressLog
@@ -129,6 +130,7 @@ class DistillationRecipe:
         if self.cfg.teacher.compile and self.placement.compilable:
             for expert in teacher.experts:
                 compile_blocks(expert)
+            log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
     def _setup_batches(self):
@@ -170,10 +172,10 @@ class DistillationRecipe:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
             log_first_call(student.transformer.blocks[0], "the student's block graph (forward; backward follows)")
         log.info(
-            "rank %d (pid %d): student %.1fM params on %s; teacher %s (%s)",
+            "rank %d (pid %d): student %s params on %s; teacher %s (%s)",
             self.topo.rank,
             os.getpid(),
-            outputs.millions(student),
+            human_count(sum(p.numel() for p in student.parameters())),
             self.device,
             self.placement.name,
             "here" if self.teacher is not None else f"served by rank {self.roles.owner}",

@@ -18,6 +18,7 @@ from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints
 from wandistiller.errors import UserError
 from wandistiller.files import safetensors_problem
 from wandistiller.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
+from wandistiller.precision import cast_keeping_fp32
 from wandistiller.teacher import Teacher, TeacherSpec, inspect_teacher, resolve_teacher_path
 
 
@@ -86,7 +87,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
         student.load_state_dict(load_checkpoint(source)["student"])  # safetensors + JSON: never unpickles
-        transformer = student.transformer.to(dtype)
+        transformer = cast_keeping_fp32(student.transformer, dtype)
     return transformer.to(device).eval().requires_grad_(False)
 
 

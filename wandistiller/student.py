@@ -17,6 +17,7 @@ from torch import nn
 
 from wandistiller.arch import STUDENT_BUILDERS, wan_config_problem
 from wandistiller.errors import UserError
+from wandistiller.precision import cast_keeping_fp32
 from wandistiller.teacher import TeacherSpec, capture_last_block
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def build_student(
         log.info("student: starts from the teacher's embeddings, head and evenly spaced blocks")
     else:
         log.info("student: random initialisation (student.init=%s)", init)
-    return student if dtype == torch.float32 else student.to(dtype)
+    return cast_keeping_fp32(student, dtype)  # Wan's norms stay fp32, as from_pretrained(torch_dtype=) keeps them
 
 
 def teacher_weights(spec: TeacherSpec, rename, expert: str = "transformer") -> dict[str, torch.Tensor]:

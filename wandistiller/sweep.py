@@ -186,6 +186,24 @@ def compare(a: Path, b: Path) -> str:
     return "\n".join(rows)
 
 
+class LauncherCheck(Callback):
+    """Hydra callback: a sweep sent to Slurm (hydra/launcher=slurm) from a machine that cannot submit is
+    one line before anything is created, not submitit's traceback after an empty sweep folder."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        import shutil
+
+        from wandistiller.errors import exit_on_user_error
+
+        target = str(config.hydra.launcher.get("_target_", ""))
+        if "SlurmLauncher" in target and shutil.which("sbatch") is None:
+            with exit_on_user_error():
+                raise UserError(
+                    "hydra/launcher=slurm submits each sweep point with sbatch, and this machine has none (not a "
+                    "Slurm login node); run the same command on the cluster, or drop hydra/launcher=slurm to sweep here"
+                )
+
+
 class SweepReport(Callback):
     """Hydra callback: the report when a multirun ends (single runs are left alone)."""
 

@@ -20,6 +20,7 @@ import torch
 from wandistiller import leftovers
 from wandistiller.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
 from wandistiller.data import DEFAULT_PROMPTS
+from wandistiller.precision import cast_keeping_fp32
 
 
 def _build_tokenizer():
@@ -56,11 +57,11 @@ def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | No
     vae = AutoencoderKLWan(**TINY_VAE).eval()
     torch.manual_seed(2)
     dtype = torch.float32 if transformer_config is None else torch.bfloat16  # halves a big one's files
-    transformer = WanTransformer3DModel(**config).eval().to(dtype)
+    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # norms stay fp32
     transformer_2 = None
     if two_experts:
         torch.manual_seed(3)
-        transformer_2 = WanTransformer3DModel(**config).eval().to(dtype)
+        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)
     # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
     scheduler = UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0

@@ -93,7 +93,15 @@ class WandbTracker(NullTracker):
         offline_dir = Path(self.run.dir).parent
         self.run.finish()
         if self.kwargs["mode"] == "offline":
-            log.info("wandb: offline run saved; upload it with: wandb sync %s", offline_dir)
+            segments = " ".join(str(p) for p in offline_segments(offline_dir.parent, self.run_id)) or offline_dir
+            log.info("wandb: offline run saved; upload it with: wandb sync %s", segments)
+
+
+def offline_segments(wandb_dir: Path, run_id: str) -> list[Path]:
+    """Every offline folder of one wandb run, oldest first: offline wandb writes a folder per process that
+    resumed the run (each training segment, a later eval), and `wandb sync` merges them into the one run
+    only when it is given all of them."""
+    return sorted(wandb_dir.glob(f"offline-run-*-{run_id}"))
 
 
 def _settings_api_key() -> bool:

@@ -62,7 +62,9 @@ def run(cfg: DictConfig) -> dict:
         dist.broadcast_object_list(box, src=0)  # one run folder and one placement for all ranks
         if isinstance(box[0], UserError):
             raise box[0] if topo.rank == 0 else SystemExit(2)  # rank 0 says it once; the others just stop
-        return run_recipe(OmegaConf.create(box[0][1]), box[0][0], topo)
+        summary = run_recipe(OmegaConf.create(box[0][1]), box[0][0], topo)
+        _say_done(summary, box[0][0].run_dir)  # the main rank's summary alone has a status
+        return summary
     point = sweep_point()
     try:
         cfg = continued_config(cfg, task_overrides())  # a resume continues the run's own saved config
@@ -82,11 +84,16 @@ def run(cfg: DictConfig) -> dict:
         return record_failed_point(cfg, e, point)  # a sweep goes on past a point that failed or was refused
     finally:  # the run is over: a later run in this process or another may take its folder
         release_run_dir(Path(cfg.paths.output_dir))
+    _say_done(summary, prepared.run_dir)
+    return summary
+
+
+def _say_done(summary: dict, run_dir: str) -> None:
+    """The last line of a run, however it was started (one process, workers, torchrun, a sweep point)."""
     if "status" in summary:
         log.info("done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
                  summary["samples_per_s_median"] or 0, summary["loss_first"] or 0, summary["loss_last"] or 0,
-                 prepared.run_dir)  # fmt: skip
-    return summary
+                 run_dir)  # fmt: skip
 
 
 def _prepare_or_refuse(cfg: DictConfig, topo: Topology):
@@ -143,6 +150,10 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    d = cfg.distributed
+    if d.nnodes > 1:  # the rendezvous blocks until every node has joined: say what it waits for
+        log.info("waiting for %d nodes at %s (rdzv_id %s); start the same command on each", d.nnodes,
+                 d.get("rdzv_endpoint"), d.get("rdzv_id"))  # fmt: skip
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
     except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
@@ -160,5 +171,17 @@ def _finished(prepared: Prepared, cfg: DictConfig) -> bool:
     return checkpoint_step(Path(prepared.resume_from)) >= cfg.trainer.max_steps
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m wandistiller.train`: the overrides checked first (a typo is one line, exit code 2), then
+    Hydra's main."""
+    import sys
+
+    from wandistiller.config import check_overrides
+
+    with exit_on_user_error():
+        check_overrides(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import job, plan
+from wandistiller.bench import CACHE, job, out_path, plan
 from wandistiller.bench.models import ARCHS
 from wandistiller.errors import exit_on_user_error
 
@@ -25,8 +25,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--cache-dir", default="~/.cache/wandistiller")
-    p.add_argument("--out", default="bench_overhead.json")
+    p.add_argument("--cache-dir", default=CACHE)
+    p.add_argument("--out", default=out_path("overhead"))
     t = sub.add_parser("teacher", help="a streamed teacher forward vs the GPU-resident one (random weights)")
     t.add_argument("--arch", choices=sorted(ARCHS), default="14b")
     t.add_argument("--placement", choices=["offload"], default="offload")
@@ -40,15 +40,26 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--fp8-compute", choices=["auto", "scaled_mm", "dequant"], default="auto",
                    help="fp8 matmuls: _scaled_mm, or the weights widened to bf16 per layer")  # fmt: skip
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    t.add_argument("--out", default="bench_teacher.json")
+    t.add_argument("--out", default=out_path("teacher"))
     ld = sub.add_parser("load", help="host memory and time to load one expert, each loader in a fresh process")
     ld.add_argument("--arch", choices=sorted(ARCHS), default="1.3b")
-    ld.add_argument("--folder", default="~/.cache/wandistiller/bench_1.3b")
+    ld.add_argument("--folder", default=f"{CACHE}/bench_1.3b")
     ld.add_argument("--device", default="cpu")
-    ld.add_argument("--out", default="bench_load.json")
+    ld.add_argument("--out", default=out_path("load"))
     job.add_parser(sub)
     plan.add_arguments(sub.add_parser("plan", help="the planner's predictions beside measured peaks (fresh processes)"))
     return main_parser
+
+
+def check_device(args) -> None:
+    """A GPU benchmark on a machine without one is one line, not a traceback or hours on the CPU."""
+    from wandistiller.errors import UserError
+
+    device = str(getattr(args, "device", "cpu"))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU is visible here; run it on a GPU machine (or --device cpu)")
+    if args.bench in ("teacher", "job") and device == "cpu" and args.arch != "tiny":
+        raise UserError(f"--arch {args.arch} on the CPU would take hours; run it on a GPU, or use --arch tiny here")
 
 
 def main() -> None:
@@ -64,7 +75,9 @@ def main() -> None:
     else:
         bench = job.job_bench
     with exit_on_user_error():  # a bad flag value is one line, as for the train job
+        check_device(args)
         result = bench(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.bench import handwritten
+from wandistiller.bench import CACHE, handwritten, out_path
 from wandistiller.bench.models import ARCHS
 
 REAL = {"freq_dim": 256, "rope_max_seq_len": 1024}  # Wan's own; the tiny builder's defaults are smaller
@@ -104,7 +104,8 @@ def job_bench(args) -> dict:
     folder = teacher_folder(args.arch, args.cache_dir)
     framework = framework_job(args, folder)
     theirs = None if args.framework_only else handwritten.run_loop(args, handwritten.setup(args, folder))
-    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
+    cpu = platform.processor() or platform.machine()  # processor() is "" on many Linux machines
+    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else cpu
     ratio = framework["samples_per_s"] / theirs["samples_per_s"] if theirs else None
     options = {k: getattr(args, k) for k in ("compile", "compile_mode", "quantize", "attention_backend")}
     print(
@@ -166,5 +167,5 @@ def add_parser(sub) -> None:
     j.add_argument("--attention-backend", default=None, help="the teacher's diffusers attention backend")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--framework-only", action="store_true", help="skip the hand-written loop (no ratio)")
-    j.add_argument("--cache-dir", default="~/.cache/wandistiller")
-    j.add_argument("--out", default="bench_job.json")
+    j.add_argument("--cache-dir", default=CACHE)
+    j.add_argument("--out", default=out_path("job"))

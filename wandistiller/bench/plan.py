@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from wandistiller.arch import BENCH_ARCHS
+from wandistiller.bench import CACHE, out_path
 
 GiB = 2**30
 
@@ -39,10 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latent", default=None, help="HxW latent size (default: 8x8 tiny, 60x104 otherwise)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="regional torch.compile of teacher and student")
-    parser.add_argument("--folder", default="~/.cache/wandistiller/bench_plan", help="random-weight teachers")
+    parser.add_argument("--folder", default=f"{CACHE}/bench_plan", help="random-weight teachers")
     parser.add_argument("--cache-dir", default=None, help="paths.cache_dir for the runs (default: the usual)")
     parser.add_argument("--set", action="append", default=[], help="one more override for every run")
-    parser.add_argument("--out", default="bench_plan.json")
+    parser.add_argument("--out", default=out_path("plan"))
 
 
 def run(args) -> dict:

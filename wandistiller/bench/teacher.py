@@ -95,7 +95,8 @@ def teacher_bench(args) -> dict:
     if fp8:
         for r, b in zip(rows, batches):
             r |= _fp8_columns(b, bf16[b], resident[b], streamed[b], bf16_floor)
-    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
+    cpu = platform.processor() or platform.machine()  # processor() is "" on many Linux machines
+    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else cpu
     dtype_name = f"fp8 ({args.fp8_compute})" if fp8 else "bf16"
     print(
         f"teacher {args.arch}, {tokens} tokens, {dtype_name}{', compiled' if args.compile else ''}, {device_name}; "

@@ -35,18 +35,24 @@ class Gpu0Placement(Placement):
         self.serving = Serving.NODE_OWNER if train_on_owner else Serving.DEDICATED_OWNER
 
     def check(self, precision, world) -> None:
-        if not self.train_on_owner and world.nproc_per_node < 2:
+        # The GPUs first: without them no process count helps (a sweep's gpu0 point on a CPU machine
+        # must say that, not ask for distributed.nproc_per_node).
+        if not self.debug_cpu and gpu_count() < 2:
+            other = "gpu" if gpu_count() == 1 else "cpu"
+            raise UserError(
+                f"teacher_placement=gpu0 needs 2 or more GPUs (teacher on GPU 0, students on 1..n) and this machine "
+                f"has {gpu_count()}; use teacher_placement={other}"
+            )
+        if not self.train_on_owner and world.nproc_per_node < 2:  # preflight defaults it to one per GPU
             raise UserError(
                 "teacher_placement=gpu0 runs the teacher in its own process: set distributed.nproc_per_node to "
                 "1 + the number of student GPUs (or teacher_placement.train_on_owner=true)"
             )
-        if self.debug_cpu or gpu_count() >= 2:
-            return
-        other = "gpu" if gpu_count() == 1 else "cpu"
-        raise UserError(
-            f"teacher_placement=gpu0 needs 2 or more GPUs (teacher on GPU 0, students on 1..n) and this machine "
-            f"has {gpu_count()}; use teacher_placement={other}"
-        )
+
+    @staticmethod
+    def default_ranks() -> int:
+        """distributed.nproc_per_node when left at 1: the teacher on GPU 0 and a student on every other GPU."""
+        return gpu_count()
 
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         if len(hw.gpu_bytes) < 2:

@@ -1,0 +1,73 @@
+"""The student as a whole diffusers pipeline: `<run>/pipeline/` and the push_to_hub-style export."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT
+
+from wandistiller.pipeline import export
+from wandistiller.train import run
+
+
+@pytest.fixture
+def run_dir(make_cfg, tmp_path):
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.eval_at_end=true", run_dir=folder))
+    return folder
+
+
+def sample(pipe) -> torch.Tensor:
+    out = pipe("a fox in the snow", guidance_scale=1.0, num_frames=1, height=64, width=64, num_inference_steps=2,
+               output_type="pt", generator=torch.Generator().manual_seed(0))  # fmt: skip
+    return out.frames
+
+
+def test_the_run_leaves_a_pipeline_that_loads_in_one_call_and_generates(run_dir):
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    pipe = WanPipeline.from_pretrained(run_dir / "pipeline")
+    assert pipe.transformer_2 is None and pipe.text_encoder is not None and pipe.vae is not None
+    student = WanTransformer3DModel.from_pretrained(run_dir / "student")
+    assert all(torch.equal(a, b) for a, b in zip(pipe.transformer.state_dict().values(), student.state_dict().values()))
+    frames = sample(pipe)
+    assert frames.shape[-2:] == (64, 64) and torch.isfinite(frames).all()
+    card = (run_dir / "pipeline" / "README.md").read_text()
+    assert "library_name: diffusers" in card and "2 steps" in card and "`eval_psnr`" in card
+
+
+def test_export_writes_a_self_contained_copy_with_its_card_and_never_overwrites(run_dir, tmp_path):
+    from diffusers import WanPipeline
+
+    out = export(run_dir, tmp_path / "hub", checkpoint="step_1")
+    assert (out / "README.md").is_file() and (out / "model_index.json").is_file()
+    assert all(f.stat().st_nlink == 1 for f in out.rglob("*") if f.is_file())  # copies, not links into the run
+    exported = sample(WanPipeline.from_pretrained(out))
+    assert not torch.equal(exported, sample(WanPipeline.from_pretrained(run_dir / "pipeline")))  # step 1's student
+    again = subprocess.run([sys.executable, "-m", "wandistiller.pipeline", str(run_dir), "--out", str(out)],
+                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and again.stderr.startswith("error: --out")
+
+
+def test_teacher_files_on_another_filesystem_are_copied_or_for_large_ones_referenced(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from wandistiller import pipeline
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm) to stage a failed hard link")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        src = Path(other) / "big.safetensors"
+        src.write_bytes(b"x" * 64)
+        monkeypatch.setattr(pipeline, "COPY_LIMIT", 10)  # 64 bytes count as "large" here
+        assert pipeline.place(src, tmp_path / "a" / "big.safetensors") == "referenced"
+        assert (tmp_path / "a" / "big.safetensors").resolve() == src.resolve()
+        monkeypatch.setattr(pipeline, "COPY_LIMIT", 1000)
+        assert pipeline.place(src, tmp_path / "b" / "big.safetensors") == "copied"
+        assert not (tmp_path / "b" / "big.safetensors").is_symlink()
+    assert pipeline.place(tmp_path / "b" / "big.safetensors", tmp_path / "c" / "x") == "linked"  # same filesystem
