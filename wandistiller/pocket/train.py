@@ -31,7 +31,7 @@ def train_vae(
     for step in range(steps):
         x = images[torch.randint(len(images), (batch,), generator=g)][:, :, None] * 2 - 1
         posterior = vae.encode(x).latent_dist
-        rec = vae.decode(posterior.sample(generator=g)).sample
+        rec = _unclamped_decode(vae, posterior.sample(generator=g))
         kl_term = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean()
         loss = F.mse_loss(rec, x) + kl * kl_term
         _cosine_lr(opt, step, steps, lr)
@@ -41,6 +41,16 @@ def train_vae(
         if (step + 1) % 100 == 0:
             log.info("vae step %d/%d recon %.5f kl %.3f", step + 1, steps, float(loss - kl * kl_term), float(kl_term))
     return vae.eval().requires_grad_(False)
+
+
+def _unclamped_decode(vae, z: torch.Tensor) -> torch.Tensor:
+    """AutoencoderKLWan's one-frame decode without its final clamp to [-1, 1]: through the clamp a channel whose
+    output falls below -1 (black background) gets no gradient and dies (the red channel did, at first)."""
+    vae.clear_cache()
+    vae._conv_idx = [0]
+    out = vae.decoder(vae.post_quant_conv(z), feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
+    vae.clear_cache()
+    return out
 
 
 @torch.no_grad()

@@ -40,6 +40,27 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def targets(results: dict[str, list[dict]]) -> list[str]:
+    """Issue 17's targets, each met or missed, from the means."""
+    mean = {row: {k: statistics.fmean(r[k] for r in runs) for k in ("prompt_accuracy", "fid")}
+            for row, runs in results.items()}  # fmt: skip
+    teacher, rows = mean.pop("teacher"), list(mean)
+    gaussian, latents, images, task = (mean[r] for r in rows[:4])
+    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    lines = [f"- teacher's guided samples >= 90% prompt accuracy: {teacher['prompt_accuracy']:.1%}, "
+             f"{mark(teacher['prompt_accuracy'] >= 0.9)}"]  # fmt: skip
+    for row in rows[:3]:
+        ratio = mean[row]["prompt_accuracy"] / max(teacher["prompt_accuracy"], 1e-9)
+        fid = mean[row]["fid"] / teacher["fid"]
+        lines.append(f"- {row}: {ratio:.0%} of the teacher's accuracy (target >= 85%), FID {fid:.2f}x the "
+                     f"teacher's (target <= 1.5x): {mark(ratio >= 0.85 and fid <= 1.5)}")  # fmt: skip
+    beats = images["prompt_accuracy"] > task["prompt_accuracy"] and images["fid"] < task["fid"]
+    lines.append(f"- distilling (images) beats no teacher at the same steps: {mark(beats)}")
+    better = latents["prompt_accuracy"] > gaussian["prompt_accuracy"] and latents["fid"] < gaussian["fid"]
+    lines.append(f"- teacher latents beat Gaussian x0 on accuracy and FID: {mark(better)}")
+    return lines
+
+
 def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     cores = os.cpu_count()
     return (
@@ -51,7 +72,11 @@ def report(results: dict, settings: Settings, argv: list[str], seconds: float) -
         f"prompts per seed, the same noise for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
         "prompt_accuracy: digit, colour and side all as asked (the judge classifier); fid / kid: the judge's "
         "features against the held-out real digits; latent_mse: against the teacher's sample from the same "
-        "noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n" + table(results) + "\n"
+        "noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
+        + table(results)
+        + "\n\nTargets (issue 17), from the means above:\n\n"
+        + "\n".join(targets(results))
+        + "\n"
     )
 
 

@@ -1,0 +1,67 @@
+"""The pocket teacher: shipped folders that load like a downloaded Wan model, train as `teacher=pocket`,
+and whose guided samples show what the prompt asked for (slow lane); the comparison command end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from wandistiller.pocket import MOE_TEACHER_DIR, TEACHER_DIR
+from wandistiller.pocket.digits import PROMPTS, parse_prompt
+from wandistiller.train import run
+
+
+def pipeline(folder):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def guided(pipe, prompts, steps, seed=0):
+    """[N, 3, 32, 32] in [0, 1], as a user of WanPipeline makes them (the pocket's 16-token padding)."""
+    out = pipe(prompt=prompts, negative_prompt="", height=32, width=32, num_frames=1, num_inference_steps=steps,
+               guidance_scale=4.0, max_sequence_length=16, output_type="pt",
+               generator=torch.Generator().manual_seed(seed)).frames  # fmt: skip
+    return out[:, 0]
+
+
+@pytest.mark.parametrize("folder", [TEACHER_DIR, MOE_TEACHER_DIR], ids=["pocket", "pocket_moe"])
+def test_the_shipped_teachers_load_through_wan_pipeline(folder):
+    pipe = pipeline(folder)
+    assert (pipe.transformer_2 is not None) == (folder == MOE_TEACHER_DIR)
+    if pipe.transformer_2 is not None:
+        assert pipe.config.boundary_ratio == 0.875
+    images = guided(pipe, PROMPTS[:2], steps=2)
+    assert images.shape == (2, 3, 32, 32) and 0 <= images.min() and images.max() <= 1
+
+
+def test_teacher_pocket_trains_a_student(make_cfg, tmp_path):
+    summary = run(make_cfg("teacher=pocket", "data=pocket_digits", "trainer.max_steps=2", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2 and summary["teacher_experts"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", [TEACHER_DIR, MOE_TEACHER_DIR], ids=["pocket", "pocket_moe"])
+def test_guided_samples_show_what_was_asked(folder):
+    from wandistiller.pocket.classifier import load_classifier
+    from wandistiller.quality.metrics import prompt_accuracy
+
+    images = guided(pipeline(folder), PROMPTS, steps=20)
+    wanted = torch.tensor([[a.digit, a.colour, a.position] for a in map(parse_prompt, PROMPTS)])
+    assert prompt_accuracy(load_classifier().predict(images), wanted)["prompt_accuracy"] >= 0.9
+
+
+@pytest.mark.slow
+def test_the_comparison_command_runs_small(tmp_path, cache_dir):
+    out = tmp_path / "QUALITY.md"
+    result = subprocess.run([sys.executable, "-m", "wandistiller.quality", "--small", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    for row in ("| teacher |", "Gaussian x0", "teacher latents", "images", "no teacher", "blend"):
+        assert row in text
