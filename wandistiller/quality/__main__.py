@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
-    parser.add_argument("--steps", type=int, help="training steps of every student (default 600)")
+    parser.add_argument("--steps", type=int, help="training steps of every student (default 300)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
     parser.add_argument("--out", type=Path, default=Path("docs/QUALITY.md"), help="where the report goes")
     parser.add_argument("--work", type=Path, help="run folders and caches (default: a temporary folder)")

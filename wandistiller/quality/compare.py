@@ -31,7 +31,7 @@ COLUMNS = ["prompt_accuracy", "fid", "kid", "latent_mse", "params", "s_per_image
 class Settings:
     teacher: str = "pocket"
     seeds: tuple[int, ...] = (0, 1, 2)
-    max_steps: int = 600
+    max_steps: int = 300
     batch_size: int = 16
     sample_steps: int = 20
     per_prompt: int = 2  # images per prompt and seed (60 prompts)
