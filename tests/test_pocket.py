@@ -70,3 +70,27 @@ def test_the_comparison_command_runs_small(tmp_path, cache_dir):
     text = out.read_text()
     for row in ("| teacher |", "Gaussian x0", "teacher latents", "images", "no teacher", "blend"):
         assert row in text
+
+
+def test_rendered_digits_are_where_and_what_colour_the_prompt_says():
+    from wandistiller.pocket.digits import COLOURS, rendered_split
+
+    images, _, colour, position, prompts = rendered_split("heldout", copies=1, seed=3)
+    half = images.shape[-1] // 2
+    left, right = images[..., :half].sum((1, 2, 3)), images[..., half:].sum((1, 2, 3))
+    assert torch.equal(position == 1, right > left)  # the ink is in the asked half
+    assert torch.equal(images.sum((2, 3)).argmax(1), torch.tensor([0, 1, 2])[colour])  # red, green, blue lead
+    assert all(parse_prompt(p) is not None for p in prompts) and len(COLOURS) == 3
+    assert parse_prompt("a  Red 3 on the left").digit == 3 and parse_prompt("a fox") is None
+
+
+@pytest.mark.slow
+def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
+    digests = []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        cmd = [sys.executable, "-m", "wandistiller.pocket.build", "--quick", "--out", str(out)]
+        assert subprocess.run(cmd, capture_output=True, timeout=600).returncode == 0
+        files = sorted(out.rglob("*.safetensors"))
+        digests.append([(f.relative_to(out), f.read_bytes()) for f in files])
+    assert digests[0] == digests[1] and len(digests[0]) == 8
+    assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
