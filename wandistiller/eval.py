@@ -20,7 +20,17 @@ import torch
 from wandistiller.data import encode_prompts, read_prompts
 from wandistiller.errors import exit_on_user_error, internal_errors_reported, positive_int
 from wandistiller.precision import to_dtype
-from wandistiller.runs import RunFolder, as_sampler, generate, load_student, load_teacher, open_run, student_source
+from wandistiller.runs import (
+    RunFolder,
+    Trust,
+    add_trust_args,
+    as_sampler,
+    generate,
+    load_student,
+    load_teacher,
+    open_run,
+    student_source,
+)
 from wandistiller.validation import split_prompts
 
 log = logging.getLogger(__name__)
@@ -59,12 +69,13 @@ def evaluate(
     limit: int = 8,
     dtype: str | None = None,
     device: torch.device | None = None,
+    trust: Trust | None = None,
 ) -> dict:
     """Run the evaluation and write `eval.json` and `eval.png`; returns what eval.json holds."""
     from wandistiller.samples import save_grid
     from wandistiller.vae import decode_latents, load_vae
 
-    run = open_run(run_dir)
+    run = open_run(run_dir, *(trust or Trust()).open_args())
     source = student_source(run, checkpoint)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
@@ -103,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps for both (default 20)")
     parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
+    add_trust_args(parser, wandb=True)
     return parser.parse_args(argv)
 
 
@@ -110,27 +122,28 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with internal_errors_reported(), exit_on_user_error():
-        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype)
+        trust = Trust.from_args(args)
+        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None, trust)
         m = result["mean"]
         print(
             f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
             f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
         )
         print(f"wrote {Path(args.run_dir) / 'eval.json'} and eval.png")
-        log_to_run(Path(args.run_dir), result)
+        log_to_run(Path(args.run_dir), result, trust)
 
 
-def log_to_run(run_dir: Path, result: dict) -> None:
-    """Add the evaluation to the run's own wandb run (offline as it was), when it had one: its id is in the
-    run's checkpoints."""
+def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
+    """Add the evaluation to the run's own wandb run, when it had one (its id is in the run's checkpoints):
+    offline, whatever the saved config says, unless `--wandb-mode online` is given here."""
     import json
 
-    from omegaconf import OmegaConf
-
     from wandistiller.checkpoint import STATE_FILE, list_checkpoints
+    from wandistiller.received import load_received
 
+    trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
-    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)
     if not checkpoints or not str(saved.logger.get("_target_", "")).endswith("WandbTracker"):
         return
     run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
@@ -138,7 +151,7 @@ def log_to_run(run_dir: Path, result: dict) -> None:
         return
     from wandistiller.tracking import WandbTracker
 
-    tracker = WandbTracker(saved.logger.project, saved.logger.entity, str(saved.logger.mode))
+    tracker = WandbTracker(saved.logger.project, saved.logger.entity, trust.wandb_mode)
     tracker.start(run_dir, {}, run_id)
     tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
     tracker.log_image("eval", run_dir / "eval.png", step=None)
