@@ -110,7 +110,8 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     given = _given_keys(overrides) if overrides is not None else None
     now, before = _flat(cfg), _flat(saved)
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
-    differ = sorted(k for k in asked if not may_change(k) and _subtree(now, k) != _subtree(before, k))
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT  # noqa: E731 -- never held to the saved value
+    differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         shown = ", ".join(f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in differ[:8])
         raise UserError(
