@@ -159,7 +159,14 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
         ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
-        ("teacher.flow_shift", teacher.flow_shift, lambda v: v is None or v > 0, "positive, or null (the teacher's)"),
+        (
+            "teacher.flow_shift",
+            teacher.flow_shift,
+            lambda v: v is None or 0 < v < math.inf,
+            "positive and finite, or null",
+        ),
+        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight, math.isfinite, "a finite number"),
+        ("seed", cfg.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
         ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
@@ -173,6 +180,9 @@ def check_ranges(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value} must be {what}")
 
 
+MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
+
+
 def check_training_parts(cfg: DictConfig) -> None:
     """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
     (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads."""
@@ -180,6 +190,9 @@ def check_training_parts(cfg: DictConfig) -> None:
     from diffusers.optimization import get_scheduler
 
     t = cfg.trainer
+    lr = t.optimizer.get("lr") if isinstance(t.optimizer, DictConfig) else None
+    if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr <= MAX_LR):  # negative: torch says
+        raise UserError(f"trainer.optimizer.lr={lr} must be a finite number in [0, {MAX_LR:g}]; use e.g. 1e-4")
     try:
         optimizer = instantiate(t.optimizer)([torch.nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError, RuntimeError) as e:
