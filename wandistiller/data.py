@@ -121,10 +121,13 @@ def encode_prompts(
     from diffusers import WanPipeline
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
+    from wandistiller.teacher import loading
+
     log.info("text embeddings: encoding %d prompts with %s/text_encoder", len(prompts), spec.path)
-    pipe = WanPipeline.from_pretrained(
-        spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
-    ).to(device)
+    with loading(spec, "text encoder or tokenizer"):
+        pipe = WanPipeline.from_pretrained(
+            spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
+        ).to(device)
     pipe.set_progress_bar_config(disable=True)
     tokenizer = pipe.tokenizer
     embeds = []

@@ -102,8 +102,11 @@ def load_scheduler(spec: TeacherSpec):
     """The teacher's own scheduler class and config (UniPC for diffusers' Wan, FlowMatchEuler for others)."""
     import diffusers
 
-    index = json.loads((spec.path / "model_index.json").read_text())
-    return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
+    from wandistiller.teacher import loading
+
+    index = json.loads((spec.path / "model_index.json").read_text())  # checked by inspect_teacher
+    with loading(spec, "scheduler"):
+        return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
 
 
 def teacher_pipeline(teacher: Teacher):
