@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 from wandistiller.data import PromptEmbeddings, encode_prompts
 from wandistiller.errors import UserError
+from wandistiller.files import file_stamps
 from wandistiller.latents import LatentBank, cached_bank
 from wandistiller.teacher import TeacherSpec
 from wandistiller.vae import encode_images, load_vae
@@ -196,7 +197,7 @@ def image_latents(
     _, frames, h, w = latent_shape
     if frames != 1:
         raise UserError(f"data.latent_frames={frames}: images make one-frame latents; set data.latent_frames=1")
-    vae_files = sorted((p.name, p.stat().st_size) for p in (spec.path / "vae").glob("*.safetensors"))
+    vae_files = file_stamps(spec.path / "vae", "*.safetensors")
     vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
     key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]
     vae = []  # loaded only when a chunk is missing
@@ -209,7 +210,7 @@ def image_latents(
         return encode_images(vae[0], pixels)
 
     folder = Path(cache_dir).expanduser() / "image_latents" / key
-    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress)
+    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress, latent_shape)
 
 
 def image_source(data_cfg) -> ImageSource:
