@@ -36,21 +36,27 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint was taken at: from its folder name, or (a renamed folder) from its state."""
-    if re.fullmatch(r"step_\d+", path.name):
-        return int(path.name[len("step_") :])
-    return int(json.loads((path / STATE_FILE).read_text())["step"])
+    """The step a checkpoint was taken at: the one its state records (a folder renamed or copied keeps
+    it), else the one its name says; -1 when neither can be read."""
+    try:
+        step = json.loads((path / STATE_FILE).read_text()).get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    except (OSError, ValueError, AttributeError):
+        pass
+    return int(path.name[len("step_") :]) if re.fullmatch(r"step_\d+", path.name) else -1
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temporary folders start with '.' and are skipped).
+    """Finished checkpoints, oldest step first (temporary folders start with '.' and are skipped).
 
     A finished one that was later damaged is listed too; `problem` says whether it can be loaded.
     """
     root = run_dir / CHECKPOINTS
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file())
+    found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file()]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))  # by the step inside, not name or mtime
 
 
 def rng_state() -> dict:
