@@ -79,7 +79,15 @@ def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
 def recorded_rows(run_dir: Path) -> list[dict]:
     """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
     path = run_dir / "metrics_steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line a killed process left half-written: what it held is lost, not the run
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
