@@ -31,6 +31,7 @@ from wandistiller.runs import (
     open_run,
     student_source,
 )
+from wandistiller.stopping import stop_at_once
 from wandistiller.validation import split_prompts
 
 log = logging.getLogger(__name__)
@@ -118,10 +119,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+ON_STOP = "eval.json is written only at the end, so nothing was; run it again"  # what a SIGTERM or Ctrl-C leaves
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with internal_errors_reported(), exit_on_user_error():
+    with (
+        internal_errors_reported(),
+        exit_on_user_error(),
+        stop_at_once(ON_STOP),
+    ):
         trust = Trust.from_args(args)
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None, trust)
         m = result["mean"]

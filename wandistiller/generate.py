@@ -30,6 +30,7 @@ from wandistiller.runs import (
     open_run,
     student_source,
 )
+from wandistiller.stopping import stop_at_once
 
 
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
@@ -97,10 +98,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+ON_STOP = "images already written are kept; run it again for the rest"  # what a SIGTERM or Ctrl-C leaves
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with internal_errors_reported(), exit_on_user_error():
+    with (
+        internal_errors_reported(),
+        exit_on_user_error(),
+        stop_at_once(ON_STOP),
+    ):
         for path in run_generate(args):
             print(path)
 

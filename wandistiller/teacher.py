@@ -254,7 +254,7 @@ def loading(spec: TeacherSpec, what: str) -> Iterator[None]:
     model, a config the library rejects) is one line naming the component, not a library traceback."""
     try:
         yield
-    except (UserError, torch.OutOfMemoryError, KeyboardInterrupt):
+    except (UserError, torch.OutOfMemoryError):
         raise
     except Exception as e:  # transformers / diffusers / sentencepiece raise many types for a damaged file
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
