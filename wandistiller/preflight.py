@@ -253,6 +253,40 @@ def check_targets(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
+    from wandistiller.extensions import check_signatures
+
+    check_signatures(cfg)
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
+    the key that holds the bad one (not a key that merely refers to it), before any value is used."""
+    import re
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    failing = []
+    for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), ""):
+        if isinstance(raw, str) and "${" in raw:
+            try:
+                OmegaConf.select(cfg, key, throw_on_missing=False)
+            except OmegaConfBaseException as e:
+                failing.append((key, raw, str(getattr(e, "msg", e)).strip().splitlines()[0]))
+    if failing:
+        names = re.findall(r"'([^']+)'", failing[0][2])  # the variable or key it could not find
+        key, raw, message = next((f for f in failing if any(n in f[1] for n in names)), failing[0])
+        raise UserError(f"{key}={raw}: {message}; fix the interpolation (or set the variable it reads)")
+
+
+def _leaves(node, prefix: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}[{i}]" if prefix else str(i))
+    else:
+        yield prefix, node
 
 
 def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:

@@ -26,12 +26,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.errors import UserError
+from wandistiller.extensions import HYDRA_KEYS
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
 # tree uses. `oc.decode` / `oc.create` would build new nodes (a `_target_` among them) only when resolved.
 SAFE_RESOLVERS = frozenset({"oc.env", "oc.select", "hydra", "now", "wd_now", "wd_rank_suffix"})
-# Hydra's own keys beside `_target_`; anything else in a target's node must be one of its arguments.
-HYDRA_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
 _extra_targets: set[str] = set()
 
 

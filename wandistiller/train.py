@@ -34,7 +34,7 @@ from wandistiller.distributed import (
 )
 from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
-from wandistiller.preflight import Prepared, prepare
+from wandistiller.preflight import Prepared, check_interpolations, prepare
 from wandistiller.resumed import continued_config, task_overrides
 from wandistiller.rundir import release_run_dir, removed_if_refused
 from wandistiller.stopping import launcher_stopped, stop_at_once
@@ -57,6 +57,7 @@ def main(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """Distill the configured teacher into the configured student; returns the metrics.json summary."""
+    check_interpolations(cfg)  # before any value is read: a bad `${…}` is one line naming its key
     topo = Topology.from_env()
     if under_torchrun():
         init_process_group(topo, cfg.distributed.timeout_min)
