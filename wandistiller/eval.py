@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.errors import exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.files import folder_problem
 from wandistiller.precision import to_dtype
 from wandistiller.runs import (
     RunFolder,
@@ -78,6 +79,9 @@ def evaluate(
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
     source = student_source(run, checkpoint)
+    problem = folder_problem(run.path)
+    if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
+        raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
     prompts = eval_prompts(run, prompts_path, limit)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from wandistiller.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints, load_checkpoint
+from wandistiller.checkpoint import STATE_FILE, check_compatible, checkpoint_dir, list_checkpoints, load_checkpoint
 from wandistiller.errors import UserError
 from wandistiller.files import safetensors_problem
 from wandistiller.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
@@ -95,11 +95,27 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
             problem = safetensors_problem(file)
             if problem:
                 raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
-        transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+        try:
+            transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+        except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"the student in {source} cannot be loaded ({first}); use --checkpoint latest (or another)"
+            ) from None
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
-        student.load_state_dict(load_checkpoint(source)["student"])  # safetensors + JSON: never unpickles
+        state = load_checkpoint(source)  # safetensors + JSON: never unpickles
+        check_compatible(state, student)  # another student's checkpoint: one line, not load_state_dict's traceback
+        student.load_state_dict(state["student"])
         transformer = student.transformer.to(dtype)
+    teacher = run.spec.transformer_config
+    differ = [k for k in ("in_channels", "out_channels", "text_dim", "patch_size") if transformer.config.get(k) !=
+              (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))]  # fmt: skip
+    if differ:
+        raise UserError(
+            f"the student in {source} does not fit this run's teacher ({', '.join(differ)} differ); "
+            "give the run folder it was trained in"
+        )
     return transformer.to(device).eval().requires_grad_(False)
 
 
