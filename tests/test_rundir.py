@@ -90,3 +90,14 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path)
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda _: unique_folder(folder), range(8)))
     assert len(set(got)) == 8 and folder in got and folder.with_name("11-10-00_7") in got
+
+
+def test_two_resumes_in_the_same_second_keep_both_configs(tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.rundir import save_config
+
+    for seed in (0, 1, 2):
+        save_config(tmp_path, OmegaConf.create({"seed": seed}), None)
+    saved = sorted((tmp_path / ".hydra").glob("config*.yaml"))
+    assert sorted(OmegaConf.load(p).seed for p in saved) == [0, 1, 2]

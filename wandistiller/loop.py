@@ -212,7 +212,7 @@ def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, g
             "loss_hidden": hidden_loss,
             "grad_norm": grad_norm,
             "lr": p.lr,
-            "samples_per_s": samples_per_step / (step_ms / 1e3),
+            "samples_per_s": samples_per_step / (max(step_ms, 1e-3) / 1e3),  # a clock that did not move: no /0
             "step_ms": step_ms,
             "teacher_ms": teacher_ms,
             "student_ms": step_ms - teacher_ms,

@@ -89,10 +89,23 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
 
     hydra_dir = run_dir / ".hydra"
     hydra_dir.mkdir(exist_ok=True)
-    name = "config.yaml" if not (hydra_dir / "config.yaml").exists() else f"config_resume_{int(time.time())}.yaml"
-    OmegaConf.save(cfg, hydra_dir / name)
-    if HydraConfig.initialized() and name == "config.yaml":
+    path = _new_file(hydra_dir, "config") if (hydra_dir / "config.yaml").exists() else hydra_dir / "config.yaml"
+    OmegaConf.save(cfg, path)
+    if HydraConfig.initialized() and path.name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
+
+
+def _new_file(folder: Path, stem: str) -> Path:
+    """`<stem>_resume_<time>[_N].yaml`, created here (O_EXCL): two resumes in the same second keep both."""
+    base = f"{stem}_resume_{int(time.time())}"
+    for n in range(1000):
+        path = folder / (f"{base}.yaml" if n == 0 else f"{base}_{n}.yaml")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"{folder} holds 1000 resumes' configs from this second; wait a second and resume again")
 
 
 # What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
