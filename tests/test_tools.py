@@ -44,7 +44,8 @@ def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tm
     with pytest.raises(SystemExit) as e:
         eval_cli.main([str(mine), "--checkpoint", "step_9", "--steps", "1", "--limit", "1"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.count("\n") == 0 and "is of another student shape" in err, err
+    assert e.value.code == 2 and err.count("\n") == 0 and "--checkpoint: the checkpoint" in err, err
+    assert "is of another student shape" in err and "pick one this run trained" in err
 
 
 def test_legacy_refuses_complex_tensors_and_an_unwritable_folder_in_one_line(tmp_path):

@@ -236,7 +236,10 @@ def load_checkpoint(path: Path) -> dict:
     return state | {"path": str(path)}
 
 
-def check_compatible(state: dict, student: torch.nn.Module) -> None:
+RESUME_FIX = "resume with the student config it was trained with, or start a new run folder"
+
+
+def check_compatible(state: dict, student: torch.nn.Module, key: str = "trainer.resume", fix: str = RESUME_FIX) -> None:
     """Refuse a checkpoint of another student shape with one line, before load_state_dict's traceback."""
     student = getattr(student, "module", student)  # DDP
     expected = {k: tuple(v.shape) for k, v in student.state_dict().items()}
@@ -252,9 +255,8 @@ def check_compatible(state: dict, student: torch.nn.Module) -> None:
         detail = f"it has {len(extra)} tensors this student lacks and lacks {len(missing)} of its own"
         detail += f" (e.g. {(missing or extra)[0]})"
     raise UserError(
-        f"trainer.resume: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
-        f"shape ({detail}); "
-        "resume with the student config it was trained with, or start a new run folder"
+        f"{key}: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
+        f"shape ({detail}); {fix}"
     )
 
 

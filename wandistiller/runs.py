@@ -105,7 +105,10 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
         state = load_checkpoint(source)  # safetensors + JSON: never unpickles
-        check_compatible(state, student)  # another student's checkpoint: one line, not load_state_dict's traceback
+        # another student's checkpoint: one line, not load_state_dict's traceback
+        check_compatible(
+            state, student, "--checkpoint", "pick one this run trained (--checkpoint latest, best or step_N)"
+        )
         student.load_state_dict(state["student"])
         transformer = student.transformer.to(dtype)
     teacher = run.spec.transformer_config
