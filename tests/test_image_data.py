@@ -144,6 +144,8 @@ def damage_dataset(tmp_path, damage):
     if damage == "image_strings":
         features = datasets.Features({"image": datasets.Value("string"), "caption": datasets.Value("string")})
         return saved_dataset(tmp_path, {"image": ["a.png"] * 3, "caption": CAPTIONS}, features)
+    if damage == "empty":
+        return saved_dataset(tmp_path, {"image": [], "caption": []}, dict_=False)
     if damage == "number_text":
         features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("int64")})
         return saved_dataset(tmp_path, {"image": images(), "caption": [1, 2, 3]}, features)
@@ -167,6 +169,7 @@ def damage_dataset(tmp_path, damage):
         ("no_splits", "a dataset dict with no splits"),
         ("garbage_json", "train/state.json is not valid JSON"),
         ("truncated_arrow", "cannot be read as a datasets folder"),
+        ("empty", "state.json lists no data files"),
     ],
 )
 def test_a_damaged_dataset_is_one_line(tiny_path, tmp_path, damage, message):

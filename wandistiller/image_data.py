@@ -160,6 +160,8 @@ def _dataset_files_inside(folder: Path, key: str) -> None:
                     f"{key}: {file.relative_to(folder)} is not valid JSON; save the dataset again"
                 ) from None
             rel = file.relative_to(folder).as_posix()
+            if meta == "state.json" and not entries:  # datasets then fails with an IndexError
+                raise UserError(f"{key}: {rel} lists no data files (an empty dataset); save one with rows")
             names += [(rel, e.get("filename") if isinstance(e, dict) else e) for e in entries or []]
     for where, name in names:
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
