@@ -87,7 +87,15 @@ def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
 def recorded_rows(run_dir: Path) -> list[dict]:
     """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
     path = run_dir / "metrics_steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line a killed process left half-written: what it held is lost, not the run
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
@@ -120,9 +128,13 @@ def evaluate_at_end(recipe) -> dict:
                  "run %s where it fits", recipe.placement.name, where)  # fmt: skip
         return {}
     from wandistiller.eval import evaluate
+    from wandistiller.received import targets_of
+    from wandistiller.runs import Trust
 
     recipe.teacher = None
-    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device)
+    # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
+    own = Trust(tuple(targets_of(recipe.cfg)), recipe.prepared.teacher_path, cache_dir=str(recipe.cfg.paths.cache_dir))
+    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device, trust=own)
     recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
     return {f"eval_{k}": v for k, v in result["mean"].items()}
 

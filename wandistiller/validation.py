@@ -7,7 +7,6 @@ teacher is frozen, so its targets are computed once and every later check differ
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -148,9 +147,9 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> P
 
     run_dir = Path(run_dir)
     rows = list(extra_rows)
-    if (run_dir / "metrics_steps.jsonl").is_file():
-        lines = (run_dir / "metrics_steps.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()] + rows
+    from wandistiller.outputs import recorded_rows
+
+    rows = recorded_rows(run_dir) + rows  # a torn line skipped
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     if train:
