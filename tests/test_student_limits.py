@@ -23,7 +23,7 @@ def refused_run(make_cfg, tmp_path, *overrides):
 @pytest.mark.parametrize(
     "body,message",
     [
-        (TINY_STUDENT | {"qk_norm": "layer_norm_typo"}, "qk_norm=\"layer_norm_typo\" is not one diffusers' Wan applies"),
+        (TINY_STUDENT | {"qk_norm": "layer_norm_typo"}, 'qk_norm="layer_norm_typo" is not one diffusers\' Wan applies'),
         (TINY_STUDENT | {"rope_max_seq_len": 10**9}, "rope_max_seq_len=1000000000 allocates"),
         (TINY_STUDENT | {"image_dim": 64}, "image_dim=64 but the teacher has image_dim=None"),
         (TINY_STUDENT | {"num_layers": 10**9}, "student num_layers=1000000000: ~"),

@@ -193,10 +193,10 @@ def check_ranges(cfg: DictConfig) -> None:
     """Numbers with a meaning only in some range; each refusal says the range (`None` = the default)."""
     t, d, teacher = cfg.trainer, cfg.data, cfg.teacher
     checks = [
-        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: 0 < v <= 4096, "in [1, 4096] (Wan: 512)"),
+        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: 0 < v <= 4096, "in [1, 4096]"),
         ("data.latent_frames", d.latent_frames, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
-        ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT} (8x that in pixels)"),
-        ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT} (8x that in pixels)"),
+        ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
+        ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
         ("data.sample_steps", d.sample_steps, lambda v: v > 0, "a positive integer"),
         ("data.latents_per_prompt", d.latents_per_prompt, lambda v: v > 0, "a positive integer"),

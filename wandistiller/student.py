@@ -100,7 +100,9 @@ def _read_student_json(path: Path, source: str) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{source} is not valid JSON ({e}); give a WanTransformer3DModel config.json") from None
     except RecursionError:
-        raise UserError(f"{source} is nested too deeply to read; give a flat WanTransformer3DModel config.json") from None
+        raise UserError(
+            f"{source} is nested too deeply to read; use a flat WanTransformer3DModel config.json"
+        ) from None
     except OSError as e:
         raise UserError(f"{source} cannot be read ({e.strerror})") from None
     if not isinstance(body, dict):
