@@ -1,5 +1,6 @@
-"""Student and size values that used to fail late or silently (issue 16): each is one line naming the key,
-before the run folder is claimed or anything heavy loads. Real Hydra compose, real tiny teacher."""
+"""Issue 16 leftovers: student and size values that used to fail late or silently, and a wandb project name
+wandb refuses; each is one line naming the key, before the run folder is claimed or anything heavy loads. Real Hydra
+compose, real tiny teacher, real wandb settings check."""
 
 from __future__ import annotations
 
@@ -63,3 +64,10 @@ def test_a_student_too_big_for_the_host_names_the_key(make_cfg, tmp_path):
     # hardware.host_memory_gib plans on paper: a base (1.4B) student's float32 weights need ~5 GiB
     error = refused_run(make_cfg, tmp_path, "student=base", "hardware.host_memory_gib=1", "data.latent_height=8")
     assert "student ffn_dim=8960: ~5.3 GiB" in error and "1.0 GiB of host memory" in error, error
+
+
+@pytest.mark.parametrize("project", ["team/run", "what?", "a" * 129])
+def test_a_project_name_wandb_refuses_is_one_line_before_the_run_folder(make_cfg, tmp_path, project):
+    error = refused_run(make_cfg, tmp_path, "logger=wandb", f"logger.project='{project}'")
+    assert error.startswith(f"logger.project={project!r}: a wandb project name may not contain"), error
+    assert "use e.g. logger.project=wandistiller" in error

@@ -298,6 +298,9 @@ def check_tracker(cfg: DictConfig) -> None:
     from hydra.utils import get_object
 
     tracker = get_object(cfg.logger._target_)
+    if hasattr(tracker, "project_problem") and (problem := tracker.project_problem(cfg.logger.get("project"))):
+        raise UserError(f"logger.project={cfg.logger.get('project')!r}: a wandb project name {problem}; use e.g. "
+                        "logger.project=wandistiller")  # fmt: skip
     problem = tracker.login_problem(cfg.logger.get("mode")) if hasattr(tracker, "login_problem") else None
     if problem:
         raise UserError(
