@@ -91,3 +91,36 @@ def test_the_cache_keys_change_when_the_teachers_files_are_rewritten(tiny_path, 
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same size, rewritten later
     assert _cache_key(spec, ["a fox"], "", 16, torch.float32) != before
+
+
+def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, caplog, monkeypatch):
+    import wandistiller.data as data
+
+    spec, cache = inspect_teacher(tiny_path), tmp_path / "cache"
+    prompts = [f"prompt number {i}" for i in range(5)]
+    args = (prompts, "", 16, torch.float32, torch.device("cpu"), cache)
+    whole = encode_prompts(spec, *args)
+    shutil.rmtree(cache)
+    monkeypatch.setattr(data, "EMBED_CHUNK", 2)  # 3 parts: 2 + 2 + 1 prompts
+    save, saved = data._save_atomically, []
+
+    def killed_after_two_parts(obj, path):  # the process dies (kill -9) after two part files are on disk
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+        saved.append(path)
+        save(obj, path)
+
+    monkeypatch.setattr(data, "_save_atomically", killed_after_two_parts)
+    with pytest.raises(KeyboardInterrupt):
+        encode_prompts(spec, *args)
+    monkeypatch.setattr(data, "_save_atomically", save)
+    parts = sorted(p.name for p in saved)
+    assert parts == ["part_000000.pt", "part_000001.pt"] and all(p.is_file() for p in saved)
+    saved[1].write_bytes(saved[1].read_bytes()[:50])  # and the second part was damaged
+    with caplog.at_level(logging.INFO, logger="wandistiller.data"):
+        resumed = encode_prompts(spec, *args)
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "part_000001.pt" in warnings[0] and "encoding those prompts again" in warnings[0]
+    assert "encoding 3 of 5 prompts" in caplog.text  # the first part was kept
+    assert resumed.prompts == prompts and all(torch.equal(a, b) for a, b in zip(whole.embeds, resumed.embeds))
+    assert not list((cache / "embeddings").glob("*.parts"))  # the whole file replaces the parts

@@ -136,7 +136,7 @@ def test_a_good_safetensors_file_passes_the_header_check(tiny_path):
         ("trainer.ema_decay=1.0", "trainer.ema_decay=1.0 must be in [0, 1)"),
         ("trainer.ema_decay=-0.1", "trainer.ema_decay=-0.1 must be in [0, 1)"),
         ("trainer.warmup_steps=-1", "trainer.warmup_steps=-1 must be 0 or more"),
-        ("teacher.max_sequence_length=0", "teacher.max_sequence_length=0 must be a positive integer"),
+        ("teacher.max_sequence_length=0", "teacher.max_sequence_length=0 must be in [1, 4096]"),
         ("trainer.sample_steps=0", "trainer.sample_steps=0 must be a positive integer"),
         ("trainer.val_every=-1", "trainer.val_every=-1 must be 0 or more"),
         ("trainer.sample_every=-1", "trainer.sample_every=-1 must be 0 or more"),

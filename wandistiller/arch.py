@@ -107,9 +107,28 @@ def wan_config_problem(config: object) -> str | None:
     for key in ("cross_attn_norm",):
         if key in config and not isinstance(config[key], bool):
             return f"{key}={json_repr(config[key])} must be true or false"
-    if config.get("qk_norm") is not None and not isinstance(config["qk_norm"], str):
-        return f"qk_norm={json_repr(config['qk_norm'])} must be a string (e.g. rms_norm_across_heads) or null"
+    if "qk_norm" in config and config["qk_norm"] not in QK_NORMS:
+        # diffusers' Wan blocks always apply rms_norm_across_heads, whatever this says: another value trains silently
+        return f"qk_norm={json_repr(config['qk_norm'])} is not one diffusers' Wan applies; use {QK_NORMS[0]!r}"
+    rope = config.get("rope_max_seq_len")
+    if rope is not None and rope > MAX_ROPE_SEQ_LEN:
+        return f"rope_max_seq_len={rope} allocates a table that large; use at most {MAX_ROPE_SEQ_LEN} (Wan uses 1024)"
     return None
+
+
+QK_NORMS = ("rms_norm_across_heads",)
+MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables are max_seq_len x head_dim floats)
+
+
+def estimate_params(c: dict) -> int:
+    """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time)."""
+    d, f, t = c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"], c["text_dim"]
+    p = 1
+    for x in c.get("patch_size") or (1, 2, 2):
+        p *= x
+    block = 8 * d * d + 2 * d * f + 6 * d + (2 * d if c.get("cross_attn_norm") else 0) + 4 * d
+    outside = c["in_channels"] * p * d + t * d + d * d + c["freq_dim"] * d + 7 * d * d + d * c["out_channels"] * p
+    return c["num_layers"] * block + outside
 
 
 def json_kind(value: object) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +125,16 @@ def encode_prompts(
 
     from wandistiller.teacher import loading
 
-    log.info("text embeddings: encoding %d prompts with %s/text_encoder", len(prompts), spec.path)
+    parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
+    parts.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(prompts), EMBED_CHUNK)
+    found = {c: _load_part(parts / f"part_{c:06d}.pt", prompts[s : s + EMBED_CHUNK], max_sequence_length)
+             for c, s in enumerate(starts)}  # fmt: skip
+    damaged = [f"part_{c:06d}.pt" for c, e in found.items() if e is None and (parts / f"part_{c:06d}.pt").exists()]
+    if damaged:
+        log.warning("text embeddings: %s in %s damaged; encoding those prompts again", ", ".join(damaged), parts)
+    todo = sum(min(EMBED_CHUNK, len(prompts) - s) for c, s in enumerate(starts) if found[c] is None)
+    log.info("text embeddings: encoding %d of %d prompts with %s/text_encoder", todo, len(prompts), spec.path)
     with loading(spec, "text encoder or tokenizer"):
         pipe = WanPipeline.from_pretrained(
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
@@ -133,18 +143,26 @@ def encode_prompts(
     tokenizer = pipe.tokenizer
     embeds = []
     with torch.no_grad():
-        for start in range(0, len(prompts), 16):
-            chunk = prompts[start : start + 16]
-            padded, _ = pipe.encode_prompt(
-                chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
-            )
-            lengths = tokenizer(
-                [prompt_clean(p) for p in chunk],
-                max_length=max_sequence_length,
-                truncation=True,
-                add_special_tokens=True,
-            ).input_ids
-            embeds += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+        for c, part_start in enumerate(starts):
+            if found[c] is not None:
+                embeds += found[c]
+                continue
+            part = []
+            for start in range(part_start, min(part_start + EMBED_CHUNK, len(prompts)), 16):
+                chunk = prompts[start : min(start + 16, part_start + EMBED_CHUNK)]
+                padded, _ = pipe.encode_prompt(
+                    chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+                )
+                lengths = tokenizer(
+                    [prompt_clean(p) for p in chunk],
+                    max_length=max_sequence_length,
+                    truncation=True,
+                    add_special_tokens=True,
+                ).input_ids
+                part += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+            _save_atomically({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
+                             parts / f"part_{c:06d}.pt")  # fmt: skip
+            embeds += part
         negative, _ = pipe.encode_prompt(
             negative_prompt, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
         )
@@ -157,7 +175,24 @@ def encode_prompts(
         torch.cuda.empty_cache()
     result = PromptEmbeddings(prompts, embeds, negative[0, :negative_len].cpu().clone(), max_sequence_length)
     _save_atomically(vars(result), cache)
+    shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
     return result
+
+
+EMBED_CHUNK = 1024  # prompts per resumable part file (18,000 prompts: 18 parts of ~15 s each)
+
+
+def _load_part(path: Path, prompts: list[str], max_len: int) -> list[torch.Tensor] | None:
+    """A part file's embeddings if it holds these prompts' 2-D rows of one width, else None."""
+    try:
+        found = torch.load(path, weights_only=True)
+        embeds = found["embeds"]
+        ok = found["prompts"] == prompts and len(embeds) == len(prompts)
+        ok = ok and all(isinstance(e, torch.Tensor) and e.dim() == 2 and 0 < len(e) <= max_len for e in embeds)
+        ok = ok and len({e.shape[-1] for e in embeds}) == 1
+    except Exception:  # missing, truncated, garbage, other keys: all mean "encode them again"
+        return None
+    return embeds if ok else None
 
 
 def _cached_embeddings(cache: Path, prompts: list[str], max_len: int) -> PromptEmbeddings | None:

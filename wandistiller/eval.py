@@ -46,10 +46,32 @@ def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int) -> list[s
     if prompts_path is not None:
         return read_prompts(prompts_path)[:limit]
     data = run.cfg.data
+    for key in ("prompts_path", "val_prompts_path"):
+        if data.get(key) is not None and not _readable_from_run(run, data[key]):
+            raise UserError(
+                f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder and "
+                "WanDistiller's shipped prompts, so eval does not read it; give --prompts FILE"
+            )
+    if data.get("latents") == "images":  # an image run holds out the last val_fraction of its own captions
+        from wandistiller.image_data import image_source
+
+        captions = read_prompts(data.val_prompts_path) if data.get("val_prompts_path") else image_source(data).captions
+        held_out = split_prompts(captions, None, data.get("val_fraction", 0.1)) if not data.get("val_prompts_path") \
+            else (None, captions)  # fmt: skip
+        return held_out[1][:limit]
     held_out = split_prompts(
         read_prompts(data.prompts_path), data.get("val_prompts_path"), data.get("val_fraction", 0.1)
     )
     return held_out[1][:limit]
+
+
+def _readable_from_run(run: RunFolder, path: str) -> bool:
+    """A saved prompts file eval may read without being told: inside the run folder, or a shipped asset.
+    Anything else is the sender's choice of file on this machine; the user names a file with --prompts."""
+    where = Path(str(path)).expanduser()
+    where = where.resolve()  # as read_prompts reads it: relative to the working directory
+    shipped = (Path(__file__).parent / "assets").resolve()
+    return where.is_relative_to(run.path.resolve()) or where.is_relative_to(shipped)
 
 
 def image_metrics(student_imgs: torch.Tensor, teacher_imgs: torch.Tensor) -> list[dict]:

@@ -27,7 +27,7 @@ from wandistiller.placements import Placement, Serving
 from wandistiller.precision import Precision
 from wandistiller.resumed import recorded_overrides
 from wandistiller.rundir import claim_run_dir, save_config
-from wandistiller.student import check_student
+from wandistiller.student import check_student, check_student_fits
 from wandistiller.teacher import inspect_teacher, resolve_teacher_path
 
 log = logging.getLogger("wandistiller")
@@ -63,7 +63,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         inspect_teacher(Path(str(cfg.teacher.path)).expanduser())
     placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
-    check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
+    student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
+    check_student_room(cfg, student, spec.transformer_config)
     check_data(cfg)
     if table is None:  # a Hub teacher: planned now that its config is here
         placement, table = choose_placement(cfg, precision, world)
@@ -192,7 +193,10 @@ def check_ranges(cfg: DictConfig) -> None:
     """Numbers with a meaning only in some range; each refusal says the range (`None` = the default)."""
     t, d, teacher = cfg.trainer, cfg.data, cfg.teacher
     checks = [
-        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: v > 0, "a positive integer"),
+        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: 0 < v <= 4096, "in [1, 4096]"),
+        ("data.latent_frames", d.latent_frames, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
+        ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
+        ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
         ("data.sample_steps", d.sample_steps, lambda v: v > 0, "a positive integer"),
         ("data.latents_per_prompt", d.latents_per_prompt, lambda v: v > 0, "a positive integer"),
@@ -219,6 +223,25 @@ def check_ranges(cfg: DictConfig) -> None:
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
             raise UserError(f"{key}={value} must be {what}")
+
+
+MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
+
+
+def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardware | None = None) -> None:
+    """The student fits this machine (weights estimated from its config), and its rope table covers the latent grid."""
+    hw = hw or Hardware.detect(cfg.hardware)
+    check_student_fits(student, teacher, hw.host_bytes, hw.gpu_bytes)
+    d, patch = cfg.data, list(student.get("patch_size") or (1, 2, 2))
+    for (key, size), p in zip((("latent_frames", d.latent_frames), ("latent_height", d.latent_height),
+                               ("latent_width", d.latent_width)), patch):  # fmt: skip
+        for who, config in (("student", student), ("teacher", teacher)):
+            rope = config.get("rope_max_seq_len", 1024)
+            if size // p > rope:
+                raise UserError(
+                    f"data.{key}={size} is {size // p} patches, more than the {who}'s rope_max_seq_len={rope}; "
+                    f"use data.{key}<={rope * p} (or a {who} with a larger rope_max_seq_len)"
+                )
 
 
 MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
@@ -275,6 +298,9 @@ def check_tracker(cfg: DictConfig) -> None:
     from hydra.utils import get_object
 
     tracker = get_object(cfg.logger._target_)
+    if hasattr(tracker, "project_problem") and (problem := tracker.project_problem(cfg.logger.get("project"))):
+        raise UserError(f"logger.project={cfg.logger.get('project')!r}: a wandb project name {problem}; use e.g. "
+                        "logger.project=wandistiller")  # fmt: skip
     problem = tracker.login_problem(cfg.logger.get("mode")) if hasattr(tracker, "login_problem") else None
     if problem:
         raise UserError(
@@ -343,6 +369,8 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     if found is None:
         return placement, None
     hw = Hardware.detect(cfg.hardware)
+    # the student's size and rope table from its JSON, before the planner builds a meta skeleton of it
+    check_student_room(cfg, check_student(cfg.student, found[0]), found[0], hw)
     w = plan.workload(cfg, *found, precision.teacher_dtype, plan.ranks_per_node(cfg, hw, world.nproc_per_node))
     estimates = plan.plan(w, hw, placement)
     best = plan.choose(estimates)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from wandistiller.arch import STUDENT_BUILDERS, wan_config_problem
+from wandistiller.arch import STUDENT_BUILDERS, estimate_params, wan_config_problem
 from wandistiller.errors import UserError
 from wandistiller.precision import cast_keeping_fp32
 from wandistiller.teacher import TeacherSpec, capture_last_block
@@ -74,6 +74,11 @@ def student_config(student_cfg, teacher: dict) -> dict:
                 f"{source}: {key}={mine} but the teacher has {key}={theirs}; "
                 f"set it to {theirs} (or drop it to inherit the teacher's)"
             )
+    if config.get("image_dim") != teacher.get("image_dim"):
+        raise UserError(
+            f"{source}: image_dim={config.get('image_dim')} but the teacher has image_dim={teacher.get('image_dim')} "
+            "(a text-to-image student takes no image input); drop image_dim"
+        )
     from diffusers import WanTransformer3DModel
 
     unknown = set(config) - set(WanTransformer3DModel.extract_init_dict(config)[0])
@@ -89,14 +94,38 @@ def _read_student_json(path: Path, source: str) -> dict:
     if not path.is_file():
         raise UserError(f"{source} does not exist; give a WanTransformer3DModel config.json")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{source} is {path.stat().st_size} bytes; a WanTransformer3DModel config.json is ~1 KB")
         body = json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{source} is not valid JSON ({e}); give a WanTransformer3DModel config.json") from None
+    except RecursionError:
+        raise UserError(
+            f"{source} is nested too deeply to read; use a flat WanTransformer3DModel config.json"
+        ) from None
     except OSError as e:
         raise UserError(f"{source} cannot be read ({e.strerror})") from None
     if not isinstance(body, dict):
         raise UserError(f"{source}: {wan_config_problem(body)}")
     return {k: v for k, v in body.items() if not k.startswith("_")}
+
+
+MAX_CONFIG_BYTES = 1 << 20
+# The keys that set a student's size, in the order a refusal names the largest (relative to the teacher's).
+SIZE_KEYS = ("num_layers", "ffn_dim", "num_attention_heads", "attention_head_dim", "text_dim", "freq_dim")
+
+
+def check_student_fits(config: dict, teacher: dict, host_bytes: int, gpu_bytes: tuple[int, ...]) -> None:
+    """Refuse a student whose float32 weights alone exceed host memory (it is built there) or the largest GPU:
+    estimated by arithmetic, so a typo (num_layers=3000000) fails now, not in an allocation minutes later."""
+    need = estimate_params(config) * 4
+    for where, capacity in (("host memory", host_bytes), ("GPU memory", max(gpu_bytes, default=None))):
+        if capacity is not None and need > capacity:
+            key = max(SIZE_KEYS, key=lambda k: config[k] / max(teacher.get(k) or 1, 1))
+            raise UserError(
+                f"student {key}={config[key]}: ~{need / 2**30:.1f} GiB of float32 weights, more than the "
+                f"{capacity / 2**30:.1f} GiB of {where} here; use a smaller {key} (or a smaller student)"
+            )
 
 
 def check_student(student_cfg, teacher: dict) -> dict:

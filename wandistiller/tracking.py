@@ -46,6 +46,17 @@ class WandbTracker(NullTracker):
         self.run = None
 
     @staticmethod
+    def project_problem(project: object) -> str | None:
+        """Why wandb would refuse this project name (at wandb.init, after the teacher loaded); None if it takes it."""
+        import wandb
+
+        try:
+            wandb.Settings(project=None if project is None else str(project))
+        except wandb.errors.UsageError:  # wandb's own rule: at most 128 characters, none of / \ # ? % :
+            return "may not contain / \\ # ? % : and is at most 128 characters"
+        return None
+
+    @staticmethod
     def login_problem(mode: str) -> str | None:
         """Why `mode=online` could not log in, checked before the run folder is claimed; None if it can.
 
