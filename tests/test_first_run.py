@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from wandistiller.errors import UserError
-from wandistiller.precision import Precision, cast_keeping_fp32
+from wandistiller.core.errors import UserError
+from wandistiller.core.precision import Precision, cast_keeping_fp32
 from wandistiller.train import run
 
 
@@ -90,8 +90,8 @@ def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(tmp_path):
 
 
 def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
-    from wandistiller.distributed import Topology
-    from wandistiller.preflight import prepare
+    from wandistiller.core.distributed import Topology
+    from wandistiller.job.preflight import prepare
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine runs gpu0")

@@ -9,9 +9,10 @@ import sys
 import pytest
 from conftest import ROOT, choose, workload
 
-from wandistiller import memory, plan
-from wandistiller.errors import UserError
-from wandistiller.memory import param_count, teacher_weight_bytes
+from wandistiller.core.errors import UserError
+from wandistiller.placements import memory
+from wandistiller.placements import planner as plan
+from wandistiller.placements.memory import param_count, teacher_weight_bytes
 
 FRAME = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
 HARDWARE = {
@@ -166,7 +167,7 @@ def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_h
 
 
 def test_parameter_counts_carry_units():
-    from wandistiller.errors import human_count
+    from wandistiller.core.errors import human_count
 
     assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
         "512", "41.9K", "213M", "1M", "1.3B"

@@ -11,14 +11,14 @@ import textwrap
 import pytest
 from conftest import ROOT
 
-from wandistiller.rundir import RunDirTaken, claim_run_dir
+from wandistiller.job.rundir import RunDirTaken, claim_run_dir
 from wandistiller.train import run
 
 HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from wandistiller.rundir import claim_run_dir
+    from wandistiller.job.rundir import claim_run_dir
     claim_run_dir(Path(sys.argv[1]), None)
     print("holding", flush=True)
     time.sleep(120)

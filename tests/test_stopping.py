@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 from conftest import ROOT, run_cli, spawn
 
-from wandistiller.checkpoint import list_checkpoints, load_checkpoint
-from wandistiller.stopping import Stop
+from wandistiller.job.stopping import Stop
+from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 
 
 @pytest.mark.slow  # two CLI starts: ~20 s
@@ -66,7 +66,7 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
 SIGNAL_TWICE = textwrap.dedent(
     """
     import os, signal, sys, time
-    from wandistiller.stopping import Stop
+    from wandistiller.job.stopping import Stop
     stop = Stop().install()
     signum = getattr(signal, sys.argv[1])
     os.kill(os.getpid(), signum)

@@ -19,11 +19,19 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.errors import exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.precision import to_dtype
-from wandistiller.runs import RunFolder, as_sampler, generate, load_student, load_teacher, open_run, student_source
-from wandistiller.validation import split_prompts
+from wandistiller.core.errors import exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.precision import to_dtype
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.state.runs import (
+    RunFolder,
+    as_sampler,
+    generate,
+    load_student,
+    load_teacher,
+    open_run,
+    student_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +71,8 @@ def evaluate(
     device: torch.device | None = None,
 ) -> dict:
     """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
-    from wandistiller.samples import save_grid
-    from wandistiller.vae import decode_latents, load_vae
+    from wandistiller.recipe.samples import save_grid
+    from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir)
     source = student_source(run, checkpoint)
@@ -137,7 +145,7 @@ def log_to_run(run_dir: Path, result: dict) -> None:
 
     from omegaconf import OmegaConf
 
-    from wandistiller.checkpoint import STATE_FILE, list_checkpoints
+    from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
 
     checkpoints = list_checkpoints(run_dir)
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
@@ -146,7 +154,7 @@ def log_to_run(run_dir: Path, result: dict) -> None:
     run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
     if not run_id:
         return
-    from wandistiller.tracking import WandbTracker
+    from wandistiller.tracking.loggers import WandbTracker
 
     tracker = WandbTracker(saved.logger.project, saved.logger.entity, str(saved.logger.mode))
     tracker.start(run_dir, {}, run_id)

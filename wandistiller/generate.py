@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from wandistiller.data import encode_prompts
-from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.files import folder_problem
-from wandistiller.precision import to_dtype
-from wandistiller.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.files import folder_problem
+from wandistiller.core.precision import to_dtype
+from wandistiller.data.prompts import encode_prompts
+from wandistiller.state.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
 
 
 def locate(path: str, checkpoint: str | None, teacher_path: str | None):
@@ -36,7 +36,7 @@ def locate(path: str, checkpoint: str | None, teacher_path: str | None):
 
 
 def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
-    from wandistiller.vae import decode_latents
+    from wandistiller.teacher.vae import decode_latents
 
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -49,7 +49,7 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
 
 
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
-    from wandistiller.vae import load_vae
+    from wandistiller.teacher.vae import load_vae
 
     run, source = locate(args.path, args.checkpoint, None)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
