@@ -158,6 +158,7 @@ print(rss() - base)
 """
 
 
+@pytest.mark.slow  # a calibration: host RAM measured in fresh processes
 def test_an_fp8_teacher_takes_about_half_the_host_ram_of_a_bf16_one(tmp_path):
     from diffusers import WanTransformer3DModel
 

@@ -101,6 +101,7 @@ def test_plan_cli_names_a_missing_hardware_key_in_one_line():
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
 
 
+@pytest.mark.slow  # several fresh-process CLI runs
 def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
     assert plan_cli("--help").returncode == 0
     result = plan_cli("teacher_placement=nowhere")

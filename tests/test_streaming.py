@@ -96,6 +96,7 @@ def _shared_offload_worker(teacher_path: str) -> dict:
     return {"same": same, "inodes": inodes, "left": sorted(p.name for p in SHM.glob("wandistiller-*"))}
 
 
+@pytest.mark.slow  # a 2-rank spawn measuring /dev/shm mappings
 def test_ranks_of_a_node_share_one_host_copy_of_an_offload_teacher(tiny_moe_path):
 
     before = set(SHM.glob("wandistiller-*"))

@@ -127,7 +127,10 @@ def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> d
     return {"rank": topo.rank, "checked": checked, "trains": roles.trains}
 
 
-@pytest.mark.parametrize("serving,nproc", [("node_owner", 2), ("dedicated_owner", 3)])
+@pytest.mark.parametrize(
+    "serving,nproc",
+    [("node_owner", 2), pytest.param("dedicated_owner", 3, marks=pytest.mark.slow)],  # 3 ranks: the slow lane
+)
 def test_served_targets_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir, serving, nproc):
     results = spawn(_served_targets_worker, nproc, str(tiny_moe_path), str(cache_dir), serving)
     trained = [r for r in results.values() if r["trains"]]
