@@ -101,3 +101,20 @@ def test_the_cli_has_help_and_no_traceback(tmp_path):
         [sys.executable, "-m", "wandistiller.generate", str(tmp_path), "--prompt", "x"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
+    folder = tmp_path / "pocket"
+    run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))
+    mean = eval_cli.evaluate(folder, steps=2, limit=4)["mean"]
+    for who in ("teacher", "student"):
+        assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_fid"] >= 0 and f"{who}_kid" in mean
+    # Prompts that are not the pocket's: no judge, so no pocket columns.
+    other = eval_cli.evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
+    assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]
+
+
+def _fox_prompts(tmp_path):
+    path = tmp_path / "fox.txt"
+    path.write_text("a fox in the snow\n")
+    return path

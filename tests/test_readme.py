@@ -26,6 +26,8 @@ NEEDS = [
     ("hf download", "network"),
     ("pip install", "network"),
     ("gpu_wheels.sh", "network"),  # downloads the wheels the GPU machine lacks
+    ("wandistiller.pocket.build", "long"),  # 20 min; its --quick build runs in test_pocket (slow lane)
+    ("wandistiller.quality", "long"),  # 12 min; its small scale runs in test_pocket (slow lane)
     ("hydra/launcher=slurm", "cluster"),
     ("mypkg.", "your package"),
     ("--device cuda", "gpu"),
@@ -143,8 +145,10 @@ def as_run_here(command: str, home: Path) -> str:
 def test_every_command_runs_as_written_or_names_what_it_needs_in_one_line(where, line, command, newcomer):
     home, env = newcomer
     kind = need(command)
-    if kind in ("make", "network"):
-        pytest.skip(f"{kind}: checked by the default lane (make -n) / needs the internet")
+    if kind in ("make", "network", "long"):
+        pytest.skip(
+            f"{kind}: checked by the default lane (make -n) / needs the internet / run at small scale elsewhere"
+        )
     done = subprocess.run(as_run_here(command, home), shell=True, cwd=home, env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     out = done.stdout + done.stderr

@@ -83,6 +83,8 @@ class TeacherConfig:
     guidance_scale_2: float | None = None
     negative_prompt: str = ""
     max_sequence_length: int = 512
+    # The prompts this teacher knows (the data options' default `data.prompts_path`); None = the shipped 70.
+    prompts_path: str | None = None
     # Shift of the flow schedule training timesteps are drawn from; None = the teacher scheduler's.
     flow_shift: float | None = None
     # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
@@ -275,6 +277,8 @@ def register_configs() -> None:
     register_schemas(store)
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
+    # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.
+    OmegaConf.register_new_resolver("wd_assets", lambda rel="": str(CONF_DIR.parent / "assets" / rel), replace=True)
 
 
 def compose_config(overrides: list[str]):

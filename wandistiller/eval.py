@@ -23,6 +23,7 @@ from wandistiller.core.errors import exit_on_user_error, internal_errors_reporte
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
+from wandistiller.quality.metrics import eval_quality
 from wandistiller.state.runs import (
     RunFolder,
     as_sampler,
@@ -69,6 +70,8 @@ def evaluate(
     limit: int = 8,
     dtype: str | None = None,
     device: torch.device | None = None,
+    clip_model: str | None = None,
+    fid_reference: str | None = None,
 ) -> dict:
     """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
     from wandistiller.recipe.samples import save_grid
@@ -97,6 +100,8 @@ def evaluate(
     ]
     mean = {k: statistics.fmean(r[k] for r in rows) for k in ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")}
     mean["speedup"] = mean["teacher_s"] / mean["student_s"]
+    # Quality as the field measures it (prompt accuracy, FID/KID on the pocket teacher; CLIP / Inception FID).
+    mean |= eval_quality(prompts, {"teacher": teacher_imgs, "student": student_imgs}, clip_model, fid_reference)
     result = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed, "mean": mean}
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
     stem = result_stem(source)
@@ -121,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps for both (default 20)")
     parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
+    parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
+    parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
     return parser.parse_args(argv)
 
 
@@ -128,12 +135,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with internal_errors_reported(), exit_on_user_error():
-        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype)
+        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype,
+                          clip_model=args.clip_model, fid_reference=args.fid_reference)  # fmt: skip
         m = result["mean"]
         print(
             f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
             f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
         )
+        quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_")) and not k.endswith("_s")}
+        if quality:
+            print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result)
 

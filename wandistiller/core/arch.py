@@ -47,6 +47,14 @@ TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, t
 # Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
 TINY_MOE_BOUNDARY_RATIO = 0.875
 
+# The pocket teacher (wandistiller/pocket): trained on 32x32 digit images; its VAE downsamples 4x (8x8 latents,
+# 16 tokens); twice the tiny teacher's width, so the default student (tiny) is a quarter of its blocks' size.
+POCKET_TRANSFORMER = TINY_TRANSFORMER | dict(num_attention_heads=4, ffn_dim=256)
+POCKET_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True],
+                  scale_factor_spatial=4)  # fmt: skip
+POCKET_TEXT_ENCODER = TINY_TEXT_ENCODER
+POCKET_MAX_SEQUENCE_LENGTH = 16  # its prompts are 7 tokens; trained at this padding (teacher.max_sequence_length)
+
 # Named students (student.builder); what must match the teacher is inherited from it.
 STUDENT_BUILDERS: dict[str, dict] = {
     # 2 blocks at the tiny teacher's width (so it can start from the teacher's blocks).

@@ -16,6 +16,9 @@ RENAMED: dict[str, str] = {
     "wandistiller.sweep.SweepReport": "wandistiller.tracking.sweep.SweepReport",
     "wandistiller.sweep.LauncherCheck": "wandistiller.tracking.sweep.LauncherCheck",
     "wandistiller.rundir.RunDirCheck": "wandistiller.job.rundir.RunDirCheck",
+    "wandistiller.losses.Distillation": "wandistiller.recipe.losses.Distillation",
+    "wandistiller.losses.Task": "wandistiller.recipe.losses.Task",
+    "wandistiller.losses.Blend": "wandistiller.recipe.losses.Blend",
 }
 
 

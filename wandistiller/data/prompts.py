@@ -170,9 +170,12 @@ class Batch:
     t: torch.Tensor  # [B] float timesteps in [0, num_train_timesteps)
     cond: torch.Tensor  # [B, L, D]
     uncond: torch.Tensor  # [B, L, D]
+    # What x_t was mixed from, for losses that need it (wandistiller.recipe.losses: "x0"); None: not kept.
+    x0: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(v.to(device, non_blocking=True) for v in vars(self).values()))
+        return Batch(*(v if v is None else v.to(device, non_blocking=True) for v in vars(self).values()))
 
 
 def shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
@@ -193,6 +196,7 @@ def make_batch(
     embeddings: PromptEmbeddings,
     latent_bank=None,
     device: torch.device | None = None,
+    keep_x0: bool = False,
 ) -> Batch:
     """One micro-batch, a pure function of its arguments, on `device` (None: the CPU).
 
@@ -218,6 +222,8 @@ def make_batch(
         t=moved(sigma * num_train_timesteps),
         cond=embeddings.padded(prompt_idx, device),
         uncond=embeddings.negative_batch(batch_size, device),
+        x0=moved(x0) if keep_x0 else None,
+        noise=moved(noise) if keep_x0 else None,
     )
 
 
@@ -230,10 +236,12 @@ def batch_source(
     embeddings: PromptEmbeddings,
     latent_bank=None,
     device: torch.device | None = None,
+    keep_x0: bool = False,
 ):
     """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call.
 
-    With `device` the batches are built there (the same values as on the CPU); None: on the CPU.
+    With `device` the batches are built there (the same values as on the CPU); None: on the CPU. `keep_x0`:
+    the batches carry x0 and the noise too (a loss that needs them: wandistiller.recipe.losses).
     """
     if latent_bank is not None and latent_bank.latent_shape != tuple(latent_shape):
         raise ValueError(f"latent bank holds {latent_bank.latent_shape} latents, the run trains on {latent_shape}")
@@ -251,6 +259,7 @@ def batch_source(
             embeddings=embeddings,
             latent_bank=latent_bank,
             device=device,
+            keep_x0=keep_x0,
         )
 
     return batch

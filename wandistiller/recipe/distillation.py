@@ -27,6 +27,7 @@ from wandistiller.job.preflight import Prepared
 from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.recipe import outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
+from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.monitor import ProgressLog
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
@@ -81,7 +82,7 @@ class DistillationRecipe:
             precision=self.precision,
             device=self.device,
             run_dir=self.run_dir,
-            loss_fn=instantiate(self.cfg.trainer.loss),
+            loss_fn=self.loss_fn,
             dp_rank=self.roles.dp_rank,
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
@@ -138,7 +139,14 @@ class DistillationRecipe:
         shape = self.latent_shape()
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings,
-                            latent_bank=self.latent_bank, device=self.device)  # fmt: skip
+                            latent_bank=self.latent_bank, device=self.device,
+                            keep_x0="x0" in self.loss_fn.needs)  # fmt: skip
+
+    @functools.cached_property
+    def loss_fn(self):
+        """`trainer.loss` (wandistiller.recipe.losses), built once: the loop calls it, the batches carry
+        what it needs."""
+        return as_loss(instantiate(self.cfg.trainer.loss), self.cfg.student.hidden_kd_weight)
 
     def latent_shape(self) -> tuple[int, int, int, int]:
         d = self.cfg.data

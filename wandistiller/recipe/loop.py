@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from wandistiller.core.precision import Precision
 from wandistiller.data.prompts import Batch
 from wandistiller.job.stopping import install as catch_stop_signals
+from wandistiller.recipe.losses import LossInputs, as_loss, logged, total
 from wandistiller.state.checkpoint import save_checkpoint
 
 
@@ -36,7 +37,7 @@ class Run:
     precision: Precision
     device: torch.device
     run_dir: Path
-    # (pred, target, student_hidden, teacher_hidden) -> (loss, velocity part, hidden part): `trainer.loss`.
+    # `trainer.loss` through losses.as_loss: LossInputs -> named parts, with `needs` (None: distillation).
     loss_fn: Callable = None
     dp_rank: int = 0
     is_main: bool = True
@@ -51,24 +52,28 @@ class Run:
 
 
 def distill_step(run: Run, step: int, micro: int, batch: Batch, kd_weight: float, clock: Clock | None = None):
-    """Teacher targets, student prediction, loss parts: (loss, velocity loss, hidden loss, teacher span).
+    """Teacher targets, student prediction, loss parts: (loss, logged parts, teacher span).
 
-    The teacher span is a pair of `clock` marks around the targets, read only when the loop logs.
+    The teacher span is a pair of `clock` marks around the targets, read only when the loop logs. A loss
+    that does not need the teacher skips it where nothing on another rank waits for the call.
     """
     clock = clock or Clock(run.device)
+    loss_fn = run.loss_fn if run.loss_fn is not None else as_loss(None, kd_weight)
     start = clock.mark()
-    target, teacher_hidden = run.targets.get(step, micro, batch, kd_weight > 0)
-    target = target.to(run.device, non_blocking=True)
+    target = teacher_hidden = None
+    if "teacher" in loss_fn.needs or not run.targets.skippable:
+        target, teacher_hidden = run.targets.get(step, micro, batch, kd_weight > 0)
+        target = target.to(run.device, non_blocking=True)
     teacher_span = (start, clock.mark())
     dtype = run.precision.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
         pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond)
-    loss, velocity_loss, hidden_loss = (run.loss_fn or distillation_loss)(pred, target, student_hidden, teacher_hidden)
-    return loss, velocity_loss.detach(), hidden_loss.detach(), teacher_span
+    parts = loss_fn(LossInputs(pred, student_hidden, target, teacher_hidden, batch.x0, batch.noise, batch.t))
+    return total(parts), logged(parts), teacher_span
 
 
 def distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
-    """Velocity MSE, plus hidden-state MSE through the student's projection: (loss, velocity, hidden)."""
+    """The old-shape loss, kept for users who wrap it: (loss, velocity, hidden) (see losses.Distillation)."""
     velocity_loss = F.mse_loss(pred.float(), target)
     hidden_loss = torch.zeros((), device=pred.device)
     if hidden_kd_weight > 0:
@@ -86,16 +91,17 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
     for step in range(start_step, last):
         if step == fail_step:
             _fail(step)
-        step_start, spans, sums = clock.mark(), [], torch.zeros(3, device=run.device)
+        step_start, spans, sums = clock.mark(), [], {}
         _reset_peak_memory()
         for micro in range(accum):
             batch = run.batch_fn(step, micro, run.dp_rank).to(run.device)
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == accum - 1 or not hasattr(run.model, "no_sync")
             with contextlib.nullcontext() if sync else run.model.no_sync():
-                loss, velocity_loss, hidden_loss, span = distill_step(run, step, micro, batch, kd_weight, clock)
+                loss, parts, span = distill_step(run, step, micro, batch, kd_weight, clock)
                 run.scaler.scale(loss / accum).backward()
-            sums += torch.stack([loss.detach(), velocity_loss, hidden_loss]) / accum
+            for name, value in parts.items():  # averaged over micro-batches, still on the device
+                sums[name] = sums.get(name, 0) + value.float() / accum
             spans.append(span)
             del batch, loss  # free activations' owners before the next micro-batch
         run.scaler.unscale_(run.optimizer)
@@ -159,7 +165,7 @@ class _Pending:
     """One finished step whose numbers are still on the device (losses, norm) or the timeline (marks)."""
 
     step: int
-    sums: torch.Tensor  # [loss, velocity loss, hidden loss], averaged over micro-batches
+    sums: dict[str, torch.Tensor]  # loss and loss_<part>, averaged over micro-batches
     grad_norm: torch.Tensor
     span: tuple
     teacher_spans: list
@@ -171,29 +177,33 @@ class _Pending:
 def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, group) -> list[dict]:
     """The metrics of the steps in `pending`: one synchronize, one small all-reduce, one copy to the host."""
     clock.wait()
-    device = pending[0].sums.device
+    names = list(pending[0].sums)  # the same parts every step, in the same order, on every rank
+    device = pending[0].sums[names[0]].device
     times = [[sum(clock.ms(*s) for s in p.teacher_spans), clock.ms(*p.span)] for p in pending]
+    sums = torch.stack([torch.stack([p.sums[n] for n in names]) for p in pending])
     # Loss parts and timings averaged over the training ranks.
-    stats = torch.cat([torch.stack([p.sums for p in pending]), torch.tensor(times, device=device)], dim=1)
+    stats = torch.cat([sums, torch.tensor(times, device=device)], dim=1)
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(stats, group=group)
         stats /= dist.get_world_size(group)
     norms = torch.stack([p.grad_norm.detach().to(device, torch.float32) for p in pending]).view(-1, 1)
     rows = torch.cat([stats, norms], dim=1).tolist()
     entries = []
-    for p, (loss, velocity_loss, hidden_loss, teacher_ms, step_ms, grad_norm) in zip(pending, rows):
-        entry = {
-            "step": p.step,
-            "loss": loss,
-            "loss_velocity": velocity_loss,
-            "loss_hidden": hidden_loss,
-            "grad_norm": grad_norm,
-            "lr": p.lr,
-            "samples_per_s": samples_per_step / (step_ms / 1e3),
-            "step_ms": step_ms,
-            "teacher_ms": teacher_ms,
-            "student_ms": step_ms - teacher_ms,
-        } | p.memory
+    for p, row in zip(pending, rows):
+        *losses, teacher_ms, step_ms, grad_norm = row
+        entry = (
+            {"step": p.step}
+            | dict(zip(names, losses))
+            | {
+                "grad_norm": grad_norm,
+                "lr": p.lr,
+                "samples_per_s": samples_per_step / (step_ms / 1e3),
+                "step_ms": step_ms,
+                "teacher_ms": teacher_ms,
+                "student_ms": step_ms - teacher_ms,
+            }
+            | p.memory
+        )
         if p.copy_ms is not None:  # streamed teachers: time spent copying weights (overlapped with compute)
             entry["copy_ms"] = p.copy_ms
         entries.append(entry)

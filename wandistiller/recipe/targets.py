@@ -33,6 +33,8 @@ def hidden_shape(teacher_config: dict, batch: Batch) -> tuple[int, int, int]:
 class LocalTargets:
     """This rank holds a teacher and computes its own targets."""
 
+    skippable = True  # a step whose loss needs no teacher may skip `get`: no other rank waits for it
+
     def __init__(self, teacher: Teacher):
         self.teacher = teacher
 
@@ -76,6 +78,8 @@ class WholeStepTargets(LocalTargets):
 class OwnerTargets(LocalTargets):
     """An owner that also trains: serves its node's other ranks, then computes its own targets."""
 
+    skippable = False  # the served ranks wait for their targets every micro-batch
+
     def __init__(self, teacher: Teacher, served: list[Served], batch_fn: BatchFn, transfer: torch.device):
         super().__init__(teacher)
         self.served, self.batch_fn, self.transfer = served, batch_fn, transfer
@@ -96,6 +100,8 @@ class OwnerTargets(LocalTargets):
 
 class RemoteTargets:
     """A rank without a teacher: receives its targets from its owner."""
+
+    skippable = False  # the owner sends them whatever the loss: receive (and drop) them
 
     def __init__(self, owner: int, teacher_config: dict, transfer: torch.device):
         self.owner, self.teacher_config, self.transfer = owner, teacher_config, transfer

@@ -1,0 +1,14 @@
+"""The pocket teacher: a small Wan text-to-image model trained here on real images that ship in the package.
+
+`teacher=pocket` (one transformer) and `teacher=pocket_moe` (two experts at Wan 2.2's boundary) are complete
+diffusers Wan folders under `wandistiller/assets/pocket/`, loaded through the same `from_pretrained` path as a
+downloaded Wan model. `python -m wandistiller.pocket.build` rebuilds them (and the judge classifier and the
+training images) from the shipped digits, reproducibly.
+"""
+
+from pathlib import Path
+
+POCKET_DIR = Path(__file__).resolve().parents[1] / "assets" / "pocket"
+TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v"
+MOE_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-moe"
+TRAIN_IMAGES_DIR = POCKET_DIR / "digits_train"  # a `datasets` folder (save_to_disk): image, text

@@ -1,0 +1,132 @@
+"""`python -m wandistiller.quality [--small] [--seeds 0 1 2] [--steps N] [--out docs/QUALITY.md]`.
+
+Trains the comparison's students on the pocket teacher, prints the table (mean ± spread over seeds) and
+writes it, with the command and the machine, to `--out`. `--small` is the CI-sized run (2 steps, 6 prompts,
+1 seed) that checks the whole path in a minute; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from wandistiller.quality.compare import COLUMNS, Settings, compare
+
+FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "latent_mse": "{:.4f}",
+           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}"}  # fmt: skip
+
+
+def cell(values: list[float], key: str) -> str:
+    fmt = FORMATS[key]
+    if len(values) < 2 or key == "params":
+        return fmt.format(statistics.fmean(values))
+    return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.pstdev(values)).rstrip('%')}"
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    """Markdown: one row per setting, each column the mean (± population std) over seeds."""
+    keys = COLUMNS + ["train_s"]
+    lines = ["| | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for name, runs in results.items():
+        cells = [cell([r[k] for r in runs], k) if k in runs[0] else "" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, list[dict]]) -> list[str]:
+    """Issue 17's targets, each met or missed, from the means."""
+    mean = {row: {k: statistics.fmean(r[k] for r in runs) for k in ("prompt_accuracy", "fid")}
+            for row, runs in results.items()}  # fmt: skip
+    teacher, rows = mean.pop("teacher"), list(mean)
+    gaussian, latents, images, task = (mean[r] for r in rows[:4])
+    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    lines = [f"- teacher's guided samples >= 90% prompt accuracy: {teacher['prompt_accuracy']:.1%}, "
+             f"{mark(teacher['prompt_accuracy'] >= 0.9)}"]  # fmt: skip
+    for row in rows[:3]:
+        ratio = mean[row]["prompt_accuracy"] / max(teacher["prompt_accuracy"], 1e-9)
+        fid = mean[row]["fid"] / teacher["fid"]
+        lines.append(f"- {row}: {ratio:.0%} of the teacher's accuracy (target >= 85%), FID {fid:.2f}x the "
+                     f"teacher's (target <= 1.5x): {mark(ratio >= 0.85 and fid <= 1.5)}")  # fmt: skip
+    beats = images["prompt_accuracy"] > task["prompt_accuracy"] and images["fid"] < task["fid"]
+    lines.append(f"- distilling (images) beats no teacher at the same steps: {mark(beats)}")
+    better = latents["prompt_accuracy"] > gaussian["prompt_accuracy"] and latents["fid"] < gaussian["fid"]
+    lines.append(f"- teacher latents beat Gaussian x0 on accuracy and FID: {mark(better)}")
+    return lines
+
+
+def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    cores = os.cpu_count()
+    return (
+        "# Student quality on the pocket teacher\n\n"
+        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()} CPU, {cores} cores, torch threads 1; {seconds / 60:.1f} min in all). "
+        f"Every student: `student=tiny`, {settings.max_steps} steps of batch {settings.batch_size}; samples: "
+        f"{settings.sample_steps} UniPC steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} "
+        f"prompts per seed, the same noise for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
+        "prompt_accuracy: digit, colour and side all as asked (the judge classifier); fid / kid: the judge's "
+        "features against the held-out real digits; latent_mse: against the teacher's sample from the same "
+        "noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
+        + table(results)
+        + "\n\nTargets (issue 17), from the means above:\n\n"
+        + "\n".join(targets(results))
+        + "\n"
+    )
+
+
+def _prompts(settings: Settings) -> list[str]:
+    from wandistiller.quality.compare import _prompt_set
+
+    return _prompt_set(settings)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
+    parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
+    parser.add_argument("--steps", type=int, help="training steps of every student (default 300)")
+    parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
+    parser.add_argument("--out", type=Path, default=Path("docs/QUALITY.md"), help="where the report goes")
+    parser.add_argument("--work", type=Path, help="run folders and caches (default: a temporary folder)")
+    return parser.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    small = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6,
+                 extra=("data.sample_steps=2",)) if args.small else {}  # fmt: skip
+    settings = Settings(teacher=args.teacher, **small)
+    if args.seeds:
+        settings.seeds = tuple(args.seeds)
+    if args.steps:
+        settings.max_steps = args.steps
+    return settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    from wandistiller.core.errors import exit_on_user_error
+
+    argv = sys.argv[1:] if argv is None else argv
+    args, start = parse_args(argv), time.perf_counter()
+    settings = settings_from(args)
+    work = args.work or Path(tempfile.mkdtemp(prefix="wandistiller-quality-"))
+    try:
+        with exit_on_user_error():
+            results = compare(settings, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    text = report(results, settings, argv, time.perf_counter() - start)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(table(results))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

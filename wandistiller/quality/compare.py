@@ -1,0 +1,122 @@
+"""`python -m wandistiller.quality`: what distilling buys, measured like the field, on the pocket teacher.
+
+Rows: the teacher; students distilled with Gaussian x0, with teacher latents and with the images; the same
+student trained without the teacher (task loss on the images); the blend of both. Columns: prompt
+accuracy, FID and KID (the judge's features, against held-out real digits), latent MSE against the
+teacher's sample from the same noise, parameters and seconds per image. Each row is a mean over seeds
+(± the spread); every student trains through `wandistiller.train` with the same steps and batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# (row, overrides): the same student, steps and batch; only where x0 comes from and the loss change.
+ROWS = [
+    ("distilled, Gaussian x0", ["data=static_prompts", "loss=distillation"]),
+    ("distilled, teacher latents", ["data=teacher_latents", "data.latents_per_prompt=4", "loss=distillation"]),
+    ("distilled, images", ["data=pocket_digits", "loss=distillation"]),
+    ("no teacher (task loss, images)", ["data=pocket_digits", "loss=task"]),
+    ("blend 0.5 task + 0.5 KD, images", ["data=pocket_digits", "loss=blend", "trainer.loss.alpha=0.5"]),
+]
+COLUMNS = ["prompt_accuracy", "fid", "kid", "latent_mse", "params", "s_per_image"]
+
+
+@dataclass
+class Settings:
+    teacher: str = "pocket"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    max_steps: int = 300
+    batch_size: int = 16
+    sample_steps: int = 20
+    per_prompt: int = 2  # images per prompt and seed (60 prompts)
+    prompts: int | None = None  # the first N pocket prompts only (the small mode)
+    extra: tuple[str, ...] = ()  # more overrides for every student run
+
+
+def _prompt_set(settings: Settings) -> list[str]:
+    from wandistiller.pocket.digits import PROMPTS
+
+    return PROMPTS[: settings.prompts] if settings.prompts else PROMPTS
+
+
+def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
+    """One student through the framework's own entry point (`wandistiller.train.run`)."""
+    from wandistiller.config import compose_config
+    from wandistiller.train import run
+
+    cfg = compose_config([
+        f"teacher={settings.teacher}", f"seed={seed}", f"trainer.max_steps={settings.max_steps}",
+        f"trainer.batch_size={settings.batch_size}", "trainer.val_every=0", "trainer.eval_at_end=false",
+        "trainer.progress_bar=false", "trainer.sample_every=0", f"trainer.checkpoint_every={settings.max_steps}",
+        "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}", *overrides, *settings.extra,
+    ])  # fmt: skip
+    return run(cfg)
+
+
+def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
+    """Latents, images and seconds per image of the teacher (source None) or the run's student, for every
+    prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row)."""
+    from wandistiller.data.prompts import encode_prompts
+    from wandistiller.state.runs import as_sampler, generate, load_student, load_teacher, open_run
+    from wandistiller.teacher.vae import decode_latents, load_vae
+
+    run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
+    t = run.cfg.teacher
+    emb = encode_prompts(run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device,
+                         run.cfg.paths.cache_dir)  # fmt: skip
+    if source is None:
+        sampler, params = load_teacher(run, device, torch.float32), None
+        params = sum(p.numel() for e in sampler.experts for p in e.parameters())
+    else:
+        transformer = load_student(run, run_dir / source, device)
+        sampler, params = as_sampler(run.spec, transformer, device), sum(p.numel() for p in transformer.parameters())
+    latents, seconds = [], []
+    for k in range(settings.per_prompt):
+        lat, sec = generate(sampler, emb, list(range(len(prompts))), seed * 1000 + k, settings.sample_steps,
+                            run.latent_shape)  # fmt: skip
+        latents.append(lat)
+        seconds += sec
+    latents = torch.cat(latents)
+    images = decode_latents(load_vae(run.spec, device), latents)
+    return {"latents": latents, "images": images, "prompts": prompts * settings.per_prompt, "params": params,
+            "s_per_image": statistics.fmean(seconds)}  # fmt: skip
+
+
+def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
+    from wandistiller.quality.metrics import pocket_scores
+
+    scores = pocket_scores(made["images"], made["prompts"], judge, reference)
+    mse = float(((made["latents"] - teacher_latents) ** 2).mean())
+    return {k: scores[k] for k in ("prompt_accuracy", "fid", "kid")} | {
+        "latent_mse": mse, "params": made["params"], "s_per_image": made["s_per_image"]
+    }  # fmt: skip
+
+
+def compare(settings: Settings, work: Path, log=print) -> dict[str, list[dict]]:
+    """{row: [scores per seed]}: trains every student row for every seed and scores it beside the teacher."""
+    from wandistiller.pocket.classifier import load_classifier
+    from wandistiller.quality.metrics import heldout_reference
+
+    judge, reference = load_classifier(), heldout_reference()
+    cache = work / "cache"
+    results: dict[str, list[dict]] = {"teacher": []} | {name: [] for name, _ in ROWS}
+    for seed in settings.seeds:
+        teacher = None
+        for name, overrides in ROWS:
+            start = time.perf_counter()
+            run_dir = work / f"seed{seed}" / name.split(",")[0].split()[0] / str(ROWS.index((name, overrides)))
+            summary = train_student(settings, overrides, seed, run_dir, cache)
+            if teacher is None:  # the teacher's samples once per seed, from the first run folder
+                teacher = sample(run_dir, None, settings, seed)
+                results["teacher"].append(score(teacher, teacher["latents"], judge, reference))
+            row = score(sample(run_dir, "student", settings, seed), teacher["latents"], judge, reference)
+            row["train_s"] = summary.get("wall_s", time.perf_counter() - start)
+            results[name].append(row)
+            log(f"seed {seed} {name}: " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
+    return results

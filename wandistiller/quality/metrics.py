@@ -1,0 +1,136 @@
+"""Quality the way the field measures it: prompt adherence and distance to real images.
+
+- Pocket teacher (offline, the default here): the shipped judge classifier reads digit, colour and
+  position off each image; prompt accuracy is the fraction with all three as asked (the stand-in for CLIP
+  score). FID and KID (torchmetrics) compare the judge's 64-wide features of the samples with those of the
+  held-out real digits (the stand-in for Inception features): no download, no torch-fidelity.
+- A real Wan teacher: CLIP score (torchmetrics, a CLIP model id or folder) and Inception FID against a
+  folder of reference images. Where the weights cannot be had, one line names the option.
+Images are [N, 3, H, W] floats in [0, 1] throughout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from wandistiller.core.errors import UserError
+
+KID_SUBSET = 50  # KID's subset size: at most the smaller image count (torchmetrics' default 1000 is for 50k)
+
+
+def prompt_accuracy(predicted: torch.Tensor, wanted: torch.Tensor) -> dict[str, float]:
+    """[N, K] predicted and wanted attributes -> the fraction with all K right ("prompt_accuracy") and each."""
+    right = predicted == wanted
+    names = ("digit", "colour", "position")[: wanted.shape[1]]
+    return {"prompt_accuracy": float(right.all(1).float().mean())} | {
+        f"{name}_accuracy": float(right[:, k].float().mean()) for k, name in enumerate(names)
+    }
+
+
+def fid_kid(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module) -> dict[str, float]:
+    """FID and KID (mean) between two image sets through `feature` (an nn.Module returning [N, D])."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.kid import KernelInceptionDistance
+
+    subset = min(KID_SUBSET, len(real), len(fake))
+    fid = FrechetInceptionDistance(feature=feature, normalize=True)
+    kid = KernelInceptionDistance(feature=feature, normalize=True, subset_size=subset)
+    for metric in (fid, kid):
+        metric.update(real.float(), real=True)
+        metric.update(fake.float(), real=False)
+    torch.manual_seed(0)  # KID draws its subsets at random: the same draws every call
+    return {"fid": float(fid.compute()), "kid": float(kid.compute()[0])}
+
+
+def heldout_reference(copies: int = 1) -> torch.Tensor:
+    """The held-out real digits, rendered with fixed colours and positions: what FID/KID compare against."""
+    from wandistiller.pocket.digits import rendered_split
+
+    return rendered_split("heldout", copies=copies, seed=7)[0]
+
+
+def pocket_scores(images: torch.Tensor, prompts: list[str], judge: nn.Module | None = None, reference=None) -> dict:
+    """Prompt accuracy, and FID/KID to the held-out digits, of images made for pocket prompts; {} when a
+    prompt is not one (another teacher's run)."""
+    from wandistiller.pocket.classifier import load_classifier
+    from wandistiller.pocket.digits import parse_prompt
+
+    wanted = [parse_prompt(p) for p in prompts]
+    if not prompts or any(w is None for w in wanted):
+        return {}
+    judge = judge or load_classifier()
+    wanted_t = torch.tensor([[w.digit, w.colour, w.position] for w in wanted])
+    scores = prompt_accuracy(judge.predict(images.float()), wanted_t)
+    reference = heldout_reference() if reference is None else reference
+    return scores | fid_kid(reference, images, judge)
+
+
+def clip_score(images: torch.Tensor, prompts: list[str], model: str) -> float:
+    """torchmetrics' CLIP score (0-100) with `model` (a Hub id or a local folder)."""
+    from torchmetrics.multimodal.clip_score import CLIPScore
+
+    try:
+        metric = CLIPScore(model_name_or_path=model)
+    except Exception as e:  # offline, unknown id, a folder that is not CLIP: all "cannot have it"
+        raise UserError(
+            f"--clip-model={model!r} cannot be loaded ({type(e).__name__}); give a local CLIP folder "
+            "(hf download openai/clip-vit-base-patch16 --local-dir DIR) or leave --clip-model out"
+        ) from None
+    metric.update((images.clamp(0, 1) * 255).to(torch.uint8), prompts)
+    return float(metric.compute())
+
+
+def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
+    """FID with the standard Inception-v3 features against the images of a folder (torch-fidelity weights)."""
+    from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
+
+    key = f"--fid-reference={reference_dir!r}"
+    reference = _folder_images(Path(reference_dir).expanduser(), key)
+    if not _TORCH_FIDELITY_AVAILABLE:
+        raise UserError(f"{key}: Inception FID needs torch-fidelity (pip install torch-fidelity, online once for "
+                        "its weights); or leave --fid-reference out")  # fmt: skip
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    try:
+        fid = FrechetInceptionDistance(feature=2048, normalize=True)
+    except Exception as e:  # the Inception weights could not be downloaded
+        raise UserError(f"{key}: the Inception weights cannot be had ({type(e).__name__}); run once online "
+                        "or leave --fid-reference out") from None  # fmt: skip
+    fid.update(reference, real=True)
+    fid.update(images.float().clamp(0, 1), real=False)
+    return float(fid.compute())
+
+
+def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
+    import numpy as np
+    from PIL import Image
+
+    files = sorted(p for p in folder.glob("*") if p.suffix.lower() in {".png", ".jpg", ".jpeg", ".webp"})
+    if not folder.is_dir() or len(files) < 2:
+        raise UserError(f"{key} holds fewer than 2 images (.png/.jpg/.webp); give a folder of reference images")
+    rows = [np.asarray(Image.open(f).convert("RGB").resize((size, size)), dtype=np.float32) / 255 for f in files]
+    return torch.from_numpy(np.stack(rows)).permute(0, 3, 1, 2)
+
+
+def eval_quality(prompts: list[str], images: dict[str, torch.Tensor], clip_model: str | None = None,
+                 fid_reference: str | None = None) -> dict[str, float]:  # fmt: skip
+    """`eval`'s quality columns for each of {"teacher": images, "student": images}: `<who>_prompt_accuracy`,
+    `<who>_fid`, `<who>_kid` where the prompts are the pocket's, and the real-Wan options when asked."""
+    from wandistiller.pocket.classifier import load_classifier
+    from wandistiller.pocket.digits import parse_prompt
+
+    pocket = bool(prompts) and all(parse_prompt(p) is not None for p in prompts)
+    judge, reference = (load_classifier(), heldout_reference()) if pocket else (None, None)
+    out = {}
+    for who, imgs in images.items():
+        if pocket:
+            scores = pocket_scores(imgs, prompts, judge, reference)
+            out |= {f"{who}_{k}": scores[k] for k in ("prompt_accuracy", "fid", "kid")}
+        if clip_model is not None:
+            out[f"{who}_clip_score"] = clip_score(imgs, prompts, clip_model)
+        if fid_reference is not None:
+            out[f"{who}_inception_fid"] = inception_fid(imgs, fid_reference)
+    return out
