@@ -29,6 +29,12 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(autouse=True)
+def local_cache(cache_dir, monkeypatch):
+    """This machine's cache (what a received run folder uses in place of its sender's) is the session's."""
+    monkeypatch.setenv("WANDISTILLER_CACHE", str(cache_dir))
+
+
 @pytest.fixture(scope="session")
 def tiny_path(cache_dir) -> Path:
     from wandistiller.teacher.tiny import ensure_tiny_teacher

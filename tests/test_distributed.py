@@ -289,3 +289,48 @@ def test_sharded_with_one_process_is_refused(make_cfg, tmp_path):
 
     with pytest.raises(UserError, match="teacher_placement=sharded .* distributed.nproc_per_node"):
         run(make_cfg("teacher_placement=sharded", run_dir=tmp_path / "r"))
+
+
+def _listening(pids: set[int]) -> set[str]:
+    """The addresses (hex, as /proc/net shows them) that these processes' TCP sockets listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:  # 0A: LISTEN
+                found.add(parts[1].rsplit(":", 1)[0])
+    return found
+
+
+def _listening_worker() -> list:
+    from wandistiller.core.distributed import destroy_process_group, init_process_group
+
+    init_process_group(Topology.from_env(), 1.0)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    addresses = _listening({os.getpid(), os.getppid()})
+    dist.barrier()
+    destroy_process_group()
+    return [t.item(), sorted(addresses)]
+
+
+def test_a_single_node_launch_listens_on_the_loopback_only():
+    """The rendezvous, the workers' store and gloo: nothing a single-node run opens is reachable from
+    another machine (torch's own stores bind every interface whatever host they are given)."""
+    from wandistiller.core.distributed import launch
+
+    cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
+    results = launch(_listening_worker, (), cfg)
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+    assert [r[0] for r in results] == [2.0, 2.0]
+    assert all(r[1] and set(r[1]) <= loopback for r in results), results
+    assert "WANDISTILLER_LOOPBACK_STORE" not in os.environ  # the environment is restored

@@ -117,3 +117,97 @@ def test_bad_image_data_is_one_line_naming_the_key(tiny_path, tmp_path, make, da
     with pytest.raises(UserError, match=message) as e:
         load(inspect_teacher(tiny_path), make(tmp_path, damage), tmp_path / "cache")
     assert "\n" not in str(e.value)
+
+
+def saved_dataset(tmp_path, columns=None, features=None, dict_=True):
+    columns = columns or {"image": images(), "caption": CAPTIONS}
+    features = features or datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict(columns, features=features)
+    (datasets.DatasetDict({"train": ds}) if dict_ else ds).save_to_disk(str(tmp_path / "ds"))
+    return tmp_path / "ds"
+
+
+@pytest.mark.parametrize("name", ["../outside.arrow", "/etc/passwd", "sub/../../x.arrow"])
+def test_a_dataset_naming_files_outside_its_folder_is_refused_before_reading(tiny_path, tmp_path, name):
+    folder = saved_dataset(tmp_path, dict_=False)
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": name}]
+    (folder / "state.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match=r"state.json names .* not a file of its own folder") as e:
+        load(inspect_teacher(tiny_path), data_cfg(dataset=str(folder)), tmp_path / "cache")
+    assert "\n" not in str(e.value)
+
+
+def damage_dataset(tmp_path, damage):
+    if damage == "none_caption":
+        return saved_dataset(tmp_path, {"image": images(), "caption": [CAPTIONS[0], None, CAPTIONS[2]]})
+    if damage == "image_strings":
+        features = datasets.Features({"image": datasets.Value("string"), "caption": datasets.Value("string")})
+        return saved_dataset(tmp_path, {"image": ["a.png"] * 3, "caption": CAPTIONS}, features)
+    if damage == "empty":
+        return saved_dataset(tmp_path, {"image": [], "caption": []}, dict_=False)
+    if damage == "number_text":
+        features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("int64")})
+        return saved_dataset(tmp_path, {"image": images(), "caption": [1, 2, 3]}, features)
+    folder = saved_dataset(tmp_path)
+    if damage == "no_splits":
+        (folder / "dataset_dict.json").write_text('{"splits": []}')
+    elif damage == "garbage_json":
+        (folder / "train" / "state.json").write_text("{not json")
+    elif damage == "truncated_arrow":
+        arrow = next((folder / "train").glob("*.arrow"))
+        arrow.write_bytes(arrow.read_bytes()[:100])
+    return folder
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("none_caption", "some rows have an empty caption"),
+        ("image_strings", "has no image column"),
+        ("number_text", "has no text column"),
+        ("no_splits", "a dataset dict with no splits"),
+        ("garbage_json", "train/state.json is not valid JSON"),
+        ("truncated_arrow", "cannot be read as a datasets folder"),
+        ("empty", "state.json lists no data files"),
+    ],
+)
+def test_a_damaged_dataset_is_one_line(tiny_path, tmp_path, damage, message):
+    folder = damage_dataset(tmp_path, damage)
+    with pytest.raises(UserError, match=message) as e:
+        load(inspect_teacher(tiny_path), data_cfg(dataset=str(folder)), tmp_path / "cache")
+    assert "\n" not in str(e.value) and "data.dataset=" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["latin1_txt", "number_jsonl"])
+def test_captions_that_are_not_text_are_one_line(tiny_path, tmp_path, damage):
+    root = write_folder(tmp_path / "images", jsonl=damage == "number_jsonl")
+    if damage == "latin1_txt":
+        (root / "img1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    else:
+        (root / "captions.jsonl").write_text(
+            "\n".join(json.dumps({"file_name": f"img{i}.png", "text": i}) for i in range(3))
+        )
+    with pytest.raises(UserError, match="not UTF-8|not a JSON object with file_name and text"):
+        load(inspect_teacher(tiny_path), data_cfg(root=str(root)), tmp_path / "cache")
+
+
+def test_16_bit_greyscale_and_exif_orientation_are_read_as_seen():
+    grey = np.full((16, 16), 32768, dtype=np.uint16)  # mid-grey in 16 bits, not white
+    pixels = to_pixels(Image.fromarray(grey), 16, 16)
+    assert abs(float(pixels.mean())) < 0.05
+    wide = Image.fromarray(np.concatenate([np.zeros((8, 8, 3)), np.full((8, 8, 3), 255)], 1).astype(np.uint8))
+    exif = wide.getexif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to display": shown 8 wide and 16 tall, black above white
+    rotated = Image.open(__import__("io").BytesIO(_save_jpeg(wide, exif)))
+    shown = to_pixels(rotated, 16, 8)
+    assert shown.shape == (3, 16, 8)
+    assert float(shown[:, :8].mean()) < 0 < float(shown[:, 8:].mean())  # black on top, white below
+
+
+def _save_jpeg(image, exif) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", exif=exif, quality=95)
+    return buf.getvalue()

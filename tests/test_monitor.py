@@ -72,3 +72,24 @@ def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, t
 
     with pytest.raises(UserError, match="data.root"):
         run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))
+
+
+def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg, tmp_path):
+    """checkpoints/best is replaced only by a better one after a resume; a half-written metrics line (a kill
+    mid-write) neither fails the end of the run nor swallows the rows written after it."""
+    from wandistiller.data.validation import recorded_rows
+
+    run_dir = tmp_path / "r"
+    common = ["trainer.val_every=2", "trainer.checkpoint_every=2"]
+    run(make_cfg(*common, "trainer.max_steps=2", run_dir=run_dir))
+    state_file = run_dir / "checkpoints" / "best" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["val"]["val/loss"] = 1e-9  # a best no later validation can beat
+    state_file.write_text(json.dumps(state))
+    (run_dir / "metrics.json").unlink()
+    (run_dir / "student").rename(tmp_path / "student_first")
+    with (run_dir / "metrics_steps.jsonl").open("a") as f:
+        f.write('{"step": 3, "lo')  # torn
+    summary = run(make_cfg(*common, "trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))
+    assert json.loads(state_file.read_text())["step"] == 2  # not replaced by step 4's worse checkpoint
+    assert summary["final_step"] == 4 and [r["step"] for r in recorded_rows(run_dir) if "loss" in r] == [1, 2, 3, 4]

@@ -146,9 +146,7 @@ def test_every_command_runs_as_written_or_names_what_it_needs_in_one_line(where,
     home, env = newcomer
     kind = need(command)
     if kind in ("make", "network", "long"):
-        pytest.skip(
-            f"{kind}: checked by the default lane (make -n) / needs the internet / run at small scale elsewhere"
-        )
+        pytest.skip(f"{kind}: checked by the default lane (make -n) / needs the internet / runs small elsewhere")
     done = subprocess.run(as_run_here(command, home), shell=True, cwd=home, env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     out = done.stdout + done.stderr

@@ -78,3 +78,26 @@ def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp
     point = {"choices": {"teacher_placement": "cpu"}, "overrides": ["trainer.batch_size=2"]}
     record = record_failed_point(make_cfg(run_dir=run_dir), RunDirTaken("in use"), point)
     assert record["status"] == "refused" and sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]
+
+
+def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path):
+    """The default folder is named by the second; mkdir decides who gets which name, even in a race."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wandistiller.job.rundir import unique_folder
+
+    folder = tmp_path / "outputs" / "2026-11-26" / "11-10-00"
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: unique_folder(folder), range(8)))
+    assert len(set(got)) == 8 and folder in got and folder.with_name("11-10-00_7") in got
+
+
+def test_two_resumes_in_the_same_second_keep_both_configs(tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.job.rundir import save_config
+
+    for seed in (0, 1, 2):
+        save_config(tmp_path, OmegaConf.create({"seed": seed}), None)
+    saved = sorted((tmp_path / ".hydra").glob("config*.yaml"))
+    assert sorted(OmegaConf.load(p).seed for p in saved) == [0, 1, 2]

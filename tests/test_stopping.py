@@ -184,3 +184,37 @@ def test_sigterm_while_the_first_step_compiles_exits_within_ten_seconds_in_one_l
     last = [line for line in stderr.splitlines() if line.strip()][-1]
     assert last.startswith("stopped by SIGTERM before the first training step finished") and "no checkpoint" in last
     assert not list_checkpoints(run_dir)
+
+
+def test_a_signal_outside_the_training_steps_is_one_line_even_through_broad_excepts(tiny_path, tmp_path):
+    """Setup and the tools have no step end to wait for: SIGTERM stops at once with one line, and no
+    `except Exception` on its way (a component load, a cache read) turns it into another error."""
+    from wandistiller.core.errors import Stopped
+    from wandistiller.job.stopping import stop_at_once
+    from wandistiller.teacher.model import inspect_teacher, loading
+
+    spec, before = inspect_teacher(tiny_path), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped, match=r"stopped by SIGTERM before a training step could finish; kept") as e:
+        with stop_at_once("kept"):
+            with loading(spec, "VAE"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+    assert e.value.exit_code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_teacher_latents_are_made_is_one_line_and_keeps_finished_chunks(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "wandistiller.train", f"hydra.run.dir={run_dir}", f"paths.cache_dir={tmp_path}/c",
+            "logger=none", "data=teacher_latents", "data.sample_steps=50", "data.latent_chunk=4",
+            "trainer.max_steps=1", "trainer.sample_prompts=0"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "c").glob("teacher_latents/*/chunk_*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.count("stopped by SIGTERM before a training step could finish; what was saved is kept") == 1
+    assert "Traceback" not in err
+    assert list((tmp_path / "c").glob("teacher_latents/*/chunk_*.pt"))

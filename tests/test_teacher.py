@@ -112,3 +112,70 @@ def test_an_unreachable_hub_id_says_how_to_get_it(monkeypatch):
         resolve_teacher_path(
             OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model-Diffusers"}), "/nonexistent-cache"
         )
+
+
+def _damage_component(folder, damage) -> None:
+    """One component of a copied tiny teacher made missing, garbage, truncated or bogus."""
+    index_file = folder / "model_index.json"
+    index = json.loads(index_file.read_text())
+    if damage == "no_text_encoder":
+        shutil.rmtree(folder / "text_encoder")
+    elif damage == "garbage_tokenizer":
+        (folder / "tokenizer" / "tokenizer.json").write_text("garbage")
+    elif damage == "no_tokenizer":
+        shutil.rmtree(folder / "tokenizer")
+    elif damage == "truncated_vae":
+        weights = next((folder / "vae").glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "garbage_vae_config":
+        (folder / "vae" / "config.json").write_text("{")
+    elif damage in ("bogus_scheduler", "bogus_tokenizer", "os_system"):
+        name = {"bogus_scheduler": "scheduler", "bogus_tokenizer": "tokenizer", "os_system": "text_encoder"}[damage]
+        index[name] = ["diffusers", "Nonexistent"] if damage != "os_system" else ["os", "system"]
+    elif damage == "bom":
+        index_file.write_bytes(b"\xef\xbb\xbf" + index_file.read_bytes())
+        return
+    elif damage in ("fewer_layers", "more_layers"):
+        config_file = folder / "transformer" / "config.json"
+        config = json.loads(config_file.read_text())
+        config["num_layers"] += -1 if damage == "fewer_layers" else 1
+        config_file.write_text(json.dumps(config))
+    index_file.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("no_text_encoder", "text_encoder holds no weights"),
+        ("garbage_tokenizer", "tokenizer.json is not valid JSON"),
+        ("no_tokenizer", "tokenizer_config.json is missing"),
+        ("truncated_vae", "re-download the teacher"),
+        ("garbage_vae_config", "vae/config.json is not valid JSON"),
+        ("bogus_scheduler", "'scheduler' is .*Nonexistent.*a Wan folder names a diffusers SchedulerMixin"),
+        ("bogus_tokenizer", "'tokenizer' is .*Nonexistent"),
+        ("os_system", r"'text_encoder' is \[\"os\", \"system\"\]"),
+        ("bom", "model_index.json starts with a byte-order mark"),
+        ("fewer_layers", r"num_layers=3 but its weights hold 4 blocks"),
+        ("more_layers", r"num_layers=5 but its weights hold 4 blocks"),
+    ],
+)
+def test_every_teacher_component_that_is_missing_garbage_or_bogus_is_one_line(tmp_path, tiny_path, damage, message):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    _damage_component(folder, damage)
+    with pytest.raises(UserError, match=message) as e:
+        inspect_teacher(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_a_component_the_library_cannot_load_is_one_line_naming_it(tmp_path, tiny_path):
+    """Valid JSON the tokenizer library still rejects: seen only when it loads, and still one line."""
+    from wandistiller.data.prompts import encode_prompts
+
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    (folder / "tokenizer" / "tokenizer.json").write_text('{"model": {"type": "Nonsense"}}')
+    spec = inspect_teacher(folder)
+    with pytest.raises(UserError, match="its text encoder or tokenizer cannot be loaded") as e:
+        encode_prompts(spec, ["a fox"], "", 16, torch.float32, torch.device("cpu"), tmp_path / "cache")
+    assert "\n" not in str(e.value)

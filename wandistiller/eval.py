@@ -19,13 +19,17 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.core.errors import exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.files import folder_problem
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
+from wandistiller.job.stopping import stop_at_once
 from wandistiller.quality.metrics import eval_quality
 from wandistiller.state.runs import (
     RunFolder,
+    Trust,
+    add_trust_args,
     as_sampler,
     generate,
     load_student,
@@ -72,13 +76,17 @@ def evaluate(
     device: torch.device | None = None,
     clip_model: str | None = None,
     fid_reference: str | None = None,
+    trust: Trust | None = None,
 ) -> dict:
     """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
     from wandistiller.recipe.samples import save_grid
     from wandistiller.teacher.vae import decode_latents, load_vae
 
-    run = open_run(run_dir)
+    run = open_run(run_dir, *(trust or Trust()).open_args())
     source = student_source(run, checkpoint)
+    problem = folder_problem(run.path)
+    if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
+        raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
     prompts = eval_prompts(run, prompts_path, limit)
@@ -128,15 +136,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
+    add_trust_args(parser, wandb=True)
     return parser.parse_args(argv)
+
+
+ON_STOP = "eval.json is written only at the end, so nothing was; run it again"  # what a SIGTERM or Ctrl-C leaves
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with internal_errors_reported(), exit_on_user_error():
-        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype,
-                          clip_model=args.clip_model, fid_reference=args.fid_reference)  # fmt: skip
+    with (
+        internal_errors_reported(),
+        exit_on_user_error(),
+        stop_at_once(ON_STOP),
+    ):
+        trust = Trust.from_args(args)
+        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None,
+                          args.clip_model, args.fid_reference, trust)  # fmt: skip
         m = result["mean"]
         print(
             f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
@@ -146,20 +163,20 @@ def main(argv: list[str] | None = None) -> None:
         if quality:
             print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
-        log_to_run(Path(args.run_dir), result)
+        log_to_run(Path(args.run_dir), result, trust)
 
 
-def log_to_run(run_dir: Path, result: dict) -> None:
-    """Add the evaluation to the run's own wandb run (offline as it was), when it had one: its id is in the
-    run's checkpoints."""
+def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
+    """Add the evaluation to the run's own wandb run, when it had one (its id is in the run's checkpoints):
+    offline, whatever the saved config says, unless `--wandb-mode online` is given here."""
     import json
 
-    from omegaconf import OmegaConf
-
     from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
+    from wandistiller.state.received import load_received
 
+    trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
-    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)
     if not checkpoints or not str(saved.logger.get("_target_", "")).endswith("WandbTracker"):
         return
     run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
@@ -167,7 +184,7 @@ def log_to_run(run_dir: Path, result: dict) -> None:
         return
     from wandistiller.tracking.loggers import WandbTracker
 
-    tracker = WandbTracker(saved.logger.project, saved.logger.entity, str(saved.logger.mode))
+    tracker = WandbTracker(saved.logger.project, saved.logger.entity, trust.wandb_mode)
     tracker.start(run_dir, {}, run_id)
     tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
     tracker.log_image("eval", run_dir / result["files"][1], step=None)

@@ -20,18 +20,28 @@ from wandistiller.core.errors import UserError, exit_on_user_error, internal_err
 from wandistiller.core.files import folder_problem
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts
-from wandistiller.state.runs import as_sampler, generate, load_student, load_teacher, open_run, student_source
+from wandistiller.job.stopping import stop_at_once
+from wandistiller.state.runs import (
+    Trust,
+    add_trust_args,
+    as_sampler,
+    generate,
+    load_student,
+    load_teacher,
+    open_run,
+    student_source,
+)
 
 
-def locate(path: str, checkpoint: str | None, teacher_path: str | None):
+def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
-    path_ = Path(path).expanduser()
+    path_, opened = Path(path).expanduser(), (trust or Trust()).open_args()
     if (path_ / "config.json").is_file() and not (path_ / ".hydra").is_dir():
-        run = open_run(path_.parent, teacher_path) if (path_.parent / ".hydra").is_dir() else None
+        run = open_run(path_.parent, *opened) if (path_.parent / ".hydra").is_dir() else None
         if run is None:
             raise UserError(f"{path} is a student folder outside a run folder; give its run folder instead")
         return run, path_
-    run = open_run(path_, teacher_path)
+    run = open_run(path_, *opened)
     return run, student_source(run, checkpoint)
 
 
@@ -51,7 +61,7 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
     from wandistiller.teacher.vae import load_vae
 
-    run, source = locate(args.path, args.checkpoint, None)
+    run, source = locate(args.path, args.checkpoint, Trust.from_args(args))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
     t_cfg = run.cfg.teacher
@@ -84,13 +94,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", choices=["fp32", "bf16", "fp16"], help="teacher/text-encoder dtype (default: the run's)"
     )
+    add_trust_args(parser)
     return parser.parse_args(argv)
+
+
+ON_STOP = "images already written are kept; run it again for the rest"  # what a SIGTERM or Ctrl-C leaves
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with internal_errors_reported(), exit_on_user_error():
+    with (
+        internal_errors_reported(),
+        exit_on_user_error(),
+        stop_at_once(ON_STOP),
+    ):
         for path in run_generate(args):
             print(path)
 

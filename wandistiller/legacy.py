@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.state import safestate
 from wandistiller.state.checkpoint import LEGACY_FILE, STATE_FILE, TENSORS, problem
 
@@ -46,9 +46,23 @@ def convert(folder: Path) -> Path:
     if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "rng" not in state:
         raise UserError(f"{folder / LEGACY_FILE} is not a WanDistiller checkpoint (no step and rng)")
     tensors: dict[str, torch.Tensor] = {}
-    data = safestate.encode(state, tensors)
-    safestate.write_tensors(folder / TENSORS, tensors)
-    (folder / STATE_FILE).write_text(json.dumps(data))
+    try:  # complex tensors, odd objects: what a checkpoint cannot hold is named, and nothing is written
+        data = safestate.encode(state, tensors)
+        odd = next((f"a {t.dtype} tensor ({k})" for k, t in tensors.items() if t.dtype not in safestate.DTYPES), None)
+        if odd:
+            raise TypeError(f"a checkpoint cannot hold {odd}")
+    except TypeError as e:
+        raise UserError(f"{folder / LEGACY_FILE} holds data a checkpoint cannot: {e}; it cannot be converted") from None
+    try:
+        safestate.write_tensors(folder / TENSORS, tensors)
+        (folder / STATE_FILE).write_text(json.dumps(data))
+    except OSError as e:
+        for written in (folder / TENSORS, folder / STATE_FILE):
+            if written.is_file():  # half a conversion is none
+                written.unlink()
+        raise UserError(
+            f"{folder} cannot be written ({e.strerror}); copy the checkpoint to a writable folder and convert it there"
+        ) from None
     why = problem(folder)
     if why is not None:
         raise UserError(f"{folder} was converted but cannot be resumed from: {why}")
@@ -59,7 +73,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    with exit_on_user_error():
+    with internal_errors_reported(), exit_on_user_error():
         for folder in argv:
             print(f"converted {convert(Path(folder))}; {LEGACY_FILE} can now be deleted")
     return 0

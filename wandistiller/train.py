@@ -34,10 +34,10 @@ from wandistiller.core.distributed import (
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.job import stopping
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
-from wandistiller.job.preflight import Prepared, prepare
+from wandistiller.job.preflight import Prepared, check_interpolations, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
 from wandistiller.job.rundir import release_run_dir, removed_if_refused
-from wandistiller.job.stopping import launcher_stopped
+from wandistiller.job.stopping import launcher_stopped, stop_at_once
 from wandistiller.state.checkpoint import checkpoint_step
 from wandistiller.tracking.sweep import record_failed_point, sweep_point
 
@@ -49,12 +49,16 @@ warnings.filterwarnings("ignore", message="Mismatch dtype between input and weig
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    then = ("what was saved is kept (checkpoints, finished cache chunks); run the same command again, with "
+            f"trainer.resume=auto hydra.run.dir={cfg.paths.output_dir} to continue from its checkpoints")  # fmt: skip
     with internal_errors_reported(), exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
-        run(cfg)
+        with stop_at_once(then):  # the training steps catch it themselves, and stop after one with a checkpoint
+            run(cfg)
 
 
 def run(cfg: DictConfig) -> dict:
     """Distill the configured teacher into the configured student; returns the metrics.json summary."""
+    check_interpolations(cfg)  # before any value is read: a bad `${…}` is one line naming its key
     topo = Topology.from_env()
     if under_torchrun():
         init_process_group(topo, cfg.distributed.timeout_min)

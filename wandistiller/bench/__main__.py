@@ -11,7 +11,7 @@ import torch
 import wandistiller.bench as package
 from wandistiller.bench import CACHE, job, out_path, plan
 from wandistiller.bench.models import ARCHS
-from wandistiller.core.errors import exit_on_user_error
+from wandistiller.core.errors import UserError, exit_on_user_error
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,17 +53,6 @@ def parser() -> argparse.ArgumentParser:
     return main_parser
 
 
-def check_device(args) -> None:
-    """A GPU benchmark on a machine without one is one line, not a traceback or hours on the CPU."""
-    from wandistiller.core.errors import UserError
-
-    device = str(getattr(args, "device", "cpu"))
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA GPU is visible here; run it on a GPU machine (or --device cpu)")
-    if args.bench in ("teacher", "job") and device == "cpu" and args.arch != "tiny":
-        raise UserError(f"--arch {args.arch} on the CPU would take hours; run it on a GPU, or use --arch tiny here")
-
-
 def main() -> None:
     args = parser().parse_args()
     if args.bench == "overhead":
@@ -77,11 +66,48 @@ def main() -> None:
     else:
         bench = job.job_bench
     with exit_on_user_error():  # a bad flag value is one line, as for the train job
-        check_device(args)
+        check_args(args)
         result = bench(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        except OSError as e:
+            raise UserError(f"--out {args.out} cannot be written ({e.strerror}); choose another file") from None
     print(f"wrote {args.out}")
+
+
+# Counts every subcommand may take: each must be 1 or more (--warmup: 0 or more).
+COUNTS = ("steps", "reps", "batch_size", "batch", "latent_height", "latent_width", "log_every")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What every benchmark needs of its flags, checked before minutes of setup: one line each."""
+    from wandistiller.core.files import folder_problem
+
+    for name in COUNTS:
+        value = getattr(args, name, None)
+        values = value.split(",") if isinstance(value, str) and name == "batch" else [value]
+        for v in values if value is not None else []:
+            if not str(v).strip().isdigit() or int(v) <= 0:
+                what = "sizes, each 1 or more (e.g. 1,8)" if name == "batch" else "1 or more"
+                raise UserError(f"--{name.replace('_', '-')}={value} must be {what}")
+    if getattr(args, "warmup", 0) < 0:
+        raise UserError(f"--warmup={args.warmup} must be 0 or more")
+    device = getattr(args, "device", "cpu")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device={device!r} is not a device; use cpu or cuda") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"--device={device}: this machine has no CUDA GPU that torch {torch.__version__} can use; use --device cpu"
+        )
+    if args.bench in ("teacher", "job") and kind == "cpu" and args.arch != "tiny":
+        raise UserError(f"--arch {args.arch} on the CPU would take hours; run it on a GPU, or use --arch tiny here")
+    out = Path(args.out).expanduser()
+    problem = "it is a folder" if out.is_dir() else folder_problem(out.parent if str(out.parent) else Path("."))
+    if problem:
+        raise UserError(f"--out {args.out}: {problem}; choose another file")
 
 
 if __name__ == "__main__":

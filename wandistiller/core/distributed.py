@@ -8,10 +8,12 @@ too: every rank runs the Hydra main, rank 0 prepares while the others wait.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -156,7 +158,15 @@ def init_process_group(topology: Topology, timeout_min: float) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(topology.local_rank % torch.cuda.device_count())
         backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
+    timeout = datetime.timedelta(minutes=timeout_min)
+    if LOOPBACK_STORE in os.environ:  # workers `launch` started on one node: its loopback-only store
+        host, port = os.environ[LOOPBACK_STORE].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"wandistiller/{os.environ.get('TORCHELASTIC_RUN_ID', '')}", store)
+        dist.init_process_group(backend, store=store, rank=topology.rank, world_size=topology.world_size,
+                                timeout=timeout)  # fmt: skip
+        return
+    dist.init_process_group(backend=backend, timeout=timeout)
 
 
 def destroy_process_group() -> None:
@@ -170,24 +180,66 @@ def destroy_process_group() -> None:
 
 
 def launch(entrypoint, args: tuple, distributed_cfg) -> list:
-    """Start `nproc_per_node` workers on this node (and join `nnodes` nodes through c10d rendezvous)."""
+    """Start `nproc_per_node` workers on this node (and join `nnodes` nodes through c10d rendezvous).
+
+    One node with no rendezvous endpoint given: nothing listens beyond this machine. torch's own stores
+    bind every interface whatever host they are given, so the rendezvous and the workers' process group
+    share one store this process serves on a socket bound to 127.0.0.1, and gloo/NCCL use the loopback.
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     multi_node = distributed_cfg.nnodes > 1
-    config = LaunchConfig(
-        min_nodes=distributed_cfg.nnodes,
-        max_nodes=distributed_cfg.nnodes,
-        nproc_per_node=distributed_cfg.nproc_per_node,
-        run_id=distributed_cfg.rdzv_id or (uuid.uuid4().hex[:12] if not multi_node else "wandistiller"),
-        rdzv_backend="c10d",
-        rdzv_endpoint=distributed_cfg.rdzv_endpoint or "localhost:0",
-        max_restarts=0,
-        monitor_interval=0.5,
-        start_method="spawn",
-    )
-    os.environ["WANDISTILLER_LAUNCHED"] = "1"  # inherited by the workers: a stop is reported here (stopping.py)
-    result = elastic_launch(config, entrypoint)(*args)
+    local = not multi_node and not distributed_cfg.rdzv_endpoint
+    with loopback_only() if local else contextlib.nullcontext() as endpoint:
+        config = LaunchConfig(
+            min_nodes=distributed_cfg.nnodes,
+            max_nodes=distributed_cfg.nnodes,
+            nproc_per_node=distributed_cfg.nproc_per_node,
+            run_id=distributed_cfg.rdzv_id or (uuid.uuid4().hex[:12] if not multi_node else "wandistiller"),
+            rdzv_backend="c10d",
+            rdzv_endpoint=endpoint or distributed_cfg.rdzv_endpoint,
+            rdzv_configs={"is_host": False} if local else {},  # a client of the loopback store
+            local_addr="127.0.0.1" if local else None,
+            max_restarts=0,
+            monitor_interval=0.5,
+            start_method="spawn",
+        )
+        os.environ["WANDISTILLER_LAUNCHED"] = "1"  # inherited by the workers: a stop is reported here (stopping.py)
+        result = elastic_launch(config, entrypoint)(*args)
     return [result[i] for i in sorted(result)]
+
+
+LOOPBACK_STORE = "WANDISTILLER_LOOPBACK_STORE"
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """A TCPStore served on 127.0.0.1 only (a socket bound here, handed to it), and the environment that
+    makes the launch use it: its endpoint, for the rendezvous and (LOOPBACK_STORE) the workers' group."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True, master_listen_fd=sock.detach()
+    )  # fmt: skip -- the store owns (and closes) it
+    env = {
+        LOOPBACK_STORE: f"127.0.0.1:{port}",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # else the agent serves another store, on every interface
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+    }
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        del store
 
 
 def worker_logging(topo: Topology, run_dir: Path) -> None:

@@ -23,6 +23,13 @@ _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16
                 "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
 
 
+def file_stamps(folder: Path, pattern: str) -> list[tuple[str, int, int]]:
+    """(name, size, mtime in ns) of the files matching `pattern`: part of a cache key, so a teacher whose
+    files were rewritten (a new download, a rebuilt tiny teacher) gets new caches. Hashing gigabytes of
+    weights would cost minutes; a rewrite changes the mtime."""
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob(pattern) if p.is_file())
+
+
 def safetensors_problem(path: Path) -> str | None:
     """What makes `path` not a whole safetensors file, in words; None if its header and size agree."""
     try:

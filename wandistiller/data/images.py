@@ -21,6 +21,7 @@ import torch
 from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import file_stamps
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.model import TeacherSpec
@@ -44,19 +45,28 @@ class ImageSource:
 
 def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
     captions = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_text(path, key).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             name = next(row[k] for k in FILE_KEYS if k in row)
             captions[name] = next(row[k] for k in TEXT_KEYS if k in row)
+            if not isinstance(captions[name], str) or not isinstance(name, str):
+                raise TypeError
         except (json.JSONDecodeError, StopIteration, TypeError):
             raise UserError(
                 f"{key}: {path.name} line {n} is not a JSON object with file_name and text; "
                 'write one {"file_name": "a.png", "text": "a caption"} per line'
             ) from None
     return captions
+
+
+def _text(path: Path, key: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{key}: {path.name} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
 def folder_source(root: str) -> ImageSource:
@@ -75,7 +85,7 @@ def folder_source(root: str) -> ImageSource:
             caption = from_jsonl.get(rel)
         else:
             txt = image.with_suffix(".txt")
-            caption = txt.read_text(encoding="utf-8").strip() if txt.is_file() else None
+            caption = _text(txt, key).strip() if txt.is_file() else None
         if not caption:
             where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {image.stem}.txt beside it"
             raise UserError(f"{key}: {rel} has no caption ({where}); caption every image")
@@ -105,28 +115,66 @@ def _pick_column(features: dict, wanted: str | None, kind: str, key: str, fits) 
 def dataset_source(dataset: str, image_column: str | None = None, text_column: str | None = None) -> ImageSource:
     import datasets
 
-    key = f"data.dataset={dataset!r}"
+    key, folder = f"data.dataset={dataset!r}", Path(dataset).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"{key} is not a folder written by datasets' save_to_disk")
+    _dataset_files_inside(folder, key)
     try:
-        ds = datasets.load_from_disk(str(Path(dataset).expanduser()))
-    except FileNotFoundError:
-        raise UserError(f"{key} is not a folder written by datasets' save_to_disk") from None
+        ds = datasets.load_from_disk(str(folder))
+    except Exception as e:  # no state.json, garbage JSON, truncated arrow files: datasets raises many types
+        raise UserError(f"{key} cannot be read as a datasets folder ({type(e).__name__}); save it again") from None
     if isinstance(ds, datasets.DatasetDict):
+        if not ds:
+            raise UserError(f"{key} is a dataset dict with no splits; save one with a train split")
         ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
-    image_col = _pick_column(
-        ds.features, image_column, "image", key, lambda n, f: isinstance(f, datasets.Image) or n == "image"
-    )
+    is_image = lambda f: isinstance(f, datasets.Image)  # noqa: E731
+    image_col = _pick_column(ds.features, image_column, "image", key, lambda n, f: is_image(f))
     text_col = _pick_column(
         ds.features, text_column, "text", key, lambda n, f: n in TEXT_KEYS and getattr(f, "dtype", None) == "string"
     )
-    captions = [str(c).strip() for c in ds[text_col]]
+    if not is_image(ds.features[image_col]):
+        raise UserError(
+            f"{key}: column {image_col!r} holds {ds.features[image_col]}, not images; set data.image_column"
+        )
+    if getattr(ds.features[text_col], "dtype", None) not in ("string", "large_string"):
+        raise UserError(f"{key}: column {text_col!r} holds {ds.features[text_col]}, not text; set data.text_column")
+    captions = [c.strip() if isinstance(c, str) else "" for c in ds[text_col]]  # None is no caption, not "None"
     if len(ds) == 0 or not all(captions):
         raise UserError(f"{key}: {'no rows' if len(ds) == 0 else 'some rows have an empty ' + text_col}")
     fingerprint = hashlib.sha256(json.dumps([dataset, ds._fingerprint, len(ds)]).encode()).hexdigest()
     return ImageSource(captions, lambda i: ds[i][image_col], key, fingerprint)
 
 
+def _dataset_files_inside(folder: Path, key: str) -> None:
+    """A datasets folder names its own files (state.json's `_data_files`, dataset_dict.json's splits), and
+    load_from_disk opens them as named: a received folder naming `../x` or `/abs/x` would read outside it."""
+    names: list[tuple[str, object]] = []
+    for meta, field in [("dataset_dict.json", "splits"), ("state.json", "_data_files")]:
+        for file in [folder / meta, *folder.glob(f"*/{meta}")]:
+            if not file.is_file():
+                continue
+            try:
+                entries = json.loads(file.read_text(encoding="utf-8")).get(field, [])
+            except (ValueError, OSError, AttributeError):  # garbage, not UTF-8, not an object
+                raise UserError(
+                    f"{key}: {file.relative_to(folder)} is not valid JSON; save the dataset again"
+                ) from None
+            rel = file.relative_to(folder).as_posix()
+            if meta == "state.json" and not entries:  # datasets then fails with an IndexError
+                raise UserError(f"{key}: {rel} lists no data files (an empty dataset); save one with rows")
+            names += [(rel, e.get("filename") if isinstance(e, dict) else e) for e in entries or []]
+    for where, name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise UserError(
+                f"{key}: {where} names {name!r}, not a file of its own folder; a dataset may read only its own files"
+            )
+
+
 def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
-    """Resize to cover (height, width), center-crop, and scale to [-1, 1]: [3, H, W]."""
+    """Upright (EXIF orientation), resized to cover (height, width), center-cropped, scaled to [-1, 1]: [3, H, W]."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I"):  # 16-bit greyscale: PIL's convert("RGB") clips it to white, so scale it first
+        image = Image.fromarray((np.asarray(image, dtype=np.float32) / 257.0).round().clip(0, 255).astype(np.uint8))
     fitted = ImageOps.fit(image.convert("RGB"), (width, height), method=Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(fitted, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
 
@@ -151,7 +199,7 @@ def image_latents(
     _, frames, h, w = latent_shape
     if frames != 1:
         raise UserError(f"data.latent_frames={frames}: images make one-frame latents; set data.latent_frames=1")
-    vae_files = sorted((p.name, p.stat().st_size) for p in (spec.path / "vae").glob("*.safetensors"))
+    vae_files = file_stamps(spec.path / "vae", "*.safetensors")
     vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
     key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]
     vae = []  # loaded only when a chunk is missing
@@ -164,7 +212,7 @@ def image_latents(
         return encode_images(vae[0], pixels)
 
     folder = Path(cache_dir).expanduser() / "image_latents" / key
-    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress)
+    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress, latent_shape)
 
 
 def image_source(data_cfg) -> ImageSource:

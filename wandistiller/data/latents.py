@@ -74,7 +74,9 @@ def noise_for(seed: int, prompt: int, k: int, shape: tuple[int, ...], stream: st
 
 
 def _files_of(folder: Path) -> list:
-    return sorted((p.name, p.stat().st_size) for p in folder.glob("*.safetensors"))
+    from wandistiller.core.files import file_stamps
+
+    return file_stamps(folder, "*.safetensors")
 
 
 def cache_key(spec: TeacherSpec, embeddings: PromptEmbeddings, seed: int, settings: SamplerSettings, dtype) -> str:
@@ -102,8 +104,11 @@ def load_scheduler(spec: TeacherSpec):
     """The teacher's own scheduler class and config (UniPC for diffusers' Wan, FlowMatchEuler for others)."""
     import diffusers
 
-    index = json.loads((spec.path / "model_index.json").read_text())
-    return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
+    from wandistiller.teacher.model import loading
+
+    index = json.loads((spec.path / "model_index.json").read_text())  # checked by inspect_teacher
+    with loading(spec, "scheduler"):
+        return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
 
 
 def teacher_pipeline(teacher: Teacher):
@@ -151,11 +156,22 @@ def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings) -> torc
 
 
 def _save_atomic(obj, path: Path) -> None:
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
+    """Written to a temporary sibling, then renamed; a failed write (a full disk) leaves no partial file."""
+    from wandistiller.core.errors import UserError
+
+    f = tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False)
+    try:
+        with f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f.name, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
+        Path(f.name).unlink(missing_ok=True)
+        raise UserError(
+            f"the cache file {path} cannot be written ({getattr(e, 'strerror', None) or str(e).splitlines()[0]}); "
+            "free some space, or set paths.cache_dir=… to another disk"
+        ) from None
 
 
 def _chunk_path(folder: Path, c: int) -> Path:
@@ -201,27 +217,43 @@ def teacher_latents(
         return _generate_chunk(teacher, pipe[0], embeddings, seed, settings, items)
 
     total = len(embeddings.prompts) * settings.latents_per_prompt
-    return cached_bank(folder, total, chunk_size, settings.latents_per_prompt, make_chunk, "teacher latents", progress)
+    k = settings.latents_per_prompt
+    return cached_bank(folder, total, chunk_size, k, make_chunk, "teacher latents", progress, settings.latent_shape)
 
 
-def cached_bank(folder: Path, total: int, chunk_size: int, per_prompt: int, make_chunk, desc: str, progress: bool):
+def cached_bank(
+    folder: Path,
+    total: int,
+    chunk_size: int,
+    per_prompt: int,
+    make_chunk,
+    desc: str,
+    progress: bool,
+    item_shape: tuple[int, ...] | None = None,
+):
     """Load the bank in `folder`, or make its missing chunks (each saved atomically) and then mark it whole.
 
-    `make_chunk(items: range) -> [len(items), C, F, H, W]`. Chunks already on disk are kept, so an
-    interrupted run continues where it stopped.
+    `make_chunk(items: range) -> [len(items), C, F, H, W]`. Good chunks already on disk are kept, so an
+    interrupted run continues where it stopped; a damaged one (truncated, garbage, another shape, or
+    deleted from a finished cache) is made again, said in one line.
     """
-    bank = load_latent_bank(folder)
+    bank = load_latent_bank(folder, item_shape)
     if bank is not None:
         log.info("%s: cached %s", desc, folder)
         return bank
     folder.mkdir(parents=True, exist_ok=True)
     starts = range(0, total, chunk_size)
-    todo = [c for c in range(len(starts)) if not _chunk_path(folder, c).is_file()]
-    done = sum(min(chunk_size, total - starts[c]) for c in range(len(starts)) if c not in todo)
+    rows = [min(chunk_size, total - s) for s in starts]
+    todo = [c for c in range(len(starts)) if _load_chunk(_chunk_path(folder, c), rows[c], item_shape) is None]
+    damaged = [_chunk_path(folder, c).name for c in todo if _chunk_path(folder, c).exists()]
+    if damaged or (folder / COMPLETE).exists():
+        log.warning("%s: %s in %s damaged; making them again", desc, ", ".join(damaged) or "chunks", folder)
+        (folder / COMPLETE).unlink(missing_ok=True)
+    done = sum(rows[c] for c in range(len(starts)) if c not in todo)
     log.info("%s: %d of %d to make in %s", desc, total - done, total, folder)
     bar = tqdm(total=total, initial=done, desc=desc, disable=not progress)
     for c in todo:
-        items = range(starts[c], min(starts[c] + chunk_size, total))
+        items = range(starts[c], starts[c] + rows[c])
         _save_atomic(make_chunk(items).contiguous(), _chunk_path(folder, c))
         bar.update(len(items))
     bar.close()
@@ -229,16 +261,32 @@ def cached_bank(folder: Path, total: int, chunk_size: int, per_prompt: int, make
     with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
         json.dump(manifest, f)
     os.replace(f.name, folder / COMPLETE)  # last: only now is the cache whole
-    return load_latent_bank(folder)
+    return load_latent_bank(folder, item_shape)
 
 
-def load_latent_bank(folder: str | os.PathLike) -> LatentBank | None:
-    """The bank in `folder` if its making finished, else None (a partial cache is never used)."""
+def _load_chunk(path: Path, rows: int, item_shape: tuple[int, ...] | None) -> torch.Tensor | None:
+    """A chunk file's latents if it holds `rows` finite-shaped float rows of `item_shape`, else None."""
+    try:
+        chunk = torch.load(path, mmap=True, weights_only=True)
+    except Exception:  # missing, truncated, garbage: torch raises several types; all mean "make it again"
+        return None
+    if not isinstance(chunk, torch.Tensor) or not chunk.is_floating_point() or chunk.dim() < 2 or len(chunk) != rows:
+        return None
+    return chunk if item_shape is None or tuple(chunk.shape[1:]) == tuple(item_shape) else None
+
+
+def load_latent_bank(folder: str | os.PathLike, item_shape: tuple[int, ...] | None = None) -> LatentBank | None:
+    """The bank in `folder` if its making finished and every chunk is whole, else None (a partial or
+    damaged cache is never used)."""
     folder = Path(folder)
-    if not (folder / COMPLETE).is_file():
+    try:
+        m = json.loads((folder / COMPLETE).read_text())
+        items, n, size, per = (int(m[k]) for k in ("items", "chunks", "chunk_size", "per_prompt"))
+    except (OSError, ValueError, KeyError, TypeError):  # unfinished, or a damaged manifest: make it again
         return None
-    m = json.loads((folder / COMPLETE).read_text())
-    chunks = [torch.load(_chunk_path(folder, c), mmap=True, weights_only=True) for c in range(m["chunks"])]
-    if sum(len(c) for c in chunks) != m["items"]:
+    chunks = [_load_chunk(_chunk_path(folder, c), min(size, items - c * size), item_shape) for c in range(n)]
+    if any(c is None for c in chunks) or sum(len(c) for c in chunks) != items:
         return None
-    return LatentBank(chunks, torch.arange(m["items"]) // m["per_prompt"], m["chunk_size"])
+    if len({tuple(c.shape[1:]) for c in chunks}) != 1:
+        return None
+    return LatentBank(chunks, torch.arange(items) // per, size)

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +80,10 @@ def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
+    from wandistiller.core.files import file_stamps
+
     encoder = spec.path / "text_encoder"
-    weights = sorted((p.name, p.stat().st_size) for p in encoder.glob("*.safetensors"))
+    weights = file_stamps(encoder, "*.safetensors") + file_stamps(spec.path / "tokenizer", "*")
     blob = json.dumps(
         [
             str(spec.path.resolve()),
@@ -113,17 +114,20 @@ def encode_prompts(
     """
     key = _cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)
     cache = Path(cache_dir).expanduser() / "embeddings" / f"{key}.pt"
-    if cache.is_file():
-        log.info("text embeddings: cached %s", cache)
-        return PromptEmbeddings(**torch.load(cache, weights_only=True))
+    cached = _cached_embeddings(cache, prompts, max_sequence_length)
+    if cached is not None:
+        return cached
 
     from diffusers import WanPipeline
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
+    from wandistiller.teacher.model import loading
+
     log.info("text embeddings: encoding %d prompts with %s/text_encoder", len(prompts), spec.path)
-    pipe = WanPipeline.from_pretrained(
-        spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
-    ).to(device)
+    with loading(spec, "text encoder or tokenizer"):
+        pipe = WanPipeline.from_pretrained(
+            spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
+        ).to(device)
     pipe.set_progress_bar_config(disable=True)
     tokenizer = pipe.tokenizer
     embeds = []
@@ -155,12 +159,32 @@ def encode_prompts(
     return result
 
 
+def _cached_embeddings(cache: Path, prompts: list[str], max_len: int) -> PromptEmbeddings | None:
+    """The cached embeddings if the file is whole and holds these prompts; a damaged one is removed (and
+    made again by the caller) with one line."""
+    if not cache.is_file():
+        return None
+    try:
+        found = PromptEmbeddings(**torch.load(cache, weights_only=True))
+        widths = {e.shape[-1] for e in [*found.embeds, found.negative] if e.dim() == 2}
+        ok = found.prompts == prompts and len(found.embeds) == len(prompts) and len(widths) == 1
+        ok = ok and all(e.dim() == 2 and len(e) <= max_len for e in [*found.embeds, found.negative])
+    except Exception:  # truncated, garbage, other keys: torch and the dataclass raise several types
+        ok = False
+    if ok:
+        log.info("text embeddings: cached %s", cache)
+        return found
+    log.warning("text embeddings: the cache file %s is damaged; encoding the prompts again", cache)
+    cache.unlink(missing_ok=True)
+    return None
+
+
 def _save_atomically(obj: dict, path: Path) -> None:
     """Written to a temporary sibling, then renamed: a reader never sees half a cache file."""
+    from wandistiller.data.latents import _save_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-        torch.save(obj, f)
-    os.replace(f.name, path)
+    _save_atomic(obj, path)
 
 
 @dataclass

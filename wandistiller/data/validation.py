@@ -138,6 +138,20 @@ def val_loss(
     return metrics
 
 
+def recorded_rows(run_dir: Path) -> list[dict]:
+    """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
+    path = run_dir / "metrics_steps.jsonl"
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line a killed process left half-written: what it held is lost, not the run
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
 def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> Path:
     """`loss.png` from `metrics_steps.jsonl` (plus rows not yet written): training loss and the validation
     curves, overall and per band. Drawn with Agg and replaced atomically, so a reader never sees half a PNG."""
@@ -148,9 +162,7 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> P
 
     run_dir = Path(run_dir)
     rows = list(extra_rows)
-    if (run_dir / "metrics_steps.jsonl").is_file():
-        lines = (run_dir / "metrics_steps.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()] + rows
+    rows = recorded_rows(run_dir) + rows  # a torn line skipped
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     if train:

@@ -200,7 +200,14 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
         ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
-        ("teacher.flow_shift", teacher.flow_shift, lambda v: v is None or v > 0, "positive, or null (the teacher's)"),
+        (
+            "teacher.flow_shift",
+            teacher.flow_shift,
+            lambda v: v is None or 0 < v < math.inf,
+            "positive and finite, or null",
+        ),
+        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight, math.isfinite, "a finite number"),
+        ("seed", cfg.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
         ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
@@ -214,6 +221,9 @@ def check_ranges(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value} must be {what}")
 
 
+MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
+
+
 def check_training_parts(cfg: DictConfig) -> None:
     """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
     (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads."""
@@ -221,6 +231,9 @@ def check_training_parts(cfg: DictConfig) -> None:
     from diffusers.optimization import get_scheduler
 
     t = cfg.trainer
+    lr = t.optimizer.get("lr") if isinstance(t.optimizer, DictConfig) else None
+    if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr <= MAX_LR):  # negative: torch says
+        raise UserError(f"trainer.optimizer.lr={lr} must be a finite number in [0, {MAX_LR:g}]; use e.g. 1e-4")
     try:
         optimizer = instantiate(t.optimizer)([torch.nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError, RuntimeError) as e:
@@ -281,6 +294,40 @@ def check_targets(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
+    from wandistiller.core.extensions import check_signatures
+
+    check_signatures(cfg)
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
+    the key that holds the bad one (not a key that merely refers to it), before any value is used."""
+    import re
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    failing = []
+    for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), ""):
+        if isinstance(raw, str) and "${" in raw:
+            try:
+                OmegaConf.select(cfg, key, throw_on_missing=False)
+            except OmegaConfBaseException as e:
+                failing.append((key, raw, str(getattr(e, "msg", e)).strip().splitlines()[0]))
+    if failing:
+        names = re.findall(r"'([^']+)'", failing[0][2])  # the variable or key it could not find
+        key, raw, message = next((f for f in failing if any(n in f[1] for n in names)), failing[0])
+        raise UserError(f"{key}={raw}: {message}; fix the interpolation (or set the variable it reads)")
+
+
+def _leaves(node, prefix: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}[{i}]" if prefix else str(i))
+    else:
+        yield prefix, node
 
 
 def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.renamed import modernize
+from wandistiller.state.received import check_received, targets_of
 
 log = logging.getLogger("wandistiller")
 
@@ -47,8 +47,9 @@ MAY_CHANGE = (
     "distributed.rdzv_endpoint",
     "distributed.rdzv_id",
 )
-# Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job).
-ALWAYS_CURRENT = ("paths.output_dir", "trainer.resume")
+# Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
+# and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
+ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume")
 
 
 def may_change(key: str) -> bool:
@@ -78,8 +79,10 @@ def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
     return first + [o for o in now or [] if o not in first]
 
 
-def saved_config(run_dir: Path) -> DictConfig | None:
-    """The run's first config (.hydra/config.yaml), or None when the folder holds none."""
+def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()) -> DictConfig | None:
+    """The run's first config (.hydra/config.yaml), or None when the folder holds none. It is data (the
+    folder may have come from someone else): checked against the schema and the allowed `_target_`s
+    (the project's, and `trusted`: this command line's) before anything in it is used."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
@@ -92,7 +95,7 @@ def saved_config(run_dir: Path) -> DictConfig | None:
             f"trainer.resume=auto: {path} is damaged ({saved if isinstance(saved, str) else 'not a saved config'}); "
             "restore it, or continue with this command line's config via trainer.resume=<checkpoint folder>"
         )
-    modernize(saved)  # an older run's `_target_`s name today's modules
+    check_received(saved, path, trusted, hint="give {key}={target} on this command line")
     return saved
 
 
@@ -101,13 +104,14 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     with only the keys a resume may change taken from `cfg` (all of them, or those in `overrides`)."""
     if cfg.trainer.resume != "auto":
         return cfg
-    saved = saved_config(Path(str(cfg.paths.output_dir)))
+    saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
     if saved is None:
         return cfg
     given = _given_keys(overrides) if overrides is not None else None
     now, before = _flat(cfg), _flat(saved)
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
-    differ = sorted(k for k in asked if not may_change(k) and _subtree(now, k) != _subtree(before, k))
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT  # noqa: E731 -- never held to the saved value
+    differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         shown = ", ".join(f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in differ[:8])
         raise UserError(

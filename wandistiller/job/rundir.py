@@ -89,10 +89,23 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
 
     hydra_dir = run_dir / ".hydra"
     hydra_dir.mkdir(exist_ok=True)
-    name = "config.yaml" if not (hydra_dir / "config.yaml").exists() else f"config_resume_{int(time.time())}.yaml"
-    OmegaConf.save(cfg, hydra_dir / name)
-    if HydraConfig.initialized() and name == "config.yaml":
+    path = _new_file(hydra_dir, "config") if (hydra_dir / "config.yaml").exists() else hydra_dir / "config.yaml"
+    OmegaConf.save(cfg, path)
+    if HydraConfig.initialized() and path.name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
+
+
+def _new_file(folder: Path, stem: str) -> Path:
+    """`<stem>_resume_<time>[_N].yaml`, created here (O_EXCL): two resumes in the same second keep both."""
+    base = f"{stem}_resume_{int(time.time())}"
+    for n in range(1000):
+        path = folder / (f"{base}.yaml" if n == 0 else f"{base}_{n}.yaml")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"{folder} holds 1000 resumes' configs from this second; wait a second and resume again")
 
 
 # What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
@@ -124,11 +137,34 @@ def _logs(names: set[str]) -> set[str]:
     return {n for n in names if n.startswith("train") and n.endswith(".log")}
 
 
+def unique_folder(folder: Path) -> Path:
+    """`folder`, or `folder_1`, `folder_2`, ... : the first one this process creates itself. The default run
+    folder is named by the second, so two runs started in the same second would otherwise share one;
+    mkdir is atomic, so two processes never both get the same name."""
+    for n in range(1000):
+        candidate = folder if n == 0 else folder.with_name(f"{folder.name}_{n}")
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError:
+            return folder  # cannot be created: the check that follows says why, in one line
+    return folder
+
+
 class RunDirCheck(Callback):
     """A Hydra callback: the run (or sweep) folder can be created and written, checked before Hydra
     creates it for its log -- otherwise Hydra's own mkdir fails with a traceback before any of our code."""
 
     def on_run_start(self, config, **kwargs) -> None:
+        from omegaconf import read_write
+
+        given = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
+        if not given and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun ranks agree on the time-named one
+            with read_write(config.hydra.run):
+                config.hydra.run.dir = str(unique_folder(Path(str(config.hydra.run.dir))))
         self._check(config.hydra.run.dir, "hydra.run.dir")
 
     def on_multirun_start(self, config, **kwargs) -> None:

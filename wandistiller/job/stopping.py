@@ -12,6 +12,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -111,6 +112,39 @@ def launcher_stopped(error, run_dir) -> Stopped:
         f"continue, run the same command with trainer.resume=auto hydra.run.dir={run_dir}",
         128 + error.sigval,
     )
+
+
+class _Signalled(BaseException):
+    """Raised by `stop_at_once`'s handler; a BaseException, so no `except Exception` on its way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_at_once(then: str):
+    """Outside the training steps (setup, the end-of-run evaluation, the eval/generate tools) there is no
+    step end to wait for: SIGTERM or Ctrl-C stops at once, with one line saying what is kept (`then`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        raise _Signalled(signum)
+
+    previous = {s: signal.signal(s, handle) for s in SIGNALS}
+    try:
+        yield
+    except _Signalled as e:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        said = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 says it once
+        message = f"stopped by {signal.Signals(e.signum).name} before a training step could finish; {then}"
+        raise Stopped(message if said else "", 128 + e.signum) from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def install() -> Stop:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import time
@@ -121,7 +122,9 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
         stopping = stop.requested(run.student_group)  # SIGTERM/Ctrl-C on any rank: all stop after this step
         checkpoint = (step + 1) % trainer_cfg.checkpoint_every == 0 or step + 1 == last or stopping
         if (step + 1) % trainer_cfg.log_every == 0 or checkpoint:  # the same steps on every rank
-            run.history += _materialize(pending, clock, world * batch_size * accum, run.student_group)
+            fresh = _materialize(pending, clock, world * batch_size * accum, run.student_group)
+            _stop_if_not_finite(run, fresh)  # before this step's checkpoint: the last good one is kept
+            run.history += fresh
             pending = []
             bar.set_postfix(loss=f"{run.history[-1]['loss']:.4f}", refresh=False)
             if run.is_main and (step + 1) % trainer_cfg.log_every == 0:
@@ -136,6 +139,26 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
     run.targets.finish()
     bar.close()
     return run.history
+
+
+def _stop_if_not_finite(run: Run, entries: list[dict]) -> None:
+    """Training that went non-finite learns nothing more: stop at the first such step, naming it and the
+    keys that usually cause it. Under an fp16 GradScaler an inf gradient is routine (the step is skipped)."""
+    for e in entries:
+        bad = [k for k in ("loss", "grad_norm") if not math.isfinite(e[k])]
+        if bad == ["grad_norm"] and run.scaler.is_enabled():
+            continue
+        if bad:
+            from wandistiller.core.errors import UserError
+            from wandistiller.state.checkpoint import list_checkpoints
+
+            kept = list_checkpoints(run.run_dir)
+            resume = f"the last good checkpoint is {kept[-1].name}" if kept else "no checkpoint was saved"
+            raise UserError(
+                f"training went non-finite at step {e['step']} (loss {e['loss']}, grad norm {e['grad_norm']}, lr "
+                f"{e['lr']:g}); likely trainer.optimizer.lr, teacher.flow_shift, student.hidden_kd_weight or "
+                f"trainer.max_grad_norm -- {resume}; lower the value and start again, or resume from it"
+            )
 
 
 class Clock:
@@ -197,7 +220,7 @@ def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, g
             | {
                 "grad_norm": grad_norm,
                 "lr": p.lr,
-                "samples_per_s": samples_per_step / (step_ms / 1e3),
+                "samples_per_s": samples_per_step / (max(step_ms, 1e-3) / 1e3),  # a clock that did not move: no /0
                 "step_ms": step_ms,
                 "teacher_ms": teacher_ms,
                 "student_ms": step_ms - teacher_ms,

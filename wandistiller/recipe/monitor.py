@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 
 from wandistiller.core.errors import write_to_log_files
@@ -23,7 +24,7 @@ class Monitor:
     def __init__(self, trainer_cfg, val_set: ValSet | None, samples=None):
         self.t, self.val_set, self.samples = trainer_cfg, val_set, samples
         self.written = 0  # run.history entries already in metrics_steps.jsonl
-        self.best = math.inf
+        self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
 
     def __call__(self, run, step: int) -> None:
         row = {}
@@ -44,6 +45,8 @@ class Monitor:
         )
         run.tracker.log(metrics, step=step)
         log.info("step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+        if self.best is None:  # a resumed run's best so far: a worse checkpoint never replaces it
+            self.best = saved_best(Path(run.run_dir))
         if metrics["val/loss"] < self.best:
             self.best = metrics["val/loss"]
             write_checkpoint(Path(run.run_dir) / CHECKPOINTS / "best", step, training_state(run) | {"val": metrics})
@@ -54,8 +57,23 @@ class Monitor:
         rows = run.history[self.written :] + ([extra] if extra else [])
         self.written = len(run.history)
         if rows:
-            with (Path(run.run_dir) / "metrics_steps.jsonl").open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            with (Path(run.run_dir) / "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
+                end = f.seek(0, os.SEEK_END)
+                if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
+                    text = "\n" + text  # ends it, so the rows that follow stay whole
+                f.write(text.encode())
+
+
+def saved_best(run_dir: Path) -> float:
+    """The held-out loss checkpoints/best was saved with (inf when there is none, or it cannot be read)."""
+    from wandistiller.state.checkpoint import STATE_FILE
+
+    try:
+        value = json.loads((run_dir / CHECKPOINTS / "best" / STATE_FILE).read_text())["val"]["val/loss"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.inf
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
 class ProgressLog:

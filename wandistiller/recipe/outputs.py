@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wandistiller.data.validation import save_loss_plot
+from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.pipeline import run_pipeline
 
 log = logging.getLogger("wandistiller")
@@ -84,12 +84,6 @@ def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
     return save_grid(recipe.teacher_samples, mine, recipe.embeddings.prompts[:n], path)
 
 
-def recorded_rows(run_dir: Path) -> list[dict]:
-    """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
-    path = run_dir / "metrics_steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
     """Every training step of the run, the segments before a resume included (validation rows aside);
     this segment's `history` if nothing was recorded."""
@@ -120,9 +114,13 @@ def evaluate_at_end(recipe) -> dict:
                  "run %s where it fits", recipe.placement.name, where)  # fmt: skip
         return {}
     from wandistiller.eval import evaluate
+    from wandistiller.state.received import targets_of
+    from wandistiller.state.runs import Trust
 
     recipe.teacher = None
-    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device)
+    # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
+    own = Trust(tuple(targets_of(recipe.cfg)), recipe.prepared.teacher_path, cache_dir=str(recipe.cfg.paths.cache_dir))
+    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device, trust=own)
     recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
     return {f"eval_{k}": v for k, v in result["mean"].items()}
 

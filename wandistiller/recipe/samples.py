@@ -33,8 +33,11 @@ def draw(
     """First frames for the first `num_prompts` prompts: teacher (its experts and CFG) or student (no CFG)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
-    vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
-    scheduler = UniPCMultistepScheduler.from_pretrained(spec.path, subfolder="scheduler")
+    from wandistiller.teacher.model import loading
+
+    with loading(spec, "VAE or scheduler"):
+        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
+        scheduler = UniPCMultistepScheduler.from_pretrained(spec.path, subfolder="scheduler")
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
     transformer = transformers[0]

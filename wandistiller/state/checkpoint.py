@@ -37,21 +37,27 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint was taken at: from its folder name, or (a renamed folder) from its state."""
-    if re.fullmatch(r"step_\d+", path.name):
-        return int(path.name[len("step_") :])
-    return int(json.loads((path / STATE_FILE).read_text())["step"])
+    """The step a checkpoint was taken at: the one its state records (a folder renamed or copied keeps
+    it), else the one its name says; -1 when neither can be read."""
+    try:
+        step = json.loads((path / STATE_FILE).read_text()).get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    except (OSError, ValueError, AttributeError):
+        pass
+    return int(path.name[len("step_") :]) if re.fullmatch(r"step_\d+", path.name) else -1
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temporary folders start with '.' and are skipped).
+    """Finished checkpoints, oldest step first (temporary folders start with '.' and are skipped).
 
     A finished one that was later damaged is listed too; `problem` says whether it can be loaded.
     """
     root = run_dir / CHECKPOINTS
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file())
+    found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file()]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))  # by the step inside, not name or mtime
 
 
 def rng_state() -> dict:
@@ -233,7 +239,10 @@ def load_checkpoint(path: Path) -> dict:
     return state | {"path": str(path)}
 
 
-def check_compatible(state: dict, student: torch.nn.Module) -> None:
+RESUME_FIX = "resume with the student config it was trained with, or start a new run folder"
+
+
+def check_compatible(state: dict, student: torch.nn.Module, key: str = "trainer.resume", fix: str = RESUME_FIX) -> None:
     """Refuse a checkpoint of another student shape with one line, before load_state_dict's traceback."""
     student = getattr(student, "module", student)  # DDP
     expected = {k: tuple(v.shape) for k, v in student.state_dict().items()}
@@ -249,9 +258,8 @@ def check_compatible(state: dict, student: torch.nn.Module) -> None:
         detail = f"it has {len(extra)} tensors this student lacks and lacks {len(missing)} of its own"
         detail += f" (e.g. {(missing or extra)[0]})"
     raise UserError(
-        f"trainer.resume: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
-        f"shape ({detail}); "
-        "resume with the student config it was trained with, or start a new run folder"
+        f"{key}: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
+        f"shape ({detail}); {fix}"
     )
 
 

@@ -12,14 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
-from wandistiller.core.renamed import modernize
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
-from wandistiller.state.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints, load_checkpoint
+from wandistiller.state.checkpoint import (
+    STATE_FILE,
+    check_compatible,
+    checkpoint_dir,
+    list_checkpoints,
+    load_checkpoint,
+)
+from wandistiller.state.received import load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.teacher.model import Teacher, TeacherSpec, inspect_teacher, resolve_teacher_path
 
 
@@ -35,8 +41,17 @@ class RunFolder:
         return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
 
 
-def open_run(path: str | Path, teacher_path: str | None = None) -> RunFolder:
-    """A run folder (it holds `.hydra/config.yaml`); its teacher found from `teacher.path`, interpolated."""
+def open_run(
+    path: str | Path,
+    teacher_path: str | None = None,
+    allow: tuple[str, ...] = (),
+    allow_download: bool = False,
+    cache_dir: str | None = None,
+) -> RunFolder:
+    """A run folder (it holds `.hydra/config.yaml`), read as data someone may have sent: its config checked
+    before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
+    machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
+    with `allow_download`)."""
     from wandistiller.config import register_configs
 
     register_configs()  # the resolvers a saved config may use
@@ -44,13 +59,15 @@ def open_run(path: str | Path, teacher_path: str | None = None) -> RunFolder:
     config = path / ".hydra" / "config.yaml"
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
-    try:
-        cfg = OmegaConf.load(config)
-    except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
-        raise UserError(f"{config} cannot be read ({type(e).__name__}); restore it from the run's backup") from None
-    modernize(cfg)  # an older run's `_target_`s name today's modules
+    cfg = load_received(config, allow)
+    cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
+    elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
+        raise UserError(
+            f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
+            "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
+        )
     return RunFolder(path, cfg, inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)))
 
 
@@ -85,11 +102,30 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
             problem = safetensors_problem(file)
             if problem:
                 raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
-        transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+        try:
+            transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+        except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"the student in {source} cannot be loaded ({first}); use --checkpoint latest (or another)"
+            ) from None
     else:
         student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
-        student.load_state_dict(load_checkpoint(source)["student"])  # safetensors + JSON: never unpickles
+        state = load_checkpoint(source)  # safetensors + JSON: never unpickles
+        # another student's checkpoint: one line, not load_state_dict's traceback
+        check_compatible(
+            state, student, "--checkpoint", "pick one this run trained (--checkpoint latest, best or step_N)"
+        )
+        student.load_state_dict(state["student"])
         transformer = cast_keeping_fp32(student.transformer, dtype)
+    teacher = run.spec.transformer_config
+    differ = [k for k in ("in_channels", "out_channels", "text_dim", "patch_size") if transformer.config.get(k) !=
+              (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))]  # fmt: skip
+    if differ:
+        raise UserError(
+            f"the student in {source} does not fit this run's teacher ({', '.join(differ)} differ); "
+            "give the run folder it was trained in"
+        )
     return transformer.to(device).eval().requires_grad_(False)
 
 
@@ -127,3 +163,36 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
     return torch.cat(out), seconds
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the user allows a received run folder on their own command line (eval, generate)."""
+
+    targets: tuple[str, ...] = ()  # `_target_`s beyond the project's own (--allow-target)
+    teacher_path: str | None = None  # a local teacher in place of the saved teacher.path (--teacher-path)
+    allow_download: bool = False  # a saved Hub-id teacher.path may download (--allow-download)
+    wandb_mode: str = "offline"  # never what the saved config says (--wandb-mode)
+    cache_dir: str | None = None  # None: this machine's (a sender's paths.cache_dir is never written into)
+
+    @classmethod
+    def from_args(cls, args) -> Trust:
+        mode = getattr(args, "wandb_mode", "offline")
+        return cls(tuple(args.allow_target or ()), args.teacher_path, args.allow_download, mode)
+
+    def open_args(self) -> tuple:
+        return self.teacher_path, self.targets, self.allow_download, self.cache_dir
+
+
+def add_trust_args(parser, wandb: bool = False) -> None:
+    parser.add_argument(
+        "--allow-target", action="append", metavar="NAME", help="a _target_ the run's config may name besides "
+        "WanDistiller's own (repeat for several); only for run folders you trust"
+    )  # fmt: skip
+    parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
+    parser.add_argument("--allow-download", action="store_true", help="let a Hub-id teacher.path download")
+    if wandb:
+        parser.add_argument(
+            "--wandb-mode", choices=["offline", "online"], default="offline",
+            help="how eval adds to the run's wandb run (default offline, whatever the run says)",
+        )  # fmt: skip

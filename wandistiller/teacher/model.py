@@ -7,7 +7,9 @@ every teacher -- the embedded tiny one included -- is a local diffusers-format f
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,7 +83,10 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
 def _read_json(path: Path, what: str) -> dict:
     """A JSON object from a teacher folder; anything else is one UserError naming the file."""
     try:
-        body = json.loads(path.read_text(encoding="utf-8-sig"))
+        raw = path.read_bytes()
+        if raw.startswith(b"\xef\xbb\xbf"):  # diffusers and transformers read these as plain UTF-8 and fail on it
+            raise UserError(f"{what}: {path} starts with a byte-order mark; save it as UTF-8 without one")
+        body = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UserError(f"{what}: {path} is missing; is this a diffusers-format Wan folder?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -133,7 +138,62 @@ def _expert_config(path: Path, name: str, key: str) -> dict:
     problem = wan_config_problem(config)
     if problem:
         raise UserError(f"{key}: {name}/config.json: {problem}; re-download the teacher")
+    blocks = _stored_blocks(path / name)
+    if blocks != config["num_layers"]:  # fewer would leave blocks random in silence; more fail late
+        raise UserError(
+            f"{key}: {name}/config.json says num_layers={config['num_layers']} but its weights hold {blocks} "
+            "blocks; re-download the teacher (config and weights come from different models)"
+        )
     return config
+
+
+def _stored_blocks(folder: Path) -> int:
+    """How many transformer blocks the safetensors files hold, from their headers (no weights read)."""
+    from safetensors import safe_open
+
+    indices = set()
+    for file in folder.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            indices |= {int(k.split(".")[1]) for k in f.keys() if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    return max(indices) + 1 if indices else 0
+
+
+# model_index.json entries besides the experts: the library, and the base class the named class must have.
+COMPONENTS = {
+    "text_encoder": ("transformers", "PreTrainedModel"),
+    "tokenizer": ("transformers", "PreTrainedTokenizerBase"),
+    "vae": ("diffusers", "AutoencoderKLWan"),
+    "scheduler": ("diffusers", "SchedulerMixin"),
+}
+
+
+def _check_components(path: Path, index: dict, key: str) -> None:
+    """Every other component is named with a real class of its kind, and its files are there and parse:
+    a missing, garbage or bogus one is one line now, not a library traceback when it loads."""
+    import importlib
+
+    for name, (library, base) in COMPONENTS.items():
+        entry = _component(index, name, key)
+        found = getattr(importlib.import_module(library), entry, None) if isinstance(entry, str) else None
+        if index.get(name, [None])[0] != library or not (isinstance(found, type) and _is_a(found, library, base)):
+            raise UserError(
+                f"{key}: model_index.json's {name!r} is {json.dumps(index.get(name))}; a Wan folder names a "
+                f"{library} {base} there (re-download the teacher)"
+            )
+    for config in ("text_encoder/config.json", "vae/config.json", "tokenizer/tokenizer_config.json"):
+        _read_json(path / config, key)
+    _require_safetensors(path / "vae", key)
+    tokenizer = path / "tokenizer"
+    if (tokenizer / "tokenizer.json").is_file():
+        _read_json(tokenizer / "tokenizer.json", key)
+    elif not (tokenizer / "spiece.model").is_file():
+        raise UserError(f"{key}: {tokenizer} holds no tokenizer.json or spiece.model; re-download the teacher")
+
+
+def _is_a(cls: type, library: str, base: str) -> bool:
+    import importlib
+
+    return issubclass(cls, getattr(importlib.import_module(library), base))
 
 
 def _schedule(path: Path, key: str) -> tuple[float, int]:
@@ -163,6 +223,7 @@ def inspect_teacher(path: Path) -> TeacherSpec:
         )
     for name in experts + ("text_encoder",):
         _require_safetensors(path / name, key)
+    _check_components(path, index, key)
     config = _expert_config(path, "transformer", key)
     if experts == ("transformer", "transformer_2"):
         config_2 = _expert_config(path, "transformer_2", key)
@@ -187,6 +248,22 @@ def inspect_teacher(path: Path) -> TeacherSpec:
     )
 
 
+@contextlib.contextmanager
+def loading(spec: TeacherSpec, what: str) -> Iterator[None]:
+    """A teacher component's library load: what the folder checks could not see (a truncated tokenizer
+    model, a config the library rejects) is one line naming the component, not a library traceback."""
+    try:
+        yield
+    except (UserError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:  # transformers / diffusers / sentencepiece raise many types for a damaged file
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UserError(
+            f"teacher.path={str(spec.path)!r}: its {what} cannot be loaded ({type(e).__name__}: {first}); "
+            "re-download the teacher"
+        ) from None
+
+
 def freeze(model: nn.Module) -> nn.Module:
     """The one place a teacher module becomes a frozen teacher: eval, no grads, nothing left on meta."""
     model.eval().requires_grad_(False)
@@ -199,9 +276,10 @@ def freeze(model: nn.Module) -> nn.Module:
 def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs) -> nn.Module:
     from diffusers import WanTransformer3DModel
 
-    model = WanTransformer3DModel.from_pretrained(
-        spec.path, subfolder=name, dtype=dtype, use_safetensors=True, **load_kwargs
-    )
+    with loading(spec, name):
+        model = WanTransformer3DModel.from_pretrained(
+            spec.path, subfolder=name, dtype=dtype, use_safetensors=True, **load_kwargs
+        )
     return freeze(model)
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from wandistiller.teacher.model import TeacherSpec
+from wandistiller.teacher.model import TeacherSpec, loading
 
 
 def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch.float32):
     from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=dtype, use_safetensors=True)
+    with loading(spec, "VAE"):
+        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=dtype, use_safetensors=True)
     return vae.to(device).eval().requires_grad_(False)
 
 

@@ -1,0 +1,40 @@
+"""A swapped `_target_` with the wrong signature, and a `${…}` that cannot resolve, are one line naming the
+key before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from wandistiller.core.errors import UserError
+from wandistiller.train import run
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "trainer.loss._target_=wandistiller.recipe.loop.training_state",
+            r"trainer.loss._target_=.* cannot be called as",
+        ),
+        ("recipe._target_=wandistiller.recipe.loop.memory_metrics", r"recipe._target_=.*\(cfg, prepared, topology\)"),
+        ("student._target_=wandistiller.recipe.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
+        ("+trainer.optimizer.nonsense=1", r"trainer.optimizer._target_='torch.optim.AdamW' cannot be called"),
+        ("logger._target_=wandistiller.recipe.loop.distillation_loss", r"logger._target_=.* cannot be called"),
+    ],
+)
+def test_a_target_with_the_wrong_signature_is_one_line(make_cfg, tmp_path, override, message):
+    with pytest.raises(UserError, match=message) as e:
+        run(make_cfg(override))
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("paths.cache_dir=${oc.env:WANDISTILLER_TEST_UNSET}", r"^paths.cache_dir=\$\{oc.env:WANDISTILLER_TEST_UNSET\}"),
+        ("seed=${no.such.key}", r"^seed=\$\{no.such.key\}: Interpolation key 'no.such.key' not found"),
+    ],
+)
+def test_an_interpolation_that_cannot_resolve_names_its_own_key(make_cfg, override, message):
+    with pytest.raises(UserError, match=message):
+        run(make_cfg(override))

@@ -1,0 +1,167 @@
+"""A run folder someone sends you is data: its saved config is checked before anything in it runs, and
+evaluating, generating from or resuming it reaches nothing its sender chose (network, cache, files)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from wandistiller import eval as eval_cli
+from wandistiller import generate as generate_cli
+from wandistiller.core.errors import UserError
+from wandistiller.job.resumed import continued_config
+from wandistiller.state.received import allow_targets, allowed_targets, check_received
+from wandistiller.train import run
+
+
+def payload(marker) -> dict:
+    """What the audit sent: nested `_target_`s that write a file when Hydra instantiates them."""
+    return {"_target_": "pathlib.Path.write_text", "self": {"_target_": "pathlib.Path", "_args_": [str(marker)]},
+            "data": "ran"}  # fmt: skip
+
+
+def test_the_payload_is_live_under_plain_hydra(tmp_path):
+    """The control: without the check, instantiating the crafted node does write the marker."""
+    marker = tmp_path / "control"
+    instantiate(OmegaConf.create(payload(marker)))
+    assert marker.read_text() == "ran"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache_dir, tiny_path):
+    """One short real run (a checkpoint at each of 2 steps), copied by each test that alters it."""
+    from hydra import compose, initialize_config_dir
+
+    from wandistiller.config import CONF_DIR
+
+    folder = tmp_path_factory.mktemp("finished") / "run"
+    overrides = [f"paths.cache_dir={cache_dir}", f"paths.output_dir={folder}", "logger=none", "precision=fp32",
+                 "trainer.progress_bar=false", "trainer.sample_prompts=0", "trainer.val_every=0",
+                 "trainer.eval_at_end=false", "trainer.max_steps=2", "trainer.checkpoint_every=1"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        run(compose("train", overrides=overrides))
+    return folder
+
+
+def received(finished, tmp_path, **changes) -> tuple:
+    """A copy of the finished run whose saved config has `changes` (dotted key -> value) written in."""
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    file = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(file.read_text())
+    for key, value in changes.items():
+        *parents, last = key.split(".")
+        node = saved
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    file.write_text(yaml.safe_dump(saved))
+    return folder, file
+
+
+def one_error_line(capsys, cli, argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize("key", ["student.config_path", "trainer.optimizer", "trainer.loss.hidden_kd_weight",
+                                 "recipe", "teacher_placement.extra", "logger"])  # fmt: skip
+def test_a_hostile_target_is_refused_by_eval_and_generate_and_nothing_runs(finished, tmp_path, capsys, key):
+    marker = tmp_path / "marker"
+    folder, file = received(finished, tmp_path, **{key: payload(marker)})
+    for cli, extra in ((eval_cli, ["--steps", "1", "--limit", "1"]), (generate_cli, ["--prompt", "x"])):
+        err = one_error_line(capsys, cli, [str(folder), *extra])
+        assert "pathlib." in err and str(file) in err and "--allow-target" in err
+    assert not marker.exists()
+
+
+def test_a_hostile_target_is_refused_on_resume_and_nothing_runs(finished, tmp_path, make_cfg):
+    marker = tmp_path / "marker"
+    folder, file = received(finished, tmp_path, **{"trainer.loss": payload(marker)})
+    shutil.rmtree(folder / "student")
+    (folder / "metrics.json").unlink()
+    with pytest.raises(UserError, match=r"trainer.loss._target_='pathlib.Path.write_text' in .*config.yaml") as e:
+        continued_config(make_cfg("trainer.resume=auto", run_dir=folder), ["trainer.resume=auto"])
+    assert "on this command line" in str(e.value)
+    assert not marker.exists()
+
+
+def test_a_target_the_user_names_is_theirs(finished, tmp_path, capsys):
+    """`--allow-target` for eval/generate; a resume's own command line (its composed config) the same way."""
+    folder, file = received(
+        finished, tmp_path, **{"trainer.optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}}
+    )
+    assert check_received(OmegaConf.load(file), file).trainer.optimizer._target_ == "torch.optim.SGD"
+    raw = OmegaConf.load(file)
+    raw.recipe._target_ = "mypkg.MyRecipe"
+    with pytest.raises(UserError, match="recipe._target_='mypkg.MyRecipe'"):
+        check_received(raw, file)
+    assert check_received(raw, file, trusted={"mypkg.MyRecipe"}).recipe._target_ == "mypkg.MyRecipe"
+    allow_targets("mypkg.MyRecipe")  # a later registry's entry
+    assert "mypkg.MyRecipe" in allowed_targets()
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"student.foo": 1}, "student.foo in .* is not a WanDistiller config key"),
+        ({"surprise": {"a": 1}}, "surprise in .* is not a WanDistiller config key"),
+        ({"trainer.optimizer.foo": 1}, "trainer.optimizer.foo in .* is not an argument of torch.optim.AdamW"),
+        ({"teacher_placement.foo": 1}, "teacher_placement.foo in .* is not an argument of .*CpuPlacement"),
+        ({"trainer.batch_size": "many"}, "trainer.batch_size in .*config.yaml"),
+        ({"trainer.optimizer": "${oc.decode:'{_target_: os.system}'}"}, "uses the resolver oc.decode"),
+        ({"recipe._target_": "${oc.env:WHATEVER}"}, "recipe._target_=.* is an interpolation"),
+    ],
+)
+def test_a_config_off_the_schema_is_one_line_naming_key_and_file(finished, tmp_path, capsys, change, expected):
+    folder, file = received(finished, tmp_path, **change)
+    err = one_error_line(capsys, eval_cli, [str(folder), "--steps", "1", "--limit", "1"])
+    assert str(file) in err
+    assert __import__("re").search(expected, err), err
+
+
+def test_a_hub_id_teacher_is_not_downloaded_from_a_received_run(finished, tmp_path, capsys, tiny_path):
+    folder, file = received(finished, tmp_path, **{"teacher.path": "evil/repo", "teacher.builtin": None})
+    err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x"])
+    assert "teacher.path='evil/repo'" in err and "--teacher-path" in err and "--allow-download" in err
+    out = tmp_path / "out"
+    argv = [str(folder), "--prompt", "x", "--steps", "1", "--teacher-path", str(tiny_path), "--out", str(out)]
+    generate_cli.run_generate(generate_cli.parse_args(argv))
+    assert len(list(out.glob("*.png"))) == 1
+
+
+def test_a_run_from_another_machine_evaluates_generates_and_resumes(finished, tmp_path, make_cfg, cache_dir):
+    """Other absolute paths (the sender's cache and output folder): this machine's cache is used, and
+    the sender's folders are never created."""
+    elsewhere = tmp_path / "home" / "alice"
+    folder, _ = received(finished, tmp_path, **{"paths.cache_dir": str(elsewhere / "cache"),
+                                                "paths.output_dir": str(elsewhere / "outputs/run")})  # fmt: skip
+    result = eval_cli.evaluate(folder, steps=1, limit=1)
+    assert result["mean"]["latent_mse"] >= 0
+    args = generate_cli.parse_args([str(folder), "--prompt", "../../escape", "--steps", "1"])
+    paths = generate_cli.run_generate(args)
+    assert all(p.resolve().parent == (folder / "generated").resolve() for p in paths)  # no `../` from prompts
+    shutil.rmtree(folder / "student")
+    (folder / "metrics.json").unlink()
+    summary = run(make_cfg("trainer.resume=auto", "trainer.max_steps=3", run_dir=folder))
+    assert summary["final_step"] == 3
+    assert not elsewhere.exists()
+
+
+def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp_path, capsys):
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
+    file = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(file.read_text())
+    saved["logger"]["mode"] = "online"
+    file.write_text(yaml.safe_dump(saved))
+    eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
+    assert "logged to the run's wandb run" in capsys.readouterr().out
+    assert list((folder / "wandb").glob("offline-run-*"))
