@@ -278,7 +278,14 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
     # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.
-    OmegaConf.register_new_resolver("wd_assets", lambda rel="": str(CONF_DIR.parent / "assets" / rel), replace=True)
+    OmegaConf.register_new_resolver("wd_assets", shipped_asset, replace=True)
+
+
+def shipped_asset(rel: str = "") -> str:
+    """`${wd_assets:REL}`: a path inside the package's assets, never outside it (received configs use it too)."""
+    if ".." in Path(rel).parts or Path(rel).is_absolute():
+        raise ValueError(f"wd_assets:{rel} leaves the package's assets; name a path inside them")
+    return str(CONF_DIR.parent / "assets" / rel)
 
 
 def compose_config(overrides: list[str]):

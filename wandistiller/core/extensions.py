@@ -13,13 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
 
+# keys whose `_target_` may instead be a class built from the keys alone (its instances are what is called)
+LOSS_CLASSES = frozenset({"trainer.loss"})
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_convert_"})
 
 # key -> (positional arguments, keyword arguments) the project adds at its call site
 CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recipe": (("cfg", "prepared", "topology"), ()),  # train.run_recipe
     "student": ((), ("spec", "dtype")),  # recipe._setup_student
-    "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),  # loop.distill_step
+    # loop.distill_step, for a function of the old shape; a loss class (losses.LOSSES) is built from its keys
+    # alone and its instances called with LossInputs (LOSS_CLASSES below)
+    "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),
     "trainer.optimizer": (("params",), ()),  # recipe._setup_optimization
     "logger": ((), ()),  # recipe._setup_tracker
     "teacher_placement": ((), ()),  # preflight.choose_placement
@@ -35,9 +39,12 @@ def check_signatures(cfg: DictConfig) -> None:
         if not isinstance(node, DictConfig) or "_target_" not in node:
             continue
         try:
-            signature = inspect.signature(get_object(node._target_))
+            target = get_object(node._target_)
+            signature = inspect.signature(target)
         except (ValueError, TypeError):  # a builtin without a signature: nothing to check against
             continue
+        if key in LOSS_CLASSES and inspect.isclass(target):
+            positional = ()
         given = [k for k in node.keys() if k not in HYDRA_KEYS]
         args = [None] * (len(node.get("_args_") or []) + len(positional))
         try:

@@ -31,7 +31,7 @@ from wandistiller.core.renamed import modernize
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
 # tree uses. `oc.decode` / `oc.create` would build new nodes (a `_target_` among them) only when resolved.
-SAFE_RESOLVERS = frozenset({"oc.env", "oc.select", "hydra", "now", "wd_now", "wd_rank_suffix"})
+SAFE_RESOLVERS = frozenset({"oc.env", "oc.select", "hydra", "now", "wd_now", "wd_rank_suffix", "wd_assets"})
 _extra_targets: set[str] = set()
 
 
