@@ -86,6 +86,12 @@ def test_moved_targets_resolve_in_an_older_runs_saved_config(old):
     saved = OmegaConf.create({"node": {"_target_": old}, "hydra": {"callbacks": {"x": {"_target_": old}}}})
     modernize(saved)
     assert saved.node._target_ == saved.hydra.callbacks.x._target_ == RENAMED[old]
+    unread = OmegaConf.create({"a": {"_target_": "${oc.env:NOT_SET_ANYWHERE}"}, "b": ["${oc.env:NOT_SET_EITHER}"]})
+    modernize(unread)  # resolving either would raise: a received config's interpolations are checked later
+    assert OmegaConf.to_container(unread) == {
+        "a": {"_target_": "${oc.env:NOT_SET_ANYWHERE}"},
+        "b": ["${oc.env:NOT_SET_EITHER}"],
+    }
     assert callable(get_object(RENAMED[old]))
 
 

@@ -31,10 +31,13 @@ def modernize(node) -> None:
     """Rewrite, in place, every moved `_target_` in a loaded config (nested nodes and lists included)."""
     if isinstance(node, DictConfig):
         for key in list(node.keys()):
-            if key == "_target_" and isinstance(node[key], str):
-                node[key] = current_target(node[key])
+            child = node._get_node(key)  # never resolved: a received config's interpolations stay unread
+            if key == "_target_":
+                raw = child._value() if child is not None else None
+                if isinstance(raw, str) and raw in RENAMED:
+                    node[key] = RENAMED[raw]
             else:
-                modernize(node._get_node(key))
+                modernize(child)
     elif isinstance(node, ListConfig):
         for i in range(len(node)):
             modernize(node._get_node(i))
