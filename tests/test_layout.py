@@ -4,6 +4,7 @@ on top, and `_target_`s of runs saved before the move still resolve (wandistille
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,18 @@ def test_every_target_of_the_shipped_conf_tree_resolves():
                 target = line.split(":", 1)[1].strip()
                 assert target not in RENAMED, f"{yaml} names the old {target}"
                 assert get_object(target), target
+
+
+def test_the_readme_code_map_names_every_module_and_only_tests_that_exist():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    code_map = readme[readme.index("## Code map") : readme.index("**Adding a placement:**")]
+    named = set(re.findall(r"`([\w/]+\.py)`", code_map))
+    packages = set(re.findall(r"\*\*`(\w+)/`\*\*", code_map))
+    for f in PACKAGE.rglob("*.py"):
+        rel = f.relative_to(PACKAGE).parts
+        if f.name in ("__init__.py", "__main__.py") or rel[0] in ("bench", "placements", "pocket", "quality"):
+            continue  # the benches are tools; placements/, pocket/ and quality/ are named as packages
+        assert f.name in named, f"README code map does not name {'/'.join(rel)}"
+    assert {"placements", "pocket", "quality"} <= packages
+    for test in set(re.findall(r"`(test_\w+\.py)`", code_map)):
+        assert (PACKAGE.parent / "tests" / test).is_file(), f"README code map names a missing {test}"
