@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS   ?=
 
-.PHONY: setup train test test-fast lint clean
+.PHONY: setup train test test-fast test-slow test-all lint clean
 
 setup: $(VENV)/.installed
 
@@ -27,11 +27,16 @@ train: setup          ## distill the embedded tiny teacher (extra overrides: mak
 # One thread per process: the tests' tiny models gain nothing from more, and their 2-3 rank runs share 2 cores.
 TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
-test: setup           ## the whole CPU suite (what CI runs)
-	$(TEST_ENV) $(PY) -m pytest -q $(ARGS)
-
-test-fast: setup      ## skip the slow end-to-end tests
+test: setup           ## the default lane: everything but the slow end-to-end runs (CI runs it first)
 	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" $(ARGS)
+
+test-fast: test       ## the old name of the default lane
+
+test-slow: setup      ## the slow lane only: long CLI runs, calibration, multi-rank end-to-end (CI runs it second)
+	$(TEST_ENV) $(PY) -m pytest -q -m slow $(ARGS)
+
+test-all: setup       ## both lanes in one pytest run
+	$(TEST_ENV) $(PY) -m pytest -q $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check wandistiller tests scripts

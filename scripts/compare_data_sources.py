@@ -19,17 +19,17 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from wandistiller.data import batch_source, encode_prompts, read_prompts
-from wandistiller.latents import SamplerSettings, teacher_latents
-from wandistiller.loop import Run, train_loop
-from wandistiller.precision import Precision
-from wandistiller.runs import as_sampler, generate
-from wandistiller.student import build_student
-from wandistiller.targets import LocalTargets
-from wandistiller.teacher import Teacher, inspect_teacher, load_expert
-from wandistiller.tiny_teacher import ensure_tiny_teacher
-from wandistiller.tracking import NullTracker
-from wandistiller.validation import split_prompts
+from wandistiller.core.precision import Precision
+from wandistiller.data.latents import SamplerSettings, teacher_latents
+from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.recipe.loop import Run, train_loop
+from wandistiller.recipe.targets import LocalTargets
+from wandistiller.state.runs import as_sampler, generate
+from wandistiller.student.model import build_student
+from wandistiller.teacher.model import Teacher, inspect_teacher, load_expert
+from wandistiller.teacher.tiny import ensure_tiny_teacher
+from wandistiller.tracking.loggers import NullTracker
 
 FP32 = Precision("fp32", torch.float32, torch.float32, None)
 SHAPE = (16, 1, 8, 8)

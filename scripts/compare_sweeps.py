@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from wandistiller.sweep import compare, write_report
+from wandistiller.tracking.sweep import compare, write_report
 
 
 def main(argv: list[str]) -> int:

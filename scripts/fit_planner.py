@@ -10,7 +10,7 @@ GPU_DATA below (one H200, recorded in docs/PERFORMANCE.md). What is fitted, and 
   - CPU: bytes per image token and per text token that glibc's heap keeps beyond the physical count (small
     tensors at tiny widths), least squares over the CPU points with the physical count at factor 1.
 
-The printed constants go into wandistiller/memory.py by hand (a test checks they match this file).
+The printed constants go into wandistiller/placements/memory.py by hand (a test checks they match this file).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wandistiller import memory  # noqa: E402
 from wandistiller.bench.plan import predict  # noqa: E402
+from wandistiller.placements import memory  # noqa: E402
 
 H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
 GPU_1_3B = ["teacher=wan2.1_t2v_1.3b", "student=small", "trainer.batch_size=16", "precision=bf16"]
@@ -54,8 +54,8 @@ def cpu_points(files: list[str]) -> list[dict]:
 def workload(overrides: list[str]):
     import torch
 
-    from wandistiller import plan
     from wandistiller.config import compose_config
+    from wandistiller.placements import planner as plan
 
     cfg = compose_config(overrides)
     return plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir), torch.bfloat16, 1)

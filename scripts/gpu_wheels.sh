@@ -7,7 +7,7 @@
 # importlib_metadata (10.x needs lazy-importer), hydra-core and omegaconf (+ antlr4-python3-runtime, an sdist
 # only: built into a wheel here). torchmetrics (+ lightning-utilities) and pytest (+ pluggy, iniconfig) are
 # listed in one reading of the image and missing in another, so they travel too: a carried copy in
-# /tmp/site wins over the image's, and all of it is ~12 MB. No torchao: wandistiller.fp8 is plain torch.
+# /tmp/site wins over the image's, and all of it is ~12 MB. No torchao: wandistiller.teacher.fp8 is plain torch.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 WHL=.whl

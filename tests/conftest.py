@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from wandistiller.config import CONF_DIR, register_configs
-from wandistiller.precision import Precision
+from wandistiller.core.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = CONF_DIR
@@ -37,14 +37,14 @@ def local_cache(cache_dir, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_path(cache_dir) -> Path:
-    from wandistiller.tiny_teacher import ensure_tiny_teacher
+    from wandistiller.teacher.tiny import ensure_tiny_teacher
 
     return ensure_tiny_teacher(cache_dir / "teachers" / "tiny-wan-t2v")
 
 
 @pytest.fixture(scope="session")
 def tiny_moe_path(cache_dir) -> Path:
-    from wandistiller.tiny_teacher import ensure_tiny_teacher
+    from wandistiller.teacher.tiny import ensure_tiny_teacher
 
     return ensure_tiny_teacher(cache_dir / "teachers" / "tiny-wan-t2v-moe", two_experts=True)
 
@@ -104,16 +104,16 @@ def spawn(fn, nproc: int, *args):
 
 def choose(cfg):
     """preflight's placement choice for a composed config, as a single-process job would make it."""
-    from wandistiller.distributed import Topology, World
-    from wandistiller.preflight import choose_placement
+    from wandistiller.core.distributed import Topology, World
+    from wandistiller.job.preflight import choose_placement
 
     return choose_placement(cfg, Precision.from_config(cfg.precision), World.of(cfg.distributed, Topology()))
 
 
 def workload(cfg):
     """The planner's workload for a composed config (bf16 teacher)."""
-    from wandistiller import plan
-    from wandistiller.memory import Hardware
+    from wandistiller.placements import planner as plan
+    from wandistiller.placements.memory import Hardware
 
     hw = Hardware.detect(cfg.hardware)
     found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)

@@ -26,6 +26,7 @@ def assert_in_band(result: dict, low: float = -5) -> None:
         assert not row["extrapolated"]
 
 
+@pytest.mark.slow  # a calibration: a real training job in a fresh process, measured
 def test_the_tiny_default_on_the_cpu_is_predicted_within_the_band(cache_dir, tiny_path, capsys):
     result = bench(cache_dir, arch="tiny", student="tiny", batch="4", placements="cpu")
     # A 0.45 GiB job is mostly library code, whose file-backed pages count in the peak RSS by how much of
@@ -33,7 +34,11 @@ def test_the_tiny_default_on_the_cpu_is_predicted_within_the_band(cache_dir, tin
     # (all pages just written, so the kernel maps them around each fault). The -5% floor holds where the
     # job's own memory dominates (the small student, below); here it allows that ~0.1 GiB of noise.
     assert_in_band(result, low=-25)
-    assert "host pred" in capsys.readouterr().out  # the table is printed last
+    (row,) = result["rows"]
+    last = capsys.readouterr().out.strip().splitlines()[-1].split()  # the table is printed last: its one row
+    assert last[:3] == [row["student"], str(row["batch"]), "cpu"]
+    shown = [f"{row['predicted_host_gib']:.2f}", f"{row['measured_host_gib']:.2f}", f"{row['host_error_pct']:+.1f}"]
+    assert last[3:6] == shown
 
 
 @pytest.mark.slow

@@ -10,10 +10,10 @@ import shutil
 import pytest
 import torch
 
-from wandistiller.data import _cache_key, encode_prompts
-from wandistiller.errors import UserError
-from wandistiller.latents import _chunk_path, cached_bank
-from wandistiller.teacher import inspect_teacher
+from wandistiller.core.errors import UserError
+from wandistiller.data.latents import _chunk_path, cached_bank
+from wandistiller.data.prompts import _cache_key, encode_prompts
+from wandistiller.teacher.model import inspect_teacher
 
 SHAPE = (2, 1, 2, 2)
 
@@ -47,7 +47,7 @@ def test_a_damaged_chunk_of_a_finished_cache_is_made_again(tmp_path, caplog, dam
     else:
         (folder / "complete.json").write_text("{not json")
     calls.clear()
-    with caplog.at_level(logging.WARNING, logger="wandistiller.latents"):
+    with caplog.at_level(logging.WARNING, logger="wandistiller.data.latents"):
         healed = bank(folder, calls)
     assert calls == ([2] if damage != "manifest" else [])
     assert healed.x0(torch.arange(5))[:, 0, 0, 0, 0].tolist() == [0, 1, 2, 3, 4]
@@ -74,7 +74,7 @@ def test_a_damaged_embeddings_cache_is_encoded_again(tiny_path, tmp_path, caplog
     first = encode_prompts(spec, *args)
     file = next((cache / "embeddings").glob("*.pt"))
     file.write_bytes(file.read_bytes()[:100])
-    with caplog.at_level(logging.WARNING, logger="wandistiller.data"):
+    with caplog.at_level(logging.WARNING, logger="wandistiller.data.prompts"):
         again = encode_prompts(spec, *args)
     assert "is damaged; encoding the prompts again" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(first.embeds, again.embeds))
@@ -94,7 +94,7 @@ def test_the_cache_keys_change_when_the_teachers_files_are_rewritten(tiny_path, 
 
 
 def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, caplog, monkeypatch):
-    import wandistiller.data as data
+    import wandistiller.data.prompts as data
 
     spec, cache = inspect_teacher(tiny_path), tmp_path / "cache"
     prompts = [f"prompt number {i}" for i in range(5)]
@@ -117,7 +117,7 @@ def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, c
     parts = sorted(p.name for p in saved)
     assert parts == ["part_000000.pt", "part_000001.pt"] and all(p.is_file() for p in saved)
     saved[1].write_bytes(saved[1].read_bytes()[:50])  # and the second part was damaged
-    with caplog.at_level(logging.INFO, logger="wandistiller.data"):
+    with caplog.at_level(logging.INFO, logger="wandistiller.data.prompts"):
         resumed = encode_prompts(spec, *args)
     warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "part_000001.pt" in warnings[0] and "encoding those prompts again" in warnings[0]

@@ -17,8 +17,9 @@ from conftest import run_cli
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 
-from wandistiller import checkpoint
-from wandistiller.checkpoint import (
+from wandistiller.core.errors import UserError
+from wandistiller.state import checkpoint
+from wandistiller.state.checkpoint import (
     check_compatible,
     checkpoint_dir,
     list_checkpoints,
@@ -27,7 +28,6 @@ from wandistiller.checkpoint import (
     restore,
     save_checkpoint,
 )
-from wandistiller.errors import UserError
 from wandistiller.train import run
 
 
@@ -265,8 +265,18 @@ def test_every_torch_load_in_the_package_is_weights_only():
     assert calls >= 2  # data.py's embedding cache and legacy.py's converter
 
 
-def test_checkpoint_module_never_imports_pickle():
-    assert "pickle" not in checkpoint.__dict__ and "torch.load" not in open(checkpoint.__file__).read()
+def test_a_checkpoint_saves_and_loads_with_every_unpickler_forbidden(tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a checkpoint went through pickle")
+
+    for owner, name in [(pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")]:
+        monkeypatch.setattr(owner, name, forbidden)
+    model, state = real_state()
+    path = save_checkpoint(tmp_path, 4, state, keep=2)
+    loaded = load_checkpoint(path)
+    assert loaded["step"] == 4 and all(torch.equal(loaded["student"][k], v) for k, v in state["student"].items())
+    json.loads((path / "state.json").read_text())  # data, not code: plain JSON beside the safetensors
+    assert "pickle" not in checkpoint.__dict__
 
 
 def old_format_checkpoint(folder):

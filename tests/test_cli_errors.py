@@ -62,8 +62,8 @@ def test_tools_refuse_zero_or_negative_steps_in_their_usage_line(tool, capsys):
 def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp_path):
     import torch
 
-    from wandistiller.errors import UserError
-    from wandistiller.runs import load_student, open_run
+    from wandistiller.core.errors import UserError
+    from wandistiller.state.runs import load_student, open_run
     from wandistiller.train import run
 
     run_dir = tmp_path / "r"

@@ -11,10 +11,18 @@ from omegaconf.errors import OmegaConfBaseException
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 
 
-def test_every_group_is_tested_and_non_empty():
-    assert {"teacher", "teacher_placement", "precision", "data", "student", "trainer", "logger", "distributed"} <= set(
-        GROUPS
-    )
+def test_every_group_has_options_and_a_schema_and_every_schema_a_group():
+    from wandistiller.config import TrainConfig
+
+    presets = {"experiment", "debug"}  # added with `+group=…`: no key of their own in the schema
+    for group in GROUPS:
+        assert sorted((CONF / group).glob("*.yaml")), f"conf/{group}/ holds no option"
+        if group not in presets:  # its own key, or the key its options are packaged at (`# @package trainer.loss`)
+            first = (sorted((CONF / group).glob("*.yaml"))[0]).read_text().splitlines()[0]
+            key = first.split("@package", 1)[1].strip().split(".")[0] if "@package" in first else group
+            assert key in TrainConfig.__dataclass_fields__, f"conf/{group}/ has no schema in TrainConfig"
+    groups_of_schema = {k for k, f in TrainConfig.__dataclass_fields__.items() if f.default == "???"}
+    assert groups_of_schema - {"paths", "recipe"} <= set(GROUPS)  # every required schema key is a group
 
 
 @pytest.mark.parametrize("group,option", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
@@ -29,7 +37,7 @@ def test_every_option_composes_and_resolves(make_cfg, group, option):
     cfg = make_cfg(f"{prefix}{group}={option}", *extra)
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     if group == "loss":  # `# @package trainer.loss`: the group fills the loop's key
-        assert container["trainer"]["loss"]["_target_"].startswith("wandistiller.losses.")
+        assert container["trainer"]["loss"]["_target_"].startswith("wandistiller.recipe.losses.")
         return
     global_presets = ("experiment", "debug")  # @package _global_: they set keys elsewhere
     assert container[group] is not None if group not in global_presets else container["trainer"]["max_steps"] > 0
@@ -59,7 +67,7 @@ def test_bad_overrides_fail_at_composition(make_cfg, override):
 
 def test_an_enum_typo_lists_the_valid_values_in_one_line():
     from wandistiller.config import compose_config
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
 
     with pytest.raises(UserError, match=r"Invalid value 'magic', expected one of \[random, teacher, auto\]"):
         compose_config(["student.init=magic"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wandistiller.data import encode_prompts, make_batch, read_prompts, shifted_sigmas
-from wandistiller.errors import UserError
-from wandistiller.teacher import inspect_teacher
+from wandistiller.core.errors import UserError
+from wandistiller.data.prompts import encode_prompts, make_batch, read_prompts, shifted_sigmas
+from wandistiller.teacher.model import inspect_teacher
 
 
 def test_the_shipped_prompts_are_many_and_varied():

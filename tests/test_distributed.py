@@ -17,11 +17,11 @@ import torch.distributed as dist
 from conftest import FP32, ROOT, run_cli, spawn
 from omegaconf import OmegaConf
 
-from wandistiller.checkpoint import load_checkpoint
-from wandistiller.distributed import Topology
+from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.student import build_student
-from wandistiller.teacher import inspect_teacher
+from wandistiller.state.checkpoint import load_checkpoint
+from wandistiller.student.model import build_student
+from wandistiller.teacher.model import inspect_teacher
 
 
 def _ddp_worker(teacher_path: str) -> list:
@@ -139,8 +139,11 @@ def test_a_failing_rank_ends_the_job_quickly_with_its_error(tmp_path, cache_dir,
     assert "worker rank 1 failed" in result.stderr and expected in result.stdout + result.stderr
     if kind:
         assert "planner's estimates" in result.stdout + result.stderr
-    # The checkpoints written before the failure are complete and resumable.
-    assert (run_dir / "checkpoints" / "step_00000002" / "state.json").is_file()
+    # The checkpoints written before the failure are complete and load; how the job failed does not change
+    # what it wrote, so one 2-rank resume (the plain failure's) stands for both.
+    assert load_checkpoint(run_dir / "checkpoints" / "step_00000002")["step"] == 2
+    if kind:
+        return
     again = _cli(run_dir, cache_dir, "distributed.nproc_per_node=2", "trainer.max_steps=4", "trainer.resume=auto")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
@@ -281,7 +284,7 @@ def test_a_two_rank_sharded_run_trains(tmp_path, cache_dir, tiny_moe_path):
 
 
 def test_sharded_with_one_process_is_refused(make_cfg, tmp_path):
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
     from wandistiller.train import run
 
     with pytest.raises(UserError, match="teacher_placement=sharded .* distributed.nproc_per_node"):
@@ -309,7 +312,7 @@ def _listening(pids: set[int]) -> set[str]:
 
 
 def _listening_worker() -> list:
-    from wandistiller.distributed import destroy_process_group, init_process_group
+    from wandistiller.core.distributed import destroy_process_group, init_process_group
 
     init_process_group(Topology.from_env(), 1.0)
     t = torch.ones(1)
@@ -323,7 +326,7 @@ def _listening_worker() -> list:
 def test_a_single_node_launch_listens_on_the_loopback_only():
     """The rendezvous, the workers' store and gloo: nothing a single-node run opens is reachable from
     another machine (torch's own stores bind every interface whatever host they are given)."""
-    from wandistiller.distributed import launch
+    from wandistiller.core.distributed import launch
 
     cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
     results = launch(_listening_worker, (), cfg)

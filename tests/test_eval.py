@@ -14,8 +14,8 @@ from PIL import Image
 
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
-from wandistiller.checkpoint import load_checkpoint
-from wandistiller.runs import load_student, open_run, student_source
+from wandistiller.state.checkpoint import load_checkpoint
+from wandistiller.state.runs import load_student, open_run, student_source
 from wandistiller.train import run
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from test_image_data import CAPTIONS, write_folder
 
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
+from wandistiller.data.images import image_source
+from wandistiller.data.validation import split_prompts
 from wandistiller.eval import eval_prompts
-from wandistiller.image_data import image_source
-from wandistiller.runs import RunFolder
-from wandistiller.teacher import inspect_teacher
-from wandistiller.validation import split_prompts
+from wandistiller.state.runs import RunFolder
+from wandistiller.teacher.model import inspect_teacher
 
 
 def run_of(make_cfg, tmp_path, tiny_path, *overrides):

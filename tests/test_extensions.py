@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
 from wandistiller.train import run
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("trainer.loss._target_=wandistiller.loop.training_state", r"trainer.loss._target_=.* cannot be called as"),
-        ("recipe._target_=wandistiller.loop.memory_metrics", r"recipe._target_=.*\(cfg, prepared, topology\)"),
-        ("student._target_=wandistiller.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
+        (
+            "trainer.loss._target_=wandistiller.recipe.loop.training_state",
+            r"trainer.loss._target_=.* cannot be called as",
+        ),
+        ("recipe._target_=wandistiller.recipe.loop.memory_metrics", r"recipe._target_=.*\(cfg, prepared, topology\)"),
+        ("student._target_=wandistiller.recipe.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
         ("+trainer.optimizer.nonsense=1", r"trainer.optimizer._target_='torch.optim.AdamW' cannot be called"),
-        ("logger._target_=wandistiller.loop.distillation_loss", r"logger._target_=.* cannot be called"),
+        ("logger._target_=wandistiller.recipe.loop.distillation_loss", r"logger._target_=.* cannot be called"),
     ],
 )
 def test_a_target_with_the_wrong_signature_is_one_line(make_cfg, tmp_path, override, message):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wandistiller.errors import UserError
-from wandistiller.fastpaths import check_compile_mode, check_quantize, compile_kwargs
+from wandistiller.core.errors import UserError
+from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, compile_kwargs
 from wandistiller.train import run
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from wandistiller.errors import UserError
-from wandistiller.precision import Precision, cast_keeping_fp32
+from wandistiller.core.errors import UserError
+from wandistiller.core.precision import Precision, cast_keeping_fp32
 from wandistiller.train import run
 
 
@@ -31,7 +31,8 @@ def test_a_resumed_runs_wandb_sync_hint_names_every_segment(make_cfg, tmp_path, 
     with caplog.at_level(logging.INFO):
         run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", "logger=wandb", run_dir=folder))
     segments = sorted((folder / "wandb").glob("offline-run-*"))
-    assert len(segments) == 2 and len({p.name.rsplit("-", 1)[1] for p in segments}) == 1  # one run id
+    # offline-run-<date>_<time>-<id>, with "-1" added by wandb when both started in the same second
+    assert len(segments) == 2 and len({p.name.split("-")[3] for p in segments}) == 1  # one run id
     hint = next(r.getMessage() for r in caplog.records if "wandb sync" in r.getMessage())
     assert all(str(p) in hint for p in segments)
 
@@ -90,8 +91,8 @@ def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(tmp_path):
 
 
 def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
-    from wandistiller.distributed import Topology
-    from wandistiller.preflight import prepare
+    from wandistiller.core.distributed import Topology
+    from wandistiller.job.preflight import prepare
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine runs gpu0")

@@ -1,4 +1,4 @@
-"""The fp8 teacher (wandistiller.fp8) on the CPU: its layers against bf16, its targets' precision, streamed
+"""The fp8 teacher (wandistiller.teacher.fp8) on the CPU: its layers against bf16, its targets' precision, streamed
 against resident bit for bit, the host RAM it saves, the planner's bytes, and where it is refused."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from conftest import BF16, ROOT, choose, run_cli, workload
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
-from wandistiller import memory
-from wandistiller.arch import WAN_14B
-from wandistiller.distributed import Topology
-from wandistiller.errors import UserError
-from wandistiller.fp8 import Fp8Linear, quantize_model, quantize_weight, relative_mse, scaled_mm_runs
+from wandistiller.core.arch import WAN_14B
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.placements import memory
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
-from wandistiller.teacher import inspect_teacher, load_expert
+from wandistiller.teacher.fp8 import Fp8Linear, quantize_model, quantize_weight, relative_mse, scaled_mm_runs
+from wandistiller.teacher.model import inspect_teacher, load_expert
 from wandistiller.train import run
 
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0, "quantize": None})
@@ -73,7 +73,7 @@ def test_fp8_targets_stay_within_one_percent_relative_mse_of_the_bf16_teachers(t
 
 def test_quantizing_a_loaded_expert_gives_the_same_bytes_as_loading_it_quantized(tiny_path):
     # bench job's hand-written loop quantizes in memory; the placements read block by block: one arithmetic.
-    from wandistiller.fastpaths import quantize_expert
+    from wandistiller.placements.fastpaths import quantize_expert
 
     spec = inspect_teacher(tiny_path)
     loaded = CpuPlacement().load(spec, FP8, BF16, Topology()).experts[0]
@@ -100,7 +100,7 @@ def test_a_streamed_fp8_teacher_gives_the_resident_fp8_teachers_targets_bit_for_
 
 @pytest.mark.slow  # two regional compiles on the CPU: ~1 min
 def test_a_compiled_streamed_fp8_teacher_gives_the_compiled_resident_fp8_targets(tiny_moe_path):
-    from wandistiller.teacher import compile_blocks
+    from wandistiller.teacher.model import compile_blocks
 
     spec = inspect_teacher(tiny_moe_path)
     resident, bf16 = (
@@ -145,7 +145,7 @@ import ctypes, sys, torch
 from pathlib import Path
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 from diffusers import WanTransformer3DModel
-from wandistiller.streaming import load_fp8_expert
+from wandistiller.placements.streaming import load_fp8_expert
 folder = Path(sys.argv[2]); base = rss()
 if sys.argv[1] == "fp8":
     model = load_fp8_expert(folder, torch.bfloat16, torch.device("cpu"))
@@ -158,6 +158,7 @@ print(rss() - base)
 """
 
 
+@pytest.mark.slow  # a calibration: host RAM measured in fresh processes
 def test_an_fp8_teacher_takes_about_half_the_host_ram_of_a_bf16_one(tmp_path):
     from diffusers import WanTransformer3DModel
 

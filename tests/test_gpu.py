@@ -7,11 +7,11 @@ import torch
 from conftest import BF16
 from omegaconf import OmegaConf
 
-from wandistiller.distributed import Topology
+from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
-from wandistiller.teacher import inspect_teacher
+from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -48,8 +48,8 @@ FP8 = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0, "quantiz
 
 @pytest.mark.parametrize("placement", [OffloadPlacement(resident_blocks=1), DiskPlacement(resident_blocks=0)])
 def test_a_streamed_fp8_teacher_on_cuda_runs_scaled_mm_and_gives_the_resident_fp8_targets(tiny_moe_path, placement):
-    from wandistiller.fp8 import relative_mse
     from wandistiller.placements.gpu import GpuPlacement
+    from wandistiller.teacher.fp8 import relative_mse
 
     spec = inspect_teacher(tiny_moe_path)
     resident = GpuPlacement().load(spec, FP8, BF16, Topology())

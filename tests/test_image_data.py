@@ -12,11 +12,11 @@ from diffusers import WanPipeline
 from omegaconf import OmegaConf
 from PIL import Image
 
-from wandistiller import image_data as image_data_module
-from wandistiller.errors import UserError
-from wandistiller.image_data import image_data, to_pixels
-from wandistiller.teacher import inspect_teacher
-from wandistiller.vae import decode_latents, encode_images, load_vae
+from wandistiller.core.errors import UserError
+from wandistiller.data import images as image_data_module
+from wandistiller.data.images import image_data, to_pixels
+from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.vae import decode_latents, encode_images, load_vae
 
 CAPTIONS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen"]
 TEACHER = OmegaConf.create({"negative_prompt": "", "max_sequence_length": 512})

@@ -10,10 +10,9 @@ from conftest import FP32
 from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
-from wandistiller import latents
-from wandistiller.data import _mix, encode_prompts, make_batch
-from wandistiller.distributed import Topology
-from wandistiller.latents import (
+from wandistiller.core.distributed import Topology
+from wandistiller.data import latents
+from wandistiller.data.latents import (
     SamplerSettings,
     cache_key,
     latents_folder,
@@ -21,8 +20,9 @@ from wandistiller.latents import (
     noise_for,
     teacher_latents,
 )
+from wandistiller.data.prompts import _mix, encode_prompts, make_batch
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.teacher import inspect_teacher
+from wandistiller.teacher.model import inspect_teacher
 
 PROMPTS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen", "a sailboat at dawn", "a city in rain"]
 SHAPE = (16, 1, 8, 8)

@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import ROOT
 
-from wandistiller import leftovers
-from wandistiller.checkpoint import TMP, checkpoint_dir, list_checkpoints, save_checkpoint
-from wandistiller.disk_source import converted_copy
-from wandistiller.distributed import Topology
-from wandistiller.rundir import claim_run_dir
-from wandistiller.tiny_teacher import build_pattern, ensure_tiny_teacher
+from wandistiller.core import leftovers
+from wandistiller.core.distributed import Topology
+from wandistiller.job.rundir import claim_run_dir
+from wandistiller.placements.disk_source import converted_copy
+from wandistiller.state.checkpoint import TMP, checkpoint_dir, list_checkpoints, save_checkpoint
+from wandistiller.teacher.tiny import build_pattern, ensure_tiny_teacher
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_the_disk_placements_dead_partial_conversions_are_removed(tmp_path, tiny
 SAVER = """
 import sys, torch
 from pathlib import Path
-from wandistiller.checkpoint import save_checkpoint, list_checkpoints, checkpoint_step
+from wandistiller.state.checkpoint import save_checkpoint, list_checkpoints, checkpoint_step
 run = Path(sys.argv[1])
 start = checkpoint_step(list_checkpoints(run)[-1]) if list_checkpoints(run) else 0
 state = {"student": {f"w{i}": torch.randn(256, 1024) for i in range(8)}, "optimizer": {}, "lr_scheduler": {},
@@ -129,7 +129,7 @@ def test_kill_9_at_random_moments_of_saving_leaves_usable_checkpoints_and_no_lef
     import signal
     import time
 
-    from wandistiller.checkpoint import clean_leftovers, load_checkpoint, problem
+    from wandistiller.state.checkpoint import clean_leftovers, load_checkpoint, problem
 
     rng = random.Random(0)
     for _ in range(4):

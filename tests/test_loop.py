@@ -7,9 +7,9 @@ import json
 import torch
 from conftest import run_cli
 
-from wandistiller.loop import distillation_loss
-from wandistiller.recipe import DistillationRecipe
-from wandistiller.student import build_student
+from wandistiller.recipe.distillation import DistillationRecipe
+from wandistiller.recipe.loop import distillation_loss
+from wandistiller.student.model import build_student
 from wandistiller.train import run
 
 CALLS: list[str] = []

@@ -1,4 +1,4 @@
-"""The loss options (wandistiller.losses): known answers on fixed tensors, and each trains in a real run."""
+"""The loss options (wandistiller.recipe.losses): known answers on fixed tensors, and each trains in a real run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from wandistiller.errors import UserError
-from wandistiller.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
+from wandistiller.core.errors import UserError
+from wandistiller.recipe.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
 from wandistiller.train import run
 
 
@@ -46,7 +46,7 @@ def test_blend_weighs_task_and_distillation():
 def test_old_shape_functions_and_partials_become_losses():
     from functools import partial
 
-    from wandistiller.loop import distillation_loss
+    from wandistiller.recipe.loop import distillation_loss
 
     legacy = as_loss(partial(distillation_loss, hidden_kd_weight=0.5), 0.5)
     assert total(legacy(inputs())) == 3.0 and legacy.needs == {"teacher", "teacher_hidden"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wandistiller.checkpoint import load_checkpoint
+from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.train import run
 
 
@@ -68,7 +68,7 @@ def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
 
 @pytest.mark.parametrize("override", ["data=image_folder"])
 def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, tmp_path, override):
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
 
     with pytest.raises(UserError, match="data.root"):
         run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))
@@ -77,7 +77,7 @@ def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, t
 def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg, tmp_path):
     """checkpoints/best is replaced only by a better one after a resume; a half-written metrics line (a kill
     mid-write) neither fails the end of the run nor swallows the rows written after it."""
-    from wandistiller.outputs import recorded_rows
+    from wandistiller.data.validation import recorded_rows
 
     run_dir = tmp_path / "r"
     common = ["trainer.val_every=2", "trainer.checkpoint_every=2"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from wandistiller.checkpoint import list_checkpoints
-from wandistiller.errors import UserError
-from wandistiller.loop import distillation_loss
+from wandistiller.core.errors import UserError
+from wandistiller.recipe.loop import distillation_loss
+from wandistiller.state.checkpoint import list_checkpoints
 from wandistiller.train import run
 
 CALLS: list[int] = []

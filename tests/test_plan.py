@@ -9,9 +9,10 @@ import sys
 import pytest
 from conftest import ROOT, choose, workload
 
-from wandistiller import memory, plan
-from wandistiller.errors import UserError
-from wandistiller.memory import param_count, teacher_weight_bytes
+from wandistiller.core.errors import UserError
+from wandistiller.placements import memory
+from wandistiller.placements import planner as plan
+from wandistiller.placements.memory import param_count, teacher_weight_bytes
 
 FRAME = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
 HARDWARE = {
@@ -100,6 +101,7 @@ def test_plan_cli_names_a_missing_hardware_key_in_one_line():
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
 
 
+@pytest.mark.slow  # several fresh-process CLI runs
 def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
     assert plan_cli("--help").returncode == 0
     result = plan_cli("teacher_placement=nowhere")
@@ -166,7 +168,7 @@ def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_h
 
 
 def test_parameter_counts_carry_units():
-    from wandistiller.errors import human_count
+    from wandistiller.core.errors import human_count
 
     assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
         "512", "41.9K", "213M", "1M", "1.3B"

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from wandistiller.errors import UserError
-from wandistiller.files import folder_problem, safetensors_problem
-from wandistiller.student import student_config
-from wandistiller.teacher import inspect_teacher
-from wandistiller.tracking import WandbTracker
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import folder_problem, safetensors_problem
+from wandistiller.student.model import student_config
+from wandistiller.teacher.model import inspect_teacher
+from wandistiller.tracking.loggers import WandbTracker
 from wandistiller.train import run
 
 TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)
@@ -200,7 +200,7 @@ def test_a_read_only_folder_is_named_read_only(tmp_path):
 
 
 def test_a_folder_as_prompts_path_is_named_a_folder_and_a_bom_is_dropped(tmp_path):
-    from wandistiller.data import read_prompts
+    from wandistiller.data.prompts import read_prompts
 
     with refused("is a folder; give a text file"):
         read_prompts(str(tmp_path))
@@ -249,7 +249,7 @@ def test_a_key_added_with_plus_that_no_schema_knows_is_refused(make_cfg, tmp_pat
 def test_a_teacher_path_that_is_a_symlink_loop_is_named_so(tmp_path):
     from omegaconf import OmegaConf
 
-    from wandistiller.teacher import resolve_teacher_path
+    from wandistiller.teacher.model import resolve_teacher_path
 
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
 from wandistiller.quality.metrics import clip_score, fid_kid, inception_fid, prompt_accuracy
 
 

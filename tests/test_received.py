@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
-from wandistiller.errors import UserError
-from wandistiller.received import allow_targets, allowed_targets, check_received
-from wandistiller.resumed import continued_config
+from wandistiller.core.errors import UserError
+from wandistiller.job.resumed import continued_config
+from wandistiller.state.received import allow_targets, allowed_targets, check_received
 from wandistiller.train import run
 
 

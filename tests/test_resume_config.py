@@ -9,8 +9,8 @@ import shutil
 import pytest
 from conftest import run_cli
 
-from wandistiller.errors import UserError
-from wandistiller.resumed import continued_config
+from wandistiller.core.errors import UserError
+from wandistiller.job.resumed import continued_config
 from wandistiller.train import run
 
 FIRST = ["trainer.max_steps=4", "trainer.batch_size=2", "trainer.checkpoint_every=2"]
@@ -89,7 +89,8 @@ def test_cli_resume_keeps_the_first_runs_overrides_and_records_them(tmp_path, ca
 
 
 def test_steps_a_killed_segment_measured_past_the_resumed_run_are_not_in_its_summary(tmp_path):
-    from wandistiller.outputs import recorded_rows, whole_run
+    from wandistiller.data.validation import recorded_rows
+    from wandistiller.recipe.outputs import whole_run
 
     rows = [{"step": s, "loss": 1.0} for s in range(1, 18)]  # killed at 17, last checkpoint at 10
     (tmp_path / "metrics_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -11,14 +11,14 @@ import textwrap
 import pytest
 from conftest import ROOT
 
-from wandistiller.rundir import RunDirTaken, claim_run_dir
+from wandistiller.job.rundir import RunDirTaken, claim_run_dir
 from wandistiller.train import run
 
 HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from wandistiller.rundir import claim_run_dir
+    from wandistiller.job.rundir import claim_run_dir
     claim_run_dir(Path(sys.argv[1]), None)
     print("holding", flush=True)
     time.sleep(120)
@@ -84,7 +84,7 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path)
     """The default folder is named by the second; mkdir decides who gets which name, even in a race."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from wandistiller.rundir import unique_folder
+    from wandistiller.job.rundir import unique_folder
 
     folder = tmp_path / "outputs" / "2026-11-26" / "11-10-00"
     with ThreadPoolExecutor(8) as pool:
@@ -95,7 +95,7 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path)
 def test_two_resumes_in_the_same_second_keep_both_configs(tmp_path):
     from omegaconf import OmegaConf
 
-    from wandistiller.rundir import save_config
+    from wandistiller.job.rundir import save_config
 
     for seed in (0, 1, 2):
         save_config(tmp_path, OmegaConf.create({"seed": seed}), None)

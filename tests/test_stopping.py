@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 from conftest import ROOT, run_cli, spawn
 
-from wandistiller.checkpoint import list_checkpoints, load_checkpoint
-from wandistiller.stopping import Stop
+from wandistiller.job.stopping import Stop
+from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 
 
 @pytest.mark.slow  # two CLI starts: ~20 s
@@ -66,7 +66,7 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
 SIGNAL_TWICE = textwrap.dedent(
     """
     import os, signal, sys, time
-    from wandistiller.stopping import Stop
+    from wandistiller.job.stopping import Stop
     stop = Stop().install()
     signum = getattr(signal, sys.argv[1])
     os.kill(os.getpid(), signum)
@@ -189,9 +189,9 @@ def test_sigterm_while_the_first_step_compiles_exits_within_ten_seconds_in_one_l
 def test_a_signal_outside_the_training_steps_is_one_line_even_through_broad_excepts(tiny_path, tmp_path):
     """Setup and the tools have no step end to wait for: SIGTERM stops at once with one line, and no
     `except Exception` on its way (a component load, a cache read) turns it into another error."""
-    from wandistiller.errors import Stopped
-    from wandistiller.stopping import stop_at_once
-    from wandistiller.teacher import inspect_teacher, loading
+    from wandistiller.core.errors import Stopped
+    from wandistiller.job.stopping import stop_at_once
+    from wandistiller.teacher.model import inspect_teacher, loading
 
     spec, before = inspect_teacher(tiny_path), signal.getsignal(signal.SIGTERM)
     with pytest.raises(Stopped, match=r"stopped by SIGTERM before a training step could finish; kept") as e:

@@ -10,16 +10,16 @@ import torch
 from conftest import BF16, FP32, choose, spawn, workload
 from omegaconf import OmegaConf
 
-from wandistiller import memory
-from wandistiller.arch import WAN_14B
-from wandistiller.distributed import Topology
-from wandistiller.errors import UserError
+from wandistiller.core.arch import WAN_14B
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.core.precision import DTYPES
+from wandistiller.placements import memory
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
-from wandistiller.precision import DTYPES
-from wandistiller.streaming import ALIGN, SHM, BlockLayout, node_shared_buffer, pack_blocks
-from wandistiller.teacher import inspect_teacher
+from wandistiller.placements.streaming import ALIGN, SHM, BlockLayout, node_shared_buffer, pack_blocks
+from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
 
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
@@ -96,6 +96,7 @@ def _shared_offload_worker(teacher_path: str) -> dict:
     return {"same": same, "inodes": inodes, "left": sorted(p.name for p in SHM.glob("wandistiller-*"))}
 
 
+@pytest.mark.slow  # a 2-rank spawn measuring /dev/shm mappings
 def test_ranks_of_a_node_share_one_host_copy_of_an_offload_teacher(tiny_moe_path):
 
     before = set(SHM.glob("wandistiller-*"))
@@ -140,7 +141,7 @@ def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_
 def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_targets(tiny_path):
     from torch._dynamo.utils import counters
 
-    from wandistiller.teacher import compile_blocks
+    from wandistiller.teacher.model import compile_blocks
 
     spec = inspect_teacher(tiny_path)
     resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
@@ -159,7 +160,7 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
 
 
 def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):
-    from wandistiller.disk_source import DiskSource
+    from wandistiller.placements.disk_source import DiskSource
 
     spec = inspect_teacher(tiny_moe_path)
     # The tiny teacher is saved in fp32.
@@ -187,8 +188,8 @@ def test_an_offload_dir_that_cannot_be_written_is_refused_naming_the_key(tiny_pa
 
 
 def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batches(tiny_moe_path):
-    from wandistiller.data import Batch
-    from wandistiller.targets import LocalTargets, WholeStepTargets
+    from wandistiller.data.prompts import Batch
+    from wandistiller.recipe.targets import LocalTargets, WholeStepTargets
 
     spec = inspect_teacher(tiny_moe_path)
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from wandistiller.distributed import Topology
-from wandistiller.errors import UserError
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.precision import Precision
-from wandistiller.student import build_student, init_from_teacher, student_config
-from wandistiller.teacher import inspect_teacher
+from wandistiller.student.model import build_student, init_from_teacher, student_config
+from wandistiller.teacher.model import inspect_teacher
 
 
 def scfg(**kw):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
 from wandistiller.train import run
 
 TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)

@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import CONF, ROOT, run_cli
 from hydra import compose, initialize_config_dir
 
-from wandistiller.sweep import load_points, markdown_table, write_report
+from wandistiller.tracking.sweep import load_points, markdown_table, write_report
 
 
+@pytest.mark.slow  # a whole multirun in fresh processes
 def test_a_two_point_sweep_reports_both_points_and_records_the_refused_one(tmp_path, cache_dir, tiny_path):
     sweep = tmp_path / "sweep"
     result = run_cli(
@@ -68,7 +70,7 @@ def hydra_cfg(*overrides):
 def test_the_placement_sweep_preset_composes():
     cfg = hydra_cfg("+experiment=placement_sweep")
     assert cfg.hydra.sweeper.params.teacher_placement == "cpu,gpu" and cfg.trainer.max_steps == 30
-    assert cfg.hydra.callbacks.sweep_report._target_ == "wandistiller.sweep.SweepReport"
+    assert cfg.hydra.callbacks.sweep_report._target_ == "wandistiller.tracking.sweep.SweepReport"
 
 
 def test_the_slurm_launcher_composes():

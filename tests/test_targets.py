@@ -1,5 +1,6 @@
 """Targets: the teacher's guided velocity equals WanPipeline's, routing is in timestep space, and targets
-served by an owner equal a local teacher's bit for bit (wandistiller/teacher.py, wandistiller/targets.py)."""
+served by an owner equal a local teacher's bit for bit
+(wandistiller/teacher/model.py, wandistiller/recipe/targets.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from conftest import FP32, spawn
 from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
-from wandistiller.data import batch_source, encode_prompts, read_prompts
-from wandistiller.distributed import Topology, roles_for
+from wandistiller.core.distributed import Topology, roles_for
+from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
-from wandistiller.teacher import inspect_teacher
+from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
+from wandistiller.teacher.model import inspect_teacher
 
 
 def teacher_cfg(**kw):
@@ -126,7 +127,10 @@ def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> d
     return {"rank": topo.rank, "checked": checked, "trains": roles.trains}
 
 
-@pytest.mark.parametrize("serving,nproc", [("node_owner", 2), ("dedicated_owner", 3)])
+@pytest.mark.parametrize(
+    "serving,nproc",
+    [("node_owner", 2), pytest.param("dedicated_owner", 3, marks=pytest.mark.slow)],  # 3 ranks: the slow lane
+)
 def test_served_targets_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir, serving, nproc):
     results = spawn(_served_targets_worker, nproc, str(tiny_moe_path), str(cache_dir), serving)
     trained = [r for r in results.values() if r["trains"]]

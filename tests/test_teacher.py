@@ -10,10 +10,10 @@ import torch
 from conftest import FP32
 from omegaconf import OmegaConf
 
-from wandistiller.distributed import Topology
-from wandistiller.errors import UserError
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.teacher import inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
 
 
 def teacher_cfg(**kw):
@@ -31,7 +31,7 @@ def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from wandistiller.tiny_teacher import TINY_TRANSFORMER, _build_tokenizer
+    from wandistiller.teacher.tiny import TINY_TRANSFORMER, _build_tokenizer
 
     root = tmp_path / "Wan-external"
     tokenizer = _build_tokenizer()
@@ -45,7 +45,7 @@ def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
             root / name, max_shard_size="50KB"
         )
     FlowMatchEulerDiscreteScheduler(shift=5.0).save_pretrained(root / "scheduler")
-    from wandistiller.tiny_teacher import build_tiny_pipeline
+    from wandistiller.teacher.tiny import build_tiny_pipeline
 
     build_tiny_pipeline().vae.save_pretrained(root / "vae")
     (root / "model_index.json").write_text(
@@ -170,7 +170,7 @@ def test_every_teacher_component_that_is_missing_garbage_or_bogus_is_one_line(tm
 
 def test_a_component_the_library_cannot_load_is_one_line_naming_it(tmp_path, tiny_path):
     """Valid JSON the tokenizer library still rejects: seen only when it loads, and still one line."""
-    from wandistiller.data import encode_prompts
+    from wandistiller.data.prompts import encode_prompts
 
     folder = tmp_path / "teacher"
     shutil.copytree(tiny_path, folder)

@@ -9,7 +9,7 @@ import torch
 
 from wandistiller import eval as eval_cli
 from wandistiller.bench.__main__ import check_args, parser
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
 from wandistiller.train import run
 
 

@@ -12,9 +12,9 @@ from conftest import run_cli
 from diffusers import WanTransformer3DModel
 from hydra.utils import instantiate
 
-from wandistiller.checkpoint import load_checkpoint
-from wandistiller.errors import UserError
-from wandistiller.teacher import inspect_teacher
+from wandistiller.core.errors import UserError
+from wandistiller.state.checkpoint import load_checkpoint
+from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
 
 

@@ -10,13 +10,13 @@ from conftest import FP32
 from omegaconf import OmegaConf
 from PIL import Image
 
-from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.distributed import Topology
-from wandistiller.errors import UserError
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.validation import build_val_set, save_loss_plot, split_prompts, timestep_grid, val_loss
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.student import build_student
-from wandistiller.teacher import inspect_teacher
-from wandistiller.validation import build_val_set, save_loss_plot, split_prompts, timestep_grid, val_loss
+from wandistiller.student.model import build_student
+from wandistiller.teacher.model import inspect_teacher
 
 STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
 
@@ -67,7 +67,7 @@ def test_loss_png_is_drawn_from_metrics_steps(tmp_path):
 
 
 def test_with_a_latent_bank_validation_starts_from_each_prompts_first_latent(tiny_path, cache_dir):
-    from wandistiller.latents import LatentBank
+    from wandistiller.data.latents import LatentBank
 
     spec = inspect_teacher(tiny_path)
     emb = encode_prompts(spec, ["a red fox", "a lighthouse"], "", 512, torch.float32, torch.device("cpu"), cache_dir)

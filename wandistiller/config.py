@@ -90,7 +90,7 @@ class TeacherConfig:
     # Regional torch.compile of the teacher's blocks (one graph reused by all); placements that run a
     # whole teacher in one process only (cpu, gpu, gpu0, offload, disk).
     compile: bool = False
-    # "fp8": the blocks' Linear layers in fp8, quantized once at load (wandistiller.fp8; CPU, or Ada/Hopper+).
+    # "fp8": the blocks' Linear layers in fp8, quantized once at load (wandistiller.teacher.fp8; CPU, or Ada/Hopper+).
     quantize: str | None = None
     # diffusers attention backend for the teacher ("flash", "_native_cudnn", ...); None = diffusers' default.
     attention_backend: str | None = None
@@ -135,8 +135,8 @@ class DataConfig:
 @dataclass
 class StudentConfig:
     # What builds the student: called with these keys plus the teacher's spec and a dtype (swap in your own).
-    _target_: str = "wandistiller.student.build_student"
-    # A named architecture from `wandistiller.student.STUDENT_BUILDERS`, or None with `config_path`.
+    _target_: str = "wandistiller.student.model.build_student"
+    # A named architecture from `wandistiller.student.model.STUDENT_BUILDERS`, or None with `config_path`.
     builder: str | None = None
     # A diffusers WanTransformer3DModel config.json (the old student_config.json).
     config_path: str | None = None
@@ -243,7 +243,7 @@ class TrainConfig:
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING
-    # The recipe one process runs: setup() then train() (wandistiller.recipe.DistillationRecipe).
+    # The recipe one process runs: setup() then train() (wandistiller.recipe.distillation.DistillationRecipe).
     recipe: Any = MISSING
     seed: int = 0
 
@@ -294,7 +294,7 @@ def compose_config(overrides: list[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
 
     try:
         return _compose("train", overrides)
@@ -342,7 +342,7 @@ def check_overrides(argv: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
 
     other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
     if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it

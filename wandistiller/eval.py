@@ -19,12 +19,14 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.data import encode_prompts, read_prompts
-from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.files import folder_problem
-from wandistiller.precision import to_dtype
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.files import folder_problem
+from wandistiller.core.precision import to_dtype
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.job.stopping import stop_at_once
 from wandistiller.quality.metrics import eval_quality
-from wandistiller.runs import (
+from wandistiller.state.runs import (
     RunFolder,
     Trust,
     add_trust_args,
@@ -35,8 +37,6 @@ from wandistiller.runs import (
     open_run,
     student_source,
 )
-from wandistiller.stopping import stop_at_once
-from wandistiller.validation import split_prompts
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int) -> list[s
                 "WanDistiller's shipped prompts, so eval does not read it; give --prompts FILE"
             )
     if data.get("latents") == "images":  # an image run holds out the last val_fraction of its own captions
-        from wandistiller.image_data import image_source
+        from wandistiller.data.images import image_source
 
         captions = read_prompts(data.val_prompts_path) if data.get("val_prompts_path") else image_source(data).captions
         held_out = split_prompts(captions, None, data.get("val_fraction", 0.1)) if not data.get("val_prompts_path") \
@@ -101,8 +101,8 @@ def evaluate(
     trust: Trust | None = None,
 ) -> dict:
     """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
-    from wandistiller.samples import save_grid
-    from wandistiller.vae import decode_latents, load_vae
+    from wandistiller.recipe.samples import save_grid
+    from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
     source = student_source(run, checkpoint)
@@ -193,8 +193,8 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     offline, whatever the saved config says, unless `--wandb-mode online` is given here."""
     import json
 
-    from wandistiller.checkpoint import STATE_FILE, list_checkpoints
-    from wandistiller.received import load_received
+    from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
+    from wandistiller.state.received import load_received
 
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
@@ -204,7 +204,7 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
     if not run_id:
         return
-    from wandistiller.tracking import WandbTracker
+    from wandistiller.tracking.loggers import WandbTracker
 
     tracker = WandbTracker(saved.logger.project, saved.logger.entity, trust.wandb_mode)
     tracker.start(run_dir, {}, run_id)

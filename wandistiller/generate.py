@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from wandistiller.data import encode_prompts
-from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.files import folder_problem
-from wandistiller.precision import to_dtype
-from wandistiller.runs import (
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.files import folder_problem
+from wandistiller.core.precision import to_dtype
+from wandistiller.data.prompts import encode_prompts
+from wandistiller.job.stopping import stop_at_once
+from wandistiller.state.runs import (
     Trust,
     add_trust_args,
     as_sampler,
@@ -30,7 +31,6 @@ from wandistiller.runs import (
     open_run,
     student_source,
 )
-from wandistiller.stopping import stop_at_once
 
 
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
@@ -46,7 +46,7 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
 
 
 def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
-    from wandistiller.vae import decode_latents
+    from wandistiller.teacher.vae import decode_latents
 
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -59,7 +59,7 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
 
 
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
-    from wandistiller.vae import load_vae
+    from wandistiller.teacher.vae import load_vae
 
     run, source = locate(args.path, args.checkpoint, Trust.from_args(args))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wandistiller import safestate
-from wandistiller.checkpoint import LEGACY_FILE, STATE_FILE, TENSORS, problem
-from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.state import safestate
+from wandistiller.state.checkpoint import LEGACY_FILE, STATE_FILE, TENSORS, problem
 
 # What numpy's RNG state (a uint32 array) needs, and nothing else; numpy 1.x pickles name numpy.core.
 _reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from wandistiller.errors import UserError, exit_on_user_error, human_count, internal_errors_reported
+from wandistiller.core.errors import UserError, exit_on_user_error, human_count, internal_errors_reported
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
     import torch
     from diffusers import WanPipeline
 
-    from wandistiller.runs import load_student, open_run, student_source
+    from wandistiller.state.runs import load_student, open_run, student_source
 
     run = open_run(run_dir)
     if out.exists() and any(out.iterdir()):

@@ -1,6 +1,6 @@
 """`python -m wandistiller.train …`: the Hydra shell, and `run(cfg)`, the plain function behind it.
 
-`run` prepares once (wandistiller.preflight: every check, the planner, the placement, the run folder),
+`run` prepares once (wandistiller.job.preflight: every check, the planner, the placement, the run folder),
 then runs the configured recipe (`recipe._target_`) in this process, in workers it launches
 (distributed.nproc_per_node > 1, and every point of a sweep, so that no CUDA memory carries from one
 point to the next), or as one rank of a torchrun job.
@@ -22,10 +22,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from wandistiller import stopping
-from wandistiller.checkpoint import checkpoint_step
 from wandistiller.config import register_configs
-from wandistiller.distributed import (
+from wandistiller.core.distributed import (
     Topology,
     destroy_process_group,
     init_process_group,
@@ -33,13 +31,15 @@ from wandistiller.distributed import (
     under_torchrun,
     worker_logging,
 )
-from wandistiller.errors import UserError, exit_on_user_error, internal_errors_reported
-from wandistiller.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
-from wandistiller.preflight import Prepared, check_interpolations, prepare
-from wandistiller.resumed import continued_config, task_overrides
-from wandistiller.rundir import release_run_dir, removed_if_refused
-from wandistiller.stopping import launcher_stopped, stop_at_once
-from wandistiller.sweep import record_failed_point, sweep_point
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.job import stopping
+from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
+from wandistiller.job.preflight import Prepared, check_interpolations, prepare
+from wandistiller.job.resumed import continued_config, task_overrides
+from wandistiller.job.rundir import release_run_dir, removed_if_refused
+from wandistiller.job.stopping import launcher_stopped, stop_at_once
+from wandistiller.state.checkpoint import checkpoint_step
+from wandistiller.tracking.sweep import record_failed_point, sweep_point
 
 log = logging.getLogger("wandistiller")
 register_configs()

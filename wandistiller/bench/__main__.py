@@ -11,7 +11,7 @@ import torch
 import wandistiller.bench as package
 from wandistiller.bench import CACHE, job, out_path, plan
 from wandistiller.bench.models import ARCHS
-from wandistiller.errors import UserError, exit_on_user_error
+from wandistiller.core.errors import UserError, exit_on_user_error
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--latent-width", type=int, default=104)
     t.add_argument("--reps", type=int, default=5)
     t.add_argument("--compile", action="store_true", help="regional torch.compile for both (compile_blocks)")
-    t.add_argument("--quantize", choices=["fp8"], default=None, help="fp8 blocks (wandistiller.fp8), vs bf16 too")
+    t.add_argument(
+        "--quantize", choices=["fp8"], default=None, help="fp8 blocks (wandistiller.teacher.fp8), vs bf16 too"
+    )
     t.add_argument("--fp8-compute", choices=["auto", "scaled_mm", "dequant"], default="auto",
                    help="fp8 matmuls: _scaled_mm, or the weights widened to bf16 per layer")  # fmt: skip
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -80,7 +82,7 @@ COUNTS = ("steps", "reps", "batch_size", "batch", "latent_height", "latent_width
 
 def check_args(args: argparse.Namespace) -> None:
     """What every benchmark needs of its flags, checked before minutes of setup: one line each."""
-    from wandistiller.files import folder_problem
+    from wandistiller.core.files import folder_problem
 
     for name in COUNTS:
         value = getattr(args, name, None)

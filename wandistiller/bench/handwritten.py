@@ -26,10 +26,10 @@ def setup(args, folder: Path) -> dict:
     from diffusers.optimization import get_scheduler
 
     from wandistiller.config import CONF_DIR
-    from wandistiller.data import encode_prompts, read_prompts
-    from wandistiller.student import build_student
-    from wandistiller.teacher import inspect_teacher
-    from wandistiller.validation import split_prompts
+    from wandistiller.data.prompts import encode_prompts, read_prompts
+    from wandistiller.data.validation import split_prompts
+    from wandistiller.student.model import build_student
+    from wandistiller.teacher.model import inspect_teacher
 
     device, (teacher_dtype, _) = torch.device(args.device), DTYPES[args.precision]
     spec = inspect_teacher(folder)
@@ -64,7 +64,7 @@ def setup(args, folder: Path) -> dict:
 
 def draw(args, s: dict, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_t, t and cond of a step, on the device: the framework's recipe for (seed, step, micro 0, rank 0)."""
-    from wandistiller.data import _mix
+    from wandistiller.data.prompts import _mix
 
     b, device, shift = args.batch, s["device"], s["spec"].flow_shift
     g = torch.Generator().manual_seed(_mix(args.seed, step, 0, 0))
@@ -94,8 +94,8 @@ def guided_target(s: dict, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tenso
 
 def _quantize_and_measure(args, s: dict) -> float:
     """fp8 the teacher; return its targets' relative MSE against the bf16 ones on the first batch."""
-    from wandistiller.fastpaths import quantize_expert
-    from wandistiller.fp8 import relative_mse
+    from wandistiller.placements.fastpaths import quantize_expert
+    from wandistiller.teacher.fp8 import relative_mse
 
     batch = draw(args, s, 0)
     reference = guided_target(s, *batch)
@@ -105,7 +105,7 @@ def _quantize_and_measure(args, s: dict) -> float:
 
 def run_loop(args, s: dict) -> dict:
     """`args.steps` steps; times (events on CUDA, as the framework's loop) of those after `args.warmup`."""
-    from wandistiller.loop import Clock
+    from wandistiller.recipe.loop import Clock
 
     clock, (_, autocast), device = Clock(s["device"]), DTYPES[args.precision], s["device"]
     step_ms, teacher_ms, losses = [], [], {}

@@ -33,7 +33,7 @@ REAL = {"freq_dim": 256, "rope_max_seq_len": 1024}  # Wan's own; the tiny builde
 
 
 def teacher_folder(arch: str, cache_dir: str) -> Path:
-    from wandistiller.tiny_teacher import ensure_tiny_teacher
+    from wandistiller.teacher.tiny import ensure_tiny_teacher
 
     config = ARCHS[arch] | ({} if arch == "tiny" else REAL)
     return ensure_tiny_teacher(Path(cache_dir).expanduser() / "bench" / f"wan-{arch}", transformer_config=config)
@@ -163,7 +163,7 @@ def add_parser(sub) -> None:
     j.add_argument("--latent-width", type=int, default=None)
     j.add_argument("--compile", action="store_true", help="regional torch.compile of teacher and student")
     j.add_argument("--compile-mode", default=None, help="student compile mode: reduce-overhead, max-autotune")
-    j.add_argument("--quantize", choices=["fp8"], default=None, help="fp8 teacher (wandistiller.fp8)")
+    j.add_argument("--quantize", choices=["fp8"], default=None, help="fp8 teacher (wandistiller.teacher.fp8)")
     j.add_argument("--attention-backend", default=None, help="the teacher's diffusers attention backend")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--framework-only", action="store_true", help="skip the hand-written loop (no ratio)")

@@ -19,7 +19,7 @@ def _load_once(how: str, folder: str, device: str) -> dict:
 
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.streaming import load_streamed_expert
+    from wandistiller.placements.streaming import load_streamed_expert
 
     before = memory_gib()
     base = before["RssAnon"] + before["RssShmem"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.arch import BENCH_ARCHS
+from wandistiller.core.arch import BENCH_ARCHS
 
 ARCHS = BENCH_ARCHS
 
@@ -32,7 +32,7 @@ def random_model(arch: str, dtype: torch.dtype):
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.streaming import replace_tensor
+    from wandistiller.placements.streaming import replace_tensor
 
     with init_empty_weights():  # parameters on meta; buffers (rope tables) real
         model = WanTransformer3DModel(**ARCHS[arch])

@@ -19,12 +19,12 @@ def _setup(cache_dir: Path, batch_size: int):
     from hydra import compose, initialize_config_dir
 
     from wandistiller.config import CONF_DIR, register_configs
-    from wandistiller.data import encode_prompts, read_prompts
-    from wandistiller.distributed import Topology
+    from wandistiller.core.distributed import Topology
+    from wandistiller.core.precision import Precision
+    from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.placements.cpu import CpuPlacement
-    from wandistiller.precision import Precision
-    from wandistiller.student import build_student
-    from wandistiller.teacher import inspect_teacher, resolve_teacher_path
+    from wandistiller.student.model import build_student
+    from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
 
     register_configs()
     conf = CONF_DIR
@@ -54,10 +54,10 @@ def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: i
     """Seconds per step of wandistiller's own loop (no checkpoints, no tracker, no progress bar)."""
     from diffusers.optimization import get_scheduler
 
-    from wandistiller.data import batch_source
-    from wandistiller.loop import Run, train_loop
-    from wandistiller.targets import LocalTargets
-    from wandistiller.tracking import NullTracker
+    from wandistiller.data.prompts import batch_source
+    from wandistiller.recipe.loop import Run, train_loop
+    from wandistiller.recipe.targets import LocalTargets
+    from wandistiller.tracking.loggers import NullTracker
 
     trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)

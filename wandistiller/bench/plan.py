@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from wandistiller.arch import BENCH_ARCHS
 from wandistiller.bench import CACHE, out_path
+from wandistiller.core.arch import BENCH_ARCHS
 
 GiB = 2**30
 
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     """Every (student, batch, placement) point: prediction, measurement, error; a table last."""
-    from wandistiller.errors import UserError
+    from wandistiller.core.errors import UserError
 
     latent = args.latent or ("8x8" if args.arch == "tiny" else "60x104")
     height, _, width = latent.partition("x")
@@ -84,10 +84,10 @@ def run(args) -> dict:
 
 def predict(overrides: list[str]) -> dict:
     """The planner's per-device prediction for the placement these overrides name, on this machine."""
-    from wandistiller import plan
     from wandistiller.config import compose_config
-    from wandistiller.memory import Hardware
-    from wandistiller.precision import Precision
+    from wandistiller.core.precision import Precision
+    from wandistiller.placements import planner as plan
+    from wandistiller.placements.memory import Hardware
 
     cfg = compose_config(overrides)
     found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
@@ -112,10 +112,10 @@ def cache_embeddings(overrides: list[str]) -> None:
     code = (
         "import sys, torch\n"
         "from wandistiller.config import compose_config\n"
-        "from wandistiller.data import encode_prompts, read_prompts\n"
-        "from wandistiller.precision import Precision\n"
-        "from wandistiller.teacher import inspect_teacher, resolve_teacher_path\n"
-        "from wandistiller.validation import split_prompts\n"
+        "from wandistiller.data.prompts import encode_prompts, read_prompts\n"
+        "from wandistiller.core.precision import Precision\n"
+        "from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path\n"
+        "from wandistiller.data.validation import split_prompts\n"
         "cfg = compose_config(sys.argv[1:])\n"
         "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
         "d = cfg.data\n"
@@ -235,9 +235,9 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
     from diffusers import WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from wandistiller.arch import TINY_TEXT_ENCODER
-    from wandistiller.streaming import replace_tensor
-    from wandistiller.tiny_teacher import build_tiny_pipeline
+    from wandistiller.core.arch import TINY_TEXT_ENCODER
+    from wandistiller.placements.streaming import replace_tensor
+    from wandistiller.teacher.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     text = TINY_TEXT_ENCODER | dict(d_model=BENCH_ARCHS[arch]["text_dim"], num_layers=1)

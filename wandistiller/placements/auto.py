@@ -1,6 +1,6 @@
 """`teacher_placement=auto`: the planner's choice, resolved before anything loads.
 
-`wandistiller.preflight.choose_placement` asks every registered placement for its estimate, takes
+`wandistiller.job.preflight.choose_placement` asks every registered placement for its estimate, takes
 the fastest that fits and composes `teacher_placement=<choice>` through Hydra, so the chosen option's
 schema, defaults and interpolations (e.g. `disk`'s `${paths.cache_dir}`) apply as if it had been named.
 """

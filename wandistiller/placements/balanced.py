@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from wandistiller.memory import Hardware
 from wandistiller.placements.device_map import DeviceMapPlacement
+from wandistiller.placements.memory import Hardware
 
 
 @dataclass

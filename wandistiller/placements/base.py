@@ -9,7 +9,7 @@ its config schema (so a key the option does not take fails when the config is co
                      it and also trains) or DEDICATED_OWNER (one rank per node only runs the teacher)
     compilable       whether teacher.compile=true (regional torch.compile) works with it
     collective       whether the teacher's forwards are collectives (every rank must run each one)
-    fp8              whether teacher.quantize=fp8 (wandistiller.fp8) works with it
+    fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
     check(precision, world)            refuse early, before any weights load, naming a fix
     estimate(workload, hardware)       bytes on each device (the planner's input)
     teacher_device(topology)           where inputs go (and targets come from)
@@ -24,10 +24,10 @@ from typing import ClassVar
 
 import torch
 
-from wandistiller.distributed import Topology
-from wandistiller.memory import Estimate, Hardware, Workload
-from wandistiller.precision import Precision
-from wandistiller.teacher import Teacher, TeacherSpec, load_expert
+from wandistiller.core.distributed import Topology
+from wandistiller.core.precision import Precision
+from wandistiller.placements.memory import Estimate, Hardware, Workload
+from wandistiller.teacher.model import Teacher, TeacherSpec, load_expert
 
 
 class Serving(str, Enum):
@@ -47,6 +47,8 @@ class Placement(ABC):
     fp8: ClassVar[bool] = False
     # Whether `auto` may choose it (a hand-written device map is the user's own choice).
     auto_candidate: ClassVar[bool] = True
+    # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
+    min_gpus: ClassVar[int] = 0
 
     def check(self, precision: Precision, world) -> None:  # noqa: B027 -- most placements check nothing
         """Refuse a placement that cannot run here (no GPU, too few ranks), naming one that can."""
@@ -77,7 +79,7 @@ def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: tor
     """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
     With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
     if getattr(teacher_cfg, "quantize", None):
-        from wandistiller.streaming import load_fp8_expert
+        from wandistiller.placements.streaming import load_fp8_expert
 
         experts = [load_fp8_expert(spec.path / name, dtype, device) for name in spec.experts]
         return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)

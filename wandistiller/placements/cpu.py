@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, Hardware, Workload, host_training_bytes, student_device_bytes
-from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import Placement, Serving, load_teacher
+from wandistiller.placements.memory import Estimate, Hardware, Workload, host_training_bytes, student_device_bytes
+from wandistiller.placements.memory import teacher_weight_bytes as weights
 
 
 @dataclass

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from wandistiller.distributed import gpu_count
-from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
-from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.core.distributed import gpu_count
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import Placement, Serving, load_teacher
+from wandistiller.placements.memory import Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
+from wandistiller.placements.memory import teacher_activation_bytes as activations
+from wandistiller.placements.memory import teacher_weight_bytes as weights
 
 
 @dataclass
@@ -32,6 +32,7 @@ class DeviceMapConfig:
 
 
 class DeviceMapPlacement(Placement):
+    min_gpus = 1
     name, speed_rank, serving = "device_map", 25, Serving.NODE_OWNER
     compilable = False  # accelerate's cross-device hooks and dynamo: not tried
     auto_candidate = False

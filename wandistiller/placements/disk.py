@@ -11,8 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, Hardware, Workload, block_bytes, host_process_bytes, host_training_bytes
+from wandistiller.core.errors import UserError
+from wandistiller.placements.memory import (
+    Estimate,
+    Hardware,
+    Workload,
+    block_bytes,
+    host_process_bytes,
+    host_training_bytes,
+)
 from wandistiller.placements.offload import OffloadPlacement
 
 
@@ -25,6 +32,7 @@ class DiskConfig:
 
 
 class DiskPlacement(OffloadPlacement):
+    min_gpus = 0
     name, speed_rank, fp8 = "disk", 60, True
     source = "disk"
 
@@ -50,8 +58,8 @@ class DiskPlacement(OffloadPlacement):
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
 
     def expert_folder(self, folder: Path, precision, topology, quantize: str | None = None) -> Path:
-        from wandistiller.disk_source import converted_copy
-        from wandistiller.fp8 import fp8_layers_of
+        from wandistiller.placements.disk_source import converted_copy
+        from wandistiller.teacher.fp8 import fp8_layers_of
 
         if not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
             raise UserError(

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from wandistiller.distributed import gpu_count, local_device
-from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, Hardware, Workload, beside_teacher_bytes, host_process_bytes
-from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.core.distributed import gpu_count, local_device
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import Placement, load_teacher
+from wandistiller.placements.memory import Estimate, Hardware, Workload, beside_teacher_bytes, host_process_bytes
+from wandistiller.placements.memory import teacher_weight_bytes as weights
 
 
 @dataclass
@@ -19,6 +19,7 @@ class GpuConfig:
 
 
 class GpuPlacement(Placement):
+    min_gpus = 1
     name, speed_rank, fp8 = "gpu", 0, True
 
     def check(self, precision, world) -> None:

@@ -10,12 +10,19 @@ from dataclasses import dataclass
 
 import torch
 
-from wandistiller.distributed import gpu_count
-from wandistiller.errors import UserError
-from wandistiller.memory import CUDA_CONTEXT, Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
-from wandistiller.memory import teacher_activation_bytes as activations
-from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.core.distributed import gpu_count
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import Placement, Serving, load_teacher
+from wandistiller.placements.memory import (
+    CUDA_CONTEXT,
+    Estimate,
+    Hardware,
+    Workload,
+    host_process_bytes,
+    student_device_bytes,
+)
+from wandistiller.placements.memory import teacher_activation_bytes as activations
+from wandistiller.placements.memory import teacher_weight_bytes as weights
 
 
 @dataclass
@@ -28,6 +35,7 @@ class Gpu0Config:
 
 
 class Gpu0Placement(Placement):
+    min_gpus = 2
     name, speed_rank, fp8 = "gpu0", 10, True
 
     def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False):

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from wandistiller.distributed import gpu_count, local_device
-from wandistiller.errors import UserError
-from wandistiller.memory import (
+from wandistiller.core.distributed import gpu_count, local_device
+from wandistiller.core.errors import UserError
+from wandistiller.placements.base import Placement, guidance_scales
+from wandistiller.placements.memory import (
     Estimate,
     Hardware,
     Workload,
@@ -28,10 +29,9 @@ from wandistiller.memory import (
     blocks_that_fit,
     host_process_bytes,
 )
-from wandistiller.memory import resident_blocks as blocks_free_memory_holds
-from wandistiller.memory import teacher_weight_bytes as weights
-from wandistiller.placements.base import Placement, guidance_scales
-from wandistiller.teacher import Teacher
+from wandistiller.placements.memory import resident_blocks as blocks_free_memory_holds
+from wandistiller.placements.memory import teacher_weight_bytes as weights
+from wandistiller.teacher.model import Teacher
 
 
 @dataclass
@@ -44,6 +44,7 @@ class OffloadConfig:
 
 
 class OffloadPlacement(Placement):
+    min_gpus = 1
     name, speed_rank, fp8 = "offload", 50, True
     source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
 
@@ -97,7 +98,7 @@ class OffloadPlacement(Placement):
         return folder
 
     def load(self, spec, teacher_cfg, precision, topology) -> Teacher:
-        from wandistiller.streaming import load_streamed_expert
+        from wandistiller.placements.streaming import load_streamed_expert
 
         device = self.teacher_device(topology)
         experts, streamers = [], []

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from wandistiller.memory import Hardware, Workload
 from wandistiller.placements.device_map import DeviceMapPlacement, sequential_shares
+from wandistiller.placements.memory import Hardware, Workload
 
 
 @dataclass

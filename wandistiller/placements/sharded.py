@@ -12,12 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
-from wandistiller.distributed import local_device
-from wandistiller.errors import UserError
-from wandistiller.memory import Estimate, Hardware, Workload, beside_teacher_bytes, block_bytes, host_training_bytes
-from wandistiller.memory import teacher_weight_bytes as weights
+from wandistiller.core.distributed import local_device
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import Placement, guidance_scales
-from wandistiller.teacher import Teacher, load_expert
+from wandistiller.placements.memory import (
+    Estimate,
+    Hardware,
+    Workload,
+    beside_teacher_bytes,
+    block_bytes,
+    host_training_bytes,
+)
+from wandistiller.placements.memory import teacher_weight_bytes as weights
+from wandistiller.teacher.model import Teacher, load_expert
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.arch import (
+from wandistiller.core.arch import (
     POCKET_MAX_SEQUENCE_LENGTH,
     POCKET_TEXT_ENCODER,
     POCKET_TRANSFORMER,
@@ -84,7 +84,7 @@ def text_states(pipe, prompts: list[str]) -> torch.Tensor:
 
 
 def normalised_latents(vae, images: torch.Tensor) -> torch.Tensor:
-    from wandistiller.vae import latent_stats
+    from wandistiller.teacher.vae import latent_stats
 
     mean, std = latent_stats(vae)
     return (latent_moments(vae, images) - mean) / std

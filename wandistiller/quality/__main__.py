@@ -109,7 +109,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from wandistiller.errors import exit_on_user_error
+    from wandistiller.core.errors import exit_on_user_error
 
     argv = sys.argv[1:] if argv is None else argv
     args, start = parse_args(argv), time.perf_counter()

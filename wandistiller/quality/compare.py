@@ -62,9 +62,9 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
 def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
     """Latents, images and seconds per image of the teacher (source None) or the run's student, for every
     prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row)."""
-    from wandistiller.data import encode_prompts
-    from wandistiller.runs import as_sampler, generate, load_student, load_teacher, open_run
-    from wandistiller.vae import decode_latents, load_vae
+    from wandistiller.data.prompts import encode_prompts
+    from wandistiller.state.runs import as_sampler, generate, load_student, load_teacher, open_run
+    from wandistiller.teacher.vae import decode_latents, load_vae
 
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
     t = run.cfg.teacher

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from wandistiller.errors import UserError
+from wandistiller.core.errors import UserError
 
 KID_SUBSET = 50  # KID's subset size: at most the smaller image count (torchmetrics' default 1000 is for 50k)
 

@@ -1,0 +1,237 @@
+"""Real images as x0: a captioned image folder or a local Hugging Face `datasets` folder, encoded once
+with the teacher's own VAE into a cached LatentBank; captions through the teacher's text encoder.
+
+A folder holds images with a caption each: `name.txt` beside `name.png`, or one `captions.jsonl` of
+{"file_name": ..., "text": ...} lines (the `datasets` imagefolder convention; "file"/"image" and
+"caption"/"prompt" are read too). A dataset is whatever `datasets.load_from_disk` reads, offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import file_stamps
+from wandistiller.data.latents import LatentBank, cached_bank
+from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
+from wandistiller.teacher.model import TeacherSpec
+from wandistiller.teacher.vae import encode_images, load_vae
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+FILE_KEYS, TEXT_KEYS = ("file_name", "file", "image"), ("text", "caption", "prompt")
+
+
+@dataclass
+class ImageSource:
+    """Captions, a way to open image i, what the user called it (for errors) and a fingerprint (for the cache)."""
+
+    captions: list[str]
+    open: Callable[[int], Image.Image]
+    key: str
+    fingerprint: str
+
+
+def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
+    captions = {}
+    for n, line in enumerate(_text(path, key).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            name = next(row[k] for k in FILE_KEYS if k in row)
+            captions[name] = next(row[k] for k in TEXT_KEYS if k in row)
+            if not isinstance(captions[name], str) or not isinstance(name, str):
+                raise TypeError
+        except (json.JSONDecodeError, StopIteration, TypeError):
+            raise UserError(
+                f"{key}: {path.name} line {n} is not a JSON object with file_name and text; "
+                'write one {"file_name": "a.png", "text": "a caption"} per line'
+            ) from None
+    return captions
+
+
+def _text(path: Path, key: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{key}: {path.name} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def folder_source(root: str) -> ImageSource:
+    path, key = Path(root).expanduser(), f"data.root={root!r}"
+    if not path.is_dir():
+        raise UserError(f"{key} is not a folder; give a folder of images with captions")
+    images = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not images:
+        raise UserError(f"{key} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    jsonl = path / "captions.jsonl"
+    from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
+    captions = []
+    for image in images:
+        rel = image.relative_to(path).as_posix()
+        if from_jsonl is not None:
+            caption = from_jsonl.get(rel)
+        else:
+            txt = image.with_suffix(".txt")
+            caption = _text(txt, key).strip() if txt.is_file() else None
+        if not caption:
+            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {image.stem}.txt beside it"
+            raise UserError(f"{key}: {rel} has no caption ({where}); caption every image")
+        captions.append(caption)
+    for image in images:  # headers only: an unreadable image is named now, not after the encoder loads
+        try:
+            with Image.open(image) as opened:
+                opened.verify()
+        except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
+            raise UserError(f"{key}: {image.relative_to(path).as_posix()} is not a readable image") from None
+    stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in images]
+    fingerprint = hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
+    return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint)
+
+
+def _pick_column(features: dict, wanted: str | None, kind: str, key: str, fits) -> str:
+    if wanted is not None:
+        if wanted not in features:
+            raise UserError(f"{key} has no column {wanted!r} (data.{kind}_column); it has {sorted(features)}")
+        return wanted
+    found = [name for name, feature in features.items() if fits(name, feature)]
+    if not found:
+        raise UserError(f"{key} has no {kind} column (it has {sorted(features)}); set data.{kind}_column")
+    return found[0]
+
+
+def dataset_source(dataset: str, image_column: str | None = None, text_column: str | None = None) -> ImageSource:
+    import datasets
+
+    key, folder = f"data.dataset={dataset!r}", Path(dataset).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"{key} is not a folder written by datasets' save_to_disk")
+    _dataset_files_inside(folder, key)
+    try:
+        ds = datasets.load_from_disk(str(folder))
+    except Exception as e:  # no state.json, garbage JSON, truncated arrow files: datasets raises many types
+        raise UserError(f"{key} cannot be read as a datasets folder ({type(e).__name__}); save it again") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if not ds:
+            raise UserError(f"{key} is a dataset dict with no splits; save one with a train split")
+        ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
+    is_image = lambda f: isinstance(f, datasets.Image)  # noqa: E731
+    image_col = _pick_column(ds.features, image_column, "image", key, lambda n, f: is_image(f))
+    text_col = _pick_column(
+        ds.features, text_column, "text", key, lambda n, f: n in TEXT_KEYS and getattr(f, "dtype", None) == "string"
+    )
+    if not is_image(ds.features[image_col]):
+        raise UserError(
+            f"{key}: column {image_col!r} holds {ds.features[image_col]}, not images; set data.image_column"
+        )
+    if getattr(ds.features[text_col], "dtype", None) not in ("string", "large_string"):
+        raise UserError(f"{key}: column {text_col!r} holds {ds.features[text_col]}, not text; set data.text_column")
+    captions = [c.strip() if isinstance(c, str) else "" for c in ds[text_col]]  # None is no caption, not "None"
+    if len(ds) == 0 or not all(captions):
+        raise UserError(f"{key}: {'no rows' if len(ds) == 0 else 'some rows have an empty ' + text_col}")
+    fingerprint = hashlib.sha256(json.dumps([dataset, ds._fingerprint, len(ds)]).encode()).hexdigest()
+    return ImageSource(captions, lambda i: ds[i][image_col], key, fingerprint)
+
+
+def _dataset_files_inside(folder: Path, key: str) -> None:
+    """A datasets folder names its own files (state.json's `_data_files`, dataset_dict.json's splits), and
+    load_from_disk opens them as named: a received folder naming `../x` or `/abs/x` would read outside it."""
+    names: list[tuple[str, object]] = []
+    for meta, field in [("dataset_dict.json", "splits"), ("state.json", "_data_files")]:
+        for file in [folder / meta, *folder.glob(f"*/{meta}")]:
+            if not file.is_file():
+                continue
+            try:
+                entries = json.loads(file.read_text(encoding="utf-8")).get(field, [])
+            except (ValueError, OSError, AttributeError):  # garbage, not UTF-8, not an object
+                raise UserError(
+                    f"{key}: {file.relative_to(folder)} is not valid JSON; save the dataset again"
+                ) from None
+            rel = file.relative_to(folder).as_posix()
+            if meta == "state.json" and not entries:  # datasets then fails with an IndexError
+                raise UserError(f"{key}: {rel} lists no data files (an empty dataset); save one with rows")
+            names += [(rel, e.get("filename") if isinstance(e, dict) else e) for e in entries or []]
+    for where, name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise UserError(
+                f"{key}: {where} names {name!r}, not a file of its own folder; a dataset may read only its own files"
+            )
+
+
+def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """Upright (EXIF orientation), resized to cover (height, width), center-cropped, scaled to [-1, 1]: [3, H, W]."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I"):  # 16-bit greyscale: PIL's convert("RGB") clips it to white, so scale it first
+        image = Image.fromarray((np.asarray(image, dtype=np.float32) / 257.0).round().clip(0, 255).astype(np.uint8))
+    fitted = ImageOps.fit(image.convert("RGB"), (width, height), method=Image.Resampling.BICUBIC)
+    return torch.from_numpy(np.asarray(fitted, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
+
+
+def _pixels(source: ImageSource, i: int, height: int, width: int) -> torch.Tensor:
+    try:
+        return to_pixels(source.open(i), height, width)
+    except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
+        raise UserError(f"{source.key}: image {i} ({source.captions[i][:40]!r}) is unreadable ({e})") from None
+
+
+def image_latents(
+    spec: TeacherSpec,
+    source: ImageSource,
+    latent_shape: tuple[int, int, int, int],
+    cache_dir: str | os.PathLike,
+    device: torch.device,
+    chunk_size: int = 16,
+    progress: bool = True,
+) -> LatentBank:
+    """The images as normalised VAE latents of `latent_shape` (one frame), cached and resumable by chunk."""
+    _, frames, h, w = latent_shape
+    if frames != 1:
+        raise UserError(f"data.latent_frames={frames}: images make one-frame latents; set data.latent_frames=1")
+    vae_files = file_stamps(spec.path / "vae", "*.safetensors")
+    vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
+    key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]
+    vae = []  # loaded only when a chunk is missing
+
+    def make_chunk(items: range) -> torch.Tensor:
+        if not vae:
+            vae.append(load_vae(spec, device))
+        scale = vae[0].config.scale_factor_spatial
+        pixels = torch.stack([_pixels(source, i, h * scale, w * scale) for i in items])
+        return encode_images(vae[0], pixels)
+
+    folder = Path(cache_dir).expanduser() / "image_latents" / key
+    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress, latent_shape)
+
+
+def image_source(data_cfg) -> ImageSource:
+    """The images and captions `data.root` or `data.dataset` names; refused in one line where they cannot
+    serve (the preflight calls this before anything heavy)."""
+    if (data_cfg.root is None) == (data_cfg.dataset is None):
+        raise UserError("data=image_folder: set one of data.root (an image folder) or data.dataset (a datasets folder)")
+    if data_cfg.root is not None:
+        return folder_source(data_cfg.root)
+    return dataset_source(data_cfg.dataset, data_cfg.image_column, data_cfg.text_column)
+
+
+def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
+    """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
+    source = image_source(data_cfg)
+    channels = spec.transformer_config["in_channels"]
+    shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
+    bank = image_latents(spec, source, shape, cache_dir, device, data_cfg.latent_chunk, progress)
+    embeddings: PromptEmbeddings = encode_prompts(
+        spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
+    )
+    return embeddings, bank

@@ -1,0 +1,328 @@
+"""Training inputs: prompts, their cached text embeddings, and per-step batches.
+
+The inputs of a step are a pure function of (seed, step, micro-batch, rank): any process -- a resumed
+run, or a teacher owner building every rank's batch -- can rebuild them exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import DEFAULT_PROMPTS
+from wandistiller.teacher.model import TeacherSpec
+
+log = logging.getLogger(__name__)
+
+
+def read_prompts(prompts_path: str | None, key: str = "data.prompts_path") -> list[str]:
+    """The prompts of a text file, one a line; a UTF-8 byte-order mark (Windows editors add one) is dropped."""
+    path = DEFAULT_PROMPTS if prompts_path is None else Path(prompts_path).expanduser()
+    key = f"{key}={str(path)!r}"
+    if path.is_dir():
+        raise UserError(f"{key} is a folder; give a text file with one prompt per line")
+    if path.exists() and not path.is_file():  # a pipe or a device: reading it could block or never end
+        raise UserError(f"{key} is not a regular file (a pipe or a device); give a text file with one prompt per line")
+    if not path.is_file():
+        raise UserError(f"{key} does not exist; give a text file with one prompt per line")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{key} is not UTF-8 text; give a text file with one prompt per line") from None
+    except OSError as e:
+        raise UserError(f"{key} cannot be read ({e.strerror}); give a readable text file") from None
+    if "\x00" in text:
+        raise UserError(f"{key} holds NUL bytes, so it is not a text file; give one prompt per line")
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise UserError(f"{key} holds no prompts; put one prompt per line")
+    return prompts
+
+
+@dataclass
+class PromptEmbeddings:
+    """Per-prompt text-encoder states, trimmed to each prompt's length (re-padded with zeros per batch,
+    exactly as WanPipeline pads), plus the negative prompt's."""
+
+    prompts: list[str]
+    embeds: list[torch.Tensor]
+    negative: torch.Tensor
+    max_sequence_length: int
+
+    def padded(self, indices: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+        rows = [self.embeds[i] for i in indices.tolist()]
+        if device is not None and device.type != "cpu":  # move the prompts' own tokens only, pad there
+            rows = _to_device(torch.cat(rows), device).split([len(r) for r in rows])
+        return torch.stack([_pad(r, self.max_sequence_length) for r in rows])
+
+    def negative_batch(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        negative = self.negative if device is None else _to_device(self.negative, device)
+        return _pad(negative, self.max_sequence_length).expand(n, -1, -1)
+
+
+def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.cat([x, x.new_zeros(length - x.shape[0], x.shape[1])])
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without making the host wait: through pinned memory on CUDA."""
+    if device.type == "cuda":
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
+
+
+def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
+    from wandistiller.core.files import file_stamps
+
+    encoder = spec.path / "text_encoder"
+    weights = file_stamps(encoder, "*.safetensors") + file_stamps(spec.path / "tokenizer", "*")
+    blob = json.dumps(
+        [
+            str(spec.path.resolve()),
+            (encoder / "config.json").read_text(),
+            weights,
+            prompts,
+            negative,
+            max_len,
+            str(dtype),
+        ]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def encode_prompts(
+    spec: TeacherSpec,
+    prompts: list[str],
+    negative_prompt: str,
+    max_sequence_length: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    cache_dir: str | os.PathLike,
+) -> PromptEmbeddings:
+    """Text embeddings from the teacher's own encoder, computed once and cached on disk.
+
+    Uses WanPipeline.encode_prompt (the pipeline's tokenization, cleaning and padding), then frees the
+    encoder: it is never resident during training.
+    """
+    key = _cache_key(spec, prompts, negative_prompt, max_sequence_length, dtype)
+    cache = Path(cache_dir).expanduser() / "embeddings" / f"{key}.pt"
+    cached = _cached_embeddings(cache, prompts, max_sequence_length)
+    if cached is not None:
+        return cached
+
+    from diffusers import WanPipeline
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    from wandistiller.teacher.model import loading
+
+    parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
+    parts.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(prompts), EMBED_CHUNK)
+    found = {c: _load_part(parts / f"part_{c:06d}.pt", prompts[s : s + EMBED_CHUNK], max_sequence_length)
+             for c, s in enumerate(starts)}  # fmt: skip
+    damaged = [f"part_{c:06d}.pt" for c, e in found.items() if e is None and (parts / f"part_{c:06d}.pt").exists()]
+    if damaged:
+        log.warning("text embeddings: %s in %s damaged; encoding those prompts again", ", ".join(damaged), parts)
+    todo = sum(min(EMBED_CHUNK, len(prompts) - s) for c, s in enumerate(starts) if found[c] is None)
+    log.info("text embeddings: encoding %d of %d prompts with %s/text_encoder", todo, len(prompts), spec.path)
+    with loading(spec, "text encoder or tokenizer"):
+        pipe = WanPipeline.from_pretrained(
+            spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
+        ).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    tokenizer = pipe.tokenizer
+    embeds = []
+    with torch.no_grad():
+        for c, part_start in enumerate(starts):
+            if found[c] is not None:
+                embeds += found[c]
+                continue
+            part = []
+            for start in range(part_start, min(part_start + EMBED_CHUNK, len(prompts)), 16):
+                chunk = prompts[start : min(start + 16, part_start + EMBED_CHUNK)]
+                padded, _ = pipe.encode_prompt(
+                    chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+                )
+                lengths = tokenizer(
+                    [prompt_clean(p) for p in chunk],
+                    max_length=max_sequence_length,
+                    truncation=True,
+                    add_special_tokens=True,
+                ).input_ids
+                part += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+            _save_atomically({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
+                             parts / f"part_{c:06d}.pt")  # fmt: skip
+            embeds += part
+        negative, _ = pipe.encode_prompt(
+            negative_prompt, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+        )
+        negative_len = len(
+            tokenizer(prompt_clean(negative_prompt), max_length=max_sequence_length, truncation=True).input_ids
+        )
+    del pipe
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    result = PromptEmbeddings(prompts, embeds, negative[0, :negative_len].cpu().clone(), max_sequence_length)
+    _save_atomically(vars(result), cache)
+    shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
+    return result
+
+
+EMBED_CHUNK = 1024  # prompts per resumable part file (18,000 prompts: 18 parts of ~15 s each)
+
+
+def _load_part(path: Path, prompts: list[str], max_len: int) -> list[torch.Tensor] | None:
+    """A part file's embeddings if it holds these prompts' 2-D rows of one width, else None."""
+    try:
+        found = torch.load(path, weights_only=True)
+        embeds = found["embeds"]
+        ok = found["prompts"] == prompts and len(embeds) == len(prompts)
+        ok = ok and all(isinstance(e, torch.Tensor) and e.dim() == 2 and 0 < len(e) <= max_len for e in embeds)
+        ok = ok and len({e.shape[-1] for e in embeds}) == 1
+    except Exception:  # missing, truncated, garbage, other keys: all mean "encode them again"
+        return None
+    return embeds if ok else None
+
+
+def _cached_embeddings(cache: Path, prompts: list[str], max_len: int) -> PromptEmbeddings | None:
+    """The cached embeddings if the file is whole and holds these prompts; a damaged one is removed (and
+    made again by the caller) with one line."""
+    if not cache.is_file():
+        return None
+    try:
+        found = PromptEmbeddings(**torch.load(cache, weights_only=True))
+        widths = {e.shape[-1] for e in [*found.embeds, found.negative] if e.dim() == 2}
+        ok = found.prompts == prompts and len(found.embeds) == len(prompts) and len(widths) == 1
+        ok = ok and all(e.dim() == 2 and len(e) <= max_len for e in [*found.embeds, found.negative])
+    except Exception:  # truncated, garbage, other keys: torch and the dataclass raise several types
+        ok = False
+    if ok:
+        log.info("text embeddings: cached %s", cache)
+        return found
+    log.warning("text embeddings: the cache file %s is damaged; encoding the prompts again", cache)
+    cache.unlink(missing_ok=True)
+    return None
+
+
+def _save_atomically(obj: dict, path: Path) -> None:
+    """Written to a temporary sibling, then renamed: a reader never sees half a cache file."""
+    from wandistiller.data.latents import _save_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _save_atomic(obj, path)
+
+
+@dataclass
+class Batch:
+    prompt_idx: torch.Tensor  # [B]
+    x_t: torch.Tensor  # [B, C, F, H, W] noisy latents
+    t: torch.Tensor  # [B] float timesteps in [0, num_train_timesteps)
+    cond: torch.Tensor  # [B, L, D]
+    uncond: torch.Tensor  # [B, L, D]
+    # What x_t was mixed from, for losses that need it (wandistiller.recipe.losses: "x0"); None: not kept.
+    x0: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(v if v is None else v.to(device, non_blocking=True) for v in vars(self).values()))
+
+
+def shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
+    """Wan's flow shift applied to uniform u in [0, 1): sigma = s*u / (1 + (s-1)*u)."""
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def make_batch(
+    *,
+    seed: int,
+    step: int,
+    micro: int,
+    rank: int,
+    batch_size: int,
+    latent_shape: tuple[int, int, int, int],
+    flow_shift: float,
+    num_train_timesteps: int,
+    embeddings: PromptEmbeddings,
+    latent_bank=None,
+    device: torch.device | None = None,
+    keep_x0: bool = False,
+) -> Batch:
+    """One micro-batch, a pure function of its arguments, on `device` (None: the CPU).
+
+    x0 is Gaussian, or drawn from `latent_bank` (a wandistiller.data.latents.LatentBank: teacher samples or
+    encoded images) with the same generator; the prompt is then the latent's own, so cond matches x0.
+    The random draws are made on the CPU whatever the device, so every device agrees bit for bit; on a
+    GPU only they (through pinned memory) and the prompts' own tokens move, and the padding is done there.
+    """
+    g = torch.Generator().manual_seed(_mix(seed, step, micro, rank))
+    if latent_bank is None:
+        prompt_idx = torch.randint(len(embeddings.embeds), (batch_size,), generator=g)
+        x0 = torch.randn((batch_size, *latent_shape), generator=g)
+    else:
+        prompt_idx, x0 = latent_bank.draw(batch_size, g)
+    noise = torch.randn((batch_size, *latent_shape), generator=g)
+    sigma = shifted_sigmas(torch.rand(batch_size, generator=g), flow_shift)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    x_t = (1 - s) * x0 + s * noise  # rectified flow: the velocity is noise - x0
+    moved = (lambda x: x) if device is None else (lambda x: _to_device(x, device))
+    return Batch(
+        prompt_idx=moved(prompt_idx),
+        x_t=moved(x_t),
+        t=moved(sigma * num_train_timesteps),
+        cond=embeddings.padded(prompt_idx, device),
+        uncond=embeddings.negative_batch(batch_size, device),
+        x0=moved(x0) if keep_x0 else None,
+        noise=moved(noise) if keep_x0 else None,
+    )
+
+
+def batch_source(
+    seed: int,
+    batch_size: int,
+    latent_shape: tuple[int, int, int, int],
+    flow_shift: float,
+    num_train_timesteps: int,
+    embeddings: PromptEmbeddings,
+    latent_bank=None,
+    device: torch.device | None = None,
+    keep_x0: bool = False,
+):
+    """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call.
+
+    With `device` the batches are built there (the same values as on the CPU); None: on the CPU. `keep_x0`:
+    the batches carry x0 and the noise too (a loss that needs them: wandistiller.recipe.losses).
+    """
+    if latent_bank is not None and latent_bank.latent_shape != tuple(latent_shape):
+        raise ValueError(f"latent bank holds {latent_bank.latent_shape} latents, the run trains on {latent_shape}")
+
+    def batch(step: int, micro: int, dp_rank: int) -> Batch:
+        return make_batch(
+            seed=seed,
+            step=step,
+            micro=micro,
+            rank=dp_rank,
+            batch_size=batch_size,
+            latent_shape=latent_shape,
+            flow_shift=flow_shift,
+            num_train_timesteps=num_train_timesteps,
+            embeddings=embeddings,
+            latent_bank=latent_bank,
+            device=device,
+            keep_x0=keep_x0,
+        )
+
+    return batch
+
+
+def _mix(*ints: int) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(ints).encode(), digest_size=8).digest(), "little") >> 1

@@ -1,0 +1,185 @@
+"""Validation: the student against the teacher on a fixed held-out set, overall and per noise band.
+
+The set is fixed once -- held-out prompts, noise from the run's seed, a grid of timesteps -- and the
+teacher is frozen, so its targets are computed once and every later check differs only by the student.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wandistiller.core.errors import UserError
+from wandistiller.data.prompts import PromptEmbeddings, read_prompts
+
+log = logging.getLogger(__name__)
+
+# Noise bands in timestep space (t of 1000): where detail, composition and layout are decided.
+BANDS = {"t<250": (0.0, 250.0), "250-750": (250.0, 750.0), "t>750": (750.0, 1000.0)}
+
+
+def split_prompts(prompts: list[str], val_prompts_path: str | None, fraction: float = 0.1):
+    """(training prompts, held-out prompts): a given file is held out whole (and removed from training);
+    otherwise the last `fraction` of the prompts (at least one)."""
+    if val_prompts_path is not None:
+        try:
+            val = read_prompts(val_prompts_path)
+        except UserError as e:
+            raise UserError(str(e).replace("data.prompts_path", "data.val_prompts_path")) from None
+        held = set(val)
+        return [p for p in prompts if p not in held] or prompts, val
+    if len(prompts) < 2:
+        log.warning("one prompt only: validating on the training prompt")
+        return prompts, prompts
+    n_val = min(len(prompts) - 1, max(1, round(len(prompts) * fraction)))
+    return prompts[:-n_val], prompts[-n_val:]
+
+
+@dataclass
+class ValSet:
+    """Every (held-out prompt, grid timestep) pair: inputs fixed, targets filled in once."""
+
+    x_t: torch.Tensor  # [N, C, F, H, W]
+    t: torch.Tensor  # [N]
+    cond: torch.Tensor  # [N, L, D]
+    uncond: torch.Tensor  # [N, L, D]
+    targets: torch.Tensor | None = None  # [N, C, F, H, W] float32, the teacher's guided velocity
+
+
+def timestep_grid(n: int, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """n timesteps at the centres of n equal bins: every band gets points, none sits on a band edge."""
+    return (torch.arange(n, dtype=torch.float32) + 0.5) * (num_train_timesteps / n)
+
+
+def build_val_set(
+    embeddings: PromptEmbeddings,
+    latent_shape: tuple[int, int, int, int],
+    seed: int,
+    num_train_timesteps: int = 1000,
+    timesteps: int = 8,
+    latent_bank=None,
+) -> ValSet:
+    """x_t = (1 - t/T) x0 + (t/T) noise for every held-out prompt and grid timestep.
+
+    x0 is Gaussian, or (with a LatentBank over these prompts) each prompt's first teacher latent or image,
+    so validation sees the inputs training sees.
+    """
+    n_prompts = len(embeddings.prompts)
+    digest = hashlib.blake2b(repr(("validation", seed)).encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    t = timestep_grid(timesteps, num_train_timesteps).repeat(n_prompts)
+    prompt_idx = torch.arange(n_prompts).repeat_interleave(timesteps)
+    noise = torch.randn((len(t), *latent_shape), generator=g)  # first: the same noise whatever x0 is
+    if latent_bank is None:
+        x0 = torch.randn((n_prompts, *latent_shape), generator=g)
+    else:
+        first = [int((latent_bank.prompt_idx == i).nonzero()[0]) for i in range(n_prompts)]
+        x0 = latent_bank.x0(torch.tensor(first))
+    s = (t / num_train_timesteps).view(-1, 1, 1, 1, 1)
+    return ValSet(
+        x_t=(1 - s) * x0[prompt_idx] + s * noise,
+        t=t,
+        cond=embeddings.padded(prompt_idx),
+        uncond=embeddings.negative_batch(len(t)).contiguous(),
+    )
+
+
+def fill_targets(val_set: ValSet, teacher_targets_fn, batch_size: int = 8) -> ValSet:
+    """The teacher's targets, once: `teacher_targets_fn(x_t, t, cond, uncond) -> velocity` (e.g. a
+    Teacher's `lambda *a: teacher.targets(*a)[0]`). A rank without a teacher receives them instead."""
+    if val_set.targets is None:
+        parts = [
+            teacher_targets_fn(*(v[i : i + batch_size] for v in (val_set.x_t, val_set.t, val_set.cond, val_set.uncond)))
+            for i in range(0, len(val_set.t), batch_size)
+        ]
+        val_set.targets = torch.cat([p.float().cpu() for p in parts])
+    return val_set
+
+
+@torch.no_grad()
+def val_loss(
+    student: torch.nn.Module,
+    teacher_targets_fn,
+    val_set: ValSet,
+    batch_size: int = 8,
+    device: torch.device | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """`val/loss` (velocity MSE over the set) and `val/loss_<band>` per noise band.
+
+    `student(x_t, t, cond) -> (pred, hidden)` (the Student wrapper, unwrapped from DDP). Runs in eval
+    mode and restores the student's mode after.
+    """
+    fill_targets(val_set, teacher_targets_fn, batch_size)
+    device = device or next(student.parameters()).device
+    was_training = student.training
+    student.eval()
+    errors = []
+    for i in range(0, len(val_set.t), batch_size):
+        x_t, t, cond = (v[i : i + batch_size].to(device) for v in (val_set.x_t, val_set.t, val_set.cond))
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            pred = student(x_t, t, cond)[0]
+        target = val_set.targets[i : i + batch_size].to(device)
+        errors.append(((pred.float() - target) ** 2).flatten(1).mean(1).cpu())
+    student.train(was_training)
+    per_sample = torch.cat(errors).double()
+    metrics = {"val/loss": float(per_sample.mean())}
+    for name, (lo, hi) in BANDS.items():
+        in_band = (val_set.t >= lo) & (val_set.t < hi)
+        if in_band.any():
+            metrics[f"val/loss_{name}"] = float(per_sample[in_band].mean())
+    return metrics
+
+
+def recorded_rows(run_dir: Path) -> list[dict]:
+    """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
+    path = run_dir / "metrics_steps.jsonl"
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line a killed process left half-written: what it held is lost, not the run
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> Path:
+    """`loss.png` from `metrics_steps.jsonl` (plus rows not yet written): training loss and the validation
+    curves, overall and per band. Drawn with Agg and replaced atomically, so a reader never sees half a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = list(extra_rows)
+    rows = recorded_rows(run_dir) + rows  # a torn line skipped
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    if train:
+        ax.plot(*zip(*train), lw=1, alpha=0.6, label="train loss")
+    styles = {"val/loss": dict(lw=2, color="black")} | {f"val/loss_{b}": dict(lw=1, ls="--") for b in BANDS}
+    for key, style in styles.items():
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), marker="o", ms=3, label=key, **style)
+    ax.set(xlabel="step", ylabel="velocity MSE", yscale="log", title=run_dir.name)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = run_dir / "loss.png"
+    with tempfile.NamedTemporaryFile(dir=run_dir, suffix=".tmp", delete=False) as f:
+        fig.savefig(f, format="png")
+    plt.close(fig)
+    os.replace(f.name, out)
+    return out

@@ -1,0 +1,1 @@
+"""One training job around the recipe: preflight refusals, the run folder, resume, stopping, failures."""

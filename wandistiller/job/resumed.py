@@ -1,0 +1,180 @@
+"""The config a resumed run continues with: the run's own saved `.hydra/config.yaml`, not the defaults.
+
+`trainer.resume=auto` into a folder that holds a saved config continues *that* run. Keys given again on
+the command line must agree with it, except the keys a resume may change (how long to train, how to log,
+where the teacher lives, ...); any other disagreement is refused in one line that lists them all. A key
+not given again keeps the saved value, so `hydra.run.dir=… trainer.resume=auto` alone continues the run
+as it was started (a 1000-step run resumed without its overrides no longer "finishes" at the default).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from wandistiller.core.errors import UserError
+from wandistiller.state.received import check_received, targets_of
+
+log = logging.getLogger("wandistiller")
+
+# Keys (and whole subtrees) a resume may change: they do not change what the student learns.
+MAY_CHANGE = (
+    "trainer.max_steps",
+    "trainer.resume",
+    "trainer.log_every",
+    "trainer.progress_bar",
+    "trainer.checkpoint_every",
+    "trainer.keep_checkpoints",
+    "trainer.val_every",
+    "trainer.sample_every",
+    "trainer.sample_prompts",
+    "trainer.sample_steps",
+    "trainer.eval_at_end",
+    "trainer.gradient_checkpointing",
+    "trainer.compile_student",
+    "trainer.teacher_whole_step",
+    "teacher.compile",
+    "teacher_placement",
+    "logger",
+    "hydra",
+    "paths.cache_dir",  # derived files only (built tiny teachers, text embeddings)
+    "hardware",
+    "distributed.timeout_min",
+    "distributed.rdzv_endpoint",
+    "distributed.rdzv_id",
+)
+# Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
+# and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
+ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume")
+
+
+def may_change(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
+
+
+def task_overrides() -> list[str] | None:
+    """This job's command-line overrides (Hydra's), or None outside a Hydra job (a composed config)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+
+
+def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
+    """The overrides that made this run: a resume's added after the first run's (.hydra/overrides.yaml)."""
+    now = task_overrides()
+    first_file = run_dir / ".hydra" / "overrides.yaml"
+    first = []
+    if resume == "auto" and first_file.is_file():
+        try:
+            loaded = OmegaConf.to_container(OmegaConf.load(first_file))
+            first = [str(o) for o in loaded] if isinstance(loaded, list) else []
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError):
+            first = []
+    if now is None and not first:
+        return None
+    return first + [o for o in now or [] if o not in first]
+
+
+def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()) -> DictConfig | None:
+    """The run's first config (.hydra/config.yaml), or None when the folder holds none. It is data (the
+    folder may have come from someone else): checked against the schema and the allowed `_target_`s
+    (the project's, and `trusted`: this command line's) before anything in it is used."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        saved = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError) as e:
+        saved = f"cannot be read ({type(e).__name__})"
+    if not isinstance(saved, DictConfig) or "trainer" not in saved:
+        raise UserError(
+            f"trainer.resume=auto: {path} is damaged ({saved if isinstance(saved, str) else 'not a saved config'}); "
+            "restore it, or continue with this command line's config via trainer.resume=<checkpoint folder>"
+        )
+    check_received(saved, path, trusted, hint="give {key}={target} on this command line")
+    return saved
+
+
+def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig:
+    """`cfg` itself for a new run; for `trainer.resume=auto` into a run with a saved config, that config
+    with only the keys a resume may change taken from `cfg` (all of them, or those in `overrides`)."""
+    if cfg.trainer.resume != "auto":
+        return cfg
+    saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
+    if saved is None:
+        return cfg
+    given = _given_keys(overrides) if overrides is not None else None
+    now, before = _flat(cfg), _flat(saved)
+    asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT  # noqa: E731 -- never held to the saved value
+    differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
+    if differ:
+        shown = ", ".join(f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in differ[:8])
+        raise UserError(
+            f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
+            f"{shown}{' …' if len(differ) > 8 else ''} disagree; drop them to continue it, or start a new run "
+            "with hydra.run.dir=…"
+        )
+    # Exactly the keys given (logger.mode alone keeps the saved logger.project), or every changeable one.
+    taken = set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}
+    result = saved.copy()
+    for key in sorted(taken | set(ALWAYS_CURRENT)):
+        _put(result, key, cfg, now)
+    from wandistiller.config import TrainConfig
+
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), result)
+    OmegaConf.set_struct(merged, True)
+    log.info("trainer.resume=auto: continuing with the run's saved config%s", f" and {sorted(taken)}" if taken else "")
+    return merged
+
+
+def _given_keys(overrides: list[str]) -> set[str]:
+    """The config keys (or groups) an override list sets; `hydra.*` included, so it may change."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+def _flat(cfg: DictConfig) -> dict[str, object]:
+    """Every leaf as dotted-key -> raw value (interpolations unresolved: a saved config cannot resolve
+    `${hydra:…}` outside its job)."""
+    out: dict[str, object] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=False, enum_to_str=True), "")
+    return out
+
+
+def _subtree(flat: dict, key: str) -> dict:
+    return {k: v for k, v in flat.items() if k == key or k.startswith(key + ".")}
+
+
+def _show(flat: dict, key: str) -> str:
+    sub = _subtree(flat, key)
+    if not sub:
+        return "unset"
+    return (
+        str(sub[key])
+        if list(sub) == [key]
+        else "{" + ", ".join(f"{k[len(key) + 1 :]}: {v}" for k, v in sub.items()) + "}"
+    )
+
+
+def _put(result: DictConfig, key: str, cfg: DictConfig, now: dict) -> None:
+    """result[key] = cfg[key], raw, a whole subtree replaced (a placement's keys are not merged into another's)."""
+    sub = _subtree(now, key)
+    if not sub:
+        return
+    node = OmegaConf.select(cfg, key) if list(sub) != [key] else None
+    value = OmegaConf.to_container(node, resolve=False, enum_to_str=True) if node is not None else sub[key]
+    OmegaConf.update(result, key, value, merge=False, force_add=True)

@@ -1,0 +1,181 @@
+"""The run folder: claimed by one live run at a time, never written over another run's outputs.
+
+A live run holds an exclusive `flock` on `<run_dir>/.lock` through a descriptor kept open for the
+life of the process. The OS releases it when the process ends, however it ends (exit, crash, kill -9),
+so a lock is never stale and needs no cleanup; a second run started into the folder meanwhile is
+refused with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from wandistiller.core import leftovers
+from wandistiller.core.errors import UserError
+from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
+
+LOCK_FILE = ".lock"
+_held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
+
+
+class RunDirTaken(UserError):
+    """The run folder holds another run's outputs, or another live run."""
+
+
+def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
+    """Refuse to write over another run's outputs or beside a live run; return the checkpoint to resume from.
+
+    Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
+    lock is held, what killed processes left in the folder is cleaned up.
+    """
+    finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
+    earlier = list_checkpoints(run_dir)
+    if (earlier or finished) and resume != "auto":
+        what = f"checkpoints up to {earlier[-1].name}" if earlier else " and ".join(finished)
+        raise RunDirTaken(
+            f"the run folder {run_dir} already holds another run's outputs ({what}); "
+            "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
+    clean_leftovers(run_dir)
+    return resolve_resume(resume, run_dir)
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock until this process ends; refuse (RunDirTaken) if a live run holds it."""
+    key = run_dir.resolve()
+    if key in _held:  # this process's own earlier job in the same folder (tests, in-process sweeps)
+        return
+    try:
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(
+            f"the run folder {run_dir} cannot be written ({e.strerror}); choose another with hydra.run.dir=…"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunDirTaken(
+            f"the run folder {run_dir} is in use by a live run ({holder}); wait for it to end, "
+            "or choose a new folder with hydra.run.dir=…"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {leftovers.HOST}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give the lock back before the process ends (a long-lived process that runs several jobs)."""
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
+    """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_dir = run_dir / ".hydra"
+    hydra_dir.mkdir(exist_ok=True)
+    path = _new_file(hydra_dir, "config") if (hydra_dir / "config.yaml").exists() else hydra_dir / "config.yaml"
+    OmegaConf.save(cfg, path)
+    if HydraConfig.initialized() and path.name == "config.yaml":
+        OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
+
+
+def _new_file(folder: Path, stem: str) -> Path:
+    """`<stem>_resume_<time>[_N].yaml`, created here (O_EXCL): two resumes in the same second keep both."""
+    base = f"{stem}_resume_{int(time.time())}"
+    for n in range(1000):
+        path = folder / (f"{base}.yaml" if n == 0 else f"{base}_{n}.yaml")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"{folder} holds 1000 resumes' configs from this second; wait a second and resume again")
+
+
+# What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
+# torchrun), the lock, and the config saved once the folder was claimed.
+_OURS_IF_REFUSED = {LOCK_FILE, ".hydra"}
+
+
+@contextlib.contextmanager
+def removed_if_refused(run_dir: Path) -> Iterator[None]:
+    """A run refused before it trained leaves no folder behind. Hydra creates the folder (and its log)
+    before the job starts, so the folder is removed on a refusal if it held nothing but logs when the job
+    began and holds nothing but logs, the lock and the saved config now. A folder another run left
+    outputs in is never touched (its contents were there before), nor one another live run holds."""
+    before = _contents(run_dir)
+    try:
+        yield
+    except UserError as e:
+        if before <= _logs(before) and _contents(run_dir) <= _logs(_contents(run_dir)) | _OURS_IF_REFUSED:
+            if not isinstance(e, RunDirTaken):
+                shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _contents(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+
+
+def _logs(names: set[str]) -> set[str]:
+    return {n for n in names if n.startswith("train") and n.endswith(".log")}
+
+
+def unique_folder(folder: Path) -> Path:
+    """`folder`, or `folder_1`, `folder_2`, ... : the first one this process creates itself. The default run
+    folder is named by the second, so two runs started in the same second would otherwise share one;
+    mkdir is atomic, so two processes never both get the same name."""
+    for n in range(1000):
+        candidate = folder if n == 0 else folder.with_name(f"{folder.name}_{n}")
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError:
+            return folder  # cannot be created: the check that follows says why, in one line
+    return folder
+
+
+class RunDirCheck(Callback):
+    """A Hydra callback: the run (or sweep) folder can be created and written, checked before Hydra
+    creates it for its log -- otherwise Hydra's own mkdir fails with a traceback before any of our code."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        from omegaconf import read_write
+
+        given = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
+        if not given and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun ranks agree on the time-named one
+            with read_write(config.hydra.run):
+                config.hydra.run.dir = str(unique_folder(Path(str(config.hydra.run.dir))))
+        self._check(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._check(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(folder: str, key: str) -> None:
+        from wandistiller.core.errors import exit_on_user_error
+        from wandistiller.core.files import folder_problem
+
+        problem = folder_problem(Path(str(folder)))
+        if problem:
+            with exit_on_user_error():
+                raise UserError(f"{key}: {problem}; choose another folder with {key}=…")

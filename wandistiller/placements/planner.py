@@ -1,0 +1,174 @@
+"""The planner: every registered placement's estimate for this teacher, batch and hardware, and the
+fastest one that fits. Nothing is loaded, so it also plans on paper for hardware you do not have:
+
+    python -m wandistiller.plan teacher=wan2.2_t2v_a14b hardware.gpus=8 hardware.gpu_memory_gib=40
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from wandistiller.core.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
+from wandistiller.core.errors import UserError, human_count
+from wandistiller.placements import Placement, planner_candidates
+from wandistiller.placements.memory import (
+    FIT_ERROR_PCT,
+    Estimate,
+    GiB,
+    Hardware,
+    Workload,
+    param_count,
+    teacher_weight_bytes,
+)
+from wandistiller.teacher.model import builtin_teacher
+
+
+def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[Estimate]:
+    """Every candidate's estimate, fastest first; `configured` (the placement asked for, with its own
+    settings) stands in for its default-settings twin. With an fp8 teacher a placement that cannot load
+    one is refused, and one that fits only because of fp8 says so."""
+    placements = planner_candidates()
+    if configured is not None:
+        placements = [p for p in placements if p.name != configured.name] + [configured]
+    return [_estimate(p, w, hw) for p in sorted(placements, key=lambda p: p.speed(hw))]
+
+
+def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
+    if not w.teacher_fp8:
+        return p.estimate(w, hw)
+    if not p.fp8:
+        return Estimate.refused(p.name, "cannot load an fp8 teacher (teacher.quantize=fp8)")
+    fp8 = p.estimate(w, hw)
+    if not (fp8.gpu_bytes or fp8.host_bytes):  # refused for another reason (too few GPUs, ranks)
+        return fp8
+    note = f"{fp8.note}; fp8 weights"
+    if fp8.fits and not p.estimate(dataclasses.replace(w, teacher_fp8=False), hw).fits:
+        note += " (fits in fp8 only: bf16 would not)"
+    return dataclasses.replace(fp8, note=note)
+
+
+def choose(estimates: list[Estimate]) -> Estimate | None:
+    return next((e for e in estimates if e.fits), None)
+
+
+# The shapes the model was fitted on (docs/planner_fit.json); a figure beyond them is marked extrapolated.
+FITTED_STUDENTS = {(32, 64), (1536, 4096)}  # (width, ffn_dim)
+FITTED_CPU_TOKENS = (16384, 32768)  # image and text tokens per step, host RSS with the student on the CPU
+FITTED_GPU = {"placements": {"gpu"}, "teacher_width": 1536, "tokens": 16 * 1560}  # the H200 datum
+
+
+def extrapolated(w: Workload, hw: Hardware, placement: str) -> bool:
+    """Whether this placement's figures lie beyond the shapes and placements the model was fitted on."""
+    c, teacher = w.student_config, w.teacher_config
+    if (c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"]) not in FITTED_STUDENTS:
+        return True
+    if hw.gpu_bytes:  # one GPU datum: a resident 1.3B-shaped teacher, b16 x 1560 tokens
+        width = teacher["num_attention_heads"] * teacher["attention_head_dim"]
+        too_big = width > FITTED_GPU["teacher_width"] or w.batch_size * w.tokens > FITTED_GPU["tokens"]
+        return too_big or placement not in FITTED_GPU["placements"] or w.ranks_per_node > 1
+    tokens = (w.batch_size * w.tokens, (w.teacher_batch_size or w.batch_size) * w.text_tokens)
+    return any(n > limit for n, limit in zip(tokens, FITTED_CPU_TOKENS)) or teacher["num_layers"] > 4
+
+
+def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = None, w: Workload | None = None) -> str:
+    rows = [
+        f"hardware: {hw.describe()}; {hw.describe_headroom()}",
+        f"predictions: 0 to +{FIT_ERROR_PCT}% over the measured peaks where fitted (docs/PLANNER.md); "
+        "* = extrapolated beyond the fitted shapes",
+        f"{'placement':<11} {'fits':<5} {'peak GPU GiB (per device)':<34} host GiB  note",
+    ]
+    for e in estimates:
+        planned = bool(e.gpu_bytes or e.host_bytes)
+        star = "*" if w is not None and planned and extrapolated(w, hw, e.placement) else ""
+        gpu = ", ".join(f"{b / GiB:.1f}" for b in e.gpu_bytes) or "-"
+        gpu = (gpu if len(gpu) <= 31 else gpu[:28] + "...") + (star if e.gpu_bytes else "")
+        host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
+        mark = " <- chosen" if e.placement == chosen else ""
+        why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else shortfall(e, hw)
+        rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {e.note}{why}{mark}")
+    return "\n".join(rows)
+
+
+def shortfall(e: Estimate, hw: Hardware) -> str:
+    """A "no" row's reason in numbers: which device is short and by how much (after its headroom). Rows
+    refused for another reason (no GPU, too few ranks) already say so in their note."""
+    if e.fits or not (e.gpu_bytes or e.host_bytes):
+        return ""
+    devices = [(f"GPU {i}", need, cap) for i, (need, cap) in enumerate(zip(e.gpu_bytes, hw.gpu_bytes))]
+    devices.append(("host RAM", e.host_bytes, hw.host_bytes))
+    short = [(d, need - hw.usable(cap), hw.usable(cap)) for d, need, cap in devices if need > hw.usable(cap)]
+    if not short:
+        return ""
+    d, missing, usable = max(short, key=lambda s: s[1])
+    more = f"; {len(short) - 1} more device(s) short too" if len(short) > 1 else ""
+    return f" (short of {missing / GiB:.1f} GiB on {d}, {usable / GiB:.1f} usable{more})"
+
+
+def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
+    """(transformer config, experts) from a local folder's JSON or the known public teachers; None if neither."""
+    path = Path(str(teacher_cfg.path)).expanduser()
+    if (path / "transformer" / "config.json").is_file():
+        try:
+            index = json.loads((path / "model_index.json").read_text())
+            config = json.loads((path / "transformer" / "config.json").read_text())
+        except (OSError, ValueError):
+            return None  # not readable as a Wan folder: inspect_teacher names what is wrong
+        if not isinstance(index, dict) or not isinstance(config, dict):
+            return None
+        experts = 2 if (index.get("transformer_2") or [None])[-1] else 1
+        return config, experts
+    builtin = builtin_teacher(teacher_cfg, cache_dir)
+    if builtin is not None:
+        return dict(TINY_TRANSFORMER), 2 if builtin == "tiny_moe" else 1
+    return KNOWN_TEACHERS.get(str(teacher_cfg.path))
+
+
+def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype, ranks: int) -> Workload:
+    from wandistiller.student.model import student_config
+
+    pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
+    d, t = cfg.data, cfg.trainer
+    return Workload(
+        teacher_config=teacher_config,
+        experts=experts,
+        teacher_dtype_bytes=torch.finfo(teacher_dtype).bits // 8,
+        student_config=student_config(cfg.student, teacher_config),
+        batch_size=t.batch_size,
+        tokens=(d.latent_frames // pt) * (d.latent_height // ph) * (d.latent_width // pw),
+        text_tokens=cfg.teacher.max_sequence_length,
+        gradient_checkpointing=t.gradient_checkpointing,
+        ema=t.ema_decay is not None,
+        ranks_per_node=ranks,
+        teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
+        autocast=cfg.precision.autocast_dtype is not None,
+        compiled=t.compile_student,
+        teacher_fp8=cfg.teacher.quantize == "fp8",
+    )
+
+
+def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
+    """The ranks per node: configured or started by torchrun (`launched`); on paper, one rank per GPU."""
+    ranks = max(cfg.distributed.nproc_per_node, launched)
+    if ranks > 1:
+        return ranks
+    return max(len(hw.gpu_bytes), 1) if cfg.hardware.gpus is not None else 1
+
+
+def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
+    found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    if found is None:
+        raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
+    hw = Hardware.detect(cfg.hardware)
+    w = workload(cfg, *found, teacher_dtype, ranks_per_node(cfg, hw))
+    estimates = plan(w, hw)
+    best = choose(estimates)
+    head = (
+        f"teacher {cfg.teacher.name}: {found[1]} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
+        f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
+    )
+    tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
+    return "\n".join([head, format_table(estimates, hw, best.placement if best else None, w), tail])

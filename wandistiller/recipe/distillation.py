@@ -1,0 +1,263 @@
+"""The distillation recipe: what one process of a run builds (`setup`) and runs (`train`).
+
+`recipe._target_` in the config names this class; a subclass can replace any `_setup_*` step. Each
+step builds one thing from the config and the earlier steps; runtime objects (devices, dtypes, process
+groups, parameters) are passed in code, never through YAML.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from wandistiller.core.distributed import Topology, barrier, gather, local_device, roles_for
+from wandistiller.core.errors import human_count
+from wandistiller.core.precision import Precision
+from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.job.preflight import Prepared
+from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
+from wandistiller.recipe import outputs
+from wandistiller.recipe.loop import Run, memory_metrics, train_loop
+from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.monitor import ProgressLog
+from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
+from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
+from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
+from wandistiller.tracking.loggers import NullTracker
+
+log = logging.getLogger("wandistiller")
+
+
+class DistillationRecipe:
+    """One process's view of the run: who it is, where it computes, what it trains."""
+
+    def __init__(self, cfg: DictConfig, prepared: Prepared, topo: Topology):
+        self.cfg, self.prepared, self.topo = cfg, prepared, topo
+        self.run_dir = Path(prepared.run_dir)
+        self.placement = prepared.placement
+        self.roles = roles_for(self.placement.serving, topo)
+        self.device = local_device(topo) if self.roles.trains else self.placement.teacher_device(topo)
+        self.precision = Precision.from_config(cfg.precision)
+        self.spec = inspect_teacher(Path(prepared.teacher_path))
+        self.is_main = topo.rank == self.roles.main
+        self.started = time.time()
+        self.run: Run | None = None
+
+    # -- setup: each step builds one thing ------------------------------------------------------------
+    def setup(self) -> None:
+        self.embeddings, self.val_embeddings = self._setup_embeddings()
+        self.teacher = self._setup_teacher()
+        self.latent_bank = self._setup_latents()
+        self.batch_fn = self._setup_batches()
+        self.val_set = self._setup_val_set()
+        self.teacher_samples = self._setup_teacher_samples()
+        resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
+        self.start_step = checkpoint_step(resume_from) if resume_from else 0
+        # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
+        state = load_checkpoint(resume_from) if resume_from and self.roles.trains else None
+        self.student_group = dist.new_group(list(self.roles.students)) if self.topo.distributed else None
+        if not self.roles.trains:
+            return
+        student = self._setup_student()
+        optimizer, lr_scheduler, scaler, ema = self._setup_optimization(student, state)
+        tracker = self._setup_tracker(state)
+        self.run = Run(
+            model=self._wrap_ddp(student),
+            targets=self._setup_targets(),
+            batch_fn=self.batch_fn,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            scaler=scaler,
+            ema=ema,
+            tracker=tracker,
+            precision=self.precision,
+            device=self.device,
+            run_dir=self.run_dir,
+            loss_fn=self.loss_fn,
+            dp_rank=self.roles.dp_rank,
+            is_main=self.is_main,
+            student_group=self.student_group if self.topo.distributed else None,
+            hooks=[self._setup_monitor(), ProgressLog(self.cfg.trainer)] if self.is_main else [],
+        )
+
+    def _setup_embeddings(self):
+        """(training, held-out) prompt embeddings: the main rank encodes (or finds them cached), then the
+        others read the cache."""
+        cfg = self.cfg
+        train, held_out = split_prompts(read_prompts(cfg.data.prompts_path), cfg.data.val_prompts_path,
+                                        cfg.data.val_fraction)  # fmt: skip
+        encode = functools.partial(
+            encode_prompts,
+            self.spec,
+            negative_prompt=cfg.teacher.negative_prompt,
+            max_sequence_length=cfg.teacher.max_sequence_length,
+            dtype=self.precision.teacher_dtype,
+            cache_dir=cfg.paths.cache_dir,
+        )
+        if self.is_main:
+            where = self.placement.teacher_device(self.topo) if self.roles.has_teacher else self.device
+            found = encode(train, device=where), encode(held_out, device=where)
+        barrier(self.topo)
+        if self.is_main:
+            return found
+        return encode(train, device=torch.device("cpu")), encode(held_out, device=torch.device("cpu"))
+
+    def _setup_latents(self):
+        """x0 for training: None (Gaussian), the teacher's own samples, or encoded images (whose captions
+        then replace the training prompts)."""
+        from wandistiller.data import sources as data_sources
+
+        bank, embeddings = data_sources.training_latents(self)
+        if embeddings is not None:
+            self.embeddings = embeddings
+        return bank
+
+    def _setup_teacher(self):
+        if not self.roles.has_teacher:
+            return None
+        teacher = self.placement.load(self.spec, self.cfg.teacher, self.precision, self.topo)
+        # The opt-in fast paths, before compiling (a graph then sees the fp8 layers).
+        quantize_teacher(teacher, self.cfg.teacher.quantize)
+        use_attention_backend(teacher, self.cfg.teacher.attention_backend)
+        if self.cfg.teacher.compile and self.placement.compilable:
+            for expert in teacher.experts:
+                compile_blocks(expert)
+            log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
+        return teacher
+
+    def _setup_batches(self):
+        cfg, spec = self.cfg, self.spec
+        shape = self.latent_shape()
+        shift = cfg.teacher.flow_shift or spec.flow_shift
+        return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings,
+                            latent_bank=self.latent_bank, device=self.device,
+                            keep_x0="x0" in self.loss_fn.needs)  # fmt: skip
+
+    @functools.cached_property
+    def loss_fn(self):
+        """`trainer.loss` (wandistiller.recipe.losses), built once: the loop calls it, the batches carry
+        what it needs."""
+        return as_loss(instantiate(self.cfg.trainer.loss), self.cfg.student.hidden_kd_weight)
+
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        d = self.cfg.data
+        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+
+    def _setup_val_set(self):
+        from wandistiller.data import sources as data_sources
+
+        return data_sources.val_set(self) if self.cfg.trainer.val_every > 0 else None
+
+    def _setup_teacher_samples(self):
+        from wandistiller.recipe import outputs
+
+        return outputs.teacher_column(self)
+
+    def _setup_monitor(self):
+        from wandistiller.recipe.monitor import Monitor
+
+        samples = functools.partial(outputs.save_samples, self) if self.teacher_samples is not None else None
+        return Monitor(self.cfg.trainer, self.val_set, samples)
+
+    def _setup_student(self) -> torch.nn.Module:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
+        student = instantiate(cfg.student, _partial_=True)(spec=self.spec, dtype=self.precision.student_dtype)
+        student.to(self.device).train()
+        if cfg.trainer.gradient_checkpointing:
+            student.transformer.enable_gradient_checkpointing()
+        if cfg.trainer.compile_student:
+            student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
+            log_first_call(student.transformer.blocks[0], "the student's block graph (forward; backward follows)")
+        log.info(
+            "rank %d (pid %d): student %s params on %s; teacher %s (%s)",
+            self.topo.rank,
+            os.getpid(),
+            human_count(sum(p.numel() for p in student.parameters())),
+            self.device,
+            self.placement.name,
+            "here" if self.teacher is not None else f"served by rank {self.roles.owner}",
+        )
+        return student
+
+    def _setup_optimization(self, student: torch.nn.Module, state: dict | None):
+        """Optimizer, LR schedule, grad scaler and EMA, restored from the checkpoint when resuming."""
+        from diffusers.optimization import get_scheduler
+        from diffusers.training_utils import EMAModel
+
+        t = self.cfg.trainer
+        params = [p for p in student.parameters() if p.requires_grad]
+        optimizer = instantiate(t.optimizer)(params, **({"fused": True} if self.device.type == "cuda" else {}))
+        lr_scheduler = get_scheduler(
+            str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps
+        )
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
+        ema = EMAModel(params, decay=t.ema_decay) if t.ema_decay else None
+        if state is not None:
+            restore(state, student, optimizer, lr_scheduler, scaler, ema)
+            log.info("resuming at step %d", state["step"])
+        self.tracker_run_id = state["tracker_run_id"] if state else None
+        return optimizer, lr_scheduler, scaler, ema
+
+    def _setup_tracker(self, state: dict | None):
+        if not self.is_main:
+            return NullTracker()
+        tracker = instantiate(self.cfg.logger)
+        point = self.prepared.sweep_point or {}
+        config = OmegaConf.to_container(self.cfg, resolve=True) | {"teacher_placement": self.placement.name}
+        tracker.start(self.run_dir, config, self.tracker_run_id, group=point.get("group"), name=point.get("name"))
+        return tracker
+
+    def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if len(self.roles.students) == 1:
+            return student
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group)
+
+    def _setup_targets(self):
+        """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
+        roles = self.roles
+        if roles.owner is not None:
+            return RemoteTargets(roles.owner, self.spec.transformer_config, self.transfer_device())
+        if roles.served:
+            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device())
+        if self.cfg.trainer.teacher_whole_step:
+            return WholeStepTargets(self.teacher, self.batch_fn, roles.dp_rank, self.cfg.trainer.grad_accum_steps)
+        return LocalTargets(self.teacher)
+
+    def transfer_device(self) -> torch.device:
+        """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
+        teacher_device = self.placement.teacher_device(self.topo)
+        if teacher_device.type != "cuda":
+            return torch.device("cpu")
+        return self.device if self.roles.trains and not self.roles.has_teacher else teacher_device
+
+    # -- train: the loop (or serving), then the outputs -----------------------------------------------
+    def train(self) -> dict:
+        cfg, roles = self.cfg, self.roles
+        if roles.trains:
+            history = train_loop(self.run, cfg.trainer, cfg.student.hidden_kd_weight, self.start_step)
+            role = "owner + student" if roles.has_teacher and roles.served else "student"
+            rank_summary = {"rank": self.topo.rank, "role": role} | memory_metrics()
+        else:  # a dedicated owner: serve until the students are done
+            log.info("rank %d: teacher owner on %s serving ranks %s", self.topo.rank, self.teacher.device,
+                     [s.rank for s in roles.served])  # fmt: skip
+            steps = range(self.start_step, cfg.trainer.max_steps)
+            stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
+                          cfg.student.hidden_kd_weight > 0, self.transfer_device())  # fmt: skip
+            rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
+            history = []
+        ranks = gather(self.topo, rank_summary)
+        return outputs.finish(self, history, ranks)

@@ -1,0 +1,98 @@
+"""What a run shows while it trains, on the main rank, after every step: the per-step metrics appended to
+`metrics_steps.jsonl` as they happen, the held-out `val/loss` (overall and per noise band) every
+`trainer.val_every` steps with `checkpoints/best/` and `loss.png`, and a teacher-vs-student grid every
+`trainer.sample_every` steps in `samples/`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+from wandistiller.core.errors import write_to_log_files
+from wandistiller.data.validation import ValSet, save_loss_plot, val_loss
+from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
+
+log = logging.getLogger("wandistiller")
+
+
+class Monitor:
+    """A loop hook: `monitor(run, step)` after each step's optimizer update and checkpoint."""
+
+    def __init__(self, trainer_cfg, val_set: ValSet | None, samples=None):
+        self.t, self.val_set, self.samples = trainer_cfg, val_set, samples
+        self.written = 0  # run.history entries already in metrics_steps.jsonl
+        self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
+
+    def __call__(self, run, step: int) -> None:
+        row = {}
+        if self.val_set is not None and self.t.val_every > 0 and step % self.t.val_every == 0:
+            row = self.validate(run, step)
+        self.append_metrics(run, row)
+        if row:
+            save_loss_plot(run.run_dir)
+        if self.samples is not None and self.t.sample_every > 0 and step % self.t.sample_every == 0:
+            path = self.samples(run.student, Path(run.run_dir) / "samples" / f"step_{step:08d}.png")
+            run.tracker.log_image("samples", path, step=step)
+
+    def validate(self, run, step: int) -> dict:
+        from wandistiller.recipe.loop import training_state
+
+        metrics = val_loss(
+            run.student, None, self.val_set, device=run.device, autocast_dtype=run.precision.autocast_dtype
+        )
+        run.tracker.log(metrics, step=step)
+        log.info("step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+        if self.best is None:  # a resumed run's best so far: a worse checkpoint never replaces it
+            self.best = saved_best(Path(run.run_dir))
+        if metrics["val/loss"] < self.best:
+            self.best = metrics["val/loss"]
+            write_checkpoint(Path(run.run_dir) / CHECKPOINTS / "best", step, training_state(run) | {"val": metrics})
+        return {"step": step} | metrics
+
+    def append_metrics(self, run, extra: dict) -> None:
+        """Rows not yet written (an interrupted run keeps what it measured), then `extra` (a validation)."""
+        rows = run.history[self.written :] + ([extra] if extra else [])
+        self.written = len(run.history)
+        if rows:
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            with (Path(run.run_dir) / "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
+                end = f.seek(0, os.SEEK_END)
+                if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
+                    text = "\n" + text  # ends it, so the rows that follow stay whole
+                f.write(text.encode())
+
+
+def saved_best(run_dir: Path) -> float:
+    """The held-out loss checkpoints/best was saved with (inf when there is none, or it cannot be read)."""
+    from wandistiller.state.checkpoint import STATE_FILE
+
+    try:
+        value = json.loads((run_dir / CHECKPOINTS / "best" / STATE_FILE).read_text())["val"]["val/loss"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.inf
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
+
+
+class ProgressLog:
+    """A loop hook: a line in train.log every `trainer.log_every` steps (step, loss, samples/s), so the log
+    shows a run's progress while it runs. With the progress bar on, the terminal already shows it: the
+    line then goes to the log file alone, not between the bar's redraws."""
+
+    def __init__(self, trainer_cfg):
+        self.t = trainer_cfg
+
+    def __call__(self, run, step: int) -> None:
+        if step % self.t.log_every and step != self.t.max_steps:
+            return
+        last = run.history[-1] if run.history else {}
+        line = (
+            f"step {step}/{self.t.max_steps}: loss {last.get('loss', float('nan')):.5f}, "
+            f"{last.get('samples_per_s', 0.0):.1f} samples/s, lr {last.get('lr', 0.0):.3g}"
+        )
+        if self.t.progress_bar:
+            write_to_log_files(line)
+        else:
+            log.info(line)

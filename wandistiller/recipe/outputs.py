@@ -1,0 +1,183 @@
+"""What a run leaves in its folder: the student (and its EMA), the teacher-vs-student samples, metrics.json
+and metrics_steps.jsonl, and the tracker's summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from wandistiller.data.validation import recorded_rows, save_loss_plot
+from wandistiller.pipeline import run_pipeline
+
+log = logging.getLogger("wandistiller")
+
+
+def millions(module: torch.nn.Module) -> float:
+    return sum(p.numel() for p in module.parameters()) / 1e6
+
+
+def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
+    """Every rank's last step: the main rank writes the outputs and returns the run's summary."""
+    run, cfg = recipe.run, recipe.cfg
+    if not recipe.is_main:
+        return ranks[recipe.topo.rank]
+    save_student(run)
+    if recipe.teacher_samples is not None:
+        grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
+        run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
+    rows = recorded_rows(recipe.run_dir)  # what the monitor appended, every segment of the run
+    save_loss_plot(recipe.run_dir)  # also for a run too short to validate: every run leaves its curve
+    summary = summarize(recipe, whole_run(rows, history), ranks, segment=history)
+    summary |= validation_summary(rows) | evaluate_at_end(recipe)
+    (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+    run_pipeline(recipe.run_dir, Path(recipe.spec.path))  # after metrics.json: its model card quotes them
+    run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+    return summary
+
+
+def save_student(run) -> None:
+    """The trained student as a diffusers folder (`from_pretrained` loads it); with EMA, its EMA weights too."""
+    run.student.transformer.save_pretrained(run.run_dir / "student", safe_serialization=True)
+    if run.ema is not None:
+        run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
+        run.student.transformer.save_pretrained(run.run_dir / "student_ema", safe_serialization=True)
+
+
+def teacher_column(recipe):
+    """The teacher's images for the sample grids, drawn once: by rank 0 (which always holds a teacher; a
+    sharded one needs every rank in its forwards), then sent to the main rank. None without samples."""
+    from wandistiller.recipe.samples import teacher_images
+
+    cfg = recipe.cfg
+    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+    if n <= 0:
+        return None
+    draws = recipe.topo.rank == 0 or recipe.placement.collective
+    if recipe.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
+        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
+                 "skips them)", n, steps)  # fmt: skip
+    drawn = [teacher_images(recipe.teacher, recipe.embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
+    if recipe.topo.distributed:
+        dist.broadcast_object_list(drawn, src=0)
+    return drawn[0]
+
+
+def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
+    """The teacher-vs-student grid at `path`, the student drawn from the same noise and prompts now."""
+    from wandistiller.recipe.samples import save_grid, student_images
+
+    cfg = recipe.cfg
+    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+    was_training = student.training
+    student.eval()
+    mine = student_images(recipe.spec, student.transformer, recipe.embeddings, cfg.data, n, steps, cfg.seed)
+    student.train(was_training)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_grid(recipe.teacher_samples, mine, recipe.embeddings.prompts[:n], path)
+
+
+def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
+    """Every training step of the run, the segments before a resume included (validation rows aside);
+    this segment's `history` if nothing was recorded."""
+    if not rows:
+        return history
+    steps = {r["step"]: r for r in rows if "loss" in r}  # a step redone after a resume: its last record
+    # Steps past this segment's last were measured by a killed segment and rolled back to a checkpoint.
+    last = history[-1]["step"] if history else max(steps, default=0)
+    return [steps[k] for k in sorted(steps) if k <= last] or history
+
+
+def validation_summary(rows: list[dict]) -> dict:
+    """The last and the best held-out loss of the run (metrics_steps.jsonl's validation rows)."""
+    val = [r for r in rows if "val/loss" in r]
+    if not val:
+        return {}
+    return {"val_loss_last": val[-1]["val/loss"], "val_loss_best": min(r["val/loss"] for r in val)}
+
+
+def evaluate_at_end(recipe) -> dict:
+    """trainer.eval_at_end: student against teacher from the same noise (python -m wandistiller.eval),
+    its mean figures for metrics.json. The training teacher is freed first: eval loads its own."""
+    if not recipe.cfg.trainer.eval_at_end:
+        return {}
+    if recipe.placement.name not in ("cpu", "gpu"):
+        where = f"python -m wandistiller.eval {recipe.run_dir}"
+        log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one device); "
+                 "run %s where it fits", recipe.placement.name, where)  # fmt: skip
+        return {}
+    from wandistiller.eval import evaluate
+    from wandistiller.state.received import targets_of
+    from wandistiller.state.runs import Trust
+
+    recipe.teacher = None
+    # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
+    own = Trust(tuple(targets_of(recipe.cfg)), recipe.prepared.teacher_path, cache_dir=str(recipe.cfg.paths.cache_dir))
+    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device, trust=own)
+    recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
+    return {f"eval_{k}": v for k, v in result["mean"].items()}
+
+
+def teacher_identity(recipe) -> dict:
+    """The teacher by what was loaded: the Hub id or folder given, the folder read, and its shape (a
+    config option's name alone, e.g. "tiny", says nothing once teacher.path points elsewhere)."""
+    spec, config = recipe.spec, recipe.spec.transformer_config
+    keys = ("num_layers", "num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "in_channels")
+    return {
+        "teacher": str(recipe.cfg.teacher.path),
+        "teacher_config_name": recipe.cfg.teacher.name,
+        "teacher_path": str(spec.path),
+        "teacher_experts": len(spec.experts),
+        "teacher_shape": {k: config.get(k) for k in keys},
+    }
+
+
+def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
+    cfg = recipe.cfg
+
+    def median(key):
+        values = [h[key] for h in history[1:] or history if key in h]  # the first step pays warm-up
+        return statistics.median(values) if values else None
+
+    peaks = {k: max(h[k] for h in history) for k in history[0] if k.endswith("_gib")} if history else {}
+    students = sum(1 for r in ranks if "student" in r["role"])
+    owner = next((r for r in ranks if "owner_idle_fraction" in r), {})
+    return {
+        "status": "completed",
+        **teacher_identity(recipe),
+        "student_params_m": millions(recipe.run.student),
+        "placement": recipe.placement.name,
+        "precision": recipe.precision.name,
+        "world_size": recipe.topo.world_size,
+        "training_ranks": students,
+        "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps * students,
+        "steps_run": len(history),  # the whole run's, resumed segments included
+        "steps_this_segment": len(segment),
+        "final_step": history[-1]["step"] if history else None,
+        "loss_first": history[0]["loss"] if history else None,
+        "loss_last": history[-1]["loss"] if history else None,
+        "samples_per_s_median": median("samples_per_s"),
+        "step_ms_median": median("step_ms"),
+        "step_ms_stdev": statistics.pstdev([h["step_ms"] for h in history]) if history else None,
+        "teacher_ms_median": median("teacher_ms"),
+        "student_ms_median": median("student_ms"),
+        "copy_ms_median": median("copy_ms"),
+        "owner_idle_fraction": owner.get("owner_idle_fraction"),
+        "overrides": (recipe.prepared.sweep_point or {}).get("overrides") or recipe.prepared.overrides,
+        **{f"{k}_max": v for k, v in peaks.items()},
+        "ranks": ranks,
+        "device": str(recipe.device),
+        "hardware": {
+            "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        },
+        "wall_s": time.time() - recipe.started,
+    }

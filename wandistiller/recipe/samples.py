@@ -1,0 +1,97 @@
+"""A PNG grid of teacher vs student samples, drawn with diffusers' own WanPipeline.
+
+The student is a WanTransformer3DModel, so it drops into WanPipeline as `transformer`; it was trained
+on guided targets, so it samples without CFG (guidance_scale=1).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from wandistiller.data.prompts import PromptEmbeddings
+from wandistiller.teacher.model import Teacher, TeacherSpec
+
+CELL = 192  # pixels per sample in the grid, so tiny teachers' 64-pixel samples stay visible
+
+
+@torch.no_grad()
+def draw(
+    spec: TeacherSpec,
+    transformers: list,
+    guidance_scales: list,
+    embeddings: PromptEmbeddings,
+    data_cfg,
+    num_prompts: int,
+    steps: int,
+    seed: int,
+) -> np.ndarray:
+    """First frames for the first `num_prompts` prompts: teacher (its experts and CFG) or student (no CFG)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+
+    from wandistiller.teacher.model import loading
+
+    with loading(spec, "VAE or scheduler"):
+        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
+        scheduler = UniPCMultistepScheduler.from_pretrained(spec.path, subfolder="scheduler")
+    idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
+    cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
+    transformer = transformers[0]
+    device, dtype = transformer.device, transformer.dtype
+    two = len(transformers) == 2
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=vae.to(device),
+        scheduler=scheduler,
+        transformer=transformer,
+        transformer_2=transformers[1] if two else None,
+        boundary_ratio=spec.boundary_ratio if two else None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    frames = pipe(
+        prompt_embeds=cond.to(device, dtype),
+        negative_prompt_embeds=uncond.to(device, dtype),
+        guidance_scale=guidance_scales[0],
+        guidance_scale_2=guidance_scales[1] if two else None,
+        num_inference_steps=steps,
+        output_type="np",
+        generator=torch.Generator(device).manual_seed(seed),
+        height=data_cfg.latent_height * vae.config.scale_factor_spatial,
+        width=data_cfg.latent_width * vae.config.scale_factor_spatial,
+        num_frames=(data_cfg.latent_frames - 1) * vae.config.scale_factor_temporal + 1,
+    ).frames
+    return frames[:, 0]
+
+
+def teacher_images(
+    teacher: Teacher, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
+) -> np.ndarray:
+    return draw(teacher.spec, teacher.experts, teacher.guidance_scales, embeddings, data_cfg, num_prompts, steps, seed)
+
+
+def student_images(
+    spec: TeacherSpec, transformer, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
+) -> np.ndarray:
+    # Trained on guided targets: samples without CFG.
+    return draw(spec, [transformer], [1.0], embeddings, data_cfg, num_prompts, steps, seed)
+
+
+def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path) -> Path:
+    header, caption = 24, 36
+    grid = Image.new("RGB", (2 * CELL, header + len(prompts) * (CELL + caption)), "white")
+    pen = ImageDraw.Draw(grid)
+    pen.text((8, 6), "teacher", fill="black")
+    pen.text((CELL + 8, 6), "student", fill="black")
+    for row, (a, b, prompt) in enumerate(zip(teacher_imgs, student_imgs, prompts)):
+        top = header + row * (CELL + caption)
+        for col, img in enumerate((a, b)):
+            pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
+            grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
+        pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
+    grid.save(path)
+    return path

@@ -1,0 +1,166 @@
+"""How a training rank gets its teacher targets: computed locally, or served by a teacher owner.
+
+A step's inputs are a pure function of (seed, step, micro, data-parallel rank), so an owner rebuilds
+every served rank's batch itself; only the targets travel. The owner runs the teacher on each rank's
+batch separately -- the same shapes a local teacher would see -- so served targets are bitwise-equal
+to local ones. Sends are point-to-point and ordered per (owner, rank) pair, so no tags are needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from wandistiller.core.distributed import Served
+from wandistiller.data.prompts import Batch
+from wandistiller.teacher.model import Teacher
+
+# (step, micro, dp_rank) -> that rank's batch
+BatchFn = Callable[[int, int, int], Batch]
+
+
+def hidden_shape(teacher_config: dict, batch: Batch) -> tuple[int, int, int]:
+    pt, ph, pw = teacher_config["patch_size"]
+    _, _, f, h, w = batch.x_t.shape
+    width = teacher_config["num_attention_heads"] * teacher_config["attention_head_dim"]
+    return (batch.x_t.shape[0], (f // pt) * (h // ph) * (w // pw), width)
+
+
+class LocalTargets:
+    """This rank holds a teacher and computes its own targets."""
+
+    skippable = True  # a step whose loss needs no teacher may skip `get`: no other rank waits for it
+
+    def __init__(self, teacher: Teacher):
+        self.teacher = teacher
+
+    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+        return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden)
+
+    def copy_ms(self) -> float | None:
+        return self.teacher.copy_ms()
+
+    def finish(self) -> None:
+        pass
+
+
+class WholeStepTargets(LocalTargets):
+    """This rank's targets for all of a step's micro-batches from one teacher call, at the first of them.
+
+    A streamed teacher (offload, disk) moves its weights once per forward, so at small micro-batches it
+    is bound by copying; one call per step moves them once for `accum` micro-batches, and the larger
+    batch hides the copies behind compute. The targets equal per-micro-batch ones to rounding (other
+    batch shapes pick other kernels), not bit for bit.
+    """
+
+    def __init__(self, teacher: Teacher, batch_fn: BatchFn, dp_rank: int, accum: int):
+        super().__init__(teacher)
+        self.batch_fn, self.dp_rank, self.accum = batch_fn, dp_rank, accum
+        self.step, self.rows = None, 0
+        self.target = self.hidden = None
+
+    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+        if self.step != step:
+            batches = [batch if m == micro else self.batch_fn(step, m, self.dp_rank) for m in range(self.accum)]
+            x_t, t, cond, uncond = (
+                torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond", "uncond")
+            )
+            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, want_hidden)
+            self.step, self.rows = step, len(batch.t)
+        rows = slice(micro * self.rows, (micro + 1) * self.rows)
+        return self.target[rows], None if self.hidden is None else self.hidden[rows]
+
+
+class OwnerTargets(LocalTargets):
+    """An owner that also trains: serves its node's other ranks, then computes its own targets."""
+
+    skippable = False  # the served ranks wait for their targets every micro-batch
+
+    def __init__(self, teacher: Teacher, served: list[Served], batch_fn: BatchFn, transfer: torch.device):
+        super().__init__(teacher)
+        self.served, self.batch_fn, self.transfer = served, batch_fn, transfer
+        self.in_flight: list = []
+
+    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+        self.finish()  # the previous micro-batch's sends are done before their buffers are dropped
+        for s in self.served:
+            b = self.batch_fn(step, micro, s.dp_rank)
+            self.in_flight += _send(self.teacher, b, s.rank, want_hidden, self.transfer)
+        return super().get(step, micro, batch, want_hidden)
+
+    def finish(self) -> None:
+        for work, _ in self.in_flight:
+            work.wait()
+        self.in_flight = []
+
+
+class RemoteTargets:
+    """A rank without a teacher: receives its targets from its owner."""
+
+    skippable = False  # the owner sends them whatever the loss: receive (and drop) them
+
+    def __init__(self, owner: int, teacher_config: dict, transfer: torch.device):
+        self.owner, self.teacher_config, self.transfer = owner, teacher_config, transfer
+
+    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+        target = torch.empty(batch.x_t.shape, dtype=torch.float32, device=self.transfer)
+        dist.recv(target, src=self.owner)
+        hidden = None
+        if want_hidden:
+            hidden = torch.empty(hidden_shape(self.teacher_config, batch), dtype=torch.float32, device=self.transfer)
+            dist.recv(hidden, src=self.owner)
+        return target, hidden
+
+    def copy_ms(self) -> float | None:
+        return None
+
+    def finish(self) -> None:
+        pass
+
+
+def _send(teacher: Teacher, batch: Batch, dst: int, want_hidden: bool, transfer: torch.device) -> list:
+    target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden)
+    tensors = [t.to(transfer).contiguous() for t in [target] + ([hidden] if want_hidden else [])]
+    # Keep each sent tensor referenced until its send completes.
+    return [(dist.isend(t, dst=dst), t) for t in tensors]
+
+
+def serve(
+    teacher: Teacher,
+    served: list[Served],
+    batch_fn: BatchFn,
+    steps: range,
+    accum: int,
+    want_hidden: bool,
+    transfer: torch.device,
+    ahead: int = 1,
+) -> dict:
+    """A dedicated owner's whole job: targets for every served rank, `ahead` steps before they are needed.
+
+    While the students train step k the owner already computes step k+1; it blocks only when it is
+    more than `ahead` steps in front. Returns how much of its time it spent waiting (idle).
+    """
+    start, waited = time.perf_counter(), 0.0
+    per_step: deque[list] = deque()
+    for step in steps:
+        sends = []
+        for micro in range(accum):
+            for s in served:
+                sends += _send(teacher, batch_fn(step, micro, s.dp_rank), s.rank, want_hidden, transfer)
+        per_step.append(sends)
+        while len(per_step) > ahead:
+            t0 = time.perf_counter()
+            for work, _ in per_step.popleft():
+                work.wait()
+            waited += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for sends in per_step:
+        for work, _ in sends:
+            work.wait()
+    waited += time.perf_counter() - t0
+    total = time.perf_counter() - start
+    return {"owner_idle_fraction": waited / total if total else 0.0, "owner_wall_s": total}

@@ -1,0 +1,1 @@
+"""What survives a process: pickle-free checkpoints and finished run folders."""

@@ -1,0 +1,281 @@
+"""Checkpoints that never run code, written atomically, and resumes that never strand a run.
+
+A checkpoint is a folder `checkpoints/step_NNNNNNNN` holding `tensors.safetensors` (student, optimizer
+and EMA tensors, torch RNG) and `state.json` (everything else); see `safestate`. It is written to a
+temporary folder named for its writer (`.tmp-step_…-<host>-<pid>`) and renamed, so a crash never
+leaves a torn one, and the next start can remove what a dead writer left (`clean_leftovers`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wandistiller.core import leftovers
+from wandistiller.core.errors import UserError
+from wandistiller.state import safestate
+
+log = logging.getLogger(__name__)
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "state.json"
+TENSORS = "tensors.safetensors"
+LEGACY_FILE = "state.pt"  # a pickle, written before checkpoints were data: listed, never loaded
+REQUIRED = {"student", "optimizer", "lr_scheduler", "scaler", "ema", "tracker_run_id", "rng"}
+TMP, PRUNE = r"\.tmp-(?:step_\d+|best)", r"\.prune-(?:step_\d+|best)"  # temporary names, before `-<host>-<pid>`
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step_{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint was taken at: the one its state records (a folder renamed or copied keeps
+    it), else the one its name says; -1 when neither can be read."""
+    try:
+        step = json.loads((path / STATE_FILE).read_text()).get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    except (OSError, ValueError, AttributeError):
+        pass
+    return int(path.name[len("step_") :]) if re.fullmatch(r"step_\d+", path.name) else -1
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Finished checkpoints, oldest step first (temporary folders start with '.' and are skipped).
+
+    A finished one that was later damaged is listed too; `problem` says whether it can be loaded.
+    """
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file()]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))  # by the step inside, not name or mtime
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """Write the checkpoint for `step` whole or not at all, then prune to the newest `keep`.
+
+    A failed write (a full disk, no permission) removes its temporary folder and is one UserError naming
+    the folder and the space it needs; the checkpoints written before stay as they were.
+    """
+    final = write_checkpoint(checkpoint_dir(run_dir, step), step, state)
+    _prune(run_dir, step, keep)
+    return final
+
+
+def write_checkpoint(final: Path, step: int, state: dict) -> Path:
+    """The checkpoint folder `final`, written whole (to a temporary sibling, then renamed) or not at all."""
+    tmp = final.with_name(leftovers.owned_name(f".tmp-{final.name}"))
+    tensors: dict[str, torch.Tensor] = {}
+    data = safestate.encode(state | {"step": step, "rng": rng_state()}, tensors)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        safestate.write_tensors(tmp / TENSORS, tensors)
+        _write_text(tmp / STATE_FILE, json.dumps(data))
+        if final.exists():  # the same step saved again after a resume: move the old one aside first
+            _discard(final)
+        os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(_save_failed(final.parent, e, safestate.tensor_bytes(tensors))) from None
+    return final
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _save_failed(folder: Path, error: OSError, nbytes: int) -> str:
+    try:
+        free = f"{_size(shutil.disk_usage(folder).free)} is free"
+    except OSError:
+        free = "its free space cannot be read"
+    return (
+        f"could not write a checkpoint into {folder} ({error.strerror or error}): it needs about "
+        f"{_size(nbytes)} free there and {free}; free some space (or fix the folder's permissions) "
+        "and resume with trainer.resume=auto -- the earlier checkpoints are intact"
+    )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder so that a kill midway leaves no half-deleted `step_*`: it is first
+    renamed to a temporary name that the next start's cleanup recognises."""
+    doomed = folder.with_name(leftovers.owned_name(f".prune-{folder.name}"))
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _prune(run_dir: Path, step: int, keep: int) -> None:
+    """Keep the newest `keep` checkpoints up to `step`. Later ones (skipped as unreadable by a resume)
+    are left alone: this run replaces each of them when it gets there."""
+    if keep <= 0:
+        return
+    # Unusable ones are neither counted nor removed: they are left for the user to look at.
+    earlier = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) <= step and problem(p) is None]
+    for old in earlier[:-keep]:
+        try:
+            _discard(old)
+        except OSError as e:
+            log.warning("could not remove the old checkpoint %s: %s", old, e.strerror or e)
+
+
+def clean_leftovers(run_dir: Path) -> None:
+    """Remove what killed processes left in `run_dir/checkpoints`: temporary folders of saves and
+    prunes whose writer is gone, and `step_*` folders a prune emptied before this version renamed first."""
+    root = run_dir / CHECKPOINTS
+    leftovers.remove_dead(root, TMP)
+    leftovers.remove_dead(root, PRUNE)
+    for folder in root.glob("step_*") if root.is_dir() else []:
+        names = {p.name for p in folder.iterdir()} if folder.is_dir() else {LEGACY_FILE}
+        if names < {STATE_FILE, TENSORS}:  # only our files, and not all of them: a torn delete
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s, a checkpoint folder an interrupted cleanup left incomplete", folder)
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be resumed from, or None. Cheap: JSON and a header only."""
+    if not (path / STATE_FILE).is_file() and (path / LEGACY_FILE).is_file():
+        return (
+            f"it holds only {LEGACY_FILE}, a pickle from an older WanDistiller, which training never loads because "
+            f"unpickling can run code (python -m wandistiller.legacy {path} converts it safely)"
+        )
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
+            return f"{STATE_FILE} is not a checkpoint's state"
+        names = safestate.check_tensors(path / TENSORS)
+        safestate.decode(state, dict.fromkeys(names))  # every reference resolves, every value is ours
+    except FileNotFoundError as e:
+        return f"{Path(e.filename).name} is missing"
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
+        what = f"lacks {e}" if isinstance(e, KeyError) else str(e)[:200] or type(e).__name__
+        return f"{STATE_FILE} or {TENSORS} is damaged ({what})"
+    return None
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """trainer.resume: None (new run), 'auto' (latest checkpoint in this run folder, if any), or a folder.
+
+    'auto' (and a run folder) skips checkpoints that cannot be loaded, newest first, one line each;
+    an explicit checkpoint folder that cannot be loaded is one UserError.
+    """
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = _newest_usable(run_dir, "trainer.resume=auto")
+        if found is None and list_checkpoints(run_dir):  # starting over would replace the run's outputs
+            raise UserError(
+                f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from "
+                "(see above); move them away to start this run over, or choose a new folder with hydra.run.dir=…"
+            )
+        if found is None:  # right for a preempted job's first launch; said, so a mistyped folder is noticed
+            log.info("trainer.resume=auto: no checkpoint in %s; starting from step 0", run_dir / CHECKPOINTS)
+        return found
+    path = Path(resume).expanduser()
+    if (path / STATE_FILE).is_file() or (path / LEGACY_FILE).is_file():
+        why = problem(path)
+        if why is not None:
+            raise UserError(f"trainer.resume={resume!r} cannot be resumed from: {why}; point it at another checkpoint")
+        return path
+    if list_checkpoints(path):  # a run folder: take its latest usable one
+        found = _newest_usable(path, f"trainer.resume={resume!r}")
+        if found is not None:
+            return found
+        raise UserError(f"trainer.resume={resume!r}: none of its checkpoints can be resumed from (see above)")
+    raise UserError(
+        f"trainer.resume={resume!r} is neither a checkpoint folder (holding {STATE_FILE}) nor a run folder with "
+        "checkpoints; use trainer.resume=auto or a path under <run>/checkpoints/"
+    )
+
+
+def _newest_usable(run_dir: Path, key: str) -> Path | None:
+    for path in reversed(list_checkpoints(run_dir)):
+        why = problem(path)
+        if why is None:
+            return path
+        log.warning("%s: skipping %s: %s", key, path, why)
+    return None
+
+
+def load_checkpoint(path: Path) -> dict:
+    """The saved state (keys as `training_state` wrote them, plus "step" and "path"); sets the RNGs."""
+    try:
+        tensors = safestate.read_tensors(path / TENSORS)
+        state = safestate.decode(json.loads((path / STATE_FILE).read_text()), tensors)
+        set_rng_state(state["rng"])
+    except Exception as e:  # safetensors raises its own error types; any of them means a damaged file
+        raise UserError(f"trainer.resume: the checkpoint {path} cannot be read ({str(e)[:200]})") from None
+    return state | {"path": str(path)}
+
+
+RESUME_FIX = "resume with the student config it was trained with, or start a new run folder"
+
+
+def check_compatible(state: dict, student: torch.nn.Module, key: str = "trainer.resume", fix: str = RESUME_FIX) -> None:
+    """Refuse a checkpoint of another student shape with one line, before load_state_dict's traceback."""
+    student = getattr(student, "module", student)  # DDP
+    expected = {k: tuple(v.shape) for k, v in student.state_dict().items()}
+    saved = {k: tuple(v.shape) for k, v in state["student"].items()}
+    if saved == expected:
+        return
+    missing, extra = sorted(expected.keys() - saved.keys()), sorted(saved.keys() - expected.keys())
+    changed = [k for k in expected.keys() & saved.keys() if expected[k] != saved[k]]
+    if changed:
+        k = sorted(changed)[0]
+        detail = f"{k} is {list(saved[k])} there and {list(expected[k])} here"
+    else:
+        detail = f"it has {len(extra)} tensors this student lacks and lacks {len(missing)} of its own"
+        detail += f" (e.g. {(missing or extra)[0]})"
+    raise UserError(
+        f"{key}: the checkpoint{' ' + state['path'] if 'path' in state else ''} is of another student "
+        f"shape ({detail}); {fix}"
+    )
+
+
+def restore(state: dict, student, optimizer, lr_scheduler, scaler, ema) -> None:
+    """Load a checkpoint's state into the run's objects; a mismatch is one UserError, not a traceback."""
+    check_compatible(state, student)
+    try:
+        student.load_state_dict(state["student"])
+        optimizer.load_state_dict(state["optimizer"])
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        if ema is not None and state["ema"] is not None:
+            ema.load_state_dict(state["ema"])
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        raise UserError(
+            f"trainer.resume: the checkpoint {state.get('path', '')} does not fit this run "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); resume with the config it was "
+            "trained with, or start a new run folder"
+        ) from None

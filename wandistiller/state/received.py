@@ -1,0 +1,209 @@
+"""A config read back from disk (a run folder's `.hydra/config.yaml`) is data someone may have sent you:
+it is checked against the schema and an allow-list of `_target_`s before anything in it is instantiated
+or even imported.
+
+Hydra's `instantiate` calls whatever a `_target_` names, so a saved config that names
+`pathlib.Path.write_text` or `pandas.read_pickle` runs code as the user. The allow-list holds what the
+project registers (placements, the student builder) and every `_target_` the shipped `conf/` tree names
+(optimizers, the loss, the recipe, the loggers), so it grows with the tree and never drifts from it.
+A later registry (losses, loggers, data sources) adds its entries with `allow_targets(...)`.
+
+Configs composed from the user's own command line or `--config-dir` stay as free as Hydra makes them:
+their targets are passed in as `trusted` (a resume) or named with `--allow-target` (eval, generate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.extensions import HYDRA_KEYS
+from wandistiller.core.renamed import modernize
+
+# Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
+# tree uses. `oc.decode` / `oc.create` would build new nodes (a `_target_` among them) only when resolved.
+SAFE_RESOLVERS = frozenset({"oc.env", "oc.select", "hydra", "now", "wd_now", "wd_rank_suffix", "wd_assets"})
+_extra_targets: set[str] = set()
+
+
+def allow_targets(*names: str) -> None:
+    """Add `_target_`s a received config may name (a registry's own entries, registered at import)."""
+    _extra_targets.update(names)
+
+
+@functools.cache
+def _shipped_targets() -> frozenset[str]:
+    import torch.optim
+
+    from wandistiller.config import CONF_DIR, StudentConfig
+    from wandistiller.placements import OPTIONS
+
+    found = {StudentConfig._target_}
+    found |= {f"{cls.__module__}.{cls.__qualname__}" for _, cls in OPTIONS.values()}
+    found |= {schema._target_ for schema, _ in OPTIONS.values()}
+    for file in CONF_DIR.rglob("*.yaml"):
+        found |= {t for _, t in _targets_in(yaml.safe_load(file.read_text()), "") if isinstance(t, str)}
+    # Every torch optimizer: the shipped AdamW's siblings are what a user swaps in (`trainer.optimizer`).
+    found |= {
+        f"torch.optim.{name}"
+        for name, obj in vars(torch.optim).items()
+        if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer) and obj is not torch.optim.Optimizer
+    }
+    return frozenset(found)
+
+
+def allowed_targets() -> frozenset[str]:
+    """Every `_target_` a received config may name."""
+    return _shipped_targets() | _extra_targets
+
+
+def targets_of(cfg: DictConfig | dict | None) -> set[str]:
+    """The `_target_` values of a config the user composed themselves (trusted as they are)."""
+    if cfg is None:
+        return set()
+    tree = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, (DictConfig, ListConfig)) else cfg
+    return {t for _, t in _targets_in(tree, "") if isinstance(t, str)}
+
+
+def _targets_in(node, prefix: str) -> Iterable[tuple[str, object]]:
+    """(key, value) of every `_target_` in a plain tree, nested in dicts and lists."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k == "_target_":
+                yield key, v
+            else:
+                yield from _targets_in(v, key)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _targets_in(v, f"{prefix}[{i}]")
+
+
+TRUST_HINT = "pass --allow-target {target}"  # eval, generate; a resume names the key on its command line
+
+
+def load_received(file: Path, trusted: Iterable[str] = ()) -> DictConfig:
+    """A saved config, read as data and checked; a damaged file is one line. See `check_received`."""
+    try:
+        raw = OmegaConf.load(file)
+    except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
+        raise UserError(f"{file} cannot be read ({type(e).__name__}); restore it from the run's backup") from None
+    if not isinstance(raw, DictConfig):
+        raise UserError(f"{file} is damaged (not a saved config); restore it from the run's backup")
+    return check_received(raw, file, trusted)
+
+
+def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hint: str = TRUST_HINT) -> DictConfig:
+    """`raw` merged into the schema, after its targets and interpolations are checked: nothing in it is
+    imported, resolved or called first. Each refusal is one line naming the key and the file. `_target_`s
+    an older version saved (before the subpackages) are first rewritten, in place, to today's."""
+    modernize(raw)
+    tree = OmegaConf.to_container(raw, resolve=False)
+    _check_interpolations(tree, "", file)
+    allowed = allowed_targets() | set(trusted)
+    for key, target in _targets_in(tree, ""):
+        if not isinstance(target, str) or target not in allowed:
+            raise UserError(
+                f"{key}={target!r} in {file} is not a WanDistiller component; a received config may only name "
+                "the project's own classes (and torch optimizers): remove it, or if you trust it "
+                + hint.format(key=key, target=target)
+            )
+    _check_keys(tree, file)
+    from wandistiller.config import TrainConfig
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{key} in {file}: {first}; fix or remove it (the file does not match the schema)") from None
+    OmegaConf.set_struct(merged, True)
+    return merged
+
+
+def _check_interpolations(node, prefix: str, file: Path) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_interpolations(v, f"{prefix}.{k}" if prefix else str(k), file)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_interpolations(v, f"{prefix}[{i}]", file)
+    elif isinstance(node, str) and "${" in node:
+        bad = sorted({r for r in re.findall(r"\$\{\s*([\w.]+)\s*:", node) if r not in SAFE_RESOLVERS})
+        if bad or (prefix.endswith("_target_")):
+            what = f"uses the resolver {bad[0]}" if bad else "is an interpolation"
+            raise UserError(f"{prefix}={node!r} in {file} {what}, which a received config may not; remove it")
+
+
+def _check_keys(tree: dict, file: Path) -> None:
+    """Every key under a typed node is a field of its schema; a target's node holds only its arguments."""
+    from wandistiller.config import TrainConfig
+
+    def walk(schema, node, prefix: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if schema is None:
+            if "_target_" in node:
+                _check_arguments(node, prefix, file)
+            return
+        fields = {f.name for f in dataclasses.fields(schema)}
+        for key, value in node.items():
+            if key not in fields:
+                raise UserError(f"{prefix}{key} in {file} is not a WanDistiller config key; remove it")
+            walk(_schema_of(schema, key), value, f"{prefix}{key}.")
+
+    walk(TrainConfig, tree, "")
+
+
+def _schema_of(schema, key: str):
+    hint = typing.get_type_hints(schema).get(key)
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def _check_arguments(node: dict, prefix: str, file: Path) -> None:
+    """An allowed target's node: its keys bind to the target's signature (a placement: its schema's fields)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    from wandistiller.placements import OPTIONS
+
+    by_class = {f"{cls.__module__}.{cls.__qualname__}": schema for schema, cls in OPTIONS.values()}
+    by_class |= {schema._target_: schema for schema, _ in OPTIONS.values()}
+    kwargs = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
+    schema = by_class.get(node["_target_"])
+    if schema is not None:
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(schema)})
+    else:
+        try:
+            params = inspect.signature(get_object(node["_target_"])).parameters.values()
+        except (ValueError, TypeError, ImportError, AttributeError):
+            return  # no signature to bind to (a builtin): instantiate will say
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            return
+        unknown = sorted(set(kwargs) - {p.name for p in params})
+    if unknown:
+        raise UserError(f"{prefix}{unknown[0]} in {file} is not an argument of {node['_target_']}; fix or remove it")
+
+
+def local_cache_dir() -> str:
+    """This machine's `paths.cache_dir` (the shipped default, from WANDISTILLER_CACHE or ~/.cache): a received
+    run's caches go here, never into the folder its sender chose."""
+    from wandistiller.config import CONF_DIR
+
+    default = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["paths"]["cache_dir"]
+    return str(OmegaConf.create({"cache_dir": default}).cache_dir)
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """`owner/name` that is not a local path: diffusers would download it."""
+    return path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).expanduser().exists()

@@ -1,0 +1,198 @@
+"""A finished (or running) run folder, read back: its config, its teacher, a chosen student, and both
+sampling through WanPipeline -- the pieces `wandistiller.eval` and `wandistiller.generate` share.
+
+The student is a WanTransformer3DModel, so it drops into WanPipeline in the teacher's place; it was
+trained on guided targets, so it samples without CFG (guidance 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import safetensors_problem
+from wandistiller.core.precision import cast_keeping_fp32
+from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
+from wandistiller.state.checkpoint import (
+    STATE_FILE,
+    check_compatible,
+    checkpoint_dir,
+    list_checkpoints,
+    load_checkpoint,
+)
+from wandistiller.state.received import load_received, local_cache_dir, looks_like_hub_id
+from wandistiller.teacher.model import Teacher, TeacherSpec, inspect_teacher, resolve_teacher_path
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    cfg: DictConfig
+    spec: TeacherSpec
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        d = self.cfg.data
+        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+
+
+def open_run(
+    path: str | Path,
+    teacher_path: str | None = None,
+    allow: tuple[str, ...] = (),
+    allow_download: bool = False,
+    cache_dir: str | None = None,
+) -> RunFolder:
+    """A run folder (it holds `.hydra/config.yaml`), read as data someone may have sent: its config checked
+    before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
+    machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
+    with `allow_download`)."""
+    from wandistiller.config import register_configs
+
+    register_configs()  # the resolvers a saved config may use
+    path = Path(path).expanduser()
+    config = path / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
+    cfg = load_received(config, allow)
+    cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
+    if teacher_path is not None:
+        cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
+    elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
+        raise UserError(
+            f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
+            "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
+        )
+    return RunFolder(path, cfg, inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)))
+
+
+def student_source(run: RunFolder, checkpoint: str | None) -> Path:
+    """The folder a student comes from: `<run>/student` (the final one), or a checkpoint by name."""
+    checkpoints = list_checkpoints(run.path)
+    if checkpoint is None:
+        found = run.path / "student" if (run.path / "student").is_dir() else None
+        found = found or (checkpoints[-1] if checkpoints else None)
+    elif checkpoint == "latest":
+        found = checkpoints[-1] if checkpoints else None
+    elif checkpoint == "best":
+        found = run.path / "checkpoints" / "best"
+    elif checkpoint.startswith("step_") and checkpoint[5:].isdigit():
+        found = checkpoint_dir(run.path, int(checkpoint[5:]))
+    else:
+        raise UserError(f"--checkpoint {checkpoint!r} is not best, latest or step_N")
+    if found is None or not (found.name == "student" or (found / STATE_FILE).is_file()):
+        have = ", ".join(p.name for p in checkpoints) or "none"
+        what = "no student yet" if checkpoint is None else f"no checkpoint {checkpoint!r}"
+        raise UserError(f"{run.path} has {what} (checkpoints: {have}); train it first or pick another --checkpoint")
+    return found
+
+
+def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32):
+    """The student's WanTransformer3DModel, from a saved folder or a checkpoint's training state."""
+    from diffusers import WanTransformer3DModel
+    from hydra.utils import instantiate
+
+    if (source / "config.json").is_file():
+        for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
+            problem = safetensors_problem(file)
+            if problem:
+                raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
+        try:
+            transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+        except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"the student in {source} cannot be loaded ({first}); use --checkpoint latest (or another)"
+            ) from None
+    else:
+        student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
+        state = load_checkpoint(source)  # safetensors + JSON: never unpickles
+        # another student's checkpoint: one line, not load_state_dict's traceback
+        check_compatible(
+            state, student, "--checkpoint", "pick one this run trained (--checkpoint latest, best or step_N)"
+        )
+        student.load_state_dict(state["student"])
+        transformer = cast_keeping_fp32(student.transformer, dtype)
+    teacher = run.spec.transformer_config
+    differ = [k for k in ("in_channels", "out_channels", "text_dim", "patch_size") if transformer.config.get(k) !=
+              (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))]  # fmt: skip
+    if differ:
+        raise UserError(
+            f"the student in {source} does not fit this run's teacher ({', '.join(differ)} differ); "
+            "give the run folder it was trained in"
+        )
+    return transformer.to(device).eval().requires_grad_(False)
+
+
+def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
+    """The whole teacher on one device, with the run's guidance scales: what teacher_placement=cpu/gpu load."""
+    from wandistiller.placements.base import load_teacher as load_whole
+
+    return load_whole(run.spec, run.cfg.teacher, dtype, device)
+
+
+def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
+    """The student in the teacher's place: one expert, no CFG."""
+    return Teacher(spec, [transformer], [1.0], device)
+
+
+def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape) -> tuple:
+    """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, 0, stream="eval")` per prompt.
+
+    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up.
+    """
+    pipe = teacher_pipeline(sampler)
+    settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
+    out, seconds = [], []
+    for n, i in enumerate(prompt_idx):
+        noise = noise_for(seed, i, 0, tuple(shape), stream="eval")[None].to(sampler.device)
+        cond = embeddings.padded(torch.tensor([i])).to(sampler.device, sampler.dtype)
+        uncond = embeddings.negative_batch(1).contiguous().to(sampler.device, sampler.dtype)
+        if n == 0:
+            sample_latents(
+                pipe, noise, cond, uncond, SamplerSettings(1, settings.guidance_scales, settings.latent_shape)
+            )
+        start = time.perf_counter()
+        out.append(sample_latents(pipe, noise, cond, uncond, settings))
+        if sampler.device.type == "cuda":
+            torch.cuda.synchronize(sampler.device)
+        seconds.append(time.perf_counter() - start)
+    return torch.cat(out), seconds
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the user allows a received run folder on their own command line (eval, generate)."""
+
+    targets: tuple[str, ...] = ()  # `_target_`s beyond the project's own (--allow-target)
+    teacher_path: str | None = None  # a local teacher in place of the saved teacher.path (--teacher-path)
+    allow_download: bool = False  # a saved Hub-id teacher.path may download (--allow-download)
+    wandb_mode: str = "offline"  # never what the saved config says (--wandb-mode)
+    cache_dir: str | None = None  # None: this machine's (a sender's paths.cache_dir is never written into)
+
+    @classmethod
+    def from_args(cls, args) -> Trust:
+        mode = getattr(args, "wandb_mode", "offline")
+        return cls(tuple(args.allow_target or ()), args.teacher_path, args.allow_download, mode)
+
+    def open_args(self) -> tuple:
+        return self.teacher_path, self.targets, self.allow_download, self.cache_dir
+
+
+def add_trust_args(parser, wandb: bool = False) -> None:
+    parser.add_argument(
+        "--allow-target", action="append", metavar="NAME", help="a _target_ the run's config may name besides "
+        "WanDistiller's own (repeat for several); only for run folders you trust"
+    )  # fmt: skip
+    parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
+    parser.add_argument("--allow-download", action="store_true", help="let a Hub-id teacher.path download")
+    if wandb:
+        parser.add_argument(
+            "--wandb-mode", choices=["offline", "online"], default="offline",
+            help="how eval adds to the run's wandb run (default offline, whatever the run says)",
+        )  # fmt: skip

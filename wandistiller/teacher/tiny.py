@@ -1,0 +1,117 @@
+"""Build the embedded tiny Wan teachers as real diffusers-format folders.
+
+No machine here reaches a model hub, so the default teacher is made locally: a word-level tokenizer,
+a UMT5 text encoder, an AutoencoderKLWan, one or two WanTransformer3DModels and Wan's UniPC flow
+scheduler, saved with `save_pretrained`. Training then loads the folder through exactly the code
+path a downloaded Wan model takes (`teacher.load_teacher`), so nothing downstream knows it is tiny.
+
+Building is deterministic (fixed seeds), so the same folder comes out on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from wandistiller.core import leftovers
+from wandistiller.core.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
+from wandistiller.core.files import DEFAULT_PROMPTS
+from wandistiller.core.precision import cast_keeping_fp32
+
+
+def _build_tokenizer():
+    """A word-level tokenizer over the default prompts' words; T5-like specials (pad=0, eos=1, unk=2)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for p in DEFAULT_PROMPTS.read_text().splitlines() for w in re.findall(r"\w+|[^\w\s]", p.lower())})
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
+    )
+
+
+def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | None = None):
+    """A WanPipeline with tiny random components (seeded). Two experts mirror Wan 2.2 A14B.
+
+    `transformer_config` overrides the transformer's (benchmarks: a real-shaped Wan, its weights stored in
+    bf16); the text encoder is then as wide as its `text_dim` (4096 for Wan), every other component tiny.
+    """
+    config = TINY_TRANSFORMER | (transformer_config or {})
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tokenizer = _build_tokenizer()
+    torch.manual_seed(0)
+    text_config = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **text_config)).eval()
+    torch.manual_seed(1)
+    vae = AutoencoderKLWan(**TINY_VAE).eval()
+    torch.manual_seed(2)
+    dtype = torch.float32 if transformer_config is None else torch.bfloat16  # halves a big one's files
+    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # norms stay fp32
+    transformer_2 = None
+    if two_experts:
+        torch.manual_seed(3)
+        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)
+    # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
+    )
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=scheduler,
+        transformer=transformer,
+        transformer_2=transformer_2,
+        boundary_ratio=TINY_MOE_BOUNDARY_RATIO if two_experts else None,
+    )
+
+
+def ensure_tiny_teacher(
+    path: str | os.PathLike, two_experts: bool = False, transformer_config: dict | None = None
+) -> Path:
+    """Create the tiny teacher folder at `path` unless it is already there; return the path.
+
+    Written to a temporary sibling and renamed, so a crash or a concurrent builder never leaves a
+    half-written folder that later looks like a teacher.
+    """
+    path = Path(path).expanduser()
+    if (path / "model_index.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Named for this process, so that the next start can remove it if this one is killed midway.
+    leftovers.remove_dead(path.parent, build_pattern(path))
+    tmp = path.parent / leftovers.owned_name(f".{path.name}.build")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    # Both libraries draw a bar while saving (transformers' "Writing model shards" for the text encoder).
+    diffusers_logging.disable_progress_bar(), transformers_logging.disable_progress_bar()
+    try:
+        build_tiny_pipeline(two_experts, transformer_config).save_pretrained(tmp, safe_serialization=True)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process finished first; theirs is identical
+            if not (path / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        diffusers_logging.enable_progress_bar(), transformers_logging.enable_progress_bar()
+    return path
+
+
+def build_pattern(path: Path) -> str:
+    """The names of `path`'s temporary build folders (before `-<host>-<pid>`)."""
+    return re.escape(f".{path.name}.build")

@@ -1,0 +1,50 @@
+"""The teacher's own VAE, in both directions, with the latent normalisation WanPipeline uses.
+
+WanPipeline turns a sampled latent z into an image with `decode(z * std + mean)` (its code writes it as
+`z / (1/std) + mean`), so a real image enters latent space as `(encode(x) - mean) / std`. Training on
+image latents and decoding student samples must both go through exactly this pair.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wandistiller.teacher.model import TeacherSpec, loading
+
+
+def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch.float32):
+    from diffusers import AutoencoderKLWan
+
+    with loading(spec, "VAE"):
+        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=dtype, use_safetensors=True)
+    return vae.to(device).eval().requires_grad_(False)
+
+
+def latent_stats(vae) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std), shaped [1, C, 1, 1, 1] on the VAE's device and dtype."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(vae.device, vae.dtype)
+    std = torch.tensor(vae.config.latents_std).view(shape).to(vae.device, vae.dtype)
+    return mean, std
+
+
+@torch.no_grad()
+def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """[B, 3, H, W] in [-1, 1] -> normalised latents [B, C, 1, H/8, W/8] (float32, CPU).
+
+    The posterior's mode, not a sample: the cached latents are then a function of the images alone.
+    """
+    mean, std = latent_stats(vae)
+    z = vae.encode(pixels[:, :, None].to(vae.device, vae.dtype)).latent_dist.mode()
+    return ((z - mean) / std).float().cpu()
+
+
+@torch.no_grad()
+def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents [B, C, F, h, w] -> first frames [B, 3, H, W] in [0, 1], as WanPipeline decodes."""
+    from diffusers.video_processor import VideoProcessor
+
+    mean, std = latent_stats(vae)
+    video = vae.decode(latents.to(vae.device, vae.dtype) * std + mean, return_dict=False)[0]
+    processor = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
+    return processor.postprocess_video(video, output_type="pt")[:, 0].float().cpu()

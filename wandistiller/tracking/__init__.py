@@ -1,0 +1,1 @@
+"""Loggers (wandb, none) and sweep reports."""
