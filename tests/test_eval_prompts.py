@@ -51,3 +51,12 @@ def test_prompts_inside_the_run_folder_or_shipped_are_read(make_cfg, tmp_path, t
     inside = write_prompts(tmp_path / "run" / "prompts.txt", "one\ntwo\nthree\n")
     assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={inside}"), None, 8) == ["three"]
     assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path), None, 8)  # the shipped prompts (the default)
+
+
+def test_the_end_of_run_eval_reads_the_users_own_prompts_file_wherever_it_lies(make_cfg, tmp_path, tiny_path):
+    # `python -m wandistiller.train data.prompts_path=my_prompts.txt` evaluates itself at the end: its own file
+    mine = write_prompts(tmp_path / "elsewhere" / "my_prompts.txt", "one\ntwo\nthree\n")
+    run = run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={mine}")
+    assert eval_prompts(run, None, 8, own_files=True) == ["three"]
+    with pytest.raises(UserError):  # the same folder received from someone else is not
+        eval_prompts(run, None, 8)

@@ -170,6 +170,9 @@ def test_an_fp8_teacher_takes_about_half_the_host_ram_of_a_bf16_one(tmp_path):
         p.data.normal_(0, 0.02)  # fast; the values do not matter, the bytes do
     model.save_pretrained(tmp_path / "t")
     teacher_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # What an fp8 teacher holds: the blocks' Linear weights at 1 byte plus a float32 scale per row, the rest bf16.
+    linears = [m for n, m in model.named_modules() if n.startswith("blocks.") and isinstance(m, torch.nn.Linear)]
+    fp8_bytes = teacher_bytes - sum(m.weight.numel() * 2 - m.weight.numel() - m.out_features * 4 for m in linears)
     del model, skeleton
     probes = {
         kind: subprocess.Popen(
@@ -179,7 +182,10 @@ def test_an_fp8_teacher_takes_about_half_the_host_ram_of_a_bf16_one(tmp_path):
     }
     grown = {kind: int(p.communicate(timeout=120)[0].split()[-1]) for kind, p in probes.items()}
     assert grown["bf16"] > 0.9 * teacher_bytes  # the probe sees the teacher
-    assert 0.4 < grown["fp8"] / grown["bf16"] < 0.62, grown
+    assert 0.4 < grown["fp8"] / grown["bf16"], grown
+    # ~half: the fp8 bytes plus what the allocator keeps of the per-layer quantization temporaries (fixed, about
+    # 20 MiB here, measured 0.58-0.64 of bf16 at this 0.18 GB size; nothing next to a 14B expert's 14 GB)
+    assert grown["fp8"] < fp8_bytes + 32 * 2**20, (grown, fp8_bytes)
 
 
 def test_the_planner_counts_fp8_bytes_and_auto_says_when_only_fp8_fits(make_cfg):

@@ -41,13 +41,14 @@ from wandistiller.state.runs import (
 log = logging.getLogger(__name__)
 
 
-def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int) -> list[str]:
-    """The given file, or the run's held-out prompts (never trained on)."""
+def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False) -> list[str]:
+    """The given file, or the run's held-out prompts (never trained on); `own_files`: the saved prompts
+    files are the user's own (the end-of-run eval), so they are read wherever they lie."""
     if prompts_path is not None:
         return read_prompts(prompts_path)[:limit]
     data = run.cfg.data
     for key in ("prompts_path", "val_prompts_path"):
-        if data.get(key) is not None and not _readable_from_run(run, data[key]):
+        if data.get(key) is not None and not own_files and not _readable_from_run(run, data[key]):
             raise UserError(
                 f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder and "
                 "WanDistiller's shipped prompts, so eval does not read it; give --prompts FILE"
@@ -111,7 +112,7 @@ def evaluate(
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    prompts = eval_prompts(run, prompts_path, limit)
+    prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files)
     t_cfg = run.cfg.teacher
     cache_dir = run.cfg.paths.cache_dir
     emb = encode_prompts(

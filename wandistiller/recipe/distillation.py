@@ -178,7 +178,9 @@ class DistillationRecipe:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
-            log_first_call(student.transformer.blocks[0], "the student's block graph (forward; backward follows)")
+            # On the transformer, not a block: compile_repeated_blocks compiles each block's whole call, hooks
+            # included, and a logging hook inside a fullgraph is a graph break torch.compile refuses.
+            log_first_call(student.transformer, "the student's block graph (forward; backward follows)")
         log.info(
             "rank %d (pid %d): student %s params on %s; teacher %s (%s)",
             self.topo.rank,

@@ -119,7 +119,12 @@ def evaluate_at_end(recipe) -> dict:
 
     recipe.teacher = None
     # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
-    own = Trust(tuple(targets_of(recipe.cfg)), recipe.prepared.teacher_path, cache_dir=str(recipe.cfg.paths.cache_dir))
+    own = Trust(
+        tuple(targets_of(recipe.cfg)),
+        recipe.prepared.teacher_path,
+        cache_dir=str(recipe.cfg.paths.cache_dir),
+        own_files=True,
+    )
     result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device, trust=own)
     recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
     return {f"eval_{k}": v for k, v in result["mean"].items()}

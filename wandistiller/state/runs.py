@@ -174,6 +174,7 @@ class Trust:
     allow_download: bool = False  # a saved Hub-id teacher.path may download (--allow-download)
     wandb_mode: str = "offline"  # never what the saved config says (--wandb-mode)
     cache_dir: str | None = None  # None: this machine's (a sender's paths.cache_dir is never written into)
+    own_files: bool = False  # the run's own end-of-run eval: its saved prompts files are the user's own
 
     @classmethod
     def from_args(cls, args) -> Trust:
