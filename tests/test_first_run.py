@@ -114,3 +114,12 @@ def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg,
     assert "the last 1 of 10 images and their captions are held out for validation" in caplog.text
     rows = (tmp_path / "run" / "metrics_steps.jsonl").read_text()
     assert '"val/loss"' in rows
+
+
+def test_offline_segments_include_the_folders_wandb_suffixes_when_two_start_in_one_second(tmp_path):
+    from wandistiller.tracking.loggers import offline_segments
+
+    names = ["offline-run-20261126_130001-abc", "offline-run-20261126_130001-abc-1", "offline-run-20261126_130002-xyz"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert [p.name for p in offline_segments(tmp_path, "abc")] == names[:2]

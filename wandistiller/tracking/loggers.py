@@ -111,8 +111,9 @@ class WandbTracker(NullTracker):
 def offline_segments(wandb_dir: Path, run_id: str) -> list[Path]:
     """Every offline folder of one wandb run, oldest first: offline wandb writes a folder per process that
     resumed the run (each training segment, a later eval), and `wandb sync` merges them into the one run
-    only when it is given all of them."""
-    return sorted(wandb_dir.glob(f"offline-run-*-{run_id}"))
+    only when it is given all of them. wandb adds "-1", "-2" to a folder started in the same second as another."""
+    found = [*wandb_dir.glob(f"offline-run-*-{run_id}"), *wandb_dir.glob(f"offline-run-*-{run_id}-*")]
+    return sorted(found)
 
 
 def _settings_api_key() -> bool:
