@@ -56,7 +56,8 @@ def test_every_option_composes_and_resolves(make_cfg, group, option):
         "teacher.builtin=huge",
         "precision.teacher_dtype=fp8",
         "trainer.lr_scheduler=cosin",
-        "logger.mode=onlin",
+        "logger.wandb.mode=onlin",
+        "logger.mode=online",  # the flat keys of before the list of loggers
         "teacher_placement=cpu teacher_placement.resident_blocks=3".split()[1],  # offload's key, not cpu's
     ],
 )

@@ -19,12 +19,15 @@ from wandistiller.train import run
         ("recipe._target_=wandistiller.recipe.loop.memory_metrics", r"recipe._target_=.*\(cfg, prepared, topology\)"),
         ("student._target_=wandistiller.recipe.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
         ("+trainer.optimizer.nonsense=1", r"trainer.optimizer._target_='torch.optim.AdamW' cannot be called"),
-        ("logger._target_=wandistiller.recipe.loop.distillation_loss", r"logger._target_=.* cannot be called"),
+        (
+            "logger=wandb logger.wandb._target_=wandistiller.recipe.loop.distillation_loss",
+            r"logger.wandb._target_=.* cannot be called",
+        ),
     ],
 )
 def test_a_target_with_the_wrong_signature_is_one_line(make_cfg, tmp_path, override, message):
     with pytest.raises(UserError, match=message) as e:
-        run(make_cfg(override))
+        run(make_cfg(*override.split()))
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
 

@@ -219,8 +219,8 @@ def test_online_wandb_without_a_login_is_refused_before_the_run_folder(make_cfg,
     monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    with refused("logger.mode=online: no wandb login for https://api.wandb.ai") as e:
-        run(make_cfg("logger=wandb", "logger.mode=online", run_dir=tmp_path / "r"))
+    with refused("logger.wandb.mode=online: no wandb login for https://api.wandb.ai") as e:
+        run(make_cfg("logger=wandb", "logger.wandb.mode=online", run_dir=tmp_path / "r"))
     assert "wandb login" in str(e.value) and not (tmp_path / "r").exists()
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "a" * 40 + "\n")
     (tmp_path / "netrc").chmod(0o600)

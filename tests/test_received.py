@@ -160,7 +160,7 @@ def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp
     run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
     file = folder / ".hydra" / "config.yaml"
     saved = yaml.safe_load(file.read_text())
-    saved["logger"]["mode"] = "online"
+    saved["logger"]["wandb"]["mode"] = "online"
     file.write_text(yaml.safe_dump(saved))
     eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
     assert "logged to the run's wandb run" in capsys.readouterr().out

@@ -103,8 +103,9 @@ def test_steps_a_killed_segment_measured_past_the_resumed_run_are_not_in_its_sum
 
 def test_a_resume_takes_only_the_changeable_keys_given_not_their_whole_group(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
-    run(make_cfg(*FIRST, "logger=wandb", "logger.mode=disabled", "logger.project=mine", run_dir=run_dir))
+    run(make_cfg(*FIRST, "logger=wandb", "logger.wandb.mode=disabled", "logger.wandb.project=mine", run_dir=run_dir))
     (run_dir / "metrics.json").unlink()
-    given = ["trainer.resume=auto", "logger.tags=[again]"]
+    given = ["trainer.resume=auto", "+logger.wandb.tags=[again]"]  # + : these tests compose with logger=none
     cfg = continued_config(make_cfg(*given, run_dir=run_dir), given)
-    assert cfg.logger.project == "mine" and cfg.logger.mode == "disabled" and list(cfg.logger.tags) == ["again"]
+    w = cfg.logger.wandb
+    assert w.project == "mine" and w.mode == "disabled" and list(w.tags) == ["again"]

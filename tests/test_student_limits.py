@@ -68,6 +68,6 @@ def test_a_student_too_big_for_the_host_names_the_key(make_cfg, tmp_path):
 
 @pytest.mark.parametrize("project", ["team/run", "what?", "a" * 129])
 def test_a_project_name_wandb_refuses_is_one_line_before_the_run_folder(make_cfg, tmp_path, project):
-    error = refused_run(make_cfg, tmp_path, "logger=wandb", f"logger.project='{project}'")
-    assert error.startswith(f"logger.project={project!r}: a wandb project name may not contain"), error
-    assert "use e.g. logger.project=wandistiller" in error
+    error = refused_run(make_cfg, tmp_path, "logger=wandb", f"logger.wandb.project='{project}'")
+    assert error.startswith(f"logger.wandb.project={project!r}: a wandb project name may not contain"), error
+    assert "use e.g. logger.wandb.project=wandistiller" in error

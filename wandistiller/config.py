@@ -187,18 +187,6 @@ class TrainerConfig:
 
 
 @dataclass
-class LoggerConfig:
-    _target_: str = MISSING
-    project: str = "wandistiller"
-    entity: str | None = None
-    # "offline" (default: no network), "online", or "disabled".
-    mode: LoggerMode = LoggerMode.offline
-    group: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-
-@dataclass
 class DistributedConfig:
     # Workers per node, started from inside the Hydra job (or by torchrun, which then sets them).
     nproc_per_node: int = 1
@@ -239,7 +227,9 @@ class TrainConfig:
     data: DataConfig = MISSING
     student: StudentConfig = MISSING
     trainer: TrainerConfig = MISSING
-    logger: LoggerConfig = MISSING
+    # The loggers by name (`logger=[wandb,tensorboard,csv]`), each with its own schema
+    # (wandistiller/tracking/loggers/<name>.py); `logger=none`: none.
+    logger: dict[str, Any] = field(default_factory=dict)
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING
@@ -271,10 +261,12 @@ def rank_suffix() -> str:
 
 def register_configs() -> None:
     from wandistiller.placements import register_schemas
+    from wandistiller.tracking import loggers
 
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
     register_schemas(store)
+    loggers.register_schemas(store)
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
     # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.
@@ -327,6 +319,8 @@ def hydra_error_line(error: Exception) -> str:
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
     skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
     text = " ".join(line for line in lines if not line.startswith(skip))
+    if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
+        return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "not in" in text and "Key '" in text:
         return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
     if "Could not find" in text:

@@ -200,14 +200,15 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
     saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)
-    if not checkpoints or not str(saved.logger.get("_target_", "")).endswith("WandbTracker"):
+    wandb = next((n for n in saved.logger.values() if str(getattr(n, "_target_", "")).endswith("WandbTracker")), None)
+    if not checkpoints or wandb is None:
         return
     run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
     if not run_id:
         return
     from wandistiller.tracking.loggers import WandbTracker
 
-    tracker = WandbTracker(saved.logger.project, saved.logger.entity, trust.wandb_mode)
+    tracker = WandbTracker(wandb.project, wandb.entity, trust.wandb_mode)
     tracker.start(run_dir, {}, run_id)
     tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
     tracker.log_image("eval", run_dir / result["files"][1], step=None)

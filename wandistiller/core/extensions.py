@@ -25,7 +25,7 @@ CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # alone and its instances called with LossInputs (LOSS_CLASSES below)
     "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),
     "trainer.optimizer": (("params",), ()),  # recipe._setup_optimization
-    "logger": ((), ()),  # recipe._setup_tracker
+    "logger.*": ((), ()),  # each logger: tracking.loggers.build
     "teacher_placement": ((), ()),  # preflight.choose_placement
 }
 
@@ -34,7 +34,11 @@ def check_signatures(cfg: DictConfig) -> None:
     """Every swappable target accepts what its call site passes (the keys under it included)."""
     from hydra.utils import get_object
 
-    for key, (positional, keywords) in CALLS.items():
+    calls = [(k, c) for k, c in CALLS.items() if not k.endswith(".*")]
+    for key, call in CALLS.items():  # "logger.*": every entry under the node
+        if key.endswith(".*") and isinstance(node := OmegaConf.select(cfg, key[:-2]), DictConfig):
+            calls += [(f"{key[:-2]}.{name}", call) for name in node.keys()]
+    for key, (positional, keywords) in calls:
         node = OmegaConf.select(cfg, key)
         if not isinstance(node, DictConfig) or "_target_" not in node:
             continue

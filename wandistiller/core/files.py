@@ -91,3 +91,27 @@ def _read_only(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsync: bool = True) -> Path:
+    """`path` written whole or not at all: into a temporary sibling, flushed, then renamed over it, so a reader
+    (or a run killed mid-write, or a full disk) never leaves half a file. Give the text or bytes, or
+    `write(file)` that writes into the open binary file (torch.save, a figure's savefig)."""
+    import tempfile
+
+    path = Path(path)
+    f = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with f:
+            if write is not None:
+                write(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(f.name, path)
+    except BaseException:
+        Path(f.name).unlink(missing_ok=True)
+        raise
+    return path

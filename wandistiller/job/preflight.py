@@ -294,25 +294,30 @@ def check_data(cfg: DictConfig) -> None:
 
 
 def check_tracker(cfg: DictConfig) -> None:
-    """A tracker that must log in can (logger.mode=online needs a wandb key), checked without the network."""
+    """Each logger's own refusals (`check`, e.g. logger.wandb.mode=online needs a wandb key), without the network;
+    an entry of `logger` that is not a logger is one line listing the shipped ones."""
     from hydra.utils import get_object
 
-    tracker = get_object(cfg.logger._target_)
-    if hasattr(tracker, "project_problem") and (problem := tracker.project_problem(cfg.logger.get("project"))):
-        raise UserError(f"logger.project={cfg.logger.get('project')!r}: a wandb project name {problem}; use e.g. "
-                        "logger.project=wandistiller")  # fmt: skip
-    problem = tracker.login_problem(cfg.logger.get("mode")) if hasattr(tracker, "login_problem") else None
-    if problem:
-        raise UserError(
-            f"logger.mode=online: {problem}; run `wandb login` (or set WANDB_API_KEY), or use logger.mode=offline"
-        )
+    from wandistiller.config import CONF_DIR
+
+    for key, node in cfg.logger.items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            names = ", ".join(sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")))
+            raise UserError(
+                f"logger.{key}={node!r} is not a logger; `logger` names loggers ({names}), each with its keys under "
+                "its name: e.g. logger=[wandb,csv] logger.wandb.mode=online"
+            )
+        check = getattr(get_object(node._target_), "check", None)  # a logger of your own need not have one
+        if callable(check):
+            check(node, f"logger.{key}")
 
 
 def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` a user may swap names something importable, before anything else runs."""
     from hydra.utils import get_object
 
-    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", "logger", "teacher_placement"):
+    loggers = [f"logger.{k}" for k, v in cfg.logger.items() if isinstance(v, DictConfig) and "_target_" in v]
+    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *loggers, "teacher_placement"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
             get_object(target)

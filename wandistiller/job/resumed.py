@@ -119,7 +119,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
             f"{shown}{' …' if len(differ) > 8 else ''} disagree; drop them to continue it, or start a new run "
             "with hydra.run.dir=…"
         )
-    # Exactly the keys given (logger.mode alone keeps the saved logger.project), or every changeable one.
+    # Exactly the keys given (logger.wandb.mode alone keeps the saved logger.wandb.project), or every changeable one.
     taken = set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}
     result = saved.copy()
     for key in sorted(taken | set(ALWAYS_CURRENT)):

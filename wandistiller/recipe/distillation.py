@@ -32,7 +32,8 @@ from wandistiller.recipe.monitor import ProgressLog
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
-from wandistiller.tracking.loggers import NullTracker
+from wandistiller.tracking import loggers
+from wandistiller.tracking.loggers import Loggers
 
 log = logging.getLogger("wandistiller")
 
@@ -208,16 +209,18 @@ class DistillationRecipe:
         if state is not None:
             restore(state, student, optimizer, lr_scheduler, scaler, ema)
             log.info("resuming at step %d", state["step"])
-        self.tracker_run_id = state["tracker_run_id"] if state else None
         return optimizer, lr_scheduler, scaler, ema
 
     def _setup_tracker(self, state: dict | None):
+        """Every configured logger behind one (`logger=[wandb,tensorboard,csv]`), on the main rank; a resumed
+        run continues the tracker run its checkpoint names."""
         if not self.is_main:
-            return NullTracker()
-        tracker = instantiate(self.cfg.logger)
+            return Loggers([])
+        tracker = loggers.build(self.cfg.logger)
         point = self.prepared.sweep_point or {}
         config = OmegaConf.to_container(self.cfg, resolve=True) | {"teacher_placement": self.placement.name}
-        tracker.start(self.run_dir, config, self.tracker_run_id, group=point.get("group"), name=point.get("name"))
+        run_id = state.get("tracker_run_id") if state else None
+        tracker.start(self.run_dir, config, run_id, group=point.get("group"), name=point.get("name"))
         return tracker
 
     def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:

@@ -216,41 +216,11 @@ class SweepReport(Callback):
             return
         md, png, table = write_report(sweep_dir)
         print(f"\nsweep report: {md}\n{table}\n", flush=True)
-        if (
-            self.wandb
-            and config.logger.get("_target_", "").endswith("WandbTracker")
-            and config.logger.mode != "disabled"
-        ):
-            _log_wandb(config, sweep_dir, png)
+        if self.wandb:  # the report through every logger of the sweep: a wandb Table, tensorboard text, a csv
+            from wandistiller.tracking import loggers
 
-
-def _log_wandb(config: DictConfig, sweep_dir: Path, png: Path) -> None:
-    import os
-
-    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
-
-    points = load_points(sweep_dir)
-    run = wandb.init(
-        project=config.logger.project,
-        entity=config.logger.entity,
-        mode=config.logger.mode,
-        group=sweep_group(sweep_dir),
-        name="sweep-report",
-        dir=str(sweep_dir),
-        job_type="report",
-    )
-    run.log(
-        {"comparison": wandb.Table(columns=COLUMNS, data=table_rows(points)), "sweep_report": wandb.Image(str(png))}
-    )
-    run.finish()
-    if config.logger.mode == "offline":
-        print(
-            f"wandb: offline runs of this sweep; upload with: wandb sync {sweep_dir}/*/wandb/offline-run-* "
-            f"{sweep_dir}/wandb/offline-run-*",
-            flush=True,
-        )
+            rows = table_rows(load_points(sweep_dir))
+            loggers.build(config.logger).report(sweep_dir, COLUMNS, rows, png, sweep_group(sweep_dir))
 
 
 def sweep_group(sweep_dir: Path) -> str:

@@ -1,37 +1,35 @@
-"""Experiment tracking: wandb (offline unless asked) or nothing. Rank 0 only."""
+"""`logger=wandb`: one wandb run per training run (offline unless `logger.wandb.mode=online`), in the run
+folder's `wandb/`; a resumed run continues the same run id. Rank 0 only."""
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from wandistiller.config import LoggerMode
+from wandistiller.tracking.loggers.base import Logger
 
 log = logging.getLogger(__name__)
 
 
-class NullTracker:
-    run_id: str | None = None
-
-    def __init__(self, **_: object):
-        pass
-
-    def start(
-        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
-    ) -> None:
-        pass
-
-    def log(self, metrics: dict, step: int) -> None:
-        pass
-
-    def log_image(self, key: str, path: Path, step: int) -> None:
-        pass
-
-    def finish(self, summary: dict) -> None:
-        pass
+@dataclass
+class WandbConfig:
+    _target_: str = "wandistiller.tracking.loggers.wandb.WandbTracker"
+    project: str = "wandistiller"
+    entity: str | None = None
+    # "offline" (default: no network), "online", or "disabled".
+    mode: LoggerMode = LoggerMode.offline
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
 
 
-class WandbTracker(NullTracker):
+class WandbTracker(Logger):
     """One wandb run per training run; a resumed run continues the same run id."""
+
+    name = "wandb"
 
     def __init__(
         self,
@@ -44,6 +42,19 @@ class WandbTracker(NullTracker):
     ):
         self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or []))
         self.run = None
+
+    @classmethod
+    def check(cls, node, key: str) -> None:
+        """A project name wandb would refuse, or `mode=online` without a login: refused before the teacher loads."""
+        from wandistiller.core.errors import UserError
+
+        if problem := cls.project_problem(node.get("project")):
+            raise UserError(f"{key}.project={node.get('project')!r}: a wandb project name {problem}; use e.g. "
+                            f"{key}.project=wandistiller")  # fmt: skip
+        if problem := cls.login_problem(node.get("mode")):
+            raise UserError(
+                f"{key}.mode=online: {problem}; run `wandb login` (or set WANDB_API_KEY), or use {key}.mode=offline"
+            )
 
     @staticmethod
     def project_problem(project: object) -> str | None:
@@ -91,10 +102,10 @@ class WandbTracker(NullTracker):
         self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **kwargs)
         self.run_id = self.run.id
 
-    def log(self, metrics: dict, step: int) -> None:
+    def log(self, metrics: dict, step: int | None) -> None:
         self.run.log(metrics, step=step)
 
-    def log_image(self, key: str, path: Path, step: int) -> None:
+    def log_image(self, key: str, path: Path, step: int | None) -> None:
         import wandb
 
         self.run.log({key: wandb.Image(str(path))}, step=step)
@@ -106,6 +117,28 @@ class WandbTracker(NullTracker):
         if self.kwargs["mode"] == "offline":
             segments = " ".join(str(p) for p in offline_segments(offline_dir.parent, self.run_id)) or offline_dir
             log.info("wandb: offline run saved; upload it with: wandb sync %s", segments)
+
+    def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
+        """The sweep's table as a wandb Table and its plot, in a run of the sweep's group named sweep-report."""
+        if self.kwargs["mode"] == "disabled":
+            return
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        kwargs = {k: self.kwargs[k] for k in ("project", "entity", "mode")}
+        run = wandb.init(**kwargs, group=group, name="sweep-report", dir=str(sweep_dir), job_type="report")
+        run.log({"comparison": wandb.Table(columns=columns, data=rows), "sweep_report": wandb.Image(str(png))})
+        run.finish()
+        if self.kwargs["mode"] == "offline":
+            print(
+                f"wandb: offline runs of this sweep; upload with: wandb sync {sweep_dir}/*/wandb/offline-run-* "
+                f"{sweep_dir}/wandb/offline-run-*",
+                flush=True,
+            )
+
+
+OPTION = (WandbConfig, WandbTracker)
 
 
 def offline_segments(wandb_dir: Path, run_id: str) -> list[Path]:

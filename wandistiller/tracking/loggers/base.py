@@ -1,0 +1,85 @@
+"""The interface every logger implements (`logger: [wandb, tensorboard, csv]` runs several at once).
+
+A logger is one module of this package holding its config schema (a dataclass with `_target_`) and its class,
+named in the module's `OPTION = (Config, Class)`; the registry (`__init__.py`) finds it, so a new logger is that
+module plus its YAML in `conf/logger/` and no other edit. Every method has a do-nothing default:
+
+    check(node, key)         refuse early (before the run folder is claimed) in one line, naming the fix
+    start(run_dir, config, run_id, group, name)      on the main rank, once; `run_id` continues a resumed run
+    log(metrics, step)       one dict of floats per log step (already on the host: no sync of its own)
+    log_image(key, path, step)                       a PNG the run wrote (sample grids)
+    finish(summary)          metrics.json's numbers at the end
+    report(sweep_dir, columns, rows, png, group)     a finished sweep's comparison table
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+
+class Logger:
+    name: ClassVar[str] = "none"
+    # An id a resumed run continues (saved in each checkpoint as `tracker_run_id`); None: nothing to continue.
+    run_id: str | None = None
+
+    def __init__(self, **_: object):
+        pass
+
+    @classmethod
+    def check(cls, node, key: str) -> None:
+        """Refuse settings that would fail only after the teacher loaded (one UserError line)."""
+
+    def start(
+        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
+    ) -> None:
+        pass
+
+    def log(self, metrics: dict, step: int | None) -> None:
+        pass
+
+    def log_image(self, key: str, path: Path, step: int | None) -> None:
+        pass
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+    def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
+        pass
+
+
+# The name older configs saved (`logger=none` is now an empty list of loggers).
+NullTracker = Logger
+
+
+class Loggers(Logger):
+    """Every configured logger behind one: each call goes to all of them, in the config's order."""
+
+    name = "loggers"
+
+    def __init__(self, loggers: list[Logger]):
+        self.loggers = list(loggers)
+
+    @property
+    def run_id(self) -> str | None:
+        return next((lg.run_id for lg in self.loggers if lg.run_id is not None), None)
+
+    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
+        for lg in self.loggers:
+            lg.start(run_dir, config, run_id, group=group, name=name)
+
+    def log(self, metrics, step) -> None:
+        for lg in self.loggers:
+            lg.log(metrics, step)
+
+    def log_image(self, key, path, step) -> None:
+        for lg in self.loggers:
+            lg.log_image(key, path, step)
+
+    def finish(self, summary) -> None:
+        for lg in self.loggers:
+            lg.finish(summary)
+
+    def report(self, sweep_dir, columns, rows, png, group) -> None:
+        for lg in self.loggers:
+            lg.report(sweep_dir, columns, rows, png, group)

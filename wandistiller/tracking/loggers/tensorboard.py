@@ -1,0 +1,76 @@
+"""`logger=tensorboard`: TensorBoard event files in the run folder's `tensorboard/` (`tensorboard --logdir
+RUN/tensorboard`); a resumed run adds a new event file beside the first, continuing its steps. Rank 0 only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from wandistiller.tracking.loggers.base import Logger
+
+
+@dataclass
+class TensorboardConfig:
+    _target_: str = "wandistiller.tracking.loggers.tensorboard.TensorboardLogger"
+    # The folder inside the run folder (a sweep's report goes to the sweep folder's own).
+    folder: str = "tensorboard"
+
+
+class TensorboardLogger(Logger):
+    name = "tensorboard"
+
+    def __init__(self, folder: str = "tensorboard"):
+        self.folder, self.writer = folder, None
+
+    @classmethod
+    def check(cls, node, key: str) -> None:
+        from wandistiller.core.errors import UserError
+
+        try:
+            import tensorboard  # noqa: F401 -- torch.utils.tensorboard needs it
+        except ImportError:
+            raise UserError(f"{key}: the tensorboard package is not installed; `pip install tensorboard` (make "
+                            "setup installs it), or drop tensorboard from logger") from None  # fmt: skip
+        if Path(str(node.get("folder"))).is_absolute() or ".." in Path(str(node.get("folder"))).parts:
+            raise UserError(f"{key}.folder={node.get('folder')!r} must be a folder inside the run folder; use e.g. "
+                            f"{key}.folder=tensorboard")  # fmt: skip
+
+    def _writer(self, folder: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(folder / self.folder))
+
+    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
+        self.writer = self._writer(Path(run_dir))
+
+    def log(self, metrics: dict, step: int | None) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, global_step=step)
+
+    def log_image(self, key: str, path: Path, step: int | None) -> None:
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(path) as image:
+            self.writer.add_image(key, np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
+
+    def finish(self, summary: dict) -> None:
+        text = json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}, indent=1)
+        self.writer.add_text("summary", f"```\n{text}\n```")
+        self.writer.close()
+
+    def report(self, sweep_dir, columns, rows, png, group) -> None:
+        writer = self._writer(Path(sweep_dir))
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        writer.add_text("sweep_report", "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]))
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(png) as image:
+            writer.add_image("sweep_report", np.asarray(image.convert("RGB")), dataformats="HWC")
+        writer.close()
+
+
+OPTION = (TensorboardConfig, TensorboardLogger)
