@@ -7,6 +7,7 @@ value of the wrong type fails at composition with Hydra's own message, before an
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -41,12 +42,6 @@ class DType(Choice):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
-
-
-class Latents(Choice):
-    gaussian = "gaussian"  # data-free: x0 ~ N(0, I)
-    teacher = "teacher"  # samples the teacher makes itself (data=teacher_latents)
-    images = "images"  # real images through the teacher's VAE (data=image_folder)
 
 
 class StudentInit(Choice):
@@ -104,9 +99,19 @@ class PrecisionConfig:
     autocast_dtype: DType | None = None
 
 
+def _data_sources():
+    from wandistiller.data import sources
+
+    return sources
+
+
+# How clean latents x0 are made: one value per module of wandistiller/data/sources/ (gaussian, images, teacher).
+Latents = Choice("Latents", {name: name for name in _data_sources().sources()})
+
+
 @dataclass
-class DataConfig:
-    """Defaults in conf/data/*.yaml."""
+class DataCommon:
+    """The keys every data source has; defaults in conf/data/*.yaml."""
 
     # Prompts file, one per line; None = the prompts shipped with WanDistiller.
     prompts_path: str | None = MISSING
@@ -114,22 +119,16 @@ class DataConfig:
     latent_frames: int = MISSING
     latent_height: int = MISSING
     latent_width: int = MISSING
-    # How clean latents x0 are made: gaussian, teacher or images.
+    # The data source (wandistiller/data/sources/<name>.py).
     latents: Latents = MISSING
-    # latents=teacher: samples the teacher makes per training prompt, and its sampling steps for them.
-    latents_per_prompt: int = 1
-    sample_steps: int = 20
-    # Latents made (or images encoded) per cache chunk: an interrupted run keeps its finished chunks.
-    latent_chunk: int = 16
     # Held-out prompts for validation, one per line; None = the last `val_fraction` of the prompts.
     val_prompts_path: str | None = None
     val_fraction: float = 0.1
-    # latents=images: a folder of images with captions (.txt beside each, or captions.jsonl), or a
-    # Hugging Face `datasets` folder (save_to_disk); columns None = detect "image" / "text"-like names.
-    root: str | None = None
-    dataset: str | None = None
-    image_column: str | None = None
-    text_column: str | None = None
+
+
+# The common keys plus each source's own (its `Keys`: latents_per_prompt, root, dataset, ...).
+DataConfig = dataclasses.make_dataclass("DataConfig", _data_sources().schema_fields(), bases=(DataCommon,))
+DataConfig.__module__ = __name__
 
 
 @dataclass

@@ -132,6 +132,16 @@ def barrier(topo: Topology) -> None:
         dist.barrier()
 
 
+def made_once(topo: Topology, make, read, makes: bool | None = None):
+    """The one home of "one rank makes it, the others read what it wrote" (text embeddings, teacher latents,
+    encoded images: caches on disk): `make()` where `makes` (default: rank 0), a barrier, then `read()` on
+    every other rank. Every rank calls it, so every rank meets the barrier."""
+    makes = topo.rank == 0 if makes is None else makes
+    made = make() if makes else None
+    barrier(topo)
+    return made if makes else read()
+
+
 def gather(topo: Topology, item: dict) -> list[dict]:
     """`item` from every rank, in rank order (just `[item]` in one process)."""
     if not topo.distributed:

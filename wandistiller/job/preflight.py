@@ -20,7 +20,7 @@ from wandistiller.core import precision as precision_options
 from wandistiller.core.distributed import Topology, World, local_device, under_torchrun
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.precision import Precision
-from wandistiller.data.prompts import read_prompts
+from wandistiller.data import sources as data_sources
 from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving
@@ -198,9 +198,7 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
-        ("data.sample_steps", d.sample_steps, lambda v: v > 0, "a positive integer"),
-        ("data.latents_per_prompt", d.latents_per_prompt, lambda v: v > 0, "a positive integer"),
-        ("data.latent_chunk", d.latent_chunk, lambda v: v > 0, "a positive integer"),
+        *data_sources.range_checks(d),  # each source's own keys (wandistiller/data/sources/)
         ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
         ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
@@ -283,14 +281,8 @@ def check_folders(cfg: DictConfig) -> None:
 
 
 def check_data(cfg: DictConfig) -> None:
-    """The prompts file, and for data.latents=images the images and captions."""
-    read_prompts(cfg.data.prompts_path)
-    if cfg.data.val_prompts_path is not None:
-        read_prompts(cfg.data.val_prompts_path, key="data.val_prompts_path")
-    if cfg.data.latents == "images":
-        from wandistiller.data.images import image_source
-
-        image_source(cfg.data)
+    """The prompts files, then what the chosen data source checks itself (data.latents=images: its images)."""
+    data_sources.check(cfg.data)
 
 
 def check_tracker(cfg: DictConfig) -> None:

@@ -10,6 +10,7 @@ its config schema (so a key the option does not take fails when the config is co
     compilable       whether teacher.compile=true (regional torch.compile) works with it
     collective       whether the teacher's forwards are collectives (every rank must run each one)
     fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
+    whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
     check(precision, world)            refuse early, before any weights load, naming a fix
     estimate(workload, hardware)       bytes on each device (the planner's input)
     teacher_device(topology)           where inputs go (and targets come from)
@@ -47,6 +48,8 @@ class Placement(ABC):
     fp8: ClassVar[bool] = False
     # Whether `auto` may choose it (a hand-written device map is the user's own choice).
     auto_candidate: ClassVar[bool] = True
+    # The whole teacher on one device, as `python -m wandistiller.eval` loads it (the end-of-run evaluation runs).
+    whole_on_one_device: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -18,9 +17,11 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.core.distributed import Topology, barrier, gather, local_device, roles_for
+from wandistiller.core.context import RunContext
+from wandistiller.core.distributed import Topology, gather, local_device, made_once, roles_for
 from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
+from wandistiller.data import sources as data_sources
 from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
@@ -31,6 +32,7 @@ from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.monitor import ProgressLog
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
+from wandistiller.state.received import targets_of
 from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers import Loggers
@@ -43,24 +45,41 @@ class DistillationRecipe:
 
     def __init__(self, cfg: DictConfig, prepared: Prepared, topo: Topology):
         self.cfg, self.prepared, self.topo = cfg, prepared, topo
-        self.run_dir = Path(prepared.run_dir)
-        self.placement = prepared.placement
-        self.roles = roles_for(self.placement.serving, topo)
-        self.device = local_device(topo) if self.roles.trains else self.placement.teacher_device(topo)
-        self.precision = Precision.from_config(cfg.precision)
-        self.spec = inspect_teacher(Path(prepared.teacher_path))
-        self.is_main = topo.rank == self.roles.main
-        self.started = time.time()
+        placement = prepared.placement
+        roles = roles_for(placement.serving, topo)
+        # What data sources, outputs and hooks read (frozen): this process's facts, settled once, here.
+        self.ctx = RunContext(
+            teacher_cfg=cfg.teacher,
+            data_cfg=cfg.data,
+            trainer_cfg=cfg.trainer,
+            student_cfg=cfg.student,
+            seed=cfg.seed,
+            cache_dir=str(cfg.paths.cache_dir),
+            spec=inspect_teacher(Path(prepared.teacher_path)),
+            placement=placement,
+            topo=topo,
+            roles=roles,
+            precision=Precision.from_config(cfg.precision),
+            device=local_device(topo) if roles.trains else placement.teacher_device(topo),
+            run_dir=Path(prepared.run_dir),
+            teacher_path=prepared.teacher_path,
+            sweep_point=prepared.sweep_point,
+            overrides=prepared.overrides,
+        )
+        c = self.ctx  # the names a subclass of an earlier version read
+        self.run_dir, self.placement, self.roles, self.device = c.run_dir, c.placement, c.roles, c.device
+        self.precision, self.spec, self.is_main, self.started = c.precision, c.spec, c.is_main, c.started
         self.run: Run | None = None
 
-    # -- setup: each step builds one thing ------------------------------------------------------------
+    # -- setup: each step takes what it needs and returns what it builds --------------------------------
     def setup(self) -> None:
-        self.embeddings, self.val_embeddings = self._setup_embeddings()
+        embeddings, val_embeddings = self._setup_embeddings()
         self.teacher = self._setup_teacher()
-        self.latent_bank = self._setup_latents()
-        self.batch_fn = self._setup_batches()
-        self.val_set = self._setup_val_set()
-        self.teacher_samples = self._setup_teacher_samples()
+        made = self._setup_latents(self.teacher, embeddings, val_embeddings)
+        self.latent_bank, self.embeddings, self.val_embeddings = made.bank, made.embeddings, made.val_embeddings
+        self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank)
+        self.val_set = self._setup_val_set(self.teacher, self.val_embeddings)
+        self.teacher_samples = self._setup_teacher_samples(self.teacher, self.embeddings)
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
         # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
@@ -93,34 +112,26 @@ class DistillationRecipe:
     def _setup_embeddings(self):
         """(training, held-out) prompt embeddings: the main rank encodes (or finds them cached), then the
         others read the cache."""
-        cfg = self.cfg
+        cfg, ctx = self.cfg, self.ctx
         train, held_out = split_prompts(read_prompts(cfg.data.prompts_path), cfg.data.val_prompts_path,
                                         cfg.data.val_fraction)  # fmt: skip
         encode = functools.partial(
             encode_prompts,
-            self.spec,
+            ctx.spec,
             negative_prompt=cfg.teacher.negative_prompt,
             max_sequence_length=cfg.teacher.max_sequence_length,
-            dtype=self.precision.teacher_dtype,
-            cache_dir=cfg.paths.cache_dir,
+            dtype=ctx.precision.teacher_dtype,
+            cache_dir=ctx.cache_dir,
         )
-        if self.is_main:
-            where = self.placement.teacher_device(self.topo) if self.roles.has_teacher else self.device
-            found = encode(train, device=where), encode(held_out, device=where)
-        barrier(self.topo)
-        if self.is_main:
-            return found
-        return encode(train, device=torch.device("cpu")), encode(held_out, device=torch.device("cpu"))
+        where = ctx.placement.teacher_device(self.topo) if ctx.roles.has_teacher else ctx.device
+        cpu = torch.device("cpu")
+        both = lambda device: (encode(train, device=device), encode(held_out, device=device))  # noqa: E731
+        return made_once(self.topo, lambda: both(where), lambda: both(cpu), makes=ctx.is_main)
 
-    def _setup_latents(self):
-        """x0 for training: None (Gaussian), the teacher's own samples, or encoded images (whose captions
-        then replace the training prompts)."""
-        from wandistiller.data import sources as data_sources
-
-        bank, embeddings = data_sources.training_latents(self)
-        if embeddings is not None:
-            self.embeddings = embeddings
-        return bank
+    def _setup_latents(self, teacher, embeddings, val_embeddings) -> data_sources.Made:
+        """x0 for training from `data.latents`'s source (wandistiller/data/sources/): None (Gaussian), the
+        teacher's own samples, or encoded images (whose captions then replace the prompts)."""
+        return data_sources.training_data(self.ctx, teacher, embeddings, val_embeddings)
 
     def _setup_teacher(self):
         if not self.roles.has_teacher:
@@ -135,12 +146,11 @@ class DistillationRecipe:
             log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
-    def _setup_batches(self):
+    def _setup_batches(self, embeddings, latent_bank):
         cfg, spec = self.cfg, self.spec
-        shape = self.latent_shape()
         shift = cfg.teacher.flow_shift or spec.flow_shift
-        return batch_source(cfg.seed, cfg.trainer.batch_size, shape, shift, spec.num_train_timesteps, self.embeddings,
-                            latent_bank=self.latent_bank, device=self.device,
+        return batch_source(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift, spec.num_train_timesteps,
+                            embeddings, latent_bank=latent_bank, device=self.device,
                             keep_x0="x0" in self.loss_fn.needs)  # fmt: skip
 
     @functools.cached_property
@@ -150,23 +160,20 @@ class DistillationRecipe:
         return as_loss(instantiate(self.cfg.trainer.loss), self.cfg.student.hidden_kd_weight)
 
     def latent_shape(self) -> tuple[int, int, int, int]:
-        d = self.cfg.data
-        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+        return self.ctx.latent_shape
 
-    def _setup_val_set(self):
-        from wandistiller.data import sources as data_sources
+    def _setup_val_set(self, teacher, val_embeddings):
+        return data_sources.val_set(self.ctx, teacher, val_embeddings) if self.cfg.trainer.val_every > 0 else None
 
-        return data_sources.val_set(self) if self.cfg.trainer.val_every > 0 else None
-
-    def _setup_teacher_samples(self):
-        from wandistiller.recipe import outputs
-
-        return outputs.teacher_column(self)
+    def _setup_teacher_samples(self, teacher, embeddings):
+        return outputs.teacher_column(self.ctx, teacher, embeddings)
 
     def _setup_monitor(self):
         from wandistiller.recipe.monitor import Monitor
 
-        samples = functools.partial(outputs.save_samples, self) if self.teacher_samples is not None else None
+        samples = None
+        if self.teacher_samples is not None:
+            samples = functools.partial(outputs.save_samples, self.ctx, self.teacher_samples, self.embeddings)
         return Monitor(self.cfg.trainer, self.val_set, samples)
 
     def _setup_student(self) -> torch.nn.Module:
@@ -189,7 +196,7 @@ class DistillationRecipe:
             human_count(sum(p.numel() for p in student.parameters())),
             self.device,
             self.placement.name,
-            "here" if self.teacher is not None else f"served by rank {self.roles.owner}",
+            "here" if self.roles.has_teacher else f"served by rank {self.roles.owner}",
         )
         return student
 
@@ -265,4 +272,8 @@ class DistillationRecipe:
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)
-        return outputs.finish(self, history, ranks)
+        self.teacher = None  # freed: the end-of-run evaluation loads its own
+        if not self.is_main:
+            return ranks[self.topo.rank]
+        extras = outputs.Finished(self.teacher_samples, self.embeddings, tuple(targets_of(self.cfg)))
+        return outputs.finish(self.ctx, self.run, extras, history, ranks)

@@ -9,11 +9,13 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from wandistiller.core.context import RunContext
 from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.pipeline import run_pipeline
 
@@ -24,21 +26,28 @@ def millions(module: torch.nn.Module) -> float:
     return sum(p.numel() for p in module.parameters()) / 1e6
 
 
-def finish(recipe, history: list[dict], ranks: list[dict]) -> dict:
-    """Every rank's last step: the main rank writes the outputs and returns the run's summary."""
-    run, cfg = recipe.run, recipe.cfg
-    if not recipe.is_main:
-        return ranks[recipe.topo.rank]
+@dataclass(frozen=True)
+class Finished:
+    """What the end of a run needs besides the context and the loop's Run: the teacher's sample column (None:
+    no samples), the prompts the grids show, and the run's own `_target_`s (trusted by its evaluation)."""
+
+    teacher_samples: object
+    embeddings: object
+    targets: tuple[str, ...] = ()
+
+
+def finish(ctx: RunContext, run, extras: Finished, history: list[dict], ranks: list[dict]) -> dict:
+    """The main rank's last step: the outputs written, the run's summary returned."""
     save_student(run)
-    if recipe.teacher_samples is not None:
-        grid = save_samples(recipe, run.student, recipe.run_dir / "samples.png")
-        run.tracker.log_image("samples", grid, step=cfg.trainer.max_steps)
-    rows = recorded_rows(recipe.run_dir)  # what the monitor appended, every segment of the run
-    save_loss_plot(recipe.run_dir)  # also for a run too short to validate: every run leaves its curve
-    summary = summarize(recipe, whole_run(rows, history), ranks, segment=history)
-    summary |= validation_summary(rows) | evaluate_at_end(recipe)
-    (recipe.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
-    run_pipeline(recipe.run_dir, Path(recipe.spec.path))  # after metrics.json: its model card quotes them
+    if extras.teacher_samples is not None:
+        grid = save_samples(ctx, extras.teacher_samples, extras.embeddings, run.student, ctx.run_dir / "samples.png")
+        run.tracker.log_image("samples", grid, step=ctx.trainer_cfg.max_steps)
+    rows = recorded_rows(ctx.run_dir)  # what the monitor appended, every segment of the run
+    save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
+    summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
+    summary |= validation_summary(rows) | evaluate_at_end(ctx, run, extras.targets)
+    (ctx.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+    run_pipeline(ctx.run_dir, Path(ctx.spec.path))  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
 
@@ -51,37 +60,37 @@ def save_student(run) -> None:
         run.student.transformer.save_pretrained(run.run_dir / "student_ema", safe_serialization=True)
 
 
-def teacher_column(recipe):
+def teacher_column(ctx: RunContext, teacher, embeddings):
     """The teacher's images for the sample grids, drawn once: by rank 0 (which always holds a teacher; a
     sharded one needs every rank in its forwards), then sent to the main rank. None without samples."""
     from wandistiller.recipe.samples import teacher_images
 
-    cfg = recipe.cfg
-    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+    t = ctx.trainer_cfg
+    n, steps = t.sample_prompts, t.sample_steps
     if n <= 0:
         return None
-    draws = recipe.topo.rank == 0 or recipe.placement.collective
-    if recipe.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
+    if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
         log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
                  "skips them)", n, steps)  # fmt: skip
-    drawn = [teacher_images(recipe.teacher, recipe.embeddings, cfg.data, n, steps, cfg.seed) if draws else None]
-    if recipe.topo.distributed:
+    draws = ctx.makes_teacher_data
+    drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
+    if ctx.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)
     return drawn[0]
 
 
-def save_samples(recipe, student: torch.nn.Module, path: Path) -> Path:
+def save_samples(ctx: RunContext, teacher_samples, embeddings, student: torch.nn.Module, path: Path) -> Path:
     """The teacher-vs-student grid at `path`, the student drawn from the same noise and prompts now."""
     from wandistiller.recipe.samples import save_grid, student_images
 
-    cfg = recipe.cfg
-    n, steps = cfg.trainer.sample_prompts, cfg.trainer.sample_steps
+    t = ctx.trainer_cfg
+    n, steps = t.sample_prompts, t.sample_steps
     was_training = student.training
     student.eval()
-    mine = student_images(recipe.spec, student.transformer, recipe.embeddings, cfg.data, n, steps, cfg.seed)
+    mine = student_images(ctx.spec, student.transformer, embeddings, ctx.data_cfg, n, steps, ctx.seed)
     student.train(was_training)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return save_grid(recipe.teacher_samples, mine, recipe.embeddings.prompts[:n], path)
+    return save_grid(teacher_samples, mine, embeddings.prompts[:n], path)
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
@@ -103,49 +112,42 @@ def validation_summary(rows: list[dict]) -> dict:
     return {"val_loss_last": val[-1]["val/loss"], "val_loss_best": min(r["val/loss"] for r in val)}
 
 
-def evaluate_at_end(recipe) -> dict:
+def evaluate_at_end(ctx: RunContext, run, targets: tuple[str, ...]) -> dict:
     """trainer.eval_at_end: student against teacher from the same noise (python -m wandistiller.eval),
-    its mean figures for metrics.json. The training teacher is freed first: eval loads its own."""
-    if not recipe.cfg.trainer.eval_at_end:
+    its mean figures for metrics.json. The training teacher was freed: eval loads its own."""
+    if not ctx.trainer_cfg.eval_at_end:
         return {}
-    if recipe.placement.name not in ("cpu", "gpu"):
-        where = f"python -m wandistiller.eval {recipe.run_dir}"
+    if not ctx.placement.whole_on_one_device:
+        where = f"python -m wandistiller.eval {ctx.run_dir}"
         log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one device); "
-                 "run %s where it fits", recipe.placement.name, where)  # fmt: skip
+                 "run %s where it fits", ctx.placement.name, where)  # fmt: skip
         return {}
     from wandistiller.eval import evaluate
-    from wandistiller.state.received import targets_of
     from wandistiller.state.runs import Trust
 
-    recipe.teacher = None
     # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
-    own = Trust(
-        tuple(targets_of(recipe.cfg)),
-        recipe.prepared.teacher_path,
-        cache_dir=str(recipe.cfg.paths.cache_dir),
-        own_files=True,
-    )
-    result = evaluate(recipe.run_dir, steps=recipe.cfg.trainer.sample_steps, device=recipe.device, trust=own)
-    recipe.run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=recipe.cfg.trainer.max_steps)
+    own = Trust(targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
+    result = evaluate(ctx.run_dir, steps=ctx.trainer_cfg.sample_steps, device=ctx.device, trust=own)
+    run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
     return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
-def teacher_identity(recipe) -> dict:
+def teacher_identity(ctx: RunContext) -> dict:
     """The teacher by what was loaded: the Hub id or folder given, the folder read, and its shape (a
     config option's name alone, e.g. "tiny", says nothing once teacher.path points elsewhere)."""
-    spec, config = recipe.spec, recipe.spec.transformer_config
+    spec, config = ctx.spec, ctx.spec.transformer_config
     keys = ("num_layers", "num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "in_channels")
     return {
-        "teacher": str(recipe.cfg.teacher.path),
-        "teacher_config_name": recipe.cfg.teacher.name,
+        "teacher": str(ctx.teacher_cfg.path),
+        "teacher_config_name": ctx.teacher_cfg.name,
         "teacher_path": str(spec.path),
         "teacher_experts": len(spec.experts),
         "teacher_shape": {k: config.get(k) for k in keys},
     }
 
 
-def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
-    cfg = recipe.cfg
+def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
+    t = ctx.trainer_cfg
 
     def median(key):
         values = [h[key] for h in history[1:] or history if key in h]  # the first step pays warm-up
@@ -156,13 +158,13 @@ def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict
     owner = next((r for r in ranks if "owner_idle_fraction" in r), {})
     return {
         "status": "completed",
-        **teacher_identity(recipe),
-        "student_params_m": millions(recipe.run.student),
-        "placement": recipe.placement.name,
-        "precision": recipe.precision.name,
-        "world_size": recipe.topo.world_size,
+        **teacher_identity(ctx),
+        "student_params_m": millions(run.student),
+        "placement": ctx.placement.name,
+        "precision": ctx.precision.name,
+        "world_size": ctx.topo.world_size,
         "training_ranks": students,
-        "batch_size": cfg.trainer.batch_size * cfg.trainer.grad_accum_steps * students,
+        "batch_size": t.batch_size * t.grad_accum_steps * students,
         "steps_run": len(history),  # the whole run's, resumed segments included
         "steps_this_segment": len(segment),
         "final_step": history[-1]["step"] if history else None,
@@ -175,14 +177,14 @@ def summarize(recipe, history: list[dict], ranks: list[dict], segment: list[dict
         "student_ms_median": median("student_ms"),
         "copy_ms_median": median("copy_ms"),
         "owner_idle_fraction": owner.get("owner_idle_fraction"),
-        "overrides": (recipe.prepared.sweep_point or {}).get("overrides") or recipe.prepared.overrides,
+        "overrides": (ctx.sweep_point or {}).get("overrides") or ctx.overrides,
         **{f"{k}_max": v for k, v in peaks.items()},
         "ranks": ranks,
-        "device": str(recipe.device),
+        "device": str(ctx.device),
         "hardware": {
             "cpu": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },
-        "wall_s": time.time() - recipe.started,
+        "wall_s": time.time() - ctx.started,
     }

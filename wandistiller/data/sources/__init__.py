@@ -1,0 +1,98 @@
+"""Data sources: where a run's clean latents x0 come from (`data.latents`), one module per source (gaussian,
+teacher, images; `base.DataSource` is the interface), and the held-out validation set.
+
+This registry is the one list of them: it finds every module defining `SOURCE`, gives `data.latents` its
+choices, adds each source's keys to the `data` schema (wandistiller/config.py) and its value checks to
+preflight's ordered refusals. A new source: one module here and one YAML in `conf/data/` (its `latents:`
+names the source), no other edit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import pkgutil
+import typing
+
+from wandistiller.data.sources.base import DataSource, Made
+
+log = logging.getLogger("wandistiller")
+
+
+def sources() -> dict[str, type[DataSource]]:
+    """`data.latents` value -> source class, from every module of this package that defines SOURCE."""
+    found = {}
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        source = getattr(importlib.import_module(f"{__name__}.{module.name}"), "SOURCE", None)
+        if source is not None:
+            found[source.name] = source
+    return found
+
+
+def schema_fields() -> list[tuple[str, object, dataclasses.Field]]:
+    """Every source's own keys, for make_dataclass: (name, type, field). A key two sources share (latent_chunk)
+    must agree on its type and default."""
+    merged: dict[str, tuple[str, object, dataclasses.Field]] = {}
+    for source in sources().values():
+        if source.Keys is None:
+            continue
+        hints = typing.get_type_hints(source.Keys)
+        for f in dataclasses.fields(source.Keys):
+            entry = (f.name, hints[f.name], dataclasses.field(default=f.default))
+            seen = merged.setdefault(f.name, entry)
+            if (seen[1], seen[2].default) != (entry[1], entry[2].default):
+                raise TypeError(f"data.{f.name}: two data sources declare it differently")
+    return list(merged.values())
+
+
+def range_checks(data_cfg) -> list[tuple[str, object, object, str]]:
+    """(key, value, ok, what) of every source's keys, whichever source runs (a bad value is refused either
+    way, as a typo would be); each key once."""
+    seen: dict[str, tuple] = {}
+    for source in sources().values():
+        for key, ok, what in source.ranges:
+            seen.setdefault(key, (key, data_cfg[key.split(".", 1)[1]], ok, what))
+    return list(seen.values())
+
+
+def source_of(data_cfg) -> type[DataSource]:
+    return sources()[str(data_cfg.latents)]
+
+
+def check(data_cfg) -> None:
+    """The prompts files, then what the chosen source itself checks (its images and captions)."""
+    from wandistiller.data.prompts import read_prompts
+
+    read_prompts(data_cfg.prompts_path)
+    if data_cfg.val_prompts_path is not None:
+        read_prompts(data_cfg.val_prompts_path, key="data.val_prompts_path")
+    source_of(data_cfg).check(data_cfg)
+
+
+def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:
+    """x0 for training from the chosen source: None (Gaussian), the teacher's own samples, or encoded images
+    (whose captions then replace the training and held-out prompts)."""
+    return source_of(ctx.data_cfg).make(ctx, teacher, embeddings, val_embeddings)
+
+
+def val_set(ctx, teacher, val_embeddings):
+    """The held-out set with the teacher's targets filled in once, on the main rank (None elsewhere)."""
+    import torch.distributed as dist
+
+    from wandistiller.data.validation import build_val_set, fill_targets
+
+    t = ctx.trainer_cfg
+    if t.val_every > t.max_steps:
+        log.warning("trainer.val_every=%d > trainer.max_steps=%d: no validation will run", t.val_every, t.max_steps)
+    held_out = build_val_set(val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps)
+    box = [None]
+    if ctx.makes_teacher_data:
+        box = [fill_targets(held_out, lambda *a: teacher.targets(*a)[0]).targets]
+    if ctx.topo.distributed:
+        dist.broadcast_object_list(box, src=0)
+    held_out.targets = box[0]
+    return held_out if ctx.is_main else None
+
+
+__all__ = ["DataSource", "Made", "check", "range_checks", "sources", "training_data", "val_set"]

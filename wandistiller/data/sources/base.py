@@ -1,0 +1,42 @@
+"""The interface every data source implements: where a run's clean latents x0 come from (`data.latents`).
+
+A source is one module of this package defining `SOURCE = <its class>`; the registry (`__init__.py`) finds it,
+merges its keys into the `data` schema and its value checks into preflight, and lists it among
+`data.latents`'s choices. So a new source is that module plus a YAML in `conf/data/`, and no other edit:
+
+    name           its `data.latents` value
+    Keys           a dataclass of the `data.*` keys it adds (typed, with defaults); None: it adds none
+    ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
+    check(data)    refuse what only it can see (its files), before the run folder is claimed
+    make(ctx, teacher, embeddings, val_embeddings) -> Made: the training latents on every rank
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a source gives the run: the latent bank (None: Gaussian x0) and the prompt embeddings training and
+    validation then use (an image source's are its captions')."""
+
+    bank: object  # wandistiller.data.latents.LatentBank | None
+    embeddings: object
+    val_embeddings: object
+
+
+class DataSource:
+    name: ClassVar[str]
+    Keys: ClassVar[type | None] = None
+    ranges: ClassVar[tuple] = ()
+
+    @classmethod
+    def check(cls, data_cfg) -> None:
+        """Refuse, in one UserError line, what this source cannot use (missing files, no captions)."""
+
+    @classmethod
+    def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+        """The training latents, built where the run's context says (every rank calls it)."""
+        return Made(None, embeddings, val_embeddings)

@@ -1,0 +1,84 @@
+"""`data.latents=images` (`data=image_folder`, `data=pocket_digits`): x0 = real images encoded once with the
+teacher's VAE, their captions the training prompts (wandistiller.data.images). The main rank encodes (or finds
+them cached), the others read its cache; the last `data.val_fraction` of the images are held out for
+validation, with their captions, unless `data.val_prompts_path` names the held-out prompts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from wandistiller.core.distributed import made_once
+from wandistiller.data.sources.base import DataSource, Made
+
+log = logging.getLogger("wandistiller")
+
+
+@dataclass
+class ImageKeys:
+    # A folder of images with captions (.txt beside each, or captions.jsonl), or a Hugging Face `datasets`
+    # folder (save_to_disk); columns None = detect "image" / "text"-like names.
+    root: str | None = None
+    dataset: str | None = None
+    image_column: str | None = None
+    text_column: str | None = None
+    # Images encoded per cache chunk: an interrupted run keeps its finished chunks.
+    latent_chunk: int = 16
+
+
+class Images(DataSource):
+    name = "images"
+    Keys = ImageKeys
+    ranges = (("data.latent_chunk", lambda v: v > 0, "a positive integer"),)
+
+    @classmethod
+    def check(cls, data_cfg) -> None:
+        from wandistiller.data.images import image_source
+
+        image_source(data_cfg)
+
+    @classmethod
+    def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+        import torch
+
+        from wandistiller.data.images import image_data
+        from wandistiller.data.latents import LatentBank
+
+        def load(device, progress: bool):
+            found = image_data(ctx.spec, ctx.data_cfg, ctx.teacher_cfg, ctx.precision.teacher_dtype, device,
+                               ctx.cache_dir, progress=progress)  # fmt: skip
+            return found, held_out_captions(ctx, found, device)
+
+        cpu = torch.device("cpu")
+        (embeddings, bank), held_out = made_once(
+            ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
+        )
+        if held_out is None:
+            return Made(bank, embeddings, val_embeddings)
+        val_embeddings, keep = held_out
+        # Images and captions are item i = prompt i: the held-out ones are the last, so training draws the rest.
+        return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
+
+
+def held_out_captions(ctx, found, device):
+    """(embeddings of the last `data.val_fraction` of the captions, how many images stay for training), so
+    an image run validates on captions of its own that it never trained on; None where
+    data.val_prompts_path names the held-out prompts, or there is one image only."""
+    from wandistiller.data.prompts import encode_prompts
+    from wandistiller.data.validation import split_prompts
+
+    d, (embeddings, bank) = ctx.data_cfg, found
+    if d.val_prompts_path is not None or len(bank) < 2:
+        return None
+    captions = [embeddings.prompts[i] for i in bank.prompt_idx.tolist()]
+    train, held = split_prompts(captions, None, d.val_fraction)
+    if ctx.is_main:
+        log.info("image data: the last %d of %d images and their captions are held out for validation", len(held),
+                 len(captions))  # fmt: skip
+    t = ctx.teacher_cfg
+    held_emb = encode_prompts(ctx.spec, held, t.negative_prompt, t.max_sequence_length,
+                              ctx.precision.teacher_dtype, device, ctx.cache_dir)  # fmt: skip
+    return held_emb, len(train)
+
+
+SOURCE = Images

@@ -1,0 +1,51 @@
+"""`data.latents=teacher` (`data=teacher_latents`): x0 = clean latents the teacher samples itself from the
+training prompts (its own scheduler, guidance and experts), made once before training by the rank(s) that
+hold a teacher, cached under `paths.cache_dir/teacher_latents/<key>/` in chunks, read back by the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wandistiller.core.distributed import made_once
+from wandistiller.data.sources.base import DataSource, Made
+
+
+@dataclass
+class TeacherKeys:
+    # Samples the teacher makes per training prompt (distinct noise each), and its sampling steps for them.
+    latents_per_prompt: int = 1
+    sample_steps: int = 20
+    # Latents made per cache chunk: an interrupted run keeps its finished chunks.
+    latent_chunk: int = 16
+
+
+class TeacherLatents(DataSource):
+    name = "teacher"
+    Keys = TeacherKeys
+    ranges = (
+        ("data.sample_steps", lambda v: v > 0, "a positive integer"),
+        ("data.latents_per_prompt", lambda v: v > 0, "a positive integer"),
+        ("data.latent_chunk", lambda v: v > 0, "a positive integer"),
+    )
+
+    @classmethod
+    def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+        from wandistiller.data.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
+        from wandistiller.placements.base import guidance_scales
+
+        d = ctx.data_cfg
+        scales = tuple(guidance_scales(ctx.spec, ctx.teacher_cfg))
+        settings = SamplerSettings(d.sample_steps, scales, ctx.latent_shape, d.latents_per_prompt)
+
+        def make() -> object:
+            return teacher_latents(teacher, embeddings, ctx.seed, settings, ctx.cache_dir, d.latent_chunk,
+                                   progress=ctx.topo.rank == 0)  # fmt: skip
+
+        def read() -> object:
+            dtype = ctx.precision.teacher_dtype
+            return load_latent_bank(latents_folder(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir))
+
+        return Made(made_once(ctx.topo, make, read, makes=ctx.makes_teacher_data), embeddings, val_embeddings)
+
+
+SOURCE = TeacherLatents
