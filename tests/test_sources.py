@@ -64,8 +64,8 @@ def test_a_new_source_is_one_class_the_registry_finds(monkeypatch):
     found = sources.sources() | {"noise": Noise}
     monkeypatch.setattr(sources, "sources", lambda: found)
     assert ("noise_scale", float) == sources.schema_fields()[-1][:2]
-    checks = {k: (ok, what) for k, _, ok, what in sources.range_checks(
-        OmegaConf.create({"noise_scale": -1.0, "latent_chunk": 16, "latents_per_prompt": 1, "sample_steps": 20}))}  # fmt: skip
+    data = OmegaConf.create({"noise_scale": -1.0, "latent_chunk": 16, "latents_per_prompt": 1, "sample_steps": 20})
+    checks = {k: (ok, what) for k, _, ok, what in sources.range_checks(data)}
     assert not checks["data.noise_scale"][0](-1.0) and checks["data.noise_scale"][1] == "positive"
 
 

@@ -229,6 +229,9 @@ class TrainConfig:
     # The loggers by name (`logger=[wandb,tensorboard,csv]`), each with its own schema
     # (wandistiller/tracking/loggers/<name>.py); `logger=none`: none.
     logger: dict[str, Any] = field(default_factory=dict)
+    # The loop's hooks by name (`hooks=[monitor,progress,samples]`), each with its own schema
+    # (wandistiller/recipe/hooks/<name>.py).
+    hooks: dict[str, Any] = field(default_factory=dict)
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING
@@ -260,12 +263,14 @@ def rank_suffix() -> str:
 
 def register_configs() -> None:
     from wandistiller.placements import register_schemas
+    from wandistiller.recipe import hooks
     from wandistiller.tracking import loggers
 
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
     register_schemas(store)
     loggers.register_schemas(store)
+    hooks.register_schemas(store)
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
     # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.

@@ -26,6 +26,7 @@ CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),
     "trainer.optimizer": (("params",), ()),  # recipe._setup_optimization
     "logger.*": ((), ()),  # each logger: tracking.loggers.build
+    "hooks.*": ((), ()),  # each hook: recipe.hooks.build
     "teacher_placement": ((), ()),  # preflight.choose_placement
 }
 

@@ -45,6 +45,21 @@ def modernize(node) -> None:
             modernize(node._get_node(i))
 
 
+# The hooks every run had before they were a list in the config (`hooks=[monitor,progress,samples]`).
+HOOKS = {
+    "monitor": "wandistiller.recipe.hooks.monitor.Monitor",
+    "progress": "wandistiller.recipe.hooks.progress.ProgressLog",
+    "samples": "wandistiller.recipe.hooks.samples.SampleGrids",
+}
+
+
+def modernize_lists(root) -> None:
+    """A config saved before loggers and hooks were lists, read back as one composed today: see below."""
+    modernize_loggers(root)
+    if isinstance(root, DictConfig) and "trainer" in root and "hooks" not in root:
+        root["hooks"] = {name: {"_target_": target} for name, target in HOOKS.items()}
+
+
 def modernize_loggers(root) -> None:
     """A config saved before the list of loggers held its one logger at `logger` itself (`_target_` at the
     top): rewritten, in place, to today's `logger.wandb` (a NullTracker: no logger). Nothing is resolved."""

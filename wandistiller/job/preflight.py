@@ -308,8 +308,9 @@ def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` a user may swap names something importable, before anything else runs."""
     from hydra.utils import get_object
 
-    loggers = [f"logger.{k}" for k, v in cfg.logger.items() if isinstance(v, DictConfig) and "_target_" in v]
-    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *loggers, "teacher_placement"):
+    listed = [f"{group}.{k}" for group in ("logger", "hooks") for k, v in cfg[group].items()
+              if isinstance(v, DictConfig) and "_target_" in v]  # fmt: skip
+    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
             get_object(target)

@@ -40,6 +40,7 @@ MAY_CHANGE = (
     "teacher.compile",
     "teacher_placement",
     "logger",
+    "hooks",
     "hydra",
     "paths.cache_dir",  # derived files only (built tiny teachers, text embeddings)
     "hardware",

@@ -26,10 +26,9 @@ from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
 from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
-from wandistiller.recipe import outputs
+from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
-from wandistiller.recipe.monitor import ProgressLog
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
@@ -106,7 +105,7 @@ class DistillationRecipe:
             dp_rank=self.roles.dp_rank,
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
-            hooks=[self._setup_monitor(), ProgressLog(self.cfg.trainer)] if self.is_main else [],
+            hooks=self._setup_hooks(self.val_set, self.teacher_samples, self.embeddings),
         )
 
     def _setup_embeddings(self):
@@ -168,13 +167,12 @@ class DistillationRecipe:
     def _setup_teacher_samples(self, teacher, embeddings):
         return outputs.teacher_column(self.ctx, teacher, embeddings)
 
-    def _setup_monitor(self):
-        from wandistiller.recipe.monitor import Monitor
-
+    def _setup_hooks(self, val_set, teacher_samples, embeddings) -> list:
+        """`hooks` (monitor, progress, samples, ...), instantiated in order and bound to this run."""
         samples = None
-        if self.teacher_samples is not None:
-            samples = functools.partial(outputs.save_samples, self.ctx, self.teacher_samples, self.embeddings)
-        return Monitor(self.cfg.trainer, self.val_set, samples)
+        if teacher_samples is not None:
+            samples = functools.partial(outputs.save_samples, self.ctx, teacher_samples, embeddings)
+        return hooks.build(self.cfg.hooks, self.ctx, hooks.HookParts(val_set, samples))
 
     def _setup_student(self) -> torch.nn.Module:
         cfg = self.cfg

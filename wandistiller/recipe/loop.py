@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import resource
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ class Run:
     is_main: bool = True
     student_group: object = None  # process group of the training ranks (None: no reduction)
     history: list[dict] = field(default_factory=list)
-    # Called as hook(run, step) after each step (validation, samples, metrics as they happen: monitor.py).
+    # Called as hook(run, step) after each step (validation, samples, metrics as they happen: recipe/hooks/).
     hooks: list[Callable] = field(default_factory=list)
 
     @property
@@ -86,12 +85,10 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
     accum, batch_size, last = trainer_cfg.grad_accum_steps, trainer_cfg.batch_size, trainer_cfg.max_steps
     world = dist.get_world_size(run.student_group) if run.student_group is not None else 1
     params = [p for p in run.model.parameters() if p.requires_grad]
-    fail_step, clock, pending = _injected_failure(), Clock(run.device), []
+    clock, pending = Clock(run.device), []
     bar = tqdm(total=last, initial=start_step, desc="distill", disable=not trainer_cfg.progress_bar or not run.is_main)
     stop = catch_stop_signals()
     for step in range(start_step, last):
-        if step == fail_step:
-            _fail(step)
         step_start, spans, sums = clock.mark(), [], {}
         _reset_peak_memory()
         for micro in range(accum):
@@ -269,18 +266,3 @@ def _reset_peak_memory() -> None:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)
-
-
-def _injected_failure() -> int | None:
-    """WANDISTILLER_INJECT_FAILURE=RANK:STEP[:oom] makes that rank fail at that step (failure-handling tests)."""
-    spec = os.environ.get("WANDISTILLER_INJECT_FAILURE")
-    if not spec:
-        return None
-    rank, step, *_ = spec.split(":")
-    return int(step) if int(rank) == int(os.environ.get("RANK", 0)) else None
-
-
-def _fail(step: int) -> None:
-    if os.environ["WANDISTILLER_INJECT_FAILURE"].endswith(":oom"):
-        raise torch.OutOfMemoryError(f"injected out-of-memory at step {step}")
-    raise RuntimeError(f"injected failure at step {step}")

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.extensions import HYDRA_KEYS
-from wandistiller.core.renamed import modernize, modernize_loggers
+from wandistiller.core.renamed import modernize, modernize_lists
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
 # tree uses. `oc.decode` / `oc.create` would build new nodes (a `_target_` among them) only when resolved.
@@ -107,7 +107,7 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
     imported, resolved or called first. Each refusal is one line naming the key and the file. `_target_`s
     an older version saved (before the subpackages) are first rewritten, in place, to today's."""
     modernize(raw)
-    modernize_loggers(raw)
+    modernize_lists(raw)
     tree = OmegaConf.to_container(raw, resolve=False)
     _check_interpolations(tree, "", file)
     allowed = allowed_targets() | set(trusted)
@@ -155,7 +155,7 @@ def _check_keys(tree: dict, file: Path) -> None:
         if schema is None:
             if "_target_" in node:
                 _check_arguments(node, prefix, file)
-            elif prefix == "logger.":  # named loggers, each a target's node
+            elif prefix in ("logger.", "hooks."):  # named loggers and hooks, each a target's node
                 for name, entry in node.items():
                     walk(None, entry, f"{prefix}{name}.")
             return

@@ -1,7 +1,6 @@
-"""What a run shows while it trains, on the main rank, after every step: the per-step metrics appended to
-`metrics_steps.jsonl` as they happen, the held-out `val/loss` (overall and per noise band) every
-`trainer.val_every` steps with `checkpoints/best/` and `loss.png`, and a teacher-vs-student grid every
-`trainer.sample_every` steps in `samples/`."""
+"""`hooks.monitor`: what a run shows while it trains, on the main rank, after every step: the per-step metrics
+appended to `metrics_steps.jsonl` as they happen, and the held-out `val/loss` (overall and per noise band)
+every `trainer.val_every` steps with `checkpoints/best/` and `loss.png`."""
 
 from __future__ import annotations
 
@@ -9,22 +8,31 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from wandistiller.core.errors import write_to_log_files
-from wandistiller.data.validation import ValSet, save_loss_plot, val_loss
+from wandistiller.data.validation import save_loss_plot, val_loss
+from wandistiller.recipe.hooks.base import Hook
 from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
 
 log = logging.getLogger("wandistiller")
 
 
-class Monitor:
-    """A loop hook: `monitor(run, step)` after each step's optimizer update and checkpoint."""
+@dataclass
+class MonitorConfig:
+    _target_: str = "wandistiller.recipe.hooks.monitor.Monitor"
 
-    def __init__(self, trainer_cfg, val_set: ValSet | None, samples=None):
-        self.t, self.val_set, self.samples = trainer_cfg, val_set, samples
+
+class Monitor(Hook):
+    """Validation and the per-step metrics file, after each step's optimizer update and checkpoint."""
+
+    def __init__(self):
+        self.t, self.val_set = None, None
         self.written = 0  # run.history entries already in metrics_steps.jsonl
         self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
+
+    def bind(self, ctx, parts) -> None:
+        self.t, self.val_set = ctx.trainer_cfg, parts.val_set
 
     def __call__(self, run, step: int) -> None:
         row = {}
@@ -33,9 +41,6 @@ class Monitor:
         self.append_metrics(run, row)
         if row:
             save_loss_plot(run.run_dir)
-        if self.samples is not None and self.t.sample_every > 0 and step % self.t.sample_every == 0:
-            path = self.samples(run.student, Path(run.run_dir) / "samples" / f"step_{step:08d}.png")
-            run.tracker.log_image("samples", path, step=step)
 
     def validate(self, run, step: int) -> dict:
         from wandistiller.recipe.loop import training_state
@@ -76,23 +81,4 @@ def saved_best(run_dir: Path) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
-class ProgressLog:
-    """A loop hook: a line in train.log every `trainer.log_every` steps (step, loss, samples/s), so the log
-    shows a run's progress while it runs. With the progress bar on, the terminal already shows it: the
-    line then goes to the log file alone, not between the bar's redraws."""
-
-    def __init__(self, trainer_cfg):
-        self.t = trainer_cfg
-
-    def __call__(self, run, step: int) -> None:
-        if step % self.t.log_every and step != self.t.max_steps:
-            return
-        last = run.history[-1] if run.history else {}
-        line = (
-            f"step {step}/{self.t.max_steps}: loss {last.get('loss', float('nan')):.5f}, "
-            f"{last.get('samples_per_s', 0.0):.1f} samples/s, lr {last.get('lr', 0.0):.3g}"
-        )
-        if self.t.progress_bar:
-            write_to_log_files(line)
-        else:
-            log.info(line)
+OPTION = (MonitorConfig, Monitor)

@@ -1,0 +1,51 @@
+"""Loop hooks, a list instantiated from config as lightning-hydra-template's callbacks are: `hooks=[monitor,
+progress,samples]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the interface);
+`fault` is the failure-handling tests' injected failure, added only where WANDISTILLER_INJECT_FAILURE asks.
+
+Adding a hook: one module here defining `OPTION = (<Name>Config, <Name>Hook)`, one YAML
+`conf/hooks/<name>.yaml` (`defaults: [/schema/hooks/<name>@<name>, _self_]`, its keys under `<name>:`);
+the registry below finds the module. Run it with `hooks=[monitor,progress,samples,<name>]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+from wandistiller.recipe.hooks.base import Hook, HookParts
+
+
+def options() -> dict[str, tuple[type, type]]:
+    """option name -> (config schema, hook class), from every module of this package that has an OPTION."""
+    found = {}
+    for module in pkgutil.iter_modules(__path__):
+        option = getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPTION", None)
+        if option is not None:
+            found[module.name] = option
+    return found
+
+
+def register_schemas(store) -> None:
+    for name, (schema, _) in options().items():
+        store.store(group="schema/hooks", name=name, node=schema)
+
+
+def build(hooks_cfg, ctx, parts: HookParts) -> list[Hook]:
+    """This rank's hooks, in the config's order, each bound to the run: the main rank runs them all, the
+    other training ranks those that are not `main_only` (the injected failure)."""
+    from hydra.utils import instantiate
+
+    from wandistiller.recipe.hooks.fault import FaultInjection
+
+    made = [instantiate(node) for node in (hooks_cfg or {}).values()]
+    if os.environ.get(FaultInjection.ENV):
+        made.append(FaultInjection())
+    mine = [h for h in made if ctx.is_main or not getattr(h, "main_only", True)]
+    for hook in mine:
+        if isinstance(hook, Hook):
+            hook.bind(ctx, parts)
+    return mine
+
+
+__all__ = ["Hook", "HookParts", "build", "options"]

@@ -1,0 +1,35 @@
+"""The interface every loop hook implements: `hook(run, step)` after each step's optimizer update and
+checkpoint, the same steps on every rank (the loop itself knows none of them).
+
+A hook is one module of this package defining `OPTION = (<Name>Config, <Name>Hook)`; the registry
+(`__init__.py`) finds it, so a new hook is that module plus its YAML in `conf/hooks/` (added to the list
+`hooks=[monitor,progress,samples,<name>]`), and no other edit:
+
+    main_only          runs on the main training rank only (the default), or on every training rank
+    bind(ctx, parts)   once before the loop: the run's frozen context and what setup built for hooks
+    __call__(run, step)   after each step (`step` counts finished steps: 1 after the first)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class HookParts:
+    """What setup built that hooks may use: the held-out set (None: no validation) and the sample grid's
+    drawer, `samples(student, path) -> path` (None: no samples)."""
+
+    val_set: object = None
+    samples: object = None
+
+
+class Hook:
+    main_only: ClassVar[bool] = True
+
+    def bind(self, ctx, parts: HookParts) -> None:  # noqa: B027 -- a hook may need nothing
+        """Take what this hook needs from the run's context and setup's parts."""
+
+    def __call__(self, run, step: int) -> None:
+        raise NotImplementedError
