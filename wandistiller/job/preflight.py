@@ -23,7 +23,7 @@ from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
-from wandistiller.placements import Placement, Serving
+from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
 from wandistiller.placements.memory import Hardware
@@ -83,13 +83,16 @@ def default_ranks(cfg: DictConfig, topo: Topology) -> None:
     """A placement that needs its own process layout (gpu0: a teacher process beside the students) gets
     it when distributed.nproc_per_node is left at 1, so `teacher_placement=gpu0` alone runs on a GPU machine
     (and in a sweep beside single-process placements)."""
-    default = getattr(get_class(cfg.teacher_placement._target_), "default_ranks", None)
-    if default is None or cfg.distributed.nproc_per_node != 1 or topo.distributed or default() < 2:
+    cls = get_class(cfg.teacher_placement._target_)
+    if not issubclass(cls, Placement) or cfg.distributed.nproc_per_node != 1 or topo.distributed:
+        return
+    if cls.default_ranks() < 2:
         return
     if cfg.teacher_placement.get("train_on_owner") or cfg.teacher_placement.get("debug_cpu"):
         return
-    cfg.distributed.nproc_per_node = default()
-    log.info("%s: distributed.nproc_per_node=%d (one process per GPU)", cfg.teacher_placement._target_, default())
+    cfg.distributed.nproc_per_node = cls.default_ranks()
+    log.info("%s: distributed.nproc_per_node=%d (one process per GPU)", cfg.teacher_placement._target_,
+             cfg.distributed.nproc_per_node)  # fmt: skip
 
 
 def show_plan(table: str, in_full: bool) -> None:
@@ -375,14 +378,13 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     if auto:
         placement, best = _resolve_auto(cfg, estimates, hw, precision, world)
     mine = next(e for e in estimates if e.placement == placement.name)
-    if not mine.fits and not getattr(placement, "debug_cpu", False):
+    if not mine.fits and not placement.debug_cpu:
         other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
         raise UserError(
             f"teacher_placement={placement.name} will not fit: it needs {mine.need()} and this machine has "
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
-    if hasattr(placement, "with_plan"):
-        placement.with_plan(mine)
+    placement.with_plan(mine)
     return placement, plan.format_table(estimates, hw, placement.name, w)
 
 
@@ -421,13 +423,15 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
     check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()), teacher_dtype)
     check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
     if cfg.teacher.compile and not placement.compilable:
+        able = ", ".join(names_where(lambda cls: cls.compilable))
         raise UserError(
-            "teacher.compile=true works with the placements that run a whole teacher in one process (cpu, gpu, "
-            "gpu0, offload, disk), not with the one chosen here; drop teacher.compile or pick one of those"
+            f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
+            f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
+        local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(
             f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
-            f"teacher_placement={placement.name} a teacher owner serves them; use gpu, offload, disk or sharded, "
-            "or drop trainer.teacher_whole_step"
+            f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
+            f"{local[-1]}, or drop trainer.teacher_whole_step"
         )

@@ -41,9 +41,14 @@ def planner_candidates() -> list[Placement]:
     return [cls() for _, cls in OPTIONS.values() if issubclass(cls, Placement) and cls.auto_candidate]
 
 
+def names_where(capable) -> list[str]:
+    """The options whose placement class has a capability (`lambda cls: cls.fp8`): for refusals that name them."""
+    return [name for name, (_, cls) in OPTIONS.items() if issubclass(cls, Placement) and capable(cls)]
+
+
 def register_schemas(store) -> None:
     for name, (schema, _) in OPTIONS.items():
         store.store(group="schema/teacher_placement", name=name, node=schema)
 
 
-__all__ = ["OPTIONS", "Placement", "Serving", "planner_candidates", "register_schemas"]
+__all__ = ["OPTIONS", "Placement", "Serving", "names_where", "planner_candidates", "register_schemas"]

@@ -53,6 +53,17 @@ class Placement(ABC):
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
 
+    # A GPU placement's layout kept on the CPU (gpu0, balanced, sequential, device_map: `debug_cpu=true`).
+    debug_cpu: bool = False
+
+    @staticmethod
+    def default_ranks() -> int:
+        """distributed.nproc_per_node when the user left it at 1 (gpu0: one process per GPU)."""
+        return 1
+
+    def with_plan(self, estimate: Estimate) -> None:  # noqa: B027 -- most placements need nothing from the plan
+        """The planner's estimate for this placement, before it loads (offload sizes its resident blocks)."""
+
     def check(self, precision: Precision, world) -> None:  # noqa: B027 -- most placements check nothing
         """Refuse a placement that cannot run here (no GPU, too few ranks), naming one that can."""
 

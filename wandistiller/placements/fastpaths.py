@@ -50,11 +50,11 @@ def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.
 
 def check_quantize_placement(mode: str | None, placement) -> None:
     """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
-    from wandistiller.placements import OPTIONS
+    from wandistiller.placements import names_where
 
-    if mode is None or getattr(placement, "fp8", False):
+    if mode is None or placement.fp8:
         return
-    able = [name for name, (_, cls) in OPTIONS.items() if getattr(cls, "fp8", False)]
+    able = names_where(lambda cls: cls.fp8)
     raise UserError(
         f"teacher.quantize={mode} cannot run with teacher_placement={placement.name}; use one of "
         f"{', '.join(able)}, or drop teacher.quantize"

@@ -37,6 +37,7 @@ class Gpu0Config:
 class Gpu0Placement(Placement):
     min_gpus = 2
     name, speed_rank, fp8 = "gpu0", 10, True
+    serving = Serving.DEDICATED_OWNER  # its default; train_on_owner=true: NODE_OWNER
 
     def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False):
         self.train_on_owner, self.debug_cpu = train_on_owner, debug_cpu
