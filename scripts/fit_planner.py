@@ -58,7 +58,7 @@ def workload(overrides: list[str]):
     from wandistiller.placements import planner as plan
 
     cfg = compose_config(overrides)
-    return plan.workload(cfg, *plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir), torch.bfloat16, 1)
+    return plan.workload_of(cfg, torch.bfloat16, ranks=1)[0]
 
 
 def tokens(overrides: list[str]) -> tuple[int, int]:

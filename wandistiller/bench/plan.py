@@ -87,12 +87,9 @@ def predict(overrides: list[str]) -> dict:
     from wandistiller.config import compose_config
     from wandistiller.core.precision import Precision
     from wandistiller.placements import planner as plan
-    from wandistiller.placements.memory import Hardware
 
     cfg = compose_config(overrides)
-    found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
-    hw = Hardware.detect(cfg.hardware)
-    w = plan.workload(cfg, *found, Precision.from_config(cfg.precision).teacher_dtype, 1)
+    w, hw = plan.workload_of(cfg, Precision.from_config(cfg.precision).teacher_dtype, ranks=1)
     from hydra.utils import instantiate
 
     estimate = instantiate(cfg.teacher_placement).estimate(w, hw)

@@ -372,7 +372,7 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     hw = Hardware.detect(cfg.hardware)
     # the student's size and rope table from its JSON, before the planner builds a meta skeleton of it
     check_student_room(cfg, check_student(cfg.student, found[0]), found[0], hw)
-    w = plan.workload(cfg, *found, precision.teacher_dtype, plan.ranks_per_node(cfg, hw, world.nproc_per_node))
+    w, hw = plan.workload_of(cfg, precision.teacher_dtype, world.nproc_per_node, hw=hw)
     estimates = plan.plan(w, hw, placement)
     best = plan.choose(estimates)
     if auto:

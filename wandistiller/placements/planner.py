@@ -150,6 +150,19 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
     )
 
 
+def workload_of(
+    cfg, teacher_dtype: torch.dtype, launched: int = 1, ranks: int | None = None, hw: Hardware | None = None
+) -> tuple[Workload, Hardware] | None:
+    """The one way from a composed config to the planner's inputs: (Workload, Hardware), the hardware detected
+    (or as `hardware.*` describes it on paper), the ranks per node as the run will have them (`ranks` fixes
+    them). None while the teacher's config is not on disk (a Hub id not downloaded)."""
+    found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    if found is None:
+        return None
+    hw = hw or Hardware.detect(cfg.hardware)
+    return workload(cfg, *found, teacher_dtype, ranks or ranks_per_node(cfg, hw, launched)), hw
+
+
 def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
     """The ranks per node: configured or started by torchrun (`launched`); on paper, one rank per GPU."""
     ranks = max(cfg.distributed.nproc_per_node, launched)
@@ -159,15 +172,14 @@ def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
 
 
 def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
-    found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
-    if found is None:
+    planned = workload_of(cfg, teacher_dtype)
+    if planned is None:
         raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-    hw = Hardware.detect(cfg.hardware)
-    w = workload(cfg, *found, teacher_dtype, ranks_per_node(cfg, hw))
+    w, hw = planned
     estimates = plan(w, hw)
     best = choose(estimates)
     head = (
-        f"teacher {cfg.teacher.name}: {found[1]} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
+        f"teacher {cfg.teacher.name}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
         f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
