@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher, TeacherSpec
+from wandistiller.teacher.sampler import wan_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -100,40 +101,9 @@ def cache_key(spec: TeacherSpec, embeddings: PromptEmbeddings, seed: int, settin
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def load_scheduler(spec: TeacherSpec):
-    """The teacher's own scheduler class and config (UniPC for diffusers' Wan, FlowMatchEuler for others)."""
-    import diffusers
-
-    from wandistiller.teacher.model import loading
-
-    index = json.loads((spec.path / "model_index.json").read_text())  # checked by inspect_teacher
-    with loading(spec, "scheduler"):
-        return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
-
-
 def teacher_pipeline(teacher: Teacher):
-    """WanPipeline around the loaded experts: no text encoder (embeddings are cached), no VAE (latents out)."""
-    from diffusers import WanPipeline
-
-    class TeacherPipeline(WanPipeline):
-        # WanPipeline infers its device from its modules' parameters; a streamed or spread teacher's
-        # parameters are not where it computes, so pin it to where the Teacher takes its inputs.
-        @property
-        def _execution_device(self):
-            return teacher.device
-
-    two = len(teacher.experts) == 2
-    pipe = TeacherPipeline(
-        tokenizer=None,
-        text_encoder=None,
-        vae=None,
-        scheduler=load_scheduler(teacher.spec),
-        transformer=teacher.experts[0],
-        transformer_2=teacher.experts[1] if two else None,
-        boundary_ratio=teacher.spec.boundary_ratio if two else None,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    """WanPipeline around the loaded experts, on the teacher's device: no VAE (latents out)."""
+    return wan_pipeline(teacher.spec, teacher.experts, teacher.device)
 
 
 def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings) -> torch.Tensor:

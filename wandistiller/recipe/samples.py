@@ -1,4 +1,4 @@
-"""A PNG grid of teacher vs student samples, drawn with diffusers' own WanPipeline.
+"""A PNG grid of teacher vs student samples, drawn with diffusers' own WanPipeline (teacher/sampler.py).
 
 The student is a WanTransformer3DModel, so it drops into WanPipeline as `transformer`; it was trained
 on guided targets, so it samples without CFG (guidance_scale=1).
@@ -29,30 +29,24 @@ def draw(
     num_prompts: int,
     steps: int,
     seed: int,
+    device: torch.device | None = None,
 ) -> np.ndarray:
-    """First frames for the first `num_prompts` prompts: teacher (its experts and CFG) or student (no CFG)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    """First frames for the first `num_prompts` prompts: teacher (its experts and CFG, on the device it takes
+    its inputs on) or student (no CFG, where its weights are)."""
+    from diffusers import AutoencoderKLWan
 
     from wandistiller.teacher.model import loading
+    from wandistiller.teacher.sampler import wan_pipeline
 
-    with loading(spec, "VAE or scheduler"):
+    with loading(spec, "VAE"):
         vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
-        scheduler = UniPCMultistepScheduler.from_pretrained(spec.path, subfolder="scheduler")
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
     transformer = transformers[0]
-    device, dtype = transformer.device, transformer.dtype
+    device, dtype = device or transformer.device, transformer.dtype
     two = len(transformers) == 2
-    pipe = WanPipeline(
-        tokenizer=None,
-        text_encoder=None,
-        vae=vae.to(device),
-        scheduler=scheduler,
-        transformer=transformer,
-        transformer_2=transformers[1] if two else None,
-        boundary_ratio=spec.boundary_ratio if two else None,
-    )
-    pipe.set_progress_bar_config(disable=True)
+    # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py).
+    pipe = wan_pipeline(spec, transformers, device, vae=vae.to(device))
     frames = pipe(
         prompt_embeds=cond.to(device, dtype),
         negative_prompt_embeds=uncond.to(device, dtype),
@@ -71,7 +65,8 @@ def draw(
 def teacher_images(
     teacher: Teacher, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
 ) -> np.ndarray:
-    return draw(teacher.spec, teacher.experts, teacher.guidance_scales, embeddings, data_cfg, num_prompts, steps, seed)
+    return draw(teacher.spec, teacher.experts, teacher.guidance_scales, embeddings, data_cfg, num_prompts, steps, seed,
+                teacher.device)  # fmt: skip
 
 
 def student_images(

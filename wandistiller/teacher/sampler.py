@@ -1,0 +1,46 @@
+"""The one WanPipeline wrapper: diffusers' own sampling loop around transformers already loaded (a teacher's
+experts, or a student in the teacher's place), with the teacher's own scheduler, so the sample grids, the
+teacher latents, `eval` and `generate` all sample the same way. No text encoder (embeddings are cached); a
+VAE only where images are wanted (else latents come out)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from wandistiller.teacher.model import TeacherSpec, loading
+
+
+def load_scheduler(spec: TeacherSpec):
+    """The teacher's own scheduler class and config (UniPC for diffusers' Wan, FlowMatchEuler for others)."""
+    import diffusers
+
+    index = json.loads((spec.path / "model_index.json").read_text())  # checked by inspect_teacher
+    with loading(spec, "scheduler"):
+        return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
+
+
+def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, vae=None):
+    """WanPipeline over `transformers` (two: the experts, split at the teacher's boundary), computing on
+    `device`. WanPipeline infers its device from its modules' parameters, and a streamed or spread teacher's
+    parameters are not where it computes: the pipeline is pinned to `device`."""
+    from diffusers import WanPipeline
+
+    class PinnedPipeline(WanPipeline):
+        @property
+        def _execution_device(self):
+            return device
+
+    two = len(transformers) == 2
+    pipe = PinnedPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=vae,
+        scheduler=load_scheduler(spec),
+        transformer=transformers[0],
+        transformer_2=transformers[1] if two else None,
+        boundary_ratio=spec.boundary_ratio if two else None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
