@@ -33,8 +33,9 @@ from wandistiller.core.distributed import (
 )
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.job import stopping
+from wandistiller.job.checks import check_interpolations
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
-from wandistiller.job.preflight import Prepared, check_interpolations, prepare
+from wandistiller.job.preflight import Prepared, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
 from wandistiller.job.rundir import release_run_dir, removed_if_refused
 from wandistiller.job.stopping import launcher_stopped, stop_at_once

@@ -1,4 +1,5 @@
-"""Everything that can refuse a run, in the order that refuses earliest, before the run folder is claimed.
+"""Everything that can refuse a run, in the order that refuses earliest, before the run folder is claimed
+(the config's own values first: wandistiller/job/checks.py; each data source's in its module).
 
 `prepare` is the whole list: each refusal is one UserError line naming the key and the fix. It runs
 once per job (in the Hydra job, or on rank 0 under torchrun), resolves `teacher_placement=auto`
@@ -8,19 +9,26 @@ through the planner, builds the placement once, and hands the workers a picklabl
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from wandistiller.config import compose_option
 from wandistiller.core import precision as precision_options
-from wandistiller.core.distributed import Topology, World, local_device, under_torchrun
+from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
+from wandistiller.job.checks import (
+    check_folders,
+    check_known_keys,
+    check_targets,
+    check_tracker,
+    check_training_parts,
+    check_values,
+)
 from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
@@ -120,115 +128,6 @@ def _first_sweep_point(point: dict | None) -> bool:
     return point is not None and HydraConfig.initialized() and HydraConfig.get().job.num == 0
 
 
-def check_known_keys(cfg: DictConfig) -> None:
-    """Hydra's `+key=value` adds a key the schema does not know, so `+trainer.bacth_size=2` would be
-    ignored in silence: every key under a typed node must be one of its schema's fields."""
-    import dataclasses
-
-    from wandistiller.config import TrainConfig
-
-    def walk(schema, node: DictConfig, prefix: str) -> None:
-        fields = {f.name: f for f in dataclasses.fields(schema)}
-        for key in node.keys():
-            if key not in fields:
-                raise UserError(
-                    f"{prefix}{key} is not a WanDistiller option (it was added with +); check its spelling "
-                    f"(`python -m wandistiller.train --cfg job` lists the options)"
-                )
-            sub = _schema_of(schema, key)
-            if sub is not None and isinstance(node[key], DictConfig):
-                walk(sub, node[key], f"{prefix}{key}.")
-
-    walk(TrainConfig, cfg, "")
-
-
-def _schema_of(schema, key: str):
-    """The dataclass that types `schema.key`, or None for an untyped (Any) node."""
-    import dataclasses
-    import typing
-
-    hint = typing.get_type_hints(schema).get(key)
-    return hint if dataclasses.is_dataclass(hint) else None
-
-
-def check_values(cfg: DictConfig) -> None:
-    """Values the schema's types cannot catch, each named with its key and a fix."""
-    t, d = cfg.trainer, cfg.data
-    for key, value in [
-        ("trainer.batch_size", t.batch_size),
-        ("trainer.grad_accum_steps", t.grad_accum_steps),
-        ("trainer.max_steps", t.max_steps),
-        ("trainer.checkpoint_every", t.checkpoint_every),
-        ("trainer.log_every", t.log_every),
-        ("data.latent_frames", d.latent_frames),
-        ("data.latent_height", d.latent_height),
-        ("data.latent_width", d.latent_width),
-        ("distributed.nproc_per_node", cfg.distributed.nproc_per_node),
-        ("distributed.nnodes", cfg.distributed.nnodes),
-    ]:
-        if value <= 0:
-            raise UserError(f"{key}={value} must be a positive integer")
-    for key, value in _at_least_zero(cfg):
-        if value < 0:
-            raise UserError(f"{key}={value} must be 0 or more")
-    check_ranges(cfg)
-    if d.latent_height % 2 or d.latent_width % 2:
-        raise UserError(
-            f"data.latent_height/latent_width ({d.latent_height}x{d.latent_width}) must be even (Wan patches 2x2)"
-        )
-    if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
-        raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
-
-
-def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
-    t = cfg.trainer
-    return [
-        ("trainer.warmup_steps", t.warmup_steps),
-        ("trainer.keep_checkpoints", t.keep_checkpoints),
-        ("trainer.sample_prompts", t.sample_prompts),
-        ("trainer.val_every", t.val_every),
-        ("trainer.sample_every", t.sample_every),
-        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight),
-    ]
-
-
-def check_ranges(cfg: DictConfig) -> None:
-    """Numbers with a meaning only in some range; each refusal says the range (`None` = the default)."""
-    t, d, teacher = cfg.trainer, cfg.data, cfg.teacher
-    checks = [
-        ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: 0 < v <= 4096, "in [1, 4096]"),
-        ("data.latent_frames", d.latent_frames, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
-        ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
-        ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
-        ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
-        *data_sources.range_checks(d),  # each source's own keys (wandistiller/data/sources/)
-        ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
-        ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
-        (
-            "teacher.flow_shift",
-            teacher.flow_shift,
-            lambda v: v is None or 0 < v < math.inf,
-            "positive and finite, or null",
-        ),
-        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight, math.isfinite, "a finite number"),
-        ("seed", cfg.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
-        ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
-        ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
-        ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
-    ] + [
-        (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
-        for k, v in cfg.hardware.items()
-        if not k.startswith("headroom") and k != "show_plan"  # the headroom may be 0; memory.Hardware checks its range
-    ]
-    for key, value, ok, what in checks:
-        if not ok(value) or (isinstance(value, float) and math.isnan(value)):
-            raise UserError(f"{key}={value} must be {what}")
-
-
-MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
-
-
 def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardware | None = None) -> None:
     """The student fits this machine (weights estimated from its config), and its rope table covers the latent grid."""
     hw = hw or Hardware.detect(cfg.hardware)
@@ -245,116 +144,9 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
                 )
 
 
-MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
-
-
-def check_training_parts(cfg: DictConfig) -> None:
-    """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
-    (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads."""
-    import torch
-    from diffusers.optimization import get_scheduler
-
-    t = cfg.trainer
-    lr = t.optimizer.get("lr") if isinstance(t.optimizer, DictConfig) else None
-    if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr <= MAX_LR):  # negative: torch says
-        raise UserError(f"trainer.optimizer.lr={lr} must be a finite number in [0, {MAX_LR:g}]; use e.g. 1e-4")
-    try:
-        optimizer = instantiate(t.optimizer)([torch.nn.Parameter(torch.zeros(1))])
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise UserError(f"trainer.optimizer: {_first_line(e)}; fix the value under trainer.optimizer") from None
-    try:
-        get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
-
-
-def _first_line(error: Exception) -> str:
-    words = str(error).strip().splitlines()
-    return words[0] if words else type(error).__name__
-
-
-def check_folders(cfg: DictConfig) -> None:
-    """The run folder and the cache can be created and written: checked before either is touched."""
-    from wandistiller.core.files import folder_problem
-
-    for key, folder in (("hydra.run.dir", cfg.paths.output_dir), ("paths.cache_dir", cfg.paths.cache_dir)):
-        problem = folder_problem(Path(str(folder)))
-        if problem:
-            raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
-
-
 def check_data(cfg: DictConfig) -> None:
     """The prompts files, then what the chosen data source checks itself (data.latents=images: its images)."""
     data_sources.check(cfg.data)
-
-
-def check_tracker(cfg: DictConfig) -> None:
-    """Each logger's own refusals (`check`, e.g. logger.wandb.mode=online needs a wandb key), without the network;
-    an entry of `logger` that is not a logger is one line listing the shipped ones."""
-    from hydra.utils import get_object
-
-    from wandistiller.config import CONF_DIR
-
-    for key, node in cfg.logger.items():
-        if not isinstance(node, DictConfig) or "_target_" not in node:
-            names = ", ".join(sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")))
-            raise UserError(
-                f"logger.{key}={node!r} is not a logger; `logger` names loggers ({names}), each with its keys under "
-                "its name: e.g. logger=[wandb,csv] logger.wandb.mode=online"
-            )
-        check = getattr(get_object(node._target_), "check", None)  # a logger of your own need not have one
-        if callable(check):
-            check(node, f"logger.{key}")
-
-
-def check_targets(cfg: DictConfig) -> None:
-    """Every `_target_` a user may swap names something importable, before anything else runs."""
-    from hydra.utils import get_object
-
-    listed = [f"{group}.{k}" for group in ("logger", "hooks") for k, v in cfg[group].items()
-              if isinstance(v, DictConfig) and "_target_" in v]  # fmt: skip
-    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement"):
-        target = OmegaConf.select(cfg, f"{key}._target_")
-        try:
-            get_object(target)
-        except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
-            raise UserError(
-                f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
-            ) from None
-    from wandistiller.core.extensions import check_signatures
-
-    check_signatures(cfg)
-
-
-def check_interpolations(cfg: DictConfig) -> None:
-    """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
-    the key that holds the bad one (not a key that merely refers to it), before any value is used."""
-    import re
-
-    from omegaconf.errors import OmegaConfBaseException
-
-    failing = []
-    for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), ""):
-        if isinstance(raw, str) and "${" in raw:
-            try:
-                OmegaConf.select(cfg, key, throw_on_missing=False)
-            except OmegaConfBaseException as e:
-                failing.append((key, raw, str(getattr(e, "msg", e)).strip().splitlines()[0]))
-    if failing:
-        names = re.findall(r"'([^']+)'", failing[0][2])  # the variable or key it could not find
-        key, raw, message = next((f for f in failing if any(n in f[1] for n in names)), failing[0])
-        raise UserError(f"{key}={raw}: {message}; fix the interpolation (or set the variable it reads)")
-
-
-def _leaves(node, prefix: str):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _leaves(v, f"{prefix}[{i}]" if prefix else str(i))
-    else:
-        yield prefix, node
 
 
 def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:
