@@ -5,9 +5,10 @@ flag, which the loop reads once per step (`requested`); every training rank agre
 at the same step and the checkpoint is a consistent one. A second signal exits at once, the way the
 signal would have without us.
 
-Before the first step has finished (loading the teacher, compiling, the first step's compile) there is
-nothing to save, and that phase can last minutes: a signal then exits at once with one line, no
-checkpoint.
+Before a training step has finished (setup: loading the teacher, compiling, the first step's compile; the
+tools) there is no step end to wait for, and that phase can last minutes: a signal then stops at once with
+one line, `stopped by SIG before a training step could finish; <what is kept>`. One class, `Stop`, does
+both: at once until the loop's first `requested()`, then at the step boundary.
 """
 
 from __future__ import annotations
@@ -31,12 +32,28 @@ ECHO_S = 1.0
 LAUNCHED = "WANDISTILLER_LAUNCHED"
 
 
-class Stop:
-    """The loop's view of a stop request: `requested()` once per step, `exit()` after the checkpoint."""
+NOTHING_SAVED = "nothing to save, no checkpoint written; run the same command to start again"
 
-    def __init__(self, immediate: bool = False):
-        # Exit at the signal (nothing to save yet); the first `requested()` (a step is done) turns it off.
-        self.immediate = immediate
+
+def at_once_line(name: str, then: str) -> str:
+    """The one line of a stop before any training step could finish."""
+    return f"stopped by {name} before a training step could finish; {then}"
+
+
+def _says_it() -> bool:
+    """Whether this process says the line: once per job (rank 0), and not a launched worker (its launcher does)."""
+    return os.environ.get(LAUNCHED) != "1" and os.environ.get("RANK", "0") == "0"
+
+
+class Stop:
+    """The stop requests of one process. `immediate`: a signal stops at once, with `then` saying what is kept,
+    until the loop's first `requested()` (a step is done); after that, at the step boundary with a checkpoint
+    (`requested()` once per step, `exit()` after the checkpoint). At once means `os._exit` from the handler
+    (`hard`, in setup: the signal may land inside torch.compile's tracing, which wraps any exception into an
+    internal error), or a `_Signalled` raised through the code (`stop_at_once`: the tools, the job's shell)."""
+
+    def __init__(self, immediate: bool = False, then: str = NOTHING_SAVED, hard: bool = True):
+        self.immediate, self.then, self.hard = immediate, then, hard
         self.signum: int | None = None
         self._first = 0.0
         self._previous: dict[int, object] = {}
@@ -56,7 +73,7 @@ class Stop:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.immediate:
-            self._exit_before_first_step(name, signum)
+            self._stop_now(name, signum)
         if self.signum is not None and time.monotonic() - self._first < ECHO_S:
             return  # the same request again: Ctrl-C reaches a worker from the terminal and from its launcher
         if self.signum is not None:  # the second one: what the signal does by default, now
@@ -69,16 +86,12 @@ class Stop:
         # os.write, not print: a signal can arrive in the middle of a print to the same stream.
         os.write(2, f"\n{name}: stopping after this step with a checkpoint ({name} again exits at once)\n".encode())
 
-    def _exit_before_first_step(self, name: str, signum: int) -> None:
-        """Exit now, from the handler. Not by raising: the signal may land inside torch.compile's tracing,
-        which wraps any exception into an internal error, or in code that swallows it."""
+    def _stop_now(self, name: str, signum: int) -> None:
         self.restore()
-        message = (
-            f"stopped by {name} before the first training step finished (loading or compiling): nothing to "
-            "save, no checkpoint written; run the same command to start again"
-        )
-        if os.environ.get(LAUNCHED) != "1":  # (a launched worker's launcher says it)
-            os.write(2, f"\n{message}\n".encode())
+        if not self.hard:
+            raise _Signalled(signum)
+        if _says_it():
+            os.write(2, f"\n{at_once_line(name, self.then)}\n".encode())
         os._exit(128 + signum)  # no checkpoint exists to be half-written; the OS frees the run folder's lock
 
     def requested(self, group=None) -> bool:
@@ -126,25 +139,16 @@ class _Signalled(BaseException):
 def stop_at_once(then: str):
     """Outside the training steps (setup, the end-of-run evaluation, the eval/generate tools) there is no
     step end to wait for: SIGTERM or Ctrl-C stops at once, with one line saying what is kept (`then`)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum, frame):
-        raise _Signalled(signum)
-
-    previous = {s: signal.signal(s, handle) for s in SIGNALS}
+    stop = Stop(immediate=True, then=then, hard=False).install()
     try:
         yield
     except _Signalled as e:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        stop.restore()
+        line = at_once_line(signal.Signals(e.signum).name, then)
         said = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 says it once
-        message = f"stopped by {signal.Signals(e.signum).name} before a training step could finish; {then}"
-        raise Stopped(message if said else "", 128 + e.signum) from None
+        raise Stopped(line if said else "", 128 + e.signum) from None
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        stop.restore()
 
 
 def install() -> Stop:
