@@ -15,13 +15,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from wandistiller.core.files import atomic_write
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher, TeacherSpec
 from wandistiller.teacher.sampler import wan_pipeline
@@ -129,15 +129,9 @@ def _save_atomic(obj, path: Path) -> None:
     """Written to a temporary sibling, then renamed; a failed write (a full disk) leaves no partial file."""
     from wandistiller.core.errors import UserError
 
-    f = tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False)
     try:
-        with f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f.name, path)
+        atomic_write(path, write=lambda f: torch.save(obj, f))
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
-        Path(f.name).unlink(missing_ok=True)
         raise UserError(
             f"the cache file {path} cannot be written ({getattr(e, 'strerror', None) or str(e).splitlines()[0]}); "
             "free some space, or set paths.cache_dir=… to another disk"
@@ -228,9 +222,7 @@ def cached_bank(
         bar.update(len(items))
     bar.close()
     manifest = {"items": total, "chunks": len(starts), "chunk_size": chunk_size, "per_prompt": per_prompt}
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        json.dump(manifest, f)
-    os.replace(f.name, folder / COMPLETE)  # last: only now is the cache whole
+    atomic_write(folder / COMPLETE, json.dumps(manifest))  # last: only now is the cache whole
     return load_latent_bank(folder, item_shape)
 
 

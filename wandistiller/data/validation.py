@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,8 +177,8 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> P
         ax.legend(fontsize=8)
     fig.tight_layout()
     out = run_dir / "loss.png"
-    with tempfile.NamedTemporaryFile(dir=run_dir, suffix=".tmp", delete=False) as f:
-        fig.savefig(f, format="png")
+    from wandistiller.core.files import atomic_write
+
+    atomic_write(out, write=lambda f: fig.savefig(f, format="png"), fsync=False)
     plt.close(fig)
-    os.replace(f.name, out)
     return out

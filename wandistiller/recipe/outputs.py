@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from wandistiller.core.context import RunContext
+from wandistiller.core.files import atomic_write
 from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.pipeline import run_pipeline
 
@@ -46,7 +47,7 @@ def finish(ctx: RunContext, run, extras: Finished, history: list[dict], ranks: l
     save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
     summary |= validation_summary(rows) | evaluate_at_end(ctx, run, extras.targets)
-    (ctx.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+    atomic_write(ctx.run_dir / "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
     run_pipeline(ctx.run_dir, Path(ctx.spec.path))  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary

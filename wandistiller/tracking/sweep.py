@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import atomic_write
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
 
@@ -261,5 +262,5 @@ def record_failed_point(cfg: DictConfig, error: UserError, point: dict) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ".hydra").mkdir(exist_ok=True)
     OmegaConf.save(OmegaConf.create(point["overrides"]), run_dir / ".hydra" / "overrides.yaml")
-    (run_dir / "metrics.json").write_text(json.dumps(record, indent=2))
+    atomic_write(run_dir / "metrics.json", json.dumps(record, indent=2))
     return record
