@@ -120,7 +120,6 @@ def encode_prompts(
         return cached
 
     from diffusers import WanPipeline
-    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
     from wandistiller.teacher.model import loading
 
@@ -139,46 +138,45 @@ def encode_prompts(
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
         ).to(device)
     pipe.set_progress_bar_config(disable=True)
-    tokenizer = pipe.tokenizer
     embeds = []
     with torch.no_grad():
         for c, part_start in enumerate(starts):
             if found[c] is not None:
                 embeds += found[c]
                 continue
-            part = []
-            for start in range(part_start, min(part_start + EMBED_CHUNK, len(prompts)), 16):
-                chunk = prompts[start : min(start + 16, part_start + EMBED_CHUNK)]
-                padded, _ = pipe.encode_prompt(
-                    chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
-                )
-                lengths = tokenizer(
-                    [prompt_clean(p) for p in chunk],
-                    max_length=max_sequence_length,
-                    truncation=True,
-                    add_special_tokens=True,
-                ).input_ids
-                part += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+            part = _encode_part(pipe, prompts[part_start : part_start + EMBED_CHUNK], max_sequence_length, device)
             _save_atomically({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
                              parts / f"part_{c:06d}.pt")  # fmt: skip
             embeds += part
-        negative, _ = pipe.encode_prompt(
-            negative_prompt, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
-        )
-        negative_len = len(
-            tokenizer(prompt_clean(negative_prompt), max_length=max_sequence_length, truncation=True).input_ids
-        )
+        negative = _encode_part(pipe, [negative_prompt], max_sequence_length, device)[0]
     del pipe
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    result = PromptEmbeddings(prompts, embeds, negative[0, :negative_len].cpu().clone(), max_sequence_length)
+    result = PromptEmbeddings(prompts, embeds, negative, max_sequence_length)
     _save_atomically(vars(result), cache)
     shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
     return result
 
 
 EMBED_CHUNK = 1024  # prompts per resumable part file (18,000 prompts: 18 parts of ~15 s each)
+
+
+def _encode_part(pipe, prompts: list[str], max_sequence_length: int, device: torch.device) -> list[torch.Tensor]:
+    """One part's embeddings, 16 prompts per encoder call, each cut to its own token count (unpadded)."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    part = []
+    for start in range(0, len(prompts), 16):
+        chunk = prompts[start : start + 16]
+        padded, _ = pipe.encode_prompt(
+            chunk, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length, device=device
+        )
+        lengths = pipe.tokenizer(
+            [prompt_clean(p) for p in chunk], max_length=max_sequence_length, truncation=True, add_special_tokens=True
+        ).input_ids
+        part += [e[: len(ids)].cpu().clone() for e, ids in zip(padded, lengths)]
+    return part
 
 
 def _load_part(path: Path, prompts: list[str], max_len: int) -> list[torch.Tensor] | None:
