@@ -32,7 +32,7 @@ class CountingHook(Hook):
 def test_every_hook_module_has_its_yaml_and_the_default_list_is_the_three():
     assert set(hooks.options()) - {"fault"} == {p.stem for p in (CONF / "hooks").glob("*.yaml")}
     train = OmegaConf.load(CONF / "train.yaml")
-    assert {"hooks": ["monitor", "progress", "samples"]} in list(train.defaults)
+    assert {"hooks": ["monitor", "progress", "samples", "evaluate"]} in list(train.defaults)
 
 
 def test_a_hook_of_your_own_runs_after_every_step_and_the_list_can_leave_one_out(make_cfg, tmp_path):
@@ -59,7 +59,7 @@ def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
     saved = OmegaConf.create({"trainer": {"max_steps": 1}})
     modernize_lists(saved)
     assert {k: v["_target_"] for k, v in saved.hooks.items()} == HOOKS
-    for target in HOOKS.values():
-        from hydra.utils import get_object
+    from hydra.utils import get_object
 
+    for target in HOOKS.values():
         assert issubclass(get_object(target), Hook)

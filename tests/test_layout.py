@@ -17,8 +17,9 @@ from wandistiller.core.renamed import RENAMED, modernize
 PACKAGE = Path(wandistiller.__file__).parent
 CLIS = {"train", "eval", "generate", "plan", "legacy", "pipeline"}
 CLI_PACKAGES = {"quality"}  # `python -m wandistiller.quality`: a CLI that is a package
-# The one remaining upward edge: the end of a run evaluates and exports through the CLIs' library functions.
-KNOWN_UPWARD = {("recipe", "eval"), ("recipe", "pipeline")}
+# None: the end-of-run evaluation is a hook the config names (wandistiller.eval.EvaluateAtEnd), and the pipeline
+# folder is made in state/export.py.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def imports_of(path: Path) -> set[str]:

@@ -45,11 +45,12 @@ def modernize(node) -> None:
             modernize(node._get_node(i))
 
 
-# The hooks every run had before they were a list in the config (`hooks=[monitor,progress,samples]`).
+# The hooks every run had before they were a list in the config (`hooks=[monitor,progress,samples,evaluate]`).
 HOOKS = {
     "monitor": "wandistiller.recipe.hooks.monitor.Monitor",
     "progress": "wandistiller.recipe.hooks.progress.ProgressLog",
     "samples": "wandistiller.recipe.hooks.samples.SampleGrids",
+    "evaluate": "wandistiller.eval.EvaluateAtEnd",
 }
 
 

@@ -172,7 +172,8 @@ class DistillationRecipe:
         samples = None
         if teacher_samples is not None:
             samples = functools.partial(outputs.save_samples, self.ctx, teacher_samples, embeddings)
-        return hooks.build(self.cfg.hooks, self.ctx, hooks.HookParts(val_set, samples))
+        parts = hooks.HookParts(val_set, samples, tuple(targets_of(self.cfg)))
+        return hooks.build(self.cfg.hooks, self.ctx, parts)
 
     def _setup_student(self) -> torch.nn.Module:
         cfg = self.cfg
@@ -270,8 +271,8 @@ class DistillationRecipe:
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)
-        self.teacher = None  # freed: the end-of-run evaluation loads its own
+        self.teacher = None  # freed: the end-of-run evaluation (hooks.evaluate) loads its own
         if not self.is_main:
             return ranks[self.topo.rank]
-        extras = outputs.Finished(self.teacher_samples, self.embeddings, tuple(targets_of(self.cfg)))
+        extras = outputs.Finished(self.teacher_samples, self.embeddings)
         return outputs.finish(self.ctx, self.run, extras, history, ranks)

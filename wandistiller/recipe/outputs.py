@@ -1,5 +1,5 @@
 """What a run leaves in its folder: the student (and its EMA), the teacher-vs-student samples, metrics.json
-and metrics_steps.jsonl, and the tracker's summary."""
+(with what the hooks add at the end: the evaluation), the student pipeline, and the loggers' summary."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import torch.distributed as dist
 from wandistiller.core.context import RunContext
 from wandistiller.core.files import atomic_write
 from wandistiller.data.validation import recorded_rows, save_loss_plot
-from wandistiller.pipeline import run_pipeline
+from wandistiller.recipe.hooks.base import Hook
+from wandistiller.state.export import run_pipeline
 
 log = logging.getLogger("wandistiller")
 
@@ -30,11 +31,10 @@ def millions(module: torch.nn.Module) -> float:
 @dataclass(frozen=True)
 class Finished:
     """What the end of a run needs besides the context and the loop's Run: the teacher's sample column (None:
-    no samples), the prompts the grids show, and the run's own `_target_`s (trusted by its evaluation)."""
+    no samples) and the prompts the grids show."""
 
     teacher_samples: object
     embeddings: object
-    targets: tuple[str, ...] = ()
 
 
 def finish(ctx: RunContext, run, extras: Finished, history: list[dict], ranks: list[dict]) -> dict:
@@ -46,7 +46,10 @@ def finish(ctx: RunContext, run, extras: Finished, history: list[dict], ranks: l
     rows = recorded_rows(ctx.run_dir)  # what the monitor appended, every segment of the run
     save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
-    summary |= validation_summary(rows) | evaluate_at_end(ctx, run, extras.targets)
+    summary |= validation_summary(rows)
+    for hook in run.hooks:  # the end-of-run evaluation (hooks.evaluate) adds its means here
+        if isinstance(hook, Hook):
+            summary |= hook.at_end(run)
     atomic_write(ctx.run_dir / "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
     run_pipeline(ctx.run_dir, Path(ctx.spec.path))  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
@@ -111,26 +114,6 @@ def validation_summary(rows: list[dict]) -> dict:
     if not val:
         return {}
     return {"val_loss_last": val[-1]["val/loss"], "val_loss_best": min(r["val/loss"] for r in val)}
-
-
-def evaluate_at_end(ctx: RunContext, run, targets: tuple[str, ...]) -> dict:
-    """trainer.eval_at_end: student against teacher from the same noise (python -m wandistiller.eval),
-    its mean figures for metrics.json. The training teacher was freed: eval loads its own."""
-    if not ctx.trainer_cfg.eval_at_end:
-        return {}
-    if not ctx.placement.whole_on_one_device:
-        where = f"python -m wandistiller.eval {ctx.run_dir}"
-        log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one device); "
-                 "run %s where it fits", ctx.placement.name, where)  # fmt: skip
-        return {}
-    from wandistiller.eval import evaluate
-    from wandistiller.state.runs import Trust
-
-    # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
-    own = Trust(targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-    result = evaluate(ctx.run_dir, steps=ctx.trainer_cfg.sample_steps, device=ctx.device, trust=own)
-    run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
-    return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
 def teacher_identity(ctx: RunContext) -> dict:

@@ -1,10 +1,10 @@
 """Loop hooks, a list instantiated from config as lightning-hydra-template's callbacks are: `hooks=[monitor,
-progress,samples]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the interface);
+progress,samples,evaluate]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the interface);
 `fault` is the failure-handling tests' injected failure, added only where WANDISTILLER_INJECT_FAILURE asks.
 
 Adding a hook: one module here defining `OPTION = (<Name>Config, <Name>Hook)`, one YAML
 `conf/hooks/<name>.yaml` (`defaults: [/schema/hooks/<name>@<name>, _self_]`, its keys under `<name>:`);
-the registry below finds the module. Run it with `hooks=[monitor,progress,samples,<name>]`.
+the registry below finds the module. Run it with `hooks=[monitor,progress,samples,evaluate,<name>]`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from wandistiller.recipe.hooks.base import Hook, HookParts
 
 
 def options() -> dict[str, tuple[type, type]]:
-    """option name -> (config schema, hook class), from every module of this package that has an OPTION."""
+    """option name -> (config schema, hook class or, for a hook living with its CLI, its name), from every module
+    of this package that has an OPTION."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
         option = getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPTION", None)

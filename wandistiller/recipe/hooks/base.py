@@ -8,6 +8,7 @@ A hook is one module of this package defining `OPTION = (<Name>Config, <Name>Hoo
     main_only          runs on the main training rank only (the default), or on every training rank
     bind(ctx, parts)   once before the loop: the run's frozen context and what setup built for hooks
     __call__(run, step)   after each step (`step` counts finished steps: 1 after the first)
+    at_end(run) -> dict   once, after the last step's outputs (student, samples): figures for metrics.json
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import ClassVar
 @dataclass(frozen=True)
 class HookParts:
     """What setup built that hooks may use: the held-out set (None: no validation) and the sample grid's
-    drawer, `samples(student, path) -> path` (None: no samples)."""
+    drawer, `samples(student, path) -> path` (None: no samples), and the run's own `_target_`s (what an
+    end-of-run evaluation of this run folder trusts)."""
 
     val_set: object = None
     samples: object = None
+    targets: tuple[str, ...] = ()
 
 
 class Hook:
@@ -31,5 +34,9 @@ class Hook:
     def bind(self, ctx, parts: HookParts) -> None:  # noqa: B027 -- a hook may need nothing
         """Take what this hook needs from the run's context and setup's parts."""
 
-    def __call__(self, run, step: int) -> None:
-        raise NotImplementedError
+    def __call__(self, run, step: int) -> None:  # noqa: B027 -- a hook may act only at the end
+        """After each step."""
+
+    def at_end(self, run) -> dict:
+        """Once, at the end of the run (main rank): figures to add to metrics.json (none by default)."""
+        return {}
