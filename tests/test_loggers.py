@@ -59,6 +59,11 @@ def test_three_loggers_at_once_each_leave_their_files_and_a_resume_continues_the
     assert [r["step"] for r in rows if r["loss"]] == ["1", "2"]
     state = json.loads(next((folder / "checkpoints").glob("step_*/state.json")).read_text())
     assert state["tracker_run_id"]  # wandb's id, so a resume continues its run
+    run(make_cfg(both[0], both[2], "trainer.max_steps=3", "trainer.resume=auto", run_dir=folder))
+    rows = list(csv.DictReader((folder / "metrics.csv").read_text().splitlines()))
+    assert [r["step"] for r in rows if r["loss"]] == ["1", "2", "3"]  # appended to the same file
+    last = json.loads(sorted((folder / "checkpoints").glob("step_*/state.json"))[-1].read_text())
+    assert last["tracker_run_id"] == state["tracker_run_id"]  # the same wandb run continued
 
 
 def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):

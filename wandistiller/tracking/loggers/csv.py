@@ -22,7 +22,7 @@ class CsvLogger(Logger):
     name = "csv"
 
     def __init__(self, file: str = "metrics.csv"):
-        self.file_name, self.path = file, None
+        self.file_name, self.path, self.header = file, None, []
 
     @classmethod
     def check(cls, node, key: str) -> None:
@@ -35,15 +35,17 @@ class CsvLogger(Logger):
 
     def start(self, run_dir, config, run_id, group=None, name=None) -> None:
         self.path = Path(run_dir) / self.file_name
+        self.header = read_csv(self.path)[0]  # a resumed run's columns: its rows are appended
 
     def log(self, metrics: dict, step: int | None) -> None:
         row = {"step": "" if step is None else step} | {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        header, rows = read_csv(self.path)
-        if header and set(row) <= set(header):
+        if self.header and set(row) <= set(self.header):  # the usual case: one appended line, nothing read
             with self.path.open("a", newline="") as f:
-                csv.DictWriter(f, header).writerow(row)
+                csv.DictWriter(f, self.header).writerow(row)
             return
-        write_csv(self.path, header + [k for k in row if k not in header], [*rows, row])
+        header, rows = read_csv(self.path)  # a new key (the first val/loss): the file rewritten, wider
+        self.header = header + [k for k in row if k not in header]
+        write_csv(self.path, self.header, [*rows, row])
 
     def report(self, sweep_dir, columns, rows, png, group) -> None:
         write_csv(Path(sweep_dir) / "sweep_report.csv", list(columns), [dict(zip(columns, r)) for r in rows])
