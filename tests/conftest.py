@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,33 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
         env={**os.environ, **(env or {})},
         timeout=600,
     )
+
+
+def fresh_runs(request, commands: dict[str, tuple]) -> dict[str, Future]:
+    """A module's fresh-process commands, all started at once in the background, as many together as this
+    machine has cores: a test reads its own with `.result()` and asserts on it as if it had run it alone.
+
+    Each is still its own process, as a user runs it; they overlap each other (and the module's in-process
+    tests) instead of queueing, since each is one mostly single-threaded interpreter starting up.
+    `commands` maps a key to (the test that reads it, argv[, extra environment]); only the selected tests'
+    commands start. The environment is copied now, so a test's later monkeypatching never leaks into them.
+    """
+    wanted = {item.originalname for item in request.session.items if item.module is request.module}
+    pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="fresh-run")
+    request.addfinalizer(pool.shutdown)  # the module's end waits for every one: none is left running
+    started = {}
+    for key, (test, argv, *env) in commands.items():
+        if test in wanted:
+            started[key] = pool.submit(
+                subprocess.run, argv, capture_output=True, text=True, cwd=ROOT,
+                env={**os.environ, **(env[0] if env else {})}, timeout=600,
+            )  # fmt: skip
+    return started
+
+
+def cli(*args: str, module: str = "wandistiller.train") -> list[str]:
+    """The argv of `python -m MODULE ARGS` (what `run_cli` runs), for `fresh_runs`."""
+    return [sys.executable, "-m", module, *args]
 
 
 def spawn(fn, nproc: int, *args):
