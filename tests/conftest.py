@@ -130,6 +130,46 @@ def spawn(fn, nproc: int, *args):
     return elastic_launch(config, fn)(*args)
 
 
+# Every default-lane check that needs two ranks, by (test module, function): each is called as
+# function(paths) on both ranks of one launch (`two_ranks`), in this order, a barrier after each.
+TWO_RANK_CHECKS = [
+    ("test_distributed", "_listening_check"),
+    ("test_distributed", "_ddp_check"),
+    ("test_distributed", "_sharded_check"),
+    ("test_targets", "_served_targets_check"),
+    ("test_stopping", "_agree_check"),
+]
+
+
+def _two_rank_checks(paths: dict) -> dict:
+    import importlib
+
+    import torch.distributed as dist
+
+    from wandistiller.core.distributed import Topology, destroy_process_group, init_process_group
+
+    init_process_group(Topology.from_env(), 1.0)  # a check that fails on one rank ends the others' wait in 1 min
+    found = {}
+    for module, name in TWO_RANK_CHECKS:
+        found[name] = getattr(importlib.import_module(module), name)(paths)
+        dist.barrier()
+    destroy_process_group()
+    return found
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tiny_path, tiny_moe_path, cache_dir) -> list[dict]:
+    """Each rank's results of every TWO_RANK_CHECKS function, from one launch of two workers (the launcher
+    a run uses) that the tests of several modules read: each spawn costs two fresh processes' imports."""
+    from omegaconf import OmegaConf
+
+    from wandistiller.core.distributed import launch
+
+    paths = {"tiny": str(tiny_path), "moe": str(tiny_moe_path), "cache": str(cache_dir)}
+    cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
+    return launch(_two_rank_checks, (paths,), cfg)
+
+
 def choose(cfg):
     """preflight's placement choice for a composed config, as a single-process job would make it."""
     from wandistiller.core.distributed import Topology, World

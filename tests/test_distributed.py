@@ -24,11 +24,11 @@ from wandistiller.student.model import build_student
 from wandistiller.teacher.model import inspect_teacher
 
 
-def _ddp_check(teacher_path: str) -> list:
-    """Each rank's gradients after one DDP step on different data: all equal, none zero."""
+def _ddp_check(paths: dict) -> list:
+    """Each rank's gradients after one DDP step on different data: all equal, none zero (in conftest.two_ranks)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    spec = inspect_teacher(__import__("pathlib").Path(paths["tiny"]))
     torch.manual_seed(0)
     student = build_student(
         spec, **OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
@@ -52,34 +52,8 @@ def _ddp_check(teacher_path: str) -> list:
     return [bool(torch.equal(gathered[0], g)) and bool(g.abs().sum() > 0) for g in gathered]
 
 
-def _two_rank_checks(teacher_path: str, moe_path: str) -> dict:
-    """Three checks in one launch of two ranks (the launcher a run uses): what the processes listen on,
-    DDP's gradients, and a sharded teacher's targets. One launch: each costs two fresh processes' imports."""
-    from wandistiller.core.distributed import destroy_process_group, init_process_group
-
-    init_process_group(Topology.from_env(), 1.0)
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    found = {"sum": t.item(), "listening": sorted(_listening({os.getpid(), os.getppid()}))}
-    dist.barrier()
-    found["ddp"] = _ddp_check(teacher_path)
-    found["sharded"] = _sharded_check(moe_path)
-    dist.barrier()
-    destroy_process_group()
-    return found
-
-
-@pytest.fixture(scope="module")
-def two_ranks(tiny_path, tiny_moe_path) -> list[dict]:
-    """Each rank's results of `_two_rank_checks`, from one launch shared by the tests that read them."""
-    from wandistiller.core.distributed import launch
-
-    cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
-    return launch(_two_rank_checks, (str(tiny_path), str(tiny_moe_path)), cfg)
-
-
 def test_ddp_gradients_are_equal_across_ranks_after_a_step(two_ranks):
-    assert len(two_ranks) == 2 and all(all(r["ddp"]) and len(r["ddp"]) == 2 for r in two_ranks)
+    assert [r["_ddp_check"] for r in two_ranks] == [[True, True], [True, True]]
 
 
 def _cli(run_dir, cache_dir, *extra, env=None):
@@ -278,12 +252,12 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
     assert (folders[0] / "train.log").is_file() and (folders[0] / "train_rank1.log").is_file()
 
 
-def _sharded_check(teacher_path: str) -> bool:
+def _sharded_check(paths: dict) -> bool:
     """A sharded teacher's targets equal a local teacher's, bit for bit, and each rank holds a shard."""
     from wandistiller.placements.sharded import ShardedPlacement
 
     topo = Topology.from_env()
-    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    spec = inspect_teacher(__import__("pathlib").Path(paths["moe"]))
     teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
     sharded = ShardedPlacement().load(spec, teacher_cfg, FP32, topo)
     local = CpuPlacement().load(spec, teacher_cfg, FP32, topo)
@@ -302,7 +276,7 @@ def _sharded_check(teacher_path: str) -> bool:
 
 
 def test_a_sharded_teacher_gives_local_targets_bit_for_bit_and_holds_a_shard(two_ranks):
-    assert [r["sharded"] for r in two_ranks] == [True, True]
+    assert [r["_sharded_check"] for r in two_ranks] == [True, True]
 
 
 @pytest.mark.slow
@@ -352,10 +326,18 @@ def _listening(pids: set[int]) -> set[str]:
     return found
 
 
+def _listening_check(paths: dict) -> dict:
+    """An all-reduce's sum, and the addresses this rank and its launcher listen on (in conftest.two_ranks)."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"sum": t.item(), "listening": sorted(_listening({os.getpid(), os.getppid()}))}
+
+
 def test_a_single_node_launch_listens_on_the_loopback_only(two_ranks):
     """The rendezvous, the workers' store and gloo: nothing a single-node run opens is reachable from
     another machine (torch's own stores bind every interface whatever host they are given)."""
     loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
-    assert [r["sum"] for r in two_ranks] == [2.0, 2.0]
-    assert all(r["listening"] and set(r["listening"]) <= loopback for r in two_ranks), two_ranks
+    found = [r["_listening_check"] for r in two_ranks]
+    assert [r["sum"] for r in found] == [2.0, 2.0]
+    assert all(r["listening"] and set(r["listening"]) <= loopback for r in found), found
     assert "WANDISTILLER_LOOPBACK_STORE" not in os.environ  # the environment is restored

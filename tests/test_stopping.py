@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import ROOT, run_cli, spawn
+from conftest import ROOT, run_cli
 
 from wandistiller.job.stopping import Stop
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
@@ -98,8 +98,8 @@ def test_ctrl_c_once_is_a_request_and_twice_exits_at_once():
     assert "SIGTERM again: exiting now" in twice.stderr
 
 
-def _agree_worker() -> tuple[bool, bool]:
-    dist.init_process_group("gloo")
+def _agree_check(paths: dict) -> tuple[bool, bool]:
+    """Whether a stop is requested, asked of every rank before and after rank 1 gets SIGTERM (in conftest.two_ranks)."""
     stop = Stop().install()
     before = stop.requested(dist.group.WORLD)
     if dist.get_rank() == 1:
@@ -107,12 +107,11 @@ def _agree_worker() -> tuple[bool, bool]:
         time.sleep(0.2)
     after = stop.requested(dist.group.WORLD)
     stop.restore()
-    dist.destroy_process_group()
     return before, after
 
 
-def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled():
-    assert spawn(_agree_worker, 2) == {0: (False, True), 1: (False, True)}
+def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled(two_ranks):
+    assert [r["_agree_check"] for r in two_ranks] == [(False, True), (False, True)]
 
 
 @pytest.mark.slow  # two CPU workers: ~60 s here
