@@ -76,17 +76,13 @@ def test_each_loss_option_trains(make_cfg, tmp_path, option, keys):
         assert all(r["teacher_ms"] < 1.0 for r in rows)
 
 
-def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(tmp_path, cache_dir, tiny_path):
+def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(make_cfg, tmp_path):
     # teacher_placement=cpu: rank 0 owns the teacher and sends rank 1 its targets every micro-batch; a task
-    # loss must still receive them (RemoteTargets is not skippable), or the ranks would hang.
-    from conftest import run_cli
-
+    # loss must still receive them (RemoteTargets is not skippable), or the ranks would hang. Started from this
+    # process (the runs' own launcher, two fresh workers), not a CLI: a third interpreter adds only its imports.
     run_dir = tmp_path / "r"
-    result = run_cli(
-        f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "distributed.nproc_per_node=2",
-        "loss=task", "trainer.max_steps=3", "trainer.sample_prompts=0", "trainer.val_every=0",
-        "trainer.eval_at_end=false", "trainer.progress_bar=false", "precision=fp32",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    summary = run(make_cfg("distributed.nproc_per_node=2", "teacher_placement=cpu", "loss=task", "trainer.max_steps=3",
+                           run_dir=run_dir))  # fmt: skip
+    assert summary["world_size"] == 2 and summary["final_step"] == 3
     rows = steps(run_dir)
     assert len(rows) == 3 and all("loss_task" in r and "loss_velocity" not in r for r in rows)
