@@ -262,7 +262,26 @@ def test_every_torch_load_in_the_package_is_weights_only():
                 flags = {k.arg: k.value for k in node.keywords}
                 assert isinstance(flags.get("weights_only"), ast.Constant), source
                 assert flags["weights_only"].value is True, source
-    assert calls >= 2  # data.py's embedding cache and legacy.py's converter
+    assert calls >= 4  # the embeddings cache and its parts, the teacher-latent chunks, the legacy converter
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_every_file_the_package_unpickles_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    """What the weights_only flags above are for, by behaviour: each reader of a torch.load file (an
+    embeddings cache, one of its parts, a teacher-latent chunk) treats a crafted one as damaged, and the
+    code it names never runs; without weights_only the same file does run it."""
+    from wandistiller.data.latents import _load_chunk
+    from wandistiller.data.prompts import _cached_embeddings, _load_part
+
+    marker, evil = tmp_path / "pwned", tmp_path / "evil.pt"
+    crafted = {"prompts": ["a"], "embeds": [Marker(str(marker))], "negative": torch.zeros(1, 4)}
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    assert _load_part(evil, ["a"], 8) is None and _load_chunk(evil, 1, None) is None
+    assert _cached_embeddings(evil, ["a"], 8) is None and not evil.exists()  # a damaged cache is removed
+    assert not marker.exists()
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    torch.load(evil, weights_only=False)  # the control: unpickled freely, the crafted file runs `open`
+    assert marker.exists()
 
 
 def test_a_checkpoint_saves_and_loads_with_every_unpickler_forbidden(tmp_path, monkeypatch):
