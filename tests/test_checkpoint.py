@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli, fresh_runs, run_cli
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 
@@ -123,11 +123,20 @@ def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_run
     assert not marker.exists() and json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
 
 
-def test_cli_an_explicit_crafted_pickle_is_one_error_line(tmp_path, cache_dir):
-    marker = tmp_path / "pwned"
-    crafted_checkpoint(tmp_path / "evil", marker)
-    common = [f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s"]
-    result = run_cli(*common, f"trainer.resume={tmp_path}/evil")
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir):
+    """This module's default-lane command-line run (a fresh process) and its folder, started with the module."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    crafted_checkpoint(tmp_path / "evil", tmp_path / "pwned")
+    args = cli(
+        f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s", f"trainer.resume={tmp_path}/evil"
+    )
+    return tmp_path, fresh_runs(request, {"evil": ("test_cli_an_explicit_crafted_pickle_is_one_error_line", args)})
+
+
+def test_cli_an_explicit_crafted_pickle_is_one_error_line(clis):
+    tmp_path, runs = clis
+    marker, result = tmp_path / "pwned", runs["evil"].result()
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
     assert errors[0].startswith("error: trainer.resume=") and not marker.exists()

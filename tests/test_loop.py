@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-from conftest import FP32, run_cli
+from conftest import FP32, cli, fresh_runs
 from omegaconf import OmegaConf
 
 from wandistiller.core.distributed import Topology
@@ -68,11 +69,18 @@ def test_loss_student_and_recipe_are_swapped_through_their_targets(make_cfg, tmp
     assert CALLS.count("student") == 1 and CALLS.count("tracker") == 1 and CALLS.count("loss") == 2
 
 
-def test_a_target_that_does_not_exist_is_one_line(tmp_path, cache_dir):
-    result = run_cli(
-        f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "logger=none",
-        "recipe._target_=nowhere.Recipe",
-    )  # fmt: skip
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir):
+    """This module's command-line run (a fresh process) and its folder, started with the module."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    args = cli(f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "logger=none",
+               "recipe._target_=nowhere.Recipe")  # fmt: skip
+    return tmp_path, fresh_runs(request, {"nowhere": ("test_a_target_that_does_not_exist_is_one_line", args)})
+
+
+def test_a_target_that_does_not_exist_is_one_line(clis):
+    tmp_path, runs = clis
+    result = runs["nowhere"].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr and "recipe._target_" in result.stderr
     assert not (tmp_path / "r").exists()  # refused before the run folder is claimed
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import ROOT, run_cli
+from conftest import ROOT, fresh_runs, run_cli
 
 from wandistiller.job.stopping import Stop
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
@@ -84,16 +84,21 @@ SIGNAL_TWICE = textwrap.dedent(
 )
 
 
-def _signal_self(name: str, twice: bool) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-c", SIGNAL_TWICE, name] + (["twice"] if twice else [])
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def signalled(request):
+    """Two fresh processes that signal themselves (SIGINT once, SIGTERM twice), started together."""
+    test = "test_ctrl_c_once_is_a_request_and_twice_exits_at_once"
+    return fresh_runs(request, {
+        "once": (test, [sys.executable, "-c", SIGNAL_TWICE, "SIGINT"]),
+        "twice": (test, [sys.executable, "-c", SIGNAL_TWICE, "SIGTERM", "twice"]),
+    })  # fmt: skip
 
 
-def test_ctrl_c_once_is_a_request_and_twice_exits_at_once():
-    once = _signal_self("SIGINT", twice=False)
+def test_ctrl_c_once_is_a_request_and_twice_exits_at_once(signalled):
+    once = signalled["once"].result()
     assert once.returncode == 0 and "requested True" in once.stdout and "after the echo" in once.stdout
     assert "SIGINT: stopping after this step" in once.stderr
-    twice = _signal_self("SIGTERM", twice=True)
+    twice = signalled["twice"].result()
     assert twice.returncode == -signal.SIGTERM and "still alive" not in twice.stdout
     assert "SIGTERM again: exiting now" in twice.stderr
 
