@@ -30,6 +30,35 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+# Test modules whose long multi-process jobs start when the session starts (see `session_jobs`).
+SESSION_JOBS = ["test_distributed", "test_losses"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_jobs(request) -> dict[str, Future]:
+    """Long multi-process jobs, started in the background as the session starts, that a module's tests wait
+    for: they overlap the in-process tests (one pytest thread, one core) instead of holding that thread.
+
+    Each module in SESSION_JOBS has `start_jobs(request, pool) -> {key: Future}`, which starts only what
+    the selected tests read and copies the environment when it starts them.
+    """
+    import importlib
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="session-job")
+    request.addfinalizer(pool.shutdown)  # the session's end waits for every one: none is left running
+    started = {}
+    for module in SESSION_JOBS:
+        started |= importlib.import_module(module).start_jobs(request, pool)
+    return started
+
+
+def selected(request, module: str, *tests: str) -> bool:
+    """Whether any of these tests of `module` is in this session's selection."""
+    names = {(getattr(item.getparent(pytest.Module), "name", ""), getattr(item, "originalname", "")) for item in
+             request.session.items}  # fmt: skip
+    return any((f"{module}.py", test) in names for test in tests)
+
+
 @pytest.fixture(autouse=True)
 def local_cache(cache_dir, monkeypatch):
     """This machine's cache (what a received run folder uses in place of its sender's) is the session's."""

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FP32, ROOT, run_cli
+from conftest import FP32, ROOT, cli, run_cli, selected
 from omegaconf import OmegaConf
 
 from wandistiller.core.distributed import Topology
@@ -56,17 +57,13 @@ def test_ddp_gradients_are_equal_across_ranks_after_a_step(two_ranks):
     assert [r["_ddp_check"] for r in two_ranks] == [[True, True], [True, True]]
 
 
+def _args(run_dir, cache_dir, *extra) -> list[str]:
+    return [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.progress_bar=false",
+            "trainer.eval_at_end=false", "precision=fp32", *extra]  # fmt: skip
+
+
 def _cli(run_dir, cache_dir, *extra, env=None):
-    return run_cli(
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={cache_dir}",
-        "logger=none",
-        "trainer.progress_bar=false",
-        "trainer.eval_at_end=false",
-        "precision=fp32",
-        *extra,
-        env=env,
-    )
+    return run_cli(*_args(run_dir, cache_dir, *extra), env=env)
 
 
 def steps(run_dir):
@@ -77,17 +74,38 @@ TRAINS = ["distributed.nproc_per_node=2", "trainer.max_steps=25", "student.init=
           "trainer.warmup_steps=0", "trainer.sample_prompts=2", "trainer.sample_steps=2"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def failed_then_resumed(tmp_path_factory, cache_dir, tiny_path) -> dict:
+def _fail_then_resume(run_dir, aside, cache_dir, env: dict) -> dict:
     """One 2-rank job whose rank 1 fails at step 2, then its resume to the end (25 steps): the failure's
-    report, the checkpoint it left, and a finished 2-rank run, for three tests (two CLI jobs, not four)."""
-    run_dir = tmp_path_factory.mktemp("two_rank_job") / "r"
+    report, a copy of the checkpoint it left, and a finished 2-rank run, for two tests (two CLI jobs, not four)."""
+
+    def train(*extra, env=env):  # in the environment copied when the job started, whole
+        args = cli(*_args(run_dir, cache_dir, *TRAINS, *extra))
+        return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
     start = time.time()
-    failed = _cli(run_dir, cache_dir, *TRAINS, "trainer.checkpoint_every=1", env={"WANDISTILLER_INJECT_FAILURE": "1:2"})
+    failed = train("trainer.checkpoint_every=1", env=env | {"WANDISTILLER_INJECT_FAILURE": "1:2"})
     took = time.time() - start
-    left = load_checkpoint(run_dir / "checkpoints" / "step_00000002")["step"]  # read now: the resume prunes it
-    resumed = _cli(run_dir, cache_dir, *TRAINS, "trainer.resume=auto")
-    return {"run_dir": run_dir, "failed": failed, "took": took, "left_step": left, "resumed": resumed}
+    shutil.copytree(run_dir / "checkpoints" / "step_00000002", aside / "step_00000002")  # the resume prunes it
+    resumed = train("trainer.resume=auto")
+    return {"run_dir": run_dir, "failed": failed, "took": took, "left": aside / "step_00000002", "resumed": resumed}
+
+
+def start_jobs(request, pool) -> dict:
+    """This module's long job, started with the session (conftest.session_jobs) when a test that reads it runs."""
+    readers = ("test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume",
+               "test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder")  # fmt: skip
+    if not selected(request, __name__, *readers):
+        return {}
+    cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
+    request.getfixturevalue("tiny_path")
+    run_dir, aside = factory.mktemp("two_rank_job") / "r", factory.mktemp("two_rank_job_checkpoint")
+    env = dict(os.environ) | {"WANDISTILLER_CACHE": str(cache_dir)}  # now: a test's monkeypatching never leaks in
+    return {"two_rank_job": pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)}
+
+
+@pytest.fixture(scope="module")
+def failed_then_resumed(session_jobs) -> dict:
+    return session_jobs["two_rank_job"].result()
 
 
 def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume(failed_then_resumed):
@@ -95,7 +113,7 @@ def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_
     assert failed.returncode != 0 and failed_then_resumed["took"] < 90
     assert "worker rank 1 failed" in failed.stderr and "injected failure at step 2" in failed.stdout + failed.stderr
     # The checkpoints written before the failure are complete, load, and a 2-rank resume finishes from them.
-    assert failed_then_resumed["left_step"] == 2
+    assert load_checkpoint(failed_then_resumed["left"])["step"] == 2
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((failed_then_resumed["run_dir"] / "metrics.json").read_text())
     assert summary["final_step"] == 25 and summary["steps_this_segment"] == 23
