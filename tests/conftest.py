@@ -126,14 +126,20 @@ def fresh_runs(request, commands: dict[str, tuple]) -> dict[str, Future]:
     wanted = {item.originalname for item in request.session.items if item.module is request.module}
     pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="fresh-run")
     request.addfinalizer(pool.shutdown)  # the module's end waits for every one: none is left running
+    here = session_env(request)
     started = {}
     for key, (test, argv, *env) in commands.items():
         if test in wanted:
             started[key] = pool.submit(
-                subprocess.run, argv, capture_output=True, text=True, cwd=ROOT,
-                env={**os.environ, **(env[0] if env else {})}, timeout=600,
+                subprocess.run, argv, capture_output=True, text=True, cwd=ROOT, env=here | (env[0] if env else {}),
+                timeout=600,
             )  # fmt: skip
     return started
+
+
+def session_env(request) -> dict:
+    """This environment now, with the session's cache as this machine's (what `local_cache` sets per test)."""
+    return dict(os.environ) | {"WANDISTILLER_CACHE": str(request.getfixturevalue("cache_dir"))}
 
 
 def cli(*args: str, module: str = "wandistiller.train") -> list[str]:

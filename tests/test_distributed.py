@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FP32, ROOT, cli, run_cli, selected
+from conftest import FP32, ROOT, cli, run_cli, selected, session_env
 from omegaconf import OmegaConf
 
 from wandistiller.core.distributed import Topology
@@ -99,7 +99,7 @@ def start_jobs(request, pool) -> dict:
     cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
     request.getfixturevalue("tiny_path")
     run_dir, aside = factory.mktemp("two_rank_job") / "r", factory.mktemp("two_rank_job_checkpoint")
-    env = dict(os.environ) | {"WANDISTILLER_CACHE": str(cache_dir)}  # now: a test's monkeypatching never leaks in
+    env = session_env(request)  # copied now: a test's monkeypatching never leaks in
     return {"two_rank_job": pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)}
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, cli, selected
+from conftest import ROOT, cli, selected, session_env
 
 from wandistiller.core.errors import UserError
 from wandistiller.recipe.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
@@ -96,7 +95,7 @@ def start_jobs(request, pool) -> dict:
     request.getfixturevalue("tiny_path")
     run_dir = factory.mktemp("task_loss_two_ranks") / "r"
     args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *TASK_ON_TWO_RANKS)
-    env = dict(os.environ) | {"WANDISTILLER_CACHE": str(cache_dir)}  # now: a test's monkeypatching never leaks in
+    env = session_env(request)  # copied now: a test's monkeypatching never leaks in
     return {"task_loss_two_ranks": pool.submit(_train, run_dir, args, env)}
 
 
