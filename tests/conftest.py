@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,35 @@ register_configs()
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
+
+
+# Test modules whose long multi-process jobs start when the session starts (see `session_jobs`).
+SESSION_JOBS = ["test_distributed", "test_losses"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_jobs(request) -> dict[str, Future]:
+    """Long multi-process jobs, started in the background as the session starts, that a module's tests wait
+    for: they overlap the in-process tests (one pytest thread, one core) instead of holding that thread.
+
+    Each module in SESSION_JOBS has `start_jobs(request, pool) -> {key: Future}`, which starts only what
+    the selected tests read and copies the environment when it starts them.
+    """
+    import importlib
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="session-job")
+    request.addfinalizer(pool.shutdown)  # the session's end waits for every one: none is left running
+    started = {}
+    for module in SESSION_JOBS:
+        started |= importlib.import_module(module).start_jobs(request, pool)
+    return started
+
+
+def selected(request, module: str, *tests: str) -> bool:
+    """Whether any of these tests of `module` is in this session's selection."""
+    names = {(getattr(item.getparent(pytest.Module), "name", ""), getattr(item, "originalname", "")) for item in
+             request.session.items}  # fmt: skip
+    return any((f"{module}.py", test) in names for test in tests)
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +114,39 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
     )
 
 
+def fresh_runs(request, commands: dict[str, tuple]) -> dict[str, Future]:
+    """A module's fresh-process commands, all started at once in the background, as many together as this
+    machine has cores: a test reads its own with `.result()` and asserts on it as if it had run it alone.
+
+    Each is still its own process, as a user runs it; they overlap each other (and the module's in-process
+    tests) instead of queueing, since each is one mostly single-threaded interpreter starting up.
+    `commands` maps a key to (the test that reads it, argv[, extra environment]); only the selected tests'
+    commands start. The environment is copied now, so a test's later monkeypatching never leaks into them.
+    """
+    wanted = {item.originalname for item in request.session.items if item.module is request.module}
+    pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="fresh-run")
+    request.addfinalizer(pool.shutdown)  # the module's end waits for every one: none is left running
+    here = session_env(request)
+    started = {}
+    for key, (test, argv, *env) in commands.items():
+        if test in wanted:
+            started[key] = pool.submit(
+                subprocess.run, argv, capture_output=True, text=True, cwd=ROOT, env=here | (env[0] if env else {}),
+                timeout=600,
+            )  # fmt: skip
+    return started
+
+
+def session_env(request) -> dict:
+    """This environment now, with the session's cache as this machine's (what `local_cache` sets per test)."""
+    return dict(os.environ) | {"WANDISTILLER_CACHE": str(request.getfixturevalue("cache_dir"))}
+
+
+def cli(*args: str, module: str = "wandistiller.train") -> list[str]:
+    """The argv of `python -m MODULE ARGS` (what `run_cli` runs), for `fresh_runs`."""
+    return [sys.executable, "-m", module, *args]
+
+
 def spawn(fn, nproc: int, *args):
     """Run `fn(*args)` in `nproc` fresh processes joined in one gloo group (torch's elastic launcher)."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -100,6 +163,46 @@ def spawn(fn, nproc: int, *args):
         start_method="spawn",
     )
     return elastic_launch(config, fn)(*args)
+
+
+# Every default-lane check that needs two ranks, by (test module, function): each is called as
+# function(paths) on both ranks of one launch (`two_ranks`), in this order, a barrier after each.
+TWO_RANK_CHECKS = [
+    ("test_distributed", "_listening_check"),
+    ("test_distributed", "_ddp_check"),
+    ("test_distributed", "_sharded_check"),
+    ("test_targets", "_served_targets_check"),
+    ("test_stopping", "_agree_check"),
+]
+
+
+def _two_rank_checks(paths: dict) -> dict:
+    import importlib
+
+    import torch.distributed as dist
+
+    from wandistiller.core.distributed import Topology, destroy_process_group, init_process_group
+
+    init_process_group(Topology.from_env(), 1.0)  # a check that fails on one rank ends the others' wait in 1 min
+    found = {}
+    for module, name in TWO_RANK_CHECKS:
+        found[name] = getattr(importlib.import_module(module), name)(paths)
+        dist.barrier()
+    destroy_process_group()
+    return found
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tiny_path, tiny_moe_path, cache_dir) -> list[dict]:
+    """Each rank's results of every TWO_RANK_CHECKS function, from one launch of two workers (the launcher
+    a run uses) that the tests of several modules read: each spawn costs two fresh processes' imports."""
+    from omegaconf import OmegaConf
+
+    from wandistiller.core.distributed import launch
+
+    paths = {"tiny": str(tiny_path), "moe": str(tiny_moe_path), "cache": str(cache_dir)}
+    cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
+    return launch(_two_rank_checks, (paths,), cfg)
 
 
 def choose(cfg):

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli, fresh_runs, run_cli
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 
@@ -123,11 +123,20 @@ def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_run
     assert not marker.exists() and json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
 
 
-def test_cli_an_explicit_crafted_pickle_is_one_error_line(tmp_path, cache_dir):
-    marker = tmp_path / "pwned"
-    crafted_checkpoint(tmp_path / "evil", marker)
-    common = [f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s"]
-    result = run_cli(*common, f"trainer.resume={tmp_path}/evil")
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir):
+    """This module's default-lane command-line run (a fresh process) and its folder, started with the module."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    crafted_checkpoint(tmp_path / "evil", tmp_path / "pwned")
+    args = cli(
+        f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s", f"trainer.resume={tmp_path}/evil"
+    )
+    return tmp_path, fresh_runs(request, {"evil": ("test_cli_an_explicit_crafted_pickle_is_one_error_line", args)})
+
+
+def test_cli_an_explicit_crafted_pickle_is_one_error_line(clis):
+    tmp_path, runs = clis
+    marker, result = tmp_path / "pwned", runs["evil"].result()
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
     assert errors[0].startswith("error: trainer.resume=") and not marker.exists()
@@ -262,7 +271,26 @@ def test_every_torch_load_in_the_package_is_weights_only():
                 flags = {k.arg: k.value for k in node.keywords}
                 assert isinstance(flags.get("weights_only"), ast.Constant), source
                 assert flags["weights_only"].value is True, source
-    assert calls >= 2  # data.py's embedding cache and legacy.py's converter
+    assert calls >= 4  # the embeddings cache and its parts, the teacher-latent chunks, the legacy converter
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_every_file_the_package_unpickles_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    """What the weights_only flags above are for, by behaviour: each reader of a torch.load file (an
+    embeddings cache, one of its parts, a teacher-latent chunk) treats a crafted one as damaged, and the
+    code it names never runs; without weights_only the same file does run it."""
+    from wandistiller.data.latents import _load_chunk
+    from wandistiller.data.prompts import _cached_embeddings, _load_part
+
+    marker, evil = tmp_path / "pwned", tmp_path / "evil.pt"
+    crafted = {"prompts": ["a"], "embeds": [Marker(str(marker))], "negative": torch.zeros(1, 4)}
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    assert _load_part(evil, ["a"], 8) is None and _load_chunk(evil, 1, None) is None
+    assert _cached_embeddings(evil, ["a"], 8) is None and not evil.exists()  # a damaged cache is removed
+    assert not marker.exists()
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    torch.load(evil, weights_only=False)  # the control: unpickled freely, the crafted file runs `open`
+    assert marker.exists()
 
 
 def test_a_checkpoint_saves_and_loads_with_every_unpickler_forbidden(tmp_path, monkeypatch):

@@ -7,31 +7,46 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, cli, fresh_runs
 
 FAST = ["logger=none", "trainer.sample_prompts=0", "trainer.val_every=0", "trainer.eval_at_end=false",
         "trainer.progress_bar=false", "trainer.max_steps=2"]  # fmt: skip
 
 
-def test_a_run_folder_through_a_file_is_one_line_before_hydra_creates_it(tmp_path, cache_dir):
-    (tmp_path / "afile").write_text("x")
-    result = run_cli(f"hydra.run.dir={tmp_path / 'afile' / 'run'}", f"paths.cache_dir={cache_dir}", *FAST)
+INJECTED = {"WANDISTILLER_INJECT_FAILURE": "0:1", "HYDRA_FULL_ERROR": "0"}
+
+
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir, tiny_path):
+    """This module's command-line runs, started together (each a fresh process), with the folder each uses."""
+    folder = {key: tmp_path_factory.mktemp("cli") for key in ("afile", "bug", "developer")}
+    (folder["afile"] / "afile").write_text("x")
+    bug = "test_a_bug_is_one_line_saying_how_to_report_it_and_its_traceback_is_in_train_log"
+    runs = fresh_runs(request, {
+        "afile": ("test_a_run_folder_through_a_file_is_one_line_before_hydra_creates_it",
+                  cli(f"hydra.run.dir={folder['afile'] / 'afile' / 'run'}", f"paths.cache_dir={cache_dir}", *FAST)),
+        "bug": (bug, cli(f"hydra.run.dir={folder['bug'] / 'r'}", f"paths.cache_dir={cache_dir}", *FAST), INJECTED),
+        "developer": (bug, cli(f"hydra.run.dir={folder['developer'] / 'd'}", f"paths.cache_dir={cache_dir}", *FAST),
+                      INJECTED | {"HYDRA_FULL_ERROR": "1"}),
+    })  # fmt: skip
+    return {key: (started, folder[key]) for key, started in runs.items()}
+
+
+def test_a_run_folder_through_a_file_is_one_line_before_hydra_creates_it(clis):
+    result = clis["afile"][0].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
     assert result.stderr.strip().splitlines()[-1].startswith("error: hydra.run.dir:")
     assert "which is a file" in result.stderr
 
 
-def test_a_bug_is_one_line_saying_how_to_report_it_and_its_traceback_is_in_train_log(tmp_path, cache_dir, tiny_path):
-    run_dir = tmp_path / "r"
-    args = [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *FAST]
-    env = {"WANDISTILLER_INJECT_FAILURE": "0:1", "HYDRA_FULL_ERROR": "0"}
-    result = run_cli(*args, env=env)
+def test_a_bug_is_one_line_saying_how_to_report_it_and_its_traceback_is_in_train_log(clis):
+    (result, folder), developer = clis["bug"], clis["developer"][0]
+    result, developer = result.result(), developer.result()
     assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("internal error: RuntimeError: injected failure at step 1") and "report it" in last
-    assert "Traceback" in (run_dir / "train.log").read_text()
-    developer = run_cli(f"hydra.run.dir={tmp_path / 'd'}", *args[1:], env=env | {"HYDRA_FULL_ERROR": "1"})
-    assert developer.returncode == 1 and "Traceback" in developer.stderr
+    assert "Traceback" in (folder / "r" / "train.log").read_text()
+    assert developer.returncode == 1 and "Traceback" in developer.stderr  # HYDRA_FULL_ERROR=1: the whole story
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CONF, run_cli
+from conftest import CONF, cli, fresh_runs
 from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -84,15 +84,24 @@ def test_schema_defaults_do_not_contradict_the_yaml():
     assert all(OmegaConf.is_missing(data, k) for k in default_yaml)
 
 
-def test_cfg_job_prints_the_composed_tree():
-    result = run_cli("--cfg", "job", "teacher=tiny_moe", "precision=fp32")
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def clis(request):
+    """This module's command-line runs, started together (each a fresh process)."""
+    return fresh_runs(request, {
+        "cfg": ("test_cfg_job_prints_the_composed_tree", cli("--cfg", "job", "teacher=tiny_moe", "precision=fp32")),
+        "unknown": ("test_unknown_option_on_the_command_line_is_one_clear_message", cli("teacher_placement=nowhere")),
+    })  # fmt: skip
+
+
+def test_cfg_job_prints_the_composed_tree(clis):
+    result = clis["cfg"].result()
     assert result.returncode == 0, result.stderr
     tree = OmegaConf.create(result.stdout)
     assert tree.teacher.name == "tiny_moe" and tree.precision.teacher_dtype == "fp32"
     assert tree.teacher_placement._target_ == "wandistiller.placements.cpu.CpuPlacement"
 
 
-def test_unknown_option_on_the_command_line_is_one_clear_message():
-    result = run_cli("teacher_placement=nowhere")
+def test_unknown_option_on_the_command_line_is_one_clear_message(clis):
+    result = clis["unknown"].result()
     assert result.returncode != 0
     assert "teacher_placement" in result.stderr and "Traceback" not in result.stderr + result.stdout

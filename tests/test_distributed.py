@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FP32, ROOT, run_cli, spawn
+from conftest import FP32, ROOT, cli, run_cli, selected, session_env
 from omegaconf import OmegaConf
 
 from wandistiller.core.distributed import Topology
@@ -24,11 +25,11 @@ from wandistiller.student.model import build_student
 from wandistiller.teacher.model import inspect_teacher
 
 
-def _ddp_worker(teacher_path: str) -> list:
+def _ddp_check(paths: dict) -> list:
+    """Each rank's gradients after one DDP step on different data: all equal, none zero (in conftest.two_ranks)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo")
-    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    spec = inspect_teacher(__import__("pathlib").Path(paths["tiny"]))
     torch.manual_seed(0)
     student = build_student(
         spec, **OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
@@ -49,52 +50,86 @@ def _ddp_worker(teacher_path: str) -> list:
     del model
     gc.collect()
     time.sleep(0.2)
-    dist.destroy_process_group()
     return [bool(torch.equal(gathered[0], g)) and bool(g.abs().sum() > 0) for g in gathered]
 
 
-def test_ddp_gradients_are_equal_across_ranks_after_a_step(tiny_path):
-    results = spawn(_ddp_worker, 2, str(tiny_path))
-    assert all(all(flags) for flags in results.values())
+def test_ddp_gradients_are_equal_across_ranks_after_a_step(two_ranks):
+    assert [r["_ddp_check"] for r in two_ranks] == [[True, True], [True, True]]
+
+
+def _args(run_dir, cache_dir, *extra) -> list[str]:
+    return [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.progress_bar=false",
+            "trainer.eval_at_end=false", "precision=fp32", *extra]  # fmt: skip
 
 
 def _cli(run_dir, cache_dir, *extra, env=None):
-    return run_cli(
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={cache_dir}",
-        "logger=none",
-        "trainer.progress_bar=false",
-        "trainer.eval_at_end=false",
-        "precision=fp32",
-        *extra,
-        env=env,
-    )
+    return run_cli(*_args(run_dir, cache_dir, *extra), env=env)
 
 
 def steps(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
 
 
-def test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder(tmp_path, cache_dir, tiny_path):
-    run_dir = tmp_path / "r"
-    result = _cli(
-        run_dir,
-        cache_dir,
-        "distributed.nproc_per_node=2",
-        "trainer.max_steps=25",
-        "student.init=random",
-        "trainer.optimizer.lr=3e-3",
-        "trainer.warmup_steps=0",
-        "trainer.sample_prompts=2",
-        "trainer.sample_steps=2",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+TRAINS = ["distributed.nproc_per_node=2", "trainer.max_steps=25", "student.init=random", "trainer.optimizer.lr=3e-3",
+          "trainer.warmup_steps=0", "trainer.sample_prompts=2", "trainer.sample_steps=2"]  # fmt: skip
+
+
+def _fail_then_resume(run_dir, aside, cache_dir, env: dict) -> dict:
+    """One 2-rank job whose rank 1 fails at step 2, then its resume to the end (25 steps): the failure's
+    report, a copy of the checkpoint it left, and a finished 2-rank run, for two tests (two CLI jobs, not four)."""
+
+    def train(*extra, env=env):  # in the environment copied when the job started, whole
+        args = cli(*_args(run_dir, cache_dir, *TRAINS, *extra))
+        return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+    start = time.time()
+    failed = train("trainer.checkpoint_every=1", env=env | {"WANDISTILLER_INJECT_FAILURE": "1:2"})
+    took = time.time() - start
+    shutil.copytree(run_dir / "checkpoints" / "step_00000002", aside / "step_00000002")  # the resume prunes it
+    resumed = train("trainer.resume=auto")
+    return {"run_dir": run_dir, "failed": failed, "took": took, "left": aside / "step_00000002", "resumed": resumed}
+
+
+def start_jobs(request, pool) -> dict:
+    """This module's long job, started with the session (conftest.session_jobs) when a test that reads it runs."""
+    readers = ("test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume",
+               "test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder")  # fmt: skip
+    if not selected(request, __name__, *readers):
+        return {}
+    cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
+    request.getfixturevalue("tiny_path")
+    run_dir, aside = factory.mktemp("two_rank_job") / "r", factory.mktemp("two_rank_job_checkpoint")
+    env = session_env(request)  # copied now: a test's monkeypatching never leaks in
+    return {"two_rank_job": pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)}
+
+
+@pytest.fixture(scope="module")
+def failed_then_resumed(session_jobs) -> dict:
+    return session_jobs["two_rank_job"].result()
+
+
+def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume(failed_then_resumed):
+    failed, resumed = failed_then_resumed["failed"], failed_then_resumed["resumed"]
+    assert failed.returncode != 0 and failed_then_resumed["took"] < 90
+    assert "worker rank 1 failed" in failed.stderr and "injected failure at step 2" in failed.stdout + failed.stderr
+    # The checkpoints written before the failure are complete, load, and a 2-rank resume finishes from them.
+    assert load_checkpoint(failed_then_resumed["left"])["step"] == 2
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((failed_then_resumed["run_dir"] / "metrics.json").read_text())
+    assert summary["final_step"] == 25 and summary["steps_this_segment"] == 23
+
+
+def test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder(failed_then_resumed):
+    run_dir = failed_then_resumed["run_dir"]
+    assert failed_then_resumed["resumed"].returncode == 0, failed_then_resumed["resumed"].stderr[-3000:]
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 2 and summary["training_ranks"] == 2 and summary["batch_size"] == 8
     assert [r["role"] for r in summary["ranks"]] == ["owner + student", "student"]
-    losses = [s["loss"] for s in steps(run_dir)]
+    rows = steps(run_dir)
+    assert [s["step"] for s in rows] == list(range(1, 26))  # the failed segment's steps, then the resumed ones
+    losses = [s["loss"] for s in rows]
     assert sum(losses[-5:]) < 0.6 * sum(losses[:5])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["r"]
     assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "samples.png").is_file()
 
 
@@ -121,32 +156,31 @@ def test_gpu0_layout_serves_two_students_from_a_dedicated_owner(tmp_path, cache_
     assert (run_dir / "samples.png").is_file()
 
 
-@pytest.mark.parametrize(
-    "kind,expected", [("", "injected failure at step 2"), (":oom", "CUDA out of memory on rank 1")]
-)
-def test_a_failing_rank_ends_the_job_quickly_with_its_error(tmp_path, cache_dir, tiny_path, kind, expected):
+@pytest.mark.slow  # the default lane: the plain failure above, and the report in one process below
+def test_an_out_of_memory_on_one_rank_ends_the_job_with_the_planners_estimates(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "r"
     start = time.time()
-    result = _cli(
-        run_dir,
-        cache_dir,
-        "distributed.nproc_per_node=2",
-        "trainer.max_steps=50",
-        "trainer.checkpoint_every=1",
-        env={"WANDISTILLER_INJECT_FAILURE": f"1:2{kind}"},
-    )
+    result = _cli(run_dir, cache_dir, "distributed.nproc_per_node=2", "trainer.max_steps=50",
+                  "trainer.checkpoint_every=1", env={"WANDISTILLER_INJECT_FAILURE": "1:2:oom"})  # fmt: skip
     assert result.returncode != 0 and time.time() - start < 90
-    assert "worker rank 1 failed" in result.stderr and expected in result.stdout + result.stderr
-    if kind:
-        assert "planner's estimates" in result.stdout + result.stderr
-    # The checkpoints written before the failure are complete and load; how the job failed does not change
-    # what it wrote, so one 2-rank resume (the plain failure's) stands for both.
+    assert "worker rank 1 failed" in result.stderr and "CUDA out of memory on rank 1" in result.stdout + result.stderr
+    assert "planner's estimates" in result.stdout + result.stderr
     assert load_checkpoint(run_dir / "checkpoints" / "step_00000002")["step"] == 2
-    if kind:
-        return
-    again = _cli(run_dir, cache_dir, "distributed.nproc_per_node=2", "trainer.max_steps=4", "trainer.resume=auto")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
+
+
+def test_an_out_of_memory_is_one_report_with_the_planners_estimates_and_keeps_the_checkpoints(
+    make_cfg, tmp_path, monkeypatch
+):
+    from wandistiller.core.errors import UserError
+    from wandistiller.train import run
+
+    monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "0:2:oom")
+    with pytest.raises(UserError) as e:
+        run(make_cfg("trainer.max_steps=5", "trainer.checkpoint_every=1", run_dir=tmp_path / "r"))
+    report = str(e.value)
+    assert report.startswith("CUDA out of memory on rank 0: injected out-of-memory at step 2\n")
+    assert "planner's estimates for this teacher and hardware:" in report and "try: a placement" in report
+    assert load_checkpoint(tmp_path / "r" / "checkpoints" / "step_00000002")["step"] == 2
 
 
 @pytest.mark.slow
@@ -236,12 +270,12 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
     assert (folders[0] / "train.log").is_file() and (folders[0] / "train_rank1.log").is_file()
 
 
-def _sharded_worker(teacher_path: str) -> bool:
+def _sharded_check(paths: dict) -> bool:
+    """A sharded teacher's targets equal a local teacher's, bit for bit, and each rank holds a shard."""
     from wandistiller.placements.sharded import ShardedPlacement
 
-    dist.init_process_group("gloo")
     topo = Topology.from_env()
-    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    spec = inspect_teacher(__import__("pathlib").Path(paths["moe"]))
     teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
     sharded = ShardedPlacement().load(spec, teacher_cfg, FP32, topo)
     local = CpuPlacement().load(spec, teacher_cfg, FP32, topo)
@@ -256,12 +290,11 @@ def _sharded_worker(teacher_path: str) -> bool:
         ok &= bool(torch.equal(got, want) and torch.equal(got_hidden, want_hidden))
     shard_params = sum(p.to_local().numel() for p in sharded.experts[0].blocks.parameters())
     ok &= shard_params < sum(p.numel() for p in local.experts[0].blocks.parameters())
-    dist.destroy_process_group()
     return ok
 
 
-def test_a_sharded_teacher_gives_local_targets_bit_for_bit_and_holds_a_shard(tiny_moe_path):
-    assert all(spawn(_sharded_worker, 2, str(tiny_moe_path)).values())
+def test_a_sharded_teacher_gives_local_targets_bit_for_bit_and_holds_a_shard(two_ranks):
+    assert [r["_sharded_check"] for r in two_ranks] == [True, True]
 
 
 @pytest.mark.slow
@@ -311,26 +344,18 @@ def _listening(pids: set[int]) -> set[str]:
     return found
 
 
-def _listening_worker() -> list:
-    from wandistiller.core.distributed import destroy_process_group, init_process_group
-
-    init_process_group(Topology.from_env(), 1.0)
+def _listening_check(paths: dict) -> dict:
+    """An all-reduce's sum, and the addresses this rank and its launcher listen on (in conftest.two_ranks)."""
     t = torch.ones(1)
     dist.all_reduce(t)
-    addresses = _listening({os.getpid(), os.getppid()})
-    dist.barrier()
-    destroy_process_group()
-    return [t.item(), sorted(addresses)]
+    return {"sum": t.item(), "listening": sorted(_listening({os.getpid(), os.getppid()}))}
 
 
-def test_a_single_node_launch_listens_on_the_loopback_only():
+def test_a_single_node_launch_listens_on_the_loopback_only(two_ranks):
     """The rendezvous, the workers' store and gloo: nothing a single-node run opens is reachable from
     another machine (torch's own stores bind every interface whatever host they are given)."""
-    from wandistiller.core.distributed import launch
-
-    cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
-    results = launch(_listening_worker, (), cfg)
     loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
-    assert [r[0] for r in results] == [2.0, 2.0]
-    assert all(r[1] and set(r[1]) <= loopback for r in results), results
+    found = [r["_listening_check"] for r in two_ranks]
+    assert [r["sum"] for r in found] == [2.0, 2.0]
+    assert all(r["listening"] and set(r["listening"]) <= loopback for r in found), found
     assert "WANDISTILLER_LOOPBACK_STORE" not in os.environ  # the environment is restored

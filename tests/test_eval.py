@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import cli as command_line
+from conftest import fresh_runs
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -94,12 +94,20 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, make_cfg, case
         assert e.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
-def test_the_cli_has_help_and_no_traceback(tmp_path):
-    help_ = subprocess.run([sys.executable, "-m", "wandistiller.eval", "--help"], capture_output=True, text=True)
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory):
+    """This module's command-line runs (fresh processes), started together with the module."""
+    test, empty = "test_the_cli_has_help_and_no_traceback", str(tmp_path_factory.mktemp("cli"))
+    return fresh_runs(request, {
+        "help": (test, command_line("--help", module="wandistiller.eval")),
+        "bad": (test, command_line(empty, "--prompt", "x", module="wandistiller.generate")),
+    })  # fmt: skip
+
+
+def test_the_cli_has_help_and_no_traceback(clis):
+    help_ = clis["help"].result()
     assert help_.returncode == 0 and "--checkpoint" in help_.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "wandistiller.generate", str(tmp_path), "--prompt", "x"], capture_output=True, text=True
-    )
+    bad = clis["bad"].result()
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 

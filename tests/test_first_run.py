@@ -7,11 +7,37 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli, fresh_runs
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision, cast_keeping_fp32
 from wandistiller.train import run
+
+MISTAKES = [
+    ("trainer.bacth_size=2", "Key 'bacth_size' not in 'TrainerConfig'; check its spelling"),
+    ("teacher_placement=cpuu", "Could not find 'teacher_placement/cpuu'"),
+    ("student.init=teachr", "Invalid value 'teachr'"),
+]
+SLURM = bool(shutil.which("sbatch"))  # a Slurm machine: the sweep would be submitted
+
+
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def clis(request, tmp_path_factory):
+    """This module's command-line runs, started together (each a fresh process), each with its own folder."""
+    folder = {key: tmp_path_factory.mktemp("cli") for key in ("plain", "sweep", "slurm", *dict(MISTAKES))}
+    plain = cli(f"hydra.run.dir={folder['plain'] / 'run'}", "trainer.max_steps=2", "logger=none", "debug=fast")
+    sweep = cli("-m", f"hydra.sweep.dir={folder['sweep'] / 'sweep'}", "teacher_placement=cpu,gpuu")
+    on_slurm = f"hydra.sweep.dir={folder['slurm'] / 's'}"
+    slurm = cli("-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", on_slurm, "teacher_placement=gpu,gpu0")
+    commands = {
+        "plain": ("test_the_cli_run_has_no_float32_warning_and_ends_with_done", plain),
+        "sweep": ("test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs", sweep),
+        "slurm": ("" if SLURM else "test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder", slurm),
+    }
+    for override in dict(MISTAKES):
+        commands[override] = ("test_hydras_own_mistakes_are_one_line_with_exit_code_2",
+                              cli(f"hydra.run.dir={folder[override] / 'run'}", override))  # fmt: skip
+    return {key: (started, folder[key]) for key, started in fresh_runs(request, commands).items()}
 
 
 def test_a_short_run_is_quiet_leaves_loss_png_and_resume_auto_says_where_it_looked(make_cfg, tmp_path, caplog):
@@ -53,39 +79,33 @@ def test_casting_keeps_wans_fp32_modules_and_says_nothing(tmp_path, capfd):
     assert "float32" not in capfd.readouterr().err
 
 
-def test_the_cli_run_has_no_float32_warning_and_ends_with_done(tmp_path):
-    result = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_steps=2", "logger=none", "debug=fast")
+def test_the_cli_run_has_no_float32_warning_and_ends_with_done(clis):
+    result = clis["plain"][0].result()
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-2000:]
     assert "should be kept in float32" not in out and "outputs in" in out.splitlines()[-1]
 
 
-@pytest.mark.parametrize(
-    "override,words",
-    [
-        ("trainer.bacth_size=2", "Key 'bacth_size' not in 'TrainerConfig'; check its spelling"),
-        ("teacher_placement=cpuu", "Could not find 'teacher_placement/cpuu'"),
-        ("student.init=teachr", "Invalid value 'teachr'"),
-    ],
-)
-def test_hydras_own_mistakes_are_one_line_with_exit_code_2(override, words, tmp_path):
-    result = run_cli(f"hydra.run.dir={tmp_path / 'run'}", override)
+@pytest.mark.parametrize("override,words", MISTAKES)
+def test_hydras_own_mistakes_are_one_line_with_exit_code_2(override, words, clis):
+    future, tmp_path = clis[override]
+    result = future.result()
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and words in result.stderr
     assert "+trainer" not in result.stderr and not (tmp_path / "run").exists()  # no hint that is then refused
 
 
-def test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs(tmp_path):
-    result = run_cli("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "teacher_placement=cpu,gpuu")
+def test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs(clis):
+    future, tmp_path = clis["sweep"]
+    result = future.result()
     assert result.returncode == 2 and "teacher_placement/gpuu" in result.stderr and result.stderr.count("\n") == 1
     assert not (tmp_path / "sweep").exists()
 
 
-def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(tmp_path):
-    if shutil.which("sbatch"):
-        pytest.skip("a Slurm machine: the sweep would be submitted")
-    result = run_cli("-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", f"hydra.sweep.dir={tmp_path / 's'}",
-                     "teacher_placement=gpu,gpu0")  # fmt: skip
+@pytest.mark.skipif(SLURM, reason="a Slurm machine: the sweep would be submitted")
+def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(clis):
+    future, tmp_path = clis["slurm"]
+    result = future.result()
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sbatch" in result.stderr
     assert not (tmp_path / "s").exists()
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import BF16, ROOT, choose, run_cli, workload
+from conftest import BF16, ROOT, choose, cli, fresh_runs, workload
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
@@ -216,9 +216,16 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(make_cfg, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_the_command_line_refuses_fp8_with_an_fp32_teacher_in_one_line(tmp_path, cache_dir):
-    result = run_cli("teacher.quantize=fp8", "precision=fp32", f"paths.cache_dir={cache_dir}", "logger=none",
-                     f"hydra.run.dir={tmp_path / 'r'}")  # fmt: skip
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir):
+    """This module's command-line run (a fresh process), started with the module."""
+    args = cli("teacher.quantize=fp8", "precision=fp32", f"paths.cache_dir={cache_dir}", "logger=none",
+               f"hydra.run.dir={tmp_path_factory.mktemp('cli') / 'r'}")  # fmt: skip
+    return fresh_runs(request, {"fp32": ("test_the_command_line_refuses_fp8_with_an_fp32_teacher_in_one_line", args)})
+
+
+def test_the_command_line_refuses_fp8_with_an_fp32_teacher_in_one_line(clis):
+    result = clis["fp32"].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert lines == [lines[0]] and "use precision=bf16" in lines[0], result.stderr

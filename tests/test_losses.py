@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
+from conftest import ROOT, cli, selected, session_env
 
 from wandistiller.core.errors import UserError
 from wandistiller.recipe.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
@@ -76,17 +78,31 @@ def test_each_loss_option_trains(make_cfg, tmp_path, option, keys):
         assert all(r["teacher_ms"] < 1.0 for r in rows)
 
 
-def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(tmp_path, cache_dir, tiny_path):
+TASK_ON_TWO_RANKS = ["logger=none", "distributed.nproc_per_node=2", "teacher_placement=cpu", "loss=task",
+                     "trainer.max_steps=3", "trainer.sample_prompts=0", "trainer.val_every=0",
+                     "trainer.eval_at_end=false", "trainer.progress_bar=false", "precision=fp32"]  # fmt: skip
+
+
+def _train(run_dir, args: list[str], env: dict):
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600), run_dir
+
+
+def start_jobs(request, pool) -> dict:
+    """The 2-rank run below, started with the session (conftest.session_jobs) when its test is selected."""
+    if not selected(request, __name__, "test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks"):
+        return {}
+    cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
+    request.getfixturevalue("tiny_path")
+    run_dir = factory.mktemp("task_loss_two_ranks") / "r"
+    args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *TASK_ON_TWO_RANKS)
+    env = session_env(request)  # copied now: a test's monkeypatching never leaks in
+    return {"task_loss_two_ranks": pool.submit(_train, run_dir, args, env)}
+
+
+def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(session_jobs):
     # teacher_placement=cpu: rank 0 owns the teacher and sends rank 1 its targets every micro-batch; a task
     # loss must still receive them (RemoteTargets is not skippable), or the ranks would hang.
-    from conftest import run_cli
-
-    run_dir = tmp_path / "r"
-    result = run_cli(
-        f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "distributed.nproc_per_node=2",
-        "loss=task", "trainer.max_steps=3", "trainer.sample_prompts=0", "trainer.val_every=0",
-        "trainer.eval_at_end=false", "trainer.progress_bar=false", "precision=fp32",
-    )  # fmt: skip
+    result, run_dir = session_jobs["task_loss_two_ranks"].result()
     assert result.returncode == 0, result.stderr[-3000:]
     rows = steps(run_dir)
     assert len(rows) == 3 and all("loss_task" in r and "loss_velocity" not in r for r in rows)

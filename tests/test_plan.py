@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, choose, workload
+from conftest import ROOT, choose, cli, fresh_runs, workload
 
 from wandistiller.core.errors import UserError
 from wandistiller.placements import memory
@@ -88,15 +88,30 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_plan_cli_prints_the_table_for_hardware_described_on_paper():
-    result = plan_cli("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def plans(request):
+    """This module's `python -m wandistiller.plan` runs, started together (each a fresh process)."""
+    plan = lambda *args: cli(*args, module="wandistiller.plan")  # noqa: E731
+    return fresh_runs(request, {
+        "8x40": ("test_plan_cli_prints_the_table_for_hardware_described_on_paper",
+                 plan("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])),
+        "missing": ("test_plan_cli_names_a_missing_hardware_key_in_one_line",
+                    plan("teacher=wan2.1_t2v_14b", "hardware.gpus=8")),
+        "headroom": ("test_a_bad_headroom_is_one_line_naming_the_keys", plan("hardware.headroom_fraction=1.5")),
+        "1x80": ("test_the_table_shows_its_error_bar_and_marks_extrapolated_figures",
+                 plan("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"])),
+    })  # fmt: skip
+
+
+def test_plan_cli_prints_the_table_for_hardware_described_on_paper(plans):
+    result = plans["8x40"].result()
     assert result.returncode == 0, result.stderr
     assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
 
 
-def test_plan_cli_names_a_missing_hardware_key_in_one_line():
+def test_plan_cli_names_a_missing_hardware_key_in_one_line(plans):
     # Regression: hardware.gpus without hardware.gpu_memory_gib ended in a TypeError traceback.
-    result = plan_cli("teacher=wan2.1_t2v_14b", "hardware.gpus=8")
+    result = plans["missing"].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
 
@@ -132,14 +147,14 @@ def test_a_named_placement_the_headroom_excludes_is_refused(make_cfg):
         choose(cfg)
 
 
-def test_a_bad_headroom_is_one_line_naming_the_keys():
-    result = plan_cli("hardware.headroom_fraction=1.5")
+def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
+    result = plans["headroom"].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "hardware.headroom_fraction=1.5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures():
-    result = plan_cli("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"])
+def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
+    result = plans["1x80"].result()
     assert result.returncode == 0, result.stderr
     assert f"0 to +{memory.FIT_ERROR_PCT}% over the measured peaks" in result.stdout
     gpu_row = next(line for line in result.stdout.splitlines() if line.startswith("gpu "))

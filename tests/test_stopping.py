@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import ROOT, run_cli, spawn
+from conftest import ROOT, fresh_runs, run_cli
 
 from wandistiller.job.stopping import Stop
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
@@ -84,22 +84,27 @@ SIGNAL_TWICE = textwrap.dedent(
 )
 
 
-def _signal_self(name: str, twice: bool) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-c", SIGNAL_TWICE, name] + (["twice"] if twice else [])
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def signalled(request):
+    """Two fresh processes that signal themselves (SIGINT once, SIGTERM twice), started together."""
+    test = "test_ctrl_c_once_is_a_request_and_twice_exits_at_once"
+    return fresh_runs(request, {
+        "once": (test, [sys.executable, "-c", SIGNAL_TWICE, "SIGINT"]),
+        "twice": (test, [sys.executable, "-c", SIGNAL_TWICE, "SIGTERM", "twice"]),
+    })  # fmt: skip
 
 
-def test_ctrl_c_once_is_a_request_and_twice_exits_at_once():
-    once = _signal_self("SIGINT", twice=False)
+def test_ctrl_c_once_is_a_request_and_twice_exits_at_once(signalled):
+    once = signalled["once"].result()
     assert once.returncode == 0 and "requested True" in once.stdout and "after the echo" in once.stdout
     assert "SIGINT: stopping after this step" in once.stderr
-    twice = _signal_self("SIGTERM", twice=True)
+    twice = signalled["twice"].result()
     assert twice.returncode == -signal.SIGTERM and "still alive" not in twice.stdout
     assert "SIGTERM again: exiting now" in twice.stderr
 
 
-def _agree_worker() -> tuple[bool, bool]:
-    dist.init_process_group("gloo")
+def _agree_check(paths: dict) -> tuple[bool, bool]:
+    """Whether a stop is requested, asked of every rank before and after rank 1 gets SIGTERM (in conftest.two_ranks)."""
     stop = Stop().install()
     before = stop.requested(dist.group.WORLD)
     if dist.get_rank() == 1:
@@ -107,12 +112,11 @@ def _agree_worker() -> tuple[bool, bool]:
         time.sleep(0.2)
     after = stop.requested(dist.group.WORLD)
     stop.restore()
-    dist.destroy_process_group()
     return before, after
 
 
-def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled():
-    assert spawn(_agree_worker, 2) == {0: (False, True), 1: (False, True)}
+def test_every_training_rank_stops_at_the_same_step_when_one_is_signalled(two_ranks):
+    assert [r["_agree_check"] for r in two_ranks] == [(False, True), (False, True)]
 
 
 @pytest.mark.slow  # two CPU workers: ~60 s here

@@ -94,9 +94,8 @@ def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
         torch.testing.assert_close(together[i : i + 1], alone, rtol=1e-5, atol=1e-5)
 
 
-def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> dict:
+def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
     """Each training rank checks the targets it is served against a teacher of its own."""
-    dist.init_process_group("gloo")
     topo = Topology.from_env()
     roles = roles_for(serving, topo)
     spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
@@ -123,16 +122,28 @@ def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> d
                 checked += 1
         provider.finish()
     dist.barrier()
-    dist.destroy_process_group()
     return {"rank": topo.rank, "checked": checked, "trains": roles.trains}
 
 
-@pytest.mark.parametrize(
-    "serving,nproc",
-    [("node_owner", 2), pytest.param("dedicated_owner", 3, marks=pytest.mark.slow)],  # 3 ranks: the slow lane
-)
-def test_served_targets_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir, serving, nproc):
-    results = spawn(_served_targets_worker, nproc, str(tiny_moe_path), str(cache_dir), serving)
+def _served_targets_check(paths: dict) -> dict:
+    """Two ranks, the first also owning the node's teacher (in conftest.two_ranks)."""
+    return _served_targets(paths["moe"], paths["cache"], "node_owner")
+
+
+def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> dict:
+    dist.init_process_group("gloo")
+    found = _served_targets(teacher_path, cache_dir, serving)
+    dist.destroy_process_group()
+    return found
+
+
+def test_served_targets_are_bitwise_equal_to_a_local_teachers_on_two_ranks(two_ranks):
+    results = [r["_served_targets_check"] for r in two_ranks]
+    assert [r["trains"] for r in results] == [True, True] and [r["checked"] for r in results] == [6, 6]
+
+
+@pytest.mark.slow  # 3 ranks
+def test_served_targets_from_a_dedicated_owner_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir):
+    results = spawn(_served_targets_worker, 3, str(tiny_moe_path), str(cache_dir), "dedicated_owner")
     trained = [r for r in results.values() if r["trains"]]
-    assert len(trained) == (nproc if serving == "node_owner" else nproc - 1)
-    assert all(r["checked"] == 6 for r in trained)
+    assert len(trained) == 2 and all(r["checked"] == 6 for r in trained)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli, fresh_runs, run_cli
 from diffusers import WanTransformer3DModel
 from hydra.utils import instantiate
 
@@ -152,10 +152,16 @@ def test_gpu_only_choices_are_refused_on_a_cpu_machine(make_cfg, tmp_path, overr
         run(make_cfg(override, run_dir=tmp_path / "r"))
 
 
-def test_cli_bad_input_is_one_line_and_a_non_zero_exit(tmp_path, cache_dir, tiny_path):
-    result = run_cli(
-        f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "trainer.batch_size=0", "logger=none"
-    )
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir, tiny_path):
+    """This module's default-lane command-line run (a fresh process), started with the module."""
+    folder = tmp_path_factory.mktemp("cli")
+    args = cli(f"hydra.run.dir={folder / 'r'}", f"paths.cache_dir={cache_dir}", "trainer.batch_size=0", "logger=none")
+    return fresh_runs(request, {"bad": ("test_cli_bad_input_is_one_line_and_a_non_zero_exit", args)})
+
+
+def test_cli_bad_input_is_one_line_and_a_non_zero_exit(clis):
+    result = clis["bad"].result()
     assert result.returncode == 2
     assert result.stderr.strip() == "error: trainer.batch_size=0 must be a positive integer"
     assert "Traceback" not in result.stdout
