@@ -54,8 +54,9 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
     from wandistiller.train import run
 
     cfg = compose_config([
-        f"teacher={settings.teacher}", f"student={settings.student}", f"seed={seed}", f"trainer.max_steps={settings.max_steps}",
-        f"trainer.batch_size={settings.batch_size}", "trainer.val_every=0", "trainer.eval_at_end=false",
+        f"teacher={settings.teacher}", f"student={settings.student}", f"seed={seed}",
+        f"trainer.max_steps={settings.max_steps}", f"trainer.batch_size={settings.batch_size}", "trainer.val_every=0",
+        "trainer.eval_at_end=false",
         "trainer.progress_bar=false", "trainer.sample_every=0", f"trainer.checkpoint_every={settings.max_steps}",
         "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}", *overrides, *settings.extra,
     ])  # fmt: skip
