@@ -13,6 +13,11 @@ from wandistiller.pocket import MOE_TEACHER_DIR, TEACHER_DIR
 from wandistiller.pocket.digits import PROMPTS, parse_prompt
 from wandistiller.train import run
 
+# Issue 17's target for the teacher's guided samples (20 UniPC steps, CFG 3 as teacher/pocket.yaml, seed 0).
+# The shipped build draws 39 and 40 of the 40 prompts right (pocket, pocket_moe; docs/QUALITY.md), so another
+# torch build's float differences have 3 images of margin.
+PROMPT_ACCURACY_FLOOR = 0.9
+
 
 def pipeline(folder):
     from diffusers import WanPipeline
@@ -25,7 +30,7 @@ def pipeline(folder):
 def guided(pipe, prompts, steps, seed=0):
     """[N, 3, 32, 32] in [0, 1], as a user of WanPipeline makes them (the pocket's 16-token padding)."""
     out = pipe(prompt=prompts, negative_prompt="", height=32, width=32, num_frames=1, num_inference_steps=steps,
-               guidance_scale=4.0, max_sequence_length=16, output_type="pt",
+               guidance_scale=3.0, max_sequence_length=16, output_type="pt",
                generator=torch.Generator().manual_seed(seed)).frames  # fmt: skip
     return out[:, 0]
 
@@ -52,13 +57,10 @@ def test_guided_samples_show_what_was_asked(folder):
     from wandistiller.quality.metrics import prompt_accuracy
 
     images = guided(pipeline(folder), PROMPTS, steps=20)
-    wanted = torch.tensor([[a.digit, a.colour, a.position] for a in map(parse_prompt, PROMPTS)])
+    wanted = torch.tensor([parse_prompt(p).labels for p in PROMPTS])
     scores = prompt_accuracy(load_classifier().predict(images), wanted)
-    assert scores["colour_accuracy"] >= 0.95 and scores["position_accuracy"] >= 0.95
-    # Issue 17 asks >= 90% with every attribute right; the shipped build reaches 15-22% because the digit is
-    # drawn in 2x2 tokens and is hardly recognisable (docs/QUALITY.md). This guards the digit's being above
-    # chance (10%) until a rebuild reaches the target, which should then replace it.
-    assert scores["digit_accuracy"] >= 0.13 and scores["prompt_accuracy"] >= 0.13
+    assert scores["colour_accuracy"] >= 0.95
+    assert scores["prompt_accuracy"] >= PROMPT_ACCURACY_FLOOR
 
 
 @pytest.mark.slow
@@ -72,16 +74,18 @@ def test_the_comparison_command_runs_small(tmp_path, cache_dir):
         assert row in text
 
 
-def test_rendered_digits_are_where_and_what_colour_the_prompt_says():
+def test_rendered_digits_are_the_colour_the_prompt_says_and_fill_the_canvas():
     from wandistiller.pocket.digits import COLOURS, rendered_split
 
-    images, _, colour, position, prompts = rendered_split("heldout", copies=1, seed=3)
-    half = images.shape[-1] // 2
-    left, right = images[..., :half].sum((1, 2, 3)), images[..., half:].sum((1, 2, 3))
-    assert torch.equal(position == 1, right > left)  # the ink is in the asked half
-    assert torch.equal(images.sum((2, 3)).argmax(1), torch.tensor([0, 1, 2])[colour])  # red, green, blue lead
-    assert all(parse_prompt(p) is not None for p in prompts) and len(COLOURS) == 3
-    assert parse_prompt("a  Red 3 on the left").digit == 3 and parse_prompt("a fox") is None
+    images, labels, prompts = rendered_split("heldout", copies=1, seed=3)
+    ink = images.sum(1) > 0.2
+    rows, cols = ink.any(2).float(), ink.any(1).float()  # [N, 32]: where each image has ink
+    assert rows.sum(1).float().mean() >= 20 and cols.sum(1).float().mean() >= 14  # digits span the canvas
+    tint = torch.tensor(list(COLOURS.values()))[labels[:, 1]]  # [N, 3]
+    mean = images.sum((2, 3)) / images.sum((1, 2, 3)).clamp_min(1e-6)[:, None]  # each channel's share of ink
+    assert torch.allclose(mean, tint / tint.sum(1, keepdim=True), atol=1e-4)  # exactly the asked tint
+    assert [parse_prompt(p).labels for p in prompts] == [tuple(x) for x in labels.tolist()]
+    assert parse_prompt("a  Red 3").labels == (3, 0) and parse_prompt("a fox") is None
 
 
 @pytest.mark.slow

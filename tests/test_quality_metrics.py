@@ -20,11 +20,10 @@ class FirstPixels(nn.Module):
 
 
 def test_prompt_accuracy_counts_only_images_with_every_attribute_right():
-    wanted = torch.tensor([[3, 0, 1], [7, 2, 0], [1, 1, 1], [0, 0, 0]])
-    predicted = torch.tensor([[3, 0, 1], [7, 2, 1], [1, 0, 1], [0, 0, 0]])
+    wanted = torch.tensor([[3, 0], [7, 2], [1, 1], [0, 0]])
+    predicted = torch.tensor([[3, 0], [5, 2], [1, 0], [0, 0]])
     scores = prompt_accuracy(predicted, wanted)
-    assert scores["prompt_accuracy"] == 0.5
-    assert scores["digit_accuracy"] == 1.0 and scores["colour_accuracy"] == 0.75 and scores["position_accuracy"] == 0.75
+    assert scores == {"prompt_accuracy": 0.5, "digit_accuracy": 0.75, "colour_accuracy": 0.75}
 
 
 def test_fid_is_zero_for_the_same_set_and_the_squared_mean_shift_for_a_shifted_one():
@@ -41,9 +40,9 @@ def test_the_pocket_judge_reads_held_out_real_digits():
     from wandistiller.pocket.classifier import load_classifier
     from wandistiller.pocket.digits import rendered_split
 
-    images, digit, colour, position, _ = rendered_split("heldout", copies=1, seed=7)
-    scores = prompt_accuracy(load_classifier().predict(images), torch.stack([digit, colour, position], 1))
-    assert scores["colour_accuracy"] == 1.0 and scores["position_accuracy"] == 1.0
+    images, labels, _ = rendered_split("heldout", copies=1, seed=7)
+    scores = prompt_accuracy(load_classifier().predict(images), labels)
+    assert scores["colour_accuracy"] == 1.0
     assert scores["prompt_accuracy"] >= 0.9  # the digits are real handwriting the judge never saw
 
 

@@ -26,8 +26,9 @@ NEEDS = [
     ("hf download", "network"),
     ("pip install", "network"),
     ("gpu_wheels.sh", "network"),  # downloads the wheels the GPU machine lacks
-    ("wandistiller.pocket.build", "long"),  # 20 min; its --quick build runs in test_pocket (slow lane)
-    ("wandistiller.quality", "long"),  # 12 min; its small scale runs in test_pocket (slow lane)
+    ("wandistiller.pocket.build", "long"),  # 17 min; its --quick build runs in test_pocket (slow lane)
+    ("wandistiller.quality", "long"),  # 35 min; its small scale runs in test_pocket (slow lane)
+    ("student=half data=pocket_digits trainer.max_steps=1000", "long"),  # 3 min; the comparison's rows, small
     ("hydra/launcher=slurm", "cluster"),
     ("mypkg.", "your package"),
     ("--device cuda", "gpu"),

@@ -27,6 +27,18 @@ def test_named_students_inherit_what_must_match_the_teacher(tiny_path):
     assert config["num_attention_heads"] * config["attention_head_dim"] == 1536
 
 
+def test_the_half_student_has_the_teachers_widths_at_half_its_blocks_and_starts_from_them(tiny_path):
+    from wandistiller.student.model import WIDTHS, starts_from_teacher
+
+    teacher = inspect_teacher(tiny_path).transformer_config
+    config = student_config(scfg(builder="half", init="auto"), teacher)
+    assert config["num_layers"] == teacher["num_layers"] // 2 == 2
+    assert all(config[k] == teacher[k] for k in WIDTHS if k in teacher)
+    assert starts_from_teacher(scfg(builder="half", init="auto"), config, teacher)
+    with pytest.raises(UserError, match="use one of tiny, small, base, half"):
+        student_config(scfg(builder="halve"), teacher)
+
+
 def test_student_from_a_diffusers_config_json(tmp_path, tiny_path):
     path = tmp_path / "student_config.json"
     path.write_text(

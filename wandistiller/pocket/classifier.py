@@ -1,7 +1,7 @@
-"""The pocket judge: a small CNN that reads digit, colour and position off a 32x32 image.
+"""The pocket judge: a small CNN that reads digit and colour off a 32x32 image.
 
 Trained on the same rendered digits as the teacher (train split only), in seconds, and shipped beside it.
-Two uses: prompt accuracy (all three attributes right: the offline stand-in for CLIP score) and, through
+Two uses: prompt accuracy (both attributes right: the offline stand-in for CLIP score) and, through
 its 64-wide penultimate layer, the features FID/KID compare (the stand-in for Inception's).
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wandistiller.pocket.digits import COLOURS, POSITIONS, rendered_split
+from wandistiller.pocket.digits import COLOURS, rendered_split
 
 log = logging.getLogger(__name__)
 CLASSIFIER_FILE = Path(__file__).resolve().parents[1] / "assets" / "pocket" / "classifier.safetensors"
@@ -22,7 +22,7 @@ FEATURES = 64
 
 
 class DigitJudge(nn.Module):
-    """[N, 3, 32, 32] images in [0, 1] -> features [N, 64]; `heads` -> digit, colour, position logits."""
+    """[N, 3, 32, 32] images in [0, 1] -> features [N, 64]; `heads` -> digit and colour logits."""
 
     num_features = FEATURES  # what torchmetrics' FID/KID read to size their state
 
@@ -35,7 +35,6 @@ class DigitJudge(nn.Module):
             nn.Flatten(), nn.Dropout(0.3), nn.Linear(32 * 4 * 4, FEATURES), nn.ReLU(),
         )  # fmt: skip
         self.digit, self.colour = nn.Linear(FEATURES, 10), nn.Linear(FEATURES, len(COLOURS))
-        self.position = nn.Linear(FEATURES, len(POSITIONS))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if images.dtype == torch.uint8:  # torchmetrics hands uint8 images when normalize=False
@@ -44,13 +43,13 @@ class DigitJudge(nn.Module):
             images = F.interpolate(images.float(), size=(32, 32), mode="bilinear", antialias=True)
         return self.body(images.float())
 
-    def heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def heads(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self(images)
-        return self.digit(h), self.colour(h), self.position(h)
+        return self.digit(h), self.colour(h)
 
     @torch.no_grad()
     def predict(self, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
-        """[N, 3] predicted (digit, colour, position)."""
+        """[N, 2] predicted (digit, colour), as `Attributes.labels`."""
         rows = []
         for i in range(0, len(images), batch):
             rows.append(torch.stack([h.argmax(1) for h in self.heads(images[i : i + batch])], 1))
@@ -60,8 +59,7 @@ class DigitJudge(nn.Module):
 def train_classifier(steps: int = 2000, batch: int = 128, seed: int = 0) -> DigitJudge:
     """Fit the judge on rendered train digits (8 renderings each, dropout): about two minutes on one core."""
     torch.manual_seed(seed)
-    images, digit, colour, position, _ = rendered_split("train", copies=8, seed=seed + 100)
-    labels = torch.stack([digit, colour, position], 1)
+    images, labels, _ = rendered_split("train", copies=8, seed=seed + 100)
     model = DigitJudge().train()
     opt = torch.optim.AdamW(model.parameters(), 2e-3, weight_decay=1e-2)
     g = torch.Generator().manual_seed(seed)

@@ -1,4 +1,5 @@
-"""`python -m wandistiller.quality [--small] [--seeds 0 1 2] [--steps N] [--out docs/QUALITY.md]`.
+"""`python -m wandistiller.quality [--small] [--seeds 0 1 2] [--steps N] [--batch-size N] [--student half]
+[--teacher pocket] [--out docs/QUALITY.md]`.
 
 Trains the comparison's students on the pocket teacher, prints the table (mean ± spread over seeds) and
 writes it, with the command and the machine, to `--out`. `--small` is the CI-sized run (2 steps, 6 prompts,
@@ -67,10 +68,11 @@ def report(results: dict, settings: Settings, argv: list[str], seconds: float) -
         "# Student quality on the pocket teacher\n\n"
         f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {cores} cores, torch threads 1; {seconds / 60:.1f} min in all). "
-        f"Every student: `student=tiny`, {settings.max_steps} steps of batch {settings.batch_size}; samples: "
+        f"Every student: `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; "
+        "samples: "
         f"{settings.sample_steps} UniPC steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} "
         f"prompts per seed, the same noise for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
-        "prompt_accuracy: digit, colour and side all as asked (the judge classifier); fid / kid: the judge's "
+        "prompt_accuracy: digit and colour both as asked (the judge classifier); fid / kid: the judge's "
         "features against the held-out real digits; latent_mse: against the teacher's sample from the same "
         "noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
         + table(results)
@@ -90,8 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
-    parser.add_argument("--steps", type=int, help="training steps of every student (default 300)")
+    parser.add_argument("--steps", type=int, help="training steps of every student (default 1000)")
+    parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
+    parser.add_argument("--student", default="half", help="the student config of every row (default half)")
     parser.add_argument("--out", type=Path, default=Path("docs/QUALITY.md"), help="where the report goes")
     parser.add_argument("--work", type=Path, help="run folders and caches (default: a temporary folder)")
     return parser.parse_args(argv)
@@ -100,11 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     small = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6,
                  extra=("data.sample_steps=2",)) if args.small else {}  # fmt: skip
-    settings = Settings(teacher=args.teacher, **small)
+    settings = Settings(teacher=args.teacher, student=args.student, **small)
     if args.seeds:
         settings.seeds = tuple(args.seeds)
     if args.steps:
         settings.max_steps = args.steps
+    if args.batch_size:
+        settings.batch_size = args.batch_size
     return settings
 
 

@@ -1,7 +1,7 @@
 """Quality the way the field measures it: prompt adherence and distance to real images.
 
-- Pocket teacher (offline, the default here): the shipped judge classifier reads digit, colour and
-  position off each image; prompt accuracy is the fraction with all three as asked (the stand-in for CLIP
+- Pocket teacher (offline, the default here): the shipped judge classifier reads digit and colour off
+  each image; prompt accuracy is the fraction with both as asked (the stand-in for CLIP
   score). FID and KID (torchmetrics) compare the judge's 64-wide features of the samples with those of the
   held-out real digits (the stand-in for Inception features): no download, no torch-fidelity.
 - A real Wan teacher: CLIP score (torchmetrics, a CLIP model id or folder) and Inception FID against a
@@ -23,8 +23,10 @@ KID_SUBSET = 50  # KID's subset size: at most the smaller image count (torchmetr
 
 def prompt_accuracy(predicted: torch.Tensor, wanted: torch.Tensor) -> dict[str, float]:
     """[N, K] predicted and wanted attributes -> the fraction with all K right ("prompt_accuracy") and each."""
+    from wandistiller.pocket.digits import ATTRIBUTE_NAMES
+
     right = predicted == wanted
-    names = ("digit", "colour", "position")[: wanted.shape[1]]
+    names = ATTRIBUTE_NAMES[: wanted.shape[1]]
     return {"prompt_accuracy": float(right.all(1).float().mean())} | {
         f"{name}_accuracy": float(right[:, k].float().mean()) for k, name in enumerate(names)
     }
@@ -46,7 +48,7 @@ def fid_kid(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module) -> dict[
 
 
 def heldout_reference(copies: int = 1) -> torch.Tensor:
-    """The held-out real digits, rendered with fixed colours and positions: what FID/KID compare against."""
+    """The held-out real digits, rendered with fixed colours and places: what FID/KID compare against."""
     from wandistiller.pocket.digits import rendered_split
 
     return rendered_split("heldout", copies=copies, seed=7)[0]
@@ -62,7 +64,7 @@ def pocket_scores(images: torch.Tensor, prompts: list[str], judge: nn.Module | N
     if not prompts or any(w is None for w in wanted):
         return {}
     judge = judge or load_classifier()
-    wanted_t = torch.tensor([[w.digit, w.colour, w.position] for w in wanted])
+    wanted_t = torch.tensor([w.labels for w in wanted])
     scores = prompt_accuracy(judge.predict(images.float()), wanted_t)
     reference = heldout_reference() if reference is None else reference
     return scores | fid_kid(reference, images, judge)

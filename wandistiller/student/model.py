@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from wandistiller.core.arch import STUDENT_BUILDERS, estimate_params, wan_config_problem
+from wandistiller.core.arch import STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, estimate_params, wan_config_problem
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.teacher.model import TeacherSpec, capture_last_block
@@ -48,19 +48,20 @@ def student_config(student_cfg, teacher: dict) -> dict:
     if student_cfg.init not in ("random", "teacher", "auto"):
         raise UserError(f"student.init={student_cfg.init!r} is unknown; use auto, random or teacher")
     if student_cfg.builder is not None:
-        if student_cfg.builder not in STUDENT_BUILDERS:
+        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS]
+        if student_cfg.builder not in names:
             raise UserError(
-                f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(STUDENT_BUILDERS)} "
+                f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(names)} "
                 "or student=from_json student.config_path=…"
             )
-        own, source = dict(STUDENT_BUILDERS[student_cfg.builder]), f"student={student_cfg.builder}"
+        own, source = _builder_config(student_cfg.builder, teacher), f"student={student_cfg.builder}"
     elif student_cfg.config_path is not None:
         path = Path(student_cfg.config_path).expanduser()
         source = f"student.config_path={str(path)!r}"
         own = _read_student_json(path, source)
     else:
         raise UserError(
-            "student: set student.builder (tiny, small, base) or use student=from_json student.config_path=…"
+            "student: set student.builder (tiny, small, base, half) or use student=from_json student.config_path=…"
         )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
@@ -85,6 +86,14 @@ def student_config(student_cfg, teacher: dict) -> dict:
     if unknown:
         raise UserError(f"{source}: {sorted(unknown)} are not WanTransformer3DModel options; remove them")
     return config
+
+
+def _builder_config(builder: str, teacher: dict) -> dict:
+    """A named student's own options: fixed ones, or the teacher's widths at a share of its blocks."""
+    if builder in STUDENT_BUILDERS:
+        return dict(STUDENT_BUILDERS[builder])
+    blocks = max(1, int(teacher["num_layers"] * TEACHER_SHAPED_STUDENTS[builder]))
+    return {k: teacher[k] for k in WIDTHS if k in teacher} | {"num_layers": blocks}
 
 
 def _read_student_json(path: Path, source: str) -> dict:
