@@ -88,9 +88,12 @@ def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
     none = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.loggers.NullTracker"}})
     modernize_loggers(none)
     assert OmegaConf.to_container(none.logger) == {}
+    mine = OmegaConf.create({"logger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}})
+    modernize_loggers(mine)  # a flat logger of the user's own: moved under its name, not left flat to be refused
+    assert OmegaConf.to_container(mine.logger) == {"mylogger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}}
     hostile = OmegaConf.create({"logger": {"_target_": "pathlib.Path.write_text"}})
     modernize_loggers(hostile)
-    assert hostile.logger._target_ == "pathlib.Path.write_text"  # left for the allow-list to refuse
+    assert hostile.logger.write_text._target_ == "pathlib.Path.write_text"  # for the allow-list to refuse
 
 
 def test_a_sweeps_report_goes_through_every_logger(tmp_path, make_cfg):
