@@ -18,9 +18,13 @@ RENAMED: dict[str, str] = {
     "wandistiller.sweep.SweepReport": "wandistiller.tracking.sweep.SweepReport",
     "wandistiller.sweep.LauncherCheck": "wandistiller.tracking.sweep.LauncherCheck",
     "wandistiller.rundir.RunDirCheck": "wandistiller.job.rundir.RunDirCheck",
-    "wandistiller.losses.Distillation": "wandistiller.recipe.losses.Distillation",
-    "wandistiller.losses.Task": "wandistiller.recipe.losses.Task",
-    "wandistiller.losses.Blend": "wandistiller.recipe.losses.Blend",
+    "wandistiller.losses.Distillation": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.losses.Task": "wandistiller.recipe.losses.task.Task",
+    "wandistiller.losses.Blend": "wandistiller.recipe.losses.blend.Blend",
+    # recipe/losses.py became the package recipe/losses/, a module per loss (the old paths still import).
+    "wandistiller.recipe.losses.Distillation": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.recipe.losses.Task": "wandistiller.recipe.losses.task.Task",
+    "wandistiller.recipe.losses.Blend": "wandistiller.recipe.losses.blend.Blend",
 }
 
 
