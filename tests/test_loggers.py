@@ -212,6 +212,21 @@ def test_one_logger_failing_leaves_none_of_the_others_unfinished_or_open(tmp_pat
     assert first.calls == ["start", "close"] and last.calls == []  # the started one closed
 
 
+class OldShape(loggers.Logger):
+    """A user's logger written before start_step: start without it, no close of its own."""
+
+    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
+        self.started = run_dir
+
+
+def test_a_users_logger_of_the_old_shape_still_starts_and_closes(tmp_path):
+    old = OldShape()
+    both = loggers.Loggers([old, Failing("")])
+    both.start(tmp_path, {}, None, start_step=3)
+    both.close()
+    assert old.started == tmp_path and both.loggers[1].calls == ["start", "close"]
+
+
 def test_a_logger_module_is_its_option_by_module_name_not_a_class_attribute():
     assert all(cls.name in ("", name) for name, (_, cls) in loggers.options().items())
     assert "none" not in loggers.options()

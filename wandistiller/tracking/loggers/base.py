@@ -82,10 +82,12 @@ class Loggers(Logger):
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
         for i, lg in enumerate(self.loggers):
+            # A logger of the user's own written before start_step existed is started as it was then.
+            extra = {"start_step": start_step} if _takes(lg.start, "start_step") else {}
             try:
-                lg.start(run_dir, config, run_id, group=group, name=name, start_step=start_step)
+                lg.start(run_dir, config, run_id, group=group, name=name, **extra)
             except BaseException:
-                _each(self.loggers[:i], lambda started: started.close())
+                _each(self.loggers[:i], _close)
                 raise
 
     def log(self, metrics, step) -> None:
@@ -98,10 +100,23 @@ class Loggers(Logger):
         _each(self.loggers, lambda lg: lg.finish(summary))
 
     def close(self) -> None:
-        _each(self.loggers, lambda lg: lg.close())
+        _each(self.loggers, _close)
 
     def report(self, sweep_dir, columns, rows, png, group) -> None:
         _each(self.loggers, lambda lg: lg.report(sweep_dir, columns, rows, png, group))
+
+
+def _close(lg) -> None:
+    close = getattr(lg, "close", None)  # a logger of the user's own need not subclass Logger
+    if callable(close):
+        close()
+
+
+def _takes(method, name: str) -> bool:
+    import inspect
+
+    params = inspect.signature(method).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _each(items: list[Logger], call) -> None:
