@@ -231,3 +231,11 @@ def test_a_logger_module_is_its_option_by_module_name_not_a_class_attribute():
     assert all(cls.name in ("", name) for name, (_, cls) in loggers.options().items())
     assert "none" not in loggers.options()
     assert loggers.Logger.name != "none"  # a logger forgetting `name` takes no option's slot
+
+
+def test_a_run_with_validation_writes_one_csv_row_per_step(make_cfg, tmp_path):
+    cfg = make_cfg("logger=csv", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_every=1",
+                   run_dir=tmp_path / "r")  # fmt: skip
+    run(cfg)
+    rows = list(csv.DictReader((tmp_path / "r" / "metrics.csv").read_text().splitlines()))
+    assert [r["step"] for r in rows] == ["1", "2"] and all(r["loss"] and r["val/loss"] for r in rows)
