@@ -57,8 +57,25 @@ def test_the_eval_cli_adds_its_numbers_to_the_runs_wandb_run(make_cfg, tmp_path,
     run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
     eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])
     assert "logged to the run's wandb run" in capsys.readouterr().out
-    ids = {p.name.rsplit("-", 1)[1] for p in (folder / "wandb").glob("offline-run-*")}
+    # offline-run-<date>_<time>-<id>, and "-1" after it when wandb started two in the same second
+    ids = {p.name.split("-")[3] for p in (folder / "wandb").glob("offline-run-*")}
     assert len(ids) == 1  # the run's own id, resumed (offline wandb writes a folder per resume; sync merges them)
+
+
+def test_the_eval_cli_adds_its_numbers_to_a_runs_csv_and_tensorboard_loggers_too(make_cfg, tmp_path, capsys):
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "trainer.log_every=1", "logger=[tensorboard,csv]", run_dir=folder))
+    eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])
+    assert "logged to the run's loggers: tensorboard, csv" in capsys.readouterr().out
+    rows = list(csv.DictReader((folder / "metrics.csv").read_text().splitlines()))
+    assert rows[0]["step"] == "1" and rows[0]["loss"] and float(rows[-1]["eval/psnr"]) > 0  # the run's rows kept
+    events = EventAccumulator(str(folder / "tensorboard"))
+    events.Reload()
+    assert "eval/psnr" in events.Tags()["scalars"] and "loss" in events.Tags()["scalars"]
 
 
 def test_checkpoints_are_chosen_by_name(run_dir):

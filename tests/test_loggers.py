@@ -88,9 +88,12 @@ def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
     none = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.loggers.NullTracker"}})
     modernize_loggers(none)
     assert OmegaConf.to_container(none.logger) == {}
+    mine = OmegaConf.create({"logger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}})
+    modernize_loggers(mine)  # a flat logger of the user's own: moved under its name, not left flat to be refused
+    assert OmegaConf.to_container(mine.logger) == {"mylogger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}}
     hostile = OmegaConf.create({"logger": {"_target_": "pathlib.Path.write_text"}})
     modernize_loggers(hostile)
-    assert hostile.logger._target_ == "pathlib.Path.write_text"  # left for the allow-list to refuse
+    assert hostile.logger.write_text._target_ == "pathlib.Path.write_text"  # for the allow-list to refuse
 
 
 def test_a_sweeps_report_goes_through_every_logger(tmp_path, make_cfg):
@@ -102,3 +105,137 @@ def test_a_sweeps_report_goes_through_every_logger(tmp_path, make_cfg):
     loggers.build(cfg.logger).report(tmp_path, ["point", "status"], [["a=1", "completed"]], png, "sweep-x")
     assert (tmp_path / "sweep_report.csv").read_text().splitlines() == ["point,status", "a=1,completed"]
     assert list((tmp_path / "tensorboard").glob("events.*"))
+
+
+def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
+    import os
+
+    from wandistiller.core.files import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        assert atomic_write(tmp_path / "metrics.json", "{}").stat().st_mode & 0o777 == 0o644  # not 0600
+        os.umask(0o077)
+        assert atomic_write(tmp_path / "private.json", "{}").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
+def _scalars(folder, key="loss"):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)] if key in events.Tags()["scalars"] else []
+
+
+def test_a_resume_drops_what_a_killed_segment_logged_past_its_checkpoint(make_cfg, tmp_path):
+    cfg = make_cfg("logger=[tensorboard,csv]")
+    first = loggers.build(cfg.logger)
+    first.start(tmp_path, {}, None, start_step=0)
+    for step in range(1, 8):  # killed after step 7; its last checkpoint was step 5
+        first.log({"loss": float(step)}, step=step)
+    first.close()
+    with (tmp_path / "metrics.csv").open("a") as f:
+        f.write("8,0.12")  # a write cut off by the kill
+    second = loggers.build(cfg.logger)
+    second.start(tmp_path, {}, None, start_step=5)
+    second.log({"loss": 60.0}, step=6)
+    second.close()
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
+    assert [(r["step"], r["loss"]) for r in rows] == [(str(s), f"{float(s)}") for s in range(1, 6)] + [("6", "60.0")]
+    assert _scalars(tmp_path / "tensorboard") == [(s, float(s)) for s in range(1, 6)] + [(6, 60.0)]
+
+
+def test_a_validation_at_a_logged_step_joins_its_row(tmp_path):
+    tracker = loggers.build(OmegaConf.create({"csv": {"_target_": "wandistiller.tracking.loggers.csv.CsvLogger"}}))
+    tracker.start(tmp_path, {}, None)
+    tracker.log({"loss": 1.0}, step=1)
+    tracker.log({"loss": 0.5}, step=2)
+    tracker.log({"val/loss": 0.7}, step=2)  # a new column: the file rewritten
+    tracker.log({"loss": 0.25}, step=3)
+    tracker.log({"val/loss": 0.6}, step=3)  # an appended line replaced
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
+    assert [(r["step"], r["loss"], r["val/loss"]) for r in rows] == [("1", "1.0", ""), ("2", "0.5", "0.7"),
+                                                                     ("3", "0.25", "0.6")]  # fmt: skip
+
+
+CLOSED: list[str] = []
+
+
+class Recording(loggers.Logger):
+    """A logger of the user's own (what logger.<name>._target_ may name): records that it was closed."""
+
+    def close(self) -> None:
+        CLOSED.append("closed")
+
+
+def test_a_run_that_crashes_still_closes_its_loggers_so_tensorboard_writes_what_it_buffered(
+    make_cfg, tmp_path, monkeypatch
+):
+    CLOSED.clear()
+    monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "0:3")
+    cfg = make_cfg("logger=tensorboard", "+logger.rec._target_=test_loggers.Recording", "trainer.max_steps=4",
+                   "trainer.log_every=1", run_dir=tmp_path / "r")  # fmt: skip
+    with pytest.raises(RuntimeError, match="injected failure at step 3"):
+        run(cfg)
+    assert CLOSED == ["closed"]
+    assert [s for s, _ in _scalars(tmp_path / "r" / "tensorboard")][:2] == [1, 2]
+
+
+class Failing(loggers.Logger):
+    def __init__(self, fail: str):
+        self.fail, self.calls = fail, []
+
+    def start(self, *args, **kwargs) -> None:
+        self.calls.append("start")
+        if self.fail == "start":
+            raise OSError("start failed")
+
+    def finish(self, summary) -> None:
+        self.calls.append("finish")
+        if self.fail == "finish":
+            raise OSError("finish failed")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_one_logger_failing_leaves_none_of_the_others_unfinished_or_open(tmp_path):
+    first, broken, last = Failing(""), Failing("finish"), Failing("")
+    with pytest.raises(OSError, match="finish failed"):
+        loggers.Loggers([first, broken, last]).finish({})
+    assert last.calls == ["finish"]  # still finished after the one before it raised
+    first, broken, last = Failing(""), Failing("start"), Failing("")
+    with pytest.raises(OSError, match="start failed"):
+        loggers.Loggers([first, broken, last]).start(tmp_path, {}, None)
+    assert first.calls == ["start", "close"] and last.calls == []  # the started one closed
+
+
+class OldShape(loggers.Logger):
+    """A user's logger written before start_step: start without it, no close of its own."""
+
+    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
+        self.started = run_dir
+
+
+def test_a_users_logger_of_the_old_shape_still_starts_and_closes(tmp_path):
+    old = OldShape()
+    both = loggers.Loggers([old, Failing("")])
+    both.start(tmp_path, {}, None, start_step=3)
+    both.close()
+    assert old.started == tmp_path and both.loggers[1].calls == ["start", "close"]
+
+
+def test_a_logger_module_is_its_option_by_module_name_not_a_class_attribute():
+    assert all(cls.name in ("", name) for name, (_, cls) in loggers.options().items())
+    assert "none" not in loggers.options()
+    assert loggers.Logger.name != "none"  # a logger forgetting `name` takes no option's slot
+
+
+def test_a_run_with_validation_writes_one_csv_row_per_step(make_cfg, tmp_path):
+    cfg = make_cfg("logger=csv", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_every=1",
+                   run_dir=tmp_path / "r")  # fmt: skip
+    run(cfg)
+    rows = list(csv.DictReader((tmp_path / "r" / "metrics.csv").read_text().splitlines()))
+    assert [r["step"] for r in rows] == ["1", "2"] and all(r["loss"] and r["val/loss"] for r in rows)

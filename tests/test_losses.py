@@ -54,7 +54,20 @@ def test_old_shape_functions_and_partials_become_losses():
     assert total(legacy(inputs())) == 3.0 and legacy.needs == {"teacher", "teacher_hidden"}
     built = as_loss(partial(Blend, alpha=0.0))
     assert isinstance(built, Blend) and built.alpha == 0.0
-    assert set(LOSSES) == {"distillation", "task", "blend"}
+
+
+def test_every_loss_module_has_its_yaml_and_old_targets_still_resolve():
+    from conftest import CONF
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    from wandistiller.core.renamed import current_target
+
+    yamls = {p.stem: OmegaConf.load(p)._target_ for p in (CONF / "loss").glob("*.yaml")}
+    assert set(LOSSES) == set(yamls)
+    assert all(get_object(target) is LOSSES[name] for name, target in yamls.items())  # each its own module's
+    for old in ("wandistiller.losses.Blend", "wandistiller.recipe.losses.Blend"):  # saved by older runs
+        assert get_object(current_target(old)) is Blend and current_target(old) == yamls["blend"]
 
 
 def steps(run_dir):

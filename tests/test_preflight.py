@@ -261,3 +261,17 @@ def test_a_run_refused_after_its_folder_was_claimed_leaves_no_folder_in_process_
     with refused("trainer.resume='/no/such/ckpt'"):
         run(make_cfg("trainer.resume=/no/such/ckpt", run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.eval_at_end=true", "hooks=[monitor,progress]"],
+         r"^trainer.eval_at_end=true needs the evaluate hook: hooks=\[...,evaluate\] or trainer.eval_at_end=false$"),
+        (["+hooks.mine.every=5"], r"^hooks.mine=\{'every': 5\} is not a hook; `hooks` names hooks \(.*evaluate.*\)"),
+    ],
+)  # fmt: skip
+def test_a_hooks_list_that_would_fail_late_is_refused_before_the_run_folder(make_cfg, tmp_path, overrides, message):
+    with pytest.raises(UserError, match=message):
+        run(make_cfg(*overrides, run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -58,8 +59,28 @@ def test_a_point_that_died_without_metrics_is_reported_as_failed(tmp_path):
     points = load_points(tmp_path)
     assert [p.label for p in points] == ["teacher_placement=cpu", "teacher_placement=gpu"]  # only what varies
     assert "| teacher_placement=gpu | failed |" in markdown_table(points)
-    md, png, _ = write_report(tmp_path)
+    old = os.umask(0o022)
+    try:
+        md, png, _ = write_report(tmp_path)
+    finally:
+        os.umask(old)
     assert md.is_file() and png.stat().st_size > 0
+    assert md.stat().st_mode & 0o777 == 0o644  # written whole, and as readable as open() made it
+
+
+def test_a_killed_point_is_read_from_its_metrics_csv(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "metrics.csv").write_text("step,loss,val/loss\n1,0.5,\n2,0.4,0.45\n3,0.3,\n")
+    [point] = load_points(tmp_path)
+    assert point.metrics["status"] == "failed" and point.metrics["final_step"] == 3
+    assert point.metrics["val_loss_last"] == 0.45 and "after step 3" in point.metrics["reason"]
+    assert "0.45000" in markdown_table([point])
+
+
+def test_the_report_callback_takes_loggers_and_its_old_name_wandb():
+    from wandistiller.tracking.sweep import SweepReport
+
+    assert SweepReport().loggers and not SweepReport(loggers=False).loggers and not SweepReport(wandb=False).loggers
 
 
 def hydra_cfg(*overrides):

@@ -229,7 +229,8 @@ class TrainConfig:
     # The loggers by name (`logger=[wandb,tensorboard,csv]`), each with its own schema
     # (wandistiller/tracking/loggers/<name>.py); `logger=none`: none.
     logger: dict[str, Any] = field(default_factory=dict)
-    # The loop's hooks by name (`hooks=[monitor,progress,samples]`), each with its own schema
+    # The loop's hooks by name (`hooks=[monitor,progress,samples,evaluate]`; evaluate runs
+    # trainer.eval_at_end, so a list without it needs trainer.eval_at_end=false), each with its own schema
     # (wandistiller/recipe/hooks/<name>.py).
     hooks: dict[str, Any] = field(default_factory=dict)
     distributed: DistributedConfig = MISSING

@@ -215,30 +215,41 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
-    """Add the evaluation to the run's own wandb run, when it had one (its id is in the run's checkpoints):
-    offline, whatever the saved config says, unless `--wandb-mode online` is given here."""
+    """Add the evaluation to every logger the run was saved with (csv, tensorboard, wandb, ...), in the run folder.
+    wandb continues the run's own run (its id is in the run's checkpoints; none: wandb is skipped), offline,
+    whatever the saved config says, unless `--wandb-mode online` is given here."""
     import json
+
+    from omegaconf import OmegaConf
 
     from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
     from wandistiller.state.received import load_received
+    from wandistiller.tracking import loggers
 
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
-    saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)
-    wandb = next((n for n in saved.logger.values() if str(getattr(n, "_target_", "")).endswith("WandbTracker")), None)
-    if not checkpoints or wandb is None:
+    saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)  # its `_target_`s vetted
+    run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id") if checkpoints else None
+    nodes = {}
+    for key, node in loggers.entries(saved.logger):
+        if str(node.get("_target_", "")).endswith("WandbTracker"):
+            if not run_id:
+                continue  # no run to continue: a new wandb run for one evaluation would be a stray
+            node = OmegaConf.merge(node, {"mode": trust.wandb_mode})
+        nodes[key] = node
+    if not nodes:
         return
-    run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id")
-    if not run_id:
-        return
-    from wandistiller.tracking.loggers import WandbTracker
-
-    tracker = WandbTracker(wandb.project, wandb.entity, trust.wandb_mode)
-    tracker.start(run_dir, {}, run_id)
-    tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
-    tracker.log_image("eval", run_dir / result["files"][1], step=None)
-    tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
-    print(f"logged to the run's wandb run {run_id}")
+    tracker = loggers.build(OmegaConf.create(nodes))
+    tracker.start(run_dir, {}, run_id)  # start_step None: a finished run's rows are kept
+    try:
+        tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
+        tracker.log_image("eval", run_dir / result["files"][1], step=None)
+        tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
+    finally:
+        tracker.close()
+    if tracker.run_id:
+        print(f"logged to the run's wandb run {tracker.run_id}")
+    print(f"logged to the run's loggers: {', '.join(nodes)}")
 
 
 if __name__ == "__main__":

@@ -110,8 +110,24 @@ def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsy
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
+        # NamedTemporaryFile makes the file owner-only (0600); give it what open() would have (0666 & ~umask).
+        os.chmod(f.name, 0o666 & ~_umask())
         os.replace(f.name, path)
     except BaseException:
         Path(f.name).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask. os.umask can only be read by setting it, so it is set back at once; Linux's
+    /proc/self/status shows it without touching it, read first (threads may write files meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -18,9 +18,13 @@ RENAMED: dict[str, str] = {
     "wandistiller.sweep.SweepReport": "wandistiller.tracking.sweep.SweepReport",
     "wandistiller.sweep.LauncherCheck": "wandistiller.tracking.sweep.LauncherCheck",
     "wandistiller.rundir.RunDirCheck": "wandistiller.job.rundir.RunDirCheck",
-    "wandistiller.losses.Distillation": "wandistiller.recipe.losses.Distillation",
-    "wandistiller.losses.Task": "wandistiller.recipe.losses.Task",
-    "wandistiller.losses.Blend": "wandistiller.recipe.losses.Blend",
+    "wandistiller.losses.Distillation": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.losses.Task": "wandistiller.recipe.losses.task.Task",
+    "wandistiller.losses.Blend": "wandistiller.recipe.losses.blend.Blend",
+    # recipe/losses.py became the package recipe/losses/, a module per loss (the old paths still import).
+    "wandistiller.recipe.losses.Distillation": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.recipe.losses.Task": "wandistiller.recipe.losses.task.Task",
+    "wandistiller.recipe.losses.Blend": "wandistiller.recipe.losses.blend.Blend",
 }
 
 
@@ -63,12 +67,16 @@ def modernize_lists(root) -> None:
 
 def modernize_loggers(root) -> None:
     """A config saved before the list of loggers held its one logger at `logger` itself (`_target_` at the
-    top): rewritten, in place, to today's `logger.wandb` (a NullTracker: no logger). Nothing is resolved."""
+    top): rewritten, in place, to today's `logger.wandb` (a NullTracker: no logger). A logger of the user's
+    own moves to `logger.<its class name, lowercased>`, where the allow-list judges it as any other entry.
+    Nothing is resolved."""
     node = root._get_node("logger") if isinstance(root, DictConfig) and "logger" in root else None
     if not isinstance(node, DictConfig) or "_target_" not in node:
         return
     target = current_target(str(node._get_node("_target_")._value()))
-    if target not in (RENAMED["wandistiller.tracking.WandbTracker"], RENAMED["wandistiller.tracking.NullTracker"]):
-        return  # not the project's own logger: left for the allow-list to refuse
+    if target == RENAMED["wandistiller.tracking.NullTracker"]:
+        root["logger"] = {}
+        return
     saved = OmegaConf.to_container(node, resolve=False) | {"_target_": target}
-    root["logger"] = {"wandb": saved} if target.endswith("WandbTracker") else {}
+    key = "wandb" if target == RENAMED["wandistiller.tracking.WandbTracker"] else target.rsplit(".", 1)[-1].lower()
+    root["logger"] = {key: saved}

@@ -182,6 +182,30 @@ def check_tracker(cfg: DictConfig) -> None:
             check(node, f"logger.{key}")
 
 
+# The end-of-run evaluation's hook (conf/hooks/evaluate.yaml), named here as a string: no upward import.
+EVALUATE_HOOK = "wandistiller.eval.EvaluateAtEnd"
+
+
+def check_hooks(cfg: DictConfig) -> None:
+    """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`), and
+    `trainer.eval_at_end=true` without the hook that evaluates: one line each, before anything heavy."""
+    from wandistiller.config import CONF_DIR
+    from wandistiller.core.renamed import current_target
+
+    for key, node in cfg.hooks.items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            names = ", ".join(sorted(p.stem for p in (CONF_DIR / "hooks").glob("*.yaml")))
+            raise UserError(
+                f"hooks.{key}={node!r} is not a hook; `hooks` names hooks ({names}), each with its keys under its "
+                f"name: e.g. hooks=[monitor,progress], or +hooks.{key}._target_=my_package.MyHook for your own"
+            )
+    evaluates = any(current_target(str(n._target_)) == EVALUATE_HOOK for n in cfg.hooks.values())
+    if cfg.trainer.eval_at_end and not evaluates:
+        raise UserError(
+            "trainer.eval_at_end=true needs the evaluate hook: hooks=[...,evaluate] or trainer.eval_at_end=false"
+        )
+
+
 def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` a user may swap names something importable, before anything else runs."""
     from hydra.utils import get_object

@@ -23,6 +23,7 @@ from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.job.checks import (
     check_folders,
+    check_hooks,
     check_known_keys,
     check_targets,
     check_tracker,
@@ -59,6 +60,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_known_keys(cfg)
     precision_options.resolve(cfg)
     check_values(cfg)
+    check_hooks(cfg)
     check_targets(cfg)
     check_training_parts(cfg)
     check_tracker(cfg)

@@ -226,7 +226,7 @@ class DistillationRecipe:
         point = self.prepared.sweep_point or {}
         config = OmegaConf.to_container(self.cfg, resolve=True) | {"teacher_placement": self.placement.name}
         run_id = state.get("tracker_run_id") if state else None
-        tracker.start(self.run_dir, config, run_id, group=point.get("group"), name=point.get("name"))
+        tracker.start(self.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step)
         return tracker
 
     def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:
@@ -257,6 +257,15 @@ class DistillationRecipe:
 
     # -- train: the loop (or serving), then the outputs -----------------------------------------------
     def train(self) -> dict:
+        """The loop, then the outputs; the loggers closed however it ends (a stop, a crash, a non-finite loss),
+        so what they buffered is written."""
+        try:
+            return self._train()
+        finally:
+            if self.run is not None:  # a dedicated owner has no loggers
+                self.run.tracker.close()
+
+    def _train(self) -> dict:
         cfg, roles = self.cfg, self.roles
         if roles.trains:
             history = train_loop(self.run, cfg.trainer, cfg.student.hidden_kd_weight, self.start_step)

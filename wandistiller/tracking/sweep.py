@@ -1,8 +1,10 @@
 """Sweep reports: one table and one plot comparing placements (and precisions, batch sizes, world sizes).
 
 A Hydra callback writes `sweep_report.md` and `sweep_report.png` into the sweep folder when a multirun
-ends, prints the table and logs it to wandb as a Table. `python scripts/compare_sweeps.py SWEEP [SWEEP]`
-rebuilds the report from any sweep folder, or puts two side by side.
+ends, prints the table and gives it to every logger of the sweep (a wandb Table, tensorboard text, a csv). A
+point with no metrics.json (its job was killed) is read from its metrics.csv where `logger=csv` left one.
+`python scripts/compare_sweeps.py SWEEP [SWEEP]` rebuilds the report from any sweep folder, or puts two side
+by side.
 """
 
 from __future__ import annotations
@@ -73,14 +75,25 @@ def load_points(sweep_dir: Path) -> list[Point]:
     points = []
     for folder, o in zip(folders, overrides):
         metrics_file = folder / "metrics.json"
-        metrics = (
-            json.loads(metrics_file.read_text())
-            if metrics_file.is_file()
-            else {"status": "failed", "reason": "no metrics.json (the job died before it could write one)"}
-        )
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else from_csv(folder)
         label = " ".join(f"{k}={o[k]}" for k in varying if k in o) or folder.name
         points.append(Point(folder, label, metrics))
     return points
+
+
+def from_csv(folder: Path) -> dict:
+    """A point whose job died before its metrics.json: failed, with what its csv logger wrote (the last step,
+    the last held-out loss) where it left a metrics.csv."""
+    from wandistiller.tracking.loggers.csv import read_csv
+
+    failed = {"status": "failed", "reason": "no metrics.json (the job died before it could write one)"}
+    rows = read_csv(folder / "metrics.csv")[1]
+    steps = [r["step"] for r in rows if str(r.get("step") or "").isdigit()]
+    if not steps:
+        return failed
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    reason = f"no metrics.json (the job died after step {steps[-1]}; read from metrics.csv)"
+    return failed | {"reason": reason, "final_step": int(steps[-1])} | ({"val_loss_last": val[-1]} if val else {})
 
 
 def _num(x, fmt: str) -> str:
@@ -164,8 +177,9 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
 def write_report(sweep_dir: Path) -> tuple[Path, Path, str]:
     points = load_points(sweep_dir)
     table = markdown_table(points)
-    md = sweep_dir / "sweep_report.md"
-    md.write_text(f"# Sweep {sweep_dir}\n\n{table}\n\n![throughput and memory](sweep_report.png)\n")
+    md = atomic_write(
+        sweep_dir / "sweep_report.md", f"# Sweep {sweep_dir}\n\n{table}\n\n![throughput and memory](sweep_report.png)\n"
+    )
     png = plot(points, sweep_dir / "sweep_report.png", str(sweep_dir))
     return md, png, table
 
@@ -206,10 +220,11 @@ class LauncherCheck(Callback):
 
 
 class SweepReport(Callback):
-    """Hydra callback: the report when a multirun ends (single runs are left alone)."""
+    """Hydra callback: the report when a multirun ends (single runs are left alone); `loggers=false` keeps it
+    out of the sweep's loggers (`wandb`: its name before there were several loggers, still taken)."""
 
-    def __init__(self, wandb: bool = True):
-        self.wandb = wandb
+    def __init__(self, loggers: bool = True, wandb: bool | None = None):
+        self.loggers = loggers if wandb is None else wandb
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -217,7 +232,7 @@ class SweepReport(Callback):
             return
         md, png, table = write_report(sweep_dir)
         print(f"\nsweep report: {md}\n{table}\n", flush=True)
-        if self.wandb:  # the report through every logger of the sweep: a wandb Table, tensorboard text, a csv
+        if self.loggers:  # the report through every logger of the sweep: a wandb Table, tensorboard text, a csv
             from wandistiller.tracking import loggers
 
             rows = table_rows(load_points(sweep_dir))

@@ -3,7 +3,7 @@ checkpoint, the same steps on every rank (the loop itself knows none of them).
 
 A hook is one module of this package defining `OPTION = (<Name>Config, <Name>Hook)`; the registry
 (`__init__.py`) finds it, so a new hook is that module plus its YAML in `conf/hooks/` (added to the list
-`hooks=[monitor,progress,samples,<name>]`), and no other edit:
+`hooks=[monitor,progress,samples,evaluate,<name>]`), and no other edit:
 
     main_only          runs on the main training rank only (the default), or on every training rank
     bind(ctx, parts)   once before the loop: the run's frozen context and what setup built for hooks

@@ -19,12 +19,13 @@ from wandistiller.tracking.loggers.wandb import WandbTracker, offline_segments
 
 
 def options() -> dict[str, tuple[type, type]]:
-    """option name -> (config schema, logger class), from every module of this package that has an OPTION."""
+    """option name (the module's, as `conf/logger/<name>.yaml` is) -> (config schema, logger class), from every
+    module of this package that has an OPTION."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
         option = getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPTION", None)
         if option is not None:
-            found[option[1].name] = option
+            found[module.name] = option
     return found
 
 

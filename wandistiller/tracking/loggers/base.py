@@ -5,10 +5,14 @@ named in the module's `OPTION = (Config, Class)`; the registry (`__init__.py`) f
 module plus its YAML in `conf/logger/` and no other edit. Every method has a do-nothing default:
 
     check(node, key)         refuse early (before the run folder is claimed) in one line, naming the fix
-    start(run_dir, config, run_id, group, name)      on the main rank, once; `run_id` continues a resumed run
+    start(run_dir, config, run_id, group, name, start_step)
+                             on the main rank, once; `run_id` continues a resumed run, whose checkpoint was
+                             saved at `start_step`: what a killed segment logged after it is dropped (None: a
+                             later process adding to a finished run, e.g. an evaluation; nothing is dropped)
     log(metrics, step)       one dict of floats per log step (already on the host: no sync of its own)
     log_image(key, path, step)                       a PNG the run wrote (sample grids)
-    finish(summary)          metrics.json's numbers at the end
+    finish(summary)          metrics.json's numbers at the end (also closes)
+    close()                  flush and release files; called however the run ends (a stop, a crash), twice is fine
     report(sweep_dir, columns, rows, png, group)     a finished sweep's comparison table
 """
 
@@ -19,7 +23,8 @@ from typing import ClassVar
 
 
 class Logger:
-    name: ClassVar[str] = "none"
+    # The option's name in messages; the registry keys options by module name, not by this.
+    name: ClassVar[str] = ""
     # An id a resumed run continues (saved in each checkpoint as `tracker_run_id`); None: nothing to continue.
     run_id: str | None = None
 
@@ -31,7 +36,13 @@ class Logger:
         """Refuse settings that would fail only after the teacher loaded (one UserError line)."""
 
     def start(
-        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
+        self,
+        run_dir: Path,
+        config: dict,
+        run_id: str | None,
+        group: str | None = None,
+        name: str | None = None,
+        start_step: int | None = None,
     ) -> None:
         pass
 
@@ -47,13 +58,18 @@ class Logger:
     def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 # The name older configs saved (`logger=none` is now an empty list of loggers).
 NullTracker = Logger
 
 
 class Loggers(Logger):
-    """Every configured logger behind one: each call goes to all of them, in the config's order."""
+    """Every configured logger behind one: each call goes to all of them, in the config's order. One logger
+    failing does not keep the others from their call: each runs, then the first error is raised. A logger
+    whose start fails leaves none open: those already started are closed first."""
 
     name = "loggers"
 
@@ -64,22 +80,58 @@ class Loggers(Logger):
     def run_id(self) -> str | None:
         return next((lg.run_id for lg in self.loggers if lg.run_id is not None), None)
 
-    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
-        for lg in self.loggers:
-            lg.start(run_dir, config, run_id, group=group, name=name)
+    def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
+        for i, lg in enumerate(self.loggers):
+            # A logger of the user's own written before start_step existed is started as it was then.
+            extra = {"start_step": start_step} if _takes(lg.start, "start_step") else {}
+            try:
+                lg.start(run_dir, config, run_id, group=group, name=name, **extra)
+            except BaseException:
+                _each(self.loggers[:i], _close)
+                raise
 
     def log(self, metrics, step) -> None:
-        for lg in self.loggers:
-            lg.log(metrics, step)
+        _each(self.loggers, lambda lg: lg.log(metrics, step))
 
     def log_image(self, key, path, step) -> None:
-        for lg in self.loggers:
-            lg.log_image(key, path, step)
+        _each(self.loggers, lambda lg: lg.log_image(key, path, step))
 
     def finish(self, summary) -> None:
-        for lg in self.loggers:
-            lg.finish(summary)
+        _each(self.loggers, lambda lg: lg.finish(summary))
+
+    def close(self) -> None:
+        _each(self.loggers, _close)
 
     def report(self, sweep_dir, columns, rows, png, group) -> None:
-        for lg in self.loggers:
-            lg.report(sweep_dir, columns, rows, png, group)
+        _each(self.loggers, lambda lg: lg.report(sweep_dir, columns, rows, png, group))
+
+
+def _close(lg) -> None:
+    close = getattr(lg, "close", None)  # a logger of the user's own need not subclass Logger
+    if callable(close):
+        close()
+
+
+def _takes(method, name: str) -> bool:
+    import inspect
+
+    params = inspect.signature(method).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _each(items: list[Logger], call) -> None:
+    """`call` on every logger, even after one raised; then the first error is raised (later ones logged)."""
+    import logging
+
+    first = None
+    for lg in items:
+        try:
+            call(lg)
+        except Exception as e:
+            if first is None:
+                first = e
+            else:
+                log = logging.getLogger(__name__)
+                log.error("logger %s also failed: %s: %s", type(lg).__name__, type(e).__name__, e)
+    if first is not None:
+        raise first

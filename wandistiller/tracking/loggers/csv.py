@@ -1,6 +1,7 @@
 """`logger=csv`: every logged number as one row per step in the run folder's `metrics.csv` (a column per key,
-the header widened when a new key appears, e.g. the first `val/loss`), readable without any tracker.
-A resumed run appends to the same file. Rank 0 only."""
+the header widened when a new key appears, e.g. the first `val/loss`; a validation logged at a step already
+written joins that step's row), readable without any tracker. A resumed run appends to the same file, after
+dropping the rows a killed segment wrote past the checkpoint it resumes from (and a torn last line). Rank 0 only."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class CsvLogger(Logger):
 
     def __init__(self, file: str = "metrics.csv"):
         self.file_name, self.path, self.header = file, None, []
+        self.last, self.last_at = None, 0  # the last row written and where its line starts (a step's merge)
 
     @classmethod
     def check(cls, node, key: str) -> None:
@@ -33,19 +35,30 @@ class CsvLogger(Logger):
             raise UserError(f"{key}.file={node.get('file')!r} must be a .csv file name in the run folder; use e.g. "
                             f"{key}.file=metrics.csv")  # fmt: skip
 
-    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
+    def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
         self.path = Path(run_dir) / self.file_name
-        self.header = read_csv(self.path)[0]  # a resumed run's columns: its rows are appended
+        self.header, rows = read_csv(self.path)  # a resumed run's columns: its rows are appended
+        kept = [r for r in rows if start_step is None or not _after(r.get("step"), start_step)]
+        if len(kept) != len(rows) or _torn(self.path):  # steps to be redone, or a killed write's half line
+            write_csv(self.path, self.header, kept)
 
     def log(self, metrics: dict, step: int | None) -> None:
         row = {"step": "" if step is None else step} | {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        merge = step is not None and self.last is not None and self.last["step"] == step
+        if merge:  # a validation at a step already written: one row for the step
+            row = self.last | row
         if self.header and set(row) <= set(self.header):  # the usual case: one appended line, nothing read
-            with self.path.open("a", newline="") as f:
+            with self.path.open("r+" if merge else "a", newline="") as f:
+                if merge:
+                    f.seek(self.last_at)
+                    f.truncate()
+                self.last, self.last_at = row, f.seek(0, 2)
                 csv.DictWriter(f, self.header).writerow(row)
             return
         header, rows = read_csv(self.path)  # a new key (the first val/loss): the file rewritten, wider
         self.header = header + [k for k in row if k not in header]
-        write_csv(self.path, self.header, [*rows, row])
+        write_csv(self.path, self.header, [*rows[: -1 if merge else None], row])
+        self.last, self.last_at = row, self.path.stat().st_size - len(_line(self.header, row))
 
     def report(self, sweep_dir, columns, rows, png, group) -> None:
         write_csv(Path(sweep_dir) / "sweep_report.csv", list(columns), [dict(zip(columns, r)) for r in rows])
@@ -55,8 +68,33 @@ def read_csv(path: Path | None) -> tuple[list[str], list[dict]]:
     """(header, rows) of a csv logger's file; nothing where there is none yet."""
     if path is None or not path.is_file():
         return [], []
-    reader = csv.DictReader(path.read_text().splitlines())
+    text = path.read_text()
+    if text and not text.endswith("\n"):  # a killed write's torn last line: not a row
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     return list(reader.fieldnames or []), list(reader)
+
+
+def _after(step: str | None, start_step: int) -> bool:
+    try:
+        return int(step) > start_step
+    except (TypeError, ValueError):
+        return False
+
+
+def _torn(path: Path) -> bool:
+    """The file's last line was cut off (a run killed mid-write)."""
+    if not path.is_file() or not path.stat().st_size:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
+def _line(header: list[str], row: dict) -> bytes:
+    out = io.StringIO()
+    csv.DictWriter(out, header).writerow(row)
+    return out.getvalue().encode()
 
 
 def write_csv(path: Path, header: list[str], rows: list[dict]) -> None:

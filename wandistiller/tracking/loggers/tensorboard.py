@@ -1,5 +1,7 @@
 """`logger=tensorboard`: TensorBoard event files in the run folder's `tensorboard/` (`tensorboard --logdir
-RUN/tensorboard`); a resumed run adds a new event file beside the first, continuing its steps. Rank 0 only."""
+RUN/tensorboard`); a resumed run adds a new event file beside the first, continuing its steps (the steps a killed
+segment logged past its checkpoint are purged, as they are redone). Written out every few seconds and at close,
+however the run ends. Rank 0 only."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wandistiller.tracking.loggers.base import Logger
+
+# Seconds between writes of the buffered scalars (TensorBoard's default is 120): a killed run loses at most this.
+FLUSH_SECS = 5
 
 
 @dataclass
@@ -36,13 +41,15 @@ class TensorboardLogger(Logger):
             raise UserError(f"{key}.folder={node.get('folder')!r} must be a folder inside the run folder; use e.g. "
                             f"{key}.folder=tensorboard")  # fmt: skip
 
-    def _writer(self, folder: Path):
+    def _writer(self, folder: Path, start_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(str(folder / self.folder))
+        # purge_step: TensorBoard hides the earlier event files' records from that step on (redone after a resume)
+        purge = None if start_step is None else start_step + 1
+        return SummaryWriter(str(folder / self.folder), purge_step=purge, flush_secs=FLUSH_SECS)
 
-    def start(self, run_dir, config, run_id, group=None, name=None) -> None:
-        self.writer = self._writer(Path(run_dir))
+    def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
+        self.writer = self._writer(Path(run_dir), start_step)
 
     def log(self, metrics: dict, step: int | None) -> None:
         for key, value in metrics.items():
@@ -59,7 +66,12 @@ class TensorboardLogger(Logger):
     def finish(self, summary: dict) -> None:
         text = json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}, indent=1)
         self.writer.add_text("summary", f"```\n{text}\n```")
-        self.writer.close()
+        self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()  # flushes what is buffered
+            self.writer = None
 
     def report(self, sweep_dir, columns, rows, png, group) -> None:
         writer = self._writer(Path(sweep_dir))

@@ -90,9 +90,16 @@ class WandbTracker(Logger):
         return f"no wandb login for {host} (no WANDB_API_KEY, no .netrc entry)"
 
     def start(
-        self, run_dir: Path, config: dict, run_id: str | None, group: str | None = None, name: str | None = None
+        self,
+        run_dir: Path,
+        config: dict,
+        run_id: str | None,
+        group: str | None = None,
+        name: str | None = None,
+        start_step: int | None = None,
     ) -> None:
-        """`group`/`name` (a sweep and its point) fill in what the logger config leaves null."""
+        """`group`/`name` (a sweep and its point) fill in what the logger config leaves null. wandb itself ignores
+        steps at or below the run's last (`start_step` is not needed)."""
         # Offline wandb still sends crash reports unless told not to.
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         os.environ.setdefault("WANDB_SILENT", "true")

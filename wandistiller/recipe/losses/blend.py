@@ -1,0 +1,29 @@
+"""`loss=blend`: alpha * task + (1 - alpha) * distillation (torchtune's `kd_ratio`, BK-SDM's task + KD)."""
+
+from __future__ import annotations
+
+import torch
+
+from wandistiller.recipe.losses.base import LossInputs, task_mse
+from wandistiller.recipe.losses.distillation import Distillation
+
+
+class Blend:
+    """alpha * task + (1 - alpha) * distillation; parts logged unweighted (`loss_task`, `loss_velocity`)."""
+
+    def __init__(self, alpha: float = 0.5, hidden_kd_weight: float = 0.0):
+        if not 0.0 <= alpha <= 1.0:
+            from wandistiller.core.errors import UserError
+
+            raise UserError(f"trainer.loss.alpha={alpha} is outside [0, 1]; give a weight of the task loss in [0, 1]")
+        self.alpha, self.kd = alpha, Distillation(hidden_kd_weight)
+        self.needs = self.kd.needs | {"x0"}
+
+    def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
+        kd, task = self.kd(inputs), task_mse(inputs)
+        return {"loss": self.alpha * task + (1 - self.alpha) * kd["loss"], "task": task} | {
+            k: v for k, v in kd.items() if k != "loss"
+        }
+
+
+LOSS = Blend
