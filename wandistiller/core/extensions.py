@@ -7,11 +7,25 @@ names, for the message) and keyword names. Keep it in step with the call sites i
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
+
+
+def modules_defining(package: str, path, attribute: str) -> dict[str, object]:
+    """module name -> its `attribute`, for every module of `package` (its `__name__`, `__path__`) that defines
+    it, in name order: how each extension point (data sources, losses, hooks, loggers) finds its options."""
+    found = {}
+    for module in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        value = getattr(importlib.import_module(f"{package}.{module.name}"), attribute, None)
+        if value is not None:
+            found[module.name] = value
+    return found
+
 
 # keys whose `_target_` may instead be a class built from the keys alone (its instances are what is called)
 LOSS_CLASSES = frozenset({"trainer.loss"})

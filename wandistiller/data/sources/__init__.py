@@ -10,11 +10,10 @@ names the source), no other edit.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
-import pkgutil
 import typing
 
+from wandistiller.core.extensions import modules_defining
 from wandistiller.data.sources.base import DataSource, Made
 
 log = logging.getLogger("wandistiller")
@@ -22,12 +21,7 @@ log = logging.getLogger("wandistiller")
 
 def sources() -> dict[str, type[DataSource]]:
     """`data.latents` value -> source class, from every module of this package that defines SOURCE."""
-    found = {}
-    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        source = getattr(importlib.import_module(f"{__name__}.{module.name}"), "SOURCE", None)
-        if source is not None:
-            found[source.name] = source
-    return found
+    return {source.name: source for source in modules_defining(__name__, __path__, "SOURCE").values()}
 
 
 def schema_fields() -> list[tuple[str, object, dataclasses.Field]]:

@@ -9,22 +9,16 @@ the registry below finds the module. Run it with `hooks=[monitor,progress,sample
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 
+from wandistiller.core.extensions import modules_defining
 from wandistiller.recipe.hooks.base import Hook, HookParts
 
 
 def options() -> dict[str, tuple[type, type]]:
     """option name -> (config schema, hook class or, for a hook living with its CLI, its name), from every module
     of this package that has an OPTION."""
-    found = {}
-    for module in pkgutil.iter_modules(__path__):
-        option = getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPTION", None)
-        if option is not None:
-            found[module.name] = option
-    return found
+    return modules_defining(__name__, __path__, "OPTION")
 
 
 def register_schemas(store) -> None:

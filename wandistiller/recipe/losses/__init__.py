@@ -13,10 +13,9 @@ Adding a loss: one module here defining `LOSS` and one YAML `conf/loss/<name>.ya
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Callable
 
+from wandistiller.core.extensions import modules_defining
 from wandistiller.recipe.losses.base import NEEDS, Legacy, LossInputs, logged, total
 from wandistiller.recipe.losses.blend import Blend
 from wandistiller.recipe.losses.distillation import Distillation
@@ -25,12 +24,7 @@ from wandistiller.recipe.losses.task import Task
 
 def options() -> dict[str, type]:
     """Option name (the module's, as `conf/loss/<name>.yaml` is) -> loss class, from every module defining LOSS."""
-    found = {}
-    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        loss = getattr(importlib.import_module(f"{__name__}.{module.name}"), "LOSS", None)
-        if loss is not None:
-            found[module.name] = loss
-    return found
+    return modules_defining(__name__, __path__, "LOSS")
 
 
 LOSSES: dict[str, type] = options()

@@ -9,11 +9,9 @@ registry below finds the module; tests/test_loggers.py is parametrised over ever
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from omegaconf import DictConfig
 
+from wandistiller.core.extensions import modules_defining
 from wandistiller.tracking.loggers.base import Logger, Loggers, NullTracker
 from wandistiller.tracking.loggers.wandb import WandbTracker, offline_segments
 
@@ -21,12 +19,7 @@ from wandistiller.tracking.loggers.wandb import WandbTracker, offline_segments
 def options() -> dict[str, tuple[type, type]]:
     """option name (the module's, as `conf/logger/<name>.yaml` is) -> (config schema, logger class), from every
     module of this package that has an OPTION."""
-    found = {}
-    for module in pkgutil.iter_modules(__path__):
-        option = getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPTION", None)
-        if option is not None:
-            found[module.name] = option
-    return found
+    return modules_defining(__name__, __path__, "OPTION")
 
 
 def register_schemas(store) -> None:
