@@ -74,6 +74,19 @@ def test_an_enum_typo_lists_the_valid_values_in_one_line():
         compose_config(["student.init=magic"])
 
 
+@pytest.mark.parametrize("override, group, options", [
+    ("logger=[wandb,tensorbord]", "logger", "csv none tensorboard wandb"),
+    ("hooks=[monitor,progres]", "hooks", "evaluate monitor progress samples"),
+])  # fmt: skip
+def test_a_typo_inside_a_list_of_options_lists_that_groups_options_in_one_line(override, group, options):
+    from wandistiller.config import compose_config
+    from wandistiller.core.errors import UserError
+
+    # Hydra names no options for an entry of a list ("Could not load 'logger/tensorbord'."); the line does.
+    with pytest.raises(UserError, match=f"Available options in '{group}': {options}; pick one of those options"):
+        compose_config([override])
+
+
 def test_schema_defaults_do_not_contradict_the_yaml():
     # Regression: TrainerConfig said max_steps 100, lr 1e-4, warmup 0 where the YAML said 200, 1e-3, 10.
     from wandistiller.config import DataConfig, TrainerConfig

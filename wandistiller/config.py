@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -330,6 +331,10 @@ def hydra_error_line(error: Exception) -> str:
         return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
     if "Could not find" in text:
         return f"{text}; pick one of those options"
+    missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", text)  # an option in a list: Hydra names none
+    if missing and (CONF_DIR / missing[1]).is_dir():
+        options = sorted(p.stem for p in (CONF_DIR / missing[1]).glob("*.yaml"))
+        return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
     return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
 
 
