@@ -31,7 +31,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 # Test modules whose long multi-process jobs start when the session starts (see `session_jobs`).
-SESSION_JOBS = ["test_distributed", "test_losses"]
+SESSION_JOBS = ["tests.core.test_distributed", "tests.recipe.losses.test_init"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -54,9 +54,9 @@ def session_jobs(request) -> dict[str, Future]:
 
 def selected(request, module: str, *tests: str) -> bool:
     """Whether any of these tests of `module` is in this session's selection."""
-    names = {(getattr(item.getparent(pytest.Module), "name", ""), getattr(item, "originalname", "")) for item in
-             request.session.items}  # fmt: skip
-    return any((f"{module}.py", test) in names for test in tests)
+    names = {(getattr(getattr(item, "module", None), "__name__", ""), getattr(item, "originalname", ""))
+             for item in request.session.items}  # fmt: skip
+    return any((module, test) in names for test in tests)
 
 
 @pytest.fixture(autouse=True)
@@ -168,11 +168,11 @@ def spawn(fn, nproc: int, *args):
 # Every default-lane check that needs two ranks, by (test module, function): each is called as
 # function(paths) on both ranks of one launch (`two_ranks`), in this order, a barrier after each.
 TWO_RANK_CHECKS = [
-    ("test_distributed", "_listening_check"),
-    ("test_distributed", "_ddp_check"),
-    ("test_distributed", "_sharded_check"),
-    ("test_targets", "_served_targets_check"),
-    ("test_stopping", "_agree_check"),
+    ("tests.core.test_distributed", "_listening_check"),
+    ("tests.core.test_distributed", "_ddp_check"),
+    ("tests.core.test_distributed", "_sharded_check"),
+    ("tests.recipe.test_targets", "_served_targets_check"),
+    ("tests.job.test_stopping", "_agree_check"),
 ]
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CONF, cli, fresh_runs
 from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from tests.conftest import CONF, cli, fresh_runs
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 

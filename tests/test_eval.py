@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
-from conftest import cli as command_line
-from conftest import fresh_runs
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.conftest import cli as command_line
+from tests.conftest import fresh_runs
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
 from wandistiller.state.checkpoint import load_checkpoint
@@ -143,3 +144,15 @@ def _fox_prompts(tmp_path):
     path = tmp_path / "fox.txt"
     path.write_text("a fox in the snow\n")
     return path
+
+
+def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tmp_path, capsys):
+    other, mine = tmp_path / "other", tmp_path / "mine"
+    run(make_cfg("trainer.max_steps=1", "student.hidden_kd_weight=0.5", run_dir=other))  # + a projection
+    run(make_cfg("trainer.max_steps=1", run_dir=mine))
+    shutil.copytree(other / "checkpoints" / "step_00000001", mine / "checkpoints" / "step_00000009")
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main([str(mine), "--checkpoint", "step_9", "--steps", "1", "--limit", "1"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and "--checkpoint: the checkpoint" in err, err
+    assert "is of another student shape" in err and "pick one this run trained" in err

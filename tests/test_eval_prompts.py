@@ -5,8 +5,8 @@ Real Hydra compose and the real tiny teacher's spec; the run folder is built fro
 from __future__ import annotations
 
 import pytest
-from test_image_data import CAPTIONS, write_folder
 
+from tests.data.test_images import CAPTIONS, write_folder
 from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts

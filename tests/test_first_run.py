@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-from conftest import cli, fresh_runs
 
+from tests.conftest import cli, fresh_runs
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision, cast_keeping_fp32
 from wandistiller.train import run

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BF16
 from omegaconf import OmegaConf
 
+from tests.conftest import BF16
 from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
+from tests.conftest import ROOT
 from wandistiller.pipeline import export
 from wandistiller.train import run
 

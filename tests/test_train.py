@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 import torch
-from conftest import cli, fresh_runs, run_cli
 from diffusers import WanTransformer3DModel
 from hydra.utils import instantiate
 
+from tests.conftest import cli, fresh_runs, run_cli
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.teacher.model import inspect_teacher

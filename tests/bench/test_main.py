@@ -1,0 +1,67 @@
+"""Where the benchmarks write: under outputs/bench/ (git-ignored, beside the runs), built teachers under
+WANDISTILLER_CACHE as for training; never the repository root."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from wandistiller.bench.__main__ import check_args, parser
+from wandistiller.core.errors import UserError
+
+DEFAULTS = (
+    "from wandistiller.bench.__main__ import parser; import json; p = parser(); print(json.dumps({s: vars("
+    "p.parse_args([s] + (['--arch', 'tiny'] if s == 'job' else []))) for s in ('overhead', 'teacher', 'load', 'job', "
+    "'plan')}))"
+)
+
+
+def test_every_bench_defaults_to_outputs_bench_and_the_cache_setting(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDISTILLER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", DEFAULTS], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name, args in json.loads(done.stdout).items():
+        assert args["out"] == f"outputs/bench/{name}.json"
+        for key in ("cache_dir", "folder"):
+            assert args.get(key) is None or args[key].startswith(str(tmp_path / "cache")), (name, key, args[key])
+
+
+@pytest.mark.slow
+def test_bench_teacher_writes_under_outputs_and_names_its_device(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDISTILLER_CACHE": str(tmp_path / "cache")}
+    args = ["teacher", "--arch", "tiny", "--device", "cpu", "--batch", "1", "--reps", "1"]
+    args += ["--latent-height", "8", "--latent-width", "8"]
+    done = subprocess.run([sys.executable, "-m", "wandistiller.bench", *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json")] == ["outputs/bench/teacher.json"]
+    assert json.loads((tmp_path / "outputs/bench/teacher.json").read_text())["device"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["job", "--steps", "0"], "--steps=0 must be 1 or more"),
+        (["teacher", "--batch", "1,-8"], "--batch=1,-8 must be sizes"),
+        (["overhead", "--reps", "-1"], "--reps=-1 must be 1 or more"),
+        (["job", "--warmup", "-1"], "--warmup=-1 must be 0 or more"),
+        (["load", "--device", "nonsense"], "--device='nonsense' is not a device"),
+        (["overhead", "--out", "/"], "--out /: it is a folder"),
+    ],
+)
+def test_bench_flags_are_one_line_before_any_setup(argv, message):
+    with pytest.raises(UserError, match=message):
+        check_args(parser().parse_args(argv))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("bench", ["job", "teacher", "plan"])
+def test_a_cuda_bench_on_a_cpu_machine_is_one_line(bench):
+    with pytest.raises(UserError, match="--device=cuda: this machine has no CUDA GPU"):
+        check_args(parser().parse_args([bench, "--device", "cuda"]))

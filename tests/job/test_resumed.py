@@ -1,0 +1,111 @@
+"""A resume continues the run a user started: its saved config, with only the keys a resume may change."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+
+from tests.conftest import run_cli
+from wandistiller.core.errors import UserError
+from wandistiller.job.resumed import continued_config
+from wandistiller.train import run
+
+FIRST = ["trainer.max_steps=4", "trainer.batch_size=2", "trainer.checkpoint_every=2"]
+
+
+def interrupted_run(make_cfg, run_dir):
+    """A run of 4 steps with its own overrides, cut short after step 2 (as a kill would leave it)."""
+    run(make_cfg(*FIRST, run_dir=run_dir))
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")
+    shutil.rmtree(run_dir / "student")
+    (run_dir / "metrics.json").unlink()
+
+
+def test_a_resume_without_the_original_overrides_continues_the_original_config(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+    assert cfg.trainer.max_steps == 4 and cfg.trainer.batch_size == 2 and cfg.trainer.checkpoint_every == 2
+    longer = continued_config(make_cfg("trainer.resume=auto", "trainer.max_steps=6", run_dir=run_dir),
+                              ["trainer.resume=auto", "trainer.max_steps=6", "logger=none"])  # fmt: skip
+    assert longer.trainer.max_steps == 6 and longer.trainer.batch_size == 2
+
+
+def test_overrides_given_again_must_agree_and_all_differences_are_one_line(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    given = ["trainer.resume=auto", "trainer.batch_size=3", "seed=7"]
+    with pytest.raises(UserError, match=r"seed=7 \(saved 0\), trainer.batch_size=3 \(saved 2\) disagree") as e:
+        continued_config(make_cfg(*given, run_dir=run_dir), given)
+    assert "\n" not in str(e.value)
+    # A whole composed config (no command line to go by) is held to the saved one key by key.
+    with pytest.raises(UserError, match=r"trainer.batch_size=4 \(saved 2\)"):
+        run(make_cfg("trainer.resume=auto", "trainer.max_steps=4", run_dir=run_dir))
+
+
+def test_the_continued_run_trains_the_remaining_steps(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    summary = run(make_cfg(*FIRST, "trainer.resume=auto", run_dir=run_dir))
+    assert summary["final_step"] == 4 and summary["teacher_shape"]["num_layers"] == 4
+
+
+def test_a_damaged_saved_config_is_one_line(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    (run_dir / ".hydra" / "config.yaml").write_text("- just\n- a list\n")
+    with pytest.raises(UserError, match="config.yaml is damaged"):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+
+
+def test_train_log_shows_progress_every_log_every_steps(make_cfg, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="wandistiller")
+    run(make_cfg("trainer.max_steps=4", "trainer.log_every=2", run_dir=tmp_path / "r"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert "samples/s" in lines[0] and "loss" in lines[0]
+
+
+@pytest.mark.slow
+def test_cli_resume_keeps_the_first_runs_overrides_and_records_them(tmp_path, cache_dir, tiny_path):
+    run_dir = tmp_path / "r"
+    base = [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0",
+            "trainer.val_every=0", "trainer.eval_at_end=false", "trainer.progress_bar=false"]  # fmt: skip
+    first = run_cli(*base, *FIRST)
+    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")
+    (run_dir / "metrics.json").unlink()
+    shutil.rmtree(run_dir / "student")
+    refused = run_cli(f"hydra.run.dir={run_dir}", "trainer.resume=auto", "trainer.batch_size=8")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: trainer.resume=auto")
+    again = run_cli(f"hydra.run.dir={run_dir}", "trainer.resume=auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["final_step"] == 4 and metrics["steps_run"] == 4 and "trainer.batch_size=2" in metrics["overrides"]
+    assert "step 4/4: loss" in (run_dir / "train.log").read_text()
+
+
+def test_steps_a_killed_segment_measured_past_the_resumed_run_are_not_in_its_summary(tmp_path):
+    from wandistiller.data.validation import recorded_rows
+    from wandistiller.recipe.outputs import whole_run
+
+    rows = [{"step": s, "loss": 1.0} for s in range(1, 18)]  # killed at 17, last checkpoint at 10
+    (tmp_path / "metrics_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    history = [{"step": s, "loss": 0.5} for s in range(11, 14)]  # resumed with trainer.max_steps=13
+    with (tmp_path / "metrics_steps.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in history)
+    steps = whole_run(recorded_rows(tmp_path), history)
+    assert [r["step"] for r in steps] == list(range(1, 14)) and steps[-1]["loss"] == 0.5
+
+
+def test_a_resume_takes_only_the_changeable_keys_given_not_their_whole_group(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg(*FIRST, "logger=wandb", "logger.wandb.mode=disabled", "logger.wandb.project=mine", run_dir=run_dir))
+    (run_dir / "metrics.json").unlink()
+    given = ["trainer.resume=auto", "+logger.wandb.tags=[again]"]  # + : these tests compose with logger=none
+    cfg = continued_config(make_cfg(*given, run_dir=run_dir), given)
+    w = cfg.logger.wandb
+    assert w.project == "mine" and w.mode == "disabled" and list(w.tags) == ["again"]

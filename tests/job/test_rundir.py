@@ -1,0 +1,103 @@
+"""One live run per run folder; the lock goes away with its process, however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+from wandistiller.job.rundir import RunDirTaken, claim_run_dir
+from wandistiller.train import run
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from wandistiller.job.rundir import claim_run_dir
+    claim_run_dir(Path(sys.argv[1]), None)
+    print("holding", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process that has claimed tmp_path/r and is still alive."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout.readline().strip() == "holding"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_run_into_a_live_runs_folder_is_refused_in_one_line(make_cfg, tmp_path, holder):
+    with pytest.raises(RunDirTaken, match=rf"is in use by a live run \(pid {holder.pid} on .*hydra.run.dir") as e:
+        run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=tmp_path / "r"))
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock"]  # nothing of ours was written
+
+
+def test_the_lock_is_released_when_its_holder_is_killed(tmp_path, holder):
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert claim_run_dir(tmp_path / "r", None) is None
+
+
+def test_another_runs_outputs_are_refused_with_rundirtaken(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=run_dir))
+    with pytest.raises(RunDirTaken, match="already holds another run's outputs"):
+        claim_run_dir(run_dir, None)
+
+
+def test_a_refused_folder_is_not_created(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.json").write_text("{}")
+    with pytest.raises(RunDirTaken):
+        claim_run_dir(tmp_path / "r", None)
+    assert not (tmp_path / "r" / ".lock").exists()
+
+
+def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
+    from wandistiller.train import record_failed_point
+
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)  # a live run's, say: no metrics.json yet
+    point = {"choices": {"teacher_placement": "cpu"}, "overrides": ["trainer.batch_size=2"]}
+    record = record_failed_point(make_cfg(run_dir=run_dir), RunDirTaken("in use"), point)
+    assert record["status"] == "refused" and sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]
+
+
+def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path):
+    """The default folder is named by the second; mkdir decides who gets which name, even in a race."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wandistiller.job.rundir import unique_folder
+
+    folder = tmp_path / "outputs" / "2026-11-26" / "11-10-00"
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: unique_folder(folder), range(8)))
+    assert len(set(got)) == 8 and folder in got and folder.with_name("11-10-00_7") in got
+
+
+def test_two_resumes_in_the_same_second_keep_both_configs(tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.job.rundir import save_config
+
+    for seed in (0, 1, 2):
+        save_config(tmp_path, OmegaConf.create({"seed": seed}), None)
+    saved = sorted((tmp_path / ".hydra").glob("config*.yaml"))
+    assert sorted(OmegaConf.load(p).seed for p in saved) == [0, 1, 2]

@@ -1,0 +1,190 @@
+"""The planner: what `auto` picks for a table of hardware, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, choose, cli, fresh_runs, workload
+from wandistiller.core.errors import UserError
+from wandistiller.placements import memory
+from wandistiller.placements import planner as plan
+from wandistiller.placements.memory import param_count, teacher_weight_bytes
+
+FRAME = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
+HARDWARE = {
+    "1x24GiB": ["hardware.gpus=1", "hardware.gpu_memory_gib=24", "hardware.host_memory_gib=256"],
+    "1x80GiB": ["hardware.gpus=1", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=256"],
+    "4x80GiB": ["hardware.gpus=4", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=512"],
+    "8x40GiB": ["hardware.gpus=8", "hardware.gpu_memory_gib=40", "hardware.host_memory_gib=512"],
+    "cpu-only": ["hardware.gpus=0", "hardware.gpu_memory_gib=0", "hardware.host_memory_gib=256"],
+}
+EXPECTED = {  # (teacher, hardware) -> auto's choice
+    ("wan2.1_t2v_14b", "1x24GiB"): "offload",
+    ("wan2.1_t2v_14b", "1x80GiB"): "gpu",
+    ("wan2.1_t2v_14b", "4x80GiB"): "gpu",
+    ("wan2.1_t2v_14b", "8x40GiB"): "gpu",
+    ("wan2.1_t2v_14b", "cpu-only"): "cpu",
+    ("wan2.2_t2v_a14b", "1x24GiB"): "offload",
+    ("wan2.2_t2v_a14b", "1x80GiB"): "gpu",
+    ("wan2.2_t2v_a14b", "4x80GiB"): "gpu",
+    ("wan2.2_t2v_a14b", "8x40GiB"): "balanced",
+    ("wan2.2_t2v_a14b", "cpu-only"): "cpu",
+}
+
+
+def estimates_for(make_cfg, teacher, hardware, *extra):
+    cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE[hardware], *extra)
+    w, hw = workload(cfg)
+    return plan.plan(w, hw), cfg
+
+
+@pytest.mark.parametrize("teacher,hardware", sorted(EXPECTED))
+def test_auto_picks_the_fastest_placement_that_fits(make_cfg, teacher, hardware):
+    estimates, cfg = estimates_for(make_cfg, teacher, hardware)
+    assert plan.choose(estimates).placement == EXPECTED[teacher, hardware]
+    auto = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE[hardware], "teacher_placement=auto")
+    resolved, table = choose(auto)
+    assert resolved.name == EXPECTED[teacher, hardware]
+    assert f"{EXPECTED[teacher, hardware]:<11}" in table and "<- chosen" in table
+
+
+def test_the_14b_expert_weighs_what_its_parameters_say(make_cfg):
+    estimates, cfg = estimates_for(make_cfg, "wan2.1_t2v_14b", "1x80GiB")
+    w, _ = workload(cfg)
+    assert 14.2e9 < param_count(w.teacher_config) < 14.4e9  # Wan 14B
+    assert abs(teacher_weight_bytes(w) / 1e9 - 28.6) < 0.1
+
+
+def test_gpu0_leaves_the_student_gpus_free_of_teacher_weights(make_cfg):
+    estimates, _ = estimates_for(make_cfg, "wan2.1_t2v_14b", "4x80GiB")
+    gpu0 = next(e for e in estimates if e.placement == "gpu0")
+    # The student GPUs hold a student (about 10 GB at b4 x 1560 tokens), none of the 28.6 GB of teacher weights.
+    assert gpu0.fits and gpu0.gpu_bytes[0] > 28e9 and all(b < 14e9 for b in gpu0.gpu_bytes[1:])
+
+
+def test_a_placement_that_cannot_fit_is_refused_naming_one_that_can(make_cfg):
+    # A 14B teacher in 16 GiB of host RAM will not fit; the 80 GiB GPU would hold it.
+    cfg = make_cfg(
+        "teacher=wan2.1_t2v_14b",
+        *FRAME,
+        "hardware.gpus=1",
+        "hardware.gpu_memory_gib=80",
+        "hardware.host_memory_gib=16",
+        "teacher_placement=cpu",
+    )
+    with pytest.raises(
+        UserError, match=r"teacher_placement=cpu will not fit: .*GiB host RAM.*use teacher_placement=gpu"
+    ):
+        choose(cfg)
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def plans(request):
+    """This module's `python -m wandistiller.plan` runs, started together (each a fresh process)."""
+    plan = lambda *args: cli(*args, module="wandistiller.plan")  # noqa: E731
+    return fresh_runs(request, {
+        "8x40": ("test_plan_cli_prints_the_table_for_hardware_described_on_paper",
+                 plan("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])),
+        "missing": ("test_plan_cli_names_a_missing_hardware_key_in_one_line",
+                    plan("teacher=wan2.1_t2v_14b", "hardware.gpus=8")),
+        "headroom": ("test_a_bad_headroom_is_one_line_naming_the_keys", plan("hardware.headroom_fraction=1.5")),
+        "1x80": ("test_the_table_shows_its_error_bar_and_marks_extrapolated_figures",
+                 plan("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"])),
+    })  # fmt: skip
+
+
+def test_plan_cli_prints_the_table_for_hardware_described_on_paper(plans):
+    result = plans["8x40"].result()
+    assert result.returncode == 0, result.stderr
+    assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
+
+
+def test_plan_cli_names_a_missing_hardware_key_in_one_line(plans):
+    # Regression: hardware.gpus without hardware.gpu_memory_gib ended in a TypeError traceback.
+    result = plans["missing"].result()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
+
+
+@pytest.mark.slow  # several fresh-process CLI runs
+def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
+    assert plan_cli("--help").returncode == 0
+    result = plan_cli("teacher_placement=nowhere")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "offload" in result.stderr
+
+
+def test_auto_with_a_headroom_that_excludes_its_first_choice_picks_the_next_and_says_why(make_cfg, caplog):
+    # A 14B teacher beside the small student needs ~36 GiB: it fits 80 GiB, not 80 less a 50 GiB headroom.
+    hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=256"]
+    cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *hardware, "teacher_placement=auto")
+    assert choose(cfg)[0].name == "gpu"
+    cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *hardware, "hardware.headroom_gib=50", "teacher_placement=auto")
+    with caplog.at_level("INFO", logger="wandistiller"):
+        placement, table = choose(cfg)
+    assert placement.name == "offload"
+    why = [r.getMessage() for r in caplog.records if "headroom excludes" in r.getMessage()]
+    assert why and why[0].startswith("teacher_placement=auto: not gpu, the headroom excludes it: needs ")
+    assert "80.0 GiB free less 50.0 GiB headroom leaves 30.0" in why[0]
+    assert "the larger of 50 GiB and 8% of each device" in table and "offload     yes" in table
+
+
+def test_a_named_placement_the_headroom_excludes_is_refused(make_cfg):
+    # The 14B teacher in host RAM needs ~31 GiB: it fits 40 GiB less 8%, not 40 less a 20 GiB headroom.
+    hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=40"]
+    choose(make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *hardware, "teacher_placement=cpu"))
+    cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *hardware, "hardware.headroom_gib=20", "teacher_placement=cpu")
+    with pytest.raises(UserError, match="teacher_placement=cpu will not fit"):
+        choose(cfg)
+
+
+def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
+    result = plans["headroom"].result()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "hardware.headroom_fraction=1.5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
+    result = plans["1x80"].result()
+    assert result.returncode == 0, result.stderr
+    assert f"0 to +{memory.FIT_ERROR_PCT}% over the measured peaks" in result.stdout
+    gpu_row = next(line for line in result.stdout.splitlines() if line.startswith("gpu "))
+    assert "*" in gpu_row  # a 14B teacher is beyond the fitted shapes (a 1.3B-shaped teacher on one GPU)
+
+
+def test_the_fitted_constants_are_the_ones_docs_planner_fit_json_records():
+    fit = json.loads((ROOT / "docs" / "planner_fit.json").read_text())
+    assert fit["fitted"]["ACT_FACTOR"] == memory.ACT_FACTOR
+    assert tuple(fit["fitted"]["CPU_HEAP_PER_TOKEN"]) == memory.CPU_HEAP_PER_TOKEN
+    assert fit["fitted"]["FIT_ERROR_PCT"] == memory.FIT_ERROR_PCT and fit["fitted"]["FIT_MARGIN"] == memory.FIT_MARGIN
+    # Every fitted point lies in the target band: 0 to +15% over its measurement.
+    assert all(0 <= p["error_pct"] <= 15 for p in fit["points"]), [p for p in fit["points"] if p["error_pct"] < 0]
+
+
+def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_how_much(make_cfg):
+    estimates, cfg = estimates_for(make_cfg, "wan2.2_t2v_a14b", "8x40GiB", "hardware.host_memory_gib=16")
+    w, hw = workload(cfg)
+    table = plan.format_table(estimates, hw, "balanced", w)
+    cpu = next(r for r in table.splitlines() if r.startswith("cpu "))
+    # ~70 GiB of host RAM wanted, 16 less 8% headroom = 14.7 usable.
+    assert " no " in cpu and "short of" in cpu and "GiB on host RAM, 14.7 usable" in cpu
+    for e in estimates:
+        row = next(r for r in table.splitlines() if r.startswith(f"{e.placement} "))
+        assert e.fits or "short of" in row or "needs" in row or "headroom" in row, row
+
+
+def test_parameter_counts_carry_units():
+    from wandistiller.core.errors import human_count
+
+    assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
+        "512", "41.9K", "213M", "1M", "1.3B"
+    ]  # fmt: skip

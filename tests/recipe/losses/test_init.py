@@ -1,0 +1,121 @@
+"""The loss options (wandistiller.recipe.losses): known answers on fixed tensors, and each trains in a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, cli, selected, session_env
+from wandistiller.core.errors import UserError
+from wandistiller.recipe.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
+from wandistiller.train import run
+
+
+def inputs(**changed) -> LossInputs:
+    base = dict(
+        pred=torch.ones(2, 3), student_hidden=torch.ones(2, 4), target=torch.zeros(2, 3),
+        teacher_hidden=torch.full((2, 4), 3.0), x0=torch.full((2, 3), 1.0), noise=torch.full((2, 3), 4.0),
+        t=torch.tensor([10.0, 900.0]),
+    )  # fmt: skip
+    return LossInputs(**(base | changed))
+
+
+def test_distillation_keeps_the_old_loss_and_its_metric_names():
+    parts = Distillation(hidden_kd_weight=0.5)(inputs())
+    assert parts["velocity"] == 1.0 and parts["hidden"] == 4.0 and total(parts) == 3.0
+    assert set(logged(parts)) == {"loss", "loss_velocity", "loss_hidden"}
+    assert Distillation().needs == {"teacher"} and Distillation(0.5).needs == {"teacher", "teacher_hidden"}
+
+
+def test_task_is_the_flow_velocity_of_the_data_and_needs_no_teacher():
+    # velocity = noise - x0 = 3 everywhere; the prediction is 1: MSE 4, whatever the teacher says.
+    parts = Task()(inputs(target=None, teacher_hidden=None))
+    assert parts == {"task": 4.0} and total(parts) == 4.0 and Task.needs == {"x0"}
+    assert set(logged(parts)) == {"loss", "loss_task"}
+
+
+def test_blend_weighs_task_and_distillation():
+    parts = Blend(alpha=0.25)(inputs())
+    assert parts["task"] == 4.0 and parts["velocity"] == 1.0 and total(parts) == 0.25 * 4 + 0.75 * 1
+    assert Blend(alpha=1.0)(inputs())["loss"] == 4.0 and Blend().needs == {"teacher", "x0"}
+    with pytest.raises(UserError, match="trainer.loss.alpha=1.5"):
+        Blend(alpha=1.5)
+
+
+def test_old_shape_functions_and_partials_become_losses():
+    from functools import partial
+
+    from wandistiller.recipe.loop import distillation_loss
+
+    legacy = as_loss(partial(distillation_loss, hidden_kd_weight=0.5), 0.5)
+    assert total(legacy(inputs())) == 3.0 and legacy.needs == {"teacher", "teacher_hidden"}
+    built = as_loss(partial(Blend, alpha=0.0))
+    assert isinstance(built, Blend) and built.alpha == 0.0
+
+
+def test_every_loss_module_has_its_yaml_and_old_targets_still_resolve():
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    from tests.conftest import CONF
+    from wandistiller.core.renamed import current_target
+
+    yamls = {p.stem: OmegaConf.load(p)._target_ for p in (CONF / "loss").glob("*.yaml")}
+    assert set(LOSSES) == set(yamls)
+    assert all(get_object(target) is LOSSES[name] for name, target in yamls.items())  # each its own module's
+    for old in ("wandistiller.losses.Blend", "wandistiller.recipe.losses.Blend"):  # saved by older runs
+        assert get_object(current_target(old)) is Blend and current_target(old) == yamls["blend"]
+
+
+def steps(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("option", "keys"),
+    [
+        ("distillation", {"loss_velocity", "loss_hidden"}),
+        ("task", {"loss_task"}),
+        ("blend", {"loss_task", "loss_velocity"}),
+    ],
+)
+def test_each_loss_option_trains(make_cfg, tmp_path, option, keys):
+    summary = run(make_cfg(f"loss={option}", "trainer.max_steps=3", "trainer.log_every=1", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 3
+    rows = steps(tmp_path / "r")
+    assert all(keys | {"loss"} <= set(r) and r["loss"] > 0 for r in rows)
+    if option == "task":  # no teacher call at all: its time is the two clock marks around nothing
+        assert all(r["teacher_ms"] < 1.0 for r in rows)
+
+
+TASK_ON_TWO_RANKS = ["logger=none", "distributed.nproc_per_node=2", "teacher_placement=cpu", "loss=task",
+                     "trainer.max_steps=3", "trainer.sample_prompts=0", "trainer.val_every=0",
+                     "trainer.eval_at_end=false", "trainer.progress_bar=false", "precision=fp32"]  # fmt: skip
+
+
+def _train(run_dir, args: list[str], env: dict):
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600), run_dir
+
+
+def start_jobs(request, pool) -> dict:
+    """The 2-rank run below, started with the session (conftest.session_jobs) when its test is selected."""
+    if not selected(request, __name__, "test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks"):
+        return {}
+    cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
+    request.getfixturevalue("tiny_path")
+    run_dir = factory.mktemp("task_loss_two_ranks") / "r"
+    args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *TASK_ON_TWO_RANKS)
+    env = session_env(request)  # copied now: a test's monkeypatching never leaks in
+    return {"task_loss_two_ranks": pool.submit(_train, run_dir, args, env)}
+
+
+def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(session_jobs):
+    # teacher_placement=cpu: rank 0 owns the teacher and sends rank 1 its targets every micro-batch; a task
+    # loss must still receive them (RemoteTargets is not skippable), or the ranks would hang.
+    result, run_dir = session_jobs["task_loss_two_ranks"].result()
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = steps(run_dir)
+    assert len(rows) == 3 and all("loss_task" in r and "loss_velocity" not in r for r in rows)

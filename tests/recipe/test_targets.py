@@ -1,0 +1,149 @@
+"""Targets: the teacher's guided velocity equals WanPipeline's, routing is in timestep space, and targets
+served by an owner equal a local teacher's bit for bit
+(wandistiller/teacher/model.py, wandistiller/recipe/targets.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from diffusers import WanPipeline
+from omegaconf import OmegaConf
+
+from tests.conftest import FP32, spawn
+from wandistiller.core.distributed import Topology, roles_for
+from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
+from wandistiller.teacher.model import inspect_teacher
+
+
+def teacher_cfg(**kw):
+    return OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None} | kw)
+
+
+def capture_pipeline_calls(pipe, prompt, steps):
+    """Run WanPipeline and record every transformer call: which expert, its inputs and its output."""
+    calls = []
+    for name in ("transformer", "transformer_2"):
+        model = getattr(pipe, name)
+        if model is not None:
+            model.register_forward_hook(
+                lambda m, args, kwargs, out, name=name: calls.append((name, kwargs, out[0])), with_kwargs=True
+            )
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    pipe(
+        prompt,
+        num_frames=1,
+        height=64,
+        width=64,
+        num_inference_steps=steps,
+        output_type="latent",
+        generator=g,
+        guidance_scale=4.0,
+        guidance_scale_2=3.0 if pipe.transformer_2 is not None else None,
+    )
+    return calls
+
+
+@pytest.mark.parametrize("which", ["tiny", "tiny_moe"])
+def test_targets_equal_the_guided_prediction_inside_wan_pipeline(which, tiny_path, tiny_moe_path, cache_dir):
+    path = tiny_path if which == "tiny" else tiny_moe_path
+    pipe = WanPipeline.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+    calls = capture_pipeline_calls(pipe, "A red fox trotting through fresh snow at dawn", steps=8)
+    spec = inspect_teacher(path)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32, Topology())
+    embeddings = encode_prompts(
+        spec, ["A red fox trotting through fresh snow at dawn"], "", 512, torch.float32, torch.device("cpu"), cache_dir
+    )
+    cond, uncond = embeddings.padded(torch.tensor([0])), embeddings.negative_batch(1)
+    experts_used = set()
+    for (name, kw_cond, out_cond), (_, kw_uncond, out_uncond) in zip(calls[::2], calls[1::2]):
+        # The cached embeddings are the pipeline's own, bit for bit.
+        assert torch.equal(kw_cond["encoder_hidden_states"], cond)
+        assert torch.equal(kw_uncond["encoder_hidden_states"], uncond)
+        t = kw_cond["timestep"].float()
+        scale = 4.0 if name == "transformer" else 3.0
+        expected = out_uncond + scale * (out_cond - out_uncond)
+        target, _ = teacher.targets(kw_cond["hidden_states"], t, cond, uncond)
+        assert teacher.expert_index(t).item() == (0 if name == "transformer" else 1)
+        torch.testing.assert_close(target, expected, rtol=1e-5, atol=1e-5)
+        experts_used.add(name)
+    assert experts_used == ({"transformer"} if which == "tiny" else {"transformer", "transformer_2"})
+
+
+def test_two_expert_routing_is_in_timestep_space_at_the_boundary(tiny_moe_path):
+    spec = inspect_teacher(tiny_moe_path)
+    assert spec.boundary_ratio == 0.875 and spec.boundary_timestep == 875.0
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
+    t = torch.tensor([999.0, 875.0, 874.999, 500.0, 0.0])
+    assert teacher.expert_index(t).tolist() == [0, 0, 1, 1, 1]
+
+
+def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
+    spec = inspect_teacher(tiny_moe_path)
+    teacher = CpuPlacement().load(spec, teacher_cfg(guidance_scale=4.0, guidance_scale_2=3.0), FP32, Topology())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, 1, 8, 8, generator=g)
+    t = torch.tensor([950.0, 100.0, 880.0, 300.0])
+    cond, uncond = torch.randn(4, 512, 32, generator=g), torch.zeros(4, 512, 32)
+    together, _ = teacher.targets(x, t, cond, uncond)
+    for i in range(4):
+        alone, _ = teacher.targets(x[i : i + 1], t[i : i + 1], cond[i : i + 1], uncond[i : i + 1])
+        torch.testing.assert_close(together[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
+    """Each training rank checks the targets it is served against a teacher of its own."""
+    topo = Topology.from_env()
+    roles = roles_for(serving, topo)
+    spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
+    teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
+    emb = encode_prompts(spec, read_prompts(None), "", 512, torch.float32, torch.device("cpu"), cache_dir)
+    batch_fn = batch_source(0, 3, (16, 1, 8, 8), 3.0, 1000, emb)
+    teacher = CpuPlacement().load(spec, teacher_cfg, FP32, topo)  # every rank: the owner's, or the reference
+    steps, accum, cpu = range(2, 5), 2, torch.device("cpu")
+    checked = 0
+    if not roles.trains:
+        serve(teacher, list(roles.served), batch_fn, steps, accum, True, cpu)
+    else:
+        if roles.owner is not None:
+            provider = RemoteTargets(roles.owner, spec.transformer_config, cpu)
+        else:
+            provider = OwnerTargets(teacher, list(roles.served), batch_fn, cpu)
+        local = LocalTargets(teacher)
+        for step in steps:
+            for micro in range(accum):
+                batch = batch_fn(step, micro, roles.dp_rank)
+                served, served_hidden = provider.get(step, micro, batch, True)
+                mine, mine_hidden = local.get(step, micro, batch, True)
+                assert torch.equal(served, mine) and torch.equal(served_hidden, mine_hidden)
+                checked += 1
+        provider.finish()
+    dist.barrier()
+    return {"rank": topo.rank, "checked": checked, "trains": roles.trains}
+
+
+def _served_targets_check(paths: dict) -> dict:
+    """Two ranks, the first also owning the node's teacher (in conftest.two_ranks)."""
+    return _served_targets(paths["moe"], paths["cache"], "node_owner")
+
+
+def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> dict:
+    dist.init_process_group("gloo")
+    found = _served_targets(teacher_path, cache_dir, serving)
+    dist.destroy_process_group()
+    return found
+
+
+def test_served_targets_are_bitwise_equal_to_a_local_teachers_on_two_ranks(two_ranks):
+    results = [r["_served_targets_check"] for r in two_ranks]
+    assert [r["trains"] for r in results] == [True, True] and [r["checked"] for r in results] == [6, 6]
+
+
+@pytest.mark.slow  # 3 ranks
+def test_served_targets_from_a_dedicated_owner_are_bitwise_equal_to_a_local_teachers(tiny_moe_path, cache_dir):
+    results = spawn(_served_targets_worker, 3, str(tiny_moe_path), str(cache_dir), "dedicated_owner")
+    trained = [r for r in results.values() if r["trains"]]
+    assert len(trained) == 2 and all(r["checked"] == 6 for r in trained)

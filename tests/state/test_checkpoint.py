@@ -1,0 +1,341 @@
+"""Checkpoints: data, not code; a damaged one is skipped or refused in one line; a failed save cleans up."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import pickle
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
+
+from tests.conftest import cli, fresh_runs, run_cli
+from wandistiller.core.errors import UserError
+from wandistiller.state import checkpoint
+from wandistiller.state.checkpoint import (
+    check_compatible,
+    checkpoint_dir,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    restore,
+    save_checkpoint,
+)
+from wandistiller.train import run
+
+
+class Marker:
+    """Unpickling this creates a file: proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def crafted_checkpoint(folder, marker):
+    folder.mkdir(parents=True)
+    (folder / "state.pt").write_bytes(pickle.dumps({"step": 1, "student": Marker(str(marker))}))
+
+
+def real_state(bf16: bool = False):
+    """A training state made by the real classes the worker uses."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    if bf16:
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=10)
+    scaler = torch.amp.GradScaler("cpu", enabled=True)
+    ema = EMAModel(list(model.parameters()), decay=0.9)
+    for _ in range(3):
+        model(torch.randn(3, 4, dtype=next(model.parameters()).dtype)).float().pow(2).mean().backward()
+        opt.step(), sched.step(), ema.step(model.parameters()), opt.zero_grad()
+    state = {
+        "student": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "lr_scheduler": sched.state_dict(),
+        "scaler": scaler.state_dict(),
+        "ema": ema.state_dict(),
+        "tracker_run_id": "abc123",
+    }
+    return model, state
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_saved_state_comes_back_equal_with_the_rngs(tmp_path, bf16):
+    model, state = real_state(bf16)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    path = save_checkpoint(tmp_path, 3, state, keep=2)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    loaded = load_checkpoint(path)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert loaded["step"] == 3 and loaded["tracker_run_id"] == "abc123"
+    for key, value in state["student"].items():
+        assert torch.equal(loaded["student"][key], value) and loaded["student"][key].dtype == value.dtype
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for i, s in state["optimizer"]["state"].items():
+        assert all(torch.equal(loaded["optimizer"]["state"][i][k], v) for k, v in s.items())
+    assert loaded["lr_scheduler"] == state["lr_scheduler"] and loaded["scaler"] == state["scaler"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded["ema"]["shadow_params"], state["ema"]["shadow_params"]))
+    opt = torch.optim.AdamW(model.parameters())
+    opt.load_state_dict(loaded["optimizer"])  # the real classes take it back
+    EMAModel(list(model.parameters())).load_state_dict(loaded["ema"])
+    assert sorted(p.name for p in path.iterdir()) == ["state.json", "tensors.safetensors"]
+
+
+def test_a_crafted_pickle_never_runs_explicit_resume_is_one_line(tmp_path):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "evil", marker)
+    with pytest.raises(UserError, match=r"trainer.resume=.*state.pt, a pickle.*never loads") as e:
+        resolve_resume(str(tmp_path / "evil"), tmp_path / "run")
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+@pytest.mark.slow  # a run, then a CLI resume: ~25 s
+def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_runs(make_cfg, tmp_path, cache_dir):
+    run_dir, marker = tmp_path / "r", tmp_path / "pwned"
+    run(make_cfg("trainer.max_steps=2", run_dir=run_dir))
+    crafted_checkpoint(run_dir / "checkpoints" / "step_00000003", marker)  # newer than the real one
+    (run_dir / "metrics.json").unlink()
+    common = [
+        f"paths.cache_dir={cache_dir}",
+        "logger=none",
+        "trainer.sample_prompts=0",
+        "trainer.eval_at_end=false",
+        "trainer.val_every=0",
+        "trainer.max_steps=4",
+    ]
+    result = run_cli(*common, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "precision=fp32")
+    assert result.returncode == 0, result.stderr[-3000:]
+    skips = [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "skipping" in line]
+    assert len(skips) == 1 and "step_00000003: it holds only state.pt, a pickle" in skips[0], skips
+    assert "resuming at step 2" in result.stdout + result.stderr
+    assert not marker.exists() and json.loads((run_dir / "metrics.json").read_text())["final_step"] == 4
+
+
+@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+def clis(request, tmp_path_factory, cache_dir):
+    """This module's default-lane command-line run (a fresh process) and its folder, started with the module."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    crafted_checkpoint(tmp_path / "evil", tmp_path / "pwned")
+    args = cli(
+        f"paths.cache_dir={cache_dir}", "logger=none", f"hydra.run.dir={tmp_path}/s", f"trainer.resume={tmp_path}/evil"
+    )
+    return tmp_path, fresh_runs(request, {"evil": ("test_cli_an_explicit_crafted_pickle_is_one_error_line", args)})
+
+
+def test_cli_an_explicit_crafted_pickle_is_one_error_line(clis):
+    tmp_path, runs = clis
+    marker, result = tmp_path / "pwned", runs["evil"].result()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr
+    assert errors[0].startswith("error: trainer.resume=") and not marker.exists()
+
+
+def test_auto_skips_a_crafted_pickle_and_refuses_when_no_checkpoint_is_usable(tmp_path, caplog):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "checkpoints" / "step_00000003", marker)
+    _, state = real_state()
+    save_checkpoint(tmp_path, 2, state, keep=2)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert len(caplog.records) == 1 and "step_00000003: it holds only state.pt, a pickle" in caplog.text
+    shutil.rmtree(checkpoint_dir(tmp_path, 2))
+    with pytest.raises(UserError, match="trainer.resume=auto: none of the checkpoints in .* can be resumed from"):
+        resolve_resume("auto", tmp_path)
+    assert not marker.exists()
+
+
+def damage(path, how):
+    tensors = path / "tensors.safetensors"
+    if how == "truncated":
+        tensors.write_bytes(tensors.read_bytes()[:-7])
+    elif how == "garbage":
+        tensors.write_bytes(os.urandom(tensors.stat().st_size))
+    elif how == "empty":
+        tensors.write_bytes(b"")
+    elif how == "bad json":
+        (path / "state.json").write_text('{"step": 3, "student": ')
+    elif how == "dangling":
+        state = json.loads((path / "state.json").read_text())
+        (path / "state.json").write_text(json.dumps(state | {"student": {"w": {"__tensor__": "nope"}}}))
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "bad json"])
+def test_auto_skips_a_damaged_latest_checkpoint_in_one_line(tmp_path, caplog, how):
+    _, state = real_state()
+    save_checkpoint(tmp_path, 2, state, keep=5)
+    damage(save_checkpoint(tmp_path, 4, state, keep=5), how)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert len(caplog.records) == 1 and "skipping" in caplog.text and "step_00000004" in caplog.text
+    with pytest.raises(UserError, match="cannot be resumed from") as e:
+        resolve_resume(str(checkpoint_dir(tmp_path, 4)), tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_whose_json_names_a_missing_tensor_is_found_before_loading(tmp_path):
+    _, state = real_state()
+    path = save_checkpoint(tmp_path, 2, state, keep=5)
+    damage(path, "dangling")
+    with pytest.raises(UserError, match="cannot be resumed from: .*refers to tensor 'nope'"):
+        resolve_resume(str(path), tmp_path)
+    with pytest.raises(UserError, match="cannot be read .*lacks"):
+        load_checkpoint(path)
+
+
+def test_a_failed_save_removes_its_temp_folder_and_keeps_the_earlier_ones(tmp_path, monkeypatch):
+    _, state = real_state()
+    earlier = save_checkpoint(tmp_path, 2, state, keep=1)
+    real_write = os.write
+
+    def full_disk(fd, data):  # the OS call a full disk fails; half the bytes land first
+        if len(data) > 64:
+            real_write(fd, bytes(data[:32]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(UserError, match=r"could not write a checkpoint into .*checkpoints \(No space left") as e:
+        save_checkpoint(tmp_path, 4, state, keep=1)
+    monkeypatch.undo()
+    assert "MiB free there" in str(e.value) and "\n" not in str(e.value)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
+    assert load_checkpoint(earlier)["step"] == 2
+
+
+def test_a_checkpoint_of_another_student_shape_is_one_line(tmp_path):
+    model, state = real_state()
+    other = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Linear(16, 2))
+    with pytest.raises(
+        UserError,
+        match=r"^trainer.resume: the checkpoint is of another student shape \(0.bias is \[8\] there and \[16\] here",
+    ):
+        check_compatible(state, other)
+    with pytest.raises(UserError, match="another student shape .*lacks 2"):
+        check_compatible(state, torch.nn.Sequential(*model, torch.nn.Linear(2, 2)))
+    check_compatible(state, model)
+    broken = state | {"optimizer": {"state": {}, "param_groups": []}, "path": "ckpt"}
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(UserError, match=r"the checkpoint ckpt does not fit this run \(ValueError"):
+        restore(broken, model, opt, None, None, None)
+
+
+def test_resume_with_another_student_shape_is_refused_in_one_line(make_cfg, tmp_path):
+    run(make_cfg("trainer.max_steps=2", run_dir=tmp_path / "r"))
+    # Another run (its own folder and config) started from that checkpoint: the shapes decide.
+    checkpoint = tmp_path / "r" / "checkpoints" / "step_00000002"
+    cfg = make_cfg("trainer.max_steps=4", f"trainer.resume={checkpoint}", "student.hidden_kd_weight=0.1",
+                   run_dir=tmp_path / "other")  # fmt: skip
+    with pytest.raises(UserError, match="trainer.resume: the checkpoint .* is of another student shape") as e:
+        run(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_prune_keeps_later_checkpoints_it_skipped_and_deletes_by_rename(tmp_path):
+    _, state = real_state()
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, state, keep=5)
+    damage(checkpoint_dir(tmp_path, 6), "empty")
+    assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 4)
+    save_checkpoint(tmp_path, 5, state, keep=1)  # the resumed run goes on from 4
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+    damage(checkpoint_dir(tmp_path, 5), "truncated")
+    save_checkpoint(tmp_path, 6, state, keep=1)  # replaces the damaged 6; the damaged 5 is left to look at
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+    assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 6)
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_every_torch_load_in_the_package_is_weights_only():
+    import ast
+    import pathlib
+
+    import wandistiller
+
+    calls = 0
+    for source in pathlib.Path(wandistiller.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+                calls += 1
+                flags = {k.arg: k.value for k in node.keywords}
+                assert isinstance(flags.get("weights_only"), ast.Constant), source
+                assert flags["weights_only"].value is True, source
+    assert calls >= 4  # the embeddings cache and its parts, the teacher-latent chunks, the legacy converter
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_every_file_the_package_unpickles_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    """What the weights_only flags above are for, by behaviour: each reader of a torch.load file (an
+    embeddings cache, one of its parts, a teacher-latent chunk) treats a crafted one as damaged, and the
+    code it names never runs; without weights_only the same file does run it."""
+    from wandistiller.data.latents import _load_chunk
+    from wandistiller.data.prompts import _cached_embeddings, _load_part
+
+    marker, evil = tmp_path / "pwned", tmp_path / "evil.pt"
+    crafted = {"prompts": ["a"], "embeds": [Marker(str(marker))], "negative": torch.zeros(1, 4)}
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    assert _load_part(evil, ["a"], 8) is None and _load_chunk(evil, 1, None) is None
+    assert _cached_embeddings(evil, ["a"], 8) is None and not evil.exists()  # a damaged cache is removed
+    assert not marker.exists()
+    torch.save(crafted | {"max_sequence_length": 8}, evil)
+    torch.load(evil, weights_only=False)  # the control: unpickled freely, the crafted file runs `open`
+    assert marker.exists()
+
+
+def test_a_checkpoint_saves_and_loads_with_every_unpickler_forbidden(tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a checkpoint went through pickle")
+
+    for owner, name in [(pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")]:
+        monkeypatch.setattr(owner, name, forbidden)
+    model, state = real_state()
+    path = save_checkpoint(tmp_path, 4, state, keep=2)
+    loaded = load_checkpoint(path)
+    assert loaded["step"] == 4 and all(torch.equal(loaded["student"][k], v) for k, v in state["student"].items())
+    json.loads((path / "state.json").read_text())  # data, not code: plain JSON beside the safetensors
+    assert "pickle" not in checkpoint.__dict__
+
+
+def old_format_checkpoint(folder):
+    """What the previous checkpoint.py wrote: torch.save of the state, the step and the RNGs."""
+    _, state = real_state()
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    folder.mkdir(parents=True)
+    torch.save(state | {"step": 7, "rng": rng}, folder / "state.pt")
+    return state
+
+
+def test_an_old_pickle_checkpoint_converts_safely_and_then_resumes(tmp_path):
+    from wandistiller.legacy import convert
+
+    folder = tmp_path / "checkpoints" / "step_00000007"
+    state = old_format_checkpoint(folder)
+    with pytest.raises(UserError, match=r"python -m wandistiller.legacy .*step_00000007 converts it"):
+        resolve_resume(str(folder), tmp_path)
+    convert(folder)
+    assert resolve_resume("auto", tmp_path) == folder
+    loaded = load_checkpoint(folder)
+    assert loaded["step"] == 7 and all(torch.equal(loaded["student"][k], v) for k, v in state["student"].items())
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_the_converter_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    from wandistiller.legacy import convert
+
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "evil", marker)
+    with pytest.raises(UserError, match="is not a checkpoint this converter accepts") as e:
+        convert(tmp_path / "evil")
+    assert "\n" not in str(e.value) and not marker.exists()
+    assert not (tmp_path / "evil" / "state.json").exists()

@@ -1,0 +1,181 @@
+"""The teacher: loading real diffusers folders, guided targets equal to WanPipeline's, expert routing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import FP32
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
+
+
+def teacher_cfg(**kw):
+    return OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None} | kw)
+
+
+def test_teacher_is_frozen(tiny_path):
+    teacher = CpuPlacement().load(inspect_teacher(tiny_path), teacher_cfg(), FP32, Topology())
+    expert = teacher.experts[0]
+    assert not expert.training and not any(p.requires_grad for p in expert.parameters())
+
+
+def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
+    """Sharded safetensors, FlowMatchEuler scheduler, bf16 text encoder, model_index written by hand."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from wandistiller.teacher.tiny import TINY_TRANSFORMER, _build_tokenizer
+
+    root = tmp_path / "Wan-external"
+    tokenizer = _build_tokenizer()
+    tokenizer.save_pretrained(root / "tokenizer")
+    UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=48)).to(
+        torch.bfloat16
+    ).save_pretrained(root / "text_encoder")
+    for i, name in enumerate(["transformer", "transformer_2"]):
+        torch.manual_seed(10 + i)
+        WanTransformer3DModel(**TINY_TRANSFORMER | {"num_layers": 3}).save_pretrained(
+            root / name, max_shard_size="50KB"
+        )
+    FlowMatchEulerDiscreteScheduler(shift=5.0).save_pretrained(root / "scheduler")
+    from wandistiller.teacher.tiny import build_tiny_pipeline
+
+    build_tiny_pipeline().vae.save_pretrained(root / "vae")
+    (root / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "WanPipeline",
+                "_diffusers_version": "0.35.0",
+                "boundary_ratio": 0.9,
+                "expand_timesteps": False,
+                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+                "text_encoder": ["transformers", "UMT5EncoderModel"],
+                "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+                "transformer": ["diffusers", "WanTransformer3DModel"],
+                "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                "vae": ["diffusers", "AutoencoderKLWan"],
+            }
+        )
+    )
+    assert (root / "transformer" / "diffusion_pytorch_model.safetensors.index.json").is_file()  # really sharded
+    spec = inspect_teacher(
+        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(root)}), "/nonexistent-cache")
+    )
+    assert spec.experts == ("transformer", "transformer_2") and spec.flow_shift == 5.0 and spec.boundary_timestep == 900
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
+    assert len(teacher.experts[1].blocks) == 3
+    target, _ = teacher.targets(
+        torch.randn(2, 16, 1, 8, 8), torch.tensor([950.0, 10.0]), torch.randn(2, 512, 32), torch.zeros(2, 512, 32)
+    )
+    assert target.shape == (2, 16, 1, 8, 8) and torch.isfinite(target).all()
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("missing", "does not exist"),
+        ("empty_dir", "model_index.json is missing"),
+        ("pickle_only", "only pickle .bin weights"),
+        ("not_wan", "without a WanTransformer3DModel"),
+    ],
+)
+def test_a_folder_that_is_not_a_wan_teacher_is_refused_clearly(tmp_path, tiny_path, damage, message):
+    folder = tmp_path / "teacher"
+    if damage == "empty_dir":
+        folder.mkdir()
+    elif damage == "pickle_only":
+        shutil.copytree(tiny_path, folder)
+        for f in (folder / "transformer").glob("*.safetensors"):
+            f.rename(f.with_name("diffusion_pytorch_model.bin"))
+    elif damage == "not_wan":
+        shutil.copytree(tiny_path, folder)
+        index = json.loads((folder / "model_index.json").read_text())
+        index["_class_name"], index["transformer"] = "FluxPipeline", ["diffusers", "FluxTransformer2DModel"]
+        (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match=message) as e:
+        inspect_teacher(
+            resolve_teacher_path(OmegaConf.create({"builtin": None, "path": str(folder)}), "/nonexistent-cache")
+        )
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreachable_hub_id_says_how_to_get_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="hf download"):
+        resolve_teacher_path(
+            OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model-Diffusers"}), "/nonexistent-cache"
+        )
+
+
+def _damage_component(folder, damage) -> None:
+    """One component of a copied tiny teacher made missing, garbage, truncated or bogus."""
+    index_file = folder / "model_index.json"
+    index = json.loads(index_file.read_text())
+    if damage == "no_text_encoder":
+        shutil.rmtree(folder / "text_encoder")
+    elif damage == "garbage_tokenizer":
+        (folder / "tokenizer" / "tokenizer.json").write_text("garbage")
+    elif damage == "no_tokenizer":
+        shutil.rmtree(folder / "tokenizer")
+    elif damage == "truncated_vae":
+        weights = next((folder / "vae").glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "garbage_vae_config":
+        (folder / "vae" / "config.json").write_text("{")
+    elif damage in ("bogus_scheduler", "bogus_tokenizer", "os_system"):
+        name = {"bogus_scheduler": "scheduler", "bogus_tokenizer": "tokenizer", "os_system": "text_encoder"}[damage]
+        index[name] = ["diffusers", "Nonexistent"] if damage != "os_system" else ["os", "system"]
+    elif damage == "bom":
+        index_file.write_bytes(b"\xef\xbb\xbf" + index_file.read_bytes())
+        return
+    elif damage in ("fewer_layers", "more_layers"):
+        config_file = folder / "transformer" / "config.json"
+        config = json.loads(config_file.read_text())
+        config["num_layers"] += -1 if damage == "fewer_layers" else 1
+        config_file.write_text(json.dumps(config))
+    index_file.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("no_text_encoder", "text_encoder holds no weights"),
+        ("garbage_tokenizer", "tokenizer.json is not valid JSON"),
+        ("no_tokenizer", "tokenizer_config.json is missing"),
+        ("truncated_vae", "re-download the teacher"),
+        ("garbage_vae_config", "vae/config.json is not valid JSON"),
+        ("bogus_scheduler", "'scheduler' is .*Nonexistent.*a Wan folder names a diffusers SchedulerMixin"),
+        ("bogus_tokenizer", "'tokenizer' is .*Nonexistent"),
+        ("os_system", r"'text_encoder' is \[\"os\", \"system\"\]"),
+        ("bom", "model_index.json starts with a byte-order mark"),
+        ("fewer_layers", r"num_layers=3 but its weights hold 4 blocks"),
+        ("more_layers", r"num_layers=5 but its weights hold 4 blocks"),
+    ],
+)
+def test_every_teacher_component_that_is_missing_garbage_or_bogus_is_one_line(tmp_path, tiny_path, damage, message):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    _damage_component(folder, damage)
+    with pytest.raises(UserError, match=message) as e:
+        inspect_teacher(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_a_component_the_library_cannot_load_is_one_line_naming_it(tmp_path, tiny_path):
+    """Valid JSON the tokenizer library still rejects: seen only when it loads, and still one line."""
+    from wandistiller.data.prompts import encode_prompts
+
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    (folder / "tokenizer" / "tokenizer.json").write_text('{"model": {"type": "Nonsense"}}')
+    spec = inspect_teacher(folder)
+    with pytest.raises(UserError, match="its text encoder or tokenizer cannot be loaded") as e:
+        encode_prompts(spec, ["a fox"], "", 16, torch.float32, torch.device("cpu"), tmp_path / "cache")
+    assert "\n" not in str(e.value)

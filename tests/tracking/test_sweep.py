@@ -1,0 +1,99 @@
+"""Sweeps: Hydra multirun points in fresh processes, their report, presets and the Slurm launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tests.conftest import CONF, ROOT, run_cli
+from wandistiller.tracking.sweep import load_points, markdown_table, write_report
+
+
+@pytest.mark.slow  # a whole multirun in fresh processes
+def test_a_two_point_sweep_reports_both_points_and_records_the_refused_one(tmp_path, cache_dir, tiny_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "teacher_placement=cpu,gpu0",
+        "trainer.max_steps=3",
+        f"hydra.sweep.dir={sweep}",
+        f"paths.cache_dir={cache_dir}",
+        "trainer.sample_prompts=0",
+        "trainer.eval_at_end=false",
+        "trainer.val_every=0",
+        "trainer.progress_bar=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    done, refused = (json.loads((sweep / str(i) / "metrics.json").read_text()) for i in (0, 1))
+    assert done["status"] == "completed" and done["samples_per_s_median"] > 0 and done["step_ms_median"] > 0
+    assert done["overrides"] and done["teacher_ms_median"] > 0 and done["host_peak_rss_gib_max"] > 0
+    assert refused["status"] == "refused" and "teacher_placement=gpu0" in refused["reason"]
+    report = (sweep / "sweep_report.md").read_text()
+    assert "teacher_placement=cpu | completed" in report and "teacher_placement=gpu0 | refused" in report
+    assert (sweep / "sweep_report.png").stat().st_size > 10_000
+    assert "sweep report:" in result.stdout and "| teacher_placement=cpu | completed |" in result.stdout
+    # One wandb run per point that trained, plus the report's run; offline, with the sync command printed.
+    assert list((sweep / "0" / "wandb").glob("offline-run-*")) and list((sweep / "wandb").glob("offline-run-*"))
+    assert "wandb sync" in result.stdout
+
+    compared = subprocess.run(
+        [sys.executable, "scripts/compare_sweeps.py", str(sweep), str(sweep)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert compared.returncode == 0 and "| teacher_placement=cpu | " in compared.stdout and "1.00x" in compared.stdout
+
+
+def test_a_point_that_died_without_metrics_is_reported_as_failed(tmp_path):
+    for i, placement in enumerate(["cpu", "gpu"]):
+        (tmp_path / str(i) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(i) / ".hydra" / "overrides.yaml").write_text(f"- teacher_placement={placement}\n- seed=1\n")
+    (tmp_path / "0" / "metrics.json").write_text(json.dumps({"status": "completed", "samples_per_s_median": 5.0}))
+    points = load_points(tmp_path)
+    assert [p.label for p in points] == ["teacher_placement=cpu", "teacher_placement=gpu"]  # only what varies
+    assert "| teacher_placement=gpu | failed |" in markdown_table(points)
+    old = os.umask(0o022)
+    try:
+        md, png, _ = write_report(tmp_path)
+    finally:
+        os.umask(old)
+    assert md.is_file() and png.stat().st_size > 0
+    assert md.stat().st_mode & 0o777 == 0o644  # written whole, and as readable as open() made it
+
+
+def test_a_killed_point_is_read_from_its_metrics_csv(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "metrics.csv").write_text("step,loss,val/loss\n1,0.5,\n2,0.4,0.45\n3,0.3,\n")
+    [point] = load_points(tmp_path)
+    assert point.metrics["status"] == "failed" and point.metrics["final_step"] == 3
+    assert point.metrics["val_loss_last"] == 0.45 and "after step 3" in point.metrics["reason"]
+    assert "0.45000" in markdown_table([point])
+
+
+def test_the_report_callback_takes_loggers_and_its_old_name_wandb():
+    from wandistiller.tracking.sweep import SweepReport
+
+    assert SweepReport().loggers and not SweepReport(loggers=False).loggers and not SweepReport(wandb=False).loggers
+
+
+def hydra_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_the_placement_sweep_preset_composes():
+    cfg = hydra_cfg("+experiment=placement_sweep")
+    assert cfg.hydra.sweeper.params.teacher_placement == "cpu,gpu" and cfg.trainer.max_steps == 30
+    assert cfg.hydra.callbacks.sweep_report._target_ == "wandistiller.tracking.sweep.SweepReport"
+
+
+def test_the_slurm_launcher_composes():
+    cfg = hydra_cfg("hydra/launcher=slurm", "distributed.nproc_per_node=8")
+    assert "submitit" in cfg.hydra.launcher._target_.lower() and cfg.hydra.launcher.gpus_per_node == 8
