@@ -214,10 +214,7 @@ def choose(cfg):
 
 
 def workload(cfg):
-    """The planner's workload for a composed config (bf16 teacher)."""
-    from wandistiller.placements import planner as plan
-    from wandistiller.placements.memory import Hardware
+    """The planner's workload for a composed config (bf16 teacher): (Workload, Hardware), as a run plans it."""
+    from wandistiller.placements.planner import workload_of
 
-    hw = Hardware.detect(cfg.hardware)
-    found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
-    return plan.workload(cfg, *found, torch.bfloat16, plan.ranks_per_node(cfg, hw)), hw
+    return workload_of(cfg, torch.bfloat16)

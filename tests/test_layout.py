@@ -97,16 +97,6 @@ def test_moved_targets_resolve_in_an_older_runs_saved_config(old):
     assert callable(get_object(RENAMED[old]))
 
 
-def test_documented_imports_of_the_old_flat_layout_still_work():
-    from wandistiller.recipe import DistillationRecipe
-    from wandistiller.student import Student, build_student
-
-    assert DistillationRecipe.__module__ == "wandistiller.recipe.distillation"
-    assert Student.__module__ == build_student.__module__ == "wandistiller.student.model"
-    with pytest.raises(AttributeError):
-        wandistiller.recipe.NotThere  # noqa: B018
-
-
 def test_every_target_of_the_shipped_conf_tree_resolves():
     for yaml in (PACKAGE / "conf").rglob("*.yaml"):
         for line in yaml.read_text().splitlines():
@@ -127,5 +117,34 @@ def test_the_readme_code_map_names_every_module_and_only_tests_that_exist():
             continue  # the benches are tools; placements/, pocket/ and quality/ are named as packages
         assert f.name in named, f"README code map does not name {'/'.join(rel)}"
     assert {"placements", "pocket", "quality"} <= packages
-    for test in set(re.findall(r"`(test_\w+\.py)`", code_map)):
-        assert (PACKAGE.parent / "tests" / test).is_file(), f"README code map names a missing {test}"
+
+
+# The tests that are about the project rather than one module: the layering (this file), the docs' commands, and
+# the GPU lane (`scripts/gpu_figures.sh` runs it alone on a device whose image lacks some test dependencies).
+PROJECT_TESTS = {"test_layout.py", "test_readme.py", "test_gpu.py"}
+TESTS = PACKAGE.parent / "tests"
+
+
+def mirror_of(module: Path) -> Path:
+    """The test module of a package module: wandistiller/a/b.py -> tests/a/test_b.py (`__init__` -> test_init,
+    `__main__` -> test_main)."""
+    rel = module.relative_to(PACKAGE)
+    return TESTS.joinpath(*rel.parts[:-1], "test_" + rel.stem.strip("_") + ".py")
+
+
+def has_logic(module: Path) -> bool:
+    """A module that defines a function or method; one of only constants, dataclass fields or imports has none."""
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(ast.parse(module.read_text())))
+
+
+def test_every_module_with_logic_has_its_test_module_at_the_mirrored_path():
+    missing = sorted(str(mirror_of(f).relative_to(TESTS)) for f in PACKAGE.rglob("*.py") if has_logic(f)
+                     and not mirror_of(f).is_file())  # fmt: skip
+    assert not missing, f"{len(missing)} modules with logic have no test module: {missing}"
+
+
+def test_every_test_module_mirrors_a_module_of_the_package():
+    mirrored = {mirror_of(f) for f in PACKAGE.rglob("*.py")}
+    strays = sorted(str(t.relative_to(TESTS)) for t in TESTS.rglob("test_*.py")
+                    if t not in mirrored and t.relative_to(TESTS).as_posix() not in PROJECT_TESTS)  # fmt: skip
+    assert not strays, f"test modules that mirror no module (tests/<package path>/test_<module>.py): {strays}"

@@ -59,9 +59,9 @@ def test_loss_student_and_recipe_are_swapped_through_their_targets(make_cfg, tmp
     CALLS.clear()
     cfg = make_cfg(
         "trainer.max_steps=2",
-        "trainer.loss._target_=test_loop.doubled_loss",
-        "student._target_=test_loop.counted_student",
-        "recipe._target_=test_loop.CountingRecipe",
+        f"trainer.loss._target_={__name__}.doubled_loss",
+        f"student._target_={__name__}.counted_student",
+        f"recipe._target_={__name__}.CountingRecipe",
         run_dir=tmp_path / "r",
     )
     summary = run(cfg)

@@ -37,7 +37,7 @@ def test_every_hook_module_has_its_yaml_and_the_default_list_is_the_three():
 
 def test_a_hook_of_your_own_runs_after_every_step_and_the_list_can_leave_one_out(make_cfg, tmp_path):
     STEPS.clear()
-    cfg = make_cfg("trainer.max_steps=3", "hooks=[progress]", "+hooks.count._target_=test_hooks.CountingHook",
+    cfg = make_cfg("trainer.max_steps=3", "hooks=[progress]", f"+hooks.count._target_={__name__}.CountingHook",
                    run_dir=tmp_path / "r")  # fmt: skip
     assert list(cfg.hooks) == ["progress", "count"]
     run(cfg)

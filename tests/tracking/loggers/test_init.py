@@ -175,7 +175,7 @@ def test_a_run_that_crashes_still_closes_its_loggers_so_tensorboard_writes_what_
 ):
     CLOSED.clear()
     monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "0:3")
-    cfg = make_cfg("logger=tensorboard", "+logger.rec._target_=test_loggers.Recording", "trainer.max_steps=4",
+    cfg = make_cfg("logger=tensorboard", f"+logger.rec._target_={__name__}.Recording", "trainer.max_steps=4",
                    "trainer.log_every=1", run_dir=tmp_path / "r")  # fmt: skip
     with pytest.raises(RuntimeError, match="injected failure at step 3"):
         run(cfg)
