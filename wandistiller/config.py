@@ -57,14 +57,12 @@ class LoggerMode(Choice):
     disabled = "disabled"
 
 
-def _scheduler_names() -> dict[str, str]:
-    from diffusers.optimization import SchedulerType
-
-    return {s.value: s.value for s in SchedulerType}
-
-
-# Every schedule diffusers.optimization.get_scheduler knows.
-LrScheduler = Choice("LrScheduler", _scheduler_names())
+# Every schedule diffusers.optimization.get_scheduler knows (its SchedulerType's values; tests/test_config.py checks
+# they still agree). Written out: importing diffusers.optimization pulls in torch._dynamo, seconds in every process,
+# including each one that only composes a config or refuses it.
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "piecewise_constant")  # fmt: skip
+LrScheduler = Choice("LrScheduler", {name: name for name in SCHEDULERS})
 
 
 @dataclass
