@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -126,7 +127,19 @@ def removed_if_refused(run_dir: Path) -> Iterator[None]:
         if before <= _logs(before) and _contents(run_dir) <= _logs(_contents(run_dir)) | _OURS_IF_REFUSED:
             if not isinstance(e, RunDirTaken):
                 shutil.rmtree(run_dir, ignore_errors=True)
+                _remove_if_an_empty_date_folder(run_dir.parent)
         raise
+
+
+def _remove_if_an_empty_date_folder(folder: Path) -> None:
+    """The default run folder is outputs/<date>/<time>: Hydra made the date folder (and on a first run
+    outputs/) for this run too, so a refusal that leaves them empty removes them (rmdir: never one another run
+    has put a folder in). A folder of another name is the user's own and stays."""
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.name):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+            if folder.parent.name in ("outputs", "multirun"):
+                folder.parent.rmdir()
 
 
 def _contents(run_dir: Path) -> set[str]:
