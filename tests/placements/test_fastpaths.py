@@ -1,4 +1,5 @@
-"""The opt-in fast paths: refused with one line where they cannot run, and composable where they can."""
+"""Tests of wandistiller/placements/fastpaths.py, the opt-in fast paths: refused with one line where they cannot run
+(called directly and through a run), and composable where they can."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Every placement option: it composes with its own schema, instantiates, checks, plans -- and `auto`
-resolves to each choice through Hydra, interpolations included."""
+"""Tests of wandistiller/placements/__init__.py, the registry, parametrised over every YAML: each option composes with
+its own schema, instantiates, checks, plans -- and `auto` resolves to each choice through Hydra."""
 
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
-"""Streamed teachers (offload, disk): the same targets as a resident teacher, and what the planner makes of them."""
+"""Tests of wandistiller/placements/streaming.py, the block streamer behind offload and disk: on the CPU, streamed
+teachers give the resident teacher's targets bit for bit; packed blocks, shared host copies and their refusals."""
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import BF16, FP32, choose, spawn, workload
-from wandistiller.core.arch import WAN_14B
+from tests.conftest import BF16, FP32, spawn
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
-from wandistiller.core.precision import DTYPES
-from wandistiller.placements import memory
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
@@ -42,36 +39,6 @@ def test_a_streamed_teacher_gives_the_resident_teachers_targets_bit_for_bit(tiny
         want, want_hidden = resident_teacher.targets(x, t, cond, uncond, want_hidden=True)
         assert torch.equal(got, want) and torch.equal(got_hidden, want_hidden)
     assert teacher.copy_ms() > 0 and teacher.copy_ms() == 0.0  # drained: counted once
-
-
-def test_a_disk_teacher_trains_on_the_cpu(make_cfg, tmp_path):
-    summary = run(make_cfg("teacher_placement=disk", "teacher=tiny_moe", "trainer.max_steps=3", run_dir=tmp_path / "r"))
-    assert summary["placement"] == "disk" and summary["steps_run"] == 3
-    assert summary["copy_ms_median"] > 0  # the time spent streaming blocks, per step
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_offload_without_a_gpu_is_refused_naming_what_to_use(make_cfg, tmp_path):
-    with pytest.raises(UserError, match="teacher_placement=offload .* none is visible; use teacher_placement=cpu"):
-        run(make_cfg("teacher_placement=offload", run_dir=tmp_path / "r"))
-
-
-def test_the_planner_streams_when_the_teacher_does_not_fit_and_refuses_offload_without_ram(make_cfg):
-    frame = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
-    cfg = make_cfg(
-        "teacher=wan2.1_t2v_14b",
-        *frame,
-        "hardware.gpus=1",
-        "hardware.gpu_memory_gib=24",
-        "hardware.host_memory_gib=16",
-        "teacher_placement=auto",
-    )
-    placement, table = choose(cfg)
-    assert placement.name == "disk" and "offload     no" in table  # 28.6 GB of pinned RAM do not fit in 16
-    outside, block = memory.block_bytes(WAN_14B, 2)
-    assert 40 * block + outside == pytest.approx(28.6e9, rel=0.01) and outside < 0.02 * 28.6e9
-    kept = [memory.resident_blocks(WAN_14B, 1, DTYPES["bf16"], gib * memory.GiB) for gib in (6, 24, 40, 80)]
-    assert kept[0] == 0 and kept == sorted(kept) and kept[-1] == 40
 
 
 def _shared_offload_worker(teacher_path: str) -> dict:
@@ -125,18 +92,6 @@ def test_a_packed_block_views_every_tensor_of_the_block_aligned(tiny_path):
         assert torch.equal(views[name], tensor) and (views[name].data_ptr() - buffer.data_ptr()) % ALIGN == 0
 
 
-def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_cfg):
-    hardware = ["hardware.gpus=8", "hardware.gpu_memory_gib=24", "hardware.host_memory_gib=1000"]
-    common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
-    host = {}
-    for share in ("true", "false"):
-        cfg = make_cfg(*common, *hardware, "teacher_placement=offload", f"teacher_placement.share_host_copy={share}")
-        w, hw = workload(cfg)
-        host[share] = OffloadPlacement(share_host_copy=share == "true").estimate(w, hw).host_bytes
-    assert host["false"] - host["true"] == pytest.approx(7 * 28.6e9, rel=0.01)  # 8 ranks: 7 copies saved
-    assert host["true"] < 2 * 28.6e9
-
-
 @pytest.mark.slow
 def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_targets(tiny_path):
     from torch._dynamo.utils import counters
@@ -157,34 +112,6 @@ def test_a_compiled_streamed_teacher_gives_the_compiled_resident_teachers_target
     for _ in range(2):
         assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
     assert counters["stats"]["unique_graphs"] == 1  # swapping weights in does not recompile
-
-
-def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):
-    from wandistiller.placements.disk_source import DiskSource
-
-    spec = inspect_teacher(tiny_moe_path)
-    # The tiny teacher is saved in fp32.
-    assert not DiskSource(tiny_moe_path / "transformer", DTYPES["bf16"]).stored_as_computed()
-    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
-    placement = DiskPlacement(resident_blocks=0, offload_dir=str(tmp_path / "offload"))
-    teacher = placement.load(spec, TEACHER, BF16, Topology())
-    copies = sorted((tmp_path / "offload").iterdir())
-    assert [c.name.split("-")[:2] for c in copies] == [["transformer", "bfloat16"], ["transformer_2", "bfloat16"]]
-    assert all(DiskSource(c, DTYPES["bf16"]).stored_as_computed() for c in copies)
-    g = torch.Generator().manual_seed(0)
-    x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
-    t, uncond = torch.tensor([950.0, 100.0]), torch.zeros(2, 512, 32)
-    assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])
-    written = {f: f.stat().st_mtime_ns for c in copies for f in c.iterdir()}
-    placement.load(spec, TEACHER, BF16, Topology())  # a later run reuses the copy
-    assert {f: f.stat().st_mtime_ns for c in copies for f in c.iterdir()} == written
-
-
-def test_an_offload_dir_that_cannot_be_written_is_refused_naming_the_key(tiny_path, tmp_path):
-    (tmp_path / "a_file").write_text("")
-    placement = DiskPlacement(offload_dir=str(tmp_path / "a_file" / "offload"))
-    with pytest.raises(UserError, match=r"teacher_placement.offload_dir=.* cannot be written .* writable folder"):
-        placement.load(inspect_teacher(tiny_path), TEACHER, BF16, Topology())
 
 
 def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batches(tiny_moe_path):
@@ -220,32 +147,3 @@ def test_one_teacher_call_per_step_is_refused_where_an_owner_serves_the_targets(
     overrides = ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"]
     with pytest.raises(UserError, match="trainer.teacher_whole_step=true .* teacher_placement=gpu0 .* drop"):
         run(make_cfg(*overrides, "trainer.teacher_whole_step=true", run_dir=tmp_path / "r"))
-
-
-def test_the_planner_sizes_the_teachers_activations_for_a_whole_step(make_cfg):
-    common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
-    hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=24", "teacher_placement=offload"]
-    streaming = {}
-    for whole in ("false", "true"):
-        cfg = make_cfg(*common, *hardware, "trainer.grad_accum_steps=8", f"trainer.teacher_whole_step={whole}")
-        w, hw = workload(cfg)
-        e = OffloadPlacement().estimate(w, hw)
-        streaming[whole] = e.gpu_bytes[0] - e.resident_blocks * memory.block_bytes(w.teacher_config, 2)[1]
-    act = memory.teacher_activation_bytes(replace(w, teacher_batch_size=0))
-    assert memory.teacher_activation_bytes(w) == 8 * act  # 8 micro-batches in one teacher call
-    # At 8x the batch the teacher's transient forward, not the student's backward, is the GPU's peak.
-    teacher_phase = int((memory.student_state_bytes(w, grads=False) + 8 * act) * (1 + memory.FIT_MARGIN))
-    assert memory.beside_teacher_bytes(w) == teacher_phase + memory.CUDA_CONTEXT
-    assert streaming["true"] - streaming["false"] > 2 * act
-
-
-def test_the_planner_keeps_what_fits_of_a_streamed_teacher_resident_and_the_run_uses_its_count(make_cfg):
-    frame = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
-    kept = {}
-    for gib in (24, 40, 80):
-        hardware = ["hardware.gpus=1", f"hardware.gpu_memory_gib={gib}", "hardware.host_memory_gib=64"]
-        placement, table = choose(make_cfg(*frame, *hardware, "teacher_placement=auto", "precision=bf16"))
-        kept[gib] = getattr(placement, "resident_blocks", None)
-        if gib < 40:
-            assert placement.name == "offload" and f"{kept[gib]}/40 blocks resident <- chosen" in table
-    assert 0 < kept[24] < 40 and kept[80] is None  # 80 GiB: the whole teacher fits, so `gpu` is chosen

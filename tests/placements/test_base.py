@@ -1,0 +1,68 @@
+"""Tests of wandistiller/placements/base.py, what every placement shares: the CFG scale per expert, `load_teacher` on
+the tiny teachers (frozen, in the asked dtype, quantized as read with fp8), and the defaults a placement inherits."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import BF16
+from tests.placements.test_memory import machine, tiny_workload
+from wandistiller.core.distributed import World
+from wandistiller.placements.base import Placement, guidance_scales, load_teacher
+from wandistiller.placements.memory import Estimate
+from wandistiller.teacher.model import inspect_teacher
+
+
+def scales(scale: float, scale_2: float | None):
+    return OmegaConf.create({"guidance_scale": scale, "guidance_scale_2": scale_2, "quantize": None})
+
+
+def test_each_expert_gets_its_scale_and_the_low_noise_expert_falls_back_to_the_main_one(tiny_path, tiny_moe_path):
+    one, two = inspect_teacher(tiny_path), inspect_teacher(tiny_moe_path)
+    assert guidance_scales(one, scales(5.0, 3.0)) == [5.0]
+    assert guidance_scales(two, scales(5.0, 3.0)) == [5.0, 3.0]
+    assert guidance_scales(two, scales(5.0, None)) == [5.0, 5.0]
+
+
+def test_load_teacher_gives_every_expert_frozen_in_the_asked_dtype_on_the_device(tiny_moe_path):
+    teacher = load_teacher(inspect_teacher(tiny_moe_path), scales(4.0, 2.0), torch.bfloat16, torch.device("cpu"))
+    assert len(teacher.experts) == 2 and teacher.guidance_scales == [4.0, 2.0]
+    for expert in teacher.experts:
+        assert not expert.training and not any(p.requires_grad for p in expert.parameters())
+        assert expert.proj_out.weight.dtype == torch.bfloat16 and expert.proj_out.weight.device.type == "cpu"
+        assert expert.blocks[0].scale_shift_table.dtype == torch.float32  # kept in fp32 by diffusers
+
+
+def test_load_teacher_with_fp8_quantizes_the_blocks_as_it_reads_them(tiny_path):
+    from wandistiller.teacher.fp8 import is_quantized
+
+    fp8 = scales(4.0, None)
+    fp8.quantize = "fp8"
+    teacher = load_teacher(inspect_teacher(tiny_path), fp8, torch.bfloat16, torch.device("cpu"))
+    plain = load_teacher(inspect_teacher(tiny_path), scales(4.0, None), torch.bfloat16, torch.device("cpu"))
+    assert is_quantized(teacher.experts[0]) and not is_quantized(plain.experts[0])
+
+
+class Minimal(Placement):
+    """A placement that writes only what it must: it inherits every default."""
+
+    name, speed_rank = "minimal", 42
+
+    def estimate(self, w, hw):
+        return Estimate.of(self.name, (), 1, hw, "")
+
+    def teacher_device(self, topology):
+        return torch.device("cpu")
+
+    def load(self, spec, teacher_cfg, precision, topology):
+        raise NotImplementedError
+
+
+def test_a_placement_by_default_checks_nothing_ranks_by_its_speed_rank_and_takes_nothing_from_a_plan():
+    placement = Minimal()
+    placement.check(BF16, World(nproc_per_node=1, nnodes=1))
+    assert placement.speed(machine(0)) == placement.speed(machine(8)) == 42
+    plan = placement.estimate(tiny_workload(), machine(0))
+    placement.with_plan(plan)
+    assert vars(placement) == {} and Minimal.default_ranks() == 1

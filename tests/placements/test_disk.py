@@ -1,0 +1,57 @@
+"""Tests of wandistiller/placements/disk.py, the teacher streamed from its safetensors files: it needs no GPU, ranks
+last without one, plans no copy of the teacher in RAM, and streams from the expert's own folder unless converting."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import BF16, FP32
+from tests.placements.test_memory import machine, tiny_workload
+from wandistiller.core.distributed import Topology, World
+from wandistiller.core.errors import UserError
+from wandistiller.placements import memory
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.placements.disk import DiskPlacement
+from wandistiller.placements.offload import OffloadPlacement
+from wandistiller.train import run
+
+
+def test_a_disk_teacher_trains_on_the_cpu(make_cfg, tmp_path):
+    summary = run(make_cfg("teacher_placement=disk", "teacher=tiny_moe", "trainer.max_steps=3", run_dir=tmp_path / "r"))
+    assert summary["placement"] == "disk" and summary["steps_run"] == 3
+    assert summary["copy_ms_median"] > 0  # the time spent streaming blocks, per step
+
+
+def test_disk_needs_no_gpu_and_refuses_only_a_bad_resident_block_count():
+    DiskPlacement().check(BF16, World(nproc_per_node=1, nnodes=1))
+    with pytest.raises(UserError, match="teacher_placement.resident_blocks='some': use auto or a count"):
+        DiskPlacement(resident_blocks="some").check(BF16, World(nproc_per_node=1, nnodes=1))
+
+
+def test_without_a_gpu_disk_is_the_slowest_choice_and_with_one_it_comes_after_offload():
+    assert DiskPlacement().speed(machine(0)) > CpuPlacement().speed(machine(0))
+    assert OffloadPlacement().speed(machine(1)) < DiskPlacement().speed(machine(1)) < CpuPlacement().speed(machine(1))
+
+
+def test_without_a_gpu_each_rank_holds_the_parts_that_never_stream_two_blocks_and_its_training():
+    w, hw = tiny_workload(experts=2, ranks_per_node=3), machine(0)
+    outside, block = memory.block_bytes(w.teacher_config, 2)
+    estimate = DiskPlacement().estimate(w, hw)
+    assert estimate.gpu_bytes == () and estimate.fits and estimate.resident_blocks is None
+    assert estimate.host_bytes == 3 * (2 * (outside + 2 * block) + memory.host_training_bytes(w, hw))
+
+
+def test_on_a_gpu_disk_streams_as_offload_does_without_its_pinned_copy_of_the_teacher():
+    w, hw = tiny_workload(ranks_per_node=2), machine(2)
+    disk = DiskPlacement(resident_blocks=1).estimate(w, hw)
+    offload = OffloadPlacement(resident_blocks=1).estimate(w, hw)
+    assert disk.gpu_bytes == offload.gpu_bytes and disk.resident_blocks == offload.resident_blocks == 1
+    _, block = memory.block_bytes(w.teacher_config, 2)
+    assert disk.host_bytes == 2 * (2 * block + memory.host_process_bytes(hw))
+    assert offload.host_bytes - disk.host_bytes == memory.teacher_weight_bytes(w) - 2 * block
+
+
+def test_without_an_offload_dir_disk_streams_from_the_experts_own_folder(tiny_path):
+    folder = tiny_path / "transformer"
+    assert DiskPlacement().expert_folder(folder, FP32, Topology()) == folder
+    assert DiskPlacement().expert_folder(folder, BF16, Topology()) == folder  # converted as each block streams
