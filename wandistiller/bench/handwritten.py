@@ -4,7 +4,7 @@
 Same teacher folder, same student (built from the same seed), same batches (drawn from the same seeded
 generator), guided targets from one batched cond+uncond teacher call, bf16 autocast for the student, AdamW
 (fused on CUDA) with the default config's hyper-parameters, clipping at 1.0, cosine schedule with 10 warm-up
-steps. So after the same steps both reach the same loss, which tests/test_bench.py checks on the CPU.
+steps. So after the same steps both reach the same loss, which tests/bench/test_job.py checks on the CPU.
 """
 
 from __future__ import annotations

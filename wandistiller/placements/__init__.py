@@ -4,7 +4,7 @@ planner asks each for its estimate, and the config store gives each option its o
 
 Adding a placement: one module here (a `...Config` dataclass and a `Placement` subclass), one YAML in
 `conf/teacher_placement/` (`defaults: [/schema/teacher_placement/<name>@_here_, _self_]`), one line in
-OPTIONS, and it is tested by tests/test_placements.py, which is parametrised over every YAML.
+OPTIONS, and it is tested by tests/placements/test_init.py, which is parametrised over every YAML.
 """
 
 from __future__ import annotations

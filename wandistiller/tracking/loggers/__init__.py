@@ -4,7 +4,7 @@ lightning-hydra-template: `logger=[wandb,tensorboard,csv]` runs all three, `logg
 
 Adding a logger: one module here defining `OPTION = (<Name>Config, <Name>Logger)` and one YAML
 `conf/logger/<name>.yaml` (`defaults: [/schema/logger/<name>@<name>, _self_]`, its keys under `<name>:`). The
-registry below finds the module; tests/test_loggers.py is parametrised over every YAML.
+registry below finds the module; tests/tracking/loggers/test_init.py is parametrised over every YAML.
 """
 
 from __future__ import annotations
