@@ -1,0 +1,29 @@
+"""wandistiller/data/sources/base.py: what a source that overrides nothing does (adds no keys, checks nothing,
+makes Gaussian x0 from the prompts it is given), called directly; the gaussian source is that default."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from wandistiller.data.sources import sources
+from wandistiller.data.sources.base import DataSource, Made
+
+
+class Bare(DataSource):
+    name = "bare"
+
+
+def test_a_source_that_overrides_nothing_makes_gaussian_x0_from_the_prompts_given():
+    assert Bare.Keys is None and Bare.ranges == ()
+    assert Bare.check({"anything": "at all"}) is None
+    made = Bare.make(None, None, "embeddings", "held-out embeddings")
+    assert made == Made(None, "embeddings", "held-out embeddings")  # bank None: x0 is drawn as noise
+    assert sources()["gaussian"].make(None, None, "embeddings", "held-out embeddings") == made
+
+
+def test_what_a_source_made_cannot_be_changed_afterwards():
+    made = Made(None, "embeddings", "held-out embeddings")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.bank = "another bank"
