@@ -1,5 +1,4 @@
-"""wandistiller/data/latents.py: teacher latents are WanPipeline's own samples, cached by everything that shapes
-them, resumable by chunk; a damaged chunk is made again, a full disk leaves no partial chunk."""
+"""wandistiller/data/latents.py: teacher latents equal WanPipeline's; their chunk cache keyed, resumed, healed."""
 
 from __future__ import annotations
 

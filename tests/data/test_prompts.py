@@ -1,5 +1,4 @@
-"""wandistiller/data/prompts.py: prompts files, cached embeddings (healed when damaged, resumed by part), and
-batches (Gaussian or from a latent bank) that are a pure function of (seed, step, micro, rank)."""
+"""wandistiller/data/prompts.py: prompts files, the embeddings cache (healed, resumed), batches as pure functions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints: data, not code; a damaged one is skipped or refused in one line; a failed save cleans up."""
+"""wandistiller/state/checkpoint.py: saved, pruned, resumed as data; damaged or crafted ones refused in one line."""
 
 from __future__ import annotations
 

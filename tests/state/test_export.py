@@ -1,5 +1,4 @@
-"""wandistiller/state/export.py: a pipeline folder written directly from tiny real folders (files placed as links,
-copies or references; the teacher's model index with the student as its one expert; the model card)."""
+"""wandistiller/state/export.py: a pipeline folder and its model card, written directly from tiny real folders."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A run folder someone sends you is data: its saved config is checked before anything in it runs, and
-evaluating, generating from or resuming it reaches nothing its sender chose (network, cache, files)."""
+"""wandistiller/state/received.py: a received run's config is checked before anything in it runs (via the CLIs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""wandistiller/state/runs.py: a run folder read back (its config, teacher, student, sampler), called directly
-on tiny folders, and through eval/generate on a finished run someone sent."""
+"""wandistiller/state/runs.py: a run folder read back (config, teacher, student, trust), directly and via the CLIs."""
 
 from __future__ import annotations
 

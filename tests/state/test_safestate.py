@@ -1,5 +1,4 @@
-"""wandistiller/state/safestate.py: a nested training state (optimizer, scheduler, scaler, EMA, RNGs) as JSON plus
-a safetensors file, round-tripped exactly through the real classes and refused when the files are not its own."""
+"""wandistiller/state/safestate.py: a training state as JSON + safetensors, round-tripped exactly, damage refused."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""wandistiller/data/sources/base.py: what a source that overrides nothing does (adds no keys, checks nothing,
-makes Gaussian x0 from the prompts it is given), called directly; the gaussian source is that default."""
+"""wandistiller/data/sources/base.py: a source overriding nothing (gaussian) makes Gaussian x0, called directly."""
 
 from __future__ import annotations
 

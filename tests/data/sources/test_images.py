@@ -1,5 +1,4 @@
-"""wandistiller/data/sources/images.py: the image source called directly on a tiny captioned folder or bank: its
-check, and the bank it makes, whose last captions are held out for validation and never trained on."""
+"""wandistiller/data/sources/images.py: its check and its bank, the last captions held out, called directly."""
 
 from __future__ import annotations
 
