@@ -1,4 +1,4 @@
-"""Real images as x0: a captioned folder or a `datasets` folder, encoded once with the teacher's VAE."""
+"""wandistiller/data/images.py: image folders and `datasets` folders encoded once with the VAE; bad ones refused."""
 
 from __future__ import annotations
 

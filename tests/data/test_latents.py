@@ -1,8 +1,9 @@
-"""Teacher latents: WanPipeline's own samples, cached by everything that shapes them, resumable by chunk."""
+"""wandistiller/data/latents.py: teacher latents equal WanPipeline's; their chunk cache keyed, resumed, healed."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -11,16 +12,19 @@ from omegaconf import OmegaConf
 
 from tests.conftest import FP32
 from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
 from wandistiller.data import latents
 from wandistiller.data.latents import (
     SamplerSettings,
+    _chunk_path,
     cache_key,
+    cached_bank,
     latents_folder,
     load_latent_bank,
     noise_for,
     teacher_latents,
 )
-from wandistiller.data.prompts import _mix, encode_prompts, make_batch
+from wandistiller.data.prompts import encode_prompts
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.teacher.model import inspect_teacher
 
@@ -125,35 +129,54 @@ def test_an_interrupted_generation_keeps_its_chunks_and_is_never_used_as_complet
     assert torch.equal(resumed.x0(torch.arange(5)), fresh.x0(torch.arange(5)))
 
 
-def batch_args(emb, **kw):
-    args = dict(seed=0, step=3, micro=1, rank=2, batch_size=4, latent_shape=SHAPE, flow_shift=3.0)
-    return args | dict(num_train_timesteps=1000, embeddings=emb) | kw
+CHUNK_SHAPE = (2, 1, 2, 2)  # the chunk-cache tests' latents
 
 
-def test_the_gaussian_batch_is_unchanged(tiny_path, cache_dir):
-    _, emb, _ = load(tiny_path, cache_dir)
-    batch = make_batch(**batch_args(emb))
-    # The formulas as they were before latent banks existed: a resumed old run must see the same inputs.
-    g = torch.Generator().manual_seed(_mix(0, 3, 1, 2))
-    prompt_idx = torch.randint(len(PROMPTS), (4,), generator=g)
-    x0, noise = torch.randn((4, *SHAPE), generator=g), torch.randn((4, *SHAPE), generator=g)
-    u = torch.rand(4, generator=g)
-    sigma = 3.0 * u / (1 + 2.0 * u)
-    s = sigma.view(-1, 1, 1, 1, 1)
-    assert torch.equal(batch.prompt_idx, prompt_idx) and torch.equal(batch.t, sigma * 1000)
-    assert torch.equal(batch.x_t, (1 - s) * x0 + s * noise)
+def make(calls):
+    def make_chunk(items: range) -> torch.Tensor:
+        calls.append(items.start)
+        return torch.arange(items.start, items.stop, dtype=torch.float32).view(-1, 1, 1, 1, 1).expand(-1, *CHUNK_SHAPE)
+
+    return make_chunk
 
 
-def test_a_bank_batch_draws_x0_and_its_own_prompt_as_a_pure_function(tiny_path, cache_dir, tmp_path):
-    teacher, emb, settings = load(tiny_path, cache_dir)
-    bank = teacher_latents(teacher, emb, 0, dataclasses.replace(settings, latents_per_prompt=2), tmp_path, 4, False)
-    a, b = make_batch(**batch_args(emb, latent_bank=bank)), make_batch(**batch_args(emb, latent_bank=bank))
-    assert all(x is y is None or torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()))
-    g = torch.Generator().manual_seed(_mix(0, 3, 1, 2))
-    items = torch.randint(len(bank), (4,), generator=g)
-    noise, sigma = torch.randn((4, *SHAPE), generator=g), torch.rand(4, generator=g)
-    s = (3.0 * sigma / (1 + 2.0 * sigma)).view(-1, 1, 1, 1, 1)
-    assert torch.equal(a.prompt_idx, items // 2)  # the latent's own prompt...
-    assert torch.equal(a.cond, emb.padded(items // 2))  # ...and its condition
-    assert torch.equal(a.x_t, (1 - s) * bank.x0(items) + s * noise)
-    assert not torch.equal(make_batch(**batch_args(emb, latent_bank=bank, step=4)).x_t, a.x_t)
+def bank(folder, calls):
+    return cached_bank(folder, 5, 2, 1, make(calls), "test latents", False, CHUNK_SHAPE)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other_shape", "deleted", "manifest"])
+def test_a_damaged_chunk_of_a_finished_cache_is_made_again(tmp_path, caplog, damage):
+    folder, calls = tmp_path / "bank", []
+    bank(folder, calls)
+    assert calls == [0, 2, 4]
+    chunk = _chunk_path(folder, 1)
+    if damage == "truncated":
+        chunk.write_bytes(chunk.read_bytes()[:50])
+    elif damage == "garbage":
+        chunk.write_bytes(b"garbage" * 10)
+    elif damage == "other_shape":
+        torch.save(torch.zeros(2, 3, 1, 2, 2), chunk)
+    elif damage == "deleted":
+        chunk.unlink()
+    else:
+        (folder / "complete.json").write_text("{not json")
+    calls.clear()
+    with caplog.at_level(logging.WARNING, logger="wandistiller.data.latents"):
+        healed = bank(folder, calls)
+    assert calls == ([2] if damage != "manifest" else [])
+    assert healed.x0(torch.arange(5))[:, 0, 0, 0, 0].tolist() == [0, 1, 2, 3, 4]
+    if damage in ("truncated", "garbage", "other_shape"):
+        assert "chunk_000001.pt" in caplog.text and "damaged; making them again" in caplog.text
+
+
+def test_a_full_disk_leaves_no_partial_chunk_and_is_one_line(tmp_path, monkeypatch):
+    folder = tmp_path / "bank"
+
+    def full(obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)  # the disk, not a library we test: ENOSPC on write
+    with pytest.raises(UserError, match=r"chunk_000000.pt cannot be written \(No space left on device\)"):
+        bank(folder, [])
+    assert not list(folder.iterdir())

@@ -1,12 +1,19 @@
-"""Inputs: prompts files, cached embeddings, and batches that are a pure function of (seed, step, rank)."""
+"""wandistiller/data/prompts.py: prompts files, the embeddings cache (healed, resumed), batches as pure functions."""
 
 from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
 
 import pytest
 import torch
 
+from tests.data.test_latents import PROMPTS, SHAPE, load
 from wandistiller.core.errors import UserError
-from wandistiller.data.prompts import encode_prompts, make_batch, read_prompts, shifted_sigmas
+from wandistiller.data.latents import teacher_latents
+from wandistiller.data.prompts import _cache_key, _mix, encode_prompts, make_batch, read_prompts, shifted_sigmas
 from wandistiller.teacher.model import inspect_teacher
 
 
@@ -86,3 +93,95 @@ def test_batches_built_for_a_device_equal_the_cpu_ones_bit_for_bit(tiny_path, tm
     a, b = batch(emb), batch(emb, device=torch.device("cpu"))
     assert all(x is y is None or torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()))
     assert torch.equal(emb.padded(a.prompt_idx, torch.device("cpu")), emb.padded(a.prompt_idx))
+
+
+def test_a_damaged_embeddings_cache_is_encoded_again(tiny_path, tmp_path, caplog):
+    spec, cache = inspect_teacher(tiny_path), tmp_path / "cache"
+    args = (["a fox", "a lighthouse"], "", 16, torch.float32, torch.device("cpu"), cache)
+    first = encode_prompts(spec, *args)
+    file = next((cache / "embeddings").glob("*.pt"))
+    file.write_bytes(file.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="wandistiller.data.prompts"):
+        again = encode_prompts(spec, *args)
+    assert "is damaged; encoding the prompts again" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(first.embeds, again.embeds))
+    torch.save({"prompts": ["other"], "embeds": [], "negative": torch.zeros(1, 4), "max_sequence_length": 16}, file)
+    assert encode_prompts(spec, *args).prompts == ["a fox", "a lighthouse"]
+
+
+def test_the_cache_keys_change_when_the_teachers_files_are_rewritten(tiny_path, tmp_path):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    spec = inspect_teacher(folder)
+    before = _cache_key(spec, ["a fox"], "", 16, torch.float32)
+    weights = next((folder / "text_encoder").glob("*.safetensors"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same size, rewritten later
+    assert _cache_key(spec, ["a fox"], "", 16, torch.float32) != before
+
+
+def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, caplog, monkeypatch):
+    import wandistiller.data.prompts as data
+
+    spec, cache = inspect_teacher(tiny_path), tmp_path / "cache"
+    prompts = [f"prompt number {i}" for i in range(5)]
+    args = (prompts, "", 16, torch.float32, torch.device("cpu"), cache)
+    whole = encode_prompts(spec, *args)
+    shutil.rmtree(cache)
+    monkeypatch.setattr(data, "EMBED_CHUNK", 2)  # 3 parts: 2 + 2 + 1 prompts
+    save, saved = data._save_atomically, []
+
+    def killed_after_two_parts(obj, path):  # the process dies (kill -9) after two part files are on disk
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+        saved.append(path)
+        save(obj, path)
+
+    monkeypatch.setattr(data, "_save_atomically", killed_after_two_parts)
+    with pytest.raises(KeyboardInterrupt):
+        encode_prompts(spec, *args)
+    monkeypatch.setattr(data, "_save_atomically", save)
+    parts = sorted(p.name for p in saved)
+    assert parts == ["part_000000.pt", "part_000001.pt"] and all(p.is_file() for p in saved)
+    saved[1].write_bytes(saved[1].read_bytes()[:50])  # and the second part was damaged
+    with caplog.at_level(logging.INFO, logger="wandistiller.data.prompts"):
+        resumed = encode_prompts(spec, *args)
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "part_000001.pt" in warnings[0] and "encoding those prompts again" in warnings[0]
+    assert "encoding 3 of 5 prompts" in caplog.text  # the first part was kept
+    assert resumed.prompts == prompts and all(torch.equal(a, b) for a, b in zip(whole.embeds, resumed.embeds))
+    assert not list((cache / "embeddings").glob("*.parts"))  # the whole file replaces the parts
+
+
+def batch_args(emb, **kw):
+    args = dict(seed=0, step=3, micro=1, rank=2, batch_size=4, latent_shape=SHAPE, flow_shift=3.0)
+    return args | dict(num_train_timesteps=1000, embeddings=emb) | kw
+
+
+def test_the_gaussian_batch_is_unchanged(tiny_path, cache_dir):
+    _, emb, _ = load(tiny_path, cache_dir)
+    batch = make_batch(**batch_args(emb))
+    # The formulas as they were before latent banks existed: a resumed old run must see the same inputs.
+    g = torch.Generator().manual_seed(_mix(0, 3, 1, 2))
+    prompt_idx = torch.randint(len(PROMPTS), (4,), generator=g)
+    x0, noise = torch.randn((4, *SHAPE), generator=g), torch.randn((4, *SHAPE), generator=g)
+    u = torch.rand(4, generator=g)
+    sigma = 3.0 * u / (1 + 2.0 * u)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    assert torch.equal(batch.prompt_idx, prompt_idx) and torch.equal(batch.t, sigma * 1000)
+    assert torch.equal(batch.x_t, (1 - s) * x0 + s * noise)
+
+
+def test_a_bank_batch_draws_x0_and_its_own_prompt_as_a_pure_function(tiny_path, cache_dir, tmp_path):
+    teacher, emb, settings = load(tiny_path, cache_dir)
+    bank = teacher_latents(teacher, emb, 0, dataclasses.replace(settings, latents_per_prompt=2), tmp_path, 4, False)
+    a, b = make_batch(**batch_args(emb, latent_bank=bank)), make_batch(**batch_args(emb, latent_bank=bank))
+    assert all(x is y is None or torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()))
+    g = torch.Generator().manual_seed(_mix(0, 3, 1, 2))
+    items = torch.randint(len(bank), (4,), generator=g)
+    noise, sigma = torch.randn((4, *SHAPE), generator=g), torch.rand(4, generator=g)
+    s = (3.0 * sigma / (1 + 2.0 * sigma)).view(-1, 1, 1, 1, 1)
+    assert torch.equal(a.prompt_idx, items // 2)  # the latent's own prompt...
+    assert torch.equal(a.cond, emb.padded(items // 2))  # ...and its condition
+    assert torch.equal(a.x_t, (1 - s) * bank.x0(items) + s * noise)
+    assert not torch.equal(make_batch(**batch_args(emb, latent_bank=bank, step=4)).x_t, a.x_t)

@@ -1,4 +1,4 @@
-"""Validation: a fixed held-out set, a deterministic val/loss per noise band, and loss.png."""
+"""wandistiller/data/validation.py: the held-out set, a deterministic val/loss per band, loss.png, directly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints: data, not code; a damaged one is skipped or refused in one line; a failed save cleans up."""
+"""wandistiller/state/checkpoint.py: saved, pruned, resumed as data; damaged or crafted ones refused in one line."""
 
 from __future__ import annotations
 
@@ -68,29 +68,6 @@ def real_state(bf16: bool = False):
         "tracker_run_id": "abc123",
     }
     return model, state
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_a_saved_state_comes_back_equal_with_the_rngs(tmp_path, bf16):
-    model, state = real_state(bf16)
-    random.seed(5), np.random.seed(5), torch.manual_seed(5)
-    path = save_checkpoint(tmp_path, 3, state, keep=2)
-    expected = (random.random(), np.random.rand(), torch.rand(1))
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    loaded = load_checkpoint(path)
-    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
-    assert loaded["step"] == 3 and loaded["tracker_run_id"] == "abc123"
-    for key, value in state["student"].items():
-        assert torch.equal(loaded["student"][key], value) and loaded["student"][key].dtype == value.dtype
-    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
-    for i, s in state["optimizer"]["state"].items():
-        assert all(torch.equal(loaded["optimizer"]["state"][i][k], v) for k, v in s.items())
-    assert loaded["lr_scheduler"] == state["lr_scheduler"] and loaded["scaler"] == state["scaler"]
-    assert all(torch.equal(a, b) for a, b in zip(loaded["ema"]["shadow_params"], state["ema"]["shadow_params"]))
-    opt = torch.optim.AdamW(model.parameters())
-    opt.load_state_dict(loaded["optimizer"])  # the real classes take it back
-    EMAModel(list(model.parameters())).load_state_dict(loaded["ema"])
-    assert sorted(p.name for p in path.iterdir()) == ["state.json", "tensors.safetensors"]
 
 
 def test_a_crafted_pickle_never_runs_explicit_resume_is_one_line(tmp_path):

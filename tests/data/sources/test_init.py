@@ -1,6 +1,4 @@
-"""Data sources as units (wandistiller/data/sources/): each module is found by the registry, gives `data.latents`
-a choice, adds its typed keys to the `data` schema and its value checks to preflight's refusals; a run's
-frozen context is what a source is given."""
+"""wandistiller/data/sources/__init__.py: the registry's sources, their schema keys, their refusals in a run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11's point: a student distilled on the teacher's own latents samples closer to its teacher."""
+"""wandistiller/data/sources/teacher.py: its latents bring a student closer to its teacher (slow, a script)."""
 
 from __future__ import annotations
 

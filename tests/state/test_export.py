@@ -1,0 +1,90 @@
+"""wandistiller/state/export.py: a pipeline folder and its model card, written directly from tiny real folders."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from wandistiller.core.errors import UserError
+from wandistiller.state import export
+
+
+def student_folder(tmp_path):
+    folder = tmp_path / "student"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text('{"_class_name": "WanTransformer3DModel"}')
+    (folder / "sub" / "weights.bin").write_bytes(b"\1\2\3")
+    return folder
+
+
+def test_a_pipeline_is_the_student_beside_the_teachers_parts_all_hard_linked(tiny_moe_path, tmp_path):
+    out = export.write_pipeline(tmp_path / "pipeline", tiny_moe_path, student_folder(tmp_path), "# the card\n")
+    assert (out / "README.md").read_text() == "# the card\n"
+    assert (out / "transformer" / "sub" / "weights.bin").read_bytes() == b"\1\2\3"
+    assert not (out / "transformer_2").exists()  # the teacher's second expert is not the student's
+    for part in export.TEACHER_PARTS:
+        for file in (tiny_moe_path / part).rglob("*"):
+            if file.is_file():
+                assert (out / part / file.relative_to(tiny_moe_path / part)).samefile(file), file
+    index = json.loads((out / "model_index.json").read_text())
+    teacher = json.loads((tiny_moe_path / "model_index.json").read_text())
+    assert index["transformer"] == ["diffusers", "WanTransformer3DModel"] and index["transformer_2"] == [None, None]
+    assert index["boundary_ratio"] is None and index["vae"] == teacher["vae"] and index["_class_name"] == "WanPipeline"
+
+
+def test_a_teacher_missing_a_part_is_one_line_naming_it(tmp_path):
+    teacher = tmp_path / "teacher"
+    for part in ("tokenizer", "text_encoder", "scheduler"):
+        (teacher / part).mkdir(parents=True)
+    with pytest.raises(UserError, match=r"teacher/vae is missing: the teacher folder has no vae/; a WanPipeline"):
+        export.write_pipeline(tmp_path / "out", teacher, student_folder(tmp_path), "")
+
+
+def test_without_hard_links_small_files_are_copied_and_large_ones_referenced(tmp_path, monkeypatch):
+    src = tmp_path / "weights.safetensors"
+    src.write_bytes(b"x" * 64)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "weights.safetensors").write_text("an older file in its place")
+    assert export.place(src, tmp_path / "a" / "weights.safetensors") == "linked"  # and replaces what was there
+    assert (tmp_path / "a" / "weights.safetensors").samefile(src)
+
+    def other_filesystem(*args):  # what os.link raises across filesystems
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(os, "link", other_filesystem)
+    assert export.place(src, tmp_path / "b" / "w") == "copied"
+    assert not (tmp_path / "b" / "w").is_symlink() and (tmp_path / "b" / "w").read_bytes() == src.read_bytes()
+    monkeypatch.setattr(export, "COPY_LIMIT", 63)  # 64 bytes count as large
+    assert export.place(src, tmp_path / "c" / "w") == "referenced"
+    assert (tmp_path / "c" / "w").is_symlink() and (tmp_path / "c" / "w").resolve() == src.resolve()
+
+
+@pytest.fixture
+def run_folder(make_cfg, tmp_path):
+    """A run folder as far as the card reads it: the saved config (latent 8x8, seed 0, fp32)."""
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(make_cfg("data.latent_height=6", run_dir=folder), folder / ".hydra" / "config.yaml")
+    return folder
+
+
+def test_the_card_states_teacher_data_training_size_and_the_runs_figures(run_folder):
+    run = {"teacher": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "teacher_experts": 1, "student_params_m": 41.888}
+    metrics = run | {"steps_run": 7, "batch_size": 3, "precision": "bf16", "eval_psnr": 21.23456, "eval_ssim": None}
+    (run_folder / "metrics.json").write_text(json.dumps(metrics))
+    card = export.model_card(run_folder)
+    assert card.startswith("---\nlibrary_name: diffusers\n") and "base_model: Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in card
+    assert "# A 41.9M-parameter text-to-image student of Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in card
+    assert "| training | 7 steps, batch 3, precision bf16, seed 0 |" in card
+    assert "| image size | 48x64 (latent 6x8) |" in card and "height=48, width=64" in card
+    assert "| `eval_psnr` | 21.23 |" in card and "eval_ssim" not in card  # a figure the run did not measure
+
+
+def test_a_card_without_metrics_names_the_local_teacher_and_no_evaluation(run_folder, tiny_path):
+    card = export.model_card(run_folder)
+    assert "base_model" not in card and f"A ?-parameter text-to-image student of {tiny_path}" in card
+    assert "| (no evaluation in this run) | |" in card and "| data | Gaussian x0 (data-free); prompts: " in card

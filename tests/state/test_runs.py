@@ -1,0 +1,108 @@
+"""wandistiller/state/runs.py: a run folder read back (config, teacher, student, trust), directly and via the CLIs."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.state.test_received import one_error_line, received
+from wandistiller import eval as eval_cli
+from wandistiller import generate as generate_cli
+from wandistiller.core.errors import UserError
+from wandistiller.state.checkpoint import save_checkpoint
+from wandistiller.state.runs import RunFolder, Trust, add_trust_args, load_student, open_run, student_source
+from wandistiller.teacher.model import inspect_teacher
+from wandistiller.train import run
+
+
+def test_a_hub_id_teacher_is_not_downloaded_from_a_received_run(finished, tmp_path, capsys, tiny_path):
+    folder, file = received(finished, tmp_path, **{"teacher.path": "evil/repo", "teacher.builtin": None})
+    err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x"])
+    assert "teacher.path='evil/repo'" in err and "--teacher-path" in err and "--allow-download" in err
+    out = tmp_path / "out"
+    argv = [str(folder), "--prompt", "x", "--steps", "1", "--teacher-path", str(tiny_path), "--out", str(out)]
+    generate_cli.run_generate(generate_cli.parse_args(argv))
+    assert len(list(out.glob("*.png"))) == 1
+
+
+def test_a_run_from_another_machine_evaluates_generates_and_resumes(finished, tmp_path, make_cfg, cache_dir):
+    """Other absolute paths (the sender's cache and output folder): this machine's cache is used, and
+    the sender's folders are never created."""
+    elsewhere = tmp_path / "home" / "alice"
+    folder, _ = received(finished, tmp_path, **{"paths.cache_dir": str(elsewhere / "cache"),
+                                                "paths.output_dir": str(elsewhere / "outputs/run")})  # fmt: skip
+    result = eval_cli.evaluate(folder, steps=1, limit=1)
+    assert result["mean"]["latent_mse"] >= 0
+    args = generate_cli.parse_args([str(folder), "--prompt", "../../escape", "--steps", "1"])
+    paths = generate_cli.run_generate(args)
+    assert all(p.resolve().parent == (folder / "generated").resolve() for p in paths)  # no `../` from prompts
+    shutil.rmtree(folder / "student")
+    (folder / "metrics.json").unlink()
+    summary = run(make_cfg("trainer.resume=auto", "trainer.max_steps=3", run_dir=folder))
+    assert summary["final_step"] == 3
+    assert not elsewhere.exists()
+
+
+def test_a_folder_without_a_saved_config_is_not_a_run_folder(tmp_path):
+    with pytest.raises(UserError, match=r"is not a run folder \(no .hydra/config.yaml\); give an outputs/") as e:
+        open_run(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_an_opened_run_uses_this_machines_cache_its_own_folder_and_the_teacher_given(finished, tmp_path, tiny_path):
+    folder, _ = received(finished, tmp_path, **{"paths.cache_dir": "/elsewhere/cache", "teacher.path": "evil/repo",
+                                                "teacher.builtin": None})  # fmt: skip
+    with pytest.raises(UserError, match=r"teacher.path='evil/repo' in .*config.yaml is a Hub id"):
+        open_run(folder)
+    opened = open_run(folder, teacher_path=str(tiny_path), cache_dir=str(tmp_path / "mine"))
+    assert opened.cfg.paths.cache_dir == str(tmp_path / "mine") and opened.cfg.paths.output_dir == str(folder)
+    assert opened.cfg.teacher.path == str(tiny_path) and opened.cfg.teacher.builtin is None
+    d = opened.cfg.data
+    assert opened.latent_shape == (16, d.latent_frames, d.latent_height, d.latent_width)
+
+
+def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_path):
+    folder = RunFolder(tmp_path, OmegaConf.create({}), None)  # student_source reads the folder only
+    with pytest.raises(UserError, match=r"has no student yet \(checkpoints: none\); train it first"):
+        student_source(folder, None)
+    with pytest.raises(UserError, match="--checkpoint 'newest' is not best, latest or step_N"):
+        student_source(folder, "newest")
+    for step in (2, 4):
+        save_checkpoint(tmp_path, step, {"student": {"w": torch.zeros(1)}}, keep=5)
+    assert student_source(folder, None).name == "step_00000004"  # no final student yet: the latest checkpoint
+    assert student_source(folder, "latest").name == "step_00000004"
+    assert student_source(folder, "step_2").name == "step_00000002"
+    with pytest.raises(UserError, match=r"no checkpoint 'step_3' \(checkpoints: step_00000002, step_00000004\)"):
+        student_source(folder, "step_3")
+    with pytest.raises(UserError, match="no checkpoint 'best'"):
+        student_source(folder, "best")
+    (tmp_path / "student").mkdir()
+    assert student_source(folder, None) == tmp_path / "student"
+
+
+def test_a_damaged_student_file_is_one_line_naming_the_folder(tmp_path, tiny_path):
+    source = tmp_path / "student"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "diffusion_pytorch_model.safetensors").write_bytes(b"not a tensor file")
+    run_folder = RunFolder(tmp_path, OmegaConf.create({}), inspect_teacher(tiny_path))
+    with pytest.raises(UserError, match=r"the student in .*student: .*; use --checkpoint latest") as e:
+        load_student(run_folder, source, torch.device("cpu"))
+    assert "\n" not in str(e.value)
+
+
+def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_asked():
+    parser = argparse.ArgumentParser()
+    add_trust_args(parser, wandb=True)
+    given = ["--allow-target", "a.B", "--allow-target", "c.D", "--teacher-path", "/t", "--allow-download"]
+    trust = Trust.from_args(parser.parse_args(given))
+    assert trust == Trust(("a.B", "c.D"), "/t", True, "offline")
+    assert trust.open_args() == ("/t", ("a.B", "c.D"), True, None)
+    assert Trust.from_args(parser.parse_args(["--wandb-mode", "online"])).wandb_mode == "online"
+    without = argparse.ArgumentParser()
+    add_trust_args(without)  # generate: no wandb flag, and its trust is offline
+    assert Trust.from_args(without.parse_args([])) == Trust()
