@@ -1,5 +1,6 @@
-"""What a run shows while it trains: validation, best checkpoint, loss.png, periodic grids, metrics as they
-happen, the evaluation at the end -- and the data sources a run can draw x0 from."""
+"""wandistiller/recipe/hooks/monitor.py in real runs: validation per noise band, checkpoints/best (kept across a
+resume), loss.png and the metrics appended as they happen (past a torn line); and three runs on other data
+sources (data/), which belong in tests/data/."""
 
 from __future__ import annotations
 
