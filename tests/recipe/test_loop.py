@@ -1,19 +1,30 @@
-"""The loop and what a user swaps through `_target_`: the loss, the student builder, the recipe."""
+"""wandistiller/recipe/loop.py: the old-shape loss on fixed tensors, the loop in-process at toy size (loss, logged
+parts, checkpoints), grouped logging and the non-finite stop in real runs; and the values refused before a run
+could go non-finite."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32, cli, fresh_runs
+from tests.conftest import FP32
 from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
 from wandistiller.data.prompts import PromptEmbeddings, batch_source
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.recipe.distillation import DistillationRecipe
-from wandistiller.recipe.loop import Run, distillation_loss, train_loop
+from wandistiller.recipe.loop import (
+    Clock,
+    Run,
+    _materialize,
+    _Pending,
+    _stop_if_not_finite,
+    distillation_loss,
+    train_loop,
+)
 from wandistiller.recipe.losses import Distillation
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
@@ -21,29 +32,6 @@ from wandistiller.student.model import build_student
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.tracking.loggers import NullTracker
 from wandistiller.train import run
-
-CALLS: list[str] = []
-
-
-def doubled_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
-    """A user's loss: twice the velocity MSE (what trainer.loss._target_ may name)."""
-    loss, velocity, hidden = distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
-    CALLS.append("loss")
-    return 2 * loss, velocity, hidden
-
-
-def counted_student(spec, dtype=torch.float32, **student_keys):
-    """A user's student builder (what student._target_ may name)."""
-    CALLS.append("student")
-    return build_student(spec, dtype, **student_keys)
-
-
-class CountingRecipe(DistillationRecipe):
-    """A user's recipe (what recipe._target_ may name): one setup step replaced."""
-
-    def _setup_tracker(self, state):
-        CALLS.append("tracker")
-        return super()._setup_tracker(state)
 
 
 def test_the_distillation_loss_is_velocity_mse_plus_weighted_hidden_mse():
@@ -53,36 +41,6 @@ def test_the_distillation_loss_is_velocity_mse_plus_weighted_hidden_mse():
     assert velocity == 1.0 and hidden == 4.0 and loss == 3.0
     loss, _, hidden = distillation_loss(pred, target, None, None)
     assert loss == 1.0 and hidden == 0.0
-
-
-def test_loss_student_and_recipe_are_swapped_through_their_targets(make_cfg, tmp_path):
-    CALLS.clear()
-    cfg = make_cfg(
-        "trainer.max_steps=2",
-        f"trainer.loss._target_={__name__}.doubled_loss",
-        f"student._target_={__name__}.counted_student",
-        f"recipe._target_={__name__}.CountingRecipe",
-        run_dir=tmp_path / "r",
-    )
-    summary = run(cfg)
-    assert summary["steps_run"] == 2
-    assert CALLS.count("student") == 1 and CALLS.count("tracker") == 1 and CALLS.count("loss") == 2
-
-
-@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
-def clis(request, tmp_path_factory, cache_dir):
-    """This module's command-line run (a fresh process) and its folder, started with the module."""
-    tmp_path = tmp_path_factory.mktemp("cli")
-    args = cli(f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "logger=none",
-               "recipe._target_=nowhere.Recipe")  # fmt: skip
-    return tmp_path, fresh_runs(request, {"nowhere": ("test_a_target_that_does_not_exist_is_one_line", args)})
-
-
-def test_a_target_that_does_not_exist_is_one_line(clis):
-    tmp_path, runs = clis
-    result = runs["nowhere"].result()
-    assert result.returncode == 2 and "Traceback" not in result.stderr and "recipe._target_" in result.stderr
-    assert not (tmp_path / "r").exists()  # refused before the run folder is claimed
 
 
 KEYS = {"step", "loss", "loss_velocity", "loss_hidden", "grad_norm", "lr", "samples_per_s", "step_ms"}
@@ -166,3 +124,64 @@ def test_the_loop_lowers_the_loss_logs_each_part_and_checkpoints_its_last_step(t
     saved = load_checkpoint(kept)
     assert saved["step"] == 12
     assert all(torch.equal(saved["student"][k], v) for k, v in run.student.state_dict().items())
+
+
+CALLS: list[int] = []
+
+
+def nan_from_third_call(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
+    """The shipped loss, turned NaN from its third call on (what an overflowing loss term does)."""
+    loss, velocity, hidden = distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
+    CALLS.append(1)
+    return (loss * float("nan") if len(CALLS) >= 3 else loss), velocity, hidden
+
+
+def test_a_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(make_cfg, tmp_path):
+    CALLS.clear()
+    folder = tmp_path / "run"
+    cfg = make_cfg("trainer.max_steps=5", "trainer.checkpoint_every=1", "trainer.log_every=2",
+                   f"trainer.loss._target_={__name__}.nan_from_third_call", run_dir=folder)  # fmt: skip
+    with pytest.raises(UserError, match=r"non-finite at step 3 \(loss nan.*the last good checkpoint is step_00000002"):
+        run(cfg)
+    assert [p.name for p in list_checkpoints(folder)] == ["step_00000001", "step_00000002"]
+    assert not (folder / "metrics.json").exists() and not (folder / "student").exists()  # never "completed"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("teacher.flow_shift=inf", "teacher.flow_shift=inf must be positive"),
+        ("trainer.optimizer.lr=inf", "trainer.optimizer.lr=inf must be a finite number"),
+        ("trainer.optimizer.lr=1e6", r"trainer.optimizer.lr=1000000.0 must be a finite number in \[0, 10\]"),
+        ("student.hidden_kd_weight=nan", "student.hidden_kd_weight=nan must be a finite number"),
+        ("seed=-1", r"seed=-1 must be in \[0, 2\*\*63\)"),
+    ],
+)
+def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override, message):
+    with pytest.raises(UserError, match=message):
+        run(make_cfg(override))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_logged_steps_times_and_throughput_come_from_its_clock_marks():
+    # On a CPU the clock's marks are perf_counter seconds: spans given by hand give known milliseconds.
+    sums = {"loss": torch.tensor(0.5), "loss_task": torch.tensor(0.25)}
+    pending = [_Pending(7, sums, torch.tensor(2.0), (10.0, 10.5), [(10.0, 10.1), (10.2, 10.3)], 1e-4, None),
+               _Pending(8, sums, torch.tensor(3.0), (11.0, 11.25), [], 1e-4, 40.0)]  # fmt: skip
+    first, second = _materialize(pending, Clock(torch.device("cpu")), samples_per_step=4, group=None)
+    assert (first["step"], first["loss"], first["loss_task"], first["grad_norm"]) == (7, 0.5, 0.25, 2.0)
+    assert first["step_ms"] == pytest.approx(500) and first["teacher_ms"] == pytest.approx(200)
+    assert first["student_ms"] == pytest.approx(300) and first["samples_per_s"] == pytest.approx(8)
+    assert "copy_ms" not in first and second["copy_ms"] == 40.0 and second["samples_per_s"] == pytest.approx(16)
+    assert first["host_peak_rss_gib"] > 0
+
+
+def test_an_infinite_gradient_under_a_grad_scaler_is_a_skipped_step_not_a_stop(tmp_path):
+    entry = {"step": 3, "loss": 0.5, "grad_norm": float("inf"), "lr": 1e-4}
+    scaled = SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=True), run_dir=tmp_path)
+    _stop_if_not_finite(scaled, [entry])  # fp16's routine overflow: the scaler skips the step
+    unscaled = SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False), run_dir=tmp_path)
+    with pytest.raises(UserError, match=r"non-finite at step 3 \(loss 0.5, grad norm inf.*no checkpoint was saved"):
+        _stop_if_not_finite(unscaled, [entry])
+    with pytest.raises(UserError, match="non-finite at step 3"):  # a NaN loss stops even under a scaler
+        _stop_if_not_finite(scaled, [entry | {"loss": float("nan")}])

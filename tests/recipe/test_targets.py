@@ -1,6 +1,6 @@
-"""Targets: the teacher's guided velocity equals WanPipeline's, routing is in timestep space, and targets
-served by an owner equal a local teacher's bit for bit
-(wandistiller/teacher/model.py, wandistiller/recipe/targets.py)."""
+"""wandistiller/recipe/targets.py (with the teacher's `targets` of wandistiller/teacher/model.py it serves): the
+guided velocity equals WanPipeline's, routing is in timestep space, the served hidden states' shape is the
+teacher's, and targets served by an owner equal a local teacher's bit for bit."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import FP32, spawn
 from wandistiller.core.distributed import Topology, roles_for
-from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.prompts import Batch, batch_source, encode_prompts, read_prompts
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, serve
+from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, hidden_shape, serve
 from wandistiller.teacher.model import inspect_teacher
 
 
@@ -92,6 +92,16 @@ def test_a_mixed_batch_matches_each_expert_run_alone(tiny_moe_path):
     for i in range(4):
         alone, _ = teacher.targets(x[i : i + 1], t[i : i + 1], cond[i : i + 1], uncond[i : i + 1])
         torch.testing.assert_close(together[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_the_buffer_a_served_rank_receives_hidden_states_in_is_the_shape_the_teacher_sends(tiny_path):
+    spec = inspect_teacher(tiny_path)
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, Topology())
+    g = torch.Generator().manual_seed(0)
+    x_t, cond = torch.randn(3, 16, 1, 8, 8, generator=g), torch.randn(3, 512, 32, generator=g)
+    batch = Batch(torch.zeros(3), x_t, torch.tensor([900.0, 500.0, 10.0]), cond, torch.zeros(3, 512, 32))
+    _, hidden = LocalTargets(teacher).get(0, 0, batch, True)
+    assert hidden_shape(spec.transformer_config, batch) == tuple(hidden.shape) == (3, 16, 32)  # 8x8 in 2x2 patches
 
 
 def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:

@@ -1,18 +1,21 @@
-"""Loop hooks as a list from config (`hooks=[monitor,progress,samples]`): each shipped option is a module with
-its schema, a hook of your own runs after every step, the injected failure of the failure-handling tests is a
-hook outside the loop, and configs saved before the list run the same hooks."""
+"""wandistiller/recipe/hooks/__init__.py: the hook registry against conf/hooks/, `build` (the config's order, the
+main rank's hooks, the injected failure), a hook of your own in a real run, and configs saved before the list."""
 
 from __future__ import annotations
 
-import pytest
+from types import SimpleNamespace
+
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF
 from wandistiller.recipe import hooks
-from wandistiller.recipe.hooks.base import Hook
+from wandistiller.recipe.hooks.base import Hook, HookParts
+from wandistiller.recipe.hooks.fault import FaultInjection
+from wandistiller.recipe.hooks.progress import ProgressLog
 from wandistiller.train import run
 
 STEPS: list[int] = []
+PROGRESS = "wandistiller.recipe.hooks.progress.ProgressLog"
 
 
 class CountingHook(Hook):
@@ -45,14 +48,6 @@ def test_a_hook_of_your_own_runs_after_every_step_and_the_list_can_leave_one_out
     assert not (tmp_path / "r" / "metrics_steps.jsonl").exists()  # no monitor: nothing appended as it happened
 
 
-def test_the_injected_failure_is_a_hook_that_fails_its_step_on_its_rank(make_cfg, tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "0:2")
-    with pytest.raises(RuntimeError, match="injected failure at step 2"):
-        run(make_cfg("trainer.max_steps=4", run_dir=tmp_path / "r"))
-    monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "1:2")  # another rank's: this one runs to the end
-    assert run(make_cfg("trainer.max_steps=3", run_dir=tmp_path / "s"))["steps_run"] == 3
-
-
 def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
     from wandistiller.core.renamed import HOOKS, modernize_lists
 
@@ -63,3 +58,14 @@ def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
 
     for target in HOOKS.values():
         assert issubclass(get_object(target), Hook)
+
+
+def test_build_keeps_the_configs_order_binds_each_and_leaves_main_only_hooks_to_the_main_rank(monkeypatch):
+    listed = {"count": {"_target_": f"{__name__}.CountingHook", "every": 2}, "progress": {"_target_": PROGRESS}}
+    trainer = OmegaConf.create({"max_steps": 5, "log_every": 1, "progress_bar": False})
+    main = hooks.build(OmegaConf.create(listed), SimpleNamespace(is_main=True, trainer_cfg=trainer), HookParts())
+    assert [type(h) for h in main] == [CountingHook, ProgressLog]
+    assert main[0].every == 2 and main[0].max_steps == 5 and main[1].t is trainer  # each bound to the run
+    monkeypatch.setenv(FaultInjection.ENV, "1:2")  # the one hook that is not main_only: every training rank runs it
+    other = hooks.build(OmegaConf.create(listed), SimpleNamespace(is_main=False, trainer_cfg=trainer), HookParts())
+    assert [type(h) for h in other] == [FaultInjection]

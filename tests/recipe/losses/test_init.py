@@ -1,4 +1,5 @@
-"""The loss options (wandistiller.recipe.losses): known answers on fixed tensors, and each trains in a real run."""
+"""wandistiller/recipe/losses/__init__.py: the registry of loss options against conf/loss/, `as_loss` on old-shape
+functions and partials, and each option training in a real run (one on two ranks)."""
 
 from __future__ import annotations
 
@@ -6,43 +7,11 @@ import json
 import subprocess
 
 import pytest
-import torch
 
 from tests.conftest import ROOT, cli, selected, session_env
-from wandistiller.core.errors import UserError
-from wandistiller.recipe.losses import LOSSES, Blend, Distillation, LossInputs, Task, as_loss, logged, total
+from tests.recipe.losses.test_base import inputs
+from wandistiller.recipe.losses import LOSSES, Blend, as_loss, total
 from wandistiller.train import run
-
-
-def inputs(**changed) -> LossInputs:
-    base = dict(
-        pred=torch.ones(2, 3), student_hidden=torch.ones(2, 4), target=torch.zeros(2, 3),
-        teacher_hidden=torch.full((2, 4), 3.0), x0=torch.full((2, 3), 1.0), noise=torch.full((2, 3), 4.0),
-        t=torch.tensor([10.0, 900.0]),
-    )  # fmt: skip
-    return LossInputs(**(base | changed))
-
-
-def test_distillation_keeps_the_old_loss_and_its_metric_names():
-    parts = Distillation(hidden_kd_weight=0.5)(inputs())
-    assert parts["velocity"] == 1.0 and parts["hidden"] == 4.0 and total(parts) == 3.0
-    assert set(logged(parts)) == {"loss", "loss_velocity", "loss_hidden"}
-    assert Distillation().needs == {"teacher"} and Distillation(0.5).needs == {"teacher", "teacher_hidden"}
-
-
-def test_task_is_the_flow_velocity_of_the_data_and_needs_no_teacher():
-    # velocity = noise - x0 = 3 everywhere; the prediction is 1: MSE 4, whatever the teacher says.
-    parts = Task()(inputs(target=None, teacher_hidden=None))
-    assert parts == {"task": 4.0} and total(parts) == 4.0 and Task.needs == {"x0"}
-    assert set(logged(parts)) == {"loss", "loss_task"}
-
-
-def test_blend_weighs_task_and_distillation():
-    parts = Blend(alpha=0.25)(inputs())
-    assert parts["task"] == 4.0 and parts["velocity"] == 1.0 and total(parts) == 0.25 * 4 + 0.75 * 1
-    assert Blend(alpha=1.0)(inputs())["loss"] == 4.0 and Blend().needs == {"teacher", "x0"}
-    with pytest.raises(UserError, match="trainer.loss.alpha=1.5"):
-        Blend(alpha=1.5)
 
 
 def test_old_shape_functions_and_partials_become_losses():

@@ -1,0 +1,20 @@
+"""wandistiller/recipe/losses/distillation.py: `loss=distillation`'s parts on fixed tensors whose MSEs are known."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.recipe.losses.test_base import inputs
+from wandistiller.recipe.losses import Distillation, logged, total
+
+
+def test_distillation_keeps_the_old_loss_and_its_metric_names():
+    parts = Distillation(hidden_kd_weight=0.5)(inputs())
+    assert parts["velocity"] == 1.0 and parts["hidden"] == 4.0 and total(parts) == 3.0
+    assert set(logged(parts)) == {"loss", "loss_velocity", "loss_hidden"}
+    assert Distillation().needs == {"teacher"} and Distillation(0.5).needs == {"teacher", "teacher_hidden"}
+
+
+def test_without_a_hidden_weight_the_loss_is_the_velocity_mse_alone():
+    parts = Distillation()(inputs(student_hidden=None, teacher_hidden=None, pred=torch.full((2, 3), 2.0)))
+    assert parts["velocity"] == 4.0 and parts["hidden"] == 0.0 and total(parts) == 4.0

@@ -1,0 +1,97 @@
+"""wandistiller/recipe/outputs.py: the run's summary computed directly from tiny metrics lists and a RunContext of
+the tiny teacher (medians, peaks, the steps of a resumed run, validation), and a resumed run's summary in a real
+run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import FP32
+from tests.recipe.hooks.test_monitor import rows
+from wandistiller.core.context import RunContext
+from wandistiller.core.distributed import Topology, roles_for
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.outputs import millions, summarize, validation_summary, whole_run
+from wandistiller.teacher.model import inspect_teacher
+from wandistiller.train import run
+
+
+def test_metrics_are_written_as_they_happen_and_summarised_over_a_resumed_run(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    first = run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=run_dir))
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]
+    (run_dir / "metrics.json").unlink()  # as if stopped before the end: the step rows are there already
+    (run_dir / "student").rename(tmp_path / "student_first")
+    summary = run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))
+    assert summary["steps_run"] == 4 and summary["loss_first"] == first["loss_first"] and summary["final_step"] == 4
+
+
+def step(n: int, loss: float, **more) -> dict:
+    return {"step": n, "loss": loss} | more
+
+
+def test_the_whole_run_is_every_steps_last_record_up_to_this_segments_last_step():
+    recorded = [step(1, 0.9), step(2, 0.8), step(3, 0.7), {"step": 2, "val/loss": 0.5}, step(4, 0.6)]
+    # Resumed from step 2's checkpoint: steps 3 and 4 measured by the killed segment, step 3 redone, 4 not yet.
+    recorded += [step(3, 0.65)]
+    this_segment = [step(3, 0.65)]
+    assert whole_run(recorded, this_segment) == [step(1, 0.9), step(2, 0.8), step(3, 0.65)]
+    assert whole_run([], this_segment) == this_segment  # nothing recorded (no monitor): this segment's own
+    assert whole_run(recorded, []) == [step(1, 0.9), step(2, 0.8), step(3, 0.65), step(4, 0.6)]
+
+
+def test_the_validation_summary_is_the_last_and_the_best_held_out_loss():
+    recorded = [step(1, 0.9), {"step": 2, "val/loss": 0.4}, {"step": 4, "val/loss": 0.3}, {"step": 6, "val/loss": 0.35}]
+    assert validation_summary(recorded) == {"val_loss_last": 0.35, "val_loss_best": 0.3}
+    assert validation_summary([step(1, 0.9)]) == {}
+
+
+@pytest.fixture
+def context(tiny_path, tmp_path) -> RunContext:
+    """A RunContext of one process holding the tiny teacher on the CPU, trainer keys set by hand."""
+    trainer = OmegaConf.create({"batch_size": 2, "grad_accum_steps": 3})
+    topo, placement = Topology(), CpuPlacement()
+    return RunContext(
+        teacher_cfg=OmegaConf.create({"path": "tiny", "name": "tiny"}), data_cfg=None, trainer_cfg=trainer,
+        student_cfg=None, seed=0, cache_dir=str(tmp_path), spec=inspect_teacher(tiny_path), placement=placement,
+        topo=topo, roles=roles_for(placement.serving, topo), precision=FP32, device=torch.device("cpu"),
+        run_dir=tmp_path, teacher_path=str(tiny_path), overrides=["trainer.max_steps=3"],
+    )  # fmt: skip
+
+
+def test_the_summary_takes_medians_past_the_warm_up_step_and_the_peaks_of_every_step(context, tiny_path):
+    history = [
+        step(1, 0.9, step_ms=1000.0, teacher_ms=600.0, samples_per_s=1.0, host_peak_rss_gib=1.5),
+        step(2, 0.8, step_ms=10.0, teacher_ms=6.0, samples_per_s=10.0, host_peak_rss_gib=2.5),
+        step(3, 0.7, step_ms=30.0, teacher_ms=8.0, samples_per_s=30.0, host_peak_rss_gib=2.0),
+    ]
+    ranks = [{"rank": 0, "role": "owner + student"}, {"rank": 1, "role": "student"},
+             {"rank": 2, "role": "teacher owner", "owner_idle_fraction": 0.25}]  # fmt: skip
+    student = torch.nn.Linear(10, 100)  # 1,100 parameters
+    summary = summarize(context, SimpleNamespace(student=student), history, ranks, segment=history[1:])
+    assert summary["status"] == "completed" and summary["student_params_m"] == millions(student) == 0.0011
+    assert (summary["steps_run"], summary["steps_this_segment"], summary["final_step"]) == (3, 2, 3)
+    assert (summary["loss_first"], summary["loss_last"]) == (0.9, 0.7)
+    assert summary["step_ms_median"] == 20.0 and summary["teacher_ms_median"] == 7.0  # step 1 (warm-up) left out
+    assert summary["samples_per_s_median"] == 20.0 and summary["copy_ms_median"] is None
+    assert summary["host_peak_rss_gib_max"] == 2.5
+    assert summary["training_ranks"] == 2 and summary["batch_size"] == 2 * 3 * 2  # per rank x accumulation x ranks
+    assert summary["owner_idle_fraction"] == 0.25 and summary["overrides"] == ["trainer.max_steps=3"]
+    assert summary["teacher"] == "tiny" and Path(summary["teacher_path"]) == tiny_path
+    assert summary["teacher_experts"] == 1 and summary["teacher_shape"]["text_dim"] == 32
+    assert (summary["placement"], summary["precision"], summary["world_size"]) == ("cpu", "fp32", 1)
+
+
+def test_a_sweep_points_overrides_win_and_an_empty_history_summarises_to_nothing_measured(context):
+    point = {"overrides": ["teacher_placement=cpu"], "group": "g", "name": "n"}
+    swept = dataclasses.replace(context, sweep_point=point)
+    summary = summarize(swept, SimpleNamespace(student=torch.nn.Linear(1, 1)), [], [{"rank": 0, "role": "student"}])
+    assert summary["overrides"] == ["teacher_placement=cpu"]
+    assert summary["steps_run"] == 0 and summary["final_step"] is None and summary["loss_first"] is None
+    assert summary["step_ms_median"] is None and summary["step_ms_stdev"] is None

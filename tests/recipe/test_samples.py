@@ -1,0 +1,67 @@
+"""wandistiller/recipe/samples.py: the teacher-vs-student grid's layout read back pixel by pixel from tiny images,
+and (slow) a sample drawn by the tiny teacher's own pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from tests.conftest import FP32
+from wandistiller.core.distributed import Topology
+from wandistiller.data.prompts import PromptEmbeddings
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.samples import CELL, save_grid, teacher_images
+from wandistiller.teacher.model import inspect_teacher
+
+HEADER, CAPTION = 24, 36  # the column titles' band above the rows and each row's caption band
+
+
+def quadrants(top_left, top_right, bottom_left, bottom_right) -> np.ndarray:
+    """A 2x2 image of four RGB colours (floats, as the pipeline returns them)."""
+    return np.array([[top_left, top_right], [bottom_left, bottom_right]], dtype=np.float32)
+
+
+def test_each_row_is_the_teachers_then_the_students_image_scaled_up_unblurred_and_captioned(tmp_path):
+    red, green, blue, black = (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 0)
+    teacher = np.stack([quadrants(red, green, blue, black), quadrants(black, black, black, black)])
+    student = np.stack([quadrants(blue, blue, blue, blue), quadrants(green, red, green, red)])
+    path = save_grid(teacher, student, ["a red fox", "a boat"], tmp_path / "grid.png")
+    grid = np.asarray(Image.open(path).convert("RGB"))
+    assert grid.shape == (HEADER + 2 * (CELL + CAPTION), 2 * CELL, 3)
+    half = CELL // 2  # each source pixel covers a CELL/2 square: nearest, not interpolated
+    first, second = HEADER, HEADER + CELL + CAPTION
+    expected = {
+        (first + 1, 1): red, (first + 1, half + 1): green, (first + half + 1, 1): blue,  # teacher, row 1
+        (first + CELL - 1, half): black,
+        (first + 1, CELL + 1): blue, (first + CELL - 1, 2 * CELL - 1): blue,  # student, row 1
+        (second + 1, 1): black,  # teacher, row 2
+        (second + 1, CELL + 1): green, (second + 1, CELL + half + 1): red,  # student, row 2
+    }  # fmt: skip
+    for (y, x), colour in expected.items():
+        assert tuple(grid[y, x]) == tuple(255 * c for c in colour), (y, x)
+    captions = grid[first + CELL : second]  # the first row's caption band: white with dark text in it
+    assert (captions == 255).mean() > 0.9 and (captions < 128).any()
+
+
+def test_values_outside_zero_to_one_are_clipped_not_wrapped(tmp_path):
+    over, under = np.full((1, 2, 2, 3), 1.7, np.float32), np.full((1, 2, 2, 3), -0.4, np.float32)
+    grid = np.asarray(Image.open(save_grid(over, under, ["p"], tmp_path / "g.png")).convert("RGB"))
+    assert tuple(grid[HEADER + 1, 1]) == (255, 255, 255) and tuple(grid[HEADER + 1, CELL + 1]) == (0, 0, 0)
+
+
+@pytest.mark.slow  # the tiny teacher's VAE and pipeline, three times
+def test_the_teacher_draws_one_first_frame_per_prompt_asked_for_the_same_for_a_seed(tiny_path):
+    spec = inspect_teacher(tiny_path)
+    guidance = OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None})
+    teacher = CpuPlacement().load(spec, guidance, FP32, Topology())
+    g = torch.Generator().manual_seed(0)
+    prompts = PromptEmbeddings(["a", "b", "c"], [torch.randn(n, 32, generator=g) for n in (3, 5, 7)],
+                               torch.zeros(0, 32), 512)  # fmt: skip
+    data = OmegaConf.create({"latent_frames": 1, "latent_height": 8, "latent_width": 8})
+    drawn = teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=0)
+    assert drawn.shape == (2, 64, 64, 3) and drawn.min() >= 0 and drawn.max() <= 1  # 8 latents x the VAE's 8
+    assert np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=0), drawn)
+    assert not np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=1), drawn)
