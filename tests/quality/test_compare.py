@@ -1,0 +1,43 @@
+"""`wandistiller.quality.compare`: its prompt set and a row's scores from made images and latents with known
+answers (the shipped judge, real held-out digits); its rows composed through the real config tree (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.digits import PROMPTS, rendered_split
+from wandistiller.quality.compare import ROWS, Settings, _prompt_set, score
+
+
+def test_the_prompt_set_is_every_pocket_prompt_or_the_first_n_in_the_small_mode():
+    assert _prompt_set(Settings()) == PROMPTS and len(PROMPTS) == 40
+    assert _prompt_set(Settings(prompts=6)) == PROMPTS[:6]
+
+
+def test_a_rows_score_is_the_judges_accuracy_the_distance_to_the_teachers_latents_and_what_it_measured():
+    images, _, prompts = rendered_split("heldout", copies=1, seed=7)
+    images, prompts = images[:60], prompts[:60]  # real digits drawn as asked: what a perfect student makes
+    latents = torch.zeros(60, 16, 1, 4, 4)
+    made = {"latents": latents, "images": images, "prompts": prompts, "params": 1234, "s_per_image": 0.25}
+    reference = rendered_split("heldout", copies=1, seed=8)[0][:60]  # 60, not 360: a tenth of the time
+    scores = score(made, latents + 0.5, load_classifier(), reference)
+    assert set(scores) == {"prompt_accuracy", "fid", "kid", "latent_mse", "params", "s_per_image"}
+    assert scores["latent_mse"] == pytest.approx(0.25) and scores["params"] == 1234 and scores["s_per_image"] == 0.25
+    assert scores["prompt_accuracy"] >= 0.9
+    # Against the same digits in other colours and places the judge's features are near; noise is far.
+    noise = made | {"images": torch.rand(60, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    assert scores["fid"] * 5 < score(noise, latents, load_classifier(), reference)["fid"]
+
+
+@pytest.mark.slow  # five compositions of the config tree, ~2 s
+def test_every_row_composes_with_the_data_and_loss_its_name_says(make_cfg):
+    composed = {name: make_cfg("teacher=pocket", "student=half", *overrides) for name, overrides in ROWS}
+    sources = {name: cfg.data.latents for name, cfg in composed.items()}
+    losses = {name: cfg.trainer.loss._target_.rsplit(".", 1)[-1] for name, cfg in composed.items()}
+    assert list(sources.values()) == ["gaussian", "teacher", "images", "images", "images"]
+    assert list(losses.values()) == ["Distillation", "Distillation", "Distillation", "Task", "Blend"]
+    assert composed["blend 0.5 task + 0.5 KD, images"].trainer.loss.alpha == 0.5
+    # Only where x0 comes from and the loss differ: the same student, steps and batch in every row.
+    assert len({(cfg.student.builder, cfg.trainer.max_steps, cfg.trainer.batch_size) for cfg in composed.values()}) == 1
