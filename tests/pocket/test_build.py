@@ -1,5 +1,4 @@
-"""`wandistiller.pocket.build`'s folders: the shipped ones load like a downloaded Wan model, train as
-`teacher=pocket` and guide samples to what the prompt asked (slow); a --quick rebuild is reproducible (slow)."""
+"""`wandistiller.pocket.build`'s folders: shipped ones load, train, guide samples (slow); rebuilds reproduce."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`wandistiller.pocket.classifier`: the shipped judge on held-out real digits, and `DigitJudge`'s inputs and
-its safetensors round trip, called directly with tiny images."""
+"""`wandistiller.pocket.classifier`: the shipped judge on held-out digits; DigitJudge's inputs, round trip."""
 
 from __future__ import annotations
 

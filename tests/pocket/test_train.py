@@ -1,5 +1,4 @@
-"""`wandistiller.pocket.train`: its learning-rate schedule's numbers, and a step or two of the VAE and the
-transformer training on 4 tiny images / latents (tiny Wan modules, real diffusers classes)."""
+"""`wandistiller.pocket.train`: the lr schedule's numbers; VAE and transformer steps on 4 tiny inputs."""
 
 from __future__ import annotations
 

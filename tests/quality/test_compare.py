@@ -1,5 +1,4 @@
-"""`wandistiller.quality.compare`: its prompt set and a row's scores from made images and latents with known
-answers (the shipped judge, real held-out digits); its rows composed through the real config tree (slow)."""
+"""`wandistiller.quality.compare`: prompt set and a row's scores from known inputs; rows composed (slow)."""
 
 from __future__ import annotations
 

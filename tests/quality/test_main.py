@@ -1,5 +1,4 @@
-"""`python -m wandistiller.quality` (`wandistiller.quality.__main__`): its table cells, table, targets, report and
-settings from fixed numbers and argv in-process; the whole command small (slow lane)."""
+"""`wandistiller.quality.__main__`: cells, table, targets, report, settings from numbers; the command (slow)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt accuracy and FID/KID on fixed tensors with known answers; the pocket judge on real held-out digits."""
+"""`wandistiller.quality.metrics`: prompt accuracy, FID/KID on tensors with known answers; one-line refusals."""
 
 from __future__ import annotations
 

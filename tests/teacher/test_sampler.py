@@ -1,5 +1,4 @@
-"""`wandistiller.teacher.sampler`: the teacher's own scheduler and the pinned WanPipeline over loaded experts,
-called directly on the session's tiny teachers (`tiny_path`, `tiny_moe_path`) and copies of their JSON."""
+"""`wandistiller.teacher.sampler`: the teacher's scheduler and the pinned WanPipeline, on the tiny teachers."""
 
 from __future__ import annotations
 

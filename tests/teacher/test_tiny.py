@@ -1,5 +1,4 @@
-"""`wandistiller.teacher.tiny`: the built-in tiny teachers, checked against the session's built folders
-(`tiny_path`, `tiny_moe_path`) with in-process builds that are never saved (no new folder is written)."""
+"""`wandistiller.teacher.tiny`: in-process builds (never saved) against the session's built tiny teachers."""
 
 from __future__ import annotations
 

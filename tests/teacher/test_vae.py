@@ -1,5 +1,4 @@
-"""`wandistiller.teacher.vae`: loading the teacher's VAE and the latent normalisation both ways, called directly
-on the session's tiny teacher (`tiny_path`) with 2 tiny images."""
+"""`wandistiller.teacher.vae`: the tiny teacher's VAE loaded; its latent normalisation both ways, 2 images."""
 
 from __future__ import annotations
 
@@ -24,12 +23,13 @@ def test_the_vae_loads_frozen_in_the_asked_dtype(tiny_path):
 
 
 def test_latent_stats_are_the_configs_per_channel_mean_and_std_shaped_to_broadcast(tiny_path):
-    vae = load_vae(inspect_teacher(tiny_path), CPU)
+    spec = inspect_teacher(tiny_path)
+    vae = load_vae(spec, CPU)
     mean, std = latent_stats(vae)
     assert mean.shape == std.shape == (1, 16, 1, 1, 1)
     assert mean.flatten().tolist() == torch.tensor(vae.config.latents_mean).tolist()
     assert std.flatten().tolist() == torch.tensor(vae.config.latents_std).tolist()
-    assert latent_stats(vae.to(torch.bfloat16))[1].dtype == torch.bfloat16  # in the VAE's dtype
+    assert latent_stats(load_vae(spec, CPU, torch.bfloat16))[1].dtype == torch.bfloat16  # in the VAE's dtype
 
 
 def test_encoding_gives_the_normalised_posterior_mode_as_float32_on_the_cpu(tiny_path):
@@ -43,14 +43,15 @@ def test_encoding_gives_the_normalised_posterior_mode_as_float32_on_the_cpu(tiny
 
 
 def test_decoding_an_encoded_image_undoes_the_normalisation_exactly(tiny_path):
-    vae = load_vae(inspect_teacher(tiny_path), CPU)
+    spec = inspect_teacher(tiny_path)
+    vae = load_vae(spec, CPU)
     images = decode_latents(vae, encode_images(vae, pixels()))
     assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32
     assert 0 <= float(images.min()) and float(images.max()) <= 1
     raw = vae.decode(vae.encode(pixels()[:, :, None]).latent_dist.mode()).sample[:, :, 0]  # [-1, 1], un-normalised
     torch.testing.assert_close(images, (raw / 2 + 0.5).clamp(0, 1), atol=1e-5, rtol=1e-5)
     # A bf16 VAE still hands float32 images and latents back.
-    half = vae.to(torch.bfloat16)
+    half = load_vae(spec, CPU, torch.bfloat16)
     assert (
         encode_images(half, pixels()).dtype == decode_latents(half, torch.zeros(1, 16, 1, 4, 4)).dtype == torch.float32
     )
