@@ -1,4 +1,4 @@
-"""The student: builders, config.json students, checks against the teacher, init from the teacher."""
+"""`wandistiller.student.model`: named and config.json students, checked against the teacher, started from it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The fp8 teacher (wandistiller.teacher.fp8) on the CPU: its layers against bf16, its targets' precision, streamed
-against resident bit for bit, the host RAM it saves, the planner's bytes, and where it is refused."""
+"""`wandistiller.teacher.fp8` on the CPU: layers and targets vs bf16, streamed vs resident, RAM, planner, refusals."""
 
 from __future__ import annotations
 

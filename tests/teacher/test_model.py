@@ -1,4 +1,4 @@
-"""The teacher: loading real diffusers folders, guided targets equal to WanPipeline's, expert routing."""
+"""`wandistiller.teacher.model`: diffusers folders inspected and loaded; damaged ones, unreachable Hub ids refused."""
 
 from __future__ import annotations
 

@@ -1,0 +1,43 @@
+"""`wandistiller.quality.compare`: prompt set and a row's scores from known inputs; rows composed (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.digits import PROMPTS, rendered_split
+from wandistiller.quality.compare import ROWS, Settings, _prompt_set, score
+
+
+def test_the_prompt_set_is_every_pocket_prompt_or_the_first_n_in_the_small_mode():
+    assert _prompt_set(Settings()) == PROMPTS and len(PROMPTS) == 40
+    assert _prompt_set(Settings(prompts=6)) == PROMPTS[:6]
+
+
+def test_a_rows_score_is_the_judges_accuracy_the_distance_to_the_teachers_latents_and_what_it_measured():
+    images, _, prompts = rendered_split("heldout", copies=1, seed=7)
+    reference = images[40:80]  # other held-out digits: 40 against 40 keeps the judge's passes short
+    images, prompts = images[:40], prompts[:40]  # real digits drawn as asked: what a perfect student makes
+    latents = torch.zeros(40, 16, 1, 4, 4)
+    made = {"latents": latents, "images": images, "prompts": prompts, "params": 1234, "s_per_image": 0.25}
+    judge = load_classifier()
+    scores = score(made, latents + 0.5, judge, reference)
+    assert set(scores) == {"prompt_accuracy", "fid", "kid", "latent_mse", "params", "s_per_image"}
+    assert scores["latent_mse"] == pytest.approx(0.25) and scores["params"] == 1234 and scores["s_per_image"] == 0.25
+    assert scores["prompt_accuracy"] >= 0.9
+    # Against other held-out digits the judge's features are near; against noise they are far.
+    noise = made | {"images": torch.rand(40, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    assert scores["fid"] * 5 < score(noise, latents, judge, reference)["fid"]
+
+
+@pytest.mark.slow  # five compositions of the config tree, ~2 s
+def test_every_row_composes_with_the_data_and_loss_its_name_says(make_cfg):
+    composed = {name: make_cfg("teacher=pocket", "student=half", *overrides) for name, overrides in ROWS}
+    sources = {name: cfg.data.latents for name, cfg in composed.items()}
+    losses = {name: cfg.trainer.loss._target_.rsplit(".", 1)[-1] for name, cfg in composed.items()}
+    assert list(sources.values()) == ["gaussian", "teacher", "images", "images", "images"]
+    assert list(losses.values()) == ["Distillation", "Distillation", "Distillation", "Task", "Blend"]
+    assert composed["blend 0.5 task + 0.5 KD, images"].trainer.loss.alpha == 0.5
+    # Only where x0 comes from and the loss differ: the same student, steps and batch in every row.
+    assert len({(cfg.student.builder, cfg.trainer.max_steps, cfg.trainer.batch_size) for cfg in composed.values()}) == 1

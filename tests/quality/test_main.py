@@ -1,0 +1,92 @@
+"""`wandistiller.quality.__main__`: cells, table, targets, report, settings from numbers; the command (slow)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from wandistiller.quality.__main__ import cell, parse_args, report, settings_from, table, targets
+from wandistiller.quality.compare import COLUMNS, ROWS, Settings
+
+
+def scores(accuracy: float, fid: float, **more) -> dict:
+    """One seed's row as `compare` returns it."""
+    return {"prompt_accuracy": accuracy, "fid": fid, "kid": 0.01, "latent_mse": 0.002, "params": 1234.0,
+            "s_per_image": 0.05} | more  # fmt: skip
+
+
+def results(*rows: tuple[float, float]) -> dict[str, list[dict]]:
+    """{teacher, then ROWS in order: [one seed's scores]} from (prompt accuracy, fid) pairs."""
+    names = ["teacher"] + [name for name, _ in ROWS]
+    return {name: [scores(accuracy, fid)] for name, (accuracy, fid) in zip(names, rows, strict=True)}
+
+
+@pytest.mark.slow
+def test_the_comparison_command_runs_small(tmp_path, cache_dir):
+    out = tmp_path / "QUALITY.md"
+    result = subprocess.run([sys.executable, "-m", "wandistiller.quality", "--small", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    for row in ("| teacher |", "Gaussian x0", "teacher latents", "images", "no teacher", "blend"):
+        assert row in text
+
+
+def test_a_cell_is_the_mean_over_seeds_with_the_population_spread_in_the_columns_format():
+    assert cell([0.5], "prompt_accuracy") == "50.0%"  # one seed: no spread
+    assert cell([0.5, 0.7], "prompt_accuracy") == "60.0% ± 10.0"  # the spread without a second %
+    assert cell([1.0, 2.0, 3.0], "fid") == "2.00 ± 0.82"
+    assert cell([0.01, 0.03], "kid") == "0.020 ± 0.010"
+    assert cell([1000, 3000], "params") == "2,000"  # the same student every seed: never a spread
+
+
+def test_the_table_has_one_row_per_setting_and_leaves_a_column_a_row_lacks_empty():
+    rows = {
+        "teacher": [scores(0.9, 2.0)],
+        "distilled, images": [scores(0.8, 3.0, train_s=10), scores(0.6, 5.0, train_s=30)],
+    }
+    lines = table(rows).splitlines()
+    assert lines[0] == "| | " + " | ".join(COLUMNS + ["train_s"]) + " |"
+    assert lines[1] == "|---" * 8 + "|" and len(lines) == 4
+    assert lines[2] == "| teacher | 90.0% | 2.00 | 0.010 | 0.0020 | 1,234 | 0.050 |  |"  # the teacher is not trained
+    assert lines[3].startswith("| distilled, images | 70.0% ± 10.0 | 4.00 ± 1.00 |")
+    assert lines[3].endswith("| 20 ± 10 |")
+
+
+def test_every_target_is_met_when_the_students_are_near_the_teacher_and_distilling_helps():
+    # teacher, Gaussian x0, teacher latents, images, no teacher, blend: (prompt accuracy, fid)
+    lines = targets(results((0.95, 2.0), (0.85, 2.5), (0.9, 2.2), (0.9, 2.1), (0.5, 6.0), (0.8, 3.0)))
+    assert lines[0] == "- teacher's guided samples >= 90% prompt accuracy: 95.0%, met"
+    assert lines[1].startswith("- distilled, Gaussian x0: 89% of the teacher's accuracy") and "FID 1.25x" in lines[1]
+    assert len(lines) == 6 and all(line.endswith("met") and "MISSED" not in line for line in lines)
+
+
+def test_each_target_a_result_falls_short_of_is_missed():
+    # A weak teacher; latents at 75% of its accuracy and worse than Gaussian x0; the images student's FID 1.6x;
+    # no teacher beats distilling.
+    lines = targets(results((0.8, 2.0), (0.8, 2.0), (0.6, 2.5), (0.8, 3.2), (0.9, 2.0), (0.8, 3.0)))
+    assert [line.rsplit(" ", 1)[-1] for line in lines] == ["MISSED", "met", "MISSED", "MISSED", "MISSED", "MISSED"]
+    assert "FID 1.60x the teacher's" in lines[3]
+
+
+def test_small_sets_the_ci_sized_settings_and_explicit_numbers_win_over_the_defaults():
+    assert settings_from(parse_args([])) == Settings()
+    small = settings_from(parse_args(["--small", "--teacher", "pocket_moe"]))
+    assert (small.seeds, small.max_steps, small.batch_size, small.prompts) == ((0,), 2, 2, 6)
+    assert small.teacher == "pocket_moe" and small.extra == ("data.sample_steps=2",)
+    given = settings_from(parse_args(["--small", "--seeds", "4", "5", "--steps", "30", "--batch-size", "8"]))
+    assert (given.seeds, given.max_steps, given.batch_size, given.sample_steps) == ((4, 5), 30, 8, 2)
+    with pytest.raises(SystemExit):
+        parse_args(["--teacher", "tiny"])  # only the pocket teachers have a judge
+
+
+def test_the_report_names_the_command_and_the_settings_and_holds_the_table_and_targets():
+    settings = settings_from(parse_args(["--small"]))
+    numbers = results((0.95, 2.0), (0.85, 2.5), (0.9, 2.2), (0.9, 2.1), (0.5, 6.0), (0.8, 3.0))
+    text = report(numbers, settings, ["--small"], seconds=90)
+    assert text.startswith("# Student quality on the pocket teacher\n")
+    assert "`python -m wandistiller.quality --small`" in text and "1.5 min in all" in text
+    assert "`student=half`, 2 steps of batch 2" in text and "1 per prompt x 6 prompts per seed" in text
+    assert table(numbers) in text and text.endswith("\n".join(targets(numbers)) + "\n")
