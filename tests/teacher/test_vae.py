@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from diffusers import WanPipeline
 
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.teacher.vae import decode_latents, encode_images, latent_stats, load_vae
@@ -55,3 +56,13 @@ def test_decoding_an_encoded_image_undoes_the_normalisation_exactly(tiny_path):
     assert (
         encode_images(half, pixels()).dtype == decode_latents(half, torch.zeros(1, 16, 1, 4, 4)).dtype == torch.float32
     )
+
+
+def test_decoding_is_wan_pipelines_own(tiny_path):
+    pipe = WanPipeline.from_pretrained(tiny_path, dtype=torch.float32, use_safetensors=True)
+    pipe.set_progress_bar_config(disable=True)
+    noise = torch.randn(1, 16, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    args = dict(prompt="a red fox", latents=noise, num_frames=1, height=64, width=64, num_inference_steps=2)
+    latent = pipe(**args, output_type="latent").frames
+    image = pipe(**args, output_type="pt").frames[:, 0]
+    torch.testing.assert_close(decode_latents(pipe.vae, latent), image)

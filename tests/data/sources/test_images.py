@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from tests.data.test_images import CAPTIONS, TEACHER, data_cfg, write_folder
 from wandistiller.core.distributed import Topology
@@ -13,6 +15,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.sources.images import Images, held_out_captions
 from wandistiller.teacher.model import inspect_teacher
+from wandistiller.train import run
 
 
 def test_the_source_refuses_a_folder_it_cannot_use_before_anything_loads(tmp_path):
@@ -57,3 +60,22 @@ def test_the_last_images_captions_are_held_out_and_never_trained_on(tiny_path, c
     whole = Images.make(given, None, "prompts' embeddings", "held-out embeddings")
     assert whole.val_embeddings == "held-out embeddings" and whole.bank.prompt_idx.tolist() == [0, 1, 2]
     assert torch.equal(whole.bank.x0(torch.arange(2)), made.bank.x0(torch.arange(2)))
+
+
+def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i, caption in enumerate(["a red fox in snow", "a boat on a lake", "a city at night"]):
+        Image.fromarray(rng.integers(0, 255, (72, 90, 3), dtype=np.uint8)).save(images / f"{i}.png")
+        (images / f"{i}.txt").write_text(caption)
+    summary = run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2
+
+
+@pytest.mark.parametrize("override", ["data=image_folder"])
+def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, tmp_path, override):
+    from wandistiller.core.errors import UserError
+
+    with pytest.raises(UserError, match="data.root"):
+        run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))

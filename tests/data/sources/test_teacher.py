@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
+from wandistiller.train import run
 
 
 @pytest.mark.slow
@@ -28,3 +29,12 @@ def test_teacher_latents_give_a_lower_eval_latent_mse_than_gaussian_x0(cache_dir
     # samples are nearly Gaussian in their statistics, so the gap is small here; it is still every seed's.
     assert latents < 0.97 * gaussian, results
     assert all(r["ratio"] < 1.0 for r in results), results
+
+
+def test_a_student_trains_on_the_teachers_own_latents(make_cfg, tmp_path, cache_dir):
+    overrides = ["data=teacher_latents", "data.sample_steps=2", "trainer.max_steps=2"]
+    summary = run(make_cfg(*overrides, run_dir=tmp_path / "a"))
+    assert summary["steps_run"] == 2
+    made = sorted((cache_dir / "teacher_latents").iterdir())
+    run(make_cfg(*overrides, run_dir=tmp_path / "b"))  # a second run reuses the cache
+    assert sorted((cache_dir / "teacher_latents").iterdir()) == made

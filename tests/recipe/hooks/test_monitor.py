@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import pytest
-from PIL import Image
-
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.train import run
 
@@ -35,34 +31,6 @@ def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp
     again = tmp_path / "again"
     run(make_cfg(*overrides, "trainer.eval_at_end=false", "trainer.sample_every=0", run_dir=again))
     assert [r["val/loss"] for r in rows(again) if "val/loss" in r] == [r["val/loss"] for r in val]
-
-
-def test_a_student_trains_on_the_teachers_own_latents(make_cfg, tmp_path, cache_dir):
-    overrides = ["data=teacher_latents", "data.sample_steps=2", "trainer.max_steps=2"]
-    summary = run(make_cfg(*overrides, run_dir=tmp_path / "a"))
-    assert summary["steps_run"] == 2
-    made = sorted((cache_dir / "teacher_latents").iterdir())
-    run(make_cfg(*overrides, run_dir=tmp_path / "b"))  # a second run reuses the cache
-    assert sorted((cache_dir / "teacher_latents").iterdir()) == made
-
-
-def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
-    images = tmp_path / "images"
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    for i, caption in enumerate(["a red fox in snow", "a boat on a lake", "a city at night"]):
-        Image.fromarray(rng.integers(0, 255, (72, 90, 3), dtype=np.uint8)).save(images / f"{i}.png")
-        (images / f"{i}.txt").write_text(caption)
-    summary = run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", run_dir=tmp_path / "r"))
-    assert summary["steps_run"] == 2
-
-
-@pytest.mark.parametrize("override", ["data=image_folder"])
-def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, tmp_path, override):
-    from wandistiller.core.errors import UserError
-
-    with pytest.raises(UserError, match="data.root"):
-        run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))
 
 
 def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg, tmp_path):
