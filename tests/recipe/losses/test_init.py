@@ -3,13 +3,13 @@ functions and partials, and each option training in a real run (one on two ranks
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 
 from tests.conftest import ROOT, cli, selected, session_env
 from tests.recipe.losses.test_base import inputs
+from tests.recipe.test_loop import steps
 from wandistiller.recipe.losses import LOSSES, Blend, as_loss, total
 from wandistiller.train import run
 
@@ -37,10 +37,6 @@ def test_every_loss_module_has_its_yaml_and_old_targets_still_resolve():
     assert all(get_object(target) is LOSSES[name] for name, target in yamls.items())  # each its own module's
     for old in ("wandistiller.losses.Blend", "wandistiller.recipe.losses.Blend"):  # saved by older runs
         assert get_object(current_target(old)) is Blend and current_target(old) == yamls["blend"]
-
-
-def steps(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize(
