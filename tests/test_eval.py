@@ -69,14 +69,54 @@ def test_the_eval_cli_adds_its_numbers_to_a_runs_csv_and_tensorboard_loggers_too
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=1", "trainer.log_every=1", "logger=[tensorboard,csv]", run_dir=folder))
+    overrides = ["trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.log_every=1"]
+    run(make_cfg(*overrides, "logger=[tensorboard,csv]", run_dir=folder))
     eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])
     assert "logged to the run's loggers: tensorboard, csv" in capsys.readouterr().out
+    eval_cli.main([str(folder), "--checkpoint", "step_1", "--steps", "2", "--limit", "1"])
     rows = list(csv.DictReader((folder / "metrics.csv").read_text().splitlines()))
     assert rows[0]["step"] == "1" and rows[0]["loss"] and float(rows[-1]["eval/psnr"]) > 0  # the run's rows kept
+    # Each evaluation at the step of the student it evaluated: the final one's (the run's last), then step_1's.
+    assert [row["step"] for row in rows if row["eval/psnr"]] == ["2", "1"]
     events = EventAccumulator(str(folder / "tensorboard"))
     events.Reload()
     assert "eval/psnr" in events.Tags()["scalars"] and "loss" in events.Tags()["scalars"]
+    assert sorted(event.step for event in events.Scalars("eval/psnr")) == [1, 2]
+
+
+def test_an_evaluated_students_step_is_its_checkpoints_or_the_runs_last(tmp_path):
+    from wandistiller.state.checkpoint import STATE_FILE
+
+    run_dir = tmp_path / "run"
+    for step in (3, 10):  # a checkpoint's step is the one its state records, not its name's
+        (run_dir / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step_{step:08d}" / STATE_FILE).write_text(json.dumps({"step": step}))
+    (run_dir / "checkpoints" / "best").mkdir()
+    (run_dir / "checkpoints" / "best" / STATE_FILE).write_text(json.dumps({"step": 3}))
+    assert eval_cli.evaluated_step(run_dir, run_dir / "checkpoints" / "best") == 3
+    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 10  # no metrics.json: the latest checkpoint
+    (run_dir / "metrics.json").write_text(json.dumps({"final_step": 12}))
+    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 12  # written with the final student
+    assert eval_cli.evaluated_step(tmp_path / "bare", tmp_path / "bare" / "student") is None
+
+
+@pytest.mark.slow  # a real offline wandb run: seconds to start
+def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tmp_path):
+    from wandistiller.tracking.loggers import WandbTracker
+    from wandistiller.tracking.loggers.csv import CsvLogger
+
+    wandb, table = WandbTracker(project="wandistiller", mode="offline"), CsvLogger()
+    for logger in (wandb, table):
+        logger.start(tmp_path, {}, None)
+    try:
+        wandb.log({"loss": 1.0}, step=5)  # a resumed online run is past the run's last step
+        at_step, past_step = eval_cli._split_by_step([wandb, table], 3)
+        assert at_step.loggers == [table] and past_step.loggers == [wandb]  # wandb would drop step 3's numbers
+        at_step, past_step = eval_cli._split_by_step([wandb, table], 5)
+        assert at_step.loggers == [wandb, table] and past_step.loggers == []
+        assert eval_cli._split_by_step([wandb, table], None)[0].loggers == []  # no step known: each its own next
+    finally:
+        wandb.finish({})
 
 
 def test_checkpoints_are_chosen_by_name(run_dir):
