@@ -1,4 +1,5 @@
-"""`wandistiller.eval` and `wandistiller.generate` on a real (short) run folder."""
+"""`wandistiller.eval`: on real (short) run folders, through `evaluate`, `main` and the CLI: results, loggers, and
+the prompts it reads from a run's saved config."""
 
 from __future__ import annotations
 
@@ -13,19 +14,28 @@ from PIL import Image
 
 from tests.conftest import cli as command_line
 from tests.conftest import fresh_runs
+from tests.data.test_images import CAPTIONS, write_folder
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
+from wandistiller.core.errors import UserError
+from wandistiller.data.images import image_source
+from wandistiller.data.validation import split_prompts
+from wandistiller.eval import eval_prompts
 from wandistiller.state.checkpoint import load_checkpoint
-from wandistiller.state.runs import load_student, open_run, student_source
+from wandistiller.state.runs import RunFolder, load_student, open_run, student_source
+from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
+
+
+def two_step_run(make_cfg, folder):
+    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
+    return folder
 
 
 @pytest.fixture
 def run_dir(make_cfg, tmp_path):
-    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
-    folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
-    return folder
+    return two_step_run(make_cfg, tmp_path / "run")
 
 
 def test_eval_writes_eval_json_and_a_grid(run_dir):
@@ -130,14 +140,6 @@ def test_checkpoints_are_chosen_by_name(run_dir):
     assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
 
 
-def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):
-    args = generate_cli.parse_args([str(run_dir / "student"), "--prompt", "a red fox", "--steps", "2", "--teacher"])
-    args.out = str(tmp_path / "out")
-    paths = generate_cli.run_generate(args)
-    assert [p.name for p in paths] == ["a-red-fox_seed0_student.png", "a-red-fox_seed0_teacher.png"]
-    assert all(Image.open(p).size == (64, 64) for p in paths)
-
-
 @pytest.mark.parametrize("case", ["not a run", "no student yet"])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, make_cfg, case):
     folder, message = tmp_path, "is not a run folder"
@@ -196,3 +198,53 @@ def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tm
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.count("\n") == 0 and "--checkpoint: the checkpoint" in err, err
     assert "is of another student shape" in err and "pick one this run trained" in err
+
+
+# Which prompts eval reads from a run's saved config (issue 20, issue 16): an image run's own held-out captions; a
+# received prompts file only from the run folder or the package, else --prompts FILE. The run folder is built from
+# the composed config.
+def run_of(make_cfg, tmp_path, tiny_path, *overrides):
+    cfg = make_cfg(*overrides)
+    return RunFolder(tmp_path / "run", cfg, inspect_teacher(tiny_path))
+
+
+def test_an_image_run_is_evaluated_on_its_own_held_out_captions(make_cfg, tmp_path, tiny_path):
+    root = write_folder(tmp_path / "images")
+    run = run_of(make_cfg, tmp_path, tiny_path, "data=image_folder", f"data.root={root}", "data.val_fraction=0.34")
+    # the same split training validates on (data_sources._held_out_captions): the last val_fraction of the captions
+    held = split_prompts(image_source(run.cfg.data).captions, None, 0.34)[1]
+    assert eval_prompts(run, None, 8) == held and len(held) == 1 and held[0] in CAPTIONS
+    assert eval_prompts(run, str(write_prompts(tmp_path / "mine.txt")), 8) == ["my own prompt"]  # --prompts wins
+
+
+def write_prompts(path, text="my own prompt\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("key", ["prompts_path", "val_prompts_path"])
+def test_a_received_prompts_file_outside_the_run_and_the_package_is_not_read(make_cfg, tmp_path, tiny_path, key):
+    secret = write_prompts(tmp_path / "elsewhere" / "secret.txt", "a private line\nanother\n")
+    run = run_of(make_cfg, tmp_path, tiny_path, f"data.{key}={secret}")
+    with pytest.raises(UserError) as e:
+        eval_prompts(run, None, 8)
+    assert str(e.value).startswith(f"data.{key}='{secret}' in the run's saved config lies outside the run folder")
+    assert str(e.value).endswith("give --prompts FILE") and "\n" not in str(e.value)
+    mine = write_prompts(tmp_path / "mine.txt")
+    assert eval_prompts(run, str(mine), 8) == ["my own prompt"]  # the user's own file, named on the command line
+
+
+def test_prompts_inside_the_run_folder_or_shipped_are_read(make_cfg, tmp_path, tiny_path):
+    inside = write_prompts(tmp_path / "run" / "prompts.txt", "one\ntwo\nthree\n")
+    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={inside}"), None, 8) == ["three"]
+    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path), None, 8)  # the shipped prompts (the default)
+
+
+def test_the_end_of_run_eval_reads_the_users_own_prompts_file_wherever_it_lies(make_cfg, tmp_path, tiny_path):
+    # `python -m wandistiller.train data.prompts_path=my_prompts.txt` evaluates itself at the end: its own file
+    mine = write_prompts(tmp_path / "elsewhere" / "my_prompts.txt", "one\ntwo\nthree\n")
+    run = run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={mine}")
+    assert eval_prompts(run, None, 8, own_files=True) == ["three"]
+    with pytest.raises(UserError):  # the same folder received from someone else is not
+        eval_prompts(run, None, 8)
