@@ -1,4 +1,5 @@
-"""Every group option composes; typos and wrong types fail at composition; `--cfg job` shows the tree."""
+"""`wandistiller.config`: every group option composes; typos and wrong types fail at composition, Hydra's own
+mistakes in one line; `--cfg job` shows the tree. Real Hydra composition, and the CLI in fresh processes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from omegaconf.errors import OmegaConfBaseException
 from tests.conftest import CONF, cli, fresh_runs
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
+MISTAKES = [
+    ("trainer.bacth_size=2", "Key 'bacth_size' not in 'TrainerConfig'; check its spelling"),
+    ("teacher_placement=cpuu", "Could not find 'teacher_placement/cpuu'"),
+    ("student.init=teachr", "Invalid value 'teachr'"),
+]
 
 
 def test_every_group_has_options_and_a_schema_and_every_schema_a_group():
@@ -99,12 +105,18 @@ def test_schema_defaults_do_not_contradict_the_yaml():
 
 
 @pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
-def clis(request):
-    """This module's command-line runs, started together (each a fresh process)."""
-    return fresh_runs(request, {
+def clis(request, tmp_path_factory):
+    """This module's command-line runs, started together (each a fresh process); a mistake's run with its folder."""
+    commands = {
         "cfg": ("test_cfg_job_prints_the_composed_tree", cli("--cfg", "job", "teacher=tiny_moe", "precision=fp32")),
         "unknown": ("test_unknown_option_on_the_command_line_is_one_clear_message", cli("teacher_placement=nowhere")),
-    })  # fmt: skip
+    }  # fmt: skip
+    folder = {override: tmp_path_factory.mktemp("cli") for override in dict(MISTAKES)}
+    for override in dict(MISTAKES):
+        commands[override] = ("test_hydras_own_mistakes_are_one_line_with_exit_code_2",
+                              cli(f"hydra.run.dir={folder[override] / 'run'}", override))  # fmt: skip
+    started = fresh_runs(request, commands)
+    return {key: (run, folder[key]) if key in folder else run for key, run in started.items()}
 
 
 def test_cfg_job_prints_the_composed_tree(clis):
@@ -119,3 +131,12 @@ def test_unknown_option_on_the_command_line_is_one_clear_message(clis):
     result = clis["unknown"].result()
     assert result.returncode != 0
     assert "teacher_placement" in result.stderr and "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("override,words", MISTAKES)
+def test_hydras_own_mistakes_are_one_line_with_exit_code_2(override, words, clis):
+    future, tmp_path = clis[override]
+    result = future.result()
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and words in result.stderr
+    assert "+trainer" not in result.stderr and not (tmp_path / "run").exists()  # no hint that is then refused

@@ -1,4 +1,5 @@
-"""`wandistiller.eval` and `wandistiller.generate` on a real (short) run folder."""
+"""`wandistiller.eval`: on real (short) run folders, through `evaluate`, `main` and the CLI: results, loggers, and
+the prompts it reads from a run's saved config."""
 
 from __future__ import annotations
 
@@ -13,19 +14,28 @@ from PIL import Image
 
 from tests.conftest import cli as command_line
 from tests.conftest import fresh_runs
+from tests.data.test_images import CAPTIONS, write_folder
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
+from wandistiller.core.errors import UserError
+from wandistiller.data.images import image_source
+from wandistiller.data.validation import split_prompts
+from wandistiller.eval import eval_prompts
 from wandistiller.state.checkpoint import load_checkpoint
-from wandistiller.state.runs import load_student, open_run, student_source
+from wandistiller.state.runs import RunFolder, load_student, open_run, student_source
+from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
+
+
+def two_step_run(make_cfg, folder):
+    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
+    return folder
 
 
 @pytest.fixture
 def run_dir(make_cfg, tmp_path):
-    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
-    folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
-    return folder
+    return two_step_run(make_cfg, tmp_path / "run")
 
 
 def test_eval_writes_eval_json_and_a_grid(run_dir):
@@ -69,14 +79,54 @@ def test_the_eval_cli_adds_its_numbers_to_a_runs_csv_and_tensorboard_loggers_too
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=1", "trainer.log_every=1", "logger=[tensorboard,csv]", run_dir=folder))
+    overrides = ["trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.log_every=1"]
+    run(make_cfg(*overrides, "logger=[tensorboard,csv]", run_dir=folder))
     eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])
     assert "logged to the run's loggers: tensorboard, csv" in capsys.readouterr().out
+    eval_cli.main([str(folder), "--checkpoint", "step_1", "--steps", "2", "--limit", "1"])
     rows = list(csv.DictReader((folder / "metrics.csv").read_text().splitlines()))
     assert rows[0]["step"] == "1" and rows[0]["loss"] and float(rows[-1]["eval/psnr"]) > 0  # the run's rows kept
+    # Each evaluation at the step of the student it evaluated: the final one's (the run's last), then step_1's.
+    assert [row["step"] for row in rows if row["eval/psnr"]] == ["2", "1"]
     events = EventAccumulator(str(folder / "tensorboard"))
     events.Reload()
     assert "eval/psnr" in events.Tags()["scalars"] and "loss" in events.Tags()["scalars"]
+    assert sorted(event.step for event in events.Scalars("eval/psnr")) == [1, 2]
+
+
+def test_an_evaluated_students_step_is_its_checkpoints_or_the_runs_last(tmp_path):
+    from wandistiller.state.checkpoint import STATE_FILE
+
+    run_dir = tmp_path / "run"
+    for step in (3, 10):  # a checkpoint's step is the one its state records, not its name's
+        (run_dir / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step_{step:08d}" / STATE_FILE).write_text(json.dumps({"step": step}))
+    (run_dir / "checkpoints" / "best").mkdir()
+    (run_dir / "checkpoints" / "best" / STATE_FILE).write_text(json.dumps({"step": 3}))
+    assert eval_cli.evaluated_step(run_dir, run_dir / "checkpoints" / "best") == 3
+    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 10  # no metrics.json: the latest checkpoint
+    (run_dir / "metrics.json").write_text(json.dumps({"final_step": 12}))
+    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 12  # written with the final student
+    assert eval_cli.evaluated_step(tmp_path / "bare", tmp_path / "bare" / "student") is None
+
+
+@pytest.mark.slow  # a real offline wandb run: seconds to start
+def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tmp_path):
+    from wandistiller.tracking.loggers import WandbTracker
+    from wandistiller.tracking.loggers.csv import CsvLogger
+
+    wandb, table = WandbTracker(project="wandistiller", mode="offline"), CsvLogger()
+    for logger in (wandb, table):
+        logger.start(tmp_path, {}, None)
+    try:
+        wandb.log({"loss": 1.0}, step=5)  # a resumed online run is past the run's last step
+        at_step, past_step = eval_cli._split_by_step([wandb, table], 3)
+        assert at_step.loggers == [table] and past_step.loggers == [wandb]  # wandb would drop step 3's numbers
+        at_step, past_step = eval_cli._split_by_step([wandb, table], 5)
+        assert at_step.loggers == [wandb, table] and past_step.loggers == []
+        assert eval_cli._split_by_step([wandb, table], None)[0].loggers == []  # no step known: each its own next
+    finally:
+        wandb.finish({})
 
 
 def test_checkpoints_are_chosen_by_name(run_dir):
@@ -88,14 +138,6 @@ def test_checkpoints_are_chosen_by_name(run_dir):
     assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
     state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]
     assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
-
-
-def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):
-    args = generate_cli.parse_args([str(run_dir / "student"), "--prompt", "a red fox", "--steps", "2", "--teacher"])
-    args.out = str(tmp_path / "out")
-    paths = generate_cli.run_generate(args)
-    assert [p.name for p in paths] == ["a-red-fox_seed0_student.png", "a-red-fox_seed0_teacher.png"]
-    assert all(Image.open(p).size == (64, 64) for p in paths)
 
 
 @pytest.mark.parametrize("case", ["not a run", "no student yet"])
@@ -156,3 +198,53 @@ def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tm
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.count("\n") == 0 and "--checkpoint: the checkpoint" in err, err
     assert "is of another student shape" in err and "pick one this run trained" in err
+
+
+# Which prompts eval reads from a run's saved config (issue 20, issue 16): an image run's own held-out captions; a
+# received prompts file only from the run folder or the package, else --prompts FILE. The run folder is built from
+# the composed config.
+def run_of(make_cfg, tmp_path, tiny_path, *overrides):
+    cfg = make_cfg(*overrides)
+    return RunFolder(tmp_path / "run", cfg, inspect_teacher(tiny_path))
+
+
+def test_an_image_run_is_evaluated_on_its_own_held_out_captions(make_cfg, tmp_path, tiny_path):
+    root = write_folder(tmp_path / "images")
+    run = run_of(make_cfg, tmp_path, tiny_path, "data=image_folder", f"data.root={root}", "data.val_fraction=0.34")
+    # the same split training validates on (data_sources._held_out_captions): the last val_fraction of the captions
+    held = split_prompts(image_source(run.cfg.data).captions, None, 0.34)[1]
+    assert eval_prompts(run, None, 8) == held and len(held) == 1 and held[0] in CAPTIONS
+    assert eval_prompts(run, str(write_prompts(tmp_path / "mine.txt")), 8) == ["my own prompt"]  # --prompts wins
+
+
+def write_prompts(path, text="my own prompt\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("key", ["prompts_path", "val_prompts_path"])
+def test_a_received_prompts_file_outside_the_run_and_the_package_is_not_read(make_cfg, tmp_path, tiny_path, key):
+    secret = write_prompts(tmp_path / "elsewhere" / "secret.txt", "a private line\nanother\n")
+    run = run_of(make_cfg, tmp_path, tiny_path, f"data.{key}={secret}")
+    with pytest.raises(UserError) as e:
+        eval_prompts(run, None, 8)
+    assert str(e.value).startswith(f"data.{key}='{secret}' in the run's saved config lies outside the run folder")
+    assert str(e.value).endswith("give --prompts FILE") and "\n" not in str(e.value)
+    mine = write_prompts(tmp_path / "mine.txt")
+    assert eval_prompts(run, str(mine), 8) == ["my own prompt"]  # the user's own file, named on the command line
+
+
+def test_prompts_inside_the_run_folder_or_shipped_are_read(make_cfg, tmp_path, tiny_path):
+    inside = write_prompts(tmp_path / "run" / "prompts.txt", "one\ntwo\nthree\n")
+    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={inside}"), None, 8) == ["three"]
+    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path), None, 8)  # the shipped prompts (the default)
+
+
+def test_the_end_of_run_eval_reads_the_users_own_prompts_file_wherever_it_lies(make_cfg, tmp_path, tiny_path):
+    # `python -m wandistiller.train data.prompts_path=my_prompts.txt` evaluates itself at the end: its own file
+    mine = write_prompts(tmp_path / "elsewhere" / "my_prompts.txt", "one\ntwo\nthree\n")
+    run = run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={mine}")
+    assert eval_prompts(run, None, 8, own_files=True) == ["three"]
+    with pytest.raises(UserError):  # the same folder received from someone else is not
+        eval_prompts(run, None, 8)

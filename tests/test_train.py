@@ -1,9 +1,11 @@
-"""End to end through `run(cfg)` and the CLI: training, resume, outputs, and every user mistake."""
+"""`wandistiller.train`: end to end through `run(cfg)` and the CLI (fresh processes): training, resume, outputs,
+sweeps, and every user mistake; also the behaviours of modules outside the CLIs' tests that a whole run shows."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 
 import pytest
@@ -16,6 +18,8 @@ from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
+
+SLURM = bool(shutil.which("sbatch"))  # a Slurm machine: the sweep would be submitted
 
 
 def mean(xs):
@@ -152,12 +156,24 @@ def test_gpu_only_choices_are_refused_on_a_cpu_machine(make_cfg, tmp_path, overr
         run(make_cfg(override, run_dir=tmp_path / "r"))
 
 
-@pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
 def clis(request, tmp_path_factory, cache_dir, tiny_path):
-    """This module's default-lane command-line run (a fresh process), started with the module."""
-    folder = tmp_path_factory.mktemp("cli")
-    args = cli(f"hydra.run.dir={folder / 'r'}", f"paths.cache_dir={cache_dir}", "trainer.batch_size=0", "logger=none")
-    return fresh_runs(request, {"bad": ("test_cli_bad_input_is_one_line_and_a_non_zero_exit", args)})
+    """This module's default-lane command-line runs (each a fresh process), started together with the module;
+    all but "bad" with the folder each uses."""
+    folder = {key: tmp_path_factory.mktemp("cli") for key in ("bad", "plain", "sweep", "slurm")}
+    args = cli(f"hydra.run.dir={folder['bad'] / 'r'}", f"paths.cache_dir={cache_dir}", "trainer.batch_size=0",
+               "logger=none")  # fmt: skip
+    plain = cli(f"hydra.run.dir={folder['plain'] / 'run'}", "trainer.max_steps=2", "logger=none", "debug=fast")
+    sweep = cli("-m", f"hydra.sweep.dir={folder['sweep'] / 'sweep'}", "teacher_placement=cpu,gpuu")
+    on_slurm = f"hydra.sweep.dir={folder['slurm'] / 's'}"
+    slurm = cli("-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", on_slurm, "teacher_placement=gpu,gpu0")
+    started = fresh_runs(request, {
+        "bad": ("test_cli_bad_input_is_one_line_and_a_non_zero_exit", args),
+        "plain": ("test_the_cli_run_has_no_float32_warning_and_ends_with_done", plain),
+        "sweep": ("test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs", sweep),
+        "slurm": ("" if SLURM else "test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder", slurm),
+    })  # fmt: skip
+    return {key: run if key == "bad" else (run, folder[key]) for key, run in started.items()}
 
 
 def test_cli_bad_input_is_one_line_and_a_non_zero_exit(clis):
@@ -165,6 +181,28 @@ def test_cli_bad_input_is_one_line_and_a_non_zero_exit(clis):
     assert result.returncode == 2
     assert result.stderr.strip() == "error: trainer.batch_size=0 must be a positive integer"
     assert "Traceback" not in result.stdout
+
+
+def test_the_cli_run_has_no_float32_warning_and_ends_with_done(clis):
+    result = clis["plain"][0].result()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-2000:]
+    assert "should be kept in float32" not in out and "outputs in" in out.splitlines()[-1]
+
+
+def test_a_sweeps_typo_in_any_value_is_one_line_before_any_point_runs(clis):
+    future, tmp_path = clis["sweep"]
+    result = future.result()
+    assert result.returncode == 2 and "teacher_placement/gpuu" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.skipif(SLURM, reason="a Slurm machine: the sweep would be submitted")
+def test_slurm_off_a_cluster_is_one_line_and_leaves_no_sweep_folder(clis):
+    future, tmp_path = clis["slurm"]
+    result = future.result()
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "sbatch" in result.stderr
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.slow
@@ -216,3 +254,61 @@ def test_compiling_a_teacher_spread_by_accelerate_is_refused(make_cfg, tmp_path)
     overrides = ["teacher_placement=balanced", "teacher_placement.debug_cpu=true", "teacher.compile=true"]
     with pytest.raises(UserError, match="teacher.compile=true works with the placements that run a whole teacher"):
         run(make_cfg(*overrides, run_dir=tmp_path / "r"))
+
+
+def test_a_short_run_is_quiet_leaves_loss_png_and_resume_auto_says_where_it_looked(make_cfg, tmp_path, caplog):
+    folder = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", "teacher_placement=auto", run_dir=folder))
+    text = caplog.text
+    assert f"trainer.resume=auto: no checkpoint in {folder / 'checkpoints'}; starting from step 0" in text
+    assert "teacher placement: cpu (host" in text and "placement plan:" not in text  # one line, not the table
+    assert "41.9K params" in text
+    assert (folder / "loss.png").is_file()  # 2 steps: no validation ran, the curve is still drawn
+
+
+def test_a_resumed_runs_wandb_sync_hint_names_every_segment(make_cfg, tmp_path, caplog):
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", "logger=wandb", run_dir=folder))
+    with caplog.at_level(logging.INFO):
+        run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", "logger=wandb", run_dir=folder))
+    segments = sorted((folder / "wandb").glob("offline-run-*"))
+    # offline-run-<date>_<time>-<id>, with "-1" added by wandb when both started in the same second
+    assert len(segments) == 2 and len({p.name.split("-")[3] for p in segments}) == 1  # one run id
+    hint = next(r.getMessage() for r in caplog.records if "wandb sync" in r.getMessage())
+    assert all(str(p) in hint for p in segments)
+
+
+def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
+    from wandistiller.core.distributed import Topology
+    from wandistiller.job.preflight import prepare
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine runs gpu0")
+    with pytest.raises(UserError, match="gpu0 needs 2 or more GPUs"):
+        prepare(make_cfg("teacher_placement=gpu0"), Topology())
+
+
+def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg, tmp_path, caplog):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(10):
+        Image.new("RGB", (64, 64), (20 * i, 90, 200 - 10 * i)).save(images / f"{i}.png")
+        (images / f"{i}.txt").write_text(f"a plain field number {i}")
+    with caplog.at_level(logging.INFO):
+        run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", "trainer.val_every=2",
+                     run_dir=tmp_path / "run"))  # fmt: skip
+    assert "the last 1 of 10 images and their captions are held out for validation" in caplog.text
+    rows = (tmp_path / "run" / "metrics_steps.jsonl").read_text()
+    assert '"val/loss"' in rows
+
+
+def test_offline_segments_include_the_folders_wandb_suffixes_when_two_start_in_one_second(tmp_path):
+    from wandistiller.tracking.loggers import offline_segments
+
+    names = ["offline-run-20261126_130001-abc", "offline-run-20261126_130001-abc-1", "offline-run-20261126_130002-xyz"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert [p.name for p in offline_segments(tmp_path, "abc")] == names[:2]

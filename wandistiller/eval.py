@@ -242,14 +242,54 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     tracker = loggers.build(OmegaConf.create(nodes))
     tracker.start(run_dir, {}, run_id)  # start_step None: a finished run's rows are kept
     try:
-        tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=None)
-        tracker.log_image("eval", run_dir / result["files"][1], step=None)
+        step = evaluated_step(run_dir, Path(result["student"]))
+        metrics = {f"eval/{k}": v for k, v in result["mean"].items()}
+        at_step, past_step = _split_by_step(tracker.loggers, step)
+        named = {} if step is None else {"eval/step": step}
+        for group, at, extra in ((at_step, step, {}), (past_step, None, named)):
+            if group.loggers:
+                group.log(metrics | extra, step=at)
+                group.log_image("eval", run_dir / result["files"][1], step=at)
         tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
     finally:
         tracker.close()
     if tracker.run_id:
         print(f"logged to the run's wandb run {tracker.run_id}")
     print(f"logged to the run's loggers: {', '.join(nodes)}")
+
+
+def evaluated_step(run_dir: Path, student: Path) -> int | None:
+    """The training step of the student evaluated, where its numbers belong in the run's charts: a checkpoint's
+    own step; for the final student the run's last step (metrics.json's final_step, written with it; else the
+    latest checkpoint's, as the last step is always checkpointed). None where neither can be read."""
+    from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
+
+    if student.name != "student":
+        step = checkpoint_step(student)
+        return step if step >= 0 else None
+    try:
+        final = json.loads((run_dir / "metrics.json").read_text()).get("final_step")
+    except (OSError, ValueError, AttributeError):
+        final = None
+    if isinstance(final, int) and not isinstance(final, bool):
+        return final
+    checkpoints = list_checkpoints(run_dir)
+    step = checkpoint_step(checkpoints[-1]) if checkpoints else -1
+    return step if step >= 0 else None
+
+
+def _split_by_step(started: list, step: int | None) -> tuple:
+    """(the loggers that take numbers at `step`, those that do not) as two `Loggers`. wandb keeps only steps at or
+    after its run's current one and drops an earlier step's numbers with a warning: a resumed online run continues
+    after the run's last step (an offline one starts at 0), so there the numbers go to wandb's next step, with
+    `eval/step` naming the step evaluated (a chart's x-axis in wandb)."""
+    from wandistiller.tracking.loggers import Loggers, WandbTracker
+
+    def takes(logger) -> bool:
+        run = getattr(logger, "run", None) if isinstance(logger, WandbTracker) else None
+        return step is not None and (run is None or step >= run.step)
+
+    return Loggers([lg for lg in started if takes(lg)]), Loggers([lg for lg in started if not takes(lg)])
 
 
 if __name__ == "__main__":

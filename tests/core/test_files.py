@@ -1,0 +1,97 @@
+"""`wandistiller.core.files`: safetensors headers told whole or damaged, folders that cannot be written, atomic writes;
+called directly on tiny real files in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem
+
+
+@pytest.fixture
+def weights(tmp_path):
+    """A whole safetensors file of two tiny tensors, with metadata."""
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.zeros(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}, path, metadata={"format": "pt"})
+    return path
+
+
+def test_a_whole_safetensors_file_has_no_problem_and_a_truncated_one_says_so(weights):
+    assert safetensors_problem(weights) is None
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:-1])  # one byte of data short
+    assert "truncated or damaged" in safetensors_problem(weights)
+    weights.write_bytes(whole[:100])  # cut inside the header
+    assert "its header claims" in safetensors_problem(weights)
+    weights.write_bytes(b"")
+    assert safetensors_problem(weights) == f"{weights} is 0 bytes, too short to be a safetensors file (truncated or " \
+        "empty)"  # fmt: skip
+
+
+def test_a_header_that_is_not_safetensors_is_named_for_what_is_wrong(tmp_path):
+    def file_with_header(text: str, data: bytes = b"") -> str | None:
+        path = tmp_path / "x.safetensors"
+        path.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data)
+        return safetensors_problem(path)
+
+    assert "its header is not JSON" in file_with_header("{not json")
+    assert "not a JSON object" in file_with_header("[1, 2]")
+    assert "tensor 'w' has no dtype/shape/data_offsets" in file_with_header('{"w": {"dtype": "F32"}}')
+    span = '{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}'  # 2 floats need 8 bytes
+    assert "tensor 'w' spans 4 bytes, its shape needs 8" in file_with_header(span, b"\0" * 4)
+    assert safetensors_problem(tmp_path / "missing.safetensors").endswith("cannot be read (No such file or directory)")
+
+
+def test_a_folder_that_can_be_made_has_no_problem_and_one_through_a_file_or_a_dead_link_has(tmp_path):
+    assert folder_problem(tmp_path / "new" / "deeper") is None  # need not exist yet
+    (tmp_path / "afile").write_text("x")
+    assert folder_problem(tmp_path / "afile") == f"{tmp_path / 'afile'} is a file"
+    assert folder_problem(tmp_path / "afile" / "run") == f"{tmp_path / 'afile' / 'run'} runs through " \
+        f"{tmp_path / 'afile'}, which is a file"  # fmt: skip
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    assert folder_problem(tmp_path / "link" / "run") == f"{tmp_path / 'link'} is a broken symbolic link"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder without write permission")
+def test_a_folder_without_write_permission_is_named(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        assert folder_problem(locked / "run") == f"{locked} cannot be written (no write permission)"
+    finally:
+        locked.chmod(0o755)
+
+
+def test_atomic_write_replaces_whole_with_open_permissions_and_leaves_nothing_when_the_writer_fails(tmp_path):
+    path = atomic_write(tmp_path / "a.json", "old", fsync=False)
+    assert path.read_text() == "old" and path.stat().st_mode & 0o777 == 0o666 & ~_current_umask()
+    atomic_write(path, b"bytes")
+    assert path.read_bytes() == b"bytes"
+
+    def half_then_fail(f):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, write=half_then_fail)
+    assert path.read_bytes() == b"bytes" and [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_file_stamps_name_size_and_change_when_a_file_is_rewritten(tmp_path):
+    (tmp_path / "b.safetensors").write_bytes(b"12")
+    (tmp_path / "a.safetensors").write_bytes(b"1")
+    (tmp_path / "notes.txt").write_text("not matched")
+    before = file_stamps(tmp_path, "*.safetensors")
+    assert [(name, size) for name, size, _ in before] == [("a.safetensors", 1), ("b.safetensors", 2)]
+    os.utime(tmp_path / "a.safetensors", ns=(before[0][2] + 10**9,) * 2)  # a rebuild at a later time
+    assert file_stamps(tmp_path, "*.safetensors") != before

@@ -1,0 +1,62 @@
+"""`wandistiller.core.renamed`: an older run's saved config read back as one composed today (moved `_target_`s, its
+one logger, its implicit hooks), rewritten in place without resolving anything; called on tiny OmegaConf trees."""
+
+from __future__ import annotations
+
+import importlib
+
+from omegaconf import OmegaConf
+
+from wandistiller.core.renamed import HOOKS, RENAMED, current_target, modernize, modernize_lists, modernize_loggers
+
+
+def test_a_moved_target_gets_todays_path_and_any_other_keeps_its_own():
+    assert current_target("wandistiller.losses.Task") == "wandistiller.recipe.losses.task.Task"
+    assert current_target("mypkg.hooks.MyHook") == "mypkg.hooks.MyHook"
+    assert all(current_target(new) == new for new in RENAMED.values())  # today's paths never move again
+
+
+def test_targets_are_rewritten_in_nested_nodes_and_lists_and_nothing_is_resolved():
+    saved = OmegaConf.create({
+        "recipe": {"_target_": "wandistiller.recipe.DistillationRecipe"},
+        "trainer": {"loss": {"_target_": "wandistiller.losses.Blend", "weight": "${oc.env:NOT_SET_ANYWHERE}"}},
+        "hooks": [{"_target_": "wandistiller.sweep.SweepReport"}, {"_target_": "mypkg.Mine"}, 3],
+        "student": {"_target_": "${oc.env:NOT_SET_ANYWHERE}"},  # an interpolation: left as written, unread
+    })  # fmt: skip
+    modernize(saved)
+    assert saved.recipe._target_ == "wandistiller.recipe.distillation.DistillationRecipe"
+    assert saved.trainer.loss._target_ == "wandistiller.recipe.losses.blend.Blend"
+    assert [h._target_ for h in saved.hooks[:2]] == ["wandistiller.tracking.sweep.SweepReport", "mypkg.Mine"]
+    raw = OmegaConf.to_container(saved, resolve=False)
+    assert raw["student"]["_target_"] == raw["trainer"]["loss"]["weight"] == "${oc.env:NOT_SET_ANYWHERE}"
+
+
+def test_an_old_single_logger_moves_under_its_name_and_a_null_tracker_becomes_no_logger():
+    wandb = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.WandbTracker", "project": "p"}})
+    modernize_loggers(wandb)
+    assert OmegaConf.to_container(wandb.logger) == {
+        "wandb": {"_target_": "wandistiller.tracking.loggers.wandb.WandbTracker", "project": "p"}
+    }
+    none = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.NullTracker"}})
+    modernize_loggers(none)
+    assert OmegaConf.to_container(none.logger) == {}
+    own = OmegaConf.create({"logger": {"_target_": "mypkg.loggers.MyLogger", "file": "${run_name}"}})
+    modernize_loggers(own)  # the user's own logger: keyed by its class name, where the allow-list judges it
+    assert OmegaConf.to_container(own.logger, resolve=False) == {
+        "mylogger": {"_target_": "mypkg.loggers.MyLogger", "file": "${run_name}"}
+    }
+    today = OmegaConf.create({"logger": {"csv": {"_target_": "wandistiller.tracking.loggers.csv.CsvLogger"}}})
+    modernize_loggers(today)  # already a list of loggers: untouched
+    assert list(today.logger) == ["csv"]
+
+
+def test_a_config_from_before_the_hooks_list_gets_the_four_hooks_every_run_had_then():
+    old = OmegaConf.create({"trainer": {"max_steps": 2}, "logger": {"_target_": "wandistiller.tracking.NullTracker"}})
+    modernize_lists(old)
+    assert {name: node._target_ for name, node in old.hooks.items()} == HOOKS and old.logger == {}
+    for target in HOOKS.values():  # each still a class a config can instantiate
+        module, name = target.rsplit(".", 1)
+        assert isinstance(getattr(importlib.import_module(module), name), type), target
+    mine = OmegaConf.create({"trainer": {"max_steps": 2}, "hooks": {"monitor": {"_target_": HOOKS["monitor"]}}})
+    modernize_lists(mine)  # a list of its own is kept as it is
+    assert list(mine.hooks) == ["monitor"]

@@ -1,0 +1,54 @@
+"""`wandistiller.generate`: images from a run's student (and its teacher) through `run_generate` on a real short run;
+where a path leads (`locate`), the image files `write_images` names, and the arguments, called directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.test_eval import two_step_run
+from wandistiller import generate as generate_cli
+from wandistiller.core.errors import UserError
+from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.vae import load_vae
+
+
+@pytest.fixture
+def run_dir(make_cfg, tmp_path):
+    return two_step_run(make_cfg, tmp_path / "run")
+
+
+def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):
+    args = generate_cli.parse_args([str(run_dir / "student"), "--prompt", "a red fox", "--steps", "2", "--teacher"])
+    args.out = str(tmp_path / "out")
+    paths = generate_cli.run_generate(args)
+    assert [p.name for p in paths] == ["a-red-fox_seed0_student.png", "a-red-fox_seed0_teacher.png"]
+    assert all(Image.open(p).size == (64, 64) for p in paths)
+
+
+def test_images_are_named_by_a_short_slug_of_their_prompt_its_seed_and_who_drew_it(tiny_path, tmp_path):
+    vae = load_vae(inspect_teacher(tiny_path), torch.device("cpu"))
+    prompts = ["A Red Fox, in the SNOW!", "!!!", "word " * 20]
+    latents = torch.zeros(3, 16, 1, 8, 8)  # the tiny teacher's latents: 16 channels, 8x8 for a 64x64 image
+    paths = generate_cli.write_images(latents, vae, prompts, tmp_path / "new" / "out", "student", 7)
+    assert [p.name for p in paths] == [
+        "a-red-fox-in-the-snow_seed7_student.png",
+        "prompt_seed7_student.png",  # nothing to slug: a name still
+        f"{'word-' * 9}wor_seed7_student.png",  # at most 48 characters of the prompt
+    ]
+    assert all(Image.open(p).size == (64, 64) and Image.open(p).mode == "RGB" for p in paths)
+
+
+def test_a_student_folder_outside_a_run_folder_is_refused_in_one_line(tmp_path):
+    (tmp_path / "student").mkdir()
+    (tmp_path / "student" / "config.json").write_text("{}")
+    with pytest.raises(UserError) as e:
+        generate_cli.locate(str(tmp_path / "student"), None)
+    where = tmp_path / "student"
+    assert str(e.value) == f"{where} is a student folder outside a run folder; give its run folder instead"
+
+
+def test_prompts_repeat_and_the_defaults_are_twenty_steps_seed_0_and_the_runs_own_folder():
+    args = generate_cli.parse_args(["run", "--prompt", "a fox", "--prompt", "a cat"])
+    assert args.prompt == ["a fox", "a cat"] and (args.steps, args.seed, args.out, args.teacher) == (20, 0, None, False)
