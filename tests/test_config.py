@@ -140,3 +140,11 @@ def test_hydras_own_mistakes_are_one_line_with_exit_code_2(override, words, clis
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and words in result.stderr
     assert "+trainer" not in result.stderr and not (tmp_path / "run").exists()  # no hint that is then refused
+
+
+def test_the_written_out_schedules_are_the_ones_diffusers_get_scheduler_knows():
+    from diffusers.optimization import SchedulerType
+
+    from wandistiller.config import SCHEDULERS, LrScheduler
+
+    assert list(SCHEDULERS) == [s.value for s in SchedulerType] == [c.value for c in LrScheduler]
