@@ -102,6 +102,17 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
     return _make
 
 
+@pytest.fixture
+def run_dir(make_cfg, tmp_path) -> Path:
+    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/
+    (what eval, generate and the run-folder readers are tested on)."""
+    from wandistiller.train import run
+
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
+    return folder
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m wandistiller.train ARGS` in a fresh process, as a user runs it."""
     return subprocess.run(

@@ -8,7 +8,7 @@ import math
 import shutil
 
 import pytest
-import torch
+import yaml
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -21,21 +21,9 @@ from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
 from wandistiller.eval import eval_prompts
-from wandistiller.state.checkpoint import load_checkpoint
-from wandistiller.state.runs import RunFolder, load_student, open_run, student_source
+from wandistiller.state.runs import RunFolder, open_run
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
-
-
-def two_step_run(make_cfg, folder):
-    """Two training steps with a checkpoint at each: a real run folder with `.hydra/`, checkpoints, student/."""
-    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=folder))
-    return folder
-
-
-@pytest.fixture
-def run_dir(make_cfg, tmp_path):
-    return two_step_run(make_cfg, tmp_path / "run")
 
 
 def test_eval_writes_eval_json_and_a_grid(run_dir):
@@ -127,17 +115,6 @@ def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tm
         assert eval_cli._split_by_step([wandb, table], None)[0].loggers == []  # no step known: each its own next
     finally:
         wandb.finish({})
-
-
-def test_checkpoints_are_chosen_by_name(run_dir):
-    r = open_run(run_dir)
-    assert student_source(r, None) == run_dir / "student"
-    assert student_source(r, "latest").name == "step_00000002"
-    step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
-    final = load_student(r, student_source(r, None), torch.device("cpu"))
-    assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
-    state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]
-    assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
 
 
 @pytest.mark.parametrize("case", ["not a run", "no student yet"])
@@ -248,3 +225,15 @@ def test_the_end_of_run_eval_reads_the_users_own_prompts_file_wherever_it_lies(m
     assert eval_prompts(run, None, 8, own_files=True) == ["three"]
     with pytest.raises(UserError):  # the same folder received from someone else is not
         eval_prompts(run, None, 8)
+
+
+def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp_path, capsys):
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
+    file = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(file.read_text())
+    saved["logger"]["wandb"]["mode"] = "online"
+    file.write_text(yaml.safe_dump(saved))
+    eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
+    assert "logged to the run's wandb run" in capsys.readouterr().out
+    assert list((folder / "wandb").glob("offline-run-*"))

@@ -7,16 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.test_eval import two_step_run
 from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.teacher.vae import load_vae
-
-
-@pytest.fixture
-def run_dir(make_cfg, tmp_path):
-    return two_step_run(make_cfg, tmp_path / "run")
 
 
 def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
+from tests.state.test_checkpoint import crafted_checkpoint, old_format_checkpoint
 from wandistiller.core.errors import UserError
+from wandistiller.state.checkpoint import (
+    load_checkpoint,
+    resolve_resume,
+)
 
 
 def test_legacy_refuses_complex_tensors_and_an_unwritable_folder_in_one_line(tmp_path):
-    import random
-
-    import numpy as np
 
     from wandistiller.legacy import convert
 
@@ -27,3 +32,28 @@ def test_legacy_refuses_complex_tensors_and_an_unwritable_folder_in_one_line(tmp
     with pytest.raises(UserError, match="cannot be written"):
         convert(folder)
     assert not (folder / "state.json").exists()
+
+
+def test_an_old_pickle_checkpoint_converts_safely_and_then_resumes(tmp_path):
+    from wandistiller.legacy import convert
+
+    folder = tmp_path / "checkpoints" / "step_00000007"
+    state = old_format_checkpoint(folder)
+    with pytest.raises(UserError, match=r"python -m wandistiller.legacy .*step_00000007 converts it"):
+        resolve_resume(str(folder), tmp_path)
+    convert(folder)
+    assert resolve_resume("auto", tmp_path) == folder
+    loaded = load_checkpoint(folder)
+    assert loaded["step"] == 7 and all(torch.equal(loaded["student"][k], v) for k, v in state["student"].items())
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_the_converter_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
+    from wandistiller.legacy import convert
+
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "evil", marker)
+    with pytest.raises(UserError, match="is not a checkpoint this converter accepts") as e:
+        convert(tmp_path / "evil")
+    assert "\n" not in str(e.value) and not marker.exists()
+    assert not (tmp_path / "evil" / "state.json").exists()

@@ -3,11 +3,15 @@ choice for hardware described on paper, the usage text, and a refusal as one lin
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
+from tests.conftest import ROOT, cli, fresh_runs
+from tests.placements.test_planner import FRAME, HARDWARE
 from wandistiller import plan
+from wandistiller.placements import memory
 
 
 def plan_main(monkeypatch, *argv: str) -> None:
@@ -39,3 +43,58 @@ def test_a_teacher_without_a_local_config_is_one_line_and_exit_code_2(monkeypatc
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert err == f"error: teacher.path='{tmp_path / 'none'}': no local config.json to plan from; download it first\n"
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
+def plans(request):
+    """This module's `python -m wandistiller.plan` runs, started together (each a fresh process)."""
+    plan = lambda *args: cli(*args, module="wandistiller.plan")  # noqa: E731
+    return fresh_runs(request, {
+        "8x40": ("test_plan_cli_prints_the_table_for_hardware_described_on_paper",
+                 plan("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])),
+        "missing": ("test_plan_cli_names_a_missing_hardware_key_in_one_line",
+                    plan("teacher=wan2.1_t2v_14b", "hardware.gpus=8")),
+        "headroom": ("test_a_bad_headroom_is_one_line_naming_the_keys", plan("hardware.headroom_fraction=1.5")),
+        "1x80": ("test_the_table_shows_its_error_bar_and_marks_extrapolated_figures",
+                 plan("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"])),
+    })  # fmt: skip
+
+
+def test_plan_cli_prints_the_table_for_hardware_described_on_paper(plans):
+    result = plans["8x40"].result()
+    assert result.returncode == 0, result.stderr
+    assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
+
+
+def test_plan_cli_names_a_missing_hardware_key_in_one_line(plans):
+    # Regression: hardware.gpus without hardware.gpu_memory_gib ended in a TypeError traceback.
+    result = plans["missing"].result()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
+
+
+@pytest.mark.slow  # several fresh-process CLI runs
+def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
+    assert plan_cli("--help").returncode == 0
+    result = plan_cli("teacher_placement=nowhere")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "offload" in result.stderr
+
+
+def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
+    result = plans["headroom"].result()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "hardware.headroom_fraction=1.5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
+    result = plans["1x80"].result()
+    assert result.returncode == 0, result.stderr
+    assert f"0 to +{memory.FIT_ERROR_PCT}% over the measured peaks" in result.stdout
+    gpu_row = next(line for line in result.stdout.splitlines() if line.startswith("gpu "))
+    assert "*" in gpu_row  # a 14B teacher is beyond the fitted shapes (a 1.3B-shaped teacher on one GPU)

@@ -51,3 +51,16 @@ def test_a_collective_teacher_has_every_rank_make_its_data(tiny_path, tmp_path):
     ranks = [context(spec, ShardedPlacement(), rank, 2, tmp_path) for rank in range(2)]  # every rank holds a shard
     assert [ctx.makes_teacher_data for ctx in ranks] == [True, True]  # the forwards need every rank
     assert [ctx.is_main for ctx in ranks] == [True, False]  # outputs are still written once
+
+
+def test_the_run_context_is_frozen_and_says_who_makes_teacher_data(make_cfg, tmp_path):
+    from wandistiller.core.distributed import Topology
+    from wandistiller.job.preflight import prepare
+    from wandistiller.recipe.distillation import DistillationRecipe
+
+    cfg = make_cfg(run_dir=tmp_path / "r")
+    recipe = DistillationRecipe(cfg, prepare(cfg, Topology()), Topology())
+    ctx = recipe.ctx
+    assert ctx.is_main and ctx.makes_teacher_data and ctx.latent_shape[1:] == (1, 8, 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.seed = 1

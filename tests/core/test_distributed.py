@@ -19,10 +19,12 @@ from omegaconf import OmegaConf
 
 from tests.conftest import FP32, ROOT, cli, run_cli, selected, session_env
 from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.student.model import build_student
 from wandistiller.teacher.model import inspect_teacher
+from wandistiller.train import run
 
 
 def _ddp_check(paths: dict) -> list:
@@ -171,8 +173,6 @@ def test_an_out_of_memory_on_one_rank_ends_the_job_with_the_planners_estimates(t
 def test_an_out_of_memory_is_one_report_with_the_planners_estimates_and_keeps_the_checkpoints(
     make_cfg, tmp_path, monkeypatch
 ):
-    from wandistiller.core.errors import UserError
-    from wandistiller.train import run
 
     monkeypatch.setenv("WANDISTILLER_INJECT_FAILURE", "0:2:oom")
     with pytest.raises(UserError) as e:
@@ -317,8 +317,6 @@ def test_a_two_rank_sharded_run_trains(tmp_path, cache_dir, tiny_moe_path):
 
 
 def test_sharded_with_one_process_is_refused(make_cfg, tmp_path):
-    from wandistiller.core.errors import UserError
-    from wandistiller.train import run
 
     with pytest.raises(UserError, match="teacher_placement=sharded .* distributed.nproc_per_node"):
         run(make_cfg("teacher_placement=sharded", run_dir=tmp_path / "r"))
@@ -359,3 +357,12 @@ def test_a_single_node_launch_listens_on_the_loopback_only(two_ranks):
     assert [r["sum"] for r in found] == [2.0, 2.0]
     assert all(r["listening"] and set(r["listening"]) <= loopback for r in found), found
     assert "WANDISTILLER_LOOPBACK_STORE" not in os.environ  # the environment is restored
+
+
+def test_made_once_makes_on_one_rank_and_reads_on_the_others():
+    from wandistiller.core.distributed import Topology, made_once
+
+    calls = []
+    assert made_once(Topology(), lambda: calls.append("make") or 1, lambda: calls.append("read") or 2) == 1
+    assert made_once(Topology(), lambda: 1, lambda: calls.append("read") or 2, makes=False) == 2
+    assert calls == ["make", "read"]

@@ -8,6 +8,7 @@ import importlib
 from omegaconf import OmegaConf
 
 from wandistiller.core.renamed import HOOKS, RENAMED, current_target, modernize, modernize_lists, modernize_loggers
+from wandistiller.recipe.hooks.base import Hook
 
 
 def test_a_moved_target_gets_todays_path_and_any_other_keeps_its_own():
@@ -60,3 +61,15 @@ def test_a_config_from_before_the_hooks_list_gets_the_four_hooks_every_run_had_t
     mine = OmegaConf.create({"trainer": {"max_steps": 2}, "hooks": {"monitor": {"_target_": HOOKS["monitor"]}}})
     modernize_lists(mine)  # a list of its own is kept as it is
     assert list(mine.hooks) == ["monitor"]
+
+
+def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
+    from wandistiller.core.renamed import HOOKS, modernize_lists
+
+    saved = OmegaConf.create({"trainer": {"max_steps": 1}})
+    modernize_lists(saved)
+    assert {k: v["_target_"] for k, v in saved.hooks.items()} == HOOKS
+    from hydra.utils import get_object
+
+    for target in HOOKS.values():
+        assert issubclass(get_object(target), Hook)

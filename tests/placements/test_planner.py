@@ -3,12 +3,9 @@ paper), what it refuses, and the table `python -m wandistiller.plan` prints."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT, choose, cli, fresh_runs, workload
+from tests.conftest import choose, workload
 from wandistiller.core.arch import WAN_14B
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import DTYPES
@@ -69,47 +66,6 @@ def test_a_placement_that_cannot_fit_is_refused_naming_one_that_can(make_cfg):
         choose(cfg)
 
 
-def plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-
-
-@pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
-def plans(request):
-    """This module's `python -m wandistiller.plan` runs, started together (each a fresh process)."""
-    plan = lambda *args: cli(*args, module="wandistiller.plan")  # noqa: E731
-    return fresh_runs(request, {
-        "8x40": ("test_plan_cli_prints_the_table_for_hardware_described_on_paper",
-                 plan("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])),
-        "missing": ("test_plan_cli_names_a_missing_hardware_key_in_one_line",
-                    plan("teacher=wan2.1_t2v_14b", "hardware.gpus=8")),
-        "headroom": ("test_a_bad_headroom_is_one_line_naming_the_keys", plan("hardware.headroom_fraction=1.5")),
-        "1x80": ("test_the_table_shows_its_error_bar_and_marks_extrapolated_figures",
-                 plan("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"])),
-    })  # fmt: skip
-
-
-def test_plan_cli_prints_the_table_for_hardware_described_on_paper(plans):
-    result = plans["8x40"].result()
-    assert result.returncode == 0, result.stderr
-    assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
-
-
-def test_plan_cli_names_a_missing_hardware_key_in_one_line(plans):
-    # Regression: hardware.gpus without hardware.gpu_memory_gib ended in a TypeError traceback.
-    result = plans["missing"].result()
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "hardware.gpu_memory_gib" in result.stderr
-
-
-@pytest.mark.slow  # several fresh-process CLI runs
-def test_plan_cli_has_help_and_refuses_a_bad_override_listing_the_options():
-    assert plan_cli("--help").returncode == 0
-    result = plan_cli("teacher_placement=nowhere")
-    assert result.returncode == 2 and "Traceback" not in result.stderr and "offload" in result.stderr
-
-
 def test_auto_with_a_headroom_that_excludes_its_first_choice_picks_the_next_and_says_why(make_cfg, caplog):
     # A 14B teacher beside the small student needs ~36 GiB: it fits 80 GiB, not 80 less a 50 GiB headroom.
     hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=256"]
@@ -134,20 +90,6 @@ def test_a_named_placement_the_headroom_excludes_is_refused(make_cfg):
         choose(cfg)
 
 
-def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
-    result = plans["headroom"].result()
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "hardware.headroom_fraction=1.5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
-def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
-    result = plans["1x80"].result()
-    assert result.returncode == 0, result.stderr
-    assert f"0 to +{memory.FIT_ERROR_PCT}% over the measured peaks" in result.stdout
-    gpu_row = next(line for line in result.stdout.splitlines() if line.startswith("gpu "))
-    assert "*" in gpu_row  # a 14B teacher is beyond the fitted shapes (a 1.3B-shaped teacher on one GPU)
-
-
 def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_how_much(make_cfg):
     estimates, cfg = estimates_for(make_cfg, "wan2.2_t2v_a14b", "8x40GiB", "hardware.host_memory_gib=16")
     w, hw = workload(cfg)
@@ -158,14 +100,6 @@ def test_every_no_row_that_ran_out_of_memory_says_which_device_is_short_and_by_h
     for e in estimates:
         row = next(r for r in table.splitlines() if r.startswith(f"{e.placement} "))
         assert e.fits or "short of" in row or "needs" in row or "headroom" in row, row
-
-
-def test_parameter_counts_carry_units():
-    from wandistiller.core.errors import human_count
-
-    assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
-        "512", "41.9K", "213M", "1M", "1.3B"
-    ]  # fmt: skip
 
 
 def test_the_planner_streams_when_the_teacher_does_not_fit_and_refuses_offload_without_ram(make_cfg):

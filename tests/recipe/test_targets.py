@@ -11,9 +11,11 @@ from diffusers import WanPipeline
 from omegaconf import OmegaConf
 
 from tests.conftest import FP32, spawn
+from tests.placements.test_streaming import TEACHER
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.data.prompts import Batch, batch_source, encode_prompts, read_prompts
 from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.placements.disk import DiskPlacement
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, hidden_shape, serve
 from wandistiller.teacher.model import inspect_teacher
 
@@ -157,3 +159,26 @@ def test_served_targets_from_a_dedicated_owner_are_bitwise_equal_to_a_local_teac
     results = spawn(_served_targets_worker, 3, str(tiny_moe_path), str(cache_dir), "dedicated_owner")
     trained = [r for r in results.values() if r["trains"]]
     assert len(trained) == 2 and all(r["checked"] == 6 for r in trained)
+
+
+def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batches(tiny_moe_path):
+    from wandistiller.data.prompts import Batch
+    from wandistiller.recipe.targets import LocalTargets, WholeStepTargets
+
+    spec = inspect_teacher(tiny_moe_path)
+
+    def batch_fn(step: int, micro: int, rank: int) -> Batch:
+        g = torch.Generator().manual_seed(100 * step + micro)
+        x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+        return Batch(torch.zeros(2), x, torch.tensor([950.0, 100.0]), cond, torch.zeros(2, 512, 32))
+
+    got, loads = {}, {}
+    for name, make in [("per_micro", LocalTargets), ("whole_step", lambda t: WholeStepTargets(t, batch_fn, 0, 3))]:
+        teacher = DiskPlacement(resident_blocks=0).load(spec, TEACHER, FP32, Topology())
+        targets = make(teacher)
+        got[name] = [targets.get(step, m, batch_fn(step, m, 0), True) for step in range(2) for m in range(3)]
+        loads[name] = sum(s.loads for s in teacher.streamers)
+    for (t1, h1), (t2, h2) in zip(got["per_micro"], got["whole_step"]):
+        torch.testing.assert_close(t2, t1, rtol=1e-4, atol=1e-5)  # same targets, to rounding
+        torch.testing.assert_close(h2, h1, rtol=1e-4, atol=1e-5)
+    assert loads["whole_step"] * 2 < loads["per_micro"]  # 3 micro-batches, one stream of each expert per step

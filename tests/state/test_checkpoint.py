@@ -291,28 +291,3 @@ def old_format_checkpoint(folder):
     folder.mkdir(parents=True)
     torch.save(state | {"step": 7, "rng": rng}, folder / "state.pt")
     return state
-
-
-def test_an_old_pickle_checkpoint_converts_safely_and_then_resumes(tmp_path):
-    from wandistiller.legacy import convert
-
-    folder = tmp_path / "checkpoints" / "step_00000007"
-    state = old_format_checkpoint(folder)
-    with pytest.raises(UserError, match=r"python -m wandistiller.legacy .*step_00000007 converts it"):
-        resolve_resume(str(folder), tmp_path)
-    convert(folder)
-    assert resolve_resume("auto", tmp_path) == folder
-    loaded = load_checkpoint(folder)
-    assert loaded["step"] == 7 and all(torch.equal(loaded["student"][k], v) for k, v in state["student"].items())
-
-
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
-def test_the_converter_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
-    from wandistiller.legacy import convert
-
-    marker = tmp_path / "pwned"
-    crafted_checkpoint(tmp_path / "evil", marker)
-    with pytest.raises(UserError, match="is not a checkpoint this converter accepts") as e:
-        convert(tmp_path / "evil")
-    assert "\n" not in str(e.value) and not marker.exists()
-    assert not (tmp_path / "evil" / "state.json").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -88,3 +89,23 @@ def test_a_card_without_metrics_names_the_local_teacher_and_no_evaluation(run_fo
     card = export.model_card(run_folder)
     assert "base_model" not in card and f"A ?-parameter text-to-image student of {tiny_path}" in card
     assert "| (no evaluation in this run) | |" in card and "| data | Gaussian x0 (data-free); prompts: " in card
+
+
+def test_teacher_files_on_another_filesystem_are_copied_or_for_large_ones_referenced(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from wandistiller.state import export as pipeline  # where the folder is made (wandistiller.pipeline re-exports)
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm) to stage a failed hard link")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        src = Path(other) / "big.safetensors"
+        src.write_bytes(b"x" * 64)
+        monkeypatch.setattr(pipeline, "COPY_LIMIT", 10)  # 64 bytes count as "large" here
+        assert pipeline.place(src, tmp_path / "a" / "big.safetensors") == "referenced"
+        assert (tmp_path / "a" / "big.safetensors").resolve() == src.resolve()
+        monkeypatch.setattr(pipeline, "COPY_LIMIT", 1000)
+        assert pipeline.place(src, tmp_path / "b" / "big.safetensors") == "copied"
+        assert not (tmp_path / "b" / "big.safetensors").is_symlink()
+    assert pipeline.place(tmp_path / "b" / "big.safetensors", tmp_path / "c" / "x") == "linked"  # same filesystem

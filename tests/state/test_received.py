@@ -14,7 +14,6 @@ from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
 from wandistiller.job.resumed import continued_config
 from wandistiller.state.received import allow_targets, allowed_targets, check_received
-from wandistiller.train import run
 
 
 def payload(marker) -> dict:
@@ -108,15 +107,3 @@ def test_a_config_off_the_schema_is_one_line_naming_key_and_file(finished, tmp_p
     err = one_error_line(capsys, eval_cli, [str(folder), "--steps", "1", "--limit", "1"])
     assert str(file) in err
     assert __import__("re").search(expected, err), err
-
-
-def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp_path, capsys):
-    folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
-    file = folder / ".hydra" / "config.yaml"
-    saved = yaml.safe_load(file.read_text())
-    saved["logger"]["wandb"]["mode"] = "online"
-    file.write_text(yaml.safe_dump(saved))
-    eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
-    assert "logged to the run's wandb run" in capsys.readouterr().out
-    assert list((folder / "wandb").glob("offline-run-*"))

@@ -13,7 +13,7 @@ from tests.state.test_received import one_error_line, received
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
-from wandistiller.state.checkpoint import save_checkpoint
+from wandistiller.state.checkpoint import load_checkpoint, save_checkpoint
 from wandistiller.state.runs import RunFolder, Trust, add_trust_args, load_student, open_run, student_source
 from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
@@ -106,3 +106,32 @@ def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_ask
     without = argparse.ArgumentParser()
     add_trust_args(without)  # generate: no wandb flag, and its trust is offline
     assert Trust.from_args(without.parse_args([])) == Trust()
+
+
+def test_checkpoints_are_chosen_by_name(run_dir):
+    r = open_run(run_dir)
+    assert student_source(r, None) == run_dir / "student"
+    assert student_source(r, "latest").name == "step_00000002"
+    step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    final = load_student(r, student_source(r, None), torch.device("cpu"))
+    assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
+    state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]
+    assert torch.equal(final.proj_out.weight, state["transformer.proj_out.weight"])
+
+
+def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp_path):
+    import torch
+
+    from wandistiller.core.errors import UserError
+    from wandistiller.state.runs import load_student, open_run
+    from wandistiller.train import run
+
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=run_dir))
+    weights = run_dir / "student" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(UserError, match="the student in .*too short|the student in .*truncated"):
+        load_student(open_run(run_dir), run_dir / "student", torch.device("cpu"))
+    (run_dir / ".hydra" / "config.yaml").write_text("[:")
+    with pytest.raises(UserError, match="config.yaml cannot be read"):
+        open_run(run_dir)

@@ -65,25 +65,3 @@ def test_a_new_source_is_one_class_the_registry_finds(monkeypatch):
     data = OmegaConf.create({"noise_scale": -1.0, "latent_chunk": 16, "latents_per_prompt": 1, "sample_steps": 20})
     checks = {k: (ok, what) for k, _, ok, what in sources.range_checks(data)}
     assert not checks["data.noise_scale"][0](-1.0) and checks["data.noise_scale"][1] == "positive"
-
-
-def test_made_once_makes_on_one_rank_and_reads_on_the_others():
-    from wandistiller.core.distributed import Topology, made_once
-
-    calls = []
-    assert made_once(Topology(), lambda: calls.append("make") or 1, lambda: calls.append("read") or 2) == 1
-    assert made_once(Topology(), lambda: 1, lambda: calls.append("read") or 2, makes=False) == 2
-    assert calls == ["make", "read"]
-
-
-def test_the_run_context_is_frozen_and_says_who_makes_teacher_data(make_cfg, tmp_path):
-    from wandistiller.core.distributed import Topology
-    from wandistiller.job.preflight import prepare
-    from wandistiller.recipe.distillation import DistillationRecipe
-
-    cfg = make_cfg(run_dir=tmp_path / "r")
-    recipe = DistillationRecipe(cfg, prepare(cfg, Topology()), Topology())
-    ctx = recipe.ctx
-    assert ctx.is_main and ctx.makes_teacher_data and ctx.latent_shape[1:] == (1, 8, 8)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        ctx.seed = 1

@@ -48,18 +48,6 @@ def test_a_hook_of_your_own_runs_after_every_step_and_the_list_can_leave_one_out
     assert not (tmp_path / "r" / "metrics_steps.jsonl").exists()  # no monitor: nothing appended as it happened
 
 
-def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
-    from wandistiller.core.renamed import HOOKS, modernize_lists
-
-    saved = OmegaConf.create({"trainer": {"max_steps": 1}})
-    modernize_lists(saved)
-    assert {k: v["_target_"] for k, v in saved.hooks.items()} == HOOKS
-    from hydra.utils import get_object
-
-    for target in HOOKS.values():
-        assert issubclass(get_object(target), Hook)
-
-
 def test_build_keeps_the_configs_order_binds_each_and_leaves_main_only_hooks_to_the_main_rank(monkeypatch):
     listed = {"count": {"_target_": f"{__name__}.CountingHook", "every": 2}, "progress": {"_target_": PROGRESS}}
     trainer = OmegaConf.create({"max_steps": 5, "log_every": 1, "progress_bar": False})
