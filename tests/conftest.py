@@ -113,6 +113,13 @@ def run_dir(make_cfg, tmp_path) -> Path:
     return folder
 
 
+def metrics_steps(run_dir: Path) -> list[dict]:
+    """A run's per-step records (`metrics_steps.jsonl`), as the monitor appended them."""
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m wandistiller.train ARGS` in a fresh process, as a user runs it."""
     return subprocess.run(

@@ -13,7 +13,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from hydra.utils import instantiate
 
-from tests.conftest import cli, fresh_runs, run_cli
+from tests.conftest import cli, fresh_runs, metrics_steps, run_cli
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.teacher.model import inspect_teacher
@@ -27,7 +27,7 @@ def mean(xs):
 
 
 def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in metrics_steps(run_dir)]
 
 
 def test_a_short_run_lowers_the_loss(make_cfg, tmp_path):
@@ -95,7 +95,7 @@ def test_two_experts_ema_accumulation_checkpointing_and_hidden_kd_together(make_
         )
     )
     assert summary["teacher_experts"] == 2 and summary["batch_size"] == 8
-    steps = [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+    steps = metrics_steps(run_dir)
     assert all(s["loss_hidden"] > 0 and s["teacher_ms"] > 0 and s["host_peak_rss_gib"] > 0 for s in steps)
     assert (run_dir / "student_ema" / "config.json").is_file()
     assert (run_dir / "samples.png").stat().st_size > 1000

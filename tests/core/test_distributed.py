@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32, ROOT, cli, run_cli, selected, session_env
+from tests.conftest import FP32, ROOT, cli, metrics_steps, run_cli, selected, session_env
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
@@ -66,10 +66,6 @@ def _args(run_dir, cache_dir, *extra) -> list[str]:
 
 def _cli(run_dir, cache_dir, *extra, env=None):
     return run_cli(*_args(run_dir, cache_dir, *extra), env=env)
-
-
-def steps(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
 
 
 TRAINS = ["distributed.nproc_per_node=2", "trainer.max_steps=25", "student.init=random", "trainer.optimizer.lr=3e-3",
@@ -127,7 +123,7 @@ def test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder(failed_then_re
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["world_size"] == 2 and summary["training_ranks"] == 2 and summary["batch_size"] == 8
     assert [r["role"] for r in summary["ranks"]] == ["owner + student", "student"]
-    rows = steps(run_dir)
+    rows = metrics_steps(run_dir)
     assert [s["step"] for s in rows] == list(range(1, 26))  # the failed segment's steps, then the resumed ones
     losses = [s["loss"] for s in rows]
     assert sum(losses[-5:]) < 0.6 * sum(losses[:5])

@@ -12,8 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32
-from tests.recipe.hooks.test_monitor import rows
+from tests.conftest import FP32, metrics_steps
 from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.placements.cpu import CpuPlacement
@@ -25,7 +24,7 @@ from wandistiller.train import run
 def test_metrics_are_written_as_they_happen_and_summarised_over_a_resumed_run(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
     first = run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", run_dir=run_dir))
-    assert [r["step"] for r in rows(run_dir)] == [1, 2]
+    assert [r["step"] for r in metrics_steps(run_dir)] == [1, 2]
     (run_dir / "metrics.json").unlink()  # as if stopped before the end: the step rows are there already
     (run_dir / "student").rename(tmp_path / "student_first")
     summary = run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))

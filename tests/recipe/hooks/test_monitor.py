@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 
+from tests.conftest import metrics_steps
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.train import run
-
-
-def rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
 
 
 def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp_path):
@@ -19,7 +16,7 @@ def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp
     overrides = ["trainer.max_steps=4", "trainer.val_every=2", "trainer.sample_every=2", "trainer.sample_prompts=1",
                  "trainer.sample_steps=2", "trainer.eval_at_end=true", "trainer.checkpoint_every=10"]  # fmt: skip
     summary = run(make_cfg(*overrides, run_dir=run_dir))
-    val = [r for r in rows(run_dir) if "val/loss" in r]
+    val = [r for r in metrics_steps(run_dir) if "val/loss" in r]
     assert [r["step"] for r in val] == [2, 4]
     assert {"val/loss_t<250", "val/loss_250-750", "val/loss_t>750"} <= set(val[0])
     best = load_checkpoint(run_dir / "checkpoints" / "best")
@@ -30,7 +27,7 @@ def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp
     # Deterministic: the same run gives the same held-out losses.
     again = tmp_path / "again"
     run(make_cfg(*overrides, "trainer.eval_at_end=false", "trainer.sample_every=0", run_dir=again))
-    assert [r["val/loss"] for r in rows(again) if "val/loss" in r] == [r["val/loss"] for r in val]
+    assert [r["val/loss"] for r in metrics_steps(again) if "val/loss" in r] == [r["val/loss"] for r in val]
 
 
 def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg, tmp_path):

@@ -7,9 +7,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, cli, selected, session_env
+from tests.conftest import ROOT, cli, metrics_steps, selected, session_env
 from tests.recipe.losses.test_base import inputs
-from tests.recipe.test_loop import steps
 from wandistiller.recipe.losses import LOSSES, Blend, as_loss, total
 from wandistiller.train import run
 
@@ -50,7 +49,7 @@ def test_every_loss_module_has_its_yaml_and_old_targets_still_resolve():
 def test_each_loss_option_trains(make_cfg, tmp_path, option, keys):
     summary = run(make_cfg(f"loss={option}", "trainer.max_steps=3", "trainer.log_every=1", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 3
-    rows = steps(tmp_path / "r")
+    rows = metrics_steps(tmp_path / "r")
     assert all(keys | {"loss"} <= set(r) and r["loss"] > 0 for r in rows)
     if option == "task":  # no teacher call at all: its time is the two clock marks around nothing
         assert all(r["teacher_ms"] < 1.0 for r in rows)
@@ -82,5 +81,5 @@ def test_a_loss_without_the_teacher_still_takes_served_targets_on_two_ranks(sess
     # loss must still receive them (RemoteTargets is not skippable), or the ranks would hang.
     result, run_dir = session_jobs["task_loss_two_ranks"].result()
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = steps(run_dir)
+    rows = metrics_steps(run_dir)
     assert len(rows) == 3 and all("loss_task" in r and "loss_velocity" not in r for r in rows)
