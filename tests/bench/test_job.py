@@ -1,5 +1,6 @@
-"""`python -m wandistiller.bench job` on the CPU: the framework job and the hand-written loop do the same
-arithmetic (same seed, same steps, same loss). Not a timing: benchmarks are run on purpose, not in tests."""
+"""Tests wandistiller/bench/job.py by running `python -m wandistiller.bench job` on the CPU (slow lane): the
+framework job and the hand-written loop do the same arithmetic (same seed, same steps, same loss). Not a timing:
+benchmarks are run on purpose, not in tests."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""`bench plan` on this machine: the planner's host prediction against the peak RSS of a real training job
-run in a fresh process -- a band, not an exact number (the target: 0 to +15%, never under by more than 5%)."""
+"""Tests wandistiller/bench/plan.py by running `bench plan` (slow lane) on this machine: the planner's host
+prediction against the peak RSS of a real training job run in a fresh process -- a band, not an exact number (the
+target: 0 to +15%, never under by more than 5%)."""
 
 from __future__ import annotations
 

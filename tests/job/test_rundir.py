@@ -1,4 +1,5 @@
-"""One live run per run folder; the lock goes away with its process, however it ends."""
+"""Tests wandistiller/job/rundir.py, through `train.run` and real lock holders in subprocesses: one live run per
+run folder; the lock goes away with its process, however it ends."""
 
 from __future__ import annotations
 
