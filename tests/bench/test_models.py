@@ -68,7 +68,7 @@ def test_memory_is_read_from_proc_in_gib_and_the_peak_is_at_least_the_current():
     assert pinned_bandwidth(torch.device("cpu")) is None  # no host->device copy to measure
 
 
-@pytest.mark.slow  # draws 2**27 seeded values twice: ~15 s on 2 cores
+@pytest.mark.slow  # draws 2**27 seeded values twice: 4 to 16 s on 2 cores
 def test_a_random_model_is_the_same_every_call_never_zero_and_scaled_like_an_init():
     model = random_model("tiny", torch.float32)
     assert dict(model.config)["num_layers"] == ARCHS["tiny"]["num_layers"] and not model.training
