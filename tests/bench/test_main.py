@@ -1,4 +1,5 @@
-"""Where the benchmarks write: under outputs/bench/ (git-ignored, beside the runs), built teachers under
+"""Tests wandistiller/bench/__main__.py: its flag checks in-process, its defaults and a run in fresh processes.
+Where the benchmarks write: under outputs/bench/ (git-ignored, beside the runs), built teachers under
 WANDISTILLER_CACHE as for training; never the repository root."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`bench plan` on this machine: the planner's host prediction against the peak RSS of a real training job
-run in a fresh process -- a band, not an exact number (the target: 0 to +15%, never under by more than 5%)."""
+"""Tests wandistiller/bench/plan.py by running `bench plan` (slow lane) on this machine: the planner's host
+prediction against the peak RSS of a real training job run in a fresh process -- a band, not an exact number (the
+target: 0 to +15%, never under by more than 5%)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,24 @@ def test_the_small_student_and_a_disk_teacher_on_the_cpu_are_predicted_within_th
     result = bench(cache_dir, arch="tiny", student="small", batch="2", latent="16x16", placements="cpu,disk")
     assert_in_band(result)
     assert [r["placement"] for r in result["rows"]] == ["cpu", "disk"]
+
+
+def test_errors_are_the_planners_excess_over_the_measured_peak_in_percent():
+    row = {"predicted_host_gib": 2.2, "measured_host_gib": 2.0, "measured_host_anon_shmem_gib": 1.1,
+           "predicted_gpu_gib": [3.0, 4.5], "measured_gpu_gib": [2.0, 5.0]}  # fmt: skip
+    assert bench_plan.errors(row) == pytest.approx(
+        {"host_error_pct": 10.0, "host_anon_shmem_error_pct": 100.0, "gpu_error_pct": -10.0}  # max against max
+    )
+    assert bench_plan.errors({"measured_host_gib": None, "measured_gpu_gib": []}) == {}  # a failed point
+
+
+def test_the_table_has_a_line_per_point_with_signed_errors_and_marks_failures():
+    measured = {"student": "tiny", "batch": 2, "placement": "cpu", "predicted_host_gib": 1.1,
+                "measured_host_gib": 1.0, "host_error_pct": 10.0, "predicted_gpu_gib": [], "measured_gpu_gib": [],
+                "extrapolated": True}  # fmt: skip
+    failed = {"student": "small", "batch": 1, "placement": "disk", "failed": "killed"}
+    result = {"arch": "tiny", "card": "cpu (x86_64, 2 cores)", "compile": False, "rows": [measured, failed]}
+    title, head, first, second = bench_plan.format_rows(result).splitlines()
+    assert title == "bench plan: arch tiny on cpu (x86_64, 2 cores), compile=False" and head.startswith("student")
+    assert first.split() == ["tiny", "2", "cpu", "1.10", "1.00", "+10.0", "-", "-", "extrapolated"]
+    assert second.split() == ["small", "1", "disk", "failed:", "see", "the", "JSON"]

@@ -1,4 +1,5 @@
-"""A resume continues the run a user started: its saved config, with only the keys a resume may change."""
+"""Tests wandistiller/job/resumed.py through `train.run` and the CLI: a resume continues the run a user started: its
+saved config, with only the keys a resume may change."""
 
 from __future__ import annotations
 

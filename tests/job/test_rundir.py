@@ -1,4 +1,5 @@
-"""One live run per run folder; the lock goes away with its process, however it ends."""
+"""Tests wandistiller/job/rundir.py, through `train.run` and real lock holders in subprocesses: one live run per
+run folder; the lock goes away with its process, however it ends."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT
+from tests.job.test_preflight import refused
 from wandistiller.job.rundir import RunDirTaken, claim_run_dir
 from wandistiller.train import run
 
@@ -101,3 +103,9 @@ def test_two_resumes_in_the_same_second_keep_both_configs(tmp_path):
         save_config(tmp_path, OmegaConf.create({"seed": seed}), None)
     saved = sorted((tmp_path / ".hydra").glob("config*.yaml"))
     assert sorted(OmegaConf.load(p).seed for p in saved) == [0, 1, 2]
+
+
+def test_a_run_refused_after_its_folder_was_claimed_leaves_no_folder_in_process_too(make_cfg, tmp_path):
+    with refused("trainer.resume='/no/such/ckpt'"):
+        run(make_cfg("trainer.resume=/no/such/ckpt", run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

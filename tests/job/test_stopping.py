@@ -1,4 +1,5 @@
-"""SIGTERM / Ctrl-C: a checkpoint at the next step boundary and one line on how to resume; twice: exit now."""
+"""Tests wandistiller/job/stopping.py with real signals, in-process, across two ranks and through the CLI: SIGTERM /
+Ctrl-C: a checkpoint at the next step boundary and one line on how to resume; twice: exit now."""
 
 from __future__ import annotations
 

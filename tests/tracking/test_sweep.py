@@ -1,4 +1,5 @@
-"""Sweeps: Hydra multirun points in fresh processes, their report, presets and the Slurm launcher."""
+"""Tests wandistiller/tracking/sweep.py, its report read from points' folders and through the CLI. Sweeps: Hydra
+multirun points in fresh processes, their report, presets and the Slurm launcher."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Loggers as a list (`logger=[wandb,tensorboard,csv]`): every shipped option composes into its own schema,
-each writes its files in the run folder, a sweep's report goes through each, and configs saved with the one
-flat logger of before still read back."""
+"""Tests wandistiller/tracking/loggers/__init__.py, the registry and `Loggers` list (`logger=[wandb,tensorboard,csv]`):
+every shipped option composes into its own schema, each writes its files in the run folder, a sweep's report goes
+through each, one failing leaves none open, and configs saved with the one flat logger of before still read back."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF
+from tests.tracking.loggers.test_tensorboard import _scalars
 from wandistiller.core.errors import UserError
 from wandistiller.core.renamed import modernize, modernize_loggers
 from wandistiller.tracking import loggers
@@ -73,12 +74,6 @@ def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
         compose_config(["logger.mode=online"])
 
 
-def test_a_logger_whose_settings_would_fail_late_is_refused_before_the_run_folder(make_cfg, tmp_path):
-    with pytest.raises(UserError, match=r"^logger.csv.file='../x.csv' must be a .csv file name in the run folder"):
-        run(make_cfg("logger=csv", "logger.csv.file=../x.csv", run_dir=tmp_path / "r"))
-    assert not (tmp_path / "r").exists()
-
-
 def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
     saved = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.WandbTracker", "project": "p"}})
     modernize(saved)
@@ -121,14 +116,6 @@ def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
         os.umask(old)
 
 
-def _scalars(folder, key="loss"):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder))
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(key)] if key in events.Tags()["scalars"] else []
-
-
 def test_a_resume_drops_what_a_killed_segment_logged_past_its_checkpoint(make_cfg, tmp_path):
     cfg = make_cfg("logger=[tensorboard,csv]")
     first = loggers.build(cfg.logger)
@@ -145,19 +132,6 @@ def test_a_resume_drops_what_a_killed_segment_logged_past_its_checkpoint(make_cf
     rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
     assert [(r["step"], r["loss"]) for r in rows] == [(str(s), f"{float(s)}") for s in range(1, 6)] + [("6", "60.0")]
     assert _scalars(tmp_path / "tensorboard") == [(s, float(s)) for s in range(1, 6)] + [(6, 60.0)]
-
-
-def test_a_validation_at_a_logged_step_joins_its_row(tmp_path):
-    tracker = loggers.build(OmegaConf.create({"csv": {"_target_": "wandistiller.tracking.loggers.csv.CsvLogger"}}))
-    tracker.start(tmp_path, {}, None)
-    tracker.log({"loss": 1.0}, step=1)
-    tracker.log({"loss": 0.5}, step=2)
-    tracker.log({"val/loss": 0.7}, step=2)  # a new column: the file rewritten
-    tracker.log({"loss": 0.25}, step=3)
-    tracker.log({"val/loss": 0.6}, step=3)  # an appended line replaced
-    rows = list(csv.DictReader((tmp_path / "metrics.csv").read_text().splitlines()))
-    assert [(r["step"], r["loss"], r["val/loss"]) for r in rows] == [("1", "1.0", ""), ("2", "0.5", "0.7"),
-                                                                     ("3", "0.25", "0.6")]  # fmt: skip
 
 
 CLOSED: list[str] = []
@@ -231,11 +205,3 @@ def test_a_logger_module_is_its_option_by_module_name_not_a_class_attribute():
     assert all(cls.name in ("", name) for name, (_, cls) in loggers.options().items())
     assert "none" not in loggers.options()
     assert loggers.Logger.name != "none"  # a logger forgetting `name` takes no option's slot
-
-
-def test_a_run_with_validation_writes_one_csv_row_per_step(make_cfg, tmp_path):
-    cfg = make_cfg("logger=csv", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_every=1",
-                   run_dir=tmp_path / "r")  # fmt: skip
-    run(cfg)
-    rows = list(csv.DictReader((tmp_path / "r" / "metrics.csv").read_text().splitlines()))
-    assert [r["step"] for r in rows] == ["1", "2"] and all(r["loss"] and r["val/loss"] for r in rows)

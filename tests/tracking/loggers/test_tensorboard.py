@@ -1,0 +1,45 @@
+"""Tests wandistiller/tracking/loggers/tensorboard.py: its refusals of a folder outside the run folder, and that an
+event logged reaches the disk within FLUSH_SECS without a close (a killed run loses at most that); real
+SummaryWriter, events read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from wandistiller.core.errors import UserError
+from wandistiller.tracking.loggers import tensorboard
+
+
+def _scalars(folder, key="loss"):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)] if key in events.Tags()["scalars"] else []
+
+
+def test_an_event_is_on_disk_within_the_flush_period_without_a_close(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorboard, "FLUSH_SECS", 0.2)
+    logger = tensorboard.TensorboardLogger()
+    logger.start(tmp_path, {}, None)
+    try:
+        assert logger.writer.flush_secs == 0.2  # the writer flushes on the module's period, not TensorBoard's 120 s
+        for step in (1, 2):  # TensorBoard writes the first record at once: the second one waits for the period
+            logger.log({"loss": 1.0 / step}, step=step)
+            deadline = time.monotonic() + 3 * tensorboard.FLUSH_SECS
+            while len(_scalars(tmp_path / "tensorboard")) < step and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert _scalars(tmp_path / "tensorboard") == [(1, 1.0), (2, 0.5)]
+    finally:
+        logger.close()
+    assert logger.writer is None
+    logger.close()  # twice is fine: however the run ended, close is called again
+
+
+@pytest.mark.parametrize("folder", ["/tmp/tb", "../tb", "logs/../../tb"])
+def test_a_folder_outside_the_run_folder_is_refused_naming_the_key(folder):
+    with pytest.raises(UserError, match=rf"^logger.tb.folder='{folder}' must be a folder inside the run folder"):
+        tensorboard.TensorboardLogger.check({"folder": folder}, "logger.tb")
+    tensorboard.TensorboardLogger.check({"folder": "logs/tb"}, "logger.tb")  # a subfolder is fine
