@@ -120,6 +120,15 @@ def metrics_steps(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
 
 
+def refused(match: str):
+    """`with refused("...")`: the block raises a UserError whose message holds this text, read literally."""
+    import re
+
+    from wandistiller.core.errors import UserError
+
+    return pytest.raises(UserError, match=re.escape(match))
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m wandistiller.train ARGS` in a fresh process, as a user runs it."""
     return subprocess.run(

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tests.conftest import CONF, cli, fresh_runs
+from wandistiller.core.errors import UserError
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 MISTAKES = [
@@ -148,3 +149,10 @@ def test_the_written_out_schedules_are_the_ones_diffusers_get_scheduler_knows():
     from wandistiller.config import SCHEDULERS, LrScheduler
 
     assert list(SCHEDULERS) == [s.value for s in SchedulerType] == [c.value for c in LrScheduler]
+
+
+def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
+    from wandistiller.config import compose_config
+
+    with pytest.raises(UserError, match=r"logger.wandb.mode=online"):
+        compose_config(["logger.mode=online"])

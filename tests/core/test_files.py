@@ -4,11 +4,13 @@ called directly on tiny real files in a temporary folder."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from tests.teacher.test_model import WEIGHTS
 from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem
 
 
@@ -95,3 +97,37 @@ def test_file_stamps_name_size_and_change_when_a_file_is_rewritten(tmp_path):
     assert [(name, size) for name, size, _ in before] == [("a.safetensors", 1), ("b.safetensors", 2)]
     os.utime(tmp_path / "a.safetensors", ns=(before[0][2] + 10**9,) * 2)  # a rebuild at a later time
     assert file_stamps(tmp_path, "*.safetensors") != before
+
+
+def test_a_good_safetensors_file_passes_the_header_check(tiny_path):
+    assert safetensors_problem(tiny_path / WEIGHTS) is None
+
+
+def test_a_read_only_folder_is_named_read_only(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                                                   capture_output=True).returncode == 0  # fmt: skip
+    if not mounted:
+        folder.chmod(0o555)
+        if os.access(folder, os.W_OK):
+            pytest.skip("neither a read-only mount nor a read-only folder can be made here")
+    try:
+        assert "cannot be written" in folder_problem(folder / "run")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
+    import os
+
+    from wandistiller.core.files import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        assert atomic_write(tmp_path / "metrics.json", "{}").stat().st_mode & 0o777 == 0o644  # not 0600
+        os.umask(0o077)
+        assert atomic_write(tmp_path / "private.json", "{}").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)

@@ -73,3 +73,20 @@ def test_a_config_saved_before_the_list_runs_the_same_three_hooks():
 
     for target in HOOKS.values():
         assert issubclass(get_object(target), Hook)
+
+
+def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
+    saved = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.WandbTracker", "project": "p"}})
+    modernize(saved)
+    modernize_loggers(saved)
+    assert saved.logger.wandb._target_ == "wandistiller.tracking.loggers.wandb.WandbTracker"
+    assert saved.logger.wandb.project == "p"
+    none = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.loggers.NullTracker"}})
+    modernize_loggers(none)
+    assert OmegaConf.to_container(none.logger) == {}
+    mine = OmegaConf.create({"logger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}})
+    modernize_loggers(mine)  # a flat logger of the user's own: moved under its name, not left flat to be refused
+    assert OmegaConf.to_container(mine.logger) == {"mylogger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}}
+    hostile = OmegaConf.create({"logger": {"_target_": "pathlib.Path.write_text"}})
+    modernize_loggers(hostile)
+    assert hostile.logger.write_text._target_ == "pathlib.Path.write_text"  # for the allow-list to refuse

@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from tests.conftest import refused
 from tests.data.test_latents import PROMPTS, SHAPE, load
 from wandistiller.core.errors import UserError
 from wandistiller.data.latents import teacher_latents
@@ -185,3 +186,18 @@ def test_a_bank_batch_draws_x0_and_its_own_prompt_as_a_pure_function(tiny_path, 
     assert torch.equal(a.cond, emb.padded(items // 2))  # ...and its condition
     assert torch.equal(a.x_t, (1 - s) * bank.x0(items) + s * noise)
     assert not torch.equal(make_batch(**batch_args(emb, latent_bank=bank, step=4)).x_t, a.x_t)
+
+
+def test_a_folder_as_prompts_path_is_named_a_folder_and_a_bom_is_dropped(tmp_path):
+    from wandistiller.data.prompts import read_prompts
+
+    with refused("is a folder; give a text file"):
+        read_prompts(str(tmp_path))
+    path = tmp_path / "p.txt"
+    path.write_bytes("\ufeffa red fox\nsnow\n".encode())
+    assert read_prompts(str(path)) == ["a red fox", "snow"]
+    path.write_bytes(b"a\x00b\n")
+    with refused("holds NUL bytes"):
+        read_prompts(str(path))
+    with refused("is not a regular file (a pipe or a device)"):
+        read_prompts("/dev/null")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.job.test_preflight import refused, refused_run
+from tests.conftest import refused
+from tests.job.test_preflight import refused_run
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import folder_problem
 from wandistiller.train import run
@@ -93,3 +94,19 @@ def test_a_hooks_list_that_would_fail_late_is_refused_before_the_run_folder(make
     with pytest.raises(UserError, match=message):
         run(make_cfg(*overrides, run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("teacher.flow_shift=inf", "teacher.flow_shift=inf must be positive"),
+        ("trainer.optimizer.lr=inf", "trainer.optimizer.lr=inf must be a finite number"),
+        ("trainer.optimizer.lr=1e6", r"trainer.optimizer.lr=1000000.0 must be a finite number in \[0, 10\]"),
+        ("student.hidden_kd_weight=nan", "student.hidden_kd_weight=nan must be a finite number"),
+        ("seed=-1", r"seed=-1 must be in \[0, 2\*\*63\)"),
+    ],
+)
+def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override, message):
+    with pytest.raises(UserError, match=message):
+        run(make_cfg(override))
+    assert not (tmp_path / "run").exists()

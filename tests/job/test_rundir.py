@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.job.test_preflight import refused
-from wandistiller.job.rundir import RunDirTaken, claim_run_dir
+from tests.conftest import ROOT, refused
+from wandistiller.core.errors import UserError
+from wandistiller.job.rundir import RunDirTaken, claim_run_dir, removed_if_refused
 from wandistiller.train import run
 
 HOLD = textwrap.dedent(
@@ -109,3 +110,19 @@ def test_a_run_refused_after_its_folder_was_claimed_leaves_no_folder_in_process_
     with refused("trainer.resume='/no/such/ckpt'"):
         run(make_cfg("trainer.resume=/no/such/ckpt", run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_refusal_removes_the_date_folder_hydra_made_for_it_only_when_left_empty(tmp_path):
+    def refused_in(run_dir: Path) -> None:
+        run_dir.mkdir(parents=True)
+        (run_dir / "train.log").write_text("")  # what Hydra writes before the job starts
+        with pytest.raises(UserError), removed_if_refused(run_dir):
+            raise UserError("refused")
+
+    refused_in(tmp_path / "outputs" / "2026-11-26" / "12-00-00")
+    assert not (tmp_path / "outputs").exists()  # a first run's outputs/ too: nothing of it is left
+    (tmp_path / "outputs" / "2026-11-26" / "11-00-00").mkdir(parents=True)  # an earlier run's folder
+    refused_in(tmp_path / "outputs" / "2026-11-26" / "12-00-00")
+    assert [p.name for p in (tmp_path / "outputs" / "2026-11-26").iterdir()] == ["11-00-00"]
+    refused_in(tmp_path / "mine" / "run")  # hydra.run.dir=mine/run: mine/ is the user's own folder
+    assert (tmp_path / "mine").is_dir() and not (tmp_path / "mine" / "run").exists()

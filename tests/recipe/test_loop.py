@@ -142,22 +142,6 @@ def test_a_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(make_cf
     assert not (folder / "metrics.json").exists() and not (folder / "student").exists()  # never "completed"
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("teacher.flow_shift=inf", "teacher.flow_shift=inf must be positive"),
-        ("trainer.optimizer.lr=inf", "trainer.optimizer.lr=inf must be a finite number"),
-        ("trainer.optimizer.lr=1e6", r"trainer.optimizer.lr=1000000.0 must be a finite number in \[0, 10\]"),
-        ("student.hidden_kd_weight=nan", "student.hidden_kd_weight=nan must be a finite number"),
-        ("seed=-1", r"seed=-1 must be in \[0, 2\*\*63\)"),
-    ],
-)
-def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override, message):
-    with pytest.raises(UserError, match=message):
-        run(make_cfg(override))
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_logged_steps_times_and_throughput_come_from_its_clock_marks():
     # On a CPU the clock's marks are perf_counter seconds: spans given by hand give known milliseconds.
     sums = {"loss": torch.tensor(0.5), "loss_task": torch.tensor(0.25)}

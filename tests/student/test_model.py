@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.conftest import refused
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.student.model import build_student, init_from_teacher, student_config
 from wandistiller.teacher.model import inspect_teacher
+
+TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)
 
 
 def scfg(**kw):
@@ -114,3 +118,41 @@ def test_hidden_state_distillation_projects_to_the_teachers_width(tiny_path):
     student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny", hidden_kd_weight=0.5))
     pred, hidden = student(torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32))
     assert pred.shape == (2, 16, 1, 8, 8) and hidden.shape == (2, 16, 32)
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("[1, 2]", "holds a JSON array, not an object"),
+        ('"hello"', "holds a JSON string, not an object"),
+        ("null", "holds a JSON null"),
+        ("{num_layers: 2", "is not valid JSON"),
+        ("", "is not valid JSON"),
+        (TINY_STUDENT | {"num_layers": -1}, "num_layers=-1 must be a positive integer"),
+        (TINY_STUDENT | {"num_layers": 0}, "num_layers=0 must be a positive integer"),
+        (TINY_STUDENT | {"num_layers": 1.5}, "num_layers=1.5 must be a positive integer"),
+        (TINY_STUDENT | {"num_layers": "2"}, 'num_layers="2" must be a positive integer'),
+        (TINY_STUDENT | {"num_layers": True}, "num_layers=true must be a positive integer"),
+        ('{"num_layers": NaN}', "num_layers=NaN must be a positive integer"),
+        (TINY_STUDENT | {"num_attention_heads": 0}, "num_attention_heads=0 must be a positive integer"),
+        (TINY_STUDENT | {"ffn_dim": -4}, "ffn_dim=-4 must be a positive integer"),
+        (TINY_STUDENT | {"attention_head_dim": 15}, "attention_head_dim=15 must be even"),
+        (TINY_STUDENT | {"attention_head_dim": 4}, "attention_head_dim=4 must be even and at least 6"),
+        (TINY_STUDENT | {"eps": "x"}, 'eps="x" must be a positive number'),
+        (TINY_STUDENT | {"patch_size": [1, 2]}, "patch_size=[1, 2] must be three positive integers"),
+    ],
+)
+def test_a_bad_student_config_json_is_one_line_naming_the_file(tmp_path, tiny_path, body, message):
+    path = tmp_path / "student.json"
+    path.write_text(body if isinstance(body, str) else json.dumps(body))
+    cfg = SimpleNamespace(init="auto", builder=None, config_path=str(path))
+    with pytest.raises(UserError) as e:
+        student_config(cfg, inspect_teacher(tiny_path).transformer_config)
+    assert f"student.config_path='{path}'" in str(e.value) and message in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_folder_given_as_the_student_config_is_named_a_folder(tmp_path, tiny_path):
+    cfg = SimpleNamespace(init="auto", builder=None, config_path=str(tmp_path))
+    with refused("is a folder; give the WanTransformer3DModel config.json"):
+        student_config(cfg, inspect_teacher(tiny_path).transformer_config)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32
+from tests.conftest import FP32, refused
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
@@ -179,3 +181,71 @@ def test_a_component_the_library_cannot_load_is_one_line_naming_it(tmp_path, tin
     with pytest.raises(UserError, match="its text encoder or tokenizer cannot be loaded") as e:
         encode_prompts(spec, ["a fox"], "", 16, torch.float32, torch.device("cpu"), tmp_path / "cache")
     assert "\n" not in str(e.value)
+
+
+def _edit_json(rel, change):
+    def edit(folder: Path):
+        path = folder / rel
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+    return edit
+
+
+def _rewrite_header(change):
+    def edit(folder: Path):
+        path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+        data = path.read_bytes()
+        (n,) = struct.unpack("<Q", data[:8])
+        header = change(json.loads(data[8 : 8 + n]))
+        raw = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+
+    return edit
+
+
+def _first_tensor_huge(header):
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"] = [0, 10**9]
+    return header
+
+
+WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda f: (f / "model_index.json").write_text("{oops"), "model_index.json is not valid JSON"),
+        (lambda f: (f / "model_index.json").write_text("[1]"), "holds a JSON array, not an object"),
+        (_edit_json("model_index.json", lambda j: j | {"transformer": None}), "without a WanTransformer3DModel"),
+        (_edit_json("model_index.json", lambda j: j | {"transformer": "x"}), "model_index.json's 'transformer' is"),
+        (_edit_json("transformer/config.json", lambda j: j | {"num_layers": "four"}), 'num_layers="four"'),
+        (_edit_json("transformer/config.json", lambda j: j | {"attention_head_dim": 7}), "attention_head_dim=7"),
+        (lambda f: (f / "transformer/config.json").write_text("[]"), "holds a JSON array"),
+        (lambda f: (f / WEIGHTS).write_bytes((f / WEIGHTS).read_bytes()[:-100]), "truncated"),
+        (lambda f: (f / WEIGHTS).write_bytes(b"\x07" * 5000), "not a safetensors file, or is truncated"),
+        (lambda f: (f / WEIGHTS).write_bytes(b""), "0 bytes, too short"),
+        (lambda f: (f / "text_encoder/model.safetensors").write_bytes(b"x" * 12), "text_encoder/model.safetensors"),
+        (_rewrite_header(lambda h: [1]), "header is not a JSON object"),
+        (_rewrite_header(_first_tensor_huge), "is damaged: tensor"),
+        (_edit_json("scheduler/scheduler_config.json", lambda j: j | {"flow_shift": "x"}), "flow_shift='x'"),
+    ],
+)
+def test_a_damaged_teacher_folder_is_refused_from_its_files_alone(tmp_path, tiny_path, damage, message):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    damage(folder)
+    with refused(message) as e:
+        inspect_teacher(folder)
+    assert "\n" not in str(e.value) and f"teacher.path='{folder}'" in str(e.value)
+
+
+def test_a_teacher_path_that_is_a_symlink_loop_is_named_so(tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.teacher.model import resolve_teacher_path
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with refused("is a symbolic link that leads nowhere"):
+        resolve_teacher_path(OmegaConf.create({"builtin": "tiny", "path": str(tmp_path / "a")}), tmp_path / "cache")

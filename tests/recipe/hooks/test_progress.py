@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from wandistiller.recipe.hooks.base import HookParts
 from wandistiller.recipe.hooks.progress import ProgressLog
+from wandistiller.train import run
 
 
 def bound(progress_bar: bool) -> ProgressLog:
@@ -46,3 +47,11 @@ def test_with_the_progress_bar_the_line_goes_to_the_log_file_alone(caplog, tmp_p
         log_file.close()
     assert "step 6/7: loss 1.00000" in (tmp_path / "train.log").read_text()
     assert not caplog.records  # not between the bar's redraws on the terminal
+
+
+def test_train_log_shows_progress_every_log_every_steps(make_cfg, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="wandistiller")
+    run(make_cfg("trainer.max_steps=4", "trainer.log_every=2", run_dir=tmp_path / "r"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert "samples/s" in lines[0] and "loss" in lines[0]

@@ -9,12 +9,9 @@ import json
 
 import pytest
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 
 from tests.conftest import CONF
 from tests.tracking.loggers.test_tensorboard import _scalars
-from wandistiller.core.errors import UserError
-from wandistiller.core.renamed import modernize, modernize_loggers
 from wandistiller.tracking import loggers
 from wandistiller.train import run
 
@@ -67,30 +64,6 @@ def test_three_loggers_at_once_each_leave_their_files_and_a_resume_continues_the
     assert last["tracker_run_id"] == state["tracker_run_id"]  # the same wandb run continued
 
 
-def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
-    from wandistiller.config import compose_config
-
-    with pytest.raises(UserError, match=r"logger.wandb.mode=online"):
-        compose_config(["logger.mode=online"])
-
-
-def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
-    saved = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.WandbTracker", "project": "p"}})
-    modernize(saved)
-    modernize_loggers(saved)
-    assert saved.logger.wandb._target_ == "wandistiller.tracking.loggers.wandb.WandbTracker"
-    assert saved.logger.wandb.project == "p"
-    none = OmegaConf.create({"logger": {"_target_": "wandistiller.tracking.loggers.NullTracker"}})
-    modernize_loggers(none)
-    assert OmegaConf.to_container(none.logger) == {}
-    mine = OmegaConf.create({"logger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}})
-    modernize_loggers(mine)  # a flat logger of the user's own: moved under its name, not left flat to be refused
-    assert OmegaConf.to_container(mine.logger) == {"mylogger": {"_target_": "my_pkg.logs.MyLogger", "level": 2}}
-    hostile = OmegaConf.create({"logger": {"_target_": "pathlib.Path.write_text"}})
-    modernize_loggers(hostile)
-    assert hostile.logger.write_text._target_ == "pathlib.Path.write_text"  # for the allow-list to refuse
-
-
 def test_a_sweeps_report_goes_through_every_logger(tmp_path, make_cfg):
     from PIL import Image
 
@@ -100,20 +73,6 @@ def test_a_sweeps_report_goes_through_every_logger(tmp_path, make_cfg):
     loggers.build(cfg.logger).report(tmp_path, ["point", "status"], [["a=1", "completed"]], png, "sweep-x")
     assert (tmp_path / "sweep_report.csv").read_text().splitlines() == ["point,status", "a=1,completed"]
     assert list((tmp_path / "tensorboard").glob("events.*"))
-
-
-def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
-    import os
-
-    from wandistiller.core.files import atomic_write
-
-    old = os.umask(0o022)
-    try:
-        assert atomic_write(tmp_path / "metrics.json", "{}").stat().st_mode & 0o777 == 0o644  # not 0600
-        os.umask(0o077)
-        assert atomic_write(tmp_path / "private.json", "{}").stat().st_mode & 0o777 == 0o600
-    finally:
-        os.umask(old)
 
 
 def test_a_resume_drops_what_a_killed_segment_logged_past_its_checkpoint(make_cfg, tmp_path):

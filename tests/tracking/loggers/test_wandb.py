@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.job.test_preflight import refused, refused_run
+from tests.conftest import refused
+from tests.job.test_preflight import refused_run
 from wandistiller.core.errors import UserError
 from wandistiller.tracking.loggers.wandb import WandbTracker, offline_segments
 from wandistiller.train import run
