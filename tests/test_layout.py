@@ -106,7 +106,7 @@ def test_every_target_of_the_shipped_conf_tree_resolves():
                 assert get_object(target), target
 
 
-def test_the_readme_code_map_names_every_module_and_only_tests_that_exist():
+def test_the_readme_code_map_names_every_module():
     readme = (PACKAGE.parent / "README.md").read_text()
     code_map = readme[readme.index("## Code map") : readme.index("**Adding a placement:**")]
     named = set(re.findall(r"`([\w/]+\.py)`", code_map))
@@ -119,6 +119,17 @@ def test_the_readme_code_map_names_every_module_and_only_tests_that_exist():
     assert {"placements", "pocket", "quality"} <= packages
 
 
+def test_every_test_file_the_docs_and_the_package_name_exists():
+    root = PACKAGE.parent
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted(PACKAGE.rglob("*.py")),
+             *sorted((root / "tests").rglob("*.py")), *sorted((root / "scripts").glob("*"))]  # fmt: skip
+    named = {
+        (f.relative_to(root), m) for f in texts if f.is_file() for m in re.findall(r"tests/[\w/]+\.py", f.read_text())
+    }
+    missing = sorted(f"{where}: {test}" for where, test in named if not (root / test).is_file())
+    assert not missing, f"names of test files that do not exist (moved? tests mirror the package): {missing}"
+
+
 # The tests that are about the project rather than one module: the layering (this file), the docs' commands, and
 # the GPU lane (`scripts/gpu_figures.sh` runs it alone on a device whose image lacks some test dependencies).
 PROJECT_TESTS = {"test_layout.py", "test_readme.py", "test_gpu.py"}
@@ -126,7 +137,7 @@ TESTS = PACKAGE.parent / "tests"
 
 
 def mirror_of(module: Path) -> Path:
-    """The test module of a package module: wandistiller/a/b.py -> tests/a/test_b.py (`__init__` -> test_init,
+    """The test module of a package module: wandistiller/<a>/<b>.py -> tests/<a>/test_<b>.py (`__init__` -> test_init,
     `__main__` -> test_main)."""
     rel = module.relative_to(PACKAGE)
     return TESTS.joinpath(*rel.parts[:-1], "test_" + rel.stem.strip("_") + ".py")

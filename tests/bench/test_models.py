@@ -4,6 +4,7 @@ model builder (2**27 seeded values) in the slow lane."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -52,13 +53,14 @@ def test_forward_inputs_are_seeded_by_the_batch_and_shaped_for_the_model():
 
 
 def test_time_forward_warms_up_twice_then_returns_the_median_of_its_repetitions():
-    calls = []
+    calls, sleeps = [], iter([0, 0, 0.2, 0.01, 0])  # two warm-ups, then 0.2 s, 0.01 s, 0 s
 
     def model(**inputs):
         calls.append(inputs["x"])
+        time.sleep(next(sleeps))
 
     seconds = time_forward(model, {"x": 1}, torch.device("cpu"), reps=3)
-    assert calls == [1] * 5 and 0 < seconds < 1
+    assert calls == [1] * 5 and 0.009 < seconds < 0.06  # the median; the mean would be 0.07, the last 0
 
 
 def test_memory_is_read_from_proc_in_gib_and_the_peak_is_at_least_the_current():

@@ -61,6 +61,7 @@ def test_only_fp16_autocast_needs_a_grad_scaler_and_fp16_is_refused_without_cuda
 def test_resolving_auto_writes_the_chosen_options_dtypes_into_the_config():
     cfg = OmegaConf.create({"precision": node("auto", "bf16", "fp32", "bf16")})  # auto.yaml's values are CUDA's
     resolve(cfg)
+    assert auto_choice() == ("bf16" if torch.cuda.is_available() else "fp32")
     expected = {"bf16": ("bf16", "bf16"), "fp32": ("fp32", None)}[auto_choice()]
     assert cfg.precision.name == auto_choice()
     assert (cfg.precision.teacher_dtype, cfg.precision.autocast_dtype) == expected

@@ -12,7 +12,7 @@ from wandistiller.train import run
 
 
 def test_an_fp8_teacher_is_refused_unless_it_computes_in_bf16(make_cfg, tmp_path):
-    # (fp8 runs on the CPU too now: tests/test_fp8.py; the GPU's capability check is in tests/test_gpu.py)
+    # (fp8 runs on the CPU too now: tests/teacher/test_fp8.py; the GPU's capability check is in tests/test_gpu.py)
     with pytest.raises(UserError, match=r"teacher.quantize=fp8 computes with a bf16 .*; use precision=bf16") as e:
         run(make_cfg("teacher.quantize=fp8", "precision=fp32", run_dir=tmp_path / "r"))
     assert "\n" not in str(e.value)

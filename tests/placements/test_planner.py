@@ -3,6 +3,8 @@ paper), what it refuses, and the table `python -m wandistiller.plan` prints."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.conftest import choose, workload
@@ -118,3 +120,11 @@ def test_the_planner_streams_when_the_teacher_does_not_fit_and_refuses_offload_w
     assert 40 * block + outside == pytest.approx(28.6e9, rel=0.01) and outside < 0.02 * 28.6e9
     kept = [memory.resident_blocks(WAN_14B, 1, DTYPES["bf16"], gib * memory.GiB) for gib in (6, 24, 40, 80)]
     assert kept[0] == 0 and kept == sorted(kept) and kept[-1] == 40
+
+
+def test_the_planner_refuses_to_shard_an_fp8_teacher():
+    from tests.placements.test_memory import machine, tiny_workload  # test_memory imports this module
+
+    w = dataclasses.replace(tiny_workload(ranks_per_node=2), teacher_fp8=True)
+    sharded = next(e for e in plan.plan(w, machine(2)) if e.placement == "sharded")
+    assert not sharded.fits and sharded.note == "cannot load an fp8 teacher (teacher.quantize=fp8)"

@@ -4,8 +4,6 @@ Loading runs on two ranks in tests/core/test_distributed.py."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from tests.conftest import BF16
@@ -13,7 +11,6 @@ from tests.placements.test_memory import machine, tiny_workload
 from wandistiller.core.distributed import World
 from wandistiller.core.errors import UserError
 from wandistiller.placements import memory
-from wandistiller.placements.planner import plan
 from wandistiller.placements.sharded import ShardedPlacement
 
 
@@ -41,9 +38,3 @@ def test_without_a_gpu_the_shards_and_gathered_blocks_live_in_ram():
     estimate = ShardedPlacement().estimate(w, hw)
     assert estimate.gpu_bytes == ()
     assert estimate.host_bytes == memory.teacher_weight_bytes(w) + 2 * (memory.host_training_bytes(w, hw) + 2 * block)
-
-
-def test_the_planner_refuses_to_shard_an_fp8_teacher():
-    w = dataclasses.replace(tiny_workload(ranks_per_node=2), teacher_fp8=True)
-    sharded = next(e for e in plan(w, machine(2)) if e.placement == "sharded")
-    assert not sharded.fits and sharded.note == "cannot load an fp8 teacher (teacher.quantize=fp8)"

@@ -30,21 +30,23 @@ def _load_once(how: str, folder: str, device: str) -> dict:
             m = memory_gib()
             peak_anon[0] = max(peak_anon[0], m["RssAnon"] + m["RssShmem"] - base)
 
-    sampler = threading.Thread(target=sample)
+    sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     start = time.perf_counter()
-    if how == "from_pretrained":
-        path = Path(folder)
-        model = WanTransformer3DModel.from_pretrained(
-            path.parent, subfolder=path.name, dtype=torch.bfloat16, use_safetensors=True
-        ).to(device)
-        for p in model.parameters():  # safetensors maps the files lazily: read every weight once, as a forward will
-            p.sum()
-    else:
-        model, _ = load_streamed_expert(Path(folder), torch.bfloat16, torch.device(device), how, resident_blocks=0)
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    try:  # a load that fails stops the sampler too: left running, it would keep its process from exiting
+        if how == "from_pretrained":
+            path = Path(folder)
+            model = WanTransformer3DModel.from_pretrained(
+                path.parent, subfolder=path.name, dtype=torch.bfloat16, use_safetensors=True
+            ).to(device)
+            for p in model.parameters():  # safetensors maps the files lazily: read every weight once, as a forward will
+                p.sum()
+        else:
+            model, _ = load_streamed_expert(Path(folder), torch.bfloat16, torch.device(device), how, resident_blocks=0)
+        seconds = time.perf_counter() - start
+    finally:
+        done.set()
+        sampler.join()
     after = memory_gib()
     del model
     return {
