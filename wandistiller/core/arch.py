@@ -126,14 +126,20 @@ MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables a
 
 
 def estimate_params(c: dict) -> int:
-    """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time)."""
+    """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time);
+    exact for text-to-video configs (tests/core/test_arch.py compares it with the model diffusers builds)."""
     d, f, t = c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"], c["text_dim"]
     p = 1
     for x in c.get("patch_size") or (1, 2, 2):
         p *= x
-    block = 8 * d * d + 2 * d * f + 6 * d + (2 * d if c.get("cross_attn_norm") else 0) + 4 * d
-    outside = c["in_channels"] * p * d + t * d + d * d + c["freq_dim"] * d + 7 * d * d + d * c["out_channels"] * p
-    return c["num_layers"] * block + outside
+    # A block: two attentions' q, k, v, out (weights and biases) and q/k norms, the feed-forward, its modulation
+    # table (6d) and the cross-attention norm (weight and bias; diffusers builds it unless told not to).
+    block = 8 * d * d + 8 * d + 4 * d + 2 * d * f + f + d + 6 * d + (2 * d if c.get("cross_attn_norm", True) else 0)
+    patch_in = c["in_channels"] * p * d + d
+    # The condition embedder: text (t->d->d), time (freq->d->d) and its projection to the blocks' 6 modulations.
+    conditions = t * d + d + d * d + d + c["freq_dim"] * d + d + d * d + d + 6 * d * d + 6 * d
+    patch_out = d * c["out_channels"] * p + c["out_channels"] * p + 2 * d  # and the output modulation table
+    return c["num_layers"] * block + patch_in + conditions + patch_out
 
 
 def json_kind(value: object) -> str:
