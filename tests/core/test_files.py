@@ -131,3 +131,28 @@ def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
         assert atomic_write(tmp_path / "private.json", "{}").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+def test_held_exclusively_lets_one_holder_in_at_a_time_and_frees_the_lock_when_it_leaves(tmp_path):
+    import threading
+    import time
+
+    from wandistiller.core.files import held_exclusively
+
+    lock, events, inside = tmp_path / "cache" / "key.lock", [], threading.Event()
+
+    def first():
+        with held_exclusively(lock):
+            inside.set()
+            time.sleep(0.2)  # long enough for the second to be waiting on the lock
+            events.append("first leaves")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait()
+    with held_exclusively(lock):  # a descriptor of its own: flock makes it wait like another process
+        events.append("second enters")
+    thread.join()
+    assert events == ["first leaves", "second enters"] and lock.is_file()
+    with held_exclusively(lock):  # free again once both left
+        pass

@@ -7,10 +7,12 @@ garbage or empty file from a good one without loading any weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 # The package's shipped assets (prompts, built-in files); one constant so no module imports another for a path.
@@ -91,6 +93,22 @@ def _read_only(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def held_exclusively(lock_file: Path) -> Iterator[None]:
+    """One process at a time in the block, across processes sharing a folder (two runs, a sweep's points, the
+    ranks of a run): an exclusive flock on `lock_file`, released when the block ends or the process dies.
+    The file stays: removing it while another process waits on it would let a third take a new one."""
+    import fcntl
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsync: bool = True) -> Path:

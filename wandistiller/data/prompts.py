@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS
+from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively
 from wandistiller.teacher.model import TeacherSpec
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,15 @@ def encode_prompts(
     cached = _cached_embeddings(cache, prompts, max_sequence_length)
     if cached is not None:
         return cached
+    # Processes sharing the cache (ranks, a sweep's points, two runs) encode one at a time: the parts folder is
+    # theirs in common, and the one that finishes removes it under a writer's feet. The others then read the file.
+    with held_exclusively(cache.with_suffix(".lock")):
+        return _cached_embeddings(cache, prompts, max_sequence_length) or _encode_and_cache(
+            spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache
+        )
 
+
+def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path):
     from diffusers import WanPipeline
 
     from wandistiller.teacher.model import loading
