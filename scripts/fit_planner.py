@@ -54,7 +54,7 @@ def cpu_points(files: list[str]) -> list[dict]:
 def workload(overrides: list[str]):
     import torch
 
-    from wandistiller.config import compose_config
+    from wandistiller.compose import compose_config
     from wandistiller.placements import planner as plan
 
     cfg = compose_config(overrides)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from wandistiller.config import CONF_DIR, register_configs
+from wandistiller.compose import auto_precision, register_configs
+from wandistiller.config import CONF_DIR
 from wandistiller.core.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,33 +32,36 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-# Test modules whose long multi-process jobs start when the session starts (see `session_jobs`).
-SESSION_JOBS = ["tests.core.test_distributed", "tests.recipe.losses.test_init"]
+# Long multi-process jobs a test module registers (`@background_job("<fixture name>")`), by that fixture's name.
+BACKGROUND_JOBS: dict[str, Callable] = {}
+
+
+def background_job(fixture: str):
+    """Registers `start(request, pool) -> Future` as the background job behind the fixture named `fixture`: it
+    starts with the session when a selected test uses that fixture (directly or through another), and the
+    fixture returns its result (`job_result`)."""
+
+    def register(start: Callable) -> Callable:
+        BACKGROUND_JOBS[fixture] = start
+        return start
+
+    return register
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_jobs(request) -> dict[str, Future]:
     """Long multi-process jobs, started in the background as the session starts, that a module's tests wait
-    for: they overlap the in-process tests (one pytest thread, one core) instead of holding that thread.
-
-    Each module in SESSION_JOBS has `start_jobs(request, pool) -> {key: Future}`, which starts only what
-    the selected tests read and copies the environment when it starts them.
-    """
-    import importlib
-
+    for: they overlap the in-process tests (one pytest thread, one core) instead of holding that thread. A job
+    starts only where a selected test uses its fixture; it copies the environment when it starts."""
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="session-job")
     request.addfinalizer(pool.shutdown)  # the session's end waits for every one: none is left running
-    started = {}
-    for module in SESSION_JOBS:
-        started |= importlib.import_module(module).start_jobs(request, pool)
-    return started
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    return {name: start(request, pool) for name, start in BACKGROUND_JOBS.items() if name in wanted}
 
 
-def selected(request, module: str, *tests: str) -> bool:
-    """Whether any of these tests of `module` is in this session's selection."""
-    names = {(getattr(getattr(item, "module", None), "__name__", ""), getattr(item, "originalname", ""))
-             for item in request.session.items}  # fmt: skip
-    return any((module, test) in names for test in tests)
+def job_result(session_jobs: dict[str, Future], fixture: str):
+    """What the background job behind `fixture` returned (waiting for it)."""
+    return session_jobs[fixture].result()
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +123,17 @@ def metrics_steps(run_dir: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in (run_dir / "metrics_steps.jsonl").read_text().splitlines()]
+
+
+def old_shape_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
+    """A user's loss of the shape before LossInputs (what trainer.loss._target_ may still name)."""
+    import torch.nn.functional as F
+
+    velocity = F.mse_loss(pred.float(), target)
+    hidden = torch.zeros((), device=pred.device)
+    if hidden_kd_weight > 0:
+        hidden = F.mse_loss(student_hidden.float(), teacher_hidden.to(pred.device))
+    return velocity + hidden_kd_weight * hidden, velocity, hidden
 
 
 def refused(match: str):
@@ -237,7 +253,9 @@ def choose(cfg):
     from wandistiller.core.distributed import Topology, World
     from wandistiller.job.preflight import choose_placement
 
-    return choose_placement(cfg, Precision.from_config(cfg.precision), World.of(cfg.distributed, Topology()))
+    return choose_placement(
+        cfg, Precision.from_config(auto_precision(cfg.precision)), World.of(cfg.distributed, Topology())
+    )
 
 
 def workload(cfg):

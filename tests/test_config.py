@@ -75,7 +75,7 @@ def test_bad_overrides_fail_at_composition(make_cfg, override):
 
 
 def test_an_enum_typo_lists_the_valid_values_in_one_line():
-    from wandistiller.config import compose_config
+    from wandistiller.compose import compose_config
     from wandistiller.core.errors import UserError
 
     with pytest.raises(UserError, match=r"Invalid value 'magic', expected one of \[random, teacher, auto\]"):
@@ -87,7 +87,7 @@ def test_an_enum_typo_lists_the_valid_values_in_one_line():
     ("hooks=[monitor,progres]", "hooks", "evaluate monitor progress samples"),
 ])  # fmt: skip
 def test_a_typo_inside_a_list_of_options_lists_that_groups_options_in_one_line(override, group, options):
-    from wandistiller.config import compose_config
+    from wandistiller.compose import compose_config
     from wandistiller.core.errors import UserError
 
     # Hydra names no options for an entry of a list ("Could not load 'logger/tensorbord'."); the line does.
@@ -152,7 +152,7 @@ def test_the_written_out_schedules_are_the_ones_diffusers_get_scheduler_knows():
 
 
 def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
-    from wandistiller.config import compose_config
+    from wandistiller.compose import compose_config
 
     with pytest.raises(UserError, match=r"logger.wandb.mode=online"):
         compose_config(["logger.mode=online"])

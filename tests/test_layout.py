@@ -44,16 +44,17 @@ def package_edges() -> dict[str, set[str]]:
     return edges
 
 
-def test_top_level_holds_only_clis_and_the_config_schemas():
+def test_top_level_holds_only_clis_the_config_schemas_and_their_composition():
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top == CLIS | {"config"}, top - CLIS
+    assert top == CLIS | {"config", "compose"}, top - CLIS
 
 
 def test_no_subpackage_imports_a_cli_and_core_imports_no_other_subpackage():
     edges = package_edges()
     upward = {(src, dst) for src, dsts in edges.items() for dst in dsts if dst in CLIS | CLI_PACKAGES}
     assert upward == KNOWN_UPWARD
-    assert edges["core"] <= {"config"}  # precision=auto composes its option: the schemas, not a layer
+    assert edges["core"] <= {"config"}  # the schemas' Choice type; the schemas import nothing of the package
+    assert imports_of(PACKAGE / "config.py") == set(), "config.py holds the schemas alone"
 
 
 # The README code map's order: each subpackage imports only those before it (and the schemas, `config`).
@@ -159,3 +160,133 @@ def test_every_test_module_mirrors_a_module_of_the_package():
     strays = sorted(str(t.relative_to(TESTS)) for t in TESTS.rglob("test_*.py")
                     if t not in mirrored and t.relative_to(TESTS).as_posix() not in PROJECT_TESTS)  # fmt: skip
     assert not strays, f"test modules that mirror no module (tests/<package path>/test_<module>.py): {strays}"
+
+
+def module_level_imports(path: Path, root: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `path` imports when it is imported: its top-level statements (an `if` included,
+    an `if TYPE_CHECKING:` block not), never a function's body. `from a import b` is a.b where b is a module, else a."""
+    rel = path.relative_to(root.parent).with_suffix("").parts
+    this = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+    package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(body) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                visit(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, up level - 1
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+
+    visit(ast.parse(path.read_text()).body)
+    return {m for m in found if m in modules and m != this}
+
+
+def module_cycle(root: Path) -> list[str] | None:
+    """A circle of module-level imports among the modules under `root` (a package folder), or None."""
+    files = {}
+    for f in root.rglob("*.py"):
+        rel = f.relative_to(root.parent).with_suffix("").parts
+        files[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = f
+    edges = {name: module_level_imports(f, root, set(files)) for name, f in files.items()}
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for nxt in sorted(edges[node]):
+            if cycle := visit(nxt, [*path, node]):
+                return cycle
+        done.add(node)
+        return None
+
+    return next((c for name in sorted(edges) if (c := visit(name, []))), None)
+
+
+def test_no_module_imports_another_that_imports_it_back_at_module_level():
+    """A circle of module-level imports (config.py, compose.py and the CLIs included) works in one import order only."""
+    cycle = module_cycle(PACKAGE)
+    assert cycle is None, f"module-level import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_check_finds_a_circle_and_not_a_functions_import(tmp_path):
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "sub/__init__.py"):
+        (root / name).write_text("")
+    (root / "a.py").write_text("from pkg.sub import b\n")
+    (root / "sub" / "b.py").write_text("def later():\n    import pkg.a\n")
+    assert module_cycle(root) is None
+    (root / "sub" / "b.py").write_text("from .. import a\n")
+    assert module_cycle(root) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    (root / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
+    assert module_cycle(root) is None
+
+
+# Where an option may be named: its registry's package, the mapping of older runs' names, and the benches (tools that
+# measure given placements by design).
+NAMES_OPTIONS = ("wandistiller.core.renamed", "wandistiller.bench")
+GROUP_WORDS = {"teacher_placement": "placement", "data": "latents", "loss": "loss", "hooks": "hook", "logger": "logger"}
+
+
+def options_named_outside_their_registry(files: dict[str, Path]) -> list[str]:
+    """`isinstance(x, WandbTracker)`, `target.endswith(".AutoPlacement")`, `data.latents == "images"`: code that
+    names an option (its class, its class's path, or its name compared with its group's key) outside its registry."""
+    from wandistiller.compose import registries
+
+    options = [(r, o) for r in registries() for o in r.options.values()]
+    found = []
+    for module, path in files.items():
+        if module.startswith(NAMES_OPTIONS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for registry, option in options:
+                if module.startswith(registry.package):
+                    continue
+                cls = option.cls.__name__
+                named = (isinstance(node, ast.Name) and node.id == cls) or (
+                    isinstance(node, ast.Attribute) and node.attr == cls
+                )
+                named |= isinstance(node, ast.alias) and node.name == cls
+                named |= isinstance(node, ast.Constant) and isinstance(node.value, str) and f".{cls}" in node.value
+                if isinstance(node, ast.Compare):
+                    strings = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
+                    named |= option.name in strings and GROUP_WORDS[registry.group] in ast.unparse(node)
+                if named:
+                    found.append(f"{module}:{getattr(node, 'lineno', '?')} names {registry.group}={option.name}")
+    return found
+
+
+def test_no_code_outside_a_registry_names_one_of_its_options():
+    files = {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts): f for f in PACKAGE.rglob("*.py")}
+    assert options_named_outside_their_registry(files) == []
+
+
+def test_the_option_check_finds_a_named_option(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('from x import WandbTracker\nok = cfg.data.latents == "images" or t.endswith(".AutoPlacement")\n')
+    found = options_named_outside_their_registry({"wandistiller.job.bad": bad})
+    assert {line.split(" names ")[1] for line in found} == {"logger=wandb", "data=images", "teacher_placement=auto"}
+
+
+def test_every_option_yaml_names_its_own_schema():
+    from wandistiller.compose import registries
+
+    for registry in registries():
+        folder = PACKAGE / "conf" / registry.group
+        for yaml_file in folder.glob("*.yaml"):
+            node = OmegaConf.load(yaml_file)
+            if yaml_file.stem == "none":  # logger=none: the empty list
+                continue
+            defaults = [str(d) for d in node.get("defaults", [])]
+            option = node.get("latents", yaml_file.stem)  # a data option names its source
+            assert any(d.startswith(f"/schema/{registry.group}/{option}@") for d in defaults), yaml_file

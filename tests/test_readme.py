@@ -90,7 +90,7 @@ def test_the_docs_have_commands_and_say_how_to_activate_the_environment():
 
 @pytest.mark.parametrize("where,line,command", COMMANDS, ids=[f"{w}:{n}" for w, n, _ in COMMANDS])
 def test_every_train_command_composes_and_every_make_target_exists(where, line, command):
-    from wandistiller.config import check_overrides
+    from wandistiller.compose import check_overrides
 
     words = command.split()
     if words[:3] == ["python", "-m", "wandistiller.train"] or (

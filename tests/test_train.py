@@ -87,7 +87,7 @@ def test_two_experts_ema_accumulation_checkpointing_and_hidden_kd_together(make_
             "trainer.grad_accum_steps=2",
             "trainer.gradient_checkpointing=true",
             "trainer.ema_decay=0.5",
-            "student.hidden_kd_weight=0.1",
+            "trainer.loss.hidden_kd_weight=0.1",
             "precision=bf16",
             "trainer.sample_prompts=2",
             "trainer.sample_steps=2",

@@ -26,7 +26,6 @@ from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.quality.metrics import eval_quality
-from wandistiller.recipe.hooks.base import Hook
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
@@ -142,30 +141,6 @@ def evaluate(
     as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
     save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
     return result
-
-
-class EvaluateAtEnd(Hook):
-    """`hooks.evaluate`: with trainer.eval_at_end, the student against its teacher from the same noise at the end
-    of the run, its means for metrics.json (`eval_*`) and the loggers. It runs where the whole teacher fits on one
-    device (the placement says: `whole_on_one_device`); the training teacher is freed by then, eval loads its own."""
-
-    def bind(self, ctx, parts) -> None:
-        self.ctx, self.targets = ctx, parts.targets
-
-    def at_end(self, run) -> dict:
-        ctx = self.ctx
-        if not ctx.trainer_cfg.eval_at_end:
-            return {}
-        if not ctx.placement.whole_on_one_device:
-            log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one "
-                     "device); run python -m wandistiller.eval %s where it fits", ctx.placement.name,
-                     ctx.run_dir)  # fmt: skip
-            return {}
-        # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
-        own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-        result = evaluate(ctx.run_dir, steps=ctx.trainer_cfg.sample_steps, device=ctx.device, trust=own)
-        run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
-        return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 
 def result_stem(source: Path) -> str:

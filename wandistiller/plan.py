@@ -16,7 +16,7 @@ hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H]; e.g.
 
 def main() -> None:
     """Compose the same config tree as training (no run folder, no log file) and print the plan."""
-    from wandistiller.config import compose_config
+    from wandistiller.compose import auto_precision, compose_config
     from wandistiller.core.errors import exit_on_user_error
     from wandistiller.core.precision import Precision
 
@@ -25,7 +25,7 @@ def main() -> None:
         return
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
-        print(plan_report(cfg, Precision.from_config(cfg.precision).teacher_dtype))
+        print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype))
 
 
 if __name__ == "__main__":

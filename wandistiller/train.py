@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from wandistiller.config import register_configs
+from wandistiller.compose import register_configs
 from wandistiller.core.distributed import (
     Topology,
     destroy_process_group,
@@ -181,8 +181,9 @@ def cli() -> None:
     Hydra's main."""
     import sys
 
-    from wandistiller.config import check_overrides
+    from wandistiller.compose import check_overrides, modern_argv
 
+    sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too
     with exit_on_user_error():
         check_overrides(sys.argv[1:])
     main()

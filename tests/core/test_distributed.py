@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32, ROOT, cli, metrics_steps, run_cli, selected, session_env
+from tests.conftest import FP32, ROOT, background_job, cli, job_result, metrics_steps, run_cli, session_env
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
@@ -33,9 +33,7 @@ def _ddp_check(paths: dict) -> list:
 
     spec = inspect_teacher(__import__("pathlib").Path(paths["tiny"]))
     torch.manual_seed(0)
-    student = build_student(
-        spec, **OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
-    )
+    student = build_student(spec, **OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random"}))
     model = DistributedDataParallel(student)
     g = torch.Generator().manual_seed(dist.get_rank())  # different data on each rank
     pred, _ = model(
@@ -88,22 +86,19 @@ def _fail_then_resume(run_dir, aside, cache_dir, env: dict) -> dict:
     return {"run_dir": run_dir, "failed": failed, "took": took, "left": aside / "step_00000002", "resumed": resumed}
 
 
-def start_jobs(request, pool) -> dict:
+@background_job("failed_then_resumed")
+def _start_failed_then_resumed(request, pool):
     """This module's long job, started with the session (conftest.session_jobs) when a test that reads it runs."""
-    readers = ("test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume",
-               "test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder")  # fmt: skip
-    if not selected(request, __name__, *readers):
-        return {}
     cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
     request.getfixturevalue("tiny_path")
     run_dir, aside = factory.mktemp("two_rank_job") / "r", factory.mktemp("two_rank_job_checkpoint")
     env = session_env(request)  # copied now: a test's monkeypatching never leaks in
-    return {"two_rank_job": pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)}
+    return pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)
 
 
 @pytest.fixture(scope="module")
 def failed_then_resumed(session_jobs) -> dict:
-    return session_jobs["two_rank_job"].result()
+    return job_result(session_jobs, "failed_then_resumed")
 
 
 def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume(failed_then_resumed):
@@ -144,7 +139,7 @@ def test_gpu0_layout_serves_two_students_from_a_dedicated_owner(tmp_path, cache_
         "trainer.max_steps=4",
         "trainer.sample_prompts=1",
         "trainer.sample_steps=2",
-        "student.hidden_kd_weight=0.1",
+        "trainer.loss.hidden_kd_weight=0.1",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "metrics.json").read_text())
@@ -281,8 +276,8 @@ def _sharded_check(paths: dict) -> bool:
     for step in range(2):
         g = torch.Generator().manual_seed(10 * step + topo.rank)
         x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
-        got, got_hidden = sharded.targets(x, t, cond, torch.zeros(2, 512, 32), want_hidden=True)
-        want, want_hidden = local.targets(x, t, cond, torch.zeros(2, 512, 32), want_hidden=True)
+        got, got_hidden = sharded.targets(x, t, cond, torch.zeros(2, 512, 32), layers=(0, -1))
+        want, want_hidden = local.targets(x, t, cond, torch.zeros(2, 512, 32), layers=(0, -1))
         ok &= bool(torch.equal(got, want) and torch.equal(got_hidden, want_hidden))
     shard_params = sum(p.to_local().numel() for p in sharded.experts[0].blocks.parameters())
     ok &= shard_params < sum(p.numel() for p in local.experts[0].blocks.parameters())
@@ -362,3 +357,16 @@ def test_made_once_makes_on_one_rank_and_reads_on_the_others():
     assert made_once(Topology(), lambda: calls.append("make") or 1, lambda: calls.append("read") or 2) == 1
     assert made_once(Topology(), lambda: 1, lambda: calls.append("read") or 2, makes=False) == 2
     assert calls == ["make", "read"]
+
+
+def test_a_launch_marks_its_workers_and_leaves_this_process_as_it_was(monkeypatch):
+    from wandistiller.core.distributed import launched_env
+
+    monkeypatch.delenv("WANDISTILLER_LAUNCHED", raising=False)
+    with launched_env():
+        assert os.environ["WANDISTILLER_LAUNCHED"] == "1"  # what the spawned workers inherit
+    assert "WANDISTILLER_LAUNCHED" not in os.environ  # a later run in this process says its own stop
+    monkeypatch.setenv("WANDISTILLER_LAUNCHED", "0")
+    with launched_env():
+        pass
+    assert os.environ["WANDISTILLER_LAUNCHED"] == "0"

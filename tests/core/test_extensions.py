@@ -20,7 +20,7 @@ from wandistiller.train import run
         ("student._target_=wandistiller.recipe.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
         ("+trainer.optimizer.nonsense=1", r"trainer.optimizer._target_='torch.optim.AdamW' cannot be called"),
         (
-            "logger=wandb logger.wandb._target_=wandistiller.recipe.loop.distillation_loss",
+            "logger=wandb logger.wandb._target_=tests.conftest.old_shape_loss",
             r"logger.wandb._target_=.* cannot be called",
         ),
     ],

@@ -7,8 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from wandistiller.compose import auto_precision, resolve_precision
 from wandistiller.core.errors import UserError
-from wandistiller.core.precision import Precision, auto_choice, cast_keeping_fp32, resolve, to_dtype
+from wandistiller.core.precision import Precision, auto_choice, cast_keeping_fp32, to_dtype
 
 
 def node(name, teacher, student, autocast):
@@ -19,7 +20,9 @@ def node(name, teacher, student, autocast):
 
 def test_precision_auto_is_fp32_without_cuda_and_the_run_records_the_choice(make_cfg):
     cfg = make_cfg("precision=auto")
-    assert Precision.from_config(cfg.precision).name == ("bf16" if torch.cuda.is_available() else "fp32")
+    assert Precision.from_config(auto_precision(cfg.precision)).name == (
+        "bf16" if torch.cuda.is_available() else "fp32"
+    )
 
 
 def test_casting_keeps_wans_fp32_modules_and_says_nothing(tmp_path, capfd):
@@ -60,13 +63,13 @@ def test_only_fp16_autocast_needs_a_grad_scaler_and_fp16_is_refused_without_cuda
 
 def test_resolving_auto_writes_the_chosen_options_dtypes_into_the_config():
     cfg = OmegaConf.create({"precision": node("auto", "bf16", "fp32", "bf16")})  # auto.yaml's values are CUDA's
-    resolve(cfg)
+    resolve_precision(cfg)
     assert auto_choice() == ("bf16" if torch.cuda.is_available() else "fp32")
     expected = {"bf16": ("bf16", "bf16"), "fp32": ("fp32", None)}[auto_choice()]
     assert cfg.precision.name == auto_choice()
     assert (cfg.precision.teacher_dtype, cfg.precision.autocast_dtype) == expected
     chosen = OmegaConf.create({"precision": node("bf16", "bf16", "fp32", "bf16")})
-    resolve(chosen)  # a concrete choice is left as it is
+    resolve_precision(chosen)  # a concrete choice is left as it is
     assert chosen.precision == node("bf16", "bf16", "fp32", "bf16")
 
 

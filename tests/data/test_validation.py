@@ -18,7 +18,7 @@ from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.student.model import build_student
 from wandistiller.teacher.model import inspect_teacher
 
-STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
+STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random"})
 
 
 def test_held_out_prompts_are_the_last_tenth_or_a_file_removed_from_training(tmp_path):

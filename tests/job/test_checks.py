@@ -44,10 +44,10 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         ("trainer.sample_prompts=-1", "trainer.sample_prompts=-1 must be 0 or more"),
         ("trainer.max_grad_norm=0", "trainer.max_grad_norm=0.0 must be positive, or null"),
         ("data.val_fraction=1.5", "data.val_fraction=1.5 must be in [0, 1)"),
-        ("data.latents_per_prompt=0", "data.latents_per_prompt=0 must be a positive integer"),
-        ("data.sample_steps=0", "data.sample_steps=0 must be a positive integer"),
-        ("data.latent_chunk=0", "data.latent_chunk=0 must be a positive integer"),
-        ("student.hidden_kd_weight=-1", "student.hidden_kd_weight=-1.0 must be 0 or more"),
+        ("data=teacher_latents data.latents_per_prompt=0", "data.latents_per_prompt=0 must be a positive integer"),
+        ("data=teacher_latents data.sample_steps=0", "data.sample_steps=0 must be a positive integer"),
+        ("data=teacher_latents data.latent_chunk=0", "data.latent_chunk=0 must be a positive integer"),
+        ("trainer.loss.hidden_kd_weight=-1", "trainer.loss.hidden_kd_weight=-1.0 must be 0 or more"),
         ("teacher.flow_shift=0", "teacher.flow_shift=0.0 must be positive"),
         ("teacher.guidance_scale=nan", "teacher.guidance_scale=nan must be a finite number"),
         ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be positive"),
@@ -56,7 +56,7 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
 )
 def test_trainer_values_out_of_range_are_refused_before_the_run_folder(make_cfg, tmp_path, override, message):
     with refused(message) as e:
-        run(make_cfg(override, run_dir=tmp_path / "r"))
+        run(make_cfg(*override.split(), run_dir=tmp_path / "r"))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "r").exists()
 
@@ -102,7 +102,7 @@ def test_a_hooks_list_that_would_fail_late_is_refused_before_the_run_folder(make
         ("teacher.flow_shift=inf", "teacher.flow_shift=inf must be positive"),
         ("trainer.optimizer.lr=inf", "trainer.optimizer.lr=inf must be a finite number"),
         ("trainer.optimizer.lr=1e6", r"trainer.optimizer.lr=1000000.0 must be a finite number in \[0, 10\]"),
-        ("student.hidden_kd_weight=nan", "student.hidden_kd_weight=nan must be a finite number"),
+        ("trainer.loss.hidden_kd_weight=nan", "trainer.loss.hidden_kd_weight=nan must be 0 or more and finite"),
         ("seed=-1", r"seed=-1 must be in \[0, 2\*\*63\)"),
     ],
 )

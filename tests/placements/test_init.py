@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from tests.conftest import BF16, CONF, choose, workload
 from wandistiller.core.distributed import World, gpu_count
 from wandistiller.core.errors import UserError
-from wandistiller.placements import OPTIONS, Placement, Serving
+from wandistiller.placements import REGISTRY, Placement, Serving
 from wandistiller.placements.memory import Estimate
 
 OPTION_NAMES = sorted(p.stem for p in (CONF / "teacher_placement").glob("*.yaml"))
@@ -24,7 +24,7 @@ def paper(gpus: int, gib: int, host: int, nproc: int = 1, student: str = "small"
 
 
 def test_every_yaml_is_a_registered_option_and_every_option_has_a_yaml():
-    assert OPTION_NAMES == sorted(OPTIONS)
+    assert OPTION_NAMES == sorted(REGISTRY.names())
 
 
 # How many GPUs each option needs to run, written here, not read from the classes: `check` must agree.
@@ -34,7 +34,7 @@ GPUS_NEEDED = {"cpu": 0, "disk": 0, "sharded": 0, "gpu": 1, "offload": 1, "devic
 
 def test_every_option_says_how_many_gpus_it_needs():
     assert sorted(GPUS_NEEDED) == [o for o in OPTION_NAMES if o != "auto"]
-    assert {name: OPTIONS[name][1].min_gpus for name in GPUS_NEEDED} == GPUS_NEEDED
+    assert {name: REGISTRY.get(name).cls.min_gpus for name in GPUS_NEEDED} == GPUS_NEEDED
 
 
 @pytest.mark.parametrize("option", [o for o in OPTION_NAMES if o != "auto"])

@@ -35,8 +35,8 @@ def test_a_streamed_teacher_gives_the_resident_teachers_targets_bit_for_bit(tiny
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
     t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
     for _ in range(3):  # the streamer wraps around from the last block to the first between forwards
-        got, got_hidden = teacher.targets(x, t, cond, uncond, want_hidden=True)
-        want, want_hidden = resident_teacher.targets(x, t, cond, uncond, want_hidden=True)
+        got, got_hidden = teacher.targets(x, t, cond, uncond, layers=(0, -1))
+        want, want_hidden = resident_teacher.targets(x, t, cond, uncond, layers=(0, -1))
         assert torch.equal(got, want) and torch.equal(got_hidden, want_hidden)
     assert teacher.copy_ms() > 0 and teacher.copy_ms() == 0.0  # drained: counted once
 

@@ -75,7 +75,7 @@ def test_small_sets_the_ci_sized_settings_and_explicit_numbers_win_over_the_defa
     assert settings_from(parse_args([])) == Settings()
     small = settings_from(parse_args(["--small", "--teacher", "pocket_moe"]))
     assert (small.seeds, small.max_steps, small.batch_size, small.prompts) == ((0,), 2, 2, 6)
-    assert small.teacher == "pocket_moe" and small.extra == ("data.sample_steps=2",)
+    assert small.teacher == "pocket_moe" and small.sample_steps == 2 and small.extra == ()
     given = settings_from(parse_args(["--small", "--seeds", "4", "5", "--steps", "30", "--batch-size", "8"]))
     assert (given.seeds, given.max_steps, given.batch_size, given.sample_steps) == ((4, 5), 30, 8, 2)
     with pytest.raises(SystemExit):

@@ -9,13 +9,13 @@ import torch
 from diffusers.training_utils import EMAModel
 from omegaconf import OmegaConf
 
-from tests.conftest import cli, fresh_runs
+from tests.conftest import cli, fresh_runs, old_shape_loss
 from wandistiller.core.distributed import Topology
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.job.preflight import prepare
 from wandistiller.recipe.distillation import DistillationRecipe
-from wandistiller.recipe.loop import distillation_loss
-from wandistiller.recipe.losses import Distillation, Task
+from wandistiller.recipe.losses.distillation import Distillation
+from wandistiller.recipe.losses.task import Task
 from wandistiller.recipe.targets import LocalTargets, WholeStepTargets
 from wandistiller.student.model import build_student
 from wandistiller.train import run
@@ -25,7 +25,7 @@ CALLS: list[str] = []
 
 def doubled_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
     """A user's loss: twice the velocity MSE (what trainer.loss._target_ may name)."""
-    loss, velocity, hidden = distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
+    loss, velocity, hidden = old_shape_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
     CALLS.append("loss")
     return 2 * loss, velocity, hidden
 
@@ -84,7 +84,7 @@ def changed(recipe: DistillationRecipe, keys: dict) -> DistillationRecipe:
     """The same prepared run with some config keys changed (no second compose and preflight: each costs ~0.5 s)."""
     cfg = recipe.cfg.copy()
     for key, value in keys.items():
-        OmegaConf.update(cfg, key, value)
+        OmegaConf.update(cfg, key, value, merge=False)
     return DistillationRecipe(cfg, recipe.prepared, recipe.topo)
 
 
@@ -102,7 +102,7 @@ def test_the_loss_decides_what_batches_carry_and_the_trainer_where_targets_come_
     assert batch.x_t.shape == (3, *default.ctx.latent_shape) and batch.x0 is None and batch.noise is None
     assert type(default._setup_targets()) is LocalTargets and default.transfer_device() == torch.device("cpu")
 
-    task = changed(default, {"trainer.loss._target_": "wandistiller.recipe.losses.task.Task"})
+    task = changed(default, {"trainer.loss": {"_target_": "wandistiller.recipe.losses.task.Task", "_partial_": True}})
     assert isinstance(task.loss_fn, Task)
     batch = task._setup_batches(two_prompts(), None)(0, 0, 0)
     assert batch.x0.shape == batch.noise.shape == batch.x_t.shape

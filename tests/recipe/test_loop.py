@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import FP32, metrics_steps
+from tests.conftest import FP32, metrics_steps, old_shape_loss
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.data.prompts import PromptEmbeddings, batch_source
@@ -21,10 +21,10 @@ from wandistiller.recipe.loop import (
     _materialize,
     _Pending,
     _stop_if_not_finite,
-    distillation_loss,
     train_loop,
 )
-from wandistiller.recipe.losses import Distillation
+from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.losses.distillation import Distillation
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 from wandistiller.student.model import build_student
@@ -33,13 +33,13 @@ from wandistiller.tracking.loggers import NullTracker
 from wandistiller.train import run
 
 
-def test_the_distillation_loss_is_velocity_mse_plus_weighted_hidden_mse():
-    pred, target = torch.ones(2, 3), torch.zeros(2, 3)
-    hs, ht = torch.ones(2, 4), torch.full((2, 4), 3.0)
-    loss, velocity, hidden = distillation_loss(pred, target, hs, ht, hidden_kd_weight=0.5)
-    assert velocity == 1.0 and hidden == 4.0 and loss == 3.0
-    loss, _, hidden = distillation_loss(pred, target, None, None)
-    assert loss == 1.0 and hidden == 0.0
+def test_an_old_shape_loss_gets_the_last_blocks_when_its_bound_weight_asks():
+    from functools import partial
+
+    from wandistiller.recipe.losses.base import LAST
+
+    assert as_loss(partial(old_shape_loss, hidden_kd_weight=0.5)).needs.teacher_hidden == LAST
+    assert as_loss(old_shape_loss).needs.teacher_hidden == () and as_loss(None).needs.teacher
 
 
 KEYS = {"step", "loss", "loss_velocity", "loss_hidden", "grad_norm", "lr", "samples_per_s", "step_ms"}
@@ -73,7 +73,8 @@ def toy_run(spec, teacher, run_dir, hidden_kd_weight: float) -> Run:
     """A run of the real loop parts at toy size, built in the test: the tiny teacher, a random tiny
     student, four prompts of random text states, a constant learning rate, no tracker but a recording one."""
     torch.manual_seed(0)
-    student = build_student(spec, builder="tiny", init="random", hidden_kd_weight=hidden_kd_weight)
+    hidden = (-1,) if hidden_kd_weight > 0 else ()
+    student = build_student(spec, builder="tiny", init="random", hidden_layers=hidden)
     g = torch.Generator().manual_seed(0)
     text = [torch.randn(n, 32, generator=g) for n in (3, 5, 7, 9)]
     embeddings = PromptEmbeddings(["a", "b", "c", "d"], text, torch.zeros(0, 32), 512)
@@ -104,7 +105,7 @@ def test_the_loop_lowers_the_loss_logs_each_part_and_checkpoints_its_last_step(t
     run.hooks.append(lambda r, step: seen.append(step))
     trainer = {"grad_accum_steps": 1, "batch_size": 2, "max_steps": 12, "max_grad_norm": 1.0, "progress_bar": False}
     trainer = OmegaConf.create(trainer | {"checkpoint_every": 6, "log_every": 4, "keep_checkpoints": 1})
-    history = train_loop(run, trainer, 0.5, start_step=0)
+    history = train_loop(run, trainer, start_step=0)
 
     assert [h["step"] for h in history] == list(range(1, 13)) and seen == list(range(1, 13))
     for h in history:  # every part the loss returned, logged; the trained loss is their weighted sum
@@ -126,7 +127,7 @@ CALLS: list[int] = []
 
 def nan_from_third_call(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
     """The shipped loss, turned NaN from its third call on (what an overflowing loss term does)."""
-    loss, velocity, hidden = distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
+    loss, velocity, hidden = old_shape_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight)
     CALLS.append(1)
     return (loss * float("nan") if len(CALLS) >= 3 else loss), velocity, hidden
 

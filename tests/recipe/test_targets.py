@@ -102,8 +102,10 @@ def test_the_buffer_a_served_rank_receives_hidden_states_in_is_the_shape_the_tea
     g = torch.Generator().manual_seed(0)
     x_t, cond = torch.randn(3, 16, 1, 8, 8, generator=g), torch.randn(3, 512, 32, generator=g)
     batch = Batch(torch.zeros(3), x_t, torch.tensor([900.0, 500.0, 10.0]), cond, torch.zeros(3, 512, 32))
-    _, hidden = LocalTargets(teacher).get(0, 0, batch, True)
-    assert hidden_shape(spec.transformer_config, batch) == tuple(hidden.shape) == (3, 16, 32)  # 8x8 in 2x2 patches
+    _, hidden = LocalTargets(teacher).get(0, 0, batch, (-1,))
+    assert hidden_shape(spec.transformer_config, batch, (-1,)) == tuple(hidden.shape) == (1, 3, 16, 32)  # 2x2 patches
+    _, two = LocalTargets(teacher).get(0, 0, batch, (0, -1))  # several blocks from the one forward, in order
+    assert two.shape == (2, 3, 16, 32) and torch.equal(two[1], hidden[0]) and not torch.equal(two[0], two[1])
 
 
 def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
@@ -118,7 +120,7 @@ def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
     steps, accum, cpu = range(2, 5), 2, torch.device("cpu")
     checked = 0
     if not roles.trains:
-        serve(teacher, list(roles.served), batch_fn, steps, accum, True, cpu)
+        serve(teacher, list(roles.served), batch_fn, steps, accum, (0, -1), cpu)
     else:
         if roles.owner is not None:
             provider = RemoteTargets(roles.owner, spec.transformer_config, cpu)
@@ -128,8 +130,8 @@ def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
         for step in steps:
             for micro in range(accum):
                 batch = batch_fn(step, micro, roles.dp_rank)
-                served, served_hidden = provider.get(step, micro, batch, True)
-                mine, mine_hidden = local.get(step, micro, batch, True)
+                served, served_hidden = provider.get(step, micro, batch, (0, -1))
+                mine, mine_hidden = local.get(step, micro, batch, (0, -1))
                 assert torch.equal(served, mine) and torch.equal(served_hidden, mine_hidden)
                 checked += 1
         provider.finish()
@@ -176,7 +178,7 @@ def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batche
     for name, make in [("per_micro", LocalTargets), ("whole_step", lambda t: WholeStepTargets(t, batch_fn, 0, 3))]:
         teacher = DiskPlacement(resident_blocks=0).load(spec, TEACHER, FP32, Topology())
         targets = make(teacher)
-        got[name] = [targets.get(step, m, batch_fn(step, m, 0), True) for step in range(2) for m in range(3)]
+        got[name] = [targets.get(step, m, batch_fn(step, m, 0), (-1,)) for step in range(2) for m in range(3)]
         loads[name] = sum(s.loads for s in teacher.streamers)
     for (t1, h1), (t2, h2) in zip(got["per_micro"], got["whole_step"]):
         torch.testing.assert_close(t2, t1, rtol=1e-4, atol=1e-5)  # same targets, to rounding

@@ -212,7 +212,7 @@ def test_resume_with_another_student_shape_is_refused_in_one_line(make_cfg, tmp_
     run(make_cfg("trainer.max_steps=2", run_dir=tmp_path / "r"))
     # Another run (its own folder and config) started from that checkpoint: the shapes decide.
     checkpoint = tmp_path / "r" / "checkpoints" / "step_00000002"
-    cfg = make_cfg("trainer.max_steps=4", f"trainer.resume={checkpoint}", "student.hidden_kd_weight=0.1",
+    cfg = make_cfg("trainer.max_steps=4", f"trainer.resume={checkpoint}", "trainer.loss.hidden_kd_weight=0.1",
                    run_dir=tmp_path / "other")  # fmt: skip
     with pytest.raises(UserError, match="trainer.resume: the checkpoint .* is of another student shape") as e:
         run(cfg)

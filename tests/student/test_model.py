@@ -21,7 +21,7 @@ TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, nu
 
 
 def scfg(**kw):
-    return OmegaConf.create({"builder": None, "config_path": None, "init": "random", "hidden_kd_weight": 0.0} | kw)
+    return OmegaConf.create({"builder": None, "config_path": None, "init": "random"} | kw)
 
 
 def test_named_students_inherit_what_must_match_the_teacher(tiny_path):

@@ -92,8 +92,8 @@ def test_a_streamed_fp8_teacher_gives_the_resident_fp8_teachers_targets_bit_for_
     slot = teacher.streamers[0].slots[0]
     assert slot["attn1.to_q.weight"].dtype == torch.float8_e4m3fn and "attn1.to_q.weight_scale" in slot
     for _ in range(2):  # the streamer wraps around between forwards
-        got, got_hidden = teacher.targets(*_inputs(), want_hidden=True)
-        want, want_hidden = resident_teacher.targets(*_inputs(), want_hidden=True)
+        got, got_hidden = teacher.targets(*_inputs(), layers=(0, -1))
+        want, want_hidden = resident_teacher.targets(*_inputs(), layers=(0, -1))
         assert torch.equal(got, want) and torch.equal(got_hidden, want_hidden)
 
 

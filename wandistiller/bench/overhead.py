@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 def _setup(cache_dir: Path, batch_size: int):
     from hydra import compose, initialize_config_dir
 
-    from wandistiller.config import CONF_DIR, register_configs
+    from wandistiller.compose import auto_precision, register_configs
+    from wandistiller.config import CONF_DIR
     from wandistiller.core.distributed import Topology
     from wandistiller.core.precision import Precision
     from wandistiller.data.prompts import encode_prompts, read_prompts
@@ -39,7 +40,7 @@ def _setup(cache_dir: Path, batch_size: int):
                 "logger=none",
             ],
         )
-    precision = Precision.from_config(cfg.precision)
+    precision = Precision.from_config(auto_precision(cfg.precision))
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     teacher = CpuPlacement().load(spec, cfg.teacher, precision, Topology())
     embeddings = encode_prompts(

@@ -84,12 +84,12 @@ def run(args) -> dict:
 
 def predict(overrides: list[str]) -> dict:
     """The planner's per-device prediction for the placement these overrides name, on this machine."""
-    from wandistiller.config import compose_config
+    from wandistiller.compose import auto_precision, compose_config
     from wandistiller.core.precision import Precision
     from wandistiller.placements import planner as plan
 
     cfg = compose_config(overrides)
-    w, hw = plan.workload_of(cfg, Precision.from_config(cfg.precision).teacher_dtype, ranks=1)
+    w, hw = plan.workload_of(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, ranks=1)
     from hydra.utils import instantiate
 
     estimate = instantiate(cfg.teacher_placement).estimate(w, hw)
@@ -108,8 +108,9 @@ def cache_embeddings(overrides: list[str]) -> None:
     then freed) is not what it predicts, and would otherwise count in the first point's peak."""
     code = (
         "import sys, torch\n"
-        "from wandistiller.config import compose_config\n"
+        "from wandistiller.compose import compose_config\n"
         "from wandistiller.data.prompts import encode_prompts, read_prompts\n"
+        "from wandistiller.compose import auto_precision\n"
         "from wandistiller.core.precision import Precision\n"
         "from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path\n"
         "from wandistiller.data.validation import split_prompts\n"
@@ -118,7 +119,8 @@ def cache_embeddings(overrides: list[str]) -> None:
         "d = cfg.data\n"
         "for prompts in split_prompts(read_prompts(d.prompts_path), d.val_prompts_path, d.val_fraction):\n"
         "    encode_prompts(spec, prompts, cfg.teacher.negative_prompt, cfg.teacher.max_sequence_length,\n"
-        "        Precision.from_config(cfg.precision).teacher_dtype, torch.device('cpu'), cfg.paths.cache_dir)\n"
+        "        Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, torch.device('cpu'),\n"
+        "        cfg.paths.cache_dir)\n"
     )
     subprocess.run([sys.executable, "-c", code, *overrides], check=True, capture_output=True)
 

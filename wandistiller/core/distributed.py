@@ -214,9 +214,24 @@ def launch(entrypoint, args: tuple, distributed_cfg) -> list:
             monitor_interval=0.5,
             start_method="spawn",
         )
-        os.environ["WANDISTILLER_LAUNCHED"] = "1"  # inherited by the workers: a stop is reported here (stopping.py)
-        result = elastic_launch(config, entrypoint)(*args)
+        with launched_env():  # inherited by the workers: a stop is reported here (stopping.py)
+            result = elastic_launch(config, entrypoint)(*args)
     return [result[i] for i in sorted(result)]
+
+
+@contextlib.contextmanager
+def launched_env():
+    """WANDISTILLER_LAUNCHED=1 for the workers a launch spawns, and this process's own value back after it: a
+    later run in this process (a sweep's next point, a test) reports its own stop again."""
+    before = os.environ.get("WANDISTILLER_LAUNCHED")
+    os.environ["WANDISTILLER_LAUNCHED"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WANDISTILLER_LAUNCHED", None)
+        else:
+            os.environ["WANDISTILLER_LAUNCHED"] = before
 
 
 LOOPBACK_STORE = "WANDISTILLER_LOOPBACK_STORE"

@@ -23,21 +23,6 @@ def auto_choice() -> str:
     return "bf16" if torch.cuda.is_available() else "fp32"
 
 
-def auto_option(cfg):
-    """precision=auto's node replaced by the option it stands for (composed with its schema)."""
-    from wandistiller.config import compose_option
-
-    return compose_option("precision", auto_choice()) if cfg.name == "auto" else cfg
-
-
-def resolve(cfg) -> None:
-    """Before a run: precision=auto becomes the concrete option, so the saved config, metrics.json and a
-    resume on another machine all name the dtypes the run actually trained in."""
-    if cfg.precision.name == "auto":
-        for key, value in auto_option(cfg.precision).items():  # key by key: the node keeps its schema
-            cfg.precision[key] = value
-
-
 def cast_keeping_fp32(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """`model` in `dtype` as diffusers' `from_pretrained(torch_dtype=...)` leaves it: the modules a diffusers
     model lists in `_keep_in_fp32_modules` (Wan's norms, time embedder, rope) stay fp32. A plain `.to(dtype)`
@@ -61,8 +46,9 @@ class Precision:
 
     @classmethod
     def from_config(cls, cfg) -> Precision:
-        if cfg.name == "auto":  # tools that read a config without preflight (plan) see what a run would use
-            cfg = auto_option(cfg)
+        """A concrete precision option's node (precision=auto is resolved first: compose.resolve_precision)."""
+        if cfg.name == "auto":
+            raise ValueError("precision=auto: resolve it first (wandistiller.compose.auto_precision)")
         return cls(
             name=cfg.name,
             teacher_dtype=to_dtype(cfg.teacher_dtype, "precision.teacher_dtype"),

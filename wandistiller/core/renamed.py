@@ -1,6 +1,7 @@
-"""`_target_`s that moved when the flat package became subpackages, so a saved config of an older run
-(`.hydra/config.yaml`) still resumes, evaluates and exports. A loaded config is rewritten once, where it
-is read back, and then compares equal to one composed today."""
+"""`_target_`s and keys that moved (the flat package becoming subpackages, a loss's keys moving into the loss), so a
+saved config of an older run (`.hydra/config.yaml`) still resumes, evaluates and exports, and an older command
+line still runs. A loaded config is rewritten once, where it is read back, and then compares equal to one
+composed today; an older override is rewritten, with a warning, before Hydra reads it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 # Every `_target_` the shipped conf/ tree or a schema named before the move: old -> new.
 RENAMED: dict[str, str] = {
     "wandistiller.recipe.DistillationRecipe": "wandistiller.recipe.distillation.DistillationRecipe",
-    "wandistiller.loop.distillation_loss": "wandistiller.recipe.loop.distillation_loss",
+    # The old-shape distillation function is gone: its node's keys (hidden_kd_weight) are the class's.
+    "wandistiller.loop.distillation_loss": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.recipe.loop.distillation_loss": "wandistiller.recipe.losses.distillation.Distillation",
+    "wandistiller.eval.EvaluateAtEnd": "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd",
     "wandistiller.student.build_student": "wandistiller.student.model.build_student",
     "wandistiller.tracking.WandbTracker": "wandistiller.tracking.loggers.wandb.WandbTracker",
     "wandistiller.tracking.NullTracker": "wandistiller.tracking.loggers.base.NullTracker",
@@ -25,6 +29,12 @@ RENAMED: dict[str, str] = {
     "wandistiller.recipe.losses.Distillation": "wandistiller.recipe.losses.distillation.Distillation",
     "wandistiller.recipe.losses.Task": "wandistiller.recipe.losses.task.Task",
     "wandistiller.recipe.losses.Blend": "wandistiller.recipe.losses.blend.Blend",
+}
+
+
+# Keys that moved: old -> new. Their values move with them (a saved config, a command-line override).
+MOVED_KEYS: dict[str, str] = {
+    "student.hidden_kd_weight": "trainer.loss.hidden_kd_weight",
 }
 
 
@@ -54,13 +64,14 @@ HOOKS = {
     "monitor": "wandistiller.recipe.hooks.monitor.Monitor",
     "progress": "wandistiller.recipe.hooks.progress.ProgressLog",
     "samples": "wandistiller.recipe.hooks.samples.SampleGrids",
-    "evaluate": "wandistiller.eval.EvaluateAtEnd",
+    "evaluate": "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd",
 }
 
 
 def modernize_lists(root) -> None:
     """A config saved before loggers and hooks were lists, read back as one composed today: see below."""
     modernize_loggers(root)
+    modernize_keys(root)
     if isinstance(root, DictConfig) and "trainer" in root and "hooks" not in root:
         root["hooks"] = {name: {"_target_": target} for name, target in HOOKS.items()}
 
@@ -80,3 +91,40 @@ def modernize_loggers(root) -> None:
     saved = OmegaConf.to_container(node, resolve=False) | {"_target_": target}
     key = "wandb" if target == RENAMED["wandistiller.tracking.WandbTracker"] else target.rsplit(".", 1)[-1].lower()
     root["logger"] = {key: saved}
+
+
+def modernize_keys(root) -> None:
+    """A saved config's moved keys (MOVED_KEYS), in place and unresolved. The old loss nodes read
+    `hidden_kd_weight: ${student.hidden_kd_weight}`: they get its value, and a loss that no longer takes the key
+    (a task loss, which discarded it) loses it."""
+    if not isinstance(root, DictConfig):
+        return
+    for old, new in MOVED_KEYS.items():
+        parent_key, key = old.rsplit(".", 1)
+        parent = root._get_node(parent_key) if parent_key in root else None
+        if not isinstance(parent, DictConfig) or key not in parent:
+            continue
+        value = parent._get_node(key)._value()
+        del parent[key]
+        new_parent_key, new_key = new.rsplit(".", 1)
+        target = OmegaConf.select(root, new_parent_key, default=None, throw_on_resolution_failure=False)
+        if not isinstance(target, DictConfig):
+            continue
+        if new_key in target and target._get_node(new_key)._value() == "${" + old + "}":
+            if current_target(str(target._get_node("_target_")._value())) == _TASK:
+                del target[new_key]
+            else:
+                target[new_key] = value
+
+
+_TASK = "wandistiller.recipe.losses.task.Task"
+
+
+def modern_override(override: str) -> tuple[str, str | None]:
+    """(today's override, a warning or None) for one command-line override of an older key."""
+    prefix = override[: len(override) - len(override.lstrip("+~"))]
+    key, eq, value = override[len(prefix) :].partition("=")
+    if key not in MOVED_KEYS:
+        return override, None
+    new = f"{prefix}{MOVED_KEYS[key]}{eq}{value}"
+    return new, f"{key} is now {MOVED_KEYS[key]}: ran as {new}; write it so from now on"

@@ -5,6 +5,7 @@ line naming the key and the fix; `preflight.prepare` runs them first, in its ord
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -31,20 +32,24 @@ def check_known_keys(cfg: DictConfig) -> None:
                     f"{prefix}{key} is not a WanDistiller option (it was added with +); check its spelling "
                     f"(`python -m wandistiller.train --cfg job` lists the options)"
                 )
-            sub = _schema_of(schema, key)
+            sub = _schema_of(schema, key, node[key])
             if sub is not None and isinstance(node[key], DictConfig):
                 walk(sub, node[key], f"{prefix}{key}.")
 
     walk(TrainConfig, cfg, "")
 
 
-def _schema_of(schema, key: str):
-    """The dataclass that types `schema.key`, or None for an untyped (Any) node."""
+def _schema_of(schema, key: str, node=None):
+    """The dataclass that types `schema.key`: its field's, or for an untyped (Any) node the option schema it was
+    composed with (a placement's, a data source's, a loss's); None for a node of no schema."""
     import dataclasses
     import typing
 
     hint = typing.get_type_hints(schema).get(key)
-    return hint if dataclasses.is_dataclass(hint) else None
+    if dataclasses.is_dataclass(hint):
+        return hint
+    composed = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return composed if dataclasses.is_dataclass(composed) else None
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -84,7 +89,6 @@ def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
         ("trainer.sample_prompts", t.sample_prompts),
         ("trainer.val_every", t.val_every),
         ("trainer.sample_every", t.sample_every),
-        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight),
     ]
 
 
@@ -107,7 +111,6 @@ def check_ranges(cfg: DictConfig) -> None:
             lambda v: v is None or 0 < v < math.inf,
             "positive and finite, or null",
         ),
-        ("student.hidden_kd_weight", cfg.student.hidden_kd_weight, math.isfinite, "a finite number"),
         ("seed", cfg.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
         ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
@@ -143,6 +146,9 @@ def check_training_parts(cfg: DictConfig) -> None:
         get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
+    built = instantiate(t.loss)  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
+    if isinstance(built, functools.partial) and isinstance(built.func, type):
+        built()
 
 
 MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
@@ -183,7 +189,7 @@ def check_tracker(cfg: DictConfig) -> None:
 
 
 # The end-of-run evaluation's hook (conf/hooks/evaluate.yaml), named here as a string: no upward import.
-EVALUATE_HOOK = "wandistiller.eval.EvaluateAtEnd"
+EVALUATE_HOOK = "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd"
 
 
 def check_hooks(cfg: DictConfig) -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
-from wandistiller.config import compose_option
-from wandistiller.core import precision as precision_options
+from wandistiller.compose import compose_option, resolve_precision
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.precision import Precision
@@ -58,7 +57,7 @@ class Prepared:
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
     check_known_keys(cfg)
-    precision_options.resolve(cfg)
+    resolve_precision(cfg)
     check_values(cfg)
     check_hooks(cfg)
     check_targets(cfg)
@@ -155,7 +154,7 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     """The placement to run, `auto` resolved (its config node replaced by the choice's, composed by Hydra);
     one that cannot fit is refused, naming one that can. The table is None while the teacher's config is
     not on disk yet (a Hub id not downloaded)."""
-    auto = cfg.teacher_placement._target_.endswith(".AutoPlacement")
+    auto = getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False)
     placement = None if auto else instantiate(cfg.teacher_placement)
     if placement is not None:
         placement.check(precision, world)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wandistiller.core.registry import Option
+
 
 @dataclass
 class AutoConfig:
@@ -19,3 +21,7 @@ class AutoPlacement:
     """A marker: never loads a teacher (preflight replaces it with the planner's choice)."""
 
     name = "auto"
+    chosen_by_planner = True  # what preflight asks: the planner replaces this placement before anything loads
+
+
+OPTION = Option("auto", AutoConfig, AutoPlacement)

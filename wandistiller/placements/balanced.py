@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from wandistiller.core.registry import Option
 from wandistiller.placements.device_map import DeviceMapPlacement
 from wandistiller.placements.memory import Hardware
 
@@ -24,3 +25,6 @@ class BalancedPlacement(DeviceMapPlacement):
 
     def note(self, hw: Hardware) -> str:
         return f"one teacher per node spread over {len(hw.gpu_bytes)} GPU(s)"
+
+
+OPTION = Option("balanced", BalancedConfig, BalancedPlacement)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, Serving, load_teacher
 from wandistiller.placements.memory import Estimate, Hardware, Workload, host_training_bytes, student_device_bytes
 from wandistiller.placements.memory import teacher_weight_bytes as weights
@@ -37,3 +38,6 @@ class CpuPlacement(Placement):
 
     def load(self, spec, teacher_cfg, precision, topology):
         return load_teacher(spec, teacher_cfg, precision.teacher_dtype, self.teacher_device(topology))
+
+
+OPTION = Option("cpu", CpuConfig, CpuPlacement)

@@ -14,6 +14,7 @@ import torch
 
 from wandistiller.core.distributed import gpu_count
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, Serving, load_teacher
 from wandistiller.placements.memory import Estimate, Hardware, Workload, host_process_bytes, student_device_bytes
 from wandistiller.placements.memory import teacher_activation_bytes as activations
@@ -99,3 +100,6 @@ def sequential_shares(w: Workload, hw: Hardware) -> list[int]:
         left -= take
     share[-1] += left
     return share
+
+
+OPTION = Option("device_map", DeviceMapConfig, DeviceMapPlacement)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.memory import (
     Estimate,
     Hardware,
@@ -69,3 +70,6 @@ class DiskPlacement(OffloadPlacement):
         # fp8: the converted copy holds the quantized layers (half the bytes read per forward)
         layers = fp8_layers_of(folder) if quantize else frozenset()
         return converted_copy(folder, precision.teacher_dtype, self.offload_dir, topology, layers)
+
+
+OPTION = Option("disk", DiskConfig, DiskPlacement)

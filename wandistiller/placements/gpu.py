@@ -8,6 +8,7 @@ import torch
 
 from wandistiller.core.distributed import gpu_count, local_device
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, load_teacher
 from wandistiller.placements.memory import Estimate, Hardware, Workload, beside_teacher_bytes, host_process_bytes
 from wandistiller.placements.memory import teacher_weight_bytes as weights
@@ -40,3 +41,6 @@ class GpuPlacement(Placement):
     def load(self, spec, teacher_cfg, precision, topology):
         device = self.teacher_device(topology)
         return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device, device_map=str(device))
+
+
+OPTION = Option("gpu", GpuConfig, GpuPlacement)

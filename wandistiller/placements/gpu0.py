@@ -12,6 +12,7 @@ import torch
 
 from wandistiller.core.distributed import gpu_count
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, Serving, load_teacher
 from wandistiller.placements.memory import (
     CUDA_CONTEXT,
@@ -78,3 +79,6 @@ class Gpu0Placement(Placement):
         device = self.teacher_device(topology)
         kwargs = {} if self.debug_cpu else {"device_map": str(device)}
         return load_teacher(spec, teacher_cfg, precision.teacher_dtype, device, **kwargs)
+
+
+OPTION = Option("gpu0", Gpu0Config, Gpu0Placement)

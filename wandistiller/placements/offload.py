@@ -19,6 +19,7 @@ import torch
 
 from wandistiller.core.distributed import gpu_count, local_device
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, guidance_scales
 from wandistiller.placements.memory import (
     Estimate,
@@ -135,3 +136,6 @@ class OffloadPlacement(Placement):
         free, _ = torch.cuda.mem_get_info(device)
         config, experts = spec.transformer_config, len(spec.experts)
         return blocks_free_memory_holds(config, experts, precision.teacher_dtype, free, fp8)
+
+
+OPTION = Option("offload", OffloadConfig, OffloadPlacement)

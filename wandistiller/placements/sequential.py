@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from wandistiller.core.registry import Option
 from wandistiller.placements.device_map import DeviceMapPlacement, sequential_shares
 from wandistiller.placements.memory import Hardware, Workload
 
@@ -30,3 +31,6 @@ class SequentialPlacement(DeviceMapPlacement):
 
     def note(self, hw: Hardware) -> str:
         return "fills GPU 0 first"
+
+
+OPTION = Option("sequential", SequentialConfig, SequentialPlacement)

@@ -14,6 +14,7 @@ import torch
 
 from wandistiller.core.distributed import local_device
 from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
 from wandistiller.placements.base import Placement, guidance_scales
 from wandistiller.placements.memory import (
     Estimate,
@@ -75,3 +76,6 @@ class ShardedPlacement(Placement):
         teacher = Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
         teacher.collective = True
         return teacher
+
+
+OPTION = Option("sharded", ShardedConfig, ShardedPlacement)

@@ -102,8 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    small = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6,
-                 extra=("data.sample_steps=2",)) if args.small else {}  # fmt: skip
+    small = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6)
+    small = small if args.small else {}
     settings = Settings(teacher=args.teacher, student=args.student, **small)
     if args.seeds:
         settings.seeds = tuple(args.seeds)

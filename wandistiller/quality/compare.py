@@ -50,15 +50,18 @@ def _prompt_set(settings: Settings) -> list[str]:
 
 def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
     """One student through the framework's own entry point (`wandistiller.train.run`)."""
-    from wandistiller.config import compose_config
+    from wandistiller.compose import compose_config
     from wandistiller.train import run
 
+    # Teacher latents are sampled with the steps the rows are judged at (a data option of another source has no key).
+    latents_steps = [f"data.sample_steps={settings.sample_steps}"] if "data=teacher_latents" in overrides else []
     cfg = compose_config([
         f"teacher={settings.teacher}", f"student={settings.student}", f"seed={seed}",
         f"trainer.max_steps={settings.max_steps}", f"trainer.batch_size={settings.batch_size}", "trainer.val_every=0",
         "trainer.eval_at_end=false",
         "trainer.progress_bar=false", "trainer.sample_every=0", f"trainer.checkpoint_every={settings.max_steps}",
-        "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}", *overrides, *settings.extra,
+        "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}",
+        *overrides, *latents_steps, *settings.extra,
     ])  # fmt: skip
     return run(cfg)
 

@@ -150,16 +150,13 @@ class DistillationRecipe:
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift, spec.num_train_timesteps,
                             embeddings, latent_bank=latent_bank, device=self.device,
-                            keep_x0="x0" in self.loss_fn.needs)  # fmt: skip
+                            keep_x0=self.loss_fn.needs.x0)  # fmt: skip
 
     @functools.cached_property
     def loss_fn(self):
-        """`trainer.loss` (wandistiller.recipe.losses), built once: the loop calls it, the batches carry
-        what it needs."""
-        return as_loss(instantiate(self.cfg.trainer.loss), self.cfg.student.hidden_kd_weight)
-
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        return self.ctx.latent_shape
+        """`trainer.loss` (wandistiller.recipe.losses), built once: its `needs` decide what the loop computes,
+        what the batches carry, what the teacher returns and which projections the student builds."""
+        return as_loss(instantiate(self.cfg.trainer.loss))
 
     def _setup_val_set(self, teacher, val_embeddings):
         return data_sources.val_set(self.ctx, teacher, val_embeddings) if self.cfg.trainer.val_every > 0 else None
@@ -179,7 +176,11 @@ class DistillationRecipe:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
-        student = instantiate(cfg.student, _partial_=True)(spec=self.spec, dtype=self.precision.student_dtype)
+        build = instantiate(cfg.student, _partial_=True)
+        hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
+        student = build(
+            spec=self.spec, dtype=self.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
+        )
         student.to(self.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
@@ -268,7 +269,7 @@ class DistillationRecipe:
     def _train(self) -> dict:
         cfg, roles = self.cfg, self.roles
         if roles.trains:
-            history = train_loop(self.run, cfg.trainer, cfg.student.hidden_kd_weight, self.start_step)
+            history = train_loop(self.run, cfg.trainer, self.start_step)
             role = "owner + student" if roles.has_teacher and roles.served else "student"
             rank_summary = {"rank": self.topo.rank, "role": role} | memory_metrics()
         else:  # a dedicated owner: serve until the students are done
@@ -276,7 +277,7 @@ class DistillationRecipe:
                      [s.rank for s in roles.served])  # fmt: skip
             steps = range(self.start_step, cfg.trainer.max_steps)
             stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
-                          cfg.student.hidden_kd_weight > 0, self.transfer_device())  # fmt: skip
+                          self.loss_fn.needs.teacher_hidden, self.transfer_device())  # fmt: skip
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)

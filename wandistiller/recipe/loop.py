@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from wandistiller.core.precision import Precision
@@ -51,37 +50,31 @@ class Run:
         return getattr(self.model, "module", self.model)
 
 
-def distill_step(run: Run, step: int, micro: int, batch: Batch, kd_weight: float, clock: Clock | None = None):
+def distill_step(run: Run, step: int, micro: int, batch: Batch, clock: Clock | None = None):
     """Teacher targets, student prediction, loss parts: (loss, logged parts, teacher span).
 
-    The teacher span is a pair of `clock` marks around the targets, read only when the loop logs. A loss
-    that does not need the teacher skips it where nothing on another rank waits for the call.
+    The loss's `needs` alone decides what runs: the teacher (and after which blocks it returns hidden states)
+    where the loss asks for it, or where another rank waits for the call. The teacher span is a pair of `clock`
+    marks around the targets, read only when the loop logs.
     """
     clock = clock or Clock(run.device)
-    loss_fn = run.loss_fn if run.loss_fn is not None else as_loss(None, kd_weight)
+    loss_fn = run.loss_fn if run.loss_fn is not None else as_loss(None)
+    needs = loss_fn.needs
     start = clock.mark()
     target = teacher_hidden = None
-    if "teacher" in loss_fn.needs or not run.targets.skippable:
-        target, teacher_hidden = run.targets.get(step, micro, batch, kd_weight > 0)
+    if needs.teacher_runs or not run.targets.skippable:
+        target, teacher_hidden = run.targets.get(step, micro, batch, needs.teacher_hidden)
         target = target.to(run.device, non_blocking=True)
     teacher_span = (start, clock.mark())
     dtype = run.precision.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
         pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond)
-    parts = loss_fn(LossInputs(pred, student_hidden, target, teacher_hidden, batch.x0, batch.noise, batch.t))
+    hidden = tuple(teacher_hidden) if teacher_hidden is not None else None  # one per layer
+    parts = loss_fn(LossInputs(pred, student_hidden, target, hidden, batch.x0, batch.noise, batch.t))
     return total(parts), logged(parts), teacher_span
 
 
-def distillation_loss(pred, target, student_hidden, teacher_hidden, hidden_kd_weight: float = 0.0):
-    """The old-shape loss, kept for users who wrap it: (loss, velocity, hidden) (see losses.Distillation)."""
-    velocity_loss = F.mse_loss(pred.float(), target)
-    hidden_loss = torch.zeros((), device=pred.device)
-    if hidden_kd_weight > 0:
-        hidden_loss = F.mse_loss(student_hidden.float(), teacher_hidden.to(pred.device))
-    return velocity_loss + hidden_kd_weight * hidden_loss, velocity_loss, hidden_loss
-
-
-def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list[dict]:
+def train_loop(run: Run, trainer_cfg, start_step: int) -> list[dict]:
     accum, batch_size, last = trainer_cfg.grad_accum_steps, trainer_cfg.batch_size, trainer_cfg.max_steps
     world = dist.get_world_size(run.student_group) if run.student_group is not None else 1
     params = [p for p in run.model.parameters() if p.requires_grad]
@@ -96,7 +89,7 @@ def train_loop(run: Run, trainer_cfg, kd_weight: float, start_step: int) -> list
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == accum - 1 or not hasattr(run.model, "no_sync")
             with contextlib.nullcontext() if sync else run.model.no_sync():
-                loss, parts, span = distill_step(run, step, micro, batch, kd_weight, clock)
+                loss, parts, span = distill_step(run, step, micro, batch, clock)
                 run.scaler.scale(loss / accum).backward()
             for name, value in parts.items():  # averaged over micro-batches, still on the device
                 sums[name] = sums.get(name, 0) + value.float() / accum
@@ -153,7 +146,7 @@ def _stop_if_not_finite(run: Run, entries: list[dict]) -> None:
             resume = f"the last good checkpoint is {kept[-1].name}" if kept else "no checkpoint was saved"
             raise UserError(
                 f"training went non-finite at step {e['step']} (loss {e['loss']}, grad norm {e['grad_norm']}, lr "
-                f"{e['lr']:g}); likely trainer.optimizer.lr, teacher.flow_shift, student.hidden_kd_weight or "
+                f"{e['lr']:g}); likely trainer.optimizer.lr, teacher.flow_shift, trainer.loss.hidden_kd_weight or "
                 f"trainer.max_grad_norm -- {resume}; lower the value and start again, or resume from it"
             )
 

@@ -23,11 +23,12 @@ from wandistiller.teacher.model import Teacher
 BatchFn = Callable[[int, int, int], Batch]
 
 
-def hidden_shape(teacher_config: dict, batch: Batch) -> tuple[int, int, int]:
+def hidden_shape(teacher_config: dict, batch: Batch, layers: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """The teacher's stacked hidden states for `layers`: (layers, batch, tokens, width)."""
     pt, ph, pw = teacher_config["patch_size"]
     _, _, f, h, w = batch.x_t.shape
     width = teacher_config["num_attention_heads"] * teacher_config["attention_head_dim"]
-    return (batch.x_t.shape[0], (f // pt) * (h // ph) * (w // pw), width)
+    return (len(layers), batch.x_t.shape[0], (f // pt) * (h // ph) * (w // pw), width)
 
 
 class LocalTargets:
@@ -38,8 +39,8 @@ class LocalTargets:
     def __init__(self, teacher: Teacher):
         self.teacher = teacher
 
-    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
-        return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden)
+    def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
+        return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers)
 
     def copy_ms(self) -> float | None:
         return self.teacher.copy_ms()
@@ -63,16 +64,16 @@ class WholeStepTargets(LocalTargets):
         self.step, self.rows = None, 0
         self.target = self.hidden = None
 
-    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+    def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
         if self.step != step:
             batches = [batch if m == micro else self.batch_fn(step, m, self.dp_rank) for m in range(self.accum)]
             x_t, t, cond, uncond = (
                 torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond", "uncond")
             )
-            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, want_hidden)
+            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, layers)
             self.step, self.rows = step, len(batch.t)
         rows = slice(micro * self.rows, (micro + 1) * self.rows)
-        return self.target[rows], None if self.hidden is None else self.hidden[rows]
+        return self.target[rows], None if self.hidden is None else self.hidden[:, rows]
 
 
 class OwnerTargets(LocalTargets):
@@ -85,12 +86,12 @@ class OwnerTargets(LocalTargets):
         self.served, self.batch_fn, self.transfer = served, batch_fn, transfer
         self.in_flight: list = []
 
-    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+    def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
         self.finish()  # the previous micro-batch's sends are done before their buffers are dropped
         for s in self.served:
             b = self.batch_fn(step, micro, s.dp_rank)
-            self.in_flight += _send(self.teacher, b, s.rank, want_hidden, self.transfer)
-        return super().get(step, micro, batch, want_hidden)
+            self.in_flight += _send(self.teacher, b, s.rank, layers, self.transfer)
+        return super().get(step, micro, batch, layers)
 
     def finish(self) -> None:
         for work, _ in self.in_flight:
@@ -106,12 +107,14 @@ class RemoteTargets:
     def __init__(self, owner: int, teacher_config: dict, transfer: torch.device):
         self.owner, self.teacher_config, self.transfer = owner, teacher_config, transfer
 
-    def get(self, step: int, micro: int, batch: Batch, want_hidden: bool):
+    def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
         target = torch.empty(batch.x_t.shape, dtype=torch.float32, device=self.transfer)
         dist.recv(target, src=self.owner)
         hidden = None
-        if want_hidden:
-            hidden = torch.empty(hidden_shape(self.teacher_config, batch), dtype=torch.float32, device=self.transfer)
+        if layers:
+            hidden = torch.empty(
+                hidden_shape(self.teacher_config, batch, layers), dtype=torch.float32, device=self.transfer
+            )
             dist.recv(hidden, src=self.owner)
         return target, hidden
 
@@ -122,9 +125,9 @@ class RemoteTargets:
         pass
 
 
-def _send(teacher: Teacher, batch: Batch, dst: int, want_hidden: bool, transfer: torch.device) -> list:
-    target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, want_hidden)
-    tensors = [t.to(transfer).contiguous() for t in [target] + ([hidden] if want_hidden else [])]
+def _send(teacher: Teacher, batch: Batch, dst: int, layers: tuple[int, ...], transfer: torch.device) -> list:
+    target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers)
+    tensors = [t.to(transfer).contiguous() for t in [target] + ([hidden] if layers else [])]
     # Keep each sent tensor referenced until its send completes.
     return [(dist.isend(t, dst=dst), t) for t in tensors]
 
@@ -135,7 +138,7 @@ def serve(
     batch_fn: BatchFn,
     steps: range,
     accum: int,
-    want_hidden: bool,
+    layers: tuple[int, ...],
     transfer: torch.device,
     ahead: int = 1,
 ) -> dict:
@@ -150,7 +153,7 @@ def serve(
         sends = []
         for micro in range(accum):
             for s in served:
-                sends += _send(teacher, batch_fn(step, micro, s.dp_rank), s.rank, want_hidden, transfer)
+                sends += _send(teacher, batch_fn(step, micro, s.dp_rank), s.rank, layers, transfer)
         per_step.append(sends)
         while len(per_step) > ahead:
             t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.extensions import HYDRA_KEYS
+from wandistiller.core.registry import path_of
 from wandistiller.core.renamed import modernize, modernize_lists
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
@@ -44,12 +45,14 @@ def allow_targets(*names: str) -> None:
 def _shipped_targets() -> frozenset[str]:
     import torch.optim
 
+    from wandistiller.compose import registries
     from wandistiller.config import CONF_DIR, StudentConfig
-    from wandistiller.placements import OPTIONS
+    from wandistiller.core.registry import path_of
 
     found = {StudentConfig._target_}
-    found |= {f"{cls.__module__}.{cls.__qualname__}" for _, cls in OPTIONS.values()}
-    found |= {schema._target_ for schema, _ in OPTIONS.values()}
+    options = [option for registry in registries() for option in registry.options.values()]
+    found |= {path_of(option.cls) for option in options}
+    found |= {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
     for file in CONF_DIR.rglob("*.yaml"):
         found |= {t for _, t in _targets_in(yaml.safe_load(file.read_text()), "") if isinstance(t, str)}
     # Every torch optimizer: the shipped AdamW's siblings are what a user swaps in (`trainer.optimizer`).
@@ -118,17 +121,38 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
                 "the project's own classes (and torch optimizers): remove it, or if you trust it "
                 + hint.format(key=key, target=target)
             )
-    _check_keys(tree, file)
+    data_schema = _data_schema(raw, file)
+    _check_keys(OmegaConf.to_container(raw, resolve=False), file)
     from wandistiller.config import TrainConfig
 
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+        if data_schema is not None:  # the data node typed by its source's own schema, as a composed one is
+            merged.data = OmegaConf.merge(OmegaConf.structured(data_schema), merged.data)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{key} in {file}: {first}; fix or remove it (the file does not match the schema)") from None
     OmegaConf.set_struct(merged, True)
     return merged
+
+
+def _data_schema(raw: DictConfig, file: Path):
+    """The saved `data` node's source schema (data/sources/<latents>.py). A config saved when one flat schema held
+    every source's keys carries the others' too: those are dropped, in place; a key of no source is refused."""
+    from wandistiller.data.sources import REGISTRY
+
+    data = raw._get_node("data") if "data" in raw else None
+    latents = data._get_node("latents")._value() if isinstance(data, DictConfig) and "latents" in data else None
+    if not isinstance(latents, str) or latents not in REGISTRY.options:
+        return None  # the schema merge names what is wrong
+    own = {f.name for f in dataclasses.fields(REGISTRY.get(latents).schema)}
+    anyone = {f.name for o in REGISTRY.options.values() for f in dataclasses.fields(o.schema)}
+    for key in [k for k in data.keys() if k not in own]:
+        if key not in anyone:
+            raise UserError(f"data.{key} in {file} is not a WanDistiller config key; remove it")
+        del data[key]
+    return REGISTRY.get(latents).schema
 
 
 def _check_interpolations(node, prefix: str, file: Path) -> None:
@@ -179,10 +203,10 @@ def _check_arguments(node: dict, prefix: str, file: Path) -> None:
 
     from hydra.utils import get_object
 
-    from wandistiller.placements import OPTIONS
+    from wandistiller.placements import REGISTRY
 
-    by_class = {f"{cls.__module__}.{cls.__qualname__}": schema for schema, cls in OPTIONS.values()}
-    by_class |= {schema._target_: schema for schema, _ in OPTIONS.values()}
+    options = REGISTRY.options.values()  # a placement's node holds its schema's fields (its class takes none)
+    by_class = {path_of(o.cls): o.schema for o in options} | {o.schema._target_: o.schema for o in options}
     kwargs = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
     schema = by_class.get(node["_target_"])
     if schema is not None:

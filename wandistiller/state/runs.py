@@ -52,7 +52,7 @@ def open_run(
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
     with `allow_download`)."""
-    from wandistiller.config import register_configs
+    from wandistiller.compose import register_configs
 
     register_configs()  # the resolvers a saved config may use
     path = Path(path).expanduser()

@@ -18,7 +18,7 @@ from torch import nn
 from wandistiller.core.arch import STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, estimate_params, wan_config_problem
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
-from wandistiller.teacher.model import TeacherSpec, capture_last_block
+from wandistiller.teacher.model import TeacherSpec, capture_blocks
 
 log = logging.getLogger(__name__)
 
@@ -163,24 +163,38 @@ def _norm(v):
 
 
 class Student(nn.Module):
-    """The student transformer plus, for hidden-state distillation, a learned width projection.
+    """The student transformer plus, for hidden-state distillation, one learned projection to the teacher's width
+    per student block the loss matches (`hidden_layers`, from the loss's `needs.student_hidden`).
 
     This wrapper is the one module the optimizer (and DDP) sees.
     """
 
-    def __init__(self, transformer: nn.Module, teacher_width: int | None):
+    def __init__(self, transformer: nn.Module, teacher_width: int | None = None, hidden_layers: tuple[int, ...] = ()):
         super().__init__()
         self.transformer = transformer
+        self.hidden_layers = tuple(hidden_layers)
         width = transformer.config.num_attention_heads * transformer.config.attention_head_dim
-        self.hidden_proj = nn.Linear(width, teacher_width) if teacher_width else None
+        projections = [nn.Linear(width, teacher_width) for _ in self.hidden_layers] if teacher_width else []
+        self.hidden_proj = nn.ModuleList(projections) if projections else None
+        self._register_load_state_dict_pre_hook(_one_projection_of_before)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with capture_last_block(self.transformer, self.hidden_proj is not None) as captured:
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        layers = self.hidden_layers if self.hidden_proj is not None else ()
+        with capture_blocks(self.transformer, layers) as captured:
             pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
-        hidden = self.hidden_proj(captured[0]) if self.hidden_proj is not None else None
-        return pred, hidden
+        if not layers:
+            return pred, None
+        return pred, tuple(proj(h) for proj, h in zip(self.hidden_proj, captured))
+
+
+def _one_projection_of_before(state: dict, prefix: str, *args) -> None:
+    """A checkpoint of before several-layer KD held one projection (`hidden_proj.weight`): it is the first one now."""
+    for name in ("weight", "bias"):
+        old = f"{prefix}hidden_proj.{name}"
+        if old in state:
+            state[f"{prefix}hidden_proj.0.{name}"] = state.pop(old)
 
 
 def build_student(
@@ -190,18 +204,17 @@ def build_student(
     builder: str | None = None,
     config_path: str | None = None,
     init: str = "auto",
-    hidden_kd_weight: float = 0.0,
+    hidden_layers: tuple[int, ...] = (),
 ) -> Student:
-    """The student for this teacher (the default `student._target_`; the keys are the `student` config's)."""
+    """The student for this teacher (the default `student._target_`; the keys are the `student` config's, and
+    `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss)."""
     from diffusers import WanTransformer3DModel
 
-    student_cfg = SimpleNamespace(
-        builder=builder, config_path=config_path, init=init, hidden_kd_weight=hidden_kd_weight
-    )
+    student_cfg = SimpleNamespace(builder=builder, config_path=config_path, init=init)
     config = check_student(student_cfg, spec.transformer_config)
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
-    student = Student(transformer, teacher_width if hidden_kd_weight > 0 else None)
+    student = Student(transformer, teacher_width, hidden_layers)
     if starts_from_teacher(student_cfg, config, spec.transformer_config):
         init_from_teacher(student, spec)
         log.info("student: starts from the teacher's embeddings, head and evenly spaced blocks")

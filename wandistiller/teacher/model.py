@@ -347,9 +347,10 @@ class Teacher:
 
     @torch.no_grad()
     def targets(
-        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor, want_hidden: bool = False
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor, layers: tuple[int, ...] = ()
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Guided velocity (float32, on the teacher's device) and, if asked, the last block's cond hidden states."""
+        """Guided velocity (float32, on the teacher's device) and, for `layers` (block indices), the cond hidden
+        states after those blocks from the same forward, stacked: (len(layers), batch, tokens, width)."""
         x_t, t = x_t.to(self.device, self.dtype), t.to(self.device)
         cond, uncond = cond.to(self.device, self.dtype), uncond.to(self.device, self.dtype)
         which = self.expert_index(t)
@@ -367,7 +368,7 @@ class Teacher:
                 xs, ts, cs, us = x_t[rows], t[rows], cond[rows], uncond[rows]
             else:
                 xs, ts, cs, us = x_t, t, cond, uncond
-            with capture_last_block(expert, want_hidden) as captured:
+            with capture_blocks(expert, layers) as captured:
                 pred = expert(
                     hidden_states=torch.cat([xs, xs]),
                     timestep=torch.cat([ts, ts]),
@@ -377,24 +378,27 @@ class Teacher:
             # (to this device: a model spread over GPUs returns from its last one)
             pred_cond, pred_uncond = pred.to(self.device, torch.float32).chunk(2)
             out[rows] = pred_uncond + scale * (pred_cond - pred_uncond)
-            if want_hidden:
-                h = captured[0][:count].to(self.device, torch.float32)
-                hidden = h.new_empty((len(t), *h.shape[1:])) if hidden is None else hidden
-                hidden[rows] = h
+            if layers:
+                h = torch.stack([c[:count] for c in captured]).to(self.device, torch.float32)
+                hidden = h.new_empty((len(layers), len(t), *h.shape[2:])) if hidden is None else hidden
+                hidden[:, rows] = h
         return out, hidden
 
 
-class capture_last_block:
-    """Context manager: a forward hook that keeps the last transformer block's output."""
+class capture_blocks:
+    """Context manager: forward hooks that keep the outputs of the blocks at `layers` (block indices, in that
+    order) of one forward; no hook at all for no layers."""
 
-    def __init__(self, model: nn.Module, enabled: bool):
-        self.model, self.enabled, self.captured, self.handle = model, enabled, [], None
+    def __init__(self, model: nn.Module, layers: tuple[int, ...]):
+        self.model, self.layers, self.handles = model, tuple(layers), []
 
     def __enter__(self) -> list[torch.Tensor]:
-        if self.enabled:
-            self.handle = self.model.blocks[-1].register_forward_hook(lambda m, i, o: self.captured.append(o))
-        return self.captured
+        captured: list = [None] * len(self.layers)
+        for i, layer in enumerate(self.layers):
+            keep = lambda m, inputs, out, i=i: captured.__setitem__(i, out)  # noqa: E731
+            self.handles.append(self.model.blocks[layer].register_forward_hook(keep))
+        return captured
 
     def __exit__(self, *exc) -> None:
-        if self.handle is not None:
-            self.handle.remove()
+        for handle in self.handles:
+            handle.remove()

@@ -8,24 +8,35 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF
-from wandistiller.config import DataConfig, Latents
+from wandistiller.config import DataCommon
 from wandistiller.core.errors import UserError
 from wandistiller.data import sources
 from wandistiller.train import run
 
 
-def test_every_source_is_a_choice_of_data_latents_and_every_data_yaml_names_one():
+def test_every_source_has_its_schema_and_every_data_yaml_names_one():
     found = sources.sources()
-    assert set(found) == {"gaussian", "teacher", "images"} <= {c.value for c in Latents}
+    assert set(found) == {"gaussian", "teacher", "images"}
     used = {OmegaConf.load(p).latents for p in (CONF / "data").glob("*.yaml")}
     assert used == set(found), "a source no data option uses, or an option naming no source"
+    for p in (CONF / "data").glob("*.yaml"):  # each data option takes its source's schema
+        assert f"/schema/data/{OmegaConf.load(p).latents}@_here_" in OmegaConf.load(p).defaults, p.name
 
 
-def test_each_sources_keys_are_typed_fields_of_the_data_schema():
-    fields = {f.name: f for f in dataclasses.fields(DataConfig)}
-    for source in sources.sources().values():
-        for f in dataclasses.fields(source.Keys) if source.Keys else ():
-            assert fields[f.name].default == f.default, f.name
+def test_each_source_schema_holds_the_common_keys_and_its_own_name_alone():
+    common = {f.name for f in dataclasses.fields(DataCommon)}
+    for name, option in sources.REGISTRY.options.items():
+        fields = {f.name: f for f in dataclasses.fields(option.schema)}
+        assert common <= set(fields) and [c.value for c in type(fields["latents"].default)] == [name]
+
+
+def test_another_sources_key_is_refused_at_composition(make_cfg):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="root"):
+        make_cfg("data=static_prompts", "data.root=images")
+    with pytest.raises(ConfigCompositionException, match="latents"):
+        make_cfg("data=static_prompts", "data.latents=teacher")
 
 
 @pytest.mark.parametrize(
@@ -36,9 +47,9 @@ def test_each_sources_keys_are_typed_fields_of_the_data_schema():
         ("data.sample_steps=0", "data.sample_steps=0 must be a positive integer"),
     ],
 )
-def test_a_sources_range_is_refused_in_one_line_whichever_source_runs(make_cfg, tmp_path, override, message):
+def test_a_sources_range_is_refused_in_one_line(make_cfg, tmp_path, override, message):
     with pytest.raises(UserError, match=message):
-        run(make_cfg(override, run_dir=tmp_path / "r"))
+        run(make_cfg("data=teacher_latents", override, run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
 
 
@@ -49,19 +60,13 @@ def test_the_chosen_sources_own_check_runs_before_the_run_folder(make_cfg, tmp_p
 
 
 def test_a_new_source_is_one_class_the_registry_finds(monkeypatch):
-    """What a module of wandistiller/data/sources/ defining SOURCE adds: its keys and its refusals."""
-
-    @dataclasses.dataclass
-    class NoiseKeys:
-        noise_scale: float = 1.0
+    """What a module of wandistiller/data/sources/ defining OPTION adds: its own keys' refusals."""
 
     class Noise(sources.DataSource):
-        name, Keys = "noise", NoiseKeys
+        name = "noise"
         ranges = (("data.noise_scale", lambda v: v > 0, "positive"),)
 
-    found = sources.sources() | {"noise": Noise}
-    monkeypatch.setattr(sources, "sources", lambda: found)
-    assert ("noise_scale", float) == sources.schema_fields()[-1][:2]
-    data = OmegaConf.create({"noise_scale": -1.0, "latent_chunk": 16, "latents_per_prompt": 1, "sample_steps": 20})
+    monkeypatch.setattr(sources, "sources", lambda: sources.REGISTRY and {"noise": Noise})
+    data = OmegaConf.create({"latents": "noise", "noise_scale": -1.0})
     checks = {k: (ok, what) for k, _, ok, what in sources.range_checks(data)}
     assert not checks["data.noise_scale"][0](-1.0) and checks["data.noise_scale"][1] == "positive"

@@ -3,12 +3,14 @@ wrapper) on fixed tensors whose MSEs are known."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from wandistiller.recipe.losses.base import (
-    NEEDS,
+    LAST,
     Legacy,
     LossInputs,
+    Needs,
     hidden_mse,
     logged,
     task_mse,
@@ -19,8 +21,8 @@ from wandistiller.recipe.losses.base import (
 
 def inputs(**changed) -> LossInputs:
     base = dict(
-        pred=torch.ones(2, 3), student_hidden=torch.ones(2, 4), target=torch.zeros(2, 3),
-        teacher_hidden=torch.full((2, 4), 3.0), x0=torch.full((2, 3), 1.0), noise=torch.full((2, 3), 4.0),
+        pred=torch.ones(2, 3), student_hidden=(torch.ones(2, 4),), target=torch.zeros(2, 3),
+        teacher_hidden=(torch.full((2, 4), 3.0),), x0=torch.full((2, 3), 1.0), noise=torch.full((2, 3), 4.0),
         t=torch.tensor([10.0, 900.0]),
     )  # fmt: skip
     return LossInputs(**(base | changed))
@@ -29,14 +31,25 @@ def inputs(**changed) -> LossInputs:
 def test_the_three_mses_compare_in_float32_whatever_the_prediction_dtype():
     half = inputs(pred=torch.ones(2, 3, dtype=torch.bfloat16))
     assert velocity_mse(half).dtype == torch.float32 and velocity_mse(half) == 1.0
-    assert hidden_mse(half, 0.5) == 4.0  # (1 - 3)^2
+    assert hidden_mse(half) == 4.0  # (1 - 3)^2
     assert task_mse(half).dtype == torch.float32 and task_mse(half) == 4.0  # (1 - (4 - 1))^2
 
 
-def test_a_zero_hidden_weight_reads_no_hidden_states():
-    # A loss without "teacher_hidden" gets None there: a zero weight must not touch it.
-    zero = hidden_mse(inputs(student_hidden=None, teacher_hidden=None), 0.0)
-    assert zero.shape == () and zero == 0.0
+def test_hidden_mse_pairs_the_given_blocks():
+    two = inputs(
+        student_hidden=(torch.ones(2, 4), torch.zeros(2, 4)), teacher_hidden=(torch.ones(2, 4), torch.ones(2, 4))
+    )
+    assert hidden_mse(two, 0) == 0.0 and hidden_mse(two, 1) == 1.0
+
+
+def test_needs_from_the_older_names_and_their_pairing():
+    assert Needs.of({"teacher"}) == Needs(teacher=True)
+    assert Needs.of(frozenset({"teacher", "teacher_hidden", "x0"})) == Needs(True, LAST, LAST, True)
+    assert Needs(teacher_hidden=(3,), student_hidden=(1,)).teacher_runs and not Needs(x0=True).teacher_runs
+    with pytest.raises(ValueError, match="a loss may need"):
+        Needs.of({"teacher", "gradients"})
+    with pytest.raises(ValueError, match="pair up"):
+        Needs(teacher_hidden=(1, 2), student_hidden=(0,))
 
 
 def test_total_trains_on_the_loss_part_when_given_else_on_the_sum():
@@ -62,6 +75,6 @@ def test_an_old_shape_function_is_called_positionally_and_its_triple_named():
     given = inputs()
     parts = Legacy(old, want_hidden=True)(given)
     assert parts == {"loss": 3.0, "velocity": 1.0, "hidden": 2.0} and total(parts) == 3.0
-    assert seen == [(given.pred, given.target, given.student_hidden, given.teacher_hidden)]
-    assert Legacy(old, want_hidden=False).needs == {"teacher"}
-    assert Legacy(old, want_hidden=True).needs == {"teacher", "teacher_hidden"} <= NEEDS
+    assert seen == [(given.pred, given.target, given.student_hidden[0], given.teacher_hidden[0])]
+    assert Legacy(old, want_hidden=False).needs == Needs(teacher=True)
+    assert Legacy(old, want_hidden=True).needs == Needs.of({"teacher", "teacher_hidden"})

@@ -19,7 +19,7 @@ OPTIONS = sorted(p.stem for p in (CONF / "logger").glob("*.yaml"))
 
 
 def test_every_logger_module_has_its_yaml_and_every_yaml_but_none_its_module():
-    assert set(loggers.options()) == set(OPTIONS) - {"none"}
+    assert set(loggers.REGISTRY.names()) == set(OPTIONS) - {"none"}
 
 
 @pytest.mark.parametrize("option", OPTIONS)
@@ -161,6 +161,6 @@ def test_a_users_logger_of_the_old_shape_still_starts_and_closes(tmp_path):
 
 
 def test_a_logger_module_is_its_option_by_module_name_not_a_class_attribute():
-    assert all(cls.name in ("", name) for name, (_, cls) in loggers.options().items())
-    assert "none" not in loggers.options()
+    assert all(o.cls.name in ("", name) for name, o in loggers.REGISTRY.options.items())
+    assert "none" not in loggers.REGISTRY.names()
     assert loggers.Logger.name != "none"  # a logger forgetting `name` takes no option's slot

@@ -1,53 +1,32 @@
 """Data sources: where a run's clean latents x0 come from (`data.latents`), one module per source (gaussian,
 teacher, images; `base.DataSource` is the interface), and the held-out validation set.
 
-This registry is the one list of them: it finds every module defining `SOURCE`, gives `data.latents` its
-choices, adds each source's keys to the `data` schema (wandistiller/config.py) and its value checks to
-preflight's ordered refusals. A new source: one module here and one YAML in `conf/data/` (its `latents:`
-names the source), no other edit.
+`REGISTRY` is the one list of them: it finds every module defining `OPTION = Option(name, schema, class)`, gives
+each source its own `data` schema (`/schema/data/<name>`, named by the YAMLs of `conf/data/`), and its value
+checks to preflight's ordered refusals. A new source: one module here and one YAML in `conf/data/` (its
+defaults name `/schema/data/<source>@_here_`), no other edit.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import typing
 
-from wandistiller.core.extensions import modules_defining
+from wandistiller.core.registry import Registry
 from wandistiller.data.sources.base import DataSource, Made
 
 log = logging.getLogger("wandistiller")
 
+REGISTRY = Registry("data", __name__, "a data source")
+
 
 def sources() -> dict[str, type[DataSource]]:
-    """`data.latents` value -> source class, from every module of this package that defines SOURCE."""
-    return {source.name: source for source in modules_defining(__name__, __path__, "SOURCE").values()}
-
-
-def schema_fields() -> list[tuple[str, object, dataclasses.Field]]:
-    """Every source's own keys, for make_dataclass: (name, type, field). A key two sources share (latent_chunk)
-    must agree on its type and default."""
-    merged: dict[str, tuple[str, object, dataclasses.Field]] = {}
-    for source in sources().values():
-        if source.Keys is None:
-            continue
-        hints = typing.get_type_hints(source.Keys)
-        for f in dataclasses.fields(source.Keys):
-            entry = (f.name, hints[f.name], dataclasses.field(default=f.default))
-            seen = merged.setdefault(f.name, entry)
-            if (seen[1], seen[2].default) != (entry[1], entry[2].default):
-                raise TypeError(f"data.{f.name}: two data sources declare it differently")
-    return list(merged.values())
+    """`data.latents` value -> source class."""
+    return {name: option.cls for name, option in REGISTRY.options.items()}
 
 
 def range_checks(data_cfg) -> list[tuple[str, object, object, str]]:
-    """(key, value, ok, what) of every source's keys, whichever source runs (a bad value is refused either
-    way, as a typo would be); each key once."""
-    seen: dict[str, tuple] = {}
-    for source in sources().values():
-        for key, ok, what in source.ranges:
-            seen.setdefault(key, (key, data_cfg[key.split(".", 1)[1]], ok, what))
-    return list(seen.values())
+    """(key, value, ok, what) of the chosen source's own keys, in its order."""
+    return [(key, data_cfg[key.split(".", 1)[1]], ok, what) for key, ok, what in source_of(data_cfg).ranges]
 
 
 def source_of(data_cfg) -> type[DataSource]:
@@ -89,4 +68,4 @@ def val_set(ctx, teacher, val_embeddings):
     return held_out if ctx.is_main else None
 
 
-__all__ = ["DataSource", "Made", "check", "range_checks", "sources", "training_data", "val_set"]
+__all__ = ["REGISTRY", "DataSource", "Made", "check", "range_checks", "sources", "training_data", "val_set"]

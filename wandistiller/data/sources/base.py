@@ -1,11 +1,11 @@
 """The interface every data source implements: where a run's clean latents x0 come from (`data.latents`).
 
-A source is one module of this package defining `SOURCE = <its class>`; the registry (`__init__.py`) finds it,
-merges its keys into the `data` schema and its value checks into preflight, and lists it among
-`data.latents`'s choices. So a new source is that module plus a YAML in `conf/data/`, and no other edit:
+A source is one module of this package defining `OPTION = Option("<name>", <its schema>, <its class>)`; the
+registry (`__init__.py`) finds it, stores its schema for `conf/data/*.yaml` to name (`/schema/data/<name>@_here_`),
+and adds its value checks to preflight. So a new source is that module plus a YAML in `conf/data/`, and no other edit:
 
     name           its `data.latents` value
-    Keys           a dataclass of the `data.*` keys it adds (typed, with defaults); None: it adds none
+    schema         `DataCommon` + the `data.*` keys it adds (typed, with defaults), `latents` its own name alone
     ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
     check(data)    refuse what only it can see (its files), before the run folder is claimed
     make(ctx, teacher, embeddings, val_embeddings) -> Made: the training latents on every rank
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
+
+from wandistiller.config import Choice
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,15 @@ class Made:
     val_embeddings: object
 
 
+def own_name(name: str, module: str) -> type[Choice]:
+    """The type of a source schema's `latents`: its own name alone, so `data.latents=<another>` is refused at
+    composition (the source is chosen by `data=<option>`, whose schema holds that source's keys). Kept in its
+    module as `OwnName`, where pickling (a config sent to worker processes) finds it."""
+    return Choice("OwnName", {name: name}, module=module, qualname="OwnName")  # type: ignore[return-value]
+
+
 class DataSource:
     name: ClassVar[str]
-    Keys: ClassVar[type | None] = None
     ranges: ClassVar[tuple] = ()
 
     @classmethod

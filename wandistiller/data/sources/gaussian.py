@@ -3,11 +3,22 @@ by the batches themselves; nothing is made before training."""
 
 from __future__ import annotations
 
-from wandistiller.data.sources.base import DataSource
+from dataclasses import dataclass
+
+from wandistiller.config import DataCommon
+from wandistiller.core.registry import Option
+from wandistiller.data.sources.base import DataSource, own_name
+
+OwnName = own_name("gaussian", __name__)
+
+
+@dataclass
+class GaussianConfig(DataCommon):
+    latents: OwnName = OwnName.gaussian  # type: ignore[valid-type]
 
 
 class Gaussian(DataSource):
     name = "gaussian"
 
 
-SOURCE = Gaussian
+OPTION = Option("gaussian", GaussianConfig, Gaussian)

@@ -8,14 +8,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from wandistiller.config import DataCommon
 from wandistiller.core.distributed import made_once
-from wandistiller.data.sources.base import DataSource, Made
+from wandistiller.core.registry import Option
+from wandistiller.data.sources.base import DataSource, Made, own_name
 
 log = logging.getLogger("wandistiller")
 
 
+OwnName = own_name("images", __name__)
+
+
 @dataclass
-class ImageKeys:
+class ImagesConfig(DataCommon):
+    latents: OwnName = OwnName.images  # type: ignore[valid-type]
     # A folder of images with captions (.txt beside each, or captions.jsonl), or a Hugging Face `datasets`
     # folder (save_to_disk); columns None = detect "image" / "text"-like names.
     root: str | None = None
@@ -28,7 +34,6 @@ class ImageKeys:
 
 class Images(DataSource):
     name = "images"
-    Keys = ImageKeys
     ranges = (("data.latent_chunk", lambda v: v > 0, "a positive integer"),)
 
     @classmethod
@@ -81,4 +86,4 @@ def held_out_captions(ctx, found, device):
     return held_emb, len(train)
 
 
-SOURCE = Images
+OPTION = Option("images", ImagesConfig, Images)

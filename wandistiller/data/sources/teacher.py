@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wandistiller.config import DataCommon
 from wandistiller.core.distributed import made_once
-from wandistiller.data.sources.base import DataSource, Made
+from wandistiller.core.registry import Option
+from wandistiller.data.sources.base import DataSource, Made, own_name
+
+OwnName = own_name("teacher", __name__)
 
 
 @dataclass
-class TeacherKeys:
+class TeacherLatentsConfig(DataCommon):
+    latents: OwnName = OwnName.teacher  # type: ignore[valid-type]
     # Samples the teacher makes per training prompt (distinct noise each), and its sampling steps for them.
     latents_per_prompt: int = 1
     sample_steps: int = 20
@@ -21,7 +26,6 @@ class TeacherKeys:
 
 class TeacherLatents(DataSource):
     name = "teacher"
-    Keys = TeacherKeys
     ranges = (
         ("data.sample_steps", lambda v: v > 0, "a positive integer"),
         ("data.latents_per_prompt", lambda v: v > 0, "a positive integer"),
@@ -48,4 +52,4 @@ class TeacherLatents(DataSource):
         return Made(made_once(ctx.topo, make, read, makes=ctx.makes_teacher_data), embeddings, val_embeddings)
 
 
-SOURCE = TeacherLatents
+OPTION = Option("teacher", TeacherLatentsConfig, TeacherLatents)

@@ -2,28 +2,19 @@
 progress,samples,evaluate]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the interface);
 `fault` is the failure-handling tests' injected failure, added only where WANDISTILLER_INJECT_FAILURE asks.
 
-Adding a hook: one module here defining `OPTION = (<Name>Config, <Name>Hook)`, one YAML
+Adding a hook: one module here defining `OPTION = Option("<name>", <Name>Config, <Name>Hook)`, one YAML
 `conf/hooks/<name>.yaml` (`defaults: [/schema/hooks/<name>@<name>, _self_]`, its keys under `<name>:`);
-the registry below finds the module. Run it with `hooks=[monitor,progress,samples,evaluate,<name>]`.
+`REGISTRY` finds the module. Run it with `hooks=[monitor,progress,samples,evaluate,<name>]`.
 """
 
 from __future__ import annotations
 
 import os
 
-from wandistiller.core.extensions import modules_defining
+from wandistiller.core.registry import Registry
 from wandistiller.recipe.hooks.base import Hook, HookParts
 
-
-def options() -> dict[str, tuple[type, type]]:
-    """option name -> (config schema, hook class or, for a hook living with its CLI, its name), from every module
-    of this package that has an OPTION."""
-    return modules_defining(__name__, __path__, "OPTION")
-
-
-def register_schemas(store) -> None:
-    for name, (schema, _) in options().items():
-        store.store(group="schema/hooks", name=name, node=schema)
+REGISTRY = Registry("hooks", __name__, "a loop hook")
 
 
 def build(hooks_cfg, ctx, parts: HookParts) -> list[Hook]:
@@ -43,4 +34,4 @@ def build(hooks_cfg, ctx, parts: HookParts) -> list[Hook]:
     return mine
 
 
-__all__ = ["Hook", "HookParts", "build", "options"]
+__all__ = ["REGISTRY", "Hook", "HookParts", "build"]

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.registry import Option
 from wandistiller.data.validation import save_loss_plot, val_loss
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
@@ -81,4 +82,4 @@ def saved_best(run_dir: Path) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
-OPTION = (MonitorConfig, Monitor)
+OPTION = Option("monitor", MonitorConfig, Monitor)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from wandistiller.core.errors import write_to_log_files
+from wandistiller.core.registry import Option
 from wandistiller.recipe.hooks.base import Hook
 
 log = logging.getLogger("wandistiller")
@@ -41,4 +42,4 @@ class ProgressLog(Hook):
             log.info(line)
 
 
-OPTION = (ProgressConfig, ProgressLog)
+OPTION = Option("progress", ProgressConfig, ProgressLog)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.registry import Option
 from wandistiller.recipe.hooks.base import Hook
 
 
@@ -28,4 +29,4 @@ class SampleGrids(Hook):
         run.tracker.log_image("samples", path, step=step)
 
 
-OPTION = (SamplesConfig, SampleGrids)
+OPTION = Option("samples", SamplesConfig, SampleGrids)

@@ -1,13 +1,14 @@
 """Training losses (`trainer.loss`), one module per option of `conf/loss/` (distillation, task, blend;
-`base.py` holds the interface: `LossInputs`, `needs`, named parts). A module defining `LOSS = <class>` is an
-option, named by its module; `LOSSES` below is that registry (what an allow-list of `_target_`s may list).
+`base.py` holds the interface: `LossInputs`, `Needs`, named parts). Each module declares
+`OPTION = Option("<name>", <its schema>, <its class>)`; `REGISTRY` finds it.
 
 - `distillation` (default): the teacher's guided velocity, + optional hidden-state KD;
 - `task`: the same student without the teacher: the denoising velocity noise - x0 of the data's latents;
 - `blend`: alpha * task + (1 - alpha) * distillation (torchtune's `kd_ratio`, BK-SDM's task + KD).
 
-Adding a loss: one module here defining `LOSS` and one YAML `conf/loss/<name>.yaml` (`# @package trainer.loss`,
-`_target_: wandistiller.recipe.losses.<name>.<Class>`, `_partial_: true`, its keys); no other edit.
+Adding a loss: one module here (its schema dataclass with `_target_` and `_partial_: true`, its class with
+`needs`, its `OPTION`) and one YAML `conf/loss/<name>.yaml` (`# @package trainer.loss`, `defaults:
+[/schema/loss/<name>@_here_, _self_]`, its keys); no other edit.
 """
 
 from __future__ import annotations
@@ -15,37 +16,30 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from wandistiller.core.extensions import modules_defining
-from wandistiller.recipe.losses.base import NEEDS, Legacy, LossInputs, logged, total
-from wandistiller.recipe.losses.blend import Blend
+from wandistiller.core.registry import Registry
+from wandistiller.recipe.losses.base import NEEDS, Legacy, LossInputs, Needs, logged, total
 from wandistiller.recipe.losses.distillation import Distillation
-from wandistiller.recipe.losses.task import Task
+
+REGISTRY = Registry("loss", __name__, "a loss")
 
 
-def options() -> dict[str, type]:
-    """Option name (the module's, as `conf/loss/<name>.yaml` is) -> loss class, from every module defining LOSS."""
-    return modules_defining(__name__, __path__, "LOSS")
-
-
-LOSSES: dict[str, type] = options()
-
-
-def as_loss(fn: Callable | None, hidden_kd_weight: float = 0.0):
-    """The loss the loop calls: one with `needs` as it is, an old-shape function wrapped, None the default.
+def as_loss(fn: Callable | None):
+    """The loss the loop calls, with `needs` a Needs: a loss as it is, an old-shape function wrapped (given the
+    hidden states when its bound `hidden_kd_weight` is above 0), None the default.
 
     `trainer.loss` is instantiated `_partial_`, so a user's function of the old shape still gets its keys
     bound; a partial of a loss class (the options here) is built here with its keys.
     """
     if fn is None:
-        return Distillation(hidden_kd_weight)
+        return Distillation()
     if isinstance(fn, functools.partial) and isinstance(fn.func, type):
         fn = fn()
-    if isinstance(getattr(fn, "needs", None), frozenset):
-        unknown = fn.needs - NEEDS
-        if unknown:
-            raise ValueError(f"loss {fn!r} needs {sorted(unknown)}; a loss may need {sorted(NEEDS)}")
+    declared = getattr(fn, "needs", None)
+    if isinstance(declared, (Needs, frozenset, set)):
+        fn.needs = Needs.of(declared)
         return fn
-    return Legacy(fn, hidden_kd_weight > 0)
+    weight = fn.keywords.get("hidden_kd_weight", 0.0) if isinstance(fn, functools.partial) else 0.0
+    return Legacy(fn, weight > 0)
 
 
-__all__ = ["LOSSES", "NEEDS", "Blend", "Distillation", "LossInputs", "Task", "as_loss", "logged", "options", "total"]
+__all__ = ["NEEDS", "REGISTRY", "LossInputs", "Needs", "as_loss", "logged", "total"]

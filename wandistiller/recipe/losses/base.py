@@ -1,33 +1,71 @@
 """The interface of every training loss (`trainer.loss`): what one micro-batch gives it (`LossInputs`), what it
-may declare it needs (`NEEDS`), and how its named parts become the step's loss and its metrics.
+declares it needs (`Needs`), and how its named parts become the step's loss and its metrics.
 
-A loss is called with one `LossInputs` and returns `dict[str, Tensor]` of scalar parts. The loop logs
-every part as `loss_<name>` and trains on the key `"loss"` when the loss gives one (its parts are then
-shown unweighted, as they are, e.g. the hidden-state MSE before its weight), else on the sum of the parts.
-`needs` says what the loop must compute for it: "teacher" (the guided velocity target), "teacher_hidden"
-(the teacher's last hidden states) or "x0" (the clean latents and noise the batch was made from), so a
-loss without "teacher" lets a rank that holds its own teacher skip it.
+A loss is called with one `LossInputs` and returns `dict[str, Tensor]` of scalar parts. The loop logs every
+part as `loss_<name>` and trains on the key `"loss"` when the loss gives one (its parts are then shown
+unweighted, as they are, e.g. the hidden-state MSE before its weight), else on the sum of the parts.
+
+Its `needs` alone decides what a step computes: the teacher's guided velocity (`teacher`), the teacher's hidden
+states after given blocks paired with the student's (`teacher_hidden`/`student_hidden`: the student then builds
+one learned projection to the teacher's width per pair), and the clean latents the batch was made from (`x0`).
+A loss without the teacher lets a rank that holds its own teacher skip it. A new loss (several-layer KD, a
+few-step method's parts) is a module declaring its `Needs`; the loop, the served teacher and the student follow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+# The names an older loss declared in a frozenset; "teacher_hidden" meant the last block of each.
 NEEDS = frozenset({"teacher", "teacher_hidden", "x0"})
+LAST = (-1,)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the loop computes for a loss, and nothing more."""
+
+    teacher: bool = False  # the teacher's guided velocity
+    # Teacher blocks whose (cond) output the loss matches, each paired with the student block at the same place in
+    # `student_hidden` (negative indices count from the last block).
+    teacher_hidden: tuple[int, ...] = ()
+    student_hidden: tuple[int, ...] = ()
+    x0: bool = False  # the clean latents and the noise x_t was mixed from
+
+    def __post_init__(self) -> None:
+        if len(self.teacher_hidden) != len(self.student_hidden):
+            raise ValueError("Needs: teacher_hidden and student_hidden pair up, one student block per teacher block")
+
+    @property
+    def teacher_runs(self) -> bool:
+        return self.teacher or bool(self.teacher_hidden)
+
+    @classmethod
+    def of(cls, declared: Needs | Iterable[str]) -> Needs:
+        """A loss's `needs` as a Needs: as it is, or from the older frozenset of names."""
+        if isinstance(declared, Needs):
+            return declared
+        names = frozenset(declared)
+        unknown = names - NEEDS
+        if unknown:
+            raise ValueError(f"a loss needs {sorted(unknown)}; a loss may need {sorted(NEEDS)} (or a Needs)")
+        hidden = LAST if "teacher_hidden" in names else ()
+        return cls(teacher="teacher" in names, teacher_hidden=hidden, student_hidden=hidden, x0="x0" in names)
 
 
 @dataclass
 class LossInputs:
-    """What one micro-batch gives a loss; what it did not declare in `needs` may be None."""
+    """What one micro-batch gives a loss; what it did not declare in `needs` is None."""
 
     pred: torch.Tensor  # the student's velocity
-    student_hidden: torch.Tensor | None  # through the student's projection to the teacher's width
+    # One per pair of `needs.student_hidden`: the student block's output through its projection to the teacher's width.
+    student_hidden: tuple[torch.Tensor, ...] | None
     target: torch.Tensor | None  # the teacher's guided velocity ("teacher")
-    teacher_hidden: torch.Tensor | None  # ("teacher_hidden")
+    teacher_hidden: tuple[torch.Tensor, ...] | None  # one per block of `needs.teacher_hidden`
     x0: torch.Tensor | None  # the clean latents ("x0")
     noise: torch.Tensor | None  # the noise x_t was mixed from ("x0")
     t: torch.Tensor  # timesteps in [0, num_train_timesteps)
@@ -37,10 +75,10 @@ def velocity_mse(inputs: LossInputs) -> torch.Tensor:
     return F.mse_loss(inputs.pred.float(), inputs.target.float())
 
 
-def hidden_mse(inputs: LossInputs, weight: float) -> torch.Tensor:
-    if weight <= 0:
-        return torch.zeros((), device=inputs.pred.device)
-    return F.mse_loss(inputs.student_hidden.float(), inputs.teacher_hidden.to(inputs.pred.device).float())
+def hidden_mse(inputs: LossInputs, pair: int = 0) -> torch.Tensor:
+    """MSE between the student's projected hidden states and the teacher's, for one pair of blocks."""
+    student, teacher = inputs.student_hidden[pair], inputs.teacher_hidden[pair]
+    return F.mse_loss(student.float(), teacher.to(inputs.pred.device).float())
 
 
 def task_mse(inputs: LossInputs) -> torch.Tensor:
@@ -50,14 +88,19 @@ def task_mse(inputs: LossInputs) -> torch.Tensor:
 
 
 class Legacy:
-    """A user's loss of the old shape: (pred, target, student_hidden, teacher_hidden) -> (loss, velocity, hidden)."""
+    """A user's loss of the old shape: (pred, target, student_hidden, teacher_hidden) -> (loss, velocity, hidden),
+    given the last blocks' hidden states when `hidden_kd_weight` (its bound key) is above 0."""
 
     def __init__(self, fn: Callable, want_hidden: bool):
         self.fn = fn
-        self.needs = frozenset({"teacher"} | ({"teacher_hidden"} if want_hidden else set()))
+        self.needs = Needs(
+            teacher=True, teacher_hidden=LAST if want_hidden else (), student_hidden=LAST if want_hidden else ()
+        )
 
     def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
-        loss, velocity, hidden = self.fn(inputs.pred, inputs.target, inputs.student_hidden, inputs.teacher_hidden)
+        first = lambda pair: pair[0] if pair else None  # noqa: E731
+        loss, velocity, hidden = self.fn(inputs.pred, inputs.target, first(inputs.student_hidden),
+                                         first(inputs.teacher_hidden))  # fmt: skip
         return {"loss": loss, "velocity": velocity, "hidden": hidden}
 
 

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
+from wandistiller.core.registry import Option
 from wandistiller.recipe.losses.base import LossInputs, task_mse
 from wandistiller.recipe.losses.distillation import Distillation
+
+
+@dataclass
+class BlendConfig:
+    _target_: str = "wandistiller.recipe.losses.blend.Blend"
+    _partial_: bool = True
+    alpha: float = 0.5  # the task loss's weight in [0, 1]
+    hidden_kd_weight: float = 0.0  # as loss=distillation's
 
 
 class Blend:
@@ -17,7 +29,7 @@ class Blend:
 
             raise UserError(f"trainer.loss.alpha={alpha} is outside [0, 1]; give a weight of the task loss in [0, 1]")
         self.alpha, self.kd = alpha, Distillation(hidden_kd_weight)
-        self.needs = self.kd.needs | {"x0"}
+        self.needs = dataclasses.replace(self.kd.needs, x0=True)
 
     def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
         kd, task = self.kd(inputs), task_mse(inputs)
@@ -26,4 +38,4 @@ class Blend:
         }
 
 
-LOSS = Blend
+OPTION = Option("blend", BlendConfig, Blend)

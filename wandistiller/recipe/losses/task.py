@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from wandistiller.recipe.losses.base import LossInputs, task_mse
+from wandistiller.core.registry import Option
+from wandistiller.recipe.losses.base import LossInputs, Needs, task_mse
+
+
+@dataclass
+class TaskConfig:
+    _target_: str = "wandistiller.recipe.losses.task.Task"
+    _partial_: bool = True
 
 
 class Task:
     """No teacher: the student learns to denoise the data's own latents (the baseline distilling must beat)."""
 
-    needs = frozenset({"x0"})
-
-    def __init__(self, hidden_kd_weight: float = 0.0):  # taken (and ignored) so every option shares the keys
-        del hidden_kd_weight
+    needs = Needs(x0=True)
 
     def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
         return {"task": task_mse(inputs)}
 
 
-LOSS = Task
+OPTION = Option("task", TaskConfig, Task)

@@ -10,6 +10,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
 
@@ -107,4 +108,4 @@ def write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
     atomic_write(path, out.getvalue())
 
 
-OPTION = (CsvConfig, CsvLogger)
+OPTION = Option("csv", CsvConfig, CsvLogger)

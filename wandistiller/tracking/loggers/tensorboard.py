@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
 # Seconds between writes of the buffered scalars (TensorBoard's default is 120): a killed run loses at most this.
@@ -85,4 +86,4 @@ class TensorboardLogger(Logger):
         writer.close()
 
 
-OPTION = (TensorboardConfig, TensorboardLogger)
+OPTION = Option("tensorboard", TensorboardConfig, TensorboardLogger)

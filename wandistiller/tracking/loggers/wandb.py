@@ -8,10 +8,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wandistiller.config import LoggerMode
+from wandistiller.config import Choice
+from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
 log = logging.getLogger(__name__)
+
+
+class LoggerMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
 
 
 @dataclass
@@ -145,7 +152,7 @@ class WandbTracker(Logger):
             )
 
 
-OPTION = (WandbConfig, WandbTracker)
+OPTION = Option("wandb", WandbConfig, WandbTracker)
 
 
 def offline_segments(wandb_dir: Path, run_id: str) -> list[Path]:
