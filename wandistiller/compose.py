@@ -128,13 +128,19 @@ def hydra_error_line(error: Exception) -> str:
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "not in" in text and "Key '" in text:
         return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
+    if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option
+        return f"{text}; choose the data source with data=<option> ({' '.join(_options('data'))})"
     if "Could not find" in text:
         return f"{text}; pick one of those options"
     missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", text)  # an option in a list: Hydra names none
     if missing and (CONF_DIR / missing[1]).is_dir():
-        options = sorted(p.stem for p in (CONF_DIR / missing[1]).glob("*.yaml"))
+        options = _options(missing[1])
         return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
     return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def check_overrides(argv: list[str]) -> None:

@@ -128,7 +128,8 @@ class TrainerConfig:
     teacher_whole_step: bool = MISSING
     max_steps: int = MISSING
     optimizer: Any = MISSING
-    # (pred, target, student_hidden, teacher_hidden) -> (loss, velocity part, hidden part); swap with _target_.
+    # The `loss` group's option, each with its own schema (wandistiller/recipe/losses/<name>.py): LossInputs ->
+    # named parts, its `needs` deciding what a step computes.
     loss: Any = MISSING
     lr_scheduler: LrScheduler = MISSING
     warmup_steps: int = MISSING

@@ -90,3 +90,45 @@ def test_a_config_saved_with_the_one_flat_logger_reads_back_as_the_list():
     hostile = OmegaConf.create({"logger": {"_target_": "pathlib.Path.write_text"}})
     modernize_loggers(hostile)
     assert hostile.logger.write_text._target_ == "pathlib.Path.write_text"  # for the allow-list to refuse
+
+
+def test_a_moved_key_takes_its_value_to_the_loss_and_a_loss_that_no_longer_takes_it_drops_it():
+    from wandistiller.core.renamed import modernize_keys
+
+    saved = OmegaConf.create({
+        "student": {"builder": "tiny", "hidden_kd_weight": 0.3},
+        "trainer": {"loss": {"_target_": "wandistiller.loop.distillation_loss", "_partial_": True,
+                             "hidden_kd_weight": "${student.hidden_kd_weight}"}},
+    })  # fmt: skip
+    modernize(saved)
+    modernize_keys(saved)
+    assert "hidden_kd_weight" not in saved.student
+    assert saved.trainer.loss == {"_target_": "wandistiller.recipe.losses.distillation.Distillation",
+                                  "_partial_": True, "hidden_kd_weight": 0.3}  # fmt: skip
+    task = OmegaConf.create(
+        {
+            "student": {"hidden_kd_weight": 0.0},
+            "trainer": {
+                "loss": {
+                    "_target_": "wandistiller.recipe.losses.task.Task",
+                    "hidden_kd_weight": "${student.hidden_kd_weight}",
+                }
+            },
+        }
+    )
+    modernize_keys(task)
+    assert (
+        task.trainer.loss == {"_target_": "wandistiller.recipe.losses.task.Task"}
+        and "hidden_kd_weight" not in task.student
+    )
+
+
+def test_an_older_override_runs_as_todays_and_says_so():
+    from wandistiller.core.renamed import modern_override
+
+    assert modern_override("student.hidden_kd_weight=0.5") == (
+        "trainer.loss.hidden_kd_weight=0.5",
+        "student.hidden_kd_weight is now trainer.loss.hidden_kd_weight: ran as trainer.loss.hidden_kd_weight=0.5; "
+        "write it so from now on",
+    )
+    assert modern_override("trainer.max_steps=5") == ("trainer.max_steps=5", None)

@@ -23,7 +23,7 @@ from wandistiller.recipe.loop import (
     _stop_if_not_finite,
     train_loop,
 )
-from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.losses import Needs, as_loss
 from wandistiller.recipe.losses.distillation import Distillation
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
@@ -165,3 +165,27 @@ def test_an_infinite_gradient_under_a_grad_scaler_is_a_skipped_step_not_a_stop(t
         _stop_if_not_finite(unscaled, [entry])
     with pytest.raises(UserError, match="non-finite at step 3"):  # a NaN loss stops even under a scaler
         _stop_if_not_finite(scaled, [entry | {"loss": float("nan")}])
+
+
+class TwoLayerKD:
+    """A loss of a user's own that declares hidden states after two teacher blocks, and nothing else."""
+
+    needs = Needs(teacher=True, teacher_hidden=(0, -1), student_hidden=(0, -1))
+
+    def __call__(self, inputs):
+        from wandistiller.recipe.losses.base import hidden_mse, velocity_mse
+
+        return {"velocity": velocity_mse(inputs), "first": hidden_mse(inputs, 0), "last": hidden_mse(inputs, 1)}
+
+
+def test_a_loss_that_declares_hidden_states_gets_them_with_no_other_setting(make_cfg, tmp_path):
+    cfg = make_cfg("trainer.max_steps=2", "trainer.log_every=1", run_dir=tmp_path / "r")
+    cfg.trainer.loss = OmegaConf.create({"_target_": f"{__name__}.TwoLayerKD"})
+    run(cfg)
+    rows = metrics_steps(tmp_path / "r")
+    assert all(r["loss_first"] > 0 and r["loss_last"] > 0 and "loss_hidden" not in r for r in rows)
+    assert rows[0]["loss_first"] != rows[0]["loss_last"]  # two blocks, each with its own projection
+    state = load_checkpoint(list_checkpoints(tmp_path / "r")[-1])["student"]
+    assert {k for k in state if k.startswith("hidden_proj.")} == {
+        f"hidden_proj.{i}.{p}" for i in (0, 1) for p in ("weight", "bias")
+    }

@@ -1,0 +1,49 @@
+"""`wandistiller.compose`: the one place options are registered (every registry's schemas, the resolvers), composing a
+tree or one option outside a Hydra job, Hydra's errors as one line, and older command lines rewritten."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.core.config_store import ConfigStore
+
+from wandistiller.compose import (
+    auto_precision,
+    compose_config,
+    compose_option,
+    modern_argv,
+    register_configs,
+    registries,
+    resolve_precision,
+)
+from wandistiller.core.errors import UserError
+
+
+def test_registration_stores_every_registrys_schemas_and_the_tree():
+    register_configs()
+    store = ConfigStore.instance()
+    assert "train_schema.yaml" in store.list("")
+    for registry in registries():
+        assert {f"{name}.yaml" for name in registry.names()} <= set(store.list(f"schema/{registry.group}"))
+    assert [r.group for r in registries()] == ["teacher_placement", "data", "loss", "hooks", "logger"]
+
+
+def test_one_option_composes_with_its_schema_and_precision_auto_resolves_to_one():
+    assert compose_option("teacher_placement", "disk")._target_ == "wandistiller.placements.disk.DiskPlacement"
+    cfg = compose_config(["precision=auto"])
+    assert auto_precision(cfg.precision).name in ("fp32", "bf16")
+    resolve_precision(cfg)
+    assert cfg.precision.name != "auto" and auto_precision(cfg.precision) is cfg.precision
+
+
+def test_another_sources_name_names_the_data_options():
+    with pytest.raises(
+        UserError, match=r"choose the data source with data=<option> \(image_folder .*teacher_latents\)"
+    ):
+        compose_config(["data.latents=teacher"])
+
+
+def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
+    assert modern_argv(["student.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]) == [
+        "trainer.loss.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]  # fmt: skip
+    assert "warning: student.hidden_kd_weight is now trainer.loss.hidden_kd_weight" in capsys.readouterr().err
+    assert compose_config(["student.hidden_kd_weight=0.2"]).trainer.loss.hidden_kd_weight == 0.2
