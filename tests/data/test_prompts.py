@@ -130,7 +130,7 @@ def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, c
     whole = encode_prompts(spec, *args)
     shutil.rmtree(cache)
     monkeypatch.setattr(data, "EMBED_CHUNK", 2)  # 3 parts: 2 + 2 + 1 prompts
-    save, saved = data._save_atomically, []
+    save, saved = data.save_tensors, []
 
     def killed_after_two_parts(obj, path):  # the process dies (kill -9) after two part files are on disk
         if len(saved) == 2:
@@ -138,10 +138,10 @@ def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, c
         saved.append(path)
         save(obj, path)
 
-    monkeypatch.setattr(data, "_save_atomically", killed_after_two_parts)
+    monkeypatch.setattr(data, "save_tensors", killed_after_two_parts)
     with pytest.raises(KeyboardInterrupt):
         encode_prompts(spec, *args)
-    monkeypatch.setattr(data, "_save_atomically", save)
+    monkeypatch.setattr(data, "save_tensors", save)
     parts = sorted(p.name for p in saved)
     assert parts == ["part_000000.pt", "part_000001.pt"] and all(p.is_file() for p in saved)
     saved[1].write_bytes(saved[1].read_bytes()[:50])  # and the second part was damaged

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively
+from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively, save_tensors
 from wandistiller.teacher.model import TeacherSpec
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,8 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
                 embeds += found[c]
                 continue
             part = _encode_part(pipe, prompts[part_start : part_start + EMBED_CHUNK], max_sequence_length, device)
-            _save_atomically({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
-                             parts / f"part_{c:06d}.pt")  # fmt: skip
+            save_tensors({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
+                         parts / f"part_{c:06d}.pt")  # fmt: skip
             embeds += part
         negative = _encode_part(pipe, [negative_prompt], max_sequence_length, device)[0]
     del pipe
@@ -162,7 +162,7 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = PromptEmbeddings(prompts, embeds, negative, max_sequence_length)
-    _save_atomically(vars(result), cache)
+    save_tensors(vars(result), cache)
     shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
     return result
 
@@ -218,14 +218,6 @@ def _cached_embeddings(cache: Path, prompts: list[str], max_len: int) -> PromptE
     log.warning("text embeddings: the cache file %s is damaged; encoding the prompts again", cache)
     cache.unlink(missing_ok=True)
     return None
-
-
-def _save_atomically(obj: dict, path: Path) -> None:
-    """Written to a temporary sibling, then renamed: a reader never sees half a cache file."""
-    from wandistiller.data.latents import _save_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _save_atomic(obj, path)
 
 
 @dataclass
