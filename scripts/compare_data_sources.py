@@ -20,8 +20,9 @@ import torch
 from omegaconf import OmegaConf
 
 from wandistiller.core.precision import Precision
+from wandistiller.data.batches import BatchSettings, batch_source
 from wandistiller.data.latents import SamplerSettings, teacher_latents
-from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.recipe.loop import Run, train_loop
 from wandistiller.recipe.targets import LocalTargets
@@ -47,7 +48,7 @@ def distill(teacher: Teacher, embeddings, bank, steps: int, seed: int, run_dir: 
     torch.manual_seed(seed)
     student = build_student(teacher.spec, **STUDENT).train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
-    batches = batch_source(seed, 4, SHAPE, teacher.spec.flow_shift, 1000, embeddings, latent_bank=bank)
+    batches = batch_source(BatchSettings(seed, 4, SHAPE, teacher.spec.flow_shift, 1000, embeddings, latent_bank=bank))
     run = Run(
         model=student,
         targets=LocalTargets(teacher),

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from tests.conftest import FP32, metrics_steps
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
-from wandistiller.data.prompts import PromptEmbeddings, batch_source
+from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.loop import (
     Clock,
@@ -81,7 +82,7 @@ def toy_run(spec, teacher, run_dir, hidden_kd_weight: float) -> Run:
     return Run(
         model=student,
         targets=LocalTargets(teacher),
-        batch_fn=batch_source(0, 2, (16, 1, 8, 8), 3.0, 1000, embeddings),
+        batch_fn=batch_source(BatchSettings(0, 2, (16, 1, 8, 8), 3.0, 1000, embeddings)),
         optimizer=optimizer,
         lr_scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
         scaler=torch.amp.GradScaler("cpu", enabled=False),

@@ -64,10 +64,10 @@ def setup(args, folder: Path) -> dict:
 
 def draw(args, s: dict, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_t, t and cond of a step, on the device: the framework's recipe for (seed, step, micro 0, rank 0)."""
-    from wandistiller.data.prompts import _mix
+    from wandistiller.data.batches import mixed_seed
 
     b, device, shift = args.batch, s["device"], s["spec"].flow_shift
-    g = torch.Generator().manual_seed(_mix(args.seed, step, 0, 0))
+    g = torch.Generator().manual_seed(mixed_seed(args.seed, step, 0, 0))
     idx = torch.randint(len(s["table"]), (b,), generator=g)
     shape = (b, 16, 1, args.latent_height, args.latent_width)
     x0, noise = torch.randn(shape, generator=g), torch.randn(shape, generator=g)

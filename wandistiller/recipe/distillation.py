@@ -22,7 +22,8 @@ from wandistiller.core.distributed import Topology, gather, local_device, made_o
 from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
-from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
 from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
@@ -148,9 +149,9 @@ class DistillationRecipe:
     def _setup_batches(self, embeddings, latent_bank):
         cfg, spec = self.cfg, self.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
-        return batch_source(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift, spec.num_train_timesteps,
-                            embeddings, latent_bank=latent_bank, device=self.device,
-                            keep_x0="x0" in self.loss_fn.needs)  # fmt: skip
+        return batch_source(BatchSettings(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift,
+                                          spec.num_train_timesteps, embeddings, latent_bank=latent_bank,
+                                          device=self.device, keep_x0="x0" in self.loss_fn.needs))  # fmt: skip
 
     @functools.cached_property
     def loss_fn(self):
