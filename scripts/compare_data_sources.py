@@ -28,7 +28,8 @@ from wandistiller.recipe.loop import Run, train_loop
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.runs import as_sampler, generate
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import Teacher, inspect_teacher, load_expert
+from wandistiller.teacher.model import Teacher, load_expert
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.tiny import ensure_tiny_teacher
 from wandistiller.tracking.loggers import NullTracker
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.teacher.test_model import WEIGHTS
+from tests.teacher.test_spec import WEIGHTS
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem, save_tensors
 

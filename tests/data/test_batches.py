@@ -12,7 +12,7 @@ from tests.data.test_latents import PROMPTS, SHAPE, load
 from wandistiller.data.batches import BatchSettings, batch_source, make_batch, mixed_seed, shifted_sigmas
 from wandistiller.data.latents import teacher_latents
 from wandistiller.data.prompts import encode_prompts, read_prompts
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def batch(embeddings, seed=0, step=3, micro=0, rank=0, **settings):

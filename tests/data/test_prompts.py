@@ -12,7 +12,7 @@ import torch
 from tests.conftest import refused
 from wandistiller.core.errors import UserError
 from wandistiller.data.prompts import _cache_key, encode_prompts, read_prompts
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def test_the_shipped_prompts_are_many_and_varied():

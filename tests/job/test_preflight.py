@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import refused
 from tests.student.test_model import TINY_STUDENT
-from tests.teacher.test_model import _edit_json
+from tests.teacher.test_spec import _edit_json
 from wandistiller.core.errors import UserError
 from wandistiller.train import run
 

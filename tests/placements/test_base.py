@@ -11,7 +11,7 @@ from tests.placements.test_memory import machine, tiny_workload
 from wandistiller.core.distributed import World
 from wandistiller.placements.base import Placement, guidance_scales, load_teacher
 from wandistiller.placements.memory import Estimate
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def scales(scale: float, scale_2: float | None):

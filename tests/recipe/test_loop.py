@@ -29,7 +29,7 @@ from wandistiller.recipe.losses import Distillation
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking.loggers import NullTracker
 from wandistiller.train import run
 

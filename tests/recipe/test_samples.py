@@ -14,7 +14,7 @@ from wandistiller.core.distributed import Topology
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.samples import CELL, save_grid, teacher_images
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 HEADER, CAPTION = 24, 36  # the column titles' band above the rows and each row's caption band
 

@@ -18,7 +18,7 @@ from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, hidden_shape, serve
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def teacher_cfg(**kw):

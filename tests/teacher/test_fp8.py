@@ -19,7 +19,8 @@ from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.teacher.fp8 import Fp8Linear, quantize_model, quantize_weight, relative_mse, scaled_mm_runs
-from wandistiller.teacher.model import inspect_teacher, load_expert
+from wandistiller.teacher.model import load_expert
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0, "quantize": None})

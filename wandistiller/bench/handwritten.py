@@ -29,7 +29,7 @@ def setup(args, folder: Path) -> dict:
     from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.data.validation import split_prompts
     from wandistiller.student.model import build_student
-    from wandistiller.teacher.model import inspect_teacher
+    from wandistiller.teacher.spec import inspect_teacher
 
     device, (teacher_dtype, _) = torch.device(args.device), DTYPES[args.precision]
     spec = inspect_teacher(folder)

@@ -24,7 +24,7 @@ def _setup(cache_dir: Path, batch_size: int):
     from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.placements.cpu import CpuPlacement
     from wandistiller.student.model import build_student
-    from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
+    from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
     register_configs()
     conf = CONF_DIR

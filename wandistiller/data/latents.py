@@ -23,8 +23,9 @@ from tqdm.auto import tqdm
 
 from wandistiller.core.files import atomic_write, save_tensors
 from wandistiller.data.prompts import PromptEmbeddings
-from wandistiller.teacher.model import Teacher, TeacherSpec
+from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively, save_tensors
-from wandistiller.teacher.model import TeacherSpec
+from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def encode_prompts(
 def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path):
     from diffusers import WanPipeline
 
-    from wandistiller.teacher.model import loading
+    from wandistiller.teacher.spec import loading
 
     parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
     parts.mkdir(parents=True, exist_ok=True)

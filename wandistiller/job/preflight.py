@@ -37,7 +37,7 @@ from wandistiller.placements import planner as plan
 from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
 from wandistiller.placements.memory import Hardware
 from wandistiller.student.model import check_student, check_student_fits
-from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
 log = logging.getLogger("wandistiller")
 

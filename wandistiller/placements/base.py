@@ -28,7 +28,8 @@ import torch
 from wandistiller.core.distributed import Topology
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
-from wandistiller.teacher.model import Teacher, TeacherSpec, load_expert
+from wandistiller.teacher.model import Teacher, load_expert
+from wandistiller.teacher.spec import TeacherSpec
 
 
 class Serving(str, Enum):

@@ -33,7 +33,8 @@ from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
-from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
+from wandistiller.teacher.model import compile_blocks, log_first_call
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers import Loggers
 

@@ -14,7 +14,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from wandistiller.data.prompts import PromptEmbeddings
-from wandistiller.teacher.model import Teacher, TeacherSpec
+from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.spec import TeacherSpec
 
 CELL = 192  # pixels per sample in the grid, so tiny teachers' 64-pixel samples stay visible
 
@@ -35,8 +36,8 @@ def draw(
     its inputs on) or student (no CFG, where its weights are)."""
     from diffusers import AutoencoderKLWan
 
-    from wandistiller.teacher.model import loading
     from wandistiller.teacher.sampler import wan_pipeline
+    from wandistiller.teacher.spec import loading
 
     with loading(spec, "VAE"):
         vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
