@@ -73,7 +73,7 @@ def test_fp8_targets_stay_within_one_percent_relative_mse_of_the_bf16_teachers(t
 
 def test_quantizing_a_loaded_expert_gives_the_same_bytes_as_loading_it_quantized(tiny_path):
     # bench job's hand-written loop quantizes in memory; the placements read block by block: one arithmetic.
-    from wandistiller.placements.fastpaths import quantize_expert
+    from wandistiller.teacher.fastpaths import quantize_expert
 
     spec = inspect_teacher(tiny_path)
     loaded = CpuPlacement().load(spec, FP8, BF16, Topology()).experts[0]

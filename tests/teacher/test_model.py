@@ -1,5 +1,5 @@
 """`wandistiller.teacher.model`: the runtime teacher, its experts loaded frozen (from a folder this project did not
-write too) and computing guided targets."""
+write too) and computing guided targets with the CFG scale of each expert."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from omegaconf import OmegaConf
 from tests.conftest import FP32
 from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.teacher.model import guidance_scales
 from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
+
+
+def scales(scale: float, scale_2: float | None):
+    return OmegaConf.create({"guidance_scale": scale, "guidance_scale_2": scale_2, "quantize": None})
 
 
 def teacher_cfg(**kw):
@@ -73,3 +78,10 @@ def test_a_wan_folder_this_project_did_not_create_loads(tmp_path):
         torch.randn(2, 16, 1, 8, 8), torch.tensor([950.0, 10.0]), torch.randn(2, 512, 32), torch.zeros(2, 512, 32)
     )
     assert target.shape == (2, 16, 1, 8, 8) and torch.isfinite(target).all()
+
+
+def test_each_expert_gets_its_scale_and_the_low_noise_expert_falls_back_to_the_main_one(tiny_path, tiny_moe_path):
+    one, two = inspect_teacher(tiny_path), inspect_teacher(tiny_moe_path)
+    assert guidance_scales(one, scales(5.0, 3.0)) == [5.0]
+    assert guidance_scales(two, scales(5.0, 3.0)) == [5.0, 3.0]
+    assert guidance_scales(two, scales(5.0, None)) == [5.0, 5.0]

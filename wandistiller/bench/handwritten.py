@@ -94,7 +94,7 @@ def guided_target(s: dict, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tenso
 
 def _quantize_and_measure(args, s: dict) -> float:
     """fp8 the teacher; return its targets' relative MSE against the bf16 ones on the first batch."""
-    from wandistiller.placements.fastpaths import quantize_expert
+    from wandistiller.teacher.fastpaths import quantize_expert
     from wandistiller.teacher.fp8 import relative_mse
 
     batch = draw(args, s, 0)

@@ -34,9 +34,11 @@ from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
-from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
+from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Hardware
+from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
+from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
 log = logging.getLogger("wandistiller")

@@ -26,13 +26,14 @@ from wandistiller.data.batches import BatchSettings, batch_source
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
-from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
+from wandistiller.student.compile import compile_kwargs
+from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
 from wandistiller.teacher.model import compile_blocks, log_first_call
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking import loggers

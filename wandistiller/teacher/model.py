@@ -61,6 +61,15 @@ def log_first_call(module: nn.Module, what: str) -> None:
     pre, post = module.register_forward_pre_hook(before), module.register_forward_hook(after)
 
 
+def guidance_scales(spec: TeacherSpec, teacher_cfg) -> list[float]:
+    """The CFG scale per expert; the low-noise expert falls back to the main scale, as WanPipeline does."""
+    scales = [teacher_cfg.guidance_scale]
+    if len(spec.experts) == 2:
+        scale_2 = teacher_cfg.guidance_scale_2
+        scales.append(teacher_cfg.guidance_scale if scale_2 is None else scale_2)
+    return scales
+
+
 class Teacher:
     """Guided-velocity targets from one or two frozen Wan experts.
 
