@@ -34,20 +34,17 @@ def draw(
 ) -> np.ndarray:
     """First frames for the first `num_prompts` prompts: teacher (its experts and CFG, on the device it takes
     its inputs on) or student (no CFG, where its weights are)."""
-    from diffusers import AutoencoderKLWan
-
     from wandistiller.teacher.sampler import wan_pipeline
-    from wandistiller.teacher.spec import loading
+    from wandistiller.teacher.vae import load_vae
 
-    with loading(spec, "VAE"):
-        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
     transformer = transformers[0]
     device, dtype = device or transformer.device, transformer.dtype
+    vae = load_vae(spec, device)
     two = len(transformers) == 2
     # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py).
-    pipe = wan_pipeline(spec, transformers, device, vae=vae.to(device))
+    pipe = wan_pipeline(spec, transformers, device, vae=vae)
     frames = pipe(
         prompt_embeds=cond.to(device, dtype),
         negative_prompt_embeds=uncond.to(device, dtype),
