@@ -20,14 +20,16 @@ import torch
 from omegaconf import OmegaConf
 
 from wandistiller.core.precision import Precision
+from wandistiller.data.batches import BatchSettings, batch_source
 from wandistiller.data.latents import SamplerSettings, teacher_latents
-from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.recipe.loop import Run, train_loop
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.runs import as_sampler, generate
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import Teacher, inspect_teacher, load_expert
+from wandistiller.teacher.model import Teacher, load_expert
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.tiny import ensure_tiny_teacher
 from wandistiller.tracking.loggers import NullTracker
 
@@ -47,7 +49,7 @@ def distill(teacher: Teacher, embeddings, bank, steps: int, seed: int, run_dir: 
     torch.manual_seed(seed)
     student = build_student(teacher.spec, **STUDENT).train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
-    batches = batch_source(seed, 4, SHAPE, teacher.spec.flow_shift, 1000, embeddings, latent_bank=bank)
+    batches = batch_source(BatchSettings(seed, 4, SHAPE, teacher.spec.flow_shift, 1000, embeddings, latent_bank=bank))
     run = Run(
         model=student,
         targets=LocalTargets(teacher),

@@ -249,13 +249,14 @@ def two_ranks(tiny_path, tiny_moe_path, cache_dir) -> list[dict]:
 
 
 def choose(cfg):
-    """preflight's placement choice for a composed config, as a single-process job would make it."""
+    """preflight's placement choice for a composed config, as a single-process job would make it: (placement, the
+    planner's table, None before the teacher's config is on disk)."""
     from wandistiller.core.distributed import Topology, World
     from wandistiller.job.preflight import choose_placement
 
-    return choose_placement(
-        cfg, Precision.from_config(auto_precision(cfg.precision)), World.of(cfg.distributed, Topology())
-    )
+    precision = Precision.from_config(auto_precision(cfg.precision))
+    placement, plan = choose_placement(cfg, precision, World.of(cfg.distributed, Topology()))
+    return placement, plan and plan.table
 
 
 def workload(cfg):

@@ -22,7 +22,7 @@ from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
 from wandistiller.eval import eval_prompts
 from wandistiller.state.runs import RunFolder, open_run
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 

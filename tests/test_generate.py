@@ -9,7 +9,7 @@ from PIL import Image
 
 from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import load_vae
 
 

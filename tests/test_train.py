@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from tests.conftest import cli, fresh_runs, metrics_steps, run_cli
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 SLURM = bool(shutil.which("sbatch"))  # a Slurm machine: the sweep would be submitted

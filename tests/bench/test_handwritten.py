@@ -11,7 +11,8 @@ import torch
 
 from wandistiller.bench.handwritten import GUIDANCE, draw, guided_target
 from wandistiller.bench.models import ARCHS
-from wandistiller.data.prompts import PromptEmbeddings, make_batch
+from wandistiller.data.batches import BatchSettings, make_batch
+from wandistiller.data.prompts import PromptEmbeddings
 
 
 @pytest.fixture
@@ -31,8 +32,7 @@ def test_the_hand_written_batches_are_the_frameworks_for_the_same_seed_and_step(
     args = SimpleNamespace(batch=2, seed=7, latent_height=4, latent_width=6)
     for step in (0, 5):
         x_t, t, cond = draw(args, loop_state(embeddings), step)
-        framework = make_batch(seed=7, step=step, micro=0, rank=0, batch_size=2, latent_shape=(16, 1, 4, 6),
-                               flow_shift=3.0, num_train_timesteps=1000, embeddings=embeddings)  # fmt: skip
+        framework = make_batch(BatchSettings(7, 2, (16, 1, 4, 6), 3.0, 1000, embeddings), step, micro=0, rank=0)
         torch.testing.assert_close(x_t, framework.x_t)
         torch.testing.assert_close(t, framework.t)
         assert torch.equal(cond, framework.cond)

@@ -14,7 +14,7 @@ from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.sharded import ShardedPlacement
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 DATA = OmegaConf.create({"latent_frames": 3, "latent_height": 8, "latent_width": 12})
 FP32 = OmegaConf.create({"name": "fp32", "teacher_dtype": "fp32", "student_dtype": "fp32", "autocast_dtype": None})

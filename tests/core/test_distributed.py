@@ -23,7 +23,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 

@@ -1,5 +1,5 @@
-"""`wandistiller.core.files`: safetensors headers told whole or damaged, folders that cannot be written, atomic writes;
-called directly on tiny real files in a temporary folder."""
+"""`wandistiller.core.files`: safetensors headers told whole or damaged, folders that cannot be written, atomic writes
+(of text, and of tensors: save_tensors); called directly on tiny real files in a temporary folder."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.teacher.test_model import WEIGHTS
-from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem
+from tests.teacher.test_spec import WEIGHTS
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem, save_tensors
 
 
 @pytest.fixture
@@ -81,6 +82,21 @@ def test_atomic_write_replaces_whole_with_open_permissions_and_leaves_nothing_wh
     with pytest.raises(OSError, match="disk full"):
         atomic_write(path, write=half_then_fail)
     assert path.read_bytes() == b"bytes" and [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left
+
+
+def test_save_tensors_makes_the_folder_and_a_full_disk_is_one_line_leaving_no_file(tmp_path, monkeypatch):
+    path = save_tensors({"embeds": [torch.arange(3.0)], "prompts": ["a fox"]}, tmp_path / "new" / "cache.pt")
+    found = torch.load(path, weights_only=True)
+    assert found["prompts"] == ["a fox"] and torch.equal(found["embeds"][0], torch.arange(3.0))
+
+    def full(obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)  # the disk, not a library we test: ENOSPC on write
+    with pytest.raises(UserError, match=r"other.pt cannot be written \(No space left on device\); free some") as e:
+        save_tensors(torch.zeros(2), tmp_path / "new" / "other.pt")
+    assert "\n" not in str(e.value) and [p.name for p in (tmp_path / "new").iterdir()] == ["cache.pt"]
 
 
 def _current_umask() -> int:

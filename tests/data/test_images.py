@@ -14,7 +14,7 @@ from PIL import Image
 from wandistiller.core.errors import UserError
 from wandistiller.data import images as image_data_module
 from wandistiller.data.images import image_data, to_pixels
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import encode_images, load_vae
 
 CAPTIONS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen"]

@@ -26,7 +26,7 @@ from wandistiller.data.latents import (
 )
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 PROMPTS = ["a red fox in snow", "a lighthouse at night", "a bowl of ramen", "a sailboat at dawn", "a city in rain"]
 SHAPE = (16, 1, 8, 8)

@@ -16,7 +16,7 @@ from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import build_val_set, save_loss_plot, split_prompts, timestep_grid, val_loss
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random"})
 

@@ -5,13 +5,14 @@ run folder is claimed (student and teacher configs and files, the student's room
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
 
 from tests.conftest import refused
 from tests.student.test_model import TINY_STUDENT
-from tests.teacher.test_model import _edit_json
+from tests.teacher.test_spec import _edit_json
 from wandistiller.core.errors import UserError
 from wandistiller.train import run
 
@@ -75,3 +76,22 @@ def test_one_teacher_call_per_step_is_refused_where_an_owner_serves_the_targets(
     overrides = ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"]
     with pytest.raises(UserError, match="trainer.teacher_whole_step=true .* teacher_placement=gpu0 .* drop"):
         run(make_cfg(*overrides, "trainer.teacher_whole_step=true", run_dir=tmp_path / "r"))
+
+
+def test_the_plans_one_line_is_read_from_the_chosen_estimate_and_the_table_goes_to_the_log(caplog):
+    from tests.placements.test_memory import machine
+    from wandistiller.job.preflight import Plan, show_plan
+    from wandistiller.placements.memory import Estimate, GiB
+
+    hw = machine(2, gpu_bytes=40 * GiB, host_bytes=64 * GiB)
+    gpu = Estimate.of("gpu", (int(11.7 * GiB),), 2 * GiB, hw, "resident")
+    balanced = Estimate.of("balanced", (int(30.25 * GiB), int(30.25 * GiB)), 3 * GiB, hw, "split")
+    estimates = [gpu, balanced, Estimate.of("cpu", (), 100 * GiB, hw, "on the host"), Estimate.refused("x", "no")]
+    with caplog.at_level(logging.INFO, logger="wandistiller"):
+        show_plan(Plan(estimates, balanced, "the table"), in_full=False)
+        show_plan(Plan(estimates, estimates[2], "the table"), in_full=False)
+        show_plan(Plan(estimates, gpu, "the table"), in_full=True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("teacher placement: balanced (peak GPU 30.2, 30.2 GiB, host 3.0 GiB; 2 of 4 placements")
+    assert lines[1].startswith("teacher placement: cpu (host 100.0 GiB; 2 of 4 placements fit here; the table is in")
+    assert lines[2] == "teacher placement plan:\nthe table" and len(lines) == 3  # in full: the table itself

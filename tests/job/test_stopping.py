@@ -196,7 +196,7 @@ def test_a_signal_outside_the_training_steps_is_one_line_even_through_broad_exce
     `except Exception` on its way (a component load, a cache read) turns it into another error."""
     from wandistiller.core.errors import Stopped
     from wandistiller.job.stopping import stop_at_once
-    from wandistiller.teacher.model import inspect_teacher, loading
+    from wandistiller.teacher.spec import inspect_teacher, loading
 
     spec, before = inspect_teacher(tiny_path), signal.getsignal(signal.SIGTERM)
     with pytest.raises(Stopped, match=r"stopped by SIGTERM before a training step could finish; kept") as e:

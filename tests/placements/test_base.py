@@ -1,28 +1,23 @@
-"""Tests of wandistiller/placements/base.py, what every placement shares: the CFG scale per expert, `load_teacher` on
-the tiny teachers (frozen, in the asked dtype, quantized as read with fp8), and the defaults a placement inherits."""
+"""Tests of wandistiller/placements/base.py, what every placement shares: `load_teacher` on the tiny teachers (frozen,
+in the asked dtype, quantized as read with fp8), the defaults a placement inherits, the fp8 refusal from its flag."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import BF16
 from tests.placements.test_memory import machine, tiny_workload
 from wandistiller.core.distributed import World
-from wandistiller.placements.base import Placement, guidance_scales, load_teacher
+from wandistiller.core.errors import UserError
+from wandistiller.placements.base import Placement, check_quantize_placement, load_teacher
 from wandistiller.placements.memory import Estimate
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def scales(scale: float, scale_2: float | None):
     return OmegaConf.create({"guidance_scale": scale, "guidance_scale_2": scale_2, "quantize": None})
-
-
-def test_each_expert_gets_its_scale_and_the_low_noise_expert_falls_back_to_the_main_one(tiny_path, tiny_moe_path):
-    one, two = inspect_teacher(tiny_path), inspect_teacher(tiny_moe_path)
-    assert guidance_scales(one, scales(5.0, 3.0)) == [5.0]
-    assert guidance_scales(two, scales(5.0, 3.0)) == [5.0, 3.0]
-    assert guidance_scales(two, scales(5.0, None)) == [5.0, 5.0]
 
 
 def test_load_teacher_gives_every_expert_frozen_in_the_asked_dtype_on_the_device(tiny_moe_path):
@@ -66,3 +61,13 @@ def test_a_placement_by_default_checks_nothing_ranks_by_its_speed_rank_and_takes
     plan = placement.estimate(tiny_workload(), machine(0))
     placement.with_plan(plan)
     assert vars(placement) == {} and Minimal.default_ranks() == 1
+
+
+def test_a_placement_that_cannot_load_an_fp8_teacher_is_refused_naming_those_that_can():
+    from wandistiller.placements.cpu import CpuPlacement
+    from wandistiller.placements.sharded import ShardedPlacement
+
+    check_quantize_placement("fp8", CpuPlacement())
+    check_quantize_placement(None, ShardedPlacement())
+    with pytest.raises(UserError, match=r"teacher.quantize=fp8 cannot run with teacher_placement=sharded; use .*cpu"):
+        check_quantize_placement("fp8", ShardedPlacement())

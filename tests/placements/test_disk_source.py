@@ -14,7 +14,7 @@ from wandistiller.core.precision import DTYPES
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.disk_source import DiskSource, converted_copy
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def test_a_disk_teacher_stored_in_fp32_streams_from_a_bf16_copy_written_once(tiny_moe_path, tmp_path):

@@ -16,7 +16,7 @@ from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.placements.streaming import ALIGN, SHM, BlockLayout, node_shared_buffer, pack_blocks
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})

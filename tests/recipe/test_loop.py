@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from tests.conftest import FP32, metrics_steps, old_shape_loss
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
-from wandistiller.data.prompts import PromptEmbeddings, batch_source
+from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.loop import (
     Clock,
@@ -28,7 +29,7 @@ from wandistiller.recipe.losses.distillation import Distillation
 from wandistiller.recipe.targets import LocalTargets
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 from wandistiller.student.model import build_student
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking.loggers import NullTracker
 from wandistiller.train import run
 
@@ -82,7 +83,7 @@ def toy_run(spec, teacher, run_dir, hidden_kd_weight: float) -> Run:
     return Run(
         model=student,
         targets=LocalTargets(teacher),
-        batch_fn=batch_source(0, 2, (16, 1, 8, 8), 3.0, 1000, embeddings),
+        batch_fn=batch_source(BatchSettings(0, 2, (16, 1, 8, 8), 3.0, 1000, embeddings)),
         optimizer=optimizer,
         lr_scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
         scaler=torch.amp.GradScaler("cpu", enabled=False),

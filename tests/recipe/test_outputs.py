@@ -17,7 +17,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.outputs import millions, summarize, validation_summary, whole_run
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 

@@ -1,5 +1,6 @@
-"""wandistiller/recipe/samples.py: the teacher-vs-student grid's layout read back pixel by pixel from tiny images,
-and (slow) a sample drawn by the tiny teacher's own pipeline."""
+"""wandistiller/recipe/samples.py: the teacher-vs-student grid's layout read back pixel by pixel from tiny images, a
+run's grid drawing its student beside the teacher column (none without samples), and (slow) a sample drawn by the tiny
+teacher's own pipeline."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from tests.conftest import FP32
 from wandistiller.core.distributed import Topology
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.recipe.samples import CELL, save_grid, teacher_images
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.recipe.samples import CELL, SampleGrid, sample_grids, save_grid, teacher_images
+from wandistiller.teacher.spec import inspect_teacher
 
 HEADER, CAPTION = 24, 36  # the column titles' band above the rows and each row's caption band
 
@@ -65,3 +66,25 @@ def test_the_teacher_draws_one_first_frame_per_prompt_asked_for_the_same_for_a_s
     assert drawn.shape == (2, 64, 64, 3) and drawn.min() >= 0 and drawn.max() <= 1  # 8 latents x the VAE's 8
     assert np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=0), drawn)
     assert not np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=1), drawn)
+
+
+def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_none_without_samples(tiny_path, tmp_path):
+    from types import SimpleNamespace
+
+    from wandistiller.student.model import build_student
+
+    trainer = OmegaConf.create({"sample_prompts": 0, "sample_steps": 1})
+    assert sample_grids(SimpleNamespace(trainer_cfg=trainer), None, None) is None  # no teacher needed, none drawn
+    spec = inspect_teacher(tiny_path)
+    g = torch.Generator().manual_seed(0)
+    prompts = PromptEmbeddings(["a", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512)
+    data = OmegaConf.create({"latent_frames": 1, "latent_height": 8, "latent_width": 8})
+    trainer = OmegaConf.create({"sample_prompts": 1, "sample_steps": 1})
+    ctx = SimpleNamespace(trainer_cfg=trainer, spec=spec, data_cfg=data, seed=0)
+    student = build_student(spec, builder="tiny", init="random").train()
+    column = np.zeros((1, 64, 64, 3), dtype=np.float32)
+    path = SampleGrid(ctx, column, prompts)(student, tmp_path / "samples" / "grid.png")
+    assert path == tmp_path / "samples" / "grid.png" and student.training  # back to training once drawn
+    grid = np.asarray(Image.open(path).convert("RGB"))
+    assert grid.shape == (HEADER + CELL + CAPTION, 2 * CELL, 3)  # one prompt: the teacher's, then the student's
+    assert grid[HEADER : HEADER + CELL, :CELL].max() == 0  # the teacher column as given

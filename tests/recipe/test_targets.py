@@ -13,11 +13,12 @@ from omegaconf import OmegaConf
 from tests.conftest import FP32, spawn
 from tests.placements.test_streaming import TEACHER
 from wandistiller.core.distributed import Topology, roles_for
-from wandistiller.data.prompts import Batch, batch_source, encode_prompts, read_prompts
+from wandistiller.data.batches import Batch, BatchSettings, batch_source
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, hidden_shape, serve
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def teacher_cfg(**kw):
@@ -115,7 +116,7 @@ def _served_targets(teacher_path: str, cache_dir: str, serving: str) -> dict:
     spec = inspect_teacher(__import__("pathlib").Path(teacher_path))
     teacher_cfg = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0})
     emb = encode_prompts(spec, read_prompts(None), "", 512, torch.float32, torch.device("cpu"), cache_dir)
-    batch_fn = batch_source(0, 3, (16, 1, 8, 8), 3.0, 1000, emb)
+    batch_fn = batch_source(BatchSettings(0, 3, (16, 1, 8, 8), 3.0, 1000, emb))
     teacher = CpuPlacement().load(spec, teacher_cfg, FP32, topo)  # every rank: the owner's, or the reference
     steps, accum, cpu = range(2, 5), 2, torch.device("cpu")
     checked = 0
@@ -164,7 +165,7 @@ def test_served_targets_from_a_dedicated_owner_are_bitwise_equal_to_a_local_teac
 
 
 def test_one_teacher_call_per_step_streams_the_weights_once_for_all_micro_batches(tiny_moe_path):
-    from wandistiller.data.prompts import Batch
+    from wandistiller.data.batches import Batch
     from wandistiller.recipe.targets import LocalTargets, WholeStepTargets
 
     spec = inspect_teacher(tiny_moe_path)

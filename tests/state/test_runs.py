@@ -15,7 +15,7 @@ from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint, save_checkpoint
 from wandistiller.state.runs import RunFolder, Trust, add_trust_args, load_student, open_run, student_source
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 

@@ -15,7 +15,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.student.model import build_student, init_from_teacher, student_config
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 
 TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)
 

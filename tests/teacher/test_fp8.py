@@ -19,7 +19,8 @@ from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.teacher.fp8 import Fp8Linear, quantize_model, quantize_weight, relative_mse, scaled_mm_runs
-from wandistiller.teacher.model import inspect_teacher, load_expert
+from wandistiller.teacher.model import load_expert
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 TEACHER = OmegaConf.create({"guidance_scale": 4.0, "guidance_scale_2": 3.0, "quantize": None})
@@ -72,7 +73,7 @@ def test_fp8_targets_stay_within_one_percent_relative_mse_of_the_bf16_teachers(t
 
 def test_quantizing_a_loaded_expert_gives_the_same_bytes_as_loading_it_quantized(tiny_path):
     # bench job's hand-written loop quantizes in memory; the placements read block by block: one arithmetic.
-    from wandistiller.placements.fastpaths import quantize_expert
+    from wandistiller.teacher.fastpaths import quantize_expert
 
     spec = inspect_teacher(tiny_path)
     loaded = CpuPlacement().load(spec, FP8, BF16, Topology()).experts[0]

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.teacher.model import inspect_teacher, load_expert
+from wandistiller.teacher.model import load_expert
 from wandistiller.teacher.sampler import load_scheduler, wan_pipeline
+from wandistiller.teacher.spec import inspect_teacher
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from diffusers import WanPipeline
 
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import decode_latents, encode_images, latent_stats, load_vae
 
 CPU = torch.device("cpu")

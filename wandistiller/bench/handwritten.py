@@ -29,7 +29,7 @@ def setup(args, folder: Path) -> dict:
     from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.data.validation import split_prompts
     from wandistiller.student.model import build_student
-    from wandistiller.teacher.model import inspect_teacher
+    from wandistiller.teacher.spec import inspect_teacher
 
     device, (teacher_dtype, _) = torch.device(args.device), DTYPES[args.precision]
     spec = inspect_teacher(folder)
@@ -64,10 +64,10 @@ def setup(args, folder: Path) -> dict:
 
 def draw(args, s: dict, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_t, t and cond of a step, on the device: the framework's recipe for (seed, step, micro 0, rank 0)."""
-    from wandistiller.data.prompts import _mix
+    from wandistiller.data.batches import mixed_seed
 
     b, device, shift = args.batch, s["device"], s["spec"].flow_shift
-    g = torch.Generator().manual_seed(_mix(args.seed, step, 0, 0))
+    g = torch.Generator().manual_seed(mixed_seed(args.seed, step, 0, 0))
     idx = torch.randint(len(s["table"]), (b,), generator=g)
     shape = (b, 16, 1, args.latent_height, args.latent_width)
     x0, noise = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
@@ -94,7 +94,7 @@ def guided_target(s: dict, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tenso
 
 def _quantize_and_measure(args, s: dict) -> float:
     """fp8 the teacher; return its targets' relative MSE against the bf16 ones on the first batch."""
-    from wandistiller.placements.fastpaths import quantize_expert
+    from wandistiller.teacher.fastpaths import quantize_expert
     from wandistiller.teacher.fp8 import relative_mse
 
     batch = draw(args, s, 0)

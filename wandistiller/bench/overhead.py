@@ -25,7 +25,7 @@ def _setup(cache_dir: Path, batch_size: int):
     from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.placements.cpu import CpuPlacement
     from wandistiller.student.model import build_student
-    from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
+    from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
     register_configs()
     conf = CONF_DIR
@@ -55,7 +55,7 @@ def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: i
     """Seconds per step of wandistiller's own loop (no checkpoints, no tracker, no progress bar)."""
     from diffusers.optimization import get_scheduler
 
-    from wandistiller.data.prompts import batch_source
+    from wandistiller.data.batches import BatchSettings, batch_source
     from wandistiller.recipe.loop import Run, train_loop
     from wandistiller.recipe.targets import LocalTargets
     from wandistiller.tracking.loggers import NullTracker
@@ -63,7 +63,7 @@ def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: i
     trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     shape = (16, cfg.data.latent_frames, cfg.data.latent_height, cfg.data.latent_width)
-    batch_fn = batch_source(0, cfg.trainer.batch_size, shape, spec.flow_shift, 1000, embeddings)
+    batch_fn = batch_source(BatchSettings(0, cfg.trainer.batch_size, shape, spec.flow_shift, 1000, embeddings))
     run = Run(
         model=student,
         targets=LocalTargets(teacher),

@@ -112,7 +112,7 @@ def cache_embeddings(overrides: list[str]) -> None:
         "from wandistiller.data.prompts import encode_prompts, read_prompts\n"
         "from wandistiller.compose import auto_precision\n"
         "from wandistiller.core.precision import Precision\n"
-        "from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path\n"
+        "from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path\n"
         "from wandistiller.data.validation import split_prompts\n"
         "cfg = compose_config(sys.argv[1:])\n"
         "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"

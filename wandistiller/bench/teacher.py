@@ -44,9 +44,9 @@ def _peak(device: torch.device) -> float | None:
 def _measure(args, batches: list[int], streamed: bool, quantize: str | None = None) -> dict:
     """Seconds per forward, peak GiB and the outputs, per batch, of the resident or the streamed model
     (bf16, or with `quantize="fp8"` its blocks' Linear layers in fp8, quantized before anything moves)."""
-    from wandistiller.placements.fastpaths import quantize_expert
     from wandistiller.placements.memory import resident_blocks
     from wandistiller.placements.streaming import stream_blocks
+    from wandistiller.teacher.fastpaths import quantize_expert
     from wandistiller.teacher.model import compile_blocks
 
     device, dtype = torch.device(args.device), torch.bfloat16

@@ -22,7 +22,7 @@ class RunContext:
     student_cfg: object
     seed: int
     cache_dir: str
-    spec: object  # the teacher's TeacherSpec (wandistiller.teacher.model)
+    spec: object  # the teacher's TeacherSpec (wandistiller.teacher.spec)
     placement: object  # its Placement, `auto` resolved (wandistiller.placements)
     topo: Topology
     roles: Roles

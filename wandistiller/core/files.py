@@ -137,6 +137,24 @@ def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsy
     return path
 
 
+def save_tensors(obj, path: Path) -> Path:
+    """`torch.save(obj)` at `path` (its folder made), whole or not at all (`atomic_write`): a reader never sees half
+    a cache file, and a failed write (a full disk) leaves no partial file and is one line naming the file."""
+    import torch
+
+    from wandistiller.core.errors import UserError
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return atomic_write(path, write=lambda f: torch.save(obj, f))
+    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
+        raise UserError(
+            f"the cache file {path} cannot be written ({getattr(e, 'strerror', None) or str(e).splitlines()[0]}); "
+            "free some space, or set paths.cache_dir=… to another disk"
+        ) from None
+
+
 def _umask() -> int:
     """The process umask. os.umask can only be read by setting it, so it is set back at once; Linux's
     /proc/self/status shows it without touching it, read first (threads may write files meanwhile)."""

@@ -24,7 +24,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
-from wandistiller.teacher.model import TeacherSpec
+from wandistiller.teacher.spec import TeacherSpec
 from wandistiller.teacher.vae import encode_images, load_vae
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from wandistiller.core.files import atomic_write
+from wandistiller.core.files import atomic_write, save_tensors
 from wandistiller.data.prompts import PromptEmbeddings
-from wandistiller.teacher.model import Teacher, TeacherSpec
+from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 
@@ -125,19 +126,6 @@ def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings) -> torc
     return out.float().cpu()
 
 
-def _save_atomic(obj, path: Path) -> None:
-    """Written to a temporary sibling, then renamed; a failed write (a full disk) leaves no partial file."""
-    from wandistiller.core.errors import UserError
-
-    try:
-        atomic_write(path, write=lambda f: torch.save(obj, f))
-    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
-        raise UserError(
-            f"the cache file {path} cannot be written ({getattr(e, 'strerror', None) or str(e).splitlines()[0]}); "
-            "free some space, or set paths.cache_dir=… to another disk"
-        ) from None
-
-
 def _chunk_path(folder: Path, c: int) -> Path:
     return folder / f"chunk_{c:06d}.pt"
 
@@ -218,7 +206,7 @@ def cached_bank(
     bar = tqdm(total=total, initial=done, desc=desc, disable=not progress)
     for c in todo:
         items = range(starts[c], starts[c] + rows[c])
-        _save_atomic(make_chunk(items).contiguous(), _chunk_path(folder, c))
+        save_tensors(make_chunk(items).contiguous(), _chunk_path(folder, c))
         bar.update(len(items))
     bar.close()
     manifest = {"items": total, "chunks": len(starts), "chunk_size": chunk_size, "per_prompt": per_prompt}

@@ -1,8 +1,4 @@
-"""Training inputs: prompts, their cached text embeddings, and per-step batches.
-
-The inputs of a step are a pure function of (seed, step, micro-batch, rank): any process -- a resumed
-run, or a teacher owner building every rank's batch -- can rebuild them exactly.
-"""
+"""Training prompts and their cached text embeddings (the per-step batches drawn from them: data/batches.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,8 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively
-from wandistiller.teacher.model import TeacherSpec
+from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively, save_tensors
+from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +57,11 @@ class PromptEmbeddings:
     def padded(self, indices: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
         rows = [self.embeds[i] for i in indices.tolist()]
         if device is not None and device.type != "cpu":  # move the prompts' own tokens only, pad there
-            rows = _to_device(torch.cat(rows), device).split([len(r) for r in rows])
+            rows = to_device(torch.cat(rows), device).split([len(r) for r in rows])
         return torch.stack([_pad(r, self.max_sequence_length) for r in rows])
 
     def negative_batch(self, n: int, device: torch.device | None = None) -> torch.Tensor:
-        negative = self.negative if device is None else _to_device(self.negative, device)
+        negative = self.negative if device is None else to_device(self.negative, device)
         return _pad(negative, self.max_sequence_length).expand(n, -1, -1)
 
 
@@ -73,7 +69,7 @@ def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(length - x.shape[0], x.shape[1])])
 
 
-def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without making the host wait: through pinned memory on CUDA."""
     if device.type == "cuda":
         x = x.pin_memory()
@@ -129,7 +125,7 @@ def encode_prompts(
 def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path):
     from diffusers import WanPipeline
 
-    from wandistiller.teacher.model import loading
+    from wandistiller.teacher.spec import loading
 
     parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
     parts.mkdir(parents=True, exist_ok=True)
@@ -153,8 +149,8 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
                 embeds += found[c]
                 continue
             part = _encode_part(pipe, prompts[part_start : part_start + EMBED_CHUNK], max_sequence_length, device)
-            _save_atomically({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
-                             parts / f"part_{c:06d}.pt")  # fmt: skip
+            save_tensors({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
+                         parts / f"part_{c:06d}.pt")  # fmt: skip
             embeds += part
         negative = _encode_part(pipe, [negative_prompt], max_sequence_length, device)[0]
     del pipe
@@ -162,7 +158,7 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = PromptEmbeddings(prompts, embeds, negative, max_sequence_length)
-    _save_atomically(vars(result), cache)
+    save_tensors(vars(result), cache)
     shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
     return result
 
@@ -218,117 +214,3 @@ def _cached_embeddings(cache: Path, prompts: list[str], max_len: int) -> PromptE
     log.warning("text embeddings: the cache file %s is damaged; encoding the prompts again", cache)
     cache.unlink(missing_ok=True)
     return None
-
-
-def _save_atomically(obj: dict, path: Path) -> None:
-    """Written to a temporary sibling, then renamed: a reader never sees half a cache file."""
-    from wandistiller.data.latents import _save_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _save_atomic(obj, path)
-
-
-@dataclass
-class Batch:
-    prompt_idx: torch.Tensor  # [B]
-    x_t: torch.Tensor  # [B, C, F, H, W] noisy latents
-    t: torch.Tensor  # [B] float timesteps in [0, num_train_timesteps)
-    cond: torch.Tensor  # [B, L, D]
-    uncond: torch.Tensor  # [B, L, D]
-    # What x_t was mixed from, for losses that need it (wandistiller.recipe.losses: "x0"); None: not kept.
-    x0: torch.Tensor | None = None
-    noise: torch.Tensor | None = None
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(*(v if v is None else v.to(device, non_blocking=True) for v in vars(self).values()))
-
-
-def shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
-    """Wan's flow shift applied to uniform u in [0, 1): sigma = s*u / (1 + (s-1)*u)."""
-    return shift * u / (1 + (shift - 1) * u)
-
-
-def make_batch(
-    *,
-    seed: int,
-    step: int,
-    micro: int,
-    rank: int,
-    batch_size: int,
-    latent_shape: tuple[int, int, int, int],
-    flow_shift: float,
-    num_train_timesteps: int,
-    embeddings: PromptEmbeddings,
-    latent_bank=None,
-    device: torch.device | None = None,
-    keep_x0: bool = False,
-) -> Batch:
-    """One micro-batch, a pure function of its arguments, on `device` (None: the CPU).
-
-    x0 is Gaussian, or drawn from `latent_bank` (a wandistiller.data.latents.LatentBank: teacher samples or
-    encoded images) with the same generator; the prompt is then the latent's own, so cond matches x0.
-    The random draws are made on the CPU whatever the device, so every device agrees bit for bit; on a
-    GPU only they (through pinned memory) and the prompts' own tokens move, and the padding is done there.
-    """
-    g = torch.Generator().manual_seed(_mix(seed, step, micro, rank))
-    if latent_bank is None:
-        prompt_idx = torch.randint(len(embeddings.embeds), (batch_size,), generator=g)
-        x0 = torch.randn((batch_size, *latent_shape), generator=g)
-    else:
-        prompt_idx, x0 = latent_bank.draw(batch_size, g)
-    noise = torch.randn((batch_size, *latent_shape), generator=g)
-    sigma = shifted_sigmas(torch.rand(batch_size, generator=g), flow_shift)
-    s = sigma.view(-1, 1, 1, 1, 1)
-    x_t = (1 - s) * x0 + s * noise  # rectified flow: the velocity is noise - x0
-    moved = (lambda x: x) if device is None else (lambda x: _to_device(x, device))
-    return Batch(
-        prompt_idx=moved(prompt_idx),
-        x_t=moved(x_t),
-        t=moved(sigma * num_train_timesteps),
-        cond=embeddings.padded(prompt_idx, device),
-        uncond=embeddings.negative_batch(batch_size, device),
-        x0=moved(x0) if keep_x0 else None,
-        noise=moved(noise) if keep_x0 else None,
-    )
-
-
-def batch_source(
-    seed: int,
-    batch_size: int,
-    latent_shape: tuple[int, int, int, int],
-    flow_shift: float,
-    num_train_timesteps: int,
-    embeddings: PromptEmbeddings,
-    latent_bank=None,
-    device: torch.device | None = None,
-    keep_x0: bool = False,
-):
-    """`(step, micro, dp_rank) -> Batch` for one run: what a training rank and a teacher owner both call.
-
-    With `device` the batches are built there (the same values as on the CPU); None: on the CPU. `keep_x0`:
-    the batches carry x0 and the noise too (a loss that needs them: wandistiller.recipe.losses).
-    """
-    if latent_bank is not None and latent_bank.latent_shape != tuple(latent_shape):
-        raise ValueError(f"latent bank holds {latent_bank.latent_shape} latents, the run trains on {latent_shape}")
-
-    def batch(step: int, micro: int, dp_rank: int) -> Batch:
-        return make_batch(
-            seed=seed,
-            step=step,
-            micro=micro,
-            rank=dp_rank,
-            batch_size=batch_size,
-            latent_shape=latent_shape,
-            flow_shift=flow_shift,
-            num_train_timesteps=num_train_timesteps,
-            embeddings=embeddings,
-            latent_bank=latent_bank,
-            device=device,
-            keep_x0=keep_x0,
-        )
-
-    return batch
-
-
-def _mix(*ints: int) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(ints).encode(), digest_size=8).digest(), "little") >> 1

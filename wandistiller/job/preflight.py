@@ -33,10 +33,12 @@ from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
-from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
-from wandistiller.placements.memory import Hardware
+from wandistiller.placements.base import check_quantize_placement
+from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
-from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.fastpaths import check_quantize
+from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
 log = logging.getLogger("wandistiller")
 
@@ -52,6 +54,15 @@ class Prepared:
     plan_table: str | None
     sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
     overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's word on this run: every placement's estimate, that of the placement that runs, and their table."""
+
+    estimates: list[Estimate]
+    chosen: Estimate
+    table: str
 
 
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
@@ -70,21 +81,22 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     precision.check(local_device(topo))
     if Path(str(cfg.teacher.path)).expanduser().is_dir():  # a local teacher's files, before the planner reads them
         inspect_teacher(Path(str(cfg.teacher.path)).expanduser())
-    placement, table = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
+    placement, planned = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
     check_student_room(cfg, student, spec.transformer_config)
     check_data(cfg)
-    if table is None:  # a Hub teacher: planned now that its config is here
-        placement, table = choose_placement(cfg, precision, world)
+    if planned is None:  # a Hub teacher: planned now that its config is here
+        placement, planned = choose_placement(cfg, precision, world)
     check_combination(cfg, placement, world)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     save_config(run_dir, cfg, resume_from)
-    if table:
-        show_plan(table, cfg.hardware.show_plan or _first_sweep_point(point))
+    if planned:
+        show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None
+    table = planned.table if planned else None
     return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
 
 
@@ -104,23 +116,21 @@ def default_ranks(cfg: DictConfig, topo: Topology) -> None:
              cfg.distributed.nproc_per_node)  # fmt: skip
 
 
-def show_plan(table: str, in_full: bool) -> None:
-    """The planner's table on the terminal when asked for (or once per sweep), else one line; always in
-    train.log, so a run's own folder says what the planner saw."""
+def show_plan(planned: Plan, in_full: bool) -> None:
+    """The planner's table on the terminal when asked for (or once per sweep), else one line from the chosen
+    estimate; always in train.log, so a run's own folder says what the planner saw."""
     if in_full:
-        log.info("teacher placement plan:\n%s", table)
+        log.info("teacher placement plan:\n%s", planned.table)
         return
-    write_to_log_files(f"teacher placement plan:\n{table}")
-    rows = [r for r in table.splitlines()[3:] if r[12:17].strip() in ("yes", "no")]
-    chosen = next((r for r in rows if r.endswith("<- chosen")), None)
-    if chosen is None:
-        return
-    gpu, host = chosen[18:52].strip(), chosen[53:62].strip()
-    fit = sum(r[12:17].strip() == "yes" for r in rows)
+    write_to_log_files(f"teacher placement plan:\n{planned.table}")
+    chosen = planned.chosen
+    gpu = ", ".join(f"{b / GiB:.1f}" for b in chosen.gpu_bytes)
+    gpu = gpu if len(gpu) <= 31 else gpu[:28] + "..."  # eight GPUs' figures: as the table's column cuts them
+    peaks = (f"peak GPU {gpu} GiB, " if gpu else "") + f"host {chosen.host_bytes / GiB:.1f} GiB"
+    fit = sum(e.fits for e in planned.estimates)
     where = "the table is in train.log, hardware.show_plan=true prints it"
-    peaks = (f"peak GPU {gpu} GiB, " if gpu != "-" else "") + f"host {host} GiB"
-    log.info("teacher placement: %s (%s; %d of %d placements fit here; %s)", chosen[:11].strip(), peaks, fit,
-             len(rows), where)  # fmt: skip
+    log.info("teacher placement: %s (%s; %d of %d placements fit here; %s)", chosen.placement, peaks, fit,
+             len(planned.estimates), where)  # fmt: skip
 
 
 def _first_sweep_point(point: dict | None) -> bool:
@@ -150,9 +160,9 @@ def check_data(cfg: DictConfig) -> None:
     data_sources.check(cfg.data)
 
 
-def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, str | None]:
+def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, Plan | None]:
     """The placement to run, `auto` resolved (its config node replaced by the choice's, composed by Hydra);
-    one that cannot fit is refused, naming one that can. The table is None while the teacher's config is
+    one that cannot fit is refused, naming one that can. The plan is None while the teacher's config is
     not on disk yet (a Hub id not downloaded)."""
     auto = getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False)
     placement = None if auto else instantiate(cfg.teacher_placement)
@@ -178,7 +188,7 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
     placement.with_plan(mine)
-    return placement, plan.format_table(estimates, hw, placement.name, w)
+    return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w))
 
 
 def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision, world: World):

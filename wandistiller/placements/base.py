@@ -12,6 +12,7 @@ its config schema (so a key the option does not take fails when the config is co
     fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
     check(precision, world)            refuse early, before any weights load, naming a fix
+                     (check_quantize_placement: a placement that cannot load an fp8 teacher, from `fp8`)
     estimate(workload, hardware)       bytes on each device (the planner's input)
     teacher_device(topology)           where inputs go (and targets come from)
     load(spec, teacher_cfg, precision, topology) -> Teacher
@@ -26,9 +27,11 @@ from typing import ClassVar
 import torch
 
 from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
-from wandistiller.teacher.model import Teacher, TeacherSpec, load_expert
+from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
+from wandistiller.teacher.spec import TeacherSpec
 
 
 class Serving(str, Enum):
@@ -80,13 +83,17 @@ class Placement(ABC):
     def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher: ...
 
 
-def guidance_scales(spec: TeacherSpec, teacher_cfg) -> list[float]:
-    """The CFG scale per expert; the low-noise expert falls back to the main scale, as WanPipeline does."""
-    scales = [teacher_cfg.guidance_scale]
-    if len(spec.experts) == 2:
-        scale_2 = teacher_cfg.guidance_scale_2
-        scales.append(teacher_cfg.guidance_scale if scale_2 is None else scale_2)
-    return scales
+def check_quantize_placement(mode: str | None, placement) -> None:
+    """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
+    from wandistiller.placements import names_where
+
+    if mode is None or placement.fp8:
+        return
+    able = names_where(lambda cls: cls.fp8)
+    raise UserError(
+        f"teacher.quantize={mode} cannot run with teacher_placement={placement.name}; use one of "
+        f"{', '.join(able)}, or drop teacher.quantize"
+    )
 
 
 def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: torch.device, **load_kwargs) -> Teacher:

@@ -20,7 +20,7 @@ import torch
 from wandistiller.core.distributed import gpu_count, local_device
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
-from wandistiller.placements.base import Placement, guidance_scales
+from wandistiller.placements.base import Placement
 from wandistiller.placements.memory import (
     Estimate,
     Hardware,
@@ -32,7 +32,7 @@ from wandistiller.placements.memory import (
 )
 from wandistiller.placements.memory import resident_blocks as blocks_free_memory_holds
 from wandistiller.placements.memory import teacher_weight_bytes as weights
-from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.model import Teacher, guidance_scales
 
 
 @dataclass

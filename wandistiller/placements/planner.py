@@ -24,7 +24,7 @@ from wandistiller.placements.memory import (
     param_count,
     teacher_weight_bytes,
 )
-from wandistiller.teacher.model import builtin_teacher
+from wandistiller.teacher.spec import builtin_teacher
 
 
 def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[Estimate]:

@@ -15,7 +15,7 @@ import torch
 from wandistiller.core.distributed import local_device
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
-from wandistiller.placements.base import Placement, guidance_scales
+from wandistiller.placements.base import Placement
 from wandistiller.placements.memory import (
     Estimate,
     Hardware,
@@ -25,7 +25,7 @@ from wandistiller.placements.memory import (
     host_training_bytes,
 )
 from wandistiller.placements.memory import teacher_weight_bytes as weights
-from wandistiller.teacher.model import Teacher, load_expert
+from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from wandistiller.data.prompts import shifted_sigmas
+from wandistiller.data.batches import shifted_sigmas
 
 log = logging.getLogger(__name__)
 

@@ -22,17 +22,21 @@ from wandistiller.core.distributed import Topology, gather, local_device, made_o
 from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
-from wandistiller.data.prompts import batch_source, encode_prompts, read_prompts
+from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
-from wandistiller.placements.fastpaths import compile_kwargs, quantize_teacher, use_attention_backend
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
-from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
+from wandistiller.student.compile import compile_kwargs
+from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
+from wandistiller.teacher.model import compile_blocks, log_first_call
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers import Loggers
 
@@ -78,7 +82,7 @@ class DistillationRecipe:
         self.latent_bank, self.embeddings, self.val_embeddings = made.bank, made.embeddings, made.val_embeddings
         self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank)
         self.val_set = self._setup_val_set(self.teacher, self.val_embeddings)
-        self.teacher_samples = self._setup_teacher_samples(self.teacher, self.embeddings)
+        self.samples = self._setup_samples(self.teacher, self.embeddings)
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
         # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
@@ -105,7 +109,7 @@ class DistillationRecipe:
             dp_rank=self.roles.dp_rank,
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
-            hooks=self._setup_hooks(self.val_set, self.teacher_samples, self.embeddings),
+            hooks=self._setup_hooks(self.val_set, self.samples),
         )
 
     def _setup_embeddings(self):
@@ -148,9 +152,9 @@ class DistillationRecipe:
     def _setup_batches(self, embeddings, latent_bank):
         cfg, spec = self.cfg, self.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
-        return batch_source(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift, spec.num_train_timesteps,
-                            embeddings, latent_bank=latent_bank, device=self.device,
-                            keep_x0=self.loss_fn.needs.x0)  # fmt: skip
+        return batch_source(BatchSettings(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift,
+                                          spec.num_train_timesteps, embeddings, latent_bank=latent_bank,
+                                          device=self.device, keep_x0=self.loss_fn.needs.x0))  # fmt: skip
 
     @functools.cached_property
     def loss_fn(self):
@@ -161,14 +165,13 @@ class DistillationRecipe:
     def _setup_val_set(self, teacher, val_embeddings):
         return data_sources.val_set(self.ctx, teacher, val_embeddings) if self.cfg.trainer.val_every > 0 else None
 
-    def _setup_teacher_samples(self, teacher, embeddings):
-        return outputs.teacher_column(self.ctx, teacher, embeddings)
+    def _setup_samples(self, teacher, embeddings):
+        """The sample grid (recipe/samples.py), its teacher column drawn now, by every rank together; None without
+        samples. The samples hook decides when the student is drawn into it."""
+        return sample_grids(self.ctx, teacher, embeddings)
 
-    def _setup_hooks(self, val_set, teacher_samples, embeddings) -> list:
+    def _setup_hooks(self, val_set, samples) -> list:
         """`hooks` (monitor, progress, samples, ...), instantiated in order and bound to this run."""
-        samples = None
-        if teacher_samples is not None:
-            samples = functools.partial(outputs.save_samples, self.ctx, teacher_samples, embeddings)
         parts = hooks.HookParts(val_set, samples, tuple(targets_of(self.cfg)))
         return hooks.build(self.cfg.hooks, self.ctx, parts)
 
@@ -284,5 +287,4 @@ class DistillationRecipe:
         self.teacher = None  # freed: the end-of-run evaluation (hooks.evaluate) loads its own
         if not self.is_main:
             return ranks[self.topo.rank]
-        extras = outputs.Finished(self.teacher_samples, self.embeddings)
-        return outputs.finish(self.ctx, self.run, extras, history, ranks)
+        return outputs.finish(self.ctx, self.run, history, ranks)

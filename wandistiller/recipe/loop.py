@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from wandistiller.core.precision import Precision
-from wandistiller.data.prompts import Batch
+from wandistiller.data.batches import Batch
 from wandistiller.job.stopping import install as catch_stop_signals
 from wandistiller.recipe.losses import LossInputs, as_loss, logged, total
 from wandistiller.state.checkpoint import save_checkpoint

@@ -1,5 +1,5 @@
-"""What a run leaves in its folder: the student (and its EMA), the teacher-vs-student samples, metrics.json
-(with what the hooks add at the end: the evaluation), the student pipeline, and the loggers' summary."""
+"""What a run leaves in its folder: the student (and its EMA), metrics.json (with what the hooks add at the end: the
+final sample grid, the evaluation), the student pipeline, and the loggers' summary."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from wandistiller.core.context import RunContext
 from wandistiller.core.files import atomic_write
@@ -28,26 +26,14 @@ def millions(module: torch.nn.Module) -> float:
     return sum(p.numel() for p in module.parameters()) / 1e6
 
 
-@dataclass(frozen=True)
-class Finished:
-    """What the end of a run needs besides the context and the loop's Run: the teacher's sample column (None:
-    no samples) and the prompts the grids show."""
-
-    teacher_samples: object
-    embeddings: object
-
-
-def finish(ctx: RunContext, run, extras: Finished, history: list[dict], ranks: list[dict]) -> dict:
+def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict:
     """The main rank's last step: the outputs written, the run's summary returned."""
     save_student(run)
-    if extras.teacher_samples is not None:
-        grid = save_samples(ctx, extras.teacher_samples, extras.embeddings, run.student, ctx.run_dir / "samples.png")
-        run.tracker.log_image("samples", grid, step=ctx.trainer_cfg.max_steps)
     rows = recorded_rows(ctx.run_dir)  # what the monitor appended, every segment of the run
     save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
     summary |= validation_summary(rows)
-    for hook in run.hooks:  # the end-of-run evaluation (hooks.evaluate) adds its means here
+    for hook in run.hooks:  # the last sample grid (hooks.samples); the evaluation (hooks.evaluate) adds its means
         if isinstance(hook, Hook):
             summary |= hook.at_end(run)
     atomic_write(ctx.run_dir / "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
@@ -62,39 +48,6 @@ def save_student(run) -> None:
     if run.ema is not None:
         run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
         run.student.transformer.save_pretrained(run.run_dir / "student_ema", safe_serialization=True)
-
-
-def teacher_column(ctx: RunContext, teacher, embeddings):
-    """The teacher's images for the sample grids, drawn once: by rank 0 (which always holds a teacher; a
-    sharded one needs every rank in its forwards), then sent to the main rank. None without samples."""
-    from wandistiller.recipe.samples import teacher_images
-
-    t = ctx.trainer_cfg
-    n, steps = t.sample_prompts, t.sample_steps
-    if n <= 0:
-        return None
-    if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
-        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
-                 "skips them)", n, steps)  # fmt: skip
-    draws = ctx.makes_teacher_data
-    drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
-    if ctx.topo.distributed:
-        dist.broadcast_object_list(drawn, src=0)
-    return drawn[0]
-
-
-def save_samples(ctx: RunContext, teacher_samples, embeddings, student: torch.nn.Module, path: Path) -> Path:
-    """The teacher-vs-student grid at `path`, the student drawn from the same noise and prompts now."""
-    from wandistiller.recipe.samples import save_grid, student_images
-
-    t = ctx.trainer_cfg
-    n, steps = t.sample_prompts, t.sample_steps
-    was_training = student.training
-    student.eval()
-    mine = student_images(ctx.spec, student.transformer, embeddings, ctx.data_cfg, n, steps, ctx.seed)
-    student.train(was_training)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return save_grid(teacher_samples, mine, embeddings.prompts[:n], path)
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:

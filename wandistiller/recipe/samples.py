@@ -1,22 +1,69 @@
-"""A PNG grid of teacher vs student samples, drawn with diffusers' own WanPipeline (teacher/sampler.py).
+"""The teacher-vs-student sample grids: every drawing, in one place (the samples hook decides when they are drawn).
 
-The student is a WanTransformer3DModel, so it drops into WanPipeline as `transformer`; it was trained
-on guided targets, so it samples without CFG (guidance_scale=1).
+The images come from diffusers' own WanPipeline (teacher/sampler.py). The student is a WanTransformer3DModel, so it
+drops into WanPipeline as `transformer`; it was trained on guided targets, so it samples without CFG
+(guidance_scale=1). A run's teacher column is drawn once, before training (`sample_grids`); each grid then draws
+the student from the same noise and prompts (`SampleGrid(student, path)`).
 """
 
 from __future__ import annotations
 
+import logging
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from PIL import Image, ImageDraw
 
+from wandistiller.core.context import RunContext
 from wandistiller.data.prompts import PromptEmbeddings
-from wandistiller.teacher.model import Teacher, TeacherSpec
+from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.spec import TeacherSpec
+
+log = logging.getLogger("wandistiller")
 
 CELL = 192  # pixels per sample in the grid, so tiny teachers' 64-pixel samples stay visible
+
+
+@dataclass(frozen=True)
+class SampleGrid:
+    """One run's grid: the teacher's column, drawn once, and the prompts it shows. Called with the student and a
+    path, it draws the student from the same noise and prompts now and saves the grid there."""
+
+    ctx: RunContext
+    teacher_column: np.ndarray
+    embeddings: PromptEmbeddings
+
+    def __call__(self, student: torch.nn.Module, path: Path) -> Path:
+        t = self.ctx.trainer_cfg
+        n, steps = t.sample_prompts, t.sample_steps
+        was_training = student.training
+        student.eval()
+        mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
+                              self.ctx.seed)  # fmt: skip
+        student.train(was_training)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path)
+
+
+def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings) -> SampleGrid | None:
+    """The run's grid, its teacher column drawn now: by rank 0 (which always holds a teacher; a sharded one needs
+    every rank in its forwards, so every rank calls this), then sent to the main rank. None without samples."""
+    t = ctx.trainer_cfg
+    n, steps = t.sample_prompts, t.sample_steps
+    if n <= 0:
+        return None
+    if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
+        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
+                 "skips them)", n, steps)  # fmt: skip
+    draws = ctx.makes_teacher_data
+    drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
+    if ctx.topo.distributed:
+        dist.broadcast_object_list(drawn, src=0)
+    return SampleGrid(ctx, drawn[0], embeddings)
 
 
 @torch.no_grad()
@@ -33,20 +80,17 @@ def draw(
 ) -> np.ndarray:
     """First frames for the first `num_prompts` prompts: teacher (its experts and CFG, on the device it takes
     its inputs on) or student (no CFG, where its weights are)."""
-    from diffusers import AutoencoderKLWan
-
-    from wandistiller.teacher.model import loading
     from wandistiller.teacher.sampler import wan_pipeline
+    from wandistiller.teacher.vae import load_vae
 
-    with loading(spec, "VAE"):
-        vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=torch.float32, use_safetensors=True)
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
     transformer = transformers[0]
     device, dtype = device or transformer.device, transformer.dtype
+    vae = load_vae(spec, device)
     two = len(transformers) == 2
     # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py).
-    pipe = wan_pipeline(spec, transformers, device, vae=vae.to(device))
+    pipe = wan_pipeline(spec, transformers, device, vae=vae)
     frames = pipe(
         prompt_embeds=cond.to(device, dtype),
         negative_prompt_embeds=uncond.to(device, dtype),

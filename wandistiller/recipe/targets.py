@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from wandistiller.core.distributed import Served
-from wandistiller.data.prompts import Batch
+from wandistiller.data.batches import Batch
 from wandistiller.teacher.model import Teacher
 
 # (step, micro, dp_rank) -> that rank's batch

@@ -26,7 +26,8 @@ from wandistiller.state.checkpoint import (
     load_checkpoint,
 )
 from wandistiller.state.received import load_received, local_cache_dir, looks_like_hub_id
-from wandistiller.teacher.model import Teacher, TeacherSpec, inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 
 
 @dataclass

@@ -18,7 +18,8 @@ from torch import nn
 from wandistiller.core.arch import STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, estimate_params, wan_config_problem
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
-from wandistiller.teacher.model import TeacherSpec, capture_blocks
+from wandistiller.teacher.model import capture_blocks
+from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
 

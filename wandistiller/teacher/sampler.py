@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from wandistiller.teacher.model import TeacherSpec, loading
+from wandistiller.teacher.spec import TeacherSpec, loading
 
 
 def load_scheduler(spec: TeacherSpec):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from wandistiller.teacher.model import TeacherSpec, loading
+from wandistiller.teacher.spec import TeacherSpec, loading
 
 
 def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch.float32):

@@ -14,7 +14,7 @@ from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.sources.images import Images, held_out_captions
-from wandistiller.teacher.model import inspect_teacher
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 

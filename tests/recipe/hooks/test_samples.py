@@ -1,5 +1,5 @@
-"""wandistiller/recipe/hooks/samples.py: the periodic sample grid hook, driven directly with a recording drawer
-and tracker: which steps draw, the file each step's grid goes to, and when it does nothing."""
+"""wandistiller/recipe/hooks/samples.py: the sample grid hook, driven directly with a recording drawer and tracker:
+which steps draw, the file each step's grid goes to, the last grid at the end, and when it does nothing."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ class ImageTracker(NullTracker):
 
 def drive(sample_every: int, drawer, steps=range(1, 7), run_dir="/runs/r") -> SimpleNamespace:
     hook = SampleGrids()
-    hook.bind(SimpleNamespace(trainer_cfg=OmegaConf.create({"sample_every": sample_every})), HookParts(samples=drawer))
-    run = SimpleNamespace(student="the student", run_dir=run_dir, tracker=ImageTracker())
+    trainer = OmegaConf.create({"sample_every": sample_every, "max_steps": 6})
+    hook.bind(SimpleNamespace(trainer_cfg=trainer), HookParts(samples=drawer))
+    run = SimpleNamespace(student="the student", run_dir=run_dir, tracker=ImageTracker(), hook=hook)
     for step in steps:
         hook(run, step)
     return run
@@ -44,3 +45,13 @@ def test_no_drawer_or_no_period_draws_nothing():
     drawn = []
     assert drive(0, lambda student, path: drawn.append(path) or path).tracker.images == []
     assert drive(2, None).tracker.images == [] and drawn == []
+
+
+def test_at_the_end_the_trained_student_is_drawn_into_samples_png_and_logged_at_the_last_step():
+    drawn = []
+    run = drive(0, lambda student, path: drawn.append((student, path)) or path, steps=())
+    assert run.hook.at_end(run) == {}
+    assert drawn == [("the student", Path("/runs/r/samples.png"))]
+    assert run.tracker.images == [("samples", Path("/runs/r/samples.png"), 6)]
+    nothing = drive(3, None, steps=())
+    assert nothing.hook.at_end(nothing) == {} and nothing.tracker.images == []

@@ -35,7 +35,7 @@ class TeacherLatents(DataSource):
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
         from wandistiller.data.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
-        from wandistiller.placements.base import guidance_scales
+        from wandistiller.teacher.model import guidance_scales
 
         d = ctx.data_cfg
         scales = tuple(guidance_scales(ctx.spec, ctx.teacher_cfg))

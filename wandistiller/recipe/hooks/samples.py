@@ -1,5 +1,6 @@
-"""`hooks.samples`: the teacher-vs-student grid every `trainer.sample_every` steps, into
-`samples/step_XXXXXXXX.png` and to the loggers (the teacher's column drawn once, before training)."""
+"""`hooks.samples`: when the teacher-vs-student grids are drawn -- every `trainer.sample_every` steps into
+`samples/step_XXXXXXXX.png`, and at the end into `samples.png` -- and logged. The drawing (the teacher's column
+drawn once, before training, and each grid) is recipe/samples.py's."""
 
 from __future__ import annotations
 
@@ -17,16 +18,24 @@ class SamplesConfig:
 
 class SampleGrids(Hook):
     def __init__(self):
-        self.every, self.samples = 0, None
+        self.every, self.last_step, self.samples = 0, 0, None
 
     def bind(self, ctx, parts) -> None:
-        self.every, self.samples = ctx.trainer_cfg.sample_every, parts.samples
+        t = ctx.trainer_cfg
+        self.every, self.last_step, self.samples = t.sample_every, t.max_steps, parts.samples
 
     def __call__(self, run, step: int) -> None:
         if self.samples is None or self.every <= 0 or step % self.every:
             return
         path = self.samples(run.student, Path(run.run_dir) / "samples" / f"step_{step:08d}.png")
         run.tracker.log_image("samples", path, step=step)
+
+    def at_end(self, run) -> dict:
+        """The trained student's grid, `samples.png`, logged at the last step."""
+        if self.samples is not None:
+            path = self.samples(run.student, Path(run.run_dir) / "samples.png")
+            run.tracker.log_image("samples", path, step=self.last_step)
+        return {}
 
 
 OPTION = Option("samples", SamplesConfig, SampleGrids)

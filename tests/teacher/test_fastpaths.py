@@ -1,5 +1,5 @@
-"""Tests of wandistiller/placements/fastpaths.py, the opt-in fast paths: refused with one line where they cannot run
-(called directly and through a run), and composable where they can."""
+"""Tests of wandistiller/teacher/fastpaths.py, the teacher's opt-in fast paths: refused with one line where they cannot
+run (called directly and through a run), and a chosen attention backend trains."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, compile_kwargs
+from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.train import run
 
 
@@ -19,25 +19,15 @@ def test_an_fp8_teacher_is_refused_unless_it_computes_in_bf16(make_cfg, tmp_path
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
-def test_unknown_fast_path_values_are_refused_with_their_key():
+def test_an_unknown_quantize_mode_is_refused_with_its_key_and_none_is_no_check():
     with pytest.raises(UserError, match="teacher.quantize=int3 is unknown"):
         check_quantize("int3", torch.device("cpu"))
-    with pytest.raises(UserError, match="trainer.compile_mode=fast is unknown"):
-        check_compile_mode("fast", True)
-    with pytest.raises(UserError, match="add trainer.compile_student=true"):
-        check_compile_mode("reduce-overhead", False)
+    check_quantize(None, torch.device("cpu"), torch.float32)
 
 
-def test_fast_path_options_compose_and_a_chosen_attention_backend_trains(make_cfg, tmp_path):
-    cfg = make_cfg(
-        "trainer.compile_student=true",
-        "trainer.compile_mode=max-autotune-no-cudagraphs",
-        "teacher.attention_backend=native",
-        "teacher.quantize=null",
-    )
+def test_a_chosen_attention_backend_composes_and_trains(make_cfg, tmp_path):
+    cfg = make_cfg("teacher.attention_backend=native", "teacher.quantize=null")
     check_quantize(cfg.teacher.quantize, torch.device("cpu"))
-    check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
-    assert compile_kwargs(cfg.trainer.compile_mode) == {"fullgraph": True, "mode": "max-autotune-no-cudagraphs"}
     summary = run(make_cfg("teacher.attention_backend=native", "trainer.max_steps=2", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 2
 

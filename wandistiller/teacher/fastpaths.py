@@ -1,5 +1,4 @@
-"""The opt-in fast paths, each checked before anything loads: an fp8 teacher, the teacher's attention
-backend, and the student's torch.compile mode.
+"""The teacher's opt-in fast paths, each checked before anything loads: an fp8 teacher and its attention backend.
 
 `teacher.quantize=fp8` makes the Linear layers inside the teacher's blocks fp8 (`wandistiller.teacher.fp8`, the
 project's own layer on `torch._scaled_mm`: per-row weight scales computed once at load, per-row
@@ -10,11 +9,10 @@ weights are widened per layer. The targets differ from bf16 ones by the quantiza
 (`python -m wandistiller.bench teacher --quantize fp8` reports their relative MSE; held to <= 1%).
 
 Refused, with one line naming the key, where it cannot run: a GPU without fp8, a teacher not computing
-in bf16, a placement that cannot load it (accelerate's device maps, FSDP2 shards).
+in bf16 (and a placement that cannot load it: `placements.base.check_quantize_placement`).
 
 `teacher.attention_backend=flash|_native_cudnn|...` picks diffusers' attention kernel for the teacher's
-experts (diffusers' own check says whether it is installed). `trainer.compile_mode=reduce-overhead`
-(CUDA graphs) or `max-autotune` is passed to the student's regional torch.compile.
+experts (diffusers' own check says whether it is installed). The student's compile settings: student/compile.py.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from wandistiller.core.errors import UserError
 
 MODES = ("fp8",)
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper (H100/H200) and newer have fp8 tensor cores
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.dtype = torch.bfloat16) -> None:
@@ -46,19 +43,6 @@ def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.
                 f"{key} needs a GPU with fp8 (Ada, Hopper or newer); {name} is sm_{capability[0]}{capability[1]}: "
                 "drop teacher.quantize"
             )
-
-
-def check_quantize_placement(mode: str | None, placement) -> None:
-    """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
-    from wandistiller.placements import names_where
-
-    if mode is None or placement.fp8:
-        return
-    able = names_where(lambda cls: cls.fp8)
-    raise UserError(
-        f"teacher.quantize={mode} cannot run with teacher_placement={placement.name}; use one of "
-        f"{', '.join(able)}, or drop teacher.quantize"
-    )
 
 
 def quantize_teacher(teacher, mode: str | None) -> None:
@@ -84,20 +68,6 @@ def quantize_expert(
         raise ValueError(f"unknown quantize mode {mode!r}")
     quantize_model(expert, compute, device, work_device)
     return expert
-
-
-def check_compile_mode(mode: str | None, compile_student: bool) -> None:
-    if mode is None:
-        return
-    if mode not in COMPILE_MODES:
-        raise UserError(f"trainer.compile_mode={mode} is unknown; use one of {', '.join(COMPILE_MODES)} or null")
-    if not compile_student:
-        raise UserError(f"trainer.compile_mode={mode} applies to a compiled student; add trainer.compile_student=true")
-
-
-def compile_kwargs(mode: str | None) -> dict:
-    """torch.compile arguments for the student's regional compile."""
-    return {"fullgraph": True} | ({"mode": mode} if mode else {})
 
 
 def use_attention_backend(teacher, backend: str | None) -> None:
