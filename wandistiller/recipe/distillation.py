@@ -32,6 +32,7 @@ from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
+from wandistiller.student.prune import write_record
 from wandistiller.teacher.model import compile_blocks, inspect_teacher, log_first_call
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers import Loggers
@@ -180,6 +181,8 @@ class DistillationRecipe:
         torch.manual_seed(cfg.seed)
         # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
         student = instantiate(cfg.student, _partial_=True)(spec=self.spec, dtype=self.precision.student_dtype)
+        if self.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
+            write_record(student.pruning, self.run_dir)
         student.to(self.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
