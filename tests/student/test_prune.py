@@ -112,6 +112,7 @@ def test_an_earlier_students_folder_starts_a_student(tmp_path):
         (dict(builder="half", keep_blocks=[1, 1]), "student.keep_blocks=[1, 1] names block 1 twice"),
         (dict(builder="half", keep_blocks=[1]), "keeps 1 blocks, but the student has num_layers=2"),
         (dict(builder="half", keep_blocks="best"), "student.keep_blocks=best is neither auto, even nor a list"),
+        (dict(builder="half", keep_blocks=3), "student.keep_blocks=3 is neither auto, even nor a list"),
         (dict(builder="half", keep_blocks=[0, 1], init="random"), "starts from random weights; use student.init"),
         (dict(builder="small", init="teacher"), "student.init=teacher cuts the student from the teacher, but the "
          "student's attention_head_dim=128 is not the source's 16"),
@@ -123,6 +124,13 @@ def test_bad_pruning_input_is_one_line_naming_the_key(keys, message):
     with refused(message) as e:
         check_student(scfg(**keys), inspect_teacher(TEACHER_DIR).transformer_config)
     assert "\n" not in str(e.value)
+
+
+def test_a_keep_list_from_the_command_line_is_checked_against_the_teacher(make_cfg, tiny_path):
+    teacher = inspect_teacher(tiny_path).transformer_config
+    assert check_student(make_cfg("student.keep_blocks=[0,3]").student, teacher)["num_layers"] == 2
+    with refused("student.keep_blocks=[0, 9] names block 9, but the source has blocks 0..3"):
+        check_student(make_cfg("student.keep_blocks=[0,9]").student, teacher)
 
 
 def test_a_width_that_does_not_divide_into_the_teachers_heads_is_refused(tmp_path):

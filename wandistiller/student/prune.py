@@ -76,8 +76,10 @@ def pruned_shape(source: dict, share: float, estimate) -> dict:
 
 def keep_blocks_problem(keep, n_student: int, n_source: int) -> str | None:
     """What is wrong with `student.keep_blocks` (auto, even, or a list of source block indices), in words."""
-    if isinstance(keep, str):
-        return None if keep in ("auto", "even") else "is neither auto, even nor a list of block indices"
+    if isinstance(keep, str) and keep in ("auto", "even"):
+        return None
+    if not isinstance(keep, (list, tuple)):
+        return "is neither auto, even nor a list of block indices"
     keep = list(keep)
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in keep):
         return "must list block indices (integers)"
@@ -315,7 +317,8 @@ def log_record(record: dict) -> None:
 def write_record(record: dict, run_dir: Path) -> Path:
     """pruning.json in the run folder."""
     path = Path(run_dir) / "pruning.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]  # a key a line
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     return path
 
 
