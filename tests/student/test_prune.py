@@ -145,7 +145,7 @@ def test_an_init_folder_of_another_family_or_width_is_refused(tmp_path):
     (tmp_path / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan"}))
     with refused(f"student.init={tmp_path / 'vae'} holds a AutoencoderKLWan model, not a WanTransformer3DModel"):
         check_student(scfg(builder="quarter", init=str(tmp_path / "vae")), teacher)
-    with refused("holds no config.json"):
+    with refused("holds no config.json; it is not a diffusers model folder"):
         check_student(scfg(builder="quarter", init=str(tmp_path)), teacher)
     small = tmp_path / "small"
     shutil.copytree(TEACHER_DIR / "transformer", small)

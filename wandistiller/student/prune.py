@@ -100,7 +100,8 @@ def read_folder_config(folder: Path) -> dict:
     if not folder.is_dir():
         raise ValueError("does not exist" if not folder.exists() else "is not a folder")
     if not path.is_file():
-        raise ValueError("holds no config.json (not a diffusers model folder)")
+        run = " (a run folder: its student is in student/)" if (folder / "student" / "config.json").is_file() else ""
+        raise ValueError(f"holds no config.json{run}; it is not a diffusers model folder")
     try:
         config = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError, RecursionError) as e:
