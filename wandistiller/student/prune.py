@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.core.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # The calibration batch: seeded random x_t (flow-matching latents are ~N(0,1)), timesteps spread over the
@@ -251,26 +253,27 @@ BLOCK_SLICES = {
 def _slice(key: str, tensor: torch.Tensor, table: dict, index: dict) -> torch.Tensor:
     spaces = next((s for pattern, s in table.items() if re.fullmatch(pattern, key)), None)
     if spaces is None:
-        raise ValueError(f"{key}: a tensor the pruning does not know how to cut (not a text-to-video Wan model?)")
+        raise UserError(f"{key}: a tensor a pruning cannot cut (only text-to-video Wan transformers are cut)")
     for dim, space in enumerate(spaces):
         if space is not None:
             tensor = tensor.index_select(dim, index[space])
     return tensor
 
 
-def pruned_state(folder: Path, source: dict, plan: dict) -> dict[str, torch.Tensor]:
-    """The student's state dict, cut from the source folder's tensors (read one block at a time)."""
+def pruned_state(folder: Path, source: dict, plan: dict):
+    """The student's tensors, (name, tensor), cut from the source folder's (read one block at a time, so a
+    large source is never whole in memory)."""
     d, hd = heads_width(source), source["attention_head_dim"]
     res = torch.tensor(plan["channels"])
     index = {"res": res, "res6": torch.cat([res + k * d for k in range(6)])}
-    state = {k: _slice(k, v, OUTER_SLICES, index) for k, v in read_tensors(folder, _outer).items()}
+    for key, tensor in read_tensors(folder, _outer).items():
+        yield key, _slice(key, tensor, OUTER_SLICES, index)
     for i, (j, kept) in enumerate(zip(plan["blocks"], plan["per_block"])):
         for key, tensor in _block_state(folder, j).items():
             attn = key[:5] if key.startswith("attn") else "attn1"
             inner = torch.tensor([h * hd + c for h in kept[attn] for c in range(hd)])
             block_index = index | {"inner": inner, "ffn": torch.tensor(kept["ffn"])}
-            state[f"blocks.{i}.{key}"] = _slice(key, tensor, BLOCK_SLICES, block_index)
-    return state
+            yield f"blocks.{i}.{key}", _slice(key, tensor, BLOCK_SLICES, block_index)
 
 
 def _outer(key: str) -> bool:
@@ -291,10 +294,14 @@ def _prune_into(transformer, folder: Path, source: dict, keep) -> dict:
     scored = not same_width or (keep == "auto" and student["num_layers"] < source["num_layers"])
     stats = calibrate(folder, source) if scored else None
     plan = plan_pruning(student, source, keep, stats)
-    state = pruned_state(folder, source, plan)
+    params, filled = transformer.state_dict(), set()
     with torch.no_grad():
-        for name, param in transformer.state_dict().items():
-            param.copy_(state[name].to(param.dtype))
+        for name, tensor in pruned_state(folder, source, plan):
+            params[name].copy_(tensor.to(params[name].dtype))
+            filled.add(name)
+    if filled != set(params):
+        missing = sorted(set(params) - filled)[:3]
+        raise UserError(f"{folder} lacks {missing}: its weights are incomplete; give a complete Wan transformer folder")
     record = {"source": str(folder), "keep_blocks": keep if isinstance(keep, str) else list(keep),
               "calibration": CALIBRATION if stats else None, "kept_blocks": plan["blocks"],
               "block_scores": [round(s, 6) for s in stats["scores"]] if stats else None,
