@@ -59,7 +59,8 @@ def test_a_pruned_student_saves_and_loads_through_from_pretrained(tmp_path):
     spec = inspect_teacher(TEACHER_DIR)
     student = build_student(spec, **scfg(builder="quarter"))
     record = student.pruning
-    assert len(record["block_scores"]) == 4 and len(record["kept_blocks"]) == student.transformer.config.num_layers
+    assert len(record["block_scores"]) == 4 and record["kept_blocks"] == [0, 2, 3]  # block 1 costs the least
+    assert record["block_score"] == "output error when skipped (relative MSE)"
     assert all(len(h["attn1"]) == 3 and len(h["attn2"]) == 3 for h in record["heads"])
     assert len(record["residual_channels"]) == 48 and all(len(f) == 192 for f in record["ffn_channels"])
     student.transformer.save_pretrained(tmp_path / "student")
@@ -79,8 +80,9 @@ def test_a_block_that_does_nothing_ranks_last(tmp_path):
         if key.startswith("blocks.2.") and any(p in key for p in ("to_out.0.", "ffn.net.2.")):
             state[key] = torch.zeros_like(state[key])
     save_file(state, file)
-    scores = calibrate(folder, read_folder_config(folder))["scores"]
-    assert scores[2] == min(scores) < 1e-6 < min(s for j, s in enumerate(scores) if j != 2)
+    found = calibrate(folder, read_folder_config(folder))
+    for scores in (found["scores"], found["cosine"]):  # skipping it changes nothing; nor does the block
+        assert scores[2] == min(scores) < 1e-6 < min(s for j, s in enumerate(scores) if j != 2)
     teacher = inspect_teacher(TEACHER_DIR).transformer_config
     config = json.loads((folder / "config.json").read_text())
     student = build_student(inspect_teacher(TEACHER_DIR), **scfg(builder="half", init=str(folder)))

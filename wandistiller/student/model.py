@@ -179,7 +179,7 @@ def check_student(student_cfg, teacher: dict) -> dict:
     if problem:
         raise UserError(
             f"student.keep_blocks={keep} {problem}; give {config['num_layers']} distinct block indices from 0 to "
-            f"{n_source - 1}, or auto (the blocks that change the residual stream most) or even"
+            f"{n_source - 1}, or auto (scored on calibration inputs) or even"
         )
     if not isinstance(keep, str) and not starts_from_teacher(student_cfg, config, teacher) and init in INITS:
         raise UserError(

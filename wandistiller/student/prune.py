@@ -1,8 +1,10 @@
 """Students cut from a Wan transformer (the teacher's, or any folder of the same family), at any depth and width.
 
-Depth: each source block is scored on seeded calibration inputs by how little it changes the residual stream
-(1 - the mean cosine similarity of its input and output tokens: a block that does nothing scores 0); the
-highest-scoring blocks are kept, in order (`student.keep_blocks=auto`), or the ones a list names.
+Depth: each source block is scored on seeded calibration inputs by the rise in the source's output error when
+that block alone is skipped (sources up to Wan 1.3B's size), or by how much it changes the residual stream
+(1 - the mean cosine similarity of its input and output tokens; larger sources, one pass): a block that does
+nothing scores 0 either way. The highest-scoring blocks are kept, in order (`student.keep_blocks=auto`), or
+the ones a list names.
 Width (Minitron / PARE style): per kept block, the attention heads (head_dim unchanged) and FFN channels with
 the largest mean activation magnitude on the same inputs, and across the model the residual channels with
 the largest mean magnitude in the residual stream. Every tensor is sliced consistently, so the result is a
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.core.arch import estimate_params
 from wandistiller.core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -146,33 +149,51 @@ def calibration_inputs(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.
     return x, t, text
 
 
-@torch.no_grad()
-def calibrate(folder: Path, config: dict) -> dict:
-    """One streamed pass of the calibration batch through the source: per block its score and its heads' and
-    FFN channels' importance; the residual channels' importance over the whole stream."""
+def _shell(folder: Path, config: dict):
+    """The source with one block (whose weights each block's are loaded into in turn), the rest its own."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(CALIBRATION["seed"])  # the shell's random block is overwritten; seeded all the same
     shell = WanTransformer3DModel.from_config(config | {"num_layers": 1}).eval()
-    outer = read_tensors(folder, lambda k: not k.startswith("blocks."))
+    outer = read_tensors(folder, _outer)
     shell.load_state_dict(outer | {k: v for k, v in shell.state_dict().items() if k.startswith("blocks.")})
-    x, t, text = calibration_inputs(config)
+    return shell
+
+
+def _head(shell, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+    """The source's output (per token, before unpatchifying) from the residual stream after its last block."""
+    shift, scale = (shell.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+    return shell.proj_out((shell.norm_out(h.float()) * (1 + scale) + shift).type_as(h))
+
+
+@torch.no_grad()
+def calibrate(folder: Path, config: dict) -> dict:
+    """One streamed pass of the calibration batch through the source: per block its importance score and its
+    heads' and FFN channels' importance; the residual channels' importance over the whole stream.
+
+    The score is the rise in the source's output error when the block is skipped (relative to the output's
+    size) where the source has at most SKIP_SCORE_MAX_PARAMS parameters, else 1 - the in/out cosine."""
+    shell, (x, t, text) = _shell(folder, config), calibration_inputs(config)
     rotary = shell.rope(x)
     h = shell.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
-    _, proj, text, _ = shell.condition_embedder(t, text, None, timestep_seq_len=None)
-    proj = proj.unflatten(1, (6, -1))
+    temb, proj, text, _ = shell.condition_embedder(t, text, None, timestep_seq_len=None)
+    ctx = (text, proj.unflatten(1, (6, -1)), rotary)
     block, heads = shell.blocks[0], config["num_attention_heads"]
-    found = {"scores": [], "attn1": [], "attn2": [], "ffn": [], "channels": torch.zeros(h.shape[-1])}
-    taps = {}
+    found = {"cosine": [], "attn1": [], "attn2": [], "ffn": [], "channels": torch.zeros(h.shape[-1])}
+    keep_states = estimate_params(config) <= SKIP_SCORE_MAX_PARAMS
+    states, inputs, taps = [], [], {}
     hooks = [block.attn1.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn1", a[0])),
              block.attn2.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn2", a[0])),
              block.ffn.net[2].register_forward_pre_hook(lambda m, a: taps.__setitem__("ffn", a[0]))]  # fmt: skip
     try:
         for j in range(config["num_layers"]):
-            block.load_state_dict(_block_state(folder, j))
-            out = block(h, text, proj, rotary)
+            state = _block_state(folder, j)
+            block.load_state_dict(state)
+            states.append(state if keep_states else None)
+            inputs.append(h if keep_states else None)
+            out = block(h, *ctx)
             cos = torch.nn.functional.cosine_similarity(h.float(), out.float(), dim=-1).mean()
-            found["scores"].append(max(0.0, 1.0 - cos.item()))
+            found["cosine"].append(max(0.0, 1.0 - cos.item()))
             for name in ("attn1", "attn2"):
                 found[name].append(taps[name].unflatten(-1, (heads, -1)).norm(dim=-1).mean((0, 1)))
             found["ffn"].append(taps["ffn"].abs().mean((0, 1)))
@@ -182,7 +203,32 @@ def calibrate(folder: Path, config: dict) -> dict:
         for hook in hooks:
             hook.remove()
     found["channels"] += h.abs().mean((0, 1))
+    if keep_states:
+        found["scores"], found["score"] = _skip_errors(shell, states, inputs, h, temb, ctx), SKIP_SCORE
+    else:
+        found["scores"], found["score"] = found["cosine"], COSINE_SCORE
     return found
+
+
+SKIP_SCORE = "output error when skipped (relative MSE)"
+COSINE_SCORE = "1 - in/out cosine"
+# Sources up to this size (Wan 1.3B) are scored by skipping each block in turn (their blocks held in memory,
+# one forward per block); larger ones (14B) by the one-pass cosine.
+SKIP_SCORE_MAX_PARAMS = 2_000_000_000
+
+
+def _skip_errors(shell, states: list, inputs: list, last: torch.Tensor, temb: torch.Tensor, ctx) -> list[float]:
+    """Per block, the source's output error when that block alone is skipped, relative to its output's size."""
+    full = _head(shell, last, temb).float()
+    size, errors = full.square().mean().item(), []
+    for j in range(len(states)):
+        h = inputs[j]
+        for state in states[j + 1 :]:
+            shell.blocks[0].load_state_dict(state)
+            h = shell.blocks[0](h, *ctx)
+        skipped = _head(shell, h, temb).float()
+        errors.append((skipped - full).square().mean().item() / max(size, 1e-12))
+    return errors
 
 
 def _top(importance: torch.Tensor, k: int) -> list[int]:
@@ -304,7 +350,9 @@ def _prune_into(transformer, folder: Path, source: dict, keep) -> dict:
         raise UserError(f"{folder} lacks {missing}: its weights are incomplete; give a complete Wan transformer folder")
     record = {"source": str(folder), "keep_blocks": keep if isinstance(keep, str) else list(keep),
               "calibration": CALIBRATION if stats else None, "kept_blocks": plan["blocks"],
+              "block_score": stats["score"] if stats else None,
               "block_scores": [round(s, 6) for s in stats["scores"]] if stats else None,
+              "block_cosine_scores": [round(s, 6) for s in stats["cosine"]] if stats else None,
               "heads": [{k: b[k] for k in ("attn1", "attn2")} for b in plan["per_block"]],
               "ffn_channels": [b["ffn"] for b in plan["per_block"]], "residual_channels": plan["channels"],
               "shape": {k: student[k] for k in SHRINKS}, "source_shape": {k: source[k] for k in SHRINKS}}  # fmt: skip
@@ -316,8 +364,9 @@ def log_record(record: dict) -> None:
     scores = record["block_scores"]
     shown = ", ".join(f"{j}:{s:.4f}" for j, s in enumerate(scores)) if scores else "not scored"
     s, t = record["shape"], record["source_shape"]
-    log.info("student: cut from %s: blocks %s of %d (block scores, 1 - in/out cosine: %s); heads %d of %d, "
-             "ffn %d of %d, width %d channels", record["source"], record["kept_blocks"], t["num_layers"], shown,
+    log.info("student: cut from %s: blocks %s of %d (block scores, %s: %s); heads %d of %d, "
+             "ffn %d of %d, width %d channels", record["source"], record["kept_blocks"], t["num_layers"],
+             record["block_score"] or "none", shown,
              s["num_attention_heads"], t["num_attention_heads"], s["ffn_dim"], t["ffn_dim"],
              len(record["residual_channels"]))  # fmt: skip
 
