@@ -15,7 +15,7 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydr
 MISTAKES = [
     ("trainer.bacth_size=2", "Key 'bacth_size' not in 'TrainerConfig'; check its spelling"),
     ("teacher_placement=cpuu", "Could not find 'teacher_placement/cpuu'"),
-    ("student.init=teachr", "Invalid value 'teachr'"),
+    ("student.init=teachr", "student.init=teachr is not auto, random or teacher, nor a folder"),
 ]
 
 
@@ -59,7 +59,7 @@ def test_every_option_composes_and_resolves(make_cfg, group, option):
         "trainer.batch_size=four",  # wrong type
         "trainer.batchsize=4",  # typo in a key
         "teacher.guidance_scale=high",  # wrong type
-        "student.init=magic",  # not one of the enum's values
+        "precision.student_dtype=magic",  # not one of the enum's values
         "data.latents=photos",
         "teacher.builtin=huge",
         "precision.teacher_dtype=fp8",
@@ -78,8 +78,8 @@ def test_an_enum_typo_lists_the_valid_values_in_one_line():
     from wandistiller.compose import compose_config
     from wandistiller.core.errors import UserError
 
-    with pytest.raises(UserError, match=r"Invalid value 'magic', expected one of \[random, teacher, auto\]"):
-        compose_config(["student.init=magic"])
+    with pytest.raises(UserError, match=r"Invalid value 'magic', expected one of \[fp32, bf16, fp16\]"):
+        compose_config(["precision.student_dtype=magic"])
 
 
 @pytest.mark.parametrize("override, group, options", [

@@ -39,12 +39,6 @@ class DType(Choice):
     fp16 = "fp16"
 
 
-class StudentInit(Choice):
-    random = "random"
-    teacher = "teacher"
-    auto = "auto"  # the teacher's blocks when the widths match, else random
-
-
 # Every schedule diffusers.optimization.get_scheduler knows (its SchedulerType's values; tests/test_config.py checks
 # they still agree). Written out: importing diffusers.optimization pulls in torch._dynamo, seconds in every process,
 # including each one that only composes a config or refuses it.
@@ -112,9 +106,13 @@ class StudentConfig:
     builder: str | None = None
     # A diffusers WanTransformer3DModel config.json (the old student_config.json).
     config_path: str | None = None
-    # "teacher": copy embeddings and evenly spaced blocks (widths must match); "auto": that when the widths
-    # match, else "random".
-    init: StudentInit = StudentInit.auto
+    # "teacher": cut from the teacher's weights (its head size, no larger: wandistiller/student/prune.py); "auto":
+    # that when the student can be cut from the teacher, else "random"; or a WanTransformer3DModel folder to cut
+    # it from (checked by wandistiller.student.model.check_student before anything loads).
+    init: str = "auto"
+    # Which source blocks a student started from weights keeps: "auto" (scored on calibration inputs, written to
+    # the run's pruning.json), "even" (evenly spaced), or a list of block indices [0, 2, ...].
+    keep_blocks: Any = "auto"
 
 
 @dataclass

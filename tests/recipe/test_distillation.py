@@ -4,6 +4,8 @@ tiny run (the loss, batches, targets, student and optimization they build), and 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from diffusers.training_utils import EMAModel
@@ -118,6 +120,8 @@ def test_the_student_and_its_optimization_follow_the_trainer_keys(make_cfg, tmp_
     recipe = prepared_recipe(make_cfg, tmp_path / "r", *keys)
     student = recipe._setup_student()
     assert student.training and all(p.device.type == "cpu" for p in student.parameters())
+    pruning = json.loads((tmp_path / "r" / "pruning.json").read_text())  # tiny: 2 of the teacher's 4 blocks, scored
+    assert len(pruning["block_scores"]) == 4 and pruning["kept_blocks"] == student.pruning["kept_blocks"]
     optimizer, lr_scheduler, scaler, ema = recipe._setup_optimization(student, None)
     trained = {id(p) for p in student.parameters() if p.requires_grad}
     assert {id(p) for group in optimizer.param_groups for p in group["params"]} == trained

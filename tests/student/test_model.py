@@ -115,9 +115,18 @@ def test_a_full_depth_student_initialised_from_the_teacher_predicts_like_it(tmp_
 
 
 def test_hidden_state_distillation_projects_to_the_teachers_width(tiny_path):
-    student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny", hidden_kd_weight=0.5))
+    student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny"), hidden_layers=(0, -1))
     pred, hidden = student(torch.randn(2, 16, 1, 8, 8), torch.tensor([500.0, 20.0]), torch.randn(2, 512, 32))
-    assert pred.shape == (2, 16, 1, 8, 8) and hidden.shape == (2, 16, 32)
+    assert pred.shape == (2, 16, 1, 8, 8) and [h.shape for h in hidden] == [(2, 16, 32)] * 2  # one per block
+    assert build_student(inspect_teacher(tiny_path), **scfg(builder="tiny")).hidden_proj is None
+
+
+def test_a_checkpoint_of_one_projection_loads_into_the_first(tiny_path):
+    student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny"), hidden_layers=(-1,))
+    state = student.state_dict()
+    old = {k.replace("hidden_proj.0.", "hidden_proj."): v.clone() + 1 for k, v in state.items()}  # as saved before
+    student.load_state_dict(old)
+    assert torch.equal(student.hidden_proj[0].weight, old["hidden_proj.weight"])
 
 
 @pytest.mark.parametrize(

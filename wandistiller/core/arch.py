@@ -69,6 +69,9 @@ STUDENT_BUILDERS: dict[str, dict] = {
 # Named students shaped from the teacher: its widths (so they start from its blocks, as BK-SDM's students do)
 # and this share of its blocks.
 TEACHER_SHAPED_STUDENTS: dict[str, float] = {"half": 0.5}
+# Named students cut from the teacher (wandistiller/student/prune.py): its head size, at no more than this share
+# of its transformer's parameters (estimate_params), fewer blocks and fewer heads and FFN channels.
+PRUNED_STUDENTS: dict[str, float] = {"quarter": 0.25, "tenth": 0.10}
 
 # Teacher shapes the benchmarks build with random weights.
 BENCH_ARCHS = {

@@ -34,6 +34,7 @@ from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTarget
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
 from wandistiller.state.received import targets_of
 from wandistiller.student.compile import compile_kwargs
+from wandistiller.student.prune import write_record
 from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
 from wandistiller.teacher.model import compile_blocks, log_first_call
 from wandistiller.teacher.spec import inspect_teacher
@@ -184,6 +185,8 @@ class DistillationRecipe:
         student = build(
             spec=self.spec, dtype=self.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
         )
+        if self.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
+            write_record(student.pruning, self.run_dir)
         student.to(self.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()

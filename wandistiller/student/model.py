@@ -10,14 +10,21 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
-from wandistiller.core.arch import STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, estimate_params, wan_config_problem
+from wandistiller.core.arch import (
+    PRUNED_STUDENTS,
+    STUDENT_BUILDERS,
+    TEACHER_SHAPED_STUDENTS,
+    estimate_params,
+    wan_config_problem,
+)
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
+from wandistiller.student import prune
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -46,10 +53,8 @@ def student_config(student_cfg, teacher: dict) -> dict:
 
     Reads JSON only, so the Hydra job and the planner can check a student without building it.
     """
-    if student_cfg.init not in ("random", "teacher", "auto"):
-        raise UserError(f"student.init={student_cfg.init!r} is unknown; use auto, random or teacher")
     if student_cfg.builder is not None:
-        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS]
+        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS]
         if student_cfg.builder not in names:
             raise UserError(
                 f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(names)} "
@@ -90,9 +95,16 @@ def student_config(student_cfg, teacher: dict) -> dict:
 
 
 def _builder_config(builder: str, teacher: dict) -> dict:
-    """A named student's own options: fixed ones, or the teacher's widths at a share of its blocks."""
+    """A named student's own options: fixed ones, the teacher's widths at a share of its blocks, or the teacher's
+    shape at a share of its parameters (cut from it)."""
     if builder in STUDENT_BUILDERS:
         return dict(STUDENT_BUILDERS[builder])
+    if builder in PRUNED_STUDENTS:
+        try:
+            shape = prune.pruned_shape(teacher, PRUNED_STUDENTS[builder], estimate_params)
+        except ValueError as e:
+            raise UserError(f"student={builder}: {e}; use a larger student (student=half)") from None
+        return {k: teacher[k] for k in WIDTHS if k in teacher} | shape
     blocks = max(1, int(teacher["num_layers"] * TEACHER_SHAPED_STUDENTS[builder]))
     return {k: teacher[k] for k in WIDTHS if k in teacher} | {"num_layers": blocks}
 
@@ -138,25 +150,75 @@ def check_student_fits(config: dict, teacher: dict, host_bytes: int, gpu_bytes: 
             )
 
 
+INITS = ("auto", "random", "teacher")
+
+
 def check_student(student_cfg, teacher: dict) -> dict:
-    """student_config, plus what starting from the teacher's blocks needs (student.init=teacher)."""
+    """student_config, plus what its start needs: init=teacher or a folder it can be cut from, and a keep-list
+    that names that source's blocks. JSON only: refused before anything heavy loads."""
     config = student_config(student_cfg, teacher)
-    if student_cfg.init == "teacher":
-        for key in WIDTHS:
-            mine, theirs = config.get(key), teacher.get(key)
-            if mine != theirs:
-                raise UserError(
-                    f"student.init=teacher copies the teacher's blocks, but the student's {key}={mine} and the "
-                    f"teacher's is {theirs}; use student.init=auto (or random) or a student of the teacher's width"
-                )
+    init, keep = str(student_cfg.init), getattr(student_cfg, "keep_blocks", "auto")
+    source = init_source(student_cfg, teacher)
+    if init == "teacher":
+        problem = prune.pruning_problem(config, teacher)
+        if problem:
+            raise UserError(
+                f"student.init=teacher cuts the student from the teacher, but {problem}; use student.init=auto "
+                f"(or random), or a student of the teacher's head size ({teacher['attention_head_dim']}) no larger "
+                "than it (student=half, quarter or tenth)"
+            )
+    elif init not in INITS:
+        problem = prune.pruning_problem(config, source[1])
+        if problem:
+            raise UserError(
+                f"student.init={init} cannot start this student: {problem}; give a folder of a model at least "
+                "as large with the same head size and channels, or pick a student that fits in it"
+            )
+    keep = _plain(keep)
+    n_source = (source[1] if source else teacher)["num_layers"]
+    problem = prune.keep_blocks_problem(keep, config["num_layers"], n_source)
+    if problem:
+        raise UserError(
+            f"student.keep_blocks={keep} {problem}; give {config['num_layers']} distinct block indices from 0 to "
+            f"{n_source - 1}, or auto (scored on calibration inputs) or even"
+        )
+    if not isinstance(keep, str) and not starts_from_teacher(student_cfg, config, teacher) and init in INITS:
+        raise UserError(
+            f"student.keep_blocks={keep} picks blocks to copy, but student.init={init} starts from random weights; "
+            "use student.init=teacher (or a folder), or drop student.keep_blocks"
+        )
     return config
 
 
+def init_source(student_cfg, teacher: dict) -> tuple[Path, dict] | None:
+    """The folder a student.init=<folder> names and its config; None for auto, random and teacher."""
+    init = str(student_cfg.init)
+    if init in INITS:
+        return None
+    folder = Path(init).expanduser()
+    if not folder.exists() and "/" not in init:
+        raise UserError(f"student.init={init} is not auto, random or teacher, nor a folder; use one of those")
+    try:
+        return folder, prune.read_folder_config(folder)
+    except ValueError as e:
+        raise UserError(
+            f"student.init={init} {e}; give a WanTransformer3DModel folder (a model's transformer/ or a run's "
+            "student/), or auto, random or teacher"
+        ) from None
+
+
 def starts_from_teacher(student_cfg, config: dict, teacher: dict) -> bool:
-    """init=teacher, or init=auto with every width equal to the teacher's."""
+    """init=teacher, or init=auto with a student that can be cut from the teacher (its head size, no larger)."""
     if student_cfg.init == "auto":
-        return all(config.get(key) == teacher.get(key) for key in WIDTHS)
+        return prune.pruning_problem(config, teacher) is None
     return student_cfg.init == "teacher"
+
+
+def _plain(value):
+    """A keep-list from OmegaConf (a ListConfig) as a list; anything else as it is."""
+    from omegaconf import ListConfig, OmegaConf
+
+    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 
 
 def _norm(v):
@@ -205,58 +267,32 @@ def build_student(
     builder: str | None = None,
     config_path: str | None = None,
     init: str = "auto",
+    keep_blocks="auto",
     hidden_layers: tuple[int, ...] = (),
 ) -> Student:
     """The student for this teacher (the default `student._target_`; the keys are the `student` config's, and
-    `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss)."""
+    `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss).
+
+    Started from the teacher (or a student.init folder), it carries `pruning`: what was kept and why."""
     from diffusers import WanTransformer3DModel
 
-    student_cfg = SimpleNamespace(builder=builder, config_path=config_path, init=init)
+    student_cfg = OmegaConf.create(
+        {"builder": builder, "config_path": config_path, "init": str(init), "keep_blocks": _plain(keep_blocks)}
+    )
     config = check_student(student_cfg, spec.transformer_config)
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width, hidden_layers)
-    if starts_from_teacher(student_cfg, config, spec.transformer_config):
-        init_from_teacher(student, spec)
-        log.info("student: starts from the teacher's embeddings, head and evenly spaced blocks")
+    source = init_source(student_cfg, spec.transformer_config)
+    if source is None and starts_from_teacher(student_cfg, config, spec.transformer_config):
+        source = (spec.path / "transformer", spec.transformer_config)
+    if source is not None:
+        student.pruning = prune.prune_into(transformer, *source, keep=student_cfg.keep_blocks)
     else:
         log.info("student: random initialisation (student.init=%s)", init)
     return cast_keeping_fp32(student, dtype)  # Wan's norms stay fp32, as from_pretrained(torch_dtype=) keeps them
 
 
-def teacher_weights(spec: TeacherSpec, rename, expert: str = "transformer") -> dict[str, torch.Tensor]:
-    """Read the tensors of one expert that `rename(key) -> [new keys]` wants, from its safetensors
-    files (sharded or not), without loading the rest."""
-    from safetensors import safe_open
-
-    state = {}
-    for file in sorted((spec.path / expert).glob("*.safetensors")):
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                for new_key in rename(key):
-                    state[new_key] = f.get_tensor(key)
-    return state
-
-
-def init_from_teacher(student: Student, spec: TeacherSpec) -> None:
-    """Copy the teacher's embeddings, output head and evenly spaced blocks into the student.
-
-    Reads the teacher's files directly (with two experts, `transformer`), so a rank that holds no
-    teacher can start from it too. Widths were checked by build_student.
-    """
-    s = student.transformer
-    n_s, n_t = len(s.blocks), spec.transformer_config["num_layers"]
-    picks: dict[int, list[int]] = {}
-    for i in range(n_s):
-        picks.setdefault(round(i * (n_t - 1) / max(n_s - 1, 1)), []).append(i)
-
-    def rename(key: str) -> list[str]:
-        if not key.startswith("blocks."):
-            return [key]
-        _, j, rest = key.split(".", 2)
-        return [f"blocks.{i}.{rest}" for i in picks.get(int(j), [])]
-
-    state = teacher_weights(spec, rename)
-    with torch.no_grad():
-        for name, param in s.state_dict().items():
-            param.copy_(state[name].to(param.dtype))
+def init_from_teacher(student: Student, spec: TeacherSpec, keep_blocks="even") -> dict:
+    """Fill the student with the teacher's weights, cut to its shape (evenly spaced blocks unless told)."""
+    return prune.prune_into(student.transformer, spec.path / "transformer", spec.transformer_config, keep_blocks)
