@@ -167,8 +167,10 @@ def _fox_prompts(tmp_path):
 
 def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tmp_path, capsys):
     other, mine = tmp_path / "other", tmp_path / "mine"
-    run(make_cfg("trainer.max_steps=1", "trainer.loss.hidden_kd_weight=0.5", run_dir=other))  # + a projection
-    run(make_cfg("trainer.max_steps=1", run_dir=mine))
+    run(make_cfg("trainer.max_steps=1", "student=quarter", run_dir=other))  # cut narrower: another shape
+    run(make_cfg("trainer.max_steps=1", "trainer.loss.hidden_kd_weight=0.5", run_dir=mine))  # + a projection
+    eval_cli.main([str(mine), "--checkpoint", "step_1", "--steps", "1", "--limit", "1"])  # its student alone
+    assert (mine / "eval_step_00000001.json").is_file()
     shutil.copytree(other / "checkpoints" / "step_00000001", mine / "checkpoints" / "step_00000009")
     with pytest.raises(SystemExit) as e:
         eval_cli.main([str(mine), "--checkpoint", "step_9", "--steps", "1", "--limit", "1"])

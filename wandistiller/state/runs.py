@@ -111,14 +111,19 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
                 f"the student in {source} cannot be loaded ({first}); use --checkpoint latest (or another)"
             ) from None
     else:
-        student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
+        # The student's shape alone (init=random: nothing is cut or copied, the weights are the checkpoint's), and of
+        # its state the transformer: a hidden-state loss's projections are training parts, not the student.
+        transformer = instantiate(run.cfg.student, _partial_=True)(spec=run.spec, init="random").transformer
         state = load_checkpoint(source)  # safetensors + JSON: never unpickles
+        state["student"] = {
+            k[len("transformer.") :]: v for k, v in state["student"].items() if k.startswith("transformer.")
+        }
         # another student's checkpoint: one line, not load_state_dict's traceback
         check_compatible(
-            state, student, "--checkpoint", "pick one this run trained (--checkpoint latest, best or step_N)"
+            state, transformer, "--checkpoint", "pick one this run trained (--checkpoint latest, best or step_N)"
         )
-        student.load_state_dict(state["student"])
-        transformer = cast_keeping_fp32(student.transformer, dtype)
+        transformer.load_state_dict(state["student"])
+        transformer = cast_keeping_fp32(transformer, dtype)
     teacher = run.spec.transformer_config
     differ = [k for k in ("in_channels", "out_channels", "text_dim", "patch_size") if transformer.config.get(k) !=
               (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))]  # fmt: skip
