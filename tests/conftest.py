@@ -94,13 +94,14 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
             f"paths.output_dir={run_dir or tmp_path / 'run'}",
             "logger=none",
             "trainer.progress_bar=false",
-            "trainer.sample_prompts=0",
-            "trainer.val_every=0",
-            "trainer.eval_at_end=false",
+            "hooks=[monitor,progress]",  # no sample grids, no end-of-run evaluation: a test asks for them by name
+            "hooks.monitor.val_every=0",
             "precision=fp32",
         ]
         given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
-        base = [b for b in base if b.split("=", 1)[0] not in given]  # a test's own value wins
+        key = lambda b: b.split("=", 1)[0]  # noqa: E731
+        # A test's own value wins, and its own list of hooks drops the base's settings of them.
+        base = [b for b in base if key(b) not in given and not any(key(b).startswith(f"{g}.") for g in given)]
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
             return compose("train", overrides=base + list(overrides))
 

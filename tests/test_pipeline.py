@@ -16,7 +16,11 @@ from wandistiller.train import run
 @pytest.fixture
 def run_dir(make_cfg, tmp_path):
     folder = tmp_path / "run"
-    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.eval_at_end=true", run_dir=folder))
+    run(
+        make_cfg(
+            "trainer.max_steps=2", "trainer.checkpoint_every=1", "hooks=[monitor,progress,evaluate]", run_dir=folder
+        )
+    )
     return folder
 
 

@@ -89,8 +89,10 @@ def test_two_experts_ema_accumulation_checkpointing_and_hidden_kd_together(make_
             "trainer.ema_decay=0.5",
             "trainer.loss.hidden_kd_weight=0.1",
             "precision=bf16",
-            "trainer.sample_prompts=2",
-            "trainer.sample_steps=2",
+            "hooks=[monitor,progress,samples,evaluate]",
+            "hooks.samples.prompts=2",
+            "hooks.samples.steps=2",
+            "hooks.evaluate.steps=2",
             run_dir=run_dir,
         )
     )
@@ -213,7 +215,8 @@ def test_cli_default_job_with_wandb_offline_and_resume_keeps_the_run_id(tmp_path
         f"paths.cache_dir={cache_dir}",
         "trainer.max_steps=4",
         "trainer.checkpoint_every=2",
-        "trainer.sample_steps=2",
+        "hooks.samples.steps=2",
+        "hooks.evaluate.steps=2",
     ]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -298,7 +301,7 @@ def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg,
         Image.new("RGB", (64, 64), (20 * i, 90, 200 - 10 * i)).save(images / f"{i}.png")
         (images / f"{i}.txt").write_text(f"a plain field number {i}")
     with caplog.at_level(logging.INFO):
-        run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", "trainer.val_every=2",
+        run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", "hooks.monitor.val_every=2",
                      run_dir=tmp_path / "run"))  # fmt: skip
     assert "the last 1 of 10 images and their captions are held out for validation" in caplog.text
     rows = (tmp_path / "run" / "metrics_steps.jsonl").read_text()

@@ -181,10 +181,10 @@ def modern_argv(argv: list[str]) -> list[str]:
 
     rewritten = []
     for arg in argv:
-        new, warning = modern_override(arg) if "=" in arg and not arg.startswith("-") else (arg, None)
+        new, warning = modern_override(arg) if "=" in arg and not arg.startswith("-") else ([arg], None)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
-        rewritten.append(new)
+        rewritten += new
     return rewritten
 
 

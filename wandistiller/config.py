@@ -144,15 +144,6 @@ class TrainerConfig:
     resume: str | None = MISSING
     log_every: int = MISSING
     progress_bar: bool = MISSING
-    # The teacher-vs-student PNG grid at the end: prompts shown and sampling steps; 0 prompts = skip.
-    sample_prompts: int = MISSING
-    sample_steps: int = MISSING
-    # Held-out val/loss (and checkpoints/best/, loss.png) every N steps; 0 = never.
-    val_every: int = MISSING
-    # The grid every N steps, into samples/step_XXXXXXXX.png; 0 = only at the end.
-    sample_every: int = MISSING
-    # End with `python -m wandistiller.eval` (student vs teacher from the same noise) into metrics.json.
-    eval_at_end: bool = MISSING
 
 
 @dataclass
@@ -200,9 +191,8 @@ class TrainConfig:
     # The loggers by name (`logger=[wandb,tensorboard,csv]`), each with its own schema
     # (wandistiller/tracking/loggers/<name>.py); `logger=none`: none.
     logger: dict[str, Any] = field(default_factory=dict)
-    # The loop's hooks by name (`hooks=[monitor,progress,samples,evaluate]`; evaluate runs
-    # trainer.eval_at_end, so a list without it needs trainer.eval_at_end=false), each with its own schema
-    # (wandistiller/recipe/hooks/<name>.py).
+    # The loop's hooks by name (`hooks=[monitor,progress,samples,evaluate]`), each with its own schema and settings
+    # (wandistiller/recipe/hooks/<name>.py: `hooks.monitor.val_every`, `hooks.samples.every`, ...).
     hooks: dict[str, Any] = field(default_factory=dict)
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)

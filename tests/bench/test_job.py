@@ -59,7 +59,7 @@ def test_the_train_jobs_overrides_are_the_hand_written_loops_settings(tmp_path):
     overrides = job.job_overrides(args, tmp_path / "teacher", tmp_path / "run")
     assert f"teacher.path={tmp_path / 'teacher'}" in overrides and f"hydra.run.dir={tmp_path / 'run'}" in overrides
     assert "teacher_placement=cpu" in overrides  # on the CPU whatever --placement says
-    assert {"trainer.max_steps=6", "trainer.log_every=2", "trainer.val_every=0", "logger=none"} <= set(overrides)
+    assert {"trainer.max_steps=6", "trainer.log_every=2", "hooks.monitor.val_every=0", "logger=none"} <= set(overrides)
     assert not any(o.startswith(("teacher.compile", "teacher.quantize", "trainer.compile")) for o in overrides)
     args = job_args(arch="1.3b", device="cuda", compile=True, compile_mode="reduce-overhead", quantize="fp8")
     job._defaults(args)

@@ -59,7 +59,7 @@ def test_ddp_gradients_are_equal_across_ranks_after_a_step(two_ranks):
 
 def _args(run_dir, cache_dir, *extra) -> list[str]:
     return [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.progress_bar=false",
-            "trainer.eval_at_end=false", "precision=fp32", *extra]  # fmt: skip
+            "~hooks.evaluate", "precision=fp32", *extra]  # fmt: skip
 
 
 def _cli(run_dir, cache_dir, *extra, env=None):
@@ -67,7 +67,7 @@ def _cli(run_dir, cache_dir, *extra, env=None):
 
 
 TRAINS = ["distributed.nproc_per_node=2", "trainer.max_steps=25", "student.init=random", "trainer.optimizer.lr=3e-3",
-          "trainer.warmup_steps=0", "trainer.sample_prompts=2", "trainer.sample_steps=2"]  # fmt: skip
+          "trainer.warmup_steps=0", "hooks.samples.prompts=2", "hooks.samples.steps=2"]  # fmt: skip
 
 
 def _fail_then_resume(run_dir, aside, cache_dir, env: dict) -> dict:
@@ -137,8 +137,8 @@ def test_gpu0_layout_serves_two_students_from_a_dedicated_owner(tmp_path, cache_
         "teacher_placement=gpu0",
         "teacher_placement.debug_cpu=true",
         "trainer.max_steps=4",
-        "trainer.sample_prompts=1",
-        "trainer.sample_steps=2",
+        "hooks.samples.prompts=1",
+        "hooks.samples.steps=2",
         "trainer.loss.hidden_kd_weight=0.1",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -191,9 +191,9 @@ def test_a_worker_killed_from_outside_stops_the_others_and_leaves_a_resumable_ch
         "precision=fp32",  # as _cli's resume below says: a resume must agree with the run's saved config
         "trainer.max_steps=100000",
         "trainer.checkpoint_every=5",
-        "trainer.sample_prompts=0",
-        "trainer.eval_at_end=false",
-        "trainer.val_every=0",
+        "hooks.samples.prompts=0",
+        "~hooks.evaluate",
+        "hooks.monitor.val_every=0",
     ]
     proc = subprocess.Popen(
         args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True
@@ -243,9 +243,9 @@ def test_torchrun_ranks_agree_on_one_run_folder(tmp_path, cache_dir, tiny_path):
             "logger=none",
             "trainer.progress_bar=false",
             "trainer.max_steps=3",
-            "trainer.sample_prompts=0",
-            "trainer.eval_at_end=false",
-            "trainer.val_every=0",
+            "hooks.samples.prompts=0",
+            "~hooks.evaluate",
+            "hooks.monitor.val_every=0",
             f"hydra.run.dir={out}/${{wd_now:%H-%M-%S}}",
         ],
         cwd=ROOT,
@@ -298,8 +298,8 @@ def test_a_two_rank_sharded_run_trains(tmp_path, cache_dir, tiny_moe_path):
         "teacher_placement=sharded",
         "distributed.nproc_per_node=2",
         "trainer.max_steps=3",
-        "trainer.sample_prompts=1",
-        "trainer.sample_steps=2",
+        "hooks.samples.prompts=1",
+        "hooks.samples.steps=2",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "metrics.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, cli, fresh_runs
 
-FAST = ["logger=none", "trainer.sample_prompts=0", "trainer.val_every=0", "trainer.eval_at_end=false",
+FAST = ["logger=none", "hooks.samples.prompts=0", "hooks.monitor.val_every=0", "~hooks.evaluate",
         "trainer.progress_bar=false", "trainer.max_steps=2"]  # fmt: skip
 
 

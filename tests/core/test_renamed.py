@@ -127,8 +127,26 @@ def test_an_older_override_runs_as_todays_and_says_so():
     from wandistiller.core.renamed import modern_override
 
     assert modern_override("student.hidden_kd_weight=0.5") == (
-        "trainer.loss.hidden_kd_weight=0.5",
+        ["trainer.loss.hidden_kd_weight=0.5"],
         "student.hidden_kd_weight is now trainer.loss.hidden_kd_weight: ran as trainer.loss.hidden_kd_weight=0.5; "
         "write it so from now on",
     )
-    assert modern_override("trainer.max_steps=5") == ("trainer.max_steps=5", None)
+    assert modern_override("trainer.max_steps=5") == (["trainer.max_steps=5"], None)
+    assert modern_override("trainer.sample_steps=2")[0] == ["hooks.samples.steps=2", "hooks.evaluate.steps=2"]
+    assert modern_override("trainer.eval_at_end=false")[0] == ["~hooks.evaluate"]
+    assert modern_override("trainer.eval_at_end=true")[0] == []
+
+
+def test_an_old_trainers_hook_settings_move_to_the_hooks_that_are_in_its_list():
+    saved = OmegaConf.create({"trainer": {"val_every": 25, "sample_every": 0, "sample_prompts": 2, "sample_steps": 3,
+                                          "eval_at_end": False, "max_steps": 9}})  # fmt: skip
+    modernize_lists(saved)  # saved before the hooks list: every shipped hook, then their settings
+    assert saved.trainer == {"max_steps": 9}
+    assert saved.hooks.monitor.val_every == 25 and saved.hooks.samples == {
+        "_target_": HOOKS["samples"], "every": 0, "prompts": 2, "steps": 3}  # fmt: skip
+    assert "evaluate" not in saved.hooks  # eval_at_end: false
+    kept = OmegaConf.create(
+        {"trainer": {"val_every": 5, "eval_at_end": True}, "hooks": {"progress": {"_target_": "x"}}}
+    )
+    modernize_lists(kept)  # hooks of its own list: a setting of a hook not in it had no effect
+    assert kept.trainer == {} and kept.hooks == {"progress": {"_target_": "x"}}

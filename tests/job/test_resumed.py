@@ -64,8 +64,8 @@ def test_a_damaged_saved_config_is_one_line(make_cfg, tmp_path):
 @pytest.mark.slow
 def test_cli_resume_keeps_the_first_runs_overrides_and_records_them(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "r"
-    base = [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.sample_prompts=0",
-            "trainer.val_every=0", "trainer.eval_at_end=false", "trainer.progress_bar=false"]  # fmt: skip
+    base = [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "logger=none", "hooks.samples.prompts=0",
+            "hooks.monitor.val_every=0", "~hooks.evaluate", "trainer.progress_bar=false"]  # fmt: skip
     first = run_cli(*base, *FIRST)
     assert first.returncode == 0, first.stderr[-2000:]
     shutil.rmtree(run_dir / "checkpoints" / "step_00000004")

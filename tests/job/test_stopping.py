@@ -25,9 +25,9 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
     common = [
         f"paths.cache_dir={cache_dir}",
         "logger=none",
-        "trainer.sample_prompts=0",
-        "trainer.eval_at_end=false",
-        "trainer.val_every=0",
+        "hooks.samples.prompts=0",
+        "~hooks.evaluate",
+        "hooks.monitor.val_every=0",
         "trainer.progress_bar=false",
     ]
     proc = subprocess.Popen(
@@ -127,9 +127,9 @@ def test_sigterm_to_the_launcher_of_two_workers_stops_both_at_one_step_with_one_
         [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
         + [
             "logger=none",
-            "trainer.sample_prompts=0",
-            "trainer.eval_at_end=false",
-            "trainer.val_every=0",
+            "hooks.samples.prompts=0",
+            "~hooks.evaluate",
+            "hooks.monitor.val_every=0",
             "trainer.progress_bar=false",
             "distributed.nproc_per_node=2",
         ]
@@ -165,7 +165,7 @@ def test_sigterm_while_the_first_step_compiles_exits_within_ten_seconds_in_one_l
     run_dir = tmp_path / "r"
     proc = subprocess.Popen(
         [sys.executable, "-m", "wandistiller.train", f"paths.cache_dir={cache_dir}", "logger=none",
-         "trainer.sample_prompts=0", "trainer.eval_at_end=false", "trainer.val_every=0", "trainer.progress_bar=false",
+         "hooks.samples.prompts=0", "~hooks.evaluate", "hooks.monitor.val_every=0", "trainer.progress_bar=false",
          "teacher.compile=true", "trainer.compile_student=true", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
@@ -212,7 +212,7 @@ def test_sigterm_while_the_teacher_latents_are_made_is_one_line_and_keeps_finish
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "wandistiller.train", f"hydra.run.dir={run_dir}", f"paths.cache_dir={tmp_path}/c",
             "logger=none", "data=teacher_latents", "data.sample_steps=50", "data.latent_chunk=4",
-            "trainer.max_steps=1", "trainer.sample_prompts=0"]  # fmt: skip
+            "trainer.max_steps=1", "hooks.samples.prompts=0"]  # fmt: skip
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 300
     while not list((tmp_path / "c").glob("teacher_latents/*/chunk_*.pt")) and time.monotonic() < deadline:

@@ -73,17 +73,15 @@ def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_no
 
     from wandistiller.student.model import build_student
 
-    trainer = OmegaConf.create({"sample_prompts": 0, "sample_steps": 1})
-    assert sample_grids(SimpleNamespace(trainer_cfg=trainer), None, None) is None  # no teacher needed, none drawn
+    assert sample_grids(SimpleNamespace(), None, None, 0, 1) is None  # no prompts: no teacher needed, none drawn
     spec = inspect_teacher(tiny_path)
     g = torch.Generator().manual_seed(0)
     prompts = PromptEmbeddings(["a", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512)
     data = OmegaConf.create({"latent_frames": 1, "latent_height": 8, "latent_width": 8})
-    trainer = OmegaConf.create({"sample_prompts": 1, "sample_steps": 1})
-    ctx = SimpleNamespace(trainer_cfg=trainer, spec=spec, data_cfg=data, seed=0)
+    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0)
     student = build_student(spec, builder="tiny", init="random").train()
     column = np.zeros((1, 64, 64, 3), dtype=np.float32)
-    path = SampleGrid(ctx, column, prompts)(student, tmp_path / "samples" / "grid.png")
+    path = SampleGrid(ctx, column, prompts, 1, 1)(student, tmp_path / "samples" / "grid.png")
     assert path == tmp_path / "samples" / "grid.png" and student.training  # back to training once drawn
     grid = np.asarray(Image.open(path).convert("RGB"))
     assert grid.shape == (HEADER + CELL + CAPTION, 2 * CELL, 3)  # one prompt: the teacher's, then the student's

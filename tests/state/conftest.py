@@ -16,8 +16,8 @@ def finished(tmp_path_factory, cache_dir, tiny_path):
 
     folder = tmp_path_factory.mktemp("finished") / "run"
     overrides = [f"paths.cache_dir={cache_dir}", f"paths.output_dir={folder}", "logger=none", "precision=fp32",
-                 "trainer.progress_bar=false", "trainer.sample_prompts=0", "trainer.val_every=0",
-                 "trainer.eval_at_end=false", "trainer.max_steps=2", "trainer.checkpoint_every=1"]  # fmt: skip
+                 "trainer.progress_bar=false", "hooks.samples.prompts=0", "hooks.monitor.val_every=0",
+                 "~hooks.evaluate", "trainer.max_steps=2", "trainer.checkpoint_every=1"]  # fmt: skip
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         run(compose("train", overrides=overrides))
     return folder

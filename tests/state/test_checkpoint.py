@@ -87,9 +87,9 @@ def test_cli_a_crafted_pickle_found_by_auto_is_skipped_in_one_line_and_never_run
     common = [
         f"paths.cache_dir={cache_dir}",
         "logger=none",
-        "trainer.sample_prompts=0",
-        "trainer.eval_at_end=false",
-        "trainer.val_every=0",
+        "hooks.samples.prompts=0",
+        "~hooks.evaluate",
+        "hooks.monitor.val_every=0",
         "trainer.max_steps=4",
     ]
     result = run_cli(*common, f"hydra.run.dir={run_dir}", "trainer.resume=auto", "precision=fp32")

@@ -24,9 +24,9 @@ def test_a_two_point_sweep_reports_both_points_and_records_the_refused_one(tmp_p
         "trainer.max_steps=3",
         f"hydra.sweep.dir={sweep}",
         f"paths.cache_dir={cache_dir}",
-        "trainer.sample_prompts=0",
-        "trainer.eval_at_end=false",
-        "trainer.val_every=0",
+        "hooks.samples.prompts=0",
+        "~hooks.evaluate",
+        "hooks.monitor.val_every=0",
         "trainer.progress_bar=false",
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -53,9 +53,9 @@ def job_overrides(args, folder: Path, run_dir: Path) -> list[str]:
         f"trainer.max_steps={args.steps}",
         f"trainer.checkpoint_every={args.steps}",
         f"trainer.log_every={args.log_every}",
-        "trainer.sample_prompts=0",
-        "trainer.val_every=0",  # the hand-written loop validates and evaluates nothing
-        "trainer.eval_at_end=false",
+        "hooks.samples.prompts=0",
+        "hooks.monitor.val_every=0",  # the hand-written loop validates and evaluates nothing
+        "~hooks.evaluate",
         "trainer.progress_bar=false",
         f"data.latent_height={args.latent_height}",
         f"data.latent_width={args.latent_width}",

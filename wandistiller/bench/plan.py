@@ -129,8 +129,8 @@ def measure(overrides: list[str], steps: int, device: str) -> dict:
     """One training job in a fresh process: its peak host RSS and its per-GPU peaks."""
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as run_dir:
         cmd = [sys.executable, "-m", "wandistiller.train", *overrides, f"trainer.max_steps={steps}", "logger=none"]
-        cmd += ["trainer.sample_prompts=0", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
-        cmd += ["trainer.val_every=0", "trainer.eval_at_end=false"]  # the planner plans training, not evaluation
+        cmd += ["hooks.samples.prompts=0", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
+        cmd += ["hooks.monitor.val_every=0", "~hooks.evaluate"]  # the planner plans training, not evaluation
         log = Path(run_dir) / "stdout.txt"
         with open(log, "w") as out:
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())

@@ -35,7 +35,15 @@ RENAMED: dict[str, str] = {
 # Keys that moved: old -> new. Their values move with them (a saved config, a command-line override).
 MOVED_KEYS: dict[str, str] = {
     "student.hidden_kd_weight": "trainer.loss.hidden_kd_weight",
+    # The shipped hooks' settings, once trainer keys; the end-of-run evaluation sampled with trainer.sample_steps.
+    "trainer.val_every": "hooks.monitor.val_every",
+    "trainer.sample_every": "hooks.samples.every",
+    "trainer.sample_prompts": "hooks.samples.prompts",
+    "trainer.sample_steps": "hooks.samples.steps hooks.evaluate.steps",
+    # trainer.eval_at_end=false: the evaluate hook left out of the list (true: it is in the default list).
+    "trainer.eval_at_end": "hooks.evaluate",
 }
+EVALUATE_SWITCH = "trainer.eval_at_end"
 
 
 def current_target(name: str) -> str:
@@ -69,11 +77,11 @@ HOOKS = {
 
 
 def modernize_lists(root) -> None:
-    """A config saved before loggers and hooks were lists, read back as one composed today: see below."""
+    """A config saved before loggers and hooks were lists, or before keys moved, read back as one composed today."""
     modernize_loggers(root)
-    modernize_keys(root)
     if isinstance(root, DictConfig) and "trainer" in root and "hooks" not in root:
         root["hooks"] = {name: {"_target_": target} for name, target in HOOKS.items()}
+    modernize_keys(root)
 
 
 def modernize_loggers(root) -> None:
@@ -94,9 +102,10 @@ def modernize_loggers(root) -> None:
 
 
 def modernize_keys(root) -> None:
-    """A saved config's moved keys (MOVED_KEYS), in place and unresolved. The old loss nodes read
-    `hidden_kd_weight: ${student.hidden_kd_weight}`: they get its value, and a loss that no longer takes the key
-    (a task loss, which discarded it) loses it."""
+    """A saved config's moved keys (MOVED_KEYS), in place and unresolved: each value goes to its new place(s) where
+    that node is in the config (a hook left out of the list takes none), `trainer.eval_at_end: false` leaves the
+    evaluate hook out. The old loss nodes read `hidden_kd_weight: ${student.hidden_kd_weight}`: they get its
+    value, and a loss that no longer takes the key (a task loss, which discarded it) loses it."""
     if not isinstance(root, DictConfig):
         return
     for old, new in MOVED_KEYS.items():
@@ -106,25 +115,41 @@ def modernize_keys(root) -> None:
             continue
         value = parent._get_node(key)._value()
         del parent[key]
-        new_parent_key, new_key = new.rsplit(".", 1)
-        target = OmegaConf.select(root, new_parent_key, default=None, throw_on_resolution_failure=False)
-        if not isinstance(target, DictConfig):
+        if old == EVALUATE_SWITCH:
+            hooks = root._get_node("hooks") if "hooks" in root else None
+            if value is False and isinstance(hooks, DictConfig) and "evaluate" in hooks:
+                del hooks["evaluate"]
             continue
-        if new_key in target and target._get_node(new_key)._value() == "${" + old + "}":
-            if current_target(str(target._get_node("_target_")._value())) == _TASK:
-                del target[new_key]
-            else:
-                target[new_key] = value
+        for place in new.split():
+            _put(root, old, place, value)
+
+
+def _put(root: DictConfig, old: str, place: str, value) -> None:
+    parent_key, key = place.rsplit(".", 1)
+    target = OmegaConf.select(root, parent_key, default=None, throw_on_resolution_failure=False)
+    if not isinstance(target, DictConfig):
+        return  # that hook (or loss) is not in this config: the setting had no effect
+    if parent_key != "trainer.loss":
+        target[key] = value
+    elif key in target and target._get_node(key)._value() == "${" + old + "}":
+        if current_target(str(target._get_node("_target_")._value())) == _TASK:
+            del target[key]
+        else:
+            target[key] = value
 
 
 _TASK = "wandistiller.recipe.losses.task.Task"
 
 
-def modern_override(override: str) -> tuple[str, str | None]:
-    """(today's override, a warning or None) for one command-line override of an older key."""
+def modern_override(override: str) -> tuple[list[str], str | None]:
+    """(today's overrides, a warning or None) for one command-line override of an older key."""
     prefix = override[: len(override) - len(override.lstrip("+~"))]
     key, eq, value = override[len(prefix) :].partition("=")
     if key not in MOVED_KEYS:
-        return override, None
-    new = f"{prefix}{MOVED_KEYS[key]}{eq}{value}"
-    return new, f"{key} is now {MOVED_KEYS[key]}: ran as {new}; write it so from now on"
+        return [override], None
+    if key == EVALUATE_SWITCH:
+        new = ["~hooks.evaluate"] if value.strip().lower() == "false" else []
+        now = "the evaluate hook in `hooks` (in the default list; ~hooks.evaluate leaves it out)"
+        return new, f"{key} is now {now}: ran as {' '.join(new) or 'the default'}; write it so from now on"
+    new = [f"{prefix}{place}{eq}{value}" for place in MOVED_KEYS[key].split()]
+    return new, f"{key} is now {' and '.join(MOVED_KEYS[key].split())}: ran as {' '.join(new)}; write it so from now on"

@@ -9,6 +9,7 @@ import functools
 import math
 from pathlib import Path
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -86,9 +87,6 @@ def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
     return [
         ("trainer.warmup_steps", t.warmup_steps),
         ("trainer.keep_checkpoints", t.keep_checkpoints),
-        ("trainer.sample_prompts", t.sample_prompts),
-        ("trainer.val_every", t.val_every),
-        ("trainer.sample_every", t.sample_every),
     ]
 
 
@@ -100,7 +98,6 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.latent_frames", d.latent_frames, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
-        ("trainer.sample_steps", t.sample_steps, lambda v: v > 0, "a positive integer"),
         *data_sources.range_checks(d),  # each source's own keys (wandistiller/data/sources/)
         ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
@@ -149,6 +146,13 @@ def check_training_parts(cfg: DictConfig) -> None:
     built = instantiate(t.loss)  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
     if isinstance(built, functools.partial) and isinstance(built.func, type):
         built()
+    for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
+        try:
+            instantiate(node)
+        except InstantiationException as e:  # Hydra wraps what the constructor raised
+            if isinstance(e.__cause__, UserError):
+                raise e.__cause__ from None
+            raise
 
 
 MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
@@ -188,15 +192,10 @@ def check_tracker(cfg: DictConfig) -> None:
             check(node, f"logger.{key}")
 
 
-# The end-of-run evaluation's hook (conf/hooks/evaluate.yaml), named here as a string: no upward import.
-EVALUATE_HOOK = "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd"
-
-
 def check_hooks(cfg: DictConfig) -> None:
-    """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`), and
-    `trainer.eval_at_end=true` without the hook that evaluates: one line each, before anything heavy."""
+    """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`) is one line (the hooks are
+    built once by check_training_parts, so their own settings' refusals come before anything heavy)."""
     from wandistiller.config import CONF_DIR
-    from wandistiller.core.renamed import current_target
 
     for key, node in cfg.hooks.items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -205,11 +204,6 @@ def check_hooks(cfg: DictConfig) -> None:
                 f"hooks.{key}={node!r} is not a hook; `hooks` names hooks ({names}), each with its keys under its "
                 f"name: e.g. hooks=[monitor,progress], or +hooks.{key}._target_=my_package.MyHook for your own"
             )
-    evaluates = any(current_target(str(n._target_)) == EVALUATE_HOOK for n in cfg.hooks.values())
-    if cfg.trainer.eval_at_end and not evaluates:
-        raise UserError(
-            "trainer.eval_at_end=true needs the evaluate hook: hooks=[...,evaluate] or trainer.eval_at_end=false"
-        )
 
 
 def check_targets(cfg: DictConfig) -> None:

@@ -57,9 +57,9 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
     latents_steps = [f"data.sample_steps={settings.sample_steps}"] if "data=teacher_latents" in overrides else []
     cfg = compose_config([
         f"teacher={settings.teacher}", f"student={settings.student}", f"seed={seed}",
-        f"trainer.max_steps={settings.max_steps}", f"trainer.batch_size={settings.batch_size}", "trainer.val_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.progress_bar=false", "trainer.sample_every=0", f"trainer.checkpoint_every={settings.max_steps}",
+        f"trainer.max_steps={settings.max_steps}", f"trainer.batch_size={settings.batch_size}",
+        "hooks.monitor.val_every=0", "~hooks.evaluate",
+        "trainer.progress_bar=false", "hooks.samples.every=0", f"trainer.checkpoint_every={settings.max_steps}",
         "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}",
         *overrides, *latents_steps, *settings.extra,
     ])  # fmt: skip

@@ -164,12 +164,15 @@ class DistillationRecipe:
         return as_loss(instantiate(self.cfg.trainer.loss))
 
     def _setup_val_set(self, teacher, val_embeddings):
-        return data_sources.val_set(self.ctx, teacher, val_embeddings) if self.cfg.trainer.val_every > 0 else None
+        """The held-out set, made where a hook validates (`hooks.monitor.val_every` > 0); None otherwise."""
+        validating = hooks.configured(self.cfg.hooks, "validates")
+        return data_sources.val_set(self.ctx, teacher, val_embeddings) if validating and validating.val_every else None
 
     def _setup_samples(self, teacher, embeddings):
-        """The sample grid (recipe/samples.py), its teacher column drawn now, by every rank together; None without
-        samples. The samples hook decides when the student is drawn into it."""
-        return sample_grids(self.ctx, teacher, embeddings)
+        """The sample grid (recipe/samples.py) of the hook that draws them (`hooks.samples`), its teacher column drawn
+        now, by every rank together; None without samples. The hook decides when the student is drawn into it."""
+        drawing = hooks.configured(self.cfg.hooks, "draws_samples")
+        return sample_grids(self.ctx, teacher, embeddings, drawing.prompts, drawing.steps) if drawing else None
 
     def _setup_hooks(self, val_set, samples) -> list:
         """`hooks` (monitor, progress, samples, ...), instantiated in order and bound to this run."""

@@ -36,10 +36,11 @@ class SampleGrid:
     ctx: RunContext
     teacher_column: np.ndarray
     embeddings: PromptEmbeddings
+    prompts: int
+    steps: int
 
     def __call__(self, student: torch.nn.Module, path: Path) -> Path:
-        t = self.ctx.trainer_cfg
-        n, steps = t.sample_prompts, t.sample_steps
+        n, steps = self.prompts, self.steps
         was_training = student.training
         student.eval()
         mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
@@ -49,21 +50,20 @@ class SampleGrid:
         return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path)
 
 
-def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings) -> SampleGrid | None:
-    """The run's grid, its teacher column drawn now: by rank 0 (which always holds a teacher; a sharded one needs
-    every rank in its forwards, so every rank calls this), then sent to the main rank. None without samples."""
-    t = ctx.trainer_cfg
-    n, steps = t.sample_prompts, t.sample_steps
+def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int, steps: int) -> SampleGrid | None:
+    """The run's grid of `n` prompts in `steps` sampling steps, its teacher column drawn now: by rank 0 (which always
+    holds a teacher; a sharded one needs every rank in its forwards, so every rank calls this), then sent to the
+    main rank. None without samples."""
     if n <= 0:
         return None
     if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
-        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (trainer.sample_prompts=0 "
+        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (hooks.samples.prompts=0 "
                  "skips them)", n, steps)  # fmt: skip
     draws = ctx.makes_teacher_data
     drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
     if ctx.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)
-    return SampleGrid(ctx, drawn[0], embeddings)
+    return SampleGrid(ctx, drawn[0], embeddings, n, steps)
 
 
 @torch.no_grad()

@@ -13,8 +13,9 @@ from wandistiller.train import run
 
 def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
-    overrides = ["trainer.max_steps=4", "trainer.val_every=2", "trainer.sample_every=2", "trainer.sample_prompts=1",
-                 "trainer.sample_steps=2", "trainer.eval_at_end=true", "trainer.checkpoint_every=10"]  # fmt: skip
+    overrides = ["trainer.max_steps=4", "hooks=[monitor,progress,samples,evaluate]", "hooks.monitor.val_every=2",
+                 "hooks.samples.every=2", "hooks.samples.prompts=1", "hooks.samples.steps=2", "hooks.evaluate.steps=2",
+                 "trainer.checkpoint_every=10"]  # fmt: skip
     summary = run(make_cfg(*overrides, run_dir=run_dir))
     val = [r for r in metrics_steps(run_dir) if "val/loss" in r]
     assert [r["step"] for r in val] == [2, 4]
@@ -26,7 +27,7 @@ def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp
     assert summary["eval_latent_mse"] >= 0 and (run_dir / "eval.json").is_file()
     # Deterministic: the same run gives the same held-out losses.
     again = tmp_path / "again"
-    run(make_cfg(*overrides, "trainer.eval_at_end=false", "trainer.sample_every=0", run_dir=again))
+    run(make_cfg(*overrides, "hooks.samples.every=0", run_dir=again))
     assert [r["val/loss"] for r in metrics_steps(again) if "val/loss" in r] == [r["val/loss"] for r in val]
 
 
@@ -36,7 +37,7 @@ def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg,
     from wandistiller.data.validation import recorded_rows
 
     run_dir = tmp_path / "r"
-    common = ["trainer.val_every=2", "trainer.checkpoint_every=2"]
+    common = ["hooks.monitor.val_every=2", "trainer.checkpoint_every=2"]
     run(make_cfg(*common, "trainer.max_steps=2", run_dir=run_dir))
     state_file = run_dir / "checkpoints" / "best" / "state.json"
     state = json.loads(state_file.read_text())

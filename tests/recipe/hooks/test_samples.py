@@ -24,8 +24,8 @@ class ImageTracker(NullTracker):
 
 
 def drive(sample_every: int, drawer, steps=range(1, 7), run_dir="/runs/r") -> SimpleNamespace:
-    hook = SampleGrids()
-    trainer = OmegaConf.create({"sample_every": sample_every, "max_steps": 6})
+    hook = SampleGrids(every=sample_every)
+    trainer = OmegaConf.create({"max_steps": 6})
     hook.bind(SimpleNamespace(trainer_cfg=trainer), HookParts(samples=drawer))
     run = SimpleNamespace(student="the student", run_dir=run_dir, tracker=ImageTracker(), hook=hook)
     for step in steps:

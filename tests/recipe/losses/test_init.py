@@ -58,8 +58,8 @@ def test_each_loss_option_trains(make_cfg, tmp_path, option, keys):
 
 
 TASK_ON_TWO_RANKS = ["logger=none", "distributed.nproc_per_node=2", "teacher_placement=cpu", "loss=task",
-                     "trainer.max_steps=3", "trainer.sample_prompts=0", "trainer.val_every=0",
-                     "trainer.eval_at_end=false", "trainer.progress_bar=false", "precision=fp32"]  # fmt: skip
+                     "trainer.max_steps=3", "hooks.samples.prompts=0", "hooks.monitor.val_every=0",
+                     "~hooks.evaluate", "trainer.progress_bar=false", "precision=fp32"]  # fmt: skip
 
 
 def _train(run_dir, args: list[str], env: dict):

@@ -35,7 +35,7 @@ def test_a_validation_at_a_logged_step_joins_its_row(tmp_path):
 
 
 def test_a_run_with_validation_writes_one_csv_row_per_step(make_cfg, tmp_path):
-    cfg = make_cfg("logger=csv", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_every=1",
+    cfg = make_cfg("logger=csv", "trainer.max_steps=2", "trainer.log_every=1", "hooks.monitor.val_every=1",
                    run_dir=tmp_path / "r")  # fmt: skip
     run(cfg)
     rows = list(csv.DictReader((tmp_path / "r" / "metrics.csv").read_text().splitlines()))

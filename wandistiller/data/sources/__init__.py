@@ -55,9 +55,6 @@ def val_set(ctx, teacher, val_embeddings):
 
     from wandistiller.data.validation import build_val_set, fill_targets
 
-    t = ctx.trainer_cfg
-    if t.val_every > t.max_steps:
-        log.warning("trainer.val_every=%d > trainer.max_steps=%d: no validation will run", t.val_every, t.max_steps)
     held_out = build_val_set(val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps)
     box = [None]
     if ctx.makes_teacher_data:

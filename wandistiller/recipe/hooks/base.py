@@ -1,9 +1,10 @@
 """The interface every loop hook implements: `hook(run, step)` after each step's optimizer update and
 checkpoint, the same steps on every rank (the loop itself knows none of them).
 
-A hook is one module of this package defining `OPTION = (<Name>Config, <Name>Hook)`; the registry
+A hook is one module of this package defining `OPTION = Option("<name>", <Name>Config, <Name>Hook)`; the registry
 (`__init__.py`) finds it, so a new hook is that module plus its YAML in `conf/hooks/` (added to the list
-`hooks=[monitor,progress,samples,evaluate,<name>]`), and no other edit:
+`hooks=[monitor,progress,samples,evaluate,<name>]`), and no other edit. Its settings are its own schema's keys,
+under `hooks.<name>` (`hooks.monitor.val_every=25`), given to its constructor, which refuses a bad one:
 
     main_only          runs on the main training rank only (the default), or on every training rank
     bind(ctx, parts)   once before the loop: the run's frozen context and what setup built for hooks
@@ -26,6 +27,16 @@ class HookParts:
     val_set: object = None
     samples: object = None
     targets: tuple[str, ...] = ()
+
+
+def at_least(key: str, value: int, least: int) -> int:
+    """A hook setting's refusal in one line: `hooks.monitor.val_every=-1 must be 0 or more`."""
+    if value < least:
+        from wandistiller.core.errors import UserError
+
+        what = "0 or more" if least == 0 else f"at least {least}"
+        raise UserError(f"{key}={value} must be {what}")
+    return value
 
 
 class Hook:

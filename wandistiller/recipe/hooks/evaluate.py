@@ -1,4 +1,4 @@
-"""`hooks.evaluate`: with `trainer.eval_at_end=true`, the end of a run evaluates the student against its teacher
+"""`hooks.evaluate` (in the default `hooks` list): the end of a run evaluates the student against its teacher
 (`python -m wandistiller.eval`'s `evaluate`, from the same noise, prompts and sampler) and adds the means to
 metrics.json (`eval_*`) and the loggers."""
 
@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from wandistiller.core.registry import Option
-from wandistiller.recipe.hooks.base import Hook
+from wandistiller.recipe.hooks.base import Hook, at_least
 
 log = logging.getLogger("wandistiller")
 
@@ -16,22 +16,25 @@ log = logging.getLogger("wandistiller")
 @dataclass
 class EvaluateConfig:
     _target_: str = "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd"
+    # Sampling steps of student and teacher (`python -m wandistiller.eval --steps`).
+    steps: int = 10
 
 
 class EvaluateAtEnd(Hook):
-    """`hooks.evaluate`: with trainer.eval_at_end, the student against its teacher from the same noise at the end
+    """`hooks.evaluate`: the student against its teacher from the same noise at the end
     of the run, its means for metrics.json (`eval_*`) and the loggers. It runs where the whole teacher fits on one
     device (the placement says: `whole_on_one_device`); the training teacher is freed by then, eval loads its own."""
+
+    def __init__(self, steps: int = 10):
+        self.steps = at_least("hooks.evaluate.steps", steps, 1)
 
     def bind(self, ctx, parts) -> None:
         self.ctx, self.targets = ctx, parts.targets
 
     def at_end(self, run) -> dict:
         ctx = self.ctx
-        if not ctx.trainer_cfg.eval_at_end:
-            return {}
         if not ctx.placement.whole_on_one_device:
-            log.info("trainer.eval_at_end: skipped, teacher_placement=%s (eval loads the whole teacher on one "
+            log.info("hooks.evaluate: skipped, teacher_placement=%s (eval loads the whole teacher on one "
                      "device); run python -m wandistiller.eval %s where it fits", ctx.placement.name,
                      ctx.run_dir)  # fmt: skip
             return {}
@@ -40,7 +43,7 @@ class EvaluateAtEnd(Hook):
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-        result = evaluate(ctx.run_dir, steps=ctx.trainer_cfg.sample_steps, device=ctx.device, trust=own)
+        result = evaluate(ctx.run_dir, steps=self.steps, device=ctx.device, trust=own)
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
         return {f"eval_{k}": v for k, v in result["mean"].items()}
 

@@ -1,6 +1,6 @@
 """`hooks.monitor`: what a run shows while it trains, on the main rank, after every step: the per-step metrics
 appended to `metrics_steps.jsonl` as they happen, and the held-out `val/loss` (overall and per noise band)
-every `trainer.val_every` steps with `checkpoints/best/` and `loss.png`."""
+every `hooks.monitor.val_every` steps with `checkpoints/best/` and `loss.png`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wandistiller.core.registry import Option
 from wandistiller.data.validation import save_loss_plot, val_loss
-from wandistiller.recipe.hooks.base import Hook
+from wandistiller.recipe.hooks.base import Hook, at_least
 from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
 
 log = logging.getLogger("wandistiller")
@@ -22,22 +22,32 @@ log = logging.getLogger("wandistiller")
 @dataclass
 class MonitorConfig:
     _target_: str = "wandistiller.recipe.hooks.monitor.Monitor"
+    # Held-out val/loss (and checkpoints/best/, loss.png) every N steps; 0 = never (no held-out set is made).
+    val_every: int = 50
 
 
 class Monitor(Hook):
     """Validation and the per-step metrics file, after each step's optimizer update and checkpoint."""
 
-    def __init__(self):
-        self.t, self.val_set = None, None
+    validates = True  # the recipe makes the held-out set for the hook that asks (recipe/hooks/__init__.py)
+
+    def __init__(self, val_every: int = 50):
+        self.val_every = at_least("hooks.monitor.val_every", val_every, 0)
+        self.val_set = None
         self.written = 0  # run.history entries already in metrics_steps.jsonl
         self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
 
     def bind(self, ctx, parts) -> None:
-        self.t, self.val_set = ctx.trainer_cfg, parts.val_set
+        self.val_set = parts.val_set
+        last = ctx.trainer_cfg.max_steps
+        if self.val_every > last:
+            log.warning(
+                "hooks.monitor.val_every=%d > trainer.max_steps=%d: no validation will run", self.val_every, last
+            )
 
     def __call__(self, run, step: int) -> None:
         row = {}
-        if self.val_set is not None and self.t.val_every > 0 and step % self.t.val_every == 0:
+        if self.val_set is not None and self.val_every > 0 and step % self.val_every == 0:
             row = self.validate(run, step)
         self.append_metrics(run, row)
         if row:

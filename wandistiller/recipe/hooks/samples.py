@@ -1,4 +1,4 @@
-"""`hooks.samples`: when the teacher-vs-student grids are drawn -- every `trainer.sample_every` steps into
+"""`hooks.samples`: when the teacher-vs-student grids are drawn -- every `hooks.samples.every` steps into
 `samples/step_XXXXXXXX.png`, and at the end into `samples.png` -- and logged. The drawing (the teacher's column
 drawn once, before training, and each grid) is recipe/samples.py's."""
 
@@ -8,21 +8,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wandistiller.core.registry import Option
-from wandistiller.recipe.hooks.base import Hook
+from wandistiller.recipe.hooks.base import Hook, at_least
 
 
 @dataclass
 class SamplesConfig:
     _target_: str = "wandistiller.recipe.hooks.samples.SampleGrids"
+    # The grid every N steps into samples/step_XXXXXXXX.png; 0 = only samples.png at the end.
+    every: int = 100
+    # Prompts shown (0 = no grids at all) and the sampling steps of each image.
+    prompts: int = 4
+    steps: int = 10
 
 
 class SampleGrids(Hook):
-    def __init__(self):
-        self.every, self.last_step, self.samples = 0, 0, None
+    """The grids' schedule; what they show (`prompts`, `steps`) is drawn by recipe/samples.py, the teacher's column
+    before training (the recipe asks the registry for the hook that `draws_samples`)."""
+
+    draws_samples = True
+
+    def __init__(self, every: int = 100, prompts: int = 4, steps: int = 10):
+        self.every = at_least("hooks.samples.every", every, 0)
+        self.prompts = at_least("hooks.samples.prompts", prompts, 0)
+        self.steps = at_least("hooks.samples.steps", steps, 1)
+        self.last_step, self.samples = 0, None
 
     def bind(self, ctx, parts) -> None:
-        t = ctx.trainer_cfg
-        self.every, self.last_step, self.samples = t.sample_every, t.max_steps, parts.samples
+        self.last_step, self.samples = ctx.trainer_cfg.max_steps, parts.samples
 
     def __call__(self, run, step: int) -> None:
         if self.samples is None or self.every <= 0 or step % self.every:
