@@ -100,7 +100,7 @@ def test_an_evaluated_students_step_is_its_checkpoints_or_the_runs_last(tmp_path
 
 @pytest.mark.slow  # a real offline wandb run: seconds to start
 def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tmp_path):
-    from wandistiller.tracking.loggers import WandbTracker
+    from wandistiller.tracking.loggers.wandb import WandbTracker
     from wandistiller.tracking.loggers.csv import CsvLogger
 
     wandb, table = WandbTracker(project="wandistiller", mode="offline"), CsvLogger()

@@ -109,7 +109,7 @@ def test_every_target_of_the_shipped_conf_tree_resolves():
 
 def test_the_readme_code_map_names_every_module():
     readme = (PACKAGE.parent / "README.md").read_text()
-    code_map = readme[readme.index("## Code map") : readme.index("**Adding a placement:**")]
+    code_map = readme[readme.index("## Code map") : readme.index("**Adding an option")]
     named = set(re.findall(r"`([\w/]+\.py)`", code_map))
     packages = set(re.findall(r"\*\*`(\w+)/`\*\*", code_map))
     for f in PACKAGE.rglob("*.py"):

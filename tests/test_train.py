@@ -309,7 +309,7 @@ def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg,
 
 
 def test_offline_segments_include_the_folders_wandb_suffixes_when_two_start_in_one_second(tmp_path):
-    from wandistiller.tracking.loggers import offline_segments
+    from wandistiller.tracking.loggers.wandb import offline_segments
 
     names = ["offline-run-20261126_130001-abc", "offline-run-20261126_130001-abc-1", "offline-run-20261126_130002-xyz"]
     for name in names:

@@ -258,7 +258,8 @@ def _split_by_step(started: list, step: int | None) -> tuple:
     after its run's current one and drops an earlier step's numbers with a warning: a resumed online run continues
     after the run's last step (an offline one starts at 0), so there the numbers go to wandb's next step, with
     `eval/step` naming the step evaluated (a chart's x-axis in wandb)."""
-    from wandistiller.tracking.loggers import Loggers, WandbTracker
+    from wandistiller.tracking.loggers import Loggers
+    from wandistiller.tracking.loggers.wandb import WandbTracker
 
     def takes(logger) -> bool:
         run = getattr(logger, "run", None) if isinstance(logger, WandbTracker) else None
