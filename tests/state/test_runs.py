@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 
 import pytest
@@ -108,11 +109,13 @@ def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_ask
     assert Trust.from_args(without.parse_args([])) == Trust()
 
 
-def test_checkpoints_are_chosen_by_name(run_dir):
+def test_checkpoints_are_chosen_by_name(run_dir, caplog):
     r = open_run(run_dir)
     assert student_source(r, None) == run_dir / "student"
     assert student_source(r, "latest").name == "step_00000002"
-    step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    with caplog.at_level(logging.INFO):
+        step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    assert not [m for m in caplog.messages if m.startswith("student:")]  # no "random initialisation": it is not
     final = load_student(r, student_source(r, None), torch.device("cpu"))
     assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
     state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]

@@ -89,3 +89,12 @@ def human_count(n: int) -> str:
             value = n / size
             return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
     return str(n)
+
+
+def rate(x: float | None) -> str:
+    """A rate to three significant figures, never rounded to nothing: 0.0123 -> "0.0123", 41.27 -> "41.3",
+    1234.5 -> "1234" (a slow run's samples/s read "0.0" at one decimal)."""
+    if not x:
+        return "0"
+    text = f"{x:.3g}"
+    return f"{x:.0f}" if "e+" in text or abs(x) >= 1000 else text

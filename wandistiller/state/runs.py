@@ -7,6 +7,7 @@ trained on guided targets, so it samples without CFG (guidance 1).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +93,24 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
     return found
 
 
+def _shell(run: RunFolder):
+    """The run's student, built to receive a checkpoint's weights: random (never read from the teacher), and
+    without its "student: random initialisation" line, which would be false of the student then loaded."""
+    from hydra.utils import instantiate
+
+    student_log = logging.getLogger("wandistiller.student.model")
+    level = student_log.level
+    student_log.setLevel(logging.WARNING)
+    try:
+        random = {"init": "random"} if "init" in run.cfg.student else {}
+        return instantiate(run.cfg.student, _partial_=True, **random)(spec=run.spec)
+    finally:
+        student_log.setLevel(level)
+
+
 def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32):
     """The student's WanTransformer3DModel, from a saved folder or a checkpoint's training state."""
     from diffusers import WanTransformer3DModel
-    from hydra.utils import instantiate
 
     if (source / "config.json").is_file():
         for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
@@ -110,7 +125,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
                 f"the student in {source} cannot be loaded ({first}); use --checkpoint latest (or another)"
             ) from None
     else:
-        student = instantiate(run.cfg.student, _partial_=True)(spec=run.spec)
+        student = _shell(run)
         state = load_checkpoint(source)  # safetensors + JSON: never unpickles
         # another student's checkpoint: one line, not load_state_dict's traceback
         check_compatible(
