@@ -59,6 +59,19 @@ def internal_errors_reported() -> Iterator[None]:
         sys.exit(1)
 
 
+@contextlib.contextmanager
+def quieted(name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Logger `name` (and its children) silent below `level` for the block: a library's lines, or ours,
+    that the block's own outcome would contradict or repeat."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") -> list[str]:
     """Log `message` to the log files alone (Hydra's train.log), not the terminal; returns their paths."""
     files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]

@@ -7,7 +7,6 @@ trained on guided targets, so it samples without CFG (guidance 1).
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
@@ -98,14 +97,9 @@ def _shell(run: RunFolder):
     without its "student: random initialisation" line, which would be false of the student then loaded."""
     from hydra.utils import instantiate
 
-    student_log = logging.getLogger("wandistiller.student.model")
-    level = student_log.level
-    student_log.setLevel(logging.WARNING)
-    try:
-        random = {"init": "random"} if "init" in run.cfg.student else {}
+    random = {"init": "random"} if "init" in run.cfg.student else {}
+    with quieted("wandistiller.student.model"):
         return instantiate(run.cfg.student, _partial_=True, **random)(spec=run.spec)
-    finally:
-        student_log.setLevel(level)
 
 
 def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32):
