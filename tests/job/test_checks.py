@@ -110,3 +110,23 @@ def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override
     with pytest.raises(UserError, match=message):
         run(make_cfg(override))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "builtin"),
+    [
+        ((), "tiny", "tiny"),  # the group's own teacher
+        (("teacher.path=/data/models/MyWan-Diffusers",), "MyWan-Diffusers", None),
+        (("teacher.path=Wan-AI/Wan2.1-T2V-14B-Diffusers",), "Wan-AI/Wan2.1-T2V-14B-Diffusers", None),
+        (("teacher=wan2.1_t2v_1.3b",), "wan2.1_t2v_1.3b", None),
+        (("teacher=pocket", "teacher.path=/m/p"), "p", None),
+        (("teacher.name=mine", "teacher.path=/m/p"), "mine", "tiny"),  # a name of the user's own is kept
+    ],
+)
+def test_a_teacher_given_by_path_takes_that_folders_name_not_the_groups(overrides, name, builtin):
+    from wandistiller.config import compose_config
+    from wandistiller.job.checks import name_the_teacher
+
+    cfg = compose_config(list(overrides))
+    name_the_teacher(cfg)
+    assert (cfg.teacher.name, cfg.teacher.builtin) == (name, builtin)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError
@@ -36,6 +36,25 @@ def check_known_keys(cfg: DictConfig) -> None:
                 walk(sub, node[key], f"{prefix}{key}.")
 
     walk(TrainConfig, cfg, "")
+
+
+def name_the_teacher(cfg: DictConfig) -> None:
+    """`teacher.path=<folder or Hub id>` over a group's teacher (the default `tiny`): the run's teacher is then
+    that folder, so `teacher.name` becomes its name (or the Hub id) and `builtin` goes; the plan, the saved
+    config and metrics.json said "tiny" of a 14B model. A name that is no group option is the user's own."""
+    from wandistiller.config import CONF_DIR
+
+    group = CONF_DIR / "teacher" / f"{cfg.teacher.name}.yaml"
+    if not group.is_file():
+        return
+    path = str(OmegaConf.to_container(cfg.teacher, resolve=False)["path"])
+    if path == str(OmegaConf.to_container(OmegaConf.load(group), resolve=False).get("path")):
+        return
+    from wandistiller.state.received import looks_like_hub_id
+
+    with open_dict(cfg):
+        cfg.teacher.name = path if looks_like_hub_id(path) else Path(path).expanduser().name or path
+        cfg.teacher.builtin = None
 
 
 def _schema_of(schema, key: str):

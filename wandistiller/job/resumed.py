@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
+from wandistiller.job.checks import name_the_teacher
 from wandistiller.state.received import check_received, targets_of
 
 log = logging.getLogger("wandistiller")
@@ -105,6 +106,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     with only the keys a resume may change taken from `cfg` (all of them, or those in `overrides`)."""
     if cfg.trainer.resume != "auto":
         return cfg
+    name_the_teacher(cfg)  # as the saved config was named (prepare names it): teacher.name then agrees
     saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
     if saved is None:
         return cfg
