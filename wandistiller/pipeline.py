@@ -56,7 +56,7 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
         else:
             student = Path(tmp) / "student"
             load_student(run, student_source(run, checkpoint), torch.device("cpu")).save_pretrained(student)
-        folder = write_pipeline(Path(tmp) / PIPELINE, run.spec.path, student, model_card(run.path))
+        folder = write_pipeline(Path(tmp) / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path))
         WanPipeline.from_pretrained(folder).save_pretrained(out, safe_serialization=True)
         shutil.copy2(folder / "README.md", out / "README.md")
     return out
