@@ -39,6 +39,13 @@ def test_eval_writes_eval_json_and_a_grid(run_dir):
     assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
 
 
+def test_results_that_cannot_be_written_are_one_line_and_no_half_result(run_dir):
+    (run_dir / "eval.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
+    with pytest.raises(UserError, match=r"eval.png/.json cannot be written \(Is a directory\); free some space"):
+        eval_cli.evaluate(run_dir, steps=1, limit=1)
+    assert not (run_dir / "eval.json").exists() and not list(run_dir.glob(".eval*"))  # nor a temporary file
+
+
 def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
     final = eval_cli.evaluate(run_dir, steps=2, limit=1)
     first = eval_cli.evaluate(run_dir, checkpoint="step_1", steps=2, limit=1)

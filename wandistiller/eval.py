@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import atomic_write, folder_problem
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
@@ -138,9 +138,13 @@ def evaluate(
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
-    (run.path / f"{stem}.json").write_text(json.dumps(result, indent=2))
     as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
-    save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
+    try:  # each whole or not at all, the figure first: no eval.json without its eval.png
+        save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
+        atomic_write(run.path / f"{stem}.json", json.dumps(result, indent=2))
+    except OSError as e:
+        raise UserError(f"{run.path}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
+                        "run it again (what was there is kept)") from None  # fmt: skip
     return result
 
 

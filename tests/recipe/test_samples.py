@@ -65,3 +65,27 @@ def test_the_teacher_draws_one_first_frame_per_prompt_asked_for_the_same_for_a_s
     assert drawn.shape == (2, 64, 64, 3) and drawn.min() >= 0 and drawn.max() <= 1  # 8 latents x the VAE's 8
     assert np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=0), drawn)
     assert not np.array_equal(teacher_images(teacher, prompts, data, num_prompts=2, steps=2, seed=1), drawn)
+
+
+def test_a_grid_that_cannot_be_written_whole_leaves_the_old_one_and_no_empty_file(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "grid.png").write_bytes(b"the old grid")
+    code = """
+import resource, signal, sys
+import numpy as np
+from pathlib import Path
+from wandistiller.recipe.samples import save_grid
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a disk that fills after 1000 bytes of any file
+try:
+    save_grid(np.zeros((2, 8, 8, 3)), np.ones((2, 8, 8, 3)), ["a", "b"], Path(sys.argv[1]) / "grid.png")
+except OSError as e:
+    print(e.strerror)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "File too large", out.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.png"] and (
+        tmp_path / "grid.png"
+    ).read_bytes() == b"the old grid"

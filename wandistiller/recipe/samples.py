@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from wandistiller.core.files import atomic_write
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher, TeacherSpec
 
@@ -88,5 +89,4 @@ def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[
             pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
             grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
         pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
-    grid.save(path)
-    return path
+    return atomic_write(path, write=lambda f: grid.save(f, format="PNG"))  # a full disk leaves no 0-byte PNG
