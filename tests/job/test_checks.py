@@ -130,3 +130,21 @@ def test_a_teacher_given_by_path_takes_that_folders_name_not_the_groups(override
     cfg = compose_config(list(overrides))
     name_the_teacher(cfg)
     assert (cfg.teacher.name, cfg.teacher.builtin) == (name, builtin)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("~trainer", "trainer.batch_size has no value (and "),
+        ("~seed", "seed has no value: an override removed it (~seed?)"),
+        ("~teacher_placement", "teacher_placement has no value"),
+    ],
+)
+def test_a_removed_group_or_key_is_one_line_before_the_run_folder(make_cfg, tmp_path, override, message):
+    from wandistiller.config import check_overrides
+
+    with refused(message):
+        check_overrides([override])  # the command line, before Hydra makes the run folder
+    with refused(message):
+        run(make_cfg(override, run_dir=tmp_path / "r"))  # in-process, before the folder is claimed
+    assert not (tmp_path / "r").exists()

@@ -244,6 +244,30 @@ def check_targets(cfg: DictConfig) -> None:
     check_signatures(cfg)
 
 
+def check_missing(cfg: DictConfig) -> None:
+    """Every key of the schema is there and has a value: `~trainer` leaves the schema's mandatory `???`
+    behind and `~seed` removes the key, each an internal error once the run folder was made."""
+    import dataclasses
+
+    from wandistiller.config import TrainConfig
+
+    def absent(schema, node: DictConfig, prefix: str):  # fields of the schema an override deleted (~seed)
+        for field in dataclasses.fields(schema):
+            sub = _schema_of(schema, field.name)
+            if field.name not in node:
+                yield prefix + field.name
+            elif sub is not None and isinstance(node[field.name], DictConfig):
+                yield from absent(sub, node[field.name], f"{prefix}{field.name}.")
+
+    unset = [key for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), "") if raw == "???"]
+    missing = list(dict.fromkeys([*absent(TrainConfig, cfg, ""), *unset]))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        group = missing[0].split(".")[0]
+        raise UserError(f"{missing[0]} has no value{more}: an override removed it (~{group}?); drop the ~ override "
+                        f"or give {missing[0]}=…")  # fmt: skip
+
+
 def check_interpolations(cfg: DictConfig) -> None:
     """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
     the key that holds the bad one (not a key that merely refers to it), before any value is used."""
@@ -251,6 +275,7 @@ def check_interpolations(cfg: DictConfig) -> None:
 
     from omegaconf.errors import OmegaConfBaseException
 
+    check_missing(cfg)
     failing = []
     for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), ""):
         if isinstance(raw, str) and "${" in raw:
