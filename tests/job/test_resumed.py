@@ -46,6 +46,21 @@ def test_overrides_given_again_must_agree_and_all_differences_are_one_line(make_
         run(make_cfg("trainer.resume=auto", "trainer.max_steps=4", run_dir=run_dir))
 
 
+def test_a_saved_interpolation_that_cannot_resolve_to_its_type_is_one_line(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    config = run_dir / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(config)
+    saved.teacher.guidance_scale = "${oc.env:WD_TEST_UNSET_VARIABLE}"
+    OmegaConf.save(saved, config)
+    with pytest.raises(
+        UserError, match=r"^teacher.guidance_scale=\$\{oc.env:WD_TEST_UNSET_VARIABLE\}: .*config.yaml\)$"
+    ):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+
+
 def test_the_continued_run_trains_the_remaining_steps(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
     interrupted_run(make_cfg, run_dir)

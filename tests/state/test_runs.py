@@ -138,3 +138,14 @@ def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp
     (run_dir / ".hydra" / "config.yaml").write_text("[:")
     with pytest.raises(UserError, match="config.yaml cannot be read"):
         open_run(run_dir)
+
+
+def test_a_saved_config_with_a_hydra_interpolation_is_one_line_for_the_tools(run_dir):
+    config = run_dir / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(config)
+    saved.teacher.guidance_scale = "${hydra:runtime.choices.teacher}"  # allowed, but only a training job resolves it
+    OmegaConf.save(saved, config)
+    with pytest.raises(
+        UserError, match=r"^teacher.guidance_scale=\$\{hydra:runtime.choices.teacher\}: .* \(in .*config"
+    ):
+        open_run(run_dir)  # eval, generate and the export open a run so

@@ -53,6 +53,7 @@ def open_run(
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
     with `allow_download`)."""
     from wandistiller.config import register_configs
+    from wandistiller.job.checks import check_interpolations
 
     register_configs()  # the resolvers a saved config may use
     path = Path(path).expanduser()
@@ -61,6 +62,10 @@ def open_run(
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
     cfg = load_received(config, allow)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
+    try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
+        check_interpolations(cfg)
+    except UserError as e:
+        raise UserError(f"{e} (in {config})") from None
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
