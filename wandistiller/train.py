@@ -37,7 +37,7 @@ from wandistiller.job.checks import check_interpolations
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.job.preflight import Prepared, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
-from wandistiller.job.rundir import release_run_dir, removed_if_refused
+from wandistiller.job.rundir import note_missing_run_dir, release_run_dir, removed_if_refused
 from wandistiller.job.stopping import launcher_stopped, stop_at_once
 from wandistiller.state.checkpoint import checkpoint_step
 from wandistiller.tracking.sweep import record_failed_point, sweep_point
@@ -185,6 +185,7 @@ def cli() -> None:
 
     with exit_on_user_error():
         check_overrides(sys.argv[1:])
+    note_missing_run_dir(sys.argv[1:])
     main()
 
 
