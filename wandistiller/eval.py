@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
         quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_")) and not k.endswith("_s")}
         if quality:
             print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
+        if "teacher_samples" in m and "teacher_fid" not in m:
+            print(f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
+                  "anything (65 or more: raise --limit)")  # fmt: skip
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result, trust)
 
