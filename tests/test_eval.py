@@ -26,8 +26,11 @@ from wandistiller.teacher.model import inspect_teacher
 from wandistiller.train import run
 
 
-def test_eval_writes_eval_json_and_a_grid(run_dir):
-    result = eval_cli.evaluate(run_dir, steps=3, limit=2)
+def test_eval_writes_eval_json_and_a_grid(run_dir, caplog):
+    with caplog.at_level("INFO", logger="wandistiller"):
+        result = eval_cli.evaluate(run_dir, steps=3, limit=2)
+    progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
+    assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
     written = json.loads((run_dir / "eval.json").read_text())
     assert written == result and len(result["prompts"]) == 2
     for row in result["prompts"]:

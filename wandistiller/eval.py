@@ -120,9 +120,10 @@ def evaluate(
         run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
     )
     idx, seed = list(range(len(prompts))), int(run.cfg.seed)
-    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape)
+    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape,
+                                      "eval: the teacher")  # fmt: skip
     student = as_sampler(run.spec, load_student(run, source, device), device)
-    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape)
+    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape, "eval: the student")
     vae = load_vae(run.spec, device)
     teacher_imgs, student_imgs = decode_latents(vae, teacher_lat), decode_latents(vae, student_lat)
     mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()

@@ -7,6 +7,7 @@ trained on guided targets, so it samples without CFG (guidance 1).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,10 +156,12 @@ def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
     return Teacher(spec, [transformer], [1.0], device)
 
 
-def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape) -> tuple:
+def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape,
+             what: str = "sampling") -> tuple:  # fmt: skip
     """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, 0, stream="eval")` per prompt.
 
-    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up.
+    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up. A log
+    line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
     """
     pipe = teacher_pipeline(sampler)
     settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
@@ -176,6 +179,9 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
+        if (n + 1) % max(1, len(prompt_idx) // 4) == 0 or n + 1 == len(prompt_idx):
+            logging.getLogger("wandistiller").info("%s: %d/%d images, %.3g s each", what, n + 1, len(prompt_idx),
+                                                   seconds[-1])  # fmt: skip
     return torch.cat(out), seconds
 
 
