@@ -99,15 +99,19 @@ def _word(value) -> str | None:
     return value if isinstance(value, str) and WORD.fullmatch(value) else None
 
 
+def _last_part(raw: str) -> str | None:
+    """A saved path's last part, where it is a plain name (no folder of this machine); None for an
+    interpolation, which is not evaluated (it may read the environment)."""
+    return _word(Path(raw).name) if "${" not in raw else None
+
+
 def _named(raw, what: str) -> str:
-    """A path of the config as the card names it: shipped, or by its last part alone (no folder of this
-    machine); an interpolation is not evaluated (it may read the environment) but left out."""
+    """A path of the config as the card names it: shipped, or by its last part alone."""
     if raw is None:
         return f"the shipped {what}"
-    raw = str(raw)
-    if raw.startswith(SHIPPED):
+    if str(raw).startswith(SHIPPED):
         return f"the {what} shipped with WanDistiller"
-    return f"`{_word(Path(raw).name)}`" if "${" not in raw and _word(Path(raw).name) else f"your {what}"
+    return f"`{_last_part(str(raw))}`" if _last_part(str(raw)) else f"your {what}"
 
 
 def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
@@ -120,8 +124,7 @@ def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
         return f"{name} (built-in, random weights)", None
     if HUB_ID.fullmatch(raw) and not Path(raw).expanduser().exists():
         return raw, raw
-    return (f"{_word(Path(raw).name)} (a local folder)" if "${" not in raw and _word(Path(raw).name) else
-            "a local folder"), None  # fmt: skip
+    return (f"{_last_part(raw)} (a local folder)" if _last_part(raw) else "a local folder"), None
 
 
 def image_scale(teacher_path: Path | None) -> int:
