@@ -146,6 +146,6 @@ def test_a_saved_config_with_a_hydra_interpolation_is_one_line_for_the_tools(run
     saved.teacher.guidance_scale = "${hydra:runtime.choices.teacher}"  # allowed, but only a training job resolves it
     OmegaConf.save(saved, config)
     with pytest.raises(
-        UserError, match=r"^teacher.guidance_scale=\$\{hydra:runtime.choices.teacher\}: .* \(in .*config"
+        UserError, match=r"^teacher.guidance_scale in .*config.yaml: .*(hydra|HydraConfig).*; fix the interpolation"
     ):
         open_run(run_dir)  # eval, generate and the export open a run so

@@ -53,8 +53,10 @@ def open_run(
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
     with `allow_download`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     from wandistiller.config import register_configs
-    from wandistiller.job.checks import check_interpolations
 
     register_configs()  # the resolvers a saved config may use
     path = Path(path).expanduser()
@@ -64,9 +66,11 @@ def open_run(
     cfg = load_received(config, allow)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
-        check_interpolations(cfg)
-    except UserError as e:
-        raise UserError(f"{e} (in {config})") from None
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        first = str(getattr(e, "msg", e)).strip().splitlines()[0]
+        raise UserError(f"{getattr(e, 'full_key', None) or '?'} in {config}: {first}; fix the interpolation (or set "
+                        "the variable it reads)") from None  # fmt: skip
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
