@@ -26,8 +26,11 @@ from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 
-def test_eval_writes_eval_json_and_a_grid(run_dir):
-    result = eval_cli.evaluate(run_dir, steps=3, limit=2)
+def test_eval_writes_eval_json_and_a_grid(run_dir, caplog):
+    with caplog.at_level("INFO", logger="wandistiller"):
+        result = eval_cli.evaluate(run_dir, steps=3, limit=2)
+    progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
+    assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
     written = json.loads((run_dir / "eval.json").read_text())
     assert written == result and len(result["prompts"]) == 2
     for row in result["prompts"]:
@@ -37,6 +40,13 @@ def test_eval_writes_eval_json_and_a_grid(run_dir):
     assert Image.open(run_dir / "eval.png").size[0] == 2 * 192
     # The held-out prompts, not training ones: the last tenth of the shipped prompts.
     assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
+
+
+def test_results_that_cannot_be_written_are_one_line_and_no_half_result(run_dir):
+    (run_dir / "eval.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
+    with pytest.raises(UserError, match=r"eval.png/.json cannot be written \(Is a directory\); free some space"):
+        eval_cli.evaluate(run_dir, steps=1, limit=1)
+    assert not (run_dir / "eval.json").exists() and not list(run_dir.glob(".eval*"))  # nor a temporary file
 
 
 def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
@@ -100,8 +110,8 @@ def test_an_evaluated_students_step_is_its_checkpoints_or_the_runs_last(tmp_path
 
 @pytest.mark.slow  # a real offline wandb run: seconds to start
 def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tmp_path):
-    from wandistiller.tracking.loggers.wandb import WandbTracker
     from wandistiller.tracking.loggers.csv import CsvLogger
+    from wandistiller.tracking.loggers.wandb import WandbTracker
 
     wandb, table = WandbTracker(project="wandistiller", mode="offline"), CsvLogger()
     for logger in (wandb, table):
@@ -152,8 +162,8 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     folder = tmp_path / "pocket"
     run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))
     mean = eval_cli.evaluate(folder, steps=2, limit=4)["mean"]
-    for who in ("teacher", "student"):
-        assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_fid"] >= 0 and f"{who}_kid" in mean
+    for who in ("teacher", "student"):  # 4 images: FID/KID withheld (too few), the count said
+        assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_samples"] == 4 and f"{who}_fid" not in mean
     # Prompts that are not the pocket's: no judge, so no pocket columns.
     other = eval_cli.evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
     assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]

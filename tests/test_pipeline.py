@@ -54,3 +54,54 @@ def test_export_writes_a_self_contained_copy_with_its_card_and_never_overwrites(
     again = subprocess.run([sys.executable, "-m", "wandistiller.pipeline", str(run_dir), "--out", str(out)],
                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and again.stderr.startswith("error: --out")
+
+
+def test_an_export_refuses_a_file_for_out_writes_nothing_into_the_run_and_names_no_path_of_this_machine(
+    run_dir, tmp_path
+):
+    from tests.conftest import refused
+
+    (tmp_path / "a_file").write_text("mine")
+    with refused(f"--out {tmp_path / 'a_file'} is a file; choose a new folder"):
+        export(run_dir, tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_text() == "mine"
+    before = (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns)
+    out = export(run_dir, tmp_path / "exports" / "mine")  # its parent is made; its temporary folder is beside it
+    assert (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns) == before  # a read-only run works
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]
+    for file in out.rglob("*"):
+        if file.is_file() and file.suffix in (".json", ".md", ".txt"):
+            text = file.read_text()
+            assert str(tmp_path) not in text and str(ROOT) not in text and "_name_or_path" not in text, file
+
+
+def _export_cli(run_dir, out, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "wandistiller.pipeline", str(run_dir), "--out", str(out)],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, **popen)  # fmt: skip
+
+
+@pytest.mark.slow  # two exports in fresh processes (~15 s)
+def test_a_full_disk_or_a_sigterm_leaves_no_partial_export_and_no_temporary_folder(run_dir, tmp_path):
+    import resource
+    import signal
+    import time
+
+    def small_disk():  # every file over 20 KB fails to grow, as on a full disk (EFBIG instead of ENOSPC)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    parent = tmp_path / "exports"
+    parent.mkdir()
+    full = _export_cli(run_dir, parent / "full", preexec_fn=small_disk)
+    err = full.communicate(timeout=300)[1]
+    assert full.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --out {parent / 'full'}: the export could not be written (File too large")
+    assert list(parent.iterdir()) == []
+    killed = _export_cli(run_dir, parent / "killed")
+    for _ in range(3000):  # until its temporary folder appears, then SIGTERM
+        if list(parent.iterdir()) or killed.poll() is not None:
+            break
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGTERM)
+    killed.communicate(timeout=300)
+    assert killed.returncode == 128 + signal.SIGTERM and list(parent.iterdir()) == []

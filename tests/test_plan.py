@@ -31,6 +31,13 @@ def test_the_plan_of_a_14b_teacher_on_one_small_gpu_is_its_table_ending_with_the
     assert lines[-1] == "auto would choose: disk"
 
 
+def test_a_teacher_given_by_path_is_named_by_its_folder_not_the_default_groups(monkeypatch, capsys):
+    from wandistiller.compose import shipped_asset
+
+    plan_main(monkeypatch, f"teacher.path={shipped_asset('pocket/pocket-wan-t2v')}")
+    assert capsys.readouterr().out.startswith("teacher pocket-wan-t2v: 1 expert(s)")  # was "teacher tiny"
+
+
 def test_help_prints_the_usage_without_composing_anything(monkeypatch, capsys):
     plan_main(monkeypatch, "--help", "teacher_placement=nowhere")  # the override is never read
     out = capsys.readouterr().out

@@ -152,11 +152,13 @@ def check_overrides(argv: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from wandistiller.core.errors import UserError
+    from wandistiller.job.checks import check_missing
 
     other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
     if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it
         return
-    given = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    given = [a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")
+             and not a.lstrip("+~").startswith("hydra")]  # fmt: skip
     try:
         parsed = OverridesParser.create().parse_overrides(given)
         base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]
@@ -167,7 +169,7 @@ def check_overrides(argv: list[str]) -> None:
             for v in list(o.sweep_string_iterator())[1:]
         ]
         for overrides in variants:
-            _compose("train", [o for o in overrides if o is not None])
+            check_missing(_compose("train", [o for o in overrides if o is not None]))  # before the run folder
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(hydra_error_line(e)) from None
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import atomic_write, folder_problem
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
@@ -119,9 +119,10 @@ def evaluate(
         run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
     )
     idx, seed = list(range(len(prompts))), int(run.cfg.seed)
-    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape)
+    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape,
+                                      "eval: the teacher")  # fmt: skip
     student = as_sampler(run.spec, load_student(run, source, device), device)
-    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape)
+    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape, "eval: the student")
     vae = load_vae(run.spec, device)
     teacher_imgs, student_imgs = decode_latents(vae, teacher_lat), decode_latents(vae, student_lat)
     mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
@@ -137,9 +138,13 @@ def evaluate(
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
-    (run.path / f"{stem}.json").write_text(json.dumps(result, indent=2))
     as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
-    save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
+    try:  # each whole or not at all, the figure first: no eval.json without its eval.png
+        save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
+        atomic_write(run.path / f"{stem}.json", json.dumps(result, indent=2))
+    except OSError as e:
+        raise UserError(f"{run.path}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
+                        "run it again (what was there is kept)") from None  # fmt: skip
     return result
 
 
@@ -185,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_")) and not k.endswith("_s")}
         if quality:
             print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
+        if "teacher_samples" in m and "teacher_fid" not in m:
+            print(f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
+                  "anything (65 or more: raise --limit)")  # fmt: skip
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result, trust)
 

@@ -11,10 +11,14 @@ student was trained on guided targets, so it samples with `guidance_scale=1`.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
+import signal
 import sys
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
@@ -37,29 +41,71 @@ __all__ = ["COPY_LIMIT", "PIPELINE", "TEACHER_PARTS", "export", "model_card", "m
 def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
     """What `WanPipeline.push_to_hub` would upload, written to `out`: the pipeline's `save_pretrained`
     (every file a real copy, safetensors) and its model card. `checkpoint` (best, latest, step_N, ema) picks
-    another student than the final one."""
+    another student than the final one. Built in a temporary folder beside `out` (never inside the run, which
+    may be read-only) and renamed into place whole: a full disk, an error or a kill leaves no partial export."""
     import tempfile
 
-    import torch
-    from diffusers import WanPipeline
-
-    from wandistiller.state.runs import load_student, open_run, student_source
+    from wandistiller.state.runs import open_run
 
     run = open_run(run_dir)
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {out} is not empty; choose a new folder (an export never overwrites)")
-    with tempfile.TemporaryDirectory(dir=run.path) as tmp:
-        if checkpoint == "ema":
-            student = run.path / "student_ema"
-            if not student.is_dir():
-                raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-        else:
-            student = Path(tmp) / "student"
-            load_student(run, student_source(run, checkpoint), torch.device("cpu")).save_pretrained(student)
-        folder = write_pipeline(Path(tmp) / PIPELINE, run.spec.path, student, model_card(run.path))
-        WanPipeline.from_pretrained(folder).save_pretrained(out, safe_serialization=True)
-        shutil.copy2(folder / "README.md", out / "README.md")
+    _check_out(out)
+    student = _student(run, checkpoint)  # read before anything is written
+    try:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            built = _build(run, Path(tmp), student)
+            if out.is_dir():  # an empty folder the user made: replaced by the whole export
+                out.rmdir()
+            built.rename(out)
+    except (OSError, SafetensorError) as e:  # a full disk, a quota: safetensors words it "I/O error: …"
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).rsplit(": ", 1)[-1]
+        raise UserError(f"--out {out}: the export could not be written ({why}); free some space or choose "
+                        "another folder (nothing was left there)") from None  # fmt: skip
     return out
+
+
+def _check_out(out: Path) -> None:
+    """`out` new or an empty folder, in a folder that can be written: before any work."""
+    from wandistiller.core.files import folder_problem
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; choose a new folder (an export never overwrites)")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty; choose a new folder (an export never overwrites)")
+    problem = folder_problem(out)
+    if problem:
+        raise UserError(f"--out {out}: {problem}; choose another folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _student(run, checkpoint: str | None):
+    """The student to export: `student_ema/`'s folder, or the final or a checkpoint's WanTransformer3DModel."""
+    import torch
+
+    from wandistiller.state.runs import load_student, student_source
+
+    if checkpoint != "ema":
+        return load_student(run, student_source(run, checkpoint), torch.device("cpu"))
+    if not (run.path / "student_ema").is_dir():
+        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
+    return run.path / "student_ema"
+
+
+def _build(run, tmp: Path, student) -> Path:
+    """The export in `tmp`/export, from the pipeline folder assembled in `tmp`/pipeline."""
+    from diffusers import WanPipeline
+
+    if not isinstance(student, Path):
+        student.save_pretrained(tmp / "student")
+        student = tmp / "student"
+    folder = write_pipeline(tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path))
+    built = tmp / "export"
+    WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
+    shutil.copy2(folder / "README.md", built / "README.md")
+    for config in built.rglob("*.json"):  # diffusers records where it loaded from: this machine's temporary path
+        body = json.loads(config.read_text())
+        if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
+            config.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    return built
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
     with internal_errors_reported(), exit_on_user_error():
         out = export(Path(args.run_dir), Path(args.out), args.checkpoint)
         print(f"wrote {out}; upload it with: hf upload <user>/<repo> {out}")

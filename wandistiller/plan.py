@@ -19,12 +19,14 @@ def main() -> None:
     from wandistiller.compose import auto_precision, compose_config
     from wandistiller.core.errors import exit_on_user_error
     from wandistiller.core.precision import Precision
+    from wandistiller.job.checks import name_the_teacher
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
         return
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
+        name_the_teacher(cfg)
         print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype))
 
 

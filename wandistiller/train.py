@@ -31,13 +31,13 @@ from wandistiller.core.distributed import (
     under_torchrun,
     worker_logging,
 )
-from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, rate
 from wandistiller.job import stopping
 from wandistiller.job.checks import check_interpolations
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.job.preflight import Prepared, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
-from wandistiller.job.rundir import release_run_dir, removed_if_refused
+from wandistiller.job.rundir import note_missing_run_dir, release_run_dir, removed_if_refused
 from wandistiller.job.stopping import launcher_stopped, stop_at_once
 from wandistiller.state.checkpoint import checkpoint_step
 from wandistiller.tracking.sweep import record_failed_point, sweep_point
@@ -96,8 +96,8 @@ def run(cfg: DictConfig) -> dict:
 def _say_done(summary: dict, run_dir: str) -> None:
     """The last line of a run, however it was started (one process, workers, torchrun, a sweep point)."""
     if "status" in summary:
-        log.info("done: %d steps at %.1f samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
-                 summary["samples_per_s_median"] or 0, summary["loss_first"] or 0, summary["loss_last"] or 0,
+        log.info("done: %d steps at %s samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
+                 rate(summary["samples_per_s_median"]), summary["loss_first"] or 0, summary["loss_last"] or 0,
                  run_dir)  # fmt: skip
 
 
@@ -186,6 +186,7 @@ def cli() -> None:
     sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too
     with exit_on_user_error():
         check_overrides(sys.argv[1:])
+    note_missing_run_dir(sys.argv[1:])
     main()
 
 

@@ -81,3 +81,11 @@ def test_parameter_counts_carry_units():
     assert [human_count(n) for n in (512, 41_888, 213_456_789, 999_999, 1_300_000_000)] == [
         "512", "41.9K", "213M", "1M", "1.3B"
     ]  # fmt: skip
+
+
+def test_a_rate_keeps_three_significant_figures_and_never_reads_zero_for_a_slow_run():
+    from wandistiller.core.errors import rate
+
+    assert [rate(x) for x in (0.0123, 0.04, 41.27, 999.7, 1234.5, 0.0, None)] == [
+        "0.0123", "0.04", "41.3", "1000", "1234", "0", "0"
+    ]  # fmt: skip

@@ -109,3 +109,41 @@ def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override
     with pytest.raises(UserError, match=message):
         run(make_cfg(override))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "builtin"),
+    [
+        ((), "tiny", "tiny"),  # the group's own teacher
+        (("teacher.path=/data/models/MyWan-Diffusers",), "MyWan-Diffusers", None),
+        (("teacher.path=Wan-AI/Wan2.1-T2V-14B-Diffusers",), "Wan-AI/Wan2.1-T2V-14B-Diffusers", None),
+        (("teacher=wan2.1_t2v_1.3b",), "wan2.1_t2v_1.3b", None),
+        (("teacher=pocket", "teacher.path=/m/p"), "p", None),
+        (("teacher.name=mine", "teacher.path=/m/p"), "mine", "tiny"),  # a name of the user's own is kept
+    ],
+)
+def test_a_teacher_given_by_path_takes_that_folders_name_not_the_groups(overrides, name, builtin):
+    from wandistiller.compose import compose_config
+    from wandistiller.job.checks import name_the_teacher
+
+    cfg = compose_config(list(overrides))
+    name_the_teacher(cfg)
+    assert (cfg.teacher.name, cfg.teacher.builtin) == (name, builtin)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("~trainer", "trainer.batch_size has no value (and "),
+        ("~seed", "seed has no value: an override removed it (~seed?)"),
+        ("~teacher_placement", "teacher_placement has no value"),
+    ],
+)
+def test_a_removed_group_or_key_is_one_line_before_the_run_folder(make_cfg, tmp_path, override, message):
+    from wandistiller.compose import check_overrides
+
+    with refused(message):
+        check_overrides([override])  # the command line, before Hydra makes the run folder
+    with refused(message):
+        run(make_cfg(override, run_dir=tmp_path / "r"))  # in-process, before the folder is claimed
+    assert not (tmp_path / "r").exists()

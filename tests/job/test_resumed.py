@@ -46,6 +46,21 @@ def test_overrides_given_again_must_agree_and_all_differences_are_one_line(make_
         run(make_cfg("trainer.resume=auto", "trainer.max_steps=4", run_dir=run_dir))
 
 
+def test_a_saved_interpolation_that_cannot_resolve_to_its_type_is_one_line(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    config = run_dir / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(config)
+    saved.teacher.guidance_scale = "${oc.env:WD_TEST_UNSET_VARIABLE}"
+    OmegaConf.save(saved, config)
+    with pytest.raises(
+        UserError, match=r"^teacher.guidance_scale=\$\{oc.env:WD_TEST_UNSET_VARIABLE\}: .*config.yaml\)$"
+    ):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+
+
 def test_the_continued_run_trains_the_remaining_steps(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
     interrupted_run(make_cfg, run_dir)
@@ -101,3 +116,20 @@ def test_a_resume_takes_only_the_changeable_keys_given_not_their_whole_group(mak
     cfg = continued_config(make_cfg(*given, run_dir=run_dir), given)
     w = cfg.logger.wandb
     assert w.project == "mine" and w.mode == "disabled" and list(w.tags) == ["again"]
+
+
+@pytest.mark.slow  # two runs (~7 s); the naming itself: job/test_checks and test_plan
+def test_a_teacher_given_by_path_is_named_by_its_folder_in_the_run_and_its_resume(make_cfg, tmp_path, tiny_path):
+    from omegaconf import OmegaConf
+
+    teacher, run_dir = tmp_path / "MyWan", tmp_path / "r"
+    shutil.copytree(tiny_path, teacher)
+    run(make_cfg(*FIRST, f"teacher.path={teacher}", run_dir=run_dir))
+    assert json.loads((run_dir / "metrics.json").read_text())["teacher_config_name"] == "MyWan"  # was "tiny"
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml").teacher
+    assert (saved.name, saved.builtin) == ("MyWan", None)
+    for left in ("checkpoints/step_00000004", "student"):
+        shutil.rmtree(run_dir / left)
+    (run_dir / "metrics.json").unlink()
+    # A whole composed config (no command line to go by) is held to the saved one key by key: the names agree.
+    assert run(make_cfg(*FIRST, f"teacher.path={teacher}", "trainer.resume=auto", run_dir=run_dir))["final_step"] == 4

@@ -126,3 +126,23 @@ def test_a_refusal_removes_the_date_folder_hydra_made_for_it_only_when_left_empt
     assert [p.name for p in (tmp_path / "outputs" / "2026-11-26").iterdir()] == ["11-00-00"]
     refused_in(tmp_path / "mine" / "run")  # hydra.run.dir=mine/run: mine/ is the user's own folder
     assert (tmp_path / "mine").is_dir() and not (tmp_path / "mine" / "run").exists()
+
+
+def test_resume_auto_into_a_folder_that_did_not_exist_is_told_apart_from_an_empty_one(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from wandistiller.job import rundir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rundir, "MISSING_BEFORE", set())
+    (tmp_path / "empty").mkdir()  # a preempted job's first launch: the folder is there, with no checkpoint
+    rundir.note_missing_run_dir(["trainer.resume=auto", "hydra.run.dir=typo", "hydra.run.dir=empty"])
+    (tmp_path / "typo").mkdir()  # as Hydra makes it before the job starts
+    with caplog.at_level(logging.INFO):
+        for name in ("empty", "typo", "new_in_process"):
+            assert rundir.claim_run_dir(tmp_path / name, "auto") is None
+            rundir.release_run_dir(tmp_path / name)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [m.split(" did not exist")[0] for m in warned] == [
+        f"trainer.resume=auto: the run folder {tmp_path / n}" for n in ("typo", "new_in_process")
+    ]

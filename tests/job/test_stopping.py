@@ -19,7 +19,7 @@ from wandistiller.job.stopping import Stop
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 
 
-@pytest.mark.slow  # two CLI starts: ~20 s
+@pytest.mark.slow  # two CLI starts: ~20 s; with the progress bar on, as a user runs it
 def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "r"
     common = [
@@ -28,7 +28,6 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
         "hooks.samples.prompts=0",
         "~hooks.evaluate",
         "hooks.monitor.val_every=0",
-        "trainer.progress_bar=false",
     ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "wandistiller.train", *common, f"hydra.run.dir={run_dir}"]
@@ -51,7 +50,7 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
-    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    last = [line for line in stderr.splitlines() if line.strip()][-1]  # the progress bar ended before it
     step = load_checkpoint(list_checkpoints(run_dir)[-1])["step"]
     assert last == (
         f"stopped by SIGTERM after step {step}, with a checkpoint; to continue, run the same command with "
@@ -186,7 +185,7 @@ def test_sigterm_while_the_first_step_compiles_exits_within_ten_seconds_in_one_l
             os.killpg(proc.pid, signal.SIGKILL)
     assert took < 10 and proc.returncode == 128 + signal.SIGTERM, (took, stderr[-2000:])
     assert "Traceback" not in stderr and "compiled the teacher's block graph" not in log.read_text()
-    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    last = [line for line in stderr.splitlines() if line.strip()][-1]  # the progress bar ended before it
     assert last.startswith("stopped by SIGTERM before a training step could finish") and "no checkpoint" in last
     assert not list_checkpoints(run_dir)
 

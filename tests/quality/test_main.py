@@ -90,3 +90,21 @@ def test_the_report_names_the_command_and_the_settings_and_holds_the_table_and_t
     assert "`python -m wandistiller.quality --small`" in text and "1.5 min in all" in text
     assert "`student=half`, 2 steps of batch 2" in text and "1 per prompt x 6 prompts per seed" in text
     assert table(numbers) in text and text.endswith("\n".join(targets(numbers)) + "\n")
+
+
+def test_a_bad_out_is_refused_before_the_work_and_small_never_writes_the_shipped_report(tmp_path, capsys):
+    from wandistiller.quality.__main__ import SHIPPED_REPORT, SMALL_OUT, main, report_path
+
+    assert report_path(parse_args(["--small"])) == SMALL_OUT and report_path(parse_args([])).name == "QUALITY.md"
+    shipped = SHIPPED_REPORT.read_bytes()
+    (tmp_path / "a_file").write_text("mine")
+    for out, message in [
+        (SHIPPED_REPORT, "--small's numbers mean nothing and would replace the shipped report"),
+        (tmp_path, "is a folder; choose another file"),
+        (tmp_path / "a_file" / "QUALITY.md", "a_file is a file; choose another file"),
+    ]:
+        with pytest.raises(SystemExit) as e:  # at once: compare() would train for minutes first
+            main(["--small", "--work", str(tmp_path / "work"), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert SHIPPED_REPORT.read_bytes() == shipped and not (tmp_path / "work").exists()

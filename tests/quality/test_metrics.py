@@ -34,6 +34,18 @@ def test_fid_is_zero_for_the_same_set_and_the_squared_mean_shift_for_a_shifted_o
     shifted, far = fid_kid(real, real + 0.1, FirstPixels()), fid_kid(real, real + 0.3, FirstPixels())
     assert shifted["fid"] == pytest.approx(0.04, rel=1e-3) and far["fid"] == pytest.approx(0.36, rel=1e-3)
     assert 0.01 < shifted["kid"] < far["kid"]
+    assert fid_kid(real, real[:4], FirstPixels()) == {}  # 4 images of 4 features: withheld, not a number
+
+
+def test_pocket_scores_say_how_many_images_they_came_from_and_withhold_fid_from_too_few():
+    from wandistiller.pocket.digits import rendered_split
+    from wandistiller.quality.metrics import pocket_scores
+
+    images, _, prompts = rendered_split("heldout", copies=1, seed=7)
+    few = pocket_scores(images[:8], prompts[:8], reference=images[100:])  # the end-of-run eval's 8 prompts
+    assert few["samples"] == 8 and "fid" not in few and "kid" not in few and few["prompt_accuracy"] > 0.5
+    enough = pocket_scores(images[:70], prompts[:70], reference=images[100:])
+    assert enough["samples"] == 70 and enough["fid"] >= 0 and "kid" in enough
 
 
 def test_real_wan_options_refuse_in_one_line_where_their_weights_cannot_be_had(tmp_path):

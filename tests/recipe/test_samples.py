@@ -86,3 +86,27 @@ def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_no
     grid = np.asarray(Image.open(path).convert("RGB"))
     assert grid.shape == (HEADER + CELL + CAPTION, 2 * CELL, 3)  # one prompt: the teacher's, then the student's
     assert grid[HEADER : HEADER + CELL, :CELL].max() == 0  # the teacher column as given
+
+
+def test_a_grid_that_cannot_be_written_whole_leaves_the_old_one_and_no_empty_file(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "grid.png").write_bytes(b"the old grid")
+    code = """
+import resource, signal, sys
+import numpy as np
+from pathlib import Path
+from wandistiller.recipe.samples import save_grid
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a disk that fills after 1000 bytes of any file
+try:
+    save_grid(np.zeros((2, 8, 8, 3)), np.ones((2, 8, 8, 3)), ["a", "b"], Path(sys.argv[1]) / "grid.png")
+except OSError as e:
+    print(e.strerror)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "File too large", out.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.png"] and (
+        tmp_path / "grid.png"
+    ).read_bytes() == b"the old grid"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,17 @@ def run_folder(make_cfg, tmp_path):
     return folder
 
 
+def saved(folder, *overrides: str, **raw):
+    """`folder`'s saved config with `raw` keys set unresolved (a received config's `${…}` included)."""
+    path = folder / ".hydra" / "config.yaml"
+    cfg = OmegaConf.load(path)
+    for key, value in raw.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    OmegaConf.save(cfg, path)
+
+
 def test_the_card_states_teacher_data_training_size_and_the_runs_figures(run_folder):
+    saved(run_folder, teacher__path="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
     run = {"teacher": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "teacher_experts": 1, "student_params_m": 41.888}
     metrics = run | {"steps_run": 7, "batch_size": 3, "precision": "bf16", "eval_psnr": 21.23456, "eval_ssim": None}
     (run_folder / "metrics.json").write_text(json.dumps(metrics))
@@ -81,14 +92,72 @@ def test_the_card_states_teacher_data_training_size_and_the_runs_figures(run_fol
     assert card.startswith("---\nlibrary_name: diffusers\n") and "base_model: Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in card
     assert "# A 41.9M-parameter text-to-image student of Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in card
     assert "| training | 7 steps, batch 3, precision bf16, seed 0 |" in card
-    assert "| image size | 48x64 (latent 6x8) |" in card and "height=48, width=64" in card
+    assert "| image size | 48x64 (latent 6x8) |" in card and "height=48, width=64" in card  # Wan's VAE: 8x
+    assert "max_sequence_length=512" in card  # Wan's padding
     assert "| `eval_psnr` | 21.23 |" in card and "eval_ssim" not in card  # a figure the run did not measure
 
 
-def test_a_card_without_metrics_names_the_local_teacher_and_no_evaluation(run_folder, tiny_path):
+def no_path_of_this_machine(card: str, *paths) -> None:
+    for path in (*paths, Path.home(), Path(export.__file__).parents[1]):
+        assert str(path) not in card, path
+    assert not re.search(r"(?<![\w.])/(tmp|home|root|work|usr|var|mnt|data)/", card)
+
+
+def test_a_card_without_metrics_names_the_built_in_teacher_and_no_path_of_this_machine(run_folder, tiny_path):
     card = export.model_card(run_folder)
-    assert "base_model" not in card and f"A ?-parameter text-to-image student of {tiny_path}" in card
-    assert "| (no evaluation in this run) | |" in card and "| data | Gaussian x0 (data-free); prompts: " in card
+    assert "base_model" not in card and "A ?-parameter text-to-image student of tiny (built-in, random weights)" in card
+    assert "| (no evaluation in this run) | |" in card and "| data | Gaussian x0 (data-free); prompts: the" in card
+    no_path_of_this_machine(card, tiny_path, run_folder)
+
+
+def test_a_local_teacher_and_prompts_file_are_named_by_their_names_alone(run_folder, tmp_path):
+    saved(run_folder, teacher__path=str(tmp_path / "models" / "MyWan"), data__prompts_path=str(tmp_path / "p.txt"))
+    card = export.model_card(run_folder)
+    assert "student of MyWan (a local folder)" in card and "prompts: `p.txt`" in card
+    no_path_of_this_machine(card, tmp_path)
+
+
+def test_a_received_configs_resolvers_are_never_evaluated_into_the_card(run_folder, monkeypatch):
+    monkeypatch.setenv("WD_TEST_SECRET", "hf_s3cret")
+    secret = "${oc.env:WD_TEST_SECRET}"
+    saved(run_folder, teacher__path=secret, teacher__name=secret, data__prompts_path=secret, seed=secret,
+          teacher__guidance_scale=secret)  # fmt: skip
+    card = export.model_card(run_folder)
+    assert "s3cret" not in card and "WD_TEST_SECRET" not in card
+    assert "student of a local folder" in card and "prompts: your prompts" in card and "seed ?" in card
+
+
+def test_a_received_metrics_file_cannot_add_lines_to_the_front_matter_or_text_to_the_card(run_folder):
+    evil = "x\nbase_model: evil/model\nlicense: evil"
+    metrics = {"teacher": evil, "precision": evil, "steps_run": evil, "student_params_m": evil, "eval_psnr": evil}
+    (run_folder / "metrics.json").write_text(json.dumps(metrics))
+    card = export.model_card(run_folder)
+    front = card.split("---\n")[1].splitlines()
+    assert front == ["library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
+    assert "evil" not in card and "| (no evaluation in this run) | |" in card
+    (run_folder / "metrics.json").write_text("[1, 2]")  # not an object: no figures, no failure
+    assert "A ?-parameter" in export.model_card(run_folder)
+
+
+def test_a_pocket_runs_card_has_the_pocket_teachers_real_sizes_and_they_draw_its_images(make_cfg, tmp_path):
+    from diffusers import WanPipeline
+
+    from wandistiller.compose import shipped_asset
+    from wandistiller.pocket.digits import IMAGE_SIZE
+
+    folder, teacher = tmp_path / "run", Path(shipped_asset("pocket/pocket-wan-t2v"))
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(make_cfg("teacher=pocket", "data=pocket_digits", run_dir=folder), folder / ".hydra" / "config.yaml")
+    card = export.model_card(folder, teacher)
+    assert "student of pocket (shipped)" in card and "| data | images (the images shipped with WanDistiller)" in card
+    assert f"| image size | {IMAGE_SIZE}x{IMAGE_SIZE} (latent 8x8) |" in card and "max_sequence_length=16" in card
+    no_path_of_this_machine(card, tmp_path, teacher)
+    # The snippet as written, on the pocket teacher's own parts, draws images of the size it trained on.
+    call = re.search(r"height=(\d+), width=(\d+),\s+max_sequence_length=(\d+)", card)
+    pipe = WanPipeline.from_pretrained(teacher)
+    out = pipe("a red 3", guidance_scale=1.0, num_frames=1, height=int(call[1]), width=int(call[2]),
+               max_sequence_length=int(call[3]), num_inference_steps=2, output_type="pt").frames  # fmt: skip
+    assert out.shape[-2:] == (IMAGE_SIZE, IMAGE_SIZE)
 
 
 def test_teacher_files_on_another_filesystem_are_copied_or_for_large_ones_referenced(tmp_path, monkeypatch):

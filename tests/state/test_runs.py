@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 
 import pytest
@@ -108,11 +109,13 @@ def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_ask
     assert Trust.from_args(without.parse_args([])) == Trust()
 
 
-def test_checkpoints_are_chosen_by_name(run_dir):
+def test_checkpoints_are_chosen_by_name(run_dir, caplog):
     r = open_run(run_dir)
     assert student_source(r, None) == run_dir / "student"
     assert student_source(r, "latest").name == "step_00000002"
-    step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    with caplog.at_level(logging.INFO):
+        step1 = load_student(r, student_source(r, "step_1"), torch.device("cpu"))
+    assert not [m for m in caplog.messages if m.startswith("student:")]  # no "random initialisation": it is not
     final = load_student(r, student_source(r, None), torch.device("cpu"))
     assert not torch.equal(step1.blocks[0].ffn.net[2].weight, final.blocks[0].ffn.net[2].weight)
     state = load_checkpoint(run_dir / "checkpoints/step_00000002")["student"]
@@ -135,3 +138,14 @@ def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp
     (run_dir / ".hydra" / "config.yaml").write_text("[:")
     with pytest.raises(UserError, match="config.yaml cannot be read"):
         open_run(run_dir)
+
+
+def test_a_saved_config_with_a_hydra_interpolation_is_one_line_for_the_tools(run_dir):
+    config = run_dir / ".hydra" / "config.yaml"
+    saved = OmegaConf.load(config)
+    saved.teacher.guidance_scale = "${hydra:runtime.choices.teacher}"  # allowed, but only a training job resolves it
+    OmegaConf.save(saved, config)
+    with pytest.raises(
+        UserError, match=r"^teacher.guidance_scale in .*config.yaml: .*(hydra|HydraConfig).*; fix the interpolation"
+    ):
+        open_run(run_dir)  # eval, generate and the export open a run so

@@ -4,6 +4,7 @@ components a library cannot load and unreachable Hub ids refused in one line."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
 from pathlib import Path
@@ -187,3 +188,18 @@ def test_a_teacher_path_that_is_a_symlink_loop_is_named_so(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with refused("is a symbolic link that leads nowhere"):
         resolve_teacher_path(OmegaConf.create({"builtin": "tiny", "path": str(tmp_path / "a")}), tmp_path / "cache")
+
+
+def test_a_missing_folder_inside_an_existing_one_is_one_line_not_a_hub_download(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(UserError, match=r"^teacher.path='models/Wan2.1-T2V-1.3B-Diffusers' does not exist; point"):
+        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": "models/Wan2.1-T2V-1.3B-Diffusers"}), "/none")
+    assert capsys.readouterr().err == ""  # nothing tried on the Hub, nothing logged
+
+
+def test_an_unreachable_hub_id_is_our_one_line_without_diffusers_own(monkeypatch, caplog):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with caplog.at_level(logging.INFO), pytest.raises(UserError, match="could not be fetched from the Hub"):
+        resolve_teacher_path(OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model"}), "/none")
+    assert not [r for r in caplog.records if r.name.startswith("diffusers")]  # "Couldn't connect to the Hub" …

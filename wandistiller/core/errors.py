@@ -59,6 +59,19 @@ def internal_errors_reported() -> Iterator[None]:
         sys.exit(1)
 
 
+@contextlib.contextmanager
+def quieted(name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Logger `name` (and its children) silent below `level` for the block: a library's lines, or ours,
+    that the block's own outcome would contradict or repeat."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") -> list[str]:
     """Log `message` to the log files alone (Hydra's train.log), not the terminal; returns their paths."""
     files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
@@ -89,3 +102,12 @@ def human_count(n: int) -> str:
             value = n / size
             return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
     return str(n)
+
+
+def rate(x: float | None) -> str:
+    """A rate to three significant figures, never rounded to nothing: 0.0123 -> "0.0123", 41.27 -> "41.3",
+    1234.5 -> "1234" (a slow run's samples/s read "0.0" at one decimal)."""
+    if not x:
+        return "0"
+    text = f"{x:.3g}"
+    return f"{x:.0f}" if "e+" in text or abs(x) >= 1000 else text

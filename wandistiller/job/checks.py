@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError
@@ -38,6 +38,25 @@ def check_known_keys(cfg: DictConfig) -> None:
                 walk(sub, node[key], f"{prefix}{key}.")
 
     walk(TrainConfig, cfg, "")
+
+
+def name_the_teacher(cfg: DictConfig) -> None:
+    """`teacher.path=<folder or Hub id>` over a group's teacher (the default `tiny`): the run's teacher is then
+    that folder, so `teacher.name` becomes its name (or the Hub id) and `builtin` goes; the plan, the saved
+    config and metrics.json said "tiny" of a 14B model. A name that is no group option is the user's own."""
+    from wandistiller.config import CONF_DIR
+
+    group = CONF_DIR / "teacher" / f"{cfg.teacher.name}.yaml"
+    if not group.is_file():
+        return
+    path = str(OmegaConf.to_container(cfg.teacher, resolve=False)["path"])
+    if path == str(OmegaConf.to_container(OmegaConf.load(group), resolve=False).get("path")):
+        return
+    from wandistiller.state.received import looks_like_hub_id
+
+    with open_dict(cfg):
+        cfg.teacher.name = path if looks_like_hub_id(path) else Path(path).expanduser().name or path
+        cfg.teacher.builtin = None
 
 
 def _schema_of(schema, key: str, node=None):
@@ -225,6 +244,30 @@ def check_targets(cfg: DictConfig) -> None:
     check_signatures(cfg)
 
 
+def check_missing(cfg: DictConfig) -> None:
+    """Every key of the schema is there and has a value: `~trainer` leaves the schema's mandatory `???`
+    behind and `~seed` removes the key, each an internal error once the run folder was made."""
+    import dataclasses
+
+    from wandistiller.config import TrainConfig
+
+    def absent(schema, node: DictConfig, prefix: str):  # fields of the schema an override deleted (~seed)
+        for field in dataclasses.fields(schema):
+            sub = _schema_of(schema, field.name)
+            if field.name not in node:
+                yield prefix + field.name
+            elif sub is not None and isinstance(node[field.name], DictConfig):
+                yield from absent(sub, node[field.name], f"{prefix}{field.name}.")
+
+    unset = [key for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), "") if raw == "???"]
+    missing = list(dict.fromkeys([*absent(TrainConfig, cfg, ""), *unset]))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        group = missing[0].split(".")[0]
+        raise UserError(f"{missing[0]} has no value{more}: an override removed it (~{group}?); drop the ~ override "
+                        f"or give {missing[0]}=…")  # fmt: skip
+
+
 def check_interpolations(cfg: DictConfig) -> None:
     """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
     the key that holds the bad one (not a key that merely refers to it), before any value is used."""
@@ -232,6 +275,7 @@ def check_interpolations(cfg: DictConfig) -> None:
 
     from omegaconf.errors import OmegaConfBaseException
 
+    check_missing(cfg)
     failing = []
     for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False), ""):
         if isinstance(raw, str) and "${" in raw:

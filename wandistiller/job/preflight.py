@@ -28,6 +28,7 @@ from wandistiller.job.checks import (
     check_tracker,
     check_training_parts,
     check_values,
+    name_the_teacher,
 )
 from wandistiller.job.resumed import recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
@@ -68,6 +69,7 @@ class Plan:
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
     """The checks in order, then the run folder. `cfg.teacher_placement` is replaced by auto's choice."""
     check_known_keys(cfg)
+    name_the_teacher(cfg)
     resolve_precision(cfg)
     check_values(cfg)
     check_hooks(cfg)

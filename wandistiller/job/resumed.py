@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
+from wandistiller.job.checks import check_interpolations, name_the_teacher
 from wandistiller.state.received import check_received, targets_of
 
 log = logging.getLogger("wandistiller")
@@ -100,6 +101,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     with only the keys a resume may change taken from `cfg` (all of them, or those in `overrides`)."""
     if cfg.trainer.resume != "auto":
         return cfg
+    name_the_teacher(cfg)  # as the saved config was named (prepare names it): teacher.name then agrees
     saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
     if saved is None:
         return cfg
@@ -124,6 +126,10 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
 
     merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), result)
     OmegaConf.set_struct(merged, True)
+    try:  # the saved `${…}`s, resolved now against the schema's types (a string where a number goes)
+        check_interpolations(merged)
+    except UserError as e:
+        raise UserError(f"{e} (in {Path(str(cfg.paths.output_dir)) / '.hydra' / 'config.yaml'})") from None
     log.info("trainer.resume=auto: continuing with the run's saved config%s", f" and {sorted(taken)}" if taken else "")
     return merged
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
 LOCK_FILE = ".lock"
+MISSING_BEFORE: set[Path] = set()  # run folders named on the command line that did not exist before Hydra made them
+log = logging.getLogger(__name__)
 _held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
 
 
@@ -46,10 +49,23 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
             f"the run folder {run_dir} already holds another run's outputs ({what}); "
             "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
         )
+    if resume == "auto" and (not run_dir.exists() or run_dir.resolve() in MISSING_BEFORE):
+        log.warning("trainer.resume=auto: the run folder %s did not exist, so this is a new run; to continue "
+                    "a run, check the folder's name (hydra.run.dir=…)", run_dir)  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_dir(run_dir)
     clean_leftovers(run_dir)
     return resolve_resume(resume, run_dir)
+
+
+def note_missing_run_dir(argv: list[str]) -> None:
+    """Before Hydra makes the run folder: remember a `hydra.run.dir=` that does not exist yet, so that
+    `trainer.resume=auto` into a mistyped folder is told apart from a preempted job's empty one."""
+    for arg in argv:
+        if arg.startswith("hydra.run.dir=") and "${" not in arg:
+            folder = Path(arg.split("=", 1)[1]).expanduser()
+            if not folder.exists():
+                MISSING_BEFORE.add(folder.resolve())
 
 
 def lock_run_dir(run_dir: Path) -> None:

@@ -18,8 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import atomic_write, folder_problem
 from wandistiller.quality.compare import COLUMNS, Settings, compare
 
+SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
+SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
 FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "latent_mse": "{:.4f}",
            "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}"}  # fmt: skip
 
@@ -96,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
-    parser.add_argument("--out", type=Path, default=Path("docs/QUALITY.md"), help="where the report goes")
+    parser.add_argument("--out", type=Path, help="where the report goes (default docs/QUALITY.md; with --small "
+                        f"{SMALL_OUT}, never over the shipped report)")  # fmt: skip
     parser.add_argument("--work", type=Path, help="run folders and caches (default: a temporary folder)")
     return parser.parse_args(argv)
 
@@ -114,12 +119,28 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def report_path(args: argparse.Namespace) -> Path:
+    """Where the report goes, checked before the work (which takes minutes): a file that can be written, and
+    for `--small`, whose numbers mean nothing, never the shipped docs/QUALITY.md."""
+    out = args.out or (SMALL_OUT if args.small else Path("docs/QUALITY.md"))
+    if args.small and out.resolve() == SHIPPED_REPORT:
+        raise UserError(f"--out {out}: --small's numbers mean nothing and would replace the shipped report; "
+                        f"drop --out (it writes {SMALL_OUT}) or run without --small")  # fmt: skip
+    problem = f"{out} is a folder" if out.is_dir() else folder_problem(out.parent)
+    if problem:
+        raise UserError(f"--out {out}: {problem}; choose another file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from wandistiller.core.errors import exit_on_user_error
 
     argv = sys.argv[1:] if argv is None else argv
     args, start = parse_args(argv), time.perf_counter()
     settings = settings_from(args)
+    with exit_on_user_error():
+        out = report_path(args)
     work = args.work or Path(tempfile.mkdtemp(prefix="wandistiller-quality-"))
     try:
         with exit_on_user_error():
@@ -127,11 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    text = report(results, settings, argv, time.perf_counter() - start)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    atomic_write(out, report(results, settings, argv, time.perf_counter() - start))
     print(table(results))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ teacher's sample from the same noise, parameters and seconds per image. Each row
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
 
     scores = pocket_scores(made["images"], made["prompts"], judge, reference)
     mse = float(((made["latents"] - teacher_latents) ** 2).mean())
-    return {k: scores[k] for k in ("prompt_accuracy", "fid", "kid")} | {
+    return {k: scores.get(k, math.nan) for k in ("prompt_accuracy", "fid", "kid")} | {  # nan: withheld, too few
         "latent_mse": mse, "params": made["params"], "s_per_image": made["s_per_image"]
     }  # fmt: skip
 

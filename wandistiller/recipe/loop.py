@@ -124,6 +124,7 @@ def train_loop(run: Run, trainer_cfg, start_step: int) -> list[dict]:
         for hook in run.hooks:
             hook(run, step + 1)
         if stopping:
+            bar.close()  # its last line ended: the "to continue, run …" line then stands on a line of its own
             stop.exit(run.run_dir, step + 1, run.is_main)
     stop.restore()
     run.targets.finish()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from PIL import Image, ImageDraw
 
 from wandistiller.core.context import RunContext
+from wandistiller.core.files import atomic_write
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
@@ -132,5 +133,4 @@ def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[
             pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
             grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
         pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
-    grid.save(path)
-    return path
+    return atomic_write(path, write=lambda f: grid.save(f, format="PNG"))  # a full disk leaves no 0-byte PNG

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import shutil
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, human_count
 
@@ -46,7 +48,7 @@ def place(src: Path, dst: Path) -> str:
 
 def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
     """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card."""
-    out = write_pipeline(run_dir / PIPELINE, teacher_path, run_dir / "student", model_card(run_dir))
+    out = write_pipeline(run_dir / PIPELINE, teacher_path, run_dir / "student", model_card(run_dir, teacher_path))
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 
@@ -75,44 +77,120 @@ def model_index(teacher_path: Path) -> dict:
                     "boundary_ratio": None}  # fmt: skip
 
 
-def model_card(run_dir: Path) -> str:
-    """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json)."""
+SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+WORD = re.compile(r"[\w.+ -]{1,100}")
+SOURCES = {"gaussian": "Gaussian x0 (data-free)", "teacher": "the teacher's own samples", "images": "images"}
+
+
+def _raw(node, key: str):
+    """`node.key` as saved, never resolved: a received config's `${oc.env:HF_TOKEN}` stays unread."""
+    return OmegaConf.to_container(node, resolve=False).get(key) if isinstance(node, DictConfig) else None
+
+
+def _number(value) -> float | None:
+    """A figure for the card: a finite int or float, else None (a string of a received file is no figure)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def _word(value) -> str | None:
+    """A name safe on one line of the card: letters, digits and ._+- only (no newline, no markup)."""
+    return value if isinstance(value, str) and WORD.fullmatch(value) else None
+
+
+def _last_part(raw: str) -> str | None:
+    """A saved path's last part, where it is a plain name (no folder of this machine); None for an
+    interpolation, which is not evaluated (it may read the environment)."""
+    return _word(Path(raw).name) if "${" not in raw else None
+
+
+def _named(raw, what: str) -> str:
+    """A path of the config as the card names it: shipped, or by its last part alone."""
+    if raw is None:
+        return f"the shipped {what}"
+    if str(raw).startswith(SHIPPED):
+        return f"the {what} shipped with WanDistiller"
+    return f"`{_last_part(str(raw))}`" if _last_part(str(raw)) else f"your {what}"
+
+
+def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
+    """(how the card names the teacher, its Hub id or None): a Hub id, "pocket (shipped)", the built-in tiny
+    teacher, or a local folder by its name; never a path of this machine or an evaluated resolver."""
+    raw, name = str(_raw(cfg.teacher, "path")), _word(_raw(cfg.teacher, "name")) or "teacher"
+    if raw.startswith(SHIPPED):
+        return f"{name} (shipped)", None
+    if raw.startswith("${paths.cache_dir}/teachers/"):
+        return f"{name} (built-in, random weights)", None
+    if HUB_ID.fullmatch(raw) and not Path(raw).expanduser().exists():
+        return raw, raw
+    return (f"{_last_part(raw)} (a local folder)" if _last_part(raw) else "a local folder"), None
+
+
+def image_scale(teacher_path: Path | None) -> int:
+    """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
+    try:
+        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 8
+    return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
+
+
+def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
+    """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
+    Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     m = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").is_file() else {}
-    teacher = str(m.get("teacher") or cfg.teacher.path)
-    hub_teacher = not Path(teacher).expanduser().exists() and teacher.count("/") == 1
+    m = m if isinstance(m, dict) else {}
     d, t = cfg.data, cfg.trainer
-    data = {"gaussian": "Gaussian x0 (data-free)", "teacher": "the teacher's own samples", "images": "images"}
-    source = data.get(str(d.get("latents", "gaussian")), str(d.get("latents")))
-    prompts = d.get("prompts_path") or d.get("root") or d.get("dataset") or "the 70 shipped prompts"
-    height, width = d.latent_height * 8, d.latent_width * 8  # Wan's VAE: 8x spatial
-    figures = [(k, m[k]) for k in ("eval_latent_mse", "eval_psnr", "eval_ssim", "eval_speedup", "val_loss_best")
-               if m.get(k) is not None]  # fmt: skip
-    rows = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures) or "| (no evaluation in this run) | |"
-    params = human_count(round(m["student_params_m"] * 1e6)) if "student_params_m" in m else "?"
+    source = SOURCES.get(str(_raw(d, "latents")), SOURCES["gaussian"])
+    images, prompts = _raw(d, "root") or _raw(d, "dataset"), _raw(d, "prompts_path")
+    prompts = _raw(cfg.teacher, "prompts_path") if prompts == "${teacher.prompts_path}" else prompts  # pocket's
+    steps = _number(m.get("steps_run")) or _number(_raw(t, "max_steps"))
+    batch = _number(m.get("batch_size")) or _number(_raw(t, "batch_size"))
+    params = _number(m.get("student_params_m"))
+    figures = [(k, _number(m.get(k))) for k in ("eval_latent_mse", "eval_psnr", "eval_ssim", "eval_speedup",
+                                                "val_loss_best")]  # fmt: skip
+    facts = {
+        "teacher": card_teacher(cfg),
+        "data": f"{source} ({_named(images, 'images')})" if source == "images" and images else source,
+        "prompts": _named(prompts, "prompts"),
+        "training": (f"{steps:.0f} steps, batch {batch:.0f}" if steps and batch else "?")
+        + (f", precision {m['precision']}" if _word(m.get("precision")) else ""),
+        "latent": [int(_number(_raw(d, k)) or 0) for k in ("latent_height", "latent_width")],
+        "scale": image_scale(teacher_path),
+        "tokens": int(_number(_raw(cfg.teacher, "max_sequence_length")) or 512),
+        "guidance": _number(_raw(cfg.teacher, "guidance_scale")),
+        "seed": _number(_raw(cfg, "seed")),
+        "params": human_count(round(params * 1e6)) if params else "?",
+        "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
+    }
+    return _card_text(facts)
+
+
+def _card_text(f: dict) -> str:
+    (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
+    height, width = lh * f["scale"], lw * f["scale"]
     front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
-    front += [f"base_model: {teacher}"] if hub_teacher else []
-    title = f"# A {params}-parameter text-to-image student of {teacher}"
+    front += [f"base_model: {hub_id}"] if hub_id else []
     return (
-        "\n".join([*front, "---", "", title, "", ""])
+        "\n".join([*front, "---", "", f"# A {f['params']}-parameter text-to-image student of {teacher}", "", ""])
         + f"""\
-Distilled with WanDistiller from the Wan teacher `{teacher}` ({m.get("teacher_experts", "?")} expert(s)): the
-student transformer learned the teacher's classifier-free-guided velocity (guidance scale
-{cfg.teacher.guidance_scale}), so it samples without CFG. The tokenizer, text encoder, VAE and scheduler
-are the teacher's.
+Distilled with WanDistiller from the Wan teacher {teacher}: the student transformer learned the teacher's
+classifier-free-guided velocity (guidance scale {f["guidance"] if f["guidance"] is not None else "?"}), so it
+samples without CFG. The tokenizer, text encoder, VAE and scheduler are the teacher's.
 
 | | |
 |---|---|
-| data | {source}; prompts: {prompts} |
-| training | {m.get("steps_run", t.max_steps)} steps, batch {m.get("batch_size", t.batch_size)}, \
-precision {m.get("precision", cfg.precision.name)}, seed {cfg.seed} |
-| image size | {height}x{width} (latent {d.latent_height}x{d.latent_width}) |
+| data | {f["data"]}; prompts: {f["prompts"]} |
+| training | {f["training"]}, seed {f["seed"] if f["seed"] is not None else "?"} |
+| image size | {height}x{width} (latent {lh}x{lw}) |
 
 Quality against the teacher (same noise, prompts and sampler; `python -m wandistiller.eval`):
 
 | figure | value |
 |---|---|
-{rows}
+{f["rows"] or "| (no evaluation in this run) | |"}
 
 ```python
 import torch
@@ -120,7 +198,7 @@ from diffusers import WanPipeline
 
 pipe = WanPipeline.from_pretrained("PATH_OR_REPO", torch_dtype=torch.float32)
 image = pipe("a fox in the snow", guidance_scale=1.0, num_frames=1, height={height}, width={width},
-             output_type="pil").frames[0][0]
+             max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
 ```
 """
     )

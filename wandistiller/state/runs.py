@@ -7,6 +7,7 @@ trained on guided targets, so it samples without CFG (guidance 1).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
@@ -53,6 +54,9 @@ def open_run(
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
     with `allow_download`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     from wandistiller.compose import register_configs
 
     register_configs()  # the resolvers a saved config may use
@@ -62,6 +66,12 @@ def open_run(
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
     cfg = load_received(config, allow)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
+    try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        first = str(getattr(e, "msg", e)).strip().splitlines()[0]
+        raise UserError(f"{getattr(e, 'full_key', None) or '?'} in {config}: {first}; fix the interpolation (or set "
+                        "the variable it reads)") from None  # fmt: skip
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
@@ -93,10 +103,19 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
     return found
 
 
+def _shell(run: RunFolder):
+    """The run's student, built to receive a checkpoint's weights: random (never read from the teacher), and
+    without its "student: random initialisation" line, which would be false of the student then loaded."""
+    from hydra.utils import instantiate
+
+    random = {"init": "random"} if "init" in run.cfg.student else {}
+    with quieted("wandistiller.student.model"):
+        return instantiate(run.cfg.student, _partial_=True, **random)(spec=run.spec)
+
+
 def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32):
     """The student's WanTransformer3DModel, from a saved folder or a checkpoint's training state."""
     from diffusers import WanTransformer3DModel
-    from hydra.utils import instantiate
 
     if (source / "config.json").is_file():
         for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
@@ -113,7 +132,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     else:
         # The student's shape alone (init=random: nothing is cut or copied, the weights are the checkpoint's), and of
         # its state the transformer: a hidden-state loss's projections are training parts, not the student.
-        transformer = instantiate(run.cfg.student, _partial_=True)(spec=run.spec, init="random").transformer
+        transformer = _shell(run).transformer
         state = load_checkpoint(source)  # safetensors + JSON: never unpickles
         state["student"] = {
             k[len("transformer.") :]: v for k, v in state["student"].items() if k.startswith("transformer.")
@@ -147,10 +166,12 @@ def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
     return Teacher(spec, [transformer], [1.0], device)
 
 
-def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape) -> tuple:
+def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape,
+             what: str = "sampling") -> tuple:  # fmt: skip
     """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, 0, stream="eval")` per prompt.
 
-    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up.
+    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up. A log
+    line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
     """
     pipe = teacher_pipeline(sampler)
     settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
@@ -168,6 +189,9 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
+        if (n + 1) % max(1, len(prompt_idx) // 4) == 0 or n + 1 == len(prompt_idx):
+            logging.getLogger("wandistiller").info("%s: %d/%d images, %.3g s each", what, n + 1, len(prompt_idx),
+                                                   seconds[-1])  # fmt: skip
     return torch.cat(out), seconds
 
 

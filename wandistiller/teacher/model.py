@@ -4,6 +4,8 @@ velocity targets (`Teacher`). What the folder holds and how it is checked: teach
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -44,7 +46,6 @@ def compile_blocks(expert: nn.Module) -> None:
 def log_first_call(module: nn.Module, what: str) -> None:
     """One log line when `module`'s first call starts (torch.compile compiles then, lazily) and one with how
     long that call took: a compile takes from seconds to minutes, and a silent wait looks like a hang."""
-    import logging
     import time
 
     log, started = logging.getLogger("wandistiller"), []

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, quieted
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -66,18 +67,18 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
         raise UserError(f"{key} is a file; point it at a diffusers-format Wan folder (holding model_index.json)")
     if path.is_symlink():
         raise UserError(f"{key} is a symbolic link that leads nowhere (a loop or a missing target); fix the link")
-    looks_like_hub_id = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
+    hub_shaped = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
+    if not hub_shaped or path.parent.is_dir():  # models/Wan2.1-… in an existing models/: a folder, not a Hub id
         raise UserError(f"{key} does not exist; point it at a diffusers-format Wan folder")
     from diffusers import DiffusionPipeline
 
     try:
-        return Path(DiffusionPipeline.download(teacher_cfg.path, use_safetensors=True))
+        with quieted("diffusers", logging.ERROR):  # its "Couldn't connect to the Hub" lines: ours below says it
+            return Path(DiffusionPipeline.download(teacher_cfg.path, use_safetensors=True))
     except Exception as e:  # offline, unknown repo, gated repo: all the same to the user
         raise UserError(
-            f"{key} is not a local folder and could not be fetched from the Hub "
-            f"({type(e).__name__}); download it (hf download {teacher_cfg.path} --local-dir DIR) "
-            "and set teacher.path=DIR"
+            f"{key} is not a local folder and could not be fetched from the Hub ({type(e).__name__}); download "
+            f"it (hf download {teacher_cfg.path} --local-dir DIR) and set teacher.path=DIR"
         ) from None
 
 

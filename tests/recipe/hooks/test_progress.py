@@ -30,10 +30,17 @@ def test_a_line_every_log_every_steps_and_at_the_last_step(caplog):
     assert lines == [f"step {step}/7: loss 0.12346, 12.3 samples/s, lr 0.0003" for step in (3, 6, 7)]
 
 
+def test_a_slow_run_shows_its_rate_in_significant_figures_not_zero(caplog):
+    slow = SimpleNamespace(history=[{"step": 3, "loss": 1.0, "samples_per_s": 0.0321, "lr": 1e-4}])
+    with caplog.at_level(logging.INFO, logger="wandistiller"):
+        bound(progress_bar=False)(slow, 3)
+    assert [r.getMessage() for r in caplog.records] == ["step 3/7: loss 1.00000, 0.0321 samples/s, lr 0.0001"]
+
+
 def test_before_any_logged_step_the_line_says_so_rather_than_failing(caplog):
     with caplog.at_level(logging.INFO, logger="wandistiller"):
         bound(progress_bar=False)(SimpleNamespace(history=[]), 3)
-    assert [r.getMessage() for r in caplog.records] == ["step 3/7: loss nan, 0.0 samples/s, lr 0"]
+    assert [r.getMessage() for r in caplog.records] == ["step 3/7: loss nan, 0 samples/s, lr 0"]
 
 
 def test_with_the_progress_bar_the_line_goes_to_the_log_file_alone(caplog, tmp_path):

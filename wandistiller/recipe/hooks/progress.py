@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from wandistiller.core.errors import write_to_log_files
+from wandistiller.core.errors import rate, write_to_log_files
 from wandistiller.core.registry import Option
 from wandistiller.recipe.hooks.base import Hook
 
@@ -34,7 +34,7 @@ class ProgressLog(Hook):
         last = run.history[-1] if run.history else {}
         line = (
             f"step {step}/{self.t.max_steps}: loss {last.get('loss', float('nan')):.5f}, "
-            f"{last.get('samples_per_s', 0.0):.1f} samples/s, lr {last.get('lr', 0.0):.3g}"
+            f"{rate(last.get('samples_per_s'))} samples/s, lr {last.get('lr', 0.0):.3g}"
         )
         if self.t.progress_bar:
             write_to_log_files(line)
