@@ -32,6 +32,12 @@ class Logger:
         pass
 
     @classmethod
+    def reopened(cls, node, run_id: str | None, mode: str | None = None):
+        """This logger's saved node as a later process (an evaluation of the run) reopens it to add to the run's
+        own records, or None where it would only start a stray one. A file logger appends to its files as it is."""
+        return node
+
+    @classmethod
     def check(cls, node, key: str) -> None:
         """Refuse settings that would fail only after the teacher loaded (one UserError line)."""
 

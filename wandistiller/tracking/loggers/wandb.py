@@ -116,13 +116,35 @@ class WandbTracker(Logger):
         self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **kwargs)
         self.run_id = self.run.id
 
+    @classmethod
+    def reopened(cls, node, run_id: str | None, mode: str | None = None):
+        """The run's own wandb run (its id is in the run's checkpoints), in `mode` (an evaluation's is offline unless
+        it says online, whatever the saved config says); None without an id: a new run for one evaluation would be
+        a stray."""
+        from omegaconf import OmegaConf
+
+        if not run_id:
+            return None
+        return OmegaConf.merge(node, {"mode": mode}) if mode else node
+
     def log(self, metrics: dict, step: int | None) -> None:
-        self.run.log(metrics, step=step)
+        self.run.log(*self._at(metrics, step))
 
     def log_image(self, key: str, path: Path, step: int | None) -> None:
         import wandb
 
-        self.run.log({key: wandb.Image(str(path))}, step=step)
+        self.run.log(*self._at({key: wandb.Image(str(path))}, step))
+
+    def _at(self, metrics: dict, step: int | None) -> tuple[dict, int | None]:
+        """wandb keeps only steps at or after its run's current one and drops an earlier step's numbers with a
+        warning (a resumed online run continues after the run's last step; an evaluation of an earlier
+        checkpoint): those go at wandb's next step instead, with `<prefix>step` naming the step they belong to
+        (`eval/step` for `eval/...` numbers: a chart's x-axis in wandb)."""
+        if step is None or step >= self.run.step:
+            return metrics, step
+        prefixes = {k.split("/", 1)[0] for k in metrics if "/" in k}
+        prefix = f"{prefixes.pop()}/" if len(prefixes) == 1 and all("/" in k for k in metrics) else ""
+        return metrics | {f"{prefix}step": step}, None
 
     def finish(self, summary: dict) -> None:
         self.run.summary.update(summary)
