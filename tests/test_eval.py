@@ -190,7 +190,10 @@ def test_an_image_run_is_evaluated_on_its_own_held_out_captions(make_cfg, tmp_pa
     run = run_of(make_cfg, tmp_path, tiny_path, "data=image_folder", f"data.root={root}", "data.val_fraction=0.34")
     # the same split training validates on (data_sources._held_out_captions): the last val_fraction of the captions
     held = split_prompts(image_source(run.cfg.data).captions, None, 0.34)[1]
-    assert eval_prompts(run, None, 8) == held and len(held) == 1 and held[0] in CAPTIONS
+    with pytest.raises(UserError, match=r"data.root=.* lies outside the run folder, so eval does not read its caption"):
+        eval_prompts(run, None, 8)  # a received run's data.root is the sender's choice of folder on this machine
+    assert eval_prompts(run, None, 8, allow_data=True) == held and len(held) == 1 and held[0] in CAPTIONS
+    assert eval_prompts(run, None, 8, own_files=True) == held  # the run's own end-of-run eval
     assert eval_prompts(run, str(write_prompts(tmp_path / "mine.txt")), 8) == ["my own prompt"]  # --prompts wins
 
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.files import in_run
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
@@ -50,7 +51,7 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
         raise UserError(f"--out {out} is not empty; choose a new folder (an export never overwrites)")
     with tempfile.TemporaryDirectory(dir=run.path) as tmp:
         if checkpoint == "ema":
-            student = run.path / "student_ema"
+            student = in_run(run.path, "student_ema")  # never a received folder's link to a student elsewhere
             if not student.is_dir():
                 raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
         else:

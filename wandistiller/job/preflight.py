@@ -36,6 +36,7 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.fastpaths import check_compile_mode, check_quantize, check_quantize_placement
 from wandistiller.placements.memory import Hardware
+from wandistiller.state.checkpoint import check_teacher
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.model import inspect_teacher, resolve_teacher_path
 
@@ -82,6 +83,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
+    check_teacher(resume_from, spec, bool(cfg.trainer.get("allow_other_teacher", False)))  # the one it recorded
     save_config(run_dir, cfg, resume_from)
     if table:
         show_plan(table, cfg.hardware.show_plan or _first_sweep_point(point))

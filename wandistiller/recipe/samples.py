@@ -76,7 +76,13 @@ def student_images(
     return draw(spec, [transformer], [1.0], embeddings, data_cfg, num_prompts, steps, seed)
 
 
-def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path) -> Path:
+def save_grid(
+    teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path, root: Path | None = None
+) -> Path:
+    """The teacher | student grid as a PNG at `path`, written whole into the run folder `root` (a link in its
+    place is replaced, never written through; see core.files)."""
+    from wandistiller.core.files import write_in_run
+
     header, caption = 24, 36
     grid = Image.new("RGB", (2 * CELL, header + len(prompts) * (CELL + caption)), "white")
     pen = ImageDraw.Draw(grid)
@@ -88,5 +94,6 @@ def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[
             pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
             grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
         pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
-    grid.save(path)
+    path = Path(path)
+    write_in_run(root or path.parent, path if root else path.name, write=lambda f: grid.save(f, format="png"))
     return path
