@@ -50,3 +50,24 @@ def test_export_writes_a_self_contained_copy_with_its_card_and_never_overwrites(
     again = subprocess.run([sys.executable, "-m", "wandistiller.pipeline", str(run_dir), "--out", str(out)],
                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and again.stderr.startswith("error: --out")
+
+
+def test_export_of_a_received_run_never_takes_a_student_linked_from_outside(finished, tmp_path):
+    import shutil
+
+    from diffusers import WanPipeline
+
+    from wandistiller.core.errors import UserError
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)  # a legitimate run moved to another machine: it exports
+    out = export(folder, tmp_path / "hub")
+    assert WanPipeline.from_pretrained(out).transformer is not None
+    elsewhere = tmp_path / "someone_elses_student"
+    shutil.move(folder / "student", elsewhere)
+    (folder / "student").symlink_to(elsewhere)
+    (folder / "student_ema").symlink_to(elsewhere)
+    for checkpoint in (None, "ema"):
+        with pytest.raises(UserError, match="leads out of the run folder"):
+            export(folder, tmp_path / f"hub_{checkpoint}", checkpoint)
+        assert not (tmp_path / f"hub_{checkpoint}").exists()

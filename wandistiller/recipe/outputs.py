@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from wandistiller.core.context import RunContext
-from wandistiller.core.files import replace_folder, write_in_run
+from wandistiller.core.files import replace_folder, run_folder, write_in_run
 from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.state.checkpoint import teacher_digest
@@ -97,6 +97,7 @@ def save_samples(ctx: RunContext, teacher_samples, embeddings, student: torch.nn
     student.eval()
     mine = student_images(ctx.spec, student.transformer, embeddings, ctx.data_cfg, n, steps, ctx.seed)
     student.train(was_training)
+    run_folder(ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
     return save_grid(teacher_samples, mine, embeddings.prompts[:n], path, root=ctx.run_dir)
 
 

@@ -295,10 +295,10 @@ def load_yaml_config(path: Path, what: str = "saved config"):
     return OmegaConf.load(io.StringIO(text))
 
 
-def load_json(path: Path, limit: int = MAX_JSON_BYTES, what: str = "JSON file"):
+def load_json(path: Path, limit: int | None = None, what: str = "JSON file"):
     """A received JSON file, its size bounded before parsing and its nesting caught: UserError (one line), or
     ValueError for text that is not JSON (the caller says what the file is for)."""
-    text = bounded_text(path, limit, what)
+    text = bounded_text(path, limit or MAX_JSON_BYTES, what)
     try:
         return json.loads(text)
     except RecursionError:
