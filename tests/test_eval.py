@@ -310,3 +310,15 @@ def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, 
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(UserError, match="does not fit this teacher"):
         eval_cli.evaluate(folder, steps=1, limit=1)
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "tensorboard", "wandb"])
+def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finished, tmp_path, name):
+    from tests.core.test_files import untouched, victim
+
+    folder, mine = copied(finished, tmp_path), victim(tmp_path)
+    (folder / name).symlink_to(mine if name == "metrics.csv" else mine.parent)
+    with pytest.raises(UserError, match=f"{name} leads out of the run folder"):
+        eval_cli.evaluate(folder, steps=1, limit=1)
+    assert not (folder / "eval.json").exists() and untouched(mine)  # refused before sampling, not after
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]

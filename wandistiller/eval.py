@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.core.files import folder_problem, in_run, write_in_run
+from wandistiller.core.files import check_appended, folder_problem, in_run, write_in_run
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
@@ -121,6 +121,7 @@ def evaluate(
     problem = folder_problem(run.path)
     if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
+    check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
     prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files, (trust or Trust()).data)

@@ -232,6 +232,18 @@ def in_run(root: Path, name: str | Path) -> Path:
     return path
 
 
+# What a run appends to or adds into besides checkpoints/ (files written whole replace a link instead): a received
+# folder's link (or hard link) in one of their places is refused before any work (a resume's claim, eval's start).
+APPENDED = (".hydra", "train.log", "metrics_steps.jsonl", "metrics.csv", "tensorboard", "wandb", ".failures",
+            "checkpoints")  # fmt: skip
+
+
+def check_appended(root: Path) -> None:
+    """Refuse (one line) a run folder whose APPENDED names lead out of it: before the work, not after."""
+    for name in APPENDED:
+        appendable(root, name)
+
+
 def run_folder(root: Path, name: str | Path) -> Path:
     """The folder `root / name`, made if needed, when it lies inside the run folder (see `in_run`)."""
     path = in_run(root, name)

@@ -22,14 +22,10 @@ from omegaconf import OmegaConf
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import appendable, clean_run_leftovers, in_run, run_folder
+from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, in_run, run_folder
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
 LOCK_FILE = ".lock"
-# What a run writes into its folder besides checkpoints/ and the files written whole (see core.files): a received
-# folder's link (or hard link) in one of their places is refused when the folder is claimed.
-RUN_FILES = (".hydra", "train.log", "metrics_steps.jsonl", "metrics.csv", "tensorboard", "wandb", ".failures",
-             "checkpoints")  # fmt: skip
 _held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
 
 
@@ -55,8 +51,7 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     lock_run_dir(run_dir)
     clean_leftovers(run_dir)
     clean_run_leftovers(run_dir)
-    for name in RUN_FILES:  # a received folder's links out of it: refused before anything is read or written
-        appendable(run_dir, name)
+    check_appended(run_dir)  # a received folder's links out of it: refused before anything is read or written
     return resolve_resume(resume, run_dir)
 
 
