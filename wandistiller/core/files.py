@@ -3,6 +3,9 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 shape and byte range, then the data. Reading the header costs one small read and tells a truncated,
 garbage or empty file from a good one without loading any weights.
+
+A run folder's own files (`in_run`, `write_in_run`, `appendable`, `replace_folder`): a folder someone sent you is
+read and written only inside it, never through a link that leads out of it.
 """
 
 from __future__ import annotations
