@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -327,3 +328,16 @@ def test_a_header_naming_a_tensor_twice_or_nested_too_deep_is_one_line(tmp_path)
     deep = b"[" * 100_000 + b"]" * 100_000
     path.write_bytes(len(deep).to_bytes(8, "little") + deep)
     assert "nested too deeply" in safetensors_problem(path) or "not a JSON object" in safetensors_problem(path)
+
+
+def test_a_relative_run_folder_and_a_name_built_from_it_are_checked_where_they_are(tmp_path, monkeypatch):
+    from tests.core.test_files import victim as make_victim
+
+    mine = make_victim(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "run").mkdir(parents=True)
+    root = Path("outputs/run")  # as a user types it: `python -m wandistiller.eval outputs/run`
+    (root / "student").symlink_to(mine.parent)
+    with pytest.raises(OutsideRunFolder):
+        in_run(root, root / "student")  # not outputs/run/outputs/run/student, which does not exist
+    assert write_in_run(root, root / "eval.json", "{}") == root / "eval.json" and (root / "eval.json").is_file()

@@ -220,7 +220,7 @@ def in_run(root: Path, name: str | Path) -> Path:
     """`root / name`, refused (OutsideRunFolder) when following links on the way -- `name`'s own included, and
     where it does not exist yet, as far as it does -- leads out of the run folder `root`. A link inside the
     folder (`latest -> step_00000050`) is fine."""
-    root, path = Path(root), Path(root) / name
+    root, path = Path(root), _joined(root, name)
     real_root, real = os.path.realpath(root), os.path.realpath(path)
     if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
         link = next((p for p in [path, *path.parents] if p.is_symlink()), None)
@@ -243,6 +243,15 @@ def check_appended(root: Path) -> None:
     """Refuse (one line) a run folder whose APPENDED names lead out of it: before the work, not after."""
     for name in APPENDED:
         appendable(root, name)
+
+
+def _joined(root: Path, name: str | Path) -> Path:
+    """`root / name`, or `name` itself when it is already a path into `root` (a caller's `run.path / "student"`,
+    with `root` relative: `outputs/run` joined again would be `outputs/run/outputs/run/student`)."""
+    root, name = Path(root), Path(name)
+    if name.is_absolute() or (root.parts and name.parts[: len(root.parts)] == root.parts):
+        return name
+    return root / name
 
 
 def run_folder(root: Path, name: str | Path) -> Path:
@@ -272,7 +281,7 @@ def write_in_run(root: Path, name: str | Path, data: str | bytes | None = None, 
                  fsync: bool = True) -> Path:  # fmt: skip
     """`root / name` written whole (`atomic_write`) into the run folder: its folder must lie inside it, and a link
     (symbolic or hard) in the file's place is replaced, never written through."""
-    path = Path(root) / name
+    path = _joined(root, name)
     in_run(root, path.parent)
     return atomic_write(path, data, write=write, fsync=fsync)
 
