@@ -119,6 +119,20 @@ def run_dir(make_cfg, tmp_path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")  # one run, whichever modules read it
+def finished(tmp_path_factory, cache_dir, tiny_path):
+    """One short real run (a checkpoint at each of 2 steps), copied by each test that alters it."""
+    from wandistiller.train import run
+
+    folder = tmp_path_factory.mktemp("finished") / "run"
+    overrides = [f"paths.cache_dir={cache_dir}", f"paths.output_dir={folder}", "logger=none", "precision=fp32",
+                 "trainer.progress_bar=false", "hooks.samples.prompts=0", "hooks.monitor.val_every=0",
+                 "~hooks.evaluate", "trainer.max_steps=2", "trainer.checkpoint_every=1"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        run(compose("train", overrides=overrides))
+    return folder
+
+
 def metrics_steps(run_dir: Path) -> list[dict]:
     """A run's per-step records (`metrics_steps.jsonl`), as the monitor appended them."""
     import json

@@ -12,8 +12,8 @@ import yaml
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.conftest import ROOT, fresh_runs
 from tests.conftest import cli as command_line
-from tests.conftest import fresh_runs
 from tests.data.test_images import CAPTIONS, write_folder
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
@@ -202,7 +202,10 @@ def test_an_image_run_is_evaluated_on_its_own_held_out_captions(make_cfg, tmp_pa
     run = run_of(make_cfg, tmp_path, tiny_path, "data=image_folder", f"data.root={root}", "data.val_fraction=0.34")
     # the same split training validates on (data_sources._held_out_captions): the last val_fraction of the captions
     held = split_prompts(image_source(run.cfg.data).captions, None, 0.34)[1]
-    assert eval_prompts(run, None, 8) == held and len(held) == 1 and held[0] in CAPTIONS
+    with pytest.raises(UserError, match=r"data.root=.* lies outside the run folder, so eval does not read its caption"):
+        eval_prompts(run, None, 8)  # a received run's data.root is the sender's choice of folder on this machine
+    assert eval_prompts(run, None, 8, allow_data=True) == held and len(held) == 1 and held[0] in CAPTIONS
+    assert eval_prompts(run, None, 8, own_files=True) == held  # the run's own end-of-run eval
     assert eval_prompts(run, str(write_prompts(tmp_path / "mine.txt")), 8) == ["my own prompt"]  # --prompts wins
 
 
@@ -249,3 +252,85 @@ def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp
     eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
     assert "logged to the run's wandb run" in capsys.readouterr().out
     assert list((folder / "wandb").glob("offline-run-*"))
+
+
+# -- a received run folder: nothing outside it written or read, the teacher it recorded -----------------------
+POCKET = ROOT / "wandistiller" / "assets" / "pocket" / "pocket-wan-t2v"  # another shape, same channels and text_dim
+
+
+def copied(finished, tmp_path):
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    return folder
+
+
+def test_eval_of_a_received_run_replaces_linked_results_and_never_writes_through_them(finished, tmp_path):
+    from tests.core.test_files import untouched, victim
+
+    mine = victim(tmp_path)
+    other = tmp_path / "home" / "other.png"
+    shutil.copy2(mine, other)
+    folder = copied(finished, tmp_path)  # a legitimate run moved to another machine: it evaluates
+    (folder / "eval.json").symlink_to(mine)
+    (folder / "eval.png").hardlink_to(other)
+    eval_cli.evaluate(folder, steps=1, limit=1)
+    assert json.loads((folder / "eval.json").read_text())["steps"] == 1 and not (folder / "eval.json").is_symlink()
+    assert Image.open(folder / "eval.png").size[0] == 2 * 192
+    assert untouched(mine) and other.read_bytes() == mine.read_bytes()
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["other.png", "victim.txt"]
+
+
+def test_eval_does_not_load_a_checkpoint_or_student_linked_out_of_the_run(finished, tmp_path, capsys):
+    folder = copied(finished, tmp_path)
+    step = folder / "checkpoints" / "step_00000002"
+    shutil.move(step, tmp_path / "elsewhere")
+    step.symlink_to(tmp_path / "elsewhere")
+    for flag in ("step_2", "best"):
+        if flag == "best":
+            (folder / "checkpoints" / "best").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(SystemExit):
+            eval_cli.main([str(folder), "--checkpoint", flag, "--steps", "1", "--limit", "1"])
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "leads out of the run folder" in err and "\n" not in err
+    shutil.move(folder / "student", tmp_path / "student_elsewhere")
+    (folder / "student").symlink_to(tmp_path / "student_elsewhere")
+    with pytest.raises(UserError, match="student leads out of the run folder"):
+        eval_cli.evaluate(folder, steps=1, limit=1)
+    assert not (folder / "eval.json").exists()
+
+
+def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, tmp_path, capsys):
+    from wandistiller.state.runs import Trust
+
+    folder = copied(finished, tmp_path)
+    with pytest.raises(SystemExit):
+        eval_cli.main([str(folder), "--teacher-path", str(POCKET), "--steps", "1", "--limit", "1"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the student in ") and "does not fit this teacher: it was trained against" in err
+    assert (
+        "num_attention_heads=2, this teacher at" in err
+        and err.endswith("--allow-other-teacher to use this one on purpose")
+        and "\n" not in err
+    )
+    assert not (folder / "eval.json").exists()
+    args = eval_cli.parse_args([str(folder), "--teacher-path", str(POCKET), "--allow-other-teacher"])
+    assert Trust.from_args(args).other_teacher
+    with pytest.raises(UserError, match="does not fit this teacher"):  # a checkpoint records it too
+        eval_cli.evaluate(folder, "latest", steps=1, limit=1, trust=Trust(teacher_path=str(POCKET)))
+    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())  # the saved teacher.path edited
+    saved["teacher"] |= {"path": str(POCKET), "builtin": None}
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(UserError, match="does not fit this teacher"):
+        eval_cli.evaluate(folder, steps=1, limit=1)
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "tensorboard", "wandb"])
+def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finished, tmp_path, name):
+    from tests.core.test_files import untouched, victim
+
+    folder, mine = copied(finished, tmp_path), victim(tmp_path)
+    (folder / name).symlink_to(mine if name == "metrics.csv" else mine.parent)
+    with pytest.raises(UserError, match=f"{name} leads out of the run folder"):
+        eval_cli.evaluate(folder, steps=1, limit=1)
+    assert not (folder / "eval.json").exists() and untouched(mine)  # refused before sampling, not after
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]

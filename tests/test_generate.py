@@ -46,3 +46,30 @@ def test_a_student_folder_outside_a_run_folder_is_refused_in_one_line(tmp_path):
 def test_prompts_repeat_and_the_defaults_are_twenty_steps_seed_0_and_the_runs_own_folder():
     args = generate_cli.parse_args(["run", "--prompt", "a fox", "--prompt", "a cat"])
     assert args.prompt == ["a fox", "a cat"] and (args.steps, args.seed, args.out, args.teacher) == (20, 0, None, False)
+
+
+def test_generate_into_a_received_run_never_writes_through_a_link_and_refuses_another_teacher(finished, tmp_path):
+    import shutil
+
+    from tests.core.test_files import untouched, victim
+    from tests.test_eval import POCKET
+
+    mine = victim(tmp_path)
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)  # a legitimate run moved to another machine: it generates
+    (folder / "generated").mkdir()
+    (folder / "generated" / "a-fox_seed0_student.png").symlink_to(mine)
+    args = generate_cli.parse_args([str(folder), "--prompt", "a fox", "--steps", "1"])
+    [path] = generate_cli.run_generate(args)
+    assert path == folder / "generated" / "a-fox_seed0_student.png" and not path.is_symlink()
+    assert Image.open(path).size == (64, 64) and untouched(mine)
+    shutil.rmtree(folder / "generated")
+    (folder / "generated").symlink_to(mine.parent)
+    with pytest.raises(UserError, match="generated leads out of the run folder"):
+        generate_cli.run_generate(args)
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"] and untouched(mine)
+    other = generate_cli.parse_args([str(folder), "--prompt", "a fox", "--teacher-path", str(POCKET), "--out",
+                                     str(tmp_path / "out")])  # fmt: skip
+    with pytest.raises(UserError, match="does not fit this teacher: .* --allow-other-teacher"):
+        generate_cli.run_generate(other)
+    assert not (tmp_path / "out").exists()

@@ -57,3 +57,22 @@ def test_the_converter_refuses_a_crafted_pickle_and_runs_nothing(tmp_path):
         convert(tmp_path / "evil")
     assert "\n" not in str(e.value) and not marker.exists()
     assert not (tmp_path / "evil" / "state.json").exists()
+
+
+def test_legacy_replaces_linked_outputs_and_never_reads_a_linked_state_pt(tmp_path):
+    from tests.core.test_files import untouched, victim
+    from wandistiller.legacy import convert
+
+    mine = victim(tmp_path)
+    folder = tmp_path / "step_00000001"
+    old_format_checkpoint(folder)
+    (folder / "tensors.safetensors").symlink_to(mine)  # a received checkpoint's link to a file of yours
+    (folder / "state.json").hardlink_to(tmp_path / "home" / "victim.txt")
+    convert(folder)
+    assert untouched(mine) and not (folder / "tensors.safetensors").is_symlink()
+    assert load_checkpoint(folder)["step"] == 7
+    moved = tmp_path / "home" / "state.pt"
+    (folder / "state.pt").rename(moved)
+    (folder / "state.pt").symlink_to(moved)
+    with pytest.raises(UserError, match="state.pt leads out of the run folder"):
+        convert(folder)

@@ -105,3 +105,24 @@ def test_a_full_disk_or_a_sigterm_leaves_no_partial_export_and_no_temporary_fold
     killed.send_signal(signal.SIGTERM)
     killed.communicate(timeout=300)
     assert killed.returncode == 128 + signal.SIGTERM and list(parent.iterdir()) == []
+
+
+def test_export_of_a_received_run_never_takes_a_student_linked_from_outside(finished, tmp_path):
+    import shutil
+
+    from diffusers import WanPipeline
+
+    from wandistiller.core.errors import UserError
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)  # a legitimate run moved to another machine: it exports
+    out = export(folder, tmp_path / "hub")
+    assert WanPipeline.from_pretrained(out).transformer is not None
+    elsewhere = tmp_path / "someone_elses_student"
+    shutil.move(folder / "student", elsewhere)
+    (folder / "student").symlink_to(elsewhere)
+    (folder / "student_ema").symlink_to(elsewhere)
+    for checkpoint in (None, "ema"):
+        with pytest.raises(UserError, match="leads out of the run folder"):
+            export(folder, tmp_path / f"hub_{checkpoint}", checkpoint)
+        assert not (tmp_path / f"hub_{checkpoint}").exists()

@@ -142,6 +142,8 @@ class TrainerConfig:
     keep_checkpoints: int = MISSING
     # None: a new run; "auto": continue the latest checkpoint in the run folder; or a checkpoint folder.
     resume: str | None = MISSING
+    # A resume refuses a teacher other than the one its checkpoint recorded, unless this is true.
+    allow_other_teacher: bool = MISSING
     log_every: int = MISSING
     progress_bar: bool = MISSING
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.core.files import atomic_write, folder_problem
+from wandistiller.core.files import check_appended, folder_problem, in_run, write_in_run
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
@@ -31,6 +31,7 @@ from wandistiller.state.runs import (
     Trust,
     add_trust_args,
     as_sampler,
+    check_teacher_fits,
     generate,
     load_student,
     load_teacher,
@@ -41,7 +42,8 @@ from wandistiller.state.runs import (
 log = logging.getLogger(__name__)
 
 
-def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False) -> list[str]:
+def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False,
+                 allow_data: bool = False) -> list[str]:  # fmt: skip
     """The given file, or the run's held-out prompts (never trained on); `own_files`: the saved prompts
     files are the user's own (the end-of-run eval), so they are read wherever they lie."""
     if prompts_path is not None:
@@ -55,6 +57,13 @@ def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files
             )
     if data.get("latents") == "images":  # an image run holds out the last val_fraction of its own captions
         from wandistiller.data.images import image_source
+
+        for key in ("root", "dataset") if not data.get("val_prompts_path") else ():  # the sender's files: read
+            if data.get(key) is not None and not (own_files or allow_data) and not _readable_from_run(run, data[key]):
+                raise UserError(
+                    f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder, so eval "
+                    "does not read its captions; give --prompts FILE, or --allow-data if you trust that folder"
+                )
 
         captions = read_prompts(data.val_prompts_path) if data.get("val_prompts_path") else image_source(data).captions
         held_out = split_prompts(captions, None, data.get("val_fraction", 0.1)) if not data.get("val_prompts_path") \
@@ -107,12 +116,14 @@ def evaluate(
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
     source = student_source(run, checkpoint)
+    check_teacher_fits(run, source, (trust or Trust()).other_teacher or (trust or Trust()).own_files)
     problem = folder_problem(run.path)
     if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
+    check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files)
+    prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files, (trust or Trust()).data)
     t_cfg = run.cfg.teacher
     cache_dir = run.cfg.paths.cache_dir
     emb = encode_prompts(
@@ -139,9 +150,9 @@ def evaluate(
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
     as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
-    try:  # each whole or not at all, the figure first: no eval.json without its eval.png
-        save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png")
-        atomic_write(run.path / f"{stem}.json", json.dumps(result, indent=2))
+    try:  # each whole or not at all, the figure first, never through a link (core.files): no eval.json without its png
+        save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png", root=run.path)
+        write_in_run(run.path, f"{stem}.json", json.dumps(result, indent=2))
     except OSError as e:
         raise UserError(f"{run.path}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
                         "run it again (what was there is kept)") from None  # fmt: skip
@@ -165,6 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
     add_trust_args(parser, wandb=True)
+    parser.add_argument("--allow-data", action="store_true", help="read an image run's captions from its saved "
+                        "data.root/data.dataset outside the run folder (only for run folders you trust)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -201,18 +214,17 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     """Add the evaluation to every logger the run was saved with (csv, tensorboard, wandb, ...), in the run folder.
     wandb continues the run's own run (its id is in the run's checkpoints; none: wandb is skipped), offline,
     whatever the saved config says, unless `--wandb-mode online` is given here."""
-    import json
 
     from omegaconf import OmegaConf
 
     from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
-    from wandistiller.state.received import load_received
+    from wandistiller.state.received import load_json, load_received
     from wandistiller.tracking import loggers
 
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
-    saved = load_received(run_dir / ".hydra" / "config.yaml", trust.targets)  # its `_target_`s vetted
-    run_id = json.loads((checkpoints[-1] / STATE_FILE).read_text()).get("tracker_run_id") if checkpoints else None
+    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets)  # its `_target_`s vetted
+    run_id = load_json(checkpoints[-1] / STATE_FILE).get("tracker_run_id") if checkpoints else None
     nodes = {}
     for key, node in loggers.entries(saved.logger):
         if str(node.get("_target_", "")).endswith("WandbTracker"):
@@ -246,13 +258,14 @@ def evaluated_step(run_dir: Path, student: Path) -> int | None:
     own step; for the final student the run's last step (metrics.json's final_step, written with it; else the
     latest checkpoint's, as the last step is always checkpointed). None where neither can be read."""
     from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
+    from wandistiller.state.received import load_json
 
     if student.name != "student":
         step = checkpoint_step(student)
         return step if step >= 0 else None
     try:
-        final = json.loads((run_dir / "metrics.json").read_text()).get("final_step")
-    except (OSError, ValueError, AttributeError):
+        final = load_json(in_run(run_dir, "metrics.json")).get("final_step")
+    except (OSError, ValueError, AttributeError, UserError):
         final = None
     if isinstance(final, int) and not isinstance(final, bool):
         return final

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import folder_problem, in_run, write_in_run
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.job.stopping import stop_at_once
@@ -25,6 +25,7 @@ from wandistiller.state.runs import (
     Trust,
     add_trust_args,
     as_sampler,
+    check_teacher_fits,
     generate,
     load_student,
     load_teacher,
@@ -52,9 +53,10 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
     paths = []
     for img, prompt in zip(decode_latents(vae, latents), prompts):
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
-        path = out / f"{slug}_seed{seed}_{who}.png"
-        Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(path)
-        paths.append(path)
+        image = Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
+        # written whole: a link in its place (a received run's generated/x.png -> a file of yours) is replaced
+        name = f"{slug}_seed{seed}_{who}.png"
+        paths.append(write_in_run(out, name, write=lambda f, im=image: im.save(f, format="png")))
     return paths
 
 
@@ -68,7 +70,8 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     emb = encode_prompts(
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
     )
-    idx, out = list(range(len(args.prompt))), Path(args.out or run.path / "generated")
+    check_teacher_fits(run, source, args.allow_other_teacher)
+    idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
     problem = folder_problem(out)
     if problem:  # before minutes of sampling, not after
         raise UserError(f"--out: {problem}; choose another folder")

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.files import in_run, write_in_run
 from wandistiller.state import safestate
 from wandistiller.state.checkpoint import LEGACY_FILE, STATE_FILE, TENSORS, problem
 
@@ -35,6 +36,7 @@ NUMPY_GLOBALS = [
 def convert(folder: Path) -> Path:
     """Write `folder`'s state.pt as tensors.safetensors + state.json; refuse anything but plain data."""
     folder = Path(folder)
+    in_run(folder, LEGACY_FILE)  # a link out of the checkpoint folder is not read
     if not (folder / LEGACY_FILE).is_file():
         raise UserError(f"{folder} holds no {LEGACY_FILE} to convert")
     try:
@@ -54,8 +56,9 @@ def convert(folder: Path) -> Path:
     except TypeError as e:
         raise UserError(f"{folder / LEGACY_FILE} holds data a checkpoint cannot: {e}; it cannot be converted") from None
     try:
+        # Both written whole, each replacing (never writing through) a link in its place.
         safestate.write_tensors(folder / TENSORS, tensors)
-        (folder / STATE_FILE).write_text(json.dumps(data))
+        write_in_run(folder, STATE_FILE, json.dumps(data))
     except OSError as e:
         for written in (folder / TENSORS, folder / STATE_FILE):
             if written.is_file():  # half a conversion is none

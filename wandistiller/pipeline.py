@@ -21,6 +21,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.files import in_run
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
@@ -85,9 +86,10 @@ def _student(run, checkpoint: str | None):
 
     if checkpoint != "ema":
         return load_student(run, student_source(run, checkpoint), torch.device("cpu"))
-    if not (run.path / "student_ema").is_dir():
+    student = in_run(run.path, "student_ema")  # never a received folder's link to a student elsewhere
+    if not student.is_dir():
         raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-    return run.path / "student_ema"
+    return student
 
 
 def _build(run, tmp: Path, student) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,20 @@ from safetensors.torch import save_file
 
 from tests.teacher.test_spec import WEIGHTS
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import atomic_write, file_stamps, folder_problem, safetensors_problem, save_tensors
+from wandistiller.core.files import (
+    OutsideRunFolder,
+    appendable,
+    atomic_write,
+    clean_run_leftovers,
+    file_stamps,
+    folder_problem,
+    in_run,
+    replace_folder,
+    run_folder,
+    safetensors_problem,
+    save_tensors,
+    write_in_run,
+)
 
 
 @pytest.fixture
@@ -172,3 +186,175 @@ def test_held_exclusively_lets_one_holder_in_at_a_time_and_frees_the_lock_when_i
     assert events == ["first leaves", "second enters"] and lock.is_file()
     with held_exclusively(lock):  # free again once both left
         pass
+
+
+# -- a run folder's own files: never a link out of it ----------------------------------------------------------
+def victim(tmp_path):
+    """A file of the user's outside the run folder, its bytes and mtime (what a crafted folder must not change)."""
+    path = tmp_path / "home" / "victim.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"the user's own file\n")
+    os.utime(path, ns=(10**18, 10**18))
+    return path
+
+
+def untouched(path) -> bool:
+    return path.read_bytes() == b"the user's own file\n" and path.stat().st_mtime_ns == 10**18
+
+
+@pytest.fixture
+def run(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    return folder
+
+
+def test_a_name_whose_link_leads_out_of_the_run_folder_is_refused_in_one_line(tmp_path, run):
+    mine = victim(tmp_path)
+    (run / "eval.json").symlink_to(mine)
+    (run / "generated").symlink_to(mine.parent)
+    (run / "dangling").symlink_to(tmp_path / "home" / "not_yet")  # a write would create it out there
+    (run / "checkpoints" / "step_00000001").symlink_to(tmp_path / "home")
+    for name in ("eval.json", "generated", "generated/x.png", "dangling", "checkpoints/step_00000001/state.json"):
+        with pytest.raises(OutsideRunFolder, match="leads out of the run folder") as e:
+            in_run(run, name)
+        assert "\n" not in str(e.value) and "remove the link" in str(e.value)
+    assert str(e.value).startswith(
+        f"{run / 'checkpoints/step_00000001/state.json'} leads out of the run folder "
+        f"({run / 'checkpoints/step_00000001'} is a symbolic link to {tmp_path / 'home'})"
+    )
+    assert untouched(mine) and not (tmp_path / "home" / "not_yet").exists()
+
+
+def test_links_inside_the_run_folder_and_absolute_names_inside_it_are_fine(run):
+    (run / "checkpoints" / "step_00000002").mkdir()
+    (run / "checkpoints" / "latest").symlink_to("step_00000002")
+    assert in_run(run, "checkpoints/latest/state.json") == run / "checkpoints/latest/state.json"
+    assert in_run(run, run / "eval.json") == run / "eval.json"  # not there yet: fine
+    assert in_run(run, ".") == run
+    (run.parent / "alias").symlink_to(run)  # the run folder itself reached through a link
+    assert in_run(run.parent / "alias", "checkpoints") == run.parent / "alias" / "checkpoints"
+
+
+def test_a_file_written_whole_replaces_a_link_in_its_place_and_never_writes_through_it(tmp_path, run):
+    mine = victim(tmp_path)
+    (run / "eval.json").symlink_to(mine)
+    os.link(mine, run / "eval.png")  # a hard link: writing into it would change the victim too
+    write_in_run(run, "eval.json", "{}")
+    write_in_run(run, "eval.png", write=lambda f: f.write(b"png"))
+    assert not (run / "eval.json").is_symlink() and (run / "eval.json").read_text() == "{}"
+    assert (run / "eval.png").read_bytes() == b"png" and untouched(mine)
+    (run / "out").symlink_to(mine.parent)
+    with pytest.raises(OutsideRunFolder):  # its folder leads out: refused before anything is written
+        write_in_run(run, "out/eval.json", "{}")
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"] and untouched(mine)
+
+
+def test_a_file_appended_to_must_be_the_run_folders_own(tmp_path, run):
+    mine = victim(tmp_path)
+    (run / "metrics_steps.jsonl").symlink_to(mine)
+    with pytest.raises(OutsideRunFolder, match="leads out of the run folder"):
+        appendable(run, "metrics_steps.jsonl")
+    (run / "metrics_steps.jsonl").unlink()
+    os.link(mine, run / "train.log")
+    with pytest.raises(OutsideRunFolder, match=r"train.log is a hard link \(2 names for one file\)"):
+        appendable(run, "train.log")
+    (run / "metrics.csv").write_text("step\n")
+    assert appendable(run, "metrics.csv") == run / "metrics.csv" and appendable(run, "new.log") == run / "new.log"
+    assert untouched(mine)
+
+
+def test_a_folder_added_into_is_made_inside_the_run_folder_or_refused(tmp_path, run):
+    mine = victim(tmp_path)
+    assert run_folder(run, "tensorboard").is_dir()
+    (run / "wandb").symlink_to(mine.parent)
+    with pytest.raises(OutsideRunFolder):
+        run_folder(run, "wandb/offline-run")
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+
+
+def test_a_folder_written_whole_replaces_a_link_or_hard_links_and_leaves_no_temporary(tmp_path, run):
+    mine = victim(tmp_path)
+    (run / "student").symlink_to(mine.parent)
+    replace_folder(run, "student", lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert not (run / "student").is_symlink() and (run / "student" / "config.json").read_text() == "{}"
+    os.link(mine, run / "student" / "weights.safetensors")  # a hard-linked weights file inside it
+    replace_folder(run, "student", lambda tmp: (tmp / "weights.safetensors").write_bytes(b"new"))
+    assert (run / "student" / "weights.safetensors").read_bytes() == b"new" and untouched(mine)
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+    with pytest.raises(RuntimeError):  # a writer that fails leaves the old folder as it was, and no temporary
+        replace_folder(run, "student", lambda tmp: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert (run / "student" / "weights.safetensors").read_bytes() == b"new"
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "student"]
+
+
+def test_a_killed_folder_swap_is_cleaned_up_on_the_next_start(run):
+    (run / ".old-pipeline-x").mkdir()  # not our name pattern (no host-pid): left alone
+    from wandistiller.core import leftovers
+
+    dead = run / f".tmp-student-{leftovers.HOST}-99999999"  # a pid that cannot be alive
+    dead.mkdir()
+    clean_run_leftovers(run)
+    assert not dead.exists() and (run / ".old-pipeline-x").exists()
+
+
+# -- hostile safetensors headers that keep the sizes consistent ------------------------------------------------
+def header_file(tmp_path, header: dict, data_len: int) -> object:
+    import json as json_
+
+    text = json_.dumps(header).encode()
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"\0" * data_len)
+    return path
+
+
+@pytest.mark.parametrize(
+    "header, data_len, message",
+    [
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 12, "overlaps the one before it"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "leaves a gap of 4 bytes"),
+        ({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 4]}}, 4, "has dtype 'Q7', which is not one of"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, 4, "has shape [-1], not a list of sizes"),
+        ({"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, 4, "not a list of sizes"),
+        ({"a": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, 8, "not a list of sizes"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, 4, "not [start, end]"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", "4"]}}, 4, "not [start, end]"),
+        ({"__metadata__": {"format": 1}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4,
+         "__metadata__ must map names to strings"),
+        ({"__metadata__": [1], "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4, "__metadata__"),
+        ({"a": [1, 2]}, 0, "tensor 'a' has no dtype/shape/data_offsets"),
+    ],
+)  # fmt: skip
+def test_a_hostile_header_that_keeps_the_sizes_consistent_is_one_line(tmp_path, header, data_len, message):
+    problem = safetensors_problem(header_file(tmp_path, header, data_len))
+    assert problem is not None and message in problem and "\n" not in problem
+
+
+def test_a_field_safetensors_ignores_is_ignored_here_too(tmp_path):
+    header = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1}}  # safetensors loads it
+    assert safetensors_problem(header_file(tmp_path, header, 4)) is None
+
+
+def test_a_header_naming_a_tensor_twice_or_nested_too_deep_is_one_line(tmp_path):
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+    text = f'{{"a": {entry}, "a": {entry}}}'.encode()
+    path = tmp_path / "d.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"\0" * 4)
+    assert "its header names 'a' twice" in safetensors_problem(path)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    assert "nested too deeply" in safetensors_problem(path) or "not a JSON object" in safetensors_problem(path)
+
+
+def test_a_relative_run_folder_and_a_name_built_from_it_are_checked_where_they_are(tmp_path, monkeypatch):
+    from tests.core.test_files import victim as make_victim
+
+    mine = make_victim(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "run").mkdir(parents=True)
+    root = Path("outputs/run")  # as a user types it: `python -m wandistiller.eval outputs/run`
+    (root / "student").symlink_to(mine.parent)
+    with pytest.raises(OutsideRunFolder):
+        in_run(root, root / "student")  # not outputs/run/outputs/run/student, which does not exist
+    assert write_in_run(root, root / "eval.json", "{}") == root / "eval.json" and (root / "eval.json").is_file()

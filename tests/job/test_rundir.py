@@ -146,3 +146,88 @@ def test_resume_auto_into_a_folder_that_did_not_exist_is_told_apart_from_an_empt
     assert [m.split(" did not exist")[0] for m in warned] == [
         f"trainer.resume=auto: the run folder {tmp_path / n}" for n in ("typo", "new_in_process")
     ]
+
+
+# -- resume=auto on a received killed run: nothing outside its folder written, pruned or read -------------------
+def killed_copy(finished, tmp_path) -> Path:
+    """A copy of a finished run as a killed one looks (no student/ and metrics.json yet), from someone else."""
+    import shutil
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    shutil.rmtree(folder / "student")
+    (folder / "metrics.json").unlink()
+    return folder
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "metrics_steps.jsonl", "train.log", ".lock", ".hydra", "tensorboard",
+                                  ".failures", "hardlink:metrics_steps.jsonl", "hardlink:.lock"])  # fmt: skip
+def test_resume_auto_into_a_received_run_refuses_a_link_out_of_it_and_writes_nothing_there(
+    finished, tmp_path, make_cfg, name
+):
+    import shutil
+
+    from tests.core.test_files import untouched, victim
+
+    folder, mine = killed_copy(finished, tmp_path), victim(tmp_path)
+    other = tmp_path / "other_run"
+    shutil.copytree(finished, other)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.rglob("*") if p.is_file()}
+    hard = name.startswith("hardlink:")
+    name = name.removeprefix("hardlink:")
+    target = other / name if name in ("checkpoints", ".hydra") else mine
+    if (folder / name).is_dir():
+        shutil.rmtree(folder / name)
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).hardlink_to(target) if hard else (folder / name).symlink_to(target)
+    with pytest.raises(UserError, match="leads out of the run folder|is a hard link") as e:
+        run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=folder))
+    assert "\n" not in str(e.value) and name in str(e.value)
+    assert untouched(mine) and sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.rglob("*") if p.is_file()} == before
+
+
+def test_a_received_killed_run_resumes_and_its_linked_outputs_are_replaced_never_written_through(
+    finished, tmp_path, make_cfg
+):
+    from tests.core.test_files import untouched, victim
+
+    folder, mine = killed_copy(finished, tmp_path), victim(tmp_path)
+    (folder / "student").symlink_to(mine.parent)
+    import shutil
+
+    shutil.rmtree(folder / "pipeline")
+    (folder / "pipeline").symlink_to(mine.parent)
+    (folder / "loss.png").unlink()
+    (folder / "loss.png").symlink_to(mine)
+    (folder / "metrics.json").symlink_to(mine)
+    summary = run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=folder))
+    assert summary["final_step"] == 3 and untouched(mine)
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+    for name in ("student", "pipeline", "loss.png", "metrics.json"):
+        assert not (folder / name).is_symlink() and (folder / name).exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_resume_against_a_teacher_the_checkpoint_did_not_record_is_refused_unless_asked(finished, tmp_path, make_cfg):
+    import yaml
+
+    from tests.test_eval import POCKET
+
+    folder = killed_copy(finished, tmp_path)
+    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    saved["teacher"] |= {"path": str(POCKET), "builtin": None}  # the sender (or a slip) edited teacher.path
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
+    teacher = (f"teacher.path={POCKET}", "teacher.builtin=null")  # as saved: only the checkpoint's record differs
+    with pytest.raises(UserError, match=r"does not fit this teacher: .*add trainer.allow_other_teacher=true") as e:
+        run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", *teacher, run_dir=folder))
+    assert "\n" not in str(e.value) and "num_attention_heads" in str(e.value)
+    from wandistiller.job.resumed import continued_config
+
+    saved["trainer"]["allow_other_teacher"] = True  # a saved config never allows it on its own
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=folder), ["trainer.resume=auto"])
+    assert cfg.trainer.allow_other_teacher is False
+    cfg = continued_config(make_cfg("trainer.resume=auto", "trainer.allow_other_teacher=true", run_dir=folder),
+                           ["trainer.resume=auto", "trainer.allow_other_teacher=true"])  # fmt: skip
+    assert cfg.trainer.allow_other_teacher is True

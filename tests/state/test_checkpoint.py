@@ -291,3 +291,105 @@ def old_format_checkpoint(folder):
     folder.mkdir(parents=True)
     torch.save(state | {"step": 7, "rng": rng}, folder / "state.pt")
     return state
+
+
+# -- a received run folder: checkpoints read and pruned only inside it, and their teacher recorded ------------
+def test_prune_never_touches_another_runs_checkpoints_through_a_link(tmp_path):
+    from tests.core.test_files import untouched, victim
+
+    _, state = real_state()
+    other = tmp_path / "other_run"
+    for step in (1, 2, 3):
+        save_checkpoint(other, step, state, keep=5)
+    mine = victim(tmp_path)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.rglob("*") if p.is_file()}
+    received = tmp_path / "received"
+    received.mkdir()
+    (received / "checkpoints").symlink_to(other / "checkpoints")
+    with pytest.raises(UserError, match="checkpoints leads out of the run folder"):
+        save_checkpoint(received, 4, state, keep=1)  # would have pruned the other run's 1-3 and written 4 there
+    with pytest.raises(UserError, match="checkpoints leads out of the run folder"):
+        resolve_resume("auto", received)
+    (received / "checkpoints").unlink()
+    save_checkpoint(received, 1, state, keep=5)
+    (received / "checkpoints" / "step_00000002").symlink_to(other / "checkpoints" / "step_00000002")
+    (received / "checkpoints" / "step_00000009").symlink_to(mine.parent)  # a newest "checkpoint" elsewhere
+    assert [p.name for p in list_checkpoints(received)] == ["step_00000001"]  # the linked ones are skipped
+    assert resolve_resume("auto", received) == checkpoint_dir(received, 1)
+    save_checkpoint(received, 3, state, keep=1)  # prunes 1: never the links, never what they point to
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.rglob("*") if p.is_file()} == before
+    assert untouched(mine) and sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+
+
+def test_a_step_linked_elsewhere_is_replaced_not_written_through_when_saved_again(tmp_path):
+    _, state = real_state()
+    other = tmp_path / "other_run"
+    save_checkpoint(other, 2, state, keep=5)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in checkpoint_dir(other, 2).iterdir())
+    save_checkpoint(tmp_path / "r", 1, state, keep=5)
+    mine = checkpoint_dir(tmp_path / "r", 2)
+    mine.symlink_to(checkpoint_dir(other, 2))
+    checkpoint.write_checkpoint(mine, 2, state)
+    assert not mine.is_symlink() and checkpoint.problem(mine) is None
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in checkpoint_dir(other, 2).iterdir()) == before
+
+
+@pytest.mark.parametrize("hostile", ["overlap", "dtype"])
+def test_auto_falls_back_past_a_newest_checkpoint_with_a_hostile_header(tmp_path, caplog, hostile):
+    _, state = real_state()
+    save_checkpoint(tmp_path, 2, state, keep=5)
+    newest = save_checkpoint(tmp_path, 4, state, keep=5)
+    tensors = newest / "tensors.safetensors"
+    raw = tensors.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    name, entry = next((k, v) for k, v in header.items() if k != "__metadata__")
+    if hostile == "overlap":  # a second name for the same bytes: every size still consistent
+        header[name + "_x"] = dict(entry)
+    else:
+        entry["dtype"] = "Q7"
+    text = json.dumps(header).encode()
+    tensors.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert "skipping" in caplog.text and "step_00000004" in caplog.text
+    with pytest.raises(UserError, match="cannot be resumed from") as e:
+        resolve_resume(str(newest), tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_records_its_teacher_and_another_one_is_refused_unless_asked(finished, tiny_path, tmp_path):
+    from wandistiller.teacher.spec import inspect_teacher
+
+    spec = inspect_teacher(tiny_path)
+    step = list_checkpoints(finished)[-1]
+    recorded = json.loads((step / "state.json").read_text())["teacher"]
+    assert recorded == checkpoint.teacher_record(spec, recorded["name"]) and len(recorded["digest"]) == 32
+    assert checkpoint.teacher_problem(recorded, spec) is None
+    checkpoint.check_teacher(step, spec, allow=False)  # the same teacher: fine
+    wider = recorded | {"shape": recorded["shape"] | {"num_layers": 40}}
+    assert "with num_layers=40, this teacher at" in checkpoint.teacher_problem(wider, spec)
+    other = recorded | {"digest": "0" * 32}  # the same shape, other weights (a fine-tune, another dtype)
+    assert "the weights of the teacher at" in checkpoint.teacher_problem(other, spec)
+    copy = tmp_path / "step"
+    shutil.copytree(step, copy)
+    data = json.loads((copy / "state.json").read_text())
+    (copy / "state.json").write_text(json.dumps(data | {"teacher": other}))
+    with pytest.raises(UserError, match=r"does not fit this teacher: .* differ .*add trainer.allow_other_teacher=true"):
+        checkpoint.check_teacher(copy, spec, allow=False)
+    checkpoint.check_teacher(copy, spec, allow=True)  # asked for on the command line
+    (copy / "state.json").write_text(json.dumps({k: v for k, v in data.items() if k != "teacher"}))
+    checkpoint.check_teacher(copy, spec, allow=False)  # an older checkpoint without a record: nothing to compare
+
+
+def test_the_teacher_digest_follows_the_weights_not_the_folder(tiny_path, tmp_path):
+    from wandistiller.teacher.spec import inspect_teacher
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_path, moved)  # the same teacher on another machine
+    assert checkpoint.teacher_digest(inspect_teacher(moved)) == checkpoint.teacher_digest(inspect_teacher(tiny_path))
+    weights = next((moved / "transformer").glob("*.safetensors"))
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 0xFF  # one byte of the last weights changed
+    weights.write_bytes(bytes(raw))
+    assert checkpoint.teacher_digest(inspect_teacher(moved)) != checkpoint.teacher_digest(inspect_teacher(tiny_path))

@@ -107,3 +107,68 @@ def test_a_config_off_the_schema_is_one_line_naming_key_and_file(finished, tmp_p
     err = one_error_line(capsys, eval_cli, [str(folder), "--steps", "1", "--limit", "1"])
     assert str(file) in err
     assert __import__("re").search(expected, err), err
+
+
+# -- bounded parsing: a received config is refused in one line before it can pin the reader ---------------------
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")
+)  # under 1 KB; 9^9 values once its aliases are expanded
+
+
+@pytest.mark.parametrize("content, message", [
+    (BOMB, "expands to more than 50,000 values (aliases of aliases)"),
+    ("trainer: {}\n" + "pad: '" + "x" * (40 * 2**20) + "'\n", "more than a saved config can be"),
+    ("a: " + "[" * 150 + "]" * 150 + "\n", "nests more than 100 deep"),
+])  # fmt: skip
+def test_a_config_that_would_pin_the_reader_is_one_line_for_eval_generate_and_resume(
+    finished, tmp_path, capsys, make_cfg, content, message
+):
+    assert len(BOMB) < 1024
+    folder, file = received(finished, tmp_path)
+    file.write_text(content)
+    for cli, extra in ((eval_cli, ["--steps", "1", "--limit", "1"]), (generate_cli, ["--prompt", "x"])):
+        assert message in one_error_line(capsys, cli, [str(folder), *extra])
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=folder), ["trainer.resume=auto"])
+
+
+def test_a_config_that_is_not_a_regular_file_is_not_read(finished, tmp_path, capsys):
+    import os
+
+    folder, file = received(finished, tmp_path)
+    file.unlink()
+    os.mkfifo(file)  # a FIFO would block the reader forever
+    err = one_error_line(capsys, eval_cli, [str(folder), "--steps", "1", "--limit", "1"])  # at once, not blocked
+    assert "is not a run folder (no .hydra/config.yaml)" in err
+
+
+def test_a_json_file_too_large_or_too_deep_is_one_line(tmp_path):
+    from wandistiller.state.received import load_json
+
+    big = tmp_path / "metrics.json"
+    big.write_text('{"a": "' + "x" * 100 + '"}')
+    with pytest.raises(UserError, match=r"metrics.json is 109 bytes, more than a metrics file can be \(64\)"):
+        load_json(big, 64, "metrics file")
+    big.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="is nested too deeply to be a JSON file"):
+        load_json(big)
+    big.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_json(big)
+
+
+def test_the_saved_config_of_a_real_run_passes_the_bounds(finished):
+    from wandistiller.state.received import load_yaml_config
+
+    assert load_yaml_config(finished / ".hydra" / "config.yaml").trainer.max_steps == 2
+
+
+def test_a_state_json_too_large_is_refused_before_parsing(tmp_path, monkeypatch):
+    from tests.state.test_checkpoint import real_state
+    from wandistiller.state import checkpoint, received
+    from wandistiller.state.checkpoint import checkpoint_dir, save_checkpoint
+
+    _, state = real_state()
+    save_checkpoint(tmp_path, 2, state, keep=5)
+    monkeypatch.setattr(received, "MAX_JSON_BYTES", 64)  # a state.json larger than the limit
+    assert "bytes, more than a checkpoint state can be (64)" in checkpoint.problem(checkpoint_dir(tmp_path, 2))

@@ -101,13 +101,13 @@ def tensor_file(tmp_path, header: bytes, data: bytes = b"") -> object:
 @pytest.mark.parametrize(
     "damage, message",
     [
-        ("short", "is 3 bytes, too short to be a tensor file"),
+        ("short", "is 3 bytes, too short to be a safetensors file"),
         ("truncated", "is 71 bytes but its header describes 72"),
         ("padded", "is 73 bytes but its header describes 72"),
         ("huge_header", "is not a safetensors file"),
-        ("not_json", "has an unreadable header"),
-        ("a_list", "has an unreadable header"),
-        ("unknown_dtype", "describes a tensor it cannot hold"),
+        ("not_json", "its header is not JSON"),
+        ("a_list", "its header is not a JSON object"),
+        ("unknown_dtype", "tensor 'w' has dtype 'C64', which is not one of BF16"),
     ],
 )
 def test_a_tensor_file_that_is_not_whole_and_ours_is_refused(tmp_path, damage, message):

@@ -139,7 +139,9 @@ def val_loss(
 
 def recorded_rows(run_dir: Path) -> list[dict]:
     """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
-    path = run_dir / "metrics_steps.jsonl"
+    from wandistiller.core.files import in_run
+
+    path = in_run(run_dir, "metrics_steps.jsonl")  # a received folder's link out of it is refused, never read
     rows = []
     for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
         try:
@@ -177,8 +179,8 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> P
         ax.legend(fontsize=8)
     fig.tight_layout()
     out = run_dir / "loss.png"
-    from wandistiller.core.files import atomic_write
+    from wandistiller.core.files import write_in_run
 
-    atomic_write(out, write=lambda f: fig.savefig(f, format="png"), fsync=False)
+    write_in_run(run_dir, "loss.png", write=lambda f: fig.savefig(f, format="png"), fsync=False)
     plt.close(fig)
     return out

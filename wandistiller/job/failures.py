@@ -32,12 +32,14 @@ class WorkerFailed(UserError):
 
 def record_failure(run_dir: Path, rank: int, error: BaseException) -> None:
     """This rank's error, first line only, with the time it happened (read by `root_cause`)."""
-    folder = run_dir / FAILURES
-    folder.mkdir(exist_ok=True)
+    from wandistiller.core.files import run_folder, write_in_run
+
+    run_folder(run_dir, FAILURES)  # never through a received folder's link out of it
     cause = error.__context__ if isinstance(error, SystemExit) and error.__context__ else error
     first_line = str(cause).splitlines()[0] if str(cause) else ""
     message = first_line if isinstance(cause, UserError) else f"{type(cause).__name__}: {first_line}"
-    (folder / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "time": time.time(), "message": message}))
+    record = {"rank": rank, "time": time.time(), "message": message}
+    write_in_run(run_dir, f"{FAILURES}/rank{rank}.json", json.dumps(record))
 
 
 def root_cause(error, run_dir: Path) -> tuple[int, str]:

@@ -36,6 +36,7 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.state.checkpoint import check_teacher
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
@@ -94,6 +95,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
+    check_teacher(resume_from, spec, bool(cfg.trainer.get("allow_other_teacher", False)))  # the one it recorded
     save_config(run_dir, cfg, resume_from)
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))

@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import in_run
 from wandistiller.job.checks import check_interpolations, name_the_teacher
-from wandistiller.state.received import check_received, targets_of
+from wandistiller.state.received import check_received, load_yaml_config, targets_of
 
 log = logging.getLogger("wandistiller")
 
@@ -26,6 +27,7 @@ log = logging.getLogger("wandistiller")
 MAY_CHANGE = (
     "trainer.max_steps",
     "trainer.resume",
+    "trainer.allow_other_teacher",
     "trainer.log_every",
     "trainer.progress_bar",
     "trainer.checkpoint_every",
@@ -46,7 +48,8 @@ MAY_CHANGE = (
 )
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
-ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume")
+# A saved config never allows another teacher on its own: only this command line does.
+ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
 
 
 def may_change(key: str) -> bool:
@@ -63,13 +66,13 @@ def task_overrides() -> list[str] | None:
 def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
     """The overrides that made this run: a resume's added after the first run's (.hydra/overrides.yaml)."""
     now = task_overrides()
-    first_file = run_dir / ".hydra" / "overrides.yaml"
+    first_file = in_run(run_dir, ".hydra/overrides.yaml")
     first = []
     if resume == "auto" and first_file.is_file():
         try:
-            loaded = OmegaConf.to_container(OmegaConf.load(first_file))
+            loaded = OmegaConf.to_container(load_yaml_config(first_file, "saved overrides list"))
             first = [str(o) for o in loaded] if isinstance(loaded, list) else []
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError):
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError, UserError):
             first = []
     if now is None and not first:
         return None
@@ -80,11 +83,13 @@ def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()
     """The run's first config (.hydra/config.yaml), or None when the folder holds none. It is data (the
     folder may have come from someone else): checked against the schema and the allowed `_target_`s
     (the project's, and `trusted`: this command line's) before anything in it is used."""
-    path = run_dir / ".hydra" / "config.yaml"
+    path = in_run(run_dir, ".hydra/config.yaml")  # a received folder's link to a file elsewhere is refused
     if not path.is_file():
         return None
     try:
-        saved = OmegaConf.load(path)
+        saved = load_yaml_config(path)  # its size and aliases bounded first
+    except UserError as e:
+        saved = str(e).removeprefix(f"{path} ").split("; restore")[0]
     except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError) as e:
         saved = f"cannot be read ({type(e).__name__})"
     if not isinstance(saved, DictConfig) or "trainer" not in saved:

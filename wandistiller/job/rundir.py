@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, in_run, run_folder
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
 LOCK_FILE = ".lock"
@@ -55,6 +56,8 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_dir(run_dir)
     clean_leftovers(run_dir)
+    clean_run_leftovers(run_dir)
+    check_appended(run_dir)  # a received folder's links out of it: refused before anything is read or written
     return resolve_resume(resume, run_dir)
 
 
@@ -73,8 +76,9 @@ def lock_run_dir(run_dir: Path) -> None:
     key = run_dir.resolve()
     if key in _held:  # this process's own earlier job in the same folder (tests, in-process sweeps)
         return
+    appendable(key, LOCK_FILE)  # a link in its place (to a file of yours) would be truncated below
     try:
-        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         raise UserError(
             f"the run folder {run_dir} cannot be written ({e.strerror}); choose another with hydra.run.dir=…"
@@ -104,9 +108,9 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
     """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own."""
     from hydra.core.hydra_config import HydraConfig
 
-    hydra_dir = run_dir / ".hydra"
-    hydra_dir.mkdir(exist_ok=True)
-    path = _new_file(hydra_dir, "config") if (hydra_dir / "config.yaml").exists() else hydra_dir / "config.yaml"
+    hydra_dir = run_folder(run_dir, ".hydra")
+    mine = in_run(run_dir, ".hydra/config.yaml")
+    path = _new_file(hydra_dir, "config") if mine.exists() or mine.is_symlink() else mine
     OmegaConf.save(cfg, path)
     if HydraConfig.initialized() and path.name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
@@ -205,6 +209,9 @@ class RunDirCheck(Callback):
         from wandistiller.core.files import folder_problem
 
         problem = folder_problem(Path(str(folder)))
-        if problem:
-            with exit_on_user_error():
+        with exit_on_user_error():
+            if problem:
                 raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
+            if Path(str(folder)).is_dir():  # Hydra appends to train.log next: never through a link out of the folder
+                for log_file in Path(str(folder)).glob("train*.log"):
+                    appendable(Path(str(folder)), log_file.name)

@@ -31,7 +31,7 @@ from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
-from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore
+from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
 from wandistiller.state.received import targets_of
 from wandistiller.student.compile import compile_kwargs
 from wandistiller.student.prune import write_record
@@ -111,6 +111,7 @@ class DistillationRecipe:
             is_main=self.is_main,
             student_group=self.student_group if self.topo.distributed else None,
             hooks=self._setup_hooks(self.val_set, self.samples),
+            teacher=teacher_record(self.spec, self.cfg.teacher.path),  # each checkpoint records its teacher
         )
 
     def _setup_embeddings(self):

@@ -44,6 +44,7 @@ class Run:
     history: list[dict] = field(default_factory=list)
     # Called as hook(run, step) after each step (validation, samples, metrics as they happen: recipe/hooks/).
     hooks: list[Callable] = field(default_factory=list)
+    teacher: dict | None = None  # what each checkpoint records of the teacher (checkpoint.teacher_record)
 
     @property
     def student(self) -> torch.nn.Module:
@@ -232,6 +233,7 @@ def training_state(run: Run) -> dict:
         "scaler": run.scaler.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
         "tracker_run_id": run.tracker.run_id,
+        "teacher": run.teacher,
     }
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.context import RunContext
-from wandistiller.core.files import atomic_write
+from wandistiller.core.files import replace_folder, write_in_run
 from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.recipe.hooks.base import Hook
+from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.export import run_pipeline
 
 log = logging.getLogger("wandistiller")
@@ -36,18 +37,21 @@ def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict
     for hook in run.hooks:  # the last sample grid (hooks.samples); the evaluation (hooks.evaluate) adds its means
         if isinstance(hook, Hook):
             summary |= hook.at_end(run)
-    atomic_write(ctx.run_dir / "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
+    write_in_run(ctx.run_dir, "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
     run_pipeline(ctx.run_dir, Path(ctx.spec.path))  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
 
 
 def save_student(run) -> None:
-    """The trained student as a diffusers folder (`from_pretrained` loads it); with EMA, its EMA weights too."""
-    run.student.transformer.save_pretrained(run.run_dir / "student", safe_serialization=True)
+    """The trained student as a diffusers folder (`from_pretrained` loads it); with EMA, its EMA weights too. Each
+    is written whole into a new folder that then takes the old one's place: a resumed (received) run's
+    `student/` that is a link, or holds hard links, is replaced, never written through."""
+    save = lambda folder: run.student.transformer.save_pretrained(folder, safe_serialization=True)  # noqa: E731
+    replace_folder(run.run_dir, "student", save)
     if run.ema is not None:
         run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
-        run.student.transformer.save_pretrained(run.run_dir / "student_ema", safe_serialization=True)
+        replace_folder(run.run_dir, "student_ema", save)
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
@@ -80,6 +84,7 @@ def teacher_identity(ctx: RunContext) -> dict:
         "teacher_path": str(spec.path),
         "teacher_experts": len(spec.experts),
         "teacher_shape": {k: config.get(k) for k in keys},
+        "teacher_digest": teacher_digest(spec),  # eval and generate compare the teacher they are given with it
     }
 
 

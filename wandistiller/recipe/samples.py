@@ -19,7 +19,7 @@ import torch.distributed as dist
 from PIL import Image, ImageDraw
 
 from wandistiller.core.context import RunContext
-from wandistiller.core.files import atomic_write
+from wandistiller.core.files import run_folder, write_in_run
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
@@ -47,8 +47,8 @@ class SampleGrid:
         mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
                               self.ctx.seed)  # fmt: skip
         student.train(was_training)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path)
+        run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
+        return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path, root=self.ctx.run_dir)
 
 
 def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int, steps: int) -> SampleGrid | None:
@@ -121,7 +121,12 @@ def student_images(
     return draw(spec, [transformer], [1.0], embeddings, data_cfg, num_prompts, steps, seed)
 
 
-def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path) -> Path:
+def save_grid(
+    teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[str], path: Path, root: Path | None = None
+) -> Path:
+    """The teacher | student grid as a PNG at `path`, written whole into the run folder `root` (a link in its
+    place is replaced, never written through; see core.files)."""
+
     header, caption = 24, 36
     grid = Image.new("RGB", (2 * CELL, header + len(prompts) * (CELL + caption)), "white")
     pen = ImageDraw.Draw(grid)
@@ -133,4 +138,6 @@ def save_grid(teacher_imgs: np.ndarray, student_imgs: np.ndarray, prompts: list[
             pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
             grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
         pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
-    return atomic_write(path, write=lambda f: grid.save(f, format="PNG"))  # a full disk leaves no 0-byte PNG
+    path = Path(path)
+    write_in_run(root or path.parent, path if root else path.name, write=lambda f: grid.save(f, format="png"))
+    return path

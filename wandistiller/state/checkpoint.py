@@ -21,6 +21,7 @@ import torch
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import in_run, run_folder
 from wandistiller.state import safestate
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,10 @@ def checkpoint_step(path: Path) -> int:
     """The step a checkpoint was taken at: the one its state records (a folder renamed or copied keeps
     it), else the one its name says; -1 when neither can be read."""
     try:
-        step = json.loads((path / STATE_FILE).read_text()).get("step")
+        step = _read_state(path).get("step")
         if isinstance(step, int) and not isinstance(step, bool):
             return step
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, UserError):
         pass
     return int(path.name[len("step_") :]) if re.fullmatch(r"step_\d+", path.name) else -1
 
@@ -53,11 +54,29 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
     A finished one that was later damaged is listed too; `problem` says whether it can be loaded.
     """
-    root = run_dir / CHECKPOINTS
+    root = in_run(run_dir, CHECKPOINTS)  # `checkpoints -> ../other_run/checkpoints` is refused: never read or pruned
     if not root.is_dir():
         return []
     found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file()]
+    found = [p for p in found if _own(run_dir, p)]
     return sorted(found, key=lambda p: (checkpoint_step(p), p.name))  # by the step inside, not name or mtime
+
+
+def _own(run_dir: Path, path: Path) -> bool:
+    """Whether the checkpoint `path` lies inside the run folder; a linked one leading out is skipped, said once."""
+    try:
+        in_run(run_dir, path)
+        return True
+    except UserError as e:
+        log.warning("skipping %s", e)
+        return False
+
+
+def _read_state(path: Path):
+    """A checkpoint's state.json, its size bounded before parsing (see received.load_json)."""
+    from wandistiller.state.received import load_json
+
+    return load_json(path / STATE_FILE, what="checkpoint state")
 
 
 def rng_state() -> dict:
@@ -81,6 +100,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     A failed write (a full disk, no permission) removes its temporary folder and is one UserError naming
     the folder and the space it needs; the checkpoints written before stay as they were.
     """
+    run_folder(run_dir, CHECKPOINTS)  # inside the run folder, never through a link out of it
     final = write_checkpoint(checkpoint_dir(run_dir, step), step, state)
     _prune(run_dir, step, keep)
     return final
@@ -88,6 +108,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
 
 def write_checkpoint(final: Path, step: int, state: dict) -> Path:
     """The checkpoint folder `final`, written whole (to a temporary sibling, then renamed) or not at all."""
+    run_folder(final.parent.parent, final.parent.name)  # checkpoints/ lies inside the run folder
     tmp = final.with_name(leftovers.owned_name(f".tmp-{final.name}"))
     tensors: dict[str, torch.Tensor] = {}
     data = safestate.encode(state | {"step": step, "rng": rng_state()}, tensors)
@@ -96,7 +117,7 @@ def write_checkpoint(final: Path, step: int, state: dict) -> Path:
         tmp.mkdir(parents=True)
         safestate.write_tensors(tmp / TENSORS, tensors)
         _write_text(tmp / STATE_FILE, json.dumps(data))
-        if final.exists():  # the same step saved again after a resume: move the old one aside first
+        if final.exists() or final.is_symlink():  # the same step saved again after a resume: move the old one aside
             _discard(final)
         os.rename(tmp, final)
     except OSError as e:
@@ -131,6 +152,9 @@ def _size(nbytes: int) -> str:
 def _discard(folder: Path) -> None:
     """Delete a checkpoint folder so that a kill midway leaves no half-deleted `step_*`: it is first
     renamed to a temporary name that the next start's cleanup recognises."""
+    if folder.is_symlink():  # a link (a received folder's) goes itself: what it points to is never touched
+        folder.unlink()
+        return
     doomed = folder.with_name(leftovers.owned_name(f".prune-{folder.name}"))
     os.rename(folder, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
@@ -156,7 +180,9 @@ def clean_leftovers(run_dir: Path) -> None:
     root = run_dir / CHECKPOINTS
     leftovers.remove_dead(root, TMP)
     leftovers.remove_dead(root, PRUNE)
-    for folder in root.glob("step_*") if root.is_dir() else []:
+    for folder in root.glob("step_*") if root.is_dir() and not root.is_symlink() else []:
+        if folder.is_symlink():  # never followed into, never removed: a user's (or a sender's) link
+            continue
         names = {p.name for p in folder.iterdir()} if folder.is_dir() else {LEGACY_FILE}
         if names < {STATE_FILE, TENSORS}:  # only our files, and not all of them: a torn delete
             shutil.rmtree(folder, ignore_errors=True)
@@ -171,14 +197,14 @@ def problem(path: Path) -> str | None:
             f"unpickling can run code (python -m wandistiller.legacy {path} converts it safely)"
         )
     try:
-        state = json.loads((path / STATE_FILE).read_text())
+        state = _read_state(path)
         if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
             return f"{STATE_FILE} is not a checkpoint's state"
         names = safestate.check_tensors(path / TENSORS)
         safestate.decode(state, dict.fromkeys(names))  # every reference resolves, every value is ours
     except FileNotFoundError as e:
         return f"{Path(e.filename).name} is missing"
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, UserError) as e:
         what = f"lacks {e}" if isinstance(e, KeyError) else str(e)[:200] or type(e).__name__
         return f"{STATE_FILE} or {TENSORS} is damaged ({what})"
     return None
@@ -231,8 +257,9 @@ def _newest_usable(run_dir: Path, key: str) -> Path | None:
 def load_checkpoint(path: Path) -> dict:
     """The saved state (keys as `training_state` wrote them, plus "step" and "path"); sets the RNGs."""
     try:
+        safestate.check_tensors(path / TENSORS)  # every header check first: safetensors' own errors are terse
         tensors = safestate.read_tensors(path / TENSORS)
-        state = safestate.decode(json.loads((path / STATE_FILE).read_text()), tensors)
+        state = safestate.decode(_read_state(path), tensors)
         set_rng_state(state["rng"])
     except Exception as e:  # safetensors raises its own error types; any of them means a damaged file
         raise UserError(f"trainer.resume: the checkpoint {path} cannot be read ({str(e)[:200]})") from None
@@ -279,3 +306,74 @@ def restore(state: dict, student, optimizer, lr_scheduler, scaler, ema) -> None:
             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); resume with the config it was "
             "trained with, or start a new run folder"
         ) from None
+
+
+# -- the teacher a checkpoint was trained against ---------------------------------------------------------------
+TEACHER_SHAPE = ("num_layers", "num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "in_channels")
+OTHER_TEACHER_FIX = {
+    "resume": "resume with the teacher the run was trained with (or add trainer.allow_other_teacher=true to go on "
+    "with this one on purpose)",
+    "cli": "give the teacher the run was trained with (--teacher-path DIR), or add --allow-other-teacher to use this "
+    "one on purpose",
+}
+
+
+def teacher_record(spec, name: str) -> dict:
+    """What a checkpoint records of its teacher: the name given (Hub id or folder), its shape, and a digest of
+    its weights files (`teacher_digest`)."""
+    config = spec.transformer_config
+    return {"name": str(name), "shape": {k: config.get(k) for k in TEACHER_SHAPE}, "experts": len(spec.experts),
+            "digest": teacher_digest(spec)}  # fmt: skip
+
+
+def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
+    """A cheap fingerprint of the teacher's weights: per expert's safetensors file its name, size, header and
+    `samples` chunks of its data at evenly spaced offsets (a few MB read for a 28 GB teacher, not a full hash).
+    Two downloads of one model agree; another model, dtype or fine-tune differs. A moved folder keeps it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for expert in spec.experts:
+        for file in sorted((Path(spec.path) / expert).glob("*.safetensors")):
+            size = file.stat().st_size
+            h.update(f"{expert}/{file.name}:{size}:".encode())
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                h.update(f.read(min(n, 100 * 2**20)))
+                start, data = 8 + n, size - 8 - n
+                for i in range(samples):
+                    f.seek(start + max(data - chunk, 0) * i // (samples - 1))
+                    h.update(f.read(chunk))
+    return h.hexdigest()[:32]
+
+
+def teacher_problem(recorded: dict | None, spec) -> str | None:
+    """How the teacher `spec` differs from the one `recorded` (a checkpoint's `teacher`, or metrics.json's
+    fields), in words; None if it is the same or nothing was recorded (a run of an earlier version)."""
+    if not isinstance(recorded, dict):
+        return None
+    shape = recorded.get("shape")
+    now = {k: spec.transformer_config.get(k) for k in TEACHER_SHAPE}
+    if isinstance(shape, dict) and {k: shape.get(k) for k in TEACHER_SHAPE} != now:
+        k = next(k for k in TEACHER_SHAPE if shape.get(k) != now[k])
+        return f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with {k}={shape.get(k)}, this " \
+            f"teacher at {spec.path} has {k}={now[k]}"  # fmt: skip
+    digest = recorded.get("digest")
+    if isinstance(digest, str) and digest != teacher_digest(spec):
+        return f"it was trained against {recorded.get('name', 'a teacher')!s:.200}, and the weights of the " \
+            f"teacher at {spec.path} differ (digest {teacher_digest(spec)[:12]}, recorded {digest:.12})"  # fmt: skip
+    return None
+
+
+def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
+    """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against."""
+    if checkpoint is None or allow:
+        return
+    try:
+        recorded = _read_state(Path(checkpoint)).get("teacher")
+    except (OSError, ValueError, AttributeError, UserError):
+        return  # an unreadable state: `problem` refused it already
+    why = teacher_problem(recorded, spec)
+    if why:
+        raise UserError(f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "
+                        f"{OTHER_TEACHER_FIX['resume']}")  # fmt: skip

@@ -48,7 +48,12 @@ def place(src: Path, dst: Path) -> str:
 
 def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
     """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card."""
-    out = write_pipeline(run_dir / PIPELINE, teacher_path, run_dir / "student", model_card(run_dir, teacher_path))
+    from wandistiller.core.files import in_run, replace_folder
+
+    student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path)
+    # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
+    # (or holds links) is replaced, never written through.
+    out = replace_folder(run_dir, PIPELINE, lambda tmp: write_pipeline(tmp, teacher_path, student, card))
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 

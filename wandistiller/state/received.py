@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import re
 import typing
 from collections.abc import Iterable
@@ -97,7 +99,9 @@ TRUST_HINT = "pass --allow-target {target}"  # eval, generate; a resume names th
 def load_received(file: Path, trusted: Iterable[str] = ()) -> DictConfig:
     """A saved config, read as data and checked; a damaged file is one line. See `check_received`."""
     try:
-        raw = OmegaConf.load(file)
+        raw = load_yaml_config(file)
+    except UserError:
+        raise
     except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
         raise UserError(f"{file} cannot be read ({type(e).__name__}); restore it from the run's backup") from None
     if not isinstance(raw, DictConfig):
@@ -235,3 +239,91 @@ def local_cache_dir() -> str:
 def looks_like_hub_id(path: str) -> bool:
     """`owner/name` that is not a local path: diffusers would download it."""
     return path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).expanduser().exists()
+
+
+# -- bounded reads of received files ----------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 256 * 2**10  # a saved config is a few KB; this is generous and checks in well under a second
+MAX_YAML_NODES = 50_000  # after expanding aliases: a 1 KB "billion laughs" expands to 10^9
+MAX_YAML_DEPTH = 100
+MAX_JSON_BYTES = 64 * 2**20  # state.json, metrics.json: KBs to a few MB
+
+
+def bounded_text(path: Path, limit: int, what: str = "file") -> str:
+    """`path`'s text, refused in one line (UserError) if larger than `limit` bytes -- checked before reading,
+    and by reading at most `limit + 1` bytes (a FIFO, /dev/zero or a growing file cannot pin the reader)."""
+    import stat
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path} is not a regular file; a {what} must be one")
+        if st.st_size > limit:
+            raise UserError(f"{path} is {st.st_size:,} bytes, more than a {what} can be ({limit:,}); it is not one "
+                            "WanDistiller wrote: restore it from the run's backup")  # fmt: skip
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
+    if len(raw) > limit:
+        raise UserError(f"{path} grew past {limit:,} bytes while being read; it is not a {what}")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); it is not a {what} WanDistiller wrote") from None
+
+
+def yaml_size_problem(text: str) -> str | None:
+    """Why parsing `text` as YAML could blow up, in words, or None: counts the nodes it would build with every
+    alias expanded (YAML's "billion laughs") and how deep it nests, from the parser's events alone."""
+    sizes: dict[str, int] = {}  # anchor -> nodes under it
+    stack: list[list] = []  # open collections: [anchor, nodes so far]
+    total = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                stack.append([event.anchor, 1])
+                if len(stack) > MAX_YAML_DEPTH:
+                    return f"nests more than {MAX_YAML_DEPTH} deep"
+                continue
+            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, n = stack.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, n = event.anchor, 1
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, n = None, sizes.get(event.anchor, 1)
+            else:
+                continue
+            if anchor is not None:
+                sizes[anchor] = n
+            if stack:
+                stack[-1][1] += n
+            else:
+                total += n
+            if total + sum(s[1] for s in stack) > MAX_YAML_NODES:
+                return f"expands to more than {MAX_YAML_NODES:,} values (aliases of aliases)"
+    except yaml.YAMLError:
+        return None  # not YAML: the loader that follows says so, as it always has
+    return None
+
+
+def load_yaml_config(path: Path, what: str = "saved config"):
+    """A received YAML file (a run's `.hydra/config.yaml`, `overrides.yaml`) as an OmegaConf node, its size,
+    aliases and depth bounded before OmegaConf builds anything: one UserError line otherwise."""
+    import io
+
+    text = bounded_text(path, MAX_CONFIG_BYTES, what)
+    problem = yaml_size_problem(text)
+    if problem:
+        raise UserError(f"{path} {problem}, which no {what} does; restore it from the run's backup")
+    return OmegaConf.load(io.StringIO(text))
+
+
+def load_json(path: Path, limit: int | None = None, what: str = "JSON file"):
+    """A received JSON file, its size bounded before parsing and its nesting caught: UserError (one line), or
+    ValueError for text that is not JSON (the caller says what the file is for)."""
+    text = bounded_text(path, limit or MAX_JSON_BYTES, what)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{path} is nested too deeply to be a {what}") from None

@@ -16,15 +16,17 @@ import torch
 from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import safetensors_problem
+from wandistiller.core.files import in_run, safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.state.checkpoint import (
+    OTHER_TEACHER_FIX,
     STATE_FILE,
     check_compatible,
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
+    teacher_problem,
 )
 from wandistiller.state.received import load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.teacher.model import Teacher
@@ -61,7 +63,7 @@ def open_run(
 
     register_configs()  # the resolvers a saved config may use
     path = Path(path).expanduser()
-    config = path / ".hydra" / "config.yaml"
+    config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
     cfg = load_received(config, allow)
@@ -96,6 +98,8 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         found = checkpoint_dir(run.path, int(checkpoint[5:]))
     else:
         raise UserError(f"--checkpoint {checkpoint!r} is not best, latest or step_N")
+    if found is not None:  # a received folder's `student` or `checkpoints/step_N` linked elsewhere is not loaded
+        in_run(run.path, found)
     if found is None or not (found.name == "student" or (found / STATE_FILE).is_file()):
         have = ", ".join(p.name for p in checkpoints) or "none"
         what = "no student yet" if checkpoint is None else f"no checkpoint {checkpoint!r}"
@@ -117,6 +121,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     """The student's WanTransformer3DModel, from a saved folder or a checkpoint's training state."""
     from diffusers import WanTransformer3DModel
 
+    in_run(run.path, source)  # never a received folder's link to a student elsewhere
     if (source / "config.json").is_file():
         for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
             problem = safetensors_problem(file)
@@ -152,6 +157,28 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
             "give the run folder it was trained in"
         )
     return transformer.to(device).eval().requires_grad_(False)
+
+
+def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
+    """The teacher the student at `source` was trained against, as recorded: a checkpoint's own record, else
+    (the final student) metrics.json's `teacher_*` fields; None where nothing was recorded (older runs)."""
+    from wandistiller.state.received import load_json
+
+    try:
+        if (source / STATE_FILE).is_file():
+            return load_json(in_run(run.path, source / STATE_FILE), what="checkpoint state").get("teacher")
+        m = load_json(in_run(run.path, "metrics.json"), what="metrics.json")
+        return {"name": m.get("teacher"), "shape": m.get("teacher_shape"), "digest": m.get("teacher_digest")}
+    except (OSError, ValueError, AttributeError, UserError):
+        return None
+
+
+def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
+    """eval and generate refuse, in one line, a teacher other than the one the student was trained against (a
+    `--teacher-path` of another shape, a saved teacher.path edited): its figures would be silently wrong."""
+    why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)
+    if why:
+        raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX['cli']}")
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
@@ -205,11 +232,14 @@ class Trust:
     wandb_mode: str = "offline"  # never what the saved config says (--wandb-mode)
     cache_dir: str | None = None  # None: this machine's (a sender's paths.cache_dir is never written into)
     own_files: bool = False  # the run's own end-of-run eval: its saved prompts files are the user's own
+    other_teacher: bool = False  # a teacher other than the one the run recorded (--allow-other-teacher)
+    data: bool = False  # the saved data.root / data.dataset outside the run folder may be read (--allow-data)
 
     @classmethod
     def from_args(cls, args) -> Trust:
         mode = getattr(args, "wandb_mode", "offline")
-        return cls(tuple(args.allow_target or ()), args.teacher_path, args.allow_download, mode)
+        return cls(tuple(args.allow_target or ()), args.teacher_path, args.allow_download, mode,
+                   other_teacher=args.allow_other_teacher, data=getattr(args, "allow_data", False))  # fmt: skip
 
     def open_args(self) -> tuple:
         return self.teacher_path, self.targets, self.allow_download, self.cache_dir
@@ -222,6 +252,8 @@ def add_trust_args(parser, wandb: bool = False) -> None:
     )  # fmt: skip
     parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
     parser.add_argument("--allow-download", action="store_true", help="let a Hub-id teacher.path download")
+    parser.add_argument("--allow-other-teacher", action="store_true", help="use a teacher other than the one the "
+                        "run recorded (another shape or other weights): its figures then mean little")  # fmt: skip
     if wandb:
         parser.add_argument(
             "--wandb-mode", choices=["offline", "online"], default="offline",

@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wandistiller.core.files import DTYPE_BYTES as _BYTES
+from wandistiller.core.files import safetensors_header
+
 DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -34,7 +37,6 @@ DTYPES = {
     torch.bool: "BOOL",
 }
 NUMPY_DTYPES = {"uint32", "uint64", "int64", "int32", "float64", "float32"}  # what RNG states hold
-MAX_HEADER = 100 * 2**20  # a header larger than this is not one we wrote
 
 
 def encode(obj, tensors: dict[str, torch.Tensor], path: str = "state"):
@@ -86,7 +88,7 @@ def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """A safetensors file (the format's spec: 8-byte header length, JSON header, raw bytes), fsynced."""
+    """A safetensors file (the format's spec: 8-byte header length, JSON header, raw bytes), fsynced, whole."""
     header, offset = {}, 0
     for key, t in tensors.items():
         if t.dtype not in DTYPES:
@@ -96,15 +98,24 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the spec's alignment for the data that follows
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # Into a new file beside it, then renamed over it: a link in its place (a received folder's) is replaced,
+    # never written through, and a failed write leaves what was there.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    Path(tmp).unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        _write_all(fd, struct.pack("<Q", len(raw)) + raw)
-        for t in tensors.values():
-            flat = t.detach().to("cpu").contiguous().reshape(-1)
-            _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            _write_all(fd, struct.pack("<Q", len(raw)) + raw)
+            for t in tensors.values():
+                flat = t.detach().to("cpu").contiguous().reshape(-1)
+                _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _write_all(fd: int, data) -> None:
@@ -115,28 +126,12 @@ def _write_all(fd: int, data) -> None:
 
 
 def check_tensors(path: Path) -> set[str]:
-    """The tensor names of a whole safetensors file; else ValueError. A sane header must cover the file
-    exactly, so a truncated, padded or garbage file is caught from its first bytes."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path.name} is {size} bytes, too short to be a tensor file")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(MAX_HEADER, size - 8):
-            raise ValueError(f"{path.name} is not a safetensors file (or is truncated)")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ValueError(f"{path.name} has an unreadable header") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name} has an unreadable header")
-    entries = {k: e for k, e in header.items() if k != "__metadata__"}
-    if not all(isinstance(e, dict) and e.get("dtype") in DTYPES.values() for e in entries.values()):
-        raise ValueError(f"{path.name} describes a tensor it cannot hold")
-    end = max((e["data_offsets"][1] for e in entries.values()), default=0)
-    if 8 + n + end != size:
-        raise ValueError(f"{path.name} is {size} bytes but its header describes {8 + n + end}")
+    """The tensor names of a whole safetensors file of ours; else ValueError. The header must pass every check
+    of `files.safetensors_header` (known dtypes, sizes, back-to-back ranges covering the file exactly), so a
+    truncated, padded, garbage or hostile file is caught from its first bytes, before safetensors reads it."""
+    entries, problem = safetensors_header(path, {name: _BYTES[name] for name in DTYPES.values()})
+    if problem:
+        raise ValueError(problem.replace(str(path), path.name))
     return set(entries)
 
 

@@ -61,3 +61,18 @@ def test_a_later_process_keeps_every_row_and_drops_only_a_torn_last_line(tmp_pat
                                                                        ("2", "0.3", ""), ("", "", "0.9")]  # fmt: skip
     assert "note" not in rows[0]
     assert read_csv(tmp_path / "none.csv") == ([], [])
+
+
+def test_a_received_runs_metrics_csv_linked_out_of_it_is_refused_and_never_appended_to(tmp_path):
+    from tests.core.test_files import untouched, victim
+
+    mine = victim(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").symlink_to(mine)
+    with pytest.raises(UserError, match="metrics.csv leads out of the run folder"):
+        CsvLogger().start(tmp_path / "run", {}, None, start_step=0)
+    (tmp_path / "run" / "metrics.csv").unlink()
+    (tmp_path / "run" / "metrics.csv").hardlink_to(mine)
+    with pytest.raises(UserError, match="metrics.csv is a hard link"):
+        CsvLogger().start(tmp_path / "run", {}, None, start_step=0)
+    assert untouched(mine)

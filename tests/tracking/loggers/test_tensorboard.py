@@ -43,3 +43,14 @@ def test_a_folder_outside_the_run_folder_is_refused_naming_the_key(folder):
     with pytest.raises(UserError, match=rf"^logger.tb.folder='{folder}' must be a folder inside the run folder"):
         tensorboard.TensorboardLogger.check({"folder": folder}, "logger.tb")
     tensorboard.TensorboardLogger.check({"folder": "logs/tb"}, "logger.tb")  # a subfolder is fine
+
+
+def test_a_received_runs_tensorboard_folder_linked_out_of_it_is_refused(tmp_path):
+    from tests.core.test_files import victim
+
+    mine = victim(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tensorboard").symlink_to(mine.parent)
+    with pytest.raises(UserError, match="tensorboard leads out of the run folder"):
+        tensorboard.TensorboardLogger().start(tmp_path / "run", {}, None, start_step=0)
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]

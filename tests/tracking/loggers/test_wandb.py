@@ -86,3 +86,14 @@ def test_offline_segments_are_every_folder_of_that_run_id_oldest_first(tmp_path)
         "offline-run-20261126_090000-abc", "offline-run-20261126_101500-abc", "offline-run-20261126_101500-abc-1"
     ]  # fmt: skip
     assert offline_segments(tmp_path, "nothing") == []
+
+
+def test_evals_offline_wandb_hand_off_never_writes_through_a_linked_wandb_folder(tmp_path):
+    from tests.core.test_files import victim
+
+    mine = victim(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "wandb").symlink_to(mine.parent)
+    with pytest.raises(UserError, match="wandb leads out of the run folder"):
+        WandbTracker(project="p", mode="offline").start(tmp_path / "run", {}, "abc123")
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]

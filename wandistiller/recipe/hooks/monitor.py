@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import appendable, in_run
 from wandistiller.core.registry import Option
 from wandistiller.data.validation import save_loss_plot, val_loss
 from wandistiller.recipe.hooks.base import Hook, at_least
@@ -74,7 +76,7 @@ class Monitor(Hook):
         self.written = len(run.history)
         if rows:
             text = "".join(json.dumps(r) + "\n" for r in rows)
-            with (Path(run.run_dir) / "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
+            with appendable(Path(run.run_dir), "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
                 end = f.seek(0, os.SEEK_END)
                 if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
                     text = "\n" + text  # ends it, so the rows that follow stay whole
@@ -86,8 +88,8 @@ def saved_best(run_dir: Path) -> float:
     from wandistiller.state.checkpoint import STATE_FILE
 
     try:
-        value = json.loads((run_dir / CHECKPOINTS / "best" / STATE_FILE).read_text())["val"]["val/loss"]
-    except (OSError, ValueError, KeyError, TypeError):
+        value = json.loads(in_run(run_dir, f"{CHECKPOINTS}/best/{STATE_FILE}").read_text())["val"]["val/loss"]
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return math.inf
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 

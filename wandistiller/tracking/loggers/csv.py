@@ -37,7 +37,9 @@ class CsvLogger(Logger):
                             f"{key}.file=metrics.csv")  # fmt: skip
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
-        self.path = Path(run_dir) / self.file_name
+        from wandistiller.core.files import appendable
+
+        self.path = appendable(Path(run_dir), self.file_name)  # never a link out of the run folder
         self.header, rows = read_csv(self.path)  # a resumed run's columns: its rows are appended
         kept = [r for r in rows if start_step is None or not _after(r.get("step"), start_step)]
         if len(kept) != len(rows) or _torn(self.path):  # steps to be redone, or a killed write's half line

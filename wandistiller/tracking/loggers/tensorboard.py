@@ -46,8 +46,11 @@ class TensorboardLogger(Logger):
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: TensorBoard hides the earlier event files' records from that step on (redone after a resume)
+        from wandistiller.core.files import run_folder
+
         purge = None if start_step is None else start_step + 1
-        return SummaryWriter(str(folder / self.folder), purge_step=purge, flush_secs=FLUSH_SECS)
+        logdir = run_folder(folder, self.folder)  # inside the run folder: never through a link out of it
+        return SummaryWriter(str(logdir), purge_step=purge, flush_secs=FLUSH_SECS)
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
         self.writer = self._writer(Path(run_dir), start_step)

@@ -112,6 +112,9 @@ class WandbTracker(Logger):
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
+        from wandistiller.core.files import in_run
+
+        in_run(Path(run_dir), "wandb")  # wandb writes into run_dir/wandb: never through a link out of the folder
         kwargs = self.kwargs | {"group": self.kwargs["group"] or group, "name": self.kwargs["name"] or name}
         self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **kwargs)
         self.run_id = self.run.id
