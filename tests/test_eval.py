@@ -1,64 +1,18 @@
-"""`wandistiller.eval`: on real (short) run folders, through `evaluate`, `main` and the CLI: results, loggers, and
-the prompts it reads from a run's saved config."""
+"""`wandistiller.eval`, the CLI: its numbers added to the run's loggers, its one-line refusals, its help."""
 
 from __future__ import annotations
 
-import json
-import math
 import shutil
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from PIL import Image
 
-from tests.conftest import ROOT, fresh_runs
 from tests.conftest import cli as command_line
-from tests.data.test_images import CAPTIONS, write_folder
+from tests.conftest import fresh_runs
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
-from wandistiller.core.errors import UserError
-from wandistiller.data.images import image_source
-from wandistiller.data.validation import split_prompts
-from wandistiller.eval import eval_prompts
-from wandistiller.state.runs import RunFolder, open_run
-from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
-
-
-def test_eval_writes_eval_json_and_a_grid(run_dir, caplog):
-    with caplog.at_level("INFO", logger="wandistiller"):
-        result = eval_cli.evaluate(run_dir, steps=3, limit=2)
-    progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
-    assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
-    written = json.loads((run_dir / "eval.json").read_text())
-    assert written == result and len(result["prompts"]) == 2
-    for row in result["prompts"]:
-        assert set(row) == {"prompt", "latent_mse", "psnr", "ssim", "student_s", "teacher_s"}
-        assert row["latent_mse"] > 0 and math.isfinite(row["psnr"]) and -1 <= row["ssim"] <= 1
-    assert result["mean"]["speedup"] > 0 and result["student"].endswith("student")
-    assert Image.open(run_dir / "eval.png").size[0] == 2 * 192
-    # The held-out prompts, not training ones: the last tenth of the shipped prompts.
-    assert result["prompts"][0]["prompt"] == eval_cli.eval_prompts(open_run(run_dir), None, 2)[0]
-
-
-def test_results_that_cannot_be_written_are_one_line_and_no_half_result(run_dir):
-    (run_dir / "eval.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
-    with pytest.raises(UserError, match=r"eval.png/.json cannot be written \(Is a directory\); free some space"):
-        eval_cli.evaluate(run_dir, steps=1, limit=1)
-    assert not (run_dir / "eval.json").exists() and not list(run_dir.glob(".eval*"))  # nor a temporary file
-
-
-def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
-    final = eval_cli.evaluate(run_dir, steps=2, limit=1)
-    first = eval_cli.evaluate(run_dir, checkpoint="step_1", steps=2, limit=1)
-    latest = eval_cli.evaluate(run_dir, checkpoint="latest", steps=2, limit=1)
-    assert first["files"] == ["eval_step_00000001.json", "eval_step_00000001.png"]
-    assert latest["files"] == ["eval_step_00000002.json", "eval_step_00000002.png"]
-    for result in (final, first, latest):
-        assert json.loads((run_dir / result["files"][0]).read_text()) == result
-        assert (run_dir / result["files"][1]).is_file()
-    assert first["mean"] != final["mean"]  # a different student: the end-of-run eval.json was not overwritten
 
 
 def test_the_eval_cli_adds_its_numbers_to_the_runs_wandb_run(make_cfg, tmp_path, capsys):
@@ -92,41 +46,6 @@ def test_the_eval_cli_adds_its_numbers_to_a_runs_csv_and_tensorboard_loggers_too
     assert sorted(event.step for event in events.Scalars("eval/psnr")) == [1, 2]
 
 
-def test_an_evaluated_students_step_is_its_checkpoints_or_the_runs_last(tmp_path):
-    from wandistiller.state.checkpoint import STATE_FILE
-
-    run_dir = tmp_path / "run"
-    for step in (3, 10):  # a checkpoint's step is the one its state records, not its name's
-        (run_dir / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
-        (run_dir / "checkpoints" / f"step_{step:08d}" / STATE_FILE).write_text(json.dumps({"step": step}))
-    (run_dir / "checkpoints" / "best").mkdir()
-    (run_dir / "checkpoints" / "best" / STATE_FILE).write_text(json.dumps({"step": 3}))
-    assert eval_cli.evaluated_step(run_dir, run_dir / "checkpoints" / "best") == 3
-    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 10  # no metrics.json: the latest checkpoint
-    (run_dir / "metrics.json").write_text(json.dumps({"final_step": 12}))
-    assert eval_cli.evaluated_step(run_dir, run_dir / "student") == 12  # written with the final student
-    assert eval_cli.evaluated_step(tmp_path / "bare", tmp_path / "bare" / "student") is None
-
-
-@pytest.mark.slow  # a real offline wandb run: seconds to start
-def test_wandb_past_the_evaluated_step_takes_the_numbers_at_its_own_next_step(tmp_path):
-    from wandistiller.tracking.loggers.csv import CsvLogger
-    from wandistiller.tracking.loggers.wandb import WandbTracker
-
-    wandb, table = WandbTracker(project="wandistiller", mode="offline"), CsvLogger()
-    for logger in (wandb, table):
-        logger.start(tmp_path, {}, None)
-    try:
-        wandb.log({"loss": 1.0}, step=5)  # a resumed online run is past the run's last step
-        at_step, past_step = eval_cli._split_by_step([wandb, table], 3)
-        assert at_step.loggers == [table] and past_step.loggers == [wandb]  # wandb would drop step 3's numbers
-        at_step, past_step = eval_cli._split_by_step([wandb, table], 5)
-        assert at_step.loggers == [wandb, table] and past_step.loggers == []
-        assert eval_cli._split_by_step([wandb, table], None)[0].loggers == []  # no step known: each its own next
-    finally:
-        wandb.finish({})
-
-
 @pytest.mark.parametrize("case", ["not a run", "no student yet"])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, make_cfg, case):
     folder, message = tmp_path, "is not a run folder"
@@ -158,23 +77,6 @@ def test_the_cli_has_help_and_no_traceback(clis):
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 
-def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
-    folder = tmp_path / "pocket"
-    run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))
-    mean = eval_cli.evaluate(folder, steps=2, limit=4)["mean"]
-    for who in ("teacher", "student"):  # 4 images: FID/KID withheld (too few), the count said
-        assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_samples"] == 4 and f"{who}_fid" not in mean
-    # Prompts that are not the pocket's: no judge, so no pocket columns.
-    other = eval_cli.evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
-    assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]
-
-
-def _fox_prompts(tmp_path):
-    path = tmp_path / "fox.txt"
-    path.write_text("a fox in the snow\n")
-    return path
-
-
 def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tmp_path, capsys):
     other, mine = tmp_path / "other", tmp_path / "mine"
     run(make_cfg("trainer.max_steps=1", "student=quarter", run_dir=other))  # cut narrower: another shape
@@ -189,59 +91,6 @@ def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tm
     assert "is of another student shape" in err and "pick one this run trained" in err
 
 
-# Which prompts eval reads from a run's saved config (issue 20, issue 16): an image run's own held-out captions; a
-# received prompts file only from the run folder or the package, else --prompts FILE. The run folder is built from
-# the composed config.
-def run_of(make_cfg, tmp_path, tiny_path, *overrides):
-    cfg = make_cfg(*overrides)
-    return RunFolder(tmp_path / "run", cfg, inspect_teacher(tiny_path))
-
-
-def test_an_image_run_is_evaluated_on_its_own_held_out_captions(make_cfg, tmp_path, tiny_path):
-    root = write_folder(tmp_path / "images")
-    run = run_of(make_cfg, tmp_path, tiny_path, "data=image_folder", f"data.root={root}", "data.val_fraction=0.34")
-    # the same split training validates on (data_sources._held_out_captions): the last val_fraction of the captions
-    held = split_prompts(image_source(run.cfg.data).captions, None, 0.34)[1]
-    with pytest.raises(UserError, match=r"data.root=.* lies outside the run folder, so eval does not read its caption"):
-        eval_prompts(run, None, 8)  # a received run's data.root is the sender's choice of folder on this machine
-    assert eval_prompts(run, None, 8, allow_data=True) == held and len(held) == 1 and held[0] in CAPTIONS
-    assert eval_prompts(run, None, 8, own_files=True) == held  # the run's own end-of-run eval
-    assert eval_prompts(run, str(write_prompts(tmp_path / "mine.txt")), 8) == ["my own prompt"]  # --prompts wins
-
-
-def write_prompts(path, text="my own prompt\n"):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-@pytest.mark.parametrize("key", ["prompts_path", "val_prompts_path"])
-def test_a_received_prompts_file_outside_the_run_and_the_package_is_not_read(make_cfg, tmp_path, tiny_path, key):
-    secret = write_prompts(tmp_path / "elsewhere" / "secret.txt", "a private line\nanother\n")
-    run = run_of(make_cfg, tmp_path, tiny_path, f"data.{key}={secret}")
-    with pytest.raises(UserError) as e:
-        eval_prompts(run, None, 8)
-    assert str(e.value).startswith(f"data.{key}='{secret}' in the run's saved config lies outside the run folder")
-    assert str(e.value).endswith("give --prompts FILE") and "\n" not in str(e.value)
-    mine = write_prompts(tmp_path / "mine.txt")
-    assert eval_prompts(run, str(mine), 8) == ["my own prompt"]  # the user's own file, named on the command line
-
-
-def test_prompts_inside_the_run_folder_or_shipped_are_read(make_cfg, tmp_path, tiny_path):
-    inside = write_prompts(tmp_path / "run" / "prompts.txt", "one\ntwo\nthree\n")
-    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={inside}"), None, 8) == ["three"]
-    assert eval_prompts(run_of(make_cfg, tmp_path, tiny_path), None, 8)  # the shipped prompts (the default)
-
-
-def test_the_end_of_run_eval_reads_the_users_own_prompts_file_wherever_it_lies(make_cfg, tmp_path, tiny_path):
-    # `python -m wandistiller.train data.prompts_path=my_prompts.txt` evaluates itself at the end: its own file
-    mine = write_prompts(tmp_path / "elsewhere" / "my_prompts.txt", "one\ntwo\nthree\n")
-    run = run_of(make_cfg, tmp_path, tiny_path, f"data.prompts_path={mine}")
-    assert eval_prompts(run, None, 8, own_files=True) == ["three"]
-    with pytest.raises(UserError):  # the same folder received from someone else is not
-        eval_prompts(run, None, 8)
-
-
 def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp_path, capsys):
     folder = tmp_path / "run"
     run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
@@ -252,85 +101,3 @@ def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp
     eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
     assert "logged to the run's wandb run" in capsys.readouterr().out
     assert list((folder / "wandb").glob("offline-run-*"))
-
-
-# -- a received run folder: nothing outside it written or read, the teacher it recorded -----------------------
-POCKET = ROOT / "wandistiller" / "assets" / "pocket" / "pocket-wan-t2v"  # another shape, same channels and text_dim
-
-
-def copied(finished, tmp_path):
-    folder = tmp_path / "received"
-    shutil.copytree(finished, folder)
-    return folder
-
-
-def test_eval_of_a_received_run_replaces_linked_results_and_never_writes_through_them(finished, tmp_path):
-    from tests.core.test_files import untouched, victim
-
-    mine = victim(tmp_path)
-    other = tmp_path / "home" / "other.png"
-    shutil.copy2(mine, other)
-    folder = copied(finished, tmp_path)  # a legitimate run moved to another machine: it evaluates
-    (folder / "eval.json").symlink_to(mine)
-    (folder / "eval.png").hardlink_to(other)
-    eval_cli.evaluate(folder, steps=1, limit=1)
-    assert json.loads((folder / "eval.json").read_text())["steps"] == 1 and not (folder / "eval.json").is_symlink()
-    assert Image.open(folder / "eval.png").size[0] == 2 * 192
-    assert untouched(mine) and other.read_bytes() == mine.read_bytes()
-    assert sorted(p.name for p in mine.parent.iterdir()) == ["other.png", "victim.txt"]
-
-
-def test_eval_does_not_load_a_checkpoint_or_student_linked_out_of_the_run(finished, tmp_path, capsys):
-    folder = copied(finished, tmp_path)
-    step = folder / "checkpoints" / "step_00000002"
-    shutil.move(step, tmp_path / "elsewhere")
-    step.symlink_to(tmp_path / "elsewhere")
-    for flag in ("step_2", "best"):
-        if flag == "best":
-            (folder / "checkpoints" / "best").symlink_to(tmp_path / "elsewhere")
-        with pytest.raises(SystemExit):
-            eval_cli.main([str(folder), "--checkpoint", flag, "--steps", "1", "--limit", "1"])
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and "leads out of the run folder" in err and "\n" not in err
-    shutil.move(folder / "student", tmp_path / "student_elsewhere")
-    (folder / "student").symlink_to(tmp_path / "student_elsewhere")
-    with pytest.raises(UserError, match="student leads out of the run folder"):
-        eval_cli.evaluate(folder, steps=1, limit=1)
-    assert not (folder / "eval.json").exists()
-
-
-def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, tmp_path, capsys):
-    from wandistiller.state.runs import Trust
-
-    folder = copied(finished, tmp_path)
-    with pytest.raises(SystemExit):
-        eval_cli.main([str(folder), "--teacher-path", str(POCKET), "--steps", "1", "--limit", "1"])
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: the student in ") and "does not fit this teacher: it was trained against" in err
-    assert (
-        "num_attention_heads=2, this teacher at" in err
-        and err.endswith("--allow-other-teacher to use this one on purpose")
-        and "\n" not in err
-    )
-    assert not (folder / "eval.json").exists()
-    args = eval_cli.parse_args([str(folder), "--teacher-path", str(POCKET), "--allow-other-teacher"])
-    assert Trust.from_args(args).other_teacher
-    with pytest.raises(UserError, match="does not fit this teacher"):  # a checkpoint records it too
-        eval_cli.evaluate(folder, "latest", steps=1, limit=1, trust=Trust(teacher_path=str(POCKET)))
-    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())  # the saved teacher.path edited
-    saved["teacher"] |= {"path": str(POCKET), "builtin": None}
-    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
-    with pytest.raises(UserError, match="does not fit this teacher"):
-        eval_cli.evaluate(folder, steps=1, limit=1)
-
-
-@pytest.mark.parametrize("name", ["metrics.csv", "tensorboard", "wandb"])
-def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finished, tmp_path, name):
-    from tests.core.test_files import untouched, victim
-
-    folder, mine = copied(finished, tmp_path), victim(tmp_path)
-    (folder / name).symlink_to(mine if name == "metrics.csv" else mine.parent)
-    with pytest.raises(UserError, match=f"{name} leads out of the run folder"):
-        eval_cli.evaluate(folder, steps=1, limit=1)
-    assert not (folder / "eval.json").exists() and untouched(mine)  # refused before sampling, not after
-    assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]

@@ -52,7 +52,7 @@ def test_generate_into_a_received_run_never_writes_through_a_link_and_refuses_an
     import shutil
 
     from tests.core.test_files import untouched, victim
-    from tests.test_eval import POCKET
+    from tests.evaluation.test_evaluate import POCKET
 
     mine = victim(tmp_path)
     folder = tmp_path / "received"

@@ -17,8 +17,8 @@ from wandistiller.core.renamed import RENAMED, modernize
 PACKAGE = Path(wandistiller.__file__).parent
 CLIS = {"train", "eval", "generate", "plan", "legacy", "pipeline"}
 CLI_PACKAGES = {"quality"}  # `python -m wandistiller.quality`: a CLI that is a package
-# None: the end-of-run evaluation is a hook the config names (wandistiller.eval.EvaluateAtEnd), and the pipeline
-# folder is made in state/export.py.
+# None: the end-of-run evaluation's hook calls the evaluation library (wandistiller/evaluation/), not its CLI, and
+# the pipeline folder is made in state/export.py.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
@@ -58,7 +58,19 @@ def test_no_subpackage_imports_a_cli_and_core_imports_no_other_subpackage():
 
 
 # The README code map's order: each subpackage imports only those before it (and the schemas, `config`).
-LAYERS = ["core", "teacher", "student", "placements", "data", "pocket", "state", "job", "tracking", "recipe"]
+LAYERS = [
+    "core",
+    "teacher",
+    "student",
+    "placements",
+    "data",
+    "pocket",
+    "state",
+    "job",
+    "tracking",
+    "evaluation",
+    "recipe",
+]
 
 
 def test_each_subpackage_imports_only_the_layers_below_it():

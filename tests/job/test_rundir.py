@@ -212,11 +212,11 @@ def test_a_received_killed_run_resumes_and_its_linked_outputs_are_replaced_never
 def test_resume_against_a_teacher_the_checkpoint_did_not_record_is_refused_unless_asked(finished, tmp_path, make_cfg):
     import yaml
 
-    from tests.test_eval import POCKET
+    from tests.evaluation.test_evaluate import POCKET
 
     folder = killed_copy(finished, tmp_path)
     saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
-    saved["teacher"] |= {"path": str(POCKET), "builtin": None}  # the sender (or a slip) edited teacher.path
+    saved["teacher"] |= {"path": str(POCKET), "builtin": None, "name": POCKET.name}  # the sender edited teacher.path
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
     teacher = (f"teacher.path={POCKET}", "teacher.builtin=null")  # as saved: only the checkpoint's record differs
     with pytest.raises(UserError, match=r"does not fit this teacher: .*add trainer.allow_other_teacher=true") as e:

@@ -52,8 +52,8 @@ def test_teacher_pocket_trains_a_student(make_cfg, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", [TEACHER_DIR, MOE_TEACHER_DIR], ids=["pocket", "pocket_moe"])
 def test_guided_samples_show_what_was_asked(folder):
+    from wandistiller.evaluation.metrics import prompt_accuracy
     from wandistiller.pocket.classifier import load_classifier
-    from wandistiller.quality.metrics import prompt_accuracy
 
     images = guided(pipeline(folder), PROMPTS, steps=20)
     wanted = torch.tensor([parse_prompt(p).labels for p in PROMPTS])

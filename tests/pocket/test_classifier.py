@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from wandistiller.evaluation.metrics import prompt_accuracy
 from wandistiller.pocket.classifier import FEATURES, DigitJudge, load_classifier, save_classifier
 from wandistiller.pocket.digits import rendered_split
-from wandistiller.quality.metrics import prompt_accuracy
 
 
 def test_the_pocket_judge_reads_held_out_real_digits():

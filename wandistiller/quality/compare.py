@@ -97,7 +97,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> 
 
 
 def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
-    from wandistiller.quality.metrics import pocket_scores
+    from wandistiller.evaluation.metrics import pocket_scores
 
     scores = pocket_scores(made["images"], made["prompts"], judge, reference)
     mse = float(((made["latents"] - teacher_latents) ** 2).mean())
@@ -108,8 +108,8 @@ def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
 
 def compare(settings: Settings, work: Path, log=print) -> dict[str, list[dict]]:
     """{row: [scores per seed]}: trains every student row for every seed and scores it beside the teacher."""
+    from wandistiller.evaluation.metrics import heldout_reference
     from wandistiller.pocket.classifier import load_classifier
-    from wandistiller.quality.metrics import heldout_reference
 
     judge, reference = load_classifier(), heldout_reference()
     cache = work / "cache"

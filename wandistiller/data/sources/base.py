@@ -8,11 +8,13 @@ and adds its value checks to preflight. So a new source is that module plus a YA
     schema         `DataCommon` + the `data.*` keys it adds (typed, with defaults), `latents` its own name alone
     ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
     check(data)    refuse what only it can see (its files), before the run folder is claimed
+    held_out_prompts(data, readable)   the prompts validation holds out, for an evaluation of the run
     make(ctx, teacher, embeddings, val_embeddings) -> Made: the training latents on every rank
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -43,6 +45,17 @@ class DataSource:
     @classmethod
     def check(cls, data_cfg) -> None:
         """Refuse, in one UserError line, what this source cannot use (missing files, no captions)."""
+
+    @classmethod
+    def held_out_prompts(cls, data_cfg, readable: Callable[[str], None]) -> list[str]:
+        """The prompts validation holds out (never trained on), for an evaluation of the run: the last
+        `data.val_fraction` of the prompts file, or `data.val_prompts_path`'s. `readable(key)` refuses a data
+        folder the caller may not read (a received run's)."""
+        from wandistiller.data.prompts import read_prompts
+        from wandistiller.data.validation import split_prompts
+
+        prompts = read_prompts(data_cfg.prompts_path)
+        return split_prompts(prompts, data_cfg.get("val_prompts_path"), data_cfg.get("val_fraction", 0.1))[1]
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:

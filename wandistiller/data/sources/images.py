@@ -43,6 +43,20 @@ class Images(DataSource):
         image_source(data_cfg)
 
     @classmethod
+    def held_out_prompts(cls, data_cfg, readable) -> list[str]:
+        """An image run holds out the last `data.val_fraction` of its own captions (as held_out_captions below), or
+        `data.val_prompts_path`'s prompts; the captions' folder is read only where `readable` lets it."""
+        from wandistiller.data.images import image_source
+        from wandistiller.data.prompts import read_prompts
+        from wandistiller.data.validation import split_prompts
+
+        if data_cfg.get("val_prompts_path"):
+            return read_prompts(data_cfg.val_prompts_path)
+        for key in ("root", "dataset"):
+            readable(key)
+        return split_prompts(image_source(data_cfg).captions, None, data_cfg.get("val_fraction", 0.1))[1]
+
+    @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
         import torch
 
@@ -76,7 +90,7 @@ def held_out_captions(ctx, found, device):
     if d.val_prompts_path is not None or len(bank) < 2:
         return None
     captions = [embeddings.prompts[i] for i in bank.prompt_idx.tolist()]
-    train, held = split_prompts(captions, None, d.val_fraction)
+    train, held = split_prompts(captions, None, d.val_fraction)  # the split Images.held_out_prompts names
     if ctx.is_main:
         log.info("image data: the last %d of %d images and their captions are held out for validation", len(held),
                  len(captions))  # fmt: skip

@@ -38,7 +38,7 @@ class EvaluateAtEnd(Hook):
                      "device); run python -m wandistiller.eval %s where it fits", ctx.placement.name,
                      ctx.run_dir)  # fmt: skip
             return {}
-        from wandistiller.eval import evaluate
+        from wandistiller.evaluation.evaluate import evaluate
         from wandistiller.state.runs import Trust
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.

@@ -1,4 +1,4 @@
-"""`wandistiller.quality.metrics`: prompt accuracy, FID/KID on tensors with known answers; one-line refusals."""
+"""`wandistiller.evaluation.metrics`: prompt accuracy, FID/KID on tensors with known answers; one-line refusals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.quality.metrics import clip_score, fid_kid, inception_fid, prompt_accuracy
+from wandistiller.evaluation.metrics import clip_score, fid_kid, inception_fid, prompt_accuracy
 
 
 class FirstPixels(nn.Module):
@@ -38,8 +38,8 @@ def test_fid_is_zero_for_the_same_set_and_the_squared_mean_shift_for_a_shifted_o
 
 
 def test_pocket_scores_say_how_many_images_they_came_from_and_withhold_fid_from_too_few():
+    from wandistiller.evaluation.metrics import pocket_scores
     from wandistiller.pocket.digits import rendered_split
-    from wandistiller.quality.metrics import pocket_scores
 
     images, _, prompts = rendered_split("heldout", copies=1, seed=7)
     few = pocket_scores(images[:8], prompts[:8], reference=images[100:])  # the end-of-run eval's 8 prompts

@@ -1,0 +1,71 @@
+"""An evaluation's numbers added to the run's own loggers (csv, tensorboard, wandb, ...), at the step of the student
+evaluated: each logger reopened as its class says (`Logger.reopened`), so nothing here names one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import in_run
+from wandistiller.state.runs import Trust
+
+
+def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
+    """Add the evaluation to every logger the run was saved with (csv, tensorboard, wandb, ...), in the run folder.
+    wandb continues the run's own run (its id is in the run's checkpoints; none: wandb is skipped), offline,
+    whatever the saved config says, unless `--wandb-mode online` is given here."""
+
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from wandistiller.core.renamed import current_target
+    from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
+    from wandistiller.state.received import load_json, load_received
+    from wandistiller.tracking import loggers
+
+    trust = trust or Trust()
+    checkpoints = list_checkpoints(run_dir)
+    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets)  # its `_target_`s vetted
+    run_id = load_json(checkpoints[-1] / STATE_FILE).get("tracker_run_id") if checkpoints else None
+    nodes = {}
+    for key, node in loggers.entries(saved.logger):  # each logger says how a later process reopens it
+        reopened = getattr(get_class(current_target(str(node._target_))), "reopened", None)
+        node = reopened(node, run_id, trust.wandb_mode) if reopened else node
+        if node is not None:  # None: it would start a stray run (wandb without the run's id)
+            nodes[key] = node
+    if not nodes:
+        return
+    tracker = loggers.build(OmegaConf.create(nodes))
+    tracker.start(run_dir, {}, run_id)  # start_step None: a finished run's rows are kept
+    try:
+        step = evaluated_step(run_dir, Path(result["student"]))
+        metrics = {f"eval/{k}": v for k, v in result["mean"].items()}
+        tracker.log(metrics, step=step)  # a logger that cannot take an earlier step says so itself (wandb)
+        tracker.log_image("eval", run_dir / result["files"][1], step=step)
+        tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
+    finally:
+        tracker.close()
+    if tracker.run_id:
+        print(f"logged to the run's wandb run {tracker.run_id}")
+    print(f"logged to the run's loggers: {', '.join(nodes)}")
+
+
+def evaluated_step(run_dir: Path, student: Path) -> int | None:
+    """The training step of the student evaluated, where its numbers belong in the run's charts: a checkpoint's
+    own step; for the final student the run's last step (metrics.json's final_step, written with it; else the
+    latest checkpoint's, as the last step is always checkpointed). None where neither can be read."""
+    from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
+    from wandistiller.state.received import load_json
+
+    if student.name != "student":
+        step = checkpoint_step(student)
+        return step if step >= 0 else None
+    try:
+        final = load_json(in_run(run_dir, "metrics.json")).get("final_step")
+    except (OSError, ValueError, AttributeError, UserError):
+        final = None
+    if isinstance(final, int) and not isinstance(final, bool):
+        return final
+    checkpoints = list_checkpoints(run_dir)
+    step = checkpoint_step(checkpoints[-1]) if checkpoints else -1
+    return step if step >= 0 else None
