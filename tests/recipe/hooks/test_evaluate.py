@@ -1,5 +1,5 @@
-"""wandistiller/recipe/hooks/evaluate.py: the evaluate hook's own setting and where it leaves the evaluation to the user;
-the whole end-of-run evaluation runs in tests/recipe/hooks/test_monitor.py's run."""
+"""wandistiller/recipe/hooks/evaluate.py: the evaluate hook's own setting and where it leaves the evaluation to
+the user; the whole end-of-run evaluation runs in tests/recipe/hooks/test_monitor.py's run."""
 
 from __future__ import annotations
 
