@@ -6,6 +6,8 @@ students and the benchmark shapes all read their numbers from here.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 # Wan 2.1/2.2 14B: also each of Wan 2.2 A14B's two experts.
 WAN_14B = dict(
     num_attention_heads=40,
@@ -151,7 +153,7 @@ def json_kind(value: object) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is a Python int: not a size
 
 

@@ -13,8 +13,9 @@ and adds its value checks to preflight. So a new source is that module plus a YA
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wandistiller.config import Choice
 
@@ -42,7 +43,7 @@ def own_name(name: str, module: str) -> type[Choice]:
 
 class DataSource:
     name: ClassVar[str]
-    ranges: ClassVar[tuple] = ()
+    ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod
     def check(cls, data_cfg) -> None:
