@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,17 +52,18 @@ def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | No
 
     tokenizer = _build_tokenizer()
     torch.manual_seed(0)
-    text_config = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
+    text_config: dict[str, Any] = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **text_config)).eval()
     torch.manual_seed(1)
-    vae = AutoencoderKLWan(**TINY_VAE).eval()
+    vae = AutoencoderKLWan(**TINY_VAE).eval()  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
     torch.manual_seed(2)
     dtype = torch.float32 if transformer_config is None else torch.bfloat16  # halves a big one's files
-    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # norms stay fp32
+    # norms stay fp32
+    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
     transformer_2 = None
     if two_experts:
         torch.manual_seed(3)
-        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)
+        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
     # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
     scheduler = UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
@@ -98,7 +100,8 @@ def ensure_tiny_teacher(
     from transformers.utils import logging as transformers_logging
 
     # Both libraries draw a bar while saving (transformers' "Writing model shards" for the text encoder).
-    diffusers_logging.disable_progress_bar(), transformers_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
     try:
         build_tiny_pipeline(two_experts, transformer_config).save_pretrained(tmp, safe_serialization=True)
         try:
@@ -108,7 +111,8 @@ def ensure_tiny_teacher(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        diffusers_logging.enable_progress_bar(), transformers_logging.enable_progress_bar()
+        diffusers_logging.enable_progress_bar()
+        transformers_logging.enable_progress_bar()
     return path
 
 
