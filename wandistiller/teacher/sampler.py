@@ -42,5 +42,5 @@ def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, va
         transformer_2=transformers[1] if two else None,
         boundary_ratio=spec.boundary_ratio if two else None,
     )
-    pipe.set_progress_bar_config(disable=True)  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
+    pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -52,18 +51,17 @@ def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | No
 
     tokenizer = _build_tokenizer()
     torch.manual_seed(0)
-    text_config: dict[str, Any] = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
+    text_config = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **text_config)).eval()
     torch.manual_seed(1)
-    vae = AutoencoderKLWan(**TINY_VAE).eval()  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
+    vae = AutoencoderKLWan(**TINY_VAE).eval()
     torch.manual_seed(2)
     dtype = torch.float32 if transformer_config is None else torch.bfloat16  # halves a big one's files
-    # norms stay fp32
-    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
+    transformer = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # norms stay fp32
     transformer_2 = None
     if two_experts:
         torch.manual_seed(3)
-        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)  # type: ignore[attr-defined]  # mypy sees diffusers' no-torch dummy
+        transformer_2 = cast_keeping_fp32(WanTransformer3DModel(**config).eval(), dtype)
     # What diffusers ships for Wan: UniPC on flow sigmas with shift 3.0.
     scheduler = UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
