@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import cast
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
@@ -83,7 +84,7 @@ def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()
     if not path.is_file():
         return None
     try:
-        saved = OmegaConf.load(path)
+        saved: DictConfig | ListConfig | str = OmegaConf.load(path)
     except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError) as e:
         saved = f"cannot be read ({type(e).__name__})"
     if not isinstance(saved, DictConfig) or "trainer" not in saved:
@@ -122,7 +123,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         _put(result, key, cfg, now)
     from wandistiller.config import TrainConfig
 
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), result)
+    merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(TrainConfig), result))  # a DictConfig merged in
     OmegaConf.set_struct(merged, True)
     log.info("trainer.resume=auto: continuing with the run's saved config%s", f" and {sorted(taken)}" if taken else "")
     return merged

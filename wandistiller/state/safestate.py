@@ -101,7 +101,7 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         _write_all(fd, struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
             flat = t.detach().to("cpu").contiguous().reshape(-1)
-            _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))
+            _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))  # type: ignore[arg-type]  # numpy's stubs: a buffer from 3.12 on
         os.fsync(fd)
     finally:
         os.close(fd)
