@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +61,9 @@ def encode(obj, tensors: dict[str, torch.Tensor], path: str = "state"):
     raise TypeError(f"a checkpoint cannot hold {type(obj).__name__} (at {path}); only data and tensors")
 
 
-def decode(data, tensors: dict[str, torch.Tensor]):
-    """The inverse of `encode`. Raises ValueError on anything `encode` would not have written."""
+def decode(data, tensors: Mapping[str, torch.Tensor | None]):
+    """The inverse of `encode`. Raises ValueError on anything `encode` would not have written. `tensors` may map
+    the tensor file's names to None: the references checked, nothing loaded (state/checkpoint.py's `problem`)."""
     if isinstance(data, list):
         return [decode(v, tensors) for v in data]
     if not isinstance(data, dict):
