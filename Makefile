@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS   ?=
 
-.PHONY: setup train test test-fast test-slow test-all lint clean
+.PHONY: setup train test test-fast test-slow test-all lint typecheck clean
 
 setup: $(VENV)/.installed
 
@@ -42,5 +42,8 @@ lint: setup
 	$(VENV)/bin/ruff check wandistiller tests scripts
 	$(VENV)/bin/ruff format --check wandistiller tests scripts
 
+typecheck: setup      ## mypy on the package, with pyproject.toml's [tool.mypy] settings (CI runs it after lint)
+	$(VENV)/bin/mypy
+
 clean:                ## the environment and caches; never outputs/ or multirun/ (your runs)
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
@@ -44,7 +44,10 @@ class DType(Choice):
 # including each one that only composes a config or refuses it.
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
               "piecewise_constant")  # fmt: skip
-LrScheduler = Choice("LrScheduler", {name: name for name in SCHEDULERS})
+if TYPE_CHECKING:  # an Enum made from a tuple: to mypy, one of the Choice strings
+    LrScheduler = Choice
+else:
+    LrScheduler = Choice("LrScheduler", {name: name for name in SCHEDULERS})
 
 
 @dataclass

@@ -23,7 +23,7 @@ from wandistiller.state import safestate
 from wandistiller.state.checkpoint import LEGACY_FILE, STATE_FILE, TENSORS, problem
 
 # What numpy's RNG state (a uint32 array) needs, and nothing else; numpy 1.x pickles name numpy.core.
-_reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
+_reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct  # type: ignore[attr-defined]  # numpy 2's stubs lack 1.x's name
 NUMPY_GLOBALS = [
     np.dtype,
     np.ndarray,

@@ -14,6 +14,7 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import hydra
 import torch
@@ -63,11 +64,11 @@ def run(cfg: DictConfig) -> dict:
     topo = Topology.from_env()
     if under_torchrun():
         init_process_group(topo, cfg.distributed.timeout_min)
-        box = [_prepare_or_refuse(cfg, topo) if topo.rank == 0 else None]
+        box: list = [_prepare_or_refuse(cfg, topo) if topo.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)  # one run folder and one placement for all ranks
         if isinstance(box[0], UserError):
             raise box[0] if topo.rank == 0 else SystemExit(2)  # rank 0 says it once; the others just stop
-        summary = run_recipe(OmegaConf.create(box[0][1]), box[0][0], topo)
+        summary = run_recipe(cast(DictConfig, OmegaConf.create(box[0][1])), box[0][0], topo)
         _say_done(summary, box[0][0].run_dir)  # the main rank's summary alone has a status
         return summary
     point = sweep_point()
@@ -101,7 +102,7 @@ def _say_done(summary: dict, run_dir: str) -> None:
                  run_dir)  # fmt: skip
 
 
-def _prepare_or_refuse(cfg: DictConfig, topo: Topology):
+def _prepare_or_refuse(cfg: DictConfig, topo: Topology) -> tuple[Prepared, Any] | UserError:
     """Under torchrun: rank 0's preparation (with the resolved config), or its refusal, for every rank."""
     try:
         cfg = continued_config(cfg, task_overrides())

@@ -86,8 +86,8 @@ def check_args(args: argparse.Namespace) -> None:
 
     for name in COUNTS:
         value = getattr(args, name, None)
-        values = value.split(",") if isinstance(value, str) and name == "batch" else [value]
-        for v in values if value is not None else []:
+        values = [] if value is None else value.split(",") if isinstance(value, str) and name == "batch" else [value]
+        for v in values:
             if not str(v).strip().isdigit() or int(v) <= 0:
                 what = "sizes, each 1 or more (e.g. 1,8)" if name == "batch" else "1 or more"
                 raise UserError(f"--{name.replace('_', '-')}={value} must be {what}")

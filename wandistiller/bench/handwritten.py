@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ def setup(args, folder: Path) -> dict:
     embeddings = encode_prompts(spec, train_prompts, "", 512, teacher_dtype, device, args.cache_dir)
     table = torch.stack([embeddings.padded(torch.tensor([i]))[0] for i in range(len(embeddings.embeds))])
     torch.manual_seed(args.seed)  # as the framework's worker does before building the student
-    student_keys = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "student" / f"{args.student}.yaml"))
+    student_keys = cast(dict, OmegaConf.to_container(OmegaConf.load(CONF_DIR / "student" / f"{args.student}.yaml")))
     student = build_student(spec, **student_keys)  # init: auto copies the teacher's blocks where widths match
     student.to(device).train()
     setup = {"spec": spec, "teacher": teacher, "student": student, "device": device, "target_rel_mse": None}
@@ -51,7 +52,7 @@ def setup(args, folder: Path) -> dict:
     if args.compile:  # diffusers' regional compile, as a hand-written script would use it
         teacher.compile_repeated_blocks(fullgraph=True)
         mode = {"mode": args.compile_mode} if args.compile_mode else {}
-        student.transformer.compile_repeated_blocks(fullgraph=True, **mode)
+        cast(Any, student.transformer).compile_repeated_blocks(fullgraph=True, **mode)  # a diffusers model's
     params = [p for p in student.parameters() if p.requires_grad]
     fused = {"fused": True} if device.type == "cuda" else {}
     setup["optimizer"] = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=0.0, **fused)
@@ -108,7 +109,9 @@ def run_loop(args, s: dict) -> dict:
     from wandistiller.recipe.loop import Clock
 
     clock, (_, autocast), device = Clock(s["device"]), DTYPES[args.precision], s["device"]
-    step_ms, teacher_ms, losses = [], [], {}
+    step_spans: list[tuple] = []  # clock marks, read once the clock has waited
+    teacher_spans: list[tuple] = []
+    losses: dict[int, float] = {}
     for step in range(args.steps):
         if step == args.warmup and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -125,12 +128,12 @@ def run_loop(args, s: dict) -> dict:
         s["optimizer"].zero_grad(set_to_none=True)
         s["scheduler"].step()
         if step >= args.warmup:
-            step_ms.append((start, clock.mark()))
-            teacher_ms.append((start, teacher_end))
+            step_spans.append((start, clock.mark()))
+            teacher_spans.append((start, teacher_end))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             losses[step + 1] = loss.item()  # what a script logs; the same steps the framework logs at
     clock.wait()
-    step_ms, teacher_ms = [clock.ms(*p) for p in step_ms], [clock.ms(*p) for p in teacher_ms]
+    step_ms, teacher_ms = [clock.ms(*p) for p in step_spans], [clock.ms(*p) for p in teacher_spans]
     return {
         "samples_per_s": len(step_ms) * args.batch / (sum(step_ms) / 1e3),
         "step_ms_median": statistics.median(step_ms),

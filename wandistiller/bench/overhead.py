@@ -79,7 +79,7 @@ def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: i
         is_main=False,
     )
     start = time.perf_counter()
-    train_loop(run, trainer, 0.0, 0)
+    train_loop(run, trainer, 0)
     return (time.perf_counter() - start) / steps
 
 

@@ -89,7 +89,9 @@ def predict(overrides: list[str]) -> dict:
     from wandistiller.placements import planner as plan
 
     cfg = compose_config(overrides)
-    w, hw = plan.workload_of(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, ranks=1)
+    inputs = plan.workload_of(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, ranks=1)
+    assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"
+    w, hw = inputs
     from hydra.utils import instantiate
 
     estimate = instantiate(cfg.teacher_placement).estimate(w, hw)
@@ -136,10 +138,11 @@ def measure(overrides: list[str], steps: int, device: str) -> dict:
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
             held = _GpuSampler(child.pid) if device == "cuda" else None
             anon = _AnonSampler(child.pid)
-            for sampler in filter(None, (held, anon)):
+            samplers: list[_GpuSampler | _AnonSampler] = [s for s in (held, anon) if s is not None]
+            for sampler in samplers:
                 sampler.start()
             _, status, usage = os.wait4(child.pid, 0)
-        for sampler in filter(None, (held, anon)):
+        for sampler in samplers:
             sampler.stop.set()
             sampler.join()
         metrics_file = Path(run_dir) / "metrics.json"

@@ -64,7 +64,7 @@ def _measure(args, batches: list[int], streamed: bool, quantize: str | None = No
     if args.compile:  # the same regional compile for both, so the ratio compares like with like
         compile_blocks(model)
     inputs = {b: forward_inputs(b, args, config, device, dtype) for b in batches}
-    result = {"kept": int(kept) if streamed else None, "host_rss_gib": memory_gib()["VmRSS"], "bandwidth": None}
+    result: dict = {"kept": int(kept) if streamed else None, "host_rss_gib": memory_gib()["VmRSS"], "bandwidth": None}
     if streamed:
         result["bandwidth"] = pinned_bandwidth(device)
     for b in batches:
@@ -93,6 +93,7 @@ def teacher_bench(args) -> dict:
     bf16_floor = (config["num_layers"] - kept) * bf16_block / bandwidth if bandwidth else None
     rows = [_row(b, resident[b], streamed[b], floor, config, tokens) for b in batches]
     if fp8:
+        assert bf16 is not None  # measured above for fp8
         for r, b in zip(rows, batches):
             r |= _fp8_columns(b, bf16[b], resident[b], streamed[b], bf16_floor)
     cpu = platform.processor() or platform.machine()  # processor() is "" on many Linux machines

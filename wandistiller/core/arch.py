@@ -6,8 +6,10 @@ students and the benchmark shapes all read their numbers from here.
 
 from __future__ import annotations
 
+from typing import Any, TypeGuard
+
 # Wan 2.1/2.2 14B: also each of Wan 2.2 A14B's two experts.
-WAN_14B = dict(
+WAN_14B: dict[str, Any] = dict(
     num_attention_heads=40,
     attention_head_dim=128,
     ffn_dim=13824,
@@ -18,7 +20,7 @@ WAN_14B = dict(
     patch_size=[1, 2, 2],
     freq_dim=256,
 )
-WAN_1_3B = WAN_14B | dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
+WAN_1_3B: dict[str, Any] = WAN_14B | dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
 
 # Public teachers by Hub id: (transformer config, number of experts).
 KNOWN_TEACHERS = {
@@ -28,7 +30,7 @@ KNOWN_TEACHERS = {
 }
 
 # The embedded tiny teacher: shaped like Wan (patch (1,2,2), 16 latent channels, qk rms-norm), every width tiny.
-TINY_TRANSFORMER = dict(
+TINY_TRANSFORMER: dict[str, Any] = dict(
     patch_size=(1, 2, 2),
     num_attention_heads=2,
     attention_head_dim=16,
@@ -42,15 +44,19 @@ TINY_TRANSFORMER = dict(
     qk_norm="rms_norm_across_heads",
     rope_max_seq_len=32,
 )
-TINY_TEXT_ENCODER = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
-TINY_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+TINY_TEXT_ENCODER: dict[str, Any] = dict(
+    d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8
+)
+TINY_VAE: dict[str, Any] = dict(
+    base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+)
 # Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
 TINY_MOE_BOUNDARY_RATIO = 0.875
 
 # The pocket teacher (wandistiller/pocket): trained on 32x32 digit images; its VAE downsamples 4x (8x8 latents,
 # 16 tokens); three times the tiny teacher's width. Width 64 (ffn 256) drew the digit right 51% of the time
 # and width 96 99% (2400 steps, CFG 3; flow shift 1 instead of Wan's 3 did worse: 19% / 70%).
-POCKET_TRANSFORMER = TINY_TRANSFORMER | dict(num_attention_heads=6, ffn_dim=384)
+POCKET_TRANSFORMER: dict[str, Any] = TINY_TRANSFORMER | dict(num_attention_heads=6, ffn_dim=384)
 POCKET_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True],
                   scale_factor_spatial=4)  # fmt: skip
 POCKET_TEXT_ENCODER = TINY_TEXT_ENCODER
@@ -74,7 +80,7 @@ TEACHER_SHAPED_STUDENTS: dict[str, float] = {"half": 0.5}
 PRUNED_STUDENTS: dict[str, float] = {"quarter": 0.25, "tenth": 0.10}
 
 # Teacher shapes the benchmarks build with random weights.
-BENCH_ARCHS = {
+BENCH_ARCHS: dict[str, dict[str, Any]] = {
     "tiny": dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=4, text_dim=32, freq_dim=64),
     "1.3b": WAN_1_3B,
     "14b": WAN_14B,
@@ -151,7 +157,7 @@ def json_kind(value: object) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is a Python int: not a size
 
 

@@ -7,26 +7,33 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from omegaconf import DictConfig
 
 from wandistiller.core.distributed import Roles, Topology
+
+if TYPE_CHECKING:  # core/ sits below the teacher and the placements: their types only, never an import
+    from wandistiller.core.precision import Precision
+    from wandistiller.placements.base import Placement
+    from wandistiller.teacher.spec import TeacherSpec
 
 
 @dataclass(frozen=True)
 class RunContext:
     # Config sub-nodes (DictConfig): read, never written.
-    teacher_cfg: object
-    data_cfg: object
-    trainer_cfg: object
-    student_cfg: object
+    teacher_cfg: DictConfig
+    data_cfg: DictConfig
+    trainer_cfg: DictConfig
+    student_cfg: DictConfig
     seed: int
     cache_dir: str
-    spec: object  # the teacher's TeacherSpec (wandistiller.teacher.spec)
-    placement: object  # its Placement, `auto` resolved (wandistiller.placements)
+    spec: TeacherSpec  # the teacher's
+    placement: Placement  # its placement, `auto` resolved
     topo: Topology
     roles: Roles
-    precision: object  # wandistiller.core.precision.Precision
+    precision: Precision
     device: torch.device  # where this rank computes
     run_dir: Path
     teacher_path: str

@@ -146,7 +146,7 @@ def gather(topo: Topology, item: dict) -> list[dict]:
     """`item` from every rank, in rank order (just `[item]` in one process)."""
     if not topo.distributed:
         return [item]
-    items = [None] * topo.world_size
+    items: list = [None] * topo.world_size
     dist.all_gather_object(items, item)
     return items
 
@@ -171,8 +171,8 @@ def init_process_group(topology: Topology, timeout_min: float) -> None:
     timeout = datetime.timedelta(minutes=timeout_min)
     if LOOPBACK_STORE in os.environ:  # workers `launch` started on one node: its loopback-only store
         host, port = os.environ[LOOPBACK_STORE].rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        store = dist.PrefixStore(f"wandistiller/{os.environ.get('TORCHELASTIC_RUN_ID', '')}", store)
+        tcp = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"wandistiller/{os.environ.get('TORCHELASTIC_RUN_ID', '')}", tcp)
         dist.init_process_group(backend, store=store, rank=topology.rank, world_size=topology.world_size,
                                 timeout=timeout)  # fmt: skip
         return
@@ -270,7 +270,9 @@ def loopback_only():
 def worker_logging(topo: Topology, run_dir: Path) -> None:
     """Spawned workers have no Hydra logging: rank 0 logs to the console and train.log, others to their own file."""
     fmt = logging.Formatter(f"[%(asctime)s][rank {topo.rank}][%(levelname)s] - %(message)s")
-    handlers = [logging.FileHandler(run_dir / ("train.log" if topo.rank == 0 else f"train_rank{topo.rank}.log"))]
+    handlers: list[logging.Handler] = [
+        logging.FileHandler(run_dir / ("train.log" if topo.rank == 0 else f"train_rank{topo.rank}.log"))
+    ]
     if topo.rank == 0:
         handlers.append(logging.StreamHandler(sys.stdout))
     root = logging.getLogger()

@@ -76,7 +76,7 @@ def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") 
     """Log `message` to the log files alone (Hydra's train.log), not the terminal; returns their paths."""
     files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     record = logging.getLogger(name).makeRecord(name, logging.INFO if exc_info is None else logging.ERROR, "", 0,
-                                                message, None, exc_info)  # fmt: skip
+                                                message, (), exc_info)  # fmt: skip
     for handler in files:
         handler.handle(record)
     return [h.baseFilename for h in files]

@@ -52,7 +52,7 @@ def check_signatures(cfg: DictConfig) -> None:
     calls = [(k, c) for k, c in CALLS.items() if not k.endswith(".*")]
     for key, call in CALLS.items():  # "logger.*": every entry under the node
         if key.endswith(".*") and isinstance(node := OmegaConf.select(cfg, key[:-2]), DictConfig):
-            calls += [(f"{key[:-2]}.{name}", call) for name in node.keys()]
+            calls += [(f"{key[:-2]}.{name!s}", call) for name in node.keys()]
     for key, (positional, keywords) in calls:
         node = OmegaConf.select(cfg, key)
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -64,7 +64,7 @@ def check_signatures(cfg: DictConfig) -> None:
             continue
         if key in LOSS_CLASSES and inspect.isclass(target):
             positional = ()
-        given = [k for k in node.keys() if k not in HYDRA_KEYS]
+        given = [str(k) for k in node.keys() if k not in HYDRA_KEYS]
         args = [None] * (len(node.get("_args_") or []) + len(positional))
         try:
             signature.bind(*args, **dict.fromkeys([*given, *keywords]))

@@ -48,7 +48,7 @@ def alive(host: str, pid: int) -> bool:
 
 def remove_dead(parent: Path, pattern: str) -> list[Path]:
     """Remove the entries of `parent` named `<pattern>-<host>-<pid>` whose owner is gone; return them."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(Path(parent).iterdir())
     except OSError:  # not there (yet), or not readable: nothing of ours to clean

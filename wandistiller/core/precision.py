@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from wandistiller.core.errors import UserError
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -23,7 +26,7 @@ def auto_choice() -> str:
     return "bf16" if torch.cuda.is_available() else "fp32"
 
 
-def cast_keeping_fp32(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+def cast_keeping_fp32(model: M, dtype: torch.dtype) -> M:
     """`model` in `dtype` as diffusers' `from_pretrained(torch_dtype=...)` leaves it: the modules a diffusers
     model lists in `_keep_in_fp32_modules` (Wan's norms, time embedder, rope) stay fp32. A plain `.to(dtype)`
     casts them too (and warns), so a student would sample unlike it trained."""

@@ -5,6 +5,8 @@ composed today; an older override is rewritten, with a warning, before Hydra rea
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 # Every `_target_` the shipped conf/ tree or a schema named before the move: old -> new.
@@ -92,11 +94,11 @@ def modernize_loggers(root) -> None:
     node = root._get_node("logger") if isinstance(root, DictConfig) and "logger" in root else None
     if not isinstance(node, DictConfig) or "_target_" not in node:
         return
-    target = current_target(str(node._get_node("_target_")._value()))
+    target = current_target(str(_raw(node, "_target_")))
     if target == RENAMED["wandistiller.tracking.NullTracker"]:
         root["logger"] = {}
         return
-    saved = OmegaConf.to_container(node, resolve=False) | {"_target_": target}
+    saved = cast(dict, OmegaConf.to_container(node, resolve=False)) | {"_target_": target}
     key = "wandb" if target == RENAMED["wandistiller.tracking.WandbTracker"] else target.rsplit(".", 1)[-1].lower()
     root["logger"] = {key: saved}
 
@@ -113,7 +115,7 @@ def modernize_keys(root) -> None:
         parent = root._get_node(parent_key) if parent_key in root else None
         if not isinstance(parent, DictConfig) or key not in parent:
             continue
-        value = parent._get_node(key)._value()
+        value = _raw(parent, key)
         del parent[key]
         if old == EVALUATE_SWITCH:
             hooks = root._get_node("hooks") if "hooks" in root else None
@@ -124,6 +126,13 @@ def modernize_keys(root) -> None:
             _put(root, old, place, value)
 
 
+def _raw(parent: DictConfig, key: str) -> Any:
+    """`parent.key` as saved, unresolved (an interpolation stays its string); the caller has seen the key."""
+    node = parent._get_node(key)
+    assert node is not None
+    return node._value()
+
+
 def _put(root: DictConfig, old: str, place: str, value) -> None:
     parent_key, key = place.rsplit(".", 1)
     target = OmegaConf.select(root, parent_key, default=None, throw_on_resolution_failure=False)
@@ -131,8 +140,8 @@ def _put(root: DictConfig, old: str, place: str, value) -> None:
         return  # that hook (or loss) is not in this config: the setting had no effect
     if parent_key != "trainer.loss":
         target[key] = value
-    elif key in target and target._get_node(key)._value() == "${" + old + "}":
-        if current_target(str(target._get_node("_target_")._value())) == _TASK:
+    elif key in target and _raw(target, key) == "${" + old + "}":
+        if current_target(str(_raw(target, "_target_"))) == _TASK:
             del target[key]
         else:
             target[key] = value

@@ -11,10 +11,14 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from wandistiller.data.prompts import PromptEmbeddings, to_device
+
+if TYPE_CHECKING:  # latents.py draws batches' x0 through the teacher: its type only
+    from wandistiller.data.latents import LatentBank
 
 
 @dataclass
@@ -29,14 +33,15 @@ class Batch:
     noise: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(v if v is None else v.to(device, non_blocking=True) for v in vars(self).values()))
+        moved: dict[str, Any] = {k: v if v is None else v.to(device, non_blocking=True) for k, v in vars(self).items()}
+        return Batch(**moved)
 
 
 @dataclass(frozen=True)
 class BatchSettings:
     """What every batch of one run is drawn with: all but where in the run it is (step, micro-batch, rank).
 
-    `latent_bank` (a wandistiller.data.latents.LatentBank: teacher samples or encoded images) gives x0, None:
+    `latent_bank` (teacher samples or encoded images) gives x0, None:
     Gaussian x0. With `device` the batches are built there (the same values as on the CPU); None: on the CPU.
     `keep_x0`: the batches carry x0 and the noise too (a loss that needs them: wandistiller.recipe.losses).
     """
@@ -47,7 +52,7 @@ class BatchSettings:
     flow_shift: float
     num_train_timesteps: int
     embeddings: PromptEmbeddings
-    latent_bank: object = None
+    latent_bank: LatentBank | None = None
     device: torch.device | None = None
     keep_x0: bool = False
 

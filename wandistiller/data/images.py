@@ -202,7 +202,7 @@ def image_latents(
     vae_files = file_stamps(spec.path / "vae", "*.safetensors")
     vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
     key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]
-    vae = []  # loaded only when a chunk is missing
+    vae: list = []  # loaded only when a chunk is missing
 
     def make_chunk(items: range) -> torch.Tensor:
         if not vae:

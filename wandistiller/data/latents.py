@@ -161,7 +161,7 @@ def teacher_latents(
     `load_latent_bank(latents_folder(spec, embeddings, seed, settings, teacher_dtype, cache_dir))`.
     """
     folder = latents_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir)
-    pipe = []  # built on the first chunk that needs it: a complete cache loads no pipeline
+    pipe: list = []  # built on the first chunk that needs it: a complete cache loads no pipeline
 
     def make_chunk(items: range) -> torch.Tensor:
         if not pipe:
@@ -234,8 +234,9 @@ def load_latent_bank(folder: str | os.PathLike, item_shape: tuple[int, ...] | No
         items, n, size, per = (int(m[k]) for k in ("items", "chunks", "chunk_size", "per_prompt"))
     except (OSError, ValueError, KeyError, TypeError):  # unfinished, or a damaged manifest: make it again
         return None
-    chunks = [_load_chunk(_chunk_path(folder, c), min(size, items - c * size), item_shape) for c in range(n)]
-    if any(c is None for c in chunks) or sum(len(c) for c in chunks) != items:
+    loaded = [_load_chunk(_chunk_path(folder, c), min(size, items - c * size), item_shape) for c in range(n)]
+    chunks = [c for c in loaded if c is not None]
+    if len(chunks) != n or sum(len(c) for c in chunks) != items:
         return None
     if len({tuple(c.shape[1:]) for c in chunks}) != 1:
         return None

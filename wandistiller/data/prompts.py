@@ -142,11 +142,11 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
         ).to(device)
     pipe.set_progress_bar_config(disable=True)
-    embeds = []
+    embeds: list[torch.Tensor] = []
     with torch.no_grad():
         for c, part_start in enumerate(starts):
-            if found[c] is not None:
-                embeds += found[c]
+            if (cached := found[c]) is not None:
+                embeds += cached
                 continue
             part = _encode_part(pipe, prompts[part_start : part_start + EMBED_CHUNK], max_sequence_length, device)
             save_tensors({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},

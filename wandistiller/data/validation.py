@@ -10,8 +10,10 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -117,6 +119,7 @@ def val_loss(
     mode and restores the student's mode after.
     """
     fill_targets(val_set, teacher_targets_fn, batch_size)
+    assert val_set.targets is not None  # filled just above
     device = device or next(student.parameters()).device
     was_training = student.training
     student.eval()
@@ -153,7 +156,7 @@ def recorded_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> Path:
+def save_loss_plot(run_dir: str | os.PathLike, extra_rows: Sequence[dict] = ()) -> Path:
     """`loss.png` from `metrics_steps.jsonl` (plus rows not yet written): training loss and the validation
     curves, overall and per band. Drawn with Agg and replaced atomically, so a reader never sees half a PNG."""
     import matplotlib
@@ -168,7 +171,8 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: list[dict] = ()) -> P
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     if train:
         ax.plot(*zip(*train), lw=1, alpha=0.6, label="train loss")
-    styles = {"val/loss": dict(lw=2, color="black")} | {f"val/loss_{b}": dict(lw=1, ls="--") for b in BANDS}
+    styles: dict[str, dict[str, Any]] = {"val/loss": dict(lw=2, color="black")}
+    styles |= {f"val/loss_{b}": dict(lw=1, ls="--") for b in BANDS}
     for key, style in styles.items():
         points = [(r["step"], r[key]) for r in rows if key in r]
         if points:

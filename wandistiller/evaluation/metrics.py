@@ -12,11 +12,15 @@ Images are [N, 3, H, W] floats in [0, 1] throughout.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
+
+if TYPE_CHECKING:
+    from wandistiller.pocket.classifier import DigitJudge
 
 KID_SUBSET = 50  # KID's subset size: at most the smaller image count (torchmetrics' default 1000 is for 50k)
 
@@ -63,7 +67,7 @@ def heldout_reference(copies: int = 1) -> torch.Tensor:
     return rendered_split("heldout", copies=copies, seed=7)[0]
 
 
-def pocket_scores(images: torch.Tensor, prompts: list[str], judge: nn.Module | None = None, reference=None) -> dict:
+def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | None = None, reference=None) -> dict:
     """Prompt accuracy, and FID/KID to the held-out digits, of images made for pocket prompts; {} when a
     prompt is not one (another teacher's run)."""
     from wandistiller.pocket.classifier import load_classifier
@@ -73,7 +77,7 @@ def pocket_scores(images: torch.Tensor, prompts: list[str], judge: nn.Module | N
     if not prompts or any(w is None for w in wanted):
         return {}
     judge = judge or load_classifier()
-    wanted_t = torch.tensor([w.labels for w in wanted])
+    wanted_t = torch.tensor([w.labels for w in wanted if w is not None])  # none is, as checked above
     scores = prompt_accuracy(judge.predict(images.float()), wanted_t) | {"samples": len(images)}
     reference = heldout_reference() if reference is None else reference
     return scores | fid_kid(reference, images, judge)  # no fid/kid from too few samples
@@ -84,7 +88,7 @@ def clip_score(images: torch.Tensor, prompts: list[str], model: str) -> float:
     from torchmetrics.multimodal.clip_score import CLIPScore
 
     try:
-        metric = CLIPScore(model_name_or_path=model)
+        metric = CLIPScore(model_name_or_path=model)  # type: ignore[arg-type]  # its Literal omits local folders
     except Exception as e:  # offline, unknown id, a folder that is not CLIP: all "cannot have it"
         raise UserError(
             f"--clip-model={model!r} cannot be loaded ({type(e).__name__}); give a local CLIP folder "
@@ -135,7 +139,7 @@ def eval_quality(prompts: list[str], images: dict[str, torch.Tensor], clip_model
 
     pocket = bool(prompts) and all(parse_prompt(p) is not None for p in prompts)
     judge, reference = (load_classifier(), heldout_reference()) if pocket else (None, None)
-    out = {}
+    out: dict[str, float] = {}
     for who, imgs in images.items():
         if pocket:
             scores = pocket_scores(imgs, prompts, judge, reference)

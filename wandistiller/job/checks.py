@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -30,7 +32,7 @@ def check_known_keys(cfg: DictConfig) -> None:
         for key in node.keys():
             if key not in fields:
                 raise UserError(
-                    f"{prefix}{key} is not a WanDistiller option (it was added with +); check its spelling "
+                    f"{prefix}{key!s} is not a WanDistiller option (it was added with +); check its spelling "
                     f"(`python -m wandistiller.train --cfg job` lists the options)"
                 )
             sub = _schema_of(schema, key, node[key])
@@ -112,7 +114,7 @@ def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:
 def check_ranges(cfg: DictConfig) -> None:
     """Numbers with a meaning only in some range; each refusal says the range (`None` = the default)."""
     t, d, teacher = cfg.trainer, cfg.data, cfg.teacher
-    checks = [
+    checks: list[tuple[str, Any, Callable[[Any], bool], str]] = [
         ("teacher.max_sequence_length", teacher.max_sequence_length, lambda v: 0 < v <= 4096, "in [1, 4096]"),
         ("data.latent_frames", d.latent_frames, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
@@ -131,7 +133,8 @@ def check_ranges(cfg: DictConfig) -> None:
         ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
-    ] + [
+    ]
+    checks += [
         (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
         for k, v in cfg.hardware.items()
         if not k.startswith("headroom") and k != "show_plan"  # the headroom may be 0; memory.Hardware checks its range

@@ -91,6 +91,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_data(cfg)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world)
+    assert placement is not None  # the teacher's config is here now: named or chosen
     check_combination(cfg, placement, world)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
@@ -164,10 +165,10 @@ def check_data(cfg: DictConfig) -> None:
     data_sources.check(cfg.data)
 
 
-def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement, Plan | None]:
+def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement | None, Plan | None]:
     """The placement to run, `auto` resolved (its config node replaced by the choice's, composed by Hydra);
     one that cannot fit is refused, naming one that can. The plan is None while the teacher's config is
-    not on disk yet (a Hub id not downloaded)."""
+    not on disk yet (a Hub id not downloaded), and so is the placement when `auto` waits for that config."""
     auto = getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False)
     placement = None if auto else instantiate(cfg.teacher_placement)
     if placement is not None:
@@ -179,11 +180,14 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     hw = Hardware.detect(cfg.hardware)
     # the student's size and rope table from its JSON, before the planner builds a meta skeleton of it
     check_student_room(cfg, check_student(cfg.student, found[0]), found[0], hw)
-    w, hw = plan.workload_of(cfg, precision.teacher_dtype, world.nproc_per_node, hw=hw)
+    inputs = plan.workload_of(cfg, precision.teacher_dtype, world.nproc_per_node, hw=hw)
+    assert inputs is not None  # the teacher's config was found just above
+    w, hw = inputs
     estimates = plan.plan(w, hw, placement)
     best = plan.choose(estimates)
     if auto:
         placement, best = _resolve_auto(cfg, estimates, hw, precision, world)
+    assert placement is not None  # named, or chosen by the planner just above
     mine = next(e for e in estimates if e.placement == placement.name)
     if not mine.fits and not placement.debug_cpu:
         other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
@@ -195,7 +199,9 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w))
 
 
-def _resolve_auto(cfg: DictConfig, estimates, hw: Hardware, precision: Precision, world: World):
+def _resolve_auto(
+    cfg: DictConfig, estimates: list[Estimate], hw: Hardware, precision: Precision, world: World
+) -> tuple[Placement, Estimate]:
     """The fastest placement that fits and can run with this process layout; `cfg.teacher_placement` becomes
     its config node, composed by Hydra (its schema, defaults and interpolations apply as if it had been named)."""
     on_paper = cfg.hardware.gpus is not None  # planning for other hardware: this machine cannot check it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -129,7 +130,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         _put(result, key, cfg, now)
     from wandistiller.config import TrainConfig
 
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), result)
+    merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(TrainConfig), result))  # a DictConfig merged in
     OmegaConf.set_struct(merged, True)
     try:  # the saved `${…}`s, resolved now against the schema's types (a string where a number goes)
         check_interpolations(merged)

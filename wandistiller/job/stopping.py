@@ -18,11 +18,17 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from wandistiller.core.errors import Stopped
+
+# What signal.signal takes and returns: a function, SIG_DFL/SIG_IGN, or None (a handler not set from Python).
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A launched worker gets a Ctrl-C twice at once: from the terminal (its process group) and forwarded by
@@ -56,7 +62,7 @@ class Stop:
         self.immediate, self.then, self.hard = immediate, then, hard
         self.signum: int | None = None
         self._first = 0.0
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def install(self) -> Stop:
         """Catch SIGTERM/SIGINT until `restore` (signals can only be caught in the main thread)."""

@@ -9,6 +9,8 @@ tests/placements/test_init.py is parametrised over every YAML.
 
 from __future__ import annotations
 
+from typing import cast
+
 from wandistiller.core.registry import Registry
 from wandistiller.placements.base import Placement, Serving
 
@@ -23,7 +25,7 @@ def planner_candidates() -> list[Placement]:
 def names_where(capable) -> list[str]:
     """The options whose placement class has a capability (`lambda cls: cls.fp8`): for refusals that name them."""
     names = REGISTRY.where(lambda cls: issubclass(cls, Placement) and capable(cls))
-    return sorted(names, key=lambda name: REGISTRY.get(name).cls.speed_rank)  # the fastest first
+    return sorted(names, key=lambda name: cast(type[Placement], REGISTRY.get(name).cls).speed_rank)  # the fastest first
 
 
 __all__ = ["REGISTRY", "Placement", "Serving", "names_where", "planner_candidates"]

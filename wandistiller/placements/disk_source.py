@@ -113,7 +113,7 @@ def converted_copy(
                 f"{needed / 2**30:.1f} GiB: point it at a larger disk"
             )
         # One file per block, one for the rest: RAM holds one block's tensors at a time.
-        weight_map = {}
+        weight_map: dict[str, str] = {}
         for file, read in _groups(source):
             tensors = {name: t.contiguous() for name, t in read().items()}
             save_file(tensors, partial / file)

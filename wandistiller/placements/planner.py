@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ def choose(estimates: list[Estimate]) -> Estimate | None:
 # The shapes the model was fitted on (docs/planner_fit.json); a figure beyond them is marked extrapolated.
 FITTED_STUDENTS = {(32, 64), (1536, 4096)}  # (width, ffn_dim)
 FITTED_CPU_TOKENS = (16384, 32768)  # image and text tokens per step, host RSS with the student on the CPU
-FITTED_GPU = {"placements": {"gpu"}, "teacher_width": 1536, "tokens": 16 * 1560}  # the H200 datum
+FITTED_GPU: dict[str, Any] = {"placements": {"gpu"}, "teacher_width": 1536, "tokens": 16 * 1560}  # the H200 datum
 
 
 def extrapolated(w: Workload, hw: Hardware, placement: str) -> bool:

@@ -25,7 +25,7 @@ from wandistiller.placements.memory import (
     host_training_bytes,
 )
 from wandistiller.placements.memory import teacher_weight_bytes as weights
-from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
+from wandistiller.teacher.model import Teacher, blocks_of, guidance_scales, load_expert
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ShardedPlacement(Placement):
             for turn in range(topology.local_world_size):
                 if turn == topology.local_rank:
                     expert = load_expert(spec, name, precision.teacher_dtype)  # on the CPU
-                    for block in expert.blocks:
+                    for block in blocks_of(expert):
                         fully_shard(block, mesh=mesh)
                     fully_shard(expert, mesh=mesh)
                     experts.append(expert)

@@ -31,6 +31,7 @@ from torch import nn
 
 from wandistiller.core.errors import UserError
 from wandistiller.placements.disk_source import DiskSource
+from wandistiller.teacher.model import blocks_of
 
 ALIGN = 512  # bytes; every tensor of a packed block starts at such an offset (any dtype may view it)
 SHM = Path("/dev/shm")
@@ -157,8 +158,9 @@ class BlockStreamer:
         self.holds: list[int | None] = [None, None]  # which block each slot holds (or is receiving)
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.copied = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
-        self.computed = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
+        # Per slot, on a GPU: its copy done, its block's compute done (none on the CPU, which copies in line).
+        self.copied = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
+        self.computed = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
         self.reader = ThreadPoolExecutor(1) if isinstance(source, DiskSource) else None
         self.pending: dict[int, Future] = {}
         self.copy_events: list[tuple] = []  # (start, end) CUDA events of copies not yet counted
@@ -196,10 +198,10 @@ class BlockStreamer:
         host = self._host(i)
         self.holds[slot] = i
         self.loads += 1
-        if not self.cuda:
-            start = time.perf_counter()
+        if self.copy_stream is None:  # the CPU: copied in line
+            began = time.perf_counter()
             self._copy(host, slot)
-            self.copy_seconds += time.perf_counter() - start
+            self.copy_seconds += time.perf_counter() - began
             return
         with torch.cuda.stream(self.copy_stream):
             self.copy_stream.wait_event(self.computed[slot])
@@ -255,7 +257,7 @@ def stream_blocks(
     twice). `host` packs the streamed blocks into one host buffer, pinned when `device` is a GPU and,
     with `share=(name, topology)`, one per node; `disk` reads them from the files as they are needed.
     """
-    blocks = model.blocks
+    blocks = blocks_of(model)
     kept = min(resident_blocks, len(blocks))
     streamed = list(range(kept, len(blocks)))
     pin = device.type == "cuda"
@@ -271,6 +273,7 @@ def stream_blocks(
     if not streamed:
         return None
     layout = BlockLayout.of(blocks[streamed[0]])
+    source: DiskSource | HostSource | None
     if source_kind == "disk":
         source = disk
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,7 @@ def train_classifier(steps: int = 2000, batch: int = 128, seed: int = 0) -> Digi
     for step in range(steps):
         idx = torch.randint(len(images), (batch,), generator=g)
         logits = model.heads(images[idx])
-        loss = sum(F.cross_entropy(lg, labels[idx, k]) for k, lg in enumerate(logits))
+        loss = cast(torch.Tensor, sum(F.cross_entropy(lg, labels[idx, k]) for k, lg in enumerate(logits)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import atomic_write, folder_problem
@@ -107,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    small = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6)
+    small: dict[str, Any] = dict(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6)
     small = small if args.small else {}
     settings = Settings(teacher=args.teacher, student=args.student, **small)
     if args.seeds:

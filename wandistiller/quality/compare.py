@@ -84,13 +84,14 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> 
     else:
         transformer = load_student(run, run_dir / source, device)
         sampler, params = as_sampler(run.spec, transformer, device), sum(p.numel() for p in transformer.parameters())
-    latents, seconds = [], []
+    drawn: list[torch.Tensor] = []
+    seconds: list[float] = []
     for k in range(settings.per_prompt):
         lat, sec = generate(sampler, emb, list(range(len(prompts))), seed * 1000 + k, settings.sample_steps,
                             run.latent_shape)  # fmt: skip
-        latents.append(lat)
+        drawn.append(lat)
         seconds += sec
-    latents = torch.cat(latents)
+    latents = torch.cat(drawn)
     images = decode_latents(load_vae(run.spec, device), latents)
     return {"latents": latents, "images": images, "prompts": prompts * settings.per_prompt, "params": params,
             "s_per_image": statistics.fmean(seconds)}  # fmt: skip
@@ -113,7 +114,7 @@ def compare(settings: Settings, work: Path, log=print) -> dict[str, list[dict]]:
 
     judge, reference = load_classifier(), heldout_reference()
     cache = work / "cache"
-    results: dict[str, list[dict]] = {"teacher": []} | {name: [] for name, _ in ROWS}
+    results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(name for name, _ in ROWS)]}
     for seed in settings.seeds:
         teacher = None
         for name, overrides in ROWS:

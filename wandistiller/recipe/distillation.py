@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -235,7 +236,7 @@ class DistillationRecipe:
             return Loggers([])
         tracker = loggers.build(self.cfg.logger)
         point = self.prepared.sweep_point or {}
-        config = OmegaConf.to_container(self.cfg, resolve=True) | {"teacher_placement": self.placement.name}
+        config = cast(dict, OmegaConf.to_container(self.cfg, resolve=True)) | {"teacher_placement": self.placement.name}
         run_id = state.get("tracker_run_id") if state else None
         tracker.start(self.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step)
         return tracker
@@ -279,6 +280,7 @@ class DistillationRecipe:
     def _train(self) -> dict:
         cfg, roles = self.cfg, self.roles
         if roles.trains:
+            assert self.run is not None  # setup built it on every training rank
             history = train_loop(self.run, cfg.trainer, self.start_step)
             role = "owner + student" if roles.has_teacher and roles.served else "student"
             rank_summary = {"rank": self.topo.rank, "role": role} | memory_metrics()

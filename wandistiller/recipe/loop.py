@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -17,8 +18,14 @@ from tqdm.auto import tqdm
 from wandistiller.core.precision import Precision
 from wandistiller.data.batches import Batch
 from wandistiller.job.stopping import install as catch_stop_signals
-from wandistiller.recipe.losses import LossInputs, as_loss, logged, total
+from wandistiller.recipe.losses import Loss, LossInputs, as_loss, logged, total
 from wandistiller.state.checkpoint import save_checkpoint
+
+if TYPE_CHECKING:
+    from diffusers.training_utils import EMAModel
+
+    from wandistiller.recipe.targets import LocalTargets, RemoteTargets
+    from wandistiller.tracking.loggers.base import Logger
 
 
 @dataclass
@@ -26,21 +33,21 @@ class Run:
     """Everything the loop drives, built by the recipe (runtime objects, not YAML)."""
 
     model: torch.nn.Module  # the Student, DDP-wrapped when several ranks train
-    targets: object  # LocalTargets | OwnerTargets | RemoteTargets
-    batch_fn: object  # (step, micro, dp_rank) -> Batch
+    targets: LocalTargets | RemoteTargets  # OwnerTargets is a LocalTargets
+    batch_fn: Callable[[int, int, int], Batch]  # (step, micro, dp_rank) -> Batch
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    ema: object | None
-    tracker: object
+    ema: EMAModel | None
+    tracker: Logger
     precision: Precision
     device: torch.device
     run_dir: Path
     # `trainer.loss` through losses.as_loss: LossInputs -> named parts, with `needs` (None: distillation).
-    loss_fn: Callable = None
+    loss_fn: Loss | None = None
     dp_rank: int = 0
     is_main: bool = True
-    student_group: object = None  # process group of the training ranks (None: no reduction)
+    student_group: dist.ProcessGroup | None = None  # process group of the training ranks (None: no reduction)
     history: list[dict] = field(default_factory=list)
     # Called as hook(run, step) after each step (validation, samples, metrics as they happen: recipe/hooks/).
     hooks: list[Callable] = field(default_factory=list)
@@ -83,13 +90,15 @@ def train_loop(run: Run, trainer_cfg, start_step: int) -> list[dict]:
     bar = tqdm(total=last, initial=start_step, desc="distill", disable=not trainer_cfg.progress_bar or not run.is_main)
     stop = catch_stop_signals()
     for step in range(start_step, last):
-        step_start, spans, sums = clock.mark(), [], {}
+        step_start, spans = clock.mark(), []
+        sums: dict[str, torch.Tensor] = {}
         _reset_peak_memory()
         for micro in range(accum):
             batch = run.batch_fn(step, micro, run.dp_rank).to(run.device)
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == accum - 1 or not hasattr(run.model, "no_sync")
-            with contextlib.nullcontext() if sync else run.model.no_sync():
+            # nn.Module.__getattr__ is typed Tensor | Module: this is DDP's no_sync method.
+            with contextlib.nullcontext() if sync else run.model.no_sync():  # type: ignore[operator]
                 loss, parts, span = distill_step(run, step, micro, batch, clock)
                 run.scaler.scale(loss / accum).backward()
             for name, value in parts.items():  # averaged over micro-batches, still on the device
@@ -184,7 +193,7 @@ class _Pending:
     grad_norm: torch.Tensor
     span: tuple
     teacher_spans: list
-    lr: float
+    lr: float | torch.Tensor  # get_last_lr's: a tensor where the optimizer's lr is one
     copy_ms: float | None
     memory: dict = field(default_factory=lambda: memory_metrics())  # host-side allocator stats: no sync
 

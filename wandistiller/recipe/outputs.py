@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -88,7 +89,7 @@ def teacher_identity(ctx: RunContext) -> dict:
     }
 
 
-def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segment: list[dict] = ()) -> dict:
+def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segment: Sequence[dict] = ()) -> dict:
     t = ctx.trainer_cfg
 
     def median(key):

@@ -61,8 +61,10 @@ class WholeStepTargets(LocalTargets):
     def __init__(self, teacher: Teacher, batch_fn: BatchFn, dp_rank: int, accum: int):
         super().__init__(teacher)
         self.batch_fn, self.dp_rank, self.accum = batch_fn, dp_rank, accum
-        self.step, self.rows = None, 0
-        self.target = self.hidden = None
+        self.step: int | None = None
+        self.rows = 0
+        self.target: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
 
     def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
         if self.step != step:
@@ -72,6 +74,7 @@ class WholeStepTargets(LocalTargets):
             )
             self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, layers)
             self.step, self.rows = step, len(batch.t)
+        assert self.target is not None  # computed on this step's first micro-batch
         rows = slice(micro * self.rows, (micro + 1) * self.rows)
         return self.target[rows], None if self.hidden is None else self.hidden[:, rows]
 
@@ -127,7 +130,11 @@ class RemoteTargets:
 
 def _send(teacher: Teacher, batch: Batch, dst: int, layers: tuple[int, ...], transfer: torch.device) -> list:
     target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers)
-    tensors = [t.to(transfer).contiguous() for t in [target] + ([hidden] if layers else [])]
+    sent = [target]
+    if layers:
+        assert hidden is not None, "the teacher returns hidden states for the layers asked"
+        sent.append(hidden)
+    tensors = [t.to(transfer).contiguous() for t in sent]
     # Keep each sent tensor referenced until its send completes.
     return [(dist.isend(t, dst=dst), t) for t in tensors]
 

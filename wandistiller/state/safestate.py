@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -62,8 +63,9 @@ def encode(obj, tensors: dict[str, torch.Tensor], path: str = "state"):
     raise TypeError(f"a checkpoint cannot hold {type(obj).__name__} (at {path}); only data and tensors")
 
 
-def decode(data, tensors: dict[str, torch.Tensor]):
-    """The inverse of `encode`. Raises ValueError on anything `encode` would not have written."""
+def decode(data, tensors: Mapping[str, torch.Tensor | None]):
+    """The inverse of `encode`. Raises ValueError on anything `encode` would not have written. `tensors` may map
+    the tensor file's names to None: the references checked, nothing loaded (state/checkpoint.py's `problem`)."""
     if isinstance(data, list):
         return [decode(v, tensors) for v in data]
     if not isinstance(data, dict):
@@ -108,7 +110,8 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
             _write_all(fd, struct.pack("<Q", len(raw)) + raw)
             for t in tensors.values():
                 flat = t.detach().to("cpu").contiguous().reshape(-1)
-                _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))
+                # numpy's stubs: a memoryview of an array is a buffer from 3.12 on
+                _write_all(fd, memoryview(flat.view(torch.uint8).numpy()))  # type: ignore[arg-type]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -168,6 +169,7 @@ def check_student(student_cfg, teacher: dict) -> dict:
                 "than it (student=half, quarter or tenth)"
             )
     elif init not in INITS:
+        assert source is not None  # a folder: init_source read its config
         problem = prune.pruning_problem(config, source[1])
         if problem:
             raise UserError(
@@ -232,11 +234,14 @@ class Student(nn.Module):
     This wrapper is the one module the optimizer (and DDP) sees.
     """
 
+    pruning: dict  # set when cut from the teacher or a folder (prune.prune_into): what was kept and why
+
     def __init__(self, transformer: nn.Module, teacher_width: int | None = None, hidden_layers: tuple[int, ...] = ()):
         super().__init__()
         self.transformer = transformer
         self.hidden_layers = tuple(hidden_layers)
-        width = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+        config: Any = transformer.config  # a diffusers model's (nn.Module's attributes are typed Tensor | Module)
+        width = config.num_attention_heads * config.attention_head_dim
         projections = [nn.Linear(width, teacher_width) for _ in self.hidden_layers] if teacher_width else []
         self.hidden_proj = nn.ModuleList(projections) if projections else None
         self._register_load_state_dict_pre_hook(_one_projection_of_before)
@@ -249,6 +254,7 @@ class Student(nn.Module):
             pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
         if not layers:
             return pred, None
+        assert self.hidden_proj is not None  # layers are matched only with projections
         return pred, tuple(proj(h) for proj, h in zip(self.hidden_proj, captured))
 
 

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -179,9 +180,11 @@ def calibrate(folder: Path, config: dict) -> dict:
     temb, proj, text, _ = shell.condition_embedder(t, text, None, timestep_seq_len=None)
     ctx = (text, proj.unflatten(1, (6, -1)), rotary)
     block, heads = shell.blocks[0], config["num_attention_heads"]
-    found = {"cosine": [], "attn1": [], "attn2": [], "ffn": [], "channels": torch.zeros(h.shape[-1])}
+    found: dict[str, Any] = {"cosine": [], "attn1": [], "attn2": [], "ffn": [], "channels": torch.zeros(h.shape[-1])}
     keep_states = estimate_params(config) <= SKIP_SCORE_MAX_PARAMS
-    states, inputs, taps = [], [], {}
+    states: list[dict | None] = []
+    inputs: list[torch.Tensor | None] = []
+    taps: dict[str, torch.Tensor] = {}
     hooks = [block.attn1.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn1", a[0])),
              block.attn2.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn2", a[0])),
              block.ffn.net[2].register_forward_pre_hook(lambda m, a: taps.__setitem__("ffn", a[0]))]  # fmt: skip
@@ -252,7 +255,9 @@ def choose_blocks(keep, scores: list[float] | None, n_student: int, n_source: in
 def plan_pruning(student: dict, source: dict, keep, stats: dict | None) -> dict:
     """What to keep: source blocks, per kept block the heads of each attention and the FFN channels, and the
     residual channels. Without calibration stats (the student has the source's widths), every channel."""
-    blocks = choose_blocks(keep, stats and stats["scores"], student["num_layers"], source["num_layers"])
+    blocks = choose_blocks(
+        keep, stats["scores"] if stats is not None else None, student["num_layers"], source["num_layers"]
+    )
     heads, ffn, d = student["num_attention_heads"], student["ffn_dim"], heads_width(student)
     if stats is None:
         every = lambda n: list(range(n))  # noqa: E731

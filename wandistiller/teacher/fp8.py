@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wandistiller.teacher.model import blocks_of
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(float8_e4m3fn).max
 TINY = 1e-12  # an all-zero row gets this scale instead of 0 (no division by zero, zeros stay zeros)
@@ -65,6 +67,10 @@ def scaled_mm_runs(device: str) -> bool:
 class Fp8Linear(nn.Module):
     """y = x W^T + b with W stored as fp8 + per-row scales. `weight` and `weight_scale` are buffers (frozen,
     and the streamers swap buffers as they swap parameters); `bias` stays in the compute dtype."""
+
+    weight: torch.Tensor  # buffers: declared for the checker (register_buffer makes them)
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, compute: str,
                  device: torch.device | str | None = None):  # fmt: skip
@@ -150,7 +156,7 @@ def quantize_model(
 
 def block_fp8_layers(model: nn.Module) -> frozenset[str]:
     """The Fp8Linear layers of one block, by their names inside the block (`attn1.to_q`, `ffn.net.0.proj`)."""
-    return frozenset(n for n, m in model.blocks[0].named_modules() if isinstance(m, Fp8Linear))
+    return frozenset(n for n, m in blocks_of(model)[0].named_modules() if isinstance(m, Fp8Linear))
 
 
 def quantize_block_tensors(

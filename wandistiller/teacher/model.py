@@ -5,9 +5,11 @@ velocity targets (`Teacher`). What the folder holds and how it is checked: teach
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from wandistiller.teacher.spec import TeacherSpec, loading
 
@@ -31,6 +33,11 @@ def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs)
     return freeze(model)
 
 
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """A Wan transformer's blocks (nn.Module's attribute access is typed Tensor | Module)."""
+    return cast(nn.ModuleList, model.blocks)
+
+
 def compile_blocks(expert: nn.Module) -> None:
     """Regional torch.compile: one graph for the block, reused by all 40 (as diffusers' compile_repeated_blocks).
 
@@ -38,9 +45,9 @@ def compile_blocks(expert: nn.Module) -> None:
     hooks on a block stay eager: the streamers swap weights in them between calls, which a graph could not.
     Weights are graph inputs, so swapping them does not recompile; outputs equal the resident compiled ones.
     """
-    for block in expert.blocks:
+    for block in blocks_of(expert):
         block.forward = torch.compile(block.forward, fullgraph=True)
-    log_first_call(expert.blocks[0], "the teacher's block graph")
+    log_first_call(blocks_of(expert)[0], "the teacher's block graph")
 
 
 def log_first_call(module: nn.Module, what: str) -> None:
@@ -86,7 +93,7 @@ class Teacher:
         self.experts = experts
         self.guidance_scales = guidance_scales
         self.device = device
-        self.dtype = experts[0].dtype  # ModelMixin.dtype skips the modules diffusers keeps in fp32
+        self.dtype = cast(torch.dtype, experts[0].dtype)  # ModelMixin.dtype skips the modules diffusers keeps in fp32
         # Sharded experts' forwards are collectives: every rank runs every expert, even without samples for it.
         self.collective = False
         self.streamers: list = []  # set by the streaming placements (offload, disk)
@@ -99,7 +106,9 @@ class Teacher:
         """0 for `transformer` (t >= boundary, the high-noise expert), 1 for `transformer_2`."""
         if len(self.experts) == 1:
             return torch.zeros_like(t, dtype=torch.long)
-        return (t < self.spec.boundary_timestep).long()
+        boundary = self.spec.boundary_timestep
+        assert boundary is not None  # two experts: a boundary between them
+        return (t < boundary).long()
 
     @torch.no_grad()
     def targets(
@@ -115,7 +124,7 @@ class Teacher:
         for i, (expert, scale) in enumerate(zip(self.experts, self.guidance_scales)):
             # One expert serves every row: no nonzero(), which would make the host wait for the device.
             rows = slice(None) if len(self.experts) == 1 else (which == i).nonzero().flatten()
-            count = len(t) if len(self.experts) == 1 else rows.numel()
+            count = len(t) if isinstance(rows, slice) else rows.numel()  # a slice: one expert
             if count == 0:
                 if self.collective:  # keep step with the other ranks: one sample's forward, thrown away
                     expert(hidden_states=x_t[:1], timestep=t[:1], encoder_hidden_states=cond[:1], return_dict=False)
@@ -146,13 +155,14 @@ class capture_blocks:
     order) of one forward; no hook at all for no layers."""
 
     def __init__(self, model: nn.Module, layers: tuple[int, ...]):
-        self.model, self.layers, self.handles = model, tuple(layers), []
+        self.model, self.layers = model, tuple(layers)
+        self.handles: list[RemovableHandle] = []
 
     def __enter__(self) -> list[torch.Tensor]:
         captured: list = [None] * len(self.layers)
         for i, layer in enumerate(self.layers):
             keep = lambda m, inputs, out, i=i: captured.__setitem__(i, out)  # noqa: E731
-            self.handles.append(self.model.blocks[layer].register_forward_hook(keep))
+            self.handles.append(blocks_of(self.model)[layer].register_forward_hook(keep))
         return captured
 
     def __exit__(self, *exc) -> None:

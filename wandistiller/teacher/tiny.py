@@ -98,7 +98,8 @@ def ensure_tiny_teacher(
     from transformers.utils import logging as transformers_logging
 
     # Both libraries draw a bar while saving (transformers' "Writing model shards" for the text encoder).
-    diffusers_logging.disable_progress_bar(), transformers_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
     try:
         build_tiny_pipeline(two_experts, transformer_config).save_pretrained(tmp, safe_serialization=True)
         try:
@@ -108,7 +109,8 @@ def ensure_tiny_teacher(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        diffusers_logging.enable_progress_bar(), transformers_logging.enable_progress_bar()
+        diffusers_logging.enable_progress_bar()
+        transformers_logging.enable_progress_bar()
     return path
 
 

@@ -69,7 +69,8 @@ def load_points(sweep_dir: Path) -> list[Point]:
     overrides = []
     for folder in folders:
         file = folder / ".hydra" / "overrides.yaml"
-        overrides.append(dict(o.split("=", 1) for o in OmegaConf.load(file) if "=" in o) if file.is_file() else {})
+        lines = [str(o) for o in OmegaConf.load(file)] if file.is_file() else []
+        overrides.append({k: v for k, _, v in (o.partition("=") for o in lines if "=" in o)})
     keys = sorted({k for o in overrides for k in o})
     varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
     points = []

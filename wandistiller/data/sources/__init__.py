@@ -10,6 +10,8 @@ defaults name `/schema/data/<source>@_here_`), no other edit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from wandistiller.core.registry import Registry
 from wandistiller.data.sources.base import DataSource, Made
@@ -24,7 +26,7 @@ def sources() -> dict[str, type[DataSource]]:
     return {name: option.cls for name, option in REGISTRY.options.items()}
 
 
-def range_checks(data_cfg) -> list[tuple[str, object, object, str]]:
+def range_checks(data_cfg) -> list[tuple[str, Any, Callable[[Any], bool], str]]:
     """(key, value, ok, what) of the chosen source's own keys, in its order."""
     return [(key, data_cfg[key.split(".", 1)[1]], ok, what) for key, ok, what in source_of(data_cfg).ranges]
 

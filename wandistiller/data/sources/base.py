@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wandistiller.config import Choice
+
+if TYPE_CHECKING:
+    from wandistiller.data.latents import LatentBank
+    from wandistiller.data.prompts import PromptEmbeddings
 
 
 @dataclass(frozen=True)
@@ -26,21 +30,21 @@ class Made:
     """What a source gives the run: the latent bank (None: Gaussian x0) and the prompt embeddings training and
     validation then use (an image source's are its captions')."""
 
-    bank: object  # wandistiller.data.latents.LatentBank | None
-    embeddings: object
-    val_embeddings: object
+    bank: LatentBank | None
+    embeddings: PromptEmbeddings
+    val_embeddings: PromptEmbeddings
 
 
 def own_name(name: str, module: str) -> type[Choice]:
     """The type of a source schema's `latents`: its own name alone, so `data.latents=<another>` is refused at
     composition (the source is chosen by `data=<option>`, whose schema holds that source's keys). Kept in its
     module as `OwnName`, where pickling (a config sent to worker processes) finds it."""
-    return Choice("OwnName", {name: name}, module=module, qualname="OwnName")  # type: ignore[return-value]
+    return Choice("OwnName", {name: name}, module=module, qualname="OwnName")  # type: ignore[call-overload]  # Enum's functional API: typeshed sees str()
 
 
 class DataSource:
     name: ClassVar[str]
-    ranges: ClassVar[tuple] = ()
+    ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod
     def check(cls, data_cfg) -> None:

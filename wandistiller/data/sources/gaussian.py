@@ -14,7 +14,7 @@ OwnName = own_name("gaussian", __name__)
 
 @dataclass
 class GaussianConfig(DataCommon):
-    latents: OwnName = OwnName.gaussian  # type: ignore[valid-type]
+    latents: OwnName = OwnName.gaussian  # type: ignore[valid-type,attr-defined]  # an Enum made at import: its members are unseen by mypy
 
 
 class Gaussian(DataSource):

@@ -21,7 +21,7 @@ OwnName = own_name("images", __name__)
 
 @dataclass
 class ImagesConfig(DataCommon):
-    latents: OwnName = OwnName.images  # type: ignore[valid-type]
+    latents: OwnName = OwnName.images  # type: ignore[valid-type,attr-defined]  # an Enum made at import: its members are unseen by mypy
     # A folder of images with captions (.txt beside each, or captions.jsonl), or a Hugging Face `datasets`
     # folder (save_to_disk); columns None = detect "image" / "text"-like names.
     root: str | None = None

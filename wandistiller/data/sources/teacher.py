@@ -16,7 +16,7 @@ OwnName = own_name("teacher", __name__)
 
 @dataclass
 class TeacherLatentsConfig(DataCommon):
-    latents: OwnName = OwnName.teacher  # type: ignore[valid-type]
+    latents: OwnName = OwnName.teacher  # type: ignore[valid-type,attr-defined]  # an Enum made at import: its members are unseen by mypy
     # Samples the teacher makes per training prompt (distinct noise each), and its sampling steps for them.
     latents_per_prompt: int = 1
     sample_steps: int = 20

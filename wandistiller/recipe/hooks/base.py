@@ -14,8 +14,15 @@ under `hooks.<name>` (`hooks.monitor.val_every=25`), given to its constructor, w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from wandistiller.data.validation import ValSet
 
 
 @dataclass(frozen=True)
@@ -24,8 +31,8 @@ class HookParts:
     drawer, `samples(student, path) -> path` (None: no samples), and the run's own `_target_`s (what an
     end-of-run evaluation of this run folder trusts)."""
 
-    val_set: object = None
-    samples: object = None
+    val_set: ValSet | None = None
+    samples: Callable[[torch.nn.Module, Path], Path] | None = None
     targets: tuple[str, ...] = ()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import appendable, in_run
 from wandistiller.core.registry import Option
-from wandistiller.data.validation import save_loss_plot, val_loss
+from wandistiller.data.validation import ValSet, save_loss_plot, val_loss
 from wandistiller.recipe.hooks.base import Hook, at_least
 from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
 
@@ -35,7 +35,7 @@ class Monitor(Hook):
 
     def __init__(self, val_every: int = 50):
         self.val_every = at_least("hooks.monitor.val_every", val_every, 0)
-        self.val_set = None
+        self.val_set: ValSet | None = None
         self.written = 0  # run.history entries already in metrics_steps.jsonl
         self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
 
@@ -48,7 +48,7 @@ class Monitor(Hook):
             )
 
     def __call__(self, run, step: int) -> None:
-        row = {}
+        row: dict = {}
         if self.val_set is not None and self.val_every > 0 and step % self.val_every == 0:
             row = self.validate(run, step)
         self.append_metrics(run, row)
@@ -58,6 +58,7 @@ class Monitor(Hook):
     def validate(self, run, step: int) -> dict:
         from wandistiller.recipe.loop import training_state
 
+        assert self.val_set is not None  # called only with a held-out set
         metrics = val_loss(
             run.student, None, self.val_set, device=run.device, autocast_dtype=run.precision.autocast_dtype
         )

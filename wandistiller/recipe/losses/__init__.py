@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any, cast
 
 from wandistiller.core.registry import Registry
-from wandistiller.recipe.losses.base import NEEDS, Legacy, LossInputs, Needs, logged, total
+from wandistiller.recipe.losses.base import NEEDS, Legacy, Loss, LossInputs, Needs, logged, total
 from wandistiller.recipe.losses.distillation import Distillation
 
 REGISTRY = Registry("loss", __name__, "a loss")
 
 
-def as_loss(fn: Callable | None):
+def as_loss(fn: Callable | None) -> Loss:
     """The loss the loop calls, with `needs` a Needs: a loss as it is, an old-shape function wrapped (given the
     hidden states when its bound `hidden_kd_weight` is above 0), None the default.
 
@@ -32,14 +33,13 @@ def as_loss(fn: Callable | None):
     """
     if fn is None:
         return Distillation()
-    if isinstance(fn, functools.partial) and isinstance(fn.func, type):
-        fn = fn()
-    declared = getattr(fn, "needs", None)
+    loss: Any = fn() if isinstance(fn, functools.partial) and isinstance(fn.func, type) else fn
+    declared = getattr(loss, "needs", None)
     if isinstance(declared, (Needs, frozenset, set)):
-        fn.needs = Needs.of(declared)
-        return fn
-    weight = fn.keywords.get("hidden_kd_weight", 0.0) if isinstance(fn, functools.partial) else 0.0
-    return Legacy(fn, weight > 0)
+        loss.needs = Needs.of(declared)
+        return cast(Loss, loss)
+    weight = loss.keywords.get("hidden_kd_weight", 0.0) if isinstance(loss, functools.partial) else 0.0
+    return Legacy(loss, weight > 0)
 
 
-__all__ = ["NEEDS", "REGISTRY", "LossInputs", "Needs", "as_loss", "logged", "total"]
+__all__ = ["NEEDS", "REGISTRY", "Loss", "LossInputs", "Needs", "as_loss", "logged", "total"]

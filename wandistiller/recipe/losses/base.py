@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,19 +73,30 @@ class LossInputs:
 
 
 def velocity_mse(inputs: LossInputs) -> torch.Tensor:
+    assert inputs.target is not None, "velocity_mse needs the teacher's target (needs.teacher)"
     return F.mse_loss(inputs.pred.float(), inputs.target.float())
 
 
 def hidden_mse(inputs: LossInputs, pair: int = 0) -> torch.Tensor:
     """MSE between the student's projected hidden states and the teacher's, for one pair of blocks."""
+    assert inputs.student_hidden is not None and inputs.teacher_hidden is not None, "needs.teacher_hidden"
     student, teacher = inputs.student_hidden[pair], inputs.teacher_hidden[pair]
     return F.mse_loss(student.float(), teacher.to(inputs.pred.device).float())
 
 
 def task_mse(inputs: LossInputs) -> torch.Tensor:
     """Rectified flow's own target: x_t = (1-s) x0 + s noise, so the velocity is noise - x0."""
+    assert inputs.noise is not None and inputs.x0 is not None, "task_mse needs the batch's x0 and noise (needs.x0)"
     velocity = (inputs.noise - inputs.x0).to(inputs.pred.device, torch.float32)
     return F.mse_loss(inputs.pred.float(), velocity)
+
+
+class Loss(Protocol):
+    """What the loop calls: a loss with its `needs` (what `as_loss` makes of `trainer.loss`)."""
+
+    needs: Needs
+
+    def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]: ...
 
 
 class Legacy:
@@ -106,7 +118,7 @@ class Legacy:
 
 def total(parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """What the step backpropagates: the "loss" part when given, else the sum of the parts."""
-    return parts["loss"] if "loss" in parts else sum(parts.values())
+    return parts["loss"] if "loss" in parts else cast(torch.Tensor, sum(parts.values()))
 
 
 def logged(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
