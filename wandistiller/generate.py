@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,4 +116,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -178,7 +178,7 @@ def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsy
             if write is not None:
                 write(f)
             else:
-                f.write(data.encode() if isinstance(data, str) else data)
+                f.write(data.encode() if isinstance(data, str) else data or b"")
             f.flush()
             if fsync:
                 os.fsync(f.fileno())

@@ -74,12 +74,10 @@ def image_metrics(student_imgs: torch.Tensor, teacher_imgs: torch.Tensor) -> lis
 
     rows = []
     for s, t in zip(student_imgs, teacher_imgs):
-        rows.append(
-            {
-                "psnr": float(peak_signal_noise_ratio(s[None], t[None], data_range=1.0)),
-                "ssim": float(structural_similarity_index_measure(s[None], t[None], data_range=1.0)),
-            }
-        )
+        psnr = peak_signal_noise_ratio(s[None], t[None], data_range=1.0)
+        ssim = structural_similarity_index_measure(s[None], t[None], data_range=1.0)
+        assert isinstance(psnr, torch.Tensor) and isinstance(ssim, torch.Tensor)  # one value each, as asked
+        rows.append({"psnr": float(psnr), "ssim": float(ssim)})
     return rows
 
 
@@ -129,7 +127,8 @@ def evaluate(
     mean["speedup"] = mean["teacher_s"] / mean["student_s"]
     # Quality as the field measures it (prompt accuracy, FID/KID on the pocket teacher; CLIP / Inception FID).
     mean |= eval_quality(prompts, {"teacher": teacher_imgs, "student": student_imgs}, clip_model, fid_reference)
-    result = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed, "mean": mean}
+    result: dict[str, object] = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed}
+    result["mean"] = mean
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]

@@ -29,7 +29,7 @@ def save_grid(
         top = header + row * (CELL + caption)
         for col, img in enumerate((a, b)):
             pixels = Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8))
-            grid.paste(pixels.resize((CELL, CELL), Image.NEAREST), (col * CELL, top))
+            grid.paste(pixels.resize((CELL, CELL), Image.Resampling.NEAREST), (col * CELL, top))
         pen.text((6, top + CELL + 3), "\n".join(textwrap.wrap(prompt, 60)[:2]), fill="black")
     path = Path(path)
     write_in_run(root or path.parent, path if root else path.name, write=lambda f: grid.save(f, format="png"))

@@ -51,8 +51,10 @@ def name_the_teacher(cfg: DictConfig) -> None:
     group = CONF_DIR / "teacher" / f"{cfg.teacher.name}.yaml"
     if not group.is_file():
         return
-    path = str(OmegaConf.to_container(cfg.teacher, resolve=False)["path"])
-    if path == str(OmegaConf.to_container(OmegaConf.load(group), resolve=False).get("path")):
+    given, shipped = (OmegaConf.to_container(node, resolve=False) for node in (cfg.teacher, OmegaConf.load(group)))
+    assert isinstance(given, dict) and isinstance(shipped, dict)  # a teacher node is a mapping
+    path = str(given["path"])
+    if path == str(shipped.get("path")):
         return
     from wandistiller.state.received import looks_like_hub_id
 

@@ -32,7 +32,7 @@ class SampleGrid:
     path, it draws the student from the same noise and prompts now and saves the grid there."""
 
     ctx: RunContext
-    teacher_column: np.ndarray
+    teacher_column: np.ndarray | None  # None on the ranks that never draw a grid
     embeddings: PromptEmbeddings
     prompts: int
     steps: int
@@ -40,6 +40,7 @@ class SampleGrid:
     def __call__(self, student: torch.nn.Module, path: Path) -> Path:
         n, steps = self.prompts, self.steps
         was_training = student.training
+        assert self.teacher_column is not None  # drawn on the main rank, the one whose hook calls this
         student.eval()
         mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
                               self.ctx.seed)  # fmt: skip

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, human_count
+from wandistiller.data.sources import sources
 
 log = logging.getLogger("wandistiller.pipeline")
 
@@ -85,12 +86,12 @@ def model_index(teacher_path: Path) -> dict:
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 WORD = re.compile(r"[\w.+ -]{1,100}")
-SOURCES = {"gaussian": "Gaussian x0 (data-free)", "teacher": "the teacher's own samples", "images": "images"}
 
 
 def _raw(node, key: str):
     """`node.key` as saved, never resolved: a received config's `${oc.env:HF_TOKEN}` stays unread."""
-    return OmegaConf.to_container(node, resolve=False).get(key) if isinstance(node, DictConfig) else None
+    saved = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else None
+    return saved.get(key) if isinstance(saved, dict) else None
 
 
 def _number(value) -> float | None:
@@ -134,6 +135,8 @@ def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
 
 def image_scale(teacher_path: Path | None) -> int:
     """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
+    if teacher_path is None:
+        return 8
     try:
         factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
     except (TypeError, OSError, ValueError, AttributeError):
@@ -145,10 +148,12 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
     Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
+        raise UserError(f"{run_dir}/.hydra/config.yaml is not a saved config; restore it")
     m = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").is_file() else {}
     m = m if isinstance(m, dict) else {}
     d, t = cfg.data, cfg.trainer
-    source = SOURCES.get(str(_raw(d, "latents")), SOURCES["gaussian"])
+    source = sources().get(str(_raw(d, "latents")), sources()["gaussian"]).description
     images, prompts = _raw(d, "root") or _raw(d, "dataset"), _raw(d, "prompts_path")
     prompts = _raw(cfg.teacher, "prompts_path") if prompts == "${teacher.prompts_path}" else prompts  # pocket's
     steps = _number(m.get("steps_run")) or _number(_raw(t, "max_steps"))
@@ -158,7 +163,7 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
                                                 "val_loss_best")]  # fmt: skip
     facts = {
         "teacher": card_teacher(cfg),
-        "data": f"{source} ({_named(images, 'images')})" if source == "images" and images else source,
+        "data": f"{source} ({_named(images, 'images')})" if images else source,  # a folder only an image source reads
         "prompts": _named(prompts, "prompts"),
         "training": (f"{steps:.0f} steps, batch {batch:.0f}" if steps and batch else "?")
         + (f", precision {m['precision']}" if _word(m.get("precision")) else ""),

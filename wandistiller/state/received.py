@@ -126,7 +126,9 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
                 + hint.format(key=key, target=target)
             )
     data_schema = _data_schema(raw, file)
-    _check_keys(OmegaConf.to_container(raw, resolve=False), file)
+    tree = OmegaConf.to_container(raw, resolve=False)  # again: _data_schema dropped another source's keys
+    assert isinstance(tree, dict)  # raw is a DictConfig
+    _check_keys(tree, file)
     from wandistiller.config import TrainConfig
 
     try:
@@ -138,6 +140,7 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{key} in {file}: {first}; fix or remove it (the file does not match the schema)") from None
     OmegaConf.set_struct(merged, True)
+    assert isinstance(merged, DictConfig)  # the schema is a mapping
     return merged
 
 
@@ -147,14 +150,16 @@ def _data_schema(raw: DictConfig, file: Path):
     from wandistiller.data.sources import REGISTRY
 
     data = raw._get_node("data") if "data" in raw else None
-    latents = data._get_node("latents")._value() if isinstance(data, DictConfig) and "latents" in data else None
+    if not isinstance(data, DictConfig) or "latents" not in data:
+        return None  # the schema merge names what is wrong
+    latents = data._get_node("latents")._value()  # type: ignore[union-attr]  # a key `in` the node has its node
     if not isinstance(latents, str) or latents not in REGISTRY.options:
         return None  # the schema merge names what is wrong
     own = {f.name for f in dataclasses.fields(REGISTRY.get(latents).schema)}
     anyone = {f.name for o in REGISTRY.options.values() for f in dataclasses.fields(o.schema)}
     for key in [k for k in data.keys() if k not in own]:
         if key not in anyone:
-            raise UserError(f"data.{key} in {file} is not a WanDistiller config key; remove it")
+            raise UserError(f"data.{key!s} in {file} is not a WanDistiller config key; remove it")
         del data[key]
     return REGISTRY.get(latents).schema
 
@@ -210,7 +215,8 @@ def _check_arguments(node: dict, prefix: str, file: Path) -> None:
     from wandistiller.placements import REGISTRY
 
     options = REGISTRY.options.values()  # a placement's node holds its schema's fields (its class takes none)
-    by_class = {path_of(o.cls): o.schema for o in options} | {o.schema._target_: o.schema for o in options}
+    by_class = {path_of(o.cls): o.schema for o in options}
+    by_class |= {str(getattr(o.schema, "_target_", "")): o.schema for o in options}  # each placement schema has one
     kwargs = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
     schema = by_class.get(node["_target_"])
     if schema is not None:

@@ -44,6 +44,7 @@ def own_name(name: str, module: str) -> type[Choice]:
 
 class DataSource:
     name: ClassVar[str]
+    description: ClassVar[str] = ""  # the data in words, for the model card
     ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod

@@ -19,6 +19,7 @@ class GaussianConfig(DataCommon):
 
 class Gaussian(DataSource):
     name = "gaussian"
+    description = "Gaussian x0 (data-free)"  # what the model card says the data was
 
 
 OPTION = Option("gaussian", GaussianConfig, Gaussian)

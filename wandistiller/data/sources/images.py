@@ -34,6 +34,7 @@ class ImagesConfig(DataCommon):
 
 class Images(DataSource):
     name = "images"
+    description = "images"  # what the model card says the data was
     ranges = (("data.latent_chunk", lambda v: v > 0, "a positive integer"),)
 
     @classmethod

@@ -83,7 +83,7 @@ class Loggers(Logger):
         self.loggers = list(loggers)
 
     @property
-    def run_id(self) -> str | None:
+    def run_id(self) -> str | None:  # type: ignore[override]  # the list's id is its loggers': read, never set
         return next((lg.run_id for lg in self.loggers if lg.run_id is not None), None)
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:

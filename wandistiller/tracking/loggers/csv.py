@@ -24,8 +24,9 @@ class CsvLogger(Logger):
     name = "csv"
 
     def __init__(self, file: str = "metrics.csv"):
-        self.file_name, self.path, self.header = file, None, []
-        self.last, self.last_at = None, 0  # the last row written and where its line starts (a step's merge)
+        self.file_name, self.path, self.header = file, Path(file), list[str]()  # path: the run's, from start()
+        self.last: dict | None = None  # the last row written and where its line starts (a step's merge)
+        self.last_at = 0
 
     @classmethod
     def check(cls, node, key: str) -> None:
@@ -48,7 +49,7 @@ class CsvLogger(Logger):
     def log(self, metrics: dict, step: int | None) -> None:
         row = {"step": "" if step is None else step} | {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         merge = step is not None and self.last is not None and self.last["step"] == step
-        if merge:  # a validation at a step already written: one row for the step
+        if merge and self.last is not None:  # a validation at a step already written: one row for the step
             row = self.last | row
         if self.header and set(row) <= set(self.header):  # the usual case: one appended line, nothing read
             with self.path.open("r+" if merge else "a", newline="") as f:
@@ -80,7 +81,7 @@ def read_csv(path: Path | None) -> tuple[list[str], list[dict]]:
 
 def _after(step: str | None, start_step: int) -> bool:
     try:
-        return int(step) > start_step
+        return step is not None and int(step) > start_step
     except (TypeError, ValueError):
         return False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
@@ -27,7 +28,8 @@ class TensorboardLogger(Logger):
     name = "tensorboard"
 
     def __init__(self, folder: str = "tensorboard"):
-        self.folder, self.writer = folder, None
+        self.folder = folder
+        self.writer: Any = None  # the SummaryWriter, from start()
 
     @classmethod
     def check(cls, node, key: str) -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from wandistiller.config import Choice
 from wandistiller.core.registry import Option
@@ -47,8 +48,9 @@ class WandbTracker(Logger):
         name: str | None = None,
         tags: list[str] | None = None,
     ):
-        self.kwargs = dict(project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or []))
-        self.run = None
+        self.kwargs: dict[str, Any] = dict(project=project, entity=entity, mode=mode, group=group, name=name,
+                                           tags=list(tags or []))  # fmt: skip
+        self.run: Any = None  # the wandb Run, from start()
 
     @classmethod
     def check(cls, node, key: str) -> None:
@@ -154,7 +156,7 @@ class WandbTracker(Logger):
         offline_dir = Path(self.run.dir).parent
         self.run.finish()
         if self.kwargs["mode"] == "offline":
-            segments = " ".join(str(p) for p in offline_segments(offline_dir.parent, self.run_id)) or offline_dir
+            segments = " ".join(str(p) for p in offline_segments(offline_dir.parent, str(self.run_id))) or offline_dir
             log.info("wandb: offline run saved; upload it with: wandb sync %s", segments)
 
     def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
@@ -167,7 +169,8 @@ class WandbTracker(Logger):
 
         kwargs = {k: self.kwargs[k] for k in ("project", "entity", "mode")}
         run = wandb.init(**kwargs, group=group, name="sweep-report", dir=str(sweep_dir), job_type="report")
-        run.log({"comparison": wandb.Table(columns=columns, data=rows), "sweep_report": wandb.Image(str(png))})
+        header: list[str | int] = list(columns)
+        run.log({"comparison": wandb.Table(columns=header, data=rows), "sweep_report": wandb.Image(str(png))})
         run.finish()
         if self.kwargs["mode"] == "offline":
             print(
