@@ -44,9 +44,11 @@ from wandistiller.state.checkpoint import checkpoint_step
 from wandistiller.tracking.sweep import record_failed_point, sweep_point
 
 log = logging.getLogger("wandistiller")
+# The schemas and resolvers, for Hydra's main below: registered when this module is imported because a Hydra launcher
+# that runs jobs in other processes (submitit) resolves `${wd_now:}` and `${wd_rank_suffix:}` there, before the task
+# function is called; importing the task function's module is the one hook such a process runs. Nothing else here
+# acts on import.
 register_configs()
-# Wan keeps its norms in fp32 on purpose (diffusers' _keep_in_fp32_modules); torch warns on every call.
-warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
@@ -117,8 +119,10 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
-    # One progress bar (the training loop's), not one per component load.
+    # One progress bar (the training loop's), not one per component load; Wan keeps its norms in fp32 on purpose
+    # (diffusers' _keep_in_fp32_modules), and torch warns on every call.
     diffusers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
     transformers_logging.disable_progress_bar()
     recipe = None
     try:

@@ -71,9 +71,6 @@ class DistillationRecipe:
             sweep_point=prepared.sweep_point,
             overrides=prepared.overrides,
         )
-        c = self.ctx  # the names a subclass of an earlier version read
-        self.run_dir, self.placement, self.roles, self.device = c.run_dir, c.placement, c.roles, c.device
-        self.precision, self.spec, self.is_main, self.started = c.precision, c.spec, c.is_main, c.started
         self.run: Run | None = None
 
     # -- setup: each step takes what it needs and returns what it builds --------------------------------
@@ -88,9 +85,9 @@ class DistillationRecipe:
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
         # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
-        state = load_checkpoint(resume_from) if resume_from and self.roles.trains else None
-        self.student_group = dist.new_group(list(self.roles.students)) if self.topo.distributed else None
-        if not self.roles.trains:
+        state = load_checkpoint(resume_from) if resume_from and self.ctx.roles.trains else None
+        self.student_group = dist.new_group(list(self.ctx.roles.students)) if self.topo.distributed else None
+        if not self.ctx.roles.trains:
             return
         student = self._setup_student()
         optimizer, lr_scheduler, scaler, ema = self._setup_optimization(student, state)
@@ -104,15 +101,15 @@ class DistillationRecipe:
             scaler=scaler,
             ema=ema,
             tracker=tracker,
-            precision=self.precision,
-            device=self.device,
-            run_dir=self.run_dir,
+            precision=self.ctx.precision,
+            device=self.ctx.device,
+            run_dir=self.ctx.run_dir,
             loss_fn=self.loss_fn,
-            dp_rank=self.roles.dp_rank,
-            is_main=self.is_main,
+            dp_rank=self.ctx.roles.dp_rank,
+            is_main=self.ctx.is_main,
             student_group=self.student_group if self.topo.distributed else None,
             hooks=self._setup_hooks(self.val_set, self.samples),
-            teacher=teacher_record(self.spec, self.cfg.teacher.path),  # each checkpoint records its teacher
+            teacher=teacher_record(self.ctx.spec, self.cfg.teacher.path),  # each checkpoint records its teacher
         )
 
     def _setup_embeddings(self):
@@ -140,24 +137,24 @@ class DistillationRecipe:
         return data_sources.training_data(self.ctx, teacher, embeddings, val_embeddings)
 
     def _setup_teacher(self):
-        if not self.roles.has_teacher:
+        if not self.ctx.roles.has_teacher:
             return None
-        teacher = self.placement.load(self.spec, self.cfg.teacher, self.precision, self.topo)
+        teacher = self.ctx.placement.load(self.ctx.spec, self.cfg.teacher, self.ctx.precision, self.topo)
         # The opt-in fast paths, before compiling (a graph then sees the fp8 layers).
         quantize_teacher(teacher, self.cfg.teacher.quantize)
         use_attention_backend(teacher, self.cfg.teacher.attention_backend)
-        if self.cfg.teacher.compile and self.placement.compilable:
+        if self.cfg.teacher.compile and self.ctx.placement.compilable:
             for expert in teacher.experts:
                 compile_blocks(expert)
             log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
     def _setup_batches(self, embeddings, latent_bank):
-        cfg, spec = self.cfg, self.spec
+        cfg, spec = self.cfg, self.ctx.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(BatchSettings(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift,
                                           spec.num_train_timesteps, embeddings, latent_bank=latent_bank,
-                                          device=self.device, keep_x0=self.loss_fn.needs.x0))  # fmt: skip
+                                          device=self.ctx.device, keep_x0=self.loss_fn.needs.x0))  # fmt: skip
 
     @functools.cached_property
     def loss_fn(self):
@@ -188,11 +185,11 @@ class DistillationRecipe:
         build = instantiate(cfg.student, _partial_=True)
         hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
         student = build(
-            spec=self.spec, dtype=self.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
+            spec=self.ctx.spec, dtype=self.ctx.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
         )
-        if self.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
-            write_record(student.pruning, self.run_dir)
-        student.to(self.device).train()
+        if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
+            write_record(student.pruning, self.ctx.run_dir)
+        student.to(self.ctx.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
@@ -205,9 +202,9 @@ class DistillationRecipe:
             self.topo.rank,
             os.getpid(),
             human_count(sum(p.numel() for p in student.parameters())),
-            self.device,
-            self.placement.name,
-            "here" if self.roles.has_teacher else f"served by rank {self.roles.owner}",
+            self.ctx.device,
+            self.ctx.placement.name,
+            "here" if self.ctx.roles.has_teacher else f"served by rank {self.ctx.roles.owner}",
         )
         return student
 
@@ -218,11 +215,11 @@ class DistillationRecipe:
 
         t = self.cfg.trainer
         params = [p for p in student.parameters() if p.requires_grad]
-        optimizer = instantiate(t.optimizer)(params, **({"fused": True} if self.device.type == "cuda" else {}))
+        optimizer = instantiate(t.optimizer)(params, **({"fused": True} if self.ctx.device.type == "cuda" else {}))
         lr_scheduler = get_scheduler(
             str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps
         )
-        scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
+        scaler = torch.amp.GradScaler(self.ctx.device.type, enabled=self.ctx.precision.needs_grad_scaler)
         ema = EMAModel(params, decay=t.ema_decay) if t.ema_decay else None
         if state is not None:
             restore(state, student, optimizer, lr_scheduler, scaler, ema)
@@ -232,28 +229,32 @@ class DistillationRecipe:
     def _setup_tracker(self, state: dict | None):
         """Every configured logger behind one (`logger=[wandb,tensorboard,csv]`), on the main rank; a resumed
         run continues the tracker run its checkpoint names."""
-        if not self.is_main:
+        if not self.ctx.is_main:
             return Loggers([])
         tracker = loggers.build(self.cfg.logger)
         point = self.prepared.sweep_point or {}
-        config = cast(dict, OmegaConf.to_container(self.cfg, resolve=True)) | {"teacher_placement": self.placement.name}
+        config = cast(dict, OmegaConf.to_container(self.cfg, resolve=True)) | {
+            "teacher_placement": self.ctx.placement.name
+        }
         run_id = state.get("tracker_run_id") if state else None
-        tracker.start(self.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step)
+        tracker.start(
+            self.ctx.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step
+        )
         return tracker
 
     def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        if len(self.roles.students) == 1:
+        if len(self.ctx.roles.students) == 1:
             return student
-        ids = [self.device.index] if self.device.type == "cuda" else None
+        ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group)
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
-        roles = self.roles
+        roles = self.ctx.roles
         if roles.owner is not None:
-            return RemoteTargets(roles.owner, self.spec.transformer_config, self.transfer_device())
+            return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device())
         if roles.served:
             return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device())
         if self.cfg.trainer.teacher_whole_step:
@@ -262,10 +263,10 @@ class DistillationRecipe:
 
     def transfer_device(self) -> torch.device:
         """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
-        teacher_device = self.placement.teacher_device(self.topo)
+        teacher_device = self.ctx.placement.teacher_device(self.topo)
         if teacher_device.type != "cuda":
             return torch.device("cpu")
-        return self.device if self.roles.trains and not self.roles.has_teacher else teacher_device
+        return self.ctx.device if self.ctx.roles.trains and not self.ctx.roles.has_teacher else teacher_device
 
     # -- train: the loop (or serving), then the outputs -----------------------------------------------
     def train(self) -> dict:
@@ -278,7 +279,7 @@ class DistillationRecipe:
                 self.run.tracker.close()
 
     def _train(self) -> dict:
-        cfg, roles = self.cfg, self.roles
+        cfg, roles = self.cfg, self.ctx.roles
         if roles.trains:
             assert self.run is not None  # setup built it on every training rank
             history = train_loop(self.run, cfg.trainer, self.start_step)
@@ -294,6 +295,6 @@ class DistillationRecipe:
             history = []
         ranks = gather(self.topo, rank_summary)
         self.teacher = None  # freed: the end-of-run evaluation (hooks.evaluate) loads its own
-        if not self.is_main:
+        if not self.ctx.is_main:
             return ranks[self.topo.rank]
         return outputs.finish(self.ctx, self.run, history, ranks)
