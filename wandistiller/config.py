@@ -105,7 +105,8 @@ class DataCommon:
 class StudentConfig:
     # What builds the student: called with these keys plus the teacher's spec and a dtype (swap in your own).
     _target_: str = "wandistiller.student.model.build_student"
-    # A named architecture from `wandistiller.student.model.STUDENT_BUILDERS`, or None with `config_path`.
+    # A named architecture (`wandistiller.core.arch`: STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, PRUNED_STUDENTS), or
+    # None with `config_path`.
     builder: str | None = None
     # A diffusers WanTransformer3DModel config.json (the old student_config.json).
     config_path: str | None = None

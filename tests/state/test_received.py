@@ -172,3 +172,41 @@ def test_a_state_json_too_large_is_refused_before_parsing(tmp_path, monkeypatch)
     save_checkpoint(tmp_path, 2, state, keep=5)
     monkeypatch.setattr(received, "MAX_JSON_BYTES", 64)  # a state.json larger than the limit
     assert "bytes, more than a checkpoint state can be (64)" in checkpoint.problem(checkpoint_dir(tmp_path, 2))
+
+
+def test_an_older_runs_saved_config_still_evaluates_and_resumes(finished, tmp_path, make_cfg):
+    """A run saved before the hooks held their settings, the loss its hidden-state weight and each data source its
+    own schema (the old `_target_`s too) is read back as today's: it evaluates and resumes."""
+    import json
+
+    from wandistiller.evaluation.evaluate import evaluate
+    from wandistiller.train import run
+
+    folder = tmp_path / "old"
+    shutil.copytree(finished, folder)
+    saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    del saved["hooks"]  # before the list of hooks: every shipped one, with its settings in trainer
+    saved["trainer"] |= {
+        "val_every": 0,
+        "sample_every": 0,
+        "sample_prompts": 0,
+        "sample_steps": 1,
+        "eval_at_end": False,
+    }
+    saved["student"]["hidden_kd_weight"] = 0.0
+    saved["trainer"]["loss"] = {"_target_": "wandistiller.loop.distillation_loss", "_partial_": True,
+                                "hidden_kd_weight": "${student.hidden_kd_weight}"}  # fmt: skip
+    saved["data"] |= {
+        "latents_per_prompt": 1,
+        "sample_steps": 20,
+        "latent_chunk": 16,
+        "root": None,
+        "dataset": None,
+        "image_column": None,
+        "text_column": None,
+    }  # one flat schema held every source's keys
+    saved["recipe"] = {"_target_": "wandistiller.recipe.DistillationRecipe"}
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert evaluate(folder, steps=1, limit=1)["steps"] == 1
+    run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=folder))
+    assert json.loads((folder / "metrics.json").read_text())["final_step"] == 3
