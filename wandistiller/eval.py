@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
     parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps for both (default 20)")
     parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
+    parser.add_argument("--per-prompt", type=positive_int, default=1, help="images per prompt, each from its own "
+                        "noise (default 1; FID/KID need 65 images or more in all)")  # fmt: skip
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         trust = Trust.from_args(args)
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None,
-                          args.clip_model, args.fid_reference, trust)  # fmt: skip
+                          args.clip_model, args.fid_reference, trust, args.per_prompt)  # fmt: skip
         m = result["mean"]
         print(
             f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
         if "teacher_samples" in m and "teacher_fid" not in m:
             print(f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
-                  "anything (65 or more: raise --limit)")  # fmt: skip
+                  "anything (65 or more: raise --limit or --per-prompt)")  # fmt: skip
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result, trust)
 

@@ -66,6 +66,14 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     mean = evaluate(folder, steps=2, limit=4)["mean"]
     for who in ("teacher", "student"):  # 4 images: FID/KID withheld (too few), the count said
         assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_samples"] == 4 and f"{who}_fid" not in mean
+    several = evaluate(folder, steps=1, limit=4, per_prompt=17)  # 4 held-out prompts x 17 noises: FID/KID given
+    assert several["images"] == 68 and several["mean"]["student_samples"] == 68
+    assert math.isfinite(several["mean"]["student_fid"]) and math.isfinite(several["mean"]["teacher_kid"])
+    rows = several["prompts"]
+    assert (
+        rows[0]["prompt"] == rows[16]["prompt"] != rows[17]["prompt"] and rows[0]["latent_mse"] != rows[1]["latent_mse"]
+    )
+    assert Image.open(folder / "eval.png").size[1] < 5 * 240  # the grid: each prompt's first image, 4 rows
     # Prompts that are not the pocket's: no judge, so no pocket columns.
     other = evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
     assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]

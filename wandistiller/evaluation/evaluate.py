@@ -92,8 +92,11 @@ def evaluate(
     clip_model: str | None = None,
     fid_reference: str | None = None,
     trust: Trust | None = None,
+    per_prompt: int = 1,
 ) -> dict:
-    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds."""
+    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. Each prompt is
+    drawn from `per_prompt` noises (FID/KID need 65 images or more: 4 held-out prompts x 17, say); the grid shows
+    each prompt's first."""
     from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
@@ -111,11 +114,12 @@ def evaluate(
     emb = encode_prompts(
         run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
     )
-    idx, seed = list(range(len(prompts))), int(run.cfg.seed)
-    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, run.latent_shape,
-                                      "eval: the teacher")  # fmt: skip
+    idx, seed, shape = list(range(len(prompts))), int(run.cfg.seed), run.latent_shape
+    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, shape,
+                                      "eval: the teacher", per_prompt)  # fmt: skip
     student = as_sampler(run.spec, load_student(run, source, device), device)
-    student_lat, student_s = generate(student, emb, idx, seed, steps, run.latent_shape, "eval: the student")
+    student_lat, student_s = generate(student, emb, idx, seed, steps, shape, "eval: the student", per_prompt)
+    prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
     vae = load_vae(run.spec, device)
     teacher_imgs, student_imgs = decode_latents(vae, teacher_lat), decode_latents(vae, student_lat)
     mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
@@ -127,19 +131,27 @@ def evaluate(
     mean["speedup"] = mean["teacher_s"] / mean["student_s"]
     # Quality as the field measures it (prompt accuracy, FID/KID on the pocket teacher; CLIP / Inception FID).
     mean |= eval_quality(prompts, {"teacher": teacher_imgs, "student": student_imgs}, clip_model, fid_reference)
-    result: dict[str, object] = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed}
+    result: dict[str, object] = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed,
+                                 "per_prompt": per_prompt, "images": len(prompts)}  # fmt: skip
     result["mean"] = mean
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
-    as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()
-    try:  # each whole or not at all, the figure first, never through a link (core.files): no eval.json without its png
-        save_grid(as_hwc(teacher_imgs), as_hwc(student_imgs), prompts, run.path / f"{stem}.png", root=run.path)
-        write_in_run(run.path, f"{stem}.json", json.dumps(result, indent=2))
-    except OSError as e:
-        raise UserError(f"{run.path}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
-                        "run it again (what was there is kept)") from None  # fmt: skip
+    _write(run.path, stem, result, (teacher_imgs[first], student_imgs[first], prompts[first]))
     return result
+
+
+def _write(folder: Path, stem: str, result: dict, grid: tuple) -> None:
+    """`<stem>.png` (teacher | student, one image per prompt) then `<stem>.json`, each whole or not at all and never
+    through a link (core.files): no json without its figure; a full disk is one line and keeps what was there."""
+    teacher, student, prompts = grid
+    as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()  # noqa: E731
+    try:
+        save_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)
+        write_in_run(folder, f"{stem}.json", json.dumps(result, indent=2))
+    except OSError as e:
+        raise UserError(f"{folder}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
+                        "run it again (what was there is kept)") from None  # fmt: skip
 
 
 def result_stem(source: Path) -> str:

@@ -194,8 +194,9 @@ def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
 
 
 def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape,
-             what: str = "sampling") -> tuple:  # fmt: skip
-    """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, 0, stream="eval")` per prompt.
+             what: str = "sampling", per_prompt: int = 1) -> tuple:  # fmt: skip
+    """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, k, stream="eval")` for each prompt i and
+    each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt.
 
     One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up. A log
     line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
@@ -203,8 +204,9 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
     pipe = teacher_pipeline(sampler)
     settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
     out, seconds = [], []
-    for n, i in enumerate(prompt_idx):
-        noise = noise_for(seed, i, 0, tuple(shape), stream="eval")[None].to(sampler.device)
+    items = [(i, k) for i in prompt_idx for k in range(per_prompt)]
+    for n, (i, k) in enumerate(items):
+        noise = noise_for(seed, i, k, tuple(shape), stream="eval")[None].to(sampler.device)
         cond = embeddings.padded(torch.tensor([i])).to(sampler.device, sampler.dtype)
         uncond = embeddings.negative_batch(1).contiguous().to(sampler.device, sampler.dtype)
         if n == 0:
@@ -216,8 +218,8 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
-        if (n + 1) % max(1, len(prompt_idx) // 4) == 0 or n + 1 == len(prompt_idx):
-            logging.getLogger("wandistiller").info("%s: %d/%d images, %.3g s each", what, n + 1, len(prompt_idx),
+        if (n + 1) % max(1, len(items) // 4) == 0 or n + 1 == len(items):
+            logging.getLogger("wandistiller").info("%s: %d/%d images, %.3g s each", what, n + 1, len(items),
                                                    seconds[-1])  # fmt: skip
     return torch.cat(out), seconds
 

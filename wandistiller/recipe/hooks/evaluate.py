@@ -16,8 +16,10 @@ log = logging.getLogger("wandistiller")
 @dataclass
 class EvaluateConfig:
     _target_: str = "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd"
-    # Sampling steps of student and teacher (`python -m wandistiller.eval --steps`).
+    # Sampling steps of student and teacher, and images per held-out prompt (`python -m wandistiller.eval --steps,
+    # --per-prompt`): FID/KID are given from 65 images on, withheld below.
     steps: int = 10
+    per_prompt: int = 1
 
 
 class EvaluateAtEnd(Hook):
@@ -25,8 +27,9 @@ class EvaluateAtEnd(Hook):
     of the run, its means for metrics.json (`eval_*`) and the loggers. It runs where the whole teacher fits on one
     device (the placement says: `whole_on_one_device`); the training teacher is freed by then, eval loads its own."""
 
-    def __init__(self, steps: int = 10):
+    def __init__(self, steps: int = 10, per_prompt: int = 1):
         self.steps = at_least("hooks.evaluate.steps", steps, 1)
+        self.per_prompt = at_least("hooks.evaluate.per_prompt", per_prompt, 1)
 
     def bind(self, ctx, parts) -> None:
         self.ctx, self.targets = ctx, parts.targets
@@ -43,7 +46,7 @@ class EvaluateAtEnd(Hook):
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-        result = evaluate(ctx.run_dir, steps=self.steps, device=ctx.device, trust=own)
+        result = evaluate(ctx.run_dir, steps=self.steps, per_prompt=self.per_prompt, device=ctx.device, trust=own)
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
         return {f"eval_{k}": v for k, v in result["mean"].items()}
 
