@@ -47,3 +47,8 @@ def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
         "trainer.loss.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]  # fmt: skip
     assert "warning: student.hidden_kd_weight is now trainer.loss.hidden_kd_weight" in capsys.readouterr().err
     assert compose_config(["student.hidden_kd_weight=0.2"]).trainer.loss.hidden_kd_weight == 0.2
+
+
+def test_a_setting_of_a_hook_the_list_leaves_out_says_to_add_it():
+    with pytest.raises(UserError, match=r"that hook is not in the `hooks` list: add it .* or drop the setting$"):
+        compose_config(["hooks=[monitor,progress]", "hooks.evaluate.steps=2"])

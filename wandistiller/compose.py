@@ -126,6 +126,9 @@ def hydra_error_line(error: Exception) -> str:
     text = " ".join(line for line in lines if not line.startswith(skip))
     if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
+    if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
+        hooks = "hooks=[monitor,progress,samples,evaluate]"
+        return f"{text}; that hook is not in the `hooks` list: add it (e.g. {hooks}) or drop the setting"
     if "not in" in text and "Key '" in text:
         return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
     if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option
