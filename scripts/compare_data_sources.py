@@ -35,7 +35,7 @@ from wandistiller.tracking.loggers import NullTracker
 
 FP32 = Precision("fp32", torch.float32, torch.float32, None)
 SHAPE = (16, 1, 8, 8)
-STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random", "hidden_kd_weight": 0.0})
+STUDENT = OmegaConf.create({"builder": "tiny", "config_path": None, "init": "random"})
 
 
 def distill(teacher: Teacher, embeddings, bank, steps: int, seed: int, run_dir: Path):
@@ -63,7 +63,7 @@ def distill(teacher: Teacher, embeddings, bank, steps: int, seed: int, run_dir: 
         device=torch.device("cpu"),
         run_dir=run_dir,
     )
-    history = train_loop(run, trainer, 0.0, 0)
+    history = train_loop(run, trainer, 0)
     return student.transformer.eval(), history[-1]["loss"]
 
 

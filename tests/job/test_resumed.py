@@ -133,3 +133,12 @@ def test_a_teacher_given_by_path_is_named_by_its_folder_in_the_run_and_its_resum
     (run_dir / "metrics.json").unlink()
     # A whole composed config (no command line to go by) is held to the saved one key by key: the names agree.
     assert run(make_cfg(*FIRST, f"teacher.path={teacher}", "trainer.resume=auto", run_dir=run_dir))["final_step"] == 4
+
+
+def test_a_setting_of_a_hook_the_saved_run_did_not_have_brings_the_whole_hook(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)  # its hooks: monitor and progress (the test default)
+    given = ["trainer.resume=auto", "hooks=[monitor,progress,samples]", "hooks.samples.prompts=1"]
+    cfg = continued_config(make_cfg(*given[1:], "trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto",
+                           "hooks.samples.prompts=1"])  # fmt: skip
+    assert cfg.hooks.samples._target_.endswith("SampleGrids") and cfg.hooks.samples.prompts == 1

@@ -179,7 +179,11 @@ def _show(flat: dict, key: str) -> str:
 
 
 def _put(result: DictConfig, key: str, cfg: DictConfig, now: dict) -> None:
-    """result[key] = cfg[key], raw, a whole subtree replaced (a placement's keys are not merged into another's)."""
+    """result[key] = cfg[key], raw, a whole subtree replaced (a placement's keys are not merged into another's). A
+    setting of a hook or logger the saved run did not have (`hooks.samples.prompts=0`) brings that whole entry."""
+    parts = key.split(".")
+    if parts[0] in ("hooks", "logger") and len(parts) > 2 and OmegaConf.select(result, ".".join(parts[:2])) is None:
+        key = ".".join(parts[:2])
     sub = _subtree(now, key)
     if not sub:
         return
