@@ -15,7 +15,12 @@ from wandistiller.recipe.hooks.evaluate import EvaluateAtEnd
 def test_its_steps_are_refused_in_one_line_below_one():
     with pytest.raises(UserError, match=r"^hooks.evaluate.steps=0 must be at least 1$"):
         EvaluateAtEnd(steps=0)
-    assert EvaluateAtEnd().steps == 10
+    with pytest.raises(UserError, match=r"^hooks.evaluate.limit=0 must be at least 1$"):
+        EvaluateAtEnd(limit=0)
+    with pytest.raises(UserError, match=r"^hooks.evaluate.per_prompt=0 must be at least 1$"):
+        EvaluateAtEnd(per_prompt=0)
+    hook = EvaluateAtEnd()
+    assert (hook.steps, hook.per_prompt, hook.limit, hook.prompts_path) == (10, 1, 8, None)
 
 
 def test_a_placement_that_spreads_the_teacher_leaves_the_evaluation_to_the_user(tmp_path, caplog):

@@ -20,6 +20,9 @@ class EvaluateConfig:
     # --per-prompt`): FID/KID are given from 65 images on, withheld below.
     steps: int = 10
     per_prompt: int = 1
+    # The prompts (a file, one per line; None: the run's held-out prompts), at most `limit` of them.
+    prompts_path: str | None = None
+    limit: int = 8
 
 
 class EvaluateAtEnd(Hook):
@@ -27,9 +30,11 @@ class EvaluateAtEnd(Hook):
     of the run, its means for metrics.json (`eval_*`) and the loggers. It runs where the whole teacher fits on one
     device (the placement says: `whole_on_one_device`); the training teacher is freed by then, eval loads its own."""
 
-    def __init__(self, steps: int = 10, per_prompt: int = 1):
+    def __init__(self, steps: int = 10, per_prompt: int = 1, prompts_path: str | None = None, limit: int = 8):
         self.steps = at_least("hooks.evaluate.steps", steps, 1)
         self.per_prompt = at_least("hooks.evaluate.per_prompt", per_prompt, 1)
+        self.limit = at_least("hooks.evaluate.limit", limit, 1)
+        self.prompts_path = prompts_path
 
     def bind(self, ctx, parts) -> None:
         self.ctx, self.targets = ctx, parts.targets
@@ -46,7 +51,8 @@ class EvaluateAtEnd(Hook):
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-        result = evaluate(ctx.run_dir, steps=self.steps, per_prompt=self.per_prompt, device=ctx.device, trust=own)
+        result = evaluate(ctx.run_dir, prompts_path=self.prompts_path, steps=self.steps, limit=self.limit,
+                          device=ctx.device, trust=own, per_prompt=self.per_prompt)  # fmt: skip
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
         return {f"eval_{k}": v for k, v in result["mean"].items()}
 
