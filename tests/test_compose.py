@@ -52,3 +52,15 @@ def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
 def test_a_setting_of_a_hook_the_list_leaves_out_says_to_add_it():
     with pytest.raises(UserError, match=r"that hook is not in the `hooks` list: add it .* or drop the setting$"):
         compose_config(["hooks=[monitor,progress]", "hooks.evaluate.steps=2"])
+
+
+def test_an_older_hook_setting_is_dropped_where_its_hook_is_not_in_the_list_and_a_sweep_of_two_keys_is_refused():
+    assert modern_argv(["debug=fast", "trainer.sample_steps=5"]) == ["debug=fast"]  # debug=fast has no samples
+    assert modern_argv(["trainer.eval_at_end=false", "trainer.sample_steps=5"]) == [
+        "~hooks.evaluate", "hooks.samples.steps=5"]  # fmt: skip
+    assert modern_argv(["-m", "trainer.val_every=5,10"]) == ["-m", "hooks.monitor.val_every=5,10"]
+    with pytest.raises(UserError, match=r"^trainer.sample_steps=5,10: a sweep of a key that is now hooks.samples.steps "
+                       r"and hooks.evaluate.steps cannot be rewritten as one; sweep the new keys"):  # fmt: skip
+        modern_argv(["-m", "trainer.sample_steps=5,10"])
+    with pytest.raises(UserError, match=r"hooks=\[monitor,progress,samples\],\[monitor,progress,samples,evaluate\]"):
+        modern_argv(["-m", "trainer.eval_at_end=false,true"])

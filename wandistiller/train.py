@@ -188,8 +188,8 @@ def cli() -> None:
 
     from wandistiller.compose import check_overrides, modern_argv
 
-    sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too
     with exit_on_user_error():
+        sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too
         check_overrides(sys.argv[1:])
     note_missing_run_dir(sys.argv[1:])
     main()

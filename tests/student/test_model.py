@@ -121,11 +121,20 @@ def test_hidden_state_distillation_projects_to_the_teachers_width(tiny_path):
     assert build_student(inspect_teacher(tiny_path), **scfg(builder="tiny")).hidden_proj is None
 
 
-def test_a_checkpoint_of_one_projection_loads_into_the_first(tiny_path):
+def test_a_checkpoint_of_one_projection_resumes_into_the_first(tiny_path):
+    from diffusers.training_utils import EMAModel
+
+    from wandistiller.state.checkpoint import restore
+
     student = build_student(inspect_teacher(tiny_path), **scfg(builder="tiny"), hidden_layers=(-1,))
     state = student.state_dict()
     old = {k.replace("hidden_proj.0.", "hidden_proj."): v.clone() + 1 for k, v in state.items()}  # as saved before
-    student.load_state_dict(old)
+    optimizer = torch.optim.AdamW(student.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    saved = {"student": old, "optimizer": optimizer.state_dict(), "lr_scheduler": scheduler.state_dict(),
+             "scaler": scaler.state_dict(), "ema": None}  # fmt: skip
+    restore(saved, student, optimizer, scheduler, scaler, EMAModel(student.parameters()))
     assert torch.equal(student.hidden_proj[0].weight, old["hidden_proj.weight"])
 
 

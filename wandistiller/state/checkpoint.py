@@ -292,6 +292,9 @@ def check_compatible(state: dict, student: torch.nn.Module, key: str = "trainer.
 
 def restore(state: dict, student, optimizer, lr_scheduler, scaler, ema) -> None:
     """Load a checkpoint's state into the run's objects; a mismatch is one UserError, not a traceback."""
+    from wandistiller.student.model import current_state
+
+    state["student"] = current_state(state["student"])  # an older checkpoint's names, as the student has them now
     check_compatible(state, student)
     try:
         student.load_state_dict(state["student"])

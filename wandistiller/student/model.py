@@ -244,7 +244,6 @@ class Student(nn.Module):
         width = config.num_attention_heads * config.attention_head_dim
         projections = [nn.Linear(width, teacher_width) for _ in self.hidden_layers] if teacher_width else []
         self.hidden_proj = nn.ModuleList(projections) if projections else None
-        self._register_load_state_dict_pre_hook(_one_projection_of_before)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
@@ -258,12 +257,11 @@ class Student(nn.Module):
         return pred, tuple(proj(h) for proj, h in zip(self.hidden_proj, captured))
 
 
-def _one_projection_of_before(state: dict, prefix: str, *args) -> None:
-    """A checkpoint of before several-layer KD held one projection (`hidden_proj.weight`): it is the first one now."""
-    for name in ("weight", "bias"):
-        old = f"{prefix}hidden_proj.{name}"
-        if old in state:
-            state[f"{prefix}hidden_proj.0.{name}"] = state.pop(old)
+def current_state(state: dict) -> dict:
+    """A saved student state as today's Student names it: a checkpoint of before several-layer KD held one
+    projection (`hidden_proj.weight`), the first of today's list (`hidden_proj.0.weight`)."""
+    renamed = {f"hidden_proj.{name}": f"hidden_proj.0.{name}" for name in ("weight", "bias")}
+    return {renamed.get(key, key): value for key, value in state.items()}
 
 
 def build_student(
