@@ -7,25 +7,11 @@ names, for the message) and keyword names. Keep it in step with the call sites i
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
-
-
-def modules_defining(package: str, path, attribute: str) -> dict[str, object]:
-    """module name -> its `attribute`, for every module of `package` (its `__name__`, `__path__`) that defines
-    it, in name order: how each extension point (data sources, losses, hooks, loggers) finds its options."""
-    found = {}
-    for module in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
-        value = getattr(importlib.import_module(f"{package}.{module.name}"), attribute, None)
-        if value is not None:
-            found[module.name] = value
-    return found
-
 
 # keys whose `_target_` may instead be a class built from the keys alone (its instances are what is called)
 LOSS_CLASSES = frozenset({"trainer.loss"})
@@ -35,8 +21,8 @@ HYDRA_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_conv
 CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recipe": (("cfg", "prepared", "topology"), ()),  # train.run_recipe
     "student": ((), ("spec", "dtype")),  # recipe._setup_student
-    # loop.distill_step, for a function of the old shape; a loss class (recipe.losses.LOSSES) is built from its keys
-    # alone and its instances called with LossInputs (LOSS_CLASSES below)
+    # loop.distill_step, for a function of the old shape; a loss class (an option of recipe.losses.REGISTRY) is built
+    # from its keys alone and its instances called with LossInputs (LOSS_CLASSES below)
     "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),
     "trainer.optimizer": (("params",), ()),  # recipe._setup_optimization
     "logger.*": ((), ()),  # each logger: tracking.loggers.build
