@@ -86,7 +86,7 @@ def test_the_report_names_the_command_and_the_settings_and_holds_the_table_and_t
     settings = settings_from(parse_args(["--small"]))
     numbers = results((0.95, 2.0), (0.85, 2.5), (0.9, 2.2), (0.9, 2.1), (0.5, 6.0), (0.8, 3.0))
     text = report(numbers, settings, ["--small"], seconds=90)
-    assert text.startswith("# Student quality on the pocket teacher\n")
+    assert text.startswith("Written by ")
     assert "`python -m wandistiller.quality --small`" in text and "1.5 min in all" in text
     assert "`student=half`, 2 steps of batch 2" in text and "1 per prompt x 6 prompts per seed" in text
     assert table(numbers) in text and text.endswith("\n".join(targets(numbers)) + "\n")
@@ -108,3 +108,22 @@ def test_a_bad_out_is_refused_before_the_work_and_small_never_writes_the_shipped
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
     assert SHIPPED_REPORT.read_bytes() == shipped and not (tmp_path / "work").exists()
+
+
+def test_a_section_is_replaced_between_its_markers_and_the_rest_of_the_report_is_kept(tmp_path):
+    from wandistiller.quality.__main__ import write_section
+
+    out = tmp_path / "QUALITY.md"
+    write_section(out, "data", "first table")
+    write_section(out, "compression", "a curve")
+    out.write_text(out.read_text() + "\n## Hand-written notes\n")
+    write_section(out, "data", "second table\n")
+    text = out.read_text()
+    assert text.startswith("# Student quality on the pocket teacher\n")
+    assert "first table" not in text and text.count("second table") == 1 and "a curve" in text
+    assert text.index("second table") < text.index("a curve") < text.index("## Hand-written notes")
+    # The shipped report's generated part is a section: a new run replaces it and keeps the notes after it.
+    from wandistiller.quality.__main__ import SHIPPED_REPORT
+
+    shipped = SHIPPED_REPORT.read_text()
+    assert "<!-- quality:data -->" in shipped and "<!-- /quality:data -->" in shipped

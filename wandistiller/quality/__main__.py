@@ -1,9 +1,12 @@
-"""`python -m wandistiller.quality [--small] [--seeds 0 1 2] [--steps N] [--batch-size N] [--student half]
-[--teacher pocket] [--out docs/QUALITY.md]`.
+"""`python -m wandistiller.quality [--compression] [--small] [--seeds 0 1 2] [--steps N] [--batch-size N]
+[--student half] [--teacher pocket] [--jobs N] [--out docs/QUALITY.md]`.
 
 Trains the comparison's students on the pocket teacher, prints the table (mean ± spread over seeds) and
-writes it, with the command and the machine, to `--out`. `--small` is the CI-sized run (2 steps, 6 prompts,
-1 seed) that checks the whole path in a minute; its numbers mean nothing.
+writes it, with the command and the machine, to its own section of `--out` (the rest of the file, hand-written
+notes included, is kept). Without `--compression`: where x0 comes from and which loss (compare.py); with it:
+half, quarter and tenth students, pruned or random starts, output or several-layer KD, and `compression.png`
+beside the report (compression.py). `--small` is the CI-sized run (2 steps, 6 prompts, 1 seed) that checks the
+whole path in a minute or two; its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -21,27 +24,29 @@ from typing import Any
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import atomic_write, folder_problem
+from wandistiller.quality import compression
 from wandistiller.quality.compare import COLUMNS, Settings, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
 FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "latent_mse": "{:.4f}",
-           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}"}  # fmt: skip
+           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}", "share": "{:.1%}"}  # fmt: skip
 
 
 def cell(values: list[float], key: str) -> str:
     fmt = FORMATS[key]
-    if len(values) < 2 or key == "params":
+    if len(values) < 2 or key in ("params", "share"):
         return fmt.format(statistics.fmean(values))
     return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.pstdev(values)).rstrip('%')}"
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    """Markdown: one row per setting, each column the mean (± population std) over seeds."""
-    keys = COLUMNS + ["train_s"]
+def table(results: dict[str, list[dict]], keys: list[str] | None = None, formats: dict[str, str] | None = None) -> str:
+    """Markdown: one row per setting, each column the mean (± population std) over seeds (`formats` names the
+    format a column takes where it is not its own name's, e.g. params as a share)."""
+    keys, formats = keys or COLUMNS + ["train_s"], formats or {}
     lines = ["| | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name, runs in results.items():
-        cells = [cell([r[k] for r in runs], k) if k in runs[0] else "" for k in keys]
+        cells = [cell([r[k] for r in runs], formats.get(k, k)) if k in runs[0] else "" for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -70,7 +75,6 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
 def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     cores = os.cpu_count()
     return (
-        "# Student quality on the pocket teacher\n\n"
         f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {cores} cores, torch threads 1; {seconds / 60:.1f} min in all). "
         f"Every student: `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; "
@@ -87,6 +91,40 @@ def report(results: dict, settings: Settings, argv: list[str], seconds: float) -
     )
 
 
+def compression_report(results: dict, settings: Settings, budgets: dict[str, int], argv: list[str],
+                       seconds: float, jobs: int) -> str:  # fmt: skip
+    steps = ", ".join(f"{size} {steps}" for size, steps in budgets.items())
+    return (
+        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1, {jobs} run(s) at once; "
+        f"{seconds / 60:.1f} min in all). Every student trains on the teacher's images (`data=pocket_digits`) "
+        f"with batch {settings.batch_size}, steps per size: {steps}; samples: {settings.sample_steps} UniPC "
+        f"steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} prompts per seed, the same noise "
+        f"for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
+        "Rows: `student=<size>`; `pruned` is `student.init=teacher` (blocks, heads and channels cut from the "
+        "teacher), `random` is `student.init=random`; `output KD` is `loss=distillation`, `several-layer KD` is "
+        "`loss=features`. params: the share of the teacher's transformer parameters; train_s: the training "
+        "run's wall clock (beside the other runs when several ran at once).\n\n"
+        + table(results, compression.COLUMNS, {"params": "share"})
+        + "\n\n![prompt accuracy against parameters](compression.png)\n\nTargets (issue 27), from the means above:\n\n"
+        + "\n".join(compression.targets(results))
+        + "\n"
+    )
+
+
+def write_section(out: Path, key: str, text: str) -> None:
+    """`text` as the section `key` of `out`, between its markers: replaced where the file has them, appended
+    where it does not; the rest of the file (other sections, hand-written notes) stays as it is."""
+    start, end = f"<!-- quality:{key} -->", f"<!-- /quality:{key} -->"
+    section = f"{start}\n{text.rstrip()}\n{end}"
+    old = out.read_text() if out.is_file() else "# Student quality on the pocket teacher\n"
+    if start in old and end in old:
+        new = old[: old.index(start)] + section + old[old.index(end) + len(end) :]
+    else:
+        new = old.rstrip() + "\n\n" + section + "\n"
+    atomic_write(out, new)
+
+
 def _prompts(settings: Settings) -> list[str]:
     from wandistiller.quality.compare import _prompt_set
 
@@ -95,9 +133,13 @@ def _prompts(settings: Settings) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--compression", action="store_true", help="the compression curve: half, quarter and tenth "
+                        "students, pruned or random, output or several-layer KD (writes compression.png too)")
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
+    parser.add_argument("--jobs", type=int, default=1, help="--compression: runs trained at once (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
-    parser.add_argument("--steps", type=int, help="training steps of every student (default 1000)")
+    parser.add_argument("--steps", type=int, help="training steps of every student (default 1000; with "
+                        f"--compression, per size: {compression.BUDGETS})")
     parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
@@ -142,15 +184,28 @@ def main(argv: list[str] | None = None) -> None:
     settings = settings_from(args)
     with exit_on_user_error():
         out = report_path(args)
+        if args.jobs < 1:
+            raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
+    budgets = {size: settings.max_steps if args.small or args.steps else steps
+               for size, steps in compression.BUDGETS.items()}  # fmt: skip
     work = args.work or Path(tempfile.mkdtemp(prefix="wandistiller-quality-"))
     try:
         with exit_on_user_error():
-            results = compare(settings, work)
+            if args.compression:
+                results = compression.compare_compression(settings, work, budgets, args.jobs)
+            else:
+                results = compare(settings, work)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    atomic_write(out, report(results, settings, argv, time.perf_counter() - start))
-    print(table(results))
+    seconds = time.perf_counter() - start
+    if args.compression:
+        compression.plot(results, out.parent / "compression.png")
+        write_section(out, "compression", compression_report(results, settings, budgets, argv, seconds, args.jobs))
+        print(table(results, compression.COLUMNS, {"params": "share"}))
+    else:
+        write_section(out, "data", report(results, settings, argv, seconds))
+        print(table(results))
     print(f"wrote {out}")
 
 
