@@ -36,6 +36,7 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.recipe.losses import as_loss
 from wandistiller.state.checkpoint import check_teacher
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
@@ -93,6 +94,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         placement, planned = choose_placement(cfg, precision, world)
     assert placement is not None  # the teacher's config is here now: named or chosen
     check_combination(cfg, placement, world)
+    check_layers(cfg, spec.transformer_config, student, placement)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
@@ -247,4 +249,27 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
+        )
+
+
+def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:
+    """The blocks the loss matches (hidden-state KD): ones both models have (a loss that picks them from the
+    depths, loss=features, is resolved on the JSON: the keep-map only moves its pairs among blocks that exist),
+    under a placement whose teacher returns hidden states."""
+    loss = as_loss(instantiate(cfg.trainer.loss))
+    resolve = getattr(loss, "resolve", None)
+    if resolve is not None:
+        resolve(teacher["num_layers"], student["num_layers"])
+    needs = loss.needs
+    for name, blocks, depth in (("teacher", needs.teacher_hidden, teacher["num_layers"]),
+                                ("student", needs.student_hidden, student["num_layers"])):  # fmt: skip
+        bad = next((b for b in blocks if not -depth <= b < depth), None)
+        if bad is not None:
+            raise UserError(f"trainer.loss matches {name} block {bad}, but the {name} has {depth} blocks; match "
+                            f"blocks in -{depth}..{depth - 1}")  # fmt: skip
+    if needs.teacher_hidden and not placement.hidden_states:
+        able = names_where(lambda cls: cls.hidden_states)
+        raise UserError(
+            f"trainer.loss matches the teacher's hidden states, but teacher_placement={placement.name} returns none; "
+            f"use teacher_placement={' or '.join(able[:3])}, or a loss without hidden-state KD (loss=distillation)"
         )
