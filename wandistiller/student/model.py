@@ -254,12 +254,13 @@ class Student(nn.Module):
         config: Any = self.transformer.config
         width = config.num_attention_heads * config.attention_head_dim
         self.hidden_layers = tuple(hidden_layers)
-        self.hidden_proj = nn.ModuleList(nn.Linear(width, self.teacher_width, dtype=dtype) for _ in hidden_layers)
+        projections = [nn.Linear(width, self.teacher_width, dtype=dtype) for _ in hidden_layers]
         if width == self.teacher_width:
             with torch.no_grad():
-                for proj in self.hidden_proj:
+                for proj in projections:
                     proj.weight.copy_(torch.eye(width, dtype=dtype))
                     proj.bias.zero_()
+        self.hidden_proj = nn.ModuleList(projections)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
