@@ -8,6 +8,7 @@ through the planner, builds the placement once, and hands the workers a picklabl
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         placement, planned = choose_placement(cfg, precision, world)
     assert placement is not None  # the teacher's config is here now: named or chosen
     check_combination(cfg, placement, world)
+    check_layers(cfg, spec.transformer_config, student, placement)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
@@ -247,4 +249,33 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
+        )
+
+
+def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:
+    """The blocks the loss matches (hidden-state KD): ones both models have (a loss that picks them from the
+    depths, loss=features, is resolved on the JSON: the keep-map only moves its pairs among blocks that exist),
+    under a placement whose teacher returns hidden states. The loss is read as `recipe.losses.as_loss` reads it
+    (that layer sits above this one): a `needs` of blocks, an older set of names, or an old-shape function."""
+    built = instantiate(cfg.trainer.loss)
+    loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
+    resolve = getattr(loss, "resolve", None)
+    if resolve is not None:
+        resolve(teacher["num_layers"], student["num_layers"])
+    needs = getattr(loss, "needs", None)
+    pairs = (("teacher", getattr(needs, "teacher_hidden", ()), teacher["num_layers"]),
+             ("student", getattr(needs, "student_hidden", ()), student["num_layers"]))  # fmt: skip
+    for name, blocks, depth in pairs:
+        bad = next((b for b in blocks if not -depth <= b < depth), None)
+        if bad is not None:
+            raise UserError(f"trainer.loss matches {name} block {bad}, but the {name} has {depth} blocks; match "
+                            f"blocks in -{depth}..{depth - 1}")  # fmt: skip
+    older = isinstance(needs, (set, frozenset)) and "teacher_hidden" in needs
+    bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
+    if (pairs[0][1] or older or bound) and not placement.hidden_states:
+        able = names_where(lambda cls: cls.hidden_states)
+        raise UserError(
+            f"trainer.loss matches the teacher's hidden states, but teacher_placement={placement.name} returns none; "
+            f"use teacher_placement={' or '.join(able[:3])}, or drop hidden-state KD (loss=distillation "
+            "trainer.loss.hidden_kd_weight=0)"
         )

@@ -10,6 +10,7 @@ its config schema (so a key the option does not take fails when the config is co
     compilable       whether teacher.compile=true (regional torch.compile) works with it
     collective       whether the teacher's forwards are collectives (every rank must run each one)
     fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
+    hidden_states    whether its teacher returns hidden states after chosen blocks with the velocity (hidden KD)
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
     check(precision, world)            refuse early, before any weights load, naming a fix
                      (check_quantize_placement: a placement that cannot load an fp8 teacher, from `fp8`)
@@ -49,6 +50,9 @@ class Placement(ABC):
     collective: ClassVar[bool] = False
     # Loads an fp8 teacher (teacher.quantize=fp8). Not yet: accelerate's device maps and FSDP2's shards.
     fp8: ClassVar[bool] = False
+    # Its teacher returns the hidden states after the blocks a loss asks for, in the forward that gives the
+    # velocity (`Teacher.targets(..., layers)`; served ones send them): every placement today.
+    hidden_states: ClassVar[bool] = True
     # Whether `auto` may choose it (a hand-written device map is the user's own choice).
     auto_candidate: ClassVar[bool] = True
     # The whole teacher on one device, as `python -m wandistiller.eval` loads it (the end-of-run evaluation runs).

@@ -88,6 +88,7 @@ class DistillationRecipe:
         state = load_checkpoint(resume_from) if resume_from and self.ctx.roles.trains else None
         self.student_group = dist.new_group(list(self.ctx.roles.students)) if self.topo.distributed else None
         if not self.ctx.roles.trains:
+            self._setup_layers(None)  # a dedicated owner builds no student, but asks its teacher for the same blocks
             return
         student = self._setup_student()
         optimizer, lr_scheduler, scaler, ema = self._setup_optimization(student, state)
@@ -189,6 +190,7 @@ class DistillationRecipe:
         )
         if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
             write_record(student.pruning, self.ctx.run_dir)
+        self._setup_layers(student)
         student.to(self.ctx.device).train()
         if cfg.trainer.gradient_checkpointing:
             student.transformer.enable_gradient_checkpointing()
@@ -207,6 +209,26 @@ class DistillationRecipe:
             "here" if self.ctx.roles.has_teacher else f"served by rank {self.ctx.roles.owner}",
         )
         return student
+
+    def _setup_layers(self, student) -> None:
+        """A loss that picks its blocks from the student's depth and keep-map (one with `resolve`: loss=features)
+        settles them here, once the student is built, and the student builds their projections. The first
+        training rank's depth and keep-map go to every rank (one all-gather), so every rank, a teacher owner that
+        builds no student included, asks its teacher for the same blocks (scoring the keep-map again elsewhere
+        would cost a pass over the teacher's weights)."""
+        resolve = getattr(self.loss_fn, "resolve", None)
+        if resolve is None:
+            return
+        shape = student_shape(student, self.ctx.spec) if student is not None else None
+        if self.topo.distributed:
+            shape = gather(self.topo, {"shape": shape})[self.ctx.roles.main]["shape"]
+        assert shape is not None  # the main rank trains
+        resolve(self.ctx.spec.transformer_config["num_layers"], *shape)
+        needs = self.loss_fn.needs
+        log.info("trainer.loss matches (teacher block, student block) %s", list(zip(needs.teacher_hidden,
+                                                                                  needs.student_hidden)))  # fmt: skip
+        if student is not None:
+            student.match(needs.student_hidden, self.ctx.precision.student_dtype)
 
     def _setup_optimization(self, student: torch.nn.Module, state: dict | None):
         """Optimizer, LR schedule, grad scaler and EMA, restored from the checkpoint when resuming."""
@@ -298,3 +320,11 @@ class DistillationRecipe:
         if not self.ctx.is_main:
             return ranks[self.topo.rank]
         return outputs.finish(self.ctx, self.run, history, ranks)
+
+
+def student_shape(student, spec) -> tuple[int, list[int] | None]:
+    """The student's depth and, when it was cut from this teacher, the teacher block each of its blocks came from
+    (its keep-map, `student.pruning`); None for a student started at random or from another folder."""
+    pruning = getattr(student, "pruning", None) or {}
+    kept = pruning.get("kept_blocks") if pruning.get("source") == str(spec.path / "transformer") else None
+    return student.transformer.config.num_layers, (list(kept) if kept is not None else None)

@@ -242,8 +242,25 @@ class Student(nn.Module):
         self.hidden_layers = tuple(hidden_layers)
         config: Any = transformer.config  # a diffusers model's (nn.Module's attributes are typed Tensor | Module)
         width = config.num_attention_heads * config.attention_head_dim
+        self.teacher_width = teacher_width
         projections = [nn.Linear(width, teacher_width) for _ in self.hidden_layers] if teacher_width else []
         self.hidden_proj = nn.ModuleList(projections) if projections else None
+
+    def match(self, hidden_layers: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Project these student blocks to the teacher's width: for a loss that settles its blocks once the student
+        is built (its depth and keep-map known). At the teacher's own width a projection starts as the identity
+        (still learned): a block cut from the teacher then starts matched to the block it came from."""
+        assert self.teacher_width and self.hidden_proj is None, "match once, on a student built without hidden_layers"
+        config: Any = self.transformer.config
+        width = config.num_attention_heads * config.attention_head_dim
+        self.hidden_layers = tuple(hidden_layers)
+        projections = [nn.Linear(width, self.teacher_width, dtype=dtype) for _ in hidden_layers]
+        if width == self.teacher_width:
+            with torch.no_grad():
+                for proj in projections:
+                    proj.weight.copy_(torch.eye(width, dtype=dtype))
+                    proj.bias.zero_()
+        self.hidden_proj = nn.ModuleList(projections)
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor

@@ -1,10 +1,14 @@
-"""Training losses (`trainer.loss`), one module per option of `conf/loss/` (distillation, task, blend;
+"""Training losses (`trainer.loss`), one module per option of `conf/loss/` (distillation, task, blend, features;
 `base.py` holds the interface: `LossInputs`, `Needs`, named parts). Each module declares
 `OPTION = Option("<name>", <its schema>, <its class>)`; `REGISTRY` finds it.
 
 - `distillation` (default): the teacher's guided velocity, + optional hidden-state KD;
 - `task`: the same student without the teacher: the denoising velocity noise - x0 of the data's latents;
-- `blend`: alpha * task + (1 - alpha) * distillation (torchtune's `kd_ratio`, BK-SDM's task + KD).
+- `blend`: alpha * task + (1 - alpha) * distillation (torchtune's `kd_ratio`, BK-SDM's task + KD);
+- `features`: the velocity + feature KD at several depths (BK-SDM's feature KD), one part per (teacher block,
+  student block) pair. Its pairs depend on the student's depth and keep-map, so it has `resolve(teacher_blocks,
+  student_blocks, kept)`, which the recipe calls once the student is built (and preflight on the JSON, to refuse
+  blocks the models lack); a loss whose `needs` are fixed needs none.
 
 Adding a loss: one module here (its schema dataclass with `_target_` and `_partial_: true`, its class with
 `needs`, its `OPTION`) and one YAML `conf/loss/<name>.yaml` (`# @package trainer.loss`, `defaults:

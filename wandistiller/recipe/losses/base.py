@@ -8,8 +8,9 @@ unweighted, as they are, e.g. the hidden-state MSE before its weight), else on t
 Its `needs` alone decides what a step computes: the teacher's guided velocity (`teacher`), the teacher's hidden
 states after given blocks paired with the student's (`teacher_hidden`/`student_hidden`: the student then builds
 one learned projection to the teacher's width per pair), and the clean latents the batch was made from (`x0`).
-A loss without the teacher lets a rank that holds its own teacher skip it. A new loss (several-layer KD, a
-few-step method's parts) is a module declaring its `Needs`; the loop, the served teacher and the student follow.
+A loss without the teacher lets a rank that holds its own teacher skip it. A new loss (a few-step method's parts)
+is a module declaring its `Needs`; the loop, the served teacher and the student follow. A loss whose blocks depend
+on the student's depth and keep-map (loss=features) sets its `needs` in `resolve`, called once the student is built.
 """
 
 from __future__ import annotations
