@@ -94,13 +94,13 @@ class Trajectory(Method):
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, noises_per_prompt: int = 2, chunk: int = 16):
         super().__init__(name, steps)
-        self.steps = steps_within(steps, teacher_steps)
+        self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
         self.teacher_steps = teacher_steps
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
 
     def prepare(self, ctx, teacher, embeddings) -> None:
-        self.points = OdePoints(ctx, teacher, embeddings, self.steps, self.teacher_steps, self.per_prompt, self.chunk)
+        self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
 
     def student_loss(self, run, step, micro, clock):
         parts = {"trajectory": self.points.loss(run, step, micro)}
