@@ -24,7 +24,7 @@ def test_registration_stores_every_registrys_schemas_and_the_tree():
     assert "train_schema.yaml" in store.list("")
     for registry in registries():
         assert {f"{name}.yaml" for name in registry.names()} <= set(store.list(f"schema/{registry.group}"))
-    assert [r.group for r in registries()] == ["teacher_placement", "data", "loss", "hooks", "logger"]
+    assert [r.group for r in registries()] == ["teacher_placement", "data", "loss", "method", "hooks", "logger"]
 
 
 def test_one_option_composes_with_its_schema_and_precision_auto_resolves_to_one():

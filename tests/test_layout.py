@@ -265,7 +265,14 @@ def test_the_cycle_check_finds_a_circle_and_not_a_functions_import(tmp_path):
 # Where an option may be named: its registry's package, the mapping of older runs' names, and the benches (tools that
 # measure given placements by design).
 NAMES_OPTIONS = ("wandistiller.core.renamed", "wandistiller.bench")
-GROUP_WORDS = {"teacher_placement": "placement", "data": "latents", "loss": "loss", "hooks": "hook", "logger": "logger"}
+GROUP_WORDS = {
+    "teacher_placement": "placement",
+    "data": "latents",
+    "loss": "loss",
+    "method": "method",
+    "hooks": "hook",
+    "logger": "logger",
+}
 
 
 def options_named_outside_their_registry(files: dict[str, Path]) -> list[str]:

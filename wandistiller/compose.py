@@ -55,14 +55,15 @@ def register_configs() -> None:
 
 
 def registries() -> tuple[Registry, ...]:
-    """Every extension point's registry (placements, data sources, losses, hooks, loggers)."""
+    """Every extension point's registry (placements, data sources, losses, methods, hooks, loggers)."""
     from wandistiller.data.sources import REGISTRY as data
     from wandistiller.placements import REGISTRY as placements
     from wandistiller.recipe.hooks import REGISTRY as hooks
     from wandistiller.recipe.losses import REGISTRY as losses
+    from wandistiller.recipe.methods import REGISTRY as methods
     from wandistiller.tracking.loggers import REGISTRY as loggers
 
-    return placements, data, losses, hooks, loggers
+    return placements, data, losses, methods, hooks, loggers
 
 
 def auto_precision(cfg):

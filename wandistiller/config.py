@@ -200,6 +200,9 @@ class TrainConfig:
     # The loop's hooks by name (`hooks=[monitor,progress,samples,evaluate]`), each with its own schema and settings
     # (wandistiller/recipe/hooks/<name>.py: `hooks.monitor.val_every`, `hooks.samples.every`, ...).
     hooks: dict[str, Any] = field(default_factory=dict)
+    # What one training step does (`method=kd|trajectory|dmd`), each with its own schema
+    # (wandistiller/recipe/methods/<name>.py): `method.name`, and `method.steps` the K of a few-step student.
+    method: Any = MISSING
     distributed: DistributedConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = MISSING

@@ -1,4 +1,5 @@
-"""The one registration idiom of every extension point (placements, data sources, losses, hooks, loggers).
+"""The one registration idiom of every extension point (placements, data sources, losses, methods, hooks,
+loggers).
 
 An option is one module of its extension point's package that declares
 

@@ -171,12 +171,18 @@ def check_training_parts(cfg: DictConfig) -> None:
     if isinstance(built, functools.partial) and isinstance(built.func, type):
         built()
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
-        try:
-            instantiate(node)
-        except InstantiationException as e:  # Hydra wraps what the constructor raised
-            if isinstance(e.__cause__, UserError):
-                raise e.__cause__ from None
-            raise
+        built_quietly(node)
+    built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)
+
+
+def built_quietly(node):
+    """`instantiate(node)`, a UserError its constructor raised as that one line (Hydra wraps it)."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, UserError):
+            raise e.__cause__ from None
+        raise
 
 
 MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)
@@ -236,7 +242,7 @@ def check_targets(cfg: DictConfig) -> None:
 
     listed = [f"{group}.{k}" for group in ("logger", "hooks") for k, v in cfg[group].items()
               if isinstance(v, DictConfig) and "_target_" in v]  # fmt: skip
-    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement"):
+    for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
             get_object(target)

@@ -22,6 +22,7 @@ from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.job.checks import (
+    built_quietly,
     check_folders,
     check_hooks,
     check_known_keys,
@@ -243,6 +244,8 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
+    # The method against the placement: a teacher at the student's own inputs, a teacher-shaped fake score.
+    built_quietly(cfg.method).check(placement, world.size, local_device(Topology()))
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(

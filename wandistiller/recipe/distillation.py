@@ -82,6 +82,7 @@ class DistillationRecipe:
         self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank)
         self.val_set = self._setup_val_set(self.teacher, self.val_embeddings)
         self.samples = self._setup_samples(self.teacher, self.embeddings)
+        self.method = self._setup_method(self.teacher, self.embeddings)
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
         # Only training ranks need the optimizer and student states; a dedicated owner needs the step alone.
@@ -92,6 +93,8 @@ class DistillationRecipe:
             return
         student = self._setup_student()
         optimizer, lr_scheduler, scaler, ema = self._setup_optimization(student, state)
+        # The method's own networks beside the student (dmd's fake score), before DDP wraps the student.
+        self.method.bind(self.ctx, student, self.cfg.trainer, state, self.student_group)
         tracker = self._setup_tracker(state)
         self.run = Run(
             model=self._wrap_ddp(student),
@@ -111,6 +114,7 @@ class DistillationRecipe:
             student_group=self.student_group if self.topo.distributed else None,
             hooks=self._setup_hooks(self.val_set, self.samples),
             teacher=teacher_record(self.ctx.spec, self.cfg.teacher.path),  # each checkpoint records its teacher
+            method=self.method,
         )
 
     def _setup_embeddings(self):
@@ -162,6 +166,13 @@ class DistillationRecipe:
         """`trainer.loss` (wandistiller.recipe.losses), built once: its `needs` decide what the loop computes,
         what the batches carry, what the teacher returns and which projections the student builds."""
         return as_loss(instantiate(self.cfg.trainer.loss))
+
+    def _setup_method(self, teacher, embeddings):
+        """`method` (wandistiller/recipe/methods/): what one training step does; what it samples from the teacher
+        once (trajectory's ODE points) is made here, by the ranks that hold a teacher, and read by the others."""
+        method = instantiate(self.cfg.method)
+        method.prepare(self.ctx, teacher, embeddings)
+        return method
 
     def _setup_val_set(self, teacher, val_embeddings):
         """The held-out set, made where a hook validates (`hooks.monitor.val_every` > 0); None otherwise."""
@@ -310,7 +321,8 @@ class DistillationRecipe:
         else:  # a dedicated owner: serve until the students are done
             log.info("rank %d: teacher owner on %s serving ranks %s", self.topo.rank, self.teacher.device,
                      [s.rank for s in roles.served])  # fmt: skip
-            steps = range(self.start_step, cfg.trainer.max_steps)
+            # A method that trains without the teacher (trajectory, from its cache) gets no targets served.
+            steps = range(self.start_step, cfg.trainer.max_steps) if self.method.teacher_in_loop else range(0)
             stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
                           self.loss_fn.needs.teacher_hidden, self.transfer_device())  # fmt: skip
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()

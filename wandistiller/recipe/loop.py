@@ -24,6 +24,7 @@ from wandistiller.state.checkpoint import save_checkpoint
 if TYPE_CHECKING:
     from diffusers.training_utils import EMAModel
 
+    from wandistiller.recipe.methods import Method
     from wandistiller.recipe.targets import LocalTargets, RemoteTargets
     from wandistiller.tracking.loggers.base import Logger
 
@@ -52,6 +53,8 @@ class Run:
     # Called as hook(run, step) after each step (validation, samples, metrics as they happen: recipe/hooks/).
     hooks: list[Callable] = field(default_factory=list)
     teacher: dict | None = None  # what each checkpoint records of the teacher (checkpoint.teacher_record)
+    # `method=`: what one step does (wandistiller/recipe/methods/); None: kd, today's distillation step.
+    method: Method | None = None
 
     @property
     def student(self) -> torch.nn.Module:
@@ -89,22 +92,23 @@ def train_loop(run: Run, trainer_cfg, start_step: int) -> list[dict]:
     clock, pending = Clock(run.device), []
     bar = tqdm(total=last, initial=start_step, desc="distill", disable=not trainer_cfg.progress_bar or not run.is_main)
     stop = catch_stop_signals()
+    method = run.method if run.method is not None else default_method()
     for step in range(start_step, last):
         step_start, spans = clock.mark(), []
-        sums: dict[str, torch.Tensor] = {}
         _reset_peak_memory()
+        # The method's other networks first (dmd's fake score); their parts are logged beside the student's.
+        sums: dict[str, torch.Tensor] = dict(method.other_updates(run, step))
         for micro in range(accum):
-            batch = run.batch_fn(step, micro, run.dp_rank).to(run.device)
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == accum - 1 or not hasattr(run.model, "no_sync")
             # nn.Module.__getattr__ is typed Tensor | Module: this is DDP's no_sync method.
             with contextlib.nullcontext() if sync else run.model.no_sync():  # type: ignore[operator]
-                loss, parts, span = distill_step(run, step, micro, batch, clock)
+                loss, parts, span = method.student_loss(run, step, micro, clock)
                 run.scaler.scale(loss / accum).backward()
             for name, value in parts.items():  # averaged over micro-batches, still on the device
                 sums[name] = sums.get(name, 0) + value.float() / accum
             spans.append(span)
-            del batch, loss  # free activations' owners before the next micro-batch
+            del loss  # free activations' owners before the next micro-batch
         run.scaler.unscale_(run.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, trainer_cfg.max_grad_norm or float("inf"), foreach=run.device.type == "cuda" or None
@@ -234,8 +238,17 @@ def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, g
     return entries
 
 
+def default_method() -> Method:
+    """`method=kd`, today's distillation step (conf/train.yaml's default): what a Run built without one trains with."""
+    from wandistiller.recipe.methods import REGISTRY
+
+    return REGISTRY.get("kd").cls("kd")
+
+
 def training_state(run: Run) -> dict:
-    return {
+    # The method's other networks and their optimizers (dmd's fake score), where it trains any.
+    others = run.method.state_dict() if run.method is not None else {}
+    return ({"method": others} if others else {}) | {
         "student": run.student.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "lr_scheduler": run.lr_scheduler.state_dict(),

@@ -1,0 +1,78 @@
+"""wandistiller/data/trajectories.py: the teacher's ODE points at a few-step student's sigmas are WanPipeline's own
+latents from the same noise (every point), and for K = 1 the default schedule's sample itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import FP32
+from wandistiller.core.distributed import Topology
+from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents
+from wandistiller.data.prompts import PromptEmbeddings
+from wandistiller.data.trajectories import STREAM, TrajectorySettings, ode_sigmas, teacher_trajectories
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.spec import inspect_teacher
+
+SHAPE = (16, 1, 8, 8)
+
+
+def test_the_teachers_steps_split_among_the_students_intervals_and_land_on_its_sigmas():
+    sigmas = [1.0, 0.9375, 0.8, 0.5, 0.0]
+    given, landed = ode_sigmas(sigmas, 20, 3.0, 1000)
+    assert len(given) == 20 and landed[-1] == 20 and all(a < b for a, b in zip(landed, landed[1:]))
+    shifted = 3 * given / (1 + 2 * given)
+    assert np.allclose(shifted[[0, *landed[:-1]]], sigmas[:-1])
+    one, _ = ode_sigmas([1.0, 0.0], 7, 3.0, 1000)  # K = 1: the scheduler's own default
+    assert np.array_equal(one, np.linspace(1, 1 / 1000, 8)[:-1])
+    with pytest.raises(ValueError):
+        ode_sigmas(sigmas, 3, 3.0, 1000)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    spec = inspect_teacher(tiny_path)
+    teacher = CpuPlacement().load(spec, OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None}), FP32,
+                                  Topology())  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    embeddings = PromptEmbeddings(
+        ["a", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512
+    )
+    return spec, teacher, embeddings
+
+
+def test_the_cached_points_are_wanpipelines_latents_from_the_same_noise(tiny, tmp_path):
+    spec, teacher, embeddings = tiny
+    _, sigmas = student_schedule(spec, 2)
+    settings = TrajectorySettings(SamplerSettings(6, (5.0,), SHAPE, 2), tuple(sigmas.double().tolist()))
+    bank = teacher_trajectories(teacher, embeddings, 0, settings, tmp_path, chunk_size=3, progress=False)
+    assert len(bank) == 4 and bank.latent_shape == (3, *SHAPE)
+    given, landed = ode_sigmas(settings.sigmas, 6, 3.0, 1000)
+    item = 3  # prompt 1, its second noise: the last chunk, one row (a batch of one, as the pipeline call below)
+    noise = noise_for(0, 1, 1, SHAPE, STREAM)[None]
+    pipe = wan_pipeline(spec, teacher.experts, teacher.device)
+    own = type(pipe.scheduler).set_timesteps
+    pipe.scheduler.set_timesteps = lambda n, device=None: own(pipe.scheduler, device=device, sigmas=given)
+    seen = []
+    out = pipe(prompt_embeds=embeddings.padded(torch.tensor([1])), negative_prompt_embeds=embeddings.negative_batch(1),
+               latents=noise, guidance_scale=5.0, num_inference_steps=6, height=64, width=64, num_frames=1,
+               output_type="latent", callback_on_step_end=lambda p, i, t, k: seen.append(k["latents"].clone()) or {},
+               ).frames  # fmt: skip
+    points = bank.x0(torch.tensor([item]))[0]
+    assert torch.equal(points[0], noise[0]) and torch.equal(points[-1], out[0].float())
+    assert torch.equal(points[1], seen[landed[0] - 1][0])  # the intermediate point: the step that lands on sigma_1
+
+
+def test_one_student_step_ends_at_the_sample_of_the_teachers_default_schedule(tiny, tmp_path):
+    spec, teacher, embeddings = tiny
+    settings = TrajectorySettings(SamplerSettings(5, (5.0,), SHAPE, 1), (1.0, 0.0))
+    bank = teacher_trajectories(teacher, embeddings, 0, settings, tmp_path, chunk_size=1, progress=False)
+    noise = noise_for(0, 0, 0, SHAPE, STREAM)[None]
+    pipe = wan_pipeline(spec, teacher.experts, teacher.device)  # no sigmas given: the scheduler's default
+    sample = sample_latents(pipe, noise, embeddings.padded(torch.tensor([0])), embeddings.negative_batch(1),
+                            settings.sampler)  # fmt: skip
+    assert torch.equal(bank.x0(torch.tensor([0]))[0, -1], sample[0])

@@ -1,0 +1,90 @@
+"""wandistiller/recipe/methods/dmd.py: the K-step student trained by distribution matching under a local teacher,
+with its online fake score and the optional regression term; a resume repeats an uninterrupted run bit for bit
+(student, fake score and its optimizer); what it cannot do is refused in one line (the CLI: exit 2)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import metrics_steps, refused, run_cli
+from wandistiller.placements.disk import DiskPlacement
+from wandistiller.recipe.methods.dmd import DMD
+from wandistiller.state.checkpoint import load_checkpoint
+from wandistiller.train import run
+
+FAST = ["method=dmd", "method.steps=2", "method.fake_updates=2", "trainer.batch_size=2", "trainer.log_every=1"]
+
+
+def test_dmd_trains_the_student_and_its_fake_score_with_the_regression_term(make_cfg, tmp_path):
+    folder = tmp_path / "r"
+    extra = ["method.regression_weight=0.5", "method.teacher_steps=4", "method.noises_per_prompt=1"]
+    summary = run(make_cfg(*FAST, *extra, "trainer.max_steps=3", run_dir=folder))
+    assert summary["status"] == "completed"
+    for r in metrics_steps(folder):
+        assert r["loss_dmd"] > 0 and r["loss_regression"] > 0 and r["loss_fake_score"] > 0
+        assert r["loss"] == pytest.approx(r["loss_dmd"] + 0.5 * r["loss_regression"], rel=1e-5)
+        assert r["teacher_ms"] > 0  # the teacher's score at the student's samples
+    saved = load_checkpoint(folder / "checkpoints" / "step_00000003")
+    assert set(saved["method"]) == {"fake_score"} and set(saved["method"]["fake_score"]) == {
+        "module", "optimizer", "scaler"}  # fmt: skip
+
+
+def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path):
+    common = [*FAST, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(make_cfg(*common, run_dir=straight))
+    run(make_cfg(*common, "trainer.max_steps=2", run_dir=resumed))
+    for leftover in ("student", "metrics.json"):
+        shutil.rmtree(resumed / leftover) if (resumed / leftover).is_dir() else (resumed / leftover).unlink()
+    run(make_cfg(*common, "trainer.resume=auto", run_dir=resumed))
+    keys = ("loss", "loss_dmd", "loss_fake_score", "grad_norm")
+    assert [[r[k] for k in keys] for r in metrics_steps(resumed)] == [[r[k] for k in keys] for r in
+                                                                      metrics_steps(straight)]  # fmt: skip
+    a = load_checkpoint(straight / "checkpoints/step_00000004")
+    b = load_checkpoint(resumed / "checkpoints/step_00000004")
+    for key, value in a["student"].items():
+        assert torch.equal(value, b["student"][key]), key
+    fake_a, fake_b = a["method"]["fake_score"], b["method"]["fake_score"]
+    for key, value in fake_a["module"].items():
+        assert torch.equal(value, fake_b["module"][key]), key
+    state_a, state_b = fake_a["optimizer"]["state"], fake_b["optimizer"]["state"]
+    assert all(torch.equal(state_a[i]["exp_avg"], state_b[i]["exp_avg"]) for i in state_a)
+
+
+def test_a_teacher_shaped_fake_score_trains_where_the_whole_teacher_is_on_the_training_device(make_cfg, tmp_path):
+    run(make_cfg(*FAST, "method.fake_score=teacher", "trainer.max_steps=1", run_dir=tmp_path / "r"))
+    fake = load_checkpoint(tmp_path / "r" / "checkpoints" / "step_00000001")["method"]["fake_score"]["module"]
+    assert any(k.startswith("transformer.blocks.1.") for k in fake)  # the tiny teacher's two blocks, not the student's
+
+
+def test_what_dmd_cannot_do_is_refused_in_one_line():
+    with refused("method.fake_score=lora is not built yet; use method.fake_score=student"):
+        DMD("dmd", 4, fake_score="lora")
+    with refused("method.fake_updates=0 must be a positive integer"):
+        DMD("dmd", 4, fake_updates=0)
+    with refused("method.regression_weight=-1.0 must be 0 or more"):
+        DMD("dmd", 4, regression_weight=-1.0)
+    with refused("method.fake_score=teacher trains a teacher-shaped network on the training device (cpu), and "
+                 "teacher_placement=disk keeps the teacher off it"):  # fmt: skip
+        DMD("dmd", 4, fake_score="teacher").check(DiskPlacement(), 1, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("method.steps=0", "error: method.steps=0 must be at least 1 (a K-step student); e.g. method.steps=4"),
+        (
+            "distributed.nproc_per_node=2",
+            "error: method=dmd calls the teacher at inputs the student makes, which "
+            "teacher_placement=cpu cannot take from other ranks yet",
+        ),  # fmt: skip
+    ],
+)
+def test_the_cli_refuses_a_bad_method_with_one_line_and_exit_2(tmp_path, cache_dir, override, line):
+    result = run_cli(f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "logger=none", "method=dmd",
+                     override)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().startswith(line) and len(result.stderr.strip().splitlines()) == 1

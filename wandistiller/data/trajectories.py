@@ -1,0 +1,155 @@
+"""Points of the teacher's guided ODE at a few-step student's sigmas, cached on disk: what `method=trajectory`
+learns to jump between (and `method=dmd`'s optional regression term).
+
+From fixed noises (per training prompt, `per_prompt` each, drawn as teacher latents draw theirs, on a stream of
+their own), diffusers' WanPipeline runs the teacher: its experts (routed at the boundary), its own scheduler class
+and config, its guidance, `teacher_steps` steps. Only the sigmas those steps start from are chosen here, so that
+the student's K + 1 (teacher/fewstep.py: `student_schedule`) are among them: the teacher's steps are split among
+the student's K intervals in proportion to their lengths before the flow shift (at least one each), each interval
+evenly, over the same [1, 1/T] the scheduler's default spans -- so for K = 1 they are its default schedule. The
+latents after the step that lands on each student sigma are kept: an item is [K + 1, C, F, H, W], x(sigma_0) the
+noise itself and x(sigma_K) the sample. The cache is data/latents.py's (`cached_bank`): keyed, chunked, resumable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wandistiller.data.latents import SamplerSettings, cache_key, cached_bank, load_latent_bank, noise_for
+from wandistiller.data.prompts import PromptEmbeddings
+from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.sampler import wan_pipeline
+
+STREAM = "trajectories"  # the noises' own stream: not the teacher latents', evaluation's or generation's
+
+
+@dataclass(frozen=True)
+class TrajectorySettings:
+    """What the teacher samples with (`sampler.steps`: its steps) and the student's K + 1 sigmas, ending at 0."""
+
+    sampler: SamplerSettings
+    sigmas: tuple[float, ...]
+
+    @property
+    def points(self) -> int:
+        return len(self.sigmas)
+
+
+def scheduler_shift(scheduler) -> float:
+    """The flow shift a scheduler applies to the sigmas it is given (UniPC's `flow_shift`, FlowMatchEuler's `shift`)."""
+    config = scheduler.config
+    return float(config["flow_shift"] if "flow_shift" in config else config["shift"])
+
+
+def ode_sigmas(student_sigmas, steps: int, shift: float, num_train_timesteps: int) -> tuple[np.ndarray, list[int]]:
+    """(the `steps` unshifted sigmas the teacher's scheduler is given, the index in its shifted sigmas of each
+    student sigma after the first): the student's intervals get steps in proportion to their unshifted lengths."""
+    shifted = [float(s) for s in student_sigmas[:-1]]
+    if not 1 <= len(shifted) <= steps:
+        raise ValueError(f"{len(shifted)} student steps cannot land on {steps} teacher steps")
+    u = [s / (shift - (shift - 1) * s) for s in shifted] + [1 / num_train_timesteps]  # the shift undone
+    lengths = np.array([a - b for a, b in zip(u, u[1:])])
+    share = lengths / lengths.sum() * steps
+    counts = np.maximum(1, np.floor(share)).astype(int)
+    while counts.sum() > steps:  # the minimum of one each took more: from the longest over-served interval
+        counts[np.argmax(np.where(counts > 1, counts - share, -np.inf))] -= 1
+    while counts.sum() < steps:  # the rest to the largest remainders
+        counts[np.argmax(share - counts)] += 1
+    sigmas = np.concatenate([np.linspace(a, b, n + 1)[:-1] for a, b, n in zip(u, u[1:], counts)])
+    return sigmas, [int(i) for i in np.cumsum(counts)]
+
+
+def with_sigmas(pipe, sigmas: np.ndarray):
+    """The pipeline's scheduler set to `sigmas` whatever step count WanPipeline asks it for (its own class and
+    config: only where its steps start is chosen)."""
+    scheduler = pipe.scheduler
+    own = scheduler.set_timesteps
+    scheduler.set_timesteps = lambda num_inference_steps=None, device=None, **kw: own(device=device, sigmas=sigmas)
+    return pipe
+
+
+def sample_trajectories(pipe, noise, cond, uncond, settings: TrajectorySettings, num_train_timesteps: int):
+    """One WanPipeline call from `noise`: [n, K + 1, C, F, H, W], float32 on the CPU (x at each student sigma)."""
+    s = settings.sampler
+    sigmas, landed = ode_sigmas(settings.sigmas, s.steps, scheduler_shift(pipe.scheduler), num_train_timesteps)
+    with_sigmas(pipe, sigmas)
+    points = [noise.float().cpu()]
+    after = {i - 1 for i in landed}
+
+    def keep(pipeline, i, t, tensors):
+        if i in after:
+            points.append(tensors["latents"].float().cpu())
+        return {}
+
+    _, frames, height, width = s.latent_shape
+    pipe(
+        prompt_embeds=cond,
+        negative_prompt_embeds=uncond,
+        latents=noise,
+        guidance_scale=s.guidance_scales[0],
+        guidance_scale_2=s.guidance_scales[1] if len(s.guidance_scales) == 2 else None,
+        num_inference_steps=s.steps,
+        height=height * pipe.vae_scale_factor_spatial,
+        width=width * pipe.vae_scale_factor_spatial,
+        num_frames=(frames - 1) * pipe.vae_scale_factor_temporal + 1,
+        output_type="latent",
+        callback_on_step_end=keep,
+    )
+    reached = pipe.scheduler.sigmas[[0, *landed]].double().tolist()
+    wanted = list(settings.sigmas)
+    if len(points) != settings.points or not all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(reached, wanted)):
+        raise RuntimeError(f"the teacher's {type(pipe.scheduler).__name__} landed on sigmas {reached}, not {wanted}")
+    return torch.stack(points, dim=1)
+
+
+def trajectories_folder(spec, embeddings: PromptEmbeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir):
+    """Where these ODE points are cached: what a rank without a teacher passes to `load_latent_bank`."""
+    key = cache_key(spec, embeddings, seed, settings.sampler, dtype)
+    sigmas = hashlib.sha256(repr([round(s, 6) for s in settings.sigmas]).encode()).hexdigest()[:8]
+    return Path(cache_dir).expanduser() / "trajectories" / f"{key}-{sigmas}"
+
+
+def teacher_trajectories(
+    teacher: Teacher,
+    embeddings: PromptEmbeddings,
+    seed: int,
+    settings: TrajectorySettings,
+    cache_dir: str | os.PathLike,
+    chunk_size: int = 16,
+    progress: bool = True,
+):
+    """A LatentBank whose item j (prompt j // per_prompt) is the ODE's K + 1 points from noise j, made once and
+    cached. Only the process holding the teacher calls this; the others then call `load_latent_bank(...)`."""
+    s = settings.sampler
+    folder = trajectories_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir)
+    pipe: list = []  # built on the first chunk that needs it: a complete cache loads no pipeline
+
+    def make_chunk(items: range) -> torch.Tensor:
+        if not pipe:
+            pipe.append(wan_pipeline(teacher.spec, teacher.experts, teacher.device))
+        prompts = torch.tensor([j // s.latents_per_prompt for j in items])
+        noise = torch.stack([noise_for(seed, j // s.latents_per_prompt, j % s.latents_per_prompt, s.latent_shape,
+                                       STREAM) for j in items])  # fmt: skip
+        cond = embeddings.padded(prompts).to(teacher.device, teacher.dtype)
+        uncond = embeddings.negative_batch(len(items)).contiguous().to(teacher.device, teacher.dtype)
+        steps = teacher.spec.num_train_timesteps
+        return sample_trajectories(pipe[0], noise.to(teacher.device), cond, uncond, settings, steps)
+
+    total = len(embeddings.prompts) * s.latents_per_prompt
+    shape = (settings.points, *s.latent_shape)
+    return cached_bank(
+        folder, total, chunk_size, s.latents_per_prompt, make_chunk, "teacher ODE points", progress, shape
+    )
+
+
+def load_trajectories(spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir):
+    """The cached bank another rank made (None if it is not whole)."""
+    folder = trajectories_folder(spec, embeddings, seed, settings, dtype, cache_dir)
+    return load_latent_bank(folder, (settings.points, *settings.sampler.latent_shape))

@@ -1,0 +1,23 @@
+"""Training methods (`method=`): what one training step does, one module per option of `conf/method/` (`base.Method`
+is the interface). Each module declares `OPTION = Option("<name>", <its schema>, <its class>)`; `REGISTRY` finds it.
+
+- `kd` (default): today's distillation step, the teacher's target at the data's batch, `trainer.loss` choosing
+  the loss (distillation, task, blend);
+- `trajectory`: a K-step student (`method.steps`) learns to jump between points of the teacher's guided ODE,
+  sampled once from fixed noises and cached;
+- `dmd`: distribution matching (DMD2): the student generates in K steps, the teacher's guided score and an
+  online fake score, trained on the student's samples, give the generator's gradient.
+
+Adding a method: one module here (its schema dataclass with `_target_`, `name` and `steps`, its `Method` subclass,
+its `OPTION`) and one YAML `conf/method/<name>.yaml` (`defaults: [/schema/method/<name>@_here_, _self_]`); the
+loop is not edited.
+"""
+
+from __future__ import annotations
+
+from wandistiller.core.registry import Registry
+from wandistiller.recipe.methods.base import Method, Network
+
+REGISTRY = Registry("method", __name__, "a training method")
+
+__all__ = ["REGISTRY", "Method", "Network"]

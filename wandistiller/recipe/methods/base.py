@@ -1,0 +1,121 @@
+"""The interface every training method implements (`method=`): what one training step does, so the loop
+(wandistiller/recipe/loop.py) stays one flat `for step` that knows no method.
+
+A method is one module of this package defining `OPTION = Option("<name>", <its schema>, <its class>)`; its schema's
+keys (`method.steps`, ...) are its constructor's, checked as it is built (preflight builds it once, before the run
+folder). It declares
+
+    name               its `method=` value (saved in the run's config as `method.name`)
+    steps              K of a few-step student (`method.steps`; None: the student samples as the teacher does)
+    teacher_in_loop    whether training calls the teacher (a dedicated teacher owner serves targets only then)
+    student_inputs     whether it calls the teacher at inputs the student makes (a served teacher cannot take
+                       them yet: refused on one)
+    check(placement, ranks, device)    refuse, in one line, a placement it cannot train with
+    prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
+    bind(ctx, student, trainer_cfg, state, group)   after the student: the networks it trains beside it, restored
+    networks           those networks (name -> Network: module, optimizer, updates per step), checkpointed with the run
+    other_updates(run, step) -> parts  their updates of one step, before the student's (dmd's fake score)
+    student_loss(run, step, micro, clock) -> (loss, parts, teacher span)   one micro-batch of the student
+
+Parts are named scalars; the loop logs each as `loss_<name>` and the student trains on `loss` (their sum when
+no part is called `loss`: wandistiller.recipe.losses.total).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from wandistiller.core.errors import UserError
+
+if TYPE_CHECKING:
+    from wandistiller.recipe.loop import Clock, Run
+
+
+@dataclass
+class Network:
+    """A network a method trains beside the student, with its own optimizer and grad scaler, updated `updates`
+    times per training step."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    updates: int = 1
+
+    def state_dict(self) -> dict:
+        module = getattr(self.module, "module", self.module)  # DDP
+        return {"module": module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict()}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        getattr(self.module, "module", self.module).load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+
+
+class Method:
+    name: ClassVar[str]
+    teacher_in_loop: ClassVar[bool] = True
+    student_inputs: ClassVar[bool] = False
+
+    def __init__(self, name: str, steps: int | None = None):
+        if name != self.name:
+            raise UserError(f"method.name={name!r} belongs to method={name}; choose the method with method=<name>")
+        if steps is not None and steps < 1:
+            raise UserError(f"method.steps={steps} must be at least 1 (a K-step student); e.g. method.steps=4")
+        self.steps = steps
+        self.networks: dict[str, Network] = {}
+
+    def check(self, placement, ranks: int, device: torch.device) -> None:
+        """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all)."""
+        if self.student_inputs and placement.serving != "local" and ranks > 1:
+            from wandistiller.placements import names_where
+
+            local = names_where(lambda cls: cls.serving == "local")
+            raise UserError(
+                f"method={self.name} calls the teacher at inputs the student makes, which teacher_placement="
+                f"{placement.name} cannot take from other ranks yet (its owner rebuilds batches from the seed); use "
+                f"{' or '.join(local)}, or one process (distributed.nproc_per_node=1)"
+            )
+
+    def prepare(self, ctx, teacher, embeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
+        """What the method samples from the teacher once, before the student (every rank calls it)."""
+
+    def bind(self, ctx, student: torch.nn.Module, trainer_cfg, state: dict | None, group) -> None:  # noqa: B027
+        """The networks it trains beside the student, built and (resuming) restored from `state["method"]`."""
+
+    def other_updates(self, run: Run, step: int) -> dict[str, torch.Tensor]:
+        """The updates of its other networks in one training step (before the student's): their logged parts."""
+        return {}
+
+    def student_loss(self, run: Run, step: int, micro: int, clock: Clock):
+        """One micro-batch of the student: (loss to backpropagate, logged parts, teacher span)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {name: network.state_dict() for name, network in self.networks.items()}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if not self.networks:
+            return
+        if not state or set(state) != set(self.networks):
+            raise UserError(
+                f"trainer.resume: the checkpoint holds no {', '.join(self.networks)} of method={self.name} (it was "
+                f"trained with another method); resume with the method it was trained with, or start a new run folder"
+            )
+        for name, network in self.networks.items():
+            network.load_state_dict(state[name])
+
+
+def steps_within(steps: int, teacher_steps: int) -> int:
+    """A few-step student's K: at least 1 and no more than the teacher's own sample steps."""
+    if teacher_steps < 1:
+        raise UserError(f"method.teacher_steps={teacher_steps} must be a positive integer; e.g. 20")
+    if steps > teacher_steps:
+        raise UserError(
+            f"method.steps={steps} is more than the teacher's sample steps (method.teacher_steps={teacher_steps}): "
+            f"a few-step student takes fewer; lower method.steps or raise method.teacher_steps"
+        )
+    return steps

@@ -1,0 +1,230 @@
+"""`method=dmd`: distribution matching distillation (DMD2: Yin et al. 2024, "Improved Distribution Matching
+Distillation for Fast Image Synthesis"), for a K-step student (`method.steps`, its schedule teacher/fewstep.py's).
+
+A student update: from noise the student runs j of its K Euler steps without gradient (j drawn per micro-batch,
+DMD2's backward simulation) and predicts x0 = x_j - sigma_j v at step j, with gradient through that call alone. x0
+is re-noised at a random t of the teacher's shifted schedule; the placed teacher's guided velocity there is the
+real score (real_x0 = x_t - sigma v), an online fake score's is the fake one. The generator's loss is DMD's:
+grad = (fake_x0 - real_x0) / mean|x0 - real_x0| per sample, as 0.5 * MSE(x0, (x0 - grad).detach()). Optional:
++ `method.regression_weight` x trajectory's jump loss on the teacher's cached ODE (DMD's regression term).
+
+The fake score learns the student's distribution: `method.fake_updates` flow-matching denoising updates per
+training step, each on fresh detached student samples, with its own optimizer (trainer.optimizer's settings) and
+grad scaler, checkpointed with the run. `method.fake_score`: `student` (student-sized, started from the student;
+the default), `teacher` (teacher-shaped, started from the teacher's first expert: only where the placement keeps
+a whole teacher on the training device), `lora` (not built: refused).
+
+Every draw (prompts, noise, j, t) comes from a generator of (seed, step, micro-batch or update, rank): a resumed
+run repeats an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
+from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
+from wandistiller.recipe.losses import logged, total
+from wandistiller.recipe.methods.base import Method, Network, steps_within
+from wandistiller.recipe.methods.trajectory import OdePoints, positive
+
+FAKE_SCORES = ("student", "teacher", "lora")
+STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
+T_RANGE = (0.02, 0.98)  # where x0 is re-noised, before the shift: DMD2's min/max step
+
+
+@dataclass
+class DmdConfig:
+    _target_: str = "wandistiller.recipe.methods.dmd.DMD"
+    name: str = "dmd"
+    # K: the student's steps (its schedule: teacher/fewstep.py), at most the teacher's `teacher_steps`.
+    steps: int = 4
+    # The teacher's sample steps (K may not exceed them); the regression term's ODE is sampled with them.
+    teacher_steps: int = 20
+    # Fake-score updates per training step (DMD2's two-time-scale ratio: 5).
+    fake_updates: int = 5
+    # "student" (student-sized, from the student), "teacher" (teacher-shaped, from its first expert), "lora".
+    fake_score: str = "student"
+    # Weight of trajectory's jump loss on the teacher's cached ODE (0: off, nothing is sampled).
+    regression_weight: float = 0.0
+    # The regression term's trajectories per training prompt, and per cache chunk.
+    noises_per_prompt: int = 2
+    chunk: int = 16
+
+
+class DMD(Method):
+    """The student against the teacher's score and an online fake score of its own samples."""
+
+    name = "dmd"
+    student_inputs = True
+
+    def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
+                 fake_score: str = "student", regression_weight: float = 0.0, noises_per_prompt: int = 2,
+                 chunk: int = 16):  # fmt: skip
+        super().__init__(name, steps)
+        self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
+        self.teacher_steps = teacher_steps
+        self.fake_updates = positive("method.fake_updates", fake_updates)
+        if fake_score not in FAKE_SCORES:
+            raise UserError(f"method.fake_score={fake_score!r} is not one of {', '.join(FAKE_SCORES)}; e.g. student")
+        if fake_score == "lora":
+            raise UserError("method.fake_score=lora is not built yet; use method.fake_score=student (or teacher)")
+        self.fake_score = fake_score
+        if not (math.isfinite(regression_weight) and regression_weight >= 0):
+            raise UserError(f"method.regression_weight={regression_weight} must be 0 or more and finite; 0 is off")
+        self.regression_weight = regression_weight
+        self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
+        self.chunk = positive("method.chunk", chunk)
+
+    def check(self, placement, ranks: int, device: torch.device) -> None:
+        super().check(placement, ranks, device)
+        if self.fake_score != "teacher":
+            return
+        from wandistiller.core.distributed import Topology
+        from wandistiller.placements import names_where
+
+        if not placement.whole_on_one_device or placement.teacher_device(Topology()).type != device.type:
+            able = names_where(lambda cls: cls.whole_on_one_device)
+            raise UserError(
+                f"method.fake_score=teacher trains a teacher-shaped network on the training device ({device.type}), "
+                f"and teacher_placement={placement.name} keeps the teacher off it; use method.fake_score=student, or "
+                f"a placement with the whole teacher there ({', '.join(able)})"
+            )
+
+    def prepare(self, ctx, teacher, embeddings) -> None:
+        from wandistiller.teacher.fewstep import student_schedule
+
+        self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k)
+        self.embeddings, self.seed = embeddings, ctx.seed
+        self.batch_size, self.latent_shape = ctx.trainer_cfg.batch_size, ctx.latent_shape
+        self.shift = ctx.teacher_cfg.flow_shift or ctx.spec.flow_shift
+        self.train_timesteps = ctx.spec.num_train_timesteps
+        self.points = None
+        if self.regression_weight > 0:
+            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt,
+                                    self.chunk)  # fmt: skip
+
+    def bind(self, ctx, student, trainer_cfg, state, group) -> None:
+        from hydra.utils import instantiate
+
+        if trainer_cfg.teacher_whole_step:
+            raise UserError(
+                "trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method=dmd calls the "
+                "teacher at the student's own samples; drop trainer.teacher_whole_step"
+            )
+        device = ctx.device
+        fake = copy.deepcopy(student) if self.fake_score == "student" else teacher_shaped(ctx)
+        fake.to(device).train()
+        params = [p for p in fake.parameters() if p.requires_grad]
+        optimizer = instantiate(trainer_cfg.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
+        scaler = torch.amp.GradScaler(device.type, enabled=ctx.precision.needs_grad_scaler)
+        module: torch.nn.Module = fake
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [device.index] if device.type == "cuda" else None
+            module = DistributedDataParallel(fake, device_ids=ids, process_group=group)
+        self.networks = {"fake_score": Network(module, optimizer, scaler, self.fake_updates)}
+        self.max_grad_norm = trainer_cfg.max_grad_norm or float("inf")
+        if state is not None:
+            self.load_state_dict(state.get("method"))
+
+    # -- one training step ------------------------------------------------------------------------------------
+    def other_updates(self, run, step):
+        """`method.fake_updates` denoising updates of the fake score on fresh, detached student samples."""
+        fake = self.networks["fake_score"]
+        params = [p for p in fake.module.parameters() if p.requires_grad]
+        losses = []
+        for update in range(fake.updates):
+            g = torch.Generator().manual_seed(mixed_seed(self.seed, step, update, run.dp_rank, FAKE_STREAM))
+            _, cond, _ = self._prompts(run, g)
+            with torch.no_grad():
+                x0 = self._generate(run, g, cond)
+            x_t, t, sigma, noise = self._renoise(run, x0, g)
+            with self._autocast(run):
+                pred, _ = fake.module(x_t, t, cond)
+            loss = F.mse_loss(pred.float(), noise - x0)  # rectified flow's velocity of the student's sample
+            fake.scaler.scale(loss).backward()
+            fake.scaler.unscale_(fake.optimizer)
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            fake.scaler.step(fake.optimizer)
+            fake.scaler.update()
+            fake.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        return {"loss_fake_score": torch.stack(losses).mean()}
+
+    def student_loss(self, run, step, micro, clock):
+        g = torch.Generator().manual_seed(mixed_seed(self.seed, step, micro, run.dp_rank, STUDENT_STREAM))
+        prompt_idx, cond, uncond = self._prompts(run, g)
+        x0 = self._generate(run, g, cond)  # gradient through the student's last call only
+        x_t, t, sigma, _ = self._renoise(run, x0.detach(), g)
+        start = clock.mark()
+        real, _ = run.targets.get(step, micro, Batch(prompt_idx, x_t, t, cond, uncond), ())
+        span = (start, clock.mark())
+        with torch.no_grad(), self._autocast(run):
+            fake, _ = self.networks["fake_score"].module(x_t, t, cond)
+        with torch.no_grad():
+            real_x0 = x_t - sigma * real.to(run.device, torch.float32)
+            fake_x0 = x_t - sigma * fake.float()
+            scale = (x0 - real_x0).abs().mean(dim=tuple(range(1, x0.dim())), keepdim=True)
+            grad = torch.nan_to_num((fake_x0 - real_x0) / scale)
+        parts = {"dmd": 0.5 * F.mse_loss(x0, (x0 - grad).detach())}
+        if self.points is not None:
+            parts["regression"] = self.points.loss(run, step, micro)
+            parts["loss"] = parts["dmd"] + self.regression_weight * parts["regression"]
+        return total(parts), logged(parts), span
+
+    # -- its parts --------------------------------------------------------------------------------------------
+    def _prompts(self, run, g: torch.Generator):
+        prompt_idx = torch.randint(len(self.embeddings.embeds), (self.batch_size,), generator=g)
+        cond = self.embeddings.padded(prompt_idx, run.device)
+        return prompt_idx, cond, self.embeddings.negative_batch(self.batch_size, run.device)
+
+    def _autocast(self, run):
+        dtype = run.precision.autocast_dtype
+        return torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def _generate(self, run, g: torch.Generator, cond: torch.Tensor) -> torch.Tensor:
+        """The student's x0 at a step j of its K drawn from `g` (backward simulation): j Euler steps from noise
+        without gradient, then its x0 prediction x_j - sigma_j v_j (float32)."""
+        x = torch.randn((self.batch_size, *self.latent_shape), generator=g).to(run.device)
+        last = int(torch.randint(len(self.timesteps), (1,), generator=g))
+        for i in range(last + 1):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and i == last), self._autocast(run):
+                t = self.timesteps[i].expand(self.batch_size).to(run.device)
+                v = run.model(x, t, cond)[0].float()
+            if i < last:
+                x = x + float(self.sigmas[i + 1] - self.sigmas[i]) * v
+        return x - float(self.sigmas[last]) * v
+
+    def _renoise(self, run, x0: torch.Tensor, g: torch.Generator):
+        """x0 re-noised at a random t of the teacher's shifted schedule: (x_t, t, sigma [n,1,1,1,1], noise)."""
+        low, high = T_RANGE
+        sigma = shifted_sigmas(low + (high - low) * torch.rand(self.batch_size, generator=g), self.shift)
+        noise = torch.randn((self.batch_size, *self.latent_shape), generator=g).to(run.device)
+        s = sigma.to(run.device).view(-1, 1, 1, 1, 1)
+        return (1 - s) * x0 + s * noise, (sigma * self.train_timesteps).to(run.device), s, noise
+
+
+def teacher_shaped(ctx) -> torch.nn.Module:
+    """A trainable network of the teacher's shape, started from its first expert's weights, in the student's dtype."""
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.student.model import Student
+    from wandistiller.teacher.spec import loading
+
+    spec, name = ctx.spec, ctx.spec.experts[0]
+    with loading(spec, name):
+        transformer = WanTransformer3DModel.from_pretrained(
+            spec.path, subfolder=name, torch_dtype=ctx.precision.student_dtype, use_safetensors=True
+        )
+    return Student(transformer.requires_grad_(True))
+
+
+OPTION = Option("dmd", DmdConfig, DMD)

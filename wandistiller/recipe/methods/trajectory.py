@@ -1,0 +1,111 @@
+"""`method=trajectory`: a K-step student (`method.steps`) learns to jump between points of the teacher's guided
+ODE. The ODE is sampled once before training from fixed noises (`method.noises_per_prompt` per training prompt,
+`method.teacher_steps` teacher steps, its own scheduler and guidance) and its states at the student's K + 1 sigmas
+(teacher/fewstep.py) cached (data/trajectories.py). A micro-batch draws cached trajectories and one of the K
+jumps each: from x(sigma_i) at timesteps[i], the student's velocity should be (x_{i+1} - x_i)/(sigma_{i+1} - sigma_i),
+which takes it to x(sigma_{i+1}) in its own Euler step. Only the student trains; the teacher is not called
+in the loop. The cheap rung, and `method=dmd`'s warm start (`method.regression_weight`, or a student it resumes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from wandistiller.core.distributed import made_once
+from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
+from wandistiller.data.batches import mixed_seed
+from wandistiller.recipe.losses import logged, total
+from wandistiller.recipe.methods.base import Method, steps_within
+
+STREAM = 1  # the draws' own generator stream beside the data's (seed, step, micro, rank)
+
+
+@dataclass
+class TrajectoryConfig:
+    _target_: str = "wandistiller.recipe.methods.trajectory.Trajectory"
+    name: str = "trajectory"
+    # K: the student's steps (its schedule: teacher/fewstep.py), at most the teacher's `teacher_steps`.
+    steps: int = 4
+    # The teacher's steps for its ODE (its own scheduler and guidance), split among the student's K intervals.
+    teacher_steps: int = 20
+    # Fixed noises per training prompt, each one trajectory.
+    noises_per_prompt: int = 2
+    # Trajectories per cache chunk: an interrupted run keeps its finished chunks.
+    chunk: int = 16
+
+
+def positive(key: str, value: int) -> int:
+    if value < 1:
+        raise UserError(f"{key}={value} must be a positive integer")
+    return value
+
+
+class OdePoints:
+    """The cached ODE points of a run and the student's schedule: batches of jumps and their loss."""
+
+    def __init__(self, ctx, teacher, embeddings, steps: int, teacher_steps: int, per_prompt: int, chunk: int):
+        from wandistiller.data.latents import SamplerSettings
+        from wandistiller.data.trajectories import TrajectorySettings, load_trajectories, teacher_trajectories
+        from wandistiller.teacher.fewstep import student_schedule
+        from wandistiller.teacher.model import guidance_scales
+
+        self.timesteps, self.sigmas = student_schedule(ctx.spec, steps)
+        sampler = SamplerSettings(teacher_steps, tuple(guidance_scales(ctx.spec, ctx.teacher_cfg)), ctx.latent_shape,
+                                  per_prompt)  # fmt: skip
+        settings = TrajectorySettings(sampler, tuple(self.sigmas.double().tolist()))
+        dtype = ctx.precision.teacher_dtype
+        self.bank = made_once(
+            ctx.topo,
+            lambda: teacher_trajectories(
+                teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, progress=ctx.topo.rank == 0
+            ),  # fmt: skip
+            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir),
+            makes=ctx.makes_teacher_data,
+        )
+        self.embeddings, self.seed, self.batch_size = embeddings, ctx.seed, ctx.trainer_cfg.batch_size
+
+    def loss(self, run, step: int, micro: int) -> torch.Tensor:
+        """MSE of the student's velocity against the jump's, on `batch_size` drawn trajectories and jumps."""
+        g = torch.Generator().manual_seed(mixed_seed(self.seed, step, micro, run.dp_rank, STREAM))
+        n, k = self.batch_size, len(self.timesteps)
+        items = torch.randint(len(self.bank), (n,), generator=g)
+        jump = torch.randint(k, (n,), generator=g)
+        points = self.bank.x0(items)  # [n, K + 1, C, F, H, W]
+        rows = torch.arange(n)
+        x, after = points[rows, jump], points[rows, jump + 1]
+        gap = (self.sigmas[jump + 1] - self.sigmas[jump]).view(-1, 1, 1, 1, 1)
+        target = ((after - x) / gap).to(run.device)
+        cond = self.embeddings.padded(self.bank.prompt_idx[items], run.device)
+        dtype = run.precision.autocast_dtype
+        with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
+            pred, _ = run.model(x.to(run.device), self.timesteps[jump].to(run.device), cond)
+        return F.mse_loss(pred.float(), target)
+
+
+class Trajectory(Method):
+    """Only the student trains, on jumps between the teacher's cached ODE points."""
+
+    name = "trajectory"
+    teacher_in_loop = False
+
+    def __init__(self, name: str, steps: int, teacher_steps: int = 20, noises_per_prompt: int = 2, chunk: int = 16):
+        super().__init__(name, steps)
+        self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
+        self.teacher_steps = teacher_steps
+        self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
+        self.chunk = positive("method.chunk", chunk)
+
+    def prepare(self, ctx, teacher, embeddings) -> None:
+        self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
+
+    def student_loss(self, run, step, micro, clock):
+        parts = {"trajectory": self.points.loss(run, step, micro)}
+        mark = clock.mark()  # no teacher call: an empty span
+        return total(parts), logged(parts), (mark, mark)
+
+
+OPTION = Option("trajectory", TrajectoryConfig, Trajectory)
