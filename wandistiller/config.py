@@ -205,4 +205,7 @@ class TrainConfig:
     paths: PathsConfig = MISSING
     # The recipe one process runs: setup() then train() (wandistiller.recipe.distillation.DistillationRecipe).
     recipe: Any = MISSING
+    # The training method (`method=kd|trajectory|dmd`, issue 28); `method.steps` is a few-step student's step count
+    # K. Untyped here, and absent (None) in a config saved before it: a KD student (state/runs.py `student_steps`).
+    method: Any = None
     seed: int = 0
