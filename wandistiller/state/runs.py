@@ -235,7 +235,8 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
     each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt;
     with the teacher's scheduler, or `scheduler` (a few-step student's: `student_scheduler`).
 
-    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up. A log
+    One image per pipeline call, so the seconds are per image; a 1-step call (a few-step student: its own steps)
+    first pays the warm-up. A log
     line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
     """
     pipe = teacher_pipeline(sampler, scheduler)
@@ -246,9 +247,10 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
         noise = noise_for(seed, i, k, tuple(shape), stream="eval")[None].to(sampler.device)
         cond = embeddings.padded(torch.tensor([i])).to(sampler.device, sampler.dtype)
         uncond = embeddings.negative_batch(1).contiguous().to(sampler.device, sampler.dtype)
-        if n == 0:
+        if n == 0:  # a few-step scheduler warms up at its own steps: set to 1 step, its stretched schedule is NaN
+            warm = 1 if scheduler is None else steps
             sample_latents(
-                pipe, noise, cond, uncond, SamplerSettings(1, settings.guidance_scales, settings.latent_shape)
+                pipe, noise, cond, uncond, SamplerSettings(warm, settings.guidance_scales, settings.latent_shape)
             )
         start = time.perf_counter()
         out.append(sample_latents(pipe, noise, cond, uncond, settings))
