@@ -135,7 +135,8 @@ def evaluate(
     teacher_imgs = decode_latents(vae, teacher_lat)
     # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
     teacher_quality = eval_quality(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
-    results, grid = {}, None
+    results: dict[str, dict] = {}
+    grid = None
     for n in counts:
         what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
         student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt,

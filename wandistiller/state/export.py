@@ -212,10 +212,10 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
         "seed": _number(_raw(cfg, "seed")),
         "params": human_count(round(params * 1e6)) if params else "?",
         "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
-        "steps": student_steps(cfg),
+        "steps": (k := student_steps(cfg)),
     }
-    if facts["steps"] is not None and teacher_path is not None:
-        timesteps = student_schedule(inspect_teacher(teacher_path), facts["steps"])[0]
+    if k is not None and teacher_path is not None:
+        timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
     return _card_text(facts)
 
