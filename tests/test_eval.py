@@ -101,3 +101,12 @@ def test_eval_adds_to_wandb_offline_whatever_the_saved_config_says(make_cfg, tmp
     eval_cli.main([str(folder), "--steps", "1", "--limit", "1"])  # online would fail: no key, no network
     assert "logged to the run's wandb run" in capsys.readouterr().out
     assert list((folder / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "1.5", "two", "1,,2", "2,0"])
+def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, bad):
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main([str(finished), f"--student-steps={bad}", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: --student-steps") and err.count("\n") == 1, err
+    assert not (finished / "eval.json").exists()

@@ -73,3 +73,16 @@ def test_generate_into_a_received_run_never_writes_through_a_link_and_refuses_an
     with pytest.raises(UserError, match="does not fit this teacher: .* --allow-other-teacher"):
         generate_cli.run_generate(other)
     assert not (tmp_path / "out").exists()
+
+
+def test_generate_samples_a_few_step_student_at_its_k_unless_told(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    folder = few_step_copy(finished, tmp_path, 2)
+    paths = {}
+    for extra in ([], ["--student-steps", "2"], ["--student-steps", "1"]):
+        args = generate_cli.parse_args([str(folder), "--prompt", "a fox", *extra])
+        args.out = str(tmp_path / f"out{len(paths)}")
+        [paths[tuple(extra)]] = generate_cli.run_generate(args)
+    own, two, one = (p.read_bytes() for p in paths.values())
+    assert own == two != one  # its K (2) by default, not --steps' 20

@@ -126,3 +126,17 @@ def test_export_of_a_received_run_never_takes_a_student_linked_from_outside(fini
         with pytest.raises(UserError, match="leads out of the run folder"):
             export(folder, tmp_path / f"hub_{checkpoint}", checkpoint)
         assert not (tmp_path / f"hub_{checkpoint}").exists()
+
+
+def test_an_export_of_a_few_step_student_keeps_its_scheduler_steps_and_card(finished, tmp_path):
+    import json
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    from tests.state.test_runs import few_step_copy
+
+    out = export(few_step_copy(finished, tmp_path, 2), tmp_path / "hub")
+    pipe = WanPipeline.from_pretrained(out)
+    assert isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler) and pipe.scheduler.config.shift_terminal
+    assert json.loads((out / "transformer" / "sampling.json").read_text())["steps"] == 2
+    assert "It is a 2-step student" in (out / "README.md").read_text()

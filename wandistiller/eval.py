@@ -1,9 +1,11 @@
 """`python -m wandistiller.eval <run_dir>`: how close the student's samples come to its teacher's (the library:
 wandistiller/evaluation/).
 
-Both sample through WanPipeline from the same noise, prompt, scheduler and steps (the teacher with its
-CFG and experts, the student alone without CFG). Per prompt and on average: latent MSE, PSNR and SSIM of
-the decoded images against the teacher's (torchmetrics), and each one's seconds per image. Writes one
+Both sample through WanPipeline from the same noise and prompts: the teacher with its CFG, experts and
+scheduler at --steps; the student alone without CFG at its own steps (a few-step student at its K with its
+few-step scheduler, a KD student at --steps with the teacher's), or at each of --student-steps 1,2,4. Per prompt
+and on average: latent MSE, PSNR and SSIM of the decoded images against the teacher's (torchmetrics), each one's
+seconds and network calls per image, and quality (prompt accuracy, FID/KID, intra-prompt diversity). Writes one
 result per student evaluated into the run folder, so no evaluation overwrites another: `eval.json` and
 `eval.png` (teacher | student) for the final student (what metrics.json's `eval_*` figures come from),
 `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint.
@@ -15,7 +17,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from wandistiller.core.errors import exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
 from wandistiller.evaluation.evaluate import evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.job.stopping import stop_at_once
@@ -29,7 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
     parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
-    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps for both (default 20)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="the teacher's sampling steps, and a KD "
+                        "student's (default 20)")  # fmt: skip
+    parser.add_argument("--student-steps", metavar="N[,N...]", help="the student's steps, one result each (e.g. "
+                        "1,2,4; default: a few-step student's own K, a KD student --steps)")  # fmt: skip
     parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
     parser.add_argument("--per-prompt", type=positive_int, default=1, help="images per prompt, each from its own "
                         "noise (default 1; FID/KID need 65 images or more in all)")  # fmt: skip
@@ -45,6 +50,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 ON_STOP = "eval.json is written only at the end, so nothing was; run it again"  # what a SIGTERM or Ctrl-C leaves
 
 
+def step_counts(text: str | None) -> list[int] | None:
+    """--student-steps: whole numbers of 1 or more, comma-separated; a bad one is one line (exit 2)."""
+    if text is None:
+        return None
+    counts = []
+    for part in text.split(","):
+        try:
+            counts.append(int(part.strip()))
+        except ValueError:
+            raise UserError(f"--student-steps {text!r}: {part.strip()!r} is not a whole number; give step counts "
+                            "of 1 or more, e.g. --student-steps 1,2,4") from None  # fmt: skip
+        if counts[-1] < 1:
+            raise UserError(f"--student-steps {text!r}: {counts[-1]} is not 1 or more; give step counts of 1 or "
+                            "more, e.g. --student-steps 1,2,4")  # fmt: skip
+    return counts
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -53,17 +75,23 @@ def main(argv: list[str] | None = None) -> None:
         exit_on_user_error(),
         stop_at_once(ON_STOP),
     ):
-        trust = Trust.from_args(args)
+        trust, counts = Trust.from_args(args), step_counts(args.student_steps)
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None,
-                          args.clip_model, args.fid_reference, trust, args.per_prompt)  # fmt: skip
+                          args.clip_model, args.fid_reference, trust, args.per_prompt, counts)  # fmt: skip
+        for one in result["results"].values():
+            m = one["mean"]
+            print(
+                f"student at {one['student_steps']} steps: latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  "
+                f"SSIM {m['ssim']:.3f}  student {m['student_s']:.3f} s/img ({m['student_calls_per_image']} calls)  "
+                f"teacher {m['teacher_s']:.3f} s/img ({m['teacher_calls_per_image']} calls)  ({m['speedup']:.1f}x)"
+            )
+            quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_", "diversity"))
+                       and not k.endswith(("_s", "_calls_per_image"))}  # fmt: skip
+            if quality:
+                print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
         m = result["mean"]
-        print(
-            f"latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  "
-            f"student {m['student_s']:.3f} s/img  teacher {m['teacher_s']:.3f} s/img  ({m['speedup']:.1f}x)"
-        )
-        quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_")) and not k.endswith("_s")}
-        if quality:
-            print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
+        if "diversity" in result.get("withheld", {}):
+            print(f"diversity withheld: {result['withheld']['diversity']}")
         if "teacher_samples" in m and "teacher_fid" not in m:
             print(f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
                   "anything (65 or more: raise --limit or --per-prompt)")  # fmt: skip

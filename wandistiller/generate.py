@@ -1,7 +1,9 @@
 """`python -m wandistiller.generate <run_dir or student folder> --prompt "…"`: images from the student.
 
-The student samples through diffusers' WanPipeline in the teacher's place, with the teacher's scheduler,
-text encoder and VAE; `--teacher` writes the teacher's image from the same noise beside it.
+The student samples through diffusers' WanPipeline in the teacher's place, with the teacher's text encoder and
+VAE, without CFG, at its own steps: a KD student with the teacher's scheduler at --steps, a few-step student with
+its few-step scheduler at its K (--student-steps N: another count); `--teacher` writes the teacher's image (its
+CFG and scheduler at --steps) from the same noise beside it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from wandistiller.state.runs import (
     load_student,
     load_teacher,
     open_run,
+    student_scheduler,
     student_source,
 )
 
@@ -76,7 +79,10 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         raise UserError(f"--out: {problem}; choose another folder")
     vae = load_vae(run.spec, device)
     student = as_sampler(run.spec, load_student(run, source, device), device)
-    latents, _ = generate(student, emb, idx, args.seed, args.steps, run.latent_shape)
+    trained = run.trained_steps
+    steps = args.student_steps or trained or args.steps  # its own K, unless told otherwise
+    latents, _ = generate(student, emb, idx, args.seed, steps, run.latent_shape,
+                          scheduler=student_scheduler(run.spec, trained, steps))  # fmt: skip
     paths = write_images(latents, vae, args.prompt, out, "student", args.seed)
     if args.teacher:
         latents, _ = generate(load_teacher(run, device, dtype), emb, idx, args.seed, args.steps, run.latent_shape)
@@ -88,7 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.generate", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run folder, or its saved student folder (<run>/student)")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps (default 20)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps of a KD student and the "
+                        "teacher (default 20)")  # fmt: skip
+    parser.add_argument("--student-steps", type=positive_int, help="the student's steps (default: a few-step "
+                        "student's own K, a KD student --steps)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")

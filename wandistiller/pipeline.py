@@ -5,7 +5,8 @@ in one call, and `python -m wandistiller.pipeline RUN --out DIR`, which writes w
 scheduler, with a model card (README.md). Its files are hard links to the run's `student/` and to the
 teacher's files where the filesystem allows (no extra disk, even for a 14B teacher's 11 GB text encoder);
 on another filesystem small files are copied and large ones symlinked (a documented reference). The
-student was trained on guided targets, so it samples with `guidance_scale=1`.
+student was trained on guided targets, so it samples with `guidance_scale=1`; a few-step student's scheduler is
+its own (state/export.py), so `num_inference_steps=K` samples on its timesteps.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from wandistiller.core.files import in_run
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
+    SAMPLING,
     TEACHER_PARTS,
     model_card,
     model_index,
@@ -99,10 +101,13 @@ def _build(run, tmp: Path, student) -> Path:
     if not isinstance(student, Path):
         student.save_pretrained(tmp / "student")
         student = tmp / "student"
-    folder = write_pipeline(tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path))
+    folder = write_pipeline(tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path),
+                            run.trained_steps)  # fmt: skip
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
     shutil.copy2(folder / "README.md", built / "README.md")
+    if (folder / "transformer" / SAMPLING).is_file():  # a few-step student's K and timesteps, which diffusers drops
+        shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)
     for config in built.rglob("*.json"):  # diffusers records where it loaded from: this machine's temporary path
         body = json.loads(config.read_text())
         if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:

@@ -13,6 +13,7 @@ from PIL import Image
 
 from tests.conftest import ROOT  # noqa: E402
 from tests.data.test_images import CAPTIONS, write_folder
+from tests.state.test_runs import few_step_copy
 from wandistiller import eval as eval_cli
 from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
@@ -63,12 +64,18 @@ def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_d
 def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
     folder = tmp_path / "pocket"
     run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))
-    mean = evaluate(folder, steps=2, limit=4)["mean"]
+    one = evaluate(folder, steps=2, limit=4)
+    mean = one["mean"]
     for who in ("teacher", "student"):  # 4 images: FID/KID withheld (too few), the count said
         assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_samples"] == 4 and f"{who}_fid" not in mean
+        assert f"{who}_diversity" not in mean  # one image a prompt: no diversity, and eval.json says why
+    assert one["withheld"]["diversity"].startswith("per_prompt 1:") and "diversity_ratio" not in mean
     several = evaluate(folder, steps=1, limit=4, per_prompt=17)  # 4 held-out prompts x 17 noises: FID/KID given
     assert several["images"] == 68 and several["mean"]["student_samples"] == 68
     assert math.isfinite(several["mean"]["student_fid"]) and math.isfinite(several["mean"]["teacher_kid"])
+    assert several["mean"]["teacher_diversity"] > 0 and several["mean"]["student_diversity"] > 0  # 17 noises a prompt
+    ratio = several["mean"]["student_diversity"] / several["mean"]["teacher_diversity"]
+    assert several["mean"]["diversity_ratio"] == pytest.approx(ratio) and "withheld" not in several
     rows = several["prompts"]
     assert (
         rows[0]["prompt"] == rows[16]["prompt"] != rows[17]["prompt"] and rows[0]["latent_mse"] != rows[1]["latent_mse"]
@@ -214,3 +221,33 @@ def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finis
         evaluate(folder, steps=1, limit=1)
     assert not (folder / "eval.json").exists() and untouched(mine)  # refused before sampling, not after
     assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
+
+
+# A student at its own steps (issue 28): a few-step student at its K, any student at the counts asked for.
+def test_eval_student_steps_gives_one_result_per_count_with_its_network_calls(finished, tmp_path, capsys):
+    folder = few_step_copy(finished, tmp_path, 2)
+    eval_cli.main([str(folder), "--student-steps", "1,2", "--steps", "2", "--limit", "1"])
+    out = capsys.readouterr().out
+    assert "student at 1 steps:" in out and "student at 2 steps:" in out and "(4 calls)" in out
+    result = json.loads((folder / "eval.json").read_text())
+    assert result["student_trained_steps"] == 2 and result["student_steps"] == [1, 2] and result["teacher_steps"] == 2
+    assert list(result["results"]) == ["1", "2"]
+    for n, one in result["results"].items():
+        assert one["student_steps"] == int(n) and one["mean"]["student_calls_per_image"] == int(n)
+        assert one["mean"]["teacher_calls_per_image"] == 4  # 2 steps with CFG
+    one, two = result["results"]["1"]["mean"], result["results"]["2"]["mean"]
+    assert one["latent_mse"] != two["latent_mse"] and result["mean"] == one  # the first also as `mean`
+    assert result["withheld"]["diversity"].startswith("per_prompt 1: intra-prompt diversity needs 2 or more")
+
+
+def test_a_few_step_student_is_evaluated_at_its_own_k_and_a_kd_one_as_before(finished, tmp_path):
+    few = evaluate(few_step_copy(finished, tmp_path, 3, "few"), steps=2, limit=1)
+    assert few["student_steps"] == [3] and few["mean"]["student_calls_per_image"] == 3
+    kd_folder = few_step_copy(finished, tmp_path, None, "kd")
+    kd = evaluate(kd_folder, steps=2, limit=1)  # a KD student: the teacher's scheduler at --steps, as before
+    assert kd["student_trained_steps"] is None and kd["student_steps"] == [2]
+    assert kd["mean"]["student_calls_per_image"] == 2
+    asked = evaluate(kd_folder, steps=2, limit=1, student_steps=[2])  # --student-steps works for a KD student too
+    assert asked["mean"]["latent_mse"] == kd["mean"]["latent_mse"]
+    four = evaluate(kd_folder, steps=2, limit=1, student_steps=[4])
+    assert four["mean"]["student_calls_per_image"] == 4 and four["mean"]["latent_mse"] != kd["mean"]["latent_mse"]

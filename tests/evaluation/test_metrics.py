@@ -53,3 +53,33 @@ def test_real_wan_options_refuse_in_one_line_where_their_weights_cannot_be_had(t
         clip_score(torch.rand(2, 3, 32, 32), ["a", "b"], "/nowhere/clip")
     with pytest.raises(UserError, match="--fid-reference=.*fewer than 2 images"):
         inception_fid(torch.rand(2, 3, 32, 32), str(tmp_path))
+
+
+def test_diversity_is_zero_for_identical_images_positive_otherwise_and_withheld_at_one_image_a_prompt():
+    from wandistiller.evaluation.metrics import intra_prompt_diversity
+
+    features = torch.rand(6, 4, generator=torch.Generator().manual_seed(0))
+    prompts = ["a", "b", "a", "b", "a", "b"]  # as quality/ lays them out: noise by noise, prompts interleaved
+    same = torch.cat([features[:2]] * 3)  # each prompt's three images alike
+    assert intra_prompt_diversity(same, prompts) == 0.0
+    assert intra_prompt_diversity(features, prompts) > 0
+    # Two prompts of 2 images, features 1 and 3 apart: the mean of their own spreads.
+    two = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 3.0]])
+    assert intra_prompt_diversity(two, ["a", "a", "b", "b"]) == pytest.approx(2.0)
+    assert intra_prompt_diversity(features[:2], ["a", "b"]) is None  # one image a prompt: withheld
+
+
+def test_pocket_scores_and_eval_quality_give_diversity_only_for_several_images_a_prompt():
+    from wandistiller.evaluation.metrics import eval_quality, pocket_scores
+    from wandistiller.pocket.digits import rendered_split
+
+    images, _, prompts = rendered_split("heldout", copies=1, seed=7)
+    one = pocket_scores(images[:4], prompts[:4], reference=images[100:])
+    assert "diversity" not in one
+    alike = pocket_scores(torch.cat([images[:2]] * 2), prompts[:2] * 2, reference=images[100:])
+    assert alike["diversity"] == 0.0  # each prompt's two images the same
+    other = torch.cat([images[:2], images[2:4]])  # another image under each prompt: features apart
+    assert pocket_scores(other, prompts[:2] * 2, reference=images[100:])["diversity"] > 0
+    both = eval_quality(prompts[:2] * 2, {"teacher": other, "student": torch.cat([images[:2]] * 2)})
+    assert both["student_diversity"] == 0.0 and both["teacher_diversity"] > 0 and both["diversity_ratio"] == 0.0
+    assert "diversity_ratio" not in eval_quality(prompts[:4], {"teacher": images[:4], "student": images[:4]})

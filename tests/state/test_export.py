@@ -9,10 +9,15 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+from tests.state.test_runs import few_step_copy
 from wandistiller.core.errors import UserError
 from wandistiller.state import export
+from wandistiller.state.runs import open_run
+from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.spec import inspect_teacher
 
 
 def student_folder(tmp_path):
@@ -178,3 +183,46 @@ def test_teacher_files_on_another_filesystem_are_copied_or_for_large_ones_refere
         assert pipeline.place(src, tmp_path / "b" / "big.safetensors") == "copied"
         assert not (tmp_path / "b" / "big.safetensors").is_symlink()
     assert pipeline.place(tmp_path / "b" / "big.safetensors", tmp_path / "c" / "x") == "linked"  # same filesystem
+
+
+# A few-step student's pipeline (issue 28): its own scheduler, sampling.json and card, on a finished run's real path.
+def test_a_few_step_runs_pipeline_samples_in_its_k_steps_through_wan_pipeline(finished, tmp_path, tiny_path):
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    k, spec = 2, inspect_teacher(tiny_path)
+    folder = few_step_copy(finished, tmp_path, k)
+    assert open_run(folder).trained_steps == k  # the saved config passes the received-config checks
+    export.run_pipeline(folder, tiny_path)  # what a finished run's last step calls
+    timesteps, sigmas = student_schedule(spec, k)
+    stated = json.loads((folder / "student" / "sampling.json").read_text())
+    assert stated["steps"] == k and stated["guidance_scale"] == 1.0 and len(stated["sigmas"]) == k + 1
+    assert stated["timesteps"] == pytest.approx(timesteps.tolist(), abs=1e-3)
+    assert json.loads((folder / "pipeline" / "transformer" / "sampling.json").read_text()) == stated
+    pipe = WanPipeline.from_pretrained(folder / "pipeline")
+    assert isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler)
+    pipe.scheduler.set_timesteps(k)
+    assert torch.equal(pipe.scheduler.timesteps.float(), timesteps)
+    assert torch.allclose(pipe.scheduler.sigmas.float(), sigmas)
+    calls = []
+    pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    out = pipe("a fox in the snow", num_inference_steps=k, guidance_scale=1.0, num_frames=1, height=64, width=64,
+               output_type="pt", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+    assert len(calls) == k and torch.isfinite(out).all()  # one network call per step: no CFG
+    card = (folder / "pipeline" / "README.md").read_text()
+    stated_ts = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
+    assert f"It is a {k}-step student" in card and f"| sampling | {k} steps (timesteps {stated_ts})" in card
+    assert f"num_inference_steps={k}, guidance_scale=1.0" in card and "VAE and scheduler are" not in card
+
+
+def test_a_kd_runs_pipeline_is_as_before(finished, tmp_path, tiny_path):
+    folder = few_step_copy(finished, tmp_path, None)
+    export.run_pipeline(folder, tiny_path)
+    assert not (folder / "student" / "sampling.json").exists()
+    assert not (folder / "pipeline" / "transformer" / "sampling.json").exists()
+    scheduler = folder / "pipeline" / "scheduler" / "scheduler_config.json"
+    assert scheduler.samefile(tiny_path / "scheduler" / "scheduler_config.json")  # the teacher's, linked
+    index = json.loads((folder / "pipeline" / "model_index.json").read_text())
+    assert index["scheduler"] == json.loads((tiny_path / "model_index.json").read_text())["scheduler"]
+    card = (folder / "pipeline" / "README.md").read_text()
+    assert "step student" not in card and "num_inference_steps" not in card
+    assert "VAE and scheduler are the teacher's.\n\n| | |" in card

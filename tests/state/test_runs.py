@@ -10,12 +10,23 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.conftest import refused
 from tests.state.test_received import one_error_line, received
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint, save_checkpoint
-from wandistiller.state.runs import RunFolder, Trust, add_trust_args, load_student, open_run, student_source
+from wandistiller.state.runs import (
+    RunFolder,
+    Trust,
+    add_trust_args,
+    load_student,
+    open_run,
+    student_scheduler,
+    student_source,
+    student_steps,
+)
+from wandistiller.teacher.fewstep import student_schedule
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
@@ -149,3 +160,45 @@ def test_a_saved_config_with_a_hydra_interpolation_is_one_line_for_the_tools(run
         UserError, match=r"^teacher.guidance_scale in .*config.yaml: .*(hydra|HydraConfig).*; fix the interpolation"
     ):
         open_run(run_dir)  # eval, generate and the export open a run so
+
+
+# A student's own step count (issue 28): `method.steps` of its saved config; none (or null) is a KD student.
+@pytest.mark.parametrize(
+    ("saved", "steps"),
+    [
+        ({}, None),  # a config saved before the `method` group: today's KD student
+        ({"method": None}, None),
+        ({"method": {"name": "kd", "steps": None}}, None),
+        ({"method": {"name": "kd"}}, None),
+        ({"method": {"name": "trajectory", "steps": 4}}, 4),
+        ({"method": {"name": "dmd", "steps": 1}}, 1),
+    ],
+)
+def test_a_students_steps_are_its_configs_method_steps_and_none_for_kd(saved, steps):
+    assert student_steps(OmegaConf.create({"seed": 0, **saved})) == steps
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "4", True, "${oc.env:HOME}"])
+def test_a_saved_step_count_that_is_not_one_is_one_line(bad):
+    with refused(f"method.steps={bad!r} in the run's saved config is not a step count"):
+        student_steps(OmegaConf.create({"method": {"steps": bad}}))
+
+
+def test_a_kd_student_samples_with_the_teachers_scheduler_and_a_few_step_one_with_its_own(tiny_path):
+    spec = inspect_teacher(tiny_path)
+    assert student_scheduler(spec, None, 4) is None  # wan_pipeline then loads the teacher's own
+    for steps in (4, 2):  # its own K, or another count on the same schedule
+        scheduler = student_scheduler(spec, 4, steps)
+        scheduler.set_timesteps(steps)
+        assert torch.equal(scheduler.timesteps.float(), student_schedule(spec, steps)[0])
+
+
+def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run"):
+    """A copy of a finished tiny run whose saved config says its student takes `steps` steps (`method.steps`)."""
+    folder = tmp_path / name
+    shutil.copytree(finished, folder)
+    path = folder / ".hydra" / "config.yaml"
+    cfg = OmegaConf.load(path)
+    OmegaConf.update(cfg, "method", {"name": "trajectory", "steps": steps}, force_add=True)
+    OmegaConf.save(cfg, path)
+    return folder

@@ -10,7 +10,7 @@ import torch
 
 from wandistiller.core.errors import UserError
 from wandistiller.teacher.model import load_expert
-from wandistiller.teacher.sampler import load_scheduler, wan_pipeline
+from wandistiller.teacher.sampler import calls_per_image, load_scheduler, wan_pipeline
 from wandistiller.teacher.spec import inspect_teacher
 
 CPU = torch.device("cpu")
@@ -109,3 +109,22 @@ def test_the_framework_samples_the_pocket_teacher_as_wan_pipeline_does_from_the_
     ours = decode_latents(user.vae, sample_latents(pipe, noise, emb.padded(torch.tensor([0])), emb.negative_batch(1),
                                                    settings))  # fmt: skip
     assert (ours - theirs).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_calls_per_image_are_the_forwards_wan_pipeline_makes(tiny_path, guidance):
+    """One forward a step without CFG (a student), two with it (the teacher): counted with a forward hook, on the
+    teacher's scheduler and on a few-step student's."""
+    from wandistiller.teacher.fewstep import few_step_scheduler
+
+    spec = inspect_teacher(tiny_path)
+    [transformer] = experts(spec)
+    calls: list[int] = []
+    transformer.register_forward_hook(lambda *_: calls.append(1))
+    for scheduler, steps in [(None, 3), (few_step_scheduler(spec, 2), 2)]:
+        calls.clear()
+        pipe = wan_pipeline(spec, [transformer], CPU, scheduler=scheduler)
+        text = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))
+        pipe(prompt_embeds=text, negative_prompt_embeds=torch.zeros(1, 8, 32), height=32, width=32, num_frames=1,
+             num_inference_steps=steps, guidance_scale=guidance, output_type="latent")  # fmt: skip
+        assert len(calls) == calls_per_image(steps, guidance) == steps * (2 if guidance > 1 else 1)

@@ -102,9 +102,10 @@ def cache_key(spec: TeacherSpec, embeddings: PromptEmbeddings, seed: int, settin
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def teacher_pipeline(teacher: Teacher):
-    """WanPipeline around the loaded experts, on the teacher's device: no VAE (latents out)."""
-    return wan_pipeline(teacher.spec, teacher.experts, teacher.device)
+def teacher_pipeline(teacher: Teacher, scheduler=None):
+    """WanPipeline around the loaded experts, on the teacher's device: no VAE (latents out); the teacher's own
+    scheduler, or `scheduler` (a few-step student's)."""
+    return wan_pipeline(teacher.spec, teacher.experts, teacher.device, scheduler=scheduler)
 
 
 def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings) -> torch.Tensor:

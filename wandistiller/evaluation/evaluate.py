@@ -1,15 +1,19 @@
-"""A run's student against its teacher: both sample through WanPipeline from the same noise, prompt, scheduler and
-steps (the teacher with its CFG and experts, the student alone without CFG). Per prompt and on average: latent MSE,
-PSNR and SSIM of the decoded images against the teacher's (torchmetrics), each one's seconds per image, and the
-quality figures (metrics.py). One result per student evaluated is written into the run folder, so no evaluation
-overwrites another: `eval.json` and `eval.png` (teacher | student) for the final student (what metrics.json's
-`eval_*` figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint.
+"""A run's student against its teacher: both sample through WanPipeline from the same noise and prompts (the teacher
+with its CFG, experts and scheduler at `steps`; the student alone without CFG, at its own steps: a KD student with
+the teacher's scheduler at `steps`, a few-step student with its few-step scheduler at its K, or at each count asked
+for). Per prompt and on average: latent MSE, PSNR and SSIM of the decoded images against the teacher's
+(torchmetrics), each one's seconds and network calls per image, and the quality figures (metrics.py: prompt
+accuracy, FID/KID, intra-prompt diversity). One result per student evaluated is written into the run folder, so no
+evaluation overwrites another: `eval.json` and `eval.png` (teacher | student) for the final student (what
+metrics.json's `eval_*` figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a
+checkpoint; in it one result per student step count (`results`, by steps), the first also as `mean`/`prompts`.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -19,7 +23,7 @@ from wandistiller.core.files import check_appended, folder_problem, write_in_run
 from wandistiller.core.precision import to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.evaluation.grids import save_grid
-from wandistiller.evaluation.metrics import eval_quality
+from wandistiller.evaluation.metrics import diversity_ratio, eval_quality
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
@@ -29,8 +33,10 @@ from wandistiller.state.runs import (
     load_student,
     load_teacher,
     open_run,
+    student_scheduler,
     student_source,
 )
+from wandistiller.teacher.sampler import calls_per_image
 
 
 def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False,
@@ -93,13 +99,17 @@ def evaluate(
     fid_reference: str | None = None,
     trust: Trust | None = None,
     per_prompt: int = 1,
+    student_steps: Sequence[int] | None = None,
 ) -> dict:
-    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. Each prompt is
-    drawn from `per_prompt` noises (FID/KID need 65 images or more: 4 held-out prompts x 17, say); the grid shows
-    each prompt's first."""
+    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. The teacher
+    samples `steps` steps; the student each of `student_steps` (default: its own K, a KD student `steps`). Each
+    prompt is drawn from `per_prompt` noises (FID/KID need 65 images or more: 4 held-out prompts x 17, say; diversity
+    2 or more a prompt); the grid shows each prompt's first, by the first student step count."""
     from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
+    trained = run.trained_steps  # before any sampling: a bad saved method.steps is one line
+    counts = list(dict.fromkeys(student_steps or [trained or steps]))  # in the order asked, each once
     source = student_source(run, checkpoint)
     check_teacher_fits(run, source, (trust or Trust()).other_teacher or (trust or Trust()).own_files)
     problem = folder_problem(run.path)
@@ -115,30 +125,58 @@ def evaluate(
         run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
     )
     idx, seed, shape = list(range(len(prompts))), int(run.cfg.seed), run.latent_shape
-    teacher_lat, teacher_s = generate(load_teacher(run, device, teacher_dtype), emb, idx, seed, steps, shape,
-                                      "eval: the teacher", per_prompt)  # fmt: skip
+    teacher = load_teacher(run, device, teacher_dtype)
+    teacher_calls = calls_per_image(steps, teacher.guidance_scales[0])
+    teacher_lat, teacher_s = generate(teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt)
+    del teacher
     student = as_sampler(run.spec, load_student(run, source, device), device)
-    student_lat, student_s = generate(student, emb, idx, seed, steps, shape, "eval: the student", per_prompt)
     prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
     vae = load_vae(run.spec, device)
-    teacher_imgs, student_imgs = decode_latents(vae, teacher_lat), decode_latents(vae, student_lat)
-    mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
-    rows = [
-        {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
-        for p, m, im, s, t in zip(prompts, mse, image_metrics(student_imgs, teacher_imgs), student_s, teacher_s)
-    ]
-    mean = {k: statistics.fmean(r[k] for r in rows) for k in ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")}
-    mean["speedup"] = mean["teacher_s"] / mean["student_s"]
-    # Quality as the field measures it (prompt accuracy, FID/KID on the pocket teacher; CLIP / Inception FID).
-    mean |= eval_quality(prompts, {"teacher": teacher_imgs, "student": student_imgs}, clip_model, fid_reference)
-    result: dict[str, object] = {"student": str(source), "checkpoint": checkpoint, "steps": steps, "seed": seed,
-                                 "per_prompt": per_prompt, "images": len(prompts)}  # fmt: skip
-    result["mean"] = mean
-    result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."), "prompts": rows}
+    teacher_imgs = decode_latents(vae, teacher_lat)
+    # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
+    teacher_quality = eval_quality(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
+    results: dict[str, dict] = {}
+    grid = None
+    for n in counts:
+        what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
+        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt,
+                                          student_scheduler(run.spec, trained, n))  # fmt: skip
+        student_imgs = decode_latents(vae, student_lat)
+        mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
+        rows = [
+            {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
+            for p, m, im, s, t in zip(prompts, mse, image_metrics(student_imgs, teacher_imgs), student_s, teacher_s)
+        ]
+        keys = ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")
+        mean = {k: statistics.fmean(r[k] for r in rows) for k in keys}
+        mean["speedup"] = mean["teacher_s"] / mean["student_s"]
+        mean |= {"student_calls_per_image": calls_per_image(n, 1.0), "teacher_calls_per_image": teacher_calls}
+        quality = teacher_quality | eval_quality(prompts, {"student": student_imgs}, clip_model, fid_reference)
+        mean |= quality | diversity_ratio(quality)
+        results[str(n)] = {"student_steps": n, "mean": mean, "prompts": rows}
+        grid = grid or (teacher_imgs[first], student_imgs[first], prompts[first])
+    head = results[str(counts[0])]
+    result: dict[str, object] = {
+        "student": str(source), "checkpoint": checkpoint, "steps": steps, "teacher_steps": steps,
+        "student_trained_steps": trained, "student_steps": counts, "seed": seed, "per_prompt": per_prompt,
+        "images": len(prompts), "mean": head["mean"],
+    }  # fmt: skip
+    if "student_diversity" not in head["mean"]:
+        result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
+    result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
+               "prompts": head["prompts"], "results": results}  # fmt: skip
     stem = result_stem(source)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
-    _write(run.path, stem, result, (teacher_imgs[first], student_imgs[first], prompts[first]))
+    assert grid is not None  # one student step count at least
+    _write(run.path, stem, result, grid)
     return result
+
+
+def diversity_withheld(per_prompt: int) -> str:
+    """Why eval.json has no `diversity`: one image a prompt, or no judge of these prompts' images."""
+    if per_prompt < 2:
+        return f"per_prompt {per_prompt}: intra-prompt diversity needs 2 or more images of a prompt (--per-prompt 2)"
+    return "no judge for these prompts: diversity reads the pocket judge's features (pocket prompts only)"
 
 
 def _write(folder: Path, stem: str, result: dict, grid: tuple) -> None:

@@ -6,6 +6,9 @@
   held-out real digits (the stand-in for Inception features): no download, no torch-fidelity.
 - A real Wan teacher: CLIP score (torchmetrics, a CLIP model id or folder) and Inception FID against a
   folder of reference images. Where the weights cannot be had, one line names the option.
+- Intra-prompt diversity (pocket prompts, several images per prompt): the mean pairwise distance of the judge's
+  features among one prompt's images, averaged over prompts; a few-step student that collapses its noises onto one
+  image scores low beside its teacher whatever its accuracy.
 Images are [N, 3, H, W] floats in [0, 1] throughout.
 """
 
@@ -60,6 +63,22 @@ def fid_kid(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module) -> dict[
     return {"fid": float(fid.compute()), "kid": float(kid.compute()[0])}
 
 
+def intra_prompt_diversity(features: torch.Tensor, prompts: list[str]) -> float | None:
+    """The mean over prompts with 2 or more images of the mean pairwise (L2) distance of their images' features
+    [N, D] (one row per image of `prompts`, in any order); None (withheld) where no prompt has two images."""
+    groups: dict[str, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(i)
+    spreads = [float(torch.pdist(features[rows].double()).mean()) for rows in groups.values() if len(rows) >= 2]
+    return sum(spreads) / len(spreads) if spreads else None
+
+
+@torch.no_grad()
+def judge_features(judge: nn.Module, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """The judge's feature vectors [N, D] of `images` (what FID/KID compare), in batches."""
+    return torch.cat([judge(images[i : i + batch].float()) for i in range(0, len(images), batch)])
+
+
 def heldout_reference(copies: int = 1) -> torch.Tensor:
     """The held-out real digits, rendered with fixed colours and places: what FID/KID compare against."""
     from wandistiller.pocket.digits import rendered_split
@@ -68,8 +87,8 @@ def heldout_reference(copies: int = 1) -> torch.Tensor:
 
 
 def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | None = None, reference=None) -> dict:
-    """Prompt accuracy, and FID/KID to the held-out digits, of images made for pocket prompts; {} when a
-    prompt is not one (another teacher's run)."""
+    """Prompt accuracy, FID/KID to the held-out digits, and intra-prompt `diversity` (where a prompt has several
+    images) of images made for pocket prompts; {} when a prompt is not one (another teacher's run)."""
     from wandistiller.pocket.classifier import load_classifier
     from wandistiller.pocket.digits import parse_prompt
 
@@ -79,6 +98,8 @@ def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | 
     judge = judge or load_classifier()
     wanted_t = torch.tensor([w.labels for w in wanted if w is not None])  # none is, as checked above
     scores = prompt_accuracy(judge.predict(images.float()), wanted_t) | {"samples": len(images)}
+    diversity = intra_prompt_diversity(judge_features(judge, images), prompts)
+    scores |= {} if diversity is None else {"diversity": diversity}  # withheld: one image per prompt
     reference = heldout_reference() if reference is None else reference
     return scores | fid_kid(reference, images, judge)  # no fid/kid from too few samples
 
@@ -133,7 +154,9 @@ def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
 def eval_quality(prompts: list[str], images: dict[str, torch.Tensor], clip_model: str | None = None,
                  fid_reference: str | None = None) -> dict[str, float]:  # fmt: skip
     """`eval`'s quality columns for each of {"teacher": images, "student": images}: `<who>_prompt_accuracy`,
-    `<who>_fid`, `<who>_kid` where the prompts are the pocket's, and the real-Wan options when asked."""
+    `<who>_fid`, `<who>_kid`, `<who>_diversity` where the prompts are the pocket's (diversity where a prompt has
+    several images; `diversity_ratio`, student / teacher, where both are given), and the real-Wan options when
+    asked."""
     from wandistiller.pocket.classifier import load_classifier
     from wandistiller.pocket.digits import parse_prompt
 
@@ -143,9 +166,16 @@ def eval_quality(prompts: list[str], images: dict[str, torch.Tensor], clip_model
     for who, imgs in images.items():
         if pocket:
             scores = pocket_scores(imgs, prompts, judge, reference)
-            out |= {f"{who}_{k}": scores[k] for k in ("prompt_accuracy", "samples", "fid", "kid") if k in scores}
+            keys = ("prompt_accuracy", "samples", "fid", "kid", "diversity")
+            out |= {f"{who}_{k}": scores[k] for k in keys if k in scores}
         if clip_model is not None:
             out[f"{who}_clip_score"] = clip_score(imgs, prompts, clip_model)
         if fid_reference is not None:
             out[f"{who}_inception_fid"] = inception_fid(imgs, fid_reference)
-    return out
+    return out | diversity_ratio(out)
+
+
+def diversity_ratio(scores: dict) -> dict[str, float]:
+    """{"diversity_ratio": student / teacher} where `scores` hold both diversities (the teacher's above 0), else {}."""
+    student, teacher = scores.get("student_diversity"), scores.get("teacher_diversity")
+    return {"diversity_ratio": student / teacher} if student is not None and teacher else {}

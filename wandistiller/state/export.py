@@ -3,6 +3,12 @@ scheduler, with a model card, which `WanPipeline.from_pretrained` loads in one c
 every run (recipe/outputs.py) and by `python -m wandistiller.pipeline` (its export to a folder of real files).
 Files are hard links where the filesystem allows (no extra disk, even for a 14B teacher's 11 GB text encoder);
 on another filesystem small files are copied and large ones symlinked (a documented reference).
+
+A few-step student (`method.steps` = K in the run's saved config) carries its step count: the pipeline's
+`scheduler/` is its few-step scheduler (teacher/fewstep.py) rather than the teacher's, so
+`WanPipeline.from_pretrained(...)(prompt, num_inference_steps=K, guidance_scale=1.0)` samples on its own
+timesteps; `student/sampling.json` (and the pipeline's `transformer/sampling.json`) state K, its timesteps and
+sigmas, and the model card says them. A KD student's export is as before.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, human_count
 from wandistiller.data.sources import sources
+from wandistiller.state.runs import student_steps
+from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
+from wandistiller.teacher.spec import inspect_teacher
 
 log = logging.getLogger("wandistiller.pipeline")
 
 PIPELINE = "pipeline"
 TEACHER_PARTS = ("tokenizer", "text_encoder", "vae", "scheduler")
+SAMPLING = "sampling.json"  # a few-step student's K, timesteps and sigmas, in its folder
 
 
 COPY_LIMIT = 2**30  # larger files that cannot be hard-linked are referenced (symlinked), not copied
@@ -48,26 +58,38 @@ def place(src: Path, dst: Path) -> str:
 
 
 def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
-    """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card."""
-    from wandistiller.core.files import in_run, replace_folder
+    """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card; a few-step
+    student's `student/sampling.json` first (its K read from the run's saved config)."""
+    from wandistiller.core.files import in_run, replace_folder, write_in_run
 
     student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path)
+    steps = saved_steps(run_dir)
+    if steps is not None:  # written whole, never through a link in its place
+        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps), indent=2))
     # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
     # (or holds links) is replaced, never written through.
-    out = replace_folder(run_dir, PIPELINE, lambda tmp: write_pipeline(tmp, teacher_path, student, card))
+    out = replace_folder(run_dir, PIPELINE, lambda tmp: write_pipeline(tmp, teacher_path, student, card, steps))
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 
 
-def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str) -> Path:
-    """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md."""
+def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None) -> Path:
+    """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
+    few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json."""
     how = set()
     for part, src in [("transformer", student_dir)] + [(p, teacher_path / p) for p in TEACHER_PARTS]:
         if not src.is_dir():
             raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
+        if steps is not None and part == "scheduler":
+            continue
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
+            if steps is not None and part == "transformer" and file == src / SAMPLING:
+                continue  # written below, its own file (never a link to the student's)
             how.add(place(file, out / part / file.relative_to(src)))
-    (out / "model_index.json").write_text(json.dumps(model_index(teacher_path), indent=2))
+    if steps is not None:
+        few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
+        (out / "transformer" / SAMPLING).write_text(json.dumps(sampling(teacher_path, steps), indent=2))
+    (out / "model_index.json").write_text(json.dumps(model_index(teacher_path, steps), indent=2))
     (out / "README.md").write_text(card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
         log.info("pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
@@ -76,11 +98,27 @@ def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str) 
     return out
 
 
-def model_index(teacher_path: Path) -> dict:
-    """The teacher's model_index.json, one expert and no boundary: the student is a single transformer."""
+def model_index(teacher_path: Path, steps: int | None = None) -> dict:
+    """The teacher's model_index.json, one expert and no boundary: the student is a single transformer; a few-step
+    student's (`steps`) scheduler is its few-step FlowMatchEulerDiscreteScheduler."""
     index = json.loads((teacher_path / "model_index.json").read_text())
+    few_step = {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]} if steps is not None else {}
     return index | {"transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": [None, None],
-                    "boundary_ratio": None}  # fmt: skip
+                    "boundary_ratio": None} | few_step  # fmt: skip
+
+
+def saved_steps(run_dir: Path) -> int | None:
+    """The run's student's step count K from its saved config (`method.steps`); None for a KD student."""
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    return student_steps(cfg) if isinstance(cfg, DictConfig) else None
+
+
+def sampling(teacher_path: Path, steps: int) -> dict:
+    """What `sampling.json` states of a K-step student: its steps, timesteps and sigmas, and no CFG."""
+    timesteps, sigmas = student_schedule(inspect_teacher(teacher_path), steps)
+    return {"steps": steps, "timesteps": [round(t, 4) for t in timesteps.tolist()],
+            "sigmas": [round(s, 6) for s in sigmas.tolist()], "guidance_scale": 1.0,
+            "scheduler": "FlowMatchEulerDiscreteScheduler"}  # fmt: skip
 
 
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
@@ -174,28 +212,49 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
         "seed": _number(_raw(cfg, "seed")),
         "params": human_count(round(params * 1e6)) if params else "?",
         "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
+        "steps": (k := student_steps(cfg)),
     }
+    if k is not None and teacher_path is not None:
+        timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
+        facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
     return _card_text(facts)
+
+
+def _few_step_text(f: dict) -> tuple[str, str, str]:
+    """(the card's sentences, its table row, the snippet's argument) on a few-step student's steps; all empty for
+    a KD student, whose card is as before."""
+    k = f["steps"]
+    if k is None:
+        return "", "", ""
+    at = f" (timesteps {f['timesteps']})" if f.get("timesteps") else ""
+    text = (f"\nIt is a {k}-step student: it samples in {k} network calls on its own timesteps{at},\nwith the "
+            "few-step scheduler in `scheduler/` (Euler flow matching at the teacher's shift;\n"
+            "`transformer/sampling.json` states its timesteps and sigmas). The tokenizer, text encoder and VAE are "
+            "the teacher's.\n")  # fmt: skip
+    return text, f"| sampling | {k} steps{at}, guidance 1 (no CFG) |\n", f"num_inference_steps={k}, "
 
 
 def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
     height, width = lh * f["scale"], lw * f["scale"]
+    few_text, few_row, few_arg = _few_step_text(f)
+    parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
+    learned = "learned from" if few_text else "learned"  # a few-step student learns jumps, not the velocity itself
     front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
     front += [f"base_model: {hub_id}"] if hub_id else []
     return (
         "\n".join([*front, "---", "", f"# A {f['params']}-parameter text-to-image student of {teacher}", "", ""])
         + f"""\
-Distilled with WanDistiller from the Wan teacher {teacher}: the student transformer learned the teacher's
+Distilled with WanDistiller from the Wan teacher {teacher}: the student transformer {learned} the teacher's
 classifier-free-guided velocity (guidance scale {f["guidance"] if f["guidance"] is not None else "?"}), so it
-samples without CFG. The tokenizer, text encoder, VAE and scheduler are the teacher's.
-
+samples without CFG.{parts}
+{few_text}
 | | |
 |---|---|
 | data | {f["data"]}; prompts: {f["prompts"]} |
 | training | {f["training"]}, seed {f["seed"] if f["seed"] is not None else "?"} |
 | image size | {height}x{width} (latent {lh}x{lw}) |
-
+{few_row}
 Quality against the teacher (same noise, prompts and sampler; `python -m wandistiller.eval`):
 
 | figure | value |
@@ -207,7 +266,7 @@ import torch
 from diffusers import WanPipeline
 
 pipe = WanPipeline.from_pretrained("PATH_OR_REPO", torch_dtype=torch.float32)
-image = pipe("a fox in the snow", guidance_scale=1.0, num_frames=1, height={height}, width={width},
+image = pipe("a fox in the snow", {few_arg}guidance_scale=1.0, num_frames=1, height={height}, width={width},
              max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
 ```
 """

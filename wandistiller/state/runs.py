@@ -2,7 +2,9 @@
 sampling through WanPipeline -- the pieces `wandistiller.eval` and `wandistiller.generate` share.
 
 The student is a WanTransformer3DModel, so it drops into WanPipeline in the teacher's place; it was
-trained on guided targets, so it samples without CFG (guidance 1).
+trained on guided targets, so it samples without CFG (guidance 1). A KD student samples with the teacher's own
+scheduler at any step count; a few-step student (`method.steps` = K in its saved config) with its own few-step
+scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 """
 
 from __future__ import annotations
@@ -33,11 +35,45 @@ from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 
 
+def student_steps(cfg: DictConfig) -> int | None:
+    """A run's student's own step count K (`method.steps` of its config), or None for a KD student: no `method`
+    node (a config saved before issue 28), or `method.steps` null. Read as saved, never resolved (the model card
+    reads a received config with it); anything but a positive integer or null is one line."""
+    from omegaconf import OmegaConf
+
+    method = cfg.get("method") if isinstance(cfg, DictConfig) else None
+    if method is None:
+        return None
+    saved = OmegaConf.to_container(method, resolve=False) if isinstance(method, DictConfig) else method
+    if not isinstance(saved, dict):
+        raise UserError(f"method={saved!r} in the run's saved config is not a method's settings; restore the config")
+    steps = saved.get("steps")
+    if steps is None:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UserError(f"method.steps={steps!r} in the run's saved config is not a step count (a whole number, "
+                        "1 or more; null for a KD student); restore the config")  # fmt: skip
+    return steps
+
+
+def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int):
+    """The scheduler a student samples `steps` steps with: None (the teacher's own, as `steps` today) for a KD
+    student (`trained_steps` None); a few-step student's Euler schedule at `steps`, K or another count."""
+    from wandistiller.teacher.fewstep import few_step_scheduler
+
+    return None if trained_steps is None else few_step_scheduler(spec, steps)
+
+
 @dataclass
 class RunFolder:
     path: Path
     cfg: DictConfig
     spec: TeacherSpec
+
+    @property
+    def trained_steps(self) -> int | None:
+        """The student's own step count K (`method.steps`), None for a KD student."""
+        return student_steps(self.cfg)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -194,14 +230,16 @@ def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
 
 
 def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape,
-             what: str = "sampling", per_prompt: int = 1) -> tuple:  # fmt: skip
+             what: str = "sampling", per_prompt: int = 1, scheduler=None) -> tuple:  # fmt: skip
     """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, k, stream="eval")` for each prompt i and
-    each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt.
+    each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt;
+    with the teacher's scheduler, or `scheduler` (a few-step student's: `student_scheduler`).
 
-    One image per pipeline call, so the seconds are per image; a 1-step call first pays the warm-up. A log
+    One image per pipeline call, so the seconds are per image; a 1-step call (a few-step student: its own steps)
+    first pays the warm-up. A log
     line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
     """
-    pipe = teacher_pipeline(sampler)
+    pipe = teacher_pipeline(sampler, scheduler)
     settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
     out, seconds = [], []
     items = [(i, k) for i in prompt_idx for k in range(per_prompt)]
@@ -209,9 +247,10 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
         noise = noise_for(seed, i, k, tuple(shape), stream="eval")[None].to(sampler.device)
         cond = embeddings.padded(torch.tensor([i])).to(sampler.device, sampler.dtype)
         uncond = embeddings.negative_batch(1).contiguous().to(sampler.device, sampler.dtype)
-        if n == 0:
+        if n == 0:  # a few-step scheduler warms up at its own steps: set to 1 step, its stretched schedule is NaN
+            warm = 1 if scheduler is None else steps
             sample_latents(
-                pipe, noise, cond, uncond, SamplerSettings(1, settings.guidance_scales, settings.latent_shape)
+                pipe, noise, cond, uncond, SamplerSettings(warm, settings.guidance_scales, settings.latent_shape)
             )
         start = time.perf_counter()
         out.append(sample_latents(pipe, noise, cond, uncond, settings))

@@ -21,9 +21,16 @@ def load_scheduler(spec: TeacherSpec):
         return getattr(diffusers, index["scheduler"][-1]).from_pretrained(spec.path, subfolder="scheduler")
 
 
-def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, vae=None):
+def calls_per_image(steps: int, guidance_scale: float) -> int:
+    """Transformer forwards WanPipeline makes for one image: one per step, two (cond, uncond) where it applies
+    CFG, which it does where the (first) guidance scale is above 1."""
+    return steps * (2 if guidance_scale > 1.0 else 1)
+
+
+def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, vae=None, scheduler=None):
     """WanPipeline over `transformers` (two: the experts, split at the teacher's boundary), computing on
-    `device`. WanPipeline infers its device from its modules' parameters, and a streamed or spread teacher's
+    `device`, with the teacher's own scheduler or `scheduler` (a few-step student's, teacher/fewstep.py).
+    WanPipeline infers its device from its modules' parameters, and a streamed or spread teacher's
     parameters are not where it computes: the pipeline is pinned to `device`."""
     from diffusers import WanPipeline
 
@@ -37,7 +44,7 @@ def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, va
         tokenizer=None,
         text_encoder=None,
         vae=vae,
-        scheduler=load_scheduler(spec),
+        scheduler=load_scheduler(spec) if scheduler is None else scheduler,
         transformer=transformers[0],
         transformer_2=transformers[1] if two else None,
         boundary_ratio=spec.boundary_ratio if two else None,

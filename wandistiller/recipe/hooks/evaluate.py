@@ -16,8 +16,9 @@ log = logging.getLogger("wandistiller")
 @dataclass
 class EvaluateConfig:
     _target_: str = "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd"
-    # Sampling steps of student and teacher, and images per held-out prompt (`python -m wandistiller.eval --steps,
-    # --per-prompt`): FID/KID are given from 65 images on, withheld below.
+    # Sampling steps of the teacher and a KD student (a few-step student samples at its own K), and images per
+    # held-out prompt (`python -m wandistiller.eval --steps, --per-prompt`): FID/KID are given from 65 images on,
+    # withheld below; intra-prompt diversity from 2 a prompt.
     steps: int = 10
     per_prompt: int = 1
     # The prompts (a file, one per line; None: the run's held-out prompts), at most `limit` of them.
