@@ -52,7 +52,7 @@ def test_the_report_shows_params_as_a_share_and_links_the_plot(tmp_path):
     numbers = results({"quarter, pruned, output KD": 0.8})
     text = compression_report(numbers, Settings(seeds=(0,)), BUDGETS, ["--compression"], 600, jobs=2)
     assert "`python -m wandistiller.quality --compression`" in text and "2 run(s) at once" in text
-    assert "steps per size: half 1000, quarter 6000, tenth 6000" in text
+    assert "steps per size: half 1000, quarter 4000, tenth 4000" in text
     assert table(numbers, COLUMNS, {"params": "share"}) in text and "| teacher | 100.0% | 90.0% |" in text
     assert "](compression.png)" in text
     plot(numbers, tmp_path / "compression.png")

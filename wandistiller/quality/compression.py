@@ -25,7 +25,7 @@ from wandistiller.quality.compare import Settings, sample, score, train_student
 
 # Training steps of batch 16 per size: the budget at which each size is judged (docs/QUALITY.md). The smaller
 # sizes take more steps for the same wall clock (a step of `tenth` costs about half of one of `half`).
-BUDGETS = {"half": 1000, "quarter": 6000, "tenth": 6000}
+BUDGETS = {"half": 1000, "quarter": 4000, "tenth": 4000}
 INITS = {"pruned": "student.init=teacher", "random": "student.init=random"}
 LOSSES = {"output KD": ["loss=distillation"], "several-layer KD": ["loss=features"]}
 COLUMNS = ["params", "prompt_accuracy", "fid", "latent_mse", "s_per_image", "train_s"]
