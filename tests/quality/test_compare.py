@@ -25,7 +25,7 @@ def test_a_rows_score_is_the_judges_accuracy_the_distance_to_the_teachers_latent
     made = {"latents": latents, "images": images, "prompts": prompts, "params": 1234, "s_per_image": 0.25}
     judge = load_classifier()
     scores = score(made, latents + 0.5, judge, reference)
-    assert set(scores) == {"prompt_accuracy", "fid", "kid", "latent_mse", "params", "s_per_image"}
+    assert set(scores) == {"prompt_accuracy", "fid", "kid", "diversity", "latent_mse", "params", "s_per_image"}
     assert scores["latent_mse"] == pytest.approx(0.25) and scores["params"] == 1234 and scores["s_per_image"] == 0.25
     assert scores["prompt_accuracy"] >= 0.9
     # Against other held-out digits the judge's features are near; against noise they are far.

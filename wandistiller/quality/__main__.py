@@ -24,13 +24,14 @@ from typing import Any
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import atomic_write, folder_problem
-from wandistiller.quality import compression
+from wandistiller.quality import compression, fewstep
 from wandistiller.quality.compare import COLUMNS, Settings, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
 FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "latent_mse": "{:.4f}",
-           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}", "share": "{:.1%}"}  # fmt: skip
+           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}", "share": "{:.1%}",
+           "calls": "{:.0f}", "diversity": "{:.2f}", "diversity_ratio": "{:.2f}", "peak_rss_gib": "{:.2f}"}  # fmt: skip
 
 
 def cell(values: list[float], key: str) -> str:
@@ -112,6 +113,24 @@ def compression_report(results: dict, settings: Settings, budgets: dict[str, int
     )
 
 
+def fewstep_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    return (
+        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1; {seconds / 60:.1f} min in all). Every "
+        f"student: `student={settings.student}` on the teacher's images, {settings.max_steps} steps of batch "
+        f"{settings.batch_size}; the teacher samples {settings.sample_steps} UniPC steps with CFG, each student "
+        f"its own steps (a KD student on the teacher's scheduler, a few-step one on its own, no CFG); "
+        f"{settings.per_prompt} noises per prompt x {len(_prompts(settings))} prompts per seed, the same for every "
+        f"row; mean ± std over seeds {list(settings.seeds)}.\n\n"
+        "calls: transformer forwards per image; diversity_ratio: the mean pairwise distance of the judge's features "
+        "over each prompt's noises, over the teacher's; peak_rss_gib: the training run's peak host memory.\n\n"
+        + table(results, fewstep.COLUMNS)
+        + "\n\nTargets (issue 28), from the means above:\n\n"
+        + "\n".join(fewstep.targets(results))
+        + "\n"
+    )
+
+
 def write_section(out: Path, key: str, text: str) -> None:
     """`text` as the section `key` of `out`, between its markers: replaced where the file has them, appended
     where it does not; the rest of the file (other sections, hand-written notes) stays as it is."""
@@ -135,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
     parser.add_argument("--compression", action="store_true", help="the compression curve: half, quarter and tenth "
                         "students, pruned or random, output or several-layer KD (writes compression.png too)")
+    parser.add_argument("--fewstep", action="store_true", help="few-step students (trajectory, dmd at 4 and 1 steps) "
+                        "against today's KD student sampled at 4")
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
     parser.add_argument("--jobs", type=int, default=1, help="--compression: runs trained at once (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
@@ -186,6 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         out = report_path(args)
         if args.jobs < 1:
             raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
+        if args.compression and args.fewstep:
+            raise UserError("--compression and --fewstep are two reports; run them one after the other")
     budgets = {size: settings.max_steps if args.small or args.steps else steps
                for size, steps in compression.BUDGETS.items()}  # fmt: skip
     work = args.work or Path(tempfile.mkdtemp(prefix="wandistiller-quality-"))
@@ -193,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         with exit_on_user_error():
             if args.compression:
                 results = compression.compare_compression(settings, work, budgets, args.jobs)
+            elif args.fewstep:
+                results = fewstep.compare_fewstep(settings, work)
             else:
                 results = compare(settings, work)
     finally:
@@ -203,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         compression.plot(results, out.parent / "compression.png")
         write_section(out, "compression", compression_report(results, settings, budgets, argv, seconds, args.jobs))
         print(table(results, compression.COLUMNS, {"params": "share"}))
+    elif args.fewstep:
+        write_section(out, "fewstep", fewstep_report(results, settings, argv, seconds))
+        print(table(results, fewstep.COLUMNS))
     else:
         write_section(out, "data", report(results, settings, argv, seconds))
         print(table(results))

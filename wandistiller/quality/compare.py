@@ -67,17 +67,24 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
     return run(cfg)
 
 
-def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
-    """Latents, images and seconds per image of the teacher (source None) or the run's student, for every
-    prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row)."""
+def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, steps: int | None = None) -> dict:
+    """Latents, images, seconds per image and network calls per image of the teacher (source None) or the run's
+    student, for every prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row). The
+    teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
+    student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
     from wandistiller.data.prompts import encode_prompts
-    from wandistiller.state.runs import as_sampler, generate, load_student, load_teacher, open_run
+    from wandistiller.state.runs import (as_sampler, generate, load_student, load_teacher, open_run, student_scheduler,
+                                         student_steps)  # fmt: skip
+    from wandistiller.teacher.sampler import calls_per_image
     from wandistiller.teacher.vae import decode_latents, load_vae
 
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
     t = run.cfg.teacher
     emb = encode_prompts(run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device,
                          run.cfg.paths.cache_dir)  # fmt: skip
+    trained = student_steps(run.cfg) if source is not None else None
+    steps = steps or trained or settings.sample_steps
+    scheduler = student_scheduler(run.spec, trained, steps) if source is not None else None
     if source is None:
         sampler, params = load_teacher(run, device, torch.float32), None
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())
@@ -87,14 +94,15 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> 
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):
-        lat, sec = generate(sampler, emb, list(range(len(prompts))), seed * 1000 + k, settings.sample_steps,
-                            run.latent_shape)  # fmt: skip
+        lat, sec = generate(sampler, emb, list(range(len(prompts))), seed * 1000 + k, steps, run.latent_shape,
+                            scheduler=scheduler)  # fmt: skip
         drawn.append(lat)
         seconds += sec
     latents = torch.cat(drawn)
     images = decode_latents(load_vae(run.spec, device), latents)
     return {"latents": latents, "images": images, "prompts": prompts * settings.per_prompt, "params": params,
-            "s_per_image": statistics.fmean(seconds)}  # fmt: skip
+            "s_per_image": statistics.fmean(seconds), "steps": steps,
+            "calls": calls_per_image(steps, max(sampler.guidance_scales))}  # fmt: skip
 
 
 def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
@@ -102,7 +110,7 @@ def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
 
     scores = pocket_scores(made["images"], made["prompts"], judge, reference)
     mse = float(((made["latents"] - teacher_latents) ** 2).mean())
-    return {k: scores.get(k, math.nan) for k in ("prompt_accuracy", "fid", "kid")} | {  # nan: withheld, too few
+    return {k: scores.get(k, math.nan) for k in ("prompt_accuracy", "fid", "kid", "diversity")} | {  # nan: withheld
         "latent_mse": mse, "params": made["params"], "s_per_image": made["s_per_image"]
     }  # fmt: skip
 

@@ -1,0 +1,44 @@
+"""`wandistiller.quality.fewstep`: its rows and targets from known numbers; the command at CI size (slow)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from wandistiller.quality.fewstep import ROWS, targets
+
+
+def results(**accuracy: float) -> dict[str, list[dict]]:
+    """{teacher, every row}: one seed; accuracy by row (keys with _ for spaces), FID 100, diversity as the teacher's."""
+    one = lambda a: {"prompt_accuracy": a, "fid": 100.0, "diversity_ratio": 1.0}  # noqa: E731
+    given = {k.replace("_", " ").replace(" 4", ", 4").replace(" 1", ", 1"): v for k, v in accuracy.items()}
+    return {"teacher": [one(0.9)]} | {row.name: [one(given.get(row.name, 0.1))] for row in ROWS}
+
+
+def test_the_rows_are_the_kd_baseline_at_4_steps_and_the_few_step_methods_at_their_own_steps():
+    assert [row.name for row in ROWS] == ["KD student at 4 steps", "trajectory, 4 steps", "dmd, 4 steps", "dmd, 1 step"]
+    assert ROWS[0].sample_steps == 4 and all(row.sample_steps is None for row in ROWS[1:])  # their own K
+    assert "method.steps=1" in ROWS[3].overrides
+
+
+def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_kd_baseline():
+    lines = targets(results(**{"dmd 4 steps": 0.8, "trajectory 4 steps": 0.7, "dmd 1 step": 0.6}) |
+                    {"KD student at 4 steps": [{"prompt_accuracy": 0.5, "fid": 300.0, "diversity_ratio": 1.0}]})  # fmt: skip
+    assert lines[0].startswith("- 4 steps (best: dmd, 4 steps): 89% of the teacher's accuracy") and "met" in lines[0]
+    assert lines[1] == "- dmd, 4 steps beats the KD student at 4 steps by 30.0 points (target >= 15): met"
+    assert lines[2].startswith("- 1 step (best: dmd, 1 step): 67% of the teacher's accuracy") and "met" in lines[2]
+    collapsed = results(**{"dmd 4 steps": 0.85}) | {"dmd, 4 steps": [{"prompt_accuracy": 0.85, "fid": 100.0,
+                                                                        "diversity_ratio": 0.5}]}  # fmt: skip
+    assert "MISSED" in targets(collapsed)[0]  # accurate but with half the teacher's diversity: mode collapse
+
+
+@pytest.mark.slow
+def test_the_fewstep_command_runs_small(tmp_path, cache_dir):
+    out = tmp_path / "QUALITY.md"
+    result = subprocess.run([sys.executable, "-m", "wandistiller.quality", "--fewstep", "--small", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "<!-- quality:fewstep -->" in text and "| dmd, 1 step | 1 |" in text and "| trajectory, 4 steps | 4 |" in text

@@ -1,0 +1,95 @@
+"""`python -m wandistiller.quality --fewstep`: students that sample in a few steps, against the teacher's 20.
+
+Rows: today's KD student sampled at 4 steps (the baseline a few-step method must beat), `method=trajectory` at
+4, `method=dmd` at 4 and at 1. Every row is `student=half` on the teacher's images (`data=pocket_digits`)
+through `wandistiller.train`, and is judged on the same noises as the teacher's row (20 UniPC steps, CFG):
+prompt accuracy, FID, diversity relative to the teacher's (the mean pairwise distance of the judge's features
+over each prompt's noises), network calls per image, latent MSE, the training run's peak host memory and wall
+clock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from wandistiller.quality.compare import Settings, sample, score, train_student
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    overrides: tuple[str, ...]
+    sample_steps: int | None = None  # None: the student's own K (a few-step method's `method.steps`)
+
+
+ROWS = [
+    Row("KD student at 4 steps", ("method=kd",), sample_steps=4),
+    Row("trajectory, 4 steps", ("method=trajectory", "method.steps=4", "method.noises_per_prompt=1")),
+    Row("dmd, 4 steps", ("method=dmd", "method.steps=4")),
+    Row("dmd, 1 step", ("method=dmd", "method.steps=1")),
+]
+COLUMNS = ["calls", "prompt_accuracy", "fid", "diversity_ratio", "latent_mse", "peak_rss_gib", "train_s"]
+
+
+def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=print) -> dict[str, list[dict]]:
+    """{"teacher" and each row's name: [scores per seed]} (`diversity_ratio`: the row's over the teacher's)."""
+    from wandistiller.evaluation.metrics import heldout_reference
+    from wandistiller.pocket.classifier import load_classifier
+
+    judge, reference, cache = load_classifier(), heldout_reference(), work / "cache"
+    results: dict[str, list[dict]] = {"teacher": []} | {row.name: [] for row in rows}
+    for seed in settings.seeds:
+        teacher = None
+        for row in rows:
+            started = time.perf_counter()
+            run_dir = work / f"seed{seed}" / row.name.replace(" ", "_").replace(",", "")
+            summary = train_student(settings, ["data=pocket_digits", *row.overrides], seed, run_dir, cache)
+            if teacher is None:
+                teacher = sample(run_dir, None, settings, seed)
+                mine = score(teacher, teacher["latents"], judge, reference)
+                results["teacher"].append(mine | {"calls": teacher["calls"], "diversity_ratio": 1.0})
+            made = sample(run_dir, "student", settings, seed, row.sample_steps)
+            scores = score(made, teacher["latents"], judge, reference) | {"calls": made["calls"]}
+            scores["diversity_ratio"] = scores["diversity"] / results["teacher"][-1]["diversity"]
+            scores["peak_rss_gib"] = summary.get("host_peak_rss_gib_max", math.nan)
+            scores["train_s"] = summary.get("wall_s", time.perf_counter() - started)
+            results[row.name].append(scores)
+            log(f"seed {seed} {row.name}: " + "  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    return results
+
+
+def _mean(runs: list[dict], key: str) -> float:
+    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
+    return statistics.fmean(values) if values else math.nan
+
+
+def targets(results: dict[str, list[dict]]) -> list[str]:
+    """Issue 28's quality targets, each met or missed, from the means."""
+    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mean = {name: {k: _mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
+            for name, runs in results.items()}  # fmt: skip
+    teacher, kd = mean["teacher"], mean.get("KD student at 4 steps")
+    lines = []
+    four = [name for name in mean if name not in ("teacher", "KD student at 4 steps") and "4 steps" in name]
+    if four:
+        best = max(four, key=lambda n: mean[n]["prompt_accuracy"])
+        m = mean[best]
+        ratio, fid = m["prompt_accuracy"] / teacher["prompt_accuracy"], m["fid"] / teacher["fid"]
+        ok = ratio >= 0.85 and fid <= 1.5 and m["diversity_ratio"] >= 0.8
+        lines.append(f"- 4 steps (best: {best}): {ratio:.0%} of the teacher's accuracy (target >= 85%), FID "
+                     f"{fid:.2f}x (<= 1.5x), diversity {m['diversity_ratio']:.2f}x (>= 0.8x): {mark(ok)}")  # fmt: skip
+        if kd is not None:
+            gain = (m["prompt_accuracy"] - kd["prompt_accuracy"]) * 100
+            lines.append(f"- {best} beats the KD student at 4 steps by {gain:.1f} points (target >= 15): "
+                         f"{mark(gain >= 15)}")  # fmt: skip
+    one = [name for name in mean if "1 step" in name]
+    if one:
+        best = max(one, key=lambda n: mean[n]["prompt_accuracy"])
+        ratio = mean[best]["prompt_accuracy"] / teacher["prompt_accuracy"]
+        lines.append(f"- 1 step (best: {best}): {ratio:.0%} of the teacher's accuracy (target >= 60%, stretch "
+                     f"70%): {mark(ratio >= 0.6)}")  # fmt: skip
+    return lines
