@@ -244,8 +244,14 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
-    # The method against the placement: a teacher at the student's own inputs, a teacher-shaped fake score.
-    built_quietly(cfg.method).check(placement, world.size, local_device(Topology()))
+    # The method against the placement (a teacher-shaped fake score) and the whole-step targets.
+    method = built_quietly(cfg.method)
+    method.check(placement, world.size, local_device(Topology()))
+    if cfg.trainer.teacher_whole_step and method.student_inputs:
+        raise UserError(
+            f"trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method={method.name} calls "
+            f"the teacher at the student's own samples; drop trainer.teacher_whole_step"
+        )
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(

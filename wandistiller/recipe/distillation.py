@@ -285,14 +285,23 @@ class DistillationRecipe:
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
-        roles = self.ctx.roles
+        roles, inputs = self.ctx.roles, self.method.student_inputs
         if roles.owner is not None:
-            return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device())
+            return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device(), inputs)
         if roles.served:
-            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device())
+            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device(),
+                                self.served_text())  # fmt: skip
         if self.cfg.trainer.teacher_whole_step:
             return WholeStepTargets(self.teacher, self.batch_fn, roles.dp_rank, self.cfg.trainer.grad_accum_steps)
         return LocalTargets(self.teacher)
+
+    def served_text(self):
+        """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
+        their prompt indices into the training prompts), None where it rebuilds whole batches from the seed."""
+        if not self.method.student_inputs:
+            return None
+        embeddings, device = self.embeddings, self.ctx.placement.teacher_device(self.topo)
+        return lambda idx: (embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device))
 
     def transfer_device(self) -> torch.device:
         """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
@@ -324,7 +333,8 @@ class DistillationRecipe:
             # A method that trains without the teacher (trajectory, from its cache) gets no targets served.
             steps = range(self.start_step, cfg.trainer.max_steps) if self.method.teacher_in_loop else range(0)
             stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
-                          self.loss_fn.needs.teacher_hidden, self.transfer_device())  # fmt: skip
+                          self.loss_fn.needs.teacher_hidden, self.transfer_device(),
+                          text=self.served_text())  # fmt: skip
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)
