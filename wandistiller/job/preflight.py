@@ -244,9 +244,10 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
-    # The method against the placement (a teacher-shaped fake score) and the whole-step targets.
+    # The method against the placement (a teacher-shaped fake score), the loss and the whole-step targets.
     method = built_quietly(cfg.method)
     method.check(placement, world.size, local_device(Topology()))
+    check_method_loss(cfg, method)
     if cfg.trainer.teacher_whole_step and method.student_inputs:
         raise UserError(
             f"trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method={method.name} calls "
@@ -259,6 +260,27 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
         )
+
+
+DEFAULT_LOSS = "wandistiller.recipe.losses.distillation.Distillation"
+
+
+def check_method_loss(cfg: DictConfig, method) -> None:
+    """A method with its own loss (trajectory, dmd) ignores trainer.loss: one set for it is refused, not dropped."""
+    if method.uses_loss:
+        return
+    loss = cfg.trainer.loss
+    target = str(loss.get("_target_", ""))
+    if target != DEFAULT_LOSS:
+        what = f"trainer.loss._target_={target.rsplit('.', 1)[-1]}"
+    elif (loss.get("hidden_kd_weight") or 0) > 0:
+        what = f"trainer.loss.hidden_kd_weight={loss.hidden_kd_weight}"
+    else:
+        return
+    raise UserError(
+        f"method={method.name} trains with its own loss and ignores trainer.loss, which sets {what}; drop it "
+        f"(loss=distillation trainer.loss.hidden_kd_weight=0), or train with method=kd"
+    )
 
 
 def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:

@@ -152,6 +152,17 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
             "student takes fewer; lower method.steps or raise method.teacher_steps",
         ),
         (
+            ["trainer.loss.hidden_kd_weight=0.5"],
+            "error: method=dmd trains with its own loss and ignores trainer.loss, which sets "
+            "trainer.loss.hidden_kd_weight=0.5; drop it (loss=distillation trainer.loss.hidden_kd_weight=0), or "
+            "train with method=kd",
+        ),
+        (
+            ["method=trajectory", "loss=features"],
+            "error: method=trajectory trains with its own loss and ignores trainer.loss, which sets "
+            "trainer.loss._target_=Features; drop it",
+        ),
+        (
             ["trainer.teacher_whole_step=true"],
             "error: trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method=dmd calls "
             "the teacher at the student's own samples; drop trainer.teacher_whole_step",

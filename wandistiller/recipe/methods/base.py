@@ -11,6 +11,7 @@ folder). It declares
     student_inputs     whether it calls the teacher at inputs the student makes (a served teacher then receives
                        them from the ranks, x_t, t and prompt indices, instead of rebuilding them from the seed:
                        recipe/targets.py); trainer.teacher_whole_step, which rebuilds them, is refused with one
+    uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
     check(placement, ranks, device)    refuse, in one line, a placement it cannot train with
     prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
     bind(ctx, student, trainer_cfg, state, group)   after the student: the networks it trains beside it, restored
@@ -60,6 +61,7 @@ class Method:
     name: ClassVar[str]
     teacher_in_loop: ClassVar[bool] = True
     student_inputs: ClassVar[bool] = False
+    uses_loss: ClassVar[bool] = True
 
     def __init__(self, name: str, steps: int | None = None):
         if name != self.name:

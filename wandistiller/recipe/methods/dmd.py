@@ -63,6 +63,7 @@ class DMD(Method):
 
     name = "dmd"
     student_inputs = True
+    uses_loss = False
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
                  fake_score: str = "student", regression_weight: float = 0.0, noises_per_prompt: int = 2,
