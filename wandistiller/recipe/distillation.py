@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.context import RunContext
@@ -285,7 +285,7 @@ class DistillationRecipe:
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
-        roles, inputs = self.ctx.roles, self.method.student_inputs
+        roles, inputs = self.ctx.roles, self.student_inputs()
         if roles.owner is not None:
             return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device(), inputs)
         if roles.served:
@@ -295,10 +295,14 @@ class DistillationRecipe:
             return WholeStepTargets(self.teacher, self.batch_fn, roles.dp_rank, self.cfg.trainer.grad_accum_steps)
         return LocalTargets(self.teacher)
 
+    def student_inputs(self) -> bool:
+        """Whether the method calls the teacher at inputs the student makes (dmd): its class says, built or not."""
+        return bool(get_class(self.cfg.method._target_).student_inputs)
+
     def served_text(self):
         """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
         their prompt indices into the training prompts), None where it rebuilds whole batches from the seed."""
-        if not self.method.student_inputs:
+        if not self.student_inputs():
             return None
         embeddings, device = self.embeddings, self.ctx.placement.teacher_device(self.topo)
         return lambda idx: (embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device))
