@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.compose import compose_option, resolve_precision
 from wandistiller.core.distributed import Topology, World, local_device
@@ -262,24 +262,28 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
         )
 
 
-DEFAULT_LOSS = "wandistiller.recipe.losses.distillation.Distillation"
-
-
 def check_method_loss(cfg: DictConfig, method) -> None:
-    """A method with its own loss (trajectory, dmd) ignores trainer.loss: one set for it is refused, not dropped."""
+    """A method with its own loss (trajectory, dmd) ignores trainer.loss: one set for it -- another loss than the
+    shipped tree's, or a key of that one changed -- is refused, not dropped."""
     if method.uses_loss:
         return
-    loss = cfg.trainer.loss
-    target = str(loss.get("_target_", ""))
-    if target != DEFAULT_LOSS:
-        what = f"trainer.loss._target_={target.rsplit('.', 1)[-1]}"
-    elif (loss.get("hidden_kd_weight") or 0) > 0:
-        what = f"trainer.loss.hidden_kd_weight={loss.hidden_kd_weight}"
-    else:
+    from wandistiller.compose import compose_config, registries
+
+    default = OmegaConf.to_container(compose_config([]).trainer.loss, resolve=False)
+    given = OmegaConf.to_container(cfg.trainer.loss, resolve=False)
+    assert isinstance(default, dict) and isinstance(given, dict)
+    if given == default:
         return
+    losses = next(r for r in registries() if r.group == "loss")
+    name = lambda node: getattr(losses.of_target(str(node.get("_target_"))), "name", node.get("_target_"))  # noqa: E731
+    if given.get("_target_") != default.get("_target_"):
+        what = f"loss={name(given)}"
+    else:
+        key = next(k for k in sorted(set(given) | set(default)) if given.get(k) != default.get(k))
+        what = f"trainer.loss.{key}={given.get(key)}"
     raise UserError(
         f"method={method.name} trains with its own loss and ignores trainer.loss, which sets {what}; drop it "
-        f"(loss=distillation trainer.loss.hidden_kd_weight=0), or train with method=kd"
+        f"(loss={name(default)} as it ships), or train with method=kd"
     )
 
 

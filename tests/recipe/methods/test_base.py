@@ -60,7 +60,7 @@ def test_a_method_with_its_own_loss_refuses_a_trainer_loss_set_for_it(make_cfg):
     check_method_loss(make_cfg(), method)  # the default loss: nothing set, nothing refused
     check_method_loss(make_cfg("trainer.loss.hidden_kd_weight=0.5"), AtStudentInputs("at_student_inputs", 2))
     with refused("method=at_student_inputs trains with its own loss and ignores trainer.loss, which sets "
-                 "trainer.loss._target_=Task; drop it"):  # fmt: skip
+                 "loss=task; drop it (loss=distillation as it ships)"):  # fmt: skip
         check_method_loss(make_cfg("loss=task"), method)
     with refused("which sets trainer.loss.hidden_kd_weight=0.5"):
         check_method_loss(make_cfg("trainer.loss.hidden_kd_weight=0.5"), method)

@@ -154,13 +154,12 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
         (
             ["trainer.loss.hidden_kd_weight=0.5"],
             "error: method=dmd trains with its own loss and ignores trainer.loss, which sets "
-            "trainer.loss.hidden_kd_weight=0.5; drop it (loss=distillation trainer.loss.hidden_kd_weight=0), or "
-            "train with method=kd",
+            "trainer.loss.hidden_kd_weight=0.5; drop it (loss=distillation as it ships), or train with method=kd",
         ),
         (
             ["method=trajectory", "loss=features"],
             "error: method=trajectory trains with its own loss and ignores trainer.loss, which sets "
-            "trainer.loss._target_=Features; drop it",
+            "loss=features; drop it",
         ),
         (
             ["trainer.teacher_whole_step=true"],
