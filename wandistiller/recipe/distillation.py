@@ -30,6 +30,7 @@ from wandistiller.job.preflight import Prepared
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.methods import Method
 from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
@@ -297,7 +298,8 @@ class DistillationRecipe:
 
     def student_inputs(self) -> bool:
         """Whether the method calls the teacher at inputs the student makes (dmd): its class says, built or not."""
-        return bool(get_class(self.cfg.method._target_).student_inputs)
+        method: type[Method] = get_class(self.cfg.method._target_)
+        return method.student_inputs
 
     def served_text(self):
         """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
