@@ -26,7 +26,7 @@ CLI = ["logger=none", "trainer.progress_bar=false", "hooks=[monitor,progress]", 
        "precision=fp32", "trainer.max_steps=3", *FAST]  # fmt: skip
 SERVED = {
     "dmd_dedicated": ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"],
-    "dmd_two_students": ["teacher_placement=cpu", "distributed.nproc_per_node=2"],
+    "dmd_two_students": ["teacher_placement=cpu", "distributed.nproc_per_node=2", "trainer.grad_accum_steps=2"],
 }
 
 

@@ -162,10 +162,8 @@ class DMD(Method):
         start = clock.mark()
         real, _ = run.targets.get(step, micro, Batch(prompt_idx, x_t, t, cond, uncond), ())
         span = (start, clock.mark())
-        fake_score = self.networks["fake_score"].module
-        # Unwrapped: a DDP forward syncs buffers, and this one trains nothing.
         with torch.no_grad(), self._autocast(run):
-            fake, _ = getattr(fake_score, "module", fake_score)(x_t, t, cond)
+            fake, _ = self.networks["fake_score"].module(x_t, t, cond)
         with torch.no_grad():
             real_x0 = x_t - sigma * real.to(run.device, torch.float32)
             fake_x0 = x_t - sigma * fake.float()
@@ -192,14 +190,10 @@ class DMD(Method):
         without gradient, then its x0 prediction x_j - sigma_j v_j (float32)."""
         x = torch.randn((self.batch_size, *self.latent_shape), generator=g).to(run.device)
         last = int(torch.randint(len(self.timesteps), (1,), generator=g))
-        grad = torch.is_grad_enabled()
         for i in range(last + 1):
-            # Through DDP (run.model) only the call with gradient: j differs among ranks, and each DDP forward is a
-            # collective (its buffers' broadcast); the calls without gradient go to the student itself.
-            model = run.model if grad and i == last else run.student
-            with torch.set_grad_enabled(grad and i == last), self._autocast(run):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and i == last), self._autocast(run):
                 t = self.timesteps[i].expand(self.batch_size).to(run.device)
-                v = model(x, t, cond)[0].float()
+                v = run.model(x, t, cond)[0].float()
             if i < last:
                 x = x + float(self.sigmas[i + 1] - self.sigmas[i]) * v
         return x - float(self.sigmas[last]) * v
