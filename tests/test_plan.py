@@ -81,9 +81,12 @@ def test_dmd_plans_its_fake_score_beside_the_student_and_auto_chooses_with_it():
     assert kd["gpu"].fits and not dmd["gpu"].fits
     assert kd_choice is not None and dmd_choice is not None
     assert (kd_choice.placement, dmd_choice.placement) == ("gpu", "offload")
-    teacher_shaped, _, _ = planned("method=dmd", "method.fake_score=teacher")
+    teacher_shaped, estimates, choice = planned("method=dmd", "method.fake_score=teacher")
     assert memory.training_bytes(teacher_shaped) > memory.training_bytes(dmd_w) + memory.param_count(
         teacher_shaped.teacher_config) * 12  # fmt: skip
+    # Only a whole teacher on the training GPU can start one (DMD.check), and a 14B one does not fit 40 GiB.
+    assert [e.placement for e in estimates.values() if e.gpu_bytes] == ["gpu"] and choice is None
+    assert estimates["offload"].note == "keeps the teacher off the training device (method.fake_score=teacher)"
 
 
 def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score(monkeypatch, capsys):

@@ -40,6 +40,9 @@ def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list
 
 
 def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
+    # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device.
+    if w.fake_score == "teacher" and not (p.whole_on_one_device and (p.min_gpus > 0) == bool(hw.gpu_bytes)):
+        return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
     if not w.teacher_fp8:
         return p.estimate(w, hw)
     if not p.fp8:
