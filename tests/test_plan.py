@@ -52,6 +52,50 @@ def test_a_teacher_without_a_local_config_is_one_line_and_exit_code_2(monkeypatc
     assert err == f"error: teacher.path='{tmp_path / 'none'}': no local config.json to plan from; download it first\n"
 
 
+def planned(*overrides: str):
+    """(workload, estimates by placement, auto's choice) for a 14B teacher and a `student=small` on one 40 GiB GPU."""
+    import torch
+
+    from wandistiller.compose import compose_config
+    from wandistiller.job.checks import name_the_teacher
+    from wandistiller.placements.planner import choose, plan, workload_of
+
+    hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=40", "hardware.host_memory_gib=256"]
+    cfg = compose_config(["teacher=wan2.1_t2v_14b", *FRAME, *hardware, *overrides])
+    name_the_teacher(cfg)
+    found = workload_of(cfg, torch.bfloat16)
+    assert found is not None
+    estimates = plan(*found)
+    return found[0], {e.placement: e for e in estimates}, choose(estimates)
+
+
+def test_dmd_plans_its_fake_score_beside_the_student_and_auto_chooses_with_it():
+    kd_w, kd, kd_choice = planned()
+    dmd_w, dmd, dmd_choice = planned("method=dmd")
+    assert (kd_w.fake_score, dmd_w.fake_score, dmd_w.fake_updates) == (None, "student", 5)
+    fake_states = memory.param_count(dmd_w.student_config) * 12  # fp32 weights + AdamW's two moments
+    for name in ("gpu", "balanced", "sequential", "cpu"):  # the training rank's GPU, larger by the fake score's states
+        grown = dmd[name].gpu_bytes[0] - kd[name].gpu_bytes[0]
+        assert grown == pytest.approx(fake_states * (1 + memory.FIT_MARGIN), rel=1e-6), name
+    # A resident 14B teacher beside the student fits 40 GiB, not with the fake score too: auto streams it.
+    assert kd["gpu"].fits and not dmd["gpu"].fits
+    assert kd_choice is not None and dmd_choice is not None
+    assert (kd_choice.placement, dmd_choice.placement) == ("gpu", "offload")
+    teacher_shaped, estimates, choice = planned("method=dmd", "method.fake_score=teacher")
+    assert memory.training_bytes(teacher_shaped) > memory.training_bytes(dmd_w) + memory.param_count(
+        teacher_shaped.teacher_config) * 12  # fmt: skip
+    # Only a whole teacher on the training GPU can start one (DMD.check), and a 14B one does not fit 40 GiB.
+    assert [e.placement for e in estimates.values() if e.gpu_bytes] == ["gpu"] and choice is None
+    assert estimates["offload"].note == "keeps the teacher off the training device (method.fake_score=teacher)"
+
+
+def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score(monkeypatch, capsys):
+    plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], "method=dmd")
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("fake score (student-shaped, 215M params): its weights, AdamW states and grads counted")
+    assert "5 more student-sized forward + backward per step" in line
+
+
 def plan_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.compose import compose_option, resolve_precision
 from wandistiller.core.distributed import Topology, World, local_device
@@ -244,8 +244,15 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
-    # The method against the placement: a teacher at the student's own inputs, a teacher-shaped fake score.
-    built_quietly(cfg.method).check(placement, world.size, local_device(Topology()))
+    # The method against the placement (a teacher-shaped fake score), the loss and the whole-step targets.
+    method = built_quietly(cfg.method)
+    method.check(placement, world.size, local_device(Topology()))
+    check_method_loss(cfg, method)
+    if cfg.trainer.teacher_whole_step and method.student_inputs:
+        raise UserError(
+            f"trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method={method.name} calls "
+            f"the teacher at the student's own samples; drop trainer.teacher_whole_step"
+        )
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(
@@ -253,6 +260,31 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
         )
+
+
+def check_method_loss(cfg: DictConfig, method) -> None:
+    """A method with its own loss (trajectory, dmd) ignores trainer.loss: one set for it -- another loss than the
+    shipped tree's, or a key of that one changed -- is refused, not dropped."""
+    if method.uses_loss:
+        return
+    from wandistiller.compose import compose_config, registries
+
+    default = OmegaConf.to_container(compose_config([]).trainer.loss, resolve=False)
+    given = OmegaConf.to_container(cfg.trainer.loss, resolve=False)
+    assert isinstance(default, dict) and isinstance(given, dict)
+    if given == default:
+        return
+    losses = next(r for r in registries() if r.group == "loss")
+    name = lambda node: getattr(losses.of_target(str(node.get("_target_"))), "name", node.get("_target_"))  # noqa: E731
+    if given.get("_target_") != default.get("_target_"):
+        what = f"loss={name(given)}"
+    else:
+        key = next(k for k in sorted(set(given) | set(default)) if given.get(k) != default.get(k))
+        what = f"trainer.loss.{key}={given.get(key)}"
+    raise UserError(
+        f"method={method.name} trains with its own loss and ignores trainer.loss, which sets {what}; drop it "
+        f"(loss={name(default)} as it ships), or train with method=kd"
+    )
 
 
 def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:

@@ -7,6 +7,7 @@ hardware you do not have. Each placement combines these terms into its own per-d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -134,6 +135,10 @@ class Workload:
     autocast: bool = True  # the student runs under bf16/fp16 autocast (false: fp32 activations)
     compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
     teacher_fp8: bool = False  # teacher.quantize=fp8: the blocks' Linear weights in 1 byte + a scale per row
+    # A network the method trains beside the student (method=dmd's fake score): "student" (student-sized),
+    # "teacher" (teacher-shaped), None (kd, trajectory); and its updates per step (each a forward + backward).
+    fake_score: str | None = None
+    fake_updates: int = 0
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,20 @@ def student_state_bytes(w: Workload, grads: bool = True) -> int:
     return param_count(w.student_config) * per_param
 
 
+def fake_score_config(w: Workload) -> dict | None:
+    """The shape of the network the method trains beside the student (dmd's fake score), None without one."""
+    if w.fake_score is None:
+        return None
+    return w.teacher_config if w.fake_score == "teacher" else w.student_config
+
+
+def method_state_bytes(w: Workload, grads: bool = False) -> int:
+    """The method's fake score: fp32 weights and AdamW's two moments, + its fp32 grads while it trains (its own
+    updates; set_to_none frees them before the student's). 0 without one (kd, trajectory)."""
+    config = fake_score_config(w)
+    return param_count(config) * (12 + (4 if grads else 0)) if config is not None else 0
+
+
 def student_activation_bytes(w: Workload, device: str = "gpu") -> int:
     """What the student's forward keeps for backward: each block's saved tensors per token (image and text),
     what lies outside the blocks, and under autocast the bf16 copy of every weight. With gradient
@@ -273,10 +292,18 @@ def student_activation_bytes(w: Workload, device: str = "gpu") -> int:
 def training_bytes(w: Workload, device: str = "gpu", teacher_here: bool = True) -> int:
     """A training process's peak on `device` for the student: the larger of its two phases -- the teacher's
     transient forward (if it runs here) beside the weights and moments, or the student's forward and
-    backward with its saved activations and grads (`zero_grad(set_to_none=True)` frees grads between)."""
-    student = student_state_bytes(w) + student_activation_bytes(w, device)
-    teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0)
-    return int(max(student, teacher) * (1 + FIT_MARGIN))
+    backward, with its saved activations and grads (`zero_grad(set_to_none=True)` frees grads between); with a
+    method's fake score (dmd) its weights and moments in every phase, and a third phase: its own update."""
+    fake = method_state_bytes(w)
+    student = student_state_bytes(w) + student_activation_bytes(w, device) + fake
+    teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0) + fake
+    phases = [student, teacher]
+    config = fake_score_config(w)
+    if config is not None:  # the fake score's forward and backward on the student's samples
+        as_fake = dataclasses.replace(w, student_config=config, ema=False)
+        phases.append(student_state_bytes(w, grads=False) + method_state_bytes(w, grads=True)
+                      + student_activation_bytes(as_fake, device))  # fmt: skip
+    return int(max(phases) * (1 + FIT_MARGIN))
 
 
 def student_device_bytes(w: Workload) -> int:

@@ -22,6 +22,7 @@ from wandistiller.placements.memory import (
     GiB,
     Hardware,
     Workload,
+    fake_score_config,
     param_count,
     teacher_weight_bytes,
 )
@@ -39,6 +40,9 @@ def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list
 
 
 def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
+    # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device.
+    if w.fake_score == "teacher" and not (p.whole_on_one_device and (p.min_gpus > 0) == bool(hw.gpu_bytes)):
+        return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
     if not w.teacher_fp8:
         return p.estimate(w, hw)
     if not p.fp8:
@@ -133,6 +137,7 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
 
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
     d, t = cfg.data, cfg.trainer
+    method = cfg.get("method") or {}  # a method that trains a fake score beside the student (dmd) names its shape
     return Workload(
         teacher_config=teacher_config,
         experts=experts,
@@ -148,6 +153,8 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         autocast=cfg.precision.autocast_dtype is not None,
         compiled=t.compile_student,
         teacher_fp8=cfg.teacher.quantize == "fp8",
+        fake_score=method.get("fake_score"),
+        fake_updates=method.get("fake_updates") or 0,
     )
 
 
@@ -184,4 +191,16 @@ def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
         f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
-    return "\n".join([head, format_table(estimates, hw, best.placement if best else None, w), tail])
+    return "\n".join([head, *method_lines(w), format_table(estimates, hw, best.placement if best else None, w), tail])
+
+
+def method_lines(w: Workload) -> list[str]:
+    """What the plan counts of the method's own network (dmd's fake score), and the passes it adds to a step."""
+    config = fake_score_config(w)
+    if config is None:
+        return []
+    return [
+        f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
+        f"and grads counted on every training rank; {w.fake_updates} more {w.fake_score}-sized forward + backward "
+        f"per step (the same under every placement: their order stands)"
+    ]

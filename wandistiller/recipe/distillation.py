@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.context import RunContext
@@ -30,6 +30,7 @@ from wandistiller.job.preflight import Prepared
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.methods import Method
 from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
@@ -285,14 +286,28 @@ class DistillationRecipe:
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
-        roles = self.ctx.roles
+        roles, inputs = self.ctx.roles, self.student_inputs()
         if roles.owner is not None:
-            return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device())
+            return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device(), inputs)
         if roles.served:
-            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device())
+            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device(),
+                                self.served_text())  # fmt: skip
         if self.cfg.trainer.teacher_whole_step:
             return WholeStepTargets(self.teacher, self.batch_fn, roles.dp_rank, self.cfg.trainer.grad_accum_steps)
         return LocalTargets(self.teacher)
+
+    def student_inputs(self) -> bool:
+        """Whether the method calls the teacher at inputs the student makes (dmd): its class says, built or not."""
+        method: type[Method] = get_class(self.cfg.method._target_)
+        return method.student_inputs
+
+    def served_text(self):
+        """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
+        their prompt indices into the training prompts), None where it rebuilds whole batches from the seed."""
+        if not self.student_inputs():
+            return None
+        embeddings, device = self.embeddings, self.ctx.placement.teacher_device(self.topo)
+        return lambda idx: (embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device))
 
     def transfer_device(self) -> torch.device:
         """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
@@ -324,7 +339,8 @@ class DistillationRecipe:
             # A method that trains without the teacher (trajectory, from its cache) gets no targets served.
             steps = range(self.start_step, cfg.trainer.max_steps) if self.method.teacher_in_loop else range(0)
             stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
-                          self.loss_fn.needs.teacher_hidden, self.transfer_device())  # fmt: skip
+                          self.loss_fn.needs.teacher_hidden, self.transfer_device(),
+                          text=self.served_text())  # fmt: skip
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)

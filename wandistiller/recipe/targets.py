@@ -4,6 +4,11 @@ A step's inputs are a pure function of (seed, step, micro, data-parallel rank), 
 every served rank's batch itself; only the targets travel. The owner runs the teacher on each rank's
 batch separately -- the same shapes a local teacher would see -- so served targets are bitwise-equal
 to local ones. Sends are point-to-point and ordered per (owner, rank) pair, so no tags are needed.
+
+A method that calls the teacher at inputs the student makes (dmd: `Method.student_inputs`) cannot be
+rebuilt from the seed: there the rank sends its inputs -- x_t, t and its prompt indices, from which the
+owner looks up the cond/uncond embeddings it holds too (`TextFn`) -- and the owner runs the teacher on
+exactly those. The seed-rebuilt path (every other method) is untouched by this one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from wandistiller.teacher.model import Teacher
 
 # (step, micro, dp_rank) -> that rank's batch
 BatchFn = Callable[[int, int, int], Batch]
+# prompt indices -> (cond, uncond) on the owner's teacher device: the text of inputs a rank sent (None: the
+# owner rebuilds whole batches from the seed with its BatchFn)
+TextFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+INPUT_DIMS = 5  # x_t's [B, C, F, H, W]: the header a rank sends before its inputs
 
 
 def hidden_shape(teacher_config: dict, batch: Batch, layers: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -84,15 +93,19 @@ class OwnerTargets(LocalTargets):
 
     skippable = False  # the served ranks wait for their targets every micro-batch
 
-    def __init__(self, teacher: Teacher, served: list[Served], batch_fn: BatchFn, transfer: torch.device):
+    def __init__(self, teacher: Teacher, served: list[Served], batch_fn: BatchFn, transfer: torch.device,
+                 text: TextFn | None = None):  # fmt: skip
         super().__init__(teacher)
-        self.served, self.batch_fn, self.transfer = served, batch_fn, transfer
+        self.served, self.batch_fn, self.transfer, self.text = served, batch_fn, transfer, text
         self.in_flight: list = []
 
     def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
         self.finish()  # the previous micro-batch's sends are done before their buffers are dropped
         for s in self.served:
-            b = self.batch_fn(step, micro, s.dp_rank)
+            if self.text is None:
+                b = self.batch_fn(step, micro, s.dp_rank)
+            else:  # the rank's own inputs (the student made them)
+                b = receive_inputs(s.rank, self.transfer, self.text)
             self.in_flight += _send(self.teacher, b, s.rank, layers, self.transfer)
         return super().get(step, micro, batch, layers)
 
@@ -107,10 +120,13 @@ class RemoteTargets:
 
     skippable = False  # the owner sends them whatever the loss: receive (and drop) them
 
-    def __init__(self, owner: int, teacher_config: dict, transfer: torch.device):
+    def __init__(self, owner: int, teacher_config: dict, transfer: torch.device, sends_inputs: bool = False):
         self.owner, self.teacher_config, self.transfer = owner, teacher_config, transfer
+        self.sends_inputs = sends_inputs  # a method whose inputs the student makes: the owner cannot rebuild them
 
     def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
+        if self.sends_inputs:
+            send_inputs(batch, self.owner, self.transfer)
         target = torch.empty(batch.x_t.shape, dtype=torch.float32, device=self.transfer)
         dist.recv(target, src=self.owner)
         hidden = None
@@ -126,6 +142,29 @@ class RemoteTargets:
 
     def finish(self) -> None:
         pass
+
+
+def send_inputs(batch: Batch, owner: int, transfer: torch.device) -> None:
+    """A rank's teacher inputs to its owner: x_t's shape, x_t and t (float32) and the prompt indices."""
+    if batch.x_t.dim() != INPUT_DIMS:
+        raise ValueError(f"x_t of shape {tuple(batch.x_t.shape)}: a served teacher takes [B, C, F, H, W]")
+    header = torch.tensor(batch.x_t.shape, dtype=torch.int64)
+    for tensor in (header, batch.x_t.float(), batch.t.float(), batch.prompt_idx.long()):
+        dist.send(tensor.to(transfer).contiguous(), dst=owner)
+
+
+def receive_inputs(src: int, transfer: torch.device, text: TextFn) -> Batch:
+    """What `send_inputs` sent from rank `src`, as a batch with its text looked up here."""
+    header = torch.empty(INPUT_DIMS, dtype=torch.int64, device=transfer)
+    dist.recv(header, src=src)
+    shape = [int(n) for n in header.tolist()]
+    x_t = torch.empty(shape, dtype=torch.float32, device=transfer)
+    t = torch.empty(shape[0], dtype=torch.float32, device=transfer)
+    prompt_idx = torch.empty(shape[0], dtype=torch.int64, device=transfer)
+    for tensor in (x_t, t, prompt_idx):
+        dist.recv(tensor, src=src)
+    cond, uncond = text(prompt_idx.cpu())
+    return Batch(prompt_idx, x_t, t, cond, uncond)
 
 
 def _send(teacher: Teacher, batch: Batch, dst: int, layers: tuple[int, ...], transfer: torch.device) -> list:
@@ -148,11 +187,14 @@ def serve(
     layers: tuple[int, ...],
     transfer: torch.device,
     ahead: int = 1,
+    text: TextFn | None = None,
 ) -> dict:
     """A dedicated owner's whole job: targets for every served rank, `ahead` steps before they are needed.
 
     While the students train step k the owner already computes step k+1; it blocks only when it is
-    more than `ahead` steps in front. Returns how much of its time it spent waiting (idle).
+    more than `ahead` steps in front. With `text` the ranks send their inputs (a method whose inputs the
+    student makes): the owner then waits for each, and computes nothing ahead. Returns how much of its
+    time it spent waiting (idle).
     """
     start, waited = time.perf_counter(), 0.0
     per_step: deque[list] = deque()
@@ -160,7 +202,13 @@ def serve(
         sends = []
         for micro in range(accum):
             for s in served:
-                sends += _send(teacher, batch_fn(step, micro, s.dp_rank), s.rank, layers, transfer)
+                if text is None:
+                    batch = batch_fn(step, micro, s.dp_rank)
+                else:
+                    t0 = time.perf_counter()
+                    batch = receive_inputs(s.rank, transfer, text)
+                    waited += time.perf_counter() - t0
+                sends += _send(teacher, batch, s.rank, layers, transfer)
         per_step.append(sends)
         while len(per_step) > ahead:
             t0 = time.perf_counter()

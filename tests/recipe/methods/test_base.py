@@ -1,6 +1,7 @@
 """wandistiller/recipe/methods/base.py (and the registry of conf/method/): every method YAML composes into its own
 schema and builds its class; a method's name and step count are checked as it is built; a method that calls the
-teacher at the student's inputs is refused, in one line, on a teacher served to other ranks."""
+teacher at the student's inputs takes every placement (a served teacher receives them); a method with its own loss
+refuses a trainer.loss set for it, in one line."""
 
 from __future__ import annotations
 
@@ -37,11 +38,29 @@ def test_a_method_is_built_with_its_own_name_and_a_positive_step_count():
         AtStudentInputs("at_student_inputs", 0)
 
 
-def test_the_teacher_at_the_students_inputs_is_refused_where_an_owner_serves_other_ranks():
+def test_the_teacher_at_the_students_inputs_is_taken_by_every_serving_mode():
+    """A served teacher receives the student's inputs from its ranks (recipe/targets.py): no placement refuses them."""
     import torch
 
+    from wandistiller.placements.gpu0 import Gpu0Placement
+
     method, cpu = AtStudentInputs("at_student_inputs", 2), torch.device("cpu")
-    method.check(CpuPlacement(), 1, cpu)  # one process: its own teacher
-    method.check(GpuPlacement(), 2, cpu)  # every rank its own teacher
-    with refused("method=at_student_inputs calls the teacher at inputs the student makes, which teacher_placement=cpu"):
-        method.check(CpuPlacement(), 2, cpu)
+    for placement in (CpuPlacement(), GpuPlacement(), Gpu0Placement(debug_cpu=True)):
+        for ranks in (1, 2):
+            method.check(placement, ranks, cpu)
+
+
+def test_a_method_with_its_own_loss_refuses_a_trainer_loss_set_for_it(make_cfg):
+    from wandistiller.job.preflight import check_method_loss
+
+    class OwnLoss(AtStudentInputs):
+        uses_loss = False
+
+    method = OwnLoss("at_student_inputs", 2)
+    check_method_loss(make_cfg(), method)  # the default loss: nothing set, nothing refused
+    check_method_loss(make_cfg("trainer.loss.hidden_kd_weight=0.5"), AtStudentInputs("at_student_inputs", 2))
+    with refused("method=at_student_inputs trains with its own loss and ignores trainer.loss, which sets "
+                 "loss=task; drop it (loss=distillation as it ships)"):  # fmt: skip
+        check_method_loss(make_cfg("loss=task"), method)
+    with refused("which sets trainer.loss.hidden_kd_weight=0.5"):
+        check_method_loss(make_cfg("trainer.loss.hidden_kd_weight=0.5"), method)

@@ -1,21 +1,91 @@
 """wandistiller/recipe/methods/dmd.py: the K-step student trained by distribution matching under a local teacher,
 with its online fake score and the optional regression term; a resume repeats an uninterrupted run bit for bit
-(student, fake score and its optimizer); what it cannot do is refused in one line (the CLI: exit 2)."""
+(student, fake score and its optimizer); a dedicated teacher owner, sent the student's inputs, gives the same loss
+curve as a teacher here; two training ranks train it (node owner + served rank, DDP over gloo); what it cannot do
+is refused in one line (the CLI: exit 2)."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
+import subprocess
 
 import pytest
 import torch
 
-from tests.conftest import metrics_steps, refused, run_cli
+from tests.conftest import ROOT, background_job, cli, job_result, metrics_steps, refused, run_cli, session_env
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.recipe.methods.dmd import DMD
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.train import run
 
 FAST = ["method=dmd", "method.steps=2", "method.fake_updates=2", "trainer.batch_size=2", "trainer.log_every=1"]
+# make_cfg's defaults, spelt out for the runs in fresh processes (a served teacher, two training ranks).
+CLI = ["logger=none", "trainer.progress_bar=false", "hooks=[monitor,progress]", "hooks.monitor.val_every=0",
+       "precision=fp32", "trainer.max_steps=3", *FAST]  # fmt: skip
+SERVED = {
+    "dmd_dedicated": ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"],
+    "dmd_two_students": ["teacher_placement=cpu", "distributed.nproc_per_node=2", "trainer.grad_accum_steps=2"],
+}
+
+
+def _start(name: str):
+    def start(request, pool):
+        """The dmd run of `SERVED[name]` in two fresh processes over gloo, started with the session."""
+        cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
+        request.getfixturevalue("tiny_path")
+        run_dir = factory.mktemp(name) / "r"
+        args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *CLI, *SERVED[name])
+        env = session_env(request)
+        return pool.submit(lambda: (subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
+                                                   timeout=600), run_dir))  # fmt: skip
+
+    return start
+
+
+for _name in SERVED:
+    background_job(_name)(_start(_name))
+
+
+@pytest.fixture
+def dmd_dedicated(session_jobs):
+    return job_result(session_jobs, "dmd_dedicated")
+
+
+@pytest.fixture
+def dmd_two_students(session_jobs):
+    return job_result(session_jobs, "dmd_two_students")
+
+
+def _roles(run_dir) -> list[str]:
+    return [r["role"] for r in json.loads((run_dir / "metrics.json").read_text())["ranks"]]
+
+
+@pytest.mark.slow  # two runs, one in two fresh processes (~50 s on 2 cores)
+def test_a_dedicated_owner_sent_the_students_inputs_trains_dmd_as_a_teacher_here(make_cfg, tmp_path, dmd_dedicated):
+    here = tmp_path / "r"
+    run(make_cfg(*FAST, "trainer.max_steps=3", "teacher_placement=cpu", run_dir=here))
+    result, served = dmd_dedicated
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _roles(served) == ["teacher owner", "student"]
+    rows, served_rows = metrics_steps(here), metrics_steps(served)
+    assert len(rows) == len(served_rows) == 3
+    for key in ("loss", "loss_dmd", "loss_fake_score", "grad_norm"):
+        assert torch.allclose(torch.tensor([r[key] for r in rows]), torch.tensor([r[key] for r in served_rows]),
+                              rtol=1e-4, atol=1e-6), key  # fmt: skip
+
+
+@pytest.mark.slow  # a run in two fresh processes
+def test_two_training_ranks_train_dmd_one_of_them_served_by_the_other(dmd_two_students):
+    result, run_dir = dmd_two_students
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _roles(run_dir) == ["owner + student", "student"]
+    rows = metrics_steps(run_dir)
+    assert len(rows) == 3
+    assert all(math.isfinite(r[k]) and r[k] > 0 for r in rows for k in ("loss_dmd", "loss_fake_score", "teacher_ms"))
+    saved = load_checkpoint(run_dir / "checkpoints" / "step_00000003")
+    assert set(saved["method"]) == {"fake_score"}
 
 
 def test_dmd_trains_the_student_and_its_fake_score_with_the_regression_term(make_cfg, tmp_path):
@@ -73,18 +143,35 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize(
-    "override,line",
+    "overrides,line",
     [
-        ("method.steps=0", "error: method.steps=0 must be at least 1 (a K-step student); e.g. method.steps=4"),
+        (["method.steps=0"], "error: method.steps=0 must be at least 1 (a K-step student); e.g. method.steps=4"),
         (
-            "distributed.nproc_per_node=2",
-            "error: method=dmd calls the teacher at inputs the student makes, which "
-            "teacher_placement=cpu cannot take from other ranks yet",
-        ),  # fmt: skip
+            ["method.steps=30"],
+            "error: method.steps=30 is more than the teacher's sample steps (method.teacher_steps=20): a few-step "
+            "student takes fewer; lower method.steps or raise method.teacher_steps",
+        ),
+        (
+            ["trainer.loss.hidden_kd_weight=0.5"],
+            "error: method=dmd trains with its own loss and ignores trainer.loss, which sets "
+            "trainer.loss.hidden_kd_weight=0.5; drop it (loss=distillation as it ships), or train with method=kd",
+        ),
+        (
+            ["method=trajectory", "loss=features"],
+            "error: method=trajectory trains with its own loss and ignores trainer.loss, which sets "
+            "loss=features; drop it",
+        ),
+        (
+            ["trainer.teacher_whole_step=true"],
+            "error: trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method=dmd calls "
+            "the teacher at the student's own samples; drop trainer.teacher_whole_step",
+        ),
     ],
 )
-def test_the_cli_refuses_a_bad_method_with_one_line_and_exit_2(tmp_path, cache_dir, override, line):
-    result = run_cli(f"hydra.run.dir={tmp_path / 'r'}", f"paths.cache_dir={cache_dir}", "logger=none", "method=dmd",
-                     override)  # fmt: skip
+def test_the_cli_refuses_a_bad_method_with_one_line_and_exit_2(tmp_path, cache_dir, overrides, line):
+    folder = tmp_path / "r"
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "logger=none", "method=dmd",
+                     *overrides)  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().startswith(line) and len(result.stderr.strip().splitlines()) == 1
+    assert not folder.exists()  # nothing claimed: the refused run leaves no folder

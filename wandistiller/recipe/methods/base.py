@@ -8,8 +8,10 @@ folder). It declares
     name               its `method=` value (saved in the run's config as `method.name`)
     steps              K of a few-step student (`method.steps`; None: the student samples as the teacher does)
     teacher_in_loop    whether training calls the teacher (a dedicated teacher owner serves targets only then)
-    student_inputs     whether it calls the teacher at inputs the student makes (a served teacher cannot take
-                       them yet: refused on one)
+    student_inputs     whether it calls the teacher at inputs the student makes (a served teacher then receives
+                       them from the ranks, x_t, t and prompt indices, instead of rebuilding them from the seed:
+                       recipe/targets.py); trainer.teacher_whole_step, which rebuilds them, is refused with one
+    uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
     check(placement, ranks, device)    refuse, in one line, a placement it cannot train with
     prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
     bind(ctx, student, trainer_cfg, state, group)   after the student: the networks it trains beside it, restored
@@ -59,6 +61,7 @@ class Method:
     name: ClassVar[str]
     teacher_in_loop: ClassVar[bool] = True
     student_inputs: ClassVar[bool] = False
+    uses_loss: ClassVar[bool] = True
 
     def __init__(self, name: str, steps: int | None = None):
         if name != self.name:
@@ -68,17 +71,8 @@ class Method:
         self.steps = steps
         self.networks: dict[str, Network] = {}
 
-    def check(self, placement, ranks: int, device: torch.device) -> None:
+    def check(self, placement, ranks: int, device: torch.device) -> None:  # noqa: B027 -- most take any placement
         """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all)."""
-        if self.student_inputs and placement.serving != "local" and ranks > 1:
-            from wandistiller.placements import names_where
-
-            local = names_where(lambda cls: cls.serving == "local")
-            raise UserError(
-                f"method={self.name} calls the teacher at inputs the student makes, which teacher_placement="
-                f"{placement.name} cannot take from other ranks yet (its owner rebuilds batches from the seed); use "
-                f"{' or '.join(local)}, or one process (distributed.nproc_per_node=1)"
-            )
 
     def prepare(self, ctx, teacher, embeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
         """What the method samples from the teacher once, before the student (every rank calls it)."""

@@ -63,6 +63,7 @@ class DMD(Method):
 
     name = "dmd"
     student_inputs = True
+    uses_loss = False
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
                  fake_score: str = "student", regression_weight: float = 0.0, noises_per_prompt: int = 2,
@@ -83,7 +84,6 @@ class DMD(Method):
         self.chunk = positive("method.chunk", chunk)
 
     def check(self, placement, ranks: int, device: torch.device) -> None:
-        super().check(placement, ranks, device)
         if self.fake_score != "teacher":
             return
         from wandistiller.core.distributed import Topology
@@ -113,11 +113,6 @@ class DMD(Method):
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
         from hydra.utils import instantiate
 
-        if trainer_cfg.teacher_whole_step:
-            raise UserError(
-                "trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method=dmd calls the "
-                "teacher at the student's own samples; drop trainer.teacher_whole_step"
-            )
         device = ctx.device
         fake = copy.deepcopy(student) if self.fake_score == "student" else teacher_shaped(ctx)
         fake.to(device).train()
