@@ -33,7 +33,9 @@ def test_every_row_composes_with_the_student_start_and_loss_its_name_says(make_c
     for row in rows():
         cfg = make_cfg("teacher=pocket", f"student={row.size}", *row.overrides())
         assert cfg.student.builder == row.size and cfg.student.init == row.init.replace("pruned", "teacher")
-        assert cfg.trainer.loss._target_.rsplit(".", 1)[-1] == ("Distillation" if row.loss == "output KD" else "Features")
+        assert cfg.trainer.loss._target_.rsplit(".", 1)[-1] == (
+            "Distillation" if row.loss == "output KD" else "Features"
+        )
 
 
 def test_the_targets_are_met_when_the_pruned_students_keep_the_teachers_accuracy_and_beat_random():
@@ -45,7 +47,9 @@ def test_the_targets_are_met_when_the_pruned_students_keep_the_teachers_accuracy
     assert lines[-1] == "- tenth, pruned: several-layer KD 58.0% vs output KD 60.0%: output KD as good or better"
     bad = targets(results({"quarter, pruned, output KD": 0.5, "tenth, pruned, output KD": 0.3}))
     # quarter (56%), tenth (33%), and pruned over random by < 30 points everywhere but quarter's output KD (40).
-    assert sum("MISSED" in line for line in bad) == 5 and "quarter, output KD: pruned start beats random by 40.0" in bad[2]
+    assert (
+        sum("MISSED" in line for line in bad) == 5 and "quarter, output KD: pruned start beats random by 40.0" in bad[2]
+    )
 
 
 def test_the_report_shows_params_as_a_share_and_links_the_plot(tmp_path):

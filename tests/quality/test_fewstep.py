@@ -24,8 +24,8 @@ def test_the_rows_are_the_kd_baseline_at_4_steps_and_the_few_step_methods_at_the
 
 
 def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_kd_baseline():
-    lines = targets(results(**{"dmd 4 steps": 0.8, "trajectory 4 steps": 0.7, "dmd 1 step": 0.6}) |
-                    {"KD student at 4 steps": [{"prompt_accuracy": 0.5, "fid": 300.0, "diversity_ratio": 1.0}]})  # fmt: skip
+    kd = {"KD student at 4 steps": [{"prompt_accuracy": 0.5, "fid": 300.0, "diversity_ratio": 1.0}]}
+    lines = targets(results(**{"dmd 4 steps": 0.8, "trajectory 4 steps": 0.7, "dmd 1 step": 0.6}) | kd)
     assert lines[0].startswith("- 4 steps (best: dmd, 4 steps): 89% of the teacher's accuracy") and "met" in lines[0]
     assert lines[1] == "- dmd, 4 steps beats the KD student at 4 steps by 30.0 points (target >= 15): met"
     assert lines[2].startswith("- 1 step (best: dmd, 1 step): 67% of the teacher's accuracy") and "met" in lines[2]
@@ -41,4 +41,6 @@ def test_the_fewstep_command_runs_small(tmp_path, cache_dir):
                             capture_output=True, text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
-    assert "<!-- quality:fewstep -->" in text and "| dmd, 1 step | 1 |" in text and "| trajectory, 4 steps | 4 |" in text
+    assert (
+        "<!-- quality:fewstep -->" in text and "| dmd, 1 step | 1 |" in text and "| trajectory, 4 steps | 4 |" in text
+    )

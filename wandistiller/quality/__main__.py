@@ -152,15 +152,25 @@ def _prompts(settings: Settings) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", action="store_true", help="the compression curve: half, quarter and tenth "
-                        "students, pruned or random, output or several-layer KD (writes compression.png too)")
-    parser.add_argument("--fewstep", action="store_true", help="few-step students (trajectory, dmd at 4 and 1 steps) "
-                        "against today's KD student sampled at 4")
+    parser.add_argument(
+        "--compression",
+        action="store_true",
+        help="the compression curve: half, quarter and tenth "
+        "students, pruned or random, output or several-layer KD (writes compression.png too)",
+    )
+    parser.add_argument(
+        "--fewstep",
+        action="store_true",
+        help="few-step students (trajectory, dmd at 4 and 1 steps) against today's KD student sampled at 4",
+    )
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
     parser.add_argument("--jobs", type=int, default=1, help="--compression: runs trained at once (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
-    parser.add_argument("--steps", type=int, help="training steps of every student (default 1000; with "
-                        f"--compression, per size: {compression.BUDGETS})")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help=f"training steps of every student (default 1000; with --compression, per size: {compression.BUDGETS})",
+    )
     parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")

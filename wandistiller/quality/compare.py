@@ -73,8 +73,15 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
     student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
     from wandistiller.data.prompts import encode_prompts
-    from wandistiller.state.runs import (as_sampler, generate, load_student, load_teacher, open_run, student_scheduler,
-                                         student_steps)  # fmt: skip
+    from wandistiller.state.runs import (
+        as_sampler,
+        generate,
+        load_student,
+        load_teacher,
+        open_run,
+        student_scheduler,
+        student_steps,  # fmt: skip
+    )
     from wandistiller.teacher.sampler import calls_per_image
     from wandistiller.teacher.vae import decode_latents, load_vae
 

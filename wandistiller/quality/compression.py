@@ -72,7 +72,7 @@ def compare_compression(
     judge, reference, cache = load_classifier(), heldout_reference(), work / "cache"
     sizes = tuple(budgets)
     todo = [(seed, row) for seed in settings.seeds for row in rows(sizes)]
-    results: dict[str, list[dict]] = {"teacher": []} | {row.name: [] for row in rows(sizes)}
+    results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(row.name for row in rows(sizes))]}
     teachers: dict[int, dict] = {}
 
     def budget(row: Row) -> Settings:
@@ -149,8 +149,10 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
             lines.append(f"- {size}, {loss}: pruned start beats random by {(pruned - random) * 100:.1f} points "
                          f"(target >= 30): {mark(pruned - random >= 0.30)}")  # fmt: skip
         output, several = acc[Row(size, "pruned", "output KD").name], acc[Row(size, "pruned", "several-layer KD").name]
-        lines.append(f"- {size}, pruned: several-layer KD {several:.1%} vs output KD {output:.1%}: "
-                     f"{'several-layer KD better' if several > output else 'output KD as good or better'}")
+        lines.append(
+            f"- {size}, pruned: several-layer KD {several:.1%} vs output KD {output:.1%}: "
+            f"{'several-layer KD better' if several > output else 'output KD as good or better'}"
+        )
     return lines
 
 
@@ -165,9 +167,15 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for init in INITS:
         for loss in LOSSES:
-            points = sorted((_mean(runs, "params"), _mean(runs, "prompt_accuracy") * 100, statistics.pstdev(
-                [r["prompt_accuracy"] * 100 for r in runs]) if len(runs) > 1 else 0.0)
-                for name, runs in results.items() if name != "teacher" and name.split(", ")[1:] == [init, loss])
+            points = sorted(
+                (
+                    _mean(runs, "params"),
+                    _mean(runs, "prompt_accuracy") * 100,
+                    statistics.pstdev([r["prompt_accuracy"] * 100 for r in runs]) if len(runs) > 1 else 0.0,
+                )
+                for name, runs in results.items()
+                if name != "teacher" and name.split(", ")[1:] == [init, loss]
+            )
             if points:
                 x, y, err = zip(*points)
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{init} start, {loss}",

@@ -41,7 +41,7 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
     from wandistiller.pocket.classifier import load_classifier
 
     judge, reference, cache = load_classifier(), heldout_reference(), work / "cache"
-    results: dict[str, list[dict]] = {"teacher": []} | {row.name: [] for row in rows}
+    results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(row.name for row in rows)]}
     for seed in settings.seeds:
         teacher = None
         for row in rows:

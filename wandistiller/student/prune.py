@@ -63,7 +63,8 @@ def pruned_shape(source: dict, share: float, estimate) -> dict:
     then the FFN grown into what is left (up to the source's). Depth goes last because that is what distilled
     students need here: on the pocket teacher (4 blocks x 6 heads) a tenth kept as 4 blocks x 2 heads reaches
     66% prompt accuracy, as 1 block x 3 heads 12.5% (docs/QUALITY.md); and 10x in the field is mostly width
-    (Wan 14B, 40 blocks x 40 heads, against 1.3B's 30 x 12). A 14B tenth is 40 blocks x 14 heads (FFN 2496), a quarter 40 x 22 (FFN 4224)."""
+    (Wan 14B, 40 blocks x 40 heads, against 1.3B's 30 x 12). A 14B tenth is 40 blocks x 14 heads (FFN 2496),
+    a quarter 40 x 22 (FFN 4224)."""
     budget, heads, ffn = share * estimate(source), source["num_attention_heads"], source["ffn_dim"]
 
     def rounded(f: float) -> int:  # a multiple of 64 where that is large (GPU-friendly)
