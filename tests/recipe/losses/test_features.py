@@ -120,6 +120,7 @@ def features_served(session_jobs):
     return job_result(session_jobs, "features_served")
 
 
+@pytest.mark.slow  # a 2-process gloo run in the background: CPU the default lane's other tests would wait for
 def test_several_layers_train_the_same_with_the_teacher_here_or_served(make_cfg, tmp_path, features_served):
     here = tmp_path / "r"
     run(make_cfg(*FEATURES, "teacher_placement=cpu", run_dir=here))
@@ -175,6 +176,7 @@ def refusals(request, tmp_path_factory, cache_dir, tiny_path):
     return {key: (future, folder[key]) for key, future in fresh_runs(request, commands).items()}
 
 
+@pytest.mark.slow  # four fresh processes (~17 s); the pair refusals' unit tests above run in the default lane
 def test_each_bad_setting_is_one_line_and_exit_code_2(refusals):
     for key, (future, folder) in refusals.items():
         result, line = future.result(), REFUSALS[key][1]

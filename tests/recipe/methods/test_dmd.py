@@ -146,25 +146,29 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
     "overrides,line",
     [
         (["method.steps=0"], "error: method.steps=0 must be at least 1 (a K-step student); e.g. method.steps=4"),
-        (
+        pytest.param(  # the rest in the slow lane: each a fresh process (~5 s); preflight's unit tests cover them here
             ["method.steps=30"],
             "error: method.steps=30 is more than the teacher's sample steps (method.teacher_steps=20): a few-step "
             "student takes fewer; lower method.steps or raise method.teacher_steps",
+            marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             ["trainer.loss.hidden_kd_weight=0.5"],
             "error: method=dmd trains with its own loss and ignores trainer.loss, which sets "
             "trainer.loss.hidden_kd_weight=0.5; drop it (loss=distillation as it ships), or train with method=kd",
+            marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             ["method=trajectory", "loss=features"],
             "error: method=trajectory trains with its own loss and ignores trainer.loss, which sets "
             "loss=features; drop it",
+            marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             ["trainer.teacher_whole_step=true"],
             "error: trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method=dmd calls "
             "the teacher at the student's own samples; drop trainer.teacher_whole_step",
+            marks=pytest.mark.slow,
         ),
     ],
 )
