@@ -43,6 +43,12 @@ class Settings:
     extra: tuple[str, ...] = ()  # more overrides for every student run
 
 
+def seed_mean(runs: list[dict], key: str) -> float:
+    """The mean of `key` over a row's seeds, leaving out the withheld (nan) ones; nan where none has it."""
+    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
+    return statistics.fmean(values) if values else math.nan
+
+
 def _prompt_set(settings: Settings) -> list[str]:
     from wandistiller.pocket.digits import PROMPTS
 

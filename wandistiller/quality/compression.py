@@ -13,7 +13,6 @@ half the wall time of one, and each run's `train_s` is then its time beside the 
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import statistics
 import time
@@ -21,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from wandistiller.quality.compare import Settings, sample, score, train_student
+from wandistiller.quality.compare import Settings, sample, score, seed_mean, train_student
 
 # Training steps of batch 16 per size: the budget at which each size is judged (docs/QUALITY.md). The smaller
 # sizes take more steps for the same wall clock (a step of `tenth` costs about half of one of `half`).
@@ -118,17 +117,12 @@ def _teacher_first(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return results
 
 
-def _mean(runs: list[dict], key: str) -> float:
-    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
-    return statistics.fmean(values) if values else math.nan
-
-
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 27's targets, each met or missed, from the means."""
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
-    teacher_acc, teacher_fid = _mean(results["teacher"], "prompt_accuracy"), _mean(results["teacher"], "fid")
-    acc = {name: _mean(runs, "prompt_accuracy") for name, runs in results.items()}
-    fid = {name: _mean(runs, "fid") for name, runs in results.items()}
+    teacher_acc, teacher_fid = seed_mean(results["teacher"], "prompt_accuracy"), seed_mean(results["teacher"], "fid")
+    acc = {name: seed_mean(runs, "prompt_accuracy") for name, runs in results.items()}
+    fid = {name: seed_mean(runs, "fid") for name, runs in results.items()}
     best = lambda size, init: max((acc[r.name], r.name) for r in rows((size,)) if r.init == init)  # noqa: E731
     lines = []
     sizes = {r.size for r in rows() if r.name in results}
@@ -169,8 +163,8 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
         for loss in LOSSES:
             points = sorted(
                 (
-                    _mean(runs, "params"),
-                    _mean(runs, "prompt_accuracy") * 100,
+                    seed_mean(runs, "params"),
+                    seed_mean(runs, "prompt_accuracy") * 100,
                     statistics.pstdev([r["prompt_accuracy"] * 100 for r in runs]) if len(runs) > 1 else 0.0,
                 )
                 for name, runs in results.items()
@@ -180,9 +174,9 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
                 x, y, err = zip(*points)
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{init} start, {loss}",
                             linestyle="-" if init == "pruned" else "--")  # fmt: skip
-    ax.axhline(_mean(results["teacher"], "prompt_accuracy") * 100, color="black", linewidth=1, label="teacher")
+    ax.axhline(seed_mean(results["teacher"], "prompt_accuracy") * 100, color="black", linewidth=1, label="teacher")
     ax.set_xscale("log")
-    shares = sorted({round(_mean(runs, "params"), 3) for name, runs in results.items() if name != "teacher"})
+    shares = sorted({round(seed_mean(runs, "params"), 3) for name, runs in results.items() if name != "teacher"})
     ax.set_xticks(shares, [f"{s:.0%}" for s in shares])
     ax.minorticks_off()
     ax.set_xlabel("student parameters (share of the teacher's transformer)")

@@ -11,12 +11,11 @@ clock.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from wandistiller.quality.compare import Settings, sample, score, train_student
+from wandistiller.quality.compare import Settings, sample, score, seed_mean, train_student
 
 
 @dataclass(frozen=True)
@@ -62,15 +61,10 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
     return results
 
 
-def _mean(runs: list[dict], key: str) -> float:
-    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
-    return statistics.fmean(values) if values else math.nan
-
-
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 28's quality targets, each met or missed, from the means."""
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
-    mean = {name: {k: _mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
+    mean = {name: {k: seed_mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
             for name, runs in results.items()}  # fmt: skip
     teacher, kd = mean["teacher"], mean.get("KD student at 4 steps")
     lines = []
