@@ -36,7 +36,7 @@ FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "laten
 
 def cell(values: list[float], key: str) -> str:
     fmt = FORMATS[key]
-    if len(values) < 2 or key in ("params", "share"):
+    if len(values) < 2 or key in ("params", "share", "calls"):
         return fmt.format(statistics.fmean(values))
     return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.pstdev(values)).rstrip('%')}"
 
