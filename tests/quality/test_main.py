@@ -127,3 +127,11 @@ def test_a_section_is_replaced_between_its_markers_and_the_rest_of_the_report_is
 
     shipped = SHIPPED_REPORT.read_text()
     assert "<!-- quality:data -->" in shipped and "<!-- /quality:data -->" in shipped
+
+
+def test_the_report_shows_the_command_without_this_machines_paths():
+    from wandistiller.quality.__main__ import shown
+
+    assert (
+        shown(["--compression", "--work", "/tmp/w", "--jobs", "2", "--out=/home/me/Q.md"]) == "--compression --jobs 2"
+    )

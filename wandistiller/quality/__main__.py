@@ -73,10 +73,24 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def shown(argv: list[str]) -> str:
+    """The command as a report shows it: without `--work` and `--out` and their values, which are paths of the
+    machine that ran it and mean nothing on a reader's."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--work", "--out"):
+            skip = True
+        elif not arg.startswith(("--work=", "--out=")):
+            kept.append(arg)
+    return " ".join(kept)
+
+
 def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     cores = os.cpu_count()
     return (
-        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {cores} cores, torch threads 1; {seconds / 60:.1f} min in all). "
         f"Every student: `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; "
         "samples: "
@@ -96,7 +110,7 @@ def compression_report(results: dict, settings: Settings, budgets: dict[str, int
                        seconds: float, jobs: int) -> str:  # fmt: skip
     steps = ", ".join(f"{size} {steps}" for size, steps in budgets.items())
     return (
-        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1, {jobs} run(s) at once; "
         f"{seconds / 60:.1f} min in all). Every student trains on the teacher's images (`data=pocket_digits`) "
         f"with batch {settings.batch_size}, steps per size: {steps}; samples: {settings.sample_steps} UniPC "
@@ -115,7 +129,7 @@ def compression_report(results: dict, settings: Settings, budgets: dict[str, int
 
 def fewstep_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     return (
-        f"Written by `python -m wandistiller.quality {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1; {seconds / 60:.1f} min in all). Every "
         f"student: `student={settings.student}` on the teacher's images, {settings.max_steps} steps of batch "
         f"{settings.batch_size}; the teacher samples {settings.sample_steps} UniPC steps with CFG, each student "
