@@ -24,7 +24,8 @@ def test_the_plan_of_a_14b_teacher_on_one_small_gpu_is_its_table_ending_with_the
     plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *hardware)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("teacher wan2.1_t2v_14b: 1 expert(s), 53.2 GiB of weights")
-    assert lines[1].startswith("hardware: 1 GPU(s) of 16 GiB free, 8 GiB host RAM available")
+    assert lines[1] == "a step of method=kd: 1 teacher call(s) (cond + uncond), 1 student forward + backward"
+    assert lines[2].startswith("hardware: 1 GPU(s) of 16 GiB free, 8 GiB host RAM available")
     rows = {line.split()[0]: line.split()[1] for line in lines if line.split()[1:2] in (["yes"], ["no"])}
     assert rows["gpu"] == "no" and rows["disk"] == "yes"  # 53 GiB of weights stream from disk, never all in RAM
     assert rows.keys() >= {"gpu", "gpu0", "balanced", "sequential", "sharded", "offload", "disk", "cpu"}
@@ -89,11 +90,83 @@ def test_dmd_plans_its_fake_score_beside_the_student_and_auto_chooses_with_it():
     assert estimates["offload"].note == "keeps the teacher off the training device (method.fake_score=teacher)"
 
 
-def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score(monkeypatch, capsys):
+def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score_and_the_passes_of_a_step(monkeypatch, capsys):
     plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], "method=dmd")
-    line = capsys.readouterr().out.splitlines()[1]
-    assert line.startswith("fake score (student-shaped, 215M params): its weights, AdamW states and grads counted")
-    assert "5 more student-sized forward + backward per step" in line
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[1] == "fake score (student-shaped, 215M params): its weights, AdamW states and grads counted on every "
+        "training rank"
+    )
+    # K=4 and 5 fake-score updates: 1.5 generation calls per micro-batch + 2.5 per update without grad
+    assert (
+        lines[2] == "a step of method=dmd: 1 teacher call(s) (cond + uncond), 1 student forward + backward, 14 "
+        "student forwards without grad (few-step generations), 5 fake-score forward + backward, 1 without grad"
+    )
+    header = next(line for line in lines if line.startswith("placement"))
+    assert "s/step samples/s note" in header
+
+
+def timed(*overrides: str, hardware: str = "40GiB"):
+    """(workload, step time by placement) as `planned`'s plan, with the composed method's passes."""
+    import torch
+
+    from wandistiller.compose import compose_config
+    from wandistiller.job.checks import name_the_teacher
+    from wandistiller.placements.planner import plan, step_times, workload_of
+    from wandistiller.placements.steptime import Passes
+
+    gpus = {"40GiB": ["hardware.gpus=1", "hardware.gpu_memory_gib=40", "hardware.host_memory_gib=256"]}
+    cfg = compose_config(["teacher=wan2.1_t2v_14b", *FRAME, *gpus.get(hardware, HARDWARE.get(hardware, [])),
+                          *overrides])  # fmt: skip
+    name_the_teacher(cfg)
+    found = workload_of(cfg, torch.bfloat16)
+    assert found is not None
+    return found[0], step_times(plan(*found), *found, Passes.of(cfg))
+
+
+def student_forward_seconds(w) -> float:
+    from wandistiller.placements.steptime import GPU_FLOPS, forward_flops
+
+    return forward_flops(w.student_config, w.batch_size, w.tokens, w.text_tokens) / GPU_FLOPS
+
+
+def test_dmds_step_time_is_kds_plus_its_generations_and_fake_score_passes():
+    kd_w, kd = timed()
+    dmd_w, dmd = timed("method=dmd")  # K=4, 5 fake-score updates, a student-shaped fake score
+    # Per micro-batch (K - 1) / 2 = 1.5 generation calls without grad and a fake-score forward; per update
+    # (K + 1) / 2 = 2.5 generation calls and a fake-score forward + backward (3 forwards): 1.5 + 1 + 5 x 5.5 = 30.
+    extra = 30 * student_forward_seconds(dmd_w)
+    for name in ("gpu", "balanced", "sequential", "offload", "cpu"):
+        assert kd[name].teacher_seconds > 0, name
+        assert dmd[name].teacher_seconds == pytest.approx(kd[name].teacher_seconds), name  # one call each
+        assert dmd[name].seconds - kd[name].seconds == pytest.approx(extra, rel=1e-9), name
+    assert dmd["gpu"].samples_per_s < kd["gpu"].samples_per_s
+    # Two updates and K=2: 0.5 + 1 + 2 x (1.5 + 3) = 10.5 student-sized forwards more than kd's step.
+    _, fewer = timed("method=dmd", "method.steps=2", "method.fake_updates=2")
+    assert fewer["gpu"].seconds - kd["gpu"].seconds == pytest.approx(10.5 * student_forward_seconds(dmd_w))
+
+
+def test_trajectorys_step_has_no_teacher_time_so_every_placement_takes_the_students():
+    w, times = timed("method=trajectory")
+    assert {t.teacher_seconds for t in times.values()} == {0.0}
+    assert [t.seconds for t in times.values()] == pytest.approx([3 * student_forward_seconds(w)] * len(times))
+
+
+def test_a_served_teacher_calls_for_every_rank_and_a_dedicated_owner_overlaps_the_students():
+    w, times = timed(hardware="8x40GiB")  # 8 ranks per node
+    gpu, gpu0, balanced = times["gpu"], times["gpu0"], times["balanced"]
+    assert gpu0.teacher_seconds == pytest.approx(7 * gpu.teacher_seconds)  # GPU 0 serves the 7 student ranks
+    assert gpu0.seconds == pytest.approx(max(gpu0.teacher_seconds, gpu.seconds - gpu.teacher_seconds))
+    assert balanced.teacher_seconds == pytest.approx(8 * gpu.teacher_seconds)  # a node owner serves all 8, then trains
+    assert balanced.seconds == pytest.approx(balanced.teacher_seconds + gpu.seconds - gpu.teacher_seconds)
+    assert gpu.samples_per_s == pytest.approx(8 * w.batch_size / gpu.seconds)
+    assert gpu0.samples_per_s == pytest.approx(7 * w.batch_size / gpu0.seconds)
+
+
+def test_the_step_time_gives_back_the_measured_whole_job_it_was_fitted_on():
+    # scripts/gpu_figures.sh step 5 on an H200: 1.3B-shaped teacher, student=small, b16 x 1560 tokens, gpu, bf16 eager.
+    _, times = timed("teacher=wan2.1_t2v_1.3b", "trainer.batch_size=16", hardware="1x80GiB")
+    assert times["gpu"].samples_per_s == pytest.approx(26.6, rel=0.01)
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess:

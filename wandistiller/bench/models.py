@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.arch import BENCH_ARCHS
+from wandistiller.placements.steptime import forward_flops  # noqa: F401 -- the benchmarks' MFU, the planner's one count
 
 ARCHS = BENCH_ARCHS
 
@@ -81,14 +82,6 @@ def forward_inputs(b: int, args, config: dict, device: torch.device, dtype: torc
         encoder_hidden_states=torch.randn(b, 512, config["text_dim"], generator=g).to(device, dtype),
         return_dict=False,
     )
-
-
-def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
-    """Matmul FLOPs of one forward (as ../shared/gpu_baseline.py counts them): projections, attention, FFN."""
-    d, f = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
-    L, T = tokens, text_tokens
-    per_layer = 12 * L * d * d + 4 * T * d * d + 4 * L * L * d + 4 * L * T * d + 4 * L * d * f
-    return batch * config["num_layers"] * per_layer
 
 
 def memory_gib() -> dict[str, float]:

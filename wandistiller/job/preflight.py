@@ -38,6 +38,7 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.placements.steptime import Passes
 from wandistiller.state.checkpoint import check_teacher
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
@@ -186,7 +187,8 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     inputs = plan.workload_of(cfg, precision.teacher_dtype, world.nproc_per_node, hw=hw)
     assert inputs is not None  # the teacher's config was found just above
     w, hw = inputs
-    estimates = plan.plan(w, hw, placement)
+    configured = placement
+    estimates = plan.plan(w, hw, configured)
     best = plan.choose(estimates)
     if auto:
         placement, best = _resolve_auto(cfg, estimates, hw, precision, world)
@@ -199,7 +201,8 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
     placement.with_plan(mine)
-    return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w))
+    times = plan.step_times(estimates, w, hw, Passes.of(cfg), configured)
+    return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w, times))
 
 
 def _resolve_auto(

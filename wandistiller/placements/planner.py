@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from wandistiller.core.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
-from wandistiller.core.errors import UserError, human_count
+from wandistiller.core.errors import UserError, human_count, rate
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.placements.memory import (
     FIT_ERROR_PCT,
@@ -26,6 +26,7 @@ from wandistiller.placements.memory import (
     param_count,
     teacher_weight_bytes,
 )
+from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
 from wandistiller.teacher.spec import builtin_teacher
 
 
@@ -33,10 +34,24 @@ def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list
     """Every candidate's estimate, fastest first; `configured` (the placement asked for, with its own
     settings) stands in for its default-settings twin. With an fp8 teacher a placement that cannot load
     one is refused, and one that fits only because of fp8 says so."""
+    return [_estimate(p, w, hw) for p in _candidates(hw, configured)]
+
+
+def _candidates(hw: Hardware, configured: Placement | None) -> list[Placement]:
     placements = planner_candidates()
     if configured is not None:
         placements = [p for p in placements if p.name != configured.name] + [configured]
-    return [_estimate(p, w, hw) for p in sorted(placements, key=lambda p: p.speed(hw))]
+    return sorted(placements, key=lambda p: p.speed(hw))
+
+
+def step_times(
+    estimates: list[Estimate], w: Workload, hw: Hardware, passes: Passes, configured: Placement | None = None
+) -> dict[str, StepTime]:
+    """Each planned placement's step time with the method's passes (placements/steptime.py), by name; the
+    placements and `configured` as `plan` took them. Refused placements have none."""
+    by_name = {p.name: p for p in _candidates(hw, configured)}
+    times = {e.placement: step_time(by_name[e.placement], e, w, hw, passes) for e in estimates}
+    return {name: t for name, t in times.items() if t is not None}
 
 
 def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
@@ -79,13 +94,27 @@ def extrapolated(w: Workload, hw: Hardware, placement: str) -> bool:
     return any(n > limit for n, limit in zip(tokens, FITTED_CPU_TOKENS)) or teacher["num_layers"] > 4
 
 
-def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = None, w: Workload | None = None) -> str:
+def format_table(
+    estimates: list[Estimate],
+    hw: Hardware,
+    chosen: str | None = None,
+    w: Workload | None = None,
+    times: dict[str, StepTime] | None = None,
+) -> str:
+    """The plan's table: each placement's fit and peaks, and with `times` its step time and samples/s per node."""
     rows = [
         f"hardware: {hw.describe()}; {hw.describe_headroom()}",
         f"predictions: 0 to +{FIT_ERROR_PCT}% over the measured peaks where fitted (docs/PLANNER.md); "
         "* = extrapolated beyond the fitted shapes",
-        f"{'placement':<11} {'fits':<5} {'peak GPU GiB (per device)':<34} host GiB  note",
     ]
+    if times is not None:
+        rows.append(
+            f"s/step, samples/s per node: rough (placements/steptime.py): FLOPs at {GPU_FLOPS / 1e12:.0f} TFLOP/s "
+            f"per GPU (an H200's, fitted) or {CPU_FLOPS / 1e9:.0f} GFLOP/s on the CPU, streamed copies overlapped; "
+            "auto keeps its fixed speed order"
+        )
+    speed = f"{'s/step':>7} {'samples/s':>9} " if times is not None else ""
+    rows.append(f"{'placement':<11} {'fits':<5} {'peak GPU GiB (per device)':<34} host GiB  {speed}note")
     for e in estimates:
         planned = bool(e.gpu_bytes or e.host_bytes)
         star = "*" if w is not None and planned and extrapolated(w, hw, e.placement) else ""
@@ -94,7 +123,9 @@ def format_table(estimates: list[Estimate], hw: Hardware, chosen: str | None = N
         host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
         mark = " <- chosen" if e.placement == chosen else ""
         why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else shortfall(e, hw)
-        rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {e.note}{why}{mark}")
+        t = (times or {}).get(e.placement)
+        speed = "" if times is None else f"{rate(t.seconds) if t else '-':>7} {rate(t.samples_per_s) if t else '-':>9} "
+        rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {speed}{e.note}{why}{mark}")
     return "\n".join(rows)
 
 
@@ -185,22 +216,24 @@ def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
         raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
     w, hw = planned
     estimates = plan(w, hw)
+    passes = Passes.of(cfg)
     best = choose(estimates)
     head = (
         f"teacher {cfg.teacher.name}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
         f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
-    return "\n".join([head, *method_lines(w), format_table(estimates, hw, best.placement if best else None, w), tail])
+    table = format_table(estimates, hw, best.placement if best else None, w, step_times(estimates, w, hw, passes))
+    return "\n".join([head, *method_lines(w, passes), table, tail])
 
 
-def method_lines(w: Workload) -> list[str]:
-    """What the plan counts of the method's own network (dmd's fake score), and the passes it adds to a step."""
+def method_lines(w: Workload, passes: Passes) -> list[str]:
+    """What the plan counts of the method: its own network's memory (dmd's fake score), and the passes of a step
+    that its step times count (the fake score's and few-step generations' on the training rank, under every
+    placement)."""
     config = fake_score_config(w)
-    if config is None:
-        return []
-    return [
+    lines = [] if config is None else [
         f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
-        f"and grads counted on every training rank; {w.fake_updates} more {w.fake_score}-sized forward + backward "
-        f"per step (the same under every placement: their order stands)"
-    ]
+        f"and grads counted on every training rank"
+    ]  # fmt: skip
+    return [*lines, passes.describe()]

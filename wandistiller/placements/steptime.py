@@ -1,0 +1,130 @@
+"""The planner's step time: what one training step runs (each network's passes, a method's own included: dmd's
+few-step generations and fake score), its matmul FLOPs, and the rate of the device that runs them.
+
+Rough by design, and printed as such: compute at one effective rate per device kind (the GPU's fitted to one
+H200 datum, so it is an H200's), a streamed teacher's copies overlapped with its compute (the streamer copies one
+block ahead), a served teacher's calls for every rank it serves. Not modelled: collectives (sharded's gathers,
+DDP's all-reduce), device-map hops, the optimizer step, data loading, compile's speed-up, fp8's faster matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wandistiller.placements.base import Placement, Serving
+from wandistiller.placements.memory import Estimate, Hardware, Workload, block_bytes, fake_score_config
+
+# fitted: the effective rate that gives the one measured whole job: a 1.3B-shaped teacher into student=small, batch
+# 16 x 1560 tokens, teacher_placement=gpu, bf16 eager, 26.6 samples/s on an H200 (scripts/gpu_figures.sh step 5's
+# datum; tests/test_plan.py checks the model gives it back).
+GPU_FLOPS = 2.99e14
+# measured: bf16 matmuls at a training step's row counts on the 2-core dev VM (~41 GFLOP/s: docs/PERFORMANCE.md's fp8
+# table, 1536x1536 and 1536x8960 at M=3120); a server's CPU is faster by its cores.
+CPU_FLOPS = 4.0e10
+# Where a streamed teacher's blocks come from, bytes per second. offload: measured, a 14B expert's bf16 copy floor
+# (~0.5 s per forward on an H200: docs/REAL_MODEL.md); disk: extrapolated, an NVMe read (the page cache aside).
+STREAMED_FROM = {"offload": 55e9, "disk": 2e9}
+TEACHER_ON_CPU = {"cpu"}  # placements whose teacher computes on the CPU; any other on a GPU where there is one
+
+
+def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
+    """Matmul FLOPs of one forward (as ../shared/gpu_baseline.py counts them): projections, attention, FFN."""
+    d, f = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
+    L, T = tokens, text_tokens
+    per_layer = 12 * L * d * d + 4 * T * d * d + 4 * L * L * d + 4 * L * T * d + 4 * L * d * f
+    return batch * config["num_layers"] * per_layer
+
+
+@dataclass(frozen=True)
+class Passes:
+    """One training step of one rank in passes of each network, each at the micro-batch (`trains`: forward +
+    backward; teacher calls: cond + uncond as one forward of twice the batch). Fractions are averages."""
+
+    method: str
+    micro_batches: int
+    teacher_calls: int
+    student_forwards: float  # without grad
+    student_trains: int
+    fake_forwards: int = 0  # the method's own network (dmd's fake score), without grad
+    fake_trains: int = 0
+
+    @classmethod
+    def of(cls, cfg) -> Passes:
+        """The passes of the composed config's method (`method.name`; kd's where none is set)."""
+        method, micro = cfg.get("method") or {}, cfg.trainer.grad_accum_steps
+        name = method.get("name", "kd")
+        if name == "trajectory":  # its teacher ODE is sampled once before training, not in the step
+            return cls(name, micro, 0, 0.0, micro)
+        if name == "dmd":
+            # Per micro-batch the student generates from noise: j of its K steps without grad, j uniform in
+            # 0..K-1, then one call with grad ((K - 1) / 2 + 1 calls on average); the placed teacher's guided call
+            # and a fake-score forward at the re-noised sample. Per step, `fake_updates` updates, each a fresh
+            # generation without grad ((K + 1) / 2 calls) and a fake-score forward + backward.
+            k, updates = method["steps"], method["fake_updates"]
+            trains = micro * (2 if method.get("regression_weight") else 1)  # + trajectory's jump loss
+            forwards = micro * (k - 1) / 2 + updates * (k + 1) / 2
+            return cls(name, micro, micro, forwards, trains, micro, updates)
+        # kd (and a method this table does not know yet): one teacher call per micro-batch, or per step with
+        # trainer.teacher_whole_step (at the whole step's batch: Workload.teacher_batch_size).
+        return cls(name, micro, 1 if cfg.trainer.teacher_whole_step else micro, 0.0, micro)
+
+    def describe(self) -> str:
+        def n(x: float) -> str:
+            return f"{x:g}"
+
+        parts = [f"{n(self.teacher_calls)} teacher call(s) (cond + uncond)" if self.teacher_calls else
+                 "no teacher call (its ODE is sampled once before training: not in the step)"]  # fmt: skip
+        parts.append(f"{n(self.student_trains)} student forward + backward")
+        if self.student_forwards:
+            parts.append(f"{n(self.student_forwards)} student forwards without grad (few-step generations)")
+        if self.fake_trains or self.fake_forwards:
+            parts.append(f"{n(self.fake_trains)} fake-score forward + backward, {n(self.fake_forwards)} without grad")
+        return f"a step of method={self.method}: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    seconds: float  # one training step of every training rank
+    teacher_seconds: float  # of it, the teacher's calls (pipelined beside the students under a dedicated owner)
+    samples_per_s: float  # per node: every training rank's micro-batches
+
+
+def training_flops(w: Workload, passes: Passes) -> float:
+    """One rank's step on its training device: the student's passes and the method's network's."""
+    train = 3 + w.gradient_checkpointing  # backward ~ 2 forwards; checkpointing recomputes the forward
+    student = forward_flops(w.student_config, w.batch_size, w.tokens, w.text_tokens)
+    flops = student * (passes.student_forwards + train * passes.student_trains)
+    fake = fake_score_config(w)
+    if fake is not None:
+        flops += forward_flops(fake, w.batch_size, w.tokens, w.text_tokens) * (
+            passes.fake_forwards + train * passes.fake_trains)  # fmt: skip
+    return flops
+
+
+def teacher_call_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware) -> float:
+    """One guided call (cond + uncond: twice the batch) where the placement computes it; a streamed teacher
+    takes the longer of its compute and its copies of the blocks it does not keep (each expert the batch uses)."""
+    batch = w.teacher_batch_size or w.batch_size
+    on_gpu = bool(hw.gpu_bytes) and p.name not in TEACHER_ON_CPU and not p.debug_cpu
+    compute = forward_flops(w.teacher_config, 2 * batch, w.tokens, w.text_tokens) / (GPU_FLOPS if on_gpu else CPU_FLOPS)
+    bandwidth = STREAMED_FROM.get(p.name)
+    if bandwidth is None:
+        return compute
+    _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
+    streamed = w.teacher_config["num_layers"] - (e.resident_blocks or 0)
+    return max(compute, min(w.experts, batch) * streamed * block / bandwidth)
+
+
+def step_time(p: Placement, e: Estimate, w: Workload, hw: Hardware, passes: Passes) -> StepTime | None:
+    """The placement's step: the training rank's passes, and the teacher's calls for every rank it serves --
+    after them (its own, or a node owner's), or beside them (a dedicated owner computes step k+1's targets while
+    the students train step k). None for a refused placement."""
+    if not (e.gpu_bytes or e.host_bytes):
+        return None
+    ranks = max(w.ranks_per_node, 1)
+    trainers = max(ranks - 1, 1) if p.serving == Serving.DEDICATED_OWNER else ranks
+    served = 1 if p.serving == Serving.LOCAL else trainers
+    train = training_flops(w, passes) / (GPU_FLOPS if hw.gpu_bytes else CPU_FLOPS)
+    teacher = passes.teacher_calls * served * teacher_call_seconds(p, e, w, hw) if passes.teacher_calls else 0.0
+    seconds = max(train, teacher) if p.serving == Serving.DEDICATED_OWNER else train + teacher
+    return StepTime(seconds, teacher, w.batch_size * passes.micro_batches * trainers / seconds)
