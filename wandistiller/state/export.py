@@ -8,7 +8,9 @@ A few-step student (`method.steps` = K in the run's saved config) carries its st
 `scheduler/` is its few-step scheduler (teacher/fewstep.py) rather than the teacher's, so
 `WanPipeline.from_pretrained(...)(prompt, num_inference_steps=K, guidance_scale=1.0)` samples on its own
 timesteps; `student/sampling.json` (and the pipeline's `transformer/sampling.json`) state K, its timesteps and
-sigmas, and the model card says them. A KD student's export is as before.
+sigmas, and the model card says them. That scheduler is K's: at another count diffusers stretches its schedule
+to end at K's last point (at 1 step, 0 / 0: NaN), so the card shows how to rebuild the n-step one with diffusers
+alone (`other_steps`), as `eval`/`generate --student-steps n` do. A KD student's export is as before.
 """
 
 from __future__ import annotations
@@ -220,24 +222,45 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     return _card_text(facts)
 
 
-def _few_step_text(f: dict) -> tuple[str, str, str]:
-    """(the card's sentences, its table row, the snippet's argument) on a few-step student's steps; all empty for
-    a KD student, whose card is as before."""
+def _few_step_text(f: dict) -> tuple[str, str, str, str]:
+    """(the card's sentences, its table row, the snippet's argument, the paragraph on other step counts) on a
+    few-step student's steps; all empty for a KD student, whose card is as before."""
     k = f["steps"]
     if k is None:
-        return "", "", ""
+        return "", "", "", ""
     at = f" (timesteps {f['timesteps']})" if f.get("timesteps") else ""
     text = (f"\nIt is a {k}-step student: it samples in {k} network calls on its own timesteps{at},\nwith the "
             "few-step scheduler in `scheduler/` (Euler flow matching at the teacher's shift;\n"
             "`transformer/sampling.json` states its timesteps and sigmas). The tokenizer, text encoder and VAE are "
             "the teacher's.\n")  # fmt: skip
-    return text, f"| sampling | {k} steps{at}, guidance 1 (no CFG) |\n", f"num_inference_steps={k}, "
+    return text, f"| sampling | {k} steps{at}, guidance 1 (no CFG) |\n", f"num_inference_steps={k}, ", other_steps(k)
+
+
+def other_steps(k: int) -> str:
+    """The card's paragraph on sampling a K-step student at another count n, with diffusers alone: the saved
+    scheduler's `shift_terminal` is K's last point, and diffusers stretches every count's schedule to end there --
+    at n=1 its stretch divides by zero (NaN). The snippet rebuilds what `few_step_scheduler(spec, n)` builds (the
+    one formula, checked by tests/state/test_export.py), what `python -m wandistiller.eval/generate
+    --student-steps n` sample with."""
+    return f"""
+Sample it at `num_inference_steps={k}`: its scheduler is set for {k} steps. For another count n, rebuild the
+scheduler first, then call `pipe(..., num_inference_steps=n)` (at any other count diffusers ends the schedule
+at the {k}-step one's last point, and at 1 step that gives NaN):
+
+```python
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+n, shift = 1, pipe.scheduler.config.shift  # n: the steps to sample
+terminal = shift / n / (1 + (shift - 1) / n) if n > 1 else None  # the n-step schedule's last point
+pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, shift_terminal=terminal)
+```
+"""
 
 
 def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
     height, width = lh * f["scale"], lw * f["scale"]
-    few_text, few_row, few_arg = _few_step_text(f)
+    few_text, few_row, few_arg, few_other = _few_step_text(f)
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
     learned = "learned from" if few_text else "learned"  # a few-step student learns jumps, not the velocity itself
     front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
@@ -269,5 +292,5 @@ pipe = WanPipeline.from_pretrained("PATH_OR_REPO", torch_dtype=torch.float32)
 image = pipe("a fox in the snow", {few_arg}guidance_scale=1.0, num_frames=1, height={height}, width={width},
              max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
 ```
-"""
+{few_other}"""
     )

@@ -7,6 +7,9 @@ set to K steps: K timesteps from pure noise down, and K + 1 sigmas ending at 0 (
 DMD2's are (shift 3, K=4: sigmas 1, .93, .80, .50, 0); without it the last step would start at sigma 0.009 and
 waste a network call. Saving that scheduler in a student's pipeline is what lets
 `WanPipeline(...)(prompt, num_inference_steps=K)` sample on the student's own timesteps, with no code of ours.
+It is K's alone: set to another count n, diffusers stretches the schedule to end at K's last point, and at n = 1
+the stretch divides by zero (NaN sigmas). Sampling at n is `few_step_scheduler(spec, n)` (eval and generate
+`--student-steps n`; the model card writes the same rebuild with diffusers alone: state/export.py `other_steps`).
 """
 
 from __future__ import annotations
