@@ -32,7 +32,7 @@ from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
-from wandistiller.recipe.methods.trajectory import OdePoints, positive
+from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
 
 FAKE_SCORES = ("student", "teacher", "lora")
 STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
@@ -40,22 +40,18 @@ T_RANGE = (0.02, 0.98)  # where x0 is re-noised, before the shift: DMD2's min/ma
 
 
 @dataclass
-class DmdConfig:
+class DmdConfig(FewStepConfig):
+    """FewStepConfig's keys (`steps`, `teacher_steps`; `noises_per_prompt` and `chunk`: the regression term's
+    trajectories) and dmd's own."""
+
     _target_: str = "wandistiller.recipe.methods.dmd.DMD"
     name: str = "dmd"
-    # K: the student's steps (its schedule: teacher/fewstep.py), at most the teacher's `teacher_steps`.
-    steps: int = 4
-    # The teacher's sample steps (K may not exceed them); the regression term's ODE is sampled with them.
-    teacher_steps: int = 20
     # Fake-score updates per training step (DMD2's two-time-scale ratio: 5).
     fake_updates: int = 5
     # "student" (student-sized, from the student), "teacher" (teacher-shaped, from its first expert), "lora".
     fake_score: str = "student"
     # Weight of trajectory's jump loss on the teacher's cached ODE (0: off, nothing is sampled).
     regression_weight: float = 0.0
-    # The regression term's trajectories per training prompt, and per cache chunk.
-    noises_per_prompt: int = 2
-    chunk: int = 16
 
 
 class DMD(Method):
