@@ -230,6 +230,7 @@ TWO_RANK_CHECKS = [
     ("tests.core.test_distributed", "_ddp_check"),
     ("tests.core.test_distributed", "_sharded_check"),
     ("tests.recipe.test_targets", "_served_targets_check"),
+    ("tests.recipe.methods.test_dmd", "_lora_ddp_check"),
     ("tests.job.test_stopping", "_agree_check"),
 ]
 

@@ -169,6 +169,33 @@ def test_the_step_time_gives_back_the_measured_whole_job_it_was_fitted_on():
     assert times["gpu"].samples_per_s == pytest.approx(26.6, rel=0.01)
 
 
+def test_a_lora_fake_score_is_planned_as_its_adapters_and_a_teacher_backward_where_the_teacher_is_here():
+    _, teacher_shaped, _ = planned("method=dmd", "method.fake_score=teacher")
+    w, estimates, choice = planned("method=dmd", "method.fake_score=lora")
+    assert (w.fake_score, w.lora_rank) == ("lora", 16)
+    # rank 16 x (16 + 2) x 5120 + 2 x 13824 per block, 40 blocks: 76.7M adapters beside 14.3B frozen weights
+    assert memory.fake_score_params(w) == 16 * (18 * 5120 + 2 * 13824) * 40
+    assert memory.method_state_bytes(w) == memory.fake_score_params(w) * 12
+    # Only a placement that backpropagates through the teacher on the training GPU: gpu, and on 40 GiB it does not
+    # fit (a 14B teacher's backward), nor auto; smaller than a teacher-shaped copy's.
+    assert [e.placement for e in estimates.values() if e.gpu_bytes] == ["gpu"] and choice is None
+    assert estimates["gpu"].gpu_bytes[0] < teacher_shaped["gpu"].gpu_bytes[0]
+    assert estimates["offload"].note == (
+        "cannot backpropagate through its teacher on the training device (method.fake_score=lora)"
+    )
+
+
+def test_the_plan_of_a_lora_fake_score_says_what_it_counts(monkeypatch, capsys):
+    plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], "method=dmd",
+              "method.fake_score=lora", "method.lora_rank=8")  # fmt: skip
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith(
+        "fake score (LoRA of rank 8 on the teacher's 1 expert(s), 38.3M adapter params): their weights, AdamW states "
+        "and grads, and the activations of a teacher-sized backward"
+    )
+    assert "5 more teacher-sized forward + backward per step" in line
+
+
 def plan_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "wandistiller.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120

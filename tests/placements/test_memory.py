@@ -163,6 +163,27 @@ def test_a_training_process_peaks_at_the_larger_of_its_two_phases_with_the_margi
     assert memory.student_device_bytes(w) == memory.training_bytes(w, teacher_here=False) + memory.CUDA_CONTEXT
 
 
+def test_a_lora_fake_score_counts_its_adapters_states_and_a_teacher_sized_backward_as_a_third_phase():
+    w = tiny_workload(fake_score="lora", fake_updates=5, lora_rank=4, gradient_checkpointing=True)
+    d, ffn, blocks = 32, 64, TINY_TRANSFORMER["num_layers"]
+    adapters = 4 * (8 * (d + d) + 2 * (d + ffn)) * blocks  # rank x (8 attention projections, 2 FFN Linears)
+    assert memory.fake_score_params(w) == adapters and memory.fake_score_params(replace(w, experts=2)) == 2 * adapters
+    assert memory.method_state_bytes(w) == adapters * 12 and memory.method_state_bytes(w, grads=True) == adapters * 16
+    # The teacher's backward: not checkpointed whatever the student is, no 16-bit copies of its 16-bit weights.
+    as_teacher = replace(w, student_config=w.teacher_config, ema=False, gradient_checkpointing=False)
+    backward = memory.student_activation_bytes(as_teacher, weight_casts=False)
+    checkpointed = memory.student_activation_bytes(replace(as_teacher, gradient_checkpointing=True), weight_casts=False)
+    assert memory.fake_activation_bytes(w) == backward > checkpointed
+    fp32 = replace(w, teacher_dtype_bytes=4)  # under autocast: the 16-bit copies of its weights too
+    assert memory.fake_activation_bytes(fp32) == memory.student_activation_bytes(as_teacher) > backward
+    phases = [
+        memory.student_state_bytes(w) + memory.student_activation_bytes(w) + adapters * 12,
+        memory.student_state_bytes(w, grads=False) + memory.teacher_activation_bytes(w) + adapters * 12,
+        memory.student_state_bytes(w, grads=False) + adapters * 16 + backward,
+    ]
+    assert memory.training_bytes(w) == int(max(phases) * (1 + memory.FIT_MARGIN)) and max(phases) == phases[2]
+
+
 def test_a_process_on_a_gpu_machine_adds_the_cuda_runtime_and_without_one_holds_the_student_in_ram():
     w, gpu, cpu = tiny_workload(), machine(1), machine(0)
     assert memory.host_process_bytes(gpu) - memory.host_process_bytes(cpu) == memory.HOST_CUDA

@@ -178,6 +178,7 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     if placement is not None:
         placement.check(precision, world)
         check_quantize_placement(cfg.teacher.quantize, placement)  # before the planner calls it a misfit
+        check_method_placement(cfg, placement, world)  # likewise (its estimate for a fake score it cannot hold)
     found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return placement, None
@@ -247,9 +248,8 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
-    # The method against the placement (a teacher-shaped fake score), the loss and the whole-step targets.
-    method = built_quietly(cfg.method)
-    method.check(placement, world.size, local_device(Topology()))
+    # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
+    method = check_method_placement(cfg, placement, world)
     check_method_loss(cfg, method)
     if cfg.trainer.teacher_whole_step and method.student_inputs:
         raise UserError(
@@ -263,6 +263,13 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
         )
+
+
+def check_method_placement(cfg: DictConfig, placement: Placement, world: World):
+    """The method, built, against the placement (dmd's teacher-shaped or LoRA fake score): its own line."""
+    method = built_quietly(cfg.method)
+    method.check(placement, world.size, local_device(Topology()), cfg.teacher)
+    return method
 
 
 def check_method_loss(cfg: DictConfig, method) -> None:

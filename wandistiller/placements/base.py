@@ -12,6 +12,8 @@ its config schema (so a key the option does not take fails when the config is co
     fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
     hidden_states    whether its teacher returns hidden states after chosen blocks with the velocity (hidden KD)
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
+    backprop         whether a gradient can pass through its frozen teacher in the training process (a LoRA fake
+                     score: method.fake_score=lora)
     check(precision, world)            refuse early, before any weights load, naming a fix
                      (check_quantize_placement: a placement that cannot load an fp8 teacher, from `fp8`)
     estimate(workload, hardware)       bytes on each device (the planner's input)
@@ -57,6 +59,12 @@ class Placement(ABC):
     auto_candidate: ClassVar[bool] = True
     # The whole teacher on one device, as `python -m wandistiller.eval` loads it (the end-of-run evaluation runs).
     whole_on_one_device: ClassVar[bool] = False
+    # Its teacher is an ordinary resident nn.Module of the process that holds it, so autograd can run through its
+    # frozen weights (dmd's LoRA fake score trains adapters on it). Not where weights are swapped in hooks between
+    # calls (offload, disk), spread by a device map (balanced, sequential, device_map), sharded in collectives
+    # (sharded), or held in another process (gpu0's dedicated owner). An fp8 teacher (teacher.quantize) is refused
+    # apart, by the method.
+    backprop: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
 

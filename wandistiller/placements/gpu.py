@@ -22,7 +22,7 @@ class GpuConfig:
 class GpuPlacement(Placement):
     min_gpus = 1
     name, speed_rank, fp8 = "gpu", 0, True
-    whole_on_one_device = True
+    whole_on_one_device = backprop = True
 
     def check(self, precision, world) -> None:
         if gpu_count() == 0:

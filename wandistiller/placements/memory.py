@@ -136,9 +136,11 @@ class Workload:
     compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
     teacher_fp8: bool = False  # teacher.quantize=fp8: the blocks' Linear weights in 1 byte + a scale per row
     # A network the method trains beside the student (method=dmd's fake score): "student" (student-sized),
-    # "teacher" (teacher-shaped), None (kd, trajectory); and its updates per step (each a forward + backward).
+    # "teacher" (teacher-shaped), "lora" (adapters of rank `lora_rank` on the placed teacher itself), None (kd,
+    # trajectory); and its updates per step (each a forward + backward).
     fake_score: str | None = None
     fake_updates: int = 0
+    lora_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,24 +257,64 @@ def student_state_bytes(w: Workload, grads: bool = True) -> int:
 
 
 def fake_score_config(w: Workload) -> dict | None:
-    """The shape of the network the method trains beside the student (dmd's fake score), None without one."""
+    """The shape of the network the method trains beside the student (dmd's fake score), None without one; a LoRA
+    fake score's forward and backward are the teacher's."""
     if w.fake_score is None:
         return None
-    return w.teacher_config if w.fake_score == "teacher" else w.student_config
+    return w.teacher_config if w.fake_score in ("teacher", "lora") else w.student_config
+
+
+@functools.lru_cache(maxsize=16)
+def _adapters_per_block(config_json: str, rank: int) -> int:
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.teacher.lora import adapter_count
+
+    with init_empty_weights():
+        model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})
+    return adapter_count(model, rank)
+
+
+def fake_score_params(w: Workload) -> int:
+    """The fake score's trainable parameters: a whole network's, or a LoRA fake score's adapters alone (on every
+    block of every expert: teacher/lora.py); 0 without one."""
+    config = fake_score_config(w)
+    if config is None:
+        return 0
+    if w.fake_score != "lora":
+        return param_count(config)
+    config_json = json.dumps({k: v for k, v in config.items() if not k.startswith("_")}, sort_keys=True)
+    return _adapters_per_block(config_json, w.lora_rank) * config["num_layers"] * w.experts
 
 
 def method_state_bytes(w: Workload, grads: bool = False) -> int:
     """The method's fake score: fp32 weights and AdamW's two moments, + its fp32 grads while it trains (its own
-    updates; set_to_none frees them before the student's). 0 without one (kd, trajectory)."""
+    updates; set_to_none frees them before the student's); a LoRA fake score's adapters alone (the teacher's
+    weights are the placement's). 0 without one (kd, trajectory)."""
+    return fake_score_params(w) * (12 + (4 if grads else 0))
+
+
+def fake_activation_bytes(w: Workload, device: str = "gpu") -> int:
+    """What the fake score's forward keeps for its backward, as the student's at its shape. A LoRA fake score's is
+    a teacher-sized backward through the frozen teacher: never checkpointed (a recomputation would run with its
+    adapters off), and no 16-bit copies of weights that already compute in 16 bits; the adapters' own small
+    activations are not counted."""
     config = fake_score_config(w)
-    return param_count(config) * (12 + (4 if grads else 0)) if config is not None else 0
+    if config is None:
+        return 0
+    as_fake = dataclasses.replace(w, student_config=config, ema=False)
+    if w.fake_score != "lora":
+        return student_activation_bytes(as_fake, device)
+    as_fake = dataclasses.replace(as_fake, gradient_checkpointing=False)
+    return student_activation_bytes(as_fake, device, weight_casts=w.teacher_dtype_bytes > 2)
 
 
-def student_activation_bytes(w: Workload, device: str = "gpu") -> int:
+def student_activation_bytes(w: Workload, device: str = "gpu", weight_casts: bool = True) -> int:
     """What the student's forward keeps for backward: each block's saved tensors per token (image and text),
-    what lies outside the blocks, and under autocast the bf16 copy of every weight. With gradient
-    checkpointing only each block's input is kept, plus one block being recomputed. Times the fitted factor
-    of that device (`ACT_FACTOR`): CPU, GPU eager, GPU with regional compile."""
+    what lies outside the blocks, and under autocast the bf16 copy of every weight (`weight_casts=False`: weights
+    already in 16 bits). With gradient checkpointing only each block's input is kept, plus one block being
+    recomputed. Times the fitted factor of that device (`ACT_FACTOR`): CPU, GPU eager, GPU with regional compile."""
     c, n, s = w.student_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
     # Without autocast the blocks' bf16 tensors (48 of the 68 x width bytes) are fp32: 1.7x the block's bytes.
     d, scale = width(c), 1 if w.autocast else 1.7
@@ -283,7 +325,7 @@ def student_activation_bytes(w: Workload, device: str = "gpu") -> int:
     patch = c.get("out_channels", 16) * math.prod(c.get("patch_size", (1, 2, 2)))
     # Text outside the blocks: the fp32 cond/uncond embeddings of the batch, the text projection's tensors.
     outside = n * (ACT_OUTSIDE_PER_D * d + ACT_LATENT_PER_VALUE * patch) + s * (10 * c.get("text_dim", 4096) + 6 * d)
-    casts = param_count(c) * 2 if w.autocast else 0
+    casts = param_count(c) * 2 if w.autocast and weight_casts else 0
     factor = ACT_FACTOR["gpu_compiled" if w.compiled and device == "gpu" else device]
     heap = n * CPU_HEAP_PER_TOKEN[0] + s * CPU_HEAP_PER_TOKEN[1] if device == "cpu" else 0
     return int(factor * (scale * blocks + outside + casts) + heap)
@@ -298,11 +340,9 @@ def training_bytes(w: Workload, device: str = "gpu", teacher_here: bool = True) 
     student = student_state_bytes(w) + student_activation_bytes(w, device) + fake
     teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0) + fake
     phases = [student, teacher]
-    config = fake_score_config(w)
-    if config is not None:  # the fake score's forward and backward on the student's samples
-        as_fake = dataclasses.replace(w, student_config=config, ema=False)
+    if fake_score_config(w) is not None:  # the fake score's forward and backward on the student's samples
         phases.append(student_state_bytes(w, grads=False) + method_state_bytes(w, grads=True)
-                      + student_activation_bytes(as_fake, device))  # fmt: skip
+                      + fake_activation_bytes(w, device))  # fmt: skip
     return int(max(phases) * (1 + FIT_MARGIN))
 
 

@@ -23,6 +23,7 @@ from wandistiller.placements.memory import (
     Hardware,
     Workload,
     fake_score_config,
+    fake_score_params,
     param_count,
     teacher_weight_bytes,
 )
@@ -55,9 +56,15 @@ def step_times(
 
 
 def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
-    # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device.
-    if w.fake_score == "teacher" and not (p.whole_on_one_device and (p.min_gpus > 0) == bool(hw.gpu_bytes)):
+    # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device; a
+    # LoRA one (lora) backpropagates through the teacher there. (What else they refuse -- served ranks, an fp8
+    # teacher -- DMD.check says in its own line, for the placement this chooses.)
+    on_training_device = (p.min_gpus > 0) == bool(hw.gpu_bytes)
+    if w.fake_score == "teacher" and not (p.whole_on_one_device and on_training_device):
         return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
+    if w.fake_score == "lora" and not (p.backprop and on_training_device):
+        return Estimate.refused(p.name, "cannot backpropagate through its teacher on the training device "
+                                        "(method.fake_score=lora)")  # fmt: skip
     if not w.teacher_fp8:
         return p.estimate(w, hw)
     if not p.fp8:
@@ -186,6 +193,7 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         teacher_fp8=cfg.teacher.quantize == "fp8",
         fake_score=method.get("fake_score"),
         fake_updates=method.get("fake_updates") or 0,
+        lora_rank=method.get("lora_rank") or 0,
     )
 
 
@@ -232,6 +240,13 @@ def method_lines(w: Workload, passes: Passes) -> list[str]:
     that its step times count (the fake score's and few-step generations' on the training rank, under every
     placement)."""
     config = fake_score_config(w)
+    if config is not None and w.fake_score == "lora":
+        return [
+            f"fake score (LoRA of rank {w.lora_rank} on the teacher's {w.experts} expert(s), "
+            f"{human_count(fake_score_params(w))} adapter params): their weights, AdamW states and grads, and the "
+            f"activations of a teacher-sized backward, counted on every training rank",
+            passes.describe(),
+        ]
     lines = [] if config is None else [
         f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
         f"and grads counted on every training rank"

@@ -1,8 +1,9 @@
 """wandistiller/recipe/methods/dmd.py: the K-step student trained by distribution matching under a local teacher,
 with its online fake score and the optional regression term; a resume repeats an uninterrupted run bit for bit
 (student, fake score and its optimizer); a dedicated teacher owner, sent the student's inputs, gives the same loss
-curve as a teacher here; two training ranks train it (node owner + served rank, DDP over gloo); what it cannot do
-is refused in one line (the CLI: exit 2)."""
+curve as a teacher here; two training ranks train it (node owner + served rank, DDP over gloo); a LoRA fake score
+starts as the teacher, trains its adapters alone (the teacher bit for bit as loaded; DDP over gloo averages their
+gradients) and resumes bit for bit; what it cannot do is refused in one line (the CLI: exit 2)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,27 @@ import subprocess
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from tests.conftest import ROOT, background_job, cli, job_result, metrics_steps, refused, run_cli, session_env
+from tests.conftest import (
+    FP32,
+    ROOT,
+    background_job,
+    cli,
+    job_result,
+    metrics_steps,
+    refused,
+    run_cli,
+    session_env,
+)
+from wandistiller.core.distributed import Topology
+from wandistiller.core.errors import UserError
+from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
-from wandistiller.recipe.methods.dmd import DMD
+from wandistiller.placements.gpu0 import Gpu0Placement
+from wandistiller.recipe.methods.dmd import DMD, LoraFakeScore
 from wandistiller.state.checkpoint import load_checkpoint
+from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
 FAST = ["method=dmd", "method.steps=2", "method.fake_updates=2", "trainer.batch_size=2", "trainer.log_every=1"]
@@ -102,8 +119,9 @@ def test_dmd_trains_the_student_and_its_fake_score_with_the_regression_term(make
         "module", "optimizer", "scaler"}  # fmt: skip
 
 
-def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path):
-    common = [*FAST, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
+@pytest.mark.parametrize("fake_score", ["student", "lora"])
+def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path, fake_score):
+    common = [*FAST, f"method.fake_score={fake_score}", "trainer.max_steps=4", "trainer.checkpoint_every=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(make_cfg(*common, run_dir=straight))
     run(make_cfg(*common, "trainer.max_steps=2", run_dir=resumed))
@@ -130,9 +148,97 @@ def test_a_teacher_shaped_fake_score_trains_where_the_whole_teacher_is_on_the_tr
     assert any(k.startswith("transformer.blocks.1.") for k in fake)  # the tiny teacher's two blocks, not the student's
 
 
+def _teacher(path):
+    """A teacher as teacher_placement=cpu loads it (fp32), guidance 1."""
+    teacher_cfg = OmegaConf.create({"guidance_scale": 1.0, "guidance_scale_2": None})
+    return CpuPlacement().load(inspect_teacher(path), teacher_cfg, FP32, Topology())
+
+
+def test_a_lora_fake_score_starts_as_the_teacher_and_backpropagates_to_its_adapters_alone(tiny_moe_path):
+    teacher = _teacher(tiny_moe_path)
+    fake = LoraFakeScore(teacher, 4, torch.float32, seed=0)
+    assert list(fake.state_dict()) and all(k.startswith("adapters.") for k in fake.state_dict())  # no teacher
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
+    t = torch.tensor([950.0, 100.0, 880.0, 300.0])  # both experts' (the boundary: 875)
+    expert = lambda i, rows: teacher.experts[i](x[rows], t[rows], cond[rows], return_dict=False)[0]  # noqa: E731
+    with torch.no_grad():  # each expert alone on the samples it serves, adapters off: the teacher's own velocity
+        first, second = expert(0, [0, 2]), expert(1, [1, 3])
+    pred, _ = fake(x, t, cond)
+    assert torch.equal(pred[[0, 2]], first) and torch.equal(pred[[1, 3]], second)  # B = 0: the teacher exactly
+    pred.square().mean().backward()
+    assert all(p.grad is None for expert in teacher.experts for p in expert.parameters())  # frozen, but ...
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in fake.named_parameters() if ".up." in n)
+    with torch.no_grad():  # ... the gradient passed through them; trained adapters change the fake score alone
+        for p in fake.parameters():
+            p.add_(0.1)
+        trained, _ = fake(x, t, cond)
+        again = expert(0, [0, 2])
+    assert not torch.allclose(trained[[0, 2]], first) and torch.equal(again, first)
+
+
+def test_dmd_with_a_lora_fake_score_trains_its_adapters_and_leaves_the_teacher_bit_for_bit(
+    make_cfg, tmp_path, monkeypatch
+):
+    seen = {}
+    bind = DMD.bind
+
+    def keeping_the_teacher(self, ctx, *args):
+        bind(self, ctx, *args)
+        seen["teacher"] = self.teacher
+        seen["loaded"] = {k: v.clone() for k, v in self.teacher.experts[0].state_dict().items()}
+
+    monkeypatch.setattr(DMD, "bind", keeping_the_teacher)
+    folder = tmp_path / "r"
+    run(make_cfg(*FAST, "method.fake_score=lora", "method.lora_rank=4", "trainer.max_steps=2", run_dir=folder))
+    after = seen["teacher"].experts[0].state_dict()
+    assert seen["loaded"].keys() == after.keys()
+    assert all(torch.equal(value, after[key]) for key, value in seen["loaded"].items())
+    assert all(r["loss_fake_score"] > 0 and r["loss_dmd"] > 0 for r in metrics_steps(folder))
+    fake = load_checkpoint(folder / "checkpoints" / "step_00000002")["method"]["fake_score"]["module"]
+    # The adapters alone (4 blocks x 10 Linears, A and B each), B trained away from its zeros.
+    assert len(fake) == 80 and all(k.startswith("adapters.0.") for k in fake)
+    assert all(v.abs().sum() > 0 for k, v in fake.items() if ".up." in k)
+    assert fake["adapters.0.down.blocks_0_attn1_to_q"].shape == (4, 32)
+
+
+def _lora_ddp_check(paths: dict) -> list:
+    """Each rank's adapter gradients after two DDP backwards through its own two-expert teacher, as dmd wraps the fake
+    score: rank 0's samples all at the first expert (the second's adapters unused there), rank 1's at both. All
+    equal and none zero, the teacher's none (in conftest.two_ranks)."""
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    from wandistiller.recipe.methods.dmd import data_parallel
+
+    teacher = _teacher(__import__("pathlib").Path(paths["moe"]))
+    fake = LoraFakeScore(teacher, 2, torch.float32, seed=0)
+    model = data_parallel(fake, torch.device("cpu"), dist.group.WORLD)
+    g = torch.Generator().manual_seed(dist.get_rank())  # different data on each rank
+    t = torch.tensor([950.0, 900.0] if dist.get_rank() == 0 else [950.0, 100.0])  # the boundary: 875
+    found = []
+    for _ in range(2):  # without find_unused_parameters the second would fail: the first's reduction unfinished
+        fake.zero_grad(set_to_none=True)
+        x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 8, 32, generator=g)
+        model(x, t, cond)[0].square().mean().backward()
+        grads = torch.cat([p.grad.flatten() for n, p in fake.named_parameters() if ".up." in n])
+        gathered = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, grads)
+        found += [bool(torch.equal(gathered[0], g)) and bool(g.abs().sum() > 0) for g in gathered]
+    frozen = all(p.grad is None for expert in teacher.experts for p in expert.parameters())
+    del model  # as tests/core/test_distributed.py's _ddp_check: the reducer dropped while the group lives
+    gc.collect()
+    time.sleep(0.2)
+    return [all(found), frozen]
+
+
+def test_ddp_averages_a_lora_fake_scores_adapter_gradients_over_ranks(two_ranks):
+    assert [r["_lora_ddp_check"] for r in two_ranks] == [[True, True], [True, True]]
+
+
 def test_what_dmd_cannot_do_is_refused_in_one_line():
-    with refused("method.fake_score=lora is not built yet; use method.fake_score=student"):
-        DMD("dmd", 4, fake_score="lora")
     with refused("method.fake_updates=0 must be a positive integer"):
         DMD("dmd", 4, fake_updates=0)
     with refused("method.regression_weight=-1.0 must be 0 or more"):
@@ -140,6 +246,40 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
     with refused("method.fake_score=teacher trains a teacher-shaped network on the training device (cpu), and "
                  "teacher_placement=disk keeps the teacher off it"):  # fmt: skip
         DMD("dmd", 4, fake_score="teacher").check(DiskPlacement(), 1, torch.device("cpu"))
+    with refused("method.lora_rank=0 must be a positive integer"):
+        DMD("dmd", 4, fake_score="lora", lora_rank=0)
+    lora, cpu = DMD("dmd", 4, fake_score="lora"), torch.device("cpu")
+    lora.check(CpuPlacement(), 1, cpu)
+    for placement in (DiskPlacement(), Gpu0Placement(debug_cpu=True)):  # streamed; a dedicated owner's
+        with refused(f"method.fake_score=lora backpropagates through the frozen teacher on the training device (cpu), "
+                     f"and teacher_placement={placement.name} cannot; use method.fake_score=student, or "
+                     f"teacher_placement=gpu or cpu"):  # fmt: skip
+            lora.check(placement, 2, cpu)
+    with refused(
+        "method.fake_score=lora runs the teacher on every training rank, and teacher_placement=cpu with 2 "
+        "processes serves ranks that hold none; use distributed.nproc_per_node=1, teacher_placement=gpu"
+    ):
+        lora.check(CpuPlacement(), 2, cpu)
+    with refused("method.fake_score=lora trains adapters on the teacher's Linear layers, and teacher.quantize=fp8 "
+                 "makes them fp8 layers that take none; drop teacher.quantize"):  # fmt: skip
+        lora.check(CpuPlacement(), 1, cpu, OmegaConf.create({"quantize": "fp8", "compile": False}))
+    with refused("method.fake_score=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
+                 "its blocks, which then ignore them; drop teacher.compile"):  # fmt: skip
+        lora.check(CpuPlacement(), 1, cpu, OmegaConf.create({"quantize": None, "compile": True}))
+
+
+DEDICATED = ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"]
+
+
+@pytest.mark.parametrize("placement", [["teacher_placement=disk"], DEDICATED])
+def test_a_lora_fake_score_where_the_placement_cannot_backpropagate_is_refused_before_the_run_folder(
+    make_cfg, tmp_path, placement
+):
+    """Before the planner, which would call the placement a misfit for it (0 GiB: its estimate refused)."""
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*FAST, "method.fake_score=lora", *placement, run_dir=tmp_path / "r"))
+    assert str(e.value).startswith("method.fake_score=lora backpropagates through the frozen teacher")
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(
@@ -162,6 +302,12 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
             ["method=trajectory", "loss=features"],
             "error: method=trajectory trains with its own loss and ignores trainer.loss, which sets "
             "loss=features; drop it",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["method.fake_score=lora", "teacher_placement=disk"],
+            "error: method.fake_score=lora backpropagates through the frozen teacher on the training device (cpu), "
+            "and teacher_placement=disk cannot; use method.fake_score=student, or teacher_placement=gpu or cpu",
             marks=pytest.mark.slow,
         ),
         pytest.param(

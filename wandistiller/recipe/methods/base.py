@@ -12,7 +12,8 @@ folder). It declares
                        them from the ranks, x_t, t and prompt indices, instead of rebuilding them from the seed:
                        recipe/targets.py); trainer.teacher_whole_step, which rebuilds them, is refused with one
     uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
-    check(placement, ranks, device)    refuse, in one line, a placement it cannot train with
+    check(placement, ranks, device, teacher_cfg)   refuse, in one line, a placement (or teacher settings:
+                       teacher.quantize, teacher.compile) it cannot train with
     prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
     bind(ctx, student, trainer_cfg, state, group)   after the student: the networks it trains beside it, restored
     networks           those networks (name -> Network: module, optimizer, updates per step), checkpointed with the run
@@ -71,8 +72,9 @@ class Method:
         self.steps = steps
         self.networks: dict[str, Network] = {}
 
-    def check(self, placement, ranks: int, device: torch.device) -> None:  # noqa: B027 -- most take any placement
-        """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all)."""
+    def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:  # noqa: B027
+        """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all;
+        `teacher_cfg`: the `teacher` node, or None). Most take any placement."""
 
     def prepare(self, ctx, teacher, embeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
         """What the method samples from the teacher once, before the student (every rank calls it)."""

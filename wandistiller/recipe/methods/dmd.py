@@ -10,9 +10,15 @@ grad = (fake_x0 - real_x0) / mean|x0 - real_x0| per sample, as 0.5 * MSE(x0, (x0
 
 The fake score learns the student's distribution: `method.fake_updates` flow-matching denoising updates per
 training step, each on fresh detached student samples, with its own optimizer (trainer.optimizer's settings) and
-grad scaler, checkpointed with the run. `method.fake_score`: `student` (student-sized, started from the student;
-the default), `teacher` (teacher-shaped, started from the teacher's first expert: only where the placement keeps
-a whole teacher on the training device), `lora` (not built: refused).
+grad scaler, checkpointed with the run. `method.fake_score`:
+- `student` (the default): student-sized, started from the student (a copy of it);
+- `teacher`: teacher-shaped, started from the teacher's first expert, a trainable copy: only where the placement
+  keeps a whole teacher on the training device;
+- `lora`: the placed teacher itself, frozen, with trainable low-rank adapters (`method.lora_rank`; teacher/lora.py)
+  switched on for the fake score's calls alone (`LoraFakeScore`): it starts equal to the teacher (DMD2's start)
+  for a few adapters' memory, where the placement can backpropagate through its teacher in the training process
+  (`Placement.backprop`, on every training rank; not fp8, not compiled). Only the adapters train and are
+  checkpointed.
 
 Every draw (prompts, noise, j, t) comes from a generator of (seed, step, micro-batch or update, rank): a resumed
 run repeats an uninterrupted one bit for bit.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +39,11 @@ from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
-from wandistiller.recipe.methods.trajectory import OdePoints, positive
+from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
+from wandistiller.teacher.lora import Adapters
+
+if TYPE_CHECKING:
+    from wandistiller.teacher.model import Teacher
 
 FAKE_SCORES = ("student", "teacher", "lora")
 STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
@@ -40,22 +51,21 @@ T_RANGE = (0.02, 0.98)  # where x0 is re-noised, before the shift: DMD2's min/ma
 
 
 @dataclass
-class DmdConfig:
+class DmdConfig(FewStepConfig):
+    """FewStepConfig's keys (`steps`, `teacher_steps`; `noises_per_prompt` and `chunk`: the regression term's
+    trajectories) and dmd's own."""
+
     _target_: str = "wandistiller.recipe.methods.dmd.DMD"
     name: str = "dmd"
-    # K: the student's steps (its schedule: teacher/fewstep.py), at most the teacher's `teacher_steps`.
-    steps: int = 4
-    # The teacher's sample steps (K may not exceed them); the regression term's ODE is sampled with them.
-    teacher_steps: int = 20
     # Fake-score updates per training step (DMD2's two-time-scale ratio: 5).
     fake_updates: int = 5
-    # "student" (student-sized, from the student), "teacher" (teacher-shaped, from its first expert), "lora".
+    # "student" (student-sized, from the student), "teacher" (teacher-shaped, from its first expert), "lora" (the
+    # frozen teacher + trainable low-rank adapters; a placement that backpropagates through it: cpu, gpu).
     fake_score: str = "student"
+    # The adapters' rank with fake_score=lora (alpha = rank).
+    lora_rank: int = 16
     # Weight of trajectory's jump loss on the teacher's cached ODE (0: off, nothing is sampled).
     regression_weight: float = 0.0
-    # The regression term's trajectories per training prompt, and per cache chunk.
-    noises_per_prompt: int = 2
-    chunk: int = 16
 
 
 class DMD(Method):
@@ -66,35 +76,63 @@ class DMD(Method):
     uses_loss = False
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
-                 fake_score: str = "student", regression_weight: float = 0.0, noises_per_prompt: int = 2,
-                 chunk: int = 16):  # fmt: skip
+                 fake_score: str = "student", lora_rank: int = 16, regression_weight: float = 0.0,
+                 noises_per_prompt: int = 2, chunk: int = 16):  # fmt: skip
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
         self.teacher_steps = teacher_steps
         self.fake_updates = positive("method.fake_updates", fake_updates)
         if fake_score not in FAKE_SCORES:
             raise UserError(f"method.fake_score={fake_score!r} is not one of {', '.join(FAKE_SCORES)}; e.g. student")
-        if fake_score == "lora":
-            raise UserError("method.fake_score=lora is not built yet; use method.fake_score=student (or teacher)")
         self.fake_score = fake_score
+        self.lora_rank = positive("method.lora_rank", lora_rank)
         if not (math.isfinite(regression_weight) and regression_weight >= 0):
             raise UserError(f"method.regression_weight={regression_weight} must be 0 or more and finite; 0 is off")
         self.regression_weight = regression_weight
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
 
-    def check(self, placement, ranks: int, device: torch.device) -> None:
-        if self.fake_score != "teacher":
+    def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:
+        if self.fake_score == "student":
             return
         from wandistiller.core.distributed import Topology
-        from wandistiller.placements import names_where
+        from wandistiller.placements import Serving, names_where
 
-        if not placement.whole_on_one_device or placement.teacher_device(Topology()).type != device.type:
+        here = placement.teacher_device(Topology()).type == device.type
+        if self.fake_score == "teacher" and not (placement.whole_on_one_device and here):
             able = names_where(lambda cls: cls.whole_on_one_device)
             raise UserError(
                 f"method.fake_score=teacher trains a teacher-shaped network on the training device ({device.type}), "
                 f"and teacher_placement={placement.name} keeps the teacher off it; use method.fake_score=student, or "
                 f"a placement with the whole teacher there ({', '.join(able)})"
+            )
+        if self.fake_score != "lora":
+            return
+        if not (placement.backprop and here):
+            able = names_where(lambda cls: cls.backprop)
+            raise UserError(
+                f"method.fake_score=lora backpropagates through the frozen teacher on the training device "
+                f"({device.type}), and teacher_placement={placement.name} cannot; use method.fake_score=student, or "
+                f"teacher_placement={' or '.join(able)}"
+            )
+        if placement.serving != Serving.LOCAL and ranks > 1:  # (one rank per node would do: refused all the same)
+            local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
+            raise UserError(
+                f"method.fake_score=lora runs the teacher on every training rank, and teacher_placement="
+                f"{placement.name} with {ranks} processes serves ranks that hold none; use distributed.nproc_per_node"
+                f"=1, teacher_placement={' or '.join(local)} (a teacher on every rank), or method.fake_score=student"
+            )
+        quantize = getattr(teacher_cfg, "quantize", None)
+        if quantize is not None:
+            raise UserError(
+                f"method.fake_score=lora trains adapters on the teacher's Linear layers, and teacher.quantize="
+                f"{quantize} makes them fp8 layers that take none; drop teacher.quantize, or use "
+                f"method.fake_score=student"
+            )
+        if getattr(teacher_cfg, "compile", False):  # torch.compile ignores module hooks added after it traced
+            raise UserError(
+                "method.fake_score=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
+                "its blocks, which then ignore them; drop teacher.compile, or use method.fake_score=student"
             )
 
     def prepare(self, ctx, teacher, embeddings) -> None:
@@ -105,6 +143,7 @@ class DMD(Method):
         self.batch_size, self.latent_shape = ctx.trainer_cfg.batch_size, ctx.latent_shape
         self.shift = ctx.teacher_cfg.flow_shift or ctx.spec.flow_shift
         self.train_timesteps = ctx.spec.num_train_timesteps
+        self.teacher = teacher if self.fake_score == "lora" else None  # a LoRA fake score runs on it (None: none here)
         self.points = None
         if self.regression_weight > 0:
             self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt,
@@ -114,17 +153,20 @@ class DMD(Method):
         from hydra.utils import instantiate
 
         device = ctx.device
-        fake = copy.deepcopy(student) if self.fake_score == "student" else teacher_shaped(ctx)
-        fake.to(device).train()
+        fake: torch.nn.Module
+        if self.fake_score == "student":
+            fake = copy.deepcopy(student)
+        elif self.fake_score == "teacher":
+            fake = teacher_shaped(ctx)
+        else:
+            if self.teacher is None:  # DMD.check refuses a layout with a training rank without a teacher
+                raise RuntimeError("method.fake_score=lora on a training rank that holds no teacher")
+            fake = LoraFakeScore(self.teacher, self.lora_rank, ctx.precision.student_dtype, ctx.seed)
+        fake.to(device).train()  # a LoRA fake score's: its adapters' (the teacher stays frozen, in eval mode)
         params = [p for p in fake.parameters() if p.requires_grad]
         optimizer = instantiate(trainer_cfg.optimizer)(params, **({"fused": True} if device.type == "cuda" else {}))
         scaler = torch.amp.GradScaler(device.type, enabled=ctx.precision.needs_grad_scaler)
-        module: torch.nn.Module = fake
-        if group is not None and torch.distributed.get_world_size(group) > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [device.index] if device.type == "cuda" else None
-            module = DistributedDataParallel(fake, device_ids=ids, process_group=group)
+        module = data_parallel(fake, device, group)
         self.networks = {"fake_score": Network(module, optimizer, scaler, self.fake_updates)}
         self.max_grad_norm = trainer_cfg.max_grad_norm or float("inf")
         if state is not None:
@@ -207,6 +249,18 @@ class DMD(Method):
         return (1 - s) * x0 + s * noise, (sigma * self.train_timesteps).to(run.device), s, noise
 
 
+def data_parallel(fake: torch.nn.Module, device: torch.device, group) -> torch.nn.Module:
+    """The fake score under DDP over the training ranks' `group` where there are several, else itself."""
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return fake
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    # A two-expert teacher's LoRA: a rank whose samples all fall to one expert leaves the other's adapters unused.
+    unused = isinstance(fake, LoraFakeScore) and len(fake.adapters) > 1
+    return DistributedDataParallel(fake, device_ids=ids, process_group=group, find_unused_parameters=unused)
+
+
 def teacher_shaped(ctx) -> torch.nn.Module:
     """A trainable network of the teacher's shape, started from its first expert's weights, in the student's dtype."""
     from diffusers import WanTransformer3DModel
@@ -220,6 +274,44 @@ def teacher_shaped(ctx) -> torch.nn.Module:
             spec.path, subfolder=name, torch_dtype=ctx.precision.student_dtype, use_safetensors=True
         )
     return Student(transformer.requires_grad_(True))
+
+
+class LoraFakeScore(torch.nn.Module):
+    """`method.fake_score=lora`: the placed teacher's own frozen experts with trainable rank-`rank` adapters on each
+    (teacher/lora.py), switched on for this module's calls alone: the real score runs the same modules with
+    them off, so the teacher's weights are held once. Its parameters (its optimizer's, its checkpoint's) are the
+    adapters'. B starts at zero: it starts as the teacher's own unguided velocity, DMD2's start.
+
+    Each sample goes to the expert that serves its t, as in the real score (`Teacher.expert_index`): at every t the
+    fake score starts from the very network the real score runs there, the two differing by the adapters (and
+    guidance) alone. (The teacher-shaped fake score starts from the first expert at every t: a trainable copy of
+    both would cost another teacher; adapters on both cost little.)"""
+
+    def __init__(self, teacher: Teacher, rank: int, dtype: torch.dtype, seed: int):
+        super().__init__()
+        self.adapters = torch.nn.ModuleList(Adapters(e, rank, dtype, seed + i) for i, e in enumerate(teacher.experts))
+        self.teacher = (teacher,)  # a tuple: not a submodule, so neither trained, moved nor saved with the adapters
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, None]:
+        teacher = self.teacher[0]
+        x_t, cond = x_t.to(teacher.dtype), cond.to(teacher.dtype)
+        if len(teacher.experts) == 1:
+            return self._expert(0, x_t, t, cond), None
+        which, out = teacher.expert_index(t), None
+        for i in range(len(teacher.experts)):
+            rows = (which == i).nonzero().flatten()
+            if rows.numel():
+                pred = self._expert(i, x_t[rows], t[rows], cond[rows])
+                out = pred.new_empty(x_t.shape) if out is None else out
+                out[rows] = pred  # autograd follows the rows into `out`
+        assert out is not None  # every sample has an expert
+        return out, None
+
+    def _expert(self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Expert i with its adapters on (gradient through its frozen weights to them)."""
+        with cast(Adapters, self.adapters[i]).active():
+            return self.teacher[0].experts[i](hidden_states=x_t, timestep=t, encoder_hidden_states=cond,
+                                              return_dict=False)[0]  # fmt: skip
 
 
 OPTION = Option("dmd", DmdConfig, DMD)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import MISSING
 
 from wandistiller.core.distributed import made_once
 from wandistiller.core.errors import UserError
@@ -25,17 +26,27 @@ STREAM = 1  # the draws' own generator stream beside the data's (seed, step, mic
 
 
 @dataclass
-class TrajectoryConfig:
-    _target_: str = "wandistiller.recipe.methods.trajectory.Trajectory"
-    name: str = "trajectory"
+class FewStepConfig:
+    """The keys every few-step method's schema shares (trajectory, dmd): the student's K, the teacher's sample
+    steps, and the teacher's cached ODE (`OdePoints`: trajectory's training data, dmd's regression term)."""
+
+    _target_: str = MISSING  # each method's own (its schema sets it)
+    name: str = MISSING
     # K: the student's steps (its schedule: teacher/fewstep.py), at most the teacher's `teacher_steps`.
     steps: int = 4
-    # The teacher's steps for its ODE (its own scheduler and guidance), split among the student's K intervals.
+    # The teacher's sample steps (K may not exceed them): its ODE's (its own scheduler and guidance), split among
+    # the student's K intervals.
     teacher_steps: int = 20
-    # Fixed noises per training prompt, each one trajectory.
+    # Fixed noises per training prompt, each one trajectory of the cached ODE.
     noises_per_prompt: int = 2
     # Trajectories per cache chunk: an interrupted run keeps its finished chunks.
     chunk: int = 16
+
+
+@dataclass
+class TrajectoryConfig(FewStepConfig):
+    _target_: str = "wandistiller.recipe.methods.trajectory.Trajectory"
+    name: str = "trajectory"
 
 
 def positive(key: str, value: int) -> int:
