@@ -19,7 +19,7 @@ def main() -> None:
     from wandistiller.compose import auto_precision, compose_config
     from wandistiller.core.errors import exit_on_user_error
     from wandistiller.core.precision import Precision
-    from wandistiller.job.checks import name_the_teacher
+    from wandistiller.job.checks import built_quietly, name_the_teacher
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
@@ -27,7 +27,8 @@ def main() -> None:
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
         name_the_teacher(cfg)
-        print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype))
+        passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+        print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, passes))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
-from wandistiller.placements.steptime import Passes
 from wandistiller.state.checkpoint import check_teacher
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
@@ -202,7 +201,8 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
     placement.with_plan(mine)
-    times = plan.step_times(estimates, w, hw, Passes.of(cfg), configured)
+    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    times = plan.step_times(estimates, w, hw, passes, configured)
     return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w, times))
 
 

@@ -218,13 +218,14 @@ def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
     return max(len(hw.gpu_bytes), 1) if cfg.hardware.gpus is not None else 1
 
 
-def plan_report(cfg, teacher_dtype: torch.dtype) -> str:
+def plan_report(cfg, teacher_dtype: torch.dtype, passes: Passes) -> str:
+    """The plan's text: the workload, the method's own network and passes (`passes`: the built method's), each
+    placement's estimate and step time, and `auto`'s choice."""
     planned = workload_of(cfg, teacher_dtype)
     if planned is None:
         raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
     w, hw = planned
     estimates = plan(w, hw)
-    passes = Passes.of(cfg)
     best = choose(estimates)
     head = (
         f"teacher {cfg.teacher.name}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "

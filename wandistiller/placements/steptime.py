@@ -38,7 +38,8 @@ def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512)
 @dataclass(frozen=True)
 class Passes:
     """One training step of one rank in passes of each network, each at the micro-batch (`trains`: forward +
-    backward; teacher calls: cond + uncond as one forward of twice the batch). Fractions are averages."""
+    backward; teacher calls: cond + uncond as one forward of twice the batch). Fractions are averages. Each
+    method declares its own (`Method.passes`): the planner knows no method by name."""
 
     method: str
     micro_batches: int
@@ -47,26 +48,6 @@ class Passes:
     student_trains: int
     fake_forwards: int = 0  # the method's own network (dmd's fake score), without grad
     fake_trains: int = 0
-
-    @classmethod
-    def of(cls, cfg) -> Passes:
-        """The passes of the composed config's method (`method.name`; kd's where none is set)."""
-        method, micro = cfg.get("method") or {}, cfg.trainer.grad_accum_steps
-        name = method.get("name", "kd")
-        if name == "trajectory":  # its teacher ODE is sampled once before training, not in the step
-            return cls(name, micro, 0, 0.0, micro)
-        if name == "dmd":
-            # Per micro-batch the student generates from noise: j of its K steps without grad, j uniform in
-            # 0..K-1, then one call with grad ((K - 1) / 2 + 1 calls on average); the placed teacher's guided call
-            # and a fake-score forward at the re-noised sample. Per step, `fake_updates` updates, each a fresh
-            # generation without grad ((K + 1) / 2 calls) and a fake-score forward + backward.
-            k, updates = method["steps"], method["fake_updates"]
-            trains = micro * (2 if method.get("regression_weight") else 1)  # + trajectory's jump loss
-            forwards = micro * (k - 1) / 2 + updates * (k + 1) / 2
-            return cls(name, micro, micro, forwards, trains, micro, updates)
-        # kd (and a method this table does not know yet): one teacher call per micro-batch, or per step with
-        # trainer.teacher_whole_step (at the whole step's batch: Workload.teacher_batch_size).
-        return cls(name, micro, 1 if cfg.trainer.teacher_whole_step else micro, 0.0, micro)
 
     def describe(self) -> str:
         def n(x: float) -> str:

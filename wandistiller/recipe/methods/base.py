@@ -12,6 +12,7 @@ folder). It declares
                        them from the ranks, x_t, t and prompt indices, instead of rebuilding them from the seed:
                        recipe/targets.py); trainer.teacher_whole_step, which rebuilds them, is refused with one
     uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
+    passes(micro_batches, whole_step)  what one step runs, in passes of each network (the planner's step time)
     check(placement, ranks, device, teacher_cfg)   refuse, in one line, a placement (or teacher settings:
                        teacher.quantize, teacher.compile) it cannot train with
     prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from wandistiller.core.errors import UserError
+from wandistiller.placements.steptime import Passes
 
 if TYPE_CHECKING:
     from wandistiller.recipe.loop import Clock, Run
@@ -71,6 +73,11 @@ class Method:
             raise UserError(f"method.steps={steps} must be at least 1 (a K-step student); e.g. method.steps=4")
         self.steps = steps
         self.networks: dict[str, Network] = {}
+
+    def passes(self, micro_batches: int, whole_step: bool) -> Passes:
+        """What one training step runs, in passes of each network (the planner's step time): kd's by default, one
+        teacher call per micro-batch (or one per step under trainer.teacher_whole_step) and the student's."""
+        return Passes(self.name, micro_batches, 1 if whole_step else micro_batches, 0.0, micro_batches)
 
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:  # noqa: B027
         """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all;

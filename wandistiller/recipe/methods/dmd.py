@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
+from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
@@ -134,6 +135,16 @@ class DMD(Method):
                 "method.fake_score=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
                 "its blocks, which then ignore them; drop teacher.compile, or use method.fake_score=student"
             )
+
+    def passes(self, micro_batches: int, whole_step: bool) -> Passes:
+        """Per micro-batch the student generates from noise: j of its K steps without grad (j uniform in 0..K-1),
+        then one call with grad ((K - 1) / 2 + 1 calls on average); the placed teacher's guided call and a
+        fake-score forward at the re-noised sample (+ a second student forward + backward for the regression
+        term). Per step, `fake_updates` updates, each a fresh generation without grad ((K + 1) / 2 calls) and a
+        fake-score forward + backward."""
+        trains = micro_batches * (2 if self.regression_weight else 1)
+        forwards = micro_batches * (self.k - 1) / 2 + self.fake_updates * (self.k + 1) / 2
+        return Passes(self.name, micro_batches, micro_batches, forwards, trains, micro_batches, self.fake_updates)
 
     def prepare(self, ctx, teacher, embeddings) -> None:
         from wandistiller.teacher.fewstep import student_schedule

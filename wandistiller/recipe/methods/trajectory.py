@@ -19,6 +19,7 @@ from wandistiller.core.distributed import made_once
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import mixed_seed
+from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, steps_within
 
@@ -110,6 +111,10 @@ class Trajectory(Method):
         self.teacher_steps = teacher_steps
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
+
+    def passes(self, micro_batches: int, whole_step: bool) -> Passes:
+        """The student's forward + backward alone: its teacher ODE is sampled once before training, not in a step."""
+        return Passes(self.name, micro_batches, 0, 0.0, micro_batches)
 
     def prepare(self, ctx, teacher, embeddings) -> None:
         self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
