@@ -18,9 +18,10 @@ def results(**accuracy: float) -> dict[str, list[dict]]:
 
 
 def test_the_rows_are_the_kd_baseline_at_4_steps_and_the_few_step_methods_at_their_own_steps():
-    assert [row.name for row in ROWS] == ["KD student at 4 steps", "trajectory, 4 steps", "dmd, 4 steps", "dmd, 1 step"]
+    assert [row.name for row in ROWS] == ["KD student at 4 steps", "trajectory, 4 steps", "dmd, 4 steps",
+                                          "dmd + regression 0.1, 4 steps", "dmd, 1 step"]  # fmt: skip
     assert ROWS[0].sample_steps == 4 and all(row.sample_steps is None for row in ROWS[1:])  # their own K
-    assert "method.steps=1" in ROWS[3].overrides
+    assert "method.regression_weight=0.1" in ROWS[3].overrides and "method.steps=1" in ROWS[4].overrides
 
 
 def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_kd_baseline():
@@ -32,11 +33,13 @@ def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_
     collapsed = results(**{"dmd 4 steps": 0.85}) | {"dmd, 4 steps": [{"prompt_accuracy": 0.85, "fid": 100.0,
                                                                         "diversity_ratio": 0.5}]}  # fmt: skip
     assert "MISSED" in targets(collapsed)[0]  # accurate but with half the teacher's diversity: mode collapse
-    # A less accurate method that meets all three is the 4-step answer; the most accurate one still owns the gain.
+    # A less accurate method that meets all three is the 4-step answer, and the gain is its; the most accurate
+    # one's is named beside it.
     both = collapsed | {"trajectory, 4 steps": [{"prompt_accuracy": 0.8, "fid": 100.0, "diversity_ratio": 1.0}]}
-    lines = targets(both | {"KD student at 4 steps": [{"prompt_accuracy": 0.6, "fid": 100.0, "diversity_ratio": 1.0}]})
+    lines = targets(both | {"KD student at 4 steps": [{"prompt_accuracy": 0.7, "fid": 100.0, "diversity_ratio": 1.0}]})
     assert lines[0].startswith("- 4 steps (best: trajectory, 4 steps): 89%") and lines[0].endswith(": met")
-    assert lines[1] == "- dmd, 4 steps beats the KD student at 4 steps by 25.0 points (target >= 15): met"
+    assert lines[1] == ("- trajectory, 4 steps beats the KD student at 4 steps by 10.0 points (target >= 15): MISSED "
+                        "(the most accurate, dmd, 4 steps: +15.0)")  # fmt: skip
 
 
 @pytest.mark.slow
