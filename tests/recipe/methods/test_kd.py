@@ -53,3 +53,14 @@ def test_kd_trains_the_loss_curve_of_the_loop_before_methods_bit_for_bit(tiny_pa
 def test_the_default_method_is_kd_and_its_steps_are_the_teachers(make_cfg):
     cfg = make_cfg()
     assert cfg.method.name == "kd" and cfg.method.steps is None
+
+
+def test_a_step_count_for_kd_is_refused_pointing_at_the_few_step_methods(make_cfg):
+    from hydra.utils import instantiate
+
+    from tests.conftest import refused
+    from wandistiller.job.checks import built_quietly
+
+    with refused("method.steps=4 with method=kd: a KD student learns the teacher's velocity"):
+        built_quietly(make_cfg("method.steps=4").method)
+    assert instantiate(make_cfg().method).steps is None
