@@ -39,6 +39,8 @@ class RunContext:
     teacher_path: str
     sweep_point: dict | None = None
     overrides: list[str] | None = None
+    # A few-step student's K (`method.steps`; None: it samples as the teacher does).
+    student_steps: int | None = None
     started: float = field(default_factory=time.time)
 
     @property

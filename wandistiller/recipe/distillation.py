@@ -71,6 +71,7 @@ class DistillationRecipe:
             teacher_path=prepared.teacher_path,
             sweep_point=prepared.sweep_point,
             overrides=prepared.overrides,
+            student_steps=cfg.method.steps,
         )
         self.run: Run | None = None
 

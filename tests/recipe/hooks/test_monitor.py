@@ -50,3 +50,17 @@ def test_a_resume_keeps_a_better_best_and_survives_a_torn_metrics_line(make_cfg,
     summary = run(make_cfg(*common, "trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))
     assert json.loads(state_file.read_text())["step"] == 2  # not replaced by step 4's worse checkpoint
     assert summary["final_step"] == 4 and [r["step"] for r in recorded_rows(run_dir) if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_a_few_step_student_logs_val_loss_but_keeps_no_best_checkpoint(make_cfg, tmp_path, caplog):
+    """val/loss is a KD student's velocity error; a K-step student is judged by what it samples (eval)."""
+    import logging
+
+    run_dir = tmp_path / "fewstep"
+    with caplog.at_level(logging.INFO, logger="wandistiller"):
+        run(make_cfg("method=trajectory", "method.steps=2", "method.teacher_steps=2", "method.noises_per_prompt=1",
+                     "trainer.max_steps=2", "hooks.monitor.val_every=1", "trainer.checkpoint_every=10",
+                     run_dir=run_dir))  # fmt: skip
+    assert [r["step"] for r in metrics_steps(run_dir) if "val/loss" in r] == [1, 2]
+    assert not (run_dir / "checkpoints" / "best").exists()
+    assert "a 2-step student is judged by what it samples: no checkpoints/best/" in caplog.text

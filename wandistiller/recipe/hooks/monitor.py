@@ -1,6 +1,12 @@
 """`hooks.monitor`: what a run shows while it trains, on the main rank, after every step: the per-step metrics
 appended to `metrics_steps.jsonl` as they happen, and the held-out `val/loss` (overall and per noise band)
-every `hooks.monitor.val_every` steps with `checkpoints/best/` and `loss.png`."""
+every `hooks.monitor.val_every` steps with `checkpoints/best/` and `loss.png`.
+
+`val/loss` is the student's velocity error against the teacher's at held-out timesteps: what a KD student is
+trained on. A few-step student (`method.steps` = K: trajectory, dmd) is trained to sample in K steps, which that
+error does not measure (dmd's students sharpen away from the teacher's velocity as they improve), so its run
+logs `val/loss` as a diagnostic and keeps no `checkpoints/best/`: `eval --checkpoint step_N` compares its
+checkpoints by what they sample."""
 
 from __future__ import annotations
 
@@ -38,9 +44,17 @@ class Monitor(Hook):
         self.val_set: ValSet | None = None
         self.written = 0  # run.history entries already in metrics_steps.jsonl
         self.best: float | None = None  # checkpoints/best's held-out loss, read on the first validation
+        self.keeps_best = True  # not for a few-step student (the module's docstring)
 
     def bind(self, ctx, parts) -> None:
         self.val_set = parts.val_set
+        self.keeps_best = ctx.student_steps is None
+        if self.val_set is not None and not self.keeps_best and ctx.is_main:
+            log.info(
+                "val/loss is the velocity error of a KD student; a %d-step student is judged by what it samples: no "
+                "checkpoints/best/ (compare checkpoints with eval --checkpoint step_N)",
+                ctx.student_steps,
+            )
         last = ctx.trainer_cfg.max_steps
         if self.val_every > last:
             log.warning(
@@ -64,6 +78,8 @@ class Monitor(Hook):
         )
         run.tracker.log(metrics, step=step)
         log.info("step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+        if not self.keeps_best:
+            return {"step": step} | metrics
         if self.best is None:  # a resumed run's best so far: a worse checkpoint never replaces it
             self.best = saved_best(Path(run.run_dir))
         if metrics["val/loss"] < self.best:
