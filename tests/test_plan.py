@@ -186,3 +186,15 @@ def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
     assert f"0 to +{memory.FIT_ERROR_PCT}% over the measured peaks" in result.stdout
     gpu_row = next(line for line in result.stdout.splitlines() if line.startswith("gpu "))
     assert "*" in gpu_row  # a 14B teacher is beyond the fitted shapes (a 1.3B-shaped teacher on one GPU)
+
+
+def test_the_plan_refuses_what_train_refuses_whatever_the_placement(monkeypatch, capsys):
+    """A plan train would refuse is no plan: the method's loss, data and whole-step checks run here too."""
+    for bad, line in [
+        (["method=dmd", "loss=task"], "method=dmd trains with its own loss and ignores trainer.loss"),
+        (["method=dmd", "trainer.teacher_whole_step=true"], "trainer.teacher_whole_step=true rebuilds"),
+        (["method=trajectory", "data=teacher_latents"], "data.latents=teacher samples the teacher's own latents"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], *bad)
+        assert exit_.value.code == 2 and line in capsys.readouterr().err

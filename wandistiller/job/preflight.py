@@ -250,18 +250,31 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
         )
     # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
     method = check_method_placement(cfg, placement, world)
-    check_method_loss(cfg, method)
-    if cfg.trainer.teacher_whole_step and method.student_inputs:
-        raise UserError(
-            f"trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method={method.name} calls "
-            f"the teacher at the student's own samples; drop trainer.teacher_whole_step"
-        )
+    check_method(cfg, method)
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(
             f"trainer.teacher_whole_step=true batches the targets of a rank's own teacher, and with "
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
+        )
+
+
+def check_method(cfg: DictConfig, method) -> None:
+    """The method against the rest of the config, whatever the placement (`python -m wandistiller.plan` too): the
+    loss it would ignore, a data source sampled for nothing, whole-step targets it cannot take."""
+    check_method_loss(cfg, method)
+    source = data_sources.source_of(cfg.data)
+    if source.samples_teacher and not method.reads_x0:
+        raise UserError(
+            f"data.latents={source.name} samples the teacher's own latents for x0 before training, and "
+            f"method={method.name} never reads x0 (the data gives it prompts alone): they would be sampled for "
+            f"nothing; use data=static_prompts (data.prompts_path: your prompts) or data=image_folder (captions)"
+        )
+    if cfg.trainer.teacher_whole_step and method.student_inputs:
+        raise UserError(
+            f"trainer.teacher_whole_step=true rebuilds a step's inputs from the seed, and method={method.name} calls "
+            f"the teacher at the student's own samples; drop trainer.teacher_whole_step"
         )
 
 

@@ -45,6 +45,8 @@ def own_name(name: str, module: str) -> type[Choice]:
 class DataSource:
     name: ClassVar[str]
     description: ClassVar[str] = ""  # the data in words, for the model card
+    # Whether its x0 are the teacher's own samples, made with its whole sampler before training (hours at scale).
+    samples_teacher: ClassVar[bool] = False
     ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod

@@ -27,6 +27,7 @@ class TeacherLatentsConfig(DataCommon):
 class TeacherLatents(DataSource):
     name = "teacher"
     description = "the teacher's own samples"  # what the model card says the data was
+    samples_teacher = True
     ranges = (
         ("data.sample_steps", lambda v: v > 0, "a positive integer"),
         ("data.latents_per_prompt", lambda v: v > 0, "a positive integer"),

@@ -12,6 +12,8 @@ folder). It declares
                        them from the ranks, x_t, t and prompt indices, instead of rebuilding them from the seed:
                        recipe/targets.py); trainer.teacher_whole_step, which rebuilds them, is refused with one
     uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
+    reads_x0           whether it reads the data's clean latents (kd); one that does not refuses a source that
+                       samples the teacher for them (data=teacher_latents), which would be sampled for nothing
     passes(micro_batches, whole_step)  what one step runs, in passes of each network (the planner's step time)
     check(placement, ranks, device, teacher_cfg)   refuse, in one line, a placement (or teacher settings:
                        teacher.quantize, teacher.compile) it cannot train with
@@ -65,6 +67,7 @@ class Method:
     teacher_in_loop: ClassVar[bool] = True
     student_inputs: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = True
+    reads_x0: ClassVar[bool] = True  # whether a step reads the data's clean latents (trajectory, dmd: its prompts only)
 
     def __init__(self, name: str, steps: int | None = None):
         if name != self.name:

@@ -75,6 +75,7 @@ class DMD(Method):
     name = "dmd"
     student_inputs = True
     uses_loss = False
+    reads_x0 = False  # it generates its own samples; the data gives its prompts
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
                  fake_score: str = "student", lora_rank: int = 16, regression_weight: float = 0.0,

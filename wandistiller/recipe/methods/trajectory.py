@@ -104,6 +104,7 @@ class Trajectory(Method):
     name = "trajectory"
     teacher_in_loop = False
     uses_loss = False
+    reads_x0 = False  # its x are the teacher's cached ODE points; the data gives its prompts
 
     def __init__(self, name: str, steps: int, teacher_steps: int = 20, noises_per_prompt: int = 2, chunk: int = 16):
         super().__init__(name, steps)
