@@ -32,7 +32,7 @@ from wandistiller.job.checks import (
     check_values,
     name_the_teacher,
 )
-from wandistiller.job.resumed import recorded_overrides
+from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
@@ -104,6 +104,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
         check_resumed(cfg, resume_from, spec)
     save_config(run_dir, cfg, resume_from)
+    continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None

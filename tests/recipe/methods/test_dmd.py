@@ -234,6 +234,20 @@ def test_the_cli_refuses_a_checkpoint_of_another_fake_score_with_one_line_and_cl
     assert not folder.exists() and _listing(dmd_run) == before
 
 
+@pytest.mark.slow  # a fresh process (~5 s); the line's order in-process: tests/job/test_resumed.py
+def test_the_cli_refuses_a_resume_of_a_dmd_run_without_a_word_in_its_log(tmp_path, cache_dir, dmd_run):
+    folder = tmp_path / "run"
+    shutil.copytree(dmd_run, folder)
+    (folder / "train.log").write_text("the first run's log\n")  # what Hydra wrote there (in-process runs write none)
+    before = _listing(folder)
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "trainer.resume=auto",
+                     "trainer.teacher_whole_step=true")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().startswith("error: trainer.teacher_whole_step=true rebuilds a step's inputs")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (folder / "train.log").read_text() == "the first run's log\n" and _listing(folder) == before
+
+
 def test_a_teacher_shaped_fake_score_trains_where_the_whole_teacher_is_on_the_training_device(make_cfg, tmp_path):
     run(make_cfg(*FAST, "method.fake_score=teacher", "trainer.max_steps=1", run_dir=tmp_path / "r"))
     fake = load_checkpoint(tmp_path / "r" / "checkpoints" / "step_00000001")["method"]["fake_score"]["module"]
