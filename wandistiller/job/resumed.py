@@ -81,6 +81,26 @@ def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
     return first + [o for o in now or [] if o not in first]
 
 
+def trained_method(run_dir: Path, resume: str | None) -> str | None:
+    """The `method=` the run a `trainer.resume` continues was trained with, as it saved it: its checkpoint's record,
+    else the saved config of the run folder it lies in (`resume=auto`: `run_dir`); None where neither says. Only
+    read, never trusted further than its name (a command line's hint: `compose.check_overrides`)."""
+    from wandistiller.state.checkpoint import recorded_method, resume_candidate
+
+    if not resume:
+        return None
+    checkpoint = resume_candidate(resume, run_dir)
+    recorded = recorded_method(checkpoint) if checkpoint is not None else None
+    if recorded is not None:
+        return recorded["name"]
+    folder = run_dir if resume == "auto" else checkpoint.parent.parent if checkpoint else Path(resume).expanduser()
+    try:
+        name = OmegaConf.select(load_yaml_config(in_run(folder, ".hydra/config.yaml")), "method.name")
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError, UserError):
+        return None
+    return name if isinstance(name, str) and name.isidentifier() else None
+
+
 def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()) -> DictConfig | None:
     """The run's first config (.hydra/config.yaml), or None when the folder holds none. It is data (the
     folder may have come from someone else): checked against the schema and the allowed `_target_`s
