@@ -64,3 +64,19 @@ def test_an_older_hook_setting_is_dropped_where_its_hook_is_not_in_the_list_and_
         modern_argv(["-m", "trainer.sample_steps=5,10"])
     with pytest.raises(UserError, match=r"hooks=\[monitor,progress,samples\],\[monitor,progress,samples,evaluate\]"):
         modern_argv(["-m", "trainer.eval_at_end=false,true"])
+
+
+def test_a_key_of_the_method_a_resumed_run_was_trained_with_says_to_choose_that_method(tmp_path):
+    from wandistiller.compose import check_overrides
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("method:\n  name: dmd\n")  # what a dmd run saved (in part)
+    argv = [f"hydra.run.dir={run_dir}", "trainer.resume=auto", "trainer.max_steps=6", "method.fake_updates=3"]
+    with pytest.raises(UserError, match=r"^Could not override 'method.fake_updates'. Key 'fake_updates' not in "
+                       r"'KdConfig'; the run was trained with method=dmd: add method=dmd$"):  # fmt: skip
+        check_overrides(argv)
+    check_overrides([*argv, "method=dmd"])
+    for other in (argv[1:], [*argv[:-1], "method.fake_update=3"]):  # a new run; a typo that dmd lacks too
+        with pytest.raises(UserError, match=r"; check its spelling"):
+            check_overrides(other)

@@ -175,7 +175,36 @@ def check_overrides(argv: list[str]) -> None:
         for overrides in variants:
             check_missing(_compose("train", [o for o in overrides if o is not None]))  # before the run folder
     except (HydraException, OmegaConfBaseException) as e:
-        raise UserError(hydra_error_line(e)) from None
+        line = hydra_error_line(e)
+        method = _resumed_method(argv, [o for o in base if o is not None])
+        if method:  # a key of the method a resumed run was trained with, without `method=` that chooses it
+            line = line.split("; check its spelling")[0]
+            line = f"{line}; the run was trained with method={method}: add method={method}"
+        raise UserError(line) from None
+
+
+def _resumed_method(argv: list[str], overrides: list[str]) -> str | None:
+    """The method the run a `trainer.resume=` continues was trained with, where the command line chooses none and
+    choosing it composes the command line: what a refused override of one of its keys should name."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from wandistiller.job.resumed import trained_method
+
+    value = lambda key: next((a.split("=", 1)[1] for a in reversed(argv) if a.split("=", 1)[0] == key), None)  # noqa: E731
+    resume, run_dir = value("trainer.resume"), value("hydra.run.dir")
+    if not resume or any(o.lstrip("+~").split("=", 1)[0] == "method" for o in overrides):
+        return None
+    if resume == "auto" and (not run_dir or "${" in run_dir):  # a time-named folder: a new run, nothing saved
+        return None
+    method = trained_method(Path(run_dir or ".").expanduser(), resume)
+    if method is None:
+        return None
+    try:
+        _compose("train", [*overrides, f"method={method}"])
+    except (HydraException, OmegaConfBaseException):
+        return None
+    return method
 
 
 def modern_argv(argv: list[str]) -> list[str]:

@@ -142,3 +142,35 @@ def test_a_setting_of_a_hook_the_saved_run_did_not_have_brings_the_whole_hook(ma
     cfg = continued_config(make_cfg(*given[1:], "trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto",
                            "hooks.samples.prompts=1"])  # fmt: skip
     assert cfg.hooks.samples._target_.endswith("SampleGrids") and cfg.hooks.samples.prompts == 1
+
+
+DMD = ["method=dmd", "method.steps=2", "method.fake_updates=1", "trainer.batch_size=2", "trainer.max_steps=1",
+       "trainer.checkpoint_every=1"]  # fmt: skip
+
+
+def test_a_method_given_again_is_held_to_the_keys_given_and_a_difference_names_those_keys_alone(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg(*DMD, "method.fake_score=lora", "method.lora_rank=2", run_dir=run_dir))
+    again = ["trainer.resume=auto", "method=dmd"]  # the run's method restated: its saved K and fake score kept
+    cfg = continued_config(make_cfg(*again, run_dir=run_dir), again)
+    assert (cfg.method.steps, cfg.method.fake_score, cfg.method.lora_rank) == (2, "lora", 2)
+    other = [*again, "method.fake_score=student"]
+    with pytest.raises(UserError, match=r"and method.fake_score=student \(saved lora\) disagree; drop them") as e:
+        continued_config(make_cfg(*other, run_dir=run_dir), other)
+    assert "{" not in str(e.value)  # neither whole `method` node
+    kd = ["trainer.resume=auto", "method=kd"]
+    with pytest.raises(UserError, match=r"and method=kd \(saved dmd\) disagree; drop them"):
+        continued_config(make_cfg(*kd, run_dir=run_dir), kd)
+
+
+def test_a_resume_says_it_continues_the_saved_config_only_once_it_is_accepted(make_cfg, tmp_path, caplog):
+    run_dir = tmp_path / "r"
+    run(make_cfg(*DMD, run_dir=run_dir))
+    (run_dir / "metrics.json").unlink()
+    with caplog.at_level("INFO", logger="wandistiller"), pytest.raises(UserError, match="teacher_whole_step=true"):
+        run(make_cfg(*DMD, "trainer.resume=auto", "trainer.teacher_whole_step=true", run_dir=run_dir))
+    assert "continuing with the run's saved config" not in caplog.text  # refused: not a word in its log
+    caplog.clear()
+    with caplog.at_level("INFO", logger="wandistiller"):
+        assert run(make_cfg(*DMD, "trainer.resume=auto", "trainer.max_steps=2", run_dir=run_dir))["final_step"] == 2
+    assert caplog.text.count("trainer.resume=auto: continuing with the run's saved config") == 1

@@ -393,3 +393,37 @@ def test_the_teacher_digest_follows_the_weights_not_the_folder(tiny_path, tmp_pa
     raw[-1] ^= 0xFF  # one byte of the last weights changed
     weights.write_bytes(bytes(raw))
     assert checkpoint.teacher_digest(inspect_teacher(moved)) != checkpoint.teacher_digest(inspect_teacher(tiny_path))
+
+
+def test_a_checkpoint_records_its_method_and_another_name_or_setting_is_said_in_words(finished, tmp_path):
+    step = list_checkpoints(finished)[-1]
+    assert checkpoint.recorded_method(step) == {"name": "kd", "steps": None}  # what training_state writes
+    dmd = {"name": "dmd", "steps": 2, "fake_score": "student"}
+    assert checkpoint.method_problem(dmd, dict(dmd)) is None
+    assert checkpoint.method_problem(None, dmd) is None  # a checkpoint of before the record: nothing to compare
+    assert checkpoint.method_problem(dmd, {"name": "kd", "steps": None}) == (
+        "was trained with method=dmd (method.steps=2, method.fake_score=student), and this run's is method=kd"
+    )
+    lora = {"name": "dmd", "steps": 2, "fake_score": "lora", "lora_rank": 16}
+    assert checkpoint.method_problem(dmd, lora).endswith("this run sets method.fake_score=lora, method.lora_rank=16")
+    # kd's unset K is not shown
+    assert checkpoint.method_problem({"name": "kd", "steps": None}, dmd) == (
+        "was trained with method=kd, and this run's is method=dmd"
+    )
+    # The line names the checkpoint where trainer.resume did not, and a start from its student.
+    with pytest.raises(UserError, match=r"^trainer.resume=auto: the checkpoint \S+step_00000002 was trained with "
+                       r"method=kd, and this run's is method=dmd; resume with those, or start a new run folder from "
+                       r"its student \(student.init=\S+/student\)$"):  # fmt: skip
+        checkpoint.check_method(step, dmd, "auto")
+    checkpoint.check_method(step, {"name": "kd", "steps": None}, "auto")  # the same method: fine
+    copy = tmp_path / "run" / "checkpoints" / "step_00000002"
+    shutil.copytree(step, copy)
+    (tmp_path / "run" / ".hydra").mkdir()
+    (tmp_path / "run" / ".hydra" / "config.yaml").write_text("{}\n")
+    with pytest.raises(UserError, match=rf"^trainer.resume={copy}: the checkpoint was trained with method=kd, .* "
+                       rf"wandistiller.pipeline {tmp_path / 'run'} --checkpoint step_00000002 --out DIR"):  # fmt: skip
+        checkpoint.check_method(copy, dmd, str(copy))
+    data = json.loads((copy / "state.json").read_text())
+    (copy / "state.json").write_text(json.dumps({k: v for k, v in data.items() if k != "method_identity"}))
+    assert checkpoint.recorded_method(copy) is None
+    checkpoint.check_method(copy, dmd, str(copy))  # an older checkpoint: resumed as before (the networks' own check)

@@ -32,13 +32,13 @@ from wandistiller.job.checks import (
     check_values,
     name_the_teacher,
 )
-from wandistiller.job.resumed import recorded_overrides
+from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
-from wandistiller.state.checkpoint import check_teacher
+from wandistiller.state.checkpoint import check_method, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
@@ -98,14 +98,27 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_layers(cfg, spec.transformer_config, student, placement)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
+    found = resume_candidate(cfg.trainer.resume, run_dir)
+    check_resumed(cfg, found, spec)  # before the folder is claimed: a refused resume writes nothing
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
-    check_teacher(resume_from, spec, bool(cfg.trainer.get("allow_other_teacher", False)))  # the one it recorded
+    if resume_from != found:  # what another process left meanwhile (the folder is locked now)
+        check_resumed(cfg, resume_from, spec)
     save_config(run_dir, cfg, resume_from)
+    continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None
     table = planned.table if planned else None
     return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+
+
+def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec) -> None:
+    """A checkpoint resumed against what it recorded: its teacher, and the method it was trained with (its name and
+    the settings that change what it trains: `Method.identity`)."""
+    if checkpoint is None:
+        return
+    check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)))
+    check_method(checkpoint, built_quietly(cfg.method).identity(), cfg.trainer.resume)
 
 
 def default_ranks(cfg: DictConfig, topo: Topology) -> None:

@@ -51,6 +51,7 @@ MAY_CHANGE = (
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
 ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
+_continuing: dict[Path, str] = {}  # run folder -> what continued_config took from this command line, until said
 
 
 def may_change(key: str) -> bool:
@@ -80,6 +81,26 @@ def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
     return first + [o for o in now or [] if o not in first]
 
 
+def trained_method(run_dir: Path, resume: str | None) -> str | None:
+    """The `method=` the run a `trainer.resume` continues was trained with, as it saved it: its checkpoint's record,
+    else the saved config of the run folder it lies in (`resume=auto`: `run_dir`); None where neither says. Only
+    read, never trusted further than its name (a command line's hint: `compose.check_overrides`)."""
+    from wandistiller.state.checkpoint import recorded_method, resume_candidate
+
+    if not resume:
+        return None
+    checkpoint = resume_candidate(resume, run_dir)
+    recorded = recorded_method(checkpoint) if checkpoint is not None else None
+    if recorded is not None:
+        return recorded["name"]
+    folder = run_dir if resume == "auto" else checkpoint.parent.parent if checkpoint else Path(resume).expanduser()
+    try:
+        name = OmegaConf.select(load_yaml_config(in_run(folder, ".hydra/config.yaml")), "method.name")
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, OSError, UserError):
+        return None
+    return name if isinstance(name, str) and name.isidentifier() else None
+
+
 def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()) -> DictConfig | None:
     """The run's first config (.hydra/config.yaml), or None when the folder holds none. It is data (the
     folder may have come from someone else): checked against the schema and the allowed `_target_`s
@@ -105,6 +126,10 @@ def saved_config(run_dir: Path, trusted: set[str] | frozenset[str] = frozenset()
 def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig:
     """`cfg` itself for a new run; for `trainer.resume=auto` into a run with a saved config, that config
     with only the keys a resume may change taken from `cfg` (all of them, or those in `overrides`)."""
+    try:  # an earlier call's, in this process, for this folder: not this one's
+        _continuing.pop(_key(cfg), None)
+    except (OmegaConfBaseException, ValueError):  # a folder not named yet (outside a Hydra job): none was kept
+        pass
     if cfg.trainer.resume != "auto":
         return cfg
     name_the_teacher(cfg)  # as the saved config was named (prepare names it): teacher.name then agrees
@@ -114,14 +139,17 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     given = _given_keys(overrides) if overrides is not None else None
     now, before = _flat(cfg), _flat(saved)
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
+    # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
+    # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
+    asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
     current = lambda k: may_change(k) or k in ALWAYS_CURRENT  # noqa: E731 -- never held to the saved value
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
-        shown = ", ".join(f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in differ[:8])
+        shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order
         raise UserError(
             f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
-            f"{shown}{' …' if len(differ) > 8 else ''} disagree; drop them to continue it, or start a new run "
-            "with hydra.run.dir=…"
+            f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree; drop them to continue it, or start a "
+            "new run with hydra.run.dir=…"
         )
     # Exactly the keys given (logger.wandb.mode alone keeps the saved logger.wandb.project), or every changeable one.
     taken = set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}
@@ -136,8 +164,21 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         check_interpolations(merged)
     except UserError as e:
         raise UserError(f"{e} (in {Path(str(cfg.paths.output_dir)) / '.hydra' / 'config.yaml'})") from None
-    log.info("trainer.resume=auto: continuing with the run's saved config%s", f" and {sorted(taken)}" if taken else "")
+    # Said once preflight accepts the resume (`continuing`): a refused one appends nothing to the run's train.log.
+    _continuing[_key(cfg)] = f" and {sorted(taken)}" if taken else ""
     return merged
+
+
+def continuing(run_dir: Path) -> None:
+    """The line that a resume continues the run's saved config (what `continued_config` took for it), said
+    once the resume is accepted; nothing for a run that does not continue a saved config."""
+    taken = _continuing.pop(Path(run_dir).resolve(), None)
+    if taken is not None:
+        log.info("trainer.resume=auto: continuing with the run's saved config%s", taken)
+
+
+def _key(cfg: DictConfig) -> Path:
+    return Path(str(cfg.paths.output_dir)).resolve()
 
 
 def _given_keys(overrides: list[str]) -> set[str]:
@@ -165,6 +206,28 @@ def _flat(cfg: DictConfig) -> dict[str, object]:
 
 def _subtree(flat: dict, key: str) -> dict:
     return {k: v for k, v in flat.items() if k == key or k.startswith(key + ".")}
+
+
+def _same_choice(now: dict, before: dict, key: str) -> bool:
+    """Whether `key` is a group whose option (its `name`: method, teacher, precision) is the saved one."""
+    name = f"{key}.name"
+    return name in now and name in before and now[name] == before[name]
+
+
+def _differences(now: dict, before: dict, key: str) -> list[str]:
+    """`key=<now> (saved <before>)` for what differs under `key`: a leaf itself; a group chosen otherwise (its `name`
+    or `_target_` differs) as that choice (`method=kd (saved dmd)`); else each of its leaves that differs, not the
+    whole subtree (`method.fake_score=student (saved lora)`)."""
+    sub_now, sub_before = _subtree(now, key), _subtree(before, key)
+    if list(sub_now) in ([key], []) and list(sub_before) in ([key], []):
+        return [f"{key}={_show(now, key)} (saved {_show(before, key)})"]
+    for field in ("name", "_target_"):
+        leaf = f"{key}.{field}"
+        if (leaf in sub_now or leaf in sub_before) and sub_now.get(leaf) != sub_before.get(leaf):
+            return [f"{key}={_show(now, leaf)} (saved {_show(before, leaf)})"]
+    unset = object()
+    leaves = sorted(k for k in sub_now.keys() | sub_before.keys() if sub_now.get(k, unset) != sub_before.get(k, unset))
+    return [f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in leaves]
 
 
 def _show(flat: dict, key: str) -> str:

@@ -130,8 +130,9 @@ def _new_file(folder: Path, stem: str) -> Path:
 
 
 # What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
-# torchrun), the lock, and the config saved once the folder was claimed.
-_OURS_IF_REFUSED = {LOCK_FILE, ".hydra"}
+# torchrun), the lock, the config saved once the folder was claimed, and the student's pruning.json, written as
+# setup builds it (before a refusal there: a resumed checkpoint's networks that do not fit the method's).
+_OURS_IF_REFUSED = {LOCK_FILE, ".hydra", "pruning.json"}
 
 
 @contextlib.contextmanager

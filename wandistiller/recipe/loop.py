@@ -246,9 +246,11 @@ def default_method() -> Method:
 
 
 def training_state(run: Run) -> dict:
+    method = run.method if run.method is not None else default_method()
     # The method's other networks and their optimizers (dmd's fake score), where it trains any.
-    others = run.method.state_dict() if run.method is not None else {}
+    others = method.state_dict()
     return ({"method": others} if others else {}) | {
+        "method_identity": method.identity(),  # its name and settings: a resume under others is refused
         "student": run.student.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "lr_scheduler": run.lr_scheduler.state_dict(),

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from wandistiller.core import leftovers
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import in_run, run_folder
 from wandistiller.state import safestate
 
@@ -245,6 +245,17 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     )
 
 
+def resume_candidate(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint `resolve_resume` would pick, found without a word and without a refusal (None where it would
+    refuse or there is none): what a resume's checks read before the run folder is claimed. The resolution after
+    the claim says (and refuses) what it has to."""
+    with quieted(__name__, logging.CRITICAL):
+        try:
+            return resolve_resume(resume, run_dir)
+        except UserError:
+            return None
+
+
 def _newest_usable(run_dir: Path, key: str) -> Path | None:
     for path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
@@ -380,3 +391,55 @@ def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
     if why:
         raise UserError(f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "
                         f"{OTHER_TEACHER_FIX['resume']}")  # fmt: skip
+
+
+# -- the method a checkpoint was trained with ---------------------------------------------------------------------
+def method_problem(recorded: dict | None, identity: dict) -> str | None:
+    """How this run's method (`identity`: `Method.identity()`, its name and the `method.<key>`s that change what it
+    trains) differs from the one a checkpoint `recorded`, in words; None if it is the same, or nothing was recorded
+    (a checkpoint of an earlier version)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("name"), str) or recorded == identity:
+        return None
+    name, now = recorded["name"], identity.get("name")
+    settings = ", ".join(f"method.{k}={v!s:.100}" for k, v in recorded.items() if k != "name" and v is not None)
+    trained = f"method={name:.100}" + (f" ({settings})" if settings else "")
+    if name != now:
+        return f"was trained with {trained}, and this run's is method={now}"
+    differ = [k for k in identity if k != "name" and identity.get(k) != recorded.get(k)]
+    differ += [k for k in recorded if k not in identity]
+    shown = ", ".join(f"method.{k}={identity.get(k)}" for k in differ)
+    return f"was trained with {trained}, and this run sets {shown}"
+
+
+def recorded_method(checkpoint: Path) -> dict | None:
+    """The method a checkpoint records it was trained with (`Method.identity()`), or None: none recorded (an
+    earlier version's), or a state that cannot be read (`problem` refuses that one)."""
+    try:  # as written (a setting that is a tuple comes back one)
+        recorded = safestate.decode(_read_state(Path(checkpoint)).get("method_identity"), {})
+    except (OSError, ValueError, AttributeError, TypeError, UserError):
+        return None
+    return recorded if isinstance(recorded, dict) and isinstance(recorded.get("name"), str) else None
+
+
+def check_method(checkpoint: Path | None, identity: dict, resume: str | None) -> None:
+    """A resume refuses, in one line, a method other than the one its checkpoint was trained with (another name,
+    or other settings of the keys its class names): its other networks would be dropped, or would not load."""
+    if checkpoint is None:
+        return
+    why = method_problem(recorded_method(checkpoint), identity)
+    if why:
+        named = "" if resume and Path(resume).expanduser() == Path(checkpoint) else f" {checkpoint}"
+        raise UserError(f"trainer.resume={resume}: the checkpoint{named} {why}; resume with those, or start a new "
+                        f"run folder{_student_of(Path(checkpoint))}")  # fmt: skip
+
+
+def _student_of(checkpoint: Path) -> str:
+    """How a new run starts from a checkpoint's student: its run's final student, or that checkpoint exported
+    (where it lies in a run folder under a name the export takes); nothing where neither is at hand."""
+    run = checkpoint.parent.parent
+    if (run / "student" / "config.json").is_file():
+        return f" from its student (student.init={run / 'student'})"
+    if not (run / ".hydra" / "config.yaml").is_file() or not re.fullmatch(r"step_\d+|best", checkpoint.name):
+        return ""
+    return (f" from its student (python -m wandistiller.pipeline {run} --checkpoint {checkpoint.name} --out DIR "
+            f"exports it; then student.init=DIR/transformer)")  # fmt: skip

@@ -119,14 +119,19 @@ def test_dmd_trains_the_student_and_its_fake_score_with_the_regression_term(make
         "module", "optimizer", "scaler"}  # fmt: skip
 
 
-@pytest.mark.parametrize("fake_score", ["student", "lora"])
-def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path, fake_score):
+@pytest.mark.parametrize(
+    "fake_score,recorded", [("student", True), ("lora", True), ("student", False)], ids=["student", "lora", "older"]
+)
+def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path, fake_score, recorded):
+    """`older`: a checkpoint of before the method was recorded in it resumes as it did."""
     common = [*FAST, f"method.fake_score={fake_score}", "trainer.max_steps=4", "trainer.checkpoint_every=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(make_cfg(*common, run_dir=straight))
     run(make_cfg(*common, "trainer.max_steps=2", run_dir=resumed))
     for leftover in ("student", "metrics.json"):
         shutil.rmtree(resumed / leftover) if (resumed / leftover).is_dir() else (resumed / leftover).unlink()
+    if not recorded:
+        _forget_the_method(resumed / "checkpoints" / "step_00000002")
     run(make_cfg(*common, "trainer.resume=auto", run_dir=resumed))
     keys = ("loss", "loss_dmd", "loss_fake_score", "grad_norm")
     assert [[r[k] for k in keys] for r in metrics_steps(resumed)] == [[r[k] for k in keys] for r in
@@ -140,6 +145,107 @@ def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp
         assert torch.equal(value, fake_b["module"][key]), key
     state_a, state_b = fake_a["optimizer"]["state"], fake_b["optimizer"]["state"]
     assert all(torch.equal(state_a[i]["exp_avg"], state_b[i]["exp_avg"]) for i in state_a)
+
+
+def _forget_the_method(step) -> None:
+    """The checkpoint as one written before checkpoints recorded their method."""
+    state = json.loads((step / "state.json").read_text())
+    assert state.pop("method_identity") == {"name": "dmd", "steps": 2, "fake_score": state_fake_score(state)}
+    (step / "state.json").write_text(json.dumps(state))
+
+
+def state_fake_score(state: dict) -> str:
+    module = state["method"]["fake_score"]["module"]
+    return "lora" if all(k.startswith("adapters.") for k in module) else "student"
+
+
+@pytest.fixture(scope="module")
+def dmd_run(tmp_path_factory, cache_dir, tiny_path):
+    """A dmd run of 2 steps (method.steps=2, the student fake score), a checkpoint at step 2: resumed below."""
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONF
+
+    folder = tmp_path_factory.mktemp("dmd_run") / "run"
+    overrides = [f"paths.cache_dir={cache_dir}", f"paths.output_dir={folder}", "logger=none", "precision=fp32",
+                 "trainer.progress_bar=false", "hooks=[monitor,progress]", "hooks.monitor.val_every=0",
+                 *FAST, "trainer.max_steps=2", "trainer.checkpoint_every=2"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        run(compose("train", overrides=overrides))
+    return folder
+
+
+def _listing(folder) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
+OTHER_METHODS = {  # another method, or dmd with another K or fake score: what this run says of itself
+    "lora": ([*FAST, "method.fake_score=lora"], "this run sets method.fake_score=lora, method.lora_rank=16"),
+    "teacher": ([*FAST, "method.fake_score=teacher"], "this run sets method.fake_score=teacher"),
+    "steps": (["method=dmd", "method.steps=1", "trainer.batch_size=2"], "this run sets method.steps=1"),
+    "trajectory": (["method=trajectory", "method.steps=2"], "this run's is method=trajectory"),
+    "kd": ([], "this run's is method=kd"),
+}
+
+
+@pytest.mark.parametrize("other", list(OTHER_METHODS))
+def test_a_checkpoint_resumed_with_another_method_is_refused_in_one_line_before_anything_is_claimed(
+    make_cfg, tmp_path, dmd_run, other
+):
+    overrides, this_run = OTHER_METHODS[other]
+    step, before = dmd_run / "checkpoints" / "step_00000002", _listing(dmd_run)
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*overrides, "trainer.max_steps=4", f"trainer.resume={step}", run_dir=tmp_path / "new"))
+    assert str(e.value) == (
+        f"trainer.resume={step}: the checkpoint was trained with method=dmd (method.steps=2, method.fake_score="
+        f"student), and {this_run}; resume with those, or start a new run folder from its student (student.init="
+        f"{dmd_run / 'student'})"
+    )
+    assert not (tmp_path / "new").exists() and _listing(dmd_run) == before  # nothing claimed, nothing touched
+
+
+def test_an_older_checkpoint_whose_networks_do_not_fit_the_method_is_one_line(make_cfg, tmp_path, dmd_run):
+    """Without the record, the networks are checked as they load: never a traceback, never dropped."""
+    older = tmp_path / "older"
+    shutil.copytree(dmd_run, older)
+    _forget_the_method(older / "checkpoints" / "step_00000002")
+    resume = [f"trainer.resume={older / 'checkpoints' / 'step_00000002'}", "trainer.max_steps=3"]
+    with refused("trainer.resume: the checkpoint's fake_score does not fit method=dmd's (RuntimeError: Error(s) in "
+                 "loading state_dict for LoraFakeScore); resume with the method (and method.* settings) it was "
+                 "trained with, or start a new run folder"):  # fmt: skip
+        run(make_cfg(*FAST, "method.fake_score=lora", *resume, run_dir=tmp_path / "lora"))
+    with refused("trainer.resume: the checkpoint holds fake_score, and method=kd trains none beside the student (it "
+                 "was trained with another method)"):  # fmt: skip
+        run(make_cfg(*resume, run_dir=tmp_path / "kd"))
+
+
+def test_the_cli_refuses_a_checkpoint_of_another_fake_score_with_one_line_and_claims_nothing(
+    tmp_path, cache_dir, dmd_run
+):
+    step, before = dmd_run / "checkpoints" / "step_00000002", _listing(dmd_run)
+    folder = tmp_path / "new"
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", *CLI, "method.fake_score=lora",
+                     f"trainer.resume={step}")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().startswith(f"error: trainer.resume={step}: the checkpoint was trained with "
+                                            "method=dmd (method.steps=2, method.fake_score=student), and this run "
+                                            "sets method.fake_score=lora")  # fmt: skip
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not folder.exists() and _listing(dmd_run) == before
+
+
+@pytest.mark.slow  # a fresh process (~5 s); the line's order in-process: tests/job/test_resumed.py
+def test_the_cli_refuses_a_resume_of_a_dmd_run_without_a_word_in_its_log(tmp_path, cache_dir, dmd_run):
+    folder = tmp_path / "run"
+    shutil.copytree(dmd_run, folder)
+    (folder / "train.log").write_text("the first run's log\n")  # what Hydra wrote there (in-process runs write none)
+    before = _listing(folder)
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "trainer.resume=auto",
+                     "trainer.teacher_whole_step=true")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().startswith("error: trainer.teacher_whole_step=true rebuilds a step's inputs")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (folder / "train.log").read_text() == "the first run's log\n" and _listing(folder) == before
 
 
 def test_a_teacher_shaped_fake_score_trains_where_the_whole_teacher_is_on_the_training_device(make_cfg, tmp_path):

@@ -6,6 +6,9 @@ keys (`method.steps`, ...) are its constructor's, checked as it is built (prefli
 folder). It declares
 
     name               its `method=` value (saved in the run's config as `method.name`)
+    identity_keys      its `method.<key>`s that change what it trains or the networks it trains (K, dmd's fake
+                       score): with `name`, its `identity()`, recorded in each checkpoint; a resume under another
+                       identity is refused before the run folder is claimed (state/checkpoint.py's `check_method`)
     steps              K of a few-step student (`method.steps`; None: the student samples as the teacher does)
     teacher_in_loop    whether training calls the teacher (a dedicated teacher owner serves targets only then)
     student_inputs     whether it calls the teacher at inputs the student makes (a served teacher then receives
@@ -64,6 +67,7 @@ class Network:
 
 class Method:
     name: ClassVar[str]
+    identity_keys: ClassVar[tuple[str, ...]] = ("steps",)
     teacher_in_loop: ClassVar[bool] = True
     student_inputs: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = True
@@ -77,6 +81,11 @@ class Method:
         self.steps = steps
         self.networks: dict[str, Network] = {}
 
+    def identity(self) -> dict:
+        """What a checkpoint of this method records of it: `name` and each of `identity_keys` (`method.<key>`) as
+        this method was built with it (an attribute of that name). A resume must match it."""
+        return {"name": self.name} | {key: getattr(self, key) for key in self.identity_keys}
+
     def passes(self, micro_batches: int, whole_step: bool) -> Passes:
         """What one training step runs, in passes of each network (the planner's step time): kd's by default, one
         teacher call per micro-batch (or one per step under trainer.teacher_whole_step) and the student's."""
@@ -89,8 +98,11 @@ class Method:
     def prepare(self, ctx, teacher, embeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
         """What the method samples from the teacher once, before the student (every rank calls it)."""
 
-    def bind(self, ctx, student: torch.nn.Module, trainer_cfg, state: dict | None, group) -> None:  # noqa: B027
-        """The networks it trains beside the student, built and (resuming) restored from `state["method"]`."""
+    def bind(self, ctx, student: torch.nn.Module, trainer_cfg, state: dict | None, group) -> None:
+        """The networks it trains beside the student, built and (resuming) restored from `state["method"]`. Most
+        train none: a checkpoint that holds networks (another method's) is refused, never dropped."""
+        if state is not None:
+            self.load_state_dict(state.get("method"))
 
     def other_updates(self, run: Run, step: int) -> dict[str, torch.Tensor]:
         """The updates of its other networks in one training step (before the student's): their logged parts."""
@@ -104,15 +116,22 @@ class Method:
         return {name: network.state_dict() for name, network in self.networks.items()}
 
     def load_state_dict(self, state: dict | None) -> None:
-        if not self.networks:
-            return
-        if not state or set(state) != set(self.networks):
-            raise UserError(
-                f"trainer.resume: the checkpoint holds no {', '.join(self.networks)} of method={self.name} (it was "
-                f"trained with another method); resume with the method it was trained with, or start a new run folder"
-            )
+        """Its networks' states from a checkpoint's `method` entry; one that does not fit (another method's, or
+        one trained with other settings: a checkpoint too old to record the method) is one UserError line."""
+        fix = "resume with the method (and method.* settings) it was trained with, or start a new run folder"
+        state = state or {}
+        if set(state) != set(self.networks):
+            held = f"holds {', '.join(sorted(state))}" if state else "holds no network beside the student"
+            trains = ", ".join(self.networks) or "none beside the student"
+            raise UserError(f"trainer.resume: the checkpoint {held}, and method={self.name} trains {trains} (it was "
+                            f"trained with another method); {fix}")  # fmt: skip
         for name, network in self.networks.items():
-            network.load_state_dict(state[name])
+            try:
+                network.load_state_dict(state[name])
+            except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+                first = str(e).strip().splitlines()[0][:200].rstrip(":") if str(e).strip() else type(e).__name__
+                raise UserError(f"trainer.resume: the checkpoint's {name} does not fit method={self.name}'s "
+                                f"({type(e).__name__}: {first}); {fix}") from None  # fmt: skip
 
 
 def steps_within(steps: int, teacher_steps: int) -> int:

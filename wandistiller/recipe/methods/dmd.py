@@ -73,6 +73,7 @@ class DMD(Method):
     """The student against the teacher's score and an online fake score of its own samples."""
 
     name = "dmd"
+    identity_keys = ("steps", "fake_score", "lora_rank")  # K, and the fake score a checkpoint holds
     student_inputs = True
     uses_loss = False
     reads_x0 = False  # it generates its own samples; the data gives its prompts
@@ -93,6 +94,11 @@ class DMD(Method):
         self.regression_weight = regression_weight
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
+
+    def identity(self) -> dict:
+        """K and the fake score; its adapters' rank only where it is a LoRA one (otherwise nothing has that rank)."""
+        mine = super().identity()
+        return mine if self.fake_score == "lora" else {k: v for k, v in mine.items() if k != "lora_rank"}
 
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:
         if self.fake_score == "student":
