@@ -84,19 +84,6 @@ def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") 
     return [h.baseFilename for h in files]
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above zero (a step count, a limit)."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
-    return value
-
-
 def whole_number(text: str, option: str, least: int | None = 1, example: int = 4) -> int:
     """A command-line count (steps, a limit, a seed), read after argparse: a whole number of `least` or more
     (None: any), else one `error:` line naming the option and the fix (exit 2, no usage block)."""
