@@ -37,13 +37,18 @@ def test_the_eval_cli_adds_its_numbers_to_a_runs_csv_and_tensorboard_loggers_too
     assert "logged to the run's loggers: tensorboard, csv" in capsys.readouterr().out
     eval_cli.main([str(folder), "--checkpoint", "step_1", "--steps", "2", "--limit", "1"])
     rows = list(csv.DictReader((folder / "metrics.csv").read_text().splitlines()))
-    assert rows[0]["step"] == "1" and rows[0]["loss"] and float(rows[-1]["eval/psnr"]) > 0  # the run's rows kept
+    # Keyed by its settings as its file is (not eval's own 20 steps and 8 prompts): no curve mixes two settings.
+    key = "eval_steps2_limit1/psnr"
+    assert rows[0]["step"] == "1" and rows[0]["loss"] and float(rows[-1][key]) > 0  # the run's rows kept
     # Each evaluation at the step of the student it evaluated: the final one's (the run's last), then step_1's.
-    assert [row["step"] for row in rows if row["eval/psnr"]] == ["2", "1"]
+    assert [row["step"] for row in rows if row[key]] == ["2", "1"]
     events = EventAccumulator(str(folder / "tensorboard"))
     events.Reload()
-    assert "eval/psnr" in events.Tags()["scalars"] and "loss" in events.Tags()["scalars"]
-    assert sorted(event.step for event in events.Scalars("eval/psnr")) == [1, 2]
+    assert key in events.Tags()["scalars"] and "loss" in events.Tags()["scalars"]
+    assert sorted(event.step for event in events.Scalars(key)) == [1, 2]
+    assert "eval/psnr" not in events.Tags()["scalars"]  # the run's own evaluation's key, which it never ran
+    # The run's own summary (its metrics.json's), once: neither evaluation was the run's own, so neither replaced it.
+    assert len(events.Tensors("summary/text_summary")) == 1
 
 
 @pytest.mark.parametrize("case", ["not a run", "no student yet"])
@@ -67,14 +72,21 @@ def clis(request, tmp_path_factory):
     return fresh_runs(request, {
         "help": (test, command_line("--help", module="wandistiller.eval")),
         "bad": (test, command_line(empty, "--prompt", "x", module="wandistiller.generate")),
+        "bad_steps": (test, command_line(empty, "--prompt", "x", "--student-steps", "0",
+                                         module="wandistiller.generate")),
     })  # fmt: skip
 
 
 def test_the_cli_has_help_and_no_traceback(clis):
     help_ = clis["help"].result()
     assert help_.returncode == 0 and "--checkpoint" in help_.stdout
+    assert "(the library: wandistiller/evaluation/)." in " ".join(help_.stdout.split())  # its description whole
     bad = clis["bad"].result()
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+    steps = clis["bad_steps"].result()  # a value refused before the run folder is read: one line, no usage block
+    assert steps.returncode == 2 and steps.stderr == (
+        "error: --student-steps 0 is not 1 or more; give a whole number of 1 or more, e.g. --student-steps 4\n"
+    )
 
 
 def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tmp_path, capsys):
@@ -82,7 +94,7 @@ def test_a_checkpoint_of_another_student_shape_is_one_line_for_eval(make_cfg, tm
     run(make_cfg("trainer.max_steps=1", "student=quarter", run_dir=other))  # cut narrower: another shape
     run(make_cfg("trainer.max_steps=1", "trainer.loss.hidden_kd_weight=0.5", run_dir=mine))  # + a projection
     eval_cli.main([str(mine), "--checkpoint", "step_1", "--steps", "1", "--limit", "1"])  # its student alone
-    assert (mine / "eval_step_00000001.json").is_file()
+    assert (mine / "eval_step_00000001_steps1_limit1.json").is_file()  # its checkpoint and settings in the name
     shutil.copytree(other / "checkpoints" / "step_00000001", mine / "checkpoints" / "step_00000009")
     with pytest.raises(SystemExit) as e:
         eval_cli.main([str(mine), "--checkpoint", "step_9", "--steps", "1", "--limit", "1"])
@@ -109,4 +121,4 @@ def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, b
         eval_cli.main([str(finished), f"--student-steps={bad}", "--limit", "1"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: --student-steps") and err.count("\n") == 1, err
-    assert not (finished / "eval.json").exists()
+    assert not list(finished.glob("eval*"))

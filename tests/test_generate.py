@@ -17,7 +17,8 @@ def test_generate_writes_student_and_teacher_pngs(run_dir, tmp_path):
     args = generate_cli.parse_args([str(run_dir / "student"), "--prompt", "a red fox", "--steps", "2", "--teacher"])
     args.out = str(tmp_path / "out")
     paths = generate_cli.run_generate(args)
-    assert [p.name for p in paths] == ["a-red-fox_seed0_student.png", "a-red-fox_seed0_teacher.png"]
+    # --steps 2, not the default 20: a KD student and the teacher drew them at 2, and their names say so
+    assert [p.name for p in paths] == ["a-red-fox_seed0_student2.png", "a-red-fox_seed0_teacher2.png"]
     assert all(Image.open(p).size == (64, 64) for p in paths)
 
 
@@ -46,6 +47,7 @@ def test_a_student_folder_outside_a_run_folder_is_refused_in_one_line(tmp_path):
 def test_prompts_repeat_and_the_defaults_are_twenty_steps_seed_0_and_the_runs_own_folder():
     args = generate_cli.parse_args(["run", "--prompt", "a fox", "--prompt", "a cat"])
     assert args.prompt == ["a fox", "a cat"] and (args.steps, args.seed, args.out, args.teacher) == (20, 0, None, False)
+    assert args.student_steps is None and generate_cli.parse_args(["run", "--prompt", "x", "--seed", "-3"]).seed == -3
 
 
 def test_generate_into_a_received_run_never_writes_through_a_link_and_refuses_another_teacher(finished, tmp_path):
@@ -58,10 +60,10 @@ def test_generate_into_a_received_run_never_writes_through_a_link_and_refuses_an
     folder = tmp_path / "received"
     shutil.copytree(finished, folder)  # a legitimate run moved to another machine: it generates
     (folder / "generated").mkdir()
-    (folder / "generated" / "a-fox_seed0_student.png").symlink_to(mine)
+    (folder / "generated" / "a-fox_seed0_student1.png").symlink_to(mine)
     args = generate_cli.parse_args([str(folder), "--prompt", "a fox", "--steps", "1"])
     [path] = generate_cli.run_generate(args)
-    assert path == folder / "generated" / "a-fox_seed0_student.png" and not path.is_symlink()
+    assert path == folder / "generated" / "a-fox_seed0_student1.png" and not path.is_symlink()
     assert Image.open(path).size == (64, 64) and untouched(mine)
     shutil.rmtree(folder / "generated")
     (folder / "generated").symlink_to(mine.parent)
@@ -86,3 +88,25 @@ def test_generate_samples_a_few_step_student_at_its_k_unless_told(finished, tmp_
         [paths[tuple(extra)]] = generate_cli.run_generate(args)
     own, two, one = (p.read_bytes() for p in paths.values())
     assert own == two != one  # its K (2) by default, not --steps' 20
+
+
+def test_images_drawn_otherwise_get_their_own_names_and_the_default_keeps_its_own(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    folder = few_step_copy(finished, tmp_path, 2, method="dmd")
+    out = folder / "generated"
+    names = {}
+    for extra in ([], ["--student-steps", "2"], ["--student-steps", "1"], ["--checkpoint", "step_1"],
+                  ["--dtype", "bf16"], ["--teacher", "--steps", "3"]):  # fmt: skip
+        args = generate_cli.parse_args([str(folder), "--prompt", "a fox", *extra])
+        names[" ".join(extra)] = [p.name for p in generate_cli.run_generate(args)]
+    assert names == {
+        "": ["a-fox_seed0_student.png"],  # its own K, as always
+        "--student-steps 2": ["a-fox_seed0_student.png"],  # its K asked for: the same image
+        "--student-steps 1": ["a-fox_seed0_student1.png"],  # not over the one drawn at K
+        "--checkpoint step_1": ["a-fox_seed0_student_step_00000001.png"],
+        "--dtype bf16": ["a-fox_seed0_student_bf16.png"],  # the run's is fp32
+        "--teacher --steps 3": ["a-fox_seed0_student.png", "a-fox_seed0_teacher3.png"],  # --steps: the teacher's
+    }
+    assert len({p.read_bytes() for p in out.iterdir()}) == 5  # five images, none written over another
+    assert generate_cli.drawn_by("teacher", 20, 20) == "teacher"  # a KD student and the teacher at --steps 20

@@ -6,9 +6,10 @@ scheduler at --steps; the student alone without CFG at its own steps (a few-step
 few-step scheduler, a KD student at --steps with the teacher's), or at each of --student-steps 1,2,4. Per prompt
 and on average: latent MSE, PSNR and SSIM of the decoded images against the teacher's (torchmetrics), each one's
 seconds and network calls per image, and quality (prompt accuracy, FID/KID, intra-prompt diversity). Writes one
-result per student evaluated into the run folder, so no evaluation overwrites another: `eval.json` and
-`eval.png` (teacher | student) for the final student (what metrics.json's `eval_*` figures come from),
-`eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint.
+result per student and settings into the run folder, so no evaluation overwrites another: `eval.json` and
+`eval.png` (teacher | student) for the final student at the run's own evaluation settings (what metrics.json's
+`eval_*` figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint, and each
+setting that differs from the run's own in the name: `eval_student1.json`, `eval_steps20_limit1.json`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ import argparse
 import logging
 from pathlib import Path
 
-from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
-from wandistiller.evaluation.evaluate import evaluate
+from wandistiller.core.errors import (
+    OneLineParser,
+    UserError,
+    counted,
+    description,
+    exit_on_user_error,
+    internal_errors_reported,
+    whole_number,
+)
+from wandistiller.evaluation.evaluate import DEFAULTS, evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import Trust, add_trust_args
@@ -27,24 +36,31 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m wandistiller.eval", description=__doc__.splitlines()[0])
+    """The command line; a count that is not a whole number of 1 or more is one `error:` line (UserError)."""
+    parser = OneLineParser(prog="python -m wandistiller.eval", description=description(__doc__))
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
     parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
-    parser.add_argument("--steps", type=positive_int, default=20, help="the teacher's sampling steps, and a KD "
-                        "student's (default 20)")  # fmt: skip
+    parser.add_argument("--steps", metavar="N", default=str(DEFAULTS["steps"]), help="the teacher's sampling "
+                        f"steps, and a KD student's (default {DEFAULTS['steps']})")  # fmt: skip
     parser.add_argument("--student-steps", metavar="N[,N...]", help="the student's steps, one result each (e.g. "
                         "1,2,4; default: a few-step student's own K, a KD student --steps)")  # fmt: skip
-    parser.add_argument("--limit", type=positive_int, default=8, help="at most this many prompts (default 8)")
-    parser.add_argument("--per-prompt", type=positive_int, default=1, help="images per prompt, each from its own "
-                        "noise (default 1; FID/KID need 65 images or more in all)")  # fmt: skip
+    parser.add_argument("--limit", metavar="N", default=str(DEFAULTS["limit"]), help="at most this many prompts "
+                        f"(default {DEFAULTS['limit']})")  # fmt: skip
+    parser.add_argument("--per-prompt", metavar="N", default=str(DEFAULTS["per_prompt"]), help="images per prompt, "
+                        "each from its own noise (default 1; FID/KID need 65 images or more in all)")  # fmt: skip
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
     add_trust_args(parser, wandb=True)
     parser.add_argument("--allow-data", action="store_true", help="read an image run's captions from its saved "
                         "data.root/data.dataset outside the run folder (only for run folders you trust)")  # fmt: skip
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.steps = whole_number(str(args.steps), "--steps", example=20)
+    args.limit = whole_number(str(args.limit), "--limit", example=8)
+    args.per_prompt = whole_number(str(args.per_prompt), "--per-prompt", example=2)
+    args.student_counts = step_counts(args.student_steps)
+    return args
 
 
 ON_STOP = "eval.json is written only at the end, so nothing was; run it again"  # what a SIGTERM or Ctrl-C leaves
@@ -68,22 +84,23 @@ def step_counts(text: str | None) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with (
         internal_errors_reported(),
         exit_on_user_error(),
         stop_at_once(ON_STOP),
     ):
-        trust, counts = Trust.from_args(args), step_counts(args.student_steps)
+        args = parse_args(argv)
+        trust, counts = Trust.from_args(args), args.student_counts
         result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None,
                           args.clip_model, args.fid_reference, trust, args.per_prompt, counts)  # fmt: skip
         for one in result["results"].values():
             m = one["mean"]
             print(
-                f"student at {one['student_steps']} steps: latent MSE {m['latent_mse']:.4g}  PSNR {m['psnr']:.2f} dB  "
-                f"SSIM {m['ssim']:.3f}  student {m['student_s']:.3f} s/img ({m['student_calls_per_image']} calls)  "
-                f"teacher {m['teacher_s']:.3f} s/img ({m['teacher_calls_per_image']} calls)  ({m['speedup']:.1f}x)"
+                f"student at {counted(one['student_steps'], 'step')}: latent MSE {m['latent_mse']:.4g}  PSNR "
+                f"{m['psnr']:.2f} dB  SSIM {m['ssim']:.3f}  student {m['student_s']:.3f} s/img "
+                f"({counted(m['student_calls_per_image'], 'call')})  teacher {m['teacher_s']:.3f} s/img "
+                f"({counted(m['teacher_calls_per_image'], 'call')})  ({m['speedup']:.1f}x)"
             )
             quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_", "diversity"))
                        and not k.endswith(("_s", "_calls_per_image"))}  # fmt: skip

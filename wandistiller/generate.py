@@ -3,7 +3,10 @@
 The student samples through diffusers' WanPipeline in the teacher's place, with the teacher's text encoder and
 VAE, without CFG, at its own steps: a KD student with the teacher's scheduler at --steps, a few-step student with
 its few-step scheduler at its K (--student-steps N: another count); `--teacher` writes the teacher's image (its
-CFG and scheduler at --steps) from the same noise beside it.
+CFG and scheduler at --steps) from the same noise beside it. Each image is named by its prompt, seed and who drew
+it, with every setting that changes it and is not the default (`image_name`): `a-fox_seed0_student.png` at the
+student's own steps, `a-fox_seed0_student1.png` at 1, `a-fox_seed0_student_best.png` for a checkpoint,
+`a-fox_seed0_teacher4.png` at --steps 4, so no image overwrites one drawn otherwise.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, positive_int
+from wandistiller.core.errors import (
+    OneLineParser,
+    UserError,
+    description,
+    exit_on_user_error,
+    internal_errors_reported,
+    whole_number,
+)
 from wandistiller.core.files import folder_problem, in_run, write_in_run
-from wandistiller.core.precision import to_dtype
+from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import (
@@ -57,9 +67,27 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
         image = Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
         # written whole: a link in its place (a received run's generated/x.png -> a file of yours) is replaced
-        name = f"{slug}_seed{seed}_{who}.png"
+        name = image_name(slug, seed, who)
         paths.append(write_in_run(out, name, write=lambda f, im=image: im.save(f, format="png")))
     return paths
+
+
+STEPS = 20  # --steps unasked: the teacher's, and a KD student's
+
+
+def image_name(slug: str, seed: int, who: str) -> str:
+    """`<prompt slug>_seed<seed>_<who>.png`; `who` is `drawn_by`'s."""
+    return f"{slug}_seed{seed}_{who}.png"
+
+
+def drawn_by(who: str, steps: int, own_steps: int, source: Path | None = None, dtype: str | None = None) -> str:
+    """Who drew an image and how, where it is not the default: `student` at its own steps (a few-step student's
+    K, a KD student's --steps 20), else `student1`; a checkpoint's `_best`/`_step_XXXXXXXX`; a --dtype other
+    than the run's `_bf16`. The final student at its own steps keeps the name it always had."""
+    name = who + (str(steps) if steps != own_steps else "")
+    if source is not None and source.name != "student":
+        name += f"_{source.name}"
+    return name + (f"_{dtype}" if dtype else "")
 
 
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
@@ -81,24 +109,31 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     student = as_sampler(run.spec, load_student(run, source, device), device)
     trained = run.trained_steps
     steps = args.student_steps or trained or args.steps  # its own K, unless told otherwise
+    # --dtype named only where it is not the run's: the default's images keep their names
+    other = ({v: k for k, v in DTYPES.items()}[dtype] if DTYPES.get(str(run.cfg.precision.teacher_dtype)) != dtype
+             else None)  # fmt: skip
     latents, _ = generate(student, emb, idx, args.seed, steps, run.latent_shape,
                           scheduler=student_scheduler(run.spec, trained, steps))  # fmt: skip
-    paths = write_images(latents, vae, args.prompt, out, "student", args.seed)
+    paths = write_images(latents, vae, args.prompt, out, drawn_by("student", steps, trained or STEPS, source, other),
+                         args.seed)  # fmt: skip
     if args.teacher:
         latents, _ = generate(load_teacher(run, device, dtype), emb, idx, args.seed, args.steps, run.latent_shape)
-        paths += write_images(latents, vae, args.prompt, out, "teacher", args.seed)
+        paths += write_images(latents, vae, args.prompt, out, drawn_by("teacher", args.steps, STEPS, None, other),
+                              args.seed)  # fmt: skip
     return paths
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m wandistiller.generate", description=__doc__.splitlines()[0])
+    """The command line; a step count that is not a whole number of 1 or more (or a seed that is no whole number)
+    is one `error:` line (UserError), as every refusal of argparse's is (OneLineParser)."""
+    parser = OneLineParser(prog="python -m wandistiller.generate", description=description(__doc__))
     parser.add_argument("path", help="a run folder, or its saved student folder (<run>/student)")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    parser.add_argument("--steps", type=positive_int, default=20, help="sampling steps of a KD student and the "
-                        "teacher (default 20)")  # fmt: skip
-    parser.add_argument("--student-steps", type=positive_int, help="the student's steps (default: a few-step "
+    parser.add_argument("--steps", metavar="N", default=str(STEPS), help="sampling steps of a KD student and the "
+                        f"teacher (default {STEPS})")  # fmt: skip
+    parser.add_argument("--student-steps", metavar="N", help="the student's steps (default: a few-step "
                         "student's own K, a KD student --steps)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--seed", metavar="N", default="0", help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
     parser.add_argument("--out", help="output folder (default <run>/generated)")
@@ -106,20 +141,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", choices=["fp32", "bf16", "fp16"], help="teacher/text-encoder dtype (default: the run's)"
     )
     add_trust_args(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.steps = whole_number(str(args.steps), "--steps", example=STEPS)
+    if args.student_steps is not None:
+        args.student_steps = whole_number(str(args.student_steps), "--student-steps")
+    args.seed = whole_number(str(args.seed), "--seed", least=None, example=0)
+    return args
 
 
 ON_STOP = "images already written are kept; run it again for the rest"  # what a SIGTERM or Ctrl-C leaves
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with (
         internal_errors_reported(),
         exit_on_user_error(),
         stop_at_once(ON_STOP),
     ):
+        args = parse_args(argv)
         for path in run_generate(args):
             print(path)
 

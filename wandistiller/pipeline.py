@@ -21,7 +21,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported
+from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
 from wandistiller.core.files import in_run
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
@@ -116,7 +116,7 @@ def _build(run, tmp: Path, student) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m wandistiller.pipeline", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m wandistiller.pipeline", description=description(__doc__))
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--out", required=True, help="a new folder: what push_to_hub would upload")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")

@@ -64,15 +64,53 @@ def test_under_torchrun_a_refusal_is_one_line_from_rank_0_and_leaves_no_folder(t
     assert not run_dir.exists()
 
 
+BAD_COUNTS = [
+    ("--steps", "0", "0 is not 1 or more"),
+    ("--steps", "-1", "-1 is not 1 or more"),
+    ("--student-steps", "0", "0 is not 1 or more"),
+    ("--student-steps", "a", "'a' is not a whole number"),
+    ("--student-steps", "1,,2", "is not a whole number"),
+    ("--student-steps", "-1", "is not 1 or more"),
+]
+
+
 @pytest.mark.parametrize("tool", ["eval", "generate"])
-def test_tools_refuse_zero_or_negative_steps_in_their_usage_line(tool, capsys):
+@pytest.mark.parametrize("option, value, why", BAD_COUNTS)
+def test_tools_refuse_a_bad_count_in_one_line_without_the_usage_block(tool, option, value, why, tmp_path, capsys):
     import importlib
 
     module = importlib.import_module(f"wandistiller.{tool}")
-    argv = ["run", "--steps", "0"] + (["--prompt", "a fox"] if tool == "generate" else [])
+    argv = [str(tmp_path), f"{option}={value}"] + (["--prompt", "a fox"] if tool == "generate" else [])
     with pytest.raises(SystemExit) as e:
-        module.parse_args(argv)
-    assert e.value.code == 2 and "--steps: 0 must be 1 or more" in capsys.readouterr().err
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {option}") and why in err and err.count("\n") == 1, err
+    assert "usage:" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [["run", "--steps", "2", "--nope"], ["run", "--prompt", "x", "--dtype", "fp8"], []])
+def test_what_argparse_refuses_is_one_line_naming_the_help_too(argv, capsys):
+    from wandistiller import generate
+
+    with pytest.raises(SystemExit) as e:
+        generate.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert err.endswith("; python -m wandistiller.generate --help lists the options\n") and "usage:" not in err
+
+
+@pytest.mark.parametrize("module", ["eval", "generate", "pipeline", "quality.__main__", "pocket.build"])
+def test_every_clis_help_has_its_whole_first_paragraph(module, capsys):
+    import importlib
+
+    from wandistiller.core.errors import description
+
+    cli = importlib.import_module(f"wandistiller.{module}")
+    whole = description(cli.__doc__)
+    assert whole.endswith(".") and "\n" not in whole, whole  # a sentence to its end, not one line of it
+    with pytest.raises(SystemExit) as e:
+        (cli.parse_args if hasattr(cli, "parse_args") else cli.main)(["--help"])
+    assert e.value.code == 0 and whole in " ".join(capsys.readouterr().out.split())
 
 
 def test_parameter_counts_carry_units():

@@ -8,6 +8,7 @@ import math
 import shutil
 
 import pytest
+import torch
 import yaml
 from PIL import Image
 
@@ -26,39 +27,43 @@ from wandistiller.train import run
 POCKET = ROOT / "wandistiller" / "assets" / "pocket" / "pocket-wan-t2v"
 
 
-def test_eval_writes_eval_json_and_a_grid(run_dir, caplog):
+def test_eval_writes_its_json_and_a_grid_named_by_its_settings(run_dir, caplog):
     with caplog.at_level("INFO", logger="wandistiller"):
         result = evaluate(run_dir, steps=3, limit=2)
     progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
     assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
-    written = json.loads((run_dir / "eval.json").read_text())
+    # not eval's defaults (20 steps, 8 prompts), which a run without an end-of-run evaluation has as its own
+    assert result["files"] == ["eval_steps3_limit2.json", "eval_steps3_limit2.png"]
+    assert result["variant"] == ["steps3", "limit2"] and not (run_dir / "eval.json").exists()
+    written = json.loads((run_dir / "eval_steps3_limit2.json").read_text())
     assert written == result and len(result["prompts"]) == 2
     for row in result["prompts"]:
         assert set(row) == {"prompt", "latent_mse", "psnr", "ssim", "student_s", "teacher_s"}
         assert row["latent_mse"] > 0 and math.isfinite(row["psnr"]) and -1 <= row["ssim"] <= 1
     assert result["mean"]["speedup"] > 0 and result["student"].endswith("student")
-    assert Image.open(run_dir / "eval.png").size[0] == 2 * 192
+    assert Image.open(run_dir / "eval_steps3_limit2.png").size[0] == 2 * 192
     # The held-out prompts, not training ones: the last tenth of the shipped prompts.
     assert result["prompts"][0]["prompt"] == eval_prompts(open_run(run_dir), None, 2)[0]
 
 
 def test_results_that_cannot_be_written_are_one_line_and_no_half_result(run_dir):
-    (run_dir / "eval.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
-    with pytest.raises(UserError, match=r"eval.png/.json cannot be written \(Is a directory\); free some space"):
+    (run_dir / "eval_steps1_limit1.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
+    with pytest.raises(UserError, match=r"eval_steps1_limit1.png/.json cannot be written \(Is a directory\); free"):
         evaluate(run_dir, steps=1, limit=1)
-    assert not (run_dir / "eval.json").exists() and not list(run_dir.glob(".eval*"))  # nor a temporary file
+    assert not list(run_dir.glob("*eval*.json"))  # no result, nor a temporary file
 
 
 def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
     final = evaluate(run_dir, steps=2, limit=1)
     first = evaluate(run_dir, checkpoint="step_1", steps=2, limit=1)
     latest = evaluate(run_dir, checkpoint="latest", steps=2, limit=1)
-    assert first["files"] == ["eval_step_00000001.json", "eval_step_00000001.png"]
-    assert latest["files"] == ["eval_step_00000002.json", "eval_step_00000002.png"]
+    assert final["files"] == ["eval_steps2_limit1.json", "eval_steps2_limit1.png"]
+    assert first["files"] == ["eval_step_00000001_steps2_limit1.json", "eval_step_00000001_steps2_limit1.png"]
+    assert latest["files"] == ["eval_step_00000002_steps2_limit1.json", "eval_step_00000002_steps2_limit1.png"]
     for result in (final, first, latest):
         assert json.loads((run_dir / result["files"][0]).read_text()) == result
         assert (run_dir / result["files"][1]).is_file()
-    assert first["mean"] != final["mean"]  # a different student: the end-of-run eval.json was not overwritten
+    assert first["mean"] != final["mean"]  # a different student: the final student's result was not overwritten
 
 
 def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
@@ -80,7 +85,7 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     assert (
         rows[0]["prompt"] == rows[16]["prompt"] != rows[17]["prompt"] and rows[0]["latent_mse"] != rows[1]["latent_mse"]
     )
-    assert Image.open(folder / "eval.png").size[1] < 5 * 240  # the grid: each prompt's first image, 4 rows
+    assert Image.open(folder / several["files"][1]).size[1] < 5 * 240  # the grid: each prompt's first image, 4 rows
     # Prompts that are not the pocket's: no judge, so no pocket columns.
     other = evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
     assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]
@@ -158,11 +163,12 @@ def test_eval_of_a_received_run_replaces_linked_results_and_never_writes_through
     other = tmp_path / "home" / "other.png"
     shutil.copy2(mine, other)
     folder = copied(finished, tmp_path)  # a legitimate run moved to another machine: it evaluates
-    (folder / "eval.json").symlink_to(mine)
-    (folder / "eval.png").hardlink_to(other)
+    result, png = folder / "eval_steps1_limit1.json", folder / "eval_steps1_limit1.png"  # what it writes
+    result.symlink_to(mine)
+    png.hardlink_to(other)
     evaluate(folder, steps=1, limit=1)
-    assert json.loads((folder / "eval.json").read_text())["steps"] == 1 and not (folder / "eval.json").is_symlink()
-    assert Image.open(folder / "eval.png").size[0] == 2 * 192
+    assert json.loads(result.read_text())["steps"] == 1 and not result.is_symlink()
+    assert Image.open(png).size[0] == 2 * 192
     assert untouched(mine) and other.read_bytes() == mine.read_bytes()
     assert sorted(p.name for p in mine.parent.iterdir()) == ["other.png", "victim.txt"]
 
@@ -183,7 +189,7 @@ def test_eval_does_not_load_a_checkpoint_or_student_linked_out_of_the_run(finish
     (folder / "student").symlink_to(tmp_path / "student_elsewhere")
     with pytest.raises(UserError, match="student leads out of the run folder"):
         evaluate(folder, steps=1, limit=1)
-    assert not (folder / "eval.json").exists()
+    assert not list(folder.glob("eval*"))
 
 
 def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, tmp_path, capsys):
@@ -199,7 +205,7 @@ def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, 
         and err.endswith("--allow-other-teacher to use this one on purpose")
         and "\n" not in err
     )
-    assert not (folder / "eval.json").exists()
+    assert not list(folder.glob("eval*"))
     args = eval_cli.parse_args([str(folder), "--teacher-path", str(POCKET), "--allow-other-teacher"])
     assert Trust.from_args(args).other_teacher
     with pytest.raises(UserError, match="does not fit this teacher"):  # a checkpoint records it too
@@ -219,7 +225,7 @@ def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finis
     (folder / name).symlink_to(mine if name == "metrics.csv" else mine.parent)
     with pytest.raises(UserError, match=f"{name} leads out of the run folder"):
         evaluate(folder, steps=1, limit=1)
-    assert not (folder / "eval.json").exists() and untouched(mine)  # refused before sampling, not after
+    assert not list(folder.glob("eval*")) and untouched(mine)  # refused before sampling, not after
     assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
 
 
@@ -228,8 +234,8 @@ def test_eval_student_steps_gives_one_result_per_count_with_its_network_calls(fi
     folder = few_step_copy(finished, tmp_path, 2)
     eval_cli.main([str(folder), "--student-steps", "1,2", "--steps", "2", "--limit", "1"])
     out = capsys.readouterr().out
-    assert "student at 1 steps:" in out and "student at 2 steps:" in out and "(4 calls)" in out
-    result = json.loads((folder / "eval.json").read_text())
+    assert "student at 1 step:" in out and "(1 call)" in out and "student at 2 steps:" in out and "(4 calls)" in out
+    result = json.loads((folder / "eval_student1-2_steps2_limit1.json").read_text())
     assert result["student_trained_steps"] == 2 and result["student_steps"] == [1, 2] and result["teacher_steps"] == 2
     assert list(result["results"]) == ["1", "2"]
     for n, one in result["results"].items():
@@ -251,3 +257,58 @@ def test_a_few_step_student_is_evaluated_at_its_own_k_and_a_kd_one_as_before(fin
     assert asked["mean"]["latent_mse"] == kd["mean"]["latent_mse"]
     four = evaluate(kd_folder, steps=2, limit=1, student_steps=[4])
     assert four["mean"]["student_calls_per_image"] == 4 and four["mean"]["latent_mse"] != kd["mean"]["latent_mse"]
+
+
+# An evaluation at other settings never overwrites the run's own (eval.json, what metrics.json and the model card
+# quote): every setting that changes its figures is in its file name.
+def with_end_of_run_eval(folder, **settings):
+    """`folder`'s saved config with an end-of-run evaluation (`hooks.evaluate`) at these settings."""
+    path = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(path.read_text())
+    saved["hooks"]["evaluate"] = {"_target_": "wandistiller.recipe.hooks.evaluate.EvaluateAtEnd", "steps": 10,
+                                  "per_prompt": 1, "prompts_path": None, "limit": 8} | settings  # fmt: skip
+    path.write_text(yaml.safe_dump(saved))
+    return folder
+
+
+def test_eval_at_another_student_step_count_leaves_the_end_of_run_result_untouched(finished, tmp_path, capsys):
+    folder = with_end_of_run_eval(few_step_copy(finished, tmp_path, 2, method="dmd"), steps=2, limit=1)
+    own = evaluate(folder, steps=2, limit=1)  # what hooks.evaluate does at the end of the run
+    assert own["files"] == ["eval.json", "eval.png"] and own["variant"] == [] and own["student_steps"] == [2]
+    before = {name: (folder / name).read_bytes() for name in own["files"]}
+    eval_cli.main([str(folder), "--student-steps", "1", "--limit", "1", "--steps", "2"])  # the audit's command
+    assert f"wrote {folder / 'eval_student1.json'} and eval_student1.png" in capsys.readouterr().out
+    assert {name: (folder / name).read_bytes() for name in own["files"]} == before
+    one = json.loads((folder / "eval_student1.json").read_text())
+    assert one["student_steps"] == [1] and one["variant"] == ["student1"] and one["mean"] != own["mean"]
+    assert (folder / "eval_student1.png").is_file()
+
+
+def test_the_file_name_carries_each_setting_that_differs_from_the_runs_own(finished, tmp_path):
+    from wandistiller.evaluation.evaluate import result_stem, variant
+
+    folder = few_step_copy(finished, tmp_path, 4, method="dmd")
+    mine = write_prompts(tmp_path / "mine" / "prompts.txt")
+    other = write_prompts(tmp_path / "other" / "prompts.txt")
+    with_end_of_run_eval(folder, steps=2, per_prompt=2, prompts_path=str(mine), limit=40)
+    run = open_run(folder)
+    own = {"student": [4], "steps": 2, "limit": 40, "per_prompt": 2, "prompts": str(mine), "dtype": torch.float32,
+           "clip": None, "fid": None}  # fmt: skip
+    assert variant(run, own) == [] and result_stem(folder / "student", []) == "eval"
+    names = {
+        "student": ([1, 2, 4], "student1-2-4"), "steps": (20, "steps20"), "limit": (1, "limit1"),
+        "per_prompt": (1, "perprompt1"), "dtype": (torch.bfloat16, "bf16"),
+    }  # fmt: skip
+    for key, (value, token) in names.items():
+        assert variant(run, own | {key: value}) == [token], key
+    held_out, theirs = variant(run, own | {"prompts": None}), variant(run, own | {"prompts": str(other)})
+    assert held_out == ["heldout"] and theirs[0].startswith("prompts-prompts-") and theirs != variant(run, own)
+    assert variant(run, own | {"prompts": str(mine.parent / ".." / "mine" / "prompts.txt")}) == []  # one file
+    assert variant(run, own | {"clip": "openai/clip-vit-base-patch32"})[0].startswith("clip-clip-vit-base-patch32-")
+    assert variant(run, own | {"fid": str(tmp_path / "refs")})[0].startswith("fid-refs-")
+    checkpoint = folder / "checkpoints" / "step_00000002"
+    assert result_stem(checkpoint, ["student1", "steps20"]) == "eval_step_00000002_student1_steps20"
+    # A run without an end-of-run evaluation has eval's defaults as its own; a KD student's own count is --steps.
+    kd = open_run(few_step_copy(finished, tmp_path, None, "kd"))
+    defaults = own | {"student": [20], "steps": 20, "limit": 8, "per_prompt": 1, "prompts": None}
+    assert variant(kd, defaults) == [] and variant(kd, defaults | {"student": [4], "steps": 4}) == ["steps4"]

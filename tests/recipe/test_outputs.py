@@ -73,7 +73,8 @@ def test_the_summary_takes_medians_past_the_warm_up_step_and_the_peaks_of_every_
     ranks = [{"rank": 0, "role": "owner + student"}, {"rank": 1, "role": "student"},
              {"rank": 2, "role": "teacher owner", "owner_idle_fraction": 0.25}]  # fmt: skip
     student = torch.nn.Linear(10, 100)  # 1,100 parameters
-    summary = summarize(context, SimpleNamespace(student=student), history, ranks, segment=history[1:])
+    dmd = SimpleNamespace(name="dmd", steps=4)  # the built method: its name and K
+    summary = summarize(context, SimpleNamespace(student=student, method=dmd), history, ranks, segment=history[1:])
     assert summary["status"] == "completed" and summary["student_params_m"] == millions(student) == 0.0011
     assert (summary["steps_run"], summary["steps_this_segment"], summary["final_step"]) == (3, 2, 3)
     assert (summary["loss_first"], summary["loss_last"]) == (0.9, 0.7)
@@ -85,12 +86,14 @@ def test_the_summary_takes_medians_past_the_warm_up_step_and_the_peaks_of_every_
     assert summary["teacher"] == "tiny" and Path(summary["teacher_path"]) == tiny_path
     assert summary["teacher_experts"] == 1 and summary["teacher_shape"]["text_dim"] == 32
     assert (summary["placement"], summary["precision"], summary["world_size"]) == ("cpu", "fp32", 1)
+    assert (summary["method"], summary["student_steps"]) == ("dmd", 4)  # what trained it, as the card says
 
 
 def test_a_sweep_points_overrides_win_and_an_empty_history_summarises_to_nothing_measured(context):
     point = {"overrides": ["teacher_placement=cpu"], "group": "g", "name": "n"}
     swept = dataclasses.replace(context, sweep_point=point)
-    summary = summarize(swept, SimpleNamespace(student=torch.nn.Linear(1, 1)), [], [{"rank": 0, "role": "student"}])
+    kd = SimpleNamespace(student=torch.nn.Linear(1, 1), method=SimpleNamespace(name="kd", steps=None))
+    summary = summarize(swept, kd, [], [{"rank": 0, "role": "student"}])
     assert summary["overrides"] == ["teacher_placement=cpu"]
     assert summary["steps_run"] == 0 and summary["final_step"] is None and summary["loss_first"] is None
     assert summary["step_ms_median"] is None and summary["step_ms_stdev"] is None

@@ -139,10 +139,13 @@ def test_a_received_metrics_file_cannot_add_lines_to_the_front_matter_or_text_to
     (run_folder / "metrics.json").write_text(json.dumps(metrics))
     card = export.model_card(run_folder)
     front = card.split("---\n")[1].splitlines()
-    assert front == ["library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
+    assert front == ["library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation, kd]"]
     assert "evil" not in card and "| (no evaluation in this run) | |" in card
     (run_folder / "metrics.json").write_text("[1, 2]")  # not an object: no figures, no failure
     assert "A ?-parameter" in export.model_card(run_folder)
+    saved(run_folder, method__name=evil)  # nor a received config's method name
+    card = export.model_card(run_folder)
+    assert card.split("---\n")[1].splitlines()[2] == "tags: [wan, distillation]" and "evil" not in card
 
 
 def test_a_pocket_runs_card_has_the_pocket_teachers_real_sizes_and_they_draw_its_images(make_cfg, tmp_path):
@@ -256,3 +259,56 @@ def test_a_kd_runs_pipeline_is_as_before(finished, tmp_path, tiny_path):
     card = (folder / "pipeline" / "README.md").read_text()
     assert "step student" not in card and "num_inference_steps" not in card
     assert "VAE and scheduler are the teacher's.\n\n| | |" in card
+
+
+# The card says what trained the student (method.name of the saved config) and, for a 1-step student, nothing false.
+@pytest.mark.parametrize(
+    "method, steps, phrase",
+    [("kd", None, "the student transformer learned the teacher's classifier-free-guided velocity (guidance scale"),
+     ("trajectory", 4, "the 4-step student learned to jump between points of the teacher's classifier-free-guided"),
+     ("dmd", 4, "the 4-step student learned by distribution matching (DMD2)"),
+     ("mine", None, "the student transformer was trained with the method `mine` against the teacher's")],
+)  # fmt: skip
+def test_the_card_names_the_method_the_student_was_trained_with(run_folder, method, steps, phrase):
+    saved(run_folder, method__name=method, method__steps=steps)
+    card = export.model_card(run_folder)
+    text = " ".join(card.split())  # the sentence as read, whatever its line breaks
+    assert f"with `method={method}`: {phrase}" in text and f"| method | `{method}` |" in card
+    assert f"tags: [wan, distillation, {method}]" in card
+    others = {"kd": "velocity (guidance", "trajectory": "jump between", "dmd": "distribution matching"}
+    assert not [m for m, words in others.items() if m != method and words in text]  # no other method's wording
+
+
+def test_a_dmd_card_names_its_regression_term_and_an_old_run_is_kd(run_folder):
+    saved(run_folder, method__name="dmd", method__steps=4, method__regression_weight=0.1)
+    assert "and away from a fake score trained on them, with trajectory's regression term (weight 0.1)." in " ".join(
+        export.model_card(run_folder).split()
+    )
+    path = run_folder / ".hydra" / "config.yaml"
+    cfg = OmegaConf.load(path)
+    del cfg["method"]  # a run saved before there were methods
+    OmegaConf.save(cfg, path)
+    assert "with `method=kd`: the student transformer learned" in " ".join(export.model_card(run_folder).split())
+
+
+def test_every_registered_method_has_the_cards_phrase():
+    from wandistiller.recipe.methods import REGISTRY
+
+    assert set(REGISTRY.names()) == set(export.METHODS)
+
+
+def test_a_one_step_students_card_states_one_step_and_no_other_counts_stretch(finished, tmp_path, tiny_path):
+    from wandistiller.teacher.fewstep import few_step_scheduler
+
+    spec = inspect_teacher(tiny_path)
+    assert few_step_scheduler(spec, 1).config.shift_terminal is None  # why no other count ends at its last point
+    folder = few_step_copy(finished, tmp_path, 1, method="dmd")
+    card = export.model_card(folder, tiny_path)
+    stated = ", ".join(f"{t:.0f}" for t in student_schedule(spec, 1)[0].tolist())
+    assert f"It is a 1-step student: it samples in 1 network call on its own timesteps (timesteps {stated})" in card
+    assert f"| sampling | 1 step (timesteps {stated}), guidance 1 (no CFG) |" in card
+    assert "Sample it at `num_inference_steps=1`, the count it was trained for." in card
+    assert "NaN" not in card and "shift_terminal" not in card
+    assert "1 steps" not in card and "1 network calls" not in card
+    two = export.model_card(few_step_copy(finished, tmp_path, 2, "two"), tiny_path)
+    assert "at 1 step that gives NaN" in two and "2 network calls" in two  # K > 1: the paragraph as before

@@ -193,12 +193,14 @@ def test_a_kd_student_samples_with_the_teachers_scheduler_and_a_few_step_one_wit
         assert torch.equal(scheduler.timesteps.float(), student_schedule(spec, steps)[0])
 
 
-def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run"):
-    """A copy of a finished tiny run whose saved config says its student takes `steps` steps (`method.steps`)."""
+def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run", method: str | None = None):
+    """A copy of a finished tiny run whose saved config says its student takes `steps` steps (`method.steps`),
+    trained by `method` (default: trajectory for a few-step student, kd for steps None)."""
     folder = tmp_path / name
     shutil.copytree(finished, folder)
     path = folder / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(path)
-    OmegaConf.update(cfg, "method", {"name": "trajectory", "steps": steps}, force_add=True)
+    method = method or ("kd" if steps is None else "trajectory")
+    OmegaConf.update(cfg, "method", {"name": method, "steps": steps}, force_add=True)
     OmegaConf.save(cfg, path)
     return folder

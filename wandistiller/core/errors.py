@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
 import sys
 import traceback
 from collections.abc import Iterator
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -82,17 +84,33 @@ def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") 
     return [h.baseFilename for h in files]
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above zero (a step count, a limit)."""
-    import argparse
-
+def whole_number(text: str, option: str, least: int | None = 1, example: int = 4) -> int:
+    """A command-line count (steps, a limit, a seed), read after argparse: a whole number of `least` or more
+    (None: any), else one `error:` line naming the option and the fix (exit 2, no usage block)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+        value = None
+    if value is None or (least is not None and value < least):
+        what = f"{text!r} is not a whole number" if value is None else f"{value} is not {least} or more"
+        wanted = "a whole number" + (f" of {least} or more" if least is not None else "")
+        raise UserError(f"{option} {what}; give {wanted}, e.g. {option} {example}")
     return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals (an unknown option, a missing argument, a value not among the choices) are one
+    `error:` line and exit 2, as every other mistake is, not its usage block; `--help` is as before."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; {self.prog} --help lists the options", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def description(doc: str | None) -> str:
+    """A CLI's `--help` description: its module docstring's first paragraph, whole (one line of it may stop
+    mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def human_count(n: int) -> str:
@@ -102,6 +120,11 @@ def human_count(n: int) -> str:
             value = n / size
             return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
     return str(n)
+
+
+def counted(n: int, noun: str) -> str:
+    """A count and its noun, singular at 1: "1 step", "4 steps", "1 network call"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def rate(x: float | None) -> str:

@@ -3,15 +3,19 @@ with its CFG, experts and scheduler at `steps`; the student alone without CFG, a
 the teacher's scheduler at `steps`, a few-step student with its few-step scheduler at its K, or at each count asked
 for). Per prompt and on average: latent MSE, PSNR and SSIM of the decoded images against the teacher's
 (torchmetrics), each one's seconds and network calls per image, and the quality figures (metrics.py: prompt
-accuracy, FID/KID, intra-prompt diversity). One result per student evaluated is written into the run folder, so no
-evaluation overwrites another: `eval.json` and `eval.png` (teacher | student) for the final student (what
-metrics.json's `eval_*` figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a
-checkpoint; in it one result per student step count (`results`, by steps), the first also as `mean`/`prompts`.
+accuracy, FID/KID, intra-prompt diversity). One result per student and settings is written into the run folder, so
+no evaluation overwrites another (`result_stem`): `eval.json` and `eval.png` (teacher | student) for the final
+student at the run's own evaluation settings (its end-of-run one's, `hooks.evaluate`: what metrics.json's `eval_*`
+figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint, and each setting
+that differs from the run's own named in the file (`eval_student1.json`, `eval_best_steps20_limit1.json`); in it
+one result per student step count (`results`, by steps), the first also as `mean`/`prompts`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +24,7 @@ import torch
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import check_appended, folder_problem, write_in_run
-from wandistiller.core.precision import to_dtype
+from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.evaluation.grids import save_grid
 from wandistiller.evaluation.metrics import diversity_ratio, eval_quality
@@ -37,6 +41,10 @@ from wandistiller.state.runs import (
     student_source,
 )
 from wandistiller.teacher.sampler import calls_per_image
+
+# What `python -m wandistiller.eval` samples unasked: a run without an end-of-run evaluation (no `hooks.evaluate` in
+# its saved config) has these as its own settings, the ones `eval.json` names.
+DEFAULTS = {"steps": 20, "limit": 8, "per_prompt": 1, "prompts_path": None}
 
 
 def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False,
@@ -118,6 +126,9 @@ def evaluate(
     check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
+    asked = {"student": counts, "steps": steps, "limit": limit, "per_prompt": per_prompt, "prompts": prompts_path,
+             "dtype": teacher_dtype, "clip": clip_model, "fid": fid_reference}  # fmt: skip
+    named = variant(run, asked)  # the settings its file names carry: known before the work
     prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files, (trust or Trust()).data)
     t_cfg = run.cfg.teacher
     cache_dir = run.cfg.paths.cache_dir
@@ -165,7 +176,8 @@ def evaluate(
         result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
                "prompts": head["prompts"], "results": results}  # fmt: skip
-    stem = result_stem(source)
+    result["variant"] = named
+    stem = result_stem(source, named)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
     assert grid is not None  # one student step count at least
     _write(run.path, stem, result, grid)
@@ -192,7 +204,54 @@ def _write(folder: Path, stem: str, result: dict, grid: tuple) -> None:
                         "run it again (what was there is kept)") from None  # fmt: skip
 
 
-def result_stem(source: Path) -> str:
-    """`eval` for the final student, `eval_<checkpoint>` (eval_best, eval_step_00000050) for a checkpoint:
-    evaluating a checkpoint must not overwrite the end-of-run result that metrics.json quotes."""
-    return "eval" if source.name == "student" else f"eval_{source.name}"
+def result_stem(source: Path, variant: Sequence[str] = ()) -> str:
+    """`eval` for the final student, `eval_<checkpoint>` (eval_best, eval_step_00000050) for a checkpoint, then the
+    settings that differ from the run's own (`variant`: eval_student1, eval_best_steps20_limit1): evaluating a
+    checkpoint, or at other settings, must not overwrite the end-of-run result that metrics.json quotes."""
+    return "_".join(["eval", *([] if source.name == "student" else [source.name]), *variant])
+
+
+def own_settings(run: RunFolder) -> dict:
+    """The run's own evaluation settings, the ones `eval.json` stands for: its end-of-run evaluation's
+    (`hooks.evaluate` of its saved config: steps, limit, per_prompt, prompts_path), else eval's defaults."""
+    from omegaconf import DictConfig
+
+    hooks = run.cfg.get("hooks")
+    node = hooks.get("evaluate") if isinstance(hooks, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return dict(DEFAULTS)
+    return {key: node.get(key, default) for key, default in DEFAULTS.items()}
+
+
+def variant(run: RunFolder, asked: dict) -> list[str]:
+    """The settings of an evaluation (`asked`: student step counts, teacher steps, limit, per_prompt, a prompts
+    file, the teacher dtype, a CLIP model, an FID reference) that differ from the run's own (`own_settings`, its
+    own K, its teacher dtype, no CLIP or reference folder), as its file name carries them: `student1-2-4`,
+    `steps20`, `limit1`, `perprompt2`, `prompts-<name>-<hash>` (or `heldout`), `bf16`, `clip-…`, `fid-…`."""
+    own = own_settings(run)
+    own_counts = [run.trained_steps or asked["steps"]]  # a KD student samples at the teacher's steps
+    parts = []
+    if list(asked["student"]) != own_counts:
+        parts.append("student" + "-".join(str(n) for n in asked["student"]))
+    parts += [f"{k.replace('_', '')}{asked[k]}" for k in ("steps", "limit", "per_prompt") if asked[k] != own[k]]
+    if not _same_file(asked["prompts"], own["prompts_path"]):
+        parts.append(_tag("prompts", asked["prompts"]) if asked["prompts"] is not None else "heldout")
+    if asked["dtype"] != DTYPES.get(str(run.cfg.precision.teacher_dtype)):
+        parts.append({v: k for k, v in DTYPES.items()}[asked["dtype"]])
+    parts += [_tag(key, asked[key]) for key in ("clip", "fid") if asked[key] is not None]
+    return parts
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    """Whether two prompts files are one (None: the run's held-out prompts), as read: relative to here."""
+    if a is None or b is None:
+        return a is None and b is None
+    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
+
+
+def _tag(key: str, value: str) -> str:
+    """A file or model in a file name: its last part as letters and digits, and a short hash of the whole (two
+    folders' `prompts.txt` are two names)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", Path(str(value)).stem.lower()).strip("-")[:24] or key
+    where = str(Path(str(value)).expanduser().resolve()) if Path(str(value)).expanduser().exists() else str(value)
+    return f"{key}-{slug}-{hashlib.blake2b(where.encode(), digest_size=3).hexdigest()}"

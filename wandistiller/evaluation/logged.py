@@ -1,5 +1,7 @@
 """An evaluation's numbers added to the run's own loggers (csv, tensorboard, wandb, ...), at the step of the student
-evaluated: each logger reopened as its class says (`Logger.reopened`), so nothing here names one."""
+evaluated: each logger reopened as its class says (`Logger.reopened`), so nothing here names one. An evaluation at
+the run's own settings is `eval/<figure>` (one curve over the checkpoints evaluated); one at other settings is
+keyed by them as its file is (`eval_student1/<figure>`), so no curve mixes two settings."""
 
 from __future__ import annotations
 
@@ -39,10 +41,14 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     tracker.start(run_dir, {}, run_id)  # start_step None: a finished run's rows are kept
     try:
         step = evaluated_step(run_dir, Path(result["student"]))
-        metrics = {f"eval/{k}": v for k, v in result["mean"].items()}
+        key = "_".join(["eval", *result.get("variant", [])])
+        metrics = {f"{key}/{k}": v for k, v in result["mean"].items()}
         tracker.log(metrics, step=step)  # a logger that cannot take an earlier step says so itself (wandb)
-        tracker.log_image("eval", run_dir / result["files"][1], step=step)
-        tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()})
+        tracker.log_image(key, run_dir / result["files"][1], step=step)
+        # The summary's eval_* (metrics.json's) only from the result they quote: eval.json, the final student at the
+        # run's own settings; a checkpoint's or another setting's figures are their own rows, not its summary.
+        own = result["files"][0] == "eval.json"
+        tracker.finish({f"eval_{k}": v for k, v in result["mean"].items()} if own else {})
     finally:
         tracker.close()
     if tracker.run_id:

@@ -11,7 +11,6 @@ on the CPU, the same bytes on every run of the same torch build.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import time
@@ -26,6 +25,7 @@ from wandistiller.core.arch import (
     POCKET_VAE,
     TINY_MOE_BOUNDARY_RATIO,
 )
+from wandistiller.core.errors import OneLineParser, description
 from wandistiller.pocket import POCKET_DIR
 from wandistiller.pocket.classifier import save_classifier, train_classifier
 from wandistiller.pocket.digits import PROMPTS, prompt_file_order, rendered_split
@@ -149,7 +149,7 @@ def build(out: Path, steps: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m wandistiller.pocket.build", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m wandistiller.pocket.build", description=description(__doc__))
     parser.add_argument("--out", type=Path, default=POCKET_DIR, help="where to write (default: the package's)")
     parser.add_argument("--quick", action="store_true", help="a few steps of each part (a smoke test)")
     args = parser.parse_args(argv)

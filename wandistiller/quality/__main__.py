@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import OneLineParser, UserError, description
 from wandistiller.core.files import atomic_write, folder_problem
 from wandistiller.quality import compression, fewstep
 from wandistiller.quality.compare import COLUMNS, Settings, compare
@@ -165,7 +165,7 @@ def _prompts(settings: Settings) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m wandistiller.quality", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m wandistiller.quality", description=description(__doc__))
     parser.add_argument(
         "--compression",
         action="store_true",

@@ -103,6 +103,8 @@ def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segm
         "status": "completed",
         **teacher_identity(ctx),
         "student_params_m": millions(run.student),
+        "method": run.method.name,  # what trained the student (method=), and its own steps K (null: kd's)
+        "student_steps": run.method.steps,
         "placement": ctx.placement.name,
         "precision": ctx.precision.name,
         "world_size": ctx.topo.world_size,

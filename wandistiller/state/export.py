@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.core.errors import UserError, human_count
+from wandistiller.core.errors import UserError, counted, human_count
 from wandistiller.data.sources import sources
 from wandistiller.state.runs import student_steps
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
@@ -173,6 +173,40 @@ def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
     return (f"{_last_part(raw)} (a local folder)" if _last_part(raw) else "a local folder"), None
 
 
+# How the card says what each shipped method taught the student (`method.name` of the run's saved config; `{k}`
+# its K, `{g}` the teacher's guidance scale). The methods live in recipe/, above this layer: the card reads the
+# saved config's name, never their code; tests/state/test_export.py checks every registered method has its phrase.
+METHODS = {
+    "kd": "the student transformer learned the teacher's classifier-free-guided velocity (guidance scale {g}) at "
+    "noised latents of its training data (knowledge distillation)",
+    "trajectory": "the {k}-step student learned to jump between points of the teacher's classifier-free-guided "
+    "sampling trajectories (guidance scale {g}), sampled once from fixed noises (trajectory distillation)",
+    "dmd": "the {k}-step student learned by distribution matching (DMD2), its own samples pushed toward the "
+    "teacher's classifier-free-guided score (guidance scale {g}) and away from a fake score trained on them",
+}
+
+
+def card_method(cfg: DictConfig) -> dict:
+    """The method the student was trained with, as the saved config says (`method.name`; no `method` node: a run
+    saved before there were methods, kd): its name, and DMD's regression term's weight where it has one."""
+    method = cfg.get("method") if isinstance(cfg, DictConfig) else None
+    name = _word(_raw(method, "name")) if method is not None else "kd"
+    regression = _number(_raw(method, "regression_weight")) if method is not None else None
+    return {"name": name or "?", "regression": regression or None}
+
+
+def _method_text(f: dict) -> str:
+    """The card's phrase on what the student learned, by its method (METHODS; another method by its name)."""
+    g = f["guidance"] if f["guidance"] is not None else "?"
+    name, k = f["method"]["name"], f["steps"]
+    phrase = METHODS.get(name, "the student transformer was trained with the method `{name}` against the teacher's "
+                         "classifier-free-guided predictions (guidance scale {g})")  # fmt: skip
+    text = phrase.format(k=k if k is not None else "?", g=g, name=name)
+    if f["method"]["regression"]:
+        text += f", with trajectory's regression term (weight {f['method']['regression']:.3g})"
+    return text
+
+
 def image_scale(teacher_path: Path | None) -> int:
     """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
     if teacher_path is None:
@@ -215,6 +249,7 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
         "params": human_count(round(params * 1e6)) if params else "?",
         "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
         "steps": (k := student_steps(cfg)),
+        "method": card_method(cfg),
     }
     if k is not None and teacher_path is not None:
         timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
@@ -229,11 +264,13 @@ def _few_step_text(f: dict) -> tuple[str, str, str, str]:
     if k is None:
         return "", "", "", ""
     at = f" (timesteps {f['timesteps']})" if f.get("timesteps") else ""
-    text = (f"\nIt is a {k}-step student: it samples in {k} network calls on its own timesteps{at},\nwith the "
+    calls = counted(k, "network call")
+    text = (f"\nIt is a {k}-step student: it samples in {calls} on its own timesteps{at},\nwith the "
             "few-step scheduler in `scheduler/` (Euler flow matching at the teacher's shift;\n"
             "`transformer/sampling.json` states its timesteps and sigmas). The tokenizer, text encoder and VAE are "
             "the teacher's.\n")  # fmt: skip
-    return text, f"| sampling | {k} steps{at}, guidance 1 (no CFG) |\n", f"num_inference_steps={k}, ", other_steps(k)
+    row = f"| sampling | {counted(k, 'step')}{at}, guidance 1 (no CFG) |\n"
+    return text, row, f"num_inference_steps={k}, ", other_steps(k)
 
 
 def other_steps(k: int) -> str:
@@ -241,7 +278,10 @@ def other_steps(k: int) -> str:
     scheduler's `shift_terminal` is K's last point, and diffusers stretches every count's schedule to end there --
     at n=1 its stretch divides by zero (NaN). The snippet rebuilds what `few_step_scheduler(spec, n)` builds (the
     one formula, checked by tests/state/test_export.py), what `python -m wandistiller.eval/generate
-    --student-steps n` sample with."""
+    --student-steps n` sample with. A 1-step student's scheduler has no `shift_terminal` (few_step_scheduler), so
+    none of that holds: its card says only the count it samples at."""
+    if k == 1:
+        return "\nSample it at `num_inference_steps=1`, the count it was trained for.\n"
     return f"""
 Sample it at `num_inference_steps={k}`: its scheduler is set for {k} steps. For another count n, rebuild the
 scheduler first, then call `pipe(..., num_inference_steps=n)` (at any other count diffusers ends the schedule
@@ -262,18 +302,19 @@ def _card_text(f: dict) -> str:
     height, width = lh * f["scale"], lw * f["scale"]
     few_text, few_row, few_arg, few_other = _few_step_text(f)
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
-    learned = "learned from" if few_text else "learned"  # a few-step student learns jumps, not the velocity itself
-    front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", "tags: [wan, distillation]"]
+    method = f["method"]["name"]
+    tags = ", ".join(["wan", "distillation", *([method] if method != "?" else [])])
+    front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", f"tags: [{tags}]"]
     front += [f"base_model: {hub_id}"] if hub_id else []
     return (
         "\n".join([*front, "---", "", f"# A {f['params']}-parameter text-to-image student of {teacher}", "", ""])
         + f"""\
-Distilled with WanDistiller from the Wan teacher {teacher}: the student transformer {learned} the teacher's
-classifier-free-guided velocity (guidance scale {f["guidance"] if f["guidance"] is not None else "?"}), so it
-samples without CFG.{parts}
+Distilled with WanDistiller from the Wan teacher {teacher} with `method={method}`: {_method_text(f)}.
+It samples without CFG.{parts}
 {few_text}
 | | |
 |---|---|
+| method | `{method}` |
 | data | {f["data"]}; prompts: {f["prompts"]} |
 | training | {f["training"]}, seed {f["seed"] if f["seed"] is not None else "?"} |
 | image size | {height}x{width} (latent {lh}x{lw}) |

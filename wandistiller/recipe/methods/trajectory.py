@@ -4,7 +4,9 @@ ODE. The ODE is sampled once before training from fixed noises (`method.noises_p
 (teacher/fewstep.py) cached (data/trajectories.py). A micro-batch draws cached trajectories and one of the K
 jumps each: from x(sigma_i) at timesteps[i], the student's velocity should be (x_{i+1} - x_i)/(sigma_{i+1} - sigma_i),
 which takes it to x(sigma_{i+1}) in its own Euler step. Only the student trains; the teacher is not called
-in the loop. The cheap rung, and `method=dmd`'s warm start (`method.regression_weight`, or a student it resumes).
+in the loop. The cheap rung, and `method=dmd`'s warm start: its jump loss as dmd's regression term
+(`method.regression_weight`), or a trajectory run's student as dmd's starting point (`student.init=<run>/student`;
+resuming a trajectory checkpoint with `method=dmd` is refused: a checkpoint resumes its own method).
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ class TensorboardLogger(Logger):
             self.writer.add_image(key, np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
 
     def finish(self, summary: dict) -> None:
-        text = json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}, indent=1)
-        self.writer.add_text("summary", f"```\n{text}\n```")
+        figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, str))}
+        if figures:  # none: an evaluation that is not the run's own adds no summary
+            self.writer.add_text("summary", f"```\n{json.dumps(figures, indent=1)}\n```")
         self.close()
 
     def close(self) -> None:
