@@ -20,7 +20,7 @@ def main() -> None:
     from wandistiller.core.errors import exit_on_user_error
     from wandistiller.core.precision import Precision
     from wandistiller.job.checks import built_quietly, name_the_teacher
-    from wandistiller.job.preflight import check_method
+    from wandistiller.job.preflight import check_method_config
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
@@ -29,7 +29,7 @@ def main() -> None:
         cfg = compose_config(sys.argv[1:])
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
-        check_method(cfg, method)  # what train refuses whatever the placement, refused here too
+        check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
         passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
         print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, passes))
 

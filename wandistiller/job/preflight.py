@@ -263,7 +263,7 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
         )
     # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
     method = check_method_placement(cfg, placement, world)
-    check_method(cfg, method)
+    check_method_config(cfg, method)
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
         raise UserError(
@@ -273,7 +273,7 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
         )
 
 
-def check_method(cfg: DictConfig, method) -> None:
+def check_method_config(cfg: DictConfig, method) -> None:
     """The method against the rest of the config, whatever the placement (`python -m wandistiller.plan` too): the
     loss it would ignore, a data source sampled for nothing, whole-step targets it cannot take."""
     check_method_loss(cfg, method)
