@@ -163,6 +163,7 @@ def test_a_method_given_again_is_held_to_the_keys_given_and_a_difference_names_t
         continued_config(make_cfg(*kd, run_dir=run_dir), kd)
 
 
+@pytest.mark.slow  # two runs and a refused resume: the default lane keeps its 4 minutes
 def test_a_resume_says_it_continues_the_saved_config_only_once_it_is_accepted(make_cfg, tmp_path, caplog):
     run_dir = tmp_path / "r"
     run(make_cfg(*DMD, run_dir=run_dir))

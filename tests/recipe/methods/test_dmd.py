@@ -119,9 +119,12 @@ def test_dmd_trains_the_student_and_its_fake_score_with_the_regression_term(make
         "module", "optimizer", "scaler"}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "fake_score,recorded", [("student", True), ("lora", True), ("student", False)], ids=["student", "lora", "older"]
-)
+@pytest.mark.parametrize(  # lora and an older checkpoint in the slow lane: the default lane keeps its 4 minutes
+    "fake_score,recorded",
+    [("student", True), pytest.param("lora", True, marks=pytest.mark.slow),
+     pytest.param("student", False, marks=pytest.mark.slow)],
+    ids=["student", "lora", "older"],
+)  # fmt: skip
 def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp_path, fake_score, recorded):
     """`older`: a checkpoint of before the method was recorded in it resumes as it did."""
     common = [*FAST, f"method.fake_score={fake_score}", "trainer.max_steps=4", "trainer.checkpoint_every=2"]
@@ -219,6 +222,7 @@ def test_an_older_checkpoint_whose_networks_do_not_fit_the_method_is_one_line(ma
         run(make_cfg(*resume, run_dir=tmp_path / "kd"))
 
 
+@pytest.mark.slow  # the in-process refusals above hold its lines; this adds the exit code and a clean terminal
 def test_the_cli_refuses_a_checkpoint_of_another_fake_score_with_one_line_and_claims_nothing(
     tmp_path, cache_dir, dmd_run
 ):
