@@ -1,4 +1,4 @@
-"""The package's layout (README "Code map"): subpackages import downward only, with no cycle, the CLIs sit
+"""The package's layout (docs/ARCHITECTURE.md): subpackages import downward only, with no cycle, the CLIs sit
 on top, and `_target_`s of runs saved before the move still resolve (wandistiller/core/renamed.py)."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_no_subpackage_imports_a_cli_and_core_imports_no_other_subpackage():
     assert imports_of(PACKAGE / "config.py") == set(), "config.py holds the schemas alone"
 
 
-# The README code map's order: each subpackage imports only those before it (and the schemas, `config`).
+# docs/ARCHITECTURE.md's layer order: each subpackage imports only those before it (and the schemas, `config`).
 LAYERS = [
     "core",
     "teacher",
@@ -93,7 +93,7 @@ LAYERS = [
 
 def test_each_subpackage_imports_only_the_layers_below_it():
     edges = package_edges()
-    assert set(edges) - {"bench"} <= set(LAYERS), "a new subpackage needs its place in LAYERS and the code map"
+    assert set(edges) - {"bench"} <= set(LAYERS), "a new subpackage needs its place in LAYERS and docs/ARCHITECTURE.md"
     for i, package in enumerate(LAYERS):
         above = {d for d in edges.get(package, ()) if (PACKAGE / d).is_dir()} - set(LAYERS[:i])
         assert not above, f"{package} imports {sorted(above)}, which sit above it"
@@ -137,17 +137,17 @@ def test_every_target_of_the_shipped_conf_tree_resolves():
                 assert get_object(target), target
 
 
-def test_the_readme_code_map_names_every_module():
-    readme = (PACKAGE.parent / "README.md").read_text()
-    code_map = readme[readme.index("## Code map") : readme.index("**Adding an option")]
-    named = set(re.findall(r"`([\w/]+\.py)`", code_map))
-    packages = set(re.findall(r"\*\*`(\w+)/`\*\*", code_map))
-    for f in PACKAGE.rglob("*.py"):
-        rel = f.relative_to(PACKAGE).parts
-        if f.name in ("__init__.py", "__main__.py") or rel[0] in ("bench", "placements", "pocket", "quality"):
-            continue  # the benches are tools; placements/, pocket/ and quality/ are named as packages
-        assert f.name in named, f"README code map does not name {'/'.join(rel)}"
-    assert {"placements", "pocket", "quality"} <= packages
+def test_the_architecture_page_names_every_subpackage_and_cli():
+    """docs/ARCHITECTURE.md has a paragraph per subpackage (**`name/`**) and names every top-level module: a new
+    module inside a subpackage needs no doc edit, a new subpackage or CLI does."""
+    page = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    paragraphs = set(re.findall(r"\*\*`(\w+)/`\*\*", page))
+    subpackages = {d.name for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()} - {"bench"}
+    assert subpackages <= paragraphs, f"docs/ARCHITECTURE.md has no paragraph for {sorted(subpackages - paragraphs)}"
+    named = set(re.findall(r"`([\w/]+\.py)`", page))
+    for f in PACKAGE.glob("*.py"):
+        assert f.name == "__init__.py" or f.name in named, f"docs/ARCHITECTURE.md does not name {f.name}"
+    assert set(LAYERS) <= set(re.findall(r"^  (\w+) ", page, re.M)), "the layer picture lists every layer"
 
 
 def test_every_test_file_the_docs_and_the_package_name_exists():

@@ -73,7 +73,15 @@ def fenced_commands(path: Path) -> list[tuple[str, int, str]]:
     return found
 
 
-COMMANDS = [c for doc in DOCS for c in fenced_commands(doc)]
+def first_of_each(commands: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    """Each command once, where it first appears: the README repeats a few of docs/' commands, which run the same."""
+    first: dict[str, tuple[str, int, str]] = {}
+    for c in commands:
+        first.setdefault(c[2], c)
+    return list(first.values())
+
+
+COMMANDS = first_of_each([c for doc in DOCS for c in fenced_commands(doc)])
 
 
 def need(command: str) -> str:
