@@ -87,7 +87,8 @@ class DeviceMapPlacement(Placement):
             spec, teacher_cfg, precision.teacher_dtype, device, device_map=strategy, max_memory=max_memory
         )
         # Inputs go where the first layer lives; accelerate's hooks carry activations across GPUs.
-        teacher.device = teacher.experts[0].patch_embedding.weight.device
+        first = teacher.experts[0].get_submodule("patch_embedding")
+        teacher.device = next(first.parameters()).device
         return teacher
 
 

@@ -58,7 +58,7 @@ def val_set(ctx, teacher, val_embeddings):
     from wandistiller.data.validation import build_val_set, fill_targets
 
     held_out = build_val_set(val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps)
-    box = [None]
+    box: list[Any] = [None]  # the targets tensor, broadcast from the main rank
     if ctx.makes_teacher_data:
         box = [fill_targets(held_out, lambda *a: teacher.targets(*a)[0]).targets]
     if ctx.topo.distributed:

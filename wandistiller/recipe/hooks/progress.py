@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from wandistiller.core.errors import rate, write_to_log_files
 from wandistiller.core.registry import Option
@@ -23,7 +24,7 @@ class ProgressLog(Hook):
     line then goes to the log file alone, not between the bar's redraws."""
 
     def __init__(self):
-        self.t = None
+        self.t: Any = None  # the run's trainer node, from bind
 
     def bind(self, ctx, parts) -> None:
         self.t = ctx.trainer_cfg
