@@ -36,8 +36,11 @@ def pocket_student():
     state = {k: v for k, v in teacher.state_dict().items() if not k.startswith("blocks.")}
     for i in range(config["num_layers"]):  # every other block, as a pruned student keeps them, renumbered
         j = 2 * i
-        state |= {f"blocks.{i}.{k[len(f'blocks.{j}.') :]}": v for k, v in teacher.state_dict().items()
-                  if k.startswith(f"blocks.{j}.")}  # fmt: skip
+        state |= {
+            f"blocks.{i}.{k[len(f'blocks.{j}.') :]}": v
+            for k, v in teacher.state_dict().items()
+            if k.startswith(f"blocks.{j}.")
+        }
     student.load_state_dict(state)
     return student.eval().requires_grad_(False)
 
@@ -45,15 +48,19 @@ def pocket_student():
 def inputs(model) -> dict:
     g = torch.Generator().manual_seed(0)
     c = model.config
-    return {"hidden_states": torch.randn(2, c.in_channels, 1, 8, 8, generator=g),
-            "timestep": torch.tensor([900.0, 300.0]),
-            "encoder_hidden_states": torch.randn(2, 16, c.text_dim, generator=g), "return_dict": False}  # fmt: skip
+    return {
+        "hidden_states": torch.randn(2, c.in_channels, 1, 8, 8, generator=g),
+        "timestep": torch.tensor([900.0, 300.0]),
+        "encoder_hidden_states": torch.randn(2, 16, c.text_dim, generator=g),
+        "return_dict": False,
+    }
 
 
 def output(model, dtype=torch.float32) -> torch.Tensor:
     with torch.no_grad():
-        return model.to(dtype)(**{k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
-                                  for k, v in inputs(model).items()})[0].float()  # fmt: skip
+        return model.to(dtype)(
+            **{k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs(model).items()}
+        )[0].float()
 
 
 def written(model, dtype: str, folder, name="student"):
@@ -69,11 +76,24 @@ def test_the_layout_is_wan_s_and_diffusers_own_converter_gives_back_every_tensor
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     tensors = wan_tensors(pocket_student, "fp32")
-    for key in ("patch_embedding.weight", "text_embedding.0.weight", "text_embedding.2.bias", "time_embedding.0.weight",
-                "time_projection.1.weight", "blocks.0.self_attn.q.weight", "blocks.0.self_attn.o.bias",
-                "blocks.0.self_attn.norm_q.weight", "blocks.0.cross_attn.k.weight", "blocks.0.cross_attn.norm_k.weight",
-                "blocks.1.norm3.weight", "blocks.1.ffn.0.weight", "blocks.1.ffn.2.bias", "blocks.1.modulation",
-                "head.head.weight", "head.modulation"):  # fmt: skip
+    for key in (
+        "patch_embedding.weight",
+        "text_embedding.0.weight",
+        "text_embedding.2.bias",
+        "time_embedding.0.weight",
+        "time_projection.1.weight",
+        "blocks.0.self_attn.q.weight",
+        "blocks.0.self_attn.o.bias",
+        "blocks.0.self_attn.norm_q.weight",
+        "blocks.0.cross_attn.k.weight",
+        "blocks.0.cross_attn.norm_k.weight",
+        "blocks.1.norm3.weight",
+        "blocks.1.ffn.0.weight",
+        "blocks.1.ffn.2.bias",
+        "blocks.1.modulation",
+        "head.head.weight",
+        "head.modulation",
+    ):
         assert key in tensors, key
     assert block_count_problem(tensors) is None and block_count_problem(["blocks.0.x", "blocks.2.x"])
     back = convert_wan_transformer_to_diffusers(dict(tensors))
@@ -120,14 +140,25 @@ def test_fp8_is_comfyuis_scaled_layout_agrees_with_the_projects_fp8_and_stays_wi
         assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == ()
         # The project's fp8 (one scale per row) and the file (one per tensor): the file's scale is the largest row
         # scale, and the row that sets it has the same fp8 bytes in both.
-        diffusers_key = {"self_attn.q": "attn1.to_q", "cross_attn.o": "attn2.to_out.0", "ffn.0": "ffn.net.0.proj",
-                         "ffn.2": "ffn.net.2"}[key.split(".", 2)[2]]  # fmt: skip
+        diffusers_key = {
+            "self_attn.q": "attn1.to_q",
+            "cross_attn.o": "attn2.to_out.0",
+            "ffn.0": "ffn.net.0.proj",
+            "ffn.2": "ffn.net.2",
+        }[key.split(".", 2)[2]]
         original = pocket_student.state_dict()[f"blocks.{key.split('.')[1]}.{diffusers_key}.weight"]
         rows, row_scales = quantize_weight(original)
         top = int(row_scales.argmax())
         assert scale == row_scales.max() and torch.equal(weight[top].view(torch.uint8), rows[top].view(torch.uint8))
-    for key in ("patch_embedding.weight", "text_embedding.0.weight", "head.head.weight", "blocks.0.norm3.weight",
-                "blocks.0.self_attn.norm_q.weight", "blocks.0.modulation", "head.modulation"):  # fmt: skip
+    for key in (
+        "patch_embedding.weight",
+        "text_embedding.0.weight",
+        "head.head.weight",
+        "blocks.0.norm3.weight",
+        "blocks.0.self_attn.norm_q.weight",
+        "blocks.0.modulation",
+        "head.modulation",
+    ):
         assert tensors[key].dtype in (torch.bfloat16, torch.float32), key
     save_file(dequantized(tensors), str(tmp_path / "dequantized.safetensors"))
     (tmp_path / "config.json").write_text(__import__("json").dumps(config_of(pocket_student)))
@@ -156,8 +187,17 @@ def test_an_a14b_pair_loads_as_transformer_and_transformer_2_and_samples_as_the_
     assert loaded.config.boundary_ratio == boundary
 
     def sample(p):
-        return p("a red 3", num_frames=1, height=32, width=32, num_inference_steps=4, guidance_scale=3.0,
-                 max_sequence_length=16, output_type="latent", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+        return p(
+            "a red 3",
+            num_frames=1,
+            height=32,
+            width=32,
+            num_inference_steps=4,
+            guidance_scale=3.0,
+            max_sequence_length=16,
+            output_type="latent",
+            generator=torch.Generator().manual_seed(0),
+        ).frames
 
     assert torch.equal(sample(loaded), sample(pipe))
 
