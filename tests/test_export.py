@@ -112,6 +112,12 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     with pytest.raises(UserError, match="leads out of the run folder"):
         export(unfinished, tmp_path / "linked", "single-file")
     assert not (tmp_path / "linked").exists()
+    (unfinished / "student").unlink()
+    shutil.copytree(finished / "student", unfinished / "student")
+    (unfinished / "metrics.json").unlink()
+    (unfinished / "metrics.json").symlink_to(full / "mine.txt")  # a file of yours, never read into a card
+    with pytest.raises(UserError, match="leads out of the run folder"):
+        export(unfinished, tmp_path / "linked", "single-file")
     replaced = export(finished, full, "single-file", force=True)  # --force replaces it, once the export is whole
     assert not (replaced / "mine.txt").exists() and (replaced / "README.md").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -126,3 +132,37 @@ def test_the_cli_refuses_an_unknown_format_or_dtype_in_one_line():
             cwd=ROOT,
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "invalid choice" in done.stderr
+
+
+def test_an_a14b_pair_is_two_files_with_the_boundary_and_a_two_sampler_workflow(tmp_path):
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from wandistiller.core.files import ASSETS
+    from wandistiller.export import write_single_files
+    from wandistiller.state.comfy import Sampling
+
+    folder = ASSETS / "pocket" / "pocket-wan-t2v-moe"
+    pipe = WanPipeline.from_pretrained(folder)
+    teacher = {"name": "pocket_moe", "hub_id": None, "digest": None, "boundary_ratio": pipe.config.boundary_ratio}
+    comfy = Sampling(4, "euler", "simple", 3.0, 32, 32, pipe.config.boundary_ratio)
+    files = write_single_files(
+        tmp_path,
+        [pipe.transformer, pipe.transformer_2],
+        "pair",
+        "bf16",
+        {"steps": 4, "few_step": False},
+        teacher,
+        comfy,
+        "# card\n",
+    )
+    assert [f.name for f in files] == ["pair_high_noise.safetensors", "pair_low_noise.safetensors"]
+    for file, kind in zip(files, ("high_noise", "low_noise")):
+        with safe_open(str(file), "pt") as f:
+            assert json.loads(f.metadata()["expert"]) == {"expert": kind, "boundary_ratio": 0.875}
+    loaded = [WanTransformer3DModel.from_single_file(str(f), config=str(tmp_path)) for f in files]
+    both = WanPipeline.from_pretrained(folder, transformer=loaded[0], transformer_2=loaded[1])
+    assert both.transformer_2 is loaded[1] and both.config.boundary_ratio == 0.875
+    flow = json.loads((tmp_path / "pair.workflow.json").read_text())
+    assert [n["type"] for n in flow["nodes"]].count("KSamplerAdvanced") == 2
+    card = (tmp_path / "README.md").read_text()
+    assert "the high-noise expert" in card and "transformer_2 = WanTransformer3DModel.from_single_file" in card

@@ -74,6 +74,15 @@ def final_student(run, checkpoint: str | None) -> Path:
     return source
 
 
+def run_card(run) -> str:
+    """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
+    from wandistiller.core.files import in_run
+    from wandistiller.state.export import model_card
+
+    in_run(run.path, "metrics.json")  # a received run's link to a file elsewhere is refused, never read
+    return model_card(run.path, run.spec.path)
+
+
 def is_lora_student(run) -> bool:
     """Whether the run's student is low-rank adapters on the teacher (`student.builder: lora`), as saved."""
     from wandistiller.state.export import _raw
@@ -176,23 +185,33 @@ def teacher_facts(run, source: Path) -> dict:
     return {"name": name, "hub_id": hub_id, "digest": digest, "boundary_ratio": run.spec.boundary_ratio}
 
 
-def shape_warning(config: dict, tensors: dict) -> str | None:
+def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = None) -> str | None:
     """One line where a loader that guesses the shape from the weights would build this student wrong."""
     from wandistiller.state.singlefile import loader_assumptions_broken
 
     broken = loader_assumptions_broken(config, tensors)
     if not broken:
         return None
+    keeps = KEEPS_WAN_SHAPE
+    if teacher_config is not None and loader_assumptions_broken(teacher_config, {}):
+        keeps += " (this teacher's own shape breaks them too: only a Wan teacher's students keep them)"
     return (
         f"ComfyUI (and any loader that guesses a Wan model's shape from its weights) would build this student "
-        f"wrong: {'; '.join(broken)}; diffusers with config= loads it. The shapes that keep those guesses: "
-        f"{KEEPS_WAN_SHAPE}"
+        f"wrong: {'; '.join(broken)}; diffusers with config= loads it. The shapes that keep those guesses: {keeps}"
     )
 
 
 # -- the writers ----------------------------------------------------------------------------------------------------
 def write_single_files(
-    out: Path, experts: list, name: str, dtype: str, facts: dict, teacher: dict, comfy, card: str
+    out: Path,
+    experts: list,
+    name: str,
+    dtype: str,
+    facts: dict,
+    teacher: dict,
+    comfy,
+    card: str,
+    teacher_config: dict | None = None,
 ) -> list[Path]:
     """`experts` (one student, or an A14B pair: high-noise first) as single files in `out`, with config.json, the
     ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section)."""
@@ -209,7 +228,7 @@ def write_single_files(
         bad = block_count_problem(tensors)
         if bad:
             raise ValueError(f"{file}: {bad}")
-        warning = warning or shape_warning(config_of(model), tensors)
+        warning = warning or shape_warning(config_of(model), tensors, teacher_config)
         expert = (
             {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
             if len(experts) == 2
@@ -377,7 +396,7 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
 
 
 def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
-    from wandistiller.state.export import _raw, _word, model_card
+    from wandistiller.state.export import _raw, _word
 
     student, source = read_student(run, checkpoint)
     teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
@@ -394,7 +413,8 @@ def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str |
         facts,
         teacher_facts(run, source),
         comfy_sampling(run, facts, 1),
-        model_card(run.path, run.spec.path),
+        run_card(run),
+        run.spec.transformer_config,
     )
     return built
 
