@@ -166,3 +166,15 @@ def test_an_a14b_pair_is_two_files_with_the_boundary_and_a_two_sampler_workflow(
     assert [n["type"] for n in flow["nodes"]].count("KSamplerAdvanced") == 2
     card = (tmp_path / "README.md").read_text()
     assert "the high-noise expert" in card and "transformer_2 = WanTransformer3DModel.from_single_file" in card
+
+
+def test_a_few_step_students_file_and_workflow_carry_its_k_shift_and_sigmas(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    out = export(few_step_copy(finished, tmp_path, 2), tmp_path / "k2", "single-file", name="k2")
+    with safe_open(str(out / "k2.safetensors"), "pt") as f:
+        sampling = json.loads(f.metadata()["sampling"])
+    assert sampling["steps"] == 2 and sampling["guidance_scale"] == 1.0 and len(sampling["sigmas"]) == 3
+    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
+    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
+    assert f"sigmas {sampling['sigmas']}" in (out / "README.md").read_text()
