@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from tests.conftest import ROOT, refused
@@ -97,6 +98,15 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     assert (full / "mine.txt").read_text() == "mine"
     with refused("--format lora: the student of"):
         export(finished, tmp_path / "lora", "lora")
+    lora = tmp_path / "lora_run"
+    shutil.copytree(finished, lora)
+    saved = OmegaConf.load(lora / ".hydra" / "config.yaml")
+    saved.student.builder = "lora"
+    OmegaConf.save(saved, lora / ".hydra" / "config.yaml")
+    with refused("--format single-file: the student of"):
+        export(lora, tmp_path / "lora", "single-file")
+    with refused("--format lora: writing a LoRA student's adapters is not here yet"):
+        export(lora, tmp_path / "lora", "lora")
     with refused("--dtype fp8 is for --format single-file"):
         export(finished, tmp_path / "d8", "diffusers", "fp8")
     unfinished = tmp_path / "unfinished"

@@ -111,15 +111,22 @@ def check_out(out: Path, run_dir: Path, force: bool) -> None:
 
 
 def check_format(run, fmt: str, dtype: str | None) -> None:
-    if fmt == "lora" and not is_lora_student(run):
+    lora = is_lora_student(run)
+    if fmt == "lora" and not lora:
+        builder = _word(run.cfg.student, "builder")
         raise UserError(
-            f"--format lora: the student of {run.path} is not a LoRA (student.builder="
-            f"{_word(run.cfg.student, 'builder')}); export it with --format single-file or diffusers"
+            f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
+            "--format single-file or diffusers"
         )
-    if fmt == "lora":
+    if fmt not in WRITERS:  # the LoRA layout's writer is the next one (issue 35, part 3)
         raise UserError(
-            "--format lora: writing a LoRA student's adapters is not here yet; its diffusers-format "
-            f"adapters are in {run.path}/student/ (WanPipeline.load_lora_weights reads them)"
+            f"--format {fmt}: writing a LoRA student's adapters is not here yet; its diffusers-format adapters are in "
+            f"{run.path}/student/ (WanPipeline.load_lora_weights reads them)"
+        )
+    if lora and fmt != "lora":
+        raise UserError(
+            f"--format {fmt}: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of its "
+            "own); export it with --format lora"
         )
     if fmt == "diffusers" and dtype == "fp8":
         raise UserError(
