@@ -90,6 +90,8 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     with refused("is inside the run folder"):
         export(finished, finished / "exports", "single-file")
     assert not (finished / "exports").exists()
+    with refused("holds the run folder"):
+        export(finished, finished.parent, "single-file", force=True)
     full = tmp_path / "full"
     full.mkdir()
     (full / "mine.txt").write_text("mine")

@@ -101,6 +101,8 @@ def check_out(out: Path, run_dir: Path, force: bool) -> None:
             f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
             "folder holds what training writes)"
         )
+    if real_out in real_run.parents:  # --force would remove the run with the folder it replaces
+        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(f"--out {out} is a file or a link; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:
