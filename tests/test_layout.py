@@ -15,7 +15,7 @@ import wandistiller
 from wandistiller.core.renamed import RENAMED, modernize
 
 PACKAGE = Path(wandistiller.__file__).parent
-CLIS = {"train", "eval", "generate", "plan", "legacy", "pipeline"}
+CLIS = {"train", "eval", "generate", "plan", "legacy", "pipeline", "export"}
 CLI_PACKAGES = {"quality"}  # `python -m wandistiller.quality`: a CLI that is a package
 # None: the end-of-run evaluation's hook calls the evaluation library (wandistiller/evaluation/), not its CLI, and
 # the pipeline folder is made in state/export.py.

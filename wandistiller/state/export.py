@@ -335,3 +335,19 @@ image = pipe("a fox in the snow", {few_arg}guidance_scale=1.0, num_frames=1, hei
 ```
 {few_other}"""
     )
+
+
+# -- the exported files, listed on the card (python -m wandistiller.export) ---------------------------------------
+def files_section(files: list[tuple[str, str, str, str]], intro: str = "") -> str:
+    """The card's list of every exported file: (file, what it is, the lines that load it in diffusers, how ComfyUI
+    loads it; "" where that loader does not take it), after `intro`."""
+    rows = ["\n## Files\n", *([f"{intro}\n"] if intro else [])]
+    for name, what, diffusers_lines, comfy in files:
+        rows.append(f"- **`{name}`**: {what}")
+        if diffusers_lines:
+            rows.append(
+                f"\n  diffusers:\n\n  ```python\n  {diffusers_lines.strip().replace(chr(10), chr(10) + '  ')}\n  ```\n"
+            )
+        if comfy:
+            rows.append(f"  ComfyUI: {comfy}\n")
+    return "\n".join(rows) + "\n"

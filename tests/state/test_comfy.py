@@ -1,0 +1,55 @@
+"""The ComfyUI workflow beside a single file: core nodes, linked slot to slot, at the student's settings."""
+
+from __future__ import annotations
+
+import json
+
+from wandistiller.state.comfy import TEXT_ENCODER, VAE, Sampling, readme, switch_step, workflow, workflow_text
+
+
+def by_type(flow: dict) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {}
+    for node in flow["nodes"]:
+        found.setdefault(node["type"], []).append(node)
+    return found
+
+
+def check_links(flow: dict) -> None:
+    """Every link joins an existing output slot to an existing input slot, and both ends name it."""
+    nodes = {n["id"]: n for n in flow["nodes"]}
+    for link_id, source, slot, target, target_slot, kind in flow["links"]:
+        assert link_id in nodes[source]["outputs"][slot]["links"] and nodes[source]["outputs"][slot]["type"] == kind
+        assert nodes[target]["inputs"][target_slot]["link"] == link_id
+    assert flow["last_link_id"] == len(flow["links"]) and flow["last_node_id"] == len(flow["nodes"])
+
+
+def test_one_file_samples_at_the_students_steps_with_cfg_1_and_the_teachers_shift():
+    s = Sampling(4, "euler", "simple", 5.0, 832, 480)
+    flow = json.loads(workflow_text(["student.safetensors"], s))
+    check_links(flow)
+    nodes = by_type(flow)
+    assert nodes["UNETLoader"][0]["widgets_values"][0] == "student.safetensors"
+    assert nodes["CLIPLoader"][0]["widgets_values"][:2] == [TEXT_ENCODER, "wan"]
+    assert nodes["VAELoader"][0]["widgets_values"] == [VAE]
+    assert nodes["ModelSamplingSD3"][0]["widgets_values"] == [5.0]
+    assert nodes["KSampler"][0]["widgets_values"][2:6] == [4, 1.0, "euler", "simple"]
+    assert nodes["EmptyHunyuanLatentVideo"][0]["widgets_values"] == [832, 480, 1, 1]
+    assert {"VAEDecode", "SaveImage"} <= set(nodes) and "KSamplerAdvanced" not in nodes
+
+
+def test_a_pair_hands_over_at_the_boundary_on_comfyuis_schedule():
+    s = Sampling(4, "euler", "simple", 3.0, 64, 64, boundary=0.875)
+    # simple at shift 3: sigmas 1, 0.9, 0.75, 0.5: the high-noise expert takes the two at or above 0.875
+    assert switch_step(s) == 2
+    flow = workflow(["x_high_noise.safetensors", "x_low_noise.safetensors"], s, "a red 3")
+    check_links(flow)
+    high, low = by_type(flow)["KSamplerAdvanced"]
+    assert high["widgets_values"][7:9] == [0, 2] and low["widgets_values"][7] == 2
+    assert high["widgets_values"][0] == "enable" and low["widgets_values"][0] == "disable"
+    assert [n["widgets_values"][0] for n in by_type(flow)["UNETLoader"]] == [
+        "x_high_noise.safetensors",
+        "x_low_noise.safetensors",
+    ]
+    text = readme(["x_high_noise.safetensors", "x_low_noise.safetensors"], "x.workflow.json", s, "", "a warning")
+    assert "models/diffusion_models" in text and "models/text_encoders" in text and "models/vae" in text
+    assert "switching at step 2 of 4" in text and "**Note:** a warning" in text and "cfg 1" in text

@@ -1,0 +1,192 @@
+"""`python -m wandistiller.export`: a run's student as single files (and their workflow, README, card) or a diffusers
+folder, read back by diffusers' own loaders; every refusal one line, nothing left in --out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors import safe_open
+
+from tests.conftest import ROOT, refused
+from wandistiller.export import export
+
+
+def student_output(model) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    c = model.config
+    with torch.no_grad():
+        return model(
+            torch.randn(1, c.in_channels, 1, 8, 8, generator=g),
+            torch.tensor([500.0]),
+            torch.randn(1, 8, c.text_dim, generator=g),
+            return_dict=False,
+        )[0]
+
+
+def test_single_file_export_loads_in_diffusers_as_the_student_and_its_card_lists_every_file(
+    finished, tmp_path, tiny_path
+):
+    from diffusers import WanTransformer3DModel
+
+    out = export(finished, tmp_path / "exports" / "mine", "single-file", "fp32")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "config.json", "tiny_tiny_fp32.safetensors", "tiny_tiny_fp32.workflow.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]  # no temporary folder left beside it
+    loaded = WanTransformer3DModel.from_single_file(str(out / "tiny_tiny_fp32.safetensors"), config=str(out))
+    student = WanTransformer3DModel.from_pretrained(finished / "student")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), student.state_dict().values()))
+    # The student's output, exactly (a model diffusers builds from config and state; from_pretrained's own differs
+    # from that by rounding, 4e-7 here, whatever the file).
+    same = WanTransformer3DModel.from_config(student.config)
+    same.load_state_dict(student.state_dict())
+    assert torch.equal(student_output(loaded), student_output(same))
+    with safe_open(str(out / "tiny_tiny_fp32.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert json.loads(meta["config"])["num_layers"] == student.config.num_layers
+    assert json.loads(meta["sampling"])["guidance_scale"] == 1.0 and json.loads(meta["teacher"])["name"]
+    card = (out / "README.md").read_text()
+    for name in names[1:]:
+        assert f"`{name}`" in card, name
+    assert "from_single_file" in card and "models/diffusion_models" in card and "**Note:** ComfyUI" in card
+    # The card's lines load it (its placeholders filled in) into the teacher's pipeline.
+    code = textwrap.dedent(card.split("```python")[-1].split("```")[0]).replace("PATH_TO_THIS_FOLDER", str(out))
+    scope = {"torch": torch}
+    exec(code.replace("THE_TEACHER_FOLDER", str(tiny_path)), scope)
+    assert torch.equal(student_output(scope["pipe"].transformer), student_output(same))
+    for file in out.iterdir():
+        if file.suffix in (".json", ".md"):
+            assert str(tmp_path) not in file.read_text() and str(ROOT) not in file.read_text(), file
+
+
+def test_fp8_and_bf16_single_files_and_a_bf16_diffusers_folder(finished, tmp_path):
+    from diffusers import WanPipeline
+
+    fp8 = export(finished, tmp_path / "fp8", "single-file", "fp8", name="s")
+    with safe_open(str(fp8 / "s.safetensors"), "pt") as f:
+        assert "scaled_fp8" in f.keys() and f.get_tensor("blocks.0.ffn.0.weight").dtype == torch.float8_e4m3fn
+    assert (tmp_path / "fp8" / "s.safetensors").stat().st_size < 0.8 * (
+        export(finished, tmp_path / "bf16", "single-file").joinpath("tiny_tiny_bf16.safetensors").stat().st_size
+    )
+    folder = export(finished, tmp_path / "diffusers", "diffusers", "bf16")
+    pipe = WanPipeline.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    assert pipe.transformer.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+    (weights,) = (folder / "transformer").glob("*.safetensors")
+    with safe_open(str(weights), "pt") as f:
+        assert f.get_tensor("blocks.0.attn1.to_q.weight").dtype == torch.bfloat16
+        assert f.get_tensor("blocks.0.scale_shift_table").dtype == torch.float32  # diffusers keeps it fp32
+    assert "## Files" in (folder / "README.md").read_text()
+
+
+def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path):
+    from wandistiller.core.errors import UserError
+
+    with refused("is inside the run folder"):
+        export(finished, finished / "exports", "single-file")
+    assert not (finished / "exports").exists()
+    with refused("holds the run folder"):
+        export(finished, finished.parent, "single-file", force=True)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "mine.txt").write_text("mine")
+    with refused(f"--out {full} is not empty; choose a new folder, or add --force"):
+        export(finished, full, "single-file")
+    assert (full / "mine.txt").read_text() == "mine"
+    with refused("--format lora: the student of"):
+        export(finished, tmp_path / "lora", "lora")
+    lora = tmp_path / "lora_run"
+    shutil.copytree(finished, lora)
+    saved = OmegaConf.load(lora / ".hydra" / "config.yaml")
+    saved.student.builder = "lora"
+    OmegaConf.save(saved, lora / ".hydra" / "config.yaml")
+    with refused("--format single-file: the student of"):
+        export(lora, tmp_path / "lora", "single-file")
+    with refused("--format lora: writing a LoRA student's adapters is not here yet"):
+        export(lora, tmp_path / "lora", "lora")
+    with refused("--dtype fp8 is for --format single-file"):
+        export(finished, tmp_path / "d8", "diffusers", "fp8")
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(finished, unfinished)
+    shutil.rmtree(unfinished / "student")
+    with refused("has no final student (student/)"):
+        export(unfinished, tmp_path / "u", "single-file")
+    export(unfinished, tmp_path / "u", "single-file", checkpoint="latest")  # a checkpoint's student, by name
+    # A received run whose student/ links out of it: never followed.
+    elsewhere = tmp_path / "someone_elses"
+    shutil.move(unfinished / "checkpoints", elsewhere)
+    (unfinished / "student").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="leads out of the run folder"):
+        export(unfinished, tmp_path / "linked", "single-file")
+    assert not (tmp_path / "linked").exists()
+    (unfinished / "student").unlink()
+    shutil.copytree(finished / "student", unfinished / "student")
+    (unfinished / "metrics.json").unlink()
+    (unfinished / "metrics.json").symlink_to(full / "mine.txt")  # a file of yours, never read into a card
+    with pytest.raises(UserError, match="leads out of the run folder"):
+        export(unfinished, tmp_path / "linked", "single-file")
+    replaced = export(finished, full, "single-file", force=True)  # --force replaces it, once the export is whole
+    assert not (replaced / "mine.txt").exists() and (replaced / "README.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_the_cli_refuses_an_unknown_format_or_dtype_in_one_line():
+    for bad in (["--format", "gguf"], ["--format", "single-file", "--dtype", "int4"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "wandistiller.export", "run", *bad, "--out", "x"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "invalid choice" in done.stderr
+
+
+def test_an_a14b_pair_is_two_files_with_the_boundary_and_a_two_sampler_workflow(tmp_path):
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from wandistiller.core.files import ASSETS
+    from wandistiller.export import write_single_files
+    from wandistiller.state.comfy import Sampling
+
+    folder = ASSETS / "pocket" / "pocket-wan-t2v-moe"
+    pipe = WanPipeline.from_pretrained(folder)
+    teacher = {"name": "pocket_moe", "hub_id": None, "digest": None, "boundary_ratio": pipe.config.boundary_ratio}
+    comfy = Sampling(4, "euler", "simple", 3.0, 32, 32, pipe.config.boundary_ratio)
+    files = write_single_files(
+        tmp_path,
+        [pipe.transformer, pipe.transformer_2],
+        "pair",
+        "bf16",
+        {"steps": 4, "few_step": False},
+        teacher,
+        comfy,
+        "# card\n",
+    )
+    assert [f.name for f in files] == ["pair_high_noise.safetensors", "pair_low_noise.safetensors"]
+    for file, kind in zip(files, ("high_noise", "low_noise")):
+        with safe_open(str(file), "pt") as f:
+            assert json.loads(f.metadata()["expert"]) == {"expert": kind, "boundary_ratio": 0.875}
+    loaded = [WanTransformer3DModel.from_single_file(str(f), config=str(tmp_path)) for f in files]
+    both = WanPipeline.from_pretrained(folder, transformer=loaded[0], transformer_2=loaded[1])
+    assert both.transformer_2 is loaded[1] and both.config.boundary_ratio == 0.875
+    flow = json.loads((tmp_path / "pair.workflow.json").read_text())
+    assert [n["type"] for n in flow["nodes"]].count("KSamplerAdvanced") == 2
+    card = (tmp_path / "README.md").read_text()
+    assert "the high-noise expert" in card and "transformer_2 = WanTransformer3DModel.from_single_file" in card
+
+
+def test_a_few_step_students_file_and_workflow_carry_its_k_shift_and_sigmas(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    out = export(few_step_copy(finished, tmp_path, 2), tmp_path / "k2", "single-file", name="k2")
+    with safe_open(str(out / "k2.safetensors"), "pt") as f:
+        sampling = json.loads(f.metadata()["sampling"])
+    assert sampling["steps"] == 2 and sampling["guidance_scale"] == 1.0 and len(sampling["sigmas"]) == 3
+    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
+    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
+    assert f"sigmas {sampling['sigmas']}" in (out / "README.md").read_text()

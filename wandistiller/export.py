@@ -1,0 +1,465 @@
+"""Export a run's student where Wan users run models: a diffusers pipeline folder, or single `.safetensors` files in
+the Wan reference layout (bf16, fp16, fp32 or ComfyUI's scaled fp8) with a ComfyUI workflow, README and model card.
+
+`python -m wandistiller.export RUN --format diffusers|single-file|lora [--dtype bf16|fp16|fp32|fp8] --out DIR`
+
+- `diffusers`: what `python -m wandistiller.pipeline RUN --out DIR` writes (WanPipeline.from_pretrained loads it),
+  its transformer in `--dtype` (default: as saved, fp32).
+- `single-file`: `<name>.safetensors` (an A14B pair: `<name>_high_noise` / `<name>_low_noise`) in the Wan reference
+  layout (state/singlefile.py), its metadata the student's config, sampling and teacher; `config.json` beside it
+  (diffusers' `from_single_file(config=DIR)`), `<name>.workflow.json` for ComfyUI (state/comfy.py) and README.md:
+  the model card, every file and the lines that load it. `--dtype` default bf16.
+- `lora`: a LoRA student's adapters (one more writer in WRITERS, for LoRA students); refused for any other student.
+
+Everything is written into a temporary folder beside `--out` and renamed into place at the end: an error, a full
+disk or a kill leaves nothing partly written there. The run folder is only read (through core/files.py's guarded
+helpers: a received run's link that leads out of it is refused), and `--out` may not lie inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
+
+log = logging.getLogger("wandistiller.export")
+
+FORMATS = ("diffusers", "single-file", "lora")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": None}  # None: as the student was saved
+# Student shapes a loader that guesses from the weights reads right, given a Wan teacher (128-wide heads): the
+# named students keep the teacher's head size (student/prune.py, core/arch.py).
+KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher (128-wide heads, one FFN width)"
+
+
+# -- reading the run (the only reads of the run folder: core/files.py's guarded helpers) ---------------------------
+def read_student(run, checkpoint: str | None):
+    """(the student's WanTransformer3DModel in fp32 on the CPU, the folder it came from). The final student unless
+    `checkpoint` (best, latest, step_N, ema) names another; a run that never finished has no final student."""
+    import torch
+
+    from wandistiller.state.runs import load_student, student_source
+
+    if checkpoint in (None, "ema"):
+        source = final_student(run, checkpoint)
+    else:
+        source = student_source(run, checkpoint)
+    return load_student(run, source, torch.device("cpu"), torch.float32), source
+
+
+def final_student(run, checkpoint: str | None) -> Path:
+    """The run's `student/` (`student_ema/` for --checkpoint ema), refused in one line where the run has none."""
+    from wandistiller.core.files import in_run
+
+    if checkpoint == "ema":
+        source = in_run(run.path, "student_ema")
+        if not source.is_dir():
+            raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
+        return source
+    source = in_run(run.path, "student")
+    if not source.is_dir():
+        raise UserError(
+            f"{run.path} has no final student (student/): the run did not finish; finish it "
+            "(trainer.resume=auto) or export a checkpoint's student with --checkpoint latest"
+        )
+    return source
+
+
+def run_card(run) -> str:
+    """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
+    from wandistiller.core.files import in_run
+    from wandistiller.state.export import model_card
+
+    in_run(run.path, "metrics.json")  # a received run's link to a file elsewhere is refused, never read
+    return model_card(run.path, run.spec.path)
+
+
+def is_lora_student(run) -> bool:
+    """Whether the run's student is low-rank adapters on the teacher (`student.builder: lora`), as saved."""
+    from wandistiller.state.export import _raw
+
+    return _raw(run.cfg.student, "builder") == "lora"
+
+
+# -- checks before anything is read or written ---------------------------------------------------------------------
+def check_out(out: Path, run_dir: Path, force: bool) -> None:
+    """`--out` new, or empty, or (with --force) an existing folder to replace; never inside the run folder."""
+    from wandistiller.core.files import folder_problem
+
+    real_out, real_run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
+    if real_out == real_run or real_run in real_out.parents:
+        raise UserError(
+            f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
+            "folder holds what training writes)"
+        )
+    if real_out in real_run.parents:  # --force would remove the run with the folder it replaces
+        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"--out {out} is a file or a link; choose a new folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"--out {out} is not empty; choose a new folder, or add --force to replace it")
+    problem = folder_problem(out)
+    if problem:
+        raise UserError(f"--out {out}: {problem}; choose another folder")
+
+
+def check_format(run, fmt: str, dtype: str | None) -> None:
+    lora = is_lora_student(run)
+    if fmt == "lora" and not lora:
+        builder = _word(run.cfg.student, "builder")
+        raise UserError(
+            f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
+            "--format single-file or diffusers"
+        )
+    if fmt not in WRITERS:  # the LoRA layout's writer is the next one (issue 35, part 3)
+        raise UserError(
+            f"--format {fmt}: writing a LoRA student's adapters is not here yet; its diffusers-format adapters are in "
+            f"{run.path}/student/ (WanPipeline.load_lora_weights reads them)"
+        )
+    if lora and fmt != "lora":
+        raise UserError(
+            f"--format {fmt}: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of its "
+            "own); export it with --format lora"
+        )
+    if fmt == "diffusers" and dtype == "fp8":
+        raise UserError(
+            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); a diffusers folder takes "
+            "--dtype bf16, fp16 or fp32"
+        )
+
+
+def _word(node, key: str) -> str:
+    from wandistiller.state.export import _raw, _word
+
+    return _word(_raw(node, key)) or "?"
+
+
+# -- what the files say about sampling -----------------------------------------------------------------------------
+def sampling_facts(run) -> dict:
+    """The student's sampling as the file's metadata and README state it: K steps on its own Euler schedule for a
+    few-step student (its timesteps and sigmas), else the run's evaluation steps on the teacher's scheduler; the
+    flow shift; guidance 1."""
+    from wandistiller.state.export import _number, _raw
+    from wandistiller.teacher.fewstep import student_schedule
+
+    k, spec = run.trained_steps, run.spec
+    facts: dict = {"guidance_scale": 1.0, "shift": spec.flow_shift, "num_train_timesteps": spec.num_train_timesteps}
+    if k is not None:
+        timesteps, sigmas = student_schedule(spec, k)
+        return facts | {
+            "steps": k,
+            "few_step": True,
+            "scheduler": "FlowMatchEulerDiscreteScheduler",
+            "timesteps": [round(t, 4) for t in timesteps.tolist()],
+            "sigmas": [round(s, 6) for s in sigmas.tolist()],
+        }
+    hooks = run.cfg.get("hooks")
+    evaluate = hooks.get("evaluate") if hooks is not None and hasattr(hooks, "get") else None
+    steps = _number(_raw(evaluate, "steps")) if evaluate is not None else None
+    return facts | {
+        "steps": int(steps) if steps and steps >= 1 else 20,
+        "few_step": False,
+        "scheduler": "the teacher's",
+    }
+
+
+def comfy_sampling(run, facts: dict, experts: int):
+    from wandistiller.state.comfy import Sampling
+    from wandistiller.state.export import image_scale
+
+    scale, d = image_scale(run.spec.path), run.cfg.data
+    boundary = run.spec.boundary_ratio if experts == 2 else None
+    sampler = ("euler", "simple") if facts["few_step"] else ("uni_pc", "simple")
+    return Sampling(
+        facts["steps"], *sampler, facts["shift"], int(d.latent_width) * scale, int(d.latent_height) * scale, boundary
+    )
+
+
+def teacher_facts(run, source: Path) -> dict:
+    from wandistiller.state.export import card_teacher
+    from wandistiller.state.runs import recorded_teacher
+
+    name, hub_id = card_teacher(run.cfg)
+    recorded = recorded_teacher(run, source) or {}
+    digest = recorded.get("digest") if isinstance(recorded.get("digest"), str) else None
+    return {"name": name, "hub_id": hub_id, "digest": digest, "boundary_ratio": run.spec.boundary_ratio}
+
+
+def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = None) -> str | None:
+    """One line where a loader that guesses the shape from the weights would build this student wrong."""
+    from wandistiller.state.singlefile import loader_assumptions_broken
+
+    broken = loader_assumptions_broken(config, tensors)
+    if not broken:
+        return None
+    keeps = KEEPS_WAN_SHAPE
+    if teacher_config is not None and loader_assumptions_broken(teacher_config, {}):
+        keeps += " (this teacher's own shape breaks them too: only a Wan teacher's students keep them)"
+    return (
+        f"ComfyUI (and any loader that guesses a Wan model's shape from its weights) would build this student "
+        f"wrong: {'; '.join(broken)}; diffusers with config= loads it. The shapes that keep those guesses: {keeps}"
+    )
+
+
+# -- the writers ----------------------------------------------------------------------------------------------------
+def write_single_files(
+    out: Path,
+    experts: list,
+    name: str,
+    dtype: str,
+    facts: dict,
+    teacher: dict,
+    comfy,
+    card: str,
+    teacher_config: dict | None = None,
+) -> list[Path]:
+    """`experts` (one student, or an A14B pair: high-noise first) as single files in `out`, with config.json, the
+    ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section)."""
+    from safetensors.torch import save_file
+
+    from wandistiller.state.comfy import readme, workflow_text
+    from wandistiller.state.export import files_section
+    from wandistiller.state.singlefile import block_count_problem, config_of, expert_names, metadata, wan_tensors
+
+    files, warning = expert_names(name, len(experts)), None
+    config = config_of(experts[0])
+    for i, (model, file) in enumerate(zip(experts, files)):
+        tensors = wan_tensors(model, dtype)
+        bad = block_count_problem(tensors)
+        if bad:
+            raise ValueError(f"{file}: {bad}")
+        warning = warning or shape_warning(config_of(model), tensors, teacher_config)
+        expert = (
+            {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
+            if len(experts) == 2
+            else None
+        )
+        save_file(tensors, str(out / file), metadata=metadata(config_of(model), facts, teacher, expert))
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    workflow_file = f"{name}.workflow.json"
+    (out / workflow_file).write_text(workflow_text(files, comfy))
+    if warning:
+        log.warning("note: %s", warning)
+    exact = ""
+    if facts["few_step"]:
+        exact = (
+            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
+            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
+        )
+    listing = [
+        (
+            f,
+            _what(dtype, i, len(files)),
+            _diffusers_lines(f, dtype, teacher, i, files),
+            f"`{f}` into models/diffusion_models, then Load Diffusion Model (UNETLoader); `{workflow_file}` does it",
+        )
+        for i, f in enumerate(files)
+    ]
+    listing += [
+        ("config.json", "the student's diffusers config, which `from_single_file(config=...)` needs", "", ""),
+        (workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"),
+    ]
+    intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
+    sections = files_section(listing, intro) + readme(files, workflow_file, comfy, exact, warning)
+    (out / "README.md").write_text(card + sections)
+    return [out / f for f in files]
+
+
+def _what(dtype: str, i: int, count: int) -> str:
+    which = "" if count == 1 else (" (the high-noise expert)", " (the low-noise expert)")[i]
+    kind = (
+        (
+            "ComfyUI's scaled fp8: the blocks' Linear weights float8_e4m3fn with one float32 scale each, the rest "
+            "bf16/fp32"
+        )
+        if dtype == "fp8"
+        else dtype
+    )
+    return f"the student transformer{which} in the Wan reference layout, {kind}"
+
+
+def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[str]) -> str:
+    if dtype == "fp8":
+        return ""  # diffusers does not read ComfyUI's scaled fp8: the bf16 export is its file
+    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
+    source = teacher["hub_id"] or "THE_TEACHER_FOLDER"
+    part = "transformer" if i == 0 else "transformer_2"
+    other = "" if len(files) == 1 else "  # and the other file as the other expert"
+    return (
+        "from diffusers import WanPipeline, WanTransformer3DModel\n"
+        'folder = "PATH_TO_THIS_FOLDER"  # it holds config.json\n'
+        f'{part} = WanTransformer3DModel.from_single_file(f"{{folder}}/{file}", config=folder, '
+        f"torch_dtype={torch_dtype})\n"
+        f'pipe = WanPipeline.from_pretrained("{source}", {part}={part}, torch_dtype={torch_dtype}){other}'
+    )
+
+
+def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype: str | None) -> Path:
+    """The pipeline command's export, its transformer re-saved in `dtype` (diffusers keeps its fp32 modules)."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.pipeline import export as pipeline_export
+    from wandistiller.state.export import files_section
+
+    built = pipeline_export(run.path, tmp / out_name, checkpoint)
+    if dtype not in (None, "fp32"):
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        folder = built / "transformer"
+        model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch_dtype)
+        for weights in folder.glob("*.safetensors*"):
+            weights.unlink()
+        model.save_pretrained(folder, safe_serialization=True)
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("_name_or_path", None)
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    listing = [
+        (
+            ".",
+            "the whole pipeline: the student transformer with the teacher's tokenizer, text encoder, VAE and scheduler",
+            'pipe = WanPipeline.from_pretrained("PATH_OR_REPO")',
+            "",
+        ),
+        (
+            "transformer/",
+            f"the student alone ({dtype or 'fp32'})",
+            'transformer = WanTransformer3DModel.from_pretrained("PATH_OR_REPO", subfolder="transformer")',
+            "",
+        ),
+    ]
+    with (built / "README.md").open("a") as card:
+        card.write(files_section(listing))
+    return built
+
+
+# Writers by format: (run, tmp folder, args) -> the folder to rename into --out. LoRA students' adapters are the
+# lead's next writer (`--format lora`): check_format refuses it until then.
+WRITERS: dict[str, Callable] = {}
+
+
+def export(
+    run_dir: Path,
+    out: Path,
+    fmt: str = "single-file",
+    dtype: str | None = None,
+    checkpoint: str | None = None,
+    force: bool = False,
+    name: str | None = None,
+) -> Path:
+    """Write the run's student to `out` in `fmt`, whole or not at all."""
+    from wandistiller.state.runs import open_run
+
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    run = open_run(run_dir)
+    check_out(out, run.path, force)
+    check_format(run, fmt, dtype)
+    if checkpoint in (None, "ema"):
+        final_student(run, checkpoint)  # before any work
+    dtype = dtype or DEFAULT_DTYPE[fmt]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name)
+            _replace(out, built, Path(tmp))
+    except OSError as e:  # a full disk, a quota
+        raise UserError(
+            f"--out {out}: the export could not be written ({e.strerror or e}); free some space or "
+            "choose another folder (nothing was left there)"
+        ) from None
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    log.info(
+        "exported %s (%s, %s): %.1f MB in %.1f s",
+        out,
+        fmt,
+        dtype or "as saved",
+        size / 1e6,
+        time.perf_counter() - start,
+    )
+    return out
+
+
+def _replace(out: Path, built: Path, tmp: Path) -> None:
+    """`built` takes `out`'s place: an empty folder (or, with --force, a full one) goes only once the export is
+    whole, moved aside into the temporary folder first (removed with it)."""
+    from wandistiller.core.files import _umask
+
+    mask = _umask()  # a temporary folder's files are owner-only: give them what a plain write would
+    for path in [built, *built.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+    if out.is_dir():
+        os.rename(out, tmp / ".replaced")
+    os.rename(built, out)
+
+
+def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+    from wandistiller.state.export import _raw, _word
+
+    student, source = read_student(run, checkpoint)
+    teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
+    builder = _word(_raw(run.cfg.student, "builder")) or "student"
+    name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
+    facts = sampling_facts(run)
+    built = tmp / "export"
+    built.mkdir()
+    write_single_files(
+        built,
+        [student],
+        name,
+        dtype,
+        facts,
+        teacher_facts(run, source),
+        comfy_sampling(run, facts, 1),
+        run_card(run),
+        run.spec.transformer_config,
+    )
+    return built
+
+
+def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None) -> Path:
+    return write_diffusers(run, tmp, "export", checkpoint, dtype)
+
+
+WRITERS.update({"single-file": _single_file, "diffusers": _diffusers})
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m wandistiller.export", description=description(__doc__))
+    parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
+    parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="what to write")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="the weights' dtype (default: bf16 for single-file, as "
+        "saved (fp32) for diffusers); fp8: ComfyUI's scaled fp8, single-file only",
+    )
+    parser.add_argument("--out", required=True, help="a new folder (or an empty one; --force replaces a full one)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
+    parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
+    parser.add_argument("--name", help="the single files' name (default: <teacher>_<student>_<dtype>)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
+    with internal_errors_reported(), exit_on_user_error():
+        out = export(Path(args.run_dir), Path(args.out), args.fmt, args.dtype, args.checkpoint, args.force, args.name)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

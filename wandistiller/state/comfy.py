@@ -1,0 +1,176 @@
+"""A ComfyUI workflow beside each single file, and the README that says what else it needs and where it goes.
+
+The workflow is ComfyUI's own (UI) format, which it opens by dropping the JSON on its canvas: nodes with their
+widget values, and links between their slots. It names only core nodes, as ComfyUI's own Wan text-to-video example
+does: "Load Diffusion Model" (UNETLoader) for the student's file, CLIPLoader (type wan) for the umT5-XXL text
+encoder, VAELoader for the Wan VAE, ModelSamplingSD3 at the teacher's flow shift, an empty latent of the student's
+size and one frame, KSampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode and
+SaveImage. A pair (Wan 2.2 A14B) gets two loaders and two KSamplerAdvanced, the high-noise expert's steps first,
+split where ComfyUI's schedule crosses the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+# The usual names of the teacher's other files in ComfyUI's folders (Comfy-Org's repackaged Wan files).
+TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
+VAE = "wan_2.1_vae.safetensors"
+REPACKAGED = "Comfy-Org's Wan repackage"
+FOLDERS = {"diffusion_model": "models/diffusion_models", "text_encoder": "models/text_encoders", "vae": "models/vae"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the student samples in ComfyUI: its steps, the sampler and scheduler, the flow shift, the image size;
+    `boundary`: a pair's switch from the high-noise expert, in timesteps (t / 1000 of the schedule)."""
+
+    steps: int
+    sampler: str
+    scheduler: str
+    shift: float
+    width: int
+    height: int
+    boundary: float | None = None
+
+
+@dataclass
+class _Graph:
+    nodes: list[dict] = field(default_factory=list)
+    links: list[list] = field(default_factory=list)
+
+    def add(
+        self,
+        kind: str,
+        widgets: list,
+        inputs: dict[str, tuple[str, tuple[int, int]]],
+        outputs: list[str],
+        title: str | None = None,
+    ) -> int:
+        """A node; `inputs`: name -> (type, (node id, output slot)). Returns its id."""
+        node_id = len(self.nodes) + 1
+        node: dict = {
+            "id": node_id,
+            "type": kind,
+            "pos": [40 + 320 * (node_id % 5), 80 + 220 * (node_id // 5)],
+            "size": [300, 120],
+            "flags": {},
+            "order": node_id - 1,
+            "mode": 0,
+            "inputs": [],
+            "outputs": [{"name": o, "type": o, "links": [], "slot_index": i} for i, o in enumerate(outputs)],
+            "properties": {"Node name for S&R": kind},
+            "widgets_values": widgets,
+        }
+        if title:
+            node["title"] = title
+        for name, (kind_in, (source, slot)) in inputs.items():
+            link_id = len(self.links) + 1
+            self.links.append([link_id, source, slot, node_id, len(node["inputs"]), kind_in])
+            node["inputs"].append({"name": name, "type": kind_in, "link": link_id})
+            self.nodes[source - 1]["outputs"][slot]["links"].append(link_id)
+        self.nodes.append(node)
+        return node_id
+
+    def workflow(self) -> dict:
+        return {
+            "last_node_id": len(self.nodes),
+            "last_link_id": len(self.links),
+            "nodes": self.nodes,
+            "links": self.links,
+            "groups": [],
+            "config": {},
+            "extra": {},
+            "version": 0.4,
+        }
+
+
+def switch_step(s: Sampling) -> int:
+    """The step at which a pair hands over to the low-noise expert: the first of ComfyUI's `simple` schedule at
+    this shift whose timestep is below the boundary (the high-noise expert serves t >= boundary, as WanPipeline)."""
+    assert s.boundary is not None
+    for i in range(s.steps):
+        t = 1 - i / s.steps
+        if s.shift * t / (1 + (s.shift - 1) * t) < s.boundary:
+            return i
+    return s.steps
+
+
+def workflow(files: list[str], s: Sampling, prompt: str) -> dict:
+    """The workflow for one student file, or for a pair (`files`: high-noise, low-noise)."""
+    g = _Graph()
+    clip = g.add("CLIPLoader", [TEXT_ENCODER, "wan", "default"], {}, ["CLIP"])
+    vae = g.add("VAELoader", [VAE], {}, ["VAE"])
+    positive = g.add("CLIPTextEncode", [prompt], {"clip": ("CLIP", (clip, 0))}, ["CONDITIONING"])
+    negative = g.add(
+        "CLIPTextEncode", [""], {"clip": ("CLIP", (clip, 0))}, ["CONDITIONING"], title="negative (unused at cfg 1)"
+    )
+    latent = g.add("EmptyHunyuanLatentVideo", [s.width, s.height, 1, 1], {}, ["LATENT"])
+    models = []
+    for file in files:
+        unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
+        models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
+    conditioning = {"positive": ("CONDITIONING", (positive, 0)), "negative": ("CONDITIONING", (negative, 0))}
+    if len(models) == 1:
+        sampled = g.add(
+            "KSampler",
+            [0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, 1.0],
+            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", (latent, 0))},
+            ["LATENT"],
+        )
+    else:
+        split = switch_step(s)
+        high = g.add(
+            "KSamplerAdvanced",
+            ["enable", 0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, 0, split, "enable"],
+            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", (latent, 0))},
+            ["LATENT"],
+            title="high noise",
+        )
+        sampled = g.add(
+            "KSamplerAdvanced",
+            ["disable", 0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, split, 10000, "disable"],
+            {"model": ("MODEL", (models[1], 0)), **conditioning, "latent_image": ("LATENT", (high, 0))},
+            ["LATENT"],
+            title="low noise",
+        )
+    image = g.add("VAEDecode", [], {"samples": ("LATENT", (sampled, 0)), "vae": ("VAE", (vae, 0))}, ["IMAGE"])
+    g.add("SaveImage", ["wandistiller"], {"images": ("IMAGE", (image, 0))}, [])
+    return g.workflow()
+
+
+def workflow_text(files: list[str], s: Sampling, prompt: str = "a fox in the snow") -> str:
+    return json.dumps(workflow(files, s, prompt), indent=2) + "\n"
+
+
+def readme(files: list[str], workflow_file: str, s: Sampling, exact: str, warning: str | None) -> str:
+    """The README's ComfyUI section: where each file goes, the sampler settings, what the workflow does.
+    `exact`: the student's own schedule in words (a few-step student's sigmas); `warning`: the line on shapes a
+    guessing loader gets wrong, if any."""
+    where = "\n".join(f"| `{f}` | this export | `{FOLDERS['diffusion_model']}/` |" for f in files)
+    pair = (
+        (
+            f"\nThe two files are Wan 2.2 A14B's experts: the high-noise one samples the steps whose timestep is at "
+            f"or above {s.boundary * 1000:.0f}, the low-noise one the rest (two KSamplerAdvanced, switching at step "
+            f"{switch_step(s)} of {s.steps}).\n"
+        )
+        if s.boundary is not None
+        else ""
+    )
+    caution = f"\n**Note:** {warning}\n" if warning else ""
+    text_dir, vae_dir = FOLDERS["text_encoder"], FOLDERS["vae"]
+    return f"""## In ComfyUI
+
+Put the files where ComfyUI looks for them, then drop `{workflow_file}` on ComfyUI's canvas:
+
+| file | from | into |
+|---|---|---|
+{where}
+| `{TEXT_ENCODER}` (or `umt5_xxl_fp16`) | the teacher's umT5-XXL text encoder ({REPACKAGED}) | `{text_dir}/` |
+| `{VAE}` | the teacher's Wan VAE ({REPACKAGED}) | `{vae_dir}/` |
+
+Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG), sampler
+`{s.sampler}`, scheduler `{s.scheduler}`, ModelSamplingSD3 shift {s.shift:g}, {s.width}x{s.height}, 1 frame.
+{exact}
+{pair}{caution}"""
