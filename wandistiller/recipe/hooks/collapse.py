@@ -44,6 +44,8 @@ FLAT_STD = 0.02
 # Pixel features (prompts the pocket judge cannot read): each image pooled to at most this side, so the distance
 # weighs the layout and colours a collapse loses, not pixel noise, and a large frame stays cheap.
 POOLED_SIDE = 32
+# Images decoded together: as many as the sample grids' default 4 prompts, which WanPipeline decodes as one batch.
+DECODE_BATCH = 4
 
 
 @dataclass
@@ -133,11 +135,11 @@ def probe_latents(
 
 
 def decoded(spec, latents: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """First frames [N, 3, H, W] in [0, 1], one image at a time (a real frame's decode is the peak)."""
+    """First frames [N, 3, H, W] in [0, 1], DECODE_BATCH at a time (a real frame's decode is the memory peak)."""
     from wandistiller.teacher.vae import decode_latents, load_vae
 
     vae = load_vae(spec, device)
-    return torch.cat([decode_latents(vae, latents[i : i + 1]) for i in range(len(latents))])
+    return torch.cat([decode_latents(vae, part) for part in latents.split(DECODE_BATCH)])
 
 
 def clipped_share(images: torch.Tensor) -> float:
