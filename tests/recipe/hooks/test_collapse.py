@@ -228,3 +228,11 @@ def test_a_few_step_cli_run_logs_the_watch_into_metrics_steps(tmp_path, cache_di
     assert [r["step"] for r in rows] == [2, 4] and all(set(r) == FIGURES | {"step"} for r in rows)
     assert all(r["collapse/collapsed"] == 0.0 for r in rows)
     assert "step 4: hooks.collapse: diversity" in Path(run_dir / "train.log").read_text()
+
+
+def test_a_bad_setting_on_the_command_line_is_refused_before_the_run_folder(make_cfg, tmp_path):
+    from wandistiller.train import run
+
+    with refused("hooks.collapse.noises=1 must be at least 2"):
+        run(make_cfg("hooks=[collapse]", "hooks.collapse.noises=1", run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

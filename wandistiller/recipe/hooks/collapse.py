@@ -334,6 +334,7 @@ class CollapseWatch(Hook):
         latents = probe_latents(
             teacher.spec, teacher.experts, teacher.guidance_scales, self.probe, self.teacher_steps, teacher.device
         )
+        teacher.copy_ms()  # a streamed teacher's copies for the reference: not the next training step's
         if not self.ctx.is_main:
             return None
         return image_figures(decoded(self.ctx.spec, latents, self.ctx.device), self.probe.prompts, self.judge)
