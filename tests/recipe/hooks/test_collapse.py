@@ -204,30 +204,54 @@ def test_a_bad_setting_is_one_line_naming_the_key(key, value, words):
         CollapseWatch(**{key: value})
 
 
+FEW_STEP_RUN = [
+    "logger=none",
+    "precision=fp32",
+    "trainer.progress_bar=false",
+    "method=trajectory",
+    "method.steps=2",
+    "method.teacher_steps=2",
+    "method.noises_per_prompt=1",
+    "trainer.max_steps=4",
+    "hooks.samples.prompts=0",
+    "~hooks.evaluate",
+    "hooks.collapse.every=2",
+    "hooks.collapse.teacher_steps=2",
+]
+
+
 @pytest.mark.slow
 def test_a_few_step_cli_run_logs_the_watch_into_metrics_steps(tmp_path, cache_dir, tiny_path):
     run_dir = tmp_path / "r"
-    done = run_cli(
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={cache_dir}",
-        "logger=none",
-        "precision=fp32",
-        "trainer.progress_bar=false",
-        "method=trajectory",
-        "method.steps=2",
-        "method.teacher_steps=2",
-        "method.noises_per_prompt=1",
-        "trainer.max_steps=4",
-        "hooks.samples.prompts=0",
-        "~hooks.evaluate",
-        "hooks.collapse.every=2",
-        "hooks.collapse.teacher_steps=2",
-    )
+    done = run_cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *FEW_STEP_RUN)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in metrics_steps(run_dir) if "collapse/diversity_ratio" in r]
     assert [r["step"] for r in rows] == [2, 4] and all(set(r) == FIGURES | {"step"} for r in rows)
     assert all(r["collapse/collapsed"] == 0.0 for r in rows)
     assert "step 4: hooks.collapse: diversity" in Path(run_dir / "train.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("placement", "teacher_figures"),
+    [("teacher_placement=sharded", True), ("teacher_placement=gpu0 teacher_placement.debug_cpu=true", False)],
+    ids=["sharded", "dedicated-owner"],
+)
+def test_two_ranks_watch_on_the_main_rank(tmp_path, cache_dir, tiny_path, placement, teacher_figures):
+    """A sharded teacher (collective forwards) draws its reference with both ranks; a dedicated owner's main rank,
+    which holds no teacher, logs the student's figures alone."""
+    run_dir = tmp_path / "r"
+    done = run_cli(
+        f"hydra.run.dir={run_dir}",
+        f"paths.cache_dir={cache_dir}",
+        "distributed.nproc_per_node=2",
+        *placement.split(),
+        *FEW_STEP_RUN,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in metrics_steps(run_dir) if "collapse/diversity" in r]
+    assert [r["step"] for r in rows] == [2, 4]
+    assert all(("collapse/diversity_ratio" in r) == teacher_figures for r in rows)
 
 
 def test_a_bad_setting_on_the_command_line_is_refused_before_the_run_folder(make_cfg, tmp_path):

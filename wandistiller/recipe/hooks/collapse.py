@@ -36,6 +36,7 @@ from wandistiller.recipe.hooks.base import Hook, at_least
 
 if TYPE_CHECKING:
     from wandistiller.data.prompts import PromptEmbeddings
+    from wandistiller.pocket.classifier import DigitJudge
 
 log = logging.getLogger("wandistiller")
 
@@ -247,7 +248,7 @@ class CollapseWatch(Hook):
         self.referenced = False  # the first check has run (the reference drawn, or found out of reach)
         self.collapsed = False  # inside an episode: warned, not yet healthy again
         self.last_healthy: int | None = None
-        self.judge = None
+        self.judge: DigitJudge | None = None  # eval's diversity features, where the probe's prompts are pocket's
 
     def bind(self, ctx, parts) -> None:
         self.ctx = ctx
@@ -267,26 +268,25 @@ class CollapseWatch(Hook):
             from wandistiller.pocket.classifier import load_classifier
 
             self.judge = load_classifier()
+        against = (
+            f"against the teacher's ({self.teacher_steps} steps, drawn at the first check)"
+            if ctx.roles.has_teacher
+            else f"without the teacher's: teacher_placement={ctx.placement.name} holds it in another process, so "
+            "nothing is judged"
+        )
         log.info(
-            "hooks.collapse: every %d steps the student samples %d held-out prompt(s) x %d noises in %d steps, "
-            "against the teacher's (%d steps, drawn at the first check)",
+            "hooks.collapse: every %d steps the student samples %d held-out prompt(s) x %d noises in %d steps, %s",
             self.every,
             len(self.probe.indices),
             self.noises,
             self.student_steps,
-            self.teacher_steps,
+            against,
         )
         if ctx.trainer_cfg.max_steps < self.every:
             log.info(
                 "hooks.collapse: trainer.max_steps=%d < hooks.collapse.every=%d: no check will run",
                 ctx.trainer_cfg.max_steps,
                 self.every,
-            )
-        if not ctx.roles.has_teacher:
-            log.info(
-                "hooks.collapse: teacher_placement=%s holds the teacher in another process: the student's "
-                "figures are logged without the teacher's, and none is judged",
-                ctx.placement.name,
             )
 
     def __call__(self, run, step: int) -> None:
