@@ -32,10 +32,10 @@ class CountingHook(Hook):
             STEPS.append(step)
 
 
-def test_every_hook_module_has_its_yaml_and_the_default_list_is_the_three():
+def test_every_hook_module_has_its_yaml_and_the_default_list_is_the_five():
     assert set(hooks.REGISTRY.names()) == {p.stem for p in (CONF / "hooks").glob("*.yaml")}
     train = OmegaConf.load(CONF / "train.yaml")
-    assert {"hooks": ["monitor", "progress", "samples", "evaluate"]} in list(train.defaults)
+    assert {"hooks": ["monitor", "progress", "samples", "evaluate", "collapse"]} in list(train.defaults)
 
 
 def test_a_hook_of_your_own_runs_after_every_step_and_the_list_can_leave_one_out(make_cfg, tmp_path):

@@ -1,10 +1,10 @@
 """Loop hooks, a list instantiated from config as lightning-hydra-template's callbacks are: `hooks=[monitor,
-progress,samples,evaluate]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the interface);
-`fault` is the failure-handling tests' injected failure, added only where WANDISTILLER_INJECT_FAILURE asks.
+progress,samples,evaluate,collapse]` (the default). One module per option of `conf/hooks/` (`base.Hook` is the
+interface); `fault` is the failure-handling tests' injected failure, added only where WANDISTILLER_INJECT_FAILURE asks.
 
 Adding a hook: one module here defining `OPTION = Option("<name>", <Name>Config, <Name>Hook)`, one YAML
 `conf/hooks/<name>.yaml` (`defaults: [/schema/hooks/<name>@<name>, _self_]`, its keys under `<name>:`);
-`REGISTRY` finds the module. Run it with `hooks=[monitor,progress,samples,evaluate,<name>]`.
+`REGISTRY` finds the module. Run it with `hooks=[monitor,progress,samples,evaluate,collapse,<name>]`.
 """
 
 from __future__ import annotations

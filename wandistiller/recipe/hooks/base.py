@@ -3,7 +3,7 @@ checkpoint, the same steps on every rank (the loop itself knows none of them).
 
 A hook is one module of this package defining `OPTION = Option("<name>", <Name>Config, <Name>Hook)`; the registry
 (`__init__.py`) finds it, so a new hook is that module plus its YAML in `conf/hooks/` (added to the list
-`hooks=[monitor,progress,samples,evaluate,<name>]`), and no other edit. Its settings are its own schema's keys,
+`hooks=[monitor,progress,samples,evaluate,collapse,<name>]`), and no other edit. Its settings are its own schema's keys,
 under `hooks.<name>` (`hooks.monitor.val_every=25`), given to its constructor, which refuses a bad one:
 
     main_only          runs on the main training rank only (the default), or on every training rank

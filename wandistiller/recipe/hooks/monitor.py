@@ -91,13 +91,19 @@ class Monitor(Hook):
         """Rows not yet written (an interrupted run keeps what it measured), then `extra` (a validation)."""
         rows = run.history[self.written :] + ([extra] if extra else [])
         self.written = len(run.history)
-        if rows:
-            text = "".join(json.dumps(r) + "\n" for r in rows)
-            with appendable(Path(run.run_dir), "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
-                end = f.seek(0, os.SEEK_END)
-                if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
-                    text = "\n" + text  # ends it, so the rows that follow stay whole
-                f.write(text.encode())
+        append_rows(Path(run.run_dir), rows)
+
+
+def append_rows(run_dir: Path, rows: list[dict]) -> None:
+    """`rows` appended to the run's `metrics_steps.jsonl`, one JSON line each (other hooks' figures too:
+    hooks.collapse), past a torn last line."""
+    if rows:
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        with appendable(run_dir, "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
+            end = f.seek(0, os.SEEK_END)
+            if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
+                text = "\n" + text  # ends it, so the rows that follow stay whole
+            f.write(text.encode())
 
 
 def saved_best(run_dir: Path) -> float:

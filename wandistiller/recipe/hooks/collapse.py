@@ -1,0 +1,383 @@
+"""`hooks.collapse` (in the default `hooks` list): a watch for the collapse few-step students are known for
+(static, solid-colour or black samples, every noise drawn to one image). Every `hooks.collapse.every` steps the
+student samples a small fixed probe set -- `prompts` of the run's held-out prompts x `noises` noises each, chosen
+once from the run's seed -- at its own K steps, and its figures are logged beside the teacher's, whose reference
+is drawn once, at the first check, from the same noises (the teacher's scheduler, CFG and `teacher_steps`):
+
+    collapse/diversity_ratio    the student's intra-prompt diversity / the teacher's (eval's measure: the pocket
+                                judge's features on pocket prompts; on other prompts, the decoded pixels)
+    collapse/saturation         share of pixel values clipped (0 or 255 once decoded); collapse/teacher_saturation
+    collapse/flat               share of near-constant images (solid colour, black); collapse/teacher_flat
+
+(with `collapse/diversity`, `collapse/teacher_diversity` and `collapse/collapsed`, 1 while it looks collapsed), into
+the loggers and `metrics_steps.jsonl`. A diversity ratio under `min_diversity`, or a saturation or flat share more
+than `max_saturation_rise` above the teacher's, is said in one warning line, once per episode (again only after a
+check that looked healthy), with the step, the figures and what to try. A KD student, which samples at the
+teacher's steps, is watched only when `hooks.collapse.steps` asks for it.
+
+It runs on the main training rank (the student's samples, the logging); where the teacher's forwards are
+collectives (sharded) every rank draws the teacher's reference together. Where the teacher lives in another
+process (gpu0's dedicated owner) the student's figures are logged without the teacher's, and nothing is judged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
+from wandistiller.recipe.hooks.base import Hook, at_least
+
+if TYPE_CHECKING:
+    from wandistiller.data.prompts import PromptEmbeddings
+    from wandistiller.pocket.classifier import DigitJudge
+
+log = logging.getLogger("wandistiller")
+
+# An image whose pixels' standard deviation is under this (about 5 of 255 levels) is near-constant: a solid colour.
+FLAT_STD = 0.02
+# Pixel features (prompts the pocket judge cannot read): each image pooled to at most this side, so the distance
+# weighs the layout and colours a collapse loses, not pixel noise, and a large frame stays cheap.
+POOLED_SIDE = 32
+# Images decoded together: as many as the sample grids' default 4 prompts, which WanPipeline decodes as one batch.
+DECODE_BATCH = 4
+
+
+@dataclass
+class CollapseConfig:
+    _target_: str = "wandistiller.recipe.hooks.collapse.CollapseWatch"
+    # A check every N steps; 0 = off.
+    every: int = 100
+    # The probe set: this many of the run's held-out prompts (0 = off), each from this many fixed noises (2 or more:
+    # diversity is measured among one prompt's images).
+    prompts: int = 4
+    noises: int = 2
+    # The student's sampling steps: None = its own K (method.steps); a KD student is watched only when this is set.
+    steps: int | None = None
+    # The teacher's reference (its scheduler and CFG), drawn once at the first check.
+    teacher_steps: int = 20
+    # The warning: a diversity ratio under this, or a saturation or flat share this far above the teacher's.
+    min_diversity: float = 0.5
+    max_saturation_rise: float = 0.2
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The fixed probe set: prompt indices into `embeddings`, each drawn from `noises` noises of its own."""
+
+    embeddings: PromptEmbeddings
+    indices: tuple[int, ...]
+    noises: int
+    seed: int
+    latent_shape: tuple[int, int, int, int]
+
+    @property
+    def prompts(self) -> list[str]:
+        """One prompt per image, in the order the images are drawn."""
+        return [self.embeddings.prompts[i] for i in self.indices for _ in range(self.noises)]
+
+    def noise(self, i: int) -> torch.Tensor:
+        """The `noises` starting noises of prompt i: their own stream of the run's seed, the same at every check."""
+        from wandistiller.data.latents import noise_for
+
+        return torch.stack(
+            [noise_for(self.seed, i, k, self.latent_shape, stream="collapse") for k in range(self.noises)]
+        )
+
+
+def choose_probe(ctx, prompts: int, noises: int) -> Probe:
+    """`prompts` of the run's held-out prompts (the data's own split, as validation and eval take them), chosen from
+    the run's seed; their embeddings are the ones the run encoded as it set up (read back from the cache)."""
+    from wandistiller.data.prompts import encode_prompts, read_prompts
+    from wandistiller.data.validation import split_prompts
+
+    data, teacher = ctx.data_cfg, ctx.teacher_cfg
+    _, held_out = split_prompts(read_prompts(data.prompts_path), data.val_prompts_path, data.val_fraction)
+    embeddings = encode_prompts(
+        ctx.spec,
+        held_out,
+        teacher.negative_prompt,
+        teacher.max_sequence_length,
+        ctx.precision.teacher_dtype,
+        torch.device("cpu"),
+        ctx.cache_dir,
+    )
+    order = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(ctx.seed))
+    chosen = tuple(sorted(int(i) for i in order[:prompts]))
+    return Probe(embeddings, chosen, noises, ctx.seed, ctx.latent_shape)
+
+
+@torch.no_grad()
+def probe_latents(
+    spec, transformers: list, guidance_scales: list, probe: Probe, steps: int, device: torch.device, scheduler=None
+) -> torch.Tensor:
+    """The probe set drawn through WanPipeline (as eval and the sample grids draw): a teacher's experts with its
+    CFG and scheduler, or a student alone with guidance 1 and its few-step `scheduler`. Clean latents, on the CPU."""
+    from wandistiller.data.latents import SamplerSettings, sample_latents
+    from wandistiller.teacher.sampler import wan_pipeline
+
+    pipe = wan_pipeline(spec, transformers, device, scheduler=scheduler)
+    settings = SamplerSettings(steps, tuple(guidance_scales), probe.latent_shape)
+    dtype = transformers[0].dtype
+    rows = []
+    for i in probe.indices:  # one call per prompt, its noises as the batch
+        cond = probe.embeddings.padded(torch.tensor([i] * probe.noises))
+        uncond = probe.embeddings.negative_batch(probe.noises).contiguous()
+        rows.append(
+            sample_latents(pipe, probe.noise(i).to(device), cond.to(device, dtype), uncond.to(device, dtype), settings)
+        )
+    return torch.cat(rows)
+
+
+def decoded(spec, latents: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """First frames [N, 3, H, W] in [0, 1], DECODE_BATCH at a time (a real frame's decode is the memory peak)."""
+    from wandistiller.teacher.vae import decode_latents, load_vae
+
+    vae = load_vae(spec, device)
+    return torch.cat([decode_latents(vae, part) for part in latents.split(DECODE_BATCH)])
+
+
+def clipped_share(images: torch.Tensor) -> float:
+    """The share of pixel values at 0 or 255 once quantized (what a saturated, blown-out or black image is)."""
+    levels = (images.float() * 255).round()
+    return float(((levels <= 0) | (levels >= 255)).float().mean())
+
+
+def flat_share(images: torch.Tensor) -> float:
+    """The share of near-constant images (their pixels' standard deviation under FLAT_STD)."""
+    return float((images.float().flatten(1).std(1) < FLAT_STD).float().mean())
+
+
+def pixel_features(images: torch.Tensor) -> torch.Tensor:
+    """[N, D] pooled pixels: the features diversity is measured on where no judge reads the prompts."""
+    side = min(POOLED_SIDE, images.shape[-2], images.shape[-1])
+    return torch.nn.functional.adaptive_avg_pool2d(images.float(), side).flatten(1)
+
+
+def image_figures(images: torch.Tensor, prompts: list[str], judge=None) -> dict[str, float]:
+    """`diversity` (intra-prompt, evaluation/metrics.py's, on the `judge`'s features when given, else pixels),
+    `saturation` (clipped share) and `flat` (near-constant share) of decoded images [N, 3, H, W] in [0, 1]."""
+    from wandistiller.evaluation.metrics import intra_prompt_diversity, judge_features
+
+    features = judge_features(judge, images) if judge is not None else pixel_features(images)
+    diversity = intra_prompt_diversity(features, prompts)
+    figures = {"saturation": clipped_share(images), "flat": flat_share(images)}
+    return figures | ({"diversity": diversity} if diversity is not None else {})
+
+
+def compared(student: dict, teacher: dict | None) -> dict[str, float]:
+    """The logged figures (`collapse/...`): the student's, the teacher's beside them, and the diversity ratio."""
+    out = {f"collapse/{k}": v for k, v in student.items()}
+    if teacher is None:
+        return out
+    out |= {f"collapse/teacher_{k}": v for k, v in teacher.items()}
+    if student.get("diversity") is not None and teacher.get("diversity"):
+        out["collapse/diversity_ratio"] = student["diversity"] / teacher["diversity"]
+    return out
+
+
+def collapse_signs(metrics: dict, min_diversity: float, max_rise: float) -> list[str]:
+    """What in the logged figures looks collapsed ([] where nothing does, or without the teacher's)."""
+    signs = []
+    ratio = metrics.get("collapse/diversity_ratio")
+    if ratio is not None and ratio < min_diversity:
+        signs.append(f"diversity {ratio:.2f}x the teacher's (under hooks.collapse.min_diversity={min_diversity:g})")
+    for key, what in (("saturation", "clipped pixels"), ("flat", "near-constant images")):
+        mine, theirs = metrics.get(f"collapse/{key}"), metrics.get(f"collapse/teacher_{key}")
+        if mine is not None and theirs is not None and mine - theirs > max_rise:
+            signs.append(f"{mine:.0%} {what} against the teacher's {theirs:.0%}")
+    return signs
+
+
+def summary(metrics: dict) -> str:
+    """The figures of one check, as train.log shows them."""
+
+    def beside(key: str, fmt: str) -> str:
+        teacher = metrics.get(f"collapse/teacher_{key}")
+        return "" if teacher is None else f" (the teacher's {teacher:{fmt}})"
+
+    ratio, mine = metrics.get("collapse/diversity_ratio"), metrics.get("collapse/diversity")
+    if ratio is not None:
+        diversity = f"diversity {ratio:.2f}x the teacher's"
+    else:
+        diversity = "diversity withheld" if mine is None else f"diversity {mine:.3g}"
+    saturation = f"clipped pixels {metrics['collapse/saturation']:.1%}{beside('saturation', '.1%')}"
+    return f"{diversity}, {saturation}, flat images {metrics['collapse/flat']:.0%}{beside('flat', '.0%')}"
+
+
+def _share(key: str, value: float) -> float:
+    if not (math.isfinite(value) and 0 <= value <= 1):
+        raise UserError(f"{key}={value} must be a share between 0 and 1")
+    return value
+
+
+class CollapseWatch(Hook):
+    """`hooks.collapse`: the student's probe figures against the teacher's every `every` steps, and one warning line
+    when they look collapsed (the module's docstring)."""
+
+    main_only = False  # a sharded teacher draws its reference with every rank; the other ranks do nothing else
+
+    def __init__(
+        self,
+        every: int = 100,
+        prompts: int = 4,
+        noises: int = 2,
+        steps: int | None = None,
+        teacher_steps: int = 20,
+        min_diversity: float = 0.5,
+        max_saturation_rise: float = 0.2,
+    ):
+        self.every = at_least("hooks.collapse.every", every, 0)
+        self.prompts = at_least("hooks.collapse.prompts", prompts, 0)
+        self.noises = at_least("hooks.collapse.noises", noises, 2)
+        self.steps = None if steps is None else at_least("hooks.collapse.steps", steps, 1)
+        self.teacher_steps = at_least("hooks.collapse.teacher_steps", teacher_steps, 1)
+        if not (math.isfinite(min_diversity) and min_diversity >= 0):
+            raise UserError(f"hooks.collapse.min_diversity={min_diversity} must be 0 or more (0 never warns on it)")
+        self.min_diversity = min_diversity
+        self.max_saturation_rise = _share("hooks.collapse.max_saturation_rise", max_saturation_rise)
+        self.probe: Probe | None = None  # None: this rank checks nothing
+        self.draws_teacher = False  # this rank draws the teacher's reference (the main one, or all of a collective)
+        self.reference: dict | None = None  # the teacher's figures, from the first check
+        self.referenced = False  # the first check has run (the reference drawn, or found out of reach)
+        self.collapsed = False  # inside an episode: warned, not yet healthy again
+        self.last_healthy: int | None = None
+        self.judge: DigitJudge | None = None  # eval's diversity features, where the probe's prompts are pocket's
+
+    def bind(self, ctx, parts) -> None:
+        self.ctx = ctx
+        # A KD student samples at the teacher's steps: watched only when hooks.collapse.steps asks.
+        self.student_steps = self.steps if self.steps is not None else ctx.student_steps
+        if self.every <= 0 or self.prompts <= 0 or self.student_steps is None:
+            return
+        self.draws_teacher = ctx.roles.has_teacher and (ctx.is_main or ctx.placement.collective)
+        if not (ctx.is_main or self.draws_teacher):
+            return
+        self.probe = choose_probe(ctx, self.prompts, self.noises)
+        if not ctx.is_main:
+            return
+        from wandistiller.pocket.digits import parse_prompt
+
+        if all(parse_prompt(p) is not None for p in self.probe.prompts):  # eval's diversity: the judge's features
+            from wandistiller.pocket.classifier import load_classifier
+
+            self.judge = load_classifier()
+        against = (
+            f"against the teacher's ({self.teacher_steps} steps, drawn at the first check)"
+            if ctx.roles.has_teacher
+            else f"without the teacher's: teacher_placement={ctx.placement.name} holds it in another process, so "
+            "nothing is judged"
+        )
+        log.info(
+            "hooks.collapse: every %d steps the student samples %d held-out prompt(s) x %d noises in %d steps, %s",
+            self.every,
+            len(self.probe.indices),
+            self.noises,
+            self.student_steps,
+            against,
+        )
+        if ctx.trainer_cfg.max_steps < self.every:
+            log.info(
+                "hooks.collapse: trainer.max_steps=%d < hooks.collapse.every=%d: no check will run",
+                ctx.trainer_cfg.max_steps,
+                self.every,
+            )
+
+    def __call__(self, run, step: int) -> None:
+        if self.probe is None or step % self.every:
+            return
+        with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):
+            if not self.referenced:
+                self.reference = self.teacher_reference(run)
+                self.referenced = True
+            if not self.ctx.is_main:
+                return
+            student = self.student_figures(run)
+        metrics = compared(student, self.reference)
+        signs = collapse_signs(metrics, self.min_diversity, self.max_saturation_rise)
+        metrics["collapse/collapsed"] = float(bool(signs))
+        run.tracker.log(metrics, step=step)
+        from wandistiller.recipe.hooks.monitor import append_rows
+
+        append_rows(Path(run.run_dir), [{"step": step} | metrics])
+        log.info("step %d: hooks.collapse: %s", step, summary(metrics))
+        if not signs:
+            self.collapsed, self.last_healthy = False, step
+        elif not self.collapsed:
+            self.collapsed = True
+            log.warning(
+                "step %d: the student's samples look collapsed (hooks.collapse): %s; %s",
+                step,
+                ", ".join(signs),
+                self.advice(run),
+            )
+
+    def teacher_reference(self, run) -> dict | None:
+        """The teacher's figures on the probe set, drawn once (by every rank of a collective teacher; the main rank
+        keeps them); None where this rank holds no teacher."""
+        teacher = getattr(run.targets, "teacher", None)
+        if teacher is None or not self.draws_teacher:
+            return None
+        assert self.probe is not None  # checked by the caller
+        if self.ctx.is_main:
+            log.info(
+                "hooks.collapse: the teacher draws its reference (%d images, %d steps), once for the run",
+                len(self.probe.prompts),
+                self.teacher_steps,
+            )
+        latents = probe_latents(
+            teacher.spec, teacher.experts, teacher.guidance_scales, self.probe, self.teacher_steps, teacher.device
+        )
+        teacher.copy_ms()  # a streamed teacher's copies for the reference: not the next training step's
+        if not self.ctx.is_main:
+            return None
+        return image_figures(decoded(self.ctx.spec, latents, self.ctx.device), self.probe.prompts, self.judge)
+
+    def student_figures(self, run) -> dict:
+        """The student's figures on the probe set at its steps: a few-step student with its own schedule
+        (teacher/fewstep.py), a KD student with the teacher's scheduler; no CFG either way."""
+        from wandistiller.teacher.fewstep import few_step_scheduler
+
+        assert self.probe is not None and self.student_steps is not None  # checked by the caller
+        ctx, student = self.ctx, run.student
+        scheduler = None if ctx.student_steps is None else few_step_scheduler(ctx.spec, self.student_steps)
+        was_training = student.training
+        student.eval()
+        try:
+            latents = probe_latents(
+                ctx.spec, [student.transformer], [1.0], self.probe, self.student_steps, ctx.device, scheduler
+            )
+        finally:
+            student.train(was_training)
+        return image_figures(decoded(ctx.spec, latents, ctx.device), self.probe.prompts, self.judge)
+
+    def advice(self, run) -> str:
+        """What to try: a lower learning rate, a regression term (a method that has one), or fewer steps, from the
+        last kept checkpoint of a check that looked healthy."""
+        from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
+
+        lr = self.ctx.trainer_cfg.get("optimizer", {}).get("lr")
+        tries = [f"a lower trainer.optimizer.lr{f' (now {lr:g})' if isinstance(lr, (int, float)) else ''}"]
+        weight = getattr(run.method, "regression_weight", None)  # dmd's; trajectory is a regression itself
+        if weight is not None:
+            tries.append(
+                f"a larger method.regression_weight (now {weight:g})"
+                if weight
+                else "a regression term (method.regression_weight=0.1)"
+            )
+        if self.last_healthy is None:
+            tries.append("fewer steps (no check has looked healthy yet)")
+        else:
+            kept = [p for p in list_checkpoints(Path(run.run_dir)) if 0 < checkpoint_step(p) <= self.last_healthy]
+            since = f"trainer.resume={kept[-1]}" if kept else "no checkpoint of then is kept"
+            tries.append(f"fewer steps since step {self.last_healthy}, the last check that looked healthy ({since})")
+        return "try " + ", or ".join(tries)
+
+
+OPTION = Option("collapse", CollapseConfig, CollapseWatch)
