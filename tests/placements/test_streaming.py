@@ -120,7 +120,7 @@ def test_a_streamed_teacher_trains_with_one_teacher_call_per_step(make_cfg, tmp_
     assert summary["steps_run"] == 2 and summary["placement"] == "disk"
 
 
-def _adapted_loss_and_grads(teacher, x, t, cond, seed: int = 1):
+def adapted_loss_and_grads(teacher, x, t, cond, seed: int = 1):
     """A LoRA fake score's loss through `teacher` (each sample on the expert serving its t, adapters on, B random so
     every adapter gets a gradient) and the adapters' gradients, by name."""
     from wandistiller.teacher.lora import Adapters
@@ -157,8 +157,8 @@ def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_res
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
     t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
     for _ in range(2):  # the second pass starts from the slots the first backward left
-        want_loss, want = _adapted_loss_and_grads(resident_teacher, x, t, cond)
-        got_loss, got = _adapted_loss_and_grads(teacher, x, t, cond)
+        want_loss, want = adapted_loss_and_grads(resident_teacher, x, t, cond)
+        got_loss, got = adapted_loss_and_grads(teacher, x, t, cond)
         assert torch.equal(got_loss, want_loss) and want_loss > 0
         assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
         assert all(want[n].abs().sum() > 0 for n in want)  # every adapter of every block got a gradient

@@ -35,6 +35,7 @@ class DiskConfig:
 class DiskPlacement(OffloadPlacement):
     min_gpus = 0
     name, speed_rank, fp8 = "disk", 60, True
+    backprop = True  # as offload's: each block read again in backward and recomputed
     source = "disk"
 
     def __init__(self, resident_blocks: Any = "auto", offload_dir: str | None = None):
@@ -47,6 +48,9 @@ class DiskPlacement(OffloadPlacement):
     def speed(self, hw: Hardware) -> int:
         # Without a GPU, streaming from disk to the CPU is the slowest way, not the second slowest.
         return self.speed_rank if hw.gpu_bytes else 80
+
+    def on_training_device(self, hw: Hardware) -> bool:
+        return True  # a GPU's where there is one, else the CPU's: where the student trains
 
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)

@@ -59,7 +59,7 @@ def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
     # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device; a
     # LoRA one (lora) backpropagates through the teacher there. (What else they refuse -- served ranks, an fp8
     # teacher -- DMD.check says in its own line, for the placement this chooses.)
-    on_training_device = (p.min_gpus > 0) == bool(hw.gpu_bytes)
+    on_training_device = p.on_training_device(hw)
     if w.fake_score == "teacher" and not (p.whole_on_one_device and on_training_device):
         return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
     if w.fake_score == "lora" and not (p.backprop and on_training_device):

@@ -192,7 +192,7 @@ class BlockStreamer:
                 replace_tensor(blocks[i], n, torch.empty(0, dtype=t.dtype, device=device))
         # Each streamed block's parameters and buffers, looked up once: every forward re-points them at a slot.
         self.tensors = {i: list(_block_tensors(blocks[i]).items()) for i in streamed}
-        self.index = {blocks[i]: i for i in streamed}
+        self.index = {block: i for i, block in enumerate(blocks)}
 
     def _read_ahead(self, i: int) -> None:
         if self.reader is not None and i not in self.pending:
@@ -266,11 +266,10 @@ class BlockStreamer:
 
     def checkpointed(self, block: nn.Module, *args, **kwargs):
         """A block's call where grad is on (the model's gradient-checkpointing function: without grad the model
-        calls its blocks as before). A streamed block is checkpointed (`Recomputed`) where a gradient passes
-        through it: autograd would keep views of a slot that a later block overwrites."""
-        i = self.index.get(block)
-        if i is None:  # a resident block: autograd as usual
-            return block(*args, **kwargs)
+        calls its blocks as before). Checkpointed (`Recomputed`) where a gradient passes through it: a streamed
+        block because autograd would keep views of a slot that a later block overwrites; a resident one (the
+        first `resident_blocks`) alike, so that a backward keeps one block's activations whatever stays resident."""
+        i = self.index[block]
         adapters = adapters_of(block)
         trainable = [p for a, key in adapters if a.on for p in (a.down[key], a.up[key]) if p.requires_grad]
         flat, tree = tree_flatten((args, kwargs))
@@ -281,7 +280,9 @@ class BlockStreamer:
         return Recomputed.apply(call, len(tensors), *tensors, *trainable)
 
     def backward_block(self, i: int) -> None:
-        """Stream block i in for its backward, the block before it prefetched."""
+        """Stream block i in for its backward (a streamed one), the block before it prefetched."""
+        if i not in self.tensors:
+            return  # resident
         self._bring(i, self.prev_of.get(i))
         before = self.prev_of.get(i)
         if before is not None and before in self.prev_of:
@@ -362,7 +363,8 @@ class Recomputed(torch.autograd.Function):
         wanted = [t for t in inputs if t.requires_grad] + list(ctx.trainable)
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
         got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
-        call.streamer._after(call.index)  # the slot may be refilled once this backward has run
+        if call.index in call.streamer.tensors:
+            call.streamer._after(call.index)  # its slot may be refilled once this backward has run
         return (None, None, *[next(got) if t.requires_grad else None for t in inputs], *got)
 
 
