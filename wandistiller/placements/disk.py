@@ -6,6 +6,7 @@ block by block, into `offload_dir` and streamed from the copy: half the bytes pe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ class DiskPlacement(OffloadPlacement):
         return True  # a GPU's where there is one, else the CPU's: where the student trains
 
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        w = dataclasses.replace(w, teacher_checkpointed=True)  # a backward through it recomputes each block
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
         if not hw.gpu_bytes:
             host = (w.experts * (outside + 2 * block) + host_training_bytes(w, hw)) * w.ranks_per_node

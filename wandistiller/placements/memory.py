@@ -334,7 +334,7 @@ def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
     (offload, disk: each block's input and one block's activations, the adapters as they were); all of them on a
     resident teacher (cpu, gpu: its modules are not checkpointed)."""
     c, n, s = w.teacher_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
-    as_teacher = dataclasses.replace(w, student_config=c, student_lora_rank=0, ema=False,
+    as_teacher = dataclasses.replace(w, student_config=c, student_lora_rank=0, ema=False, compiled=False,
                                      gradient_checkpointing=w.teacher_checkpointed)  # fmt: skip
     plain = student_activation_bytes(as_teacher, device, weight_casts=w.teacher_dtype_bytes > 2)
     live = 1 if w.teacher_checkpointed else c["num_layers"]
