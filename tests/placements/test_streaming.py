@@ -165,3 +165,34 @@ def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_res
         # the teacher's own output (adapters off, no grad) after a backward is still the resident one
         with torch.no_grad():
             assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident_teacher.targets(x, t, cond, uncond)[0])
+
+
+def test_two_adapter_sets_on_one_streamed_expert_each_get_the_gradient_of_their_own_forward(tiny_path):
+    # a LoRA student's and a LoRA fake score's adapters on the same teacher: each block's recomputation switches on
+    # the set that was on when it ran, whichever is on when the backward comes (none: both `active()`s are over)
+    from wandistiller.teacher.lora import Adapters
+
+    spec = inspect_teacher(tiny_path)
+    teachers = [CpuPlacement().load(spec, TEACHER, BF16, Topology()), DiskPlacement(resident_blocks=1).load(
+        spec, TEACHER, BF16, Topology())]  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    x, cond, t = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g), torch.tensor([9.0, 5])
+    grads = []
+    for teacher in teachers:
+        expert = teacher.experts[0]
+        sets = [Adapters(expert, 2, torch.float32, seed) for seed in (1, 2)]
+        with torch.no_grad():
+            for k, a in enumerate(sets):
+                for p in a.up.values():
+                    p.fill_(0.05 * (k + 1))
+        loss = torch.zeros(())
+        for a in sets:
+            with a.active():
+                v = expert(hidden_states=x.to(teacher.dtype), timestep=t, encoder_hidden_states=cond.to(teacher.dtype),
+                           return_dict=False)[0]  # fmt: skip
+            loss = loss + v.float().square().mean()
+        loss.backward()
+        grads.append([p.grad for a in sets for p in a.parameters()])
+    resident, streamed = grads
+    assert all(torch.equal(s, r) for s, r in zip(streamed, resident, strict=True))
+    assert not torch.equal(resident[0], grads[0][len(resident) // 2])  # the two sets' gradients differ

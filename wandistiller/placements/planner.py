@@ -260,7 +260,8 @@ def method_lines(w: Workload, passes: Passes) -> list[str]:
         return [
             f"fake score (LoRA of rank {w.lora_rank} on the teacher's {w.experts} expert(s), "
             f"{human_count(fake_score_params(w))} adapter params): their weights, AdamW states and grads, and the "
-            f"activations of a teacher-sized backward, counted on every training rank",
+            f"activations of a teacher-sized backward (checkpointed per block where the teacher streams: offload, "
+            f"disk), counted on every training rank",
             passes.describe(),
         ]
     lines = [] if config is None else [
