@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import BF16, FP32, metrics_steps
+from tests.conftest import BF16, FP32, metrics_steps, run_cli
 from tests.placements.test_memory import machine, tiny_workload
 from wandistiller.core.distributed import Topology, World
 from wandistiller.core.errors import UserError
@@ -42,6 +42,19 @@ def test_a_lora_fake_score_through_a_disk_teacher_gives_the_cpu_teachers_loss_cu
         curves[placement] = torch.tensor([[r[k] for k in CURVE] for r in metrics_steps(folder)], dtype=torch.float64)
     assert curves["cpu"].shape == (3, 4) and (curves["cpu"][:, 1:3] > 0).all()  # dmd and fake-score losses
     assert torch.equal(curves["disk"], curves["cpu"]), curves
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_lora_fake_score_on_their_disk_teachers_under_ddp(cache_dir, tmp_path):
+    """Under DDP (the fake score on two ranks): the adapters are inputs of each recomputed block's autograd node,
+    where DDP looks for the parameters a backward uses, and their gradients come back as the node's."""
+    folder = tmp_path / "r"
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "logger=none", "precision=fp32",
+                     "trainer.progress_bar=false", "hooks=[monitor,progress]", "hooks.monitor.val_every=0", *DMD_LORA,
+                     "teacher_placement=disk", "distributed.nproc_per_node=2")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = metrics_steps(folder)
+    assert len(rows) == 3 and all(r["loss_fake_score"] > 0 and r["loss_dmd"] > 0 for r in rows)
 
 
 def test_disk_needs_no_gpu_and_refuses_only_a_bad_resident_block_count():
