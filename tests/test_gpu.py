@@ -110,10 +110,12 @@ def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_on_cuda_are
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.placements.test_streaming import adapted_loss_and_grads
-    from wandistiller.placements.gpu import GpuPlacement
 
     spec = inspect_teacher(tiny_moe_path if teacher == "tiny_moe" else tiny_path)
-    resident = GpuPlacement().load(spec, TEACHER, BF16, Topology())
+    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    for expert in resident.experts:
+        expert.to("cuda")
+    resident.device = torch.device("cuda")
     streamed = placement.load(spec, TEACHER, BF16, Topology())
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g).cuda(), torch.randn(4, 512, 32, generator=g).cuda()
