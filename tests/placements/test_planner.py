@@ -134,14 +134,14 @@ def test_the_planner_refuses_to_shard_an_fp8_teacher():
 LORA_DMD = ["method=dmd", "method.fake_score=lora", "teacher_placement=offload", "precision=bf16"]
 
 
-def lora_student_workload(make_cfg, teacher: str, *extra: str, rank: int = 16):
+def lora_student_workload(make_cfg, teacher: str, *extra: str, rank: int = 16, layers="all"):
     """(Workload, Hardware) of `student=lora` (builder lora, rank `rank`: the node branch lorastudent's YAML holds),
     dmd with a LoRA fake score, batch 1, one 480x832 frame (1560 tokens), on one 24 GiB GPU."""
     from omegaconf import OmegaConf
 
     cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1", *extra)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a plain node: the student's keys change
-    cfg.student = {"builder": "lora", "rank": rank}
+    cfg.student = {"builder": "lora", "rank": rank, "alpha": None, "layers": layers}
     found = plan.workload_of(cfg, DTYPES["bf16"])
     assert found is not None
     return found
@@ -152,6 +152,10 @@ def test_a_lora_student_is_read_from_its_config_as_the_teacher_with_adapters(mak
     assert (w.student_lora_rank, w.student_config, w.tokens, w.batch_size) == (8, dict(WAN_14B), 1560, 1)
     assert memory.student_params(w) == 8 * (18 * 5120 + 2 * 13824) * 40  # adapters alone: no weights of its own
     assert (w.fake_score, w.lora_rank) == ("lora", 16)
+    attention, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers="attention")
+    assert memory.student_params(attention) == 8 * (16 * 5120) * 40  # 8 projections of 5120 x 5120
+    named, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers=["ffn.net.2", "attn1.to_q"])
+    assert memory.student_params(named) == 8 * (13824 + 5120 + 2 * 5120) * 40
 
 
 @pytest.mark.parametrize("teacher,experts", [("wan2.1_t2v_14b", 1), ("wan2.2_t2v_a14b", 2)])

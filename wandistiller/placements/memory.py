@@ -149,6 +149,7 @@ class Workload:
     # student=lora: the student is the placed teacher with trainable adapters of this rank on every expert (its
     # student_config is the teacher's); 0: a network of its own.
     student_lora_rank: int = 0
+    student_lora_layers: tuple[str, ...] | None = None  # its adapted Linears in each block (None: all of them)
     # Set by the placement: a backward through its teacher is checkpointed per block (offload, disk:
     # streaming.Recomputed), so an adapted network keeps each block's input and one block's activations.
     teacher_checkpointed: bool = False
@@ -264,7 +265,9 @@ def teacher_activation_bytes(w: Workload) -> int:
 def student_params(w: Workload) -> int:
     """The student's trainable parameters: its network's, or a LoRA student's adapters alone (student=lora: the
     teacher's weights are the placement's, no copy of them is the student's)."""
-    return lora_params(w, w.student_lora_rank) if w.student_lora_rank else param_count(w.student_config)
+    if w.student_lora_rank:
+        return lora_params(w, w.student_lora_rank, w.student_lora_layers)
+    return param_count(w.student_config)
 
 
 def student_state_bytes(w: Workload, grads: bool = True) -> int:
@@ -282,22 +285,24 @@ def fake_score_config(w: Workload) -> dict | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _adapters_per_block(config_json: str, rank: int) -> int:
+def _adapters_per_block(config_json: str, rank: int, layers: tuple[str, ...] | None = None) -> int:
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.teacher.lora import adapter_count
+    from wandistiller.teacher.lora import targets
 
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})
-    return adapter_count(model, rank)
+    adapted = [m for name, m in targets(model) if layers is None or name.split(".", 2)[2] in layers]
+    return sum(rank * (m.in_features + m.out_features) for m in adapted)
 
 
-def lora_params(w: Workload, rank: int) -> int:
-    """Rank-`rank` adapters on every block of every expert of the teacher (teacher/lora.py's layers)."""
+def lora_params(w: Workload, rank: int, layers: tuple[str, ...] | None = None) -> int:
+    """Rank-`rank` adapters on every block of every expert of the teacher: on teacher/lora.py's layers, or on those
+    of them named in `layers` (`attn1.to_q`, ..., `ffn.net.2`)."""
     config = w.teacher_config
     config_json = json.dumps({k: v for k, v in config.items() if not k.startswith("_")}, sort_keys=True)
-    return _adapters_per_block(config_json, rank) * config["num_layers"] * w.experts
+    return _adapters_per_block(config_json, rank, layers) * config["num_layers"] * w.experts
 
 
 def fake_score_params(w: Workload) -> int:

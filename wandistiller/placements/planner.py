@@ -187,6 +187,7 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         teacher_dtype_bytes=torch.finfo(teacher_dtype).bits // 8,
         student_config=dict(teacher_config) if lora_student else student_config(cfg.student, teacher_config),
         student_lora_rank=int(cfg.student.rank) if lora_student else 0,
+        student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
         batch_size=t.batch_size,
         tokens=(d.latent_frames // pt) * (d.latent_height // ph) * (d.latent_width // pw),
         text_tokens=cfg.teacher.max_sequence_length,
@@ -201,6 +202,17 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         fake_updates=method.get("fake_updates") or 0,
         lora_rank=method.get("lora_rank") or 0,
     )
+
+
+def lora_layers(layers) -> tuple[str, ...] | None:
+    """A LoRA student's `student.layers` as Linear names in a block: all (None), attention, ffn, or a list."""
+    from wandistiller.teacher.lora import TARGETS
+
+    if layers is None or layers == "all":
+        return None
+    if layers in ("attention", "ffn"):
+        return tuple(n for n in TARGETS if n.startswith("attn" if layers == "attention" else "ffn"))
+    return tuple(str(n) for n in layers)
 
 
 def workload_of(
