@@ -178,3 +178,20 @@ def test_a_lora_student_of_a_14b_teacher_streamed_by_offload_fits_one_24_gib_gpu
     # fp8 weights stream half the bytes: less GPU (slots) and half the pinned host RAM
     fp8 = plan._estimate(OffloadPlacement(resident_blocks=0), dataclasses.replace(w, teacher_fp8=True), hw)
     assert max(fp8.gpu_bytes) < max(bare.gpu_bytes) and fp8.host_bytes < 0.6 * bare.host_bytes
+
+
+def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(make_cfg):
+    import torch
+    from omegaconf import OmegaConf
+
+    from wandistiller.job.checks import built_quietly
+
+    cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1")
+    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
+    report = plan.plan_report(cfg, torch.bfloat16, passes).splitlines()
+    assert "student LoRA of rank 16 on the teacher's 1 expert(s), 76.7M adapter params" in report[0]
+    assert report[-1] == "auto would choose: offload"
+    row = next(line for line in report if line.startswith("offload"))
+    assert row.split()[1] == "yes" and "blocks resident" in row
