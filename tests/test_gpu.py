@@ -96,3 +96,35 @@ def test_dmd_under_offload_trains_as_under_gpu(make_cfg, tmp_path):
                          "teacher_placement.resident_blocks=1")  # fmt: skip
     assert torch.isfinite(resident).all() and (resident[:, 1:3] > 0).all()  # dmd and fake-score losses
     assert torch.allclose(streamed, resident, rtol=1e-4, atol=1e-6), (streamed, resident)
+
+
+@pytest.mark.parametrize("placement", [OffloadPlacement(resident_blocks=1), DiskPlacement(resident_blocks=0)])
+@pytest.mark.parametrize("teacher", ["tiny", "tiny_moe"])
+def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_on_cuda_are_the_resident_ones(
+    tiny_path, tiny_moe_path, placement, teacher
+):
+    # Each block streamed in again in backward (reverse order, prefetched on the side stream) and recomputed: the
+    # loss and every adapter's gradient equal the resident teacher's bit for bit, as on the CPU
+    # (tests/placements/test_streaming.py). Attention in the math kernel: flash attention's backward is not
+    # deterministic, even resident against itself.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tests.placements.test_streaming import adapted_loss_and_grads
+
+    spec = inspect_teacher(tiny_moe_path if teacher == "tiny_moe" else tiny_path)
+    resident = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    for expert in resident.experts:
+        expert.to("cuda")
+    resident.device = torch.device("cuda")
+    streamed = placement.load(spec, TEACHER, BF16, Topology())
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(4, 16, 1, 8, 8, generator=g).cuda(), torch.randn(4, 512, 32, generator=g).cuda()
+    t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]).cuda(), torch.zeros(4, 512, 32).cuda()
+    with sdpa_kernel(SDPBackend.MATH):
+        for _ in range(2):
+            want_loss, want = adapted_loss_and_grads(resident, x, t, cond)
+            got_loss, got = adapted_loss_and_grads(streamed, x, t, cond)
+            assert torch.equal(got_loss, want_loss) and want_loss > 0
+            assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+            with torch.no_grad():  # the teacher's own output after a backward
+                assert torch.equal(streamed.targets(x, t, cond, uncond)[0], resident.targets(x, t, cond, uncond)[0])

@@ -169,13 +169,15 @@ def test_a_lora_fake_score_counts_its_adapters_states_and_a_teacher_sized_backwa
     adapters = 4 * (8 * (d + d) + 2 * (d + ffn)) * blocks  # rank x (8 attention projections, 2 FFN Linears)
     assert memory.fake_score_params(w) == adapters and memory.fake_score_params(replace(w, experts=2)) == 2 * adapters
     assert memory.method_state_bytes(w) == adapters * 12 and memory.method_state_bytes(w, grads=True) == adapters * 16
-    # The teacher's backward: not checkpointed whatever the student is, no 16-bit copies of its 16-bit weights.
+    # The teacher's backward on a resident teacher: not checkpointed whatever the student is, no 16-bit copies of
+    # its 16-bit weights; plus the adapters' own saved inputs in every block.
     as_teacher = replace(w, student_config=w.teacher_config, ema=False, gradient_checkpointing=False)
-    backward = memory.student_activation_bytes(as_teacher, weight_casts=False)
-    checkpointed = memory.student_activation_bytes(replace(as_teacher, gradient_checkpointing=True), weight_casts=False)
-    assert memory.fake_activation_bytes(w) == backward > checkpointed
+    per_block = 32 * (14 * d + 2 * ffn) + 16 * 4 * d  # (batch 2 x 16) image and (2 x 8) text tokens
+    lora = int(memory.ACT_FACTOR["gpu"] * blocks * per_block)
+    backward = memory.student_activation_bytes(as_teacher, weight_casts=False) + lora
+    assert memory.fake_activation_bytes(w) == backward
     fp32 = replace(w, teacher_dtype_bytes=4)  # under autocast: the 16-bit copies of its weights too
-    assert memory.fake_activation_bytes(fp32) == memory.student_activation_bytes(as_teacher) > backward
+    assert memory.fake_activation_bytes(fp32) == memory.student_activation_bytes(as_teacher) + lora > backward
     phases = [
         memory.student_state_bytes(w) + memory.student_activation_bytes(w) + adapters * 12,
         memory.student_state_bytes(w, grads=False) + memory.teacher_activation_bytes(w) + adapters * 12,
@@ -189,3 +191,33 @@ def test_a_process_on_a_gpu_machine_adds_the_cuda_runtime_and_without_one_holds_
     assert memory.host_process_bytes(gpu) - memory.host_process_bytes(cpu) == memory.HOST_CUDA
     assert memory.host_training_bytes(w, gpu) == memory.host_process_bytes(gpu) + memory.teacher_activation_bytes(w)
     assert memory.host_training_bytes(w, cpu) == memory.host_process_bytes(cpu) + memory.training_bytes(w, "cpu")
+
+
+def test_a_streamed_teachers_backward_keeps_each_blocks_input_and_one_blocks_activations():
+    # offload and disk recompute each block in backward (streaming.Recomputed), adapters as they were in the forward
+    w = tiny_workload(fake_score="lora", fake_updates=5, lora_rank=4)
+    streamed = replace(w, teacher_checkpointed=True)
+    d, ffn = 32, 64
+    as_teacher = replace(w, student_config=w.teacher_config, gradient_checkpointing=True)
+    lora = int(memory.ACT_FACTOR["gpu"] * (32 * (14 * d + 2 * ffn) + 16 * 4 * d))  # one block's adapters
+    teacher = memory.student_activation_bytes(as_teacher, weight_casts=False)
+    assert memory.fake_activation_bytes(streamed) == teacher + lora
+    assert memory.fake_activation_bytes(streamed) < memory.fake_activation_bytes(w)
+    assert memory.training_bytes(streamed) < memory.training_bytes(w)
+
+
+def test_a_lora_student_counts_its_adapters_states_and_a_backward_through_the_teacher_and_no_weights_of_its_own():
+    teacher = dict(TINY_TRANSFORMER)
+    w = tiny_workload(student_config=teacher, student_lora_rank=4, ema=True)
+    d, ffn, blocks = 32, 64, teacher["num_layers"]
+    adapters = 4 * (8 * (d + d) + 2 * (d + ffn)) * blocks
+    assert memory.student_params(w) == adapters == memory.lora_params(w, 4)
+    assert memory.student_state_bytes(w) == adapters * (12 + 4 + 4)  # fp32 A and B, AdamW, grads, EMA
+    fake = replace(w, student_lora_rank=0, fake_score="lora", lora_rank=4)  # the same backward as a fake score's
+    backward = memory.adapted_activation_bytes(w)
+    assert memory.student_activation_bytes(w) == backward == memory.fake_activation_bytes(fake)
+    assert memory.student_activation_bytes(replace(w, teacher_checkpointed=True)) < memory.student_activation_bytes(w)
+    assert memory.student_params(replace(w, experts=2)) == 2 * adapters  # a set on each expert
+    student = memory.student_state_bytes(w) + memory.student_activation_bytes(w)
+    teacher_phase = memory.student_state_bytes(w, grads=False) + memory.teacher_activation_bytes(w)
+    assert memory.training_bytes(w) == int(max(student, teacher_phase) * (1 + memory.FIT_MARGIN))

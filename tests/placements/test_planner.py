@@ -13,6 +13,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import DTYPES
 from wandistiller.placements import memory
 from wandistiller.placements import planner as plan
+from wandistiller.placements.offload import OffloadPlacement
 
 FRAME = ["data.latent_height=60", "data.latent_width=104", "student=small", "precision=bf16"]
 HARDWARE = {
@@ -128,3 +129,69 @@ def test_the_planner_refuses_to_shard_an_fp8_teacher():
     w = dataclasses.replace(tiny_workload(ranks_per_node=2), teacher_fp8=True)
     sharded = next(e for e in plan.plan(w, machine(2)) if e.placement == "sharded")
     assert not sharded.fits and sharded.note == "cannot load an fp8 teacher (teacher.quantize=fp8)"
+
+
+LORA_DMD = ["method=dmd", "method.fake_score=lora", "teacher_placement=offload", "precision=bf16"]
+
+
+def lora_student_workload(make_cfg, teacher: str, *extra: str, rank: int = 16, layers="all"):
+    """(Workload, Hardware) of `student=lora` (builder lora, rank `rank`: the node branch lorastudent's YAML holds),
+    dmd with a LoRA fake score, batch 1, one 480x832 frame (1560 tokens), on one 24 GiB GPU."""
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1", *extra)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a plain node: the student's keys change
+    cfg.student = {"builder": "lora", "rank": rank, "alpha": None, "layers": layers}
+    found = plan.workload_of(cfg, DTYPES["bf16"])
+    assert found is not None
+    return found
+
+
+def test_a_lora_student_is_read_from_its_config_as_the_teacher_with_adapters(make_cfg):
+    w, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8)
+    assert (w.student_lora_rank, w.student_config, w.tokens, w.batch_size) == (8, dict(WAN_14B), 1560, 1)
+    assert memory.student_params(w) == 8 * (18 * 5120 + 2 * 13824) * 40  # adapters alone: no weights of its own
+    assert (w.fake_score, w.lora_rank) == ("lora", 16)
+    attention, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers="attention")
+    assert memory.student_params(attention) == 8 * (16 * 5120) * 40  # 8 projections of 5120 x 5120
+    named, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers=["ffn.net.2", "attn1.to_q"])
+    assert memory.student_params(named) == 8 * (13824 + 5120 + 2 * 5120) * 40
+
+
+@pytest.mark.parametrize("teacher,experts", [("wan2.1_t2v_14b", 1), ("wan2.2_t2v_a14b", 2)])
+def test_a_lora_student_of_a_14b_teacher_streamed_by_offload_fits_one_24_gib_gpu(make_cfg, teacher, experts):
+    w, hw = lora_student_workload(make_cfg, teacher)
+    estimates = {e.placement: e for e in plan.plan(w, hw)}
+    auto, bare = estimates["offload"], plan._estimate(OffloadPlacement(resident_blocks=0), w, hw)
+    # Resident blocks fill what is left of 24 GiB (less its 8% headroom); with none kept it needs well under.
+    assert auto.fits and max(auto.gpu_bytes) <= hw.usable(24 * memory.GiB) and auto.resident_blocks > 0
+    assert bare.fits and max(bare.gpu_bytes) < 10.5 * memory.GiB
+    # host: the pinned bf16 teacher (28.6 GB a expert) and the process; the GPU holds two adapter sets + states
+    assert memory.teacher_weight_bytes(w) < bare.host_bytes < memory.teacher_weight_bytes(w) + 3 * memory.GiB
+    assert w.experts == experts and memory.student_params(w) == memory.fake_score_params(w)
+    # Only placements that backpropagate through the teacher on the GPU are planned; `gpu` does not fit
+    refused = {n for n, e in estimates.items() if not (e.gpu_bytes or e.host_bytes)}
+    assert {"balanced", "sequential", "sharded", "gpu0", "cpu"} <= refused and not estimates["gpu"].fits
+    assert estimates["balanced"].note == (
+        "cannot backpropagate through its teacher on the training device (student=lora, method.fake_score=lora)"
+    )
+    # fp8 weights stream half the bytes: less GPU (slots) and half the pinned host RAM
+    fp8 = plan._estimate(OffloadPlacement(resident_blocks=0), dataclasses.replace(w, teacher_fp8=True), hw)
+    assert max(fp8.gpu_bytes) < max(bare.gpu_bytes) and fp8.host_bytes < 0.6 * bare.host_bytes
+
+
+def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(make_cfg):
+    import torch
+    from omegaconf import OmegaConf
+
+    from wandistiller.job.checks import built_quietly
+
+    cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1")
+    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
+    report = plan.plan_report(cfg, torch.bfloat16, passes).splitlines()
+    assert "student LoRA of rank 16 on the teacher's 1 expert(s), 76.7M adapter params" in report[0]
+    assert report[-1] == "auto would choose: offload"
+    row = next(line for line in report if line.startswith("offload"))
+    assert row.split()[1] == "yes" and "blocks resident" in row

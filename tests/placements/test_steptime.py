@@ -84,3 +84,35 @@ def test_each_method_declares_its_passes_and_the_plan_names_them():
     )
     regression = DMD("dmd", steps=4, regression_weight=0.5).passes(1, False)
     assert regression.student_trains == 2 and regression.fake_trains == 5  # the jump loss's own forward + backward
+
+
+def test_adapters_on_a_streamed_teacher_stream_it_once_a_forward_and_twice_a_training_pass():
+    from dataclasses import replace
+
+    from wandistiller.placements import memory
+    from wandistiller.placements.gpu import GpuPlacement
+    from wandistiller.placements.memory import GiB, Hardware
+    from wandistiller.placements.offload import OffloadPlacement
+    from wandistiller.placements.steptime import (
+        GPU_FLOPS,
+        Passes,
+        forward_flops,
+        streamed_copy_seconds,
+        training_seconds,
+    )
+
+    w, _ = timed("method=dmd", "method.fake_score=lora")
+    w = replace(w, student_config=w.teacher_config, student_lora_rank=16)  # student=lora
+    hw, offload = Hardware((40 * GiB,), 256 * GiB), OffloadPlacement(resident_blocks=0)
+    e = offload.estimate(w, hw)
+    passes = Passes("dmd", 1, 1, student_forwards=2, student_trains=1, fake_forwards=1, fake_trains=5)
+    forward = forward_flops(w.teacher_config, w.batch_size, w.tokens, w.text_tokens) / GPU_FLOPS
+    copies = streamed_copy_seconds(offload, e, w, w.batch_size)  # 40 blocks of a 14B expert from pinned RAM
+    assert copies == pytest.approx(40 * memory.block_bytes(w.teacher_config, 2)[1] / 55e9)
+    # each forward streams the blocks once; a training pass twice (forward; recomputation + backward)
+    per_train = max(forward, copies) + max(3 * forward, copies)
+    want = (2 + 1) * max(forward, copies) + (1 + 5) * per_train
+    assert training_seconds(offload, e, w, hw, passes) == pytest.approx(want)
+    # resident on a GPU: no copies, no recomputation
+    gpu = GpuPlacement().estimate(w, Hardware((80 * GiB,), 256 * GiB))
+    assert training_seconds(GpuPlacement(), gpu, w, hw, passes) == pytest.approx(forward * (2 + 3 + 1 + 15))

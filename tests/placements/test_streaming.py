@@ -118,3 +118,81 @@ def test_a_streamed_teacher_trains_with_one_teacher_call_per_step(make_cfg, tmp_
     overrides = ["teacher_placement=disk", "trainer.grad_accum_steps=2", "trainer.max_steps=2"]
     summary = run(make_cfg(*overrides, "trainer.teacher_whole_step=true", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 2 and summary["placement"] == "disk"
+
+
+def adapted_loss_and_grads(teacher, x, t, cond, seed: int = 1):
+    """A LoRA fake score's loss through `teacher` (each sample on the expert serving its t, adapters on, B random so
+    every adapter gets a gradient) and the adapters' gradients, by name."""
+    from wandistiller.teacher.lora import Adapters
+
+    adapters = [Adapters(e, 2, torch.float32, seed + k) for k, e in enumerate(teacher.experts)]
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for a in adapters:
+            for p in a.up.values():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    which, loss = teacher.expert_index(t), torch.zeros(())
+    for k, expert in enumerate(teacher.experts):
+        rows = (which == k).nonzero().flatten()
+        with adapters[k].active():
+            v = expert(hidden_states=x[rows].to(teacher.dtype), timestep=t[rows],
+                       encoder_hidden_states=cond[rows].to(teacher.dtype), return_dict=False)[0]  # fmt: skip
+        loss = loss + v.float().square().mean()
+    loss.backward()
+    grads = {f"{k}.{n}": p.grad for k, a in enumerate(adapters) for n, p in a.named_parameters()}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["one_expert", "two_experts"])
+@pytest.mark.parametrize("source,resident", [("disk", 0), ("host", 1)])
+def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_resident_ones_bit_for_bit(
+    tiny_path, tiny_moe_path, moe, source, resident
+):
+    spec = inspect_teacher(tiny_moe_path if moe else tiny_path)
+    resident_teacher = CpuPlacement().load(spec, TEACHER, BF16, Topology())
+    streamed = {"host": OffloadPlacement, "disk": DiskPlacement}[source](resident_blocks=resident)
+    streamed.teacher_device = lambda topology: torch.device("cpu")  # offload's streaming code, on the CPU
+    teacher = streamed.load(spec, TEACHER, BF16, Topology())
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
+    t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
+    for _ in range(2):  # the second pass starts from the slots the first backward left
+        want_loss, want = adapted_loss_and_grads(resident_teacher, x, t, cond)
+        got_loss, got = adapted_loss_and_grads(teacher, x, t, cond)
+        assert torch.equal(got_loss, want_loss) and want_loss > 0
+        assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+        assert all(want[n].abs().sum() > 0 for n in want)  # every adapter of every block got a gradient
+        # the teacher's own output (adapters off, no grad) after a backward is still the resident one
+        with torch.no_grad():
+            assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident_teacher.targets(x, t, cond, uncond)[0])
+
+
+def test_two_adapter_sets_on_one_streamed_expert_each_get_the_gradient_of_their_own_forward(tiny_path):
+    # a LoRA student's and a LoRA fake score's adapters on the same teacher: each block's recomputation switches on
+    # the set that was on when it ran, whichever is on when the backward comes (none: both `active()`s are over)
+    from wandistiller.teacher.lora import Adapters
+
+    spec = inspect_teacher(tiny_path)
+    teachers = [CpuPlacement().load(spec, TEACHER, BF16, Topology()), DiskPlacement(resident_blocks=1).load(
+        spec, TEACHER, BF16, Topology())]  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    x, cond, t = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g), torch.tensor([9.0, 5])
+    grads = []
+    for teacher in teachers:
+        expert = teacher.experts[0]
+        sets = [Adapters(expert, 2, torch.float32, seed) for seed in (1, 2)]
+        with torch.no_grad():
+            for k, a in enumerate(sets):
+                for p in a.up.values():
+                    p.fill_(0.05 * (k + 1))
+        loss = torch.zeros(())
+        for a in sets:
+            with a.active():
+                v = expert(hidden_states=x.to(teacher.dtype), timestep=t, encoder_hidden_states=cond.to(teacher.dtype),
+                           return_dict=False)[0]  # fmt: skip
+            loss = loss + v.float().square().mean()
+        loss.backward()
+        grads.append([p.grad for a in sets for p in a.parameters()])
+    resident, streamed = grads
+    assert all(torch.equal(s, r) for s, r in zip(streamed, resident, strict=True))
+    assert not torch.equal(resident[0], grads[0][len(resident) // 2])  # the two sets' gradients differ

@@ -13,7 +13,7 @@ its config schema (so a key the option does not take fails when the config is co
     hidden_states    whether its teacher returns hidden states after chosen blocks with the velocity (hidden KD)
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
     backprop         whether a gradient can pass through its frozen teacher in the training process (a LoRA fake
-                     score: method.fake_score=lora)
+                     score: method.fake_score=lora; a streamed teacher recomputes each block in backward)
     check(precision, world)            refuse early, before any weights load, naming a fix
                      (check_quantize_placement: a placement that cannot load an fp8 teacher, from `fp8`)
     estimate(workload, hardware)       bytes on each device (the planner's input)
@@ -59,11 +59,11 @@ class Placement(ABC):
     auto_candidate: ClassVar[bool] = True
     # The whole teacher on one device, as `python -m wandistiller.eval` loads it (the end-of-run evaluation runs).
     whole_on_one_device: ClassVar[bool] = False
-    # Its teacher is an ordinary resident nn.Module of the process that holds it, so autograd can run through its
-    # frozen weights (dmd's LoRA fake score trains adapters on it). Not where weights are swapped in hooks between
-    # calls (offload, disk), spread by a device map (balanced, sequential, device_map), sharded in collectives
-    # (sharded), or held in another process (gpu0's dedicated owner). An fp8 teacher (teacher.quantize) is refused
-    # apart, by the method.
+    # Autograd can run through its frozen teacher in the process that holds it (LoRA adapters on it train: dmd's
+    # method.fake_score=lora): a resident nn.Module (cpu, gpu), or blocks streamed in again for the backward and
+    # recomputed (offload, disk: streaming.Recomputed). Not where a device map spreads it (balanced, sequential,
+    # device_map), collectives shard it (sharded), or another process holds it (gpu0's dedicated owner). An fp8
+    # teacher (teacher.quantize) is refused apart, by the method.
     backprop: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
@@ -84,6 +84,10 @@ class Placement(ABC):
 
     def speed(self, hw: Hardware) -> int:
         return self.speed_rank
+
+    def on_training_device(self, hw: Hardware) -> bool:
+        """Whether its teacher computes on the device the student trains on (a GPU where there is one)."""
+        return (self.min_gpus > 0) == bool(hw.gpu_bytes)
 
     @abstractmethod
     def estimate(self, w: Workload, hw: Hardware) -> Estimate: ...

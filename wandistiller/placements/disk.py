@@ -6,6 +6,7 @@ block by block, into `offload_dir` and streamed from the copy: half the bytes pe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class DiskConfig:
 class DiskPlacement(OffloadPlacement):
     min_gpus = 0
     name, speed_rank, fp8 = "disk", 60, True
+    backprop = True  # as offload's: each block read again in backward and recomputed
     source = "disk"
 
     def __init__(self, resident_blocks: Any = "auto", offload_dir: str | None = None):
@@ -48,7 +50,11 @@ class DiskPlacement(OffloadPlacement):
         # Without a GPU, streaming from disk to the CPU is the slowest way, not the second slowest.
         return self.speed_rank if hw.gpu_bytes else 80
 
+    def on_training_device(self, hw: Hardware) -> bool:
+        return True  # a GPU's where there is one, else the CPU's: where the student trains
+
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
+        w = dataclasses.replace(w, teacher_checkpointed=True)  # a backward through it recomputes each block
         outside, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
         if not hw.gpu_bytes:
             host = (w.experts * (outside + 2 * block) + host_training_bytes(w, hw)) * w.ranks_per_node

@@ -27,6 +27,11 @@ CUDA_CONTEXT = int(0.6 * GiB)  # extrapolated: per process per GPU, the context 
 # Saved activations per token and block under bf16 autocast, bytes = ACT_PER_D * width + ACT_PER_FFN * ffn_dim:
 # measured on the CPU with autograd's saved-tensor hooks on diffusers' WanTransformerBlock (width 1536).
 ACT_PER_D, ACT_PER_FFN, ACT_TEXT_PER_D = 68, 4, 12
+# extrapolated (a physical count): what LoRA adapters (teacher/lora.py) add to a block's saved tensors, per token:
+# the 16-bit input each adapted Linear's A keeps under autocast (each hook casts its own: q, k, v, out and the FFN's
+# two) and its rank-wide A x (negligible). Per image token x width: attn1's 4 + attn2's q and out + ffn.net.0's 1
+# input, 2 bytes each; x ffn_dim: ffn.net.2's; per text token x width: attn2's k and v.
+ACT_LORA_PER_D, ACT_LORA_PER_FFN, ACT_LORA_TEXT_PER_D = 14, 2, 4
 # Per token outside the blocks: patch embedding, output norm and head (x width), and the fp32 latents,
 # noise, targets and loss terms (x channels x patch); measured the same way.
 ACT_OUTSIDE_PER_D, ACT_LATENT_PER_VALUE = 24, 32
@@ -141,6 +146,13 @@ class Workload:
     fake_score: str | None = None
     fake_updates: int = 0
     lora_rank: int = 0
+    # student=lora: the student is the placed teacher with trainable adapters of this rank on every expert (its
+    # student_config is the teacher's); 0: a network of its own.
+    student_lora_rank: int = 0
+    student_lora_layers: tuple[str, ...] | None = None  # its adapted Linears in each block (None: all of them)
+    # Set by the placement: a backward through its teacher is checkpointed per block (offload, disk:
+    # streaming.Recomputed), so an adapted network keeps each block's input and one block's activations.
+    teacher_checkpointed: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,10 +262,18 @@ def teacher_activation_bytes(w: Workload) -> int:
     return 2 * batch * (w.tokens * per_token + 2 * w.text_tokens * width(c)) * w.teacher_dtype_bytes
 
 
+def student_params(w: Workload) -> int:
+    """The student's trainable parameters: its network's, or a LoRA student's adapters alone (student=lora: the
+    teacher's weights are the placement's, no copy of them is the student's)."""
+    if w.student_lora_rank:
+        return lora_params(w, w.student_lora_rank, w.student_lora_layers)
+    return param_count(w.student_config)
+
+
 def student_state_bytes(w: Workload, grads: bool = True) -> int:
     """fp32 master weights, AdamW's two moments (+ EMA), and the fp32 grads while they exist (backward to step)."""
     per_param = 12 + (4 if grads else 0) + (4 if w.ema else 0)
-    return param_count(w.student_config) * per_param
+    return student_params(w) * per_param
 
 
 def fake_score_config(w: Workload) -> dict | None:
@@ -265,15 +285,24 @@ def fake_score_config(w: Workload) -> dict | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _adapters_per_block(config_json: str, rank: int) -> int:
+def _adapters_per_block(config_json: str, rank: int, layers: tuple[str, ...] | None = None) -> int:
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.teacher.lora import adapter_count
+    from wandistiller.teacher.lora import targets
 
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})
-    return adapter_count(model, rank)
+    adapted = [m for name, m in targets(model) if layers is None or name.split(".", 2)[2] in layers]
+    return sum(rank * (m.in_features + m.out_features) for m in adapted)
+
+
+def lora_params(w: Workload, rank: int, layers: tuple[str, ...] | None = None) -> int:
+    """Rank-`rank` adapters on every block of every expert of the teacher: on teacher/lora.py's layers, or on those
+    of them named in `layers` (`attn1.to_q`, ..., `ffn.net.2`)."""
+    config = w.teacher_config
+    config_json = json.dumps({k: v for k, v in config.items() if not k.startswith("_")}, sort_keys=True)
+    return _adapters_per_block(config_json, rank, layers) * config["num_layers"] * w.experts
 
 
 def fake_score_params(w: Workload) -> int:
@@ -282,10 +311,7 @@ def fake_score_params(w: Workload) -> int:
     config = fake_score_config(w)
     if config is None:
         return 0
-    if w.fake_score != "lora":
-        return param_count(config)
-    config_json = json.dumps({k: v for k, v in config.items() if not k.startswith("_")}, sort_keys=True)
-    return _adapters_per_block(config_json, w.lora_rank) * config["num_layers"] * w.experts
+    return lora_params(w, w.lora_rank) if w.fake_score == "lora" else param_count(config)
 
 
 def method_state_bytes(w: Workload, grads: bool = False) -> int:
@@ -296,25 +322,40 @@ def method_state_bytes(w: Workload, grads: bool = False) -> int:
 
 
 def fake_activation_bytes(w: Workload, device: str = "gpu") -> int:
-    """What the fake score's forward keeps for its backward, as the student's at its shape. A LoRA fake score's is
-    a teacher-sized backward through the frozen teacher: never checkpointed (a recomputation would run with its
-    adapters off), and no 16-bit copies of weights that already compute in 16 bits; the adapters' own small
-    activations are not counted."""
+    """What the fake score's forward keeps for its backward, as the student's at its shape; a LoRA fake score's is
+    a backward through the placed teacher (`adapted_activation_bytes`)."""
     config = fake_score_config(w)
     if config is None:
         return 0
-    as_fake = dataclasses.replace(w, student_config=config, ema=False)
-    if w.fake_score != "lora":
-        return student_activation_bytes(as_fake, device)
-    as_fake = dataclasses.replace(as_fake, gradient_checkpointing=False)
-    return student_activation_bytes(as_fake, device, weight_casts=w.teacher_dtype_bytes > 2)
+    if w.fake_score == "lora":
+        return adapted_activation_bytes(w, device)
+    return student_activation_bytes(dataclasses.replace(w, student_config=config, ema=False), device)
+
+
+def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
+    """A backward through the placed teacher to adapters on it (a LoRA student, a LoRA fake score) at the student's
+    batch: the teacher-shaped forward's saved tensors, with no 16-bit copies of weights that already compute in 16
+    bits, plus the adapters' own. Checkpointed per block where the placement recomputes its blocks in backward
+    (offload, disk: each block's input and one block's activations, the adapters as they were); all of them on a
+    resident teacher (cpu, gpu: its modules are not checkpointed)."""
+    c, n, s = w.teacher_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
+    as_teacher = dataclasses.replace(w, student_config=c, student_lora_rank=0, ema=False, compiled=False,
+                                     gradient_checkpointing=w.teacher_checkpointed)  # fmt: skip
+    plain = student_activation_bytes(as_teacher, device, weight_casts=w.teacher_dtype_bytes > 2)
+    live = 1 if w.teacher_checkpointed else c["num_layers"]
+    d = width(c)
+    lora = n * (ACT_LORA_PER_D * d + ACT_LORA_PER_FFN * c["ffn_dim"]) + s * ACT_LORA_TEXT_PER_D * d
+    return plain + int(ACT_FACTOR["cpu" if device == "cpu" else "gpu"] * live * lora * (1 if w.autocast else 2))
 
 
 def student_activation_bytes(w: Workload, device: str = "gpu", weight_casts: bool = True) -> int:
     """What the student's forward keeps for backward: each block's saved tensors per token (image and text),
     what lies outside the blocks, and under autocast the bf16 copy of every weight (`weight_casts=False`: weights
     already in 16 bits). With gradient checkpointing only each block's input is kept, plus one block being
-    recomputed. Times the fitted factor of that device (`ACT_FACTOR`): CPU, GPU eager, GPU with regional compile."""
+    recomputed. Times the fitted factor of that device (`ACT_FACTOR`): CPU, GPU eager, GPU with regional compile.
+    A LoRA student's: a backward through the placed teacher (`adapted_activation_bytes`)."""
+    if w.student_lora_rank:
+        return adapted_activation_bytes(w, device)
     c, n, s = w.student_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
     # Without autocast the blocks' bf16 tensors (48 of the 68 x width bytes) are fp32: 1.7x the block's bytes.
     d, scale = width(c), 1 if w.autocast else 1.7

@@ -9,6 +9,7 @@ safetensors files.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class OffloadConfig:
 class OffloadPlacement(Placement):
     min_gpus = 1
     name, speed_rank, fp8 = "offload", 50, True
+    backprop = True  # each block streamed in again in backward and recomputed (streaming.Recomputed); disk's too
     source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
 
     def __init__(self, resident_blocks: Any = "auto", share_host_copy: bool = True):
@@ -67,6 +69,7 @@ class OffloadPlacement(Placement):
     def estimate(self, w: Workload, hw: Hardware) -> Estimate:
         if not hw.gpu_bytes:
             return Estimate.refused(self.name, "needs a GPU")
+        w = dataclasses.replace(w, teacher_checkpointed=True)  # a backward through it recomputes each block
         kept, gpus, block = self.streaming_gpu_bytes(w, hw)
         copies = 1 if self.share_host_copy else w.ranks_per_node
         host = weights(w) * copies + (block + host_process_bytes(hw)) * w.ranks_per_node

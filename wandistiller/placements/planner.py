@@ -25,6 +25,7 @@ from wandistiller.placements.memory import (
     fake_score_config,
     fake_score_params,
     param_count,
+    student_params,
     teacher_weight_bytes,
 )
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
@@ -59,12 +60,14 @@ def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
     # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device; a
     # LoRA one (lora) backpropagates through the teacher there. (What else they refuse -- served ranks, an fp8
     # teacher -- DMD.check says in its own line, for the placement this chooses.)
-    on_training_device = (p.min_gpus > 0) == bool(hw.gpu_bytes)
+    on_training_device = p.on_training_device(hw)
     if w.fake_score == "teacher" and not (p.whole_on_one_device and on_training_device):
         return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
-    if w.fake_score == "lora" and not (p.backprop and on_training_device):
-        return Estimate.refused(p.name, "cannot backpropagate through its teacher on the training device "
-                                        "(method.fake_score=lora)")  # fmt: skip
+    lora = [k for k, on in (("student=lora", w.student_lora_rank), ("method.fake_score=lora", w.fake_score == "lora"))
+            if on]  # fmt: skip
+    if lora and not (p.backprop and on_training_device):
+        return Estimate.refused(p.name, f"cannot backpropagate through its teacher on the training device "
+                                        f"({', '.join(lora)})")  # fmt: skip
     if not w.teacher_fp8:
         return p.estimate(w, hw)
     if not p.fp8:
@@ -176,11 +179,15 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
     d, t = cfg.data, cfg.trainer
     method = cfg.get("method") or {}  # a method that trains a fake score beside the student (dmd) names its shape
+    # student=lora (builder lora, rank r): the placed teacher with adapters, shaped as the teacher
+    lora_student = cfg.student.get("builder") == "lora"
     return Workload(
         teacher_config=teacher_config,
         experts=experts,
         teacher_dtype_bytes=torch.finfo(teacher_dtype).bits // 8,
-        student_config=student_config(cfg.student, teacher_config),
+        student_config=dict(teacher_config) if lora_student else student_config(cfg.student, teacher_config),
+        student_lora_rank=int(cfg.student.rank) if lora_student else 0,
+        student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
         batch_size=t.batch_size,
         tokens=(d.latent_frames // pt) * (d.latent_height // ph) * (d.latent_width // pw),
         text_tokens=cfg.teacher.max_sequence_length,
@@ -195,6 +202,17 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
         fake_updates=method.get("fake_updates") or 0,
         lora_rank=method.get("lora_rank") or 0,
     )
+
+
+def lora_layers(layers) -> tuple[str, ...] | None:
+    """A LoRA student's `student.layers` as Linear names in a block: all (None), attention, ffn, or a list."""
+    from wandistiller.teacher.lora import TARGETS
+
+    if layers is None or layers == "all":
+        return None
+    if layers in ("attention", "ffn"):
+        return tuple(n for n in TARGETS if n.startswith("attn" if layers == "attention" else "ffn"))
+    return tuple(str(n) for n in layers)
 
 
 def workload_of(
@@ -229,11 +247,20 @@ def plan_report(cfg, teacher_dtype: torch.dtype, passes: Passes) -> str:
     best = choose(estimates)
     head = (
         f"teacher {cfg.teacher.name}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
-        f"student {human_count(param_count(w.student_config))} params; batch {w.batch_size} x {w.tokens} tokens"
+        f"student {describe_student(w)}; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     table = format_table(estimates, hw, best.placement if best else None, w, step_times(estimates, w, hw, passes))
     return "\n".join([head, *method_lines(w, passes), table, tail])
+
+
+def describe_student(w: Workload) -> str:
+    """The student in the plan's head: its network's parameters, or a LoRA student's adapters (student=lora)."""
+    if not w.student_lora_rank:
+        return f"{human_count(param_count(w.student_config))} params"
+    return (f"LoRA of rank {w.student_lora_rank} on the teacher's {w.experts} expert(s), "
+            f"{human_count(student_params(w))} adapter params (no weights of its own; a backward through the teacher, "
+            f"checkpointed per block where it streams)")  # fmt: skip
 
 
 def method_lines(w: Workload, passes: Passes) -> list[str]:
@@ -245,7 +272,8 @@ def method_lines(w: Workload, passes: Passes) -> list[str]:
         return [
             f"fake score (LoRA of rank {w.lora_rank} on the teacher's {w.experts} expert(s), "
             f"{human_count(fake_score_params(w))} adapter params): their weights, AdamW states and grads, and the "
-            f"activations of a teacher-sized backward, counted on every training rank",
+            f"activations of a teacher-sized backward (checkpointed per block where the teacher streams: offload, "
+            f"disk), counted on every training rank",
             passes.describe(),
         ]
     lines = [] if config is None else [

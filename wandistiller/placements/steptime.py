@@ -70,16 +70,35 @@ class StepTime:
     samples_per_s: float  # per node: every training rank's micro-batches
 
 
-def training_flops(w: Workload, passes: Passes) -> float:
-    """One rank's step on its training device: the student's passes and the method's network's."""
-    train = 3 + w.gradient_checkpointing  # backward ~ 2 forwards; checkpointing recomputes the forward
-    student = forward_flops(w.student_config, w.batch_size, w.tokens, w.text_tokens)
-    flops = student * (passes.student_forwards + train * passes.student_trains)
+def training_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware, passes: Passes) -> float:
+    """One rank's step on its training device: the student's passes and the method's network's. A network of its
+    own computes at the device's rate; adapters on the placed teacher (student=lora, method.fake_score=lora) run
+    the teacher's passes, which a streamed placement also streams: a forward once, a training pass twice (its
+    forward, then each block again for its recomputation and backward), each overlapped with that compute."""
+    rate = GPU_FLOPS if hw.gpu_bytes else CPU_FLOPS
+    streamed = p.name in STREAMED_FROM
+
+    def network(config: dict, adapted: bool, forwards: float, trains: float) -> float:
+        flops = forward_flops(config, w.batch_size, w.tokens, w.text_tokens) / rate
+        if not adapted:  # backward ~ 2 forwards; checkpointing recomputes the forward
+            return flops * (forwards + (3 + w.gradient_checkpointing) * trains)
+        if not streamed:  # a resident teacher: not checkpointed
+            return flops * (forwards + 3 * trains)
+        copies = streamed_copy_seconds(p, e, w, w.batch_size)
+        return forwards * max(flops, copies) + trains * (max(flops, copies) + max(3 * flops, copies))
+
+    seconds = network(w.student_config, w.student_lora_rank > 0, passes.student_forwards, passes.student_trains)
     fake = fake_score_config(w)
     if fake is not None:
-        flops += forward_flops(fake, w.batch_size, w.tokens, w.text_tokens) * (
-            passes.fake_forwards + train * passes.fake_trains)  # fmt: skip
-    return flops
+        seconds += network(fake, w.fake_score == "lora", passes.fake_forwards, passes.fake_trains)
+    return seconds
+
+
+def streamed_copy_seconds(p: Placement, e: Estimate, w: Workload, batch: int) -> float:
+    """A streamed teacher's copies of the blocks it does not keep, for one pass at `batch` (each expert it uses)."""
+    _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
+    streamed = w.teacher_config["num_layers"] - (e.resident_blocks or 0)
+    return min(w.experts, batch) * streamed * block / STREAMED_FROM[p.name]
 
 
 def teacher_call_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware) -> float:
@@ -88,12 +107,9 @@ def teacher_call_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware) -
     batch = w.teacher_batch_size or w.batch_size
     on_gpu = bool(hw.gpu_bytes) and p.name not in TEACHER_ON_CPU and not p.debug_cpu
     compute = forward_flops(w.teacher_config, 2 * batch, w.tokens, w.text_tokens) / (GPU_FLOPS if on_gpu else CPU_FLOPS)
-    bandwidth = STREAMED_FROM.get(p.name)
-    if bandwidth is None:
+    if p.name not in STREAMED_FROM:
         return compute
-    _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
-    streamed = w.teacher_config["num_layers"] - (e.resident_blocks or 0)
-    return max(compute, min(w.experts, batch) * streamed * block / bandwidth)
+    return max(compute, streamed_copy_seconds(p, e, w, batch))
 
 
 def step_time(p: Placement, e: Estimate, w: Workload, hw: Hardware, passes: Passes) -> StepTime | None:
@@ -105,7 +121,7 @@ def step_time(p: Placement, e: Estimate, w: Workload, hw: Hardware, passes: Pass
     ranks = max(w.ranks_per_node, 1)
     trainers = max(ranks - 1, 1) if p.serving == Serving.DEDICATED_OWNER else ranks
     served = 1 if p.serving == Serving.LOCAL else trainers
-    train = training_flops(w, passes) / (GPU_FLOPS if hw.gpu_bytes else CPU_FLOPS)
+    train = training_seconds(p, e, w, hw, passes)
     teacher = passes.teacher_calls * served * teacher_call_seconds(p, e, w, hw) if passes.teacher_calls else 0.0
     seconds = max(train, teacher) if p.serving == Serving.DEDICATED_OWNER else train + teacher
     return StepTime(seconds, teacher, w.batch_size * passes.micro_batches * trainers / seconds)

@@ -12,11 +12,19 @@ safetensors files, memory-mapped (placement `disk`), for teachers larger than RA
 the compute dtype when the files are stored wider. Neither ever holds the whole teacher in RAM twice:
 blocks are read from the files one at a time. On a CPU device the same code runs with plain copies
 (what the tests check: outputs equal the resident model's, bit for bit).
+
+Backward through a streamed block (LoRA adapters on the frozen teacher: dmd's `method.fake_score=lora`) is
+block-level checkpointing (`Recomputed`): the forward keeps only the block's inputs, never a tensor of its slot,
+which the next block but one overwrites; in backward the block streams in again (in reverse order, the one before
+it prefetched as in the forward), its forward is recomputed with the adapters on or off as they were, and its
+gradients go back before the block leaves. Under torch.no_grad() (targets, samples) blocks run as before.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import math
 import mmap
 import shutil
@@ -25,13 +33,20 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from wandistiller.core.errors import UserError
 from wandistiller.placements.disk_source import DiskSource
 from wandistiller.teacher.model import blocks_of
+
+if TYPE_CHECKING:
+    from diffusers import ModelMixin
+
+    from wandistiller.teacher.lora import Adapters
 
 ALIGN = 512  # bytes; every tensor of a packed block starts at such an offset (any dtype may view it)
 SHM = Path("/dev/shm")
@@ -152,6 +167,8 @@ class BlockStreamer:
     def __init__(self, blocks: nn.ModuleList, device: torch.device, source, streamed: list[int], layout: BlockLayout):
         self.blocks, self.device, self.source, self.streamed = blocks, device, source, streamed
         self.next_of = {a: b for a, b in zip(streamed, streamed[1:] + streamed[:1])}
+        # In backward blocks come last to first; the first streamed block prefetches none (a forward follows).
+        self.prev_of = {b: a for a, b in zip(streamed, streamed[1:])}
         # Two device slots, each one flat buffer viewed as a block: the one computing and the one being filled.
         self.flat_slots = [torch.empty(layout.nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self.slots = [layout.views(flat) for flat in self.flat_slots]
@@ -175,6 +192,7 @@ class BlockStreamer:
                 replace_tensor(blocks[i], n, torch.empty(0, dtype=t.dtype, device=device))
         # Each streamed block's parameters and buffers, looked up once: every forward re-points them at a slot.
         self.tensors = {i: list(_block_tensors(blocks[i]).items()) for i in streamed}
+        self.index = {block: i for i, block in enumerate(blocks)}
 
     def _read_ahead(self, i: int) -> None:
         if self.reader is not None and i not in self.pending:
@@ -225,6 +243,13 @@ class BlockStreamer:
         return ms
 
     def _before(self, i: int) -> None:
+        self._bring(i, self.next_of[i])
+        if self.next_of[i] != i:
+            self._read_ahead(self.next_of[self.next_of[i]])
+
+    def _bring(self, i: int, ahead: int | None) -> None:
+        """Point block i's tensors at the slot that holds it (copying it in if none does), and start copying
+        block `ahead` into the other slot while block i computes (unless it holds that one already)."""
         if i not in self.holds:  # the first block of the first forward: nobody prefetched it
             self._load(i, 0 if self.holds[0] is None else 1)
         slot = self.holds.index(i)
@@ -232,14 +257,115 @@ class BlockStreamer:
             torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
         for n, t in self.tensors[i]:
             t.data = self.slots[slot][n]
-        nxt = self.next_of[i]
-        if nxt != i:
-            self._load(nxt, 1 - slot)  # prefetch while block i computes
-            self._read_ahead(self.next_of[nxt])
+        if ahead is not None and ahead != i and self.holds[1 - slot] != ahead:
+            self._load(ahead, 1 - slot)  # prefetch while block i computes
 
     def _after(self, i: int) -> None:
         if self.cuda:
             self.computed[self.holds.index(i)].record(torch.cuda.current_stream(self.device))
+
+    def checkpointed(self, block: nn.Module, *args, **kwargs):
+        """A block's call where grad is on (the model's gradient-checkpointing function: without grad the model
+        calls its blocks as before). Checkpointed (`Recomputed`) where a gradient passes through it: a streamed
+        block because autograd would keep views of a slot that a later block overwrites; a resident one (the
+        first `resident_blocks`) alike, so that a backward keeps one block's activations whatever stays resident."""
+        i = self.index[block]
+        adapters = adapters_of(block)
+        trainable = [p for a, key in adapters if a.on for p in (a.down[key], a.up[key]) if p.requires_grad]
+        flat, tree = tree_flatten((args, kwargs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        if not trainable and not any(t.requires_grad for t in tensors):
+            return block(*args, **kwargs)  # nothing to backpropagate: autograd keeps nothing
+        call = BlockCall(self, i, block, tree, [TENSOR if isinstance(x, torch.Tensor) else x for x in flat], adapters)
+        return Recomputed.apply(call, len(tensors), *tensors, *trainable)
+
+    def backward_block(self, i: int) -> None:
+        """Stream block i in for its backward (a streamed one), the block before it prefetched."""
+        if i not in self.tensors:
+            return  # resident
+        self._bring(i, self.prev_of.get(i))
+        before = self.prev_of.get(i)
+        if before is not None and before in self.prev_of:
+            self._read_ahead(self.prev_of[before])
+
+
+def adapters_of(block: nn.Module) -> list[tuple[Adapters, str]]:
+    """(Adapters, key) of every adapter hooked on `block`'s layers (teacher/lora.py's forward hooks, each a
+    partial of `Adapters._adapt` bound to its key): their on/off flags and parameters, found where they act."""
+    from wandistiller.teacher.lora import Adapters
+
+    found: list[tuple[Adapters, str]] = []
+    for module in block.modules():
+        for hook in module._forward_hooks.values():
+            owner = getattr(getattr(hook, "func", None), "__self__", None)
+            if isinstance(owner, Adapters):
+                found.append((owner, cast(functools.partial, hook).args[0]))
+    return found
+
+
+TENSOR = object()  # a BlockCall's constant where the call had a tensor
+
+
+@dataclass
+class BlockCall:
+    """What a checkpointed block call needs to run again: the streamer, the block and its index, the call's
+    arguments apart from the tensors (`tree`, and `constants` at the non-tensor leaves), and its adapters."""
+
+    streamer: BlockStreamer
+    index: int
+    block: nn.Module
+    tree: TreeSpec
+    constants: list
+    adapters: list[tuple[Adapters, str]]
+
+    def arguments(self, tensors) -> tuple[tuple, dict]:
+        tensors, flat = iter(tensors), []
+        for constant in self.constants:
+            flat.append(next(tensors) if constant is TENSOR else constant)
+        return tree_unflatten(flat, self.tree)
+
+
+class Recomputed(torch.autograd.Function):
+    """A streamed block under grad: the forward keeps its inputs alone (no tensor of a slot); the backward streams
+    the block in again, recomputes it with each adapter set on or off as it was in the forward, under the
+    forward's autocast (a frozen teacher in eval mode draws no random numbers), and returns the gradients of its
+    inputs and of the adapters it used (inputs of this node, so DDP and torch.autograd.grad see them)."""
+
+    @staticmethod
+    def forward(ctx, call: BlockCall, count: int, *tensors):
+        ctx.call, ctx.count, ctx.trainable = call, count, tensors[count:]
+        ctx.flags = [a.on for a, _ in call.adapters]
+        ctx.autocast = [(kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+                        for kind in ("cpu", "cuda")]  # fmt: skip
+        ctx.autocast_cache = torch.is_autocast_cache_enabled()
+        ctx.save_for_backward(*tensors[:count])
+        args, kwargs = call.arguments(tensors[:count])
+        return call.block(*args, **kwargs)  # its hooks stream it in (and out); no grad inside a Function
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        call.streamer.backward_block(call.index)
+        flags = [a.on for a, _ in call.adapters]
+        try:
+            for (a, _), on in zip(call.adapters, ctx.flags):
+                a.on = on
+            with torch.enable_grad(), contextlib.ExitStack() as stack:
+                for kind, enabled, dtype in ctx.autocast:
+                    stack.enter_context(torch.amp.autocast(kind, dtype, enabled, ctx.autocast_cache))
+                args, kwargs = call.arguments(inputs)
+                out = call.block.forward(*args, **kwargs)  # not its hooks: streamed in above, nothing captured
+        finally:
+            for (a, _), on in zip(call.adapters, flags):
+                a.on = on
+        outs = out if isinstance(out, tuple) else (out,)
+        wanted = [t for t in inputs if t.requires_grad] + list(ctx.trainable)
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
+        if call.index in call.streamer.tensors:
+            call.streamer._after(call.index)  # its slot may be refilled once this backward has run
+        return (None, None, *[next(got) if t.requires_grad else None for t in inputs], *got)
 
 
 def stream_blocks(
@@ -287,7 +413,10 @@ def stream_blocks(
         if pin:
             pin_exactly(buffer)
         source = HostSource(buffer, layout, streamed)
-    return BlockStreamer(blocks, device, source, streamed, layout)
+    streamer = BlockStreamer(blocks, device, source, streamed, layout)
+    # diffusers' hook for a checkpointing function, called for every block where grad is on (and only there)
+    cast("ModelMixin", model).enable_gradient_checkpointing(streamer.checkpointed)
+    return streamer
 
 
 def load_streamed_expert(

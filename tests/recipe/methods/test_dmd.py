@@ -29,6 +29,7 @@ from tests.conftest import (
 )
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
+from wandistiller.placements.balanced import BalancedPlacement
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.gpu0 import Gpu0Placement
@@ -360,10 +361,11 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
         DMD("dmd", 4, fake_score="lora", lora_rank=0)
     lora, cpu = DMD("dmd", 4, fake_score="lora"), torch.device("cpu")
     lora.check(CpuPlacement(), 1, cpu)
-    for placement in (DiskPlacement(), Gpu0Placement(debug_cpu=True)):  # streamed; a dedicated owner's
+    lora.check(DiskPlacement(), 1, cpu)  # streamed: each block recomputed in backward
+    for placement in (BalancedPlacement(debug_cpu=True), Gpu0Placement(debug_cpu=True)):  # a device map; an owner's
         with refused(f"method.fake_score=lora backpropagates through the frozen teacher on the training device (cpu), "
                      f"and teacher_placement={placement.name} cannot; use method.fake_score=student, or "
-                     f"teacher_placement=gpu or cpu"):  # fmt: skip
+                     f"teacher_placement=gpu or offload or disk or cpu"):  # fmt: skip
             lora.check(placement, 2, cpu)
     with refused(
         "method.fake_score=lora runs the teacher on every training rank, and teacher_placement=cpu with 2 "
@@ -381,7 +383,7 @@ def test_what_dmd_cannot_do_is_refused_in_one_line():
 DEDICATED = ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"]
 
 
-@pytest.mark.parametrize("placement", [["teacher_placement=disk"], DEDICATED])
+@pytest.mark.parametrize("placement", [["teacher_placement=balanced", "teacher_placement.debug_cpu=true"], DEDICATED])
 def test_a_lora_fake_score_where_the_placement_cannot_backpropagate_is_refused_before_the_run_folder(
     make_cfg, tmp_path, placement
 ):
@@ -415,9 +417,10 @@ def test_a_lora_fake_score_where_the_placement_cannot_backpropagate_is_refused_b
             marks=pytest.mark.slow,
         ),
         pytest.param(
-            ["method.fake_score=lora", "teacher_placement=disk"],
+            ["method.fake_score=lora", "teacher_placement=balanced", "teacher_placement.debug_cpu=true"],
             "error: method.fake_score=lora backpropagates through the frozen teacher on the training device (cpu), "
-            "and teacher_placement=disk cannot; use method.fake_score=student, or teacher_placement=gpu or cpu",
+            "and teacher_placement=balanced cannot; use method.fake_score=student, or teacher_placement=gpu or "
+            "offload or disk or cpu",
             marks=pytest.mark.slow,
         ),
         pytest.param(

@@ -61,7 +61,7 @@ class DmdConfig(FewStepConfig):
     # Fake-score updates per training step (DMD2's two-time-scale ratio: 5).
     fake_updates: int = 5
     # "student" (student-sized, from the student), "teacher" (teacher-shaped, from its first expert), "lora" (the
-    # frozen teacher + trainable low-rank adapters; a placement that backpropagates through it: cpu, gpu).
+    # frozen teacher + trainable low-rank adapters, on a placement with `backprop`: gpu, offload, disk, cpu).
     fake_score: str = "student"
     # The adapters' rank with fake_score=lora (alpha = rank).
     lora_rank: int = 16
