@@ -42,16 +42,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
     own = "the run's own end-of-run evaluation's, hooks.evaluate."  # what eval.json was drawn at
-    parser.add_argument("--prompts", help="prompts file, one per line (default: " + own + "prompts_path, else the "
-                        "run's held-out prompts)")  # fmt: skip
-    parser.add_argument("--steps", metavar="N", help="the teacher's sampling steps, and a KD student's (default: "
-                        f"{own}steps, else {DEFAULTS['steps']})")  # fmt: skip
-    parser.add_argument("--student-steps", metavar="N[,N...]", help="the student's steps, one result each (e.g. "
-                        "1,2,4; default: a few-step student's own K, a KD student --steps)")  # fmt: skip
-    parser.add_argument("--limit", metavar="N", help=f"at most this many prompts (default: {own}limit, else "
-                        f"{DEFAULTS['limit']})")  # fmt: skip
-    parser.add_argument("--per-prompt", metavar="N", help="images per prompt, each from its own noise (default: "
-                        f"{own}per_prompt, else {DEFAULTS['per_prompt']}; FID/KID need 65 images or more in all)")  # fmt: skip
+    parser.add_argument(
+        "--prompts", help=f"prompts file, one per line (default: {own}prompts_path, else the run's held-out prompts)"
+    )
+    parser.add_argument(
+        "--steps",
+        metavar="N",
+        help=f"the teacher's steps, a KD student's too (default: {own}steps, else {DEFAULTS['steps']})",
+    )
+    parser.add_argument(
+        "--student-steps",
+        metavar="N[,N...]",
+        help="the student's steps, one result each (e.g. 1,2,4; default: a few-step student's own K, a KD student "
+        "--steps)",
+    )
+    parser.add_argument(
+        "--limit", metavar="N", help=f"at most this many prompts (default: {own}limit, else {DEFAULTS['limit']})"
+    )
+    parser.add_argument(
+        "--per-prompt",
+        metavar="N",
+        help=f"images per prompt, each from its own noise (default: {own}per_prompt, else "
+        f"{DEFAULTS['per_prompt']}; FID/KID need 65 images or more in all)",
+    )
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
@@ -110,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                        and not k.endswith(("_s", "_calls_per_image"))}  # fmt: skip
             if quality:
                 print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
+        if "scales" in result:  # what an unscaled figure (KID) is, once
+            print(*result["scales"].values(), sep="\n")
         m = result["mean"]
         if "diversity" in result.get("withheld", {}):
             print(f"diversity withheld: {result['withheld']['diversity']}")

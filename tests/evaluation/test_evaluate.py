@@ -20,6 +20,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
 from wandistiller.evaluation.evaluate import eval_prompts, evaluate
+from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.state.runs import RunFolder, open_run
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
@@ -78,6 +79,7 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     several = evaluate(folder, steps=1, limit=4, per_prompt=17)  # 4 held-out prompts x 17 noises: FID/KID given
     assert several["images"] == 68 and several["mean"]["student_samples"] == 68
     assert math.isfinite(several["mean"]["student_fid"]) and math.isfinite(several["mean"]["teacher_kid"])
+    assert several["scales"] == {"kid": KID_MEANING} and "scales" not in one  # what KID is, where one is given
     assert several["mean"]["teacher_diversity"] > 0 and several["mean"]["student_diversity"] > 0  # 17 noises a prompt
     ratio = several["mean"]["student_diversity"] / several["mean"]["teacher_diversity"]
     assert several["mean"]["diversity_ratio"] == pytest.approx(ratio) and "withheld" not in several

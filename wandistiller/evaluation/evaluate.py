@@ -27,7 +27,7 @@ from wandistiller.core.files import check_appended, folder_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.evaluation.grids import save_grid
-from wandistiller.evaluation.metrics import diversity_ratio, eval_quality
+from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
@@ -175,6 +175,8 @@ def evaluate(
         "student_trained_steps": trained, "student_steps": counts, "seed": seed, "per_prompt": per_prompt,
         "images": len(prompts), "mean": head["mean"],
     }  # fmt: skip
+    if any(key.endswith("_kid") for key in head["mean"]):
+        result["scales"] = {"kid": KID_MEANING}
     if "student_diversity" not in head["mean"]:
         result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
