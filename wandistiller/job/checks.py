@@ -191,8 +191,8 @@ def check_numbers_by_signature(node, prefix: str) -> None:
     except (ImportError, ValueError, TypeError, AttributeError):  # not importable: instantiating it says so
         return
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    for key in node:
-        parameter = parameters.get(str(key))
+    for key in map(str, node):
+        parameter = parameters.get(key)
         default = parameter.default if parameter is not None else inspect.Parameter.empty
         value = node[key]
         if number(default) and not number(value):
