@@ -10,7 +10,8 @@ USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
 Prints each teacher placement's memory estimate for the composed config (the same overrides as
 `python -m wandistiller.train`) and the one `teacher_placement=auto` would choose. Plan on paper with
-hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H]; e.g.
+hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H] (precision=auto then plans what a
+run there would take: bf16 for N > 0); e.g.
   python -m wandistiller.plan teacher=wan2.2_t2v_a14b hardware.gpus=8 hardware.gpu_memory_gib=40"""
 
 
