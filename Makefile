@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-train: setup          ## distill the pocket teacher into a student that draws its digits (~75 s; ARGS="trainer.max_steps=50")
+train: setup          ## distill the pocket teacher into a student that draws its digits (~1 min on 2 quiet cores: docs/PERFORMANCE.md; ARGS="trainer.max_steps=50")
 	$(PY) -m wandistiller.train +experiment=pocket $(ARGS)
 
 # One thread per process: the tests' tiny models gain nothing from more, and their 2-3 rank runs share 2 cores.

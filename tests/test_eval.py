@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from tests.conftest import ROOT, fresh_runs
 from tests.conftest import cli as command_line
-from tests.conftest import fresh_runs
+from tests.evaluation.test_evaluate import with_end_of_run_eval, write_prompts
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
+from wandistiller.evaluation.evaluate import evaluate
 from wandistiller.train import run
 
 
@@ -122,3 +126,46 @@ def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, b
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: --student-steps") and err.count("\n") == 1, err
     assert not list(finished.glob("eval*"))
+
+
+# Where eval's result files are named for users: each name there must be one a test below sees eval write.
+DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "wandistiller" / "eval.py",
+              ROOT / "wandistiller" / "evaluation" / "evaluate.py"]  # fmt: skip
+
+
+def documented_results() -> set[str]:
+    """Every eval result file named in the docs (`eval_step_XXXXXXXX.json` as the run's step 2 writes it)."""
+    pattern = re.compile(r"(?<![\w/.-])eval(?:_[\w-]+)?\.(?:json|png)")
+    names = {name for path in DOCUMENTED for name in pattern.findall(path.read_text())}
+    return {name.replace("XXXXXXXX", "00000002") for name in names}
+
+
+@pytest.mark.slow  # eight evaluations of a tiny run
+def test_a_plain_eval_is_the_runs_own_and_every_result_the_docs_name_is_one_eval_writes(finished, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder)
+    with_end_of_run_eval(folder, steps=2, limit=1)  # the run's own evaluation (the default run's: 10 steps, 8 prompts)
+    shutil.copytree(folder / "checkpoints" / "step_00000002", folder / "checkpoints" / "best")
+    own = evaluate(folder, steps=2, limit=1, per_prompt=1)  # what hooks.evaluate ran at the end of the run
+    # A plain `eval RUN` samples at those settings (it took 20 steps and wrote eval_steps20_limit8.json): eval.json
+    eval_cli.main([str(folder)])
+    assert f"wrote {folder / 'eval.json'} and eval.png" in capsys.readouterr().out
+    again = json.loads((folder / "eval.json").read_text())
+    assert (again["steps"], again["images"], again["per_prompt"], again["variant"]) == (2, 1, 1, [])
+    assert [again["mean"][k] for k in ("latent_mse", "psnr", "ssim")] == [own["mean"][k] for k in
+                                                                          ("latent_mse", "psnr", "ssim")]  # fmt: skip
+    assert [p.name for p in folder.glob("eval*.json")] == ["eval.json"]
+    for args in (["--checkpoint", "best"], ["--checkpoint", "step_2"], ["--student-steps", "1"],
+                 ["--student-steps", "1,2,4"], ["--checkpoint", "best", "--steps", "20"]):  # fmt: skip
+        eval_cli.main([str(folder), *args])
+    # A received run's own prompts file outside it and the package is not read unasked: its held-out prompts are,
+    # and the result is named so (never eval.json, which was drawn from that file)
+    theirs = write_prompts(tmp_path / "theirs" / "prompts.txt")
+    with_end_of_run_eval(folder, steps=2, limit=1, prompts_path=str(theirs))
+    eval_cli.main([str(folder)])
+    heldout = json.loads((folder / "eval_heldout.json").read_text())
+    assert heldout["variant"] == ["heldout"] and heldout["prompts"][0]["prompt"] != "my own prompt"
+    written = {p.name for p in folder.iterdir()}
+    documented = documented_results()
+    assert {"eval.json", "eval_best.json", "eval_student1.json", "eval_best_steps20.json"} <= documented
+    assert documented <= written, sorted(documented - written)

@@ -23,13 +23,48 @@ def test_the_plan_of_a_14b_teacher_on_one_small_gpu_is_its_table_ending_with_the
     hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=16", "hardware.host_memory_gib=8"]
     plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *hardware)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("teacher wan2.1_t2v_14b: 1 expert(s), 53.2 GiB of weights")
+    assert lines[0].startswith("teacher wan2.1_t2v_14b: 1 expert(s), 26.6 GiB of weights")  # bf16, as on the GPU
     assert lines[1] == "a step of method=kd: 1 teacher call(s) (cond + uncond), 1 student forward + backward"
-    assert lines[2].startswith("hardware: 1 GPU(s) of 16 GiB free, 8 GiB host RAM available")
+    assert lines[2] == (
+        "precision: bf16 (teacher torch.bfloat16, student torch.float32): precision=auto, as the planned hardware "
+        "has GPUs (precision=<fp32|bf16|fp16> plans another)"
+    )  # on a CPU-only machine too: the plan is for the GPU, not for this machine (it planned fp32, 2x the weights)
+    assert lines[3].startswith("hardware: 1 GPU(s) of 16 GiB free, 8 GiB host RAM available")
     rows = {line.split()[0]: line.split()[1] for line in lines if line.split()[1:2] in (["yes"], ["no"])}
-    assert rows["gpu"] == "no" and rows["disk"] == "yes"  # 53 GiB of weights stream from disk, never all in RAM
+    assert (
+        rows["gpu"] == "no" and rows["disk"] == "yes"
+    )  # 27 GiB of bf16 weights stream from disk, never all in 8 GiB of RAM
     assert rows.keys() >= {"gpu", "gpu0", "balanced", "sequential", "sharded", "offload", "disk", "cpu"}
     assert lines[-1] == "auto would choose: disk"
+
+
+def test_precision_auto_plans_for_the_planned_hardware_not_this_machine(monkeypatch, capsys):
+    from wandistiller.core import precision
+
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: True)  # this machine: a GPU one, either way
+    plan_main(monkeypatch, "hardware.gpus=0", "hardware.host_memory_gib=64")
+    assert "precision: fp32 (teacher torch.float32, student torch.float32): precision=auto, as the planned hardware " \
+           "has no GPU" in capsys.readouterr().out  # fmt: skip
+    plan_main(monkeypatch, "precision=fp16", "hardware.gpus=1", "hardware.gpu_memory_gib=24")
+    out = capsys.readouterr().out.splitlines()
+    assert "precision: fp16 (teacher torch.float16, student torch.float32)" in out  # named: as named, nothing added
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("hardware.gpus=-1", "hardware.gpus=-1 must be in [0, 64] (GPUs per node)"),
+        ("hardware.gpu_memory_gib=-40", "hardware.gpu_memory_gib=-40.0 must be in [0, 1024] (GiB of one GPU)"),
+        ("hardware.host_memory_gib=0", "hardware.host_memory_gib=0.0 must be in [0.5, 65536]"),
+        ("hardware.host_memory_gib=nan", "hardware.host_memory_gib=nan must be in [0.5, 65536]"),
+        ("hardware.headroom_gib=-1", "hardware.headroom_gib=-1.0 must be in [0, 1024]"),
+    ],
+)
+def test_every_hardware_number_out_of_its_range_is_one_line_naming_the_key(monkeypatch, capsys, override, line):
+    with pytest.raises(SystemExit) as e:
+        plan_main(monkeypatch, "hardware.gpus=1", "hardware.gpu_memory_gib=40", override)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1
 
 
 def test_a_teacher_given_by_path_is_named_by_its_folder_not_the_default_groups(monkeypatch, capsys):
@@ -159,7 +194,7 @@ def plans(request):
 def test_plan_cli_prints_the_table_for_hardware_described_on_paper(plans):
     result = plans["8x40"].result()
     assert result.returncode == 0, result.stderr
-    assert "auto would choose: balanced" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
+    assert "auto would choose: sharded" in result.stdout and "8 GPU(s) of 40 GiB" in result.stdout
 
 
 def test_plan_cli_names_a_missing_hardware_key_in_one_line(plans):

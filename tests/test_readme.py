@@ -177,3 +177,13 @@ def test_a_new_docs_command_must_be_classified_here_or_run():
         if kind in ("gpu", "cluster") and fragment:
             assert any(fragment in c for _, _, c in COMMANDS), f"stale entry {fragment!r}"
     assert re.search(r"need(s)? (a CUDA GPU|GPUs)", text)
+
+
+def test_the_readme_and_the_makefile_give_make_train_one_time():
+    """They said ~50 s and ~75 s; docs/PERFORMANCE.md holds the measurements both now quote."""
+    readme = (ROOT / "README.md").read_text()
+    readme_says = readme[readme.index("make train    #") :].split("\nmake test")[0]
+    make_says = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("train:"))
+    times = [re.search(r"\(~(\d+ (?:s|min)) on 2 quiet", said) for said in (readme_says, make_says)]
+    assert times[0] and times[1] and times[0][1] == times[1][1], (readme_says, make_says)
+    assert "docs/PERFORMANCE.md" in readme_says and "docs/PERFORMANCE.md" in make_says

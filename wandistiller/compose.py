@@ -66,9 +66,10 @@ def registries() -> tuple[Registry, ...]:
     return placements, data, losses, methods, hooks, loggers
 
 
-def auto_precision(cfg):
-    """precision=auto's node replaced by the option it stands for (composed with its schema); another as it is."""
-    return compose_option("precision", auto_choice()) if cfg.name == "auto" else cfg
+def auto_precision(cfg, planned_gpus: int | None = None):
+    """precision=auto's node replaced by the option it stands for (composed with its schema); another as it is.
+    `planned_gpus`: plan for that many GPUs on paper (`hardware.gpus`), not for this machine."""
+    return compose_option("precision", auto_choice(planned_gpus)) if cfg.name == "auto" else cfg
 
 
 def resolve_precision(cfg) -> None:

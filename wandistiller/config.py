@@ -178,6 +178,28 @@ class HardwareConfig:
     show_plan: bool = False
 
 
+# Each hardware.* number's range, so a slip (hardware.gpus=-1, hardware.gpu_memory_gib=-40) is refused rather
+# than planned: (lowest, highest, what the line says). The sizes are GiB; null (gpus and the memories) = detect.
+HARDWARE_RANGES: dict[str, tuple[float, float, str]] = {
+    "gpus": (0, 64, "in [0, 64] (GPUs per node), or null to detect this machine's"),
+    "gpu_memory_gib": (0, 1024, "in [0, 1024] (GiB of one GPU), or null to detect this machine's"),
+    "host_memory_gib": (0.5, 65536, "in [0.5, 65536] (GiB of host RAM per node), or null to detect this machine's"),
+    "headroom_gib": (0, 1024, "in [0, 1024] (GiB left free on every device)"),
+    "headroom_fraction": (0, 0.99, "in [0, 0.99] (the fraction of every device left free)"),
+}
+
+
+def hardware_problem(hardware) -> str | None:
+    """The first `hardware.*` number outside its range (HARDWARE_RANGES), as one line naming the key; None if none."""
+    for key, (lowest, highest, what) in HARDWARE_RANGES.items():
+        value = hardware[key]
+        if value is None and key not in ("headroom_gib", "headroom_fraction"):
+            continue
+        if value is None or not lowest <= value <= highest:  # NaN fails the comparison too
+            return f"hardware.{key}={value} must be {what}"
+    return None
+
+
 @dataclass
 class PathsConfig:
     cache_dir: str = MISSING

@@ -9,7 +9,8 @@ seconds and network calls per image, and quality (prompt accuracy, FID/KID, intr
 result per student and settings into the run folder, so no evaluation overwrites another: `eval.json` and
 `eval.png` (teacher | student) for the final student at the run's own evaluation settings (what metrics.json's
 `eval_*` figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint, and each
-setting that differs from the run's own in the name: `eval_student1.json`, `eval_steps20_limit1.json`.
+setting that differs from the run's own in the name: `eval_student1.json`, `eval_best_steps20.json`. Unset,
+--steps, --limit, --per-prompt and --prompts are the run's own (its `hooks.evaluate`): `eval RUN` is its eval.json.
 """
 
 from __future__ import annotations
@@ -40,15 +41,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m wandistiller.eval", description=description(__doc__))
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
-    parser.add_argument("--prompts", help="prompts file, one per line (default: the run's held-out prompts)")
-    parser.add_argument("--steps", metavar="N", default=str(DEFAULTS["steps"]), help="the teacher's sampling "
-                        f"steps, and a KD student's (default {DEFAULTS['steps']})")  # fmt: skip
-    parser.add_argument("--student-steps", metavar="N[,N...]", help="the student's steps, one result each (e.g. "
-                        "1,2,4; default: a few-step student's own K, a KD student --steps)")  # fmt: skip
-    parser.add_argument("--limit", metavar="N", default=str(DEFAULTS["limit"]), help="at most this many prompts "
-                        f"(default {DEFAULTS['limit']})")  # fmt: skip
-    parser.add_argument("--per-prompt", metavar="N", default=str(DEFAULTS["per_prompt"]), help="images per prompt, "
-                        "each from its own noise (default 1; FID/KID need 65 images or more in all)")  # fmt: skip
+    own = "the run's own end-of-run evaluation's, hooks.evaluate."  # what eval.json was drawn at
+    parser.add_argument(
+        "--prompts", help=f"prompts file, one per line (default: {own}prompts_path, else the run's held-out prompts)"
+    )
+    parser.add_argument(
+        "--steps",
+        metavar="N",
+        help=f"the teacher's steps, a KD student's too (default: {own}steps, else {DEFAULTS['steps']})",
+    )
+    parser.add_argument(
+        "--student-steps",
+        metavar="N[,N...]",
+        help="the student's steps, one result each (e.g. 1,2,4; default: a few-step student's own K, a KD student "
+        "--steps)",
+    )
+    parser.add_argument(
+        "--limit", metavar="N", help=f"at most this many prompts (default: {own}limit, else {DEFAULTS['limit']})"
+    )
+    parser.add_argument(
+        "--per-prompt",
+        metavar="N",
+        help=f"images per prompt, each from its own noise (default: {own}per_prompt, else "
+        f"{DEFAULTS['per_prompt']}; FID/KID need 65 images or more in all)",
+    )
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="teacher dtype (default: the run's)")
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
@@ -56,9 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allow-data", action="store_true", help="read an image run's captions from its saved "
                         "data.root/data.dataset outside the run folder (only for run folders you trust)")  # fmt: skip
     args = parser.parse_args(argv)
-    args.steps = whole_number(str(args.steps), "--steps", example=20)
-    args.limit = whole_number(str(args.limit), "--limit", example=8)
-    args.per_prompt = whole_number(str(args.per_prompt), "--per-prompt", example=2)
+    # unset: the run's own settings (evaluate reads them from the run's saved config), so `eval RUN` is its eval.json
+    args.steps = None if args.steps is None else whole_number(str(args.steps), "--steps", example=20)
+    args.limit = None if args.limit is None else whole_number(str(args.limit), "--limit", example=8)
+    args.per_prompt = None if args.per_prompt is None else whole_number(str(args.per_prompt), "--per-prompt", example=2)
     args.student_counts = step_counts(args.student_steps)
     return args
 
@@ -106,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                        and not k.endswith(("_s", "_calls_per_image"))}  # fmt: skip
             if quality:
                 print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
+        if "scales" in result:  # what an unscaled figure (KID) is, once
+            print(*result["scales"].values(), sep="\n")
         m = result["mean"]
         if "diversity" in result.get("withheld", {}):
             print(f"diversity withheld: {result['withheld']['diversity']}")

@@ -10,14 +10,16 @@ USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
 Prints each teacher placement's memory estimate for the composed config (the same overrides as
 `python -m wandistiller.train`) and the one `teacher_placement=auto` would choose. Plan on paper with
-hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H]; e.g.
+hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H] (precision=auto then plans what a
+run there would take: bf16 for N > 0); e.g.
   python -m wandistiller.plan teacher=wan2.2_t2v_a14b hardware.gpus=8 hardware.gpu_memory_gib=40"""
 
 
 def main() -> None:
     """Compose the same config tree as training (no run folder, no log file) and print the plan."""
     from wandistiller.compose import auto_precision, compose_config
-    from wandistiller.core.errors import exit_on_user_error
+    from wandistiller.config import hardware_problem
+    from wandistiller.core.errors import UserError, exit_on_user_error
     from wandistiller.core.precision import Precision
     from wandistiller.job.checks import built_quietly, name_the_teacher
     from wandistiller.job.preflight import check_method_config
@@ -27,11 +29,26 @@ def main() -> None:
         return
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
+        hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
+        if hardware:
+            raise UserError(hardware)
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
         passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
-        print(plan_report(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, passes))
+        # precision=auto as a run on the planned hardware would take it, not as this machine would
+        precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
+        print(plan_report(cfg, precision.teacher_dtype, passes, precision_line(cfg, precision)))
+
+
+def precision_line(cfg, precision) -> str:
+    """The plan's precision, and for precision=auto which hardware decided it."""
+    line = f"precision: {precision.name} (teacher {precision.teacher_dtype}, student {precision.student_dtype})"
+    if cfg.precision.name != "auto":
+        return line
+    where = "the planned hardware" if cfg.hardware.gpus is not None else "this machine"
+    rule = "has GPUs" if precision.name == "bf16" else "has no GPU"
+    return f"{line}: precision=auto, as {where} {rule} (precision=<fp32|bf16|fp16> plans another)"
 
 
 if __name__ == "__main__":

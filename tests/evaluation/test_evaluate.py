@@ -20,6 +20,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
 from wandistiller.evaluation.evaluate import eval_prompts, evaluate
+from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.state.runs import RunFolder, open_run
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
@@ -78,6 +79,7 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     several = evaluate(folder, steps=1, limit=4, per_prompt=17)  # 4 held-out prompts x 17 noises: FID/KID given
     assert several["images"] == 68 and several["mean"]["student_samples"] == 68
     assert math.isfinite(several["mean"]["student_fid"]) and math.isfinite(several["mean"]["teacher_kid"])
+    assert several["scales"] == {"kid": KID_MEANING} and "scales" not in one  # what KID is, where one is given
     assert several["mean"]["teacher_diversity"] > 0 and several["mean"]["student_diversity"] > 0  # 17 noises a prompt
     ratio = several["mean"]["student_diversity"] / several["mean"]["teacher_diversity"]
     assert several["mean"]["diversity_ratio"] == pytest.approx(ratio) and "withheld" not in several
@@ -312,3 +314,23 @@ def test_the_file_name_carries_each_setting_that_differs_from_the_runs_own(finis
     kd = open_run(few_step_copy(finished, tmp_path, None, "kd"))
     defaults = own | {"student": [20], "steps": 20, "limit": 8, "per_prompt": 1, "prompts": None}
     assert variant(kd, defaults) == [] and variant(kd, defaults | {"student": [4], "steps": 4}) == ["steps4"]
+
+
+def test_settings_left_unset_are_the_runs_own_end_of_run_evaluations(finished, tmp_path):
+    from wandistiller.evaluation.evaluate import DEFAULTS, run_settings
+    from wandistiller.state.runs import Trust
+
+    folder = few_step_copy(finished, tmp_path, None)
+    assert run_settings(open_run(folder), None, None, None, None, Trust()) == (20, 8, 1, None)  # no hooks.evaluate
+    assert DEFAULTS == {"steps": 20, "limit": 8, "per_prompt": 1, "prompts_path": None}
+    inside = write_prompts(folder / "prompts.txt")
+    with_end_of_run_eval(folder, steps=3, limit=2, per_prompt=2, prompts_path=str(inside))
+    run = open_run(folder)
+    assert run_settings(run, None, None, None, None, Trust()) == (3, 2, 2, str(inside))
+    assert run_settings(run, 5, 1, 1, "given.txt", Trust()) == (5, 1, 1, "given.txt")  # what is given wins
+    # the run's own file outside the run folder: read for the run's own end-of-run eval, not unasked for a received run
+    outside = write_prompts(tmp_path / "elsewhere" / "prompts.txt")
+    with_end_of_run_eval(folder, steps=3, limit=2, prompts_path=str(outside))
+    run = open_run(folder)
+    assert run_settings(run, None, None, None, None, Trust())[3] is None
+    assert run_settings(run, None, None, None, None, Trust(own_files=True))[3] == str(outside)

@@ -37,6 +37,19 @@ def test_fid_is_zero_for_the_same_set_and_the_squared_mean_shift_for_a_shifted_o
     assert fid_kid(real, real[:4], FirstPixels()) == {}  # 4 images of 4 features: withheld, not a number
 
 
+def test_fid_kid_raises_no_torchmetrics_warning_and_kid_says_what_it_is():
+    import warnings
+
+    from wandistiller.evaluation.metrics import KID_MEANING
+
+    real = torch.rand(20, 3, 8, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert "kid" in fid_kid(real, real + 0.1, FirstPixels())
+    assert [str(w.message) for w in caught] == []  # every pocket eval printed KID's "will save all extracted features"
+    assert "unscaled" in KID_MEANING and "not x1000" in KID_MEANING
+
+
 def test_pocket_scores_say_how_many_images_they_came_from_and_withhold_fid_from_too_few():
     from wandistiller.evaluation.metrics import pocket_scores
     from wandistiller.pocket.digits import rendered_split

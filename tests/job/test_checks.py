@@ -52,7 +52,12 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         ("teacher.flow_shift=0", "teacher.flow_shift=0.0 must be positive"),
         ("teacher.guidance_scale=nan", "teacher.guidance_scale=nan must be a finite number"),
         ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be positive"),
-        ("hardware.host_memory_gib=-5", "hardware.host_memory_gib=-5.0 must be positive, or null"),
+        ("hardware.host_memory_gib=-5", "hardware.host_memory_gib=-5.0 must be in [0.5, 65536]"),
+        ("hardware.gpus=-1", "hardware.gpus=-1 must be in [0, 64] (GPUs per node)"),
+        # an optimizer key no schema types: named with its key and type, not torch's "'<=' not supported ..."
+        ("trainer.optimizer.lr=1e-3x", "trainer.optimizer.lr='1e-3x' must be a number (torch.optim.AdamW's lr); e.g."),
+        ("trainer.optimizer.betas=[0.9,x]", "trainer.optimizer.betas=[0.9, 'x'] must be a list of 2 numbers"),
+        ("trainer.optimizer.weight_decay=true", "trainer.optimizer.weight_decay=True must be a number"),
     ],
 )
 def test_trainer_values_out_of_range_are_refused_before_the_run_folder(make_cfg, tmp_path, override, message):

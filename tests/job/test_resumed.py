@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from tests.conftest import run_cli
 from wandistiller.core.errors import UserError
@@ -175,3 +176,53 @@ def test_a_resume_says_it_continues_the_saved_config_only_once_it_is_accepted(ma
     with caplog.at_level("INFO", logger="wandistiller"):
         assert run(make_cfg(*DMD, "trainer.resume=auto", "trainer.max_steps=2", run_dir=run_dir))["final_step"] == 2
     assert caplog.text.count("trainer.resume=auto: continuing with the run's saved config") == 1
+
+
+def before_methods(finished, tmp_path):
+    """A copy of a finished tiny run as a version before the `method` group left it (c1bf174: `git show
+    c1bf174:wandistiller/conf/train.yaml` composes no method, and its checkpoints' state.json held student, optimizer,
+    lr_scheduler, scaler, ema, tracker_run_id, step and rng alone), cut short after step 1: no `method` in its saved
+    config, neither `method_identity` nor `teacher` in its checkpoint."""
+    folder = tmp_path / "old"
+    shutil.copytree(finished, folder)
+    config = folder / ".hydra" / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    del saved["method"]
+    config.write_text(yaml.safe_dump(saved))
+    shutil.rmtree(folder / "checkpoints" / "step_00000002")
+    state = folder / "checkpoints" / "step_00000001" / "state.json"
+    recorded = json.loads(state.read_text())
+    del recorded["method_identity"], recorded["teacher"]
+    state.write_text(json.dumps(recorded))
+    shutil.rmtree(folder / "student")
+    (folder / "metrics.json").unlink()
+    return folder
+
+
+def test_a_run_saved_before_methods_resumes_as_the_kd_it_trained_with(finished, make_cfg, tmp_path):
+    folder = before_methods(finished, tmp_path)
+    # It said "method has no value: an override removed it (~method?)", which no one wrote.
+    cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=folder), ["trainer.resume=auto"])
+    assert cfg.method.name == "kd" and cfg.method._target_ == "wandistiller.recipe.methods.kd.KD"
+    again = ["trainer.resume=auto", "method=kd"]  # its method restated: the same
+    assert continued_config(make_cfg(*again, run_dir=folder), again).method.name == "kd"
+    other = ["trainer.resume=auto", "method=trajectory"]
+    with pytest.raises(UserError, match=r"method=trajectory \(saved kd\) disagree"):
+        continued_config(make_cfg(*other, run_dir=folder), other)
+
+
+@pytest.mark.slow  # a training run and an eval in fresh processes
+def test_a_run_saved_before_methods_resumes_from_the_cli_and_still_evaluates(finished, tmp_path, cache_dir):
+    from wandistiller import eval as eval_cli
+
+    folder = before_methods(finished, tmp_path)
+    eval_cli.main([str(folder), "--steps", "2", "--limit", "1"])  # eval of such a run keeps working (its checkpoint)
+    result = json.loads((folder / "eval_step_00000001_steps2_limit1.json").read_text())
+    assert result["student_trained_steps"] is None and result["student_steps"] == [2]  # a KD student
+    resumed = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "trainer.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = (folder / "train.log").read_text()
+    assert "saved before the `method` group: it trained as method=kd, and continues so" in log
+    assert json.loads((folder / "metrics.json").read_text())["final_step"] == 2
+    state = json.loads((folder / "checkpoints" / "step_00000002" / "state.json").read_text())
+    assert "kd" in json.dumps(state["method_identity"])  # its next checkpoint records the method it continued

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -163,8 +164,18 @@ def test_a_pocket_runs_card_has_the_pocket_teachers_real_sizes_and_they_draw_its
     no_path_of_this_machine(card, tmp_path, teacher)
     # The snippet as written, on the pocket teacher's own parts, draws images of the size it trained on.
     call = re.search(r"height=(\d+), width=(\d+),\s+max_sequence_length=(\d+)", card)
-    pipe = WanPipeline.from_pretrained(teacher)
-    out = pipe("a red 3", guidance_scale=1.0, num_frames=1, height=int(call[1]), width=int(call[2]),
+    # its prompt is one of the pocket teacher's own (it draws coloured digits, not "a fox in the snow"), and its
+    # from_pretrained line runs as written with no deprecation warning (diffusers 0.42 deprecates torch_dtype=)
+    prompts = Path(shipped_asset("pocket/prompts.txt")).read_text().splitlines()
+    assert re.search(r'image = pipe\("([^"]+)", ', card)[1] == prompts[0]
+    load = next(line for line in card.splitlines() if "from_pretrained" in line)
+    assert load == 'pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found: dict = {"WanPipeline": WanPipeline, "torch": torch}
+        exec(load.replace('"PATH_OR_REPO"', repr(str(teacher))), found)
+    pipe = found["pipe"]
+    out = pipe(prompts[0], guidance_scale=1.0, num_frames=1, height=int(call[1]), width=int(call[2]),
                max_sequence_length=int(call[3]), num_inference_steps=2, output_type="pt").frames  # fmt: skip
     assert out.shape[-2:] == (IMAGE_SIZE, IMAGE_SIZE)
 
@@ -216,6 +227,7 @@ def test_a_few_step_runs_pipeline_samples_in_its_k_steps_through_wan_pipeline(fi
     stated_ts = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
     assert f"It is a {k}-step student" in card and f"| sampling | {k} steps (timesteps {stated_ts})" in card
     assert f"num_inference_steps={k}, guidance_scale=1.0" in card and "VAE and scheduler are" not in card
+    assert 'image = pipe("A red fox trotting through fresh snow at dawn", ' in card  # the shipped prompts' first
 
 
 def test_a_few_step_pipeline_samples_another_count_with_the_scheduler_its_card_rebuilds(finished, tmp_path, tiny_path):
@@ -289,6 +301,16 @@ def test_a_dmd_card_names_its_regression_term_and_an_old_run_is_kd(run_folder):
     del cfg["method"]  # a run saved before there were methods
     OmegaConf.save(cfg, path)
     assert "with `method=kd`: the student transformer learned" in " ".join(export.model_card(run_folder).split())
+
+
+@pytest.mark.parametrize("method, steps", [("kd", None), ("trajectory", 4), ("dmd", 1)])
+def test_val_loss_best_is_quoted_for_a_kd_student_alone(run_folder, method, steps):
+    # val/loss is a KD student's velocity error: the run itself calls it meaningless for a few-step student
+    saved(run_folder, method__name=method, method__steps=steps)
+    (run_folder / "metrics.json").write_text(json.dumps({"val_loss_best": 0.125, "eval_psnr": 20.5}))
+    card = export.model_card(run_folder)
+    assert "| `eval_psnr` | 20.5 |" in card
+    assert ("| `val_loss_best` | 0.125 |" in card) == (steps is None) and ("val_loss" in card) == (steps is None)
 
 
 def test_every_registered_method_has_the_cards_phrase():

@@ -20,9 +20,13 @@ def to_dtype(name: str, key: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def auto_choice() -> str:
-    """precision=auto: bf16 where CUDA is visible, fp32 elsewhere (bf16 has no fast CPU kernels here: the
-    default run measured 2-3x fewer samples/s in bf16 than fp32 on a 2-core x86 VM)."""
+def auto_choice(planned_gpus: int | None = None) -> str:
+    """precision=auto: bf16 where the run has GPUs, fp32 elsewhere (bf16 has no fast CPU kernels here: the
+    default run measured 2-3x fewer samples/s in bf16 than fp32 on a 2-core x86 VM). `planned_gpus`: the GPUs
+    of hardware planned on paper (`hardware.gpus`), which a plan for them must use rather than this machine's
+    (a CPU-only laptop planned a 14B teacher for 8 GPUs at fp32); None = CUDA visible here."""
+    if planned_gpus is not None:
+        return "bf16" if planned_gpus > 0 else "fp32"
     return "bf16" if torch.cuda.is_available() else "fp32"
 
 

@@ -7,7 +7,7 @@ accuracy, FID/KID, intra-prompt diversity). One result per student and settings 
 no evaluation overwrites another (`result_stem`): `eval.json` and `eval.png` (teacher | student) for the final
 student at the run's own evaluation settings (its end-of-run one's, `hooks.evaluate`: what metrics.json's `eval_*`
 figures come from), `eval_best.json`/`eval_step_XXXXXXXX.json` (and `.png`) for a checkpoint, and each setting
-that differs from the run's own named in the file (`eval_student1.json`, `eval_best_steps20_limit1.json`); in it
+that differs from the run's own named in the file (`eval_student1.json`, `eval_best_steps20.json`); in it
 one result per student step count (`results`, by steps), the first also as `mean`/`prompts`.
 """
 
@@ -27,7 +27,7 @@ from wandistiller.core.files import check_appended, folder_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.evaluation.grids import save_grid
-from wandistiller.evaluation.metrics import diversity_ratio, eval_quality
+from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
@@ -99,23 +99,26 @@ def evaluate(
     run_dir: str | Path,
     checkpoint: str | None = None,
     prompts_path: str | None = None,
-    steps: int = 20,
-    limit: int = 8,
+    steps: int | None = None,
+    limit: int | None = None,
     dtype: str | None = None,
     device: torch.device | None = None,
     clip_model: str | None = None,
     fid_reference: str | None = None,
     trust: Trust | None = None,
-    per_prompt: int = 1,
+    per_prompt: int | None = None,
     student_steps: Sequence[int] | None = None,
 ) -> dict:
     """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. The teacher
     samples `steps` steps; the student each of `student_steps` (default: its own K, a KD student `steps`). Each
     prompt is drawn from `per_prompt` noises (FID/KID need 65 images or more: 4 held-out prompts x 17, say; diversity
-    2 or more a prompt); the grid shows each prompt's first, by the first student step count."""
+    2 or more a prompt); the grid shows each prompt's first, by the first student step count. `steps`, `limit`,
+    `per_prompt` and `prompts_path` left None are the run's own (`own_settings`), so a plain `eval RUN` reproduces
+    its eval.json."""
     from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
+    steps, limit, per_prompt, prompts_path = run_settings(run, steps, limit, per_prompt, prompts_path, trust or Trust())
     trained = run.trained_steps  # before any sampling: a bad saved method.steps is one line
     counts = list(dict.fromkeys(student_steps or [trained or steps]))  # in the order asked, each once
     source = student_source(run, checkpoint)
@@ -172,6 +175,8 @@ def evaluate(
         "student_trained_steps": trained, "student_steps": counts, "seed": seed, "per_prompt": per_prompt,
         "images": len(prompts), "mean": head["mean"],
     }  # fmt: skip
+    if any(key.endswith("_kid") for key in head["mean"]):
+        result["scales"] = {"kid": KID_MEANING}
     if "student_diversity" not in head["mean"]:
         result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
@@ -209,6 +214,24 @@ def result_stem(source: Path, variant: Sequence[str] = ()) -> str:
     settings that differ from the run's own (`variant`: eval_student1, eval_best_steps20_limit1): evaluating a
     checkpoint, or at other settings, must not overwrite the end-of-run result that metrics.json quotes."""
     return "_".join(["eval", *([] if source.name == "student" else [source.name]), *variant])
+
+
+def run_settings(run: RunFolder, steps: int | None, limit: int | None, per_prompt: int | None,
+                 prompts_path: str | None, trust: Trust) -> tuple[int, int, int, str | None]:  # fmt: skip
+    """The settings an evaluation samples at: each one given, else the run's own (`own_settings`: what its eval.json
+    was drawn at). The run's own prompts file is read where eval may read it unasked (inside the run folder,
+    shipped, or the run's own end-of-run evaluation); a received run's file elsewhere is not: its held-out prompts
+    are taken, and the result's name says so (`_heldout`), never eval.json."""
+    own = own_settings(run)
+    if prompts_path is None and own["prompts_path"] is not None:
+        readable = trust.own_files or _readable_from_run(run, str(own["prompts_path"]))
+        prompts_path = str(own["prompts_path"]) if readable else None
+    return (
+        int(own["steps"]) if steps is None else steps,
+        int(own["limit"]) if limit is None else limit,
+        int(own["per_prompt"]) if per_prompt is None else per_prompt,
+        prompts_path,
+    )
 
 
 def own_settings(run: RunFolder) -> dict:

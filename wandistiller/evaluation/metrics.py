@@ -14,6 +14,7 @@ Images are [N, 3, H, W] floats in [0, 1] throughout.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
     from wandistiller.pocket.classifier import DigitJudge
 
 KID_SUBSET = 50  # KID's subset size: at most the smaller image count (torchmetrics' default 1000 is for 50k)
+# What a KID figure here is, said wherever one shows (eval's output and json, the quality report): the field quotes
+# Inception KIDs x1000 (raw ~0.001-0.05); the judge's features are not Inception's and give raw 10^2-10^4, which
+# scaling would only inflate.
+KID_MEANING = (
+    "kid: KID (torchmetrics: the unbiased MMD^2 under the cubic kernel (x.y/64 + 1)^3) of the pocket judge's 64-wide "
+    "features, unscaled, in the judge's own units (~10^3; not x1000, not Inception's): compare it only with "
+    "other pocket KIDs"
+)
 
 
 def prompt_accuracy(predicted: torch.Tensor, wanted: torch.Tensor) -> dict[str, float]:
@@ -55,7 +64,15 @@ def fid_kid(real: torch.Tensor, fake: torch.Tensor, feature: nn.Module) -> dict[
         return {}
     subset = min(KID_SUBSET, len(real), len(fake))
     fid = FrechetInceptionDistance(feature=feature, normalize=True)
-    kid = KernelInceptionDistance(feature=feature, normalize=True, subset_size=subset)
+    with warnings.catch_warnings():
+        # torchmetrics warns at every KID it builds that the metric keeps every feature it is given (printed by
+        # every pocket eval); here that is eval's images x 64 floats (80 images: 20 KB), nothing to warn of
+        warnings.filterwarnings(
+            "ignore",
+            message="Metric `Kernel Inception Distance` will save all extracted features",
+            category=UserWarning,
+        )
+        kid = KernelInceptionDistance(feature=feature, normalize=True, subset_size=subset)
     for metric in (fid, kid):
         metric.update(real.float(), real=True)
         metric.update(fake.float(), real=False)

@@ -13,8 +13,9 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from wandistiller.config import hardware_problem
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError
 from wandistiller.data import sources as data_sources
@@ -136,11 +137,9 @@ def check_ranges(cfg: DictConfig) -> None:
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
     ]
-    checks += [
-        (f"hardware.{k}", v, lambda v: v is None or v > 0, "positive, or null to detect")
-        for k, v in cfg.hardware.items()
-        if not k.startswith("headroom") and k != "show_plan"  # the headroom may be 0; memory.Hardware checks its range
-    ]
+    hardware = hardware_problem(cfg.hardware)  # each hardware.* number's range (config.HARDWARE_RANGES)
+    if hardware:
+        raise UserError(hardware)
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
             raise UserError(f"{key}={value} must be {what}")
@@ -156,6 +155,7 @@ def check_training_parts(cfg: DictConfig) -> None:
     from diffusers.optimization import get_scheduler
 
     t = cfg.trainer
+    check_numbers_by_signature(t.optimizer, "trainer.optimizer")  # the one callable node no schema types
     lr = t.optimizer.get("lr") if isinstance(t.optimizer, DictConfig) else None
     if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr <= MAX_LR):  # negative: torch says
         raise UserError(f"trainer.optimizer.lr={lr} must be a finite number in [0, {MAX_LR:g}]; use e.g. 1e-4")
@@ -173,6 +173,41 @@ def check_training_parts(cfg: DictConfig) -> None:
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
         built_quietly(node)
     built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)
+
+
+def check_numbers_by_signature(node, prefix: str) -> None:
+    """A `_target_` node no schema types (the optimizer: any torch.optim class, `_partial_`): each key whose
+    parameter defaults to a number (or a list of them) must be one, named with its key and type, as a schema's
+    key is. Else `trainer.optimizer.lr=1e-3x` reached torch's `0.0 <= lr` as a string and said only
+    "'<=' not supported between instances of 'float' and 'str'"."""
+    import inspect
+
+    from hydra.utils import get_method
+
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return
+    try:
+        parameters = inspect.signature(get_method(node._target_)).parameters
+    except (ImportError, ValueError, TypeError, AttributeError):  # not importable: instantiating it says so
+        return
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    for key in map(str, node):
+        parameter = parameters.get(key)
+        default = parameter.default if parameter is not None else inspect.Parameter.empty
+        value = node[key]
+        if number(default) and not number(value):
+            what = "a number"
+        elif isinstance(default, (tuple, list)) and default and all(number(d) for d in default):
+            items = list(value) if isinstance(value, (ListConfig, tuple, list)) else None
+            if items is not None and len(items) == len(default) and all(number(v) for v in items):
+                continue
+            what = f"a list of {len(default)} numbers"
+        else:
+            continue
+        example = list(default) if isinstance(default, tuple) else default
+        raise UserError(
+            f"{prefix}.{key}={value!r} must be {what} ({node._target_}'s {key}); e.g. {prefix}.{key}={example}"
+        )
 
 
 def built_quietly(node):

@@ -202,9 +202,11 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
     w, hw = inputs
     configured = placement
     estimates = plan.plan(w, hw, configured)
-    best = plan.choose(estimates)
+    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    times = plan.step_times(estimates, w, hw, passes, configured)
+    best = plan.choose(estimates, times)
     if auto:
-        placement, best = _resolve_auto(cfg, estimates, hw, precision, world)
+        placement, best = _resolve_auto(cfg, plan.fastest_first(estimates, times), hw, precision, world)
     assert placement is not None  # named, or chosen by the planner just above
     mine = next(e for e in estimates if e.placement == placement.name)
     if not mine.fits and not placement.debug_cpu:
@@ -214,18 +216,17 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
     placement.with_plan(mine)
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
-    times = plan.step_times(estimates, w, hw, passes, configured)
     return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w, times))
 
 
 def _resolve_auto(
     cfg: DictConfig, estimates: list[Estimate], hw: Hardware, precision: Precision, world: World
 ) -> tuple[Placement, Estimate]:
-    """The fastest placement that fits and can run with this process layout; `cfg.teacher_placement` becomes
-    its config node, composed by Hydra (its schema, defaults and interpolations apply as if it had been named)."""
+    """The fastest placement that fits and can run with this process layout (`estimates` fastest first:
+    planner.fastest_first); `cfg.teacher_placement` becomes its config node, composed by Hydra (its schema,
+    defaults and interpolations apply as if it had been named)."""
     on_paper = cfg.hardware.gpus is not None  # planning for other hardware: this machine cannot check it
-    for estimate in estimates:  # fastest first
+    for estimate in estimates:
         if not estimate.fits:
             if estimate.headroom_excludes:  # it would fit the memory, not the margin the user asked to keep
                 log.info(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import cast
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
@@ -136,6 +136,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
     if saved is None:
         return cfg
+    before_methods = with_method_of_before(saved)
     given = _given_keys(overrides) if overrides is not None else None
     now, before = _flat(cfg), _flat(saved)
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
@@ -165,8 +166,31 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     except UserError as e:
         raise UserError(f"{e} (in {Path(str(cfg.paths.output_dir)) / '.hydra' / 'config.yaml'})") from None
     # Said once preflight accepts the resume (`continuing`): a refused one appends nothing to the run's train.log.
-    _continuing[_key(cfg)] = f" and {sorted(taken)}" if taken else ""
+    _continuing[_key(cfg)] = (f" and {sorted(taken)}" if taken else "") + (
+        f" (saved before the `method` group: it trained as method={BEFORE_METHODS}, and continues so)"
+        if before_methods
+        else ""
+    )
     return merged
+
+
+# The one training step there was before the `method` group (methods own the step since: method=kd is that step,
+# bit for bit); a run saved then has no `method` node, and trained as this.
+BEFORE_METHODS = "kd"
+
+
+def with_method_of_before(saved: DictConfig) -> bool:
+    """A config saved before the `method` group gets the method it trained with (`method=kd`, composed with its
+    schema), so its resume continues it as it was, not refused as "method has no value: ... (~method?)", which no
+    one wrote. True where one was added."""
+    from wandistiller.compose import compose_option
+
+    if "method" in saved:
+        return False
+    kd = OmegaConf.to_container(compose_option("method", BEFORE_METHODS), resolve=False)
+    with open_dict(saved):
+        saved["method"] = kd
+    return True
 
 
 def continuing(run_dir: Path) -> None:

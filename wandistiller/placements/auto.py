@@ -1,8 +1,9 @@
 """`teacher_placement=auto`: the planner's choice, resolved before anything loads.
 
 `wandistiller.job.preflight.choose_placement` asks every registered placement for its estimate, takes
-the fastest that fits and composes `teacher_placement=<choice>` through Hydra, so the chosen option's
-schema, defaults and interpolations (e.g. `disk`'s `${paths.cache_dir}`) apply as if it had been named.
+the fastest that fits (by the planner's step time: placements/planner.py's fastest_first) and composes
+`teacher_placement=<choice>` through Hydra, so the chosen option's schema, defaults and interpolations
+(e.g. `disk`'s `${paths.cache_dir}`) apply as if it had been named.
 """
 
 from __future__ import annotations

@@ -88,6 +88,8 @@ def shown(argv: list[str]) -> str:
 
 
 def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    from wandistiller.evaluation.metrics import KID_MEANING
+
     cores = os.cpu_count()
     return (
         f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
@@ -97,8 +99,8 @@ def report(results: dict, settings: Settings, argv: list[str], seconds: float) -
         f"{settings.sample_steps} UniPC steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} "
         f"prompts per seed, the same noise for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
         "prompt_accuracy: digit and colour both as asked (the judge classifier); fid / kid: the judge's "
-        "features against the held-out real digits; latent_mse: against the teacher's sample from the same "
-        "noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
+        f"features against the held-out real digits ({KID_MEANING}); latent_mse: against the teacher's sample "
+        "from the same noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
         + table(results)
         + "\n\nTargets (issue 17), from the means above:\n\n"
         + "\n".join(targets(results))

@@ -233,8 +233,11 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     steps = _number(m.get("steps_run")) or _number(_raw(t, "max_steps"))
     batch = _number(m.get("batch_size")) or _number(_raw(t, "batch_size"))
     params = _number(m.get("student_params_m"))
-    figures = [(k, _number(m.get(k))) for k in ("eval_latent_mse", "eval_psnr", "eval_ssim", "eval_speedup",
-                                                "val_loss_best")]  # fmt: skip
+    few_step = student_steps(cfg) is not None
+    # val_loss_best is a KD student's velocity error: the run itself calls it meaningless for a few-step student
+    # (no checkpoints/best/), so its card does not quote it
+    names = ("eval_latent_mse", "eval_psnr", "eval_ssim", "eval_speedup", *(() if few_step else ("val_loss_best",)))
+    figures = [(k, _number(m.get(k))) for k in names]
     facts = {
         "teacher": card_teacher(cfg),
         "data": f"{source} ({_named(images, 'images')})" if images else source,  # a folder only an image source reads
@@ -250,11 +253,28 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
         "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
         "steps": (k := student_steps(cfg)),
         "method": card_method(cfg),
+        "prompt": example_prompt(prompts),
     }
     if k is not None and teacher_path is not None:
         timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
     return _card_text(facts)
+
+
+def example_prompt(raw_prompts) -> str:
+    """The snippet's prompt: the first of the teacher's own prompts where they ship with WanDistiller (the pocket
+    teacher draws digits: "a red 1", not the fox the Wan teachers know), else the first of the shipped 70. Never a
+    line of the user's own file (the card carries no text of a received file)."""
+    from wandistiller.compose import shipped_asset
+
+    raw = str(raw_prompts) if raw_prompts is not None else ""
+    rel = raw[len(SHIPPED) : -1] if raw.startswith(SHIPPED) and raw.endswith("}") else "prompts.txt"
+    try:
+        lines = Path(shipped_asset(rel)).read_text().splitlines()
+    except (OSError, ValueError, UnicodeDecodeError):
+        lines = []
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return first if WORD.fullmatch(first) else "A red fox trotting through fresh snow at dawn"
 
 
 def _few_step_text(f: dict) -> tuple[str, str, str, str]:
@@ -329,8 +349,8 @@ Quality against the teacher (same noise, prompts and sampler; `python -m wandist
 import torch
 from diffusers import WanPipeline
 
-pipe = WanPipeline.from_pretrained("PATH_OR_REPO", torch_dtype=torch.float32)
-image = pipe("a fox in the snow", {few_arg}guidance_scale=1.0, num_frames=1, height={height}, width={width},
+pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
+image = pipe({json.dumps(f["prompt"])}, {few_arg}guidance_scale=1.0, num_frames=1, height={height}, width={width},
              max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
 ```
 {few_other}"""
