@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import atomic_write
+from wandistiller.core.files import atomic_write, read_json_in
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
 
@@ -76,7 +76,7 @@ def load_points(sweep_dir: Path) -> list[Point]:
     points = []
     for folder, o in zip(folders, overrides):
         metrics_file = folder / "metrics.json"
-        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else from_csv(folder)
+        metrics = read_json_in(folder, "metrics.json") if metrics_file.is_file() else from_csv(folder)
         label = " ".join(f"{k}={o[k]}" for k in varying if k in o) or folder.name
         points.append(Point(folder, label, metrics))
     return points
