@@ -28,7 +28,7 @@ from wandistiller.core.errors import (
     internal_errors_reported,
     whole_number,
 )
-from wandistiller.core.files import folder_problem, in_run, output_problem, write_in_run
+from wandistiller.core.files import in_run, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.job.stopping import stop_at_once
@@ -105,7 +105,7 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     check_counts(run, {"--steps": args.steps, "--student-steps": args.student_steps or 1},
                  len(args.prompt) * (2 if args.teacher else 1), f"{len(args.prompt)} prompts")  # fmt: skip
     idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
-    problem = folder_problem(out) or (None if args.out else output_problem(run.path, "generated"))
+    problem = output_problem(out) if args.out else output_problem(run.path, "generated")  # tried: a file made there
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
         raise UserError(f"--out: {problem}; choose another folder")
     t_cfg = run.cfg.teacher

@@ -573,3 +573,29 @@ ALLOWED_CALLS = {
     ("pipeline.py", "_build"): "a folder this process assembled: the student checked (check_tree) and placed "
     "through the guard, the teacher the user's own",
 }
+
+
+def test_a_cache_writer_killed_mid_write_leaves_a_file_the_next_writer_sweeps_and_a_live_ones_stays(tmp_path):
+    """kill -9 during atomic_write (a cache chunk, the prompt embeddings) leaves `.<name>.<hex>.tmp-<host>-<pid>`;
+    the next save into that cache folder removes it (its writer is dead), never a live writer's."""
+    import signal
+    import sys
+
+    from wandistiller.core import leftovers
+
+    cache = tmp_path / "cache" / "latents"
+    cache.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from wandistiller.core.files import atomic_write\n"
+        "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write(Path({str(cache)!r}) / 'chunk_000000.pt', write=slow)"
+    )], stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert writer.stdout is not None and writer.stdout.readline() == b"writing\n"
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    (orphan,) = cache.iterdir()
+    assert orphan.name.startswith(".chunk_000000.pt.") and orphan.name.endswith(f".tmp-{leftovers.HOST}-{writer.pid}")
+    live = cache / leftovers.owned_name(".chunk_000001.pt.0123abcd.tmp")  # this process's: alive
+    live.write_bytes(b"being written")
+    save_tensors(torch.zeros(2), cache / "chunk_000002.pt")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, "chunk_000002.pt"])
