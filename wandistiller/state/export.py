@@ -66,15 +66,20 @@ def place(src: Path, dst: Path, root: Path | None = None) -> str:
 
 
 def _place_guarded(root: Path, src: Path, dst: Path) -> str:
-    from wandistiller.core.files import open_in, opened, write_in_run
+    """`dst` as a hard link to the file the guard opened at `src` (its device and inode compared after linking: a
+    name swapped meanwhile is undone), else a copy of what the guard opened."""
+    from wandistiller.core.files import open_in, write_in_run
 
-    with opened(root, src) as guarded:
-        try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: a second name for the opened file itself
-            os.link(guarded, dst, follow_symlinks=True)
-            return "linked"
-        except OSError:  # another filesystem, no /proc: a copy of what the guard opens
+    with open_in(root, src) as f:
+        opened = os.fstat(f.fileno())
+        try:  # the resolved name (no link followed), then checked: the new name must be the opened file's
+            os.link(os.path.realpath(src), dst, follow_symlinks=False)
+            made = os.stat(dst, follow_symlinks=False)
+            if (made.st_dev, made.st_ino) == (opened.st_dev, opened.st_ino):
+                return "linked"
+            dst.unlink()
+        except OSError:  # another filesystem, or one without hard links
             pass
-    with open_in(root, src) as f:  # a new file renamed into place: never written through a link at `dst`
         write_in_run(dst.parent, dst.name, write=lambda out: shutil.copyfileobj(f, out, 2**24))
     return "copied"
 
