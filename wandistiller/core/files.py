@@ -394,17 +394,24 @@ def _walk(real_root: str, parts: tuple[str, ...], shown: Path) -> int:
             os.close(dfd)
             dfd = nxt
     except OSError as e:
-        os.close(dfd)
-        _swapped(e, shown)
+        try:
+            _swapped(e, shown, dfd, part)
+        finally:
+            os.close(dfd)
         raise
     return dfd
 
 
-def _swapped(error: OSError, shown: Path) -> None:
-    """A link met where the check saw none (ELOOP; ENOTDIR: a folder swapped for a link to a file): one line."""
+def _swapped(error: OSError, shown: Path, dfd: int, part: str) -> None:
+    """A link met where the check saw none (O_NOFOLLOW's ELOOP; ENOTDIR for a folder now a link to a file): one
+    line. Any other error (a file where a folder should be, a name gone) is the caller's to word."""
     import errno
 
-    if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+    try:
+        link = error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and bool(os.readlink(part, dir_fd=dfd))
+    except OSError:  # not a link: a file in a folder's place, say
+        link = False
+    if link:
         raise OutsideRunFolder(
             f"{shown} was replaced by a link while it was being opened; WanDistiller opens a received folder's files "
             "only inside it: make sure nothing else is changing the folder, and run it again"
@@ -431,7 +438,7 @@ def open_fd(root: Path, name: str | Path, flags: int = os.O_RDONLY, mode: int = 
         fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if reading else 0), mode,
                      dir_fd=dfd)  # fmt: skip
     except OSError as e:
-        _swapped(e, path)
+        _swapped(e, path, dfd, parts[-1])
         raise
     finally:
         os.close(dfd)
@@ -535,7 +542,7 @@ def check_tree(root: Path, folder: str | Path | None = None) -> Path:
         seen.add(real)
         try:
             entries = list(os.scandir(here))
-        except NotADirectoryError:
+        except (NotADirectoryError, FileNotFoundError):  # not a folder, or none: the reader that follows says so
             continue
         for entry in entries:
             if entry.is_symlink():

@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import atomic_write, read_json_in
+from wandistiller.core.files import atomic_write, read_json_in, write_in_run
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
 
@@ -170,7 +170,7 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
             )
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_in_run(Path(path).parent, Path(path).name, write=lambda f: fig.savefig(f, format="png", dpi=110))  # whole
     plt.close(fig)
     return path
 
