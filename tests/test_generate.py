@@ -110,3 +110,26 @@ def test_images_drawn_otherwise_get_their_own_names_and_the_default_keeps_its_ow
     }
     assert len({p.read_bytes() for p in out.iterdir()}) == 5  # five images, none written over another
     assert generate_cli.drawn_by("teacher", 20, 20) == "teacher"  # a KD student and the teacher at --steps 20
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--steps", "5000"], "--steps 5000 is more than this teacher's 1000 training timesteps"),
+    (["--student-steps", "1001"], "--student-steps 1001 is more than this teacher's 1000 training timesteps"),
+    (["--out", "/sys/wd-images"], "--out: /sys cannot be written"),
+    (["--out", "/proc/wd-images"], "--out: /proc cannot be written"),
+])  # fmt: skip
+def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp_path, extra, message, monkeypatch):
+    """Refused in one line before the prompts are encoded, nothing written into the run."""
+    import shutil
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    monkeypatch.setattr(generate_cli, "encode_prompts", lambda *a, **k: pytest.fail("work began before the checks"))
+    with pytest.raises(UserError, match=message) as e:
+        generate_cli.run_generate(generate_cli.parse_args([str(folder), "--prompt", "a fox", *extra]))
+    assert "\n" not in str(e.value) and not (folder / "generated").exists()  # nothing written into the run
+
+
+def test_an_image_drawn_against_another_teacher_is_named_for_it():
+    assert generate_cli.drawn_by("student", 4, 4, None, None, "teacher-0123456789ab") == "student_teacher-0123456789ab"
+    assert generate_cli.drawn_by("teacher", 20, 20) == "teacher"

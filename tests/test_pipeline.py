@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +141,15 @@ def test_an_export_of_a_few_step_student_keeps_its_scheduler_steps_and_card(fini
     assert isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler) and pipe.scheduler.config.shift_terminal
     assert json.loads((out / "transformer" / "sampling.json").read_text())["steps"] == 2
     assert "It is a 2-step student" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize("out", ["/sys/wd-export", "/proc/wd-export"])
+def test_an_export_to_a_folder_that_cannot_be_written_is_refused_before_the_work(finished, out, monkeypatch):
+    """Tried (a file made there and removed), not guessed from permission bits: root's os.access says yes to /sys."""
+    from wandistiller import pipeline
+    from wandistiller.core.errors import UserError
+
+    monkeypatch.setattr(pipeline, "_student", lambda *a: pytest.fail("work began before the check"))
+    with pytest.raises(UserError, match=f"--out {out}: .* cannot be written") as e:
+        export(finished, Path(out))
+    assert "\n" not in str(e.value)

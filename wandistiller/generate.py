@@ -28,7 +28,7 @@ from wandistiller.core.errors import (
     internal_errors_reported,
     whole_number,
 )
-from wandistiller.core.files import folder_problem, in_run, write_in_run
+from wandistiller.core.files import in_run, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.job.stopping import stop_at_once
@@ -36,11 +36,13 @@ from wandistiller.state.runs import (
     Trust,
     add_trust_args,
     as_sampler,
+    check_counts,
     check_teacher_fits,
     generate,
     load_student,
     load_teacher,
     open_run,
+    other_teacher_tag,
     student_scheduler,
     student_source,
 )
@@ -80,14 +82,16 @@ def image_name(slug: str, seed: int, who: str) -> str:
     return f"{slug}_seed{seed}_{who}.png"
 
 
-def drawn_by(who: str, steps: int, own_steps: int, source: Path | None = None, dtype: str | None = None) -> str:
+def drawn_by(who: str, steps: int, own_steps: int, source: Path | None = None, dtype: str | None = None,
+             teacher: str | None = None) -> str:  # fmt: skip
     """Who drew an image and how, where it is not the default: `student` at its own steps (a few-step student's
     K, a KD student's --steps 20), else `student1`; a checkpoint's `_best`/`_step_XXXXXXXX`; a --dtype other
-    than the run's `_bf16`. The final student at its own steps keeps the name it always had."""
+    than the run's `_bf16`; a teacher other than the recorded one (--allow-other-teacher) `_teacher-<digest>`. The
+    final student at its own steps keeps the name it always had."""
     name = who + (str(steps) if steps != own_steps else "")
     if source is not None and source.name != "student":
         name += f"_{source.name}"
-    return name + (f"_{dtype}" if dtype else "")
+    return name + (f"_{dtype}" if dtype else "") + (f"_{teacher}" if teacher else "")
 
 
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
@@ -96,15 +100,18 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     run, source = locate(args.path, args.checkpoint, Trust.from_args(args))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
+    check_teacher_fits(run, source, args.allow_other_teacher)
+    judged = other_teacher_tag(run, source, args.allow_other_teacher)  # its own file names: see drawn_by
+    check_counts(run, {"--steps": args.steps, "--student-steps": args.student_steps or 1},
+                 len(args.prompt) * (2 if args.teacher else 1), f"{len(args.prompt)} prompts")  # fmt: skip
+    idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
+    problem = output_problem(out) if args.out else output_problem(run.path, "generated")  # tried: a file made there
+    if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
+        raise UserError(f"--out: {problem}; choose another folder")
     t_cfg = run.cfg.teacher
     emb = encode_prompts(
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
     )
-    check_teacher_fits(run, source, args.allow_other_teacher)
-    idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
-    problem = folder_problem(out)
-    if problem:  # before minutes of sampling, not after
-        raise UserError(f"--out: {problem}; choose another folder")
     vae = load_vae(run.spec, device)
     student = as_sampler(run.spec, load_student(run, source, device), device)
     trained = run.trained_steps
@@ -114,12 +121,12 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
              else None)  # fmt: skip
     latents, _ = generate(student, emb, idx, args.seed, steps, run.latent_shape,
                           scheduler=student_scheduler(run.spec, trained, steps))  # fmt: skip
-    paths = write_images(latents, vae, args.prompt, out, drawn_by("student", steps, trained or STEPS, source, other),
-                         args.seed)  # fmt: skip
+    who = drawn_by("student", steps, trained or STEPS, source, other, judged)
+    paths = write_images(latents, vae, args.prompt, out, who, args.seed)
     if args.teacher:
         latents, _ = generate(load_teacher(run, device, dtype), emb, idx, args.seed, args.steps, run.latent_shape)
-        paths += write_images(latents, vae, args.prompt, out, drawn_by("teacher", args.steps, STEPS, None, other),
-                              args.seed)  # fmt: skip
+        who = drawn_by("teacher", args.steps, STEPS, None, other, judged)
+        paths += write_images(latents, vae, args.prompt, out, who, args.seed)
     return paths
 
 

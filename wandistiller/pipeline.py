@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
-from wandistiller.core.files import in_run
+from wandistiller.core.files import in_run, read_json_in, write_in_run
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
@@ -68,13 +68,13 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
 
 def _check_out(out: Path) -> None:
     """`out` new or an empty folder, in a folder that can be written: before any work."""
-    from wandistiller.core.files import folder_problem
+    from wandistiller.core.files import folder_problem, output_problem
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; choose a new folder (an export never overwrites)")
     if out.is_dir() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; choose a new folder (an export never overwrites)")
-    problem = folder_problem(out)
+    problem = folder_problem(out) or output_problem(out.parent)  # tried: a file is made there and removed
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another folder")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,17 +101,18 @@ def _build(run, tmp: Path, student) -> Path:
     if not isinstance(student, Path):
         student.save_pretrained(tmp / "student")
         student = tmp / "student"
+    root = run.path if student.is_relative_to(run.path) else student  # the received run's, or the one saved here
     folder = write_pipeline(tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path),
-                            run.trained_steps)  # fmt: skip
+                            run.trained_steps, root)  # fmt: skip
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
     shutil.copy2(folder / "README.md", built / "README.md")
     if (folder / "transformer" / SAMPLING).is_file():  # a few-step student's K and timesteps, which diffusers drops
         shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)
     for config in built.rglob("*.json"):  # diffusers records where it loaded from: this machine's temporary path
-        body = json.loads(config.read_text())
+        body = read_json_in(built, config)
         if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
-            config.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+            write_in_run(built, config, json.dumps(body, indent=2, sort_keys=True) + "\n")
     return built
 
 

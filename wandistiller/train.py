@@ -9,7 +9,6 @@ point to the next), or as one rank of a torchrun job.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import warnings
@@ -81,7 +80,9 @@ def run(cfg: DictConfig) -> dict:
             prepared = prepare(cfg, topo, point)
         if _finished(prepared, cfg):
             log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
-            return json.loads((Path(prepared.run_dir) / "metrics.json").read_text())
+            from wandistiller.core.files import read_json_in
+
+            return read_json_in(Path(prepared.run_dir), "metrics.json")  # through the guard: never a link out
         if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1 or point is not None:
             summary = _launch_workers(cfg, prepared)
         else:

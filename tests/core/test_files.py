@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,16 +18,22 @@ from wandistiller.core.files import (
     OutsideRunFolder,
     appendable,
     atomic_write,
+    check_tree,
     clean_run_leftovers,
     file_stamps,
     folder_problem,
     in_run,
+    open_in,
+    opened,
+    read_in,
+    read_json_in,
     replace_folder,
     run_folder,
     safetensors_problem,
     save_tensors,
     write_in_run,
 )
+from wandistiller.state.received import load_json
 
 
 @pytest.fixture
@@ -358,3 +365,247 @@ def test_a_relative_run_folder_and_a_name_built_from_it_are_checked_where_they_a
     with pytest.raises(OutsideRunFolder):
         in_run(root, root / "student")  # not outputs/run/outputs/run/student, which does not exist
     assert write_in_run(root, root / "eval.json", "{}") == root / "eval.json" and (root / "eval.json").is_file()
+
+
+# -- the guarded opener, at every depth (issue 33) ----------------------------------------------------------------
+# A received folder's file at depth 1 to 4, linked out of the folder four ways; every reader refuses it in one line,
+# leaves the user's file as it was and holds no descriptor of it; every writer replaces the link or refuses.
+NAMES = ["metrics.json", "student/config.json", "checkpoints/step_00000001/state.json", "a/b/c/d.json"]
+LINKS = ["absolute", "relative", "folder", "chain"]  # the name (two ways), a folder on its way, via a link inside
+
+
+def descriptors_of(path: Path) -> list[str]:
+    """This process's open descriptors that reach `path` (/proc/self/fd): a read must leave none, and never read."""
+    real = os.path.realpath(path)
+    fds = os.listdir("/proc/self/fd")
+    return [fd for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == real]
+
+
+def hostile(tmp_path: Path, name: str, link: str) -> tuple[Path, Path]:
+    """(run folder, the user's file) with `name` in the folder leading out to that file by `link`."""
+    root, mine = tmp_path / "run", victim(tmp_path)
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if link == "absolute":
+        path.symlink_to(mine)
+    elif link == "relative":
+        path.symlink_to(os.path.relpath(mine, path.parent))
+    elif link == "chain":
+        (root / ".inside").symlink_to(mine)
+        path.symlink_to(os.path.relpath(root / ".inside", path.parent))
+    else:  # the first folder on the way is a link to a folder of the user's holding the rest of the name
+        first, rest = Path(name).parts[0], Path(*Path(name).parts[1:])
+        shutil.rmtree(root / first)
+        outside = mine.parent / "theirs"
+        (outside / rest).parent.mkdir(parents=True, exist_ok=True)
+        os.link(mine, outside / rest)  # the user's file itself, under the name the tool opens
+        (root / first).symlink_to(outside)
+    return root, mine
+
+
+def _read_through_opened(root, name):
+    with opened(root, name) as path, open(path, "rb") as f:
+        return f.read()
+
+
+READERS = {
+    "open_in": lambda root, name: open_in(root, name).read(),
+    "read_in": lambda root, name: read_in(root, name),
+    "read_json_in": lambda root, name: read_json_in(root, name),
+    "opened": _read_through_opened,
+    "safetensors_problem": lambda root, name: safetensors_problem(root / name, root=root),
+    "load_json": lambda root, name: load_json(root / name, root=root),
+    "check_tree": lambda root, name: check_tree(root, Path(name).parts[0] if "/" in name else None),
+}
+READ_CASES = [(n, k) for n in NAMES for k in LINKS if not (k == "folder" and "/" not in n)]
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize(("name", "link"), READ_CASES)
+def test_a_file_linked_out_of_a_received_folder_is_never_read(tmp_path, name, link, reader):
+    root, mine = hostile(tmp_path, name, link)
+    with pytest.raises(OutsideRunFolder) as refused:
+        READERS[reader](root, name)
+    message = str(refused.value)
+    assert "\n" not in message and "leads out of the run folder" in message and Path(name).parts[0] in message
+    assert untouched(mine) and not descriptors_of(mine)
+
+
+WRITERS = {
+    "write_in_run": lambda root, name: write_in_run(root, name, b"{}"),
+    "append": lambda root, name: open_in(root, name, "ab").write(b"{}"),
+    "update": lambda root, name: open_in(root, name, "r+b").write(b"{}"),
+}
+WRITE_CASES = [(n, k) for n in NAMES for k in ("absolute", "folder", "hard") if not (k == "folder" and "/" not in n)]
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize(("name", "link"), WRITE_CASES)
+def test_a_file_linked_out_of_a_received_folder_is_never_written_through(tmp_path, name, link, writer):
+    """A file written whole replaces a symbolic or hard link in its place (the folder then holds its own file); one
+    written in place (appended, updated) is refused; a folder on the way that leads out is refused for all."""
+    if link == "hard":
+        root, mine = hostile(tmp_path, name, "absolute")
+        (root / name).unlink()
+        os.link(mine, root / name)
+    else:
+        root, mine = hostile(tmp_path, name, link)
+    if writer == "write_in_run" and link != "folder":
+        WRITERS[writer](root, name)
+        assert (root / name).read_bytes() == b"{}" and not (root / name).is_symlink()
+        assert os.stat(root / name).st_nlink == 1
+    else:
+        with pytest.raises(OutsideRunFolder) as refused:
+            WRITERS[writer](root, name)
+        assert "\n" not in str(refused.value)
+    assert untouched(mine) and not descriptors_of(mine)
+    assert sorted(p.name for p in mine.parent.iterdir()) in (["victim.txt"], ["theirs", "victim.txt"])
+
+
+@pytest.mark.parametrize("swapped", ["student", "checkpoints/step_00000001", "checkpoints/step_00000001/state.json"])
+def test_a_name_swapped_for_a_link_between_the_check_and_the_open_is_refused(tmp_path, monkeypatch, swapped):
+    """What is opened is checked, not only its name: the folder (or file) is replaced by a link out after the
+    names were resolved and before the walk opens them; the walk meets the link (O_NOFOLLOW) and refuses."""
+    from wandistiller.core import files
+
+    root, mine = tmp_path / "run", victim(tmp_path)
+    name = "checkpoints/step_00000001/state.json" if swapped != "student" else "student/config.json"
+    (root / name).parent.mkdir(parents=True)
+    (root / name).write_text("{}")
+    checked = files._resolved_parts
+
+    def swap_after_the_check(*args):
+        found = checked(*args)
+        target = root / swapped
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        target.symlink_to(mine if target.suffix else mine.parent)
+        return found
+
+    monkeypatch.setattr(files, "_resolved_parts", swap_after_the_check)
+    with pytest.raises(OutsideRunFolder, match="replaced by a link while it was being opened"):
+        read_in(root, name)
+    assert untouched(mine) and not descriptors_of(mine)
+
+
+def test_links_inside_a_folder_and_hard_links_read_as_the_folders_own(tmp_path):
+    root = tmp_path / "run"
+    (root / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (root / "checkpoints" / "step_00000002" / "state.json").write_text('{"step": 2}')
+    (root / "checkpoints" / "latest").symlink_to("step_00000002")
+    os.link(root / "checkpoints" / "step_00000002" / "state.json", root / "copy.json")
+    assert read_json_in(root, "checkpoints/latest/state.json") == {"step": 2} == read_json_in(root, "copy.json")
+    assert check_tree(root) == root
+
+
+def test_a_fifo_or_a_folder_is_refused_without_blocking(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    os.mkfifo(root / "metrics.json")
+    with pytest.raises(UserError, match="not a regular file"):
+        read_in(root, "metrics.json")  # O_NONBLOCK: no writer needed for the refusal
+    (root / "folder").mkdir()
+    with pytest.raises(UserError, match="not a regular file"):
+        read_in(root, "folder")
+
+
+def test_the_guard_is_the_one_way_in_and_out_of_the_package():
+    """Every open, read_text, write_text, read_bytes, write_bytes, safe_open, load_file, from_pretrained, json.load
+    and Image.open call in the package goes through core.files' guard: the builtin ways never (outside the guard
+    itself and the allow-list below), a library that takes a path or a file only in a function that opens it through
+    the guard or checks it (`opened`, `check_tree`, `open_in`)."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "wandistiller"
+    raw, by_path = {"open", "read_text", "write_text", "read_bytes", "write_bytes"}, {"safe_open", "load_file",
+                                                                                    "from_pretrained"}  # fmt: skip
+    guards = {"opened", "check_tree", "open_in", "read_in", "read_text_in", "read_json_in", "write_in_run"}
+    bypasses = []
+    for file in sorted(package.rglob("*.py")):
+        module = file.relative_to(package).as_posix()
+        if any(module.startswith(p) for p in ALLOWED_MODULES):
+            continue
+        tree = ast.parse(file.read_text())
+        for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            calls = [n for n in ast.walk(function) if isinstance(n, ast.Call)]
+            names = [(c, c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", None)) for c in calls]
+            guarded = any(n in guards for _, n in names)
+            for call, name in names:
+                owner = getattr(getattr(call.func, "value", None), "id", None)
+                # json.load and PIL's Image.open take an open file (or a path): a guarded one, in a guarded function
+                # a figure's savefig too: given a path, it would write through a link in its place
+                takes_file = (name, owner) in (("load", "json"), ("open", "Image")) or name == "savefig"
+                if owner == "os" or (module, function.name) in ALLOWED_CALLS:  # os.open: the caller's own flags
+                    continue
+                if (name in raw and not takes_file) or ((name in by_path or takes_file) and not guarded):
+                    bypasses.append(f"{module}:{call.lineno} {function.name}: {name}")
+    assert not bypasses, "these open files without core.files' guard:\n" + "\n".join(sorted(set(bypasses)))
+
+
+# What may open files without the guard, and why: never a received folder's files.
+ALLOWED_MODULES = (
+    "core/files.py",  # the guard itself
+    "teacher/",  # the teacher's own files: the user's choice (a Hub cache snapshot is links into its blobs by design)
+    "placements/",  # the teacher's files again, placed (disk: converted copies in this machine's cache)
+    "pocket/",  # the shipped pocket teacher and judge, and their build into the package's assets
+    "bench/",  # developer benchmarks, on run folders they make themselves and /proc
+)
+ALLOWED_CALLS = {
+    ("compose.py", "shared_now"): "/proc: the parent process's start time",
+    ("recipe/loop.py", "_peak_rss_kib"): "/proc/self/status",
+    ("state/received.py", "_shipped_targets"): "the shipped conf/ tree",
+    ("state/received.py", "local_cache_dir"): "the shipped conf/train.yaml",
+    ("state/checkpoint.py", "teacher_digest"): "the teacher's weights files",
+    ("state/export.py", "model_index"): "the teacher's model_index.json",
+    ("state/export.py", "image_scale"): "the teacher's vae/config.json",
+    ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",
+    ("data/latents.py", "cache_key"): "the teacher's configs, for the cache key",
+    ("data/latents.py", "load_latent_bank"): "this machine's cache (a received run's caches are never its sender's)",
+    ("data/prompts.py", "_cache_key"): "the teacher's text encoder config",
+    ("data/prompts.py", "_encode_and_cache"): "the teacher's text encoder",
+    ("data/prompts.py", "read_prompts"): "a prompts file the user names (--prompts), or a shipped one; a received "
+    "run's saved prompts file is read only inside the run folder (evaluation/evaluate.py's eval_prompts)",
+    ("data/images.py", "_text"): "the user's data folder (data.root; a received run's only with --allow-data)",
+    ("data/images.py", "folder_source"): "the user's data folder, as above",
+    ("data/images.py", "_pixels"): "the user's data folder, as above",
+    ("data/images.py", "_dataset_files_inside"): "the user's data folder, as above",
+    ("data/images.py", "image_latents"): "the teacher's vae/config.json",
+    ("evaluation/metrics.py", "_folder_images"): "the user's --fid-reference folder",
+    ("student/model.py", "_read_student_json"): "student.config_path, a file the user names",
+    ("pipeline.py", "_build"): "a folder this process assembled: the student checked (check_tree) and placed "
+    "through the guard, the teacher the user's own",
+}
+
+
+def test_a_cache_writer_killed_mid_write_leaves_a_file_the_next_writer_sweeps_and_a_live_ones_stays(tmp_path):
+    """kill -9 during atomic_write (a cache chunk, the prompt embeddings) leaves `.<name>.<hex>.tmp-<host>-<pid>`;
+    the next save into that cache folder removes it (its writer is dead), never a live writer's."""
+    import signal
+    import sys
+
+    from wandistiller.core import leftovers
+
+    cache = tmp_path / "cache" / "latents"
+    cache.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from wandistiller.core.files import atomic_write\n"
+        "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write(Path({str(cache)!r}) / 'chunk_000000.pt', write=slow)"
+    )], stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert writer.stdout is not None and writer.stdout.readline() == b"writing\n"
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    (orphan,) = cache.iterdir()
+    assert orphan.name.startswith(".chunk_000000.pt.") and orphan.name.endswith(f".tmp-{leftovers.HOST}-{writer.pid}")
+    live = cache / leftovers.owned_name(".chunk_000001.pt.0123abcd.tmp")  # this process's: alive
+    live.write_bytes(b"being written")
+    save_tensors(torch.zeros(2), cache / "chunk_000002.pt")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, "chunk_000002.pt"])
+
+
+def test_a_file_where_a_folder_should_be_is_not_called_a_swapped_link(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "student").write_text("a file")
+    with pytest.raises(UserError) as refused:
+        read_in(root, "student/config.json")
+    assert "cannot be read (Not a directory)" in str(refused.value) and "link" not in str(refused.value)

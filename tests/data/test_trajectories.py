@@ -76,3 +76,13 @@ def test_one_student_step_ends_at_the_sample_of_the_teachers_default_schedule(ti
     sample = sample_latents(pipe, noise, embeddings.padded(torch.tensor([0])), embeddings.negative_batch(1),
                             settings.sampler)  # fmt: skip
     assert torch.equal(bank.x0(torch.tensor([0]))[0, -1], sample[0])
+
+
+def test_a_trajectory_cache_larger_than_its_disk_is_one_line_before_the_teacher_samples(tmp_path):
+    from wandistiller.core.errors import UserError
+    from wandistiller.data.trajectories import check_cache_size
+
+    check_cache_size(tmp_path / "cache" / "trajectories" / "key", 10, (3, 16, 1, 8, 8))  # 120 KiB: fits
+    with pytest.raises(UserError, match=r"take [\d,.]+ GiB \(10,000,000,000 items .*method.noises_per_prompt") as e:
+        check_cache_size(tmp_path / "cache" / "trajectories" / "key", 10**10, (3, 16, 1, 8, 8))
+    assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()  # nothing made

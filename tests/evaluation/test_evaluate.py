@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -334,3 +335,67 @@ def test_settings_left_unset_are_the_runs_own_end_of_run_evaluations(finished, t
     run = open_run(folder)
     assert run_settings(run, None, None, None, None, Trust())[3] is None
     assert run_settings(run, None, None, None, None, Trust(own_files=True))[3] == str(outside)
+
+
+@pytest.mark.parametrize(("asked", "message"), [
+    ({"per_prompt": 10**9}, r"--per-prompt 1000000000 \(\d+ prompts\) asks for [\d,]+ images, which take"),
+    ({"steps": 5000}, "--steps 5000 is more than this teacher's 1000 training timesteps"),
+    ({"student_steps": [1, 1001]}, "--student-steps 1001 is more than this teacher's 1000 training timesteps"),
+])  # fmt: skip
+def test_eval_bounds_every_count_by_the_run_before_any_work(finished, tmp_path, asked, message, caplog):
+    """`eval --per-prompt 1000000` used to run unbounded: each count is checked against what it would take (the
+    teacher's timesteps, this machine's memory for the images held at once), in one line, before any sampling."""
+    folder = copied(finished, tmp_path)
+    with caplog.at_level("INFO", logger="wandistiller"), pytest.raises(UserError, match=message) as e:
+        evaluate(folder, **({"steps": 1, "limit": 1} | asked))
+    assert "\n" not in str(e.value) and not list(folder.glob("eval*"))
+    assert not [m for m in caplog.messages if m.startswith("eval: the")]  # nothing sampled
+
+
+def other_weights(tiny_path, tmp_path):
+    """The tiny teacher with other weights of the same shape: a fine-tune, say."""
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other-teacher"
+    shutil.copytree(tiny_path, other)
+    file = other / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(file)
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] + 0.01
+    save_file(tensors, file, metadata={"format": "pt"})
+    return other
+
+
+def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, tiny_path):
+    """--allow-other-teacher: the result goes to its own file, named for that teacher's weights digest (and carries
+    the teacher, path and digest: the slow test below)."""
+    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.state.runs import Trust, open_run, other_teacher_tag
+    from wandistiller.teacher.spec import inspect_teacher
+
+    folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
+    with pytest.raises(UserError, match="does not fit this teacher: .* weights of the teacher at .* differ"):
+        evaluate(folder, steps=1, limit=1, trust=Trust(teacher_path=str(other)))
+    digest = teacher_digest(inspect_teacher(other))
+    run = open_run(folder, str(other))
+    assert other_teacher_tag(run, folder / "student", True) == f"teacher-{digest[:12]}"
+    assert other_teacher_tag(open_run(folder), folder / "student", True) is None  # the recorded one: its own name
+    assert other_teacher_tag(run, folder / "student", False) is None  # refused without the flag, as above
+
+
+@pytest.mark.slow  # a whole evaluation (~3 s): the default lane checks the names above
+def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_teacher(finished, tmp_path, tiny_path):
+    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.state.runs import Trust
+    from wandistiller.teacher.spec import inspect_teacher
+
+    folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
+    own = folder / "eval.json"
+    own.write_text('{"judged": "against its own teacher"}')
+    os.utime(own, ns=(10**18, 10**18))
+    digest = teacher_digest(inspect_teacher(other))
+    result = evaluate(folder, steps=1, limit=1, trust=Trust(teacher_path=str(other), other_teacher=True))
+    assert result["files"][0].endswith(f"_teacher-{digest[:12]}.json") and result["files"][0].startswith("eval_")
+    saved = json.loads((folder / result["files"][0]).read_text())
+    assert saved["teacher"] == {"path": str(other), "digest": digest, "recorded": False}
+    assert own.read_text() == '{"judged": "against its own teacher"}' and own.stat().st_mtime_ns == 10**18

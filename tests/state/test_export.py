@@ -334,3 +334,35 @@ def test_a_one_step_students_card_states_one_step_and_no_other_counts_stretch(fi
     assert "1 steps" not in card and "1 network calls" not in card
     two = export.model_card(few_step_copy(finished, tmp_path, 2, "two"), tiny_path)
     assert "at 1 step that gives NaN" in two and "2 network calls" in two  # K > 1: the paragraph as before
+
+
+@pytest.mark.parametrize("link", ["symbolic", "folder"])
+def test_place_from_a_received_folder_never_links_out_of_it(tmp_path, link):
+    """`place` of a run's student file: a link out of the run is refused in one line; the pipeline never gets a link
+    (hard or symbolic) to the user's file."""
+    from tests.core.test_files import descriptors_of, untouched, victim
+    from wandistiller.core.files import OutsideRunFolder
+    from wandistiller.state.export import place
+
+    run, mine = tmp_path / "run", victim(tmp_path)
+    (run / "student").mkdir(parents=True)
+    if link == "symbolic":
+        (run / "student" / "config.json").symlink_to(mine)
+    else:
+        (run / "student" / "sub").symlink_to(mine.parent)
+    src = run / "student" / ("config.json" if link == "symbolic" else "sub/victim.txt")
+    with pytest.raises(OutsideRunFolder):
+        place(src, tmp_path / "pipeline" / "transformer" / "config.json", run)
+    assert untouched(mine) and os.stat(mine).st_nlink == 1 and not descriptors_of(mine)
+    assert not (tmp_path / "pipeline" / "transformer" / "config.json").exists()
+
+
+def test_place_from_a_received_folder_links_the_file_it_opened(tmp_path):
+    from wandistiller.state.export import place
+
+    run = tmp_path / "run"
+    (run / "student").mkdir(parents=True)
+    (run / "student" / "config.json").write_text("{}")
+    dst = tmp_path / "pipeline" / "transformer" / "config.json"
+    assert place(run / "student" / "config.json", dst, run) == "linked"
+    assert os.path.samefile(dst, run / "student" / "config.json") and not dst.is_symlink()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,3 +207,124 @@ def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run", meth
     OmegaConf.update(cfg, "method", {"name": method, "steps": steps}, force_add=True)
     OmegaConf.save(cfg, path)
     return folder
+
+
+# -- a received run's files, one level down and at every depth (issue 33) -----------------------------------------
+# Each of a run's files that a tool reads, moved out of the folder and linked back: the tool refuses it in one line
+# (a link in the place of a file it writes whole is replaced instead), the user's file keeps its bytes and mtime, and
+# no descriptor of it is left. Without the guard each tool would have used the file silently: it is a good one.
+def _student_ema(folder):
+    shutil.copytree(folder / "student", folder / "student_ema")
+    (folder / "student_ema" / "sampling.json").write_text('{"steps": 4}')
+
+
+def _student_init(folder, tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.student.model import init_source
+
+    return init_source(OmegaConf.create({"init": str(folder / "student")}), {})
+
+
+def _export(folder, tmp_path, checkpoint=None):
+    from wandistiller.pipeline import export
+
+    out = tmp_path / "export"
+    try:
+        export(folder, out, checkpoint)
+    finally:
+        assert not out.exists()  # nothing published
+
+
+def _export_ema(folder, tmp_path):
+    _export(folder, tmp_path, "ema")
+
+
+def _write_pruning(folder, tmp_path):
+    from wandistiller.student.prune import write_record
+
+    write_record({"kept_blocks": [0]}, folder)
+    assert json.loads((folder / "pruning.json").read_text()) == {"kept_blocks": [0]}
+
+
+def _recorded_rows(folder, tmp_path):
+    from wandistiller.data.validation import recorded_rows
+
+    recorded_rows(folder)
+
+
+def _model_card(folder, tmp_path):
+    from wandistiller.state.export import model_card
+
+    model_card(folder)
+
+
+def _load(checkpoint):
+    def load(folder, tmp_path):
+        run = open_run(folder)
+        load_student(run, student_source(run, checkpoint), torch.device("cpu"))
+
+    load.__name__ = f"load_{checkpoint or 'student'}"
+    return load
+
+
+RECEIVED_FILES = [  # (the file linked out, what reads or writes it, a preparation of the folder)
+    ("student/diffusion_pytorch_model.safetensors", _load(None), None),
+    ("student/config.json", _load(None), None),
+    ("checkpoints/step_00000002/tensors.safetensors", _load("step_2"), None),
+    ("checkpoints/step_00000002/state.json", _load("latest"), None),
+    ("checkpoints/step_00000001/tensors.safetensors", _load("step_1"), None),
+    (".hydra/config.yaml", _load(None), None),
+    ("metrics.json", _model_card, None),
+    ("metrics.json", _export, None),
+    ("student/diffusion_pytorch_model.safetensors", _export, None),
+    ("student_ema/diffusion_pytorch_model.safetensors", _export_ema, _student_ema),
+    ("student_ema/sampling.json", _export_ema, _student_ema),
+    ("student_ema/config.json", _export_ema, _student_ema),
+    ("student/diffusion_pytorch_model.safetensors", _student_init, None),
+    ("student/config.json", _student_init, None),
+    ("metrics_steps.jsonl", _recorded_rows, None),
+    ("pruning.json", _write_pruning, None),  # written whole: the link is replaced, never written through
+]
+
+
+@pytest.mark.parametrize(("name", "tool", "prepare"), RECEIVED_FILES,
+                         ids=[f"{n}-{t.__name__.strip('_<>')}" for n, t, _ in RECEIVED_FILES])  # fmt: skip
+def test_a_received_runs_file_linked_out_of_it_is_never_used(finished, tmp_path, name, tool, prepare):
+    from tests.core.test_files import descriptors_of
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    if prepare:
+        prepare(folder)
+    mine = tmp_path / "home" / Path(name).name  # the user's own good file of the same kind
+    mine.parent.mkdir()
+    shutil.move(folder / name, mine)
+    os.utime(mine, ns=(10**18, 10**18))
+    content = mine.read_bytes()
+    (folder / name).symlink_to(mine)
+    if name == "pruning.json":
+        tool(folder, tmp_path)
+        assert not (folder / name).is_symlink()
+    else:
+        with pytest.raises(UserError, match="leads out of the run folder") as refused:
+            tool(folder, tmp_path)
+        assert "\n" not in str(refused.value) and Path(name).name in str(refused.value)
+    assert mine.read_bytes() == content and mine.stat().st_mtime_ns == 10**18 and not descriptors_of(mine)
+
+
+def test_a_student_init_folders_truncated_or_crafted_weights_are_one_line(finished, tmp_path):
+    from omegaconf import OmegaConf
+
+    from wandistiller.student.model import init_source
+
+    init = tmp_path / "theirs"
+    shutil.copytree(finished / "student", init)
+    weights = init / "diffusion_pytorch_model.safetensors"
+    whole = weights.read_bytes()
+    for damaged in (whole[: len(whole) // 2], (2**40).to_bytes(8, "little") + whole[8:], b"\x00" * 3):
+        weights.write_bytes(damaged)
+        with pytest.raises(UserError) as refused:
+            init_source(OmegaConf.create({"init": str(init)}), {})
+        message = str(refused.value)
+        assert message.startswith(f"student.init={init} holds a damaged weights file: ") and "\n" not in message

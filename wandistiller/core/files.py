@@ -6,6 +6,27 @@ garbage or empty file from a good one without loading any weights.
 
 A run folder's own files (`in_run`, `write_in_run`, `appendable`, `replace_folder`): a folder someone sent you is
 read and written only inside it, never through a link that leads out of it.
+
+The guarded opener (one way in and out of a folder someone may have sent you: a run folder, a `student.init`
+folder, an export's `--out`): every file is opened through these, at any depth --
+
+    open_in(root, name, "rb" | "r" | "ab" | "a")   a file object; "w"/"wb" are `write_in_run` (written whole)
+    read_in(root, name, limit) / read_json_in(...)  bytes or parsed JSON, their size bounded
+    write_in_run(root, name, data | write=...)      written whole, a link in its place replaced, never written through
+    opened(root, name)                              a context manager: `/proc/self/fd/N` of the opened file, for a
+                                                    library that takes a path (safetensors' `safe_open`/`load_file`)
+    check_tree(root, folder)                        every file under `folder` checked: before `from_pretrained`
+
+What is opened is checked, not only its name: the name's links are resolved and must stay inside `root` (a link
+inside may stay: `latest -> step_00000050`), then the resolved path is opened from `root`'s descriptor one component
+at a time with O_NOFOLLOW, so a component swapped for a link between the check and the open is refused (ELOOP), never
+followed. Reads also refuse what is not a regular file (a FIFO would block the reader, /dev/zero never ends).
+
+Hard links: a second name of one file is that file, not a way to another one; a stranger's folder cannot carry a hard
+link to a file of yours (an archive's hard links stay inside it; Linux's protected_hardlinks forbids linking a file
+one cannot write). So a hard-linked file is read as the folder's own, and never written in place: a file written
+whole is a new file renamed over the name (the other names keep their content), a file appended to (a log) must
+have one name (`appendable`), and an export (`--out`) writes copies, never links (state/export.py's `place`).
 """
 
 from __future__ import annotations
@@ -37,23 +58,27 @@ def file_stamps(folder: Path, pattern: str) -> list[tuple[str, int, int]]:
     return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob(pattern) if p.is_file())
 
 
-def safetensors_problem(path: Path) -> str | None:
-    """What makes `path` not a whole safetensors file, in words; None if its header and size agree."""
-    return safetensors_header(path)[1]
+def safetensors_problem(path: Path, root: Path | None = None) -> str | None:
+    """What makes `path` not a whole safetensors file, in words; None if its header and size agree. `root`: the
+    received folder it lies in, read through the guard (`open_in`); a link out of it is refused in one line."""
+    return safetensors_header(path, root=root)[1]
 
 
-def safetensors_header(path: Path, dtypes: dict[str, int] | None = None) -> tuple[dict, str | None]:
+def safetensors_header(
+    path: Path, dtypes: dict[str, int] | None = None, root: Path | None = None
+) -> tuple[dict, str | None]:
     """(the tensors' header entries, None) for a whole safetensors file; ({}, what is wrong) otherwise.
 
     Every check the format's own loader makes, so that a hostile header is one line here and never an error
     deep inside safetensors or diffusers: a JSON object without duplicate names; `__metadata__` an object of
     strings; each entry a known dtype, a shape of non-negative integers and two ordered offsets;
     each byte range the size its dtype and shape need; the ranges back to back from 0, neither overlapping
-    nor leaving gaps, ending exactly at the file's end. `dtypes`: the dtypes allowed (name -> bytes)."""
+    nor leaving gaps, ending exactly at the file's end. `dtypes`: the dtypes allowed (name -> bytes). `root`: the
+    received folder `path` lies in (through the guard: `open_in`); None for the user's own files (a teacher)."""
     dtypes = DTYPE_BYTES if dtypes is None else dtypes
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with open_in(root, path) if root is not None else path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size  # of what was opened, not of what the name says now
             head = f.read(8)
             if len(head) < 8:
                 return {}, f"{path} is {size} bytes, too short to be a safetensors file (truncated or empty)"
@@ -142,6 +167,30 @@ def folder_problem(folder: Path) -> str | None:
     return None
 
 
+def output_problem(folder: Path, name: str | Path | None = None) -> str | None:
+    """Why files cannot be written into `folder` (or its `name`, a folder inside it) -- tried, not guessed: a file is
+    made in the nearest existing folder and removed, which catches what permission bits do not (a read-only or full
+    mount, an immutable folder, /proc, a user without write access to root's folder); None if they can. With
+    `name`, a link leading out of `folder` is refused (OutsideRunFolder). Every CLI checks its output so, before
+    any work: a report written after 35 minutes must not fail then."""
+    target = in_run(folder, name) if name is not None else Path(folder)
+    problem = folder_problem(target)
+    if problem:
+        return problem
+    probe = Path(target).expanduser().absolute()
+    while not probe.exists():
+        probe = probe.parent
+    from wandistiller.core import leftovers
+
+    trial = probe / leftovers.owned_name(f".write-check.{os.urandom(4).hex()}")
+    try:
+        os.close(os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(trial)
+    except OSError as e:
+        return f"{probe} cannot be written ({e.strerror})"
+    return None
+
+
 def _read_only(path: Path) -> bool:
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
@@ -169,12 +218,28 @@ def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsy
     """`path` written whole or not at all: into a temporary sibling, flushed, then renamed over it, so a reader
     (or a run killed mid-write, or a full disk) never leaves half a file. Give the text or bytes, or
     `write(file)` that writes into the open binary file (torch.save, a figure's savefig)."""
-    import tempfile
-
     path = Path(path)
-    f = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with f:
+        _write_whole_at(dfd, path.name, data, write, fsync)
+    finally:
+        os.close(dfd)
+    return path
+
+
+# `atomic_write`'s temporary names: `.<name>.<8 hex>.tmp-<host>-<pid>` (core/leftovers: a dead writer's is swept).
+ATOMIC_TMP = r"\..+\.[0-9a-f]{8}\.tmp"
+
+
+def _write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
+    """`name` in the folder open as `dfd`, written whole: a new file (O_EXCL, O_NOFOLLOW: never an existing file or
+    link) named for its writer, renamed over `name` -- a link (symbolic or hard) in its place is replaced."""
+    from wandistiller.core import leftovers
+
+    tmp = leftovers.owned_name(f".{name}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
             if write is not None:
                 write(f)
             else:
@@ -182,13 +247,12 @@ def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsy
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        # NamedTemporaryFile makes the file owner-only (0600); give it what open() would have (0666 & ~umask).
-        os.chmod(f.name, 0o666 & ~_umask())
-        os.replace(f.name, path)
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given it
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
-        Path(f.name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
         raise
-    return path
 
 
 def save_tensors(obj, path: Path) -> Path:
@@ -196,10 +260,12 @@ def save_tensors(obj, path: Path) -> Path:
     a cache file, and a failed write (a full disk) leaves no partial file and is one line naming the file."""
     import torch
 
+    from wandistiller.core import leftovers
     from wandistiller.core.errors import UserError
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    leftovers.remove_dead(path.parent, ATOMIC_TMP)  # a killed writer's half file, never a live writer's
     try:
         return atomic_write(path, write=lambda f: torch.save(obj, f))
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
@@ -297,11 +363,193 @@ def appendable(root: Path, name: str | Path) -> Path:
 
 def write_in_run(root: Path, name: str | Path, data: str | bytes | None = None, *, write=None,
                  fsync: bool = True) -> Path:  # fmt: skip
-    """`root / name` written whole (`atomic_write`) into the run folder: its folder must lie inside it, and a link
-    (symbolic or hard) in the file's place is replaced, never written through."""
+    """`root / name` written whole (`atomic_write`) into the run folder: its folder must lie inside it (opened from
+    `root` with no link followed: see `open_in`), and a link (symbolic or hard) in the file's place is replaced,
+    never written through."""
     path = _joined(root, name)
     in_run(root, path.parent)
-    return atomic_write(path, data, write=write, fsync=fsync)
+    dfd = _open_dir(root, path.parent)
+    try:
+        _write_whole_at(dfd, path.name, data, write, fsync)
+    finally:
+        os.close(dfd)
+    return path
+
+
+# -- the guarded opener ----------------------------------------------------------------------------------------
+def _resolved_parts(root: Path, path: Path) -> tuple[str, tuple[str, ...]]:
+    """(root's real path, the components of `path`'s real path below it): `path`'s links resolved, each inside."""
+    in_run(root, path)
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    return real_root, Path(os.path.relpath(real, real_root)).parts if real != real_root else ()
+
+
+def _walk(real_root: str, parts: tuple[str, ...], shown: Path) -> int:
+    """A descriptor of the folder `real_root/parts...`, opened one component at a time from `real_root` with no link
+    followed: a component that became a link since it was checked is refused, never followed."""
+    dfd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nxt
+    except OSError as e:
+        try:
+            _swapped(e, shown, dfd, part)
+        finally:
+            os.close(dfd)
+        raise
+    return dfd
+
+
+def _swapped(error: OSError, shown: Path, dfd: int, part: str) -> None:
+    """A link met where the check saw none (O_NOFOLLOW's ELOOP; ENOTDIR for a folder now a link to a file): one
+    line. Any other error (a file where a folder should be, a name gone) is the caller's to word."""
+    import errno
+
+    try:
+        link = error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and bool(os.readlink(part, dir_fd=dfd))
+    except OSError:  # not a link: a file in a folder's place, say
+        link = False
+    if link:
+        raise OutsideRunFolder(
+            f"{shown} was replaced by a link while it was being opened; WanDistiller opens a received folder's files "
+            "only inside it: make sure nothing else is changing the folder, and run it again"
+        ) from None
+
+
+def _open_dir(root: Path, folder: Path) -> int:
+    """A descriptor of `folder` (inside `root`), reached with no link followed after the check."""
+    real_root, parts = _resolved_parts(root, _joined(root, folder))
+    return _walk(real_root, parts, _joined(root, folder))
+
+
+def open_fd(root: Path, name: str | Path, flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
+    """A raw descriptor of `root / name` opened with `flags` (see `open_in`): the guard's one way in."""
+    import stat
+
+    path = _joined(root, name)
+    real_root, parts = _resolved_parts(root, path)
+    if not parts:
+        raise IsADirectoryError(21, "is the folder itself", str(path))
+    dfd = _walk(real_root, parts[:-1], path)
+    reading = flags & (os.O_WRONLY | os.O_RDWR) == 0
+    try:  # O_NONBLOCK: opening a FIFO to read would block until a writer came
+        fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if reading else 0), mode,
+                     dir_fd=dfd)  # fmt: skip
+    except OSError as e:
+        _swapped(e, path, dfd, parts[-1])
+        raise
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; WanDistiller reads and writes only plain files in a run folder")
+    if reading:
+        os.set_blocking(fd, True)
+    if flags & os.O_APPEND and st.st_nlink > 1:
+        os.close(fd)
+        appendable(root, path)  # says it in one line
+    return fd
+
+
+_MODES = {"rb": os.O_RDONLY, "r": os.O_RDONLY, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+          "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "a+b": os.O_RDWR | os.O_APPEND | os.O_CREAT,
+          "r+": os.O_RDWR, "r+b": os.O_RDWR}  # fmt: skip
+
+
+def open_in(root: Path, name: str | Path, mode: str = "rb", **text):
+    """`root / name` opened as `open(path, mode)` would, through the guard: refused in one line (OutsideRunFolder)
+    where its links lead out of `root`, or where a component is swapped for a link as it is opened; reads refuse
+    what is not a regular file, appends a hard link. Writing a file whole is `write_in_run` (never in place).
+    `text`: open()'s encoding/newline/errors for a text mode."""
+    if mode not in _MODES:
+        raise ValueError(f"open_in: mode {mode!r} is not one of {', '.join(_MODES)} (write whole: write_in_run)")
+    if mode.startswith(("a", "r+")):
+        appendable(root, name)  # a hard link: one line before anything is opened
+    fd = open_fd(root, name, _MODES[mode], 0o666)
+    return os.fdopen(fd, mode, **text)
+
+
+def read_in(root: Path, name: str | Path, limit: int | None = None, what: str = "file") -> bytes:
+    """The bytes of `root / name` (through `open_in`), refused in one line where larger than `limit`: read at most
+    `limit + 1` bytes, so a file growing as it is read cannot pin the reader."""
+    path = _joined(root, name)
+    try:
+        with open_in(root, path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if limit is not None and size > limit:
+                raise UserError(f"{path} is {size:,} bytes, more than a {what} can be ({limit:,}); it is not one "
+                                "WanDistiller wrote: restore it from the run's backup")  # fmt: skip
+            raw = f.read() if limit is None else f.read(limit + 1)
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
+    if limit is not None and len(raw) > limit:
+        raise UserError(f"{path} grew past {limit:,} bytes while being read; it is not a {what}")
+    return raw
+
+
+def read_text_in(root: Path, name: str | Path, limit: int | None = None, what: str = "file",
+                 encoding: str = "utf-8") -> str:  # fmt: skip
+    """The text of `root / name` (`read_in`); bytes that are not `encoding` are one line."""
+    raw = read_in(root, name, limit, what)
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{_joined(root, name)} is not UTF-8 text (byte {e.start}); it is not a {what} WanDistiller "
+                        "wrote") from None  # fmt: skip
+
+
+MAX_JSON_BYTES = 64 * 2**20  # state.json, metrics.json, a model's config.json: KBs to a few MB
+
+
+def read_json_in(root: Path, name: str | Path, limit: int = MAX_JSON_BYTES, what: str = "JSON file"):
+    """`root / name` parsed as JSON (`read_text_in`, its size bounded): UserError for a file that is not its own,
+    too large or nested too deep; ValueError for text that is not JSON (the caller says what the file is for)."""
+    text = read_text_in(root, name, limit, what, "utf-8-sig")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{_joined(root, name)} is nested too deeply to be a {what}") from None
+
+
+@contextlib.contextmanager
+def opened(root: Path, name: str | Path) -> Iterator[str]:
+    """For a library that opens a path itself (safetensors' `safe_open`, `load_file`): the guarded file's own
+    descriptor as a path (`/proc/self/fd/N`), so what the library opens is what the guard opened, whatever happens
+    to the name meanwhile. Where /proc is missing, the checked path itself."""
+    fd = open_fd(root, name)
+    try:
+        yield f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(_joined(root, name))
+    finally:
+        os.close(fd)
+
+
+def check_tree(root: Path, folder: str | Path | None = None) -> Path:
+    """`folder` (default `root`) before a library reads the whole of it (diffusers' `from_pretrained`): every name
+    under it, at any depth, refused in one line (OutsideRunFolder) where a link leads out of `root`; a link to a
+    folder inside is walked too. Returns the folder's path."""
+    start = _joined(root, folder) if folder is not None else Path(root)
+    in_run(root, start)
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        here = todo.pop()
+        real = os.path.realpath(here)
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            entries = list(os.scandir(here))
+        except (NotADirectoryError, FileNotFoundError):  # not a folder, or none: the reader that follows says so
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                in_run(root, entry.path)
+            if entry.is_dir(follow_symlinks=True):
+                todo.append(Path(entry.path))
+    return start
 
 
 def replace_folder(root: Path, name: str, write) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wandistiller.core.errors import UserError
 from wandistiller.data.latents import SamplerSettings, cache_key, cached_bank, load_latent_bank, noise_for
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
@@ -144,9 +145,29 @@ def teacher_trajectories(
 
     total = len(embeddings.prompts) * s.latents_per_prompt
     shape = (settings.points, *s.latent_shape)
+    check_cache_size(folder, total, shape)  # before the teacher samples anything
     return cached_bank(
         folder, total, chunk_size, s.latents_per_prompt, make_chunk, "teacher ODE points", progress, shape
     )
+
+
+def check_cache_size(folder: Path, items: int, item_shape: tuple[int, ...]) -> None:
+    """The trajectory cache (`items` float32 items of `item_shape`) fits on its disk, with what of it is already
+    there: one line naming the keys that size it, before any work -- not a full disk hours in."""
+    import shutil
+
+    need = items * math.prod(item_shape) * 4
+    have = sum(f.stat().st_size for f in folder.glob("*.pt")) if folder.is_dir() else 0
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need - have > free:
+        raise UserError(
+            f"the teacher's ODE points take {need / 2**30:,.1f} GiB ({items:,} items of {list(item_shape)}: the "
+            f"training prompts x method.noises_per_prompt), and {probe} has {free / 2**30:,.1f} GiB free; lower "
+            "method.noises_per_prompt or the prompts, or set paths.cache_dir=… to a larger disk"
+        )
 
 
 def load_trajectories(spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir):

@@ -142,11 +142,12 @@ def val_loss(
 
 def recorded_rows(run_dir: Path) -> list[dict]:
     """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
-    from wandistiller.core.files import in_run
+    from wandistiller.core.files import in_run, read_in
 
     path = in_run(run_dir, "metrics_steps.jsonl")  # a received folder's link out of it is refused, never read
     rows = []
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+    text = read_in(run_dir, path).decode(errors="replace") if path.is_file() else ""
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:  # a line a killed process left half-written: what it held is lost, not the run

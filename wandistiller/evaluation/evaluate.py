@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import check_appended, folder_problem, write_in_run
+from wandistiller.core.files import check_appended, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.evaluation.grids import save_grid
@@ -32,13 +32,16 @@ from wandistiller.state.runs import (
     RunFolder,
     Trust,
     as_sampler,
+    check_counts,
     check_teacher_fits,
     generate,
     load_student,
     load_teacher,
     open_run,
+    other_teacher_tag,
     student_scheduler,
     student_source,
+    teacher_identity,
 )
 from wandistiller.teacher.sampler import calls_per_image
 
@@ -122,8 +125,12 @@ def evaluate(
     trained = run.trained_steps  # before any sampling: a bad saved method.steps is one line
     counts = list(dict.fromkeys(student_steps or [trained or steps]))  # in the order asked, each once
     source = student_source(run, checkpoint)
-    check_teacher_fits(run, source, (trust or Trust()).other_teacher or (trust or Trust()).own_files)
-    problem = folder_problem(run.path)
+    trust = trust or Trust()
+    check_teacher_fits(run, source, trust.other_teacher or trust.own_files)
+    # A result against another teacher (--allow-other-teacher) goes to its own file, named for that teacher.
+    other = other_teacher_tag(run, source, trust.other_teacher and not trust.own_files)
+    check_counts(run, {"--steps": steps, "--student-steps": max(counts)})  # before any work
+    problem = output_problem(run.path)
     if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
     check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
@@ -131,8 +138,9 @@ def evaluate(
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
     asked = {"student": counts, "steps": steps, "limit": limit, "per_prompt": per_prompt, "prompts": prompts_path,
              "dtype": teacher_dtype, "clip": clip_model, "fid": fid_reference}  # fmt: skip
-    named = variant(run, asked)  # the settings its file names carry: known before the work
-    prompts = eval_prompts(run, prompts_path, limit, (trust or Trust()).own_files, (trust or Trust()).data)
+    named = variant(run, asked) + ([other] if other else [])  # the settings its file names carry: known before
+    prompts = eval_prompts(run, prompts_path, limit, trust.own_files, trust.data)
+    check_counts(run, {}, len(prompts) * per_prompt, f"--per-prompt {per_prompt} ({len(prompts)} prompts)")
     t_cfg = run.cfg.teacher
     cache_dir = run.cfg.paths.cache_dir
     emb = encode_prompts(
@@ -182,6 +190,7 @@ def evaluate(
     result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
                "prompts": head["prompts"], "results": results}  # fmt: skip
     result["variant"] = named
+    result["teacher"] = teacher_identity(run.spec) | {"recorded": other is None}  # what it was judged against
     stem = result_stem(source, named)
     result["files"] = [f"{stem}.json", f"{stem}.png"]
     assert grid is not None  # one student step count at least

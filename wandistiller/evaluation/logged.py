@@ -27,8 +27,8 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
 
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
-    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets)  # its `_target_`s vetted
-    run_id = load_json(checkpoints[-1] / STATE_FILE).get("tracker_run_id") if checkpoints else None
+    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets, root=run_dir)  # its `_target_`s vetted
+    run_id = load_json(checkpoints[-1] / STATE_FILE, root=run_dir).get("tracker_run_id") if checkpoints else None
     nodes = {}
     for key, node in loggers.entries(saved.logger):  # each logger says how a later process reopens it
         reopened = getattr(get_class(current_target(str(node._target_))), "reopened", None)
@@ -67,7 +67,7 @@ def evaluated_step(run_dir: Path, student: Path) -> int | None:
         step = checkpoint_step(student)
         return step if step >= 0 else None
     try:
-        final = load_json(in_run(run_dir, "metrics.json")).get("final_step")
+        final = load_json(in_run(run_dir, "metrics.json"), root=run_dir).get("final_step")
     except (OSError, ValueError, AttributeError, UserError):
         final = None
     if isinstance(final, int) and not isinstance(final, bool):

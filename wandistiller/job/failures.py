@@ -44,8 +44,10 @@ def record_failure(run_dir: Path, rank: int, error: BaseException) -> None:
 
 def root_cause(error, run_dir: Path) -> tuple[int, str]:
     """The failed rank whose error is not just a broken connection to another failed rank; earliest first."""
+    from wandistiller.core.files import read_json_in
+
     failures_dir = run_dir / FAILURES
-    found = [json.loads(f.read_text()) for f in sorted(failures_dir.glob("rank*.json"))]
+    found = [read_json_in(run_dir, f) for f in sorted(failures_dir.glob("rank*.json"))]  # never through a link out
     shutil.rmtree(failures_dir, ignore_errors=True)
     for rank, failure in error.failures.items():  # what the launcher saw (error files written by @record)
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)

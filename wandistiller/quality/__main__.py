@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import atomic_write, folder_problem
+from wandistiller.core.files import output_problem, read_text_in, write_in_run
 from wandistiller.quality import compression, fewstep
 from wandistiller.quality.compare import COLUMNS, Settings, compare
 
@@ -152,12 +152,12 @@ def write_section(out: Path, key: str, text: str) -> None:
     where it does not; the rest of the file (other sections, hand-written notes) stays as it is."""
     start, end = f"<!-- quality:{key} -->", f"<!-- /quality:{key} -->"
     section = f"{start}\n{text.rstrip()}\n{end}"
-    old = out.read_text() if out.is_file() else "# Student quality on the pocket teacher\n"
+    old = read_text_in(out.parent, out.name) if out.is_file() else "# Student quality on the pocket teacher\n"
     if start in old and end in old:
         new = old[: old.index(start)] + section + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip() + "\n\n" + section + "\n"
-    atomic_write(out, new)
+    write_in_run(out.parent, out.name, new)  # whole, a link in its place replaced (never written through)
 
 
 def _prompts(settings: Settings) -> list[str]:
@@ -216,7 +216,7 @@ def report_path(args: argparse.Namespace) -> Path:
     if args.small and out.resolve() == SHIPPED_REPORT:
         raise UserError(f"--out {out}: --small's numbers mean nothing and would replace the shipped report; "
                         f"drop --out (it writes {SMALL_OUT}) or run without --small")  # fmt: skip
-    problem = f"{out} is a folder" if out.is_dir() else folder_problem(out.parent)
+    problem = f"{out} is a folder" if out.is_dir() else output_problem(out.parent)  # tried, before the work
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another file")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -185,5 +185,8 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     ax.set_title("Compression on the pocket teacher (mean ± std over seeds)")
     ax.legend(fontsize=8, loc="lower center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from wandistiller.core.files import write_in_run
+
+    # whole, beside the report: a link in its place is replaced, never written through
+    write_in_run(Path(path).parent, Path(path).name, write=lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)

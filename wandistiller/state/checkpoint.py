@@ -21,7 +21,7 @@ import torch
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import in_run, run_folder
+from wandistiller.core.files import in_run, run_folder, write_in_run
 from wandistiller.state import safestate
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,11 @@ def _own(run_dir: Path, path: Path) -> bool:
 
 
 def _read_state(path: Path):
-    """A checkpoint's state.json, its size bounded before parsing (see received.load_json)."""
+    """A checkpoint's state.json, its size bounded before parsing (see received.load_json), opened through the guard
+    inside the checkpoint's folder: a link out of it is refused, never followed."""
     from wandistiller.state.received import load_json
 
-    return load_json(path / STATE_FILE, what="checkpoint state")
+    return load_json(path / STATE_FILE, what="checkpoint state", root=path)
 
 
 def rng_state() -> dict:
@@ -116,7 +117,7 @@ def write_checkpoint(final: Path, step: int, state: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         safestate.write_tensors(tmp / TENSORS, tensors)
-        _write_text(tmp / STATE_FILE, json.dumps(data))
+        write_in_run(tmp, STATE_FILE, json.dumps(data))  # fsynced, as the tensors are
         if final.exists() or final.is_symlink():  # the same step saved again after a resume: move the old one aside
             _discard(final)
         os.rename(tmp, final)
@@ -124,13 +125,6 @@ def write_checkpoint(final: Path, step: int, state: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(_save_failed(final.parent, e, safestate.tensor_bytes(tensors))) from None
     return final
-
-
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _save_failed(folder: Path, error: OSError, nbytes: int) -> str:
@@ -200,7 +194,7 @@ def problem(path: Path) -> str | None:
         state = _read_state(path)
         if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
             return f"{STATE_FILE} is not a checkpoint's state"
-        names = safestate.check_tensors(path / TENSORS)
+        names = safestate.check_tensors(path / TENSORS, path)
         safestate.decode(state, dict.fromkeys(names))  # every reference resolves, every value is ours
     except FileNotFoundError as e:
         return f"{Path(e.filename).name} is missing"
@@ -268,8 +262,8 @@ def _newest_usable(run_dir: Path, key: str) -> Path | None:
 def load_checkpoint(path: Path) -> dict:
     """The saved state (keys as `training_state` wrote them, plus "step" and "path"); sets the RNGs."""
     try:
-        safestate.check_tensors(path / TENSORS)  # every header check first: safetensors' own errors are terse
-        tensors = safestate.read_tensors(path / TENSORS)
+        safestate.check_tensors(path / TENSORS, path)  # every header check first: safetensors' errors are terse
+        tensors = safestate.read_tensors(path / TENSORS, path)  # what the guard opened, never a link out
         state = safestate.decode(_read_state(path), tensors)
         set_rng_state(state["rng"])
     except Exception as e:  # safetensors raises its own error types; any of them means a damaged file

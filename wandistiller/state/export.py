@@ -41,12 +41,18 @@ SAMPLING = "sampling.json"  # a few-step student's K, timesteps and sigmas, in i
 COPY_LIMIT = 2**30  # larger files that cannot be hard-linked are referenced (symlinked), not copied
 
 
-def place(src: Path, dst: Path) -> str:
+def place(src: Path, dst: Path, root: Path | None = None) -> str:
     """`dst` as a hard link to `src` (a Hub cache's symlink followed to its blob); on another filesystem a
     copy, or for a file over COPY_LIMIT (a 14B teacher's text encoder) a symlink: every run would otherwise
-    hold its own 11+ GB. The export (`--out`) always writes real files."""
+    hold its own 11+ GB. The export (`--out`) always writes real files.
+
+    `root`: the folder `src` was received in (a run's student/): `src` is opened through the guard (core.files), a
+    link out of it refused, and `dst` is a hard link to (or a copy of) the file the guard opened -- never a link to
+    whatever the name points at by then; never a symbolic link. None: the user's own teacher's file."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.unlink(missing_ok=True)
+    if root is not None:
+        return _place_guarded(root, src, dst)
     real = src.resolve()
     try:
         os.link(real, dst)
@@ -57,6 +63,25 @@ def place(src: Path, dst: Path) -> str:
             return "referenced"
         shutil.copy2(real, dst)
         return "copied"
+
+
+def _place_guarded(root: Path, src: Path, dst: Path) -> str:
+    """`dst` as a hard link to the file the guard opened at `src` (its device and inode compared after linking: a
+    name swapped meanwhile is undone), else a copy of what the guard opened."""
+    from wandistiller.core.files import open_in, write_in_run
+
+    with open_in(root, src) as f:
+        opened = os.fstat(f.fileno())
+        try:  # the resolved name (no link followed), then checked: the new name must be the opened file's
+            os.link(os.path.realpath(src), dst, follow_symlinks=False)
+            made = os.stat(dst, follow_symlinks=False)
+            if (made.st_dev, made.st_ino) == (opened.st_dev, opened.st_ino):
+                return "linked"
+            dst.unlink()
+        except OSError:  # another filesystem, or one without hard links
+            pass
+        write_in_run(dst.parent, dst.name, write=lambda out: shutil.copyfileobj(f, out, 2**24))
+    return "copied"
 
 
 def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
@@ -75,10 +100,16 @@ def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
     return out
 
 
-def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None) -> Path:
+def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None,
+                   student_root: Path | None = None) -> Path:  # fmt: skip
     """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
-    few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json."""
+    few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
+    `student_root`: the run folder `student_dir` lies in (default the folder itself): its files are placed through
+    the guard (`place`), a link out of it refused."""
+    from wandistiller.core.files import check_tree, write_in_run
+
     how = set()
+    check_tree(student_root or student_dir, student_dir)  # before anything is placed: a link out is one line
     for part, src in [("transformer", student_dir)] + [(p, teacher_path / p) for p in TEACHER_PARTS]:
         if not src.is_dir():
             raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
@@ -87,12 +118,13 @@ def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, 
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
             if steps is not None and part == "transformer" and file == src / SAMPLING:
                 continue  # written below, its own file (never a link to the student's)
-            how.add(place(file, out / part / file.relative_to(src)))
+            root = (student_root or student_dir) if part == "transformer" else None  # the teacher's: the user's own
+            how.add(place(file, out / part / file.relative_to(src), root))
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        (out / "transformer" / SAMPLING).write_text(json.dumps(sampling(teacher_path, steps), indent=2))
-    (out / "model_index.json").write_text(json.dumps(model_index(teacher_path, steps), indent=2))
-    (out / "README.md").write_text(card)
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
+    write_in_run(out, "model_index.json", json.dumps(model_index(teacher_path, steps), indent=2))
+    write_in_run(out, "README.md", card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
         log.info("pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
                  "python -m wandistiller.pipeline RUN --out DIR writes a self-contained copy", out,
@@ -111,7 +143,9 @@ def model_index(teacher_path: Path, steps: int | None = None) -> dict:
 
 def saved_steps(run_dir: Path) -> int | None:
     """The run's student's step count K from its saved config (`method.steps`); None for a KD student."""
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    from wandistiller.state.received import load_yaml_config
+
+    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard, its size bounded
     return student_steps(cfg) if isinstance(cfg, DictConfig) else None
 
 
@@ -221,10 +255,16 @@ def image_scale(teacher_path: Path | None) -> int:
 def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
     Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures."""
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    from wandistiller.core.files import read_json_in
+    from wandistiller.state.received import load_yaml_config
+
+    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard: never a link out
     if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
         raise UserError(f"{run_dir}/.hydra/config.yaml is not a saved config; restore it")
-    m = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").is_file() else {}
+    try:  # a linked metrics.json (another run's figures) is refused in one line, never quoted
+        m = read_json_in(run_dir, "metrics.json", what="metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    except ValueError:
+        raise UserError(f"{run_dir}/metrics.json is not JSON; restore it from the run's backup") from None
     m = m if isinstance(m, dict) else {}
     d, t = cfg.data, cfg.trainer
     source = sources().get(str(_raw(d, "latents")), sources()["gaussian"]).description

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 import typing
 from collections.abc import Iterable
@@ -29,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.extensions import HYDRA_KEYS
+from wandistiller.core.files import MAX_JSON_BYTES
 from wandistiller.core.registry import path_of
 from wandistiller.core.renamed import modernize, modernize_lists
 
@@ -96,10 +96,11 @@ def _targets_in(node, prefix: str) -> Iterable[tuple[str, object]]:
 TRUST_HINT = "pass --allow-target {target}"  # eval, generate; a resume names the key on its command line
 
 
-def load_received(file: Path, trusted: Iterable[str] = ()) -> DictConfig:
-    """A saved config, read as data and checked; a damaged file is one line. See `check_received`."""
+def load_received(file: Path, trusted: Iterable[str] = (), root: Path | None = None) -> DictConfig:
+    """A saved config, read as data (inside `root`, its run folder: see `bounded_text`) and checked; a damaged file
+    is one line. See `check_received`."""
     try:
-        raw = load_yaml_config(file)
+        raw = load_yaml_config(file, root=root)
     except UserError:
         raise
     except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
@@ -251,32 +252,17 @@ def looks_like_hub_id(path: str) -> bool:
 MAX_CONFIG_BYTES = 256 * 2**10  # a saved config is a few KB; this is generous and checks in well under a second
 MAX_YAML_NODES = 50_000  # after expanding aliases: a 1 KB "billion laughs" expands to 10^9
 MAX_YAML_DEPTH = 100
-MAX_JSON_BYTES = 64 * 2**20  # state.json, metrics.json: KBs to a few MB
 
 
-def bounded_text(path: Path, limit: int, what: str = "file") -> str:
+def bounded_text(path: Path, limit: int, what: str = "file", root: Path | None = None) -> str:
     """`path`'s text, refused in one line (UserError) if larger than `limit` bytes -- checked before reading,
-    and by reading at most `limit + 1` bytes (a FIFO, /dev/zero or a growing file cannot pin the reader)."""
-    import stat
+    and by reading at most `limit + 1` bytes (a FIFO, /dev/zero or a growing file cannot pin the reader). Opened
+    through the guard (core.files.open_in) inside `root`, the folder it was received in (default: its own folder):
+    a link leading out of it is refused, never followed."""
+    from wandistiller.core.files import read_text_in
 
     path = Path(path)
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{path} is not a regular file; a {what} must be one")
-        if st.st_size > limit:
-            raise UserError(f"{path} is {st.st_size:,} bytes, more than a {what} can be ({limit:,}); it is not one "
-                            "WanDistiller wrote: restore it from the run's backup")  # fmt: skip
-        with path.open("rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as e:
-        raise UserError(f"{path} cannot be read ({e.strerror})") from None
-    if len(raw) > limit:
-        raise UserError(f"{path} grew past {limit:,} bytes while being read; it is not a {what}")
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); it is not a {what} WanDistiller wrote") from None
+    return read_text_in(path.parent if root is None else root, path, limit, what)
 
 
 def yaml_size_problem(text: str) -> str | None:
@@ -313,22 +299,22 @@ def yaml_size_problem(text: str) -> str | None:
     return None
 
 
-def load_yaml_config(path: Path, what: str = "saved config"):
+def load_yaml_config(path: Path, what: str = "saved config", root: Path | None = None):
     """A received YAML file (a run's `.hydra/config.yaml`, `overrides.yaml`) as an OmegaConf node, its size,
     aliases and depth bounded before OmegaConf builds anything: one UserError line otherwise."""
     import io
 
-    text = bounded_text(path, MAX_CONFIG_BYTES, what)
+    text = bounded_text(path, MAX_CONFIG_BYTES, what, root)
     problem = yaml_size_problem(text)
     if problem:
         raise UserError(f"{path} {problem}, which no {what} does; restore it from the run's backup")
     return OmegaConf.load(io.StringIO(text))
 
 
-def load_json(path: Path, limit: int | None = None, what: str = "JSON file"):
+def load_json(path: Path, limit: int | None = None, what: str = "JSON file", root: Path | None = None):
     """A received JSON file, its size bounded before parsing and its nesting caught: UserError (one line), or
     ValueError for text that is not JSON (the caller says what the file is for)."""
-    text = bounded_text(path, limit or MAX_JSON_BYTES, what)
+    text = bounded_text(path, limit or MAX_JSON_BYTES, what, root)
     try:
         return json.loads(text)
     except RecursionError:

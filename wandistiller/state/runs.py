@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import in_run, safetensors_problem
+from wandistiller.core.files import check_tree, in_run, safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.state.checkpoint import (
@@ -102,7 +102,7 @@ def open_run(
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
-    cfg = load_received(config, allow)
+    cfg = load_received(config, allow, root=path)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
         OmegaConf.to_container(cfg, resolve=True)
@@ -159,8 +159,9 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
 
     in_run(run.path, source)  # never a received folder's link to a student elsewhere
     if (source / "config.json").is_file():
+        check_tree(run.path, source)  # every file from_pretrained opens, at any depth: none through a link out
         for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
-            problem = safetensors_problem(file)
+            problem = safetensors_problem(file, root=run.path)
             if problem:
                 raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
         try:
@@ -202,8 +203,9 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
 
     try:
         if (source / STATE_FILE).is_file():
-            return load_json(in_run(run.path, source / STATE_FILE), what="checkpoint state").get("teacher")
-        m = load_json(in_run(run.path, "metrics.json"), what="metrics.json")
+            state = load_json(in_run(run.path, source / STATE_FILE), what="checkpoint state", root=run.path)
+            return state.get("teacher")
+        m = load_json(in_run(run.path, "metrics.json"), what="metrics.json", root=run.path)
         return {"name": m.get("teacher"), "shape": m.get("teacher_shape"), "digest": m.get("teacher_digest")}
     except (OSError, ValueError, AttributeError, UserError):
         return None
@@ -215,6 +217,57 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
     why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)
     if why:
         raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX['cli']}")
+
+
+def teacher_identity(spec: TeacherSpec) -> dict:
+    """The teacher a result was judged against, as checkpoints record it: its folder and its weights' digest."""
+    from wandistiller.state.checkpoint import teacher_digest
+
+    return {"path": str(spec.path), "digest": teacher_digest(spec)}
+
+
+def other_teacher_tag(run: RunFolder, source: Path, allow_other: bool) -> str | None:
+    """`teacher-<digest>`, the name a result carries where it was judged, with --allow-other-teacher, against a
+    teacher that is not the one the student recorded (or one nothing was recorded of): its own file, so nothing a
+    run wrote against its own teacher is replaced by it. None for the recorded teacher, or without the flag."""
+    if not allow_other:
+        return None
+    recorded = recorded_teacher(run, source)
+    if isinstance(recorded, dict) and isinstance(recorded.get("digest"), str):
+        if teacher_problem(recorded, run.spec) is None:
+            return None
+    return f"teacher-{teacher_identity(run.spec)['digest'][:12]}"
+
+
+def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_key: str = "") -> None:
+    """Every count a command asks of a run, bounded before any work, in one line each: a step count by the teacher's
+    training timesteps (its scheduler's `num_train_timesteps`: more steps only repeat timesteps), the images held at
+    once (`images`, named by `images_key`) by this machine's memory (latents and decoded images, teacher's and
+    student's)."""
+    import os
+
+    top = run.spec.num_train_timesteps
+    for key, n in steps.items():
+        if n > top:
+            raise UserError(f"{key} {n} is more than this teacher's {top} training timesteps (its scheduler's "
+                            f"num_train_timesteps), so most steps would repeat; give {top} or fewer")  # fmt: skip
+    if images:
+        channels, frames, height, width = run.latent_shape
+        scale = image_scale(run.spec.path)
+        each = 2 * 4 * (channels * frames * height * width + 3 * frames * height * scale * width * scale)
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if images * each > total:
+            fit = max(1, total // each)
+            raise UserError(f"{images_key} asks for {images:,} images, which take {images * each / 2**30:,.1f} GiB "
+                            f"held at once, more than this machine's {total / 2**30:.0f} GiB; ask for at most "
+                            f"{fit:,} in all")  # fmt: skip
+
+
+def image_scale(teacher_path: Path) -> int:
+    """The teacher VAE's spatial factor (state/export.py's reading of `vae/config.json`)."""
+    from wandistiller.state.export import image_scale as read
+
+    return read(teacher_path)
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:

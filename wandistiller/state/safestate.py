@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from wandistiller.core.files import DTYPE_BYTES as _BYTES
-from wandistiller.core.files import safetensors_header
+from wandistiller.core.files import opened, safetensors_header
 
 DTYPES = {
     torch.float64: "F64",
@@ -128,17 +128,21 @@ def _write_all(fd: int, data) -> None:
         view = view[written:]
 
 
-def check_tensors(path: Path) -> set[str]:
+def check_tensors(path: Path, root: Path | None = None) -> set[str]:
     """The tensor names of a whole safetensors file of ours; else ValueError. The header must pass every check
     of `files.safetensors_header` (known dtypes, sizes, back-to-back ranges covering the file exactly), so a
-    truncated, padded, garbage or hostile file is caught from its first bytes, before safetensors reads it."""
-    entries, problem = safetensors_header(path, {name: _BYTES[name] for name in DTYPES.values()})
+    truncated, padded, garbage or hostile file is caught from its first bytes, before safetensors reads it. `root`:
+    the folder it lies in (default its own): read through the guard (core.files.open_in)."""
+    entries, problem = safetensors_header(path, {name: _BYTES[name] for name in DTYPES.values()}, root or path.parent)
     if problem:
         raise ValueError(problem.replace(str(path), path.name))
     return set(entries)
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, root: Path | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of `path`, opened through the guard inside `root` (default its own folder): safetensors reads
+    the descriptor the guard opened (core.files.opened), so a link swapped in meanwhile is never followed."""
     from safetensors.torch import load_file
 
-    return load_file(path, device="cpu")
+    with opened(root or path.parent, path) as guarded:
+        return load_file(guarded, device="cpu")

@@ -201,7 +201,7 @@ def init_source(student_cfg, teacher: dict) -> tuple[Path, dict] | None:
     if not folder.exists() and "/" not in init:
         raise UserError(f"student.init={init} is not auto, random or teacher, nor a folder; use one of those")
     try:
-        return folder, prune.read_folder_config(folder)
+        return folder, prune.read_folder_config(folder, received=True)  # someone's folder: the teacher's checks
     except ValueError as e:
         raise UserError(
             f"student.init={init} {e}; give a WanTransformer3DModel folder (a model's transformer/ or a run's "

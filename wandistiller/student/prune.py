@@ -16,8 +16,10 @@ teacher is scored and cut without loading it whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -109,33 +111,60 @@ def keep_blocks_problem(keep, n_student: int, n_source: int) -> str | None:
     return None
 
 
-def read_folder_config(folder: Path) -> dict:
-    """A WanTransformer3DModel folder's config.json (raises ValueError, in words, if it is not one)."""
+def read_folder_config(folder: Path, received: bool = False) -> dict:
+    """A WanTransformer3DModel folder's config.json (raises ValueError, in words, if it is not one). `received`: a
+    folder someone may have sent (`student.init=<folder>`): read through the guard (core.files), a link out of it
+    refused (UserError), and its weights files' headers checked (a truncated or crafted file is one line)."""
+    from wandistiller.core.files import OutsideRunFolder, check_tree, read_json_in, safetensors_problem
+
     path = folder / "config.json"
     if not folder.is_dir():
         raise ValueError("does not exist" if not folder.exists() else "is not a folder")
     if not path.is_file():
         run = " (a run folder: its student is in student/)" if (folder / "student" / "config.json").is_file() else ""
         raise ValueError(f"holds no config.json{run}; it is not a diffusers model folder")
+    if received:
+        check_tree(folder)  # every file in it, at any depth: none through a link out of it
     try:
-        config = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError, RecursionError) as e:
+        config = read_json_in(folder, "config.json", what="model config.json")
+    except (ValueError, RecursionError) as e:
         raise ValueError(f"has a config.json that cannot be read ({type(e).__name__})") from None
+    except OutsideRunFolder:
+        raise
+    except UserError as e:  # too large, not UTF-8, not a regular file: in words, as the caller words the rest
+        raise ValueError(f"has a config.json that cannot be read ({str(e).removeprefix(str(path)).strip()})") from None
     if not isinstance(config, dict) or config.get("_class_name") != "WanTransformer3DModel":
         kind = config.get("_class_name") if isinstance(config, dict) else None
         raise ValueError(f"holds a {kind or 'non-diffusers'} model, not a WanTransformer3DModel")
     if not any(folder.glob("*.safetensors")):
         raise ValueError("holds no .safetensors weights")
+    for file in sorted(folder.glob("*.safetensors")) if received else ():
+        problem = safetensors_problem(file, root=folder)
+        if problem:
+            raise ValueError(f"holds a damaged weights file: {problem.replace(str(folder) + '/', '')}")
+    if received:
+        RECEIVED.add(os.path.realpath(folder))
     return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+# Folders read as someone else's (`read_folder_config(received=True)`: a student.init folder), by real path: their
+# weights are opened through the guard (core.files.opened), never through a link out of the folder.
+RECEIVED: set[str] = set()
 
 
 def read_tensors(folder: Path, wanted) -> dict[str, torch.Tensor]:
     """The tensors of a model folder whose key `wanted(key)` accepts, read without loading the rest."""
     from safetensors import safe_open
 
+    from wandistiller.core.files import opened
+
     state = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, framework="pt") as f:
+    guard = os.path.realpath(folder) in RECEIVED  # a teacher's folder (a Hub cache's links to its blobs) is the user's
+    for file in sorted(folder.glob("*.safetensors")):  # through the guard: what safetensors reads is what it opened
+        with (
+            opened(folder, file.name) if guard else contextlib.nullcontext(str(file)) as path,
+            safe_open(path, framework="pt") as f,
+        ):
             for key in f.keys():
                 if wanted(key):
                     state[key] = f.get_tensor(key).float()
@@ -386,11 +415,12 @@ def log_record(record: dict) -> None:
 
 
 def write_record(record: dict, run_dir: Path) -> Path:
-    """pruning.json in the run folder."""
-    path = Path(run_dir) / "pruning.json"
+    """pruning.json in the run folder, written whole: a link in its place (a received folder's) is replaced, never
+    written through."""
+    from wandistiller.core.files import write_in_run
+
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]  # a key a line
-    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
-    return path
+    return write_in_run(Path(run_dir), "pruning.json", "{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def _norm(v):

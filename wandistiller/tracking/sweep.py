@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import atomic_write
+from wandistiller.core.files import atomic_write, read_json_in, write_in_run
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
 
@@ -76,7 +76,7 @@ def load_points(sweep_dir: Path) -> list[Point]:
     points = []
     for folder, o in zip(folders, overrides):
         metrics_file = folder / "metrics.json"
-        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else from_csv(folder)
+        metrics = read_json_in(folder, "metrics.json") if metrics_file.is_file() else from_csv(folder)
         label = " ".join(f"{k}={o[k]}" for k in varying if k in o) or folder.name
         points.append(Point(folder, label, metrics))
     return points
@@ -170,7 +170,7 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
             )
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_in_run(Path(path).parent, Path(path).name, write=lambda f: fig.savefig(f, format="png", dpi=110))  # whole
     plt.close(fig)
     return path
 

@@ -78,3 +78,19 @@ def test_a_method_that_reads_no_x0_refuses_a_source_that_samples_the_teacher_for
                      f"method={method} never reads x0"):  # fmt: skip
             check_combination(make_cfg(f"method={method}", "data=teacher_latents"), CpuPlacement(), one)
         check_combination(make_cfg(f"method={method}"), CpuPlacement(), one)  # its prompts alone
+
+
+@pytest.mark.parametrize(("steps", "teacher_steps", "message"), [
+    (4, 100_000_000, "method.teacher_steps=100000000 is more than a Wan scheduler's 1000 training timesteps"),
+    (4, 1001, "method.teacher_steps=1001 is more than"),
+    (2000, 1000, "method.steps=2000 is more than the teacher's sample steps"),
+])  # fmt: skip
+def test_a_step_count_past_the_teachers_timesteps_is_one_line_before_any_work(steps, teacher_steps, message):
+    """method.teacher_steps=100000000 used to allocate its schedule until the kernel killed the process."""
+    from wandistiller.core.errors import UserError
+    from wandistiller.recipe.methods.base import steps_within
+
+    with pytest.raises(UserError, match=message) as e:
+        steps_within(steps, teacher_steps)
+    assert "\n" not in str(e.value)
+    assert steps_within(4, 1000) == 4

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import appendable, in_run
+from wandistiller.core.files import open_in, read_json_in
 from wandistiller.core.registry import Option
 from wandistiller.data.validation import ValSet, save_loss_plot, val_loss
 from wandistiller.recipe.hooks.base import Hook, at_least
@@ -99,7 +99,7 @@ def append_rows(run_dir: Path, rows: list[dict]) -> None:
     hooks.collapse), past a torn last line."""
     if rows:
         text = "".join(json.dumps(r) + "\n" for r in rows)
-        with appendable(run_dir, "metrics_steps.jsonl").open("a+b") as f:  # appends land at the end
+        with open_in(run_dir, "metrics_steps.jsonl", "a+b") as f:  # appends land at the end; guarded
             end = f.seek(0, os.SEEK_END)
             if end and f.seek(end - 1) is not None and f.read(1) != b"\n":  # a killed write's torn line
                 text = "\n" + text  # ends it, so the rows that follow stay whole
@@ -111,7 +111,7 @@ def saved_best(run_dir: Path) -> float:
     from wandistiller.state.checkpoint import STATE_FILE
 
     try:
-        value = json.loads(in_run(run_dir, f"{CHECKPOINTS}/best/{STATE_FILE}").read_text())["val"]["val/loss"]
+        value = read_json_in(run_dir, f"{CHECKPOINTS}/best/{STATE_FILE}")["val"]["val/loss"]
     except (OSError, ValueError, KeyError, TypeError, UserError):
         return math.inf
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf

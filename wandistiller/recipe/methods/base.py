@@ -134,10 +134,19 @@ class Method:
                                 f"({type(e).__name__}: {first}); {fix}") from None  # fmt: skip
 
 
+# A Wan teacher's scheduler has 1000 training timesteps: more sample steps than that only repeat timesteps (and
+# `method.teacher_steps=100000000` would allocate its schedule until the kernel killed the process).
+MAX_SAMPLE_STEPS = 1000
+
+
 def steps_within(steps: int, teacher_steps: int) -> int:
-    """A few-step student's K: at least 1 and no more than the teacher's own sample steps."""
+    """A few-step student's K: at least 1 and no more than the teacher's own sample steps, themselves at most
+    MAX_SAMPLE_STEPS: checked as the method is built, before any work."""
     if teacher_steps < 1:
         raise UserError(f"method.teacher_steps={teacher_steps} must be a positive integer; e.g. 20")
+    if teacher_steps > MAX_SAMPLE_STEPS:
+        raise UserError(f"method.teacher_steps={teacher_steps} is more than a Wan scheduler's {MAX_SAMPLE_STEPS} "
+                        f"training timesteps; give {MAX_SAMPLE_STEPS} or fewer (e.g. 20)")  # fmt: skip
     if steps > teacher_steps:
         raise UserError(
             f"method.steps={steps} is more than the teacher's sample steps (method.teacher_steps={teacher_steps}): "

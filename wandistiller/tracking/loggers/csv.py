@@ -10,6 +10,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.core.files import open_in, read_text_in, write_in_run
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
@@ -52,7 +53,7 @@ class CsvLogger(Logger):
         if merge and self.last is not None:  # a validation at a step already written: one row for the step
             row = self.last | row
         if self.header and set(row) <= set(self.header):  # the usual case: one appended line, nothing read
-            with self.path.open("r+" if merge else "a", newline="") as f:
+            with open_in(self.path.parent, self.path.name, "r+" if merge else "a", newline="") as f:
                 if merge:
                     f.seek(self.last_at)
                     f.truncate()
@@ -72,7 +73,7 @@ def read_csv(path: Path | None) -> tuple[list[str], list[dict]]:
     """(header, rows) of a csv logger's file; nothing where there is none yet."""
     if path is None or not path.is_file():
         return [], []
-    text = path.read_text()
+    text = read_text_in(path.parent, path.name)  # through the guard: never a link out of its folder
     if text and not text.endswith("\n"):  # a killed write's torn last line: not a row
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -90,7 +91,7 @@ def _torn(path: Path) -> bool:
     """The file's last line was cut off (a run killed mid-write)."""
     if not path.is_file() or not path.stat().st_size:
         return False
-    with path.open("rb") as f:
+    with open_in(path.parent, path.name) as f:
         f.seek(-1, 2)
         return f.read(1) != b"\n"
 
@@ -102,13 +103,11 @@ def _line(header: list[str], row: dict) -> bytes:
 
 
 def write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
-    from wandistiller.core.files import atomic_write
-
     out = io.StringIO()
     writer = csv.DictWriter(out, header)
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write(path, out.getvalue())
+    write_in_run(path.parent, path.name, out.getvalue())
 
 
 OPTION = Option("csv", CsvConfig, CsvLogger)

@@ -66,7 +66,9 @@ class TensorboardLogger(Logger):
         import numpy as np
         from PIL import Image
 
-        with Image.open(path) as image:
+        from wandistiller.core.files import open_in
+
+        with open_in(Path(path).parent, Path(path).name) as f, Image.open(f) as image:  # never a link out
             self.writer.add_image(key, np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
 
     def finish(self, summary: dict) -> None:
@@ -87,7 +89,9 @@ class TensorboardLogger(Logger):
         import numpy as np
         from PIL import Image
 
-        with Image.open(png) as image:
+        from wandistiller.core.files import open_in
+
+        with open_in(Path(png).parent, Path(png).name) as f, Image.open(f) as image:
             writer.add_image("sweep_report", np.asarray(image.convert("RGB")), dataformats="HWC")
         writer.close()
 
