@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
+from wandistiller.core.files import check_tree, open_in, read_json_in, write_in_run
 
 log = logging.getLogger("wandistiller.export")
 
@@ -174,13 +175,19 @@ def sampling_facts(run) -> dict:
 
 def comfy_sampling(run, facts: dict, experts: int):
     from wandistiller.state.comfy import Sampling
-    from wandistiller.state.export import image_scale
+    from wandistiller.state.export import example_prompt, image_scale, saved_prompts
 
     scale, d = image_scale(run.spec.path), run.cfg.data
     boundary = run.spec.boundary_ratio if experts == 2 else None
     sampler = ("euler", "simple") if facts["few_step"] else ("uni_pc", "simple")
     return Sampling(
-        facts["steps"], *sampler, facts["shift"], int(d.latent_width) * scale, int(d.latent_height) * scale, boundary
+        facts["steps"],
+        *sampler,
+        facts["shift"],
+        int(d.latent_width) * scale,
+        int(d.latent_height) * scale,
+        boundary,
+        example_prompt(saved_prompts(run.cfg)),
     )
 
 
@@ -244,9 +251,9 @@ def write_single_files(
             else None
         )
         save_file(tensors, str(out / file), metadata=metadata(config_of(model), facts, teacher, expert))
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_in_run(out, "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     workflow_file = f"{name}.workflow.json"
-    (out / workflow_file).write_text(workflow_text(files, comfy))
+    write_in_run(out, workflow_file, workflow_text(files, comfy))
     if warning:
         log.warning("note: %s", warning)
     exact = ""
@@ -270,7 +277,7 @@ def write_single_files(
     ]
     intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
     sections = files_section(listing, intro) + readme(files, workflow_file, comfy, exact, warning)
-    (out / "README.md").write_text(card + sections)
+    write_in_run(out, "README.md", card + sections)
     return [out / f for f in files]
 
 
@@ -298,8 +305,8 @@ def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[s
         "from diffusers import WanPipeline, WanTransformer3DModel\n"
         'folder = "PATH_TO_THIS_FOLDER"  # it holds config.json\n'
         f'{part} = WanTransformer3DModel.from_single_file(f"{{folder}}/{file}", config=folder, '
-        f"torch_dtype={torch_dtype})\n"
-        f'pipe = WanPipeline.from_pretrained("{source}", {part}={part}, torch_dtype={torch_dtype}){other}'
+        f"dtype={torch_dtype})\n"
+        f'pipe = WanPipeline.from_pretrained("{source}", {part}={part}, dtype={torch_dtype}){other}'
     )
 
 
@@ -314,14 +321,14 @@ def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype
     built = pipeline_export(run.path, tmp / out_name, checkpoint)
     if dtype not in (None, "fp32"):
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-        folder = built / "transformer"
-        model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch_dtype)
+        folder = check_tree(built, "transformer")  # the export's own folder, checked as every folder it reads
+        model = WanTransformer3DModel.from_pretrained(folder, dtype=torch_dtype)
         for weights in folder.glob("*.safetensors*"):
             weights.unlink()
         model.save_pretrained(folder, safe_serialization=True)
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json_in(built, "transformer/config.json")
         config.pop("_name_or_path", None)
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_in_run(built, "transformer/config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     listing = [
         (
             ".",
@@ -336,7 +343,7 @@ def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype
             "",
         ),
     ]
-    with (built / "README.md").open("a") as card:
+    with open_in(built, "README.md", "a") as card:
         card.write(files_section(listing))
     return built
 

@@ -557,6 +557,7 @@ ALLOWED_CALLS = {
     ("state/checkpoint.py", "teacher_digest"): "the teacher's weights files",
     ("state/export.py", "model_index"): "the teacher's model_index.json",
     ("state/export.py", "image_scale"): "the teacher's vae/config.json",
+    ("state/export.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
     ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",
     ("data/latents.py", "cache_key"): "the teacher's configs, for the cache key",
     ("data/latents.py", "load_latent_bank"): "this machine's cache (a received run's caches are never its sender's)",

@@ -33,6 +33,7 @@ class Sampling:
     width: int
     height: int
     boundary: float | None = None
+    prompt: str = "a red 1"  # the workflow's example prompt: one of the teacher's own (state/export.example_prompt)
 
 
 @dataclass
@@ -140,8 +141,8 @@ def workflow(files: list[str], s: Sampling, prompt: str) -> dict:
     return g.workflow()
 
 
-def workflow_text(files: list[str], s: Sampling, prompt: str = "a fox in the snow") -> str:
-    return json.dumps(workflow(files, s, prompt), indent=2) + "\n"
+def workflow_text(files: list[str], s: Sampling, prompt: str | None = None) -> str:
+    return json.dumps(workflow(files, s, s.prompt if prompt is None else prompt), indent=2) + "\n"
 
 
 def readme(files: list[str], workflow_file: str, s: Sampling, exact: str, warning: str | None) -> str:

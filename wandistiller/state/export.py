@@ -268,8 +268,7 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     m = m if isinstance(m, dict) else {}
     d, t = cfg.data, cfg.trainer
     source = sources().get(str(_raw(d, "latents")), sources()["gaussian"]).description
-    images, prompts = _raw(d, "root") or _raw(d, "dataset"), _raw(d, "prompts_path")
-    prompts = _raw(cfg.teacher, "prompts_path") if prompts == "${teacher.prompts_path}" else prompts  # pocket's
+    images, prompts = _raw(d, "root") or _raw(d, "dataset"), saved_prompts(cfg)
     steps = _number(m.get("steps_run")) or _number(_raw(t, "max_steps"))
     batch = _number(m.get("batch_size")) or _number(_raw(t, "batch_size"))
     params = _number(m.get("student_params_m"))
@@ -299,6 +298,12 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
         timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
     return _card_text(facts)
+
+
+def saved_prompts(cfg) -> str | None:
+    """The run's prompts file as saved (unresolved; the pocket teacher's through `${teacher.prompts_path}`)."""
+    prompts = _raw(cfg.data, "prompts_path")
+    return _raw(cfg.teacher, "prompts_path") if prompts == "${teacher.prompts_path}" else prompts
 
 
 def example_prompt(raw_prompts) -> str:

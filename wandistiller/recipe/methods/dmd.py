@@ -289,7 +289,7 @@ def teacher_shaped(ctx) -> torch.nn.Module:
     spec, name = ctx.spec, ctx.spec.experts[0]
     with loading(spec, name):
         transformer = WanTransformer3DModel.from_pretrained(
-            spec.path, subfolder=name, torch_dtype=ctx.precision.student_dtype, use_safetensors=True
+            spec.path, subfolder=name, dtype=ctx.precision.student_dtype, use_safetensors=True
         )
     return Student(transformer.requires_grad_(True))
 
