@@ -36,6 +36,7 @@ from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTarget
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
 from wandistiller.state.received import targets_of
 from wandistiller.student.compile import compile_kwargs
+from wandistiller.student.lora import LoraStudent, is_lora
 from wandistiller.student.prune import write_record
 from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
 from wandistiller.teacher.model import compile_blocks, log_first_call
@@ -198,15 +199,17 @@ class DistillationRecipe:
         # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
         build = instantiate(cfg.student, _partial_=True)
         hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
-        student = build(
-            spec=self.ctx.spec, dtype=self.ctx.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
-        )
+        # A LoRA student is the placed teacher plus adapters (student/lora.py): it is built on that teacher.
+        on_teacher = {"teacher": self.teacher} if is_lora(cfg.student) else {}
+        student = build(spec=self.ctx.spec, dtype=self.ctx.precision.student_dtype,
+                        **({"hidden_layers": hidden} if hidden else {}), **on_teacher)  # fmt: skip
         if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
             write_record(student.pruning, self.ctx.run_dir)
         self._setup_layers(student)
         student.to(self.ctx.device).train()
         if cfg.trainer.gradient_checkpointing:
-            student.transformer.enable_gradient_checkpointing()
+            # (a LoRA student's own: its experts' block checkpointing)
+            getattr(student, "transformer", student).enable_gradient_checkpointing()
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
             # On the transformer, not a block: compile_repeated_blocks compiles each block's whole call, hooks
@@ -283,7 +286,11 @@ class DistillationRecipe:
         if len(self.ctx.roles.students) == 1:
             return student
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group)
+        # A LoRA student of a two-expert teacher: a rank whose samples all fall to one expert leaves the other's
+        # adapters unused in that step (DDP wraps the adapters alone: the teacher is no submodule of it).
+        unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
+        return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group,
+                                       find_unused_parameters=unused)  # fmt: skip
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
