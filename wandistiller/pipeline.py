@@ -49,13 +49,14 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
     import tempfile
 
     from wandistiller.state.runs import open_run
-
     from wandistiller.student.lora import is_lora
 
     run = open_run(run_dir)
     if merge_lora and not is_lora(run.cfg.student):
-        raise UserError(f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
-                        "a transformer of its own with no adapters to merge; drop --merge-lora")  # fmt: skip
+        raise UserError(
+            f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
+            "a transformer of its own with no adapters to merge; drop --merge-lora"
+        )
     _check_out(out)
     lora = is_lora(run.cfg.student)
     student = _student(run, checkpoint) if not lora else _lora_source(run, checkpoint)  # read before any write
@@ -180,8 +181,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--out", required=True, help="a new folder: what push_to_hub would upload")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
-    parser.add_argument("--merge-lora", action="store_true", help="a LoRA student (student=lora): its adapters "
-                        "merged into full teacher-sized transformers, one self-contained pipeline")  # fmt: skip
+    parser.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="a LoRA student (student=lora): its adapters "
+        "merged into full teacher-sized transformers, one self-contained pipeline",
+    )
     return parser.parse_args(argv)
 
 

@@ -312,3 +312,34 @@ def test_a_one_step_students_card_states_one_step_and_no_other_counts_stretch(fi
     assert "1 steps" not in card and "1 network calls" not in card
     two = export.model_card(few_step_copy(finished, tmp_path, 2, "two"), tiny_path)
     assert "at 1 step that gives NaN" in two and "2 network calls" in two  # K > 1: the paragraph as before
+
+
+def test_a_lora_students_pipeline_is_the_teachers_with_the_adapters_and_its_card_snippet_samples_it(
+    make_cfg, tmp_path, tiny_moe_path
+):
+    from tests.student.test_lora import lora_run
+    from wandistiller.state.checkpoint import teacher_digest
+
+    folder = tmp_path / "run"
+    student = lora_run(make_cfg, folder, "tiny_moe", "method=dmd", "method.steps=2")
+    out = export.run_pipeline(folder, tiny_moe_path)
+    for part in ("transformer", "transformer_2", "vae"):  # the teacher's own, linked
+        file = next((tiny_moe_path / part).glob("*.safetensors"))
+        assert (out / part / file.name).samefile(file)
+    assert json.loads((folder / "student" / "sampling.json").read_text())["steps"] == 2
+    card = (out / "README.md").read_text()
+    assert "LoRA rank 2" in card and "load_into_transformer_2=True" in card and str(tmp_path) not in card
+    assert f"weights digest `{teacher_digest(inspect_teacher(tiny_moe_path))}`" in card  # the teacher they belong to
+    # The card's snippet as written, on this folder, at K steps without CFG: the adapters on both experts.
+    snippet = card.split("```python\n")[1].split("```")[0].replace("PATH_OR_REPO", str(out))
+    snippet = snippet.replace('output_type="pil").frames[0][0]', 'output_type="pt").frames')
+    scope: dict = {}
+    exec(snippet, scope)
+    pipe = scope["pipe"]
+    assert scope["image"].shape[-2:] == (64, 64) and torch.isfinite(scope["image"]).all()
+    assert pipe.scheduler.timesteps.numel() == 2 and "num_inference_steps=2" in snippet
+    assert pipe.transformer.peft_config["default_0"].r == 2 and pipe.transformer_2.peft_config["default_1"].r == 2
+    g = torch.Generator().manual_seed(0)
+    x, t, cond = torch.randn(1, 16, 1, 8, 8, generator=g), torch.tensor([950.0]), torch.randn(1, 512, 32, generator=g)
+    with torch.no_grad():
+        assert torch.allclose(pipe.transformer(x, t, cond, return_dict=False)[0], student(x, t, cond)[0], atol=1e-5)

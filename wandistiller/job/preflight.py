@@ -309,15 +309,19 @@ def check_lora_training(cfg: DictConfig) -> None:
     """What a LoRA student does not take: a compiled student (it is the teacher's own blocks, hooked), and a
     hidden-state loss (its blocks are the teacher's: their outputs would be matched against themselves)."""
     if cfg.trainer.compile_student:
-        raise UserError("trainer.compile_student=true with student=lora: the student is the teacher's own blocks with "
-                        "adapters hooked on, which a compiled graph would not see; drop trainer.compile_student")
+        raise UserError(
+            "trainer.compile_student=true with student=lora: the student is the teacher's own blocks with "
+            "adapters hooked on, which a compiled graph would not see; drop trainer.compile_student"
+        )
     built = instantiate(cfg.trainer.loss)  # read as check_layers reads it
     loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
     needs = getattr(loss, "needs", None)
     bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
     if getattr(needs, "teacher_hidden", ()) or getattr(needs, "student_hidden", ()) or bound:
-        raise UserError("trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
-                        "loss=distillation (trainer.loss.hidden_kd_weight=0) with student=lora")
+        raise UserError(
+            "trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
+            "loss=distillation (trainer.loss.hidden_kd_weight=0) with student=lora"
+        )
 
 
 def check_adapter_ranks(cfg: DictConfig, teacher: dict) -> None:

@@ -41,11 +41,17 @@ ROWS = [
 ]
 # The LoRA student (student=lora, +experiment=pocket_lora's settings): the teacher itself plus rank-6 adapters
 # (8.6% of its transformer), its fake score a second adapter set on it. `--fewstep --lora` adds these rows.
-LORA = ("student.rank=6", "method=dmd", "method.fake_score=lora", "method.lora_rank=16", "method.regression_weight=0.1",
-        "method.noises_per_prompt=1")  # fmt: skip
+LORA = (
+    "student.rank=6",
+    "method=dmd",
+    "method.fake_score=lora",
+    "method.lora_rank=16",
+    "method.regression_weight=0.1",
+    "method.noises_per_prompt=1",
+)
 LORA_ROWS = [
-    Row("LoRA student (rank 6), dmd, 4 steps", (*LORA, "method.steps=4"), student="lora"),
-    Row("LoRA student (rank 6), dmd, 1 step", (*LORA, "method.steps=1"), student="lora"),
+    Row("LoRA student rank 6, dmd, 4 steps", (*LORA, "method.steps=4"), student="lora"),
+    Row("LoRA student rank 6, dmd, 1 step", (*LORA, "method.steps=1"), student="lora"),
 ]
 COLUMNS = ["calls", "prompt_accuracy", "fid", "diversity_ratio", "latent_mse", "peak_rss_gib", "train_s"]
 

@@ -201,8 +201,12 @@ class DistillationRecipe:
         hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
         # A LoRA student is the placed teacher plus adapters (student/lora.py): it is built on that teacher.
         on_teacher = {"teacher": self.teacher} if is_lora(cfg.student) else {}
-        student = build(spec=self.ctx.spec, dtype=self.ctx.precision.student_dtype,
-                        **({"hidden_layers": hidden} if hidden else {}), **on_teacher)  # fmt: skip
+        student = build(
+            spec=self.ctx.spec,
+            dtype=self.ctx.precision.student_dtype,
+            **({"hidden_layers": hidden} if hidden else {}),
+            **on_teacher,
+        )
         if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
             write_record(student.pruning, self.ctx.run_dir)
         self._setup_layers(student)
@@ -289,8 +293,9 @@ class DistillationRecipe:
         # A LoRA student of a two-expert teacher: a rank whose samples all fall to one expert leaves the other's
         # adapters unused in that step (DDP wraps the adapters alone: the teacher is no submodule of it).
         unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
-        return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group,
-                                       find_unused_parameters=unused)  # fmt: skip
+        return DistributedDataParallel(
+            student, device_ids=ids, process_group=self.student_group, find_unused_parameters=unused
+        )
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""

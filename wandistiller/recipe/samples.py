@@ -44,11 +44,20 @@ class SampleGrid:
         student.eval()
         if hasattr(student, "experts"):  # a LoRA student: the teacher's experts with its adapters on, no CFG
             with student.active():
-                mine = draw(self.ctx.spec, student.experts, [1.0] * len(student.experts), self.embeddings,
-                            self.ctx.data_cfg, n, steps, self.ctx.seed)  # fmt: skip
+                mine = draw(
+                    self.ctx.spec,
+                    student.experts,
+                    [1.0] * len(student.experts),
+                    self.embeddings,
+                    self.ctx.data_cfg,
+                    n,
+                    steps,
+                    self.ctx.seed,
+                )
         else:
-            mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
-                                  self.ctx.seed)  # fmt: skip
+            mine = student_images(
+                self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps, self.ctx.seed
+            )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
         return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path, root=self.ctx.run_dir)

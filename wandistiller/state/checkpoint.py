@@ -460,8 +460,11 @@ def check_student_identity(checkpoint: Path | None, identity: dict | None, resum
         return
     show = lambda ident: (  # noqa: E731
         "student=lora " + ", ".join(f"student.{k}={ident[k]}" for k in ("rank", "alpha", "layers") if k in ident)
-        if isinstance(ident, dict) else "a student of its own (not student=lora)"
-    )  # fmt: skip
+        if isinstance(ident, dict)
+        else "a student of its own (not student=lora)"
+    )
     named = "" if resume and Path(resume).expanduser() == Path(checkpoint) else f" {checkpoint}"
-    raise UserError(f"trainer.resume={resume}: the checkpoint{named} holds {show(recorded)}, and this run's is "
-                    f"{show(identity)}; resume with those, or start a new run folder")  # fmt: skip
+    raise UserError(
+        f"trainer.resume={resume}: the checkpoint{named} holds {show(recorded)}, and this run's is "
+        f"{show(identity)}; resume with those, or start a new run folder"
+    )

@@ -110,8 +110,11 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
     from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
 
     index = json.loads((teacher_path / "model_index.json").read_text())
-    parts = [p for p in ("transformer", "transformer_2", *TEACHER_PARTS) if isinstance(index.get(p), list)
-             and index[p][0] is not None]  # fmt: skip
+    parts = [
+        p
+        for p in ("transformer", "transformer_2", *TEACHER_PARTS)
+        if isinstance(index.get(p), list) and index[p][0] is not None
+    ]
     for part in parts:
         if steps is not None and part == "scheduler":
             continue
@@ -306,8 +309,13 @@ def lora_facts(cfg: DictConfig, m: dict, teacher_path: Path | None) -> dict:
         spec = inspect_teacher(teacher_path)
         digest, experts = digest or teacher_digest(spec), len(spec.experts)
     shown = ", ".join(str(x) for x in layers) if isinstance(layers, list) else _word(layers) or "all"
-    return {"rank": int(rank) if rank else "?", "alpha": alpha if alpha else (int(rank) if rank else "?"),
-            "layers": shown, "digest": _word(digest) or "?", "experts": experts}  # fmt: skip
+    return {
+        "rank": int(rank) if rank else "?",
+        "alpha": alpha if alpha else (int(rank) if rank else "?"),
+        "layers": shown,
+        "digest": _word(digest) or "?",
+        "experts": experts,
+    }
 
 
 def _lora_text(f: dict) -> tuple[str, str, str]:
@@ -318,21 +326,27 @@ def _lora_text(f: dict) -> tuple[str, str, str]:
         return "", "", ""
     teacher = f["teacher"][0]
     pair = lora["experts"] == 2
-    text = (f"\nThe student is the teacher itself with low-rank adapters (LoRA rank {lora['rank']}, alpha "
-            f"{lora['alpha']}, on {lora['layers']} Linear layers of every block{' of both experts' if pair else ''}): "
-            f"`pytorch_lora_weights.safetensors`{' and `pytorch_lora_weights_transformer_2.safetensors`' if pair else ''}"
-            f" here, in the format `WanPipeline.load_lora_weights` loads. They belong to the teacher {teacher}, "
-            f"weights digest `{lora['digest']}` (WanDistiller's `teacher_digest`); on another teacher they mean "
-            "nothing. The transformer folders here are that teacher's own.\n")  # fmt: skip
+    text = (
+        f"\nThe student is the teacher itself with low-rank adapters (LoRA rank {lora['rank']}, alpha "
+        f"{lora['alpha']}, on {lora['layers']} Linear layers of every block{' of both experts' if pair else ''}): "
+        f"`pytorch_lora_weights.safetensors`{' and `pytorch_lora_weights_transformer_2.safetensors`' if pair else ''}"
+        f" here, in the format `WanPipeline.load_lora_weights` loads. They belong to the teacher {teacher}, "
+        f"weights digest `{lora['digest']}` (WanDistiller's `teacher_digest`); on another teacher they mean "
+        "nothing. The transformer folders here are that teacher's own.\n"
+    )
     row = f"| adapters | LoRA rank {lora['rank']}, alpha {lora['alpha']}, layers: {lora['layers']} |\n"
     if lora["merged"]:  # one self-contained pipeline: nothing to load on top
-        text = (f"\nThe student is the teacher {teacher} (weights digest `{lora['digest']}`) with its low-rank "
-                f"adapters (LoRA rank {lora['rank']}) merged into the transformer weights here.\n")  # fmt: skip
+        text = (
+            f"\nThe student is the teacher {teacher} (weights digest `{lora['digest']}`) with its low-rank "
+            f"adapters (LoRA rank {lora['rank']}) merged into the transformer weights here.\n"
+        )
         return text, row, ""
     load = 'pipe.load_lora_weights("PATH_OR_REPO")  # the adapters, onto the teacher\'s transformer\n'
     if pair:
-        load += ('pipe.load_lora_weights("PATH_OR_REPO", weight_name="pytorch_lora_weights_transformer_2.safetensors",'
-                 "\n                       load_into_transformer_2=True)  # the low-noise expert's\n")  # fmt: skip
+        load += (
+            'pipe.load_lora_weights("PATH_OR_REPO", weight_name="pytorch_lora_weights_transformer_2.safetensors",'
+            "\n                       load_into_transformer_2=True)  # the low-noise expert's\n"
+        )
     return text, row, load
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.teacher.lora import Adapters, AdaptedTeacher, layer_names, narrowest
+from wandistiller.teacher.lora import AdaptedTeacher, Adapters, layer_names, narrowest
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -64,8 +64,10 @@ def check_rank(key: str, rank: int, teacher: dict, names=None) -> None:
     no capacity (a rank-r product of an n-wide layer has rank at most n)."""
     widest = narrowest(teacher, layer_names(names))
     if rank > widest:
-        raise UserError(f"{key}={rank} is wider than the narrowest adapted layer of the teacher ({widest} features); "
-                        f"use {key}<={widest} (a rank above it adds parameters and nothing else)")  # fmt: skip
+        raise UserError(
+            f"{key}={rank} is wider than the narrowest adapted layer of the teacher ({widest} features); "
+            f"use {key}<={widest} (a rank above it adds parameters and nothing else)"
+        )
 
 
 def check_lora_student(student_cfg, teacher: dict) -> tuple[int, float | None, tuple[str, ...]]:
@@ -73,12 +75,16 @@ def check_lora_student(student_cfg, teacher: dict) -> tuple[int, float | None, t
     that fits."""
     init = str(student_cfg.get("init"))
     if init != "auto":
-        raise UserError(f"student.init={init} with student=lora: a LoRA student is the teacher itself plus adapters "
-                        "that start at zero, it starts from nothing else; drop student.init")  # fmt: skip
+        raise UserError(
+            f"student.init={init} with student=lora: a LoRA student is the teacher itself plus adapters "
+            "that start at zero, it starts from nothing else; drop student.init"
+        )
     for key, default in (("config_path", None), ("keep_blocks", "auto")):
         if _plain(student_cfg.get(key, default)) != default:
-            raise UserError(f"student.{key}={_plain(student_cfg.get(key))} with student=lora: a LoRA student has the "
-                            f"teacher's shape; drop student.{key} (or pick another student)")  # fmt: skip
+            raise UserError(
+                f"student.{key}={_plain(student_cfg.get(key))} with student=lora: a LoRA student has the "
+                f"teacher's shape; drop student.{key} (or pick another student)"
+            )
     rank, alpha, names = lora_settings(student_cfg)
     check_rank("student.rank", rank, teacher, names)
     return rank, alpha, names
@@ -88,9 +94,11 @@ def check_not_lora_keys(student_cfg) -> None:
     """rank, alpha and layers belong to student=lora: set on another student they would be ignored."""
     for key in ("rank", "alpha", "layers"):
         if student_cfg.get(key) is not None:
-            raise UserError(f"student.{key}={_plain(student_cfg.get(key))} is a LoRA student's setting, and "
-                            f"student.builder={student_cfg.get('builder')}; use student=lora, or drop "
-                            f"student.{key}")  # fmt: skip
+            raise UserError(
+                f"student.{key}={_plain(student_cfg.get(key))} is a LoRA student's setting, and "
+                f"student.builder={student_cfg.get('builder')}; use student=lora, or drop "
+                f"student.{key}"
+            )
 
 
 def check_lora_placement(placement, ranks: int, device: torch.device, teacher_cfg) -> None:
@@ -102,28 +110,43 @@ def check_lora_placement(placement, ranks: int, device: torch.device, teacher_cf
     here = placement.teacher_device(Topology()).type == device.type
     if not (placement.backprop and here):
         able = names_where(lambda cls: cls.backprop)
-        raise UserError(f"student=lora backpropagates through the frozen teacher on the training device "
-                        f"({device.type}), and teacher_placement={placement.name} cannot; use teacher_placement="
-                        f"{' or '.join(able)}, or a student of its own (student=half)")  # fmt: skip
+        raise UserError(
+            f"student=lora backpropagates through the frozen teacher on the training device "
+            f"({device.type}), and teacher_placement={placement.name} cannot; use teacher_placement="
+            f"{' or '.join(able)}, or a student of its own (student=half)"
+        )
     if placement.serving != Serving.LOCAL and ranks > 1:
         local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
-        raise UserError(f"student=lora runs the teacher on every training rank, and teacher_placement="
-                        f"{placement.name} with {ranks} processes serves ranks that hold none; use "
-                        f"distributed.nproc_per_node=1 or teacher_placement={' or '.join(local)}")  # fmt: skip
+        raise UserError(
+            f"student=lora runs the teacher on every training rank, and teacher_placement="
+            f"{placement.name} with {ranks} processes serves ranks that hold none; use "
+            f"distributed.nproc_per_node=1 or teacher_placement={' or '.join(local)}"
+        )
     quantize = getattr(teacher_cfg, "quantize", None)
     if quantize is not None:
-        raise UserError(f"student=lora trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} "
-                        "makes them fp8 layers that backward does not go through; drop teacher.quantize")  # fmt: skip
+        raise UserError(
+            f"student=lora trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} "
+            "makes them fp8 layers that backward does not go through; drop teacher.quantize"
+        )
     if getattr(teacher_cfg, "compile", False):
-        raise UserError("student=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
-                        "its blocks, which then ignore them; drop teacher.compile")  # fmt: skip
+        raise UserError(
+            "student=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
+            "its blocks, which then ignore them; drop teacher.compile"
+        )
 
 
 class LoraStudent(AdaptedTeacher):
     """The placed teacher with the student's adapters: called as a Student is, (x_t, t, cond) -> (velocity, None)."""
 
-    def __init__(self, teacher: Teacher, rank: int, dtype: torch.dtype, seed: int, alpha: float | None = None,
-                 layers: tuple[str, ...] = ()):  # fmt: skip
+    def __init__(
+        self,
+        teacher: Teacher,
+        rank: int,
+        dtype: torch.dtype,
+        seed: int,
+        alpha: float | None = None,
+        layers: tuple[str, ...] = (),
+    ):
         names = layers or layer_names(None)
         super().__init__(teacher, rank, dtype, seed, alpha, names)
         self.rank, self.alpha, self.layers = rank, alpha, tuple(names)
@@ -146,14 +169,24 @@ class LoraStudent(AdaptedTeacher):
         save_adapters(folder, [cast(Adapters, a) for a in self.adapters], teacher_record)
 
 
-def build_lora_student(spec: TeacherSpec, dtype: torch.dtype = torch.float32, *, teacher: Teacher | None = None,
-                       rank: int = 16, alpha: float | None = None, layers: Any = "all", **unused) -> LoraStudent:
+def build_lora_student(
+    spec: TeacherSpec,
+    dtype: torch.dtype = torch.float32,
+    *,
+    teacher: Teacher | None = None,
+    rank: int = 16,
+    alpha: float | None = None,
+    layers: Any = "all",
+    **unused,
+) -> LoraStudent:
     """`student=lora`'s `_target_`: adapters on the run's placed `teacher` (the recipe passes it; builder, init
     and the other keys of the `student` node are checked by preflight and take no part here). A's draw comes from
     the global generator the recipe seeds (trainer seed): the same on every rank."""
     if teacher is None:
-        raise UserError("student=lora needs the placed teacher (it is the teacher plus adapters); train it with "
-                        "python -m wandistiller.train")  # fmt: skip
+        raise UserError(
+            "student=lora needs the placed teacher (it is the teacher plus adapters); train it with "
+            "python -m wandistiller.train"
+        )
     seed = int(torch.randint(2**31 - 1, (1,)))
     return LoraStudent(teacher, rank, dtype, seed, alpha, layer_names(_plain(layers)))
 
@@ -166,12 +199,21 @@ def save_adapters(folder: Path, adapters: list[Adapters], teacher_record: dict |
     folder.mkdir(parents=True, exist_ok=True)
     for adapter, name in zip(adapters, WEIGHTS):
         state = {k: v.detach().cpu().contiguous() for k, v in adapter.peft_state_dict().items()}
-        WanPipeline.save_lora_weights(folder, transformer_lora_layers=state, weight_name=name,
-                                      transformer_lora_adapter_metadata=adapter.peft_metadata())  # fmt: skip
+        WanPipeline.save_lora_weights(
+            folder,
+            transformer_lora_layers=state,
+            weight_name=name,
+            transformer_lora_adapter_metadata=adapter.peft_metadata(),
+        )
     first = adapters[0]
-    about = {"rank": first.rank, "alpha": first.alpha, "experts": len(adapters), "files": list(WEIGHTS[: len(adapters)]),
-             "layers": sorted({n.split(".", 2)[2] for n in first.layers.values()}),
-             "params": sum(p.numel() for a in adapters for p in a.parameters())}  # fmt: skip
+    about = {
+        "rank": first.rank,
+        "alpha": first.alpha,
+        "experts": len(adapters),
+        "files": list(WEIGHTS[: len(adapters)]),
+        "layers": sorted({n.split(".", 2)[2] for n in first.layers.values()}),
+        "params": sum(p.numel() for a in adapters for p in a.parameters()),
+    }
     if teacher_record:
         about["teacher"] = teacher_record
     (folder / ADAPTERS_JSON).write_text(json.dumps(about, indent=2))
@@ -185,13 +227,17 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
     out = []
     for name in WEIGHTS[:experts]:
         if not (folder / name).is_file():
-            raise UserError(f"the LoRA student in {folder} has no {name} (one file per expert of the teacher); "
-                            "use --checkpoint latest (or another)")  # fmt: skip
+            raise UserError(
+                f"the LoRA student in {folder} has no {name} (one file per expert of the teacher); "
+                "use --checkpoint latest (or another)"
+            )
         try:
             state, meta = WanPipeline.lora_state_dict(str(folder), weight_name=name, return_lora_metadata=True)
         except (OSError, ValueError, RuntimeError) as e:
-            raise UserError(f"the LoRA student in {folder}: {name} cannot be read ({str(e)[:200]}); use "
-                            "--checkpoint latest (or another)") from None  # fmt: skip
+            raise UserError(
+                f"the LoRA student in {folder}: {name} cannot be read ({str(e)[:200]}); use "
+                "--checkpoint latest (or another)"
+            ) from None
         meta = {k.removeprefix("transformer."): v for k, v in (meta or {}).items()}
         out.append(({k.removeprefix("transformer."): v for k, v in state.items()}, meta))
     return out
@@ -213,13 +259,16 @@ def adapters_from(source: Path, student_cfg, experts: list[nn.Module]) -> list[A
             nn.ModuleDict({"adapters": nn.ModuleList(made)}).load_state_dict(state)
     except (KeyError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UserError(f"the LoRA student in {source} does not fit this run's student.rank/alpha/layers "
-                        f"({first}); give the run folder it was trained in") from None  # fmt: skip
+        raise UserError(
+            f"the LoRA student in {source} does not fit this run's student.rank/alpha/layers "
+            f"({first}); give the run folder it was trained in"
+        ) from None
     return made
 
 
-def merged_experts(spec: TeacherSpec, source: Path, student_cfg, dtype: torch.dtype,
-                   device: torch.device) -> list[nn.Module]:  # fmt: skip
+def merged_experts(
+    spec: TeacherSpec, source: Path, student_cfg, dtype: torch.dtype, device: torch.device
+) -> list[nn.Module]:
     """The teacher's experts (loaded afresh) with a run's adapters merged into their weights (W + alpha/rank B A):
     the LoRA student as plain WanTransformer3DModels, for eval, generate and `--merge-lora`."""
     from wandistiller.teacher.model import load_expert

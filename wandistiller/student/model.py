@@ -316,9 +316,16 @@ def build_student(
     from diffusers import WanTransformer3DModel
 
     student_cfg = OmegaConf.create(
-        {"builder": builder, "config_path": config_path, "init": str(init), "keep_blocks": _plain(keep_blocks),
-         "rank": rank, "alpha": alpha, "layers": _plain(layers)}  # (student=lora's keys: refused here)
-    )  # fmt: skip
+        {
+            "builder": builder,
+            "config_path": config_path,
+            "init": str(init),
+            "keep_blocks": _plain(keep_blocks),
+            "rank": rank,
+            "alpha": alpha,
+            "layers": _plain(layers),
+        }  # (student=lora's keys: refused here)
+    )
     config = check_student(student_cfg, spec.transformer_config)
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]

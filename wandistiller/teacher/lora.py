@@ -92,8 +92,15 @@ class Adapters(nn.Module):
     """Rank-`rank` adapters on `model`'s target layers (`names`); their parameters are this module's (`model` stays
     frozen and is not a submodule: saving these saves the adapters alone). `alpha` None: alpha = rank (scale 1)."""
 
-    def __init__(self, model: nn.Module, rank: int, dtype: torch.dtype = torch.float32, seed: int = 0,
-                 alpha: float | None = None, names: Sequence[str] = TARGETS):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        rank: int,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        alpha: float | None = None,
+        names: Sequence[str] = TARGETS,
+    ):
         super().__init__()
         found = targets(model, names)
         if not found:
@@ -143,8 +150,14 @@ class Adapters(nn.Module):
     def peft_metadata(self) -> dict:
         """peft's LoraConfig of these adapters (saved beside them: diffusers reads its rank and alpha back)."""
         modules = sorted({name.split(".", 2)[2] for name in self.layers.values()})
-        return {"r": self.rank, "lora_alpha": self.alpha, "target_modules": modules, "lora_dropout": 0.0,
-                "bias": "none", "init_lora_weights": True}  # fmt: skip
+        return {
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "target_modules": modules,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "init_lora_weights": True,
+        }
 
     def load_peft_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Adapters saved by `peft_state_dict` (a `transformer.` prefix dropped); KeyError or ValueError otherwise."""
@@ -180,11 +193,19 @@ class AdaptedTeacher(nn.Module):
     Each sample goes to the expert that serves its t (`Teacher.expert_index`, the boundary in timestep space as
     WanPipeline switches): each expert's adapters train on the timesteps that expert serves."""
 
-    def __init__(self, teacher: Teacher, rank: int, dtype: torch.dtype, seed: int, alpha: float | None = None,
-                 names: Sequence[str] = TARGETS):  # fmt: skip
+    def __init__(
+        self,
+        teacher: Teacher,
+        rank: int,
+        dtype: torch.dtype,
+        seed: int,
+        alpha: float | None = None,
+        names: Sequence[str] = TARGETS,
+    ):
         super().__init__()
-        self.adapters = nn.ModuleList(Adapters(e, rank, dtype, seed + i, alpha, names)
-                                      for i, e in enumerate(teacher.experts))  # fmt: skip
+        self.adapters = nn.ModuleList(
+            Adapters(e, rank, dtype, seed + i, alpha, names) for i, e in enumerate(teacher.experts)
+        )
         self.teacher = (teacher,)  # a tuple: not a submodule, so neither trained, moved nor saved with the adapters
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -205,8 +226,9 @@ class AdaptedTeacher(nn.Module):
     def _expert(self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """Expert i with its adapters on (gradient through its frozen weights to them)."""
         with cast(Adapters, self.adapters[i]).active():
-            return self.teacher[0].experts[i](hidden_states=x_t, timestep=t, encoder_hidden_states=cond,
-                                              return_dict=False)[0]  # fmt: skip
+            return self.teacher[0].experts[i](
+                hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False
+            )[0]
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

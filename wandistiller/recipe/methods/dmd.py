@@ -172,9 +172,14 @@ class DMD(Method):
             # A LoRA student's copy would copy the teacher under it: its fake score is a second adapter set of the
             # student's rank, alpha and layers on the same experts (started at zero: as the student starts).
             adapters = student.adapters[0]
-            fake = LoraFakeScore(student.teacher[0], adapters.rank, ctx.precision.student_dtype, ctx.seed,
-                                 adapters.alpha, list(dict.fromkeys(n.split(".", 2)[2]
-                                                                  for n in adapters.layers.values())))  # fmt: skip
+            fake = LoraFakeScore(
+                student.teacher[0],
+                adapters.rank,
+                ctx.precision.student_dtype,
+                ctx.seed,
+                adapters.alpha,
+                list(dict.fromkeys(n.split(".", 2)[2] for n in adapters.layers.values())),
+            )
         elif self.fake_score == "student":
             fake = copy.deepcopy(student)
         elif self.fake_score == "teacher":
