@@ -313,6 +313,12 @@ def check_lora_training(cfg: DictConfig) -> None:
             "trainer.compile_student=true with student=lora: the student is the teacher's own blocks with "
             "adapters hooked on, which a compiled graph would not see; drop trainer.compile_student"
         )
+    if cfg.trainer.gradient_checkpointing:  # the recompute runs after the student's call, its adapters off by then
+        raise UserError(
+            "trainer.gradient_checkpointing=true with student=lora: the blocks' recomputed forward would run with "
+            "the adapters switched off (they are on only inside the student's call); drop "
+            "trainer.gradient_checkpointing"
+        )
     built = instantiate(cfg.trainer.loss)  # read as check_layers reads it
     loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
     needs = getattr(loss, "needs", None)

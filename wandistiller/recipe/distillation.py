@@ -212,8 +212,7 @@ class DistillationRecipe:
         self._setup_layers(student)
         student.to(self.ctx.device).train()
         if cfg.trainer.gradient_checkpointing:
-            # (a LoRA student's own: its experts' block checkpointing)
-            getattr(student, "transformer", student).enable_gradient_checkpointing()
+            student.transformer.enable_gradient_checkpointing()  # (refused with a LoRA student: preflight)
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
             # On the transformer, not a block: compile_repeated_blocks compiles each block's whole call, hooks

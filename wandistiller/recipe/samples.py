@@ -20,6 +20,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_grid
+from wandistiller.teacher.lora import AdaptedTeacher
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -42,12 +43,13 @@ class SampleGrid:
         was_training = student.training
         assert self.teacher_column is not None  # drawn on the main rank, the one whose hook calls this
         student.eval()
-        if hasattr(student, "experts"):  # a LoRA student: the teacher's experts with its adapters on, no CFG
+        if isinstance(student, AdaptedTeacher):  # a LoRA student: the teacher's experts with its adapters on, no CFG
+            experts = student.teacher[0].experts
             with student.active():
                 mine = draw(
                     self.ctx.spec,
-                    student.experts,
-                    [1.0] * len(student.experts),
+                    experts,
+                    [1.0] * len(experts),
                     self.embeddings,
                     self.ctx.data_cfg,
                     n,

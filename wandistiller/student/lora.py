@@ -159,12 +159,6 @@ class LoraStudent(AdaptedTeacher):
         """What a checkpoint records of it: a resume under another rank, alpha or set of layers is refused."""
         return {"builder": BUILDER, "rank": self.rank, "alpha": self.alpha, "layers": list(self.layers)}
 
-    def enable_gradient_checkpointing(self) -> None:
-        """trainer.gradient_checkpointing: the experts' own block checkpointing (diffusers': it acts only where
-        gradients are on, so the teacher's no-grad calls are as before); the hooks run again in the recompute."""
-        for expert in self.experts:
-            cast(Any, expert).enable_gradient_checkpointing()
-
     def save(self, folder: Path, teacher_record: dict | None = None) -> None:
         save_adapters(folder, [cast(Adapters, a) for a in self.adapters], teacher_record)
 

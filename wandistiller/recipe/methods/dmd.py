@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
-from wandistiller.teacher.lora import AdaptedTeacher
+from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 
 FAKE_SCORES = ("student", "teacher", "lora")
 STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
@@ -171,7 +172,7 @@ class DMD(Method):
         if self.fake_score == "student" and isinstance(student, AdaptedTeacher):
             # A LoRA student's copy would copy the teacher under it: its fake score is a second adapter set of the
             # student's rank, alpha and layers on the same experts (started at zero: as the student starts).
-            adapters = student.adapters[0]
+            adapters = cast(Adapters, student.adapters[0])
             fake = LoraFakeScore(
                 student.teacher[0],
                 adapters.rank,
