@@ -161,9 +161,11 @@ def test_a_lora_students_export_keeps_its_adapters_or_merges_them_into_the_teach
     merged = WanPipeline.from_pretrained(export(folder, tmp_path / "merged", merge_lora=True))
     assert not (tmp_path / "merged" / "pytorch_lora_weights.safetensors").exists()
     kept = WanPipeline.from_pretrained(export(folder, tmp_path / "kept"))
-    kept.load_lora_weights(tmp_path / "kept")
+    kept.load_lora_weights(str(tmp_path / "kept"))
     kept.load_lora_weights(
-        tmp_path / "kept", weight_name="pytorch_lora_weights_transformer_2.safetensors", load_into_transformer_2=True
+        str(tmp_path / "kept"),
+        weight_name="pytorch_lora_weights_transformer_2.safetensors",
+        load_into_transformer_2=True,
     )
     with torch.no_grad():
         for pipe in (merged, kept):

@@ -158,8 +158,8 @@ def test_saved_adapters_load_through_wan_pipeline_and_merged_both_give_the_stude
     with torch.no_grad():
         mine, _ = student(x, t, cond)
     pipe = WanPipeline.from_pretrained(tiny_moe_path)
-    pipe.load_lora_weights(folder)
-    pipe.load_lora_weights(folder, weight_name=WEIGHTS[1], load_into_transformer_2=True)
+    pipe.load_lora_weights(str(folder))
+    pipe.load_lora_weights(str(folder), weight_name=WEIGHTS[1], load_into_transformer_2=True)
     spec = inspect_teacher(tiny_moe_path)
     merged = merged_experts(
         spec, folder, OmegaConf.create(LORA | {"rank": 2, "alpha": 4.0}), torch.float32, torch.device("cpu")
@@ -176,15 +176,17 @@ def test_saved_adapters_load_through_wan_pipeline_and_merged_both_give_the_stude
 
 
 def test_a_placement_that_cannot_backpropagate_a_compiled_or_fp8_teacher_are_refused():
-    from wandistiller.placements.disk import DiskPlacement
+    from wandistiller.placements import names_where
+    from wandistiller.placements.gpu0 import Gpu0Placement
 
     cpu, plain = torch.device("cpu"), OmegaConf.create({"quantize": None, "compile": False})
     check_lora_placement(CpuPlacement(), 1, cpu, plain)
+    able = " or ".join(names_where(lambda cls: cls.backprop))  # from the registry: whatever can today
     with refused(
         "student=lora backpropagates through the frozen teacher on the training device (cpu), and "
-        "teacher_placement=disk cannot; use teacher_placement="
+        f"teacher_placement=gpu0 cannot; use teacher_placement={able}, or a student of its own"
     ):
-        check_lora_placement(DiskPlacement(path="/nowhere"), 1, cpu, plain)
+        check_lora_placement(Gpu0Placement(debug_cpu=True), 1, cpu, plain)
     with refused("teacher.quantize=fp8 makes them fp8 layers"):
         check_lora_placement(CpuPlacement(), 1, cpu, OmegaConf.create({"quantize": "fp8", "compile": False}))
     with refused("after teacher.compile=true compiled its blocks"):
@@ -269,7 +271,10 @@ def test_bad_lora_input_is_one_line_exit_2_and_writes_nothing(tmp_path, cache_di
         "rank": (["student.rank=0"], "student.rank=0 must be a positive integer"),
         "wide": (["student.rank=64"], "student.rank=64 is wider than the narrowest adapted layer"),
         "init": (["student.init=teacher"], "student.init=teacher with student=lora"),
-        "disk": (["teacher_placement=disk"], "student=lora backpropagates through the frozen teacher"),
+        "served": (
+            ["teacher_placement=gpu0", "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2"],
+            "student=lora backpropagates through the frozen teacher",
+        ),
         "fp8": (["teacher.quantize=fp8"], "teacher.quantize=fp8"),
         "fake": (["method=dmd", "method.fake_score=lora", "method.lora_rank=500"], "method.lora_rank=500 is wider"),
     }
@@ -279,3 +284,44 @@ def test_bad_lora_input_is_one_line_exit_2_and_writes_nothing(tmp_path, cache_di
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         assert result.returncode == 2 and said in lines[-1] and "Traceback" not in result.stderr, (name, result.stderr)
         assert not folder.exists() or not any(folder.iterdir()), name
+
+
+def _ddp_check(moe: str) -> list:
+    """One rank of two: a LoRA student of the two-expert teacher under the recipe's DDP, rank 0's samples all at the
+    first expert (the second's adapters unused there), rank 1's at both. Gradients equal on both ranks, none zero,
+    the teacher's none; DDP's parameters the adapters alone."""
+    import torch.distributed as dist
+
+    from wandistiller.core.distributed import Topology, destroy_process_group, init_process_group
+    from wandistiller.recipe.distillation import wrap_ddp
+
+    init_process_group(Topology.from_env(), 1.0)
+    teacher = teacher_of(Path(moe))
+    torch.manual_seed(0)
+    student = build_lora_student(teacher.spec, teacher=teacher, rank=2)
+    model = wrap_ddp(student, torch.device("cpu"), dist.group.WORLD)
+    only_adapters = {id(p) for p in model.parameters()} == {id(p) for p in student.adapters.parameters()}
+    g = torch.Generator().manual_seed(dist.get_rank())
+    t = torch.tensor([950.0, 900.0] if dist.get_rank() == 0 else [950.0, 100.0])
+    found = []
+    for _ in range(2):
+        student.zero_grad(set_to_none=True)
+        x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 8, 32, generator=g)
+        model(x, t, cond)[0].square().mean().backward()
+        grads = torch.cat(
+            [p.grad.flatten() for n, p in student.named_parameters() if ".up." in n and p.grad is not None]
+        )
+        gathered = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, grads)
+        found += [bool(torch.equal(gathered[0], x)) and bool(x.abs().sum() > 0) for x in gathered]
+    frozen = all(p.grad is None for e in teacher.experts for p in e.parameters())
+    del model
+    destroy_process_group()
+    return [only_adapters, all(found), frozen]
+
+
+@pytest.mark.slow  # two fresh processes over gloo
+def test_ddp_averages_a_lora_students_adapters_alone_over_ranks(tiny_moe_path):
+    from tests.conftest import spawn
+
+    assert list(spawn(_ddp_check, 2, str(tiny_moe_path)).values()) == [[True, True, True]] * 2

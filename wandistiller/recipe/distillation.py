@@ -284,17 +284,9 @@ class DistillationRecipe:
         return tracker
 
     def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:
-        from torch.nn.parallel import DistributedDataParallel
-
         if len(self.ctx.roles.students) == 1:
             return student
-        ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        # A LoRA student of a two-expert teacher: a rank whose samples all fall to one expert leaves the other's
-        # adapters unused in that step (DDP wraps the adapters alone: the teacher is no submodule of it).
-        unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
-        return DistributedDataParallel(
-            student, device_ids=ids, process_group=self.student_group, find_unused_parameters=unused
-        )
+        return wrap_ddp(student, self.ctx.device, self.student_group)
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
@@ -368,3 +360,14 @@ def student_shape(student, spec) -> tuple[int, list[int] | None]:
     pruning = getattr(student, "pruning", None) or {}
     kept = pruning.get("kept_blocks") if pruning.get("source") == str(spec.path / "transformer") else None
     return student.transformer.config.num_layers, (list(kept) if kept is not None else None)
+
+
+def wrap_ddp(student: torch.nn.Module, device: torch.device, group) -> torch.nn.Module:
+    """The student under DDP over the training ranks' `group`. A LoRA student (student/lora.py) holds its adapters
+    alone (the teacher is no submodule of it), so DDP broadcasts and averages those; with a two-expert teacher a
+    rank whose samples all fall to one expert leaves the other's adapters unused in that step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
+    return DistributedDataParallel(student, device_ids=ids, process_group=group, find_unused_parameters=unused)
