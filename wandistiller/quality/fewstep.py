@@ -40,7 +40,7 @@ ROWS = [
     Row("dmd, 1 step", ("method=dmd", "method.steps=1")),
 ]
 # The LoRA student (student=lora, +experiment=pocket_lora's settings): the teacher itself plus rank-6 adapters
-# (8.6% of its transformer), its fake score a second adapter set on it. `--fewstep --lora` adds these rows.
+# (8.6% of its transformer), its fake score a second adapter set on it: `compare_fewstep(settings, work, LORA_ROWS)`.
 LORA = (
     "student.rank=6",
     "method=dmd",
