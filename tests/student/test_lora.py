@@ -225,8 +225,13 @@ def test_every_method_trains_a_lora_student_and_leaves_the_teacher_bit_for_bit(m
 
     monkeypatch.setattr(DistillationRecipe, "_setup_student", keeping)
     folder = tmp_path / "r"
-    summary = run(make_cfg("teacher=tiny_moe", *FAST, *method, "trainer.max_steps=2", run_dir=folder))
+    # dmd's run also draws its sample grid and evaluates at the end: the teacher with the adapters on (merged, eval).
+    hooks = ["hooks=[monitor,progress,samples,evaluate]", "hooks.samples.prompts=1", "hooks.evaluate.limit=1"]
+    extra = hooks if method is DMD else []
+    summary = run(make_cfg("teacher=tiny_moe", *FAST, *method, *extra, "trainer.max_steps=2", run_dir=folder))
     assert summary["status"] == "completed"
+    if extra:
+        assert (folder / "samples.png").is_file() and summary["eval_latent_mse"] > 0
     after = [e.state_dict() for e in seen["teacher"].experts]
     assert all(torch.equal(v, a[k]) for b, a in zip(seen["loaded"], after) for k, v in b.items())
     saved = load_checkpoint(folder / "checkpoints" / "step_00000002")
