@@ -255,17 +255,26 @@ def test_a_resumed_lora_student_repeats_an_uninterrupted_run_bit_for_bit(make_cf
         assert torch.equal(whole["student"][key], split["student"][key]), key
     fake, fake2 = whole["method"]["fake_score"]["module"], split["method"]["fake_score"]["module"]
     assert all(torch.equal(fake[k], fake2[k]) for k in fake)
-    # Another rank, alpha or set of layers: one line, before the run folder is touched.
+    # Another rank or set of layers: one line, before any run folder is touched. In the run's own folder its saved
+    # config says so; from its checkpoint into a new folder, the checkpoint's record of the student does.
     before = sorted(p.name for p in (tmp_path / "split").rglob("*"))
+    with refused("student.rank=3 (saved 2) disagree"):
+        run(make_cfg(*args, "student.rank=3", "trainer.max_steps=6", "trainer.resume=auto", run_dir=tmp_path / "split"))
+    checkpoint = tmp_path / "split" / "checkpoints" / "step_00000004"
     for other, said in (
-        ("student.rank=3", "student.rank=3"),
+        ("student.rank=3", "this run's is student=lora student.rank=3"),
         ("student.layers=ffn", "student.layers=['ffn.net"),
-        ("student=half", "a student of its own (not student=lora)"),
+        ("student=half", "this run's is a student of its own (not student=lora)"),
     ):
+        new = tmp_path / other.replace("=", "-")
         with pytest.raises(UserError) as e:
-            run(make_cfg(*args, other, "trainer.max_steps=6", "trainer.resume=auto", run_dir=tmp_path / "split"))
-        assert str(e.value).startswith("trainer.resume=auto: the checkpoint") and said in str(e.value), str(e.value)
-        assert "holds student=lora student.rank=2, student.alpha=None, student.layers=['attn1.to_q'" in str(e.value)
+            mine = [a for a in args if not a.startswith("student")] if other == "student=half" else args
+            run(make_cfg(*mine, other, "trainer.max_steps=6", f"trainer.resume={checkpoint}", run_dir=new))
+        assert str(e.value).startswith(
+            f"trainer.resume={checkpoint}: the checkpoint holds student=lora "
+            "student.rank=2, student.alpha=None, student.layers=['attn1.to_q'"
+        ), str(e.value)
+        assert said in str(e.value) and not new.exists(), str(e.value)
     assert sorted(p.name for p in (tmp_path / "split").rglob("*")) == before
 
 
