@@ -118,6 +118,7 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
     as diffusers writes them, or (`merge`) with them merged into its transformers (W + alpha/rank B A)."""
     from diffusers import WanPipeline
 
+    from wandistiller.state.checkpoint import load_checkpoint
     from wandistiller.state.export import write_lora_pipeline
     from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora_folder, save_adapters
     from wandistiller.teacher.model import load_expert
@@ -126,7 +127,8 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
         import torch
 
         experts = [load_expert(run.spec, name, torch.float32) for name in run.spec.experts]
-        save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts))
+        state = load_checkpoint(source)["student"]
+        save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
         source = tmp / "student"
     card = model_card(run.path, run.spec.path, merged=merge)
     folder = write_lora_pipeline(tmp / PIPELINE, run.spec.path, source, card, run.trained_steps)

@@ -15,13 +15,13 @@ from omegaconf import OmegaConf
 from tests.conftest import FP32, metrics_steps, refused, run_cli
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
+from wandistiller.job.preflight import check_lora_placement
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.student.lora import (
     WEIGHTS,
     LoraStudent,
     build_lora_student,
-    check_lora_placement,
     merged_experts,
     read_adapters,
 )

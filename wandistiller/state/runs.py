@@ -199,12 +199,13 @@ def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: t
     """The run's student at `source` as a sampler without CFG: its transformer in the teacher's place, or a LoRA
     student's (student=lora) teacher experts, loaded afresh, with its adapters merged in (both of a two-expert
     teacher, switched at its boundary as WanPipeline does)."""
-    from wandistiller.student.lora import is_lora, merged_experts
+    from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 
     if not is_lora(run.cfg.student):
         return as_sampler(run.spec, load_student(run, source, device, dtype), device)
     in_run(run.path, source)  # never a received folder's link to a student elsewhere
-    experts = merged_experts(run.spec, source, run.cfg.student, dtype, device)
+    checkpoint = None if is_lora_folder(source) else load_checkpoint(source)["student"]
+    experts = merged_experts(run.spec, source, run.cfg.student, dtype, device, checkpoint)
     return Teacher(run.spec, experts, [1.0] * len(experts), device)
 
 

@@ -37,7 +37,7 @@ ADAPTERS_JSON = "adapters.json"
 
 def is_lora(student_cfg) -> bool:
     """Whether a `student` node (or a run's saved one) is a LoRA student."""
-    return student_cfg is not None and student_cfg.get("builder") == BUILDER
+    return student_cfg is not None and _get(student_cfg, "builder") == BUILDER
 
 
 def is_lora_folder(folder: Path) -> bool:
@@ -47,7 +47,7 @@ def is_lora_folder(folder: Path) -> bool:
 
 def lora_settings(student_cfg) -> tuple[int, float | None, tuple[str, ...]]:
     """(rank, alpha, adapted layer names) of a `student=lora` node, each refused in one line where it is wrong."""
-    rank, alpha, layers = student_cfg.get("rank"), student_cfg.get("alpha"), student_cfg.get("layers")
+    rank, alpha, layers = _get(student_cfg, "rank"), _get(student_cfg, "alpha"), _get(student_cfg, "layers")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"student.rank={rank} must be a positive integer (the adapters' rank); e.g. student.rank=16")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0):
@@ -73,16 +73,16 @@ def check_rank(key: str, rank: int, teacher: dict, names=None) -> None:
 def check_lora_student(student_cfg, teacher: dict) -> tuple[int, float | None, tuple[str, ...]]:
     """`student=lora` against its keys and the teacher, from JSON alone: no student.init, no shape keys, a rank
     that fits."""
-    init = str(student_cfg.get("init"))
+    init = str(_get(student_cfg, "init"))
     if init != "auto":
         raise UserError(
             f"student.init={init} with student=lora: a LoRA student is the teacher itself plus adapters "
             "that start at zero, it starts from nothing else; drop student.init"
         )
     for key, default in (("config_path", None), ("keep_blocks", "auto")):
-        if _plain(student_cfg.get(key, default)) != default:
+        if _plain(_get(student_cfg, key, default)) != default:
             raise UserError(
-                f"student.{key}={_plain(student_cfg.get(key))} with student=lora: a LoRA student has the "
+                f"student.{key}={_plain(_get(student_cfg, key))} with student=lora: a LoRA student has the "
                 f"teacher's shape; drop student.{key} (or pick another student)"
             )
     rank, alpha, names = lora_settings(student_cfg)
@@ -93,46 +93,12 @@ def check_lora_student(student_cfg, teacher: dict) -> tuple[int, float | None, t
 def check_not_lora_keys(student_cfg) -> None:
     """rank, alpha and layers belong to student=lora: set on another student they would be ignored."""
     for key in ("rank", "alpha", "layers"):
-        if student_cfg.get(key) is not None:
+        if _get(student_cfg, key) is not None:
             raise UserError(
-                f"student.{key}={_plain(student_cfg.get(key))} is a LoRA student's setting, and "
-                f"student.builder={student_cfg.get('builder')}; use student=lora, or drop "
+                f"student.{key}={_plain(_get(student_cfg, key))} is a LoRA student's setting, and "
+                f"student.builder={_get(student_cfg, 'builder')}; use student=lora, or drop "
                 f"student.{key}"
             )
-
-
-def check_lora_placement(placement, ranks: int, device: torch.device, teacher_cfg) -> None:
-    """student=lora backpropagates through the placed teacher on every training rank: a placement that can
-    (`Placement.backprop`, teacher on the training device, a teacher on every rank), neither fp8 nor compiled."""
-    from wandistiller.core.distributed import Topology
-    from wandistiller.placements import Serving, names_where
-
-    here = placement.teacher_device(Topology()).type == device.type
-    if not (placement.backprop and here):
-        able = names_where(lambda cls: cls.backprop)
-        raise UserError(
-            f"student=lora backpropagates through the frozen teacher on the training device "
-            f"({device.type}), and teacher_placement={placement.name} cannot; use teacher_placement="
-            f"{' or '.join(able)}, or a student of its own (student=half)"
-        )
-    if placement.serving != Serving.LOCAL and ranks > 1:
-        local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
-        raise UserError(
-            f"student=lora runs the teacher on every training rank, and teacher_placement="
-            f"{placement.name} with {ranks} processes serves ranks that hold none; use "
-            f"distributed.nproc_per_node=1 or teacher_placement={' or '.join(local)}"
-        )
-    quantize = getattr(teacher_cfg, "quantize", None)
-    if quantize is not None:
-        raise UserError(
-            f"student=lora trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} "
-            "makes them fp8 layers that backward does not go through; drop teacher.quantize"
-        )
-    if getattr(teacher_cfg, "compile", False):
-        raise UserError(
-            "student=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
-            "its blocks, which then ignore them; drop teacher.compile"
-        )
 
 
 class LoraStudent(AdaptedTeacher):
@@ -237,20 +203,20 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
     return out
 
 
-def adapters_from(source: Path, student_cfg, experts: list[nn.Module]) -> list[Adapters]:
+def adapters_from(
+    source: Path, student_cfg, experts: list[nn.Module], checkpoint: dict | None = None
+) -> list[Adapters]:
     """Adapters hooked onto `experts` (off) holding a run's student: a saved `student/` folder (diffusers' files)
-    or a checkpoint (its training state's `student`: LoraStudent.state_dict)."""
+    at `source`, or a checkpoint's training state's `student` (LoraStudent.state_dict: `checkpoint`, read by the
+    caller: state/ sits above this layer)."""
     rank, alpha, names = lora_settings(student_cfg)
     made = [Adapters(e, rank, torch.float32, 0, alpha, names) for e in experts]
     try:
-        if is_lora_folder(source):
+        if checkpoint is None:
             for adapter, (state, _) in zip(made, read_adapters(source, len(experts))):
                 adapter.load_peft_state_dict(state)
         else:
-            from wandistiller.state.checkpoint import load_checkpoint
-
-            state = load_checkpoint(source)["student"]
-            nn.ModuleDict({"adapters": nn.ModuleList(made)}).load_state_dict(state)
+            nn.ModuleDict({"adapters": nn.ModuleList(made)}).load_state_dict(checkpoint)
     except (KeyError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise UserError(
@@ -261,18 +227,27 @@ def adapters_from(source: Path, student_cfg, experts: list[nn.Module]) -> list[A
 
 
 def merged_experts(
-    spec: TeacherSpec, source: Path, student_cfg, dtype: torch.dtype, device: torch.device
+    spec: TeacherSpec,
+    source: Path,
+    student_cfg,
+    dtype: torch.dtype,
+    device: torch.device,
+    checkpoint: dict | None = None,
 ) -> list[nn.Module]:
-    """The teacher's experts (loaded afresh) with a run's adapters merged into their weights (W + alpha/rank B A):
-    the LoRA student as plain WanTransformer3DModels, for eval, generate and `--merge-lora`."""
+    """The teacher's experts (loaded afresh) with a run's adapters (`adapters_from`) merged into their weights
+    (W + alpha/rank B A): the LoRA student as plain WanTransformer3DModels, for eval and generate."""
+    from wandistiller.core.precision import cast_keeping_fp32
     from wandistiller.teacher.model import load_expert
 
     experts = [load_expert(spec, name, torch.float32) for name in spec.experts]  # merged in fp32, then cast
-    for expert, adapter in zip(experts, adapters_from(source, student_cfg, experts)):
+    for expert, adapter in zip(experts, adapters_from(source, student_cfg, experts, checkpoint)):
         adapter.merge_into(expert)
-    from wandistiller.core.precision import cast_keeping_fp32
-
     return [cast_keeping_fp32(e, dtype).to(device) for e in experts]
+
+
+def _get(node, key: str, default=None):
+    """`node.key`: a config node's (DictConfig, dict) or another object's attribute (a caller's namespace)."""
+    return node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
 
 
 def _plain(value):

@@ -25,7 +25,7 @@ from wandistiller.core.arch import (
 )
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
-from wandistiller.student import prune
+from wandistiller.student import lora, prune
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -55,8 +55,6 @@ def student_config(student_cfg, teacher: dict) -> dict:
     Reads JSON only, so the Hydra job and the planner can check a student without building it. A LoRA student
     (`student=lora`) is the teacher itself plus adapters: its config is the teacher's.
     """
-    from wandistiller.student import lora
-
     if lora.is_lora(student_cfg):
         lora.check_lora_student(student_cfg, teacher)
         return teacher_shape(teacher)
@@ -171,7 +169,7 @@ def check_student(student_cfg, teacher: dict) -> dict:
     """student_config, plus what its start needs: init=teacher or a folder it can be cut from, and a keep-list
     that names that source's blocks. JSON only: refused before anything heavy loads."""
     config = student_config(student_cfg, teacher)
-    if student_cfg.get("builder") == "lora":  # the teacher itself: nothing is cut or copied (student/lora.py)
+    if lora.is_lora(student_cfg):  # the teacher itself: nothing is cut or copied (student/lora.py)
         return config
     init, keep = str(student_cfg.init), getattr(student_cfg, "keep_blocks", "auto")
     source = init_source(student_cfg, teacher)
