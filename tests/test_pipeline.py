@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.conftest import ROOT
+from wandistiller.core.errors import UserError
 from wandistiller.pipeline import export
 from wandistiller.train import run
 
@@ -153,3 +155,40 @@ def test_an_export_to_a_folder_that_cannot_be_written_is_refused_before_the_work
     with pytest.raises(UserError, match=f"--out {out}: .* cannot be written") as e:
         export(finished, Path(out))
     assert "\n" not in str(e.value)
+
+
+def test_a_lora_students_export_keeps_its_adapters_or_merges_them_into_the_teachers_transformers(
+    make_cfg, tmp_path, tiny_moe_path
+):
+    from diffusers import WanPipeline
+
+    from tests.student.test_lora import lora_run
+
+    folder = tmp_path / "run"
+    student = lora_run(make_cfg, folder, "tiny_moe")
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(2, 16, 1, 8, 8, generator=g), torch.randn(2, 512, 32, generator=g)
+    t = torch.tensor([950.0, 100.0])  # one sample per expert
+    with torch.no_grad():
+        mine = student(x, t, cond)[0]
+    merged = WanPipeline.from_pretrained(export(folder, tmp_path / "merged", merge_lora=True))
+    assert not (tmp_path / "merged" / "pytorch_lora_weights.safetensors").exists()
+    kept = WanPipeline.from_pretrained(export(folder, tmp_path / "kept"))
+    kept.load_lora_weights(str(tmp_path / "kept"))
+    kept.load_lora_weights(
+        str(tmp_path / "kept"),
+        weight_name="pytorch_lora_weights_transformer_2.safetensors",
+        load_into_transformer_2=True,
+    )
+    with torch.no_grad():
+        for pipe in (merged, kept):
+            first = pipe.transformer(x[:1], t[:1], cond[:1], return_dict=False)[0]
+            second = pipe.transformer_2(x[1:], t[1:], cond[1:], return_dict=False)[0]
+            assert torch.allclose(torch.cat([first, second]), mine, atol=1e-5)
+    assert "merged into the transformer weights" in (tmp_path / "merged" / "README.md").read_text()
+    other = tmp_path / "kd"
+    (other / ".hydra").mkdir(parents=True)
+    OmegaConf.save(make_cfg(run_dir=other), other / ".hydra" / "config.yaml")
+    with pytest.raises(UserError, match=r"^--merge-lora: .* trained student=tiny, a transformer of its own"):
+        export(other, tmp_path / "x", merge_lora=True)
+    assert not (tmp_path / "x").exists()

@@ -117,6 +117,11 @@ class StudentConfig:
     # Which source blocks a student started from weights keeps: "auto" (scored on calibration inputs, written to
     # the run's pruning.json), "even" (evenly spaced), or a list of block indices [0, 2, ...].
     keep_blocks: Any = "auto"
+    # student=lora (wandistiller/student/lora.py) alone: the adapters' rank, their alpha (None: alpha = rank, a
+    # scale of 1), and the Linear layers they adapt in every block ("all", "attention", "ffn", or a list of names).
+    rank: int | None = None
+    alpha: float | None = None
+    layers: Any = None
 
 
 @dataclass

@@ -35,14 +35,13 @@ from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import (
     Trust,
     add_trust_args,
-    as_sampler,
     check_counts,
     check_teacher_fits,
     generate,
-    load_student,
     load_teacher,
     open_run,
     other_teacher_tag,
+    student_sampler,
     student_scheduler,
     student_source,
 )
@@ -51,7 +50,10 @@ from wandistiller.state.runs import (
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
     path_, opened = Path(path).expanduser(), (trust or Trust()).open_args()
-    if (path_ / "config.json").is_file() and not (path_ / ".hydra").is_dir():
+    from wandistiller.student.lora import is_lora_folder
+
+    # (a LoRA student's folder holds its adapters, no config.json)
+    if ((path_ / "config.json").is_file() or is_lora_folder(path_)) and not (path_ / ".hydra").is_dir():
         run = open_run(path_.parent, *opened) if (path_.parent / ".hydra").is_dir() else None
         if run is None:
             raise UserError(f"{path} is a student folder outside a run folder; give its run folder instead")
@@ -113,7 +115,7 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
     )
     vae = load_vae(run.spec, device)
-    student = as_sampler(run.spec, load_student(run, source, device), device)
+    student = student_sampler(run, source, device)
     trained = run.trained_steps
     steps = args.student_steps or trained or args.steps  # its own K, unless told otherwise
     # --dtype named only where it is not the run's: the default's images keep their names

@@ -41,7 +41,7 @@ __all__ = ["COPY_LIMIT", "PIPELINE", "TEACHER_PARTS", "export", "model_card", "m
            "write_pipeline"]  # fmt: skip
 
 
-def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
+def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: bool = False) -> Path:
     """What `WanPipeline.push_to_hub` would upload, written to `out`: the pipeline's `save_pretrained`
     (every file a real copy, safetensors) and its model card. `checkpoint` (best, latest, step_N, ema) picks
     another student than the final one. Built in a temporary folder beside `out` (never inside the run, which
@@ -49,13 +49,20 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None) -> Path:
     import tempfile
 
     from wandistiller.state.runs import open_run
+    from wandistiller.student.lora import is_lora
 
     run = open_run(run_dir)
+    if merge_lora and not is_lora(run.cfg.student):
+        raise UserError(
+            f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
+            "a transformer of its own with no adapters to merge; drop --merge-lora"
+        )
     _check_out(out)
-    student = _student(run, checkpoint)  # read before anything is written
+    lora = is_lora(run.cfg.student)
+    student = _student(run, checkpoint) if not lora else _lora_source(run, checkpoint)  # read before any write
     try:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = _build(run, Path(tmp), student)
+            built = _build_lora(run, Path(tmp), student, merge_lora) if lora else _build(run, Path(tmp), student)
             if out.is_dir():  # an empty folder the user made: replaced by the whole export
                 out.rmdir()
             built.rename(out)
@@ -94,6 +101,62 @@ def _student(run, checkpoint: str | None):
     return student
 
 
+def _lora_source(run, checkpoint: str | None) -> Path:
+    """A LoRA student's adapters to export: the final `student/`, `student_ema/`, or a checkpoint's."""
+    from wandistiller.state.runs import student_source
+
+    if checkpoint != "ema":
+        return student_source(run, checkpoint)
+    student = in_run(run.path, "student_ema")
+    if not student.is_dir():
+        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
+    return student
+
+
+def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
+    """A LoRA student's export: the teacher's pipeline (`save_pretrained`, real copies) with the adapters beside it
+    as diffusers writes them, or (`merge`) with them merged into its transformers (W + alpha/rank B A)."""
+    from diffusers import WanPipeline
+
+    from wandistiller.state.checkpoint import load_checkpoint
+    from wandistiller.state.export import write_lora_pipeline
+    from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora_folder, save_adapters
+    from wandistiller.teacher.model import load_expert
+
+    if not is_lora_folder(source):  # a checkpoint: its adapters written as a student/ folder first
+        import torch
+
+        experts = [load_expert(run.spec, name, torch.float32) for name in run.spec.experts]
+        state = load_checkpoint(source)["student"]
+        save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
+        source = tmp / "student"
+    card = model_card(run.path, run.spec.path, merged=merge)
+    folder = write_lora_pipeline(tmp / PIPELINE, run.spec.path, source, card, run.trained_steps)
+    pipe = WanPipeline.from_pretrained(folder)
+    experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
+    if merge:
+        for expert, adapters in zip(experts, adapters_from(source, run.cfg.student, experts)):
+            adapters.merge_into(expert)
+    built = tmp / "export"
+    pipe.save_pretrained(built, safe_serialization=True)
+    shutil.copy2(folder / "README.md", built / "README.md")
+    for name in () if merge else (*WEIGHTS, ADAPTERS_JSON):
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, built / name)
+    if (folder / "transformer" / SAMPLING).is_file():
+        shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)
+    _drop_local_paths(built)
+    return built
+
+
+def _drop_local_paths(built: Path) -> None:
+    """diffusers records where it loaded from: this machine's temporary path, dropped from every config."""
+    for config in built.rglob("*.json"):
+        body = json.loads(config.read_text())
+        if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
+            config.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
 def _build(run, tmp: Path, student) -> Path:
     """The export in `tmp`/export, from the pipeline folder assembled in `tmp`/pipeline."""
     from diffusers import WanPipeline
@@ -121,6 +184,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--out", required=True, help="a new folder: what push_to_hub would upload")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
+    parser.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="a LoRA student (student=lora): its adapters "
+        "merged into full teacher-sized transformers, one self-contained pipeline",
+    )
     return parser.parse_args(argv)
 
 
@@ -129,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
     with internal_errors_reported(), exit_on_user_error():
-        out = export(Path(args.run_dir), Path(args.out), args.checkpoint)
+        out = export(Path(args.run_dir), Path(args.out), args.checkpoint, args.merge_lora)
         print(f"wrote {out}; upload it with: hf upload <user>/<repo> {out}")
 
 

@@ -366,3 +366,37 @@ def test_place_from_a_received_folder_links_the_file_it_opened(tmp_path):
     dst = tmp_path / "pipeline" / "transformer" / "config.json"
     assert place(run / "student" / "config.json", dst, run) == "linked"
     assert os.path.samefile(dst, run / "student" / "config.json") and not dst.is_symlink()
+
+
+def test_a_lora_students_pipeline_is_the_teachers_with_the_adapters_and_its_card_snippet_samples_it(
+    make_cfg, tmp_path, tiny_moe_path
+):
+    from tests.student.test_lora import lora_run
+    from wandistiller.state.checkpoint import teacher_digest
+
+    folder = tmp_path / "run"
+    student = lora_run(make_cfg, folder, "tiny_moe", "method=dmd", "method.steps=2")
+    out = export.run_pipeline(folder, tiny_moe_path)
+    for part in ("transformer", "transformer_2", "vae"):  # the teacher's own, linked
+        file = next((tiny_moe_path / part).glob("*.safetensors"))
+        assert (out / part / file.name).samefile(file)
+    assert json.loads((folder / "student" / "sampling.json").read_text())["steps"] == 2
+    card = (out / "README.md").read_text()
+    assert "LoRA rank 2" in card and "load_into_transformer_2=True" in card and str(tmp_path) not in card
+    assert f"weights digest `{teacher_digest(inspect_teacher(tiny_moe_path))}`" in card  # the teacher they belong to
+    # The card's snippet as written, on this folder, at K steps without CFG: the adapters on both experts.
+    snippet = card.split("```python\n")[1].split("```")[0].replace("PATH_OR_REPO", str(out))
+    snippet = snippet.replace('output_type="pil").frames[0][0]', 'output_type="pt").frames')
+    scope: dict = {}
+    exec(snippet, scope)
+    pipe = scope["pipe"]
+    assert scope["image"].shape[-2:] == (64, 64) and torch.isfinite(scope["image"]).all()
+    assert pipe.scheduler.timesteps.numel() == 2 and "num_inference_steps=2" in snippet
+    assert [c.r for c in pipe.transformer.peft_config.values()] == [
+        c.r for c in pipe.transformer_2.peft_config.values()
+    ]
+    assert [c.r for c in pipe.transformer.peft_config.values()] == [2]
+    g = torch.Generator().manual_seed(0)
+    x, t, cond = torch.randn(1, 16, 1, 8, 8, generator=g), torch.tensor([950.0]), torch.randn(1, 512, 32, generator=g)
+    with torch.no_grad():
+        assert torch.allclose(pipe.transformer(x, t, cond, return_dict=False)[0], student(x, t, cond)[0], atol=1e-5)

@@ -31,14 +31,13 @@ from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_q
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
-    as_sampler,
     check_counts,
     check_teacher_fits,
     generate,
-    load_student,
     load_teacher,
     open_run,
     other_teacher_tag,
+    student_sampler,
     student_scheduler,
     student_source,
     teacher_identity,
@@ -151,7 +150,7 @@ def evaluate(
     teacher_calls = calls_per_image(steps, teacher.guidance_scales[0])
     teacher_lat, teacher_s = generate(teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt)
     del teacher
-    student = as_sampler(run.spec, load_student(run, source, device), device)
+    student = student_sampler(run, source, device)
     prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
     vae = load_vae(run.spec, device)
     teacher_imgs = decode_latents(vae, teacher_lat)

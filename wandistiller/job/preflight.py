@@ -38,8 +38,9 @@ from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
-from wandistiller.state.checkpoint import check_method, check_teacher, resume_candidate
+from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
+from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
@@ -90,6 +91,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
     student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
     check_student_room(cfg, student, spec.transformer_config)
+    check_adapter_ranks(cfg, spec.transformer_config)
     check_data(cfg)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world)
@@ -119,6 +121,7 @@ def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec) -> None:
         return
     check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)))
     check_method(checkpoint, built_quietly(cfg.method).identity(), cfg.trainer.resume)
+    check_student_identity(checkpoint, student_identity(cfg), cfg.trainer.resume)
 
 
 def default_ranks(cfg: DictConfig, topo: Topology) -> None:
@@ -293,10 +296,85 @@ def check_method_config(cfg: DictConfig, method) -> None:
 
 
 def check_method_placement(cfg: DictConfig, placement: Placement, world: World):
-    """The method, built, against the placement (dmd's teacher-shaped or LoRA fake score): its own line."""
+    """The method, built, against the placement (dmd's teacher-shaped or LoRA fake score): its own line; and a
+    LoRA student (student=lora), which backpropagates through the placed teacher whatever the method."""
+    if is_lora(cfg.student):
+        check_lora_placement(placement, world.size, local_device(Topology()), cfg.teacher)
+        check_lora_training(cfg)
     method = built_quietly(cfg.method)
     method.check(placement, world.size, local_device(Topology()), cfg.teacher)
     return method
+
+
+def check_lora_placement(placement: Placement, ranks: int, device, teacher_cfg) -> None:
+    """student=lora backpropagates through the placed teacher on every training rank: a placement that can
+    (`Placement.backprop`, teacher on the training device, a teacher on every rank), neither fp8 nor compiled."""
+    here = placement.teacher_device(Topology()).type == device.type
+    if not (placement.backprop and here):
+        able = names_where(lambda cls: cls.backprop)
+        raise UserError(
+            f"student=lora backpropagates through the frozen teacher on the training device "
+            f"({device.type}), and teacher_placement={placement.name} cannot; use teacher_placement="
+            f"{' or '.join(able)}, or a student of its own (student=half)"
+        )
+    if placement.serving != Serving.LOCAL and ranks > 1:
+        local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
+        raise UserError(
+            f"student=lora runs the teacher on every training rank, and teacher_placement="
+            f"{placement.name} with {ranks} processes serves ranks that hold none; use "
+            f"distributed.nproc_per_node=1 or teacher_placement={' or '.join(local)}"
+        )
+    quantize = getattr(teacher_cfg, "quantize", None)
+    if quantize is not None:
+        raise UserError(
+            f"student=lora trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} "
+            "makes them fp8 layers that backward does not go through; drop teacher.quantize"
+        )
+    if getattr(teacher_cfg, "compile", False):
+        raise UserError(
+            "student=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
+            "its blocks, which then ignore them; drop teacher.compile"
+        )
+
+
+def check_lora_training(cfg: DictConfig) -> None:
+    """What a LoRA student does not take: a compiled student (it is the teacher's own blocks, hooked), and a
+    hidden-state loss (its blocks are the teacher's: their outputs would be matched against themselves)."""
+    if cfg.trainer.compile_student:
+        raise UserError(
+            "trainer.compile_student=true with student=lora: the student is the teacher's own blocks with "
+            "adapters hooked on, which a compiled graph would not see; drop trainer.compile_student"
+        )
+    if cfg.trainer.gradient_checkpointing:  # the recompute runs after the student's call, its adapters off by then
+        raise UserError(
+            "trainer.gradient_checkpointing=true with student=lora: the blocks' recomputed forward would run with "
+            "the adapters switched off (they are on only inside the student's call); drop "
+            "trainer.gradient_checkpointing"
+        )
+    built = instantiate(cfg.trainer.loss)  # read as check_layers reads it
+    loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
+    needs = getattr(loss, "needs", None)
+    bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
+    if getattr(needs, "teacher_hidden", ()) or getattr(needs, "student_hidden", ()) or bound:
+        raise UserError(
+            "trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
+            "loss=distillation (trainer.loss.hidden_kd_weight=0) with student=lora"
+        )
+
+
+def check_adapter_ranks(cfg: DictConfig, teacher: dict) -> None:
+    """dmd's LoRA fake score's rank no wider than the narrowest layer it adapts (the student's: check_student)."""
+    method = cfg.method
+    if method.get("fake_score") == "lora" and isinstance(method.get("lora_rank"), int):
+        check_rank("method.lora_rank", method.lora_rank, teacher)
+
+
+def student_identity(cfg: DictConfig) -> dict | None:
+    """What a checkpoint records of a LoRA student (LoraStudent.identity); None for another student."""
+    if not is_lora(cfg.student):
+        return None
+    rank, alpha, names = lora_settings(cfg.student)
+    return {"builder": "lora", "rank": rank, "alpha": alpha, "layers": list(names)}
 
 
 def check_method_loss(cfg: DictConfig, method) -> None:

@@ -9,6 +9,7 @@ teacher's sample from the same noise, parameters and seconds per image. Each row
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -80,14 +81,14 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
     from wandistiller.data.prompts import encode_prompts
     from wandistiller.state.runs import (
-        as_sampler,
         generate,
-        load_student,
         load_teacher,
         open_run,
+        student_sampler,
         student_scheduler,
         student_steps,  # fmt: skip
     )
+    from wandistiller.student.lora import ADAPTERS_JSON, is_lora
     from wandistiller.teacher.sampler import calls_per_image
     from wandistiller.teacher.vae import decode_latents, load_vae
 
@@ -102,8 +103,10 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
         sampler, params = load_teacher(run, device, torch.float32), None
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())
     else:
-        transformer = load_student(run, run_dir / source, device)
-        sampler, params = as_sampler(run.spec, transformer, device), sum(p.numel() for p in transformer.parameters())
+        sampler = student_sampler(run, run_dir / source, device)
+        params = sum(p.numel() for e in sampler.experts for p in e.parameters())
+        if is_lora(run.cfg.student):  # what must be stored beside the teacher: the adapters
+            params = json.loads((run_dir / source / ADAPTERS_JSON).read_text())["params"]
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):

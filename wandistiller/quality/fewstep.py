@@ -11,6 +11,7 @@ clock.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class Row:
     name: str
     overrides: tuple[str, ...]
     sample_steps: int | None = None  # None: the student's own K (a few-step method's `method.steps`)
+    student: str | None = None  # another student than the comparison's (`student=lora`: the teacher + adapters)
 
 
 ROWS = [
@@ -36,6 +38,20 @@ ROWS = [
         ("method=dmd", "method.steps=4", "method.regression_weight=0.1", "method.noises_per_prompt=1"),
     ),
     Row("dmd, 1 step", ("method=dmd", "method.steps=1")),
+]
+# The LoRA student (student=lora, +experiment=pocket_lora's settings): the teacher itself plus rank-6 adapters
+# (8.6% of its transformer), its fake score a second adapter set on it: `compare_fewstep(settings, work, LORA_ROWS)`.
+LORA = (
+    "student.rank=6",
+    "method=dmd",
+    "method.fake_score=lora",
+    "method.lora_rank=16",
+    "method.regression_weight=0.1",
+    "method.noises_per_prompt=1",
+)
+LORA_ROWS = [
+    Row("LoRA student rank 6, dmd, 4 steps", (*LORA, "method.steps=4"), student="lora"),
+    Row("LoRA student rank 6, dmd, 1 step", (*LORA, "method.steps=1"), student="lora"),
 ]
 COLUMNS = ["calls", "prompt_accuracy", "fid", "diversity_ratio", "latent_mse", "peak_rss_gib", "train_s"]
 
@@ -52,7 +68,8 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
         for row in rows:
             started = time.perf_counter()
             run_dir = work / f"seed{seed}" / row.name.replace(" ", "_").replace(",", "")
-            summary = train_student(settings, ["data=pocket_digits", *row.overrides], seed, run_dir, cache)
+            own = dataclasses.replace(settings, student=row.student) if row.student else settings
+            summary = train_student(own, ["data=pocket_digits", *row.overrides], seed, run_dir, cache)
             if teacher is None:
                 teacher = sample(run_dir, None, settings, seed)
                 mine = score(teacher, teacher["latents"], judge, reference)

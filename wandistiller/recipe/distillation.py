@@ -36,6 +36,7 @@ from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTarget
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
 from wandistiller.state.received import targets_of
 from wandistiller.student.compile import compile_kwargs
+from wandistiller.student.lora import LoraStudent, is_lora
 from wandistiller.student.prune import write_record
 from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
 from wandistiller.teacher.model import compile_blocks, log_first_call
@@ -198,15 +199,20 @@ class DistillationRecipe:
         # _partial_: runtime objects go in as they are (instantiate would turn the spec dataclass into a config).
         build = instantiate(cfg.student, _partial_=True)
         hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
+        # A LoRA student is the placed teacher plus adapters (student/lora.py): it is built on that teacher.
+        on_teacher = {"teacher": self.teacher} if is_lora(cfg.student) else {}
         student = build(
-            spec=self.ctx.spec, dtype=self.ctx.precision.student_dtype, **({"hidden_layers": hidden} if hidden else {})
+            spec=self.ctx.spec,
+            dtype=self.ctx.precision.student_dtype,
+            **({"hidden_layers": hidden} if hidden else {}),
+            **on_teacher,
         )
         if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
             write_record(student.pruning, self.ctx.run_dir)
         self._setup_layers(student)
         student.to(self.ctx.device).train()
         if cfg.trainer.gradient_checkpointing:
-            student.transformer.enable_gradient_checkpointing()
+            student.transformer.enable_gradient_checkpointing()  # (refused with a LoRA student: preflight)
         if cfg.trainer.compile_student:
             student.transformer.compile_repeated_blocks(**compile_kwargs(cfg.trainer.compile_mode))
             # On the transformer, not a block: compile_repeated_blocks compiles each block's whole call, hooks
@@ -278,12 +284,9 @@ class DistillationRecipe:
         return tracker
 
     def _wrap_ddp(self, student: torch.nn.Module) -> torch.nn.Module:
-        from torch.nn.parallel import DistributedDataParallel
-
         if len(self.ctx.roles.students) == 1:
             return student
-        ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        return DistributedDataParallel(student, device_ids=ids, process_group=self.student_group)
+        return wrap_ddp(student, self.ctx.device, self.student_group)
 
     def _setup_targets(self):
         """Where this rank's teacher targets come from: an owner, its own teacher, or its own for a whole step."""
@@ -357,3 +360,14 @@ def student_shape(student, spec) -> tuple[int, list[int] | None]:
     pruning = getattr(student, "pruning", None) or {}
     kept = pruning.get("kept_blocks") if pruning.get("source") == str(spec.path / "transformer") else None
     return student.transformer.config.num_layers, (list(kept) if kept is not None else None)
+
+
+def wrap_ddp(student: torch.nn.Module, device: torch.device, group) -> torch.nn.Module:
+    """The student under DDP over the training ranks' `group`. A LoRA student (student/lora.py) holds its adapters
+    alone (the teacher is no submodule of it), so DDP broadcasts and averages those; with a two-expert teacher a
+    rank whose samples all fall to one expert leaves the other's adapters unused in that step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
+    return DistributedDataParallel(student, device_ids=ids, process_group=group, find_unused_parameters=unused)

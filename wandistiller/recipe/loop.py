@@ -252,6 +252,8 @@ def training_state(run: Run) -> dict:
     return ({"method": others} if others else {}) | {
         "method_identity": method.identity(),  # its name and settings: a resume under others is refused
         "student": run.student.state_dict(),
+        # A LoRA student's rank, alpha and layers (student/lora.py): a resume under others is refused.
+        "student_identity": getattr(run.student, "identity", lambda: None)(),
         "optimizer": run.optimizer.state_dict(),
         "lr_scheduler": run.lr_scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),

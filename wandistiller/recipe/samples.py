@@ -20,6 +20,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_grid
+from wandistiller.teacher.lora import AdaptedTeacher
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -42,8 +43,23 @@ class SampleGrid:
         was_training = student.training
         assert self.teacher_column is not None  # drawn on the main rank, the one whose hook calls this
         student.eval()
-        mine = student_images(self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps,
-                              self.ctx.seed)  # fmt: skip
+        if isinstance(student, AdaptedTeacher):  # a LoRA student: the teacher's experts with its adapters on, no CFG
+            experts = student.teacher[0].experts
+            with student.active():
+                mine = draw(
+                    self.ctx.spec,
+                    experts,
+                    [1.0] * len(experts),
+                    self.embeddings,
+                    self.ctx.data_cfg,
+                    n,
+                    steps,
+                    self.ctx.seed,
+                )
+        else:
+            mine = student_images(
+                self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps, self.ctx.seed
+            )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
         return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path, root=self.ctx.run_dir)

@@ -437,3 +437,28 @@ def _student_of(checkpoint: Path) -> str:
         return ""
     return (f" from its student (python -m wandistiller.pipeline {run} --checkpoint {checkpoint.name} --out DIR "
             f"exports it; then student.init=DIR/transformer)")  # fmt: skip
+
+
+# -- the student a checkpoint holds (a LoRA student's rank, alpha and layers) ------------------------------------
+def check_student_identity(checkpoint: Path | None, identity: dict | None, resume: str | None) -> None:
+    """A resume refuses, in one line, a LoRA student of another rank, alpha or set of layers than its checkpoint's
+    (`LoraStudent.identity`, recorded as `student_identity`), or a LoRA checkpoint resumed as another student (or
+    the reverse): its adapters would not load, or would load into other layers."""
+    if checkpoint is None:
+        return
+    try:
+        recorded = safestate.decode(_read_state(Path(checkpoint)).get("student_identity"), {})
+    except (OSError, ValueError, AttributeError, TypeError, UserError):
+        return  # an unreadable state: `problem` refused it already
+    if recorded == identity or (recorded is None and identity is None):
+        return
+    show = lambda ident: (  # noqa: E731
+        "student=lora " + ", ".join(f"student.{k}={ident[k]}" for k in ("rank", "alpha", "layers") if k in ident)
+        if isinstance(ident, dict)
+        else "a student of its own (not student=lora)"
+    )
+    named = "" if resume and Path(resume).expanduser() == Path(checkpoint) else f" {checkpoint}"
+    raise UserError(
+        f"trainer.resume={resume}: the checkpoint{named} holds {show(recorded)}, and this run's is "
+        f"{show(identity)}; resume with those, or start a new run folder"
+    )

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from wandistiller.core.errors import UserError, counted, human_count
 from wandistiller.data.sources import sources
 from wandistiller.state.runs import student_steps
+from wandistiller.student.lora import is_lora, is_lora_folder
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
 from wandistiller.teacher.spec import inspect_teacher
 
@@ -95,7 +96,8 @@ def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
         write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps), indent=2))
     # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
     # (or holds links) is replaced, never written through.
-    out = replace_folder(run_dir, PIPELINE, lambda tmp: write_pipeline(tmp, teacher_path, student, card, steps))
+    write = write_lora_pipeline if is_lora_folder(student) else write_pipeline  # a LoRA student: the teacher's own
+    out = replace_folder(run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps))
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 
@@ -129,6 +131,39 @@ def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, 
         log.info("pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
                  "python -m wandistiller.pipeline RUN --out DIR writes a self-contained copy", out,
                  teacher_path)  # fmt: skip
+    return out
+
+
+def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None) -> Path:
+    """A LoRA student's WanPipeline folder (student=lora): the teacher's own pipeline (its transformer, and
+    transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
+    .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
+    a few-step student's scheduler and sampling.json, and `card` as README.md."""
+    from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
+
+    index = json.loads((teacher_path / "model_index.json").read_text())
+    parts = [
+        p
+        for p in ("transformer", "transformer_2", *TEACHER_PARTS)
+        if isinstance(index.get(p), list) and index[p][0] is not None
+    ]
+    for part in parts:
+        if steps is not None and part == "scheduler":
+            continue
+        src = teacher_path / part
+        if not src.is_dir():
+            raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
+        for file in sorted(f for f in src.rglob("*") if f.is_file()):
+            place(file, out / part / file.relative_to(src))
+    for name in (*WEIGHTS, ADAPTERS_JSON):
+        if (student_dir / name).is_file():
+            place(student_dir / name, out / name)
+    if steps is not None:
+        few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
+        (out / "transformer" / SAMPLING).write_text(json.dumps(sampling(teacher_path, steps), indent=2))
+        index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
+    (out / "model_index.json").write_text(json.dumps(index, indent=2))
+    (out / "README.md").write_text(card)
     return out
 
 
@@ -252,9 +287,10 @@ def image_scale(teacher_path: Path | None) -> int:
     return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
 
 
-def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
+def model_card(run_dir: Path, teacher_path: Path | None = None, merged: bool = False) -> str:
     """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
-    Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures."""
+    Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures. `merged`: a
+    LoRA student's adapters merged into its transformers (`python -m wandistiller.pipeline --merge-lora`)."""
     from wandistiller.core.files import read_json_in
     from wandistiller.state.received import load_yaml_config
 
@@ -297,6 +333,8 @@ def model_card(run_dir: Path, teacher_path: Path | None = None) -> str:
     if k is not None and teacher_path is not None:
         timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
+    if is_lora(cfg.get("student")):
+        facts["lora"] = lora_facts(cfg, m, teacher_path) | {"merged": merged}
     return _card_text(facts)
 
 
@@ -320,6 +358,61 @@ def example_prompt(raw_prompts) -> str:
         lines = []
     first = next((line.strip() for line in lines if line.strip()), "")
     return first if WORD.fullmatch(first) else "A red fox trotting through fresh snow at dawn"
+
+
+def lora_facts(cfg: DictConfig, m: dict, teacher_path: Path | None) -> dict:
+    """What a LoRA student's card says of its adapters: rank, alpha, layers, the teacher's experts they go on, and
+    the teacher they belong to (its weights digest, as checkpoints record it: metrics.json's, else computed)."""
+    from wandistiller.state.checkpoint import teacher_digest
+
+    student = cfg.student
+    rank, alpha = _number(_raw(student, "rank")), _number(_raw(student, "alpha"))
+    layers = _raw(student, "layers")
+    digest = m.get("teacher_digest") if isinstance(m.get("teacher_digest"), str) else None
+    experts = 1
+    if teacher_path is not None:
+        spec = inspect_teacher(teacher_path)
+        digest, experts = digest or teacher_digest(spec), len(spec.experts)
+    shown = ", ".join(str(x) for x in layers) if isinstance(layers, list) else _word(layers) or "all"
+    return {
+        "rank": int(rank) if rank else "?",
+        "alpha": alpha if alpha else (int(rank) if rank else "?"),
+        "layers": shown,
+        "digest": _word(digest) or "?",
+        "experts": experts,
+    }
+
+
+def _lora_text(f: dict) -> tuple[str, str, str]:
+    """(the card's paragraph, its table row, the snippet's lines loading the adapters) of a LoRA student; all
+    empty for another student."""
+    lora = f.get("lora")
+    if not lora:
+        return "", "", ""
+    teacher = f["teacher"][0]
+    pair = lora["experts"] == 2
+    text = (
+        f"\nThe student is the teacher itself with low-rank adapters (LoRA rank {lora['rank']}, alpha "
+        f"{lora['alpha']}, on {lora['layers']} Linear layers of every block{' of both experts' if pair else ''}): "
+        f"`pytorch_lora_weights.safetensors`{' and `pytorch_lora_weights_transformer_2.safetensors`' if pair else ''}"
+        f" here, in the format `WanPipeline.load_lora_weights` loads. They belong to the teacher {teacher}, "
+        f"weights digest `{lora['digest']}` (WanDistiller's `teacher_digest`); on another teacher they mean "
+        "nothing. The transformer folders here are that teacher's own.\n"
+    )
+    row = f"| adapters | LoRA rank {lora['rank']}, alpha {lora['alpha']}, layers: {lora['layers']} |\n"
+    if lora["merged"]:  # one self-contained pipeline: nothing to load on top
+        text = (
+            f"\nThe student is the teacher {teacher} (weights digest `{lora['digest']}`) with its low-rank "
+            f"adapters (LoRA rank {lora['rank']}) merged into the transformer weights here.\n"
+        )
+        return text, row, ""
+    load = 'pipe.load_lora_weights("PATH_OR_REPO")  # the adapters, onto the teacher\'s transformer\n'
+    if pair:
+        load += (
+            'pipe.load_lora_weights("PATH_OR_REPO", weight_name="pytorch_lora_weights_transformer_2.safetensors",'
+            "\n                       load_into_transformer_2=True)  # the low-noise expert's\n"
+        )
+    return text, row, load
 
 
 def _few_step_text(f: dict) -> tuple[str, str, str, str]:
@@ -366,6 +459,9 @@ def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
     height, width = lh * f["scale"], lw * f["scale"]
     few_text, few_row, few_arg, few_other = _few_step_text(f)
+    lora_text, lora_row, lora_load = _lora_text(f)
+    few_text += lora_text
+    few_row += lora_row
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
     method = f["method"]["name"]
     tags = ", ".join(["wan", "distillation", *([method] if method != "?" else [])])
@@ -395,8 +491,8 @@ import torch
 from diffusers import WanPipeline
 
 pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
-image = pipe({json.dumps(f["prompt"])}, {few_arg}guidance_scale=1.0, num_frames=1, height={height}, width={width},
-             max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
+{lora_load}image = pipe({json.dumps(f["prompt"])}, {few_arg}guidance_scale=1.0, num_frames=1,
+             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
 ```
 {few_other}"""
     )

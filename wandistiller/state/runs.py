@@ -196,6 +196,20 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     return transformer.to(device).eval().requires_grad_(False)
 
 
+def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Teacher:
+    """The run's student at `source` as a sampler without CFG: its transformer in the teacher's place, or a LoRA
+    student's (student=lora) teacher experts, loaded afresh, with its adapters merged in (both of a two-expert
+    teacher, switched at its boundary as WanPipeline does)."""
+    from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
+
+    if not is_lora(run.cfg.student):
+        return as_sampler(run.spec, load_student(run, source, device, dtype), device)
+    in_run(run.path, source)  # never a received folder's link to a student elsewhere
+    checkpoint = None if is_lora_folder(source) else load_checkpoint(source)["student"]
+    experts = merged_experts(run.spec, source, run.cfg.student, dtype, device, checkpoint)
+    return Teacher(run.spec, experts, [1.0] * len(experts), device)
+
+
 def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
     """The teacher the student at `source` was trained against, as recorded: a checkpoint's own record, else
     (the final student) metrics.json's `teacher_*` fields; None where nothing was recorded (older runs)."""

@@ -25,7 +25,7 @@ from wandistiller.core.arch import (
 )
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
-from wandistiller.student import prune
+from wandistiller.student import lora, prune
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -52,10 +52,15 @@ WIDTHS = ("num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim", "f
 def student_config(student_cfg, teacher: dict) -> dict:
     """The student's WanTransformer3DModel config, checked against the teacher's transformer config.
 
-    Reads JSON only, so the Hydra job and the planner can check a student without building it.
+    Reads JSON only, so the Hydra job and the planner can check a student without building it. A LoRA student
+    (`student=lora`) is the teacher itself plus adapters: its config is the teacher's.
     """
+    if lora.is_lora(student_cfg):
+        lora.check_lora_student(student_cfg, teacher)
+        return teacher_shape(teacher)
+    lora.check_not_lora_keys(student_cfg)
     if student_cfg.builder is not None:
-        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS]
+        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS, lora.BUILDER]
         if student_cfg.builder not in names:
             raise UserError(
                 f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(names)} "
@@ -93,6 +98,12 @@ def student_config(student_cfg, teacher: dict) -> dict:
     if unknown:
         raise UserError(f"{source}: {sorted(unknown)} are not WanTransformer3DModel options; remove them")
     return config
+
+
+def teacher_shape(teacher: dict) -> dict:
+    """The teacher's transformer config as WanTransformer3DModel takes it (diffusers' `_class_name`-style keys
+    dropped): a LoRA student's shape."""
+    return {k: v for k, v in teacher.items() if not k.startswith("_")}
 
 
 def _builder_config(builder: str, teacher: dict) -> dict:
@@ -158,6 +169,8 @@ def check_student(student_cfg, teacher: dict) -> dict:
     """student_config, plus what its start needs: init=teacher or a folder it can be cut from, and a keep-list
     that names that source's blocks. JSON only: refused before anything heavy loads."""
     config = student_config(student_cfg, teacher)
+    if lora.is_lora(student_cfg):  # the teacher itself: nothing is cut or copied (student/lora.py)
+        return config
     init, keep = str(student_cfg.init), getattr(student_cfg, "keep_blocks", "auto")
     source = init_source(student_cfg, teacher)
     if init == "teacher":
@@ -290,6 +303,9 @@ def build_student(
     init: str = "auto",
     keep_blocks="auto",
     hidden_layers: tuple[int, ...] = (),
+    rank: int | None = None,
+    alpha: float | None = None,
+    layers=None,
 ) -> Student:
     """The student for this teacher (the default `student._target_`; the keys are the `student` config's, and
     `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss).
@@ -298,7 +314,15 @@ def build_student(
     from diffusers import WanTransformer3DModel
 
     student_cfg = OmegaConf.create(
-        {"builder": builder, "config_path": config_path, "init": str(init), "keep_blocks": _plain(keep_blocks)}
+        {
+            "builder": builder,
+            "config_path": config_path,
+            "init": str(init),
+            "keep_blocks": _plain(keep_blocks),
+            "rank": rank,
+            "alpha": alpha,
+            "layers": _plain(layers),
+        }  # (student=lora's keys: refused here)
     )
     config = check_student(student_cfg, spec.transformer_config)
     transformer = WanTransformer3DModel.from_config(config)

@@ -1,14 +1,25 @@
 """Low-rank adapters (LoRA: Hu et al. 2021) on a frozen Wan expert, switched on only inside `Adapters.active()`:
 the same module then gives the teacher's own output (adapters off: targets, samples, validation) and an adapted
-one (on: dmd's `method.fake_score=lora`), with one copy of its weights. peft is not a dependency: this is the
-little of it that is needed.
+one (on: a LoRA student, `student=lora`, and dmd's `method.fake_score=lora`), with one copy of its weights. Two
+`Adapters` on one expert compose: each hook reads its own flag, so the student's and the fake score's adapters
+are never on together.
 
-Each adapted Linear `y = W x + b` gets `+ (alpha / rank) B(A x)` (alpha = rank: a scale of 1) from a forward
-hook; B starts at zero, so an adapted expert starts equal to the teacher. Adapted: in every block, the attention
-projections of self- and cross-attention (to_q, to_k, to_v, to_out.0) and the FFN's two Linears.
+Each adapted Linear `y = W x + b` gets `+ (alpha / rank) B(A x)` from a forward hook; B starts at zero, so an
+adapted expert starts equal to the teacher. Adapted (`layers`): in every block, the attention projections of self-
+and cross-attention (to_q, to_k, to_v, to_out.0) and the FFN's two Linears (`all`, the default), or the attention
+ones alone (`attention`), or the FFN's (`ffn`), or a list of those names.
+
+Why hand-written hooks for training, and peft only for the saved format and loading (`peft_state_dict`: the keys
+`WanPipeline.save_lora_weights` writes and `load_lora_weights` reads, `blocks.0.attn1.to_q.lora_A.weight`): peft's
+injection replaces each adapted Linear by a wrapper whose frozen weight is renamed `<name>.base_layer.weight` and
+puts the trainable A and B inside the block. The streamed placements (placements/streaming.py: offload, disk) swap
+each block's tensors in and out by their names in the teacher's own files, and move every tensor of a block as it
+leaves: renamed weights would no longer be found, and the adapters would be streamed out with the frozen weights
+(and their gradients and optimizer state with them). Hooks leave every teacher tensor where and what it is, and
+keep the adapters outside the blocks, in their own module (the one the optimizer and DDP see).
 
 The hooks are registered once and read a flag (no hook bookkeeping per call). Not on a compiled teacher
-(teacher.compile: dmd refuses it): torch.compile does not see module hooks added after it traced a block.
+(teacher.compile: refused): torch.compile does not see module hooks added after it traced a block.
 """
 
 from __future__ import annotations
@@ -16,46 +27,93 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from wandistiller.teacher.model import Teacher
+
 # Inside each block (blocks.<i>.<name>).
-TARGETS = tuple(f"attn{a}.to_{p}" for a in (1, 2) for p in ("q", "k", "v", "out.0")) + ("ffn.net.0.proj", "ffn.net.2")
+ATTENTION = tuple(f"attn{a}.to_{p}" for a in (1, 2) for p in ("q", "k", "v", "out.0"))
+FFN = ("ffn.net.0.proj", "ffn.net.2")
+TARGETS = ATTENTION + FFN
+LAYER_SETS = {"all": TARGETS, "attention": ATTENTION, "ffn": FFN}
 
 
-def targets(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+def layer_names(layers) -> tuple[str, ...]:
+    """The adapted Linear names inside a block for `layers`: all | attention | ffn, or a list of TARGETS' names
+    (ValueError naming the allowed ones otherwise). None: all."""
+    if layers is None:
+        return TARGETS
+    if isinstance(layers, str):
+        if layers in LAYER_SETS:
+            return LAYER_SETS[layers]
+        raise ValueError(f"{layers!r} is not one of {', '.join(LAYER_SETS)} nor a list of layer names")
+    names = tuple(str(n) for n in layers)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names or len(set(names)) != len(names):
+        why = f"{unknown[0]!r} is not an adaptable layer" if unknown else "it names none, or one twice"
+        raise ValueError(f"{why}: give all, attention, ffn, or a list of {', '.join(TARGETS)}")
+    return tuple(n for n in TARGETS if n in names)  # module order
+
+
+def targets(model: nn.Module, names: Sequence[str] = TARGETS) -> list[tuple[str, nn.Linear]]:
     """The Linear layers an adapter goes on, by name (`blocks.<i>.attn1.to_q`, ...), in module order."""
     found = []
     for name, module in model.named_modules():
         parts = name.split(".", 2)
-        if parts[0] == "blocks" and len(parts) == 3 and parts[2] in TARGETS and isinstance(module, nn.Linear):
+        if parts[0] == "blocks" and len(parts) == 3 and parts[2] in names and isinstance(module, nn.Linear):
             found.append((name, module))
     return found
 
 
-def adapter_count(model: nn.Module, rank: int) -> int:
+def adapter_count(model: nn.Module, rank: int, names: Sequence[str] = TARGETS) -> int:
     """Trainable parameters of rank-`rank` adapters on `model` (a meta skeleton will do)."""
-    return sum(rank * (m.in_features + m.out_features) for _, m in targets(model))
+    return sum(rank * (m.in_features + m.out_features) for _, m in targets(model, names))
+
+
+def layer_widths(config: dict, names: Sequence[str] = TARGETS) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each adapted Linear of a Wan transformer, from its config.json alone."""
+    inner, ffn = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
+    widths = {n: (inner, inner) for n in ATTENTION} | {"ffn.net.0.proj": (inner, ffn), "ffn.net.2": (ffn, inner)}
+    return {n: widths[n] for n in names}
+
+
+def narrowest(config: dict, names: Sequence[str] = TARGETS) -> int:
+    """The smallest side of the narrowest adapted Linear: a rank above it adds nothing but parameters."""
+    return min(min(w) for w in layer_widths(config, names).values())
 
 
 class Adapters(nn.Module):
-    """Rank-`rank` adapters on `model`'s target layers; their parameters are this module's (`model` stays frozen
-    and is not a submodule: saving these saves the adapters alone)."""
+    """Rank-`rank` adapters on `model`'s target layers (`names`); their parameters are this module's (`model` stays
+    frozen and is not a submodule: saving these saves the adapters alone). `alpha` None: alpha = rank (scale 1)."""
 
-    def __init__(self, model: nn.Module, rank: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    def __init__(
+        self,
+        model: nn.Module,
+        rank: int,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        alpha: float | None = None,
+        names: Sequence[str] = TARGETS,
+    ):
         super().__init__()
-        found = targets(model)
+        found = targets(model, names)
         if not found:
             raise ValueError("no Linear layer to adapt: not a Wan transformer (blocks.<i>.attn1.to_q, ...)")
-        self.rank, self.scale = rank, 1.0  # alpha = rank
+        self.rank, self.alpha = rank, float(alpha if alpha is not None else rank)
+        self.scale = self.alpha / rank
         self.on = False
         self.down, self.up = nn.ParameterDict(), nn.ParameterDict()
+        self.layers: dict[str, str] = {}  # parameter key -> the Linear's name in the model
         g = torch.Generator().manual_seed(seed)  # every rank starts from the same A
         for name, linear in found:
             key = name.replace(".", "_")  # a parameter's name holds no dot
+            self.layers[key] = name
             down = torch.empty(rank, linear.in_features, dtype=dtype)
             nn.init.kaiming_uniform_(down, a=math.sqrt(5), generator=g)  # nn.Linear's (and peft's) init of A
             device = linear.weight.device
@@ -78,3 +136,104 @@ class Adapters(nn.Module):
             yield
         finally:
             self.on = False
+
+    # -- the format diffusers and peft save and load ----------------------------------------------------------
+    def peft_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapters under peft's names (`get_peft_model_state_dict`'s, without the `transformer.` prefix that
+        `WanPipeline.save_lora_weights` adds): `<layer>.lora_A.weight` = A [rank, in], `.lora_B.weight` = B."""
+        out = {}
+        for key, name in self.layers.items():
+            out[f"{name}.lora_A.weight"] = self.down[key].detach()
+            out[f"{name}.lora_B.weight"] = self.up[key].detach()
+        return out
+
+    def peft_metadata(self) -> dict:
+        """peft's LoraConfig of these adapters (saved beside them: diffusers reads its rank and alpha back)."""
+        modules = sorted({name.split(".", 2)[2] for name in self.layers.values()})
+        return {
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "target_modules": modules,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "init_lora_weights": True,
+        }
+
+    def load_peft_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Adapters saved by `peft_state_dict` (a `transformer.` prefix dropped); KeyError or ValueError otherwise."""
+        state = {k.removeprefix("transformer."): v for k, v in state.items()}
+        expected = {f"{n}.lora_{s}.weight" for n in self.layers.values() for s in ("A", "B")}
+        if set(state) != expected:
+            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise ValueError(f"the adapters hold other layers (missing {missing[:1]}, extra {extra[:1]})")
+        with torch.no_grad():
+            for key, name in self.layers.items():
+                for side, param in (("A", self.down[key]), ("B", self.up[key])):
+                    value = state[f"{name}.lora_{side}.weight"]
+                    if tuple(value.shape) != tuple(param.shape):
+                        raise ValueError(f"{name}.lora_{side} is {list(value.shape)}, here {list(param.shape)}")
+                    param.copy_(value)
+
+    @torch.no_grad()
+    def merge_into(self, model: nn.Module) -> None:
+        """W += (alpha / rank) B A in each adapted Linear of `model` (this expert's, or a copy of it): one
+        teacher-sized transformer that computes what the adapted expert does, without hooks."""
+        modules = dict(model.named_modules())
+        for key, name in self.layers.items():
+            linear = cast(nn.Linear, modules[name])
+            delta = self.scale * (self.up[key].double() @ self.down[key].double())
+            linear.weight.copy_((linear.weight.double() + delta.to(linear.weight.device)).to(linear.weight.dtype))
+
+
+class AdaptedTeacher(nn.Module):
+    """The placed teacher's own frozen experts with trainable rank-`rank` adapters on each, switched on for this
+    module's calls alone: the teacher's own calls (targets, the real score) run the same modules with them off, so
+    its weights are held once. Its parameters (its optimizer's, its checkpoint's, DDP's) are the adapters'.
+
+    Each sample goes to the expert that serves its t (`Teacher.expert_index`, the boundary in timestep space as
+    WanPipeline switches): each expert's adapters train on the timesteps that expert serves."""
+
+    def __init__(
+        self,
+        teacher: Teacher,
+        rank: int,
+        dtype: torch.dtype,
+        seed: int,
+        alpha: float | None = None,
+        names: Sequence[str] = TARGETS,
+    ):
+        super().__init__()
+        self.adapters = nn.ModuleList(
+            Adapters(e, rank, dtype, seed + i, alpha, names) for i, e in enumerate(teacher.experts)
+        )
+        self.teacher = (teacher,)  # a tuple: not a submodule, so neither trained, moved nor saved with the adapters
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, None]:
+        teacher = self.teacher[0]
+        x_t, cond = x_t.to(teacher.dtype), cond.to(teacher.dtype)
+        if len(teacher.experts) == 1:
+            return self._expert(0, x_t, t, cond), None
+        which, out = teacher.expert_index(t), None
+        for i in range(len(teacher.experts)):
+            rows = (which == i).nonzero().flatten()
+            if rows.numel():
+                pred = self._expert(i, x_t[rows], t[rows], cond[rows])
+                out = pred.new_empty(x_t.shape) if out is None else out
+                out[rows] = pred  # autograd follows the rows into `out`
+        assert out is not None  # every sample has an expert
+        return out, None
+
+    def _expert(self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Expert i with its adapters on (gradient through its frozen weights to them)."""
+        with cast(Adapters, self.adapters[i]).active():
+            return self.teacher[0].experts[i](
+                hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False
+            )[0]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Every expert's adapters on (a whole pipeline call through the experts: samples)."""
+        with contextlib.ExitStack() as stack:
+            for adapters in self.adapters:
+                stack.enter_context(cast(Adapters, adapters).active())
+            yield

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,7 @@ from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
-from wandistiller.teacher.lora import Adapters
-
-if TYPE_CHECKING:
-    from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 
 FAKE_SCORES = ("student", "teacher", "lora")
 STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
@@ -172,7 +169,19 @@ class DMD(Method):
 
         device = ctx.device
         fake: torch.nn.Module
-        if self.fake_score == "student":
+        if self.fake_score == "student" and isinstance(student, AdaptedTeacher):
+            # A LoRA student's copy would copy the teacher under it: its fake score is a second adapter set of the
+            # student's rank, alpha and layers on the same experts (started at zero: as the student starts).
+            adapters = cast(Adapters, student.adapters[0])
+            fake = LoraFakeScore(
+                student.teacher[0],
+                adapters.rank,
+                ctx.precision.student_dtype,
+                ctx.seed,
+                adapters.alpha,
+                list(dict.fromkeys(n.split(".", 2)[2] for n in adapters.layers.values())),
+            )
+        elif self.fake_score == "student":
             fake = copy.deepcopy(student)
         elif self.fake_score == "teacher":
             fake = teacher_shaped(ctx)
@@ -275,7 +284,7 @@ def data_parallel(fake: torch.nn.Module, device: torch.device, group) -> torch.n
 
     ids = [device.index] if device.type == "cuda" else None
     # A two-expert teacher's LoRA: a rank whose samples all fall to one expert leaves the other's adapters unused.
-    unused = isinstance(fake, LoraFakeScore) and len(fake.adapters) > 1
+    unused = isinstance(fake, AdaptedTeacher) and len(fake.adapters) > 1
     return DistributedDataParallel(fake, device_ids=ids, process_group=group, find_unused_parameters=unused)
 
 
@@ -294,42 +303,17 @@ def teacher_shaped(ctx) -> torch.nn.Module:
     return Student(transformer.requires_grad_(True))
 
 
-class LoraFakeScore(torch.nn.Module):
+class LoraFakeScore(AdaptedTeacher):
     """`method.fake_score=lora`: the placed teacher's own frozen experts with trainable rank-`rank` adapters on each
-    (teacher/lora.py), switched on for this module's calls alone: the real score runs the same modules with
-    them off, so the teacher's weights are held once. Its parameters (its optimizer's, its checkpoint's) are the
-    adapters'. B starts at zero: it starts as the teacher's own unguided velocity, DMD2's start.
+    (teacher/lora.py `AdaptedTeacher`), switched on for this module's calls alone: the real score runs the same
+    modules with them off, so the teacher's weights are held once. Its parameters (its optimizer's, its
+    checkpoint's) are the adapters'. B starts at zero: it starts as the teacher's own unguided velocity, DMD2's start.
 
     Each sample goes to the expert that serves its t, as in the real score (`Teacher.expert_index`): at every t the
     fake score starts from the very network the real score runs there, the two differing by the adapters (and
     guidance) alone. (The teacher-shaped fake score starts from the first expert at every t: a trainable copy of
-    both would cost another teacher; adapters on both cost little.)"""
-
-    def __init__(self, teacher: Teacher, rank: int, dtype: torch.dtype, seed: int):
-        super().__init__()
-        self.adapters = torch.nn.ModuleList(Adapters(e, rank, dtype, seed + i) for i, e in enumerate(teacher.experts))
-        self.teacher = (teacher,)  # a tuple: not a submodule, so neither trained, moved nor saved with the adapters
-
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, None]:
-        teacher = self.teacher[0]
-        x_t, cond = x_t.to(teacher.dtype), cond.to(teacher.dtype)
-        if len(teacher.experts) == 1:
-            return self._expert(0, x_t, t, cond), None
-        which, out = teacher.expert_index(t), None
-        for i in range(len(teacher.experts)):
-            rows = (which == i).nonzero().flatten()
-            if rows.numel():
-                pred = self._expert(i, x_t[rows], t[rows], cond[rows])
-                out = pred.new_empty(x_t.shape) if out is None else out
-                out[rows] = pred  # autograd follows the rows into `out`
-        assert out is not None  # every sample has an expert
-        return out, None
-
-    def _expert(self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """Expert i with its adapters on (gradient through its frozen weights to them)."""
-        with cast(Adapters, self.adapters[i]).active():
-            return self.teacher[0].experts[i](hidden_states=x_t, timestep=t, encoder_hidden_states=cond,
-                                              return_dict=False)[0]  # fmt: skip
+    both would cost another teacher; adapters on both cost little.) Beside a LoRA student (`student=lora`) it is a
+    second adapter set on the same experts: each set's hooks read their own flag."""
 
 
 OPTION = Option("dmd", DmdConfig, DMD)
