@@ -152,9 +152,10 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
 def _drop_local_paths(built: Path) -> None:
     """diffusers records where it loaded from: this machine's temporary path, dropped from every config."""
     for config in built.rglob("*.json"):
-        body = json.loads(config.read_text())
+        name = config.relative_to(built)
+        body = read_json_in(built, name)
         if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
-            config.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+            write_in_run(built, name, json.dumps(body, indent=2, sort_keys=True) + "\n")
 
 
 def _build(run, tmp: Path, student) -> Path:

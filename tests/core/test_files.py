@@ -557,6 +557,7 @@ ALLOWED_CALLS = {
     ("state/checkpoint.py", "teacher_digest"): "the teacher's weights files",
     ("state/export.py", "model_index"): "the teacher's model_index.json",
     ("state/export.py", "image_scale"): "the teacher's vae/config.json",
+    ("state/export.py", "teacher_index"): "the teacher's model_index.json",
     ("state/export.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
     ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",
     ("data/latents.py", "cache_key"): "the teacher's configs, for the cache key",
@@ -574,6 +575,7 @@ ALLOWED_CALLS = {
     ("student/model.py", "_read_student_json"): "student.config_path, a file the user names",
     ("pipeline.py", "_build"): "a folder this process assembled: the student checked (check_tree) and placed "
     "through the guard, the teacher the user's own",
+    ("pipeline.py", "_build_lora"): "as _build: the teacher's pipeline and the adapters placed through the guard",
 }
 
 

@@ -9,7 +9,6 @@ teacher's sample from the same noise, parameters and seconds per image. Each row
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from wandistiller.core.files import read_json_in
 
 # (row, overrides): the same student, steps and batch; only where x0 comes from and the loss change.
 ROWS = [
@@ -106,7 +107,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
         sampler = student_sampler(run, run_dir / source, device)
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())
         if is_lora(run.cfg.student):  # what must be stored beside the teacher: the adapters
-            params = json.loads((run_dir / source / ADAPTERS_JSON).read_text())["params"]
+            params = read_json_in(run_dir, f"{source}/{ADAPTERS_JSON}")["params"]
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):

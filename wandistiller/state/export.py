@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, counted, human_count
+from wandistiller.core.files import write_in_run
 from wandistiller.data.sources import sources
 from wandistiller.state.runs import student_steps
 from wandistiller.student.lora import is_lora, is_lora_folder
@@ -141,7 +142,7 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
     a few-step student's scheduler and sampling.json, and `card` as README.md."""
     from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
 
-    index = json.loads((teacher_path / "model_index.json").read_text())
+    index = teacher_index(teacher_path)
     parts = [
         p
         for p in ("transformer", "transformer_2", *TEACHER_PARTS)
@@ -160,11 +161,16 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
             place(student_dir / name, out / name)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        (out / "transformer" / SAMPLING).write_text(json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
         index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
-    (out / "model_index.json").write_text(json.dumps(index, indent=2))
-    (out / "README.md").write_text(card)
+    write_in_run(out, "model_index.json", json.dumps(index, indent=2))
+    write_in_run(out, "README.md", card)
     return out
+
+
+def teacher_index(teacher_path: Path) -> dict:
+    """The teacher's own model_index.json (the user's teacher, not a received folder's file)."""
+    return json.loads((teacher_path / "model_index.json").read_text())
 
 
 def model_index(teacher_path: Path, steps: int | None = None) -> dict:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import write_in_run
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters, layer_names, narrowest
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
@@ -176,7 +177,7 @@ def save_adapters(folder: Path, adapters: list[Adapters], teacher_record: dict |
     }
     if teacher_record:
         about["teacher"] = teacher_record
-    (folder / ADAPTERS_JSON).write_text(json.dumps(about, indent=2))
+    write_in_run(folder, ADAPTERS_JSON, json.dumps(about, indent=2))
 
 
 def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
