@@ -260,3 +260,24 @@ def test_a_bad_setting_on_the_command_line_is_refused_before_the_run_folder(make
     with refused("hooks.collapse.noises=1 must be at least 2"):
         run(make_cfg("hooks=[collapse]", "hooks.collapse.noises=1", run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_lora_student_is_watched_with_its_adapters_on(world, tmp_path):
+    """A LoRA student (the placed teacher plus adapters) has no transformer of its own: the probe runs the teacher's
+    experts with its adapters switched on, so adapters that change the teacher change the figures."""
+    from wandistiller.teacher.lora import AdaptedTeacher
+
+    lora = AdaptedTeacher(world.teacher, rank=2, dtype=torch.float32, seed=0)
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "moved").mkdir()
+    first = watched(world, tmp_path / "zero", lora)
+    first.hook(first, 2)  # B at zero: the student is the teacher without CFG
+    with torch.no_grad():
+        for adapters in lora.adapters:
+            for up in adapters.up.values():
+                up.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    second = watched(world, tmp_path / "moved", lora)
+    second.hook(second, 2)
+    [(_, at_zero)], [(_, moved)] = first.tracker.logged, second.tracker.logged
+    assert at_zero["collapse/diversity"] != moved["collapse/diversity"]  # the adapters were on while it sampled
+    assert not any(a.on for a in lora.adapters)  # and off again after

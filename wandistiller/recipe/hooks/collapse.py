@@ -33,6 +33,7 @@ import torch
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.recipe.hooks.base import Hook, at_least
+from wandistiller.teacher.lora import AdaptedTeacher
 
 if TYPE_CHECKING:
     from wandistiller.data.prompts import PromptEmbeddings
@@ -349,10 +350,18 @@ class CollapseWatch(Hook):
         scheduler = None if ctx.student_steps is None else few_step_scheduler(ctx.spec, self.student_steps)
         was_training = student.training
         student.eval()
+        own = getattr(student, "module", student)  # DDP's
         try:
-            latents = probe_latents(
-                ctx.spec, [student.transformer], [1.0], self.probe, self.student_steps, ctx.device, scheduler
-            )
+            if isinstance(own, AdaptedTeacher):  # a LoRA student: the teacher's experts with its adapters on
+                experts = own.teacher[0].experts
+                with own.active():
+                    latents = probe_latents(
+                        ctx.spec, experts, [1.0] * len(experts), self.probe, self.student_steps, ctx.device, scheduler
+                    )
+            else:
+                latents = probe_latents(
+                    ctx.spec, [own.transformer], [1.0], self.probe, self.student_steps, ctx.device, scheduler
+                )
         finally:
             student.train(was_training)
         return image_figures(decoded(ctx.spec, latents, ctx.device), self.probe.prompts, self.judge)
