@@ -162,8 +162,11 @@ def check_overrides(argv: list[str]) -> None:
     other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
     if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it
         return
-    given = [a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")
-             and not a.lstrip("+~").startswith("hydra")]  # fmt: skip
+    given = [
+        a
+        for a in argv
+        if ("=" in a or a.startswith("~")) and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")
+    ]
     try:
         parsed = OverridesParser.create().parse_overrides(given)
         base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]
@@ -226,8 +229,15 @@ def modern_argv(argv: list[str]) -> list[str]:
         return rewritten
     # An older trainer key applied to every run; its hook may be left out of today's list (debug=fast has no
     # samples): there the setting had no effect, and it is dropped rather than refused.
-    plain = [a for a in rewritten if a not in settings and "=" in a and "," not in a.split("=", 1)[1]
-             and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]  # fmt: skip
+    plain = [
+        a
+        for a in rewritten
+        if a not in settings
+        and "=" in a
+        and "," not in a.split("=", 1)[1]
+        and not a.startswith("-")
+        and not a.lstrip("+~").startswith("hydra")
+    ]
     try:
         present = set(_compose("train", plain + [a for a in rewritten if a.startswith("~")]).hooks)
     except Exception:  # the command line has another mistake: composing it again says which, in one line

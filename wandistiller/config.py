@@ -42,8 +42,15 @@ class DType(Choice):
 # Every schedule diffusers.optimization.get_scheduler knows (its SchedulerType's values; tests/test_config.py checks
 # they still agree). Written out: importing diffusers.optimization pulls in torch._dynamo, seconds in every process,
 # including each one that only composes a config or refuses it.
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-              "piecewise_constant")  # fmt: skip
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "piecewise_constant",
+)
 if TYPE_CHECKING:  # an Enum made from a tuple: to mypy, one of the Choice strings
     LrScheduler = Choice
 else:

@@ -69,8 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clip-model", help="CLIP score with this CLIP model (Hub id or folder; real Wan teachers)")
     parser.add_argument("--fid-reference", help="Inception FID against this folder of images (needs torch-fidelity)")
     add_trust_args(parser, wandb=True)
-    parser.add_argument("--allow-data", action="store_true", help="read an image run's captions from its saved "
-                        "data.root/data.dataset outside the run folder (only for run folders you trust)")  # fmt: skip
+    parser.add_argument(
+        "--allow-data",
+        action="store_true",
+        help="read an image run's captions from its saved "
+        "data.root/data.dataset outside the run folder (only for run folders you trust)",
+    )
     args = parser.parse_args(argv)
     # unset: the run's own settings (evaluate reads them from the run's saved config), so `eval RUN` is its eval.json
     args.steps = None if args.steps is None else whole_number(str(args.steps), "--steps", example=20)
@@ -92,11 +96,15 @@ def step_counts(text: str | None) -> list[int] | None:
         try:
             counts.append(int(part.strip()))
         except ValueError:
-            raise UserError(f"--student-steps {text!r}: {part.strip()!r} is not a whole number; give step counts "
-                            "of 1 or more, e.g. --student-steps 1,2,4") from None  # fmt: skip
+            raise UserError(
+                f"--student-steps {text!r}: {part.strip()!r} is not a whole number; give step counts "
+                "of 1 or more, e.g. --student-steps 1,2,4"
+            ) from None
         if counts[-1] < 1:
-            raise UserError(f"--student-steps {text!r}: {counts[-1]} is not 1 or more; give step counts of 1 or "
-                            "more, e.g. --student-steps 1,2,4")  # fmt: skip
+            raise UserError(
+                f"--student-steps {text!r}: {counts[-1]} is not 1 or more; give step counts of 1 or "
+                "more, e.g. --student-steps 1,2,4"
+            )
     return counts
 
 
@@ -109,8 +117,20 @@ def main(argv: list[str] | None = None) -> None:
     ):
         args = parse_args(argv)
         trust, counts = Trust.from_args(args), args.student_counts
-        result = evaluate(args.run_dir, args.checkpoint, args.prompts, args.steps, args.limit, args.dtype, None,
-                          args.clip_model, args.fid_reference, trust, args.per_prompt, counts)  # fmt: skip
+        result = evaluate(
+            args.run_dir,
+            args.checkpoint,
+            args.prompts,
+            args.steps,
+            args.limit,
+            args.dtype,
+            None,
+            args.clip_model,
+            args.fid_reference,
+            trust,
+            args.per_prompt,
+            counts,
+        )
         for one in result["results"].values():
             m = one["mean"]
             print(
@@ -119,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"({counted(m['student_calls_per_image'], 'call')})  teacher {m['teacher_s']:.3f} s/img "
                 f"({counted(m['teacher_calls_per_image'], 'call')})  ({m['speedup']:.1f}x)"
             )
-            quality = {k: v for k, v in m.items() if k.startswith(("teacher_", "student_", "diversity"))
-                       and not k.endswith(("_s", "_calls_per_image"))}  # fmt: skip
+            quality = {
+                k: v
+                for k, v in m.items()
+                if k.startswith(("teacher_", "student_", "diversity")) and not k.endswith(("_s", "_calls_per_image"))
+            }
             if quality:
                 print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
         if "scales" in result:  # what an unscaled figure (KID) is, once
@@ -129,8 +152,10 @@ def main(argv: list[str] | None = None) -> None:
         if "diversity" in result.get("withheld", {}):
             print(f"diversity withheld: {result['withheld']['diversity']}")
         if "teacher_samples" in m and "teacher_fid" not in m:
-            print(f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
-                  "anything (65 or more: raise --limit or --per-prompt)")  # fmt: skip
+            print(
+                f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
+                "anything (65 or more: raise --limit or --per-prompt)"
+            )
         print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
         log_to_run(Path(args.run_dir), result, trust)
 

@@ -84,8 +84,14 @@ def image_name(slug: str, seed: int, who: str) -> str:
     return f"{slug}_seed{seed}_{who}.png"
 
 
-def drawn_by(who: str, steps: int, own_steps: int, source: Path | None = None, dtype: str | None = None,
-             teacher: str | None = None) -> str:  # fmt: skip
+def drawn_by(
+    who: str,
+    steps: int,
+    own_steps: int,
+    source: Path | None = None,
+    dtype: str | None = None,
+    teacher: str | None = None,
+) -> str:
     """Who drew an image and how, where it is not the default: `student` at its own steps (a few-step student's
     K, a KD student's --steps 20), else `student1`; a checkpoint's `_best`/`_step_XXXXXXXX`; a --dtype other
     than the run's `_bf16`; a teacher other than the recorded one (--allow-other-teacher) `_teacher-<digest>`. The
@@ -104,8 +110,12 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
     check_teacher_fits(run, source, args.allow_other_teacher)
     judged = other_teacher_tag(run, source, args.allow_other_teacher)  # its own file names: see drawn_by
-    check_counts(run, {"--steps": args.steps, "--student-steps": args.student_steps or 1},
-                 len(args.prompt) * (2 if args.teacher else 1), f"{len(args.prompt)} prompts")  # fmt: skip
+    check_counts(
+        run,
+        {"--steps": args.steps, "--student-steps": args.student_steps or 1},
+        len(args.prompt) * (2 if args.teacher else 1),
+        f"{len(args.prompt)} prompts",
+    )
     idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
     problem = output_problem(out) if args.out else output_problem(run.path, "generated")  # tried: a file made there
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
@@ -119,10 +129,12 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     trained = run.trained_steps
     steps = args.student_steps or trained or args.steps  # its own K, unless told otherwise
     # --dtype named only where it is not the run's: the default's images keep their names
-    other = ({v: k for k, v in DTYPES.items()}[dtype] if DTYPES.get(str(run.cfg.precision.teacher_dtype)) != dtype
-             else None)  # fmt: skip
-    latents, _ = generate(student, emb, idx, args.seed, steps, run.latent_shape,
-                          scheduler=student_scheduler(run.spec, trained, steps))  # fmt: skip
+    other = (
+        {v: k for k, v in DTYPES.items()}[dtype] if DTYPES.get(str(run.cfg.precision.teacher_dtype)) != dtype else None
+    )
+    latents, _ = generate(
+        student, emb, idx, args.seed, steps, run.latent_shape, scheduler=student_scheduler(run.spec, trained, steps)
+    )
     who = drawn_by("student", steps, trained or STEPS, source, other, judged)
     paths = write_images(latents, vae, args.prompt, out, who, args.seed)
     if args.teacher:
@@ -138,10 +150,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m wandistiller.generate", description=description(__doc__))
     parser.add_argument("path", help="a run folder, or its saved student folder (<run>/student)")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    parser.add_argument("--steps", metavar="N", default=str(STEPS), help="sampling steps of a KD student and the "
-                        f"teacher (default {STEPS})")  # fmt: skip
-    parser.add_argument("--student-steps", metavar="N", help="the student's steps (default: a few-step "
-                        "student's own K, a KD student --steps)")  # fmt: skip
+    parser.add_argument(
+        "--steps",
+        metavar="N",
+        default=str(STEPS),
+        help=f"sampling steps of a KD student and the teacher (default {STEPS})",
+    )
+    parser.add_argument(
+        "--student-steps",
+        metavar="N",
+        help="the student's steps (default: a few-step student's own K, a KD student --steps)",
+    )
     parser.add_argument("--seed", metavar="N", default="0", help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
     parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")

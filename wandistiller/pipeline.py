@@ -37,8 +37,17 @@ from wandistiller.state.export import (  # the folder is made there (every run's
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COPY_LIMIT", "PIPELINE", "TEACHER_PARTS", "export", "model_card", "model_index", "place", "run_pipeline",
-           "write_pipeline"]  # fmt: skip
+__all__ = [
+    "COPY_LIMIT",
+    "PIPELINE",
+    "TEACHER_PARTS",
+    "export",
+    "model_card",
+    "model_index",
+    "place",
+    "run_pipeline",
+    "write_pipeline",
+]
 
 
 def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: bool = False) -> Path:
@@ -68,8 +77,10 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
             built.rename(out)
     except (OSError, SafetensorError) as e:  # a full disk, a quota: safetensors words it "I/O error: …"
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).rsplit(": ", 1)[-1]
-        raise UserError(f"--out {out}: the export could not be written ({why}); free some space or choose "
-                        "another folder (nothing was left there)") from None  # fmt: skip
+        raise UserError(
+            f"--out {out}: the export could not be written ({why}); free some space or choose "
+            "another folder (nothing was left there)"
+        ) from None
     return out
 
 
@@ -166,8 +177,9 @@ def _build(run, tmp: Path, student) -> Path:
         student.save_pretrained(tmp / "student")
         student = tmp / "student"
     root = run.path if student.is_relative_to(run.path) else student  # the received run's, or the one saved here
-    folder = write_pipeline(tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path),
-                            run.trained_steps, root)  # fmt: skip
+    folder = write_pipeline(
+        tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path), run.trained_steps, root
+    )
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
     shutil.copy2(folder / "README.md", built / "README.md")

@@ -52,8 +52,10 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    then = ("what was saved is kept (checkpoints, finished cache chunks); run the same command again, with "
-            f"trainer.resume=auto hydra.run.dir={cfg.paths.output_dir} to continue from its checkpoints")  # fmt: skip
+    then = (
+        "what was saved is kept (checkpoints, finished cache chunks); run the same command again, with "
+        f"trainer.resume=auto hydra.run.dir={cfg.paths.output_dir} to continue from its checkpoints"
+    )
     with internal_errors_reported(), exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
         with stop_at_once(then):  # the training steps catch it themselves, and stop after one with a checkpoint
             run(cfg)
@@ -100,9 +102,14 @@ def run(cfg: DictConfig) -> dict:
 def _say_done(summary: dict, run_dir: str) -> None:
     """The last line of a run, however it was started (one process, workers, torchrun, a sweep point)."""
     if "status" in summary:
-        log.info("done: %d steps at %s samples/s, loss %.4f -> %.4f; outputs in %s", summary["steps_run"],
-                 rate(summary["samples_per_s_median"]), summary["loss_first"] or 0, summary["loss_last"] or 0,
-                 run_dir)  # fmt: skip
+        log.info(
+            "done: %d steps at %s samples/s, loss %.4f -> %.4f; outputs in %s",
+            summary["steps_run"],
+            rate(summary["samples_per_s_median"]),
+            summary["loss_first"] or 0,
+            summary["loss_last"] or 0,
+            run_dir,
+        )
 
 
 def _prepare_or_refuse(cfg: DictConfig, topo: Topology) -> tuple[Prepared, Any] | UserError:
@@ -163,8 +170,12 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
 
     d = cfg.distributed
     if d.nnodes > 1:  # the rendezvous blocks until every node has joined: say what it waits for
-        log.info("waiting for %d nodes at %s (rdzv_id %s); start the same command on each", d.nnodes,
-                 d.get("rdzv_endpoint"), d.get("rdzv_id"))  # fmt: skip
+        log.info(
+            "waiting for %d nodes at %s (rdzv_id %s); start the same command on each",
+            d.nnodes,
+            d.get("rdzv_endpoint"),
+            d.get("rdzv_id"),
+        )
     try:
         results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
     except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint

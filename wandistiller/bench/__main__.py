@@ -39,8 +39,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--quantize", choices=["fp8"], default=None, help="fp8 blocks (wandistiller.teacher.fp8), vs bf16 too"
     )
-    t.add_argument("--fp8-compute", choices=["auto", "scaled_mm", "dequant"], default="auto",
-                   help="fp8 matmuls: _scaled_mm, or the weights widened to bf16 per layer")  # fmt: skip
+    t.add_argument(
+        "--fp8-compute",
+        choices=["auto", "scaled_mm", "dequant"],
+        default="auto",
+        help="fp8 matmuls: _scaled_mm, or the weights widened to bf16 per layer",
+    )
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--out", default=out_path("teacher"))
     ld = sub.add_parser("load", help="host memory and time to load one expert, each loader in a fresh process")

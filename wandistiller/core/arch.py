@@ -57,8 +57,14 @@ TINY_MOE_BOUNDARY_RATIO = 0.875
 # 16 tokens); three times the tiny teacher's width. Width 64 (ffn 256) drew the digit right 51% of the time
 # and width 96 99% (2400 steps, CFG 3; flow shift 1 instead of Wan's 3 did worse: 19% / 70%).
 POCKET_TRANSFORMER: dict[str, Any] = TINY_TRANSFORMER | dict(num_attention_heads=6, ffn_dim=384)
-POCKET_VAE = dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True],
-                  scale_factor_spatial=4)  # fmt: skip
+POCKET_VAE = dict(
+    base_dim=8,
+    z_dim=16,
+    dim_mult=[1, 2, 2],
+    num_res_blocks=1,
+    temperal_downsample=[False, True],
+    scale_factor_spatial=4,
+)
 POCKET_TEXT_ENCODER = TINY_TEXT_ENCODER
 POCKET_MAX_SEQUENCE_LENGTH = 16  # its prompts are 4 tokens; trained at this padding (teacher.max_sequence_length)
 
@@ -87,8 +93,16 @@ BENCH_ARCHS: dict[str, dict[str, Any]] = {
 }
 
 # WanTransformer3DModel options a config file may set, by the kind of value each must hold.
-_POSITIVE_INTS = ("num_attention_heads", "attention_head_dim", "in_channels", "text_dim", "freq_dim", "ffn_dim",
-                  "num_layers", "rope_max_seq_len")  # fmt: skip
+_POSITIVE_INTS = (
+    "num_attention_heads",
+    "attention_head_dim",
+    "in_channels",
+    "text_dim",
+    "freq_dim",
+    "ffn_dim",
+    "num_layers",
+    "rope_max_seq_len",
+)
 _OPTIONAL_POSITIVE_INTS = ("out_channels", "image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
 
 

@@ -173,8 +173,9 @@ def init_process_group(topology: Topology, timeout_min: float) -> None:
         host, port = os.environ[LOOPBACK_STORE].rsplit(":", 1)
         tcp = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         store = dist.PrefixStore(f"wandistiller/{os.environ.get('TORCHELASTIC_RUN_ID', '')}", tcp)
-        dist.init_process_group(backend, store=store, rank=topology.rank, world_size=topology.world_size,
-                                timeout=timeout)  # fmt: skip
+        dist.init_process_group(
+            backend, store=store, rank=topology.rank, world_size=topology.world_size, timeout=timeout
+        )
         return
     dist.init_process_group(backend=backend, timeout=timeout)
 
@@ -247,7 +248,7 @@ def loopback_only():
     port = sock.getsockname()[1]
     store = dist.TCPStore(
         "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True, master_listen_fd=sock.detach()
-    )  # fmt: skip -- the store owns (and closes) it
+    )  # the store owns (and closes) it
     env = {
         LOOPBACK_STORE: f"127.0.0.1:{port}",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # else the agent serves another store, on every interface

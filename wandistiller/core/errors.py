@@ -77,8 +77,9 @@ def quieted(name: str, level: int = logging.WARNING) -> Iterator[None]:
 def write_to_log_files(message: str, exc_info=None, name: str = "wandistiller") -> list[str]:
     """Log `message` to the log files alone (Hydra's train.log), not the terminal; returns their paths."""
     files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    record = logging.getLogger(name).makeRecord(name, logging.INFO if exc_info is None else logging.ERROR, "", 0,
-                                                message, (), exc_info)  # fmt: skip
+    record = logging.getLogger(name).makeRecord(
+        name, logging.INFO if exc_info is None else logging.ERROR, "", 0, message, (), exc_info
+    )
     for handler in files:
         handler.handle(record)
     return [h.baseFilename for h in files]

@@ -47,8 +47,23 @@ DEFAULT_PROMPTS = ASSETS / "prompts.txt"
 
 # Larger than any real header (a 14B expert's is about 100 KiB); a garbage length is caught before reading it.
 MAX_HEADER_BYTES = 100 * 2**20
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 def file_stamps(folder: Path, pattern: str) -> list[tuple[str, int, int]]:
@@ -129,8 +144,12 @@ def _entry_problem(info, dtypes: dict[str, int]) -> str | None:
     shape, offsets = info["shape"], info["data_offsets"]
     if not isinstance(shape, list) or len(shape) > 64 or not all(_count(d) for d in shape):
         return f"has shape {str(shape)[:80]}, not a list of sizes"
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_count(o) for o in offsets) \
-            or offsets[0] > offsets[1]:  # fmt: skip
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_count(o) for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
         return f"has data_offsets {str(offsets)[:80]}, not [start, end]"
     return None
 
@@ -319,8 +338,16 @@ def in_run(root: Path, name: str | Path) -> Path:
 
 # What a run appends to or adds into besides checkpoints/ (files written whole replace a link instead): a received
 # folder's link (or hard link) in one of their places is refused before any work (a resume's claim, eval's start).
-APPENDED = (".hydra", "train.log", "metrics_steps.jsonl", "metrics.csv", "tensorboard", "wandb", ".failures",
-            "checkpoints")  # fmt: skip
+APPENDED = (
+    ".hydra",
+    "train.log",
+    "metrics_steps.jsonl",
+    "metrics.csv",
+    "tensorboard",
+    "wandb",
+    ".failures",
+    "checkpoints",
+)
 
 
 def check_appended(root: Path) -> None:
@@ -361,8 +388,9 @@ def appendable(root: Path, name: str | Path) -> Path:
     return path
 
 
-def write_in_run(root: Path, name: str | Path, data: str | bytes | None = None, *, write=None,
-                 fsync: bool = True) -> Path:  # fmt: skip
+def write_in_run(
+    root: Path, name: str | Path, data: str | bytes | None = None, *, write=None, fsync: bool = True
+) -> Path:
     """`root / name` written whole (`atomic_write`) into the run folder: its folder must lie inside it (opened from
     `root` with no link followed: see `open_in`), and a link (symbolic or hard) in the file's place is replaced,
     never written through."""
@@ -435,8 +463,9 @@ def open_fd(root: Path, name: str | Path, flags: int = os.O_RDONLY, mode: int = 
     dfd = _walk(real_root, parts[:-1], path)
     reading = flags & (os.O_WRONLY | os.O_RDWR) == 0
     try:  # O_NONBLOCK: opening a FIFO to read would block until a writer came
-        fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if reading else 0), mode,
-                     dir_fd=dfd)  # fmt: skip
+        fd = os.open(
+            parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if reading else 0), mode, dir_fd=dfd
+        )
     except OSError as e:
         _swapped(e, path, dfd, parts[-1])
         raise
@@ -454,9 +483,15 @@ def open_fd(root: Path, name: str | Path, flags: int = os.O_RDONLY, mode: int = 
     return fd
 
 
-_MODES = {"rb": os.O_RDONLY, "r": os.O_RDONLY, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-          "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "a+b": os.O_RDWR | os.O_APPEND | os.O_CREAT,
-          "r+": os.O_RDWR, "r+b": os.O_RDWR}  # fmt: skip
+_MODES = {
+    "rb": os.O_RDONLY,
+    "r": os.O_RDONLY,
+    "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    "a+b": os.O_RDWR | os.O_APPEND | os.O_CREAT,
+    "r+": os.O_RDWR,
+    "r+b": os.O_RDWR,
+}
 
 
 def open_in(root: Path, name: str | Path, mode: str = "rb", **text):
@@ -480,8 +515,10 @@ def read_in(root: Path, name: str | Path, limit: int | None = None, what: str = 
         with open_in(root, path) as f:
             size = os.fstat(f.fileno()).st_size
             if limit is not None and size > limit:
-                raise UserError(f"{path} is {size:,} bytes, more than a {what} can be ({limit:,}); it is not one "
-                                "WanDistiller wrote: restore it from the run's backup")  # fmt: skip
+                raise UserError(
+                    f"{path} is {size:,} bytes, more than a {what} can be ({limit:,}); it is not one "
+                    "WanDistiller wrote: restore it from the run's backup"
+                )
             raw = f.read() if limit is None else f.read(limit + 1)
     except OSError as e:
         raise UserError(f"{path} cannot be read ({e.strerror})") from None
@@ -490,15 +527,17 @@ def read_in(root: Path, name: str | Path, limit: int | None = None, what: str = 
     return raw
 
 
-def read_text_in(root: Path, name: str | Path, limit: int | None = None, what: str = "file",
-                 encoding: str = "utf-8") -> str:  # fmt: skip
+def read_text_in(
+    root: Path, name: str | Path, limit: int | None = None, what: str = "file", encoding: str = "utf-8"
+) -> str:
     """The text of `root / name` (`read_in`); bytes that are not `encoding` are one line."""
     raw = read_in(root, name, limit, what)
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as e:
-        raise UserError(f"{_joined(root, name)} is not UTF-8 text (byte {e.start}); it is not a {what} WanDistiller "
-                        "wrote") from None  # fmt: skip
+        raise UserError(
+            f"{_joined(root, name)} is not UTF-8 text (byte {e.start}); it is not a {what} WanDistiller wrote"
+        ) from None
 
 
 MAX_JSON_BYTES = 64 * 2**20  # state.json, metrics.json, a model's config.json: KBs to a few MB

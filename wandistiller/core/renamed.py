@@ -160,10 +160,15 @@ def modern_override(override: str) -> tuple[list[str], str | None]:
     if "," in value and not value.lstrip().startswith("[") and (key == EVALUATE_SWITCH or len(places) > 1):
         from wandistiller.core.errors import UserError
 
-        instead = "hooks=[monitor,progress,samples],[monitor,progress,samples,evaluate]" if key == EVALUATE_SWITCH \
-            else f"{places[0]}={value}, with {' and '.join(places[1:])} set once"  # fmt: skip
-        raise UserError(f"{key}={value}: a sweep of a key that is now {' and '.join(places)} cannot be rewritten "
-                        f"as one; sweep the new keys, e.g. {instead}")  # fmt: skip
+        instead = (
+            "hooks=[monitor,progress,samples],[monitor,progress,samples,evaluate]"
+            if key == EVALUATE_SWITCH
+            else f"{places[0]}={value}, with {' and '.join(places[1:])} set once"
+        )
+        raise UserError(
+            f"{key}={value}: a sweep of a key that is now {' and '.join(places)} cannot be rewritten "
+            f"as one; sweep the new keys, e.g. {instead}"
+        )
     if key == EVALUATE_SWITCH:
         new = ["~hooks.evaluate"] if value.strip().lower() == "false" else []
         now = "the evaluate hook in `hooks` (in the default list; ~hooks.evaluate leaves it out)"

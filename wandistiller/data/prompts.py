@@ -130,8 +130,10 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
     parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
     parts.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(prompts), EMBED_CHUNK)
-    found = {c: _load_part(parts / f"part_{c:06d}.pt", prompts[s : s + EMBED_CHUNK], max_sequence_length)
-             for c, s in enumerate(starts)}  # fmt: skip
+    found = {
+        c: _load_part(parts / f"part_{c:06d}.pt", prompts[s : s + EMBED_CHUNK], max_sequence_length)
+        for c, s in enumerate(starts)
+    }
     damaged = [f"part_{c:06d}.pt" for c, e in found.items() if e is None and (parts / f"part_{c:06d}.pt").exists()]
     if damaged:
         log.warning("text embeddings: %s in %s damaged; encoding those prompts again", ", ".join(damaged), parts)
@@ -149,8 +151,9 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
                 embeds += cached
                 continue
             part = _encode_part(pipe, prompts[part_start : part_start + EMBED_CHUNK], max_sequence_length, device)
-            save_tensors({"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part},
-                         parts / f"part_{c:06d}.pt")  # fmt: skip
+            save_tensors(
+                {"prompts": prompts[part_start : part_start + EMBED_CHUNK], "embeds": part}, parts / f"part_{c:06d}.pt"
+            )
             embeds += part
         negative = _encode_part(pipe, [negative_prompt], max_sequence_length, device)[0]
     del pipe

@@ -136,8 +136,12 @@ def teacher_trajectories(
         if not pipe:
             pipe.append(wan_pipeline(teacher.spec, teacher.experts, teacher.device))
         prompts = torch.tensor([j // s.latents_per_prompt for j in items])
-        noise = torch.stack([noise_for(seed, j // s.latents_per_prompt, j % s.latents_per_prompt, s.latent_shape,
-                                       STREAM) for j in items])  # fmt: skip
+        noise = torch.stack(
+            [
+                noise_for(seed, j // s.latents_per_prompt, j % s.latents_per_prompt, s.latent_shape, STREAM)
+                for j in items
+            ]
+        )
         cond = embeddings.padded(prompts).to(teacher.device, teacher.dtype)
         uncond = embeddings.negative_batch(len(items)).contiguous().to(teacher.device, teacher.dtype)
         steps = teacher.spec.num_train_timesteps

@@ -49,8 +49,9 @@ from wandistiller.teacher.sampler import calls_per_image
 DEFAULTS = {"steps": 20, "limit": 8, "per_prompt": 1, "prompts_path": None}
 
 
-def eval_prompts(run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False,
-                 allow_data: bool = False) -> list[str]:  # fmt: skip
+def eval_prompts(
+    run: RunFolder, prompts_path: str | None, limit: int, own_files: bool = False, allow_data: bool = False
+) -> list[str]:
     """The given file, or the run's held-out prompts (never trained on: its data source's own split); `own_files`:
     the saved files are the user's own (the end-of-run eval), so they are read wherever they lie; `allow_data`:
     the user trusts a received run's data folders."""
@@ -135,8 +136,16 @@ def evaluate(
     check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    asked = {"student": counts, "steps": steps, "limit": limit, "per_prompt": per_prompt, "prompts": prompts_path,
-             "dtype": teacher_dtype, "clip": clip_model, "fid": fid_reference}  # fmt: skip
+    asked = {
+        "student": counts,
+        "steps": steps,
+        "limit": limit,
+        "per_prompt": per_prompt,
+        "prompts": prompts_path,
+        "dtype": teacher_dtype,
+        "clip": clip_model,
+        "fid": fid_reference,
+    }
     named = variant(run, asked) + ([other] if other else [])  # the settings its file names carry: known before
     prompts = eval_prompts(run, prompts_path, limit, trust.own_files, trust.data)
     check_counts(run, {}, len(prompts) * per_prompt, f"--per-prompt {per_prompt} ({len(prompts)} prompts)")
@@ -160,8 +169,9 @@ def evaluate(
     grid = None
     for n in counts:
         what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
-        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt,
-                                          student_scheduler(run.spec, trained, n))  # fmt: skip
+        student_lat, student_s = generate(
+            student, emb, idx, seed, n, shape, what, per_prompt, student_scheduler(run.spec, trained, n)
+        )
         student_imgs = decode_latents(vae, student_lat)
         mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
         rows = [
@@ -178,16 +188,27 @@ def evaluate(
         grid = grid or (teacher_imgs[first], student_imgs[first], prompts[first])
     head = results[str(counts[0])]
     result: dict[str, object] = {
-        "student": str(source), "checkpoint": checkpoint, "steps": steps, "teacher_steps": steps,
-        "student_trained_steps": trained, "student_steps": counts, "seed": seed, "per_prompt": per_prompt,
-        "images": len(prompts), "mean": head["mean"],
-    }  # fmt: skip
+        "student": str(source),
+        "checkpoint": checkpoint,
+        "steps": steps,
+        "teacher_steps": steps,
+        "student_trained_steps": trained,
+        "student_steps": counts,
+        "seed": seed,
+        "per_prompt": per_prompt,
+        "images": len(prompts),
+        "mean": head["mean"],
+    }
     if any(key.endswith("_kid") for key in head["mean"]):
         result["scales"] = {"kid": KID_MEANING}
     if "student_diversity" not in head["mean"]:
         result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
-    result |= {"device": str(device), "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
-               "prompts": head["prompts"], "results": results}  # fmt: skip
+    result |= {
+        "device": str(device),
+        "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
+        "prompts": head["prompts"],
+        "results": results,
+    }
     result["variant"] = named
     result["teacher"] = teacher_identity(run.spec) | {"recorded": other is None}  # what it was judged against
     stem = result_stem(source, named)
@@ -213,8 +234,10 @@ def _write(folder: Path, stem: str, result: dict, grid: tuple) -> None:
         save_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)
         write_in_run(folder, f"{stem}.json", json.dumps(result, indent=2))
     except OSError as e:
-        raise UserError(f"{folder}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
-                        "run it again (what was there is kept)") from None  # fmt: skip
+        raise UserError(
+            f"{folder}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
+            "run it again (what was there is kept)"
+        ) from None
 
 
 def result_stem(source: Path, variant: Sequence[str] = ()) -> str:
@@ -224,8 +247,9 @@ def result_stem(source: Path, variant: Sequence[str] = ()) -> str:
     return "_".join(["eval", *([] if source.name == "student" else [source.name]), *variant])
 
 
-def run_settings(run: RunFolder, steps: int | None, limit: int | None, per_prompt: int | None,
-                 prompts_path: str | None, trust: Trust) -> tuple[int, int, int, str | None]:  # fmt: skip
+def run_settings(
+    run: RunFolder, steps: int | None, limit: int | None, per_prompt: int | None, prompts_path: str | None, trust: Trust
+) -> tuple[int, int, int, str | None]:
     """The settings an evaluation samples at: each one given, else the run's own (`own_settings`: what its eval.json
     was drawn at). The run's own prompts file is read where eval may read it unasked (inside the run folder,
     shipped, or the run's own end-of-run evaluation); a received run's file elsewhere is not: its held-out prompts

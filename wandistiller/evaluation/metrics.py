@@ -143,15 +143,19 @@ def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
     key = f"--fid-reference={reference_dir!r}"
     reference = _folder_images(Path(reference_dir).expanduser(), key)
     if not _TORCH_FIDELITY_AVAILABLE:
-        raise UserError(f"{key}: Inception FID needs torch-fidelity (pip install torch-fidelity, online once for "
-                        "its weights); or leave --fid-reference out")  # fmt: skip
+        raise UserError(
+            f"{key}: Inception FID needs torch-fidelity (pip install torch-fidelity, online once for "
+            "its weights); or leave --fid-reference out"
+        )
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     try:
         fid = FrechetInceptionDistance(feature=2048, normalize=True)
     except Exception as e:  # the Inception weights could not be downloaded
-        raise UserError(f"{key}: the Inception weights cannot be had ({type(e).__name__}); run once online "
-                        "or leave --fid-reference out") from None  # fmt: skip
+        raise UserError(
+            f"{key}: the Inception weights cannot be had ({type(e).__name__}); run once online "
+            "or leave --fid-reference out"
+        ) from None
     fid.update(reference, real=True)
     fid.update(images.float().clamp(0, 1), real=False)
     return float(fid.compute())
@@ -168,8 +172,9 @@ def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
     return torch.from_numpy(np.stack(rows)).permute(0, 3, 1, 2)
 
 
-def eval_quality(prompts: list[str], images: dict[str, torch.Tensor], clip_model: str | None = None,
-                 fid_reference: str | None = None) -> dict[str, float]:  # fmt: skip
+def eval_quality(
+    prompts: list[str], images: dict[str, torch.Tensor], clip_model: str | None = None, fid_reference: str | None = None
+) -> dict[str, float]:
     """`eval`'s quality columns for each of {"teacher": images, "student": images}: `<who>_prompt_accuracy`,
     `<who>_fid`, `<who>_kid`, `<who>_diversity` where the prompts are the pocket's (diversity where a prompt has
     several images; `diversity_ratio`, student / teacher, where both are given), and the real-Wan options when

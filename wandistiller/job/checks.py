@@ -275,8 +275,12 @@ def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` a user may swap names something importable, before anything else runs."""
     from hydra.utils import get_object
 
-    listed = [f"{group}.{k}" for group in ("logger", "hooks") for k, v in cfg[group].items()
-              if isinstance(v, DictConfig) and "_target_" in v]  # fmt: skip
+    listed = [
+        f"{group}.{k}"
+        for group in ("logger", "hooks")
+        for k, v in cfg[group].items()
+        if isinstance(v, DictConfig) and "_target_" in v
+    ]
     for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
@@ -310,8 +314,10 @@ def check_missing(cfg: DictConfig) -> None:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         group = missing[0].split(".")[0]
-        raise UserError(f"{missing[0]} has no value{more}: an override removed it (~{group}?); drop the ~ override "
-                        f"or give {missing[0]}=…")  # fmt: skip
+        raise UserError(
+            f"{missing[0]} has no value{more}: an override removed it (~{group}?); drop the ~ override "
+            f"or give {missing[0]}=…"
+        )
 
 
 def check_interpolations(cfg: DictConfig) -> None:

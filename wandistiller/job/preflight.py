@@ -136,8 +136,11 @@ def default_ranks(cfg: DictConfig, topo: Topology) -> None:
     if cfg.teacher_placement.get("train_on_owner") or cfg.teacher_placement.get("debug_cpu"):
         return
     cfg.distributed.nproc_per_node = cls.default_ranks()
-    log.info("%s: distributed.nproc_per_node=%d (one process per GPU)", cfg.teacher_placement._target_,
-             cfg.distributed.nproc_per_node)  # fmt: skip
+    log.info(
+        "%s: distributed.nproc_per_node=%d (one process per GPU)",
+        cfg.teacher_placement._target_,
+        cfg.distributed.nproc_per_node,
+    )
 
 
 def show_plan(planned: Plan, in_full: bool) -> None:
@@ -153,8 +156,14 @@ def show_plan(planned: Plan, in_full: bool) -> None:
     peaks = (f"peak GPU {gpu} GiB, " if gpu else "") + f"host {chosen.host_bytes / GiB:.1f} GiB"
     fit = sum(e.fits for e in planned.estimates)
     where = "the table is in train.log, hardware.show_plan=true prints it"
-    log.info("teacher placement: %s (%s; %d of %d placements fit here; %s)", chosen.placement, peaks, fit,
-             len(planned.estimates), where)  # fmt: skip
+    log.info(
+        "teacher placement: %s (%s; %d of %d placements fit here; %s)",
+        chosen.placement,
+        peaks,
+        fit,
+        len(planned.estimates),
+        where,
+    )
 
 
 def _first_sweep_point(point: dict | None) -> bool:
@@ -168,8 +177,10 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
     hw = hw or Hardware.detect(cfg.hardware)
     check_student_fits(student, teacher, hw.host_bytes, hw.gpu_bytes)
     d, patch = cfg.data, list(student.get("patch_size") or (1, 2, 2))
-    for (key, size), p in zip((("latent_frames", d.latent_frames), ("latent_height", d.latent_height),
-                               ("latent_width", d.latent_width)), patch):  # fmt: skip
+    for (key, size), p in zip(
+        (("latent_frames", d.latent_frames), ("latent_height", d.latent_height), ("latent_width", d.latent_width)),
+        patch,
+    ):
         for who, config in (("student", student), ("teacher", teacher)):
             rope = config.get("rope_max_seq_len", 1024)
             if size // p > rope:
@@ -413,13 +424,17 @@ def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Place
     if resolve is not None:
         resolve(teacher["num_layers"], student["num_layers"])
     needs = getattr(loss, "needs", None)
-    pairs = (("teacher", getattr(needs, "teacher_hidden", ()), teacher["num_layers"]),
-             ("student", getattr(needs, "student_hidden", ()), student["num_layers"]))  # fmt: skip
+    pairs = (
+        ("teacher", getattr(needs, "teacher_hidden", ()), teacher["num_layers"]),
+        ("student", getattr(needs, "student_hidden", ()), student["num_layers"]),
+    )
     for name, blocks, depth in pairs:
         bad = next((b for b in blocks if not -depth <= b < depth), None)
         if bad is not None:
-            raise UserError(f"trainer.loss matches {name} block {bad}, but the {name} has {depth} blocks; match "
-                            f"blocks in -{depth}..{depth - 1}")  # fmt: skip
+            raise UserError(
+                f"trainer.loss matches {name} block {bad}, but the {name} has {depth} blocks; match "
+                f"blocks in -{depth}..{depth - 1}"
+            )
     older = isinstance(needs, (set, frozenset)) and "teacher_hidden" in needs
     bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
     if (pairs[0][1] or older or bound) and not placement.hidden_states:

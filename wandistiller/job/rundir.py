@@ -51,8 +51,11 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
             "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
         )
     if resume == "auto" and (not run_dir.exists() or run_dir.resolve() in MISSING_BEFORE):
-        log.warning("trainer.resume=auto: the run folder %s did not exist, so this is a new run; to continue "
-                    "a run, check the folder's name (hydra.run.dir=…)", run_dir)  # fmt: skip
+        log.warning(
+            "trainer.resume=auto: the run folder %s did not exist, so this is a new run; to continue "
+            "a run, check the folder's name (hydra.run.dir=…)",
+            run_dir,
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_dir(run_dir)
     clean_leftovers(run_dir)

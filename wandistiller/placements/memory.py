@@ -339,8 +339,14 @@ def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
     (offload, disk: each block's input and one block's activations, the adapters as they were); all of them on a
     resident teacher (cpu, gpu: its modules are not checkpointed)."""
     c, n, s = w.teacher_config, w.batch_size * w.tokens, w.batch_size * w.text_tokens
-    as_teacher = dataclasses.replace(w, student_config=c, student_lora_rank=0, ema=False, compiled=False,
-                                     gradient_checkpointing=w.teacher_checkpointed)  # fmt: skip
+    as_teacher = dataclasses.replace(
+        w,
+        student_config=c,
+        student_lora_rank=0,
+        ema=False,
+        compiled=False,
+        gradient_checkpointing=w.teacher_checkpointed,
+    )
     plain = student_activation_bytes(as_teacher, device, weight_casts=w.teacher_dtype_bytes > 2)
     live = 1 if w.teacher_checkpointed else c["num_layers"]
     d = width(c)
@@ -382,8 +388,9 @@ def training_bytes(w: Workload, device: str = "gpu", teacher_here: bool = True) 
     teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0) + fake
     phases = [student, teacher]
     if fake_score_config(w) is not None:  # the fake score's forward and backward on the student's samples
-        phases.append(student_state_bytes(w, grads=False) + method_state_bytes(w, grads=True)
-                      + fake_activation_bytes(w, device))  # fmt: skip
+        phases.append(
+            student_state_bytes(w, grads=False) + method_state_bytes(w, grads=True) + fake_activation_bytes(w, device)
+        )
     return int(max(phases) * (1 + FIT_MARGIN))
 
 

@@ -63,11 +63,13 @@ def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
     on_training_device = p.on_training_device(hw)
     if w.fake_score == "teacher" and not (p.whole_on_one_device and on_training_device):
         return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
-    lora = [k for k, on in (("student=lora", w.student_lora_rank), ("method.fake_score=lora", w.fake_score == "lora"))
-            if on]  # fmt: skip
+    lora = [
+        k for k, on in (("student=lora", w.student_lora_rank), ("method.fake_score=lora", w.fake_score == "lora")) if on
+    ]
     if lora and not (p.backprop and on_training_device):
-        return Estimate.refused(p.name, f"cannot backpropagate through its teacher on the training device "
-                                        f"({', '.join(lora)})")  # fmt: skip
+        return Estimate.refused(
+            p.name, f"cannot backpropagate through its teacher on the training device ({', '.join(lora)})"
+        )
     if not w.teacher_fp8:
         return p.estimate(w, hw)
     if not p.fp8:
@@ -276,9 +278,11 @@ def describe_student(w: Workload) -> str:
     """The student in the plan's head: its network's parameters, or a LoRA student's adapters (student=lora)."""
     if not w.student_lora_rank:
         return f"{human_count(param_count(w.student_config))} params"
-    return (f"LoRA of rank {w.student_lora_rank} on the teacher's {w.experts} expert(s), "
-            f"{human_count(student_params(w))} adapter params (no weights of its own; a backward through the teacher, "
-            f"checkpointed per block where it streams)")  # fmt: skip
+    return (
+        f"LoRA of rank {w.student_lora_rank} on the teacher's {w.experts} expert(s), "
+        f"{human_count(student_params(w))} adapter params (no weights of its own; a backward through the teacher, "
+        f"checkpointed per block where it streams)"
+    )
 
 
 def method_lines(w: Workload, passes: Passes) -> list[str]:
@@ -294,8 +298,12 @@ def method_lines(w: Workload, passes: Passes) -> list[str]:
             f"disk), counted on every training rank",
             passes.describe(),
         ]
-    lines = [] if config is None else [
-        f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
-        f"and grads counted on every training rank"
-    ]  # fmt: skip
+    lines = (
+        []
+        if config is None
+        else [
+            f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
+            f"and grads counted on every training rank"
+        ]
+    )
     return [*lines, passes.describe()]

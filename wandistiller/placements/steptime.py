@@ -53,8 +53,11 @@ class Passes:
         def n(x: float) -> str:
             return f"{x:g}"
 
-        parts = [f"{n(self.teacher_calls)} teacher call(s) (cond + uncond)" if self.teacher_calls else
-                 "no teacher call (its ODE is sampled once before training: not in the step)"]  # fmt: skip
+        parts = [
+            f"{n(self.teacher_calls)} teacher call(s) (cond + uncond)"
+            if self.teacher_calls
+            else "no teacher call (its ODE is sampled once before training: not in the step)"
+        ]
         parts.append(f"{n(self.student_trains)} student forward + backward")
         if self.student_forwards:
             parts.append(f"{n(self.student_forwards)} student forwards without grad (few-step generations)")

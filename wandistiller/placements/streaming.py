@@ -335,8 +335,9 @@ class Recomputed(torch.autograd.Function):
     def forward(ctx, call: BlockCall, count: int, *tensors):
         ctx.call, ctx.count, ctx.trainable = call, count, tensors[count:]
         ctx.flags = [a.on for a, _ in call.adapters]
-        ctx.autocast = [(kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
-                        for kind in ("cpu", "cuda")]  # fmt: skip
+        ctx.autocast = [
+            (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda")
+        ]
         ctx.autocast_cache = torch.is_autocast_cache_enabled()
         ctx.save_for_backward(*tensors[:count])
         args, kwargs = call.arguments(tensors[:count])

@@ -48,8 +48,13 @@ def build_tokenizer():
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                   model_max_length=POCKET_MAX_SEQUENCE_LENGTH)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=POCKET_MAX_SEQUENCE_LENGTH,
+    )
 
 
 def base_pipeline(vae_steps: int, images: torch.Tensor):
@@ -136,9 +141,10 @@ def build(out: Path, steps: dict) -> dict:
     transformer, (high, low) = train_experts(steps, latents, cond, uncond)
     times["transformers_s"] = time.perf_counter() - clock - times["vae_s"]
     parts = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler)
-    for name, kwargs in (("pocket-wan-t2v", dict(transformer=transformer)),
-                         ("pocket-wan-t2v-moe", dict(transformer=high, transformer_2=low,
-                                                     boundary_ratio=TINY_MOE_BOUNDARY_RATIO))):  # fmt: skip
+    for name, kwargs in (
+        ("pocket-wan-t2v", dict(transformer=transformer)),
+        ("pocket-wan-t2v-moe", dict(transformer=high, transformer_2=low, boundary_ratio=TINY_MOE_BOUNDARY_RATIO)),
+    ):
         shutil.rmtree(out / name, ignore_errors=True)
         WanPipeline(**parts, **kwargs).save_pretrained(out / name, safe_serialization=True)
     save_classifier(train_classifier(steps["classifier"]), out / "classifier.safetensors")

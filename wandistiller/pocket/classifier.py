@@ -30,11 +30,20 @@ class DigitJudge(nn.Module):
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Dropout(0.3), nn.Linear(32 * 4 * 4, FEATURES), nn.ReLU(),
-        )  # fmt: skip
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Dropout(0.3),
+            nn.Linear(32 * 4 * 4, FEATURES),
+            nn.ReLU(),
+        )
         self.digit, self.colour = nn.Linear(FEATURES, 10), nn.Linear(FEATURES, len(COLOURS))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -124,8 +124,9 @@ class DistillationRecipe:
         """(training, held-out) prompt embeddings: the main rank encodes (or finds them cached), then the
         others read the cache."""
         cfg, ctx = self.cfg, self.ctx
-        train, held_out = split_prompts(read_prompts(cfg.data.prompts_path), cfg.data.val_prompts_path,
-                                        cfg.data.val_fraction)  # fmt: skip
+        train, held_out = split_prompts(
+            read_prompts(cfg.data.prompts_path), cfg.data.val_prompts_path, cfg.data.val_fraction
+        )
         encode = functools.partial(
             encode_prompts,
             ctx.spec,
@@ -160,9 +161,19 @@ class DistillationRecipe:
     def _setup_batches(self, embeddings, latent_bank):
         cfg, spec = self.cfg, self.ctx.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
-        return batch_source(BatchSettings(cfg.seed, cfg.trainer.batch_size, self.ctx.latent_shape, shift,
-                                          spec.num_train_timesteps, embeddings, latent_bank=latent_bank,
-                                          device=self.ctx.device, keep_x0=self.loss_fn.needs.x0))  # fmt: skip
+        return batch_source(
+            BatchSettings(
+                cfg.seed,
+                cfg.trainer.batch_size,
+                self.ctx.latent_shape,
+                shift,
+                spec.num_train_timesteps,
+                embeddings,
+                latent_bank=latent_bank,
+                device=self.ctx.device,
+                keep_x0=self.loss_fn.needs.x0,
+            )
+        )
 
     @functools.cached_property
     def loss_fn(self):
@@ -244,8 +255,10 @@ class DistillationRecipe:
         assert shape is not None  # the main rank trains
         resolve(self.ctx.spec.transformer_config["num_layers"], *shape)
         needs = self.loss_fn.needs
-        log.info("trainer.loss matches (teacher block, student block) %s", list(zip(needs.teacher_hidden,
-                                                                                  needs.student_hidden)))  # fmt: skip
+        log.info(
+            "trainer.loss matches (teacher block, student block) %s",
+            list(zip(needs.teacher_hidden, needs.student_hidden)),
+        )
         if student is not None:
             student.match(needs.student_hidden, self.ctx.precision.student_dtype)
 
@@ -294,8 +307,9 @@ class DistillationRecipe:
         if roles.owner is not None:
             return RemoteTargets(roles.owner, self.ctx.spec.transformer_config, self.transfer_device(), inputs)
         if roles.served:
-            return OwnerTargets(self.teacher, list(roles.served), self.batch_fn, self.transfer_device(),
-                                self.served_text())  # fmt: skip
+            return OwnerTargets(
+                self.teacher, list(roles.served), self.batch_fn, self.transfer_device(), self.served_text()
+            )
         if self.cfg.trainer.teacher_whole_step:
             return WholeStepTargets(self.teacher, self.batch_fn, roles.dp_rank, self.cfg.trainer.grad_accum_steps)
         return LocalTargets(self.teacher)
@@ -338,13 +352,24 @@ class DistillationRecipe:
             role = "owner + student" if roles.has_teacher and roles.served else "student"
             rank_summary = {"rank": self.topo.rank, "role": role} | memory_metrics()
         else:  # a dedicated owner: serve until the students are done
-            log.info("rank %d: teacher owner on %s serving ranks %s", self.topo.rank, self.teacher.device,
-                     [s.rank for s in roles.served])  # fmt: skip
+            log.info(
+                "rank %d: teacher owner on %s serving ranks %s",
+                self.topo.rank,
+                self.teacher.device,
+                [s.rank for s in roles.served],
+            )
             # A method that trains without the teacher (trajectory, from its cache) gets no targets served.
             steps = range(self.start_step, cfg.trainer.max_steps) if self.method.teacher_in_loop else range(0)
-            stats = serve(self.teacher, list(roles.served), self.batch_fn, steps, cfg.trainer.grad_accum_steps,
-                          self.loss_fn.needs.teacher_hidden, self.transfer_device(),
-                          text=self.served_text())  # fmt: skip
+            stats = serve(
+                self.teacher,
+                list(roles.served),
+                self.batch_fn,
+                steps,
+                cfg.trainer.grad_accum_steps,
+                self.loss_fn.needs.teacher_hidden,
+                self.transfer_device(),
+                text=self.served_text(),
+            )
             rank_summary = {"rank": self.topo.rank, "role": "teacher owner"} | stats | memory_metrics()
             history = []
         ranks = gather(self.topo, rank_summary)

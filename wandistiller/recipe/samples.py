@@ -72,8 +72,12 @@ def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int,
     if n <= 0:
         return None
     if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
-        log.info("samples: the teacher draws %d image(s) in %d steps for the sample grids (hooks.samples.prompts=0 "
-                 "skips them)", n, steps)  # fmt: skip
+        log.info(
+            "samples: the teacher draws %d image(s) in %d steps for the sample grids (hooks.samples.prompts=0 "
+            "skips them)",
+            n,
+            steps,
+        )
     draws = ctx.makes_teacher_data
     drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
     if ctx.topo.distributed:
@@ -124,8 +128,17 @@ def draw(
 def teacher_images(
     teacher: Teacher, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
 ) -> np.ndarray:
-    return draw(teacher.spec, teacher.experts, teacher.guidance_scales, embeddings, data_cfg, num_prompts, steps, seed,
-                teacher.device)  # fmt: skip
+    return draw(
+        teacher.spec,
+        teacher.experts,
+        teacher.guidance_scales,
+        embeddings,
+        data_cfg,
+        num_prompts,
+        steps,
+        seed,
+        teacher.device,
+    )
 
 
 def student_images(

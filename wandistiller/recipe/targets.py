@@ -93,8 +93,14 @@ class OwnerTargets(LocalTargets):
 
     skippable = False  # the served ranks wait for their targets every micro-batch
 
-    def __init__(self, teacher: Teacher, served: list[Served], batch_fn: BatchFn, transfer: torch.device,
-                 text: TextFn | None = None):  # fmt: skip
+    def __init__(
+        self,
+        teacher: Teacher,
+        served: list[Served],
+        batch_fn: BatchFn,
+        transfer: torch.device,
+        text: TextFn | None = None,
+    ):
         super().__init__(teacher)
         self.served, self.batch_fn, self.transfer, self.text = served, batch_fn, transfer, text
         self.in_flight: list = []

@@ -330,8 +330,12 @@ def teacher_record(spec, name: str) -> dict:
     """What a checkpoint records of its teacher: the name given (Hub id or folder), its shape, and a digest of
     its weights files (`teacher_digest`)."""
     config = spec.transformer_config
-    return {"name": str(name), "shape": {k: config.get(k) for k in TEACHER_SHAPE}, "experts": len(spec.experts),
-            "digest": teacher_digest(spec)}  # fmt: skip
+    return {
+        "name": str(name),
+        "shape": {k: config.get(k) for k in TEACHER_SHAPE},
+        "experts": len(spec.experts),
+        "digest": teacher_digest(spec),
+    }
 
 
 def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
@@ -364,12 +368,16 @@ def teacher_problem(recorded: dict | None, spec) -> str | None:
     now = {k: spec.transformer_config.get(k) for k in TEACHER_SHAPE}
     if isinstance(shape, dict) and {k: shape.get(k) for k in TEACHER_SHAPE} != now:
         k = next(k for k in TEACHER_SHAPE if shape.get(k) != now[k])
-        return f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with {k}={shape.get(k)}, this " \
-            f"teacher at {spec.path} has {k}={now[k]}"  # fmt: skip
+        return (
+            f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with {k}={shape.get(k)}, this "
+            f"teacher at {spec.path} has {k}={now[k]}"
+        )
     digest = recorded.get("digest")
     if isinstance(digest, str) and digest != teacher_digest(spec):
-        return f"it was trained against {recorded.get('name', 'a teacher')!s:.200}, and the weights of the " \
-            f"teacher at {spec.path} differ (digest {teacher_digest(spec)[:12]}, recorded {digest:.12})"  # fmt: skip
+        return (
+            f"it was trained against {recorded.get('name', 'a teacher')!s:.200}, and the weights of the "
+            f"teacher at {spec.path} differ (digest {teacher_digest(spec)[:12]}, recorded {digest:.12})"
+        )
     return None
 
 
@@ -383,8 +391,10 @@ def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
         return  # an unreadable state: `problem` refused it already
     why = teacher_problem(recorded, spec)
     if why:
-        raise UserError(f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "
-                        f"{OTHER_TEACHER_FIX['resume']}")  # fmt: skip
+        raise UserError(
+            f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "
+            f"{OTHER_TEACHER_FIX['resume']}"
+        )
 
 
 # -- the method a checkpoint was trained with ---------------------------------------------------------------------
@@ -423,8 +433,10 @@ def check_method(checkpoint: Path | None, identity: dict, resume: str | None) ->
     why = method_problem(recorded_method(checkpoint), identity)
     if why:
         named = "" if resume and Path(resume).expanduser() == Path(checkpoint) else f" {checkpoint}"
-        raise UserError(f"trainer.resume={resume}: the checkpoint{named} {why}; resume with those, or start a new "
-                        f"run folder{_student_of(Path(checkpoint))}")  # fmt: skip
+        raise UserError(
+            f"trainer.resume={resume}: the checkpoint{named} {why}; resume with those, or start a new "
+            f"run folder{_student_of(Path(checkpoint))}"
+        )
 
 
 def _student_of(checkpoint: Path) -> str:
@@ -435,8 +447,10 @@ def _student_of(checkpoint: Path) -> str:
         return f" from its student (student.init={run / 'student'})"
     if not (run / ".hydra" / "config.yaml").is_file() or not re.fullmatch(r"step_\d+|best", checkpoint.name):
         return ""
-    return (f" from its student (python -m wandistiller.pipeline {run} --checkpoint {checkpoint.name} --out DIR "
-            f"exports it; then student.init=DIR/transformer)")  # fmt: skip
+    return (
+        f" from its student (python -m wandistiller.pipeline {run} --checkpoint {checkpoint.name} --out DIR "
+        f"exports it; then student.init=DIR/transformer)"
+    )
 
 
 # -- the student a checkpoint holds (a LoRA student's rank, alpha and layers) ------------------------------------

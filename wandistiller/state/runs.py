@@ -51,8 +51,10 @@ def student_steps(cfg: DictConfig) -> int | None:
     if steps is None:
         return None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise UserError(f"method.steps={steps!r} in the run's saved config is not a step count (a whole number, "
-                        "1 or more; null for a KD student); restore the config")  # fmt: skip
+        raise UserError(
+            f"method.steps={steps!r} in the run's saved config is not a step count (a whole number, "
+            "1 or more; null for a KD student); restore the config"
+        )
     return steps
 
 
@@ -108,8 +110,10 @@ def open_run(
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         first = str(getattr(e, "msg", e)).strip().splitlines()[0]
-        raise UserError(f"{getattr(e, 'full_key', None) or '?'} in {config}: {first}; fix the interpolation (or set "
-                        "the variable it reads)") from None  # fmt: skip
+        raise UserError(
+            f"{getattr(e, 'full_key', None) or '?'} in {config}: {first}; fix the interpolation (or set "
+            "the variable it reads)"
+        ) from None
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
@@ -186,8 +190,12 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
         transformer.load_state_dict(state["student"])
         transformer = cast_keeping_fp32(transformer, dtype)
     teacher = run.spec.transformer_config
-    differ = [k for k in ("in_channels", "out_channels", "text_dim", "patch_size") if transformer.config.get(k) !=
-              (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))]  # fmt: skip
+    differ = [
+        k
+        for k in ("in_channels", "out_channels", "text_dim", "patch_size")
+        if transformer.config.get(k)
+        != (list(teacher[k]) if isinstance(teacher.get(k), (list, tuple)) else teacher.get(k))
+    ]
     if differ:
         raise UserError(
             f"the student in {source} does not fit this run's teacher ({', '.join(differ)} differ); "
@@ -263,8 +271,10 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
     top = run.spec.num_train_timesteps
     for key, n in steps.items():
         if n > top:
-            raise UserError(f"{key} {n} is more than this teacher's {top} training timesteps (its scheduler's "
-                            f"num_train_timesteps), so most steps would repeat; give {top} or fewer")  # fmt: skip
+            raise UserError(
+                f"{key} {n} is more than this teacher's {top} training timesteps (its scheduler's "
+                f"num_train_timesteps), so most steps would repeat; give {top} or fewer"
+            )
     if images:
         channels, frames, height, width = run.latent_shape
         scale = image_scale(run.spec.path)
@@ -272,9 +282,11 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if images * each > total:
             fit = max(1, total // each)
-            raise UserError(f"{images_key} asks for {images:,} images, which take {images * each / 2**30:,.1f} GiB "
-                            f"held at once, more than this machine's {total / 2**30:.0f} GiB; ask for at most "
-                            f"{fit:,} in all")  # fmt: skip
+            raise UserError(
+                f"{images_key} asks for {images:,} images, which take {images * each / 2**30:,.1f} GiB "
+                f"held at once, more than this machine's {total / 2**30:.0f} GiB; ask for at most "
+                f"{fit:,} in all"
+            )
 
 
 def image_scale(teacher_path: Path) -> int:
@@ -296,8 +308,17 @@ def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
     return Teacher(spec, [transformer], [1.0], device)
 
 
-def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, steps: int, shape,
-             what: str = "sampling", per_prompt: int = 1, scheduler=None) -> tuple:  # fmt: skip
+def generate(
+    sampler: Teacher,
+    embeddings,
+    prompt_idx: list[int],
+    seed: int,
+    steps: int,
+    shape,
+    what: str = "sampling",
+    per_prompt: int = 1,
+    scheduler=None,
+) -> tuple:
     """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, k, stream="eval")` for each prompt i and
     each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt;
     with the teacher's scheduler, or `scheduler` (a few-step student's: `student_scheduler`).
@@ -325,8 +346,9 @@ def generate(sampler: Teacher, embeddings, prompt_idx: list[int], seed: int, ste
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
         if (n + 1) % max(1, len(items) // 4) == 0 or n + 1 == len(items):
-            logging.getLogger("wandistiller").info("%s: %d/%d images, %.3g s each", what, n + 1, len(items),
-                                                   seconds[-1])  # fmt: skip
+            logging.getLogger("wandistiller").info(
+                "%s: %d/%d images, %.3g s each", what, n + 1, len(items), seconds[-1]
+            )
     return torch.cat(out), seconds
 
 
@@ -346,8 +368,14 @@ class Trust:
     @classmethod
     def from_args(cls, args) -> Trust:
         mode = getattr(args, "wandb_mode", "offline")
-        return cls(tuple(args.allow_target or ()), args.teacher_path, args.allow_download, mode,
-                   other_teacher=args.allow_other_teacher, data=getattr(args, "allow_data", False))  # fmt: skip
+        return cls(
+            tuple(args.allow_target or ()),
+            args.teacher_path,
+            args.allow_download,
+            mode,
+            other_teacher=args.allow_other_teacher,
+            data=getattr(args, "allow_data", False),
+        )
 
     def open_args(self) -> tuple:
         return self.teacher_path, self.targets, self.allow_download, self.cache_dir
@@ -355,15 +383,24 @@ class Trust:
 
 def add_trust_args(parser, wandb: bool = False) -> None:
     parser.add_argument(
-        "--allow-target", action="append", metavar="NAME", help="a _target_ the run's config may name besides "
-        "WanDistiller's own (repeat for several); only for run folders you trust"
-    )  # fmt: skip
+        "--allow-target",
+        action="append",
+        metavar="NAME",
+        help="a _target_ the run's config may name besides "
+        "WanDistiller's own (repeat for several); only for run folders you trust",
+    )
     parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
     parser.add_argument("--allow-download", action="store_true", help="let a Hub-id teacher.path download")
-    parser.add_argument("--allow-other-teacher", action="store_true", help="use a teacher other than the one the "
-                        "run recorded (another shape or other weights): its figures then mean little")  # fmt: skip
+    parser.add_argument(
+        "--allow-other-teacher",
+        action="store_true",
+        help="use a teacher other than the one the "
+        "run recorded (another shape or other weights): its figures then mean little",
+    )
     if wandb:
         parser.add_argument(
-            "--wandb-mode", choices=["offline", "online"], default="offline",
+            "--wandb-mode",
+            choices=["offline", "online"],
+            default="offline",
             help="how eval adds to the run's wandb run (default offline, whatever the run says)",
-        )  # fmt: skip
+        )

@@ -35,8 +35,17 @@ log = logging.getLogger(__name__)
 # schedule, random text states; small, since scores are means over tokens.
 CALIBRATION = dict(seed=0, batch=8, latent=16, text_tokens=32)
 # Keys whose widths a pruning keeps equal to the source's (the heads keep their head_dim).
-FIXED = ("attention_head_dim", "in_channels", "out_channels", "patch_size", "text_dim", "freq_dim", "qk_norm",
-         "cross_attn_norm", "image_dim")  # fmt: skip
+FIXED = (
+    "attention_head_dim",
+    "in_channels",
+    "out_channels",
+    "patch_size",
+    "text_dim",
+    "freq_dim",
+    "qk_norm",
+    "cross_attn_norm",
+    "image_dim",
+)
 # Keys a pruning may shrink.
 SHRINKS = ("num_attention_heads", "ffn_dim", "num_layers")
 
@@ -73,8 +82,12 @@ def pruned_shape(source: dict, share: float, estimate) -> dict:
         return int(f) // 64 * 64 if f >= 256 else max(1, int(f))
 
     def shape(h: int, layers: int, f: int | None = None) -> dict:
-        return {"num_attention_heads": h, "attention_head_dim": source["attention_head_dim"],
-                "ffn_dim": f if f is not None else rounded(ffn * h / heads), "num_layers": layers}  # fmt: skip
+        return {
+            "num_attention_heads": h,
+            "attention_head_dim": source["attention_head_dim"],
+            "ffn_dim": f if f is not None else rounded(ffn * h / heads),
+            "num_layers": layers,
+        }
 
     for layers in range(source["num_layers"], 0, -1):
         least = lambda h: rounded(ffn * h / heads / 2)  # noqa: E731 -- half the FFN in proportion to the heads
@@ -223,9 +236,11 @@ def calibrate(folder: Path, config: dict) -> dict:
     states: list[dict | None] = []
     inputs: list[torch.Tensor | None] = []
     taps: dict[str, torch.Tensor] = {}
-    hooks = [block.attn1.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn1", a[0])),
-             block.attn2.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn2", a[0])),
-             block.ffn.net[2].register_forward_pre_hook(lambda m, a: taps.__setitem__("ffn", a[0]))]  # fmt: skip
+    hooks = [
+        block.attn1.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn1", a[0])),
+        block.attn2.to_out[0].register_forward_pre_hook(lambda m, a: taps.__setitem__("attn2", a[0])),
+        block.ffn.net[2].register_forward_pre_hook(lambda m, a: taps.__setitem__("ffn", a[0])),
+    ]
     try:
         for j in range(config["num_layers"]):
             state = _block_state(folder, j)
@@ -301,8 +316,14 @@ def plan_pruning(student: dict, source: dict, keep, stats: dict | None) -> dict:
         every = lambda n: list(range(n))  # noqa: E731
         kept = [{"attn1": every(heads), "attn2": every(heads), "ffn": every(ffn)} for _ in blocks]
         return {"blocks": blocks, "per_block": kept, "channels": every(d)}
-    kept = [{"attn1": _top(stats["attn1"][j], heads), "attn2": _top(stats["attn2"][j], heads),
-             "ffn": _top(stats["ffn"][j], ffn)} for j in blocks]  # fmt: skip
+    kept = [
+        {
+            "attn1": _top(stats["attn1"][j], heads),
+            "attn2": _top(stats["attn2"][j], heads),
+            "ffn": _top(stats["ffn"][j], ffn),
+        }
+        for j in blocks
+    ]
     return {"blocks": blocks, "per_block": kept, "channels": _top(stats["channels"], d)}
 
 
@@ -391,14 +412,20 @@ def _prune_into(transformer, folder: Path, source: dict, keep) -> dict:
     if filled != set(params):
         missing = sorted(set(params) - filled)[:3]
         raise UserError(f"{folder} lacks {missing}: its weights are incomplete; give a complete Wan transformer folder")
-    record = {"source": str(folder), "keep_blocks": keep if isinstance(keep, str) else list(keep),
-              "calibration": CALIBRATION if stats else None, "kept_blocks": plan["blocks"],
-              "block_score": stats["score"] if stats else None,
-              "block_scores": [round(s, 6) for s in stats["scores"]] if stats else None,
-              "block_cosine_scores": [round(s, 6) for s in stats["cosine"]] if stats else None,
-              "heads": [{k: b[k] for k in ("attn1", "attn2")} for b in plan["per_block"]],
-              "ffn_channels": [b["ffn"] for b in plan["per_block"]], "residual_channels": plan["channels"],
-              "shape": {k: student[k] for k in SHRINKS}, "source_shape": {k: source[k] for k in SHRINKS}}  # fmt: skip
+    record = {
+        "source": str(folder),
+        "keep_blocks": keep if isinstance(keep, str) else list(keep),
+        "calibration": CALIBRATION if stats else None,
+        "kept_blocks": plan["blocks"],
+        "block_score": stats["score"] if stats else None,
+        "block_scores": [round(s, 6) for s in stats["scores"]] if stats else None,
+        "block_cosine_scores": [round(s, 6) for s in stats["cosine"]] if stats else None,
+        "heads": [{k: b[k] for k in ("attn1", "attn2")} for b in plan["per_block"]],
+        "ffn_channels": [b["ffn"] for b in plan["per_block"]],
+        "residual_channels": plan["channels"],
+        "shape": {k: student[k] for k in SHRINKS},
+        "source_shape": {k: source[k] for k in SHRINKS},
+    }
     log_record(record)
     return record
 
@@ -407,11 +434,19 @@ def log_record(record: dict) -> None:
     scores = record["block_scores"]
     shown = ", ".join(f"{j}:{s:.4f}" for j, s in enumerate(scores)) if scores else "not scored"
     s, t = record["shape"], record["source_shape"]
-    log.info("student: cut from %s: blocks %s of %d (block scores, %s: %s); heads %d of %d, "
-             "ffn %d of %d, width %d channels", record["source"], record["kept_blocks"], t["num_layers"],
-             record["block_score"] or "none", shown,
-             s["num_attention_heads"], t["num_attention_heads"], s["ffn_dim"], t["ffn_dim"],
-             len(record["residual_channels"]))  # fmt: skip
+    log.info(
+        "student: cut from %s: blocks %s of %d (block scores, %s: %s); heads %d of %d, ffn %d of %d, width %d channels",
+        record["source"],
+        record["kept_blocks"],
+        t["num_layers"],
+        record["block_score"] or "none",
+        shown,
+        s["num_attention_heads"],
+        t["num_attention_heads"],
+        s["ffn_dim"],
+        t["ffn_dim"],
+        len(record["residual_channels"]),
+    )
 
 
 def write_record(record: dict, run_dir: Path) -> Path:

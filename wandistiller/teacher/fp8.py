@@ -56,9 +56,12 @@ def scaled_mm_runs(device: str) -> bool:
         a = torch.ones(16, 32, device=device).to(E4M3)
         b = torch.ones(16, 32, device=device).to(E4M3)
         out = torch._scaled_mm(
-            a, b.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
+            a,
+            b.t(),
+            scale_a=torch.ones(16, 1, device=device),
+            scale_b=torch.ones(1, 16, device=device),
             out_dtype=torch.bfloat16,
-        )  # fmt: skip
+        )
         return bool(out.float().sum().item() == 16 * 16 * 32)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
@@ -72,8 +75,15 @@ class Fp8Linear(nn.Module):
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, compute: str,
-                 device: torch.device | str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        compute: str,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.in_features, self.out_features, self.compute = in_features, out_features, compute
         # On a GPU, the fp8 tensor cores' fast accumulation (as torchao's inference configs): the error it adds

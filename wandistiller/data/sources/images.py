@@ -65,8 +65,15 @@ class Images(DataSource):
         from wandistiller.data.latents import LatentBank
 
         def load(device, progress: bool):
-            found = image_data(ctx.spec, ctx.data_cfg, ctx.teacher_cfg, ctx.precision.teacher_dtype, device,
-                               ctx.cache_dir, progress=progress)  # fmt: skip
+            found = image_data(
+                ctx.spec,
+                ctx.data_cfg,
+                ctx.teacher_cfg,
+                ctx.precision.teacher_dtype,
+                device,
+                ctx.cache_dir,
+                progress=progress,
+            )
             return found, held_out_captions(ctx, found, device)
 
         cpu = torch.device("cpu")
@@ -93,11 +100,15 @@ def held_out_captions(ctx, found, device):
     captions = [embeddings.prompts[i] for i in bank.prompt_idx.tolist()]
     train, held = split_prompts(captions, None, d.val_fraction)  # the split Images.held_out_prompts names
     if ctx.is_main:
-        log.info("image data: the last %d of %d images and their captions are held out for validation", len(held),
-                 len(captions))  # fmt: skip
+        log.info(
+            "image data: the last %d of %d images and their captions are held out for validation",
+            len(held),
+            len(captions),
+        )
     t = ctx.teacher_cfg
-    held_emb = encode_prompts(ctx.spec, held, t.negative_prompt, t.max_sequence_length,
-                              ctx.precision.teacher_dtype, device, ctx.cache_dir)  # fmt: skip
+    held_emb = encode_prompts(
+        ctx.spec, held, t.negative_prompt, t.max_sequence_length, ctx.precision.teacher_dtype, device, ctx.cache_dir
+    )
     return held_emb, len(train)
 
 

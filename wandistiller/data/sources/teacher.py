@@ -44,8 +44,9 @@ class TeacherLatents(DataSource):
         settings = SamplerSettings(d.sample_steps, scales, ctx.latent_shape, d.latents_per_prompt)
 
         def make() -> object:
-            return teacher_latents(teacher, embeddings, ctx.seed, settings, ctx.cache_dir, d.latent_chunk,
-                                   progress=ctx.topo.rank == 0)  # fmt: skip
+            return teacher_latents(
+                teacher, embeddings, ctx.seed, settings, ctx.cache_dir, d.latent_chunk, progress=ctx.topo.rank == 0
+            )
 
         def read() -> object:
             dtype = ctx.precision.teacher_dtype

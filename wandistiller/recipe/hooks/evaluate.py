@@ -43,17 +43,27 @@ class EvaluateAtEnd(Hook):
     def at_end(self, run) -> dict:
         ctx = self.ctx
         if not ctx.placement.whole_on_one_device:
-            log.info("hooks.evaluate: skipped, teacher_placement=%s (eval loads the whole teacher on one "
-                     "device); run python -m wandistiller.eval %s where it fits", ctx.placement.name,
-                     ctx.run_dir)  # fmt: skip
+            log.info(
+                "hooks.evaluate: skipped, teacher_placement=%s (eval loads the whole teacher on one "
+                "device); run python -m wandistiller.eval %s where it fits",
+                ctx.placement.name,
+                ctx.run_dir,
+            )
             return {}
         from wandistiller.evaluation.evaluate import evaluate
         from wandistiller.state.runs import Trust
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
-        result = evaluate(ctx.run_dir, prompts_path=self.prompts_path, steps=self.steps, limit=self.limit,
-                          device=ctx.device, trust=own, per_prompt=self.per_prompt)  # fmt: skip
+        result = evaluate(
+            ctx.run_dir,
+            prompts_path=self.prompts_path,
+            steps=self.steps,
+            limit=self.limit,
+            device=ctx.device,
+            trust=own,
+            per_prompt=self.per_prompt,
+        )
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
         return {f"eval_{k}": v for k, v in result["mean"].items()}
 

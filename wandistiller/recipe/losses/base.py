@@ -112,8 +112,9 @@ class Legacy:
 
     def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
         first = lambda pair: pair[0] if pair else None  # noqa: E731
-        loss, velocity, hidden = self.fn(inputs.pred, inputs.target, first(inputs.student_hidden),
-                                         first(inputs.teacher_hidden))  # fmt: skip
+        loss, velocity, hidden = self.fn(
+            inputs.pred, inputs.target, first(inputs.student_hidden), first(inputs.teacher_hidden)
+        )
         return {"loss": loss, "velocity": velocity, "hidden": hidden}
 
 

@@ -59,23 +59,32 @@ def feature_pairs(
     if layers == "auto":
         layers = min(AUTO, student_blocks)
     if isinstance(layers, bool) or not isinstance(layers, (int, list, tuple)):
-        raise UserError(f"{key}={layers} is neither auto, a count of blocks nor a list of [teacher, student] pairs; "
-                        "give e.g. auto, 4 or [[9,1],[29,3]]")  # fmt: skip
+        raise UserError(
+            f"{key}={layers} is neither auto, a count of blocks nor a list of [teacher, student] pairs; "
+            "give e.g. auto, 4 or [[9,1],[29,3]]"
+        )
     if isinstance(layers, int):
         if not 1 <= layers <= student_blocks:
-            raise UserError(f"{key}={layers}: the student has {student_blocks} blocks; give a count from 1 to "
-                            f"{student_blocks}")  # fmt: skip
+            raise UserError(
+                f"{key}={layers}: the student has {student_blocks} blocks; give a count from 1 to {student_blocks}"
+            )
         blocks = spread(layers, student_blocks)
         return [(kept[s] if kept else spread(student_blocks, teacher_blocks)[s], s) for s in blocks]
     pairs = []
     for pair in layers:
         pair = list(pair) if isinstance(pair, (list, tuple)) else pair
-        ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                 for i in pair)  # fmt: skip
+        ok = (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+        )
         if not ok:
             raise UserError(f"{key} has {pair}, not a [teacher block, student block] pair; give e.g. [[9,1],[29,3]]")
-        (t, s), fix = pair, f"give teacher blocks in -{teacher_blocks}..{teacher_blocks - 1} and student blocks in " \
-                            f"-{student_blocks}..{student_blocks - 1}"  # fmt: skip
+        (t, s), fix = (
+            pair,
+            f"give teacher blocks in -{teacher_blocks}..{teacher_blocks - 1} and student blocks in "
+            f"-{student_blocks}..{student_blocks - 1}",
+        )
         if not -teacher_blocks <= t < teacher_blocks:
             raise UserError(f"{key} names teacher block {t}, but the teacher has {teacher_blocks} blocks; {fix}")
         if not -student_blocks <= s < student_blocks:
@@ -104,10 +113,11 @@ class Features:
             and all(
                 isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
                 for w in self.weights
-            )  # fmt: skip
+            )
         ):
-            raise UserError(f"trainer.loss.weights={self.weights} must be null or a list of finite weights >= 0, one "
-                            "per layer")  # fmt: skip
+            raise UserError(
+                f"trainer.loss.weights={self.weights} must be null or a list of finite weights >= 0, one per layer"
+            )
         self.feature_weight, self.normalize = feature_weight, normalize
         self.pairs: list[tuple[int, int]] = []
         # The blocks are settled by `resolve` once the student's depth (and keep-map) is known.
@@ -118,8 +128,10 @@ class Features:
         hidden states and the student projects its own. Refuses what the models do not have."""
         pairs = feature_pairs(self.layers, teacher_blocks, student_blocks, kept)
         if self.weights is not None and len(self.weights) != len(pairs):
-            raise UserError(f"trainer.loss.weights has {len(self.weights)} weights for {len(pairs)} layers "
-                            f"{[list(p) for p in pairs]}; give one per layer, or null")  # fmt: skip
+            raise UserError(
+                f"trainer.loss.weights has {len(self.weights)} weights for {len(pairs)} layers "
+                f"{[list(p) for p in pairs]}; give one per layer, or null"
+            )
         self.pairs = pairs
         teacher, student = (tuple(side) for side in zip(*pairs))
         self.needs = Needs(teacher=True, teacher_hidden=teacher, student_hidden=student)

@@ -56,8 +56,11 @@ class Network:
 
     def state_dict(self) -> dict:
         module = getattr(self.module, "module", self.module)  # DDP
-        return {"module": module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict()}  # fmt: skip
+        return {
+            "module": module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         getattr(self.module, "module", self.module).load_state_dict(state["module"])
@@ -123,15 +126,19 @@ class Method:
         if set(state) != set(self.networks):
             held = f"holds {', '.join(sorted(state))}" if state else "holds no network beside the student"
             trains = ", ".join(self.networks) or "none beside the student"
-            raise UserError(f"trainer.resume: the checkpoint {held}, and method={self.name} trains {trains} (it was "
-                            f"trained with another method); {fix}")  # fmt: skip
+            raise UserError(
+                f"trainer.resume: the checkpoint {held}, and method={self.name} trains {trains} (it was "
+                f"trained with another method); {fix}"
+            )
         for name, network in self.networks.items():
             try:
                 network.load_state_dict(state[name])
             except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
                 first = str(e).strip().splitlines()[0][:200].rstrip(":") if str(e).strip() else type(e).__name__
-                raise UserError(f"trainer.resume: the checkpoint's {name} does not fit method={self.name}'s "
-                                f"({type(e).__name__}: {first}); {fix}") from None  # fmt: skip
+                raise UserError(
+                    f"trainer.resume: the checkpoint's {name} does not fit method={self.name}'s "
+                    f"({type(e).__name__}: {first}); {fix}"
+                ) from None
 
 
 # A Wan teacher's scheduler has 1000 training timesteps: more sample steps than that only repeat timesteps (and
@@ -145,8 +152,10 @@ def steps_within(steps: int, teacher_steps: int) -> int:
     if teacher_steps < 1:
         raise UserError(f"method.teacher_steps={teacher_steps} must be a positive integer; e.g. 20")
     if teacher_steps > MAX_SAMPLE_STEPS:
-        raise UserError(f"method.teacher_steps={teacher_steps} is more than a Wan scheduler's {MAX_SAMPLE_STEPS} "
-                        f"training timesteps; give {MAX_SAMPLE_STEPS} or fewer (e.g. 20)")  # fmt: skip
+        raise UserError(
+            f"method.teacher_steps={teacher_steps} is more than a Wan scheduler's {MAX_SAMPLE_STEPS} "
+            f"training timesteps; give {MAX_SAMPLE_STEPS} or fewer (e.g. 20)"
+        )
     if steps > teacher_steps:
         raise UserError(
             f"method.steps={steps} is more than the teacher's sample steps (method.teacher_steps={teacher_steps}): "

@@ -75,9 +75,18 @@ class DMD(Method):
     uses_loss = False
     reads_x0 = False  # it generates its own samples; the data gives its prompts
 
-    def __init__(self, name: str, steps: int, teacher_steps: int = 20, fake_updates: int = 5,
-                 fake_score: str = "student", lora_rank: int = 16, regression_weight: float = 0.0,
-                 noises_per_prompt: int = 2, chunk: int = 16):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        steps: int,
+        teacher_steps: int = 20,
+        fake_updates: int = 5,
+        fake_score: str = "student",
+        lora_rank: int = 16,
+        regression_weight: float = 0.0,
+        noises_per_prompt: int = 2,
+        chunk: int = 16,
+    ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
         self.teacher_steps = teacher_steps
@@ -161,8 +170,7 @@ class DMD(Method):
         self.teacher = teacher if self.fake_score == "lora" else None  # a LoRA fake score runs on it (None: none here)
         self.points = None
         if self.regression_weight > 0:
-            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt,
-                                    self.chunk)  # fmt: skip
+            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
         from hydra.utils import instantiate

@@ -68,15 +68,16 @@ class OdePoints:
         from wandistiller.teacher.model import guidance_scales
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, steps)
-        sampler = SamplerSettings(teacher_steps, tuple(guidance_scales(ctx.spec, ctx.teacher_cfg)), ctx.latent_shape,
-                                  per_prompt)  # fmt: skip
+        sampler = SamplerSettings(
+            teacher_steps, tuple(guidance_scales(ctx.spec, ctx.teacher_cfg)), ctx.latent_shape, per_prompt
+        )
         settings = TrajectorySettings(sampler, tuple(self.sigmas.double().tolist()))
         dtype = ctx.precision.teacher_dtype
         self.bank = made_once(
             ctx.topo,
             lambda: teacher_trajectories(
                 teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, progress=ctx.topo.rank == 0
-            ),  # fmt: skip
+            ),
             lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir),
             makes=ctx.makes_teacher_data,
         )

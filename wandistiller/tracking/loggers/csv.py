@@ -35,8 +35,10 @@ class CsvLogger(Logger):
 
         name = Path(str(node.get("file")))
         if name.is_absolute() or len(name.parts) != 1 or name.suffix != ".csv":
-            raise UserError(f"{key}.file={node.get('file')!r} must be a .csv file name in the run folder; use e.g. "
-                            f"{key}.file=metrics.csv")  # fmt: skip
+            raise UserError(
+                f"{key}.file={node.get('file')!r} must be a .csv file name in the run folder; use e.g. "
+                f"{key}.file=metrics.csv"
+            )
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
         from wandistiller.core.files import appendable

@@ -38,11 +38,15 @@ class TensorboardLogger(Logger):
         try:
             import tensorboard  # noqa: F401 -- torch.utils.tensorboard needs it
         except ImportError:
-            raise UserError(f"{key}: the tensorboard package is not installed; `pip install tensorboard` (make "
-                            "setup installs it), or drop tensorboard from logger") from None  # fmt: skip
+            raise UserError(
+                f"{key}: the tensorboard package is not installed; `pip install tensorboard` (make "
+                "setup installs it), or drop tensorboard from logger"
+            ) from None
         if Path(str(node.get("folder"))).is_absolute() or ".." in Path(str(node.get("folder"))).parts:
-            raise UserError(f"{key}.folder={node.get('folder')!r} must be a folder inside the run folder; use e.g. "
-                            f"{key}.folder=tensorboard")  # fmt: skip
+            raise UserError(
+                f"{key}.folder={node.get('folder')!r} must be a folder inside the run folder; use e.g. "
+                f"{key}.folder=tensorboard"
+            )
 
     def _writer(self, folder: Path, start_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter

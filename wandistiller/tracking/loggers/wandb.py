@@ -48,8 +48,9 @@ class WandbTracker(Logger):
         name: str | None = None,
         tags: list[str] | None = None,
     ):
-        self.kwargs: dict[str, Any] = dict(project=project, entity=entity, mode=mode, group=group, name=name,
-                                           tags=list(tags or []))  # fmt: skip
+        self.kwargs: dict[str, Any] = dict(
+            project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or [])
+        )
         self.run: Any = None  # the wandb Run, from start()
 
     @classmethod
@@ -58,8 +59,10 @@ class WandbTracker(Logger):
         from wandistiller.core.errors import UserError
 
         if problem := cls.project_problem(node.get("project")):
-            raise UserError(f"{key}.project={node.get('project')!r}: a wandb project name {problem}; use e.g. "
-                            f"{key}.project=wandistiller")  # fmt: skip
+            raise UserError(
+                f"{key}.project={node.get('project')!r}: a wandb project name {problem}; use e.g. "
+                f"{key}.project=wandistiller"
+            )
         if problem := cls.login_problem(node.get("mode")):
             raise UserError(
                 f"{key}.mode=online: {problem}; run `wandb login` (or set WANDB_API_KEY), or use {key}.mode=offline"
