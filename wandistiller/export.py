@@ -78,10 +78,11 @@ def final_student(run, checkpoint: str | None) -> Path:
 def run_card(run) -> str:
     """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
     from wandistiller.core.files import in_run
+    from wandistiller.recipe.methods import card_phrases
     from wandistiller.state.export import model_card
 
     in_run(run.path, "metrics.json")  # a received run's link to a file elsewhere is refused, never read
-    return model_card(run.path, run.spec.path)
+    return model_card(run.path, run.spec.path, phrases=card_phrases())
 
 
 def is_lora_student(run) -> bool:

@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
 from wandistiller.core.files import in_run, read_json_in, write_in_run
+from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
@@ -141,7 +142,7 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
         state = load_checkpoint(source)["student"]
         save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
         source = tmp / "student"
-    card = model_card(run.path, run.spec.path, merged=merge)
+    card = model_card(run.path, run.spec.path, merged=merge, phrases=card_phrases())
     folder = write_lora_pipeline(tmp / PIPELINE, run.spec.path, source, card, run.trained_steps)
     pipe = WanPipeline.from_pretrained(folder)
     experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
@@ -178,7 +179,12 @@ def _build(run, tmp: Path, student) -> Path:
         student = tmp / "student"
     root = run.path if student.is_relative_to(run.path) else student  # the received run's, or the one saved here
     folder = write_pipeline(
-        tmp / PIPELINE, run.spec.path, student, model_card(run.path, run.spec.path), run.trained_steps, root
+        tmp / PIPELINE,
+        run.spec.path,
+        student,
+        model_card(run.path, run.spec.path, phrases=card_phrases()),
+        run.trained_steps,
+        root,
     )
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)

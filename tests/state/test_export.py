@@ -282,8 +282,10 @@ def test_a_kd_runs_pipeline_is_as_before(finished, tmp_path, tiny_path):
      ("mine", None, "the student transformer was trained with the method `mine` against the teacher's")],
 )  # fmt: skip
 def test_the_card_names_the_method_the_student_was_trained_with(run_folder, method, steps, phrase):
+    from wandistiller.recipe.methods import card_phrases
+
     saved(run_folder, method__name=method, method__steps=steps)
-    card = export.model_card(run_folder)
+    card = export.model_card(run_folder, phrases=card_phrases())
     text = " ".join(card.split())  # the sentence as read, whatever its line breaks
     assert f"with `method={method}`: {phrase}" in text and f"| method | `{method}` |" in card
     assert f"tags: [wan, distillation, {method}]" in card
@@ -292,15 +294,17 @@ def test_the_card_names_the_method_the_student_was_trained_with(run_folder, meth
 
 
 def test_a_dmd_card_names_its_regression_term_and_an_old_run_is_kd(run_folder):
+    from wandistiller.recipe.methods import card_phrases
+
     saved(run_folder, method__name="dmd", method__steps=4, method__regression_weight=0.1)
     assert "and away from a fake score trained on them, with trajectory's regression term (weight 0.1)." in " ".join(
-        export.model_card(run_folder).split()
+        export.model_card(run_folder, phrases=card_phrases()).split()
     )
     path = run_folder / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(path)
     del cfg["method"]  # a run saved before there were methods
     OmegaConf.save(cfg, path)
-    assert "with `method=kd`: the student transformer learned" in " ".join(export.model_card(run_folder).split())
+    assert "with `method=kd`: the student transformer learned" in " ".join(export.model_card(run_folder, phrases=card_phrases()).split())
 
 
 @pytest.mark.parametrize("method, steps", [("kd", None), ("trajectory", 4), ("dmd", 1)])
@@ -313,10 +317,16 @@ def test_val_loss_best_is_quoted_for_a_kd_student_alone(run_folder, method, step
     assert ("| `val_loss_best` | 0.125 |" in card) == (steps is None) and ("val_loss" in card) == (steps is None)
 
 
-def test_every_registered_method_has_the_cards_phrase():
-    from wandistiller.recipe.methods import REGISTRY
+def test_each_method_carries_its_own_cards_phrase_and_an_unknown_one_is_named_plainly(run_folder):
+    from wandistiller.recipe.methods import REGISTRY, card_phrases
 
-    assert set(REGISTRY.names()) == set(export.METHODS)
+    phrases = card_phrases()
+    assert set(phrases) == set(REGISTRY.names()) and len(set(phrases.values())) == len(phrases)
+    saved(run_folder, method__name="dmd", method__steps=4)
+    assert "learned by distribution matching (DMD2)" in export.model_card(run_folder, phrases=phrases)
+    mine = export.model_card(run_folder, phrases={"dmd": "the {k}-step student learned my way (guidance {g})"})
+    assert "the 4-step student learned my way (guidance" in mine
+    assert "trained with the method `dmd` against the teacher's" in export.model_card(run_folder)  # no phrase handed
 
 
 def test_a_one_step_students_card_states_one_step_and_no_other_counts_stretch(finished, tmp_path, tiny_path):

@@ -18,6 +18,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.files import replace_folder, write_in_run
 from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.recipe.hooks.base import Hook
+from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.export import run_pipeline
 
@@ -39,7 +40,7 @@ def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict
         if isinstance(hook, Hook):
             summary |= hook.at_end(run)
     write_in_run(ctx.run_dir, "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
-    run_pipeline(ctx.run_dir, Path(ctx.spec.path))  # after metrics.json: its model card quotes them
+    run_pipeline(ctx.run_dir, Path(ctx.spec.path), card_phrases())  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary
 

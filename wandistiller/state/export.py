@@ -21,6 +21,7 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -86,12 +87,12 @@ def _place_guarded(root: Path, src: Path, dst: Path) -> str:
     return "copied"
 
 
-def run_pipeline(run_dir: Path, teacher_path: Path) -> Path:
+def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] | None = None) -> Path:
     """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card; a few-step
     student's `student/sampling.json` first (its K read from the run's saved config)."""
     from wandistiller.core.files import in_run, replace_folder, write_in_run
 
-    student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path)
+    student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
     steps = saved_steps(run_dir)
     if steps is not None:  # written whole, never through a link in its place
         write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps), indent=2))
@@ -248,19 +249,6 @@ def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
     return (f"{_last_part(raw)} (a local folder)" if _last_part(raw) else "a local folder"), None
 
 
-# How the card says what each shipped method taught the student (`method.name` of the run's saved config; `{k}`
-# its K, `{g}` the teacher's guidance scale). The methods live in recipe/, above this layer: the card reads the
-# saved config's name, never their code; tests/state/test_export.py checks every registered method has its phrase.
-METHODS = {
-    "kd": "the student transformer learned the teacher's classifier-free-guided velocity (guidance scale {g}) at "
-    "noised latents of its training data (knowledge distillation)",
-    "trajectory": "the {k}-step student learned to jump between points of the teacher's classifier-free-guided "
-    "sampling trajectories (guidance scale {g}), sampled once from fixed noises (trajectory distillation)",
-    "dmd": "the {k}-step student learned by distribution matching (DMD2), its own samples pushed toward the "
-    "teacher's classifier-free-guided score (guidance scale {g}) and away from a fake score trained on them",
-}
-
-
 def card_method(cfg: DictConfig) -> dict:
     """The method the student was trained with, as the saved config says (`method.name`; no `method` node: a run
     saved before there were methods, kd): its name, and DMD's regression term's weight where it has one."""
@@ -271,12 +259,15 @@ def card_method(cfg: DictConfig) -> dict:
 
 
 def _method_text(f: dict) -> str:
-    """The card's phrase on what the student learned, by its method (METHODS; another method by its name)."""
+    """The card's phrase on what the student learned: its method's own (`Method.card_phrase`, handed down by the
+    caller as `phrases`), or a plain one naming a method this process has no phrase for."""
     g = f["guidance"] if f["guidance"] is not None else "?"
     name, k = f["method"]["name"], f["steps"]
-    phrase = METHODS.get(name, "the student transformer was trained with the method `{name}` against the teacher's "
-                         "classifier-free-guided predictions (guidance scale {g})")  # fmt: skip
-    text = phrase.format(k=k if k is not None else "?", g=g, name=name)
+    plain = (
+        "the student transformer was trained with the method `{name}` against the teacher's classifier-free-guided "
+        "predictions (guidance scale {g})"
+    )
+    text = f["phrases"].get(name, plain).format(k=k if k is not None else "?", g=g, name=name)
     if f["method"]["regression"]:
         text += f", with trajectory's regression term (weight {f['method']['regression']:.3g})"
     return text
@@ -293,10 +284,13 @@ def image_scale(teacher_path: Path | None) -> int:
     return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
 
 
-def model_card(run_dir: Path, teacher_path: Path | None = None, merged: bool = False) -> str:
+def model_card(
+    run_dir: Path, teacher_path: Path | None = None, merged: bool = False, phrases: Mapping[str, str] | None = None
+) -> str:
     """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
     Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures. `merged`: a
-    LoRA student's adapters merged into its transformers (`python -m wandistiller.pipeline --merge-lora`)."""
+    LoRA student's adapters merged into its transformers (`python -m wandistiller.pipeline --merge-lora`).
+    `phrases`: what each method taught its student (recipe/methods' `card_phrases()`, from the caller)."""
     from wandistiller.core.files import read_json_in
     from wandistiller.state.received import load_yaml_config
 
@@ -334,6 +328,7 @@ def model_card(run_dir: Path, teacher_path: Path | None = None, merged: bool = F
         "rows": "\n".join(f"| `{k}` | {v:.4g} |" for k, v in figures if v is not None),
         "steps": (k := student_steps(cfg)),
         "method": card_method(cfg),
+        "phrases": dict(phrases or {}),
         "prompt": example_prompt(prompts),
     }
     if k is not None and teacher_path is not None:

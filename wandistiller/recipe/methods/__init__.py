@@ -20,4 +20,11 @@ from wandistiller.recipe.methods.base import Method, Network
 
 REGISTRY = Registry("method", __name__, "a training method")
 
-__all__ = ["REGISTRY", "Method", "Network"]
+
+def card_phrases() -> dict[str, str]:
+    """What the model card says each registered method taught its student (`Method.card_phrase`), by name: handed
+    to state/export.py, which sits below the methods and names none of them."""
+    return {name: REGISTRY.get(name).cls.card_phrase for name in REGISTRY.names()}
+
+
+__all__ = ["REGISTRY", "Method", "Network", "card_phrases"]

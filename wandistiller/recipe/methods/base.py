@@ -75,6 +75,11 @@ class Method:
     student_inputs: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = True
     reads_x0: ClassVar[bool] = True  # whether a step reads the data's clean latents (trajectory, dmd: its prompts only)
+    # What the model card says the student learned (`{k}`: its K, `{g}`: the teacher's guidance scale).
+    card_phrase: ClassVar[str] = (
+        "the student transformer was trained with the method `{name}` against the teacher's classifier-free-guided "
+        "predictions (guidance scale {g})"
+    )
 
     def __init__(self, name: str, steps: int | None = None):
         if name != self.name:

@@ -70,6 +70,10 @@ class DMD(Method):
     """The student against the teacher's score and an online fake score of its own samples."""
 
     name = "dmd"
+    card_phrase = (
+        "the {k}-step student learned by distribution matching (DMD2), its own samples pushed toward the teacher's "
+        "classifier-free-guided score (guidance scale {g}) and away from a fake score trained on them"
+    )
     identity_keys = ("steps", "fake_score", "lora_rank")  # K, and the fake score a checkpoint holds
     student_inputs = True
     uses_loss = False

@@ -25,6 +25,10 @@ class KD(Method):
     """One micro-batch: the data's batch, the teacher's target where the loss needs it, `trainer.loss`."""
 
     name = "kd"
+    card_phrase = (
+        "the student transformer learned the teacher's classifier-free-guided velocity (guidance scale {g}) at "
+        "noised latents of its training data (knowledge distillation)"
+    )
 
     def __init__(self, name: str, steps: int | None = None):
         if steps is not None:  # it would be saved, and sampled, as a K-step student it was never trained to be

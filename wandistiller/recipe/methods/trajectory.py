@@ -105,6 +105,10 @@ class Trajectory(Method):
     """Only the student trains, on jumps between the teacher's cached ODE points."""
 
     name = "trajectory"
+    card_phrase = (
+        "the {k}-step student learned to jump between points of the teacher's classifier-free-guided sampling "
+        "trajectories (guidance scale {g}), sampled once from fixed noises (trajectory distillation)"
+    )
     teacher_in_loop = False
     uses_loss = False
     reads_x0 = False  # its x are the teacher's cached ODE points; the data gives its prompts
