@@ -252,8 +252,8 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
     run = tmp_path / "run"
     student = lora_run(make_cfg, run, "tiny", "method=trajectory", "method.steps=2")
     out = export(run, tmp_path / "lora", "lora", name="k2")  # bf16 by default
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "diffusers", "k2.safetensors", "k2.workflow.json",
-                                                     "scheduler"]  # fmt: skip
+    names = ["README.md", "diffusers", "k2.safetensors", "k2.workflow.json", "scheduler"]
+    assert sorted(p.name for p in out.iterdir()) == names
     with safe_open(str(out / "k2.safetensors"), "pt") as f:
         assert f.get_tensor("diffusion_model.blocks.0.self_attn.k.lora_up.weight").dtype == torch.bfloat16
         assert json.loads(f.metadata()["sampling"])["steps"] == 2
@@ -266,8 +266,8 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
     card = (out / "README.md").read_text()
     code = card.split("**`k2.safetensors`**")[1].split("```python")[1].split("```")[0]
     scope: dict = {}
-    exec(textwrap.dedent(code).replace("PATH_TO_THIS_FOLDER", str(out)).replace("THE_TEACHER_FOLDER", str(tiny_path)),
-         scope)  # fmt: skip
+    code = textwrap.dedent(code).replace("PATH_TO_THIS_FOLDER", str(out))
+    exec(code.replace("THE_TEACHER_FOLDER", str(tiny_path)), scope)
     pipe = scope["pipe"]
     assert pipe.scheduler.config.shift_terminal is not None and pipe.transformer.dtype == torch.bfloat16
     x, t, cond = inputs(1)

@@ -439,7 +439,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     from safetensors.torch import save_file
 
     from wandistiller.state.comfy import lora_readme, teacher_files, workflow_text
-    from wandistiller.state.export import files_section
+    from wandistiller.state.export import _raw, _word, files_section
     from wandistiller.state.loralayout import adapter_rank, lightning_tensors, metadata
     from wandistiller.state.singlefile import expert_names
     from wandistiller.teacher.fewstep import few_step_scheduler
@@ -465,7 +465,8 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     if facts["few_step"]:
         few_step_scheduler(run.spec, facts["steps"]).save_pretrained(out / "scheduler")
     comfy = comfy_sampling(run, facts, len(files))
-    models, known = teacher_files(teacher["hub_id"], f"{_word(run.cfg.teacher, 'name')}", len(files))
+    teacher_word = (_word(_raw(run.cfg.teacher, "name")) or "wan").replace(".", "_")
+    models, known = teacher_files(teacher["hub_id"], teacher_word, len(files))
     workflow_file = f"{name}.workflow.json"
     write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
     exact = ""
@@ -476,7 +477,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
         )
     source_of = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
-    which = ("", " (the high-noise expert)", " (the low-noise expert)")
+    which = [""] if len(files) == 1 else [" (the high-noise expert's)", " (the low-noise expert's)"]
     listing = []
     for i, file in enumerate(files):
         into = ", load_into_transformer_2=True" if i == 1 else ""
@@ -487,7 +488,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
         listing.append(
             (
                 file,
-                f"the adapters{which[(i + 1) * (len(files) == 2)]} in the Lightning layout (ComfyUI's, diffusers "
+                f"the adapters{which[i]} in the Lightning layout (ComfyUI's, diffusers "
                 f"converts it), {dtype}, rank {adapter_rank(adapters[i][0])}",
                 lines if i == 0 else f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER", weight_name="{file}"{into})',
                 f"`{file}` into models/loras, then LoraLoaderModelOnly on the teacher's diffusion model "
@@ -499,8 +500,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
         listing.append(
             (
                 f"diffusers/{file}",
-                f"the same adapters{which[(i + 1) * (len(files) == 2)]} as diffusers' `save_lora_weights` wrote "
-                f"them (peft's names), {dtype}",
+                f"the same adapters{which[i]} as diffusers' `save_lora_weights` wrote them (peft's names), {dtype}",
                 (_lora_pipe_lines(source_of, torch_dtype, facts) if i == 0 else "")
                 + f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER/diffusers"{into})',
                 "",
@@ -511,7 +511,8 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     listing.append((workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"))
     intro = (
         f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
-        "they mean nothing. Load them on the teacher's own pipeline or diffusion model:"
+        "they mean nothing. The snippet above loads the run's pipeline folder (`python -m wandistiller.pipeline RUN "
+        "--out DIR`); these files go on the teacher's own pipeline or diffusion model:"
     )
     section = lora_readme(files, models, known, teacher["name"], workflow_file, comfy, exact)
     write_in_run(out, "README.md", run_card(run) + files_section(listing, intro) + section)
@@ -535,7 +536,9 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
 
 
 def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
-    teacher_name = _word(run.cfg.teacher, "name").replace("?", "wan")
+    from wandistiller.state.export import _raw, _word
+
+    teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
     name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
     built = tmp / "export"
     built.mkdir()

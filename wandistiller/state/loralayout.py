@@ -49,7 +49,9 @@ def lightning_tensors(state: dict[str, torch.Tensor], alpha: float, dtype: str) 
             raise ValueError(f"{key!r} is not a LoRA adapter of a Wan block")
         name = lightning_name(found[1])
         half = "lora_down" if found[2] == "A" else "lora_up"
-        out[f"{name}.{half}.weight"] = tensor.detach().to(DTYPES[dtype]).contiguous()
+        # a copy, never the student's own tensor: diffusers' converter scales the cross-attention and FFN halves
+        # in place (`*=`), which would change the student's adapters under a caller holding both
+        out[f"{name}.{half}.weight"] = tensor.detach().to(DTYPES[dtype], copy=True).contiguous()
         out[f"{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
     for alpha_key in [k for k in out if k.endswith(".alpha")]:
         layer = alpha_key.removesuffix(".alpha")
