@@ -280,6 +280,7 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
 
 def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     from tests.student.test_lora import lora_run
+    from wandistiller.core.errors import UserError
 
     run = tmp_path / "run"
     lora_run(make_cfg, run, "tiny")
@@ -289,7 +290,13 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
         export(run, tmp_path / "a", "lora", checkpoint="latest")
     with refused("--format single-file: the student of"):
         export(run, tmp_path / "a", "single-file")
-    (run / "student" / "pytorch_lora_weights.safetensors").write_bytes(b"not safetensors")
+    weights = run / "student" / "pytorch_lora_weights.safetensors"
+    shutil.move(weights, tmp_path / "elsewhere.safetensors")  # a received run's adapters linked out of it
+    weights.symlink_to(tmp_path / "elsewhere.safetensors")
+    with pytest.raises(UserError, match="leads out of the run folder"):
+        export(run, tmp_path / "a", "lora")
+    weights.unlink()
+    weights.write_bytes(b"not safetensors")
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
