@@ -286,6 +286,8 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     lora_run(make_cfg, run, "tiny")
     with refused("--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16"):
         export(run, tmp_path / "a", "lora", "fp8")
+    with refused("--name '../up' is not a plain file name"):
+        export(run, tmp_path / "a", "lora", name="../up")
     with refused("--checkpoint latest with --format lora"):
         export(run, tmp_path / "a", "lora", checkpoint="latest")
     with refused("--format single-file: the student of"):

@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -566,6 +567,8 @@ def export(
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
+        raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
