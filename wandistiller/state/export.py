@@ -139,10 +139,9 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
     a few-step student's scheduler and sampling.json, and `card` as README.md."""
-    from wandistiller.core.files import write_in_run
     from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
 
-    index = model_index(teacher_path, steps, own=True)
+    index = json.loads((teacher_path / "model_index.json").read_text())
     parts = [
         p
         for p in ("transformer", "transformer_2", *TEACHER_PARTS)
@@ -157,24 +156,22 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
             place(file, out / part / file.relative_to(src))
     for name in (*WEIGHTS, ADAPTERS_JSON):
-        if (student_dir / name).is_file():  # through the guard: a received student's link out of it is refused
-            place(student_dir / name, out / name, student_dir)
+        if (student_dir / name).is_file():
+            place(student_dir / name, out / name)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
-    write_in_run(out, "model_index.json", json.dumps(index, indent=2))
-    write_in_run(out, "README.md", card)
+        (out / "transformer" / SAMPLING).write_text(json.dumps(sampling(teacher_path, steps), indent=2))
+        index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
+    (out / "model_index.json").write_text(json.dumps(index, indent=2))
+    (out / "README.md").write_text(card)
     return out
 
 
-def model_index(teacher_path: Path, steps: int | None = None, own: bool = False) -> dict:
+def model_index(teacher_path: Path, steps: int | None = None) -> dict:
     """The teacher's model_index.json, one expert and no boundary: the student is a single transformer; a few-step
-    student's (`steps`) scheduler is its few-step FlowMatchEulerDiscreteScheduler. `own`: the teacher's experts and
-    boundary kept (a LoRA student's pipeline is the teacher's own)."""
+    student's (`steps`) scheduler is its few-step FlowMatchEulerDiscreteScheduler."""
     index = json.loads((teacher_path / "model_index.json").read_text())
     few_step = {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]} if steps is not None else {}
-    if own:
-        return index | few_step
     return index | {"transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": [None, None],
                     "boundary_ratio": None} | few_step  # fmt: skip
 
