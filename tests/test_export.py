@@ -107,7 +107,7 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     OmegaConf.save(saved, lora / ".hydra" / "config.yaml")
     with refused("--format single-file: the student of"):
         export(lora, tmp_path / "lora", "single-file")
-    with refused("--format lora: writing a LoRA student's adapters is not here yet"):
+    with refused("the LoRA student in"):  # a student/ without adapters
         export(lora, tmp_path / "lora", "lora")
     with refused("--dtype fp8 is for --format single-file"):
         export(finished, tmp_path / "d8", "diffusers", "fp8")
@@ -190,3 +190,115 @@ def test_a_few_step_students_file_and_workflow_carry_its_k_shift_and_sigmas(fini
     (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
     assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
     assert f"sigmas {sampling['sigmas']}" in (out / "README.md").read_text()
+
+
+# -- a LoRA student's files (--format lora) ------------------------------------------------------------------------
+def test_a_lora_pair_in_the_lightning_layout_loads_through_wan_pipeline_as_the_students_experts(
+    make_cfg, tmp_path, tiny_moe_path
+):
+    from diffusers import WanPipeline
+
+    from tests.student.test_lora import inputs, lora_run
+    from wandistiller.student.lora import WEIGHTS
+
+    run = tmp_path / "run"
+    student = lora_run(make_cfg, run, "tiny_moe", "student.alpha=4")
+    out = export(run, tmp_path / "lora", "lora", "fp32")
+    high, low = "tiny_moe_lora_fp32_high_noise.safetensors", "tiny_moe_lora_fp32_low_noise.safetensors"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["README.md", "diffusers", "tiny_moe_lora_fp32.workflow.json", high, low]
+    )
+    with safe_open(str(out / high), "pt") as f:
+        keys, meta = set(f.keys()), f.metadata()
+        assert f.get_tensor("diffusion_model.blocks.0.self_attn.q.alpha").item() == 4.0
+    assert {
+        "diffusion_model.blocks.1.cross_attn.o.lora_up.weight",
+        "diffusion_model.blocks.0.ffn.2.lora_down.weight",
+    } <= keys
+    assert all(k.startswith("diffusion_model.blocks.") for k in keys) and len(keys) == 3 * 10 * 4  # 10 layers, 4 blocks
+    assert meta["rank"] == "2" and meta["alpha"] == "4" and json.loads(meta["sampling"])["guidance_scale"] == 1.0
+    assert json.loads(meta["teacher"])["digest"] and json.loads(meta["expert"])["expert"] == "high_noise"
+    x, t, cond = inputs()
+    with torch.no_grad():
+        mine, _ = student(x, t, cond)
+    lightning, copied = WanPipeline.from_pretrained(tiny_moe_path), WanPipeline.from_pretrained(tiny_moe_path)
+    lightning.load_lora_weights(str(out), weight_name=high)  # diffusers converts the Lightning keys itself
+    lightning.load_lora_weights(str(out), weight_name=low, load_into_transformer_2=True)
+    copied.load_lora_weights(str(out / "diffusers"))
+    copied.load_lora_weights(str(out / "diffusers"), weight_name=WEIGHTS[1], load_into_transformer_2=True)
+    with torch.no_grad():
+        for pipe in (lightning, copied):
+            for rows, theirs in (([0, 2], pipe.transformer), ([1, 3], pipe.transformer_2)):
+                loaded = theirs(x[rows], t[rows], cond[rows], return_dict=False)[0]
+                assert torch.allclose(loaded, mine[rows], atol=1e-5), (loaded - mine[rows]).abs().max()
+    for name in WEIGHTS:  # fp32 as saved: the student's own files, byte for byte
+        assert (out / "diffusers" / name).read_bytes() == (run / "student" / name).read_bytes()
+    flow = json.loads((out / "tiny_moe_lora_fp32.workflow.json").read_text())
+    loras = [n for n in flow["nodes"] if n["type"] == "LoraLoaderModelOnly"]
+    assert [n["widgets_values"] for n in loras] == [[high, 1.0], [low, 1.0]]
+    assert [n["type"] for n in flow["nodes"]].count("KSamplerAdvanced") == 2
+    card = (out / "README.md").read_text()
+    for listed in (high, low, f"diffusers/{WEIGHTS[0]}", f"diffusers/{WEIGHTS[1]}", "models/loras"):
+        assert f"`{listed}" in card, listed
+    assert "load_into_transformer_2=True" in card and "LoraLoaderModelOnly" in card
+    for file in out.rglob("*"):
+        if file.suffix in (".json", ".md"):
+            assert str(tmp_path) not in file.read_text(), file
+
+
+def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(make_cfg, tmp_path, tiny_path):
+    from tests.student.test_lora import inputs, lora_run
+
+    run = tmp_path / "run"
+    student = lora_run(make_cfg, run, "tiny", "method=trajectory", "method.steps=2")
+    out = export(run, tmp_path / "lora", "lora", name="k2")  # bf16 by default
+    names = ["README.md", "diffusers", "k2.safetensors", "k2.workflow.json", "scheduler"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    with safe_open(str(out / "k2.safetensors"), "pt") as f:
+        assert f.get_tensor("diffusion_model.blocks.0.self_attn.k.lora_up.weight").dtype == torch.bfloat16
+        assert json.loads(f.metadata()["sampling"])["steps"] == 2
+    with safe_open(str(out / "diffusers" / "pytorch_lora_weights.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert "lora_adapter_metadata" in f.metadata()
+    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
+    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
+    # The card's lines for the Lightning file, its placeholders filled in: the teacher, the adapters, K's scheduler.
+    card = (out / "README.md").read_text()
+    code = card.split("**`k2.safetensors`**")[1].split("```python")[1].split("```")[0]
+    scope: dict = {}
+    code = textwrap.dedent(code).replace("PATH_TO_THIS_FOLDER", str(out))
+    exec(code.replace("THE_TEACHER_FOLDER", str(tiny_path)), scope)
+    pipe = scope["pipe"]
+    assert pipe.scheduler.config.shift_terminal is not None and pipe.transformer.dtype == torch.bfloat16
+    x, t, cond = inputs(1)
+    with torch.no_grad():
+        mine = student(x, t, cond)[0]
+        theirs = pipe.transformer(x.bfloat16(), t, cond.bfloat16(), return_dict=False)[0].float()
+    assert (theirs - mine).norm() / mine.norm() < 2e-2
+    assert "cfg 1" in card and "2 steps" in card
+
+
+def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
+    from tests.student.test_lora import lora_run
+    from wandistiller.core.errors import UserError
+
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, "tiny")
+    with refused("--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16"):
+        export(run, tmp_path / "a", "lora", "fp8")
+    with refused("--name '../up' is not a plain file name"):
+        export(run, tmp_path / "a", "lora", name="../up")
+    with refused("--checkpoint latest with --format lora"):
+        export(run, tmp_path / "a", "lora", checkpoint="latest")
+    with refused("--format single-file: the student of"):
+        export(run, tmp_path / "a", "single-file")
+    weights = run / "student" / "pytorch_lora_weights.safetensors"
+    shutil.move(weights, tmp_path / "elsewhere.safetensors")  # a received run's adapters linked out of it
+    weights.symlink_to(tmp_path / "elsewhere.safetensors")
+    with pytest.raises(UserError, match="leads out of the run folder"):
+        export(run, tmp_path / "a", "lora")
+    weights.unlink()
+    weights.write_bytes(b"not safetensors")
+    with refused("the LoRA student in"):
+        export(run, tmp_path / "a", "lora")
+    assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

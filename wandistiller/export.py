@@ -9,7 +9,11 @@ the Wan reference layout (bf16, fp16, fp32 or ComfyUI's scaled fp8) with a Comfy
   layout (state/singlefile.py), its metadata the student's config, sampling and teacher; `config.json` beside it
   (diffusers' `from_single_file(config=DIR)`), `<name>.workflow.json` for ComfyUI (state/comfy.py) and README.md:
   the model card, every file and the lines that load it. `--dtype` default bf16.
-- `lora`: a LoRA student's adapters (one more writer in WRITERS, for LoRA students); refused for any other student.
+- `lora`: a LoRA student's adapters (student=lora; refused for any other student): `<name>.safetensors` (an A14B
+  pair: `<name>_high_noise` / `<name>_low_noise`) in the Lightning layout ComfyUI's LoraLoader and diffusers'
+  `load_lora_weights` read (state/loralayout.py), `diffusers/` with the files diffusers' `save_lora_weights` wrote
+  (the student's own, copied or cast), a few-step student's `scheduler/`, `<name>.workflow.json` (the teacher's
+  diffusion model, LoraLoaderModelOnly, the few-step sampler) and README.md. `--dtype` bf16 (default), fp16 or fp32.
 
 Everything is written into a temporary folder beside `--out` and renamed into place at the end: an error, a full
 disk or a kill leaves nothing partly written there. The run folder is only read (through core/files.py's guarded
@@ -22,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -36,7 +41,7 @@ log = logging.getLogger("wandistiller.export")
 
 FORMATS = ("diffusers", "single-file", "lora")
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
-DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": None}  # None: as the student was saved
+DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": "bf16"}  # None: as the student was saved
 # Student shapes a loader that guesses from the weights reads right, given a Wan teacher (128-wide heads): the
 # named students keep the teacher's head size (student/prune.py, core/arch.py).
 KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher (128-wide heads, one FFN width)"
@@ -122,15 +127,15 @@ def check_format(run, fmt: str, dtype: str | None) -> None:
             f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
             "--format single-file or diffusers"
         )
-    if fmt not in WRITERS:  # the LoRA layout's writer is the next one (issue 35, part 3)
-        raise UserError(
-            f"--format {fmt}: writing a LoRA student's adapters is not here yet; its diffusers-format adapters are in "
-            f"{run.path}/student/ (WanPipeline.load_lora_weights reads them)"
-        )
     if lora and fmt != "lora":
         raise UserError(
             f"--format {fmt}: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of its "
             "own); export it with --format lora"
+        )
+    if fmt == "lora" and dtype == "fp8":
+        raise UserError(
+            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16, fp16 or "
+            "fp32 (adapters are small: no loader reads fp8 ones)"
         )
     if fmt == "diffusers" and dtype == "fp8":
         raise UserError(
@@ -349,8 +354,201 @@ def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype
     return built
 
 
-# Writers by format: (run, tmp folder, args) -> the folder to rename into --out. LoRA students' adapters are the
-# lead's next writer (`--format lora`): check_format refuses it until then.
+# -- a LoRA student's files (--format lora) ---------------------------------------------------------------------
+def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
+    """(the adapters' state dict, peft keys without diffusers' `transformer.` prefix; their LoraConfig as saved)
+    per expert of the teacher, from the run's `student/` (WEIGHTS: diffusers' files), read through the guard: a
+    link out of the run is refused, a damaged file is one line."""
+    from safetensors import safe_open
+
+    from wandistiller.core.files import opened, safetensors_problem
+    from wandistiller.student.lora import WEIGHTS
+
+    out = []
+    for name in WEIGHTS[: len(run.spec.experts)]:
+        if not (source / name).is_file():
+            raise UserError(
+                f"the LoRA student in {source} has no {name} (one file per expert of the teacher); finish the run "
+                "(trainer.resume=auto)"
+            )
+        problem = safetensors_problem(source / name, root=run.path)
+        if problem:
+            raise UserError(f"the LoRA student in {source}: {problem}; restore it from the run's backup")
+        with opened(run.path, source / name) as path, safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            state = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
+        try:
+            config = json.loads(meta.get("lora_adapter_metadata") or "{}")
+        except ValueError:
+            config = {}
+        config = {k.removeprefix("transformer."): v for k, v in config.items()} if isinstance(config, dict) else {}
+        out.append((state, config))
+    return out
+
+
+def lora_teacher(run, source: Path) -> dict:
+    """The teacher the adapters belong to: its name, Hub id and weights digest as the run recorded them
+    (adapters.json, else metrics.json), else the digest of the run's teacher now; a pair's boundary."""
+    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.student.lora import ADAPTERS_JSON
+
+    facts = teacher_facts(run, source)
+    if not facts["digest"] and (source / ADAPTERS_JSON).is_file():
+        try:
+            saved = read_json_in(run.path, source / ADAPTERS_JSON, what="adapters.json")
+        except ValueError:
+            saved = {}
+        recorded = saved.get("teacher") if isinstance(saved, dict) else None
+        digest = recorded.get("digest") if isinstance(recorded, dict) else None
+        facts["digest"] = digest if isinstance(digest, str) and len(digest) < 200 else None
+    facts["digest"] = facts["digest"] or teacher_digest(run.spec)
+    return facts
+
+
+def copy_diffusers_lora(run, source: Path, out: Path, dtype: str) -> list[str]:
+    """The student's adapters as diffusers wrote them, into `out` (what `load_lora_weights(out)` reads): each file
+    copied byte for byte where it is already in `dtype`, else its tensors cast and saved with its metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from wandistiller.core.files import opened
+    from wandistiller.state.singlefile import DTYPES
+    from wandistiller.student.lora import WEIGHTS
+
+    out.mkdir()
+    names = list(WEIGHTS[: len(run.spec.experts)])
+    for name in names:
+        with opened(run.path, source / name) as path, safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        if all(t.dtype == DTYPES[dtype] for t in state.values()):
+            with open_in(run.path, source / name) as f:
+                write_in_run(out, name, write=lambda w: _copy(f, w))
+        else:
+            save_file({k: t.to(DTYPES[dtype]).contiguous() for k, t in state.items()}, str(out / name), meta)
+    return names
+
+
+def _copy(src, dst) -> None:
+    import shutil
+
+    shutil.copyfileobj(src, dst, 2**24)
+
+
+def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
+    """A LoRA student's export into `out`: the Lightning-layout files (one per expert), `diffusers/`, a few-step
+    student's `scheduler/`, the ComfyUI workflow and README.md (the card, every file and the lines that load it)."""
+    from safetensors.torch import save_file
+
+    from wandistiller.state.comfy import lora_readme, teacher_files, workflow_text
+    from wandistiller.state.export import _raw, _word, files_section
+    from wandistiller.state.loralayout import adapter_rank, lightning_tensors, metadata
+    from wandistiller.state.singlefile import expert_names
+    from wandistiller.teacher.fewstep import few_step_scheduler
+
+    source = final_student(run, None)
+    adapters = read_lora_student(run, source)
+    facts, teacher = sampling_facts(run), lora_teacher(run, source)
+    files = expert_names(name, len(adapters))
+    for i, ((state, config), file) in enumerate(zip(adapters, files)):
+        try:
+            rank = adapter_rank(state)
+            alpha = float(config.get("lora_alpha") or rank)
+            tensors = lightning_tensors(state, alpha, dtype)
+        except (ValueError, TypeError) as e:
+            raise UserError(f"the LoRA student in {source}: {e}; restore it from the run's backup") from None
+        expert = (
+            {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
+            if len(files) == 2
+            else None
+        )
+        save_file(tensors, str(out / file), metadata=metadata(rank, alpha, facts, teacher, expert))
+    diffusers_files = copy_diffusers_lora(run, source, out / "diffusers", dtype)
+    if facts["few_step"]:
+        few_step_scheduler(run.spec, facts["steps"]).save_pretrained(out / "scheduler")
+    comfy = comfy_sampling(run, facts, len(files))
+    teacher_word = (_word(_raw(run.cfg.teacher, "name")) or "wan").replace(".", "_")
+    models, known = teacher_files(teacher["hub_id"], teacher_word, len(files))
+    workflow_file = f"{name}.workflow.json"
+    write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
+    exact = ""
+    if facts["few_step"]:
+        exact = (
+            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
+            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
+        )
+    source_of = teacher["hub_id"] or "THE_TEACHER_FOLDER"
+    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
+    which = [""] if len(files) == 1 else [" (the high-noise expert's)", " (the low-noise expert's)"]
+    listing = []
+    for i, file in enumerate(files):
+        into = ", load_into_transformer_2=True" if i == 1 else ""
+        lines = (
+            _lora_pipe_lines(source_of, torch_dtype, facts)
+            + f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER", weight_name="{file}"{into})'
+        )
+        listing.append(
+            (
+                file,
+                f"the adapters{which[i]} in the Lightning layout (ComfyUI's, diffusers "
+                f"converts it), {dtype}, rank {adapter_rank(adapters[i][0])}",
+                lines if i == 0 else f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER", weight_name="{file}"{into})',
+                f"`{file}` into models/loras, then LoraLoaderModelOnly on the teacher's diffusion model "
+                f"(`{models[i]}`); `{workflow_file}` does it",
+            )
+        )
+    for i, file in enumerate(diffusers_files):
+        into = f', weight_name="{file}", load_into_transformer_2=True' if i == 1 else ""
+        listing.append(
+            (
+                f"diffusers/{file}",
+                f"the same adapters{which[i]} as diffusers' `save_lora_weights` wrote them (peft's names), {dtype}",
+                (_lora_pipe_lines(source_of, torch_dtype, facts) if i == 0 else "")
+                + f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER/diffusers"{into})',
+                "",
+            )
+        )
+    if facts["few_step"]:
+        listing.append(("scheduler/", f"the {facts['steps']}-step student's scheduler (diffusers)", "", ""))
+    listing.append((workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"))
+    intro = (
+        f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
+        "they mean nothing. The snippet above loads the run's pipeline folder (`python -m wandistiller.pipeline RUN "
+        "--out DIR`); these files go on the teacher's own pipeline or diffusion model:"
+    )
+    section = lora_readme(files, models, known, teacher["name"], workflow_file, comfy, exact)
+    write_in_run(out, "README.md", run_card(run) + files_section(listing, intro) + section)
+    return [out / f for f in files]
+
+
+def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
+    """The snippet's first lines: the teacher's pipeline and, for a few-step student, its scheduler from here."""
+    lines = (
+        "import torch\nfrom diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline\n"
+        if facts["few_step"]
+        else "import torch\nfrom diffusers import WanPipeline\n"
+    )
+    lines += f'pipe = WanPipeline.from_pretrained("{source}", dtype={torch_dtype})\n'
+    if facts["few_step"]:
+        lines += (
+            'pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained("PATH_TO_THIS_FOLDER", '
+            'subfolder="scheduler")\n'
+        )
+    return lines
+
+
+def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+    from wandistiller.state.export import _raw, _word
+
+    teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
+    name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
+    built = tmp / "export"
+    built.mkdir()
+    write_lora_files(run, built, name, dtype)
+    return built
+
+
+# Writers by format: (run, tmp folder, checkpoint, dtype, name) -> the folder to rename into --out.
 WRITERS: dict[str, Callable] = {}
 
 
@@ -370,9 +568,16 @@ def export(
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
+        raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
+    if fmt == "lora" and checkpoint is not None:
+        raise UserError(
+            f"--checkpoint {checkpoint} with --format lora: LoRA files are written from the run's final student/; "
+            "drop --checkpoint (or finish the run: trainer.resume=auto)"
+        )
     if checkpoint in (None, "ema"):
         final_student(run, checkpoint)  # before any work
     dtype = dtype or DEFAULT_DTYPE[fmt]
@@ -440,7 +645,7 @@ def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: 
     return write_diffusers(run, tmp, "export", checkpoint, dtype)
 
 
-WRITERS.update({"single-file": _single_file, "diffusers": _diffusers})
+WRITERS.update({"single-file": _single_file, "diffusers": _diffusers, "lora": _lora})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -451,12 +656,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         choices=DTYPES,
         help="the weights' dtype (default: bf16 for single-file, as "
-        "saved (fp32) for diffusers); fp8: ComfyUI's scaled fp8, single-file only",
+        "saved (fp32) for diffusers, bf16 for lora); fp8: ComfyUI's scaled fp8, single-file only",
     )
     parser.add_argument("--out", required=True, help="a new folder (or an empty one; --force replaces a full one)")
     parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
-    parser.add_argument("--name", help="the single files' name (default: <teacher>_<student>_<dtype>)")
+    parser.add_argument("--name", help="the single or LoRA files' name (default: <teacher>_<student>_<dtype>)")
     return parser.parse_args(argv)
 
 

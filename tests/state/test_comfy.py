@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import json
 
-from wandistiller.state.comfy import TEXT_ENCODER, VAE, Sampling, readme, switch_step, workflow, workflow_text
+from wandistiller.state.comfy import (
+    TEXT_ENCODER,
+    VAE,
+    Sampling,
+    lora_readme,
+    readme,
+    switch_step,
+    teacher_files,
+    workflow,
+    workflow_text,
+)
 
 
 def by_type(flow: dict) -> dict[str, list[dict]]:
@@ -53,3 +63,29 @@ def test_a_pair_hands_over_at_the_boundary_on_comfyuis_schedule():
     text = readme(["x_high_noise.safetensors", "x_low_noise.safetensors"], "x.workflow.json", s, "", "a warning")
     assert "models/diffusion_models" in text and "models/text_encoders" in text and "models/vae" in text
     assert "switching at step 2 of 4" in text and "**Note:** a warning" in text and "cfg 1" in text
+
+
+def test_a_lora_goes_on_the_teachers_own_file_before_the_sampler_each_expert_its_own():
+    s = Sampling(4, "euler", "simple", 5.0, 832, 480, boundary=0.875)
+    teacher, known = teacher_files("Wan-AI/Wan2.2-T2V-A14B-Diffusers", "wan2_2_t2v_a14b", 2)
+    assert known and teacher == [
+        "wan2.2_t2v_high_noise_14B_fp16.safetensors",
+        "wan2.2_t2v_low_noise_14B_fp16.safetensors",
+    ]
+    assert teacher_files(None, "pocket", 1) == (["pocket.safetensors"], False)
+    loras = ["l_high_noise.safetensors", "l_low_noise.safetensors"]
+    flow = workflow(teacher, s, "a fox", loras)
+    check_links(flow)
+    nodes = {n["id"]: n for n in flow["nodes"]}
+    for i, lora in enumerate(by_type(flow)["LoraLoaderModelOnly"]):
+        assert lora["widgets_values"] == [loras[i], 1.0]  # strength 1: the scale it was trained at
+        (link,) = [link for link in flow["links"] if link[3] == lora["id"]]
+        assert nodes[link[1]]["type"] == "UNETLoader" and nodes[link[1]]["widgets_values"][0] == teacher[i]
+        (out,) = lora["outputs"][0]["links"]
+        (after,) = [link for link in flow["links"] if link[0] == out]
+        assert nodes[after[3]]["type"] == "ModelSamplingSD3"
+    assert [n["widgets_values"][3:5] for n in by_type(flow)["KSamplerAdvanced"]] == [[4, 1.0], [4, 1.0]]
+    text = lora_readme(loras, teacher, True, "wan2.2", "l.workflow.json", s, "")
+    assert "| `l_low_noise.safetensors` | this export | `models/loras/` |" in text
+    assert "`wan2.2_t2v_high_noise_14B_fp16.safetensors` | the teacher wan2.2's diffusion model" in text
+    assert "LoraLoaderModelOnly at strength 1" in text and "switching at step" in text and "cfg 1" in text

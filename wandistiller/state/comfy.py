@@ -7,6 +7,10 @@ encoder, VAELoader for the Wan VAE, ModelSamplingSD3 at the teacher's flow shift
 size and one frame, KSampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode and
 SaveImage. A pair (Wan 2.2 A14B) gets two loaders and two KSamplerAdvanced, the high-noise expert's steps first,
 split where ComfyUI's schedule crosses the boundary.
+
+A LoRA student's workflow (`loras`) loads the teacher's own diffusion model file (its usual name in ComfyUI's folders
+for the Wan teachers, `TEACHER_FILES`) and puts the adapters on it with LoraLoaderModelOnly (strength 1: the scale the
+student was trained at) before the same sampler; a pair adapts each expert with its own file.
 """
 
 from __future__ import annotations
@@ -18,7 +22,22 @@ from dataclasses import dataclass, field
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
 REPACKAGED = "Comfy-Org's Wan repackage"
-FOLDERS = {"diffusion_model": "models/diffusion_models", "text_encoder": "models/text_encoders", "vae": "models/vae"}
+FOLDERS = {
+    "diffusion_model": "models/diffusion_models",
+    "text_encoder": "models/text_encoders",
+    "vae": "models/vae",
+    "lora": "models/loras",
+}
+# The Wan teachers' diffusion model files as ComfyUI users have them (Comfy-Org's repackage), by Hub id; a pair's
+# high-noise expert first. Another teacher (pocket, a local folder) is named by a placeholder the README explains.
+TEACHER_FILES = {
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": ("wan2.1_t2v_1.3B_fp16.safetensors",),
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ("wan2.1_t2v_14B_fp16.safetensors",),
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": (
+        "wan2.2_t2v_high_noise_14B_fp16.safetensors",
+        "wan2.2_t2v_low_noise_14B_fp16.safetensors",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -98,8 +117,20 @@ def switch_step(s: Sampling) -> int:
     return s.steps
 
 
-def workflow(files: list[str], s: Sampling, prompt: str) -> dict:
-    """The workflow for one student file, or for a pair (`files`: high-noise, low-noise)."""
+def teacher_files(hub_id: str | None, name: str, experts: int) -> tuple[list[str], bool]:
+    """(the teacher's diffusion model files as a ComfyUI user has them, whether those are their usual names): a
+    Wan teacher's repackaged files, else `<name>.safetensors` (`<name>_high_noise` / `_low_noise` for a pair)."""
+    known = TEACHER_FILES.get(hub_id or "")
+    if known is not None and len(known) == experts:
+        return list(known), True
+    from wandistiller.state.singlefile import expert_names
+
+    return expert_names(name, experts), False
+
+
+def workflow(files: list[str], s: Sampling, prompt: str, loras: list[str] | None = None) -> dict:
+    """The workflow for one student file, or for a pair (`files`: high-noise, low-noise). `loras`: a LoRA student's
+    files (one per expert), each put on the teacher's diffusion model file of `files` by LoraLoaderModelOnly."""
     g = _Graph()
     clip = g.add("CLIPLoader", [TEXT_ENCODER, "wan", "default"], {}, ["CLIP"])
     vae = g.add("VAELoader", [VAE], {}, ["VAE"])
@@ -109,8 +140,10 @@ def workflow(files: list[str], s: Sampling, prompt: str) -> dict:
     )
     latent = g.add("EmptyHunyuanLatentVideo", [s.width, s.height, 1, 1], {}, ["LATENT"])
     models = []
-    for file in files:
+    for i, file in enumerate(files):
         unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
+        if loras is not None:
+            unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
         models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
     conditioning = {"positive": ("CONDITIONING", (positive, 0)), "negative": ("CONDITIONING", (negative, 0))}
     if len(models) == 1:
@@ -141,18 +174,46 @@ def workflow(files: list[str], s: Sampling, prompt: str) -> dict:
     return g.workflow()
 
 
-def workflow_text(files: list[str], s: Sampling, prompt: str | None = None) -> str:
-    return json.dumps(workflow(files, s, s.prompt if prompt is None else prompt), indent=2) + "\n"
+def workflow_text(files: list[str], s: Sampling, prompt: str | None = None, loras: list[str] | None = None) -> str:
+    return json.dumps(workflow(files, s, s.prompt if prompt is None else prompt, loras), indent=2) + "\n"
 
 
 def readme(files: list[str], workflow_file: str, s: Sampling, exact: str, warning: str | None) -> str:
     """The README's ComfyUI section: where each file goes, the sampler settings, what the workflow does.
     `exact`: the student's own schedule in words (a few-step student's sigmas); `warning`: the line on shapes a
     guessing loader gets wrong, if any."""
-    where = "\n".join(f"| `{f}` | this export | `{FOLDERS['diffusion_model']}/` |" for f in files)
+    rows = [(f, "this export", FOLDERS["diffusion_model"]) for f in files]
+    return _section(rows, workflow_file, s, exact, warning, "The two files are Wan 2.2 A14B's experts")
+
+
+def lora_readme(
+    loras: list[str], models: list[str], known: bool, teacher: str, workflow_file: str, s: Sampling, exact: str
+) -> str:
+    """A LoRA student's ComfyUI section: its files into models/loras, the teacher's own diffusion model files
+    (`models`; `known`: their usual names, else placeholders to rename) into models/diffusion_models."""
+    which = "its usual name" if known else "rename the workflow's to your file of it, in the Wan layout"
+    rows = [(f, "this export", FOLDERS["lora"]) for f in loras]
+    rows += [(m, f"the teacher {teacher}'s diffusion model ({which})", FOLDERS["diffusion_model"]) for m in models]
+    intro = (
+        "The adapters go on the teacher's own diffusion model: LoraLoaderModelOnly at strength 1 (the scale they "
+        "were trained at), then the sampler below."
+    )
+    return _section(rows, workflow_file, s, exact, None, "The two LoRA files adapt Wan 2.2 A14B's experts", intro)
+
+
+def _section(
+    rows: list[tuple[str, str, str]],
+    workflow_file: str,
+    s: Sampling,
+    exact: str,
+    warning: str | None,
+    pair_subject: str,
+    intro: str = "",
+) -> str:
+    where = "\n".join(f"| `{f}` | {source} | `{folder}/` |" for f, source, folder in rows)
     pair = (
         (
-            f"\nThe two files are Wan 2.2 A14B's experts: the high-noise one samples the steps whose timestep is at "
+            f"\n{pair_subject}: the high-noise one samples the steps whose timestep is at "
             f"or above {s.boundary * 1000:.0f}, the low-noise one the rest (two KSamplerAdvanced, switching at step "
             f"{switch_step(s)} of {s.steps}).\n"
         )
@@ -161,6 +222,7 @@ def readme(files: list[str], workflow_file: str, s: Sampling, exact: str, warnin
     )
     caution = f"\n**Note:** {warning}\n" if warning else ""
     text_dir, vae_dir = FOLDERS["text_encoder"], FOLDERS["vae"]
+    intro = f"{intro}\n" if intro else ""
     return f"""## In ComfyUI
 
 Put the files where ComfyUI looks for them, then drop `{workflow_file}` on ComfyUI's canvas:
@@ -171,7 +233,7 @@ Put the files where ComfyUI looks for them, then drop `{workflow_file}` on Comfy
 | `{TEXT_ENCODER}` (or `umt5_xxl_fp16`) | the teacher's umT5-XXL text encoder ({REPACKAGED}) | `{text_dir}/` |
 | `{VAE}` | the teacher's Wan VAE ({REPACKAGED}) | `{vae_dir}/` |
 
-Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG), sampler
+{intro}Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG), sampler
 `{s.sampler}`, scheduler `{s.scheduler}`, ModelSamplingSD3 shift {s.shift:g}, {s.width}x{s.height}, 1 frame.
 {exact}
 {pair}{caution}"""

@@ -158,8 +158,8 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
             place(file, out / part / file.relative_to(src))
     for name in (*WEIGHTS, ADAPTERS_JSON):
-        if (student_dir / name).is_file():
-            place(student_dir / name, out / name)
+        if (student_dir / name).is_file():  # through the guard: a received student's link out of it is refused
+            place(student_dir / name, out / name, student_dir)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
         write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
