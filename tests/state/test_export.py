@@ -304,7 +304,9 @@ def test_a_dmd_card_names_its_regression_term_and_an_old_run_is_kd(run_folder):
     cfg = OmegaConf.load(path)
     del cfg["method"]  # a run saved before there were methods
     OmegaConf.save(cfg, path)
-    assert "with `method=kd`: the student transformer learned" in " ".join(export.model_card(run_folder, phrases=card_phrases()).split())
+    assert "with `method=kd`: the student transformer learned" in " ".join(
+        export.model_card(run_folder, phrases=card_phrases()).split()
+    )
 
 
 @pytest.mark.parametrize("method, steps", [("kd", None), ("trajectory", 4), ("dmd", 1)])

@@ -104,8 +104,14 @@ def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] |
     return out
 
 
-def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None,
-                   student_root: Path | None = None) -> Path:  # fmt: skip
+def write_pipeline(
+    out: Path,
+    teacher_path: Path,
+    student_dir: Path,
+    card: str,
+    steps: int | None = None,
+    student_root: Path | None = None,
+) -> Path:
     """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
     few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
     `student_root`: the run folder `student_dir` lies in (default the folder itself): its files are placed through
@@ -130,9 +136,12 @@ def write_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, 
     write_in_run(out, "model_index.json", json.dumps(model_index(teacher_path, steps), indent=2))
     write_in_run(out, "README.md", card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
-        log.info("pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
-                 "python -m wandistiller.pipeline RUN --out DIR writes a self-contained copy", out,
-                 teacher_path)  # fmt: skip
+        log.info(
+            "pipeline %s: the teacher's large files are symlinks to %s (another filesystem); "
+            "python -m wandistiller.pipeline RUN --out DIR writes a self-contained copy",
+            out,
+            teacher_path,
+        )
     return out
 
 
@@ -179,8 +188,11 @@ def model_index(teacher_path: Path, steps: int | None = None) -> dict:
     student's (`steps`) scheduler is its few-step FlowMatchEulerDiscreteScheduler."""
     index = json.loads((teacher_path / "model_index.json").read_text())
     few_step = {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]} if steps is not None else {}
-    return index | {"transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": [None, None],
-                    "boundary_ratio": None} | few_step  # fmt: skip
+    return (
+        index
+        | {"transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": [None, None], "boundary_ratio": None}
+        | few_step
+    )
 
 
 def saved_steps(run_dir: Path) -> int | None:
@@ -194,9 +206,13 @@ def saved_steps(run_dir: Path) -> int | None:
 def sampling(teacher_path: Path, steps: int) -> dict:
     """What `sampling.json` states of a K-step student: its steps, timesteps and sigmas, and no CFG."""
     timesteps, sigmas = student_schedule(inspect_teacher(teacher_path), steps)
-    return {"steps": steps, "timesteps": [round(t, 4) for t in timesteps.tolist()],
-            "sigmas": [round(s, 6) for s in sigmas.tolist()], "guidance_scale": 1.0,
-            "scheduler": "FlowMatchEulerDiscreteScheduler"}  # fmt: skip
+    return {
+        "steps": steps,
+        "timesteps": [round(t, 4) for t in timesteps.tolist()],
+        "sigmas": [round(s, 6) for s in sigmas.tolist()],
+        "guidance_scale": 1.0,
+        "scheduler": "FlowMatchEulerDiscreteScheduler",
+    }
 
 
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
@@ -424,10 +440,12 @@ def _few_step_text(f: dict) -> tuple[str, str, str, str]:
         return "", "", "", ""
     at = f" (timesteps {f['timesteps']})" if f.get("timesteps") else ""
     calls = counted(k, "network call")
-    text = (f"\nIt is a {k}-step student: it samples in {calls} on its own timesteps{at},\nwith the "
-            "few-step scheduler in `scheduler/` (Euler flow matching at the teacher's shift;\n"
-            "`transformer/sampling.json` states its timesteps and sigmas). The tokenizer, text encoder and VAE are "
-            "the teacher's.\n")  # fmt: skip
+    text = (
+        f"\nIt is a {k}-step student: it samples in {calls} on its own timesteps{at},\nwith the "
+        "few-step scheduler in `scheduler/` (Euler flow matching at the teacher's shift;\n"
+        "`transformer/sampling.json` states its timesteps and sigmas). The tokenizer, text encoder and VAE are "
+        "the teacher's.\n"
+    )
     row = f"| sampling | {counted(k, 'step')}{at}, guidance 1 (no CFG) |\n"
     return text, row, f"num_inference_steps={k}, ", other_steps(k)
 
