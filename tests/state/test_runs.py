@@ -328,3 +328,37 @@ def test_a_student_init_folders_truncated_or_crafted_weights_are_one_line(finish
             init_source(OmegaConf.create({"init": str(init)}), {})
         message = str(refused.value)
         assert message.startswith(f"student.init={init} holds a damaged weights file: ") and "\n" not in message
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_teacher_path_whose_files_link_out_of_it_is_one_line_and_a_hub_snapshot_may_link_into_its_cache(
+    finished, tmp_path, tiny_path, where
+):
+    """--teacher-path: every file of the folder is checked before anything reads it (a link out of it is refused in
+    one line, the outside file unread); a Hub cache snapshot's links into its own repo's blobs/ are how it is made."""
+    from tests.core.test_files import descriptors_of
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_path, teacher)
+    weights = teacher / "transformer" / "diffusion_pytorch_model.safetensors"
+    mine = tmp_path / "elsewhere" / weights.name
+    mine.parent.mkdir()
+    shutil.move(weights, mine)
+    os.utime(mine, ns=(10**18, 10**18))
+    if where == "file":
+        weights.symlink_to(mine)
+    else:
+        shutil.move(teacher / "transformer", tmp_path / "elsewhere" / "transformer")
+        (teacher / "transformer").symlink_to(tmp_path / "elsewhere" / "transformer")
+    with pytest.raises(UserError, match=r"^--teacher-path .* leads out of the teacher folder .*copy the teacher") as e:
+        open_run(finished, teacher_path=str(teacher))
+    assert "\n" not in str(e.value) and mine.stat().st_mtime_ns == 10**18 and not descriptors_of(mine)
+    # A Hub snapshot: models--org--name/snapshots/<rev>/<file> -> ../../../blobs/<hash>
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / "abc123"
+    shutil.copytree(tiny_path, snapshot)
+    (repo / "blobs").mkdir()
+    blob = repo / "blobs" / "0123"
+    shutil.move(snapshot / "transformer" / weights.name, blob)
+    (snapshot / "transformer" / weights.name).symlink_to(Path("../../../blobs/0123"))
+    assert open_run(finished, teacher_path=str(snapshot)).spec.path.samefile(snapshot)

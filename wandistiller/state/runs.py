@@ -10,6 +10,7 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import check_tree, in_run, safetensors_problem
+from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, safetensors_problem
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.state.checkpoint import (
@@ -83,6 +84,26 @@ class RunFolder:
         return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
 
 
+def checked_teacher_folder(folder: Path) -> Path:
+    """`--teacher-path`'s folder, every file of it checked by the guard before anything reads it: no link may lead
+    out of it, except, for a Hub cache snapshot (`.../models--org--name/snapshots/<revision>`), into its own repo's
+    cache folder (a snapshot's files are links into `../../blobs`). One line naming the link otherwise."""
+    folder = folder.expanduser()
+    if not folder.is_dir():
+        return folder  # inspect_teacher names what is wrong with it
+    real = Path(os.path.realpath(folder))
+    root = real.parent.parent if real.parent.name == "snapshots" else real
+    try:
+        check_tree(root, real)
+    except OutsideRunFolder as e:
+        detail = str(e).split("; ", 1)[0].replace("the run folder", "the teacher folder")
+        raise UserError(
+            f"--teacher-path {folder}: {detail}; copy the teacher's files into that folder (a Hub cache snapshot "
+            "may link only into its own cache)"
+        ) from None
+    return folder
+
+
 def open_run(
     path: str | Path,
     teacher_path: str | None = None,
@@ -115,7 +136,7 @@ def open_run(
             "the variable it reads)"
         ) from None
     if teacher_path is not None:
-        cfg.teacher.path, cfg.teacher.builtin = teacher_path, None
+        cfg.teacher.path, cfg.teacher.builtin = str(checked_teacher_folder(Path(teacher_path))), None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
         raise UserError(
             f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
