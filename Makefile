@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 ARGS   ?=
 
-.PHONY: setup train test test-fast test-slow test-all lint typecheck clean
+.PHONY: setup train test test-slow test-all lint typecheck clean
 
 setup: $(VENV)/.installed
 
@@ -29,8 +29,6 @@ TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
 test: setup           ## the default lane: everything but the slow end-to-end runs (CI runs it first)
 	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" $(ARGS)
-
-test-fast: test       ## the old name of the default lane
 
 test-slow: setup      ## the slow lane only: long CLI runs, calibration, multi-rank end-to-end (CI runs it second)
 	$(TEST_ENV) $(PY) -m pytest -q -m slow $(ARGS)

@@ -1,7 +1,9 @@
 """`_target_`s and keys that moved (the flat package becoming subpackages, a loss's keys moving into the loss), so a
 saved config of an older run (`.hydra/config.yaml`) still resumes, evaluates and exports, and an older command
 line still runs. A loaded config is rewritten once, where it is read back, and then compares equal to one
-composed today; an older override is rewritten, with a warning, before Hydra reads it."""
+composed today; an older override is rewritten, with a warning, before Hydra reads it.
+
+Compatibility with this project's own pre-release runs (docs/ARCHITECTURE.md, "Compatibility"): removed in 0.2."""
 
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ class Loss(Protocol):
 
 class Legacy:
     """A user's loss of the old shape: (pred, target, student_hidden, teacher_hidden) -> (loss, velocity, hidden),
-    given the last blocks' hidden states when `hidden_kd_weight` (its bound key) is above 0."""
+    given the last blocks' hidden states when `hidden_kd_weight` (its bound key) is above 0. Compatibility with
+    losses written for this project's pre-release interface: removed in 0.2 (docs/ARCHITECTURE.md)."""
 
     def __init__(self, fn: Callable, want_hidden: bool):
         self.fn = fn
