@@ -15,6 +15,8 @@ loop is not edited.
 
 from __future__ import annotations
 
+from typing import cast
+
 from wandistiller.core.registry import Registry
 from wandistiller.recipe.methods.base import Method, Network
 
@@ -24,7 +26,7 @@ REGISTRY = Registry("method", __name__, "a training method")
 def card_phrases() -> dict[str, str]:
     """What the model card says each registered method taught its student (`Method.card_phrase`), by name: handed
     to state/export.py, which sits below the methods and names none of them."""
-    return {name: REGISTRY.get(name).cls.card_phrase for name in REGISTRY.names()}
+    return {name: cast(type[Method], REGISTRY.get(name).cls).card_phrase for name in REGISTRY.names()}
 
 
 __all__ = ["REGISTRY", "Method", "Network", "card_phrases"]
