@@ -237,13 +237,13 @@ def merged_experts(
 ) -> list[nn.Module]:
     """The teacher's experts (loaded afresh) with a run's adapters (`adapters_from`) merged into their weights
     (W + alpha/rank B A): the LoRA student as plain WanTransformer3DModels, for eval and generate."""
-    from wandistiller.core.precision import cast_keeping_fp32
     from wandistiller.teacher.model import load_expert
 
-    experts = [load_expert(spec, name, torch.float32) for name in spec.experts]  # merged in fp32, then cast
+    # Loaded in `dtype` (an A14B teacher in fp32 would take twice its RAM): merge_into adds in float64, casts once.
+    experts = [load_expert(spec, name, dtype) for name in spec.experts]
     for expert, adapter in zip(experts, adapters_from(source, student_cfg, experts, checkpoint)):
         adapter.merge_into(expert)
-    return [cast_keeping_fp32(e, dtype).to(device) for e in experts]
+    return [e.to(device) for e in experts]
 
 
 def _get(node, key: str, default=None):

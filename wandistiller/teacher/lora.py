@@ -130,12 +130,13 @@ class Adapters(nn.Module):
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """The adapted model inside the block; the teacher's own outside it (an exception included)."""
-        self.on = True
+        """The adapted model inside the block; as it was before outside it (an exception included): nested calls
+        keep an outer block's adapters on."""
+        before, self.on = self.on, True
         try:
             yield
         finally:
-            self.on = False
+            self.on = before
 
     # -- the format diffusers and peft save and load ----------------------------------------------------------
     def peft_state_dict(self) -> dict[str, torch.Tensor]:
@@ -218,7 +219,7 @@ class AdaptedTeacher(nn.Module):
             rows = (which == i).nonzero().flatten()
             if rows.numel():
                 pred = self._expert(i, x_t[rows], t[rows], cond[rows])
-                out = pred.new_empty(x_t.shape) if out is None else out
+                out = pred.new_empty((x_t.shape[0], *pred.shape[1:])) if out is None else out
                 out[rows] = pred  # autograd follows the rows into `out`
         assert out is not None  # every sample has an expert
         return out, None
