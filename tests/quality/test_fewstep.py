@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from wandistiller.quality.fewstep import ROWS, targets
+from wandistiller.quality.fewstep import LORA_ROWS, ROWS, lora_targets, targets
 
 
 def results(**accuracy: float) -> dict[str, list[dict]]:
@@ -40,6 +40,31 @@ def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_
     assert lines[0].startswith("- 4 steps (best: trajectory, 4 steps): 89%") and lines[0].endswith(": met")
     assert lines[1] == ("- trajectory, 4 steps beats the KD student at 4 steps by 10.0 points (target >= 15): MISSED "
                         "(the most accurate, dmd, 4 steps: +15.0)")  # fmt: skip
+
+
+def test_the_lora_kd_row_samples_at_the_teachers_steps_and_the_lora_targets_are_issue_34s():
+    kd = LORA_ROWS[2]
+    assert kd.student == "lora" and "method=kd" in kd.overrides and kd.sample_steps == 20
+    one = lambda a, fid=100.0, div=1.0, calls=4.0: {  # noqa: E731
+        "prompt_accuracy": a,
+        "fid": fid,
+        "diversity_ratio": div,
+        "calls": calls,
+    }
+    results = {
+        "teacher": [one(0.9, calls=40.0)],
+        LORA_ROWS[0].name: [one(0.86, fid=119.0), one(0.86, fid=119.0)],
+        LORA_ROWS[1].name: [one(0.76, calls=1.0)],
+        kd.name: [one(0.9, fid=111.0, calls=20.0)],
+    }
+    lines = lora_targets(results)
+    four = "96% of the teacher's accuracy (target >= 95%), FID 1.19x (<= 1.2x), diversity 1.00x (>= 0.85x): met"
+    assert lines[0] == f"- {LORA_ROWS[0].name} (2 seeds): {four}"
+    assert lines[1].endswith("84% of the teacher's accuracy (target >= 85%): MISSED")
+    assert lines[2].startswith(f"- {kd.name} (1 seed): 20 calls against 40")
+    assert lines[2].endswith("FID 1.11x (<= 1.1x): MISSED")  # 97%+ accurate, but the FID misses
+    # A two-expert pair's 4-step target is 90% of its own teacher's accuracy.
+    assert lora_targets({"teacher": [one(0.9)], LORA_ROWS[0].name: [one(0.81)]}, pair=True)[0].endswith(": met")
 
 
 @pytest.mark.slow
