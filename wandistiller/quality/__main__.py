@@ -29,9 +29,20 @@ from wandistiller.quality.compare import COLUMNS, Settings, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
-FORMATS = {"prompt_accuracy": "{:.1%}", "fid": "{:.2f}", "kid": "{:.3f}", "latent_mse": "{:.4f}",
-           "params": "{:,.0f}", "s_per_image": "{:.3f}", "train_s": "{:.0f}", "share": "{:.1%}",
-           "calls": "{:.0f}", "diversity": "{:.2f}", "diversity_ratio": "{:.2f}", "peak_rss_gib": "{:.2f}"}  # fmt: skip
+FORMATS = {
+    "prompt_accuracy": "{:.1%}",
+    "fid": "{:.2f}",
+    "kid": "{:.3f}",
+    "latent_mse": "{:.4f}",
+    "params": "{:,.0f}",
+    "s_per_image": "{:.3f}",
+    "train_s": "{:.0f}",
+    "share": "{:.1%}",
+    "calls": "{:.0f}",
+    "diversity": "{:.2f}",
+    "diversity_ratio": "{:.2f}",
+    "peak_rss_gib": "{:.2f}",
+}
 
 
 def cell(values: list[float], key: str) -> str:
@@ -54,18 +65,24 @@ def table(results: dict[str, list[dict]], keys: list[str] | None = None, formats
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 17's targets, each met or missed, from the means."""
-    mean = {row: {k: statistics.fmean(r[k] for r in runs) for k in ("prompt_accuracy", "fid")}
-            for row, runs in results.items()}  # fmt: skip
+    mean = {
+        row: {k: statistics.fmean(r[k] for r in runs) for k in ("prompt_accuracy", "fid")}
+        for row, runs in results.items()
+    }
     teacher, rows = mean.pop("teacher"), list(mean)
     gaussian, latents, images, task = (mean[r] for r in rows[:4])
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
-    lines = [f"- teacher's guided samples >= 90% prompt accuracy: {teacher['prompt_accuracy']:.1%}, "
-             f"{mark(teacher['prompt_accuracy'] >= 0.9)}"]  # fmt: skip
+    lines = [
+        f"- teacher's guided samples >= 90% prompt accuracy: {teacher['prompt_accuracy']:.1%}, "
+        f"{mark(teacher['prompt_accuracy'] >= 0.9)}"
+    ]
     for row in rows[:3]:
         ratio = mean[row]["prompt_accuracy"] / max(teacher["prompt_accuracy"], 1e-9)
         fid = mean[row]["fid"] / teacher["fid"]
-        lines.append(f"- {row}: {ratio:.0%} of the teacher's accuracy (target >= 85%), FID {fid:.2f}x the "
-                     f"teacher's (target <= 1.5x): {mark(ratio >= 0.85 and fid <= 1.5)}")  # fmt: skip
+        lines.append(
+            f"- {row}: {ratio:.0%} of the teacher's accuracy (target >= 85%), FID {fid:.2f}x the "
+            f"teacher's (target <= 1.5x): {mark(ratio >= 0.85 and fid <= 1.5)}"
+        )
     beats = images["prompt_accuracy"] > task["prompt_accuracy"] and images["fid"] < task["fid"]
     lines.append(f"- distilling (images) beats no teacher at the same steps: {mark(beats)}")
     better = latents["prompt_accuracy"] > gaussian["prompt_accuracy"] and latents["fid"] < gaussian["fid"]
@@ -108,8 +125,9 @@ def report(results: dict, settings: Settings, argv: list[str], seconds: float) -
     )
 
 
-def compression_report(results: dict, settings: Settings, budgets: dict[str, int], argv: list[str],
-                       seconds: float, jobs: int) -> str:  # fmt: skip
+def compression_report(
+    results: dict, settings: Settings, budgets: dict[str, int], argv: list[str], seconds: float, jobs: int
+) -> str:
     steps = ", ".join(f"{size} {steps}" for size, steps in budgets.items())
     return (
         f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
@@ -190,8 +208,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
     parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
-    parser.add_argument("--out", type=Path, help="where the report goes (default docs/QUALITY.md; with --small "
-                        f"{SMALL_OUT}, never over the shipped report)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the report goes (default docs/QUALITY.md; with --small "
+        f"{SMALL_OUT}, never over the shipped report)",
+    )
     parser.add_argument("--work", type=Path, help="run folders and caches (default: a temporary folder)")
     return parser.parse_args(argv)
 
@@ -214,8 +236,10 @@ def report_path(args: argparse.Namespace) -> Path:
     for `--small`, whose numbers mean nothing, never the shipped docs/QUALITY.md."""
     out = args.out or (SMALL_OUT if args.small else Path("docs/QUALITY.md"))
     if args.small and out.resolve() == SHIPPED_REPORT:
-        raise UserError(f"--out {out}: --small's numbers mean nothing and would replace the shipped report; "
-                        f"drop --out (it writes {SMALL_OUT}) or run without --small")  # fmt: skip
+        raise UserError(
+            f"--out {out}: --small's numbers mean nothing and would replace the shipped report; "
+            f"drop --out (it writes {SMALL_OUT}) or run without --small"
+        )
     problem = f"{out} is a folder" if out.is_dir() else output_problem(out.parent)  # tried, before the work
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another file")
@@ -235,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
         if args.compression and args.fewstep:
             raise UserError("--compression and --fewstep are two reports; run them one after the other")
-    budgets = {size: settings.max_steps if args.small or args.steps else steps
-               for size, steps in compression.BUDGETS.items()}  # fmt: skip
+    budgets = {
+        size: settings.max_steps if args.small or args.steps else steps for size, steps in compression.BUDGETS.items()
+    }
     work = args.work or Path(tempfile.mkdtemp(prefix="wandistiller-quality-"))
     try:
         with exit_on_user_error():

@@ -64,14 +64,26 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
 
     # Teacher latents are sampled with the steps the rows are judged at (a data option of another source has no key).
     latents_steps = [f"data.sample_steps={settings.sample_steps}"] if "data=teacher_latents" in overrides else []
-    cfg = compose_config([
-        f"teacher={settings.teacher}", f"student={settings.student}", f"seed={seed}",
-        f"trainer.max_steps={settings.max_steps}", f"trainer.batch_size={settings.batch_size}",
-        "hooks.monitor.val_every=0", "~hooks.evaluate",
-        "trainer.progress_bar=false", "hooks.samples.every=0", f"trainer.checkpoint_every={settings.max_steps}",
-        "logger=none", f"paths.output_dir={run_dir}", f"paths.cache_dir={cache_dir}",
-        *overrides, *latents_steps, *settings.extra,
-    ])  # fmt: skip
+    cfg = compose_config(
+        [
+            f"teacher={settings.teacher}",
+            f"student={settings.student}",
+            f"seed={seed}",
+            f"trainer.max_steps={settings.max_steps}",
+            f"trainer.batch_size={settings.batch_size}",
+            "hooks.monitor.val_every=0",
+            "~hooks.evaluate",
+            "trainer.progress_bar=false",
+            "hooks.samples.every=0",
+            f"trainer.checkpoint_every={settings.max_steps}",
+            "logger=none",
+            f"paths.output_dir={run_dir}",
+            f"paths.cache_dir={cache_dir}",
+            *overrides,
+            *latents_steps,
+            *settings.extra,
+        ]
+    )
     return run(cfg)
 
 
@@ -87,7 +99,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
         open_run,
         student_sampler,
         student_scheduler,
-        student_steps,  # fmt: skip
+        student_steps,
     )
     from wandistiller.student.lora import ADAPTERS_JSON, is_lora
     from wandistiller.teacher.sampler import calls_per_image
@@ -95,8 +107,9 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
 
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
     t = run.cfg.teacher
-    emb = encode_prompts(run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device,
-                         run.cfg.paths.cache_dir)  # fmt: skip
+    emb = encode_prompts(
+        run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device, run.cfg.paths.cache_dir
+    )
     trained = student_steps(run.cfg) if source is not None else None
     steps = steps or trained or settings.sample_steps
     scheduler = student_scheduler(run.spec, trained, steps) if source is not None else None
@@ -111,15 +124,22 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):
-        lat, sec = generate(sampler, emb, list(range(len(prompts))), seed * 1000 + k, steps, run.latent_shape,
-                            scheduler=scheduler)  # fmt: skip
+        lat, sec = generate(
+            sampler, emb, list(range(len(prompts))), seed * 1000 + k, steps, run.latent_shape, scheduler=scheduler
+        )
         drawn.append(lat)
         seconds += sec
     latents = torch.cat(drawn)
     images = decode_latents(load_vae(run.spec, device), latents)
-    return {"latents": latents, "images": images, "prompts": prompts * settings.per_prompt, "params": params,
-            "s_per_image": statistics.fmean(seconds), "steps": steps,
-            "calls": calls_per_image(steps, max(sampler.guidance_scales))}  # fmt: skip
+    return {
+        "latents": latents,
+        "images": images,
+        "prompts": prompts * settings.per_prompt,
+        "params": params,
+        "s_per_image": statistics.fmean(seconds),
+        "steps": steps,
+        "calls": calls_per_image(steps, max(sampler.guidance_scales)),
+    }
 
 
 def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
@@ -128,8 +148,10 @@ def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
     scores = pocket_scores(made["images"], made["prompts"], judge, reference)
     mse = float(((made["latents"] - teacher_latents) ** 2).mean())
     return {k: scores.get(k, math.nan) for k in ("prompt_accuracy", "fid", "kid", "diversity")} | {  # nan: withheld
-        "latent_mse": mse, "params": made["params"], "s_per_image": made["s_per_image"]
-    }  # fmt: skip
+        "latent_mse": mse,
+        "params": made["params"],
+        "s_per_image": made["s_per_image"],
+    }
 
 
 def compare(settings: Settings, work: Path, log=print) -> dict[str, list[dict]]:

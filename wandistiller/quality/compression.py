@@ -93,8 +93,12 @@ def compare_compression(
 
     first, rest = todo[0], todo[1:]
     started = time.perf_counter()
-    finish(*first, *_train_and_sample(budget(first[1]), first[1], first[0], run_dir(*first), cache),
-           run_dir(*first), started)  # fmt: skip
+    finish(
+        *first,
+        *_train_and_sample(budget(first[1]), first[1], first[0], run_dir(*first), cache),
+        run_dir(*first),
+        started,
+    )
     if jobs <= 1:
         for seed, row in rest:
             started = time.perf_counter()
@@ -104,8 +108,10 @@ def compare_compression(
     # spawn: a forked child would inherit this process's torch threads and locks.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         started = time.perf_counter()
-        futures = [(seed, row, pool.submit(_train_and_sample, budget(row), row, seed, run_dir(seed, row), cache))
-                   for seed, row in rest]  # fmt: skip
+        futures = [
+            (seed, row, pool.submit(_train_and_sample, budget(row), row, seed, run_dir(seed, row), cache))
+            for seed, row in rest
+        ]
         for seed, row, future in futures:
             made, summary = future.result()
             finish(seed, row, made, summary, run_dir(seed, row), started)
@@ -129,19 +135,25 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
     if "quarter" in sizes:
         a, name = best("quarter", "pruned")
         ok = a >= 0.85 * teacher_acc and fid[name] <= 1.5 * teacher_fid
-        lines.append(f"- quarter (best: {name}): {a / teacher_acc:.0%} of the teacher's accuracy (target >= 85%), "
-                     f"FID {fid[name] / teacher_fid:.2f}x the teacher's (target <= 1.5x): {mark(ok)}")  # fmt: skip
+        lines.append(
+            f"- quarter (best: {name}): {a / teacher_acc:.0%} of the teacher's accuracy (target >= 85%), "
+            f"FID {fid[name] / teacher_fid:.2f}x the teacher's (target <= 1.5x): {mark(ok)}"
+        )
     if "tenth" in sizes:
         a, name = best("tenth", "pruned")
-        lines.append(f"- tenth (best: {name}): {a / teacher_acc:.0%} of the teacher's accuracy (target >= 60%): "
-                     f"{mark(a >= 0.6 * teacher_acc)}")  # fmt: skip
+        lines.append(
+            f"- tenth (best: {name}): {a / teacher_acc:.0%} of the teacher's accuracy (target >= 60%): "
+            f"{mark(a >= 0.6 * teacher_acc)}"
+        )
     for size in ("quarter", "tenth"):
         if size not in sizes:
             continue
         for loss in LOSSES:
             pruned, random = acc[Row(size, "pruned", loss).name], acc[Row(size, "random", loss).name]
-            lines.append(f"- {size}, {loss}: pruned start beats random by {(pruned - random) * 100:.1f} points "
-                         f"(target >= 30): {mark(pruned - random >= 0.30)}")  # fmt: skip
+            lines.append(
+                f"- {size}, {loss}: pruned start beats random by {(pruned - random) * 100:.1f} points "
+                f"(target >= 30): {mark(pruned - random >= 0.30)}"
+            )
         output, several = acc[Row(size, "pruned", "output KD").name], acc[Row(size, "pruned", "several-layer KD").name]
         lines.append(
             f"- {size}, pruned: several-layer KD {several:.1%} vs output KD {output:.1%}: "
@@ -172,8 +184,15 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
             )
             if points:
                 x, y, err = zip(*points)
-                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{init} start, {loss}",
-                            linestyle="-" if init == "pruned" else "--")  # fmt: skip
+                ax.errorbar(
+                    x,
+                    y,
+                    yerr=err,
+                    marker="o",
+                    capsize=3,
+                    label=f"{init} start, {loss}",
+                    linestyle="-" if init == "pruned" else "--",
+                )
     ax.axhline(seed_mean(results["teacher"], "prompt_accuracy") * 100, color="black", linewidth=1, label="teacher")
     ax.set_xscale("log")
     shares = sorted({round(seed_mean(runs, "params"), 3) for name, runs in results.items() if name != "teacher"})

@@ -97,8 +97,10 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 28's quality targets, each met or missed, from the means."""
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
-    mean = {name: {k: seed_mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
-            for name, runs in results.items()}  # fmt: skip
+    mean = {
+        name: {k: seed_mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
+        for name, runs in results.items()
+    }
     teacher, kd = mean["teacher"], mean.get("KD student at 4 steps")
     lines = []
     four = [name for name in mean if name not in ("teacher", "KD student at 4 steps") and "4 steps" in name]
@@ -108,21 +110,27 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
         meets = lambda n: ratio(n) >= 0.85 and fid(n) <= 1.5 and mean[n]["diversity_ratio"] >= 0.8  # noqa: E731
         # The best method that meets all three (accuracy alone would crown one that collapsed its diversity).
         best = max([n for n in four if meets(n)] or four, key=ratio)
-        lines.append(f"- 4 steps (best: {best}): {ratio(best):.0%} of the teacher's accuracy (target >= 85%), FID "
-                     f"{fid(best):.2f}x (<= 1.5x), diversity {mean[best]['diversity_ratio']:.2f}x (>= 0.8x): "
-                     f"{mark(meets(best))}")  # fmt: skip
+        lines.append(
+            f"- 4 steps (best: {best}): {ratio(best):.0%} of the teacher's accuracy (target >= 85%), FID "
+            f"{fid(best):.2f}x (<= 1.5x), diversity {mean[best]['diversity_ratio']:.2f}x (>= 0.8x): "
+            f"{mark(meets(best))}"
+        )
         if kd is not None:  # the same 4-step student ("it beats ..."); the most accurate one's gain beside it
             gain = lambda n: (mean[n]["prompt_accuracy"] - kd["prompt_accuracy"]) * 100  # noqa: E731
             most = max(four, key=ratio)
             also = f" (the most accurate, {most}: +{gain(most):.1f})" if most != best else ""
-            lines.append(f"- {best} beats the KD student at 4 steps by {gain(best):.1f} points (target >= 15): "
-                         f"{mark(gain(best) >= 15)}{also}")  # fmt: skip
+            lines.append(
+                f"- {best} beats the KD student at 4 steps by {gain(best):.1f} points (target >= 15): "
+                f"{mark(gain(best) >= 15)}{also}"
+            )
     one = [name for name in mean if "1 step" in name]
     if one:
         best = max(one, key=lambda n: mean[n]["prompt_accuracy"])
         kept = mean[best]["prompt_accuracy"] / teacher["prompt_accuracy"]
-        lines.append(f"- 1 step (best: {best}): {kept:.0%} of the teacher's accuracy (target >= 60%, stretch "
-                     f"70%): {mark(kept >= 0.6)}")  # fmt: skip
+        lines.append(
+            f"- 1 step (best: {best}): {kept:.0%} of the teacher's accuracy (target >= 60%, stretch "
+            f"70%): {mark(kept >= 0.6)}"
+        )
     return lines
 
 
