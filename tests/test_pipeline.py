@@ -46,6 +46,7 @@ def test_the_run_leaves_a_pipeline_that_loads_in_one_call_and_generates(run_dir)
     assert "library_name: diffusers" in card and "2 steps" in card and "`eval_psnr`" in card
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_export_writes_a_self_contained_copy_with_its_card_and_never_overwrites(run_dir, tmp_path):
     from diffusers import WanPipeline
 

@@ -23,6 +23,7 @@ DEFAULTS = (
 )
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_every_bench_defaults_to_outputs_bench_and_the_cache_setting(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDISTILLER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", DEFAULTS], capture_output=True, text=True, env=env, cwd=tmp_path)

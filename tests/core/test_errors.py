@@ -33,6 +33,7 @@ def clis(request, tmp_path_factory, cache_dir, tiny_path):
     return {key: (started, folder[key]) for key, started in runs.items()}
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_a_run_folder_through_a_file_is_one_line_before_hydra_creates_it(clis):
     result = clis["afile"][0].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
@@ -40,6 +41,7 @@ def test_a_run_folder_through_a_file_is_one_line_before_hydra_creates_it(clis):
     assert "which is a file" in result.stderr
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_a_bug_is_one_line_saying_how_to_report_it_and_its_traceback_is_in_train_log(clis):
     (result, folder), developer = clis["bug"], clis["developer"][0]
     result, developer = result.result(), developer.result()

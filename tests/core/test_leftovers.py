@@ -124,6 +124,7 @@ for step in range(start + 1, start + 100000):
 """
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_kill_9_at_random_moments_of_saving_leaves_usable_checkpoints_and_no_leftovers(tmp_path):
     import random
     import signal

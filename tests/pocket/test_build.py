@@ -44,6 +44,7 @@ def test_the_shipped_teachers_load_through_wan_pipeline(folder):
     assert images.shape == (2, 3, 32, 32) and 0 <= images.min() and images.max() <= 1
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_teacher_pocket_trains_a_student(make_cfg, tmp_path):
     summary = run(make_cfg("teacher=pocket", "data=pocket_digits", "trainer.max_steps=2", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 2 and summary["teacher_experts"] == 1

@@ -111,6 +111,7 @@ def clis(request, tmp_path_factory, cache_dir):
     return tmp_path, fresh_runs(request, {"evil": ("test_cli_an_explicit_crafted_pickle_is_one_error_line", args)})
 
 
+@pytest.mark.slow  # a whole CLI process: the default lane keeps its budget
 def test_cli_an_explicit_crafted_pickle_is_one_error_line(clis):
     tmp_path, runs = clis
     marker, result = tmp_path / "pwned", runs["evil"].result()
