@@ -184,7 +184,7 @@ def test_a_placement_that_cannot_backpropagate_a_compiled_or_fp8_teacher_are_ref
     able = " or ".join(names_where(lambda cls: cls.backprop))  # from the registry: whatever can today
     with refused(
         "student=lora backpropagates through the frozen teacher on the training device (cpu), and "
-        f"teacher_placement=gpu0 cannot; use teacher_placement={able}, or a student of its own"
+        f"teacher_placement=gpu0 cannot; use a student of its own (student=half), or teacher_placement={able}"
     ):
         check_lora_placement(Gpu0Placement(debug_cpu=True), 1, cpu, plain)
     with refused("teacher.quantize=fp8 makes them fp8 layers"):

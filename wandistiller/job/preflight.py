@@ -36,7 +36,7 @@ from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
-from wandistiller.placements.base import check_quantize_placement
+from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
@@ -318,34 +318,10 @@ def check_method_placement(cfg: DictConfig, placement: Placement, world: World):
 
 
 def check_lora_placement(placement: Placement, ranks: int, device, teacher_cfg) -> None:
-    """student=lora backpropagates through the placed teacher on every training rank: a placement that can
-    (`Placement.backprop`, teacher on the training device, a teacher on every rank), neither fp8 nor compiled."""
-    here = placement.teacher_device(Topology()).type == device.type
-    if not (placement.backprop and here):
-        able = names_where(lambda cls: cls.backprop)
-        raise UserError(
-            f"student=lora backpropagates through the frozen teacher on the training device "
-            f"({device.type}), and teacher_placement={placement.name} cannot; use teacher_placement="
-            f"{' or '.join(able)}, or a student of its own (student=half)"
-        )
-    if placement.serving != Serving.LOCAL and ranks > 1:
-        local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
-        raise UserError(
-            f"student=lora runs the teacher on every training rank, and teacher_placement="
-            f"{placement.name} with {ranks} processes serves ranks that hold none; use "
-            f"distributed.nproc_per_node=1 or teacher_placement={' or '.join(local)}"
-        )
-    quantize = getattr(teacher_cfg, "quantize", None)
-    if quantize is not None:
-        raise UserError(
-            f"student=lora trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} "
-            "makes them fp8 layers that backward does not go through; drop teacher.quantize"
-        )
-    if getattr(teacher_cfg, "compile", False):
-        raise UserError(
-            "student=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
-            "its blocks, which then ignore them; drop teacher.compile"
-        )
+    """student=lora backpropagates through the placed teacher on every training rank (placements/base.py)."""
+    check_adapters_on_teacher(
+        "student=lora", placement, ranks, device, teacher_cfg, "a student of its own (student=half)"
+    )
 
 
 def check_lora_training(cfg: DictConfig) -> None:

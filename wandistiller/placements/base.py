@@ -124,3 +124,38 @@ def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: tor
     if "device_map" not in load_kwargs:
         experts = [e.to(device) for e in experts]
     return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
+
+
+def check_adapters_on_teacher(key: str, placement, ranks: int, device: torch.device, teacher_cfg, instead: str) -> None:
+    """Adapters trained on the placed teacher (`key`: student=lora, method.fake_score=lora) backpropagate through
+    its frozen weights on every training rank: refuse, in one line ending with `instead` (the other choice), a
+    placement that cannot (`backprop`, the teacher on the training device), one that serves ranks holding no
+    teacher, an fp8 teacher (its fp8 layers take no adapters) and a compiled one (compiled blocks ignore the hooks)."""
+    from wandistiller.core.distributed import Topology
+    from wandistiller.placements import names_where
+
+    here = placement.teacher_device(Topology()).type == device.type
+    if not (placement.backprop and here):
+        able = names_where(lambda cls: cls.backprop)
+        raise UserError(
+            f"{key} backpropagates through the frozen teacher on the training device ({device.type}), and "
+            f"teacher_placement={placement.name} cannot; use {instead}, or teacher_placement={' or '.join(able)}"
+        )
+    if placement.serving != Serving.LOCAL and ranks > 1:  # (one rank per node would do: refused all the same)
+        local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
+        raise UserError(
+            f"{key} runs the teacher on every training rank, and teacher_placement={placement.name} with {ranks} "
+            f"processes serves ranks that hold none; use distributed.nproc_per_node=1, teacher_placement="
+            f"{' or '.join(local)} (a teacher on every rank), or {instead}"
+        )
+    quantize = getattr(teacher_cfg, "quantize", None)
+    if quantize is not None:
+        raise UserError(
+            f"{key} trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} makes them fp8 "
+            f"layers that take none; drop teacher.quantize, or use {instead}"
+        )
+    if getattr(teacher_cfg, "compile", False):  # torch.compile ignores module hooks added after it traced
+        raise UserError(
+            f"{key} hooks adapters onto the teacher's layers after teacher.compile=true compiled its blocks, which "
+            f"then ignore them; drop teacher.compile, or use {instead}"
+        )

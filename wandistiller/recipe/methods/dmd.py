@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
+from wandistiller.placements.base import check_adapters_on_teacher
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
@@ -114,7 +115,7 @@ class DMD(Method):
         if self.fake_score == "student":
             return
         from wandistiller.core.distributed import Topology
-        from wandistiller.placements import Serving, names_where
+        from wandistiller.placements import names_where
 
         here = placement.teacher_device(Topology()).type == device.type
         if self.fake_score == "teacher" and not (placement.whole_on_one_device and here):
@@ -124,33 +125,9 @@ class DMD(Method):
                 f"and teacher_placement={placement.name} keeps the teacher off it; use method.fake_score=student, or "
                 f"a placement with the whole teacher there ({', '.join(able)})"
             )
-        if self.fake_score != "lora":
-            return
-        if not (placement.backprop and here):
-            able = names_where(lambda cls: cls.backprop)
-            raise UserError(
-                f"method.fake_score=lora backpropagates through the frozen teacher on the training device "
-                f"({device.type}), and teacher_placement={placement.name} cannot; use method.fake_score=student, or "
-                f"teacher_placement={' or '.join(able)}"
-            )
-        if placement.serving != Serving.LOCAL and ranks > 1:  # (one rank per node would do: refused all the same)
-            local = names_where(lambda cls: cls.backprop and cls.serving == Serving.LOCAL)
-            raise UserError(
-                f"method.fake_score=lora runs the teacher on every training rank, and teacher_placement="
-                f"{placement.name} with {ranks} processes serves ranks that hold none; use distributed.nproc_per_node"
-                f"=1, teacher_placement={' or '.join(local)} (a teacher on every rank), or method.fake_score=student"
-            )
-        quantize = getattr(teacher_cfg, "quantize", None)
-        if quantize is not None:
-            raise UserError(
-                f"method.fake_score=lora trains adapters on the teacher's Linear layers, and teacher.quantize="
-                f"{quantize} makes them fp8 layers that take none; drop teacher.quantize, or use "
-                f"method.fake_score=student"
-            )
-        if getattr(teacher_cfg, "compile", False):  # torch.compile ignores module hooks added after it traced
-            raise UserError(
-                "method.fake_score=lora hooks adapters onto the teacher's layers after teacher.compile=true compiled "
-                "its blocks, which then ignore them; drop teacher.compile, or use method.fake_score=student"
+        if self.fake_score == "lora":
+            check_adapters_on_teacher(
+                "method.fake_score=lora", placement, ranks, device, teacher_cfg, "method.fake_score=student"
             )
 
     def passes(self, micro_batches: int, whole_step: bool) -> Passes:
