@@ -41,6 +41,7 @@ NEEDS = [
     ("teacher_placement=offload", "gpu"),
     ("teacher_placement=balanced", "gpu"),
     ("outputs/wan13b", "the GPU run before it"),
+    ("outputs/a14b-lora", "the GPU run before it"),  # a LoRA student of the A14B pair (docs/REAL_MODEL.md)
     ("", "run"),
 ]
 REFUSAL_WORDS = {  # what the one line says, per need
