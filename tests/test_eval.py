@@ -19,6 +19,7 @@ from wandistiller.evaluation.evaluate import evaluate
 from wandistiller.train import run
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_the_eval_cli_adds_its_numbers_to_the_runs_wandb_run(make_cfg, tmp_path, capsys):
     folder = tmp_path / "run"
     run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))

@@ -217,6 +217,7 @@ def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
     assert "hardware.headroom_fraction=1.5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
     result = plans["1x80"].result()
     assert result.returncode == 0, result.stderr

@@ -68,6 +68,7 @@ def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_d
     assert first["mean"] != final["mean"]  # a different student: the final student's result was not overwritten
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
     folder = tmp_path / "pocket"
     run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))

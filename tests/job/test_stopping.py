@@ -94,6 +94,7 @@ def signalled(request):
     })  # fmt: skip
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_ctrl_c_once_is_a_request_and_twice_exits_at_once(signalled):
     once = signalled["once"].result()
     assert once.returncode == 0 and "requested True" in once.stdout and "after the echo" in once.stdout

@@ -17,6 +17,7 @@ from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.train import run
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_a_disk_teacher_trains_on_the_cpu(make_cfg, tmp_path):
     summary = run(make_cfg("teacher_placement=disk", "teacher=tiny_moe", "trainer.max_steps=3", run_dir=tmp_path / "r"))
     assert summary["placement"] == "disk" and summary["steps_run"] == 3

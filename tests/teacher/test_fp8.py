@@ -129,6 +129,7 @@ def test_a_disk_fp8_teacher_streams_the_quantized_tensors_from_its_converted_cop
     assert torch.equal(teacher.targets(*_inputs())[0], want)
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_a_cpu_run_with_an_fp8_teacher_trains(make_cfg, tmp_path):
     cfg = make_cfg("teacher.quantize=fp8", "precision=bf16", "teacher=tiny_moe", "trainer.max_steps=3",
                    run_dir=tmp_path / "r")  # fmt: skip

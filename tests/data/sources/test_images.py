@@ -62,6 +62,7 @@ def test_the_last_images_captions_are_held_out_and_never_trained_on(tiny_path, c
     assert torch.equal(whole.bank.x0(torch.arange(2)), made.bank.x0(torch.arange(2)))
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
     images = tmp_path / "images"
     images.mkdir()

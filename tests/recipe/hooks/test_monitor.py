@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import metrics_steps
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.train import run
 
 
+@pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
 def test_validation_best_checkpoint_grids_and_eval_as_the_run_goes(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
     overrides = ["trainer.max_steps=4", "hooks=[monitor,progress,samples,evaluate]", "hooks.monitor.val_every=2",
