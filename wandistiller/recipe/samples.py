@@ -20,7 +20,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_grid
-from wandistiller.teacher.lora import AdaptedTeacher
+from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -43,22 +43,9 @@ class SampleGrid:
         was_training = student.training
         assert self.teacher_column is not None  # drawn on the main rank, the one whose hook calls this
         student.eval()
-        if isinstance(student, AdaptedTeacher):  # a LoRA student: the teacher's experts with its adapters on, no CFG
-            experts = student.teacher[0].experts
-            with student.active():
-                mine = draw(
-                    self.ctx.spec,
-                    experts,
-                    [1.0] * len(experts),
-                    self.embeddings,
-                    self.ctx.data_cfg,
-                    n,
-                    steps,
-                    self.ctx.seed,
-                )
-        else:
-            mine = student_images(
-                self.ctx.spec, student.transformer, self.embeddings, self.ctx.data_cfg, n, steps, self.ctx.seed
+        with sampling_transformers(student) as (transformers, guidance):
+            mine = draw(
+                self.ctx.spec, transformers, guidance, self.embeddings, self.ctx.data_cfg, n, steps, self.ctx.seed
             )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
@@ -139,10 +126,3 @@ def teacher_images(
         seed,
         teacher.device,
     )
-
-
-def student_images(
-    spec: TeacherSpec, transformer, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
-) -> np.ndarray:
-    # Trained on guided targets: samples without CFG.
-    return draw(spec, [transformer], [1.0], embeddings, data_cfg, num_prompts, steps, seed)

@@ -238,3 +238,16 @@ class AdaptedTeacher(nn.Module):
             for adapters in self.adapters:
                 stack.enter_context(cast(Adapters, adapters).active())
             yield
+
+
+@contextlib.contextmanager
+def sampling_transformers(student: nn.Module) -> Iterator[tuple[list[nn.Module], list[float]]]:
+    """What WanPipeline samples a student with, without CFG (it learned guided targets): a LoRA student's are the
+    teacher's experts with its adapters on (for the block); another's its own transformer. DDP's wrapper unwrapped."""
+    own = getattr(student, "module", student)
+    if isinstance(own, AdaptedTeacher):
+        experts = list(own.teacher[0].experts)
+        with own.active():
+            yield experts, [1.0] * len(experts)
+    else:
+        yield [cast(nn.Module, own.transformer)], [1.0]

@@ -33,7 +33,7 @@ import torch
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.recipe.hooks.base import Hook, at_least
-from wandistiller.teacher.lora import AdaptedTeacher
+from wandistiller.teacher.lora import sampling_transformers
 
 if TYPE_CHECKING:
     from wandistiller.data.prompts import PromptEmbeddings
@@ -350,17 +350,10 @@ class CollapseWatch(Hook):
         scheduler = None if ctx.student_steps is None else few_step_scheduler(ctx.spec, self.student_steps)
         was_training = student.training
         student.eval()
-        own = getattr(student, "module", student)  # DDP's
         try:
-            if isinstance(own, AdaptedTeacher):  # a LoRA student: the teacher's experts with its adapters on
-                experts = own.teacher[0].experts
-                with own.active():
-                    latents = probe_latents(
-                        ctx.spec, experts, [1.0] * len(experts), self.probe, self.student_steps, ctx.device, scheduler
-                    )
-            else:
+            with sampling_transformers(student) as (transformers, guidance):
                 latents = probe_latents(
-                    ctx.spec, [own.transformer], [1.0], self.probe, self.student_steps, ctx.device, scheduler
+                    ctx.spec, transformers, guidance, self.probe, self.student_steps, ctx.device, scheduler
                 )
         finally:
             student.train(was_training)
