@@ -6,14 +6,14 @@
 #
 # Before the call, here, in the repository root (PyPI reachable; collects ~12 MB of wheels into .whl/):
 #   bash scripts/gpu_wheels.sh
-# Then: run(command="bash scripts/gpu_figures.sh", carry=[".whl"], timeout_s=480)
+# Then: run(command="bash scripts/gpu_figures.sh", carry=[".whl"], timeout_s=570)
 # Everything comes back as $OUT/figures.tar (JSONs and per-step logs) plus $OUT/log.txt. Afterwards, here:
 # record each figure in docs/PERFORMANCE.md with the card and date (the table's "left to measure" rows name
 # the step that measures each), and fold plan_*.json into the planner (scripts/fit_planner.py).
 set -uo pipefail
 OUT=${OUT:-gpu_figures}
 FIG=$(mktemp -d)
-DEADLINE=${DEADLINE:-440}  # seconds from the start; the call's limit (480) leaves room for start-up and tar
+DEADLINE=${DEADLINE:-530}  # seconds from the start; the call's limit (570) leaves room for install and tar
 mkdir -p "$OUT"
 trap 'tar -cf "$OUT/figures.tar" -C "$FIG" . 2>/dev/null' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -34,6 +34,12 @@ JOB=(python3 -m wandistiller.bench job --arch 1.3b --device cuda --placement gpu
 
 # 1. fp8 works on this torch and GPU: the GPU lane (fp8 scaled_mm chosen, streamed == resident, compiled runs).
 step gpu_tests 45 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py
+# 1b. The LoRA student (issue 34 target 7) at the 1.3B shape, batch 1, one 480x832 frame: dmd with a LoRA fake
+#     score, K=4, the teacher resident (gpu) and streamed with backward through it (offload): the planner's GPU and
+#     host predictions beside the measured peaks, and samples/s. Also dmd under offload, never measured before.
+step lora_1.3b 110 python3 -m wandistiller.bench plan --arch 1.3b --device cuda --student lora --batch 1 \
+  --placements gpu,offload --set method=dmd --set method.fake_score=lora --set method.steps=4 --folder /tmp/bench_plan \
+  --cache-dir /tmp/wandistiller --out "$FIG/lora_1.3b.json"
 # 2. fp8 + compile, the framework (builds the 1.3B-shaped teacher folder first, cached for the rest). Its
 #    train.log says when compiling starts and how long it took (item 1: first step <= 60 s after loading).
 step job_fp8 75 "${JOB[@]}" --compile --quantize fp8 --steps 12 --warmup 5 --framework-only --out "$FIG/job_fp8.json"

@@ -73,7 +73,7 @@ def job_overrides(args, folder: Path, run_dir: Path) -> list[str]:
     ]:
         if value:
             overrides.append(f"{key}={value}")
-    return overrides
+    return overrides + list(args.set)
 
 
 def framework_job(args, folder: Path) -> dict:
@@ -167,5 +167,12 @@ def add_parser(sub) -> None:
     j.add_argument("--attention-backend", default=None, help="the teacher's diffusers attention backend")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--framework-only", action="store_true", help="skip the hand-written loop (no ratio)")
+    j.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more train override, e.g. method=dmd (repeatable; not for the hand-written loop: --framework-only)",
+    )
     j.add_argument("--cache-dir", default=CACHE)
     j.add_argument("--out", default=out_path("job"))
