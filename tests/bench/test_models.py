@@ -17,6 +17,7 @@ from wandistiller.bench.models import (
     memory_gib,
     model_config,
     pinned_bandwidth,
+    pool_size,
     random_model,
     time_forward,
 )
@@ -68,6 +69,19 @@ def test_memory_is_read_from_proc_in_gib_and_the_peak_is_at_least_the_current():
     assert set(memory) == {"VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"}
     assert 0 < memory["VmRSS"] <= memory["VmHWM"] < 1024
     assert pinned_bandwidth(torch.device("cpu")) is None  # no host->device copy to measure
+
+
+def test_the_random_pool_holds_the_widest_weight_of_a_14b_expert():
+    """A 14B expert's FFN weight (30720 x 5120) is larger than 2**27: a pool of 2**27 failed on the H100."""
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    with init_empty_weights():
+        expert = WanTransformer3DModel(**(ARCHS["14b"] | {"num_layers": 1}))
+    widest = max(p.numel() for p in expert.parameters())
+    assert widest > 2**27 and pool_size(expert) == widest
+    with init_empty_weights():
+        assert pool_size(WanTransformer3DModel(**ARCHS["tiny"])) == 2**27  # small models draw the same values as ever
 
 
 @pytest.mark.slow  # draws 2**27 seeded values twice: 4 to 16 s on 2 cores

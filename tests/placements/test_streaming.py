@@ -31,6 +31,8 @@ def test_a_streamed_teacher_gives_the_resident_teachers_targets_bit_for_bit(tiny
     streamed = {"host": OffloadPlacement, "disk": DiskPlacement}[source](resident_blocks=resident)
     streamed.teacher_device = lambda topology: torch.device("cpu")  # compute where the reference does
     teacher = streamed.load(spec, TEACHER, BF16, Topology())
+    # checkpointed per block whatever stays resident: the planner counts one block's activations for offload/disk
+    assert all(expert.gradient_checkpointing for expert in teacher.experts)
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
     t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)
@@ -144,7 +146,7 @@ def adapted_loss_and_grads(teacher, x, t, cond, seed: int = 1):
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["one_expert", "two_experts"])
-@pytest.mark.parametrize("source,resident", [("disk", 0), ("host", 1)])
+@pytest.mark.parametrize("source,resident", [("disk", 0), ("host", 1), ("host", 99)])  # 99: every block resident
 def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_resident_ones_bit_for_bit(
     tiny_path, tiny_moe_path, moe, source, resident
 ):
@@ -153,6 +155,8 @@ def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_res
     streamed = {"host": OffloadPlacement, "disk": DiskPlacement}[source](resident_blocks=resident)
     streamed.teacher_device = lambda topology: torch.device("cpu")  # offload's streaming code, on the CPU
     teacher = streamed.load(spec, TEACHER, BF16, Topology())
+    # checkpointed per block whatever stays resident: the planner counts one block's activations for offload/disk
+    assert all(expert.gradient_checkpointing for expert in teacher.experts)
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
     t, uncond = torch.tensor([950.0, 100.0, 880.0, 300.0]), torch.zeros(4, 512, 32)

@@ -26,9 +26,10 @@ def model_config(arch: str) -> dict:
 def random_model(arch: str, dtype: torch.dtype):
     """A Wan transformer of that shape with random weights, built on the CPU without a slow init.
 
-    Every weight is a slice of one seeded pool of 2**27 normal values (x0.02), at an offset set by its
-    index: the same model on every call, in the time of a memory copy (a 14B expert in seconds, where
-    drawing 14e9 values took minutes), so each benchmark process can build its own. Never all zeros.
+    Every weight is a slice of one seeded pool of normal values (x0.02; 2**27 of them, or as many as the
+    largest weight holds: a 14B expert's FFN has 157M), at an offset set by its index: the same model on
+    every call, in the time of a memory copy (a 14B expert in seconds, where drawing 14e9 values took
+    minutes), so each benchmark process can build its own. Never all zeros.
     """
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
@@ -37,11 +38,16 @@ def random_model(arch: str, dtype: torch.dtype):
 
     with init_empty_weights():  # parameters on meta; buffers (rope tables) real
         model = WanTransformer3DModel(**ARCHS[arch])
-    pool = (torch.randn(2**27, generator=torch.Generator().manual_seed(0)) * 0.02).to(dtype)
+    pool = (torch.randn(pool_size(model), generator=torch.Generator().manual_seed(0)) * 0.02).to(dtype)
     for i, (name, p) in enumerate(list(model.named_parameters())):
         start = (i * 1_000_003) % (pool.numel() - p.numel() + 1)
         replace_tensor(model, name, pool[start : start + p.numel()].clone().view(p.shape))
     return model.eval().requires_grad_(False)
+
+
+def pool_size(model: torch.nn.Module) -> int:
+    """How many random values `random_model` draws: 2**27, or the largest weight's size where that is larger."""
+    return max(2**27, *(p.numel() for p in model.parameters()))
 
 
 def time_forward(model, inputs, device, reps: int) -> float:
