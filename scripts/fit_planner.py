@@ -3,10 +3,11 @@
     python scripts/fit_planner.py bench_plan_*.json [--out docs/planner_fit.json]
 
 Inputs: `python -m wandistiller.bench plan` results (host RSS on the CPU grid) and the GPU figures listed in
-GPU_DATA below (one H200, recorded in docs/PERFORMANCE.md). What is fitted, and how (docs/PLANNER.md):
+GPU_DATA below (one H200 and one H100, recorded in docs/PERFORMANCE.md). What is fitted, and how (docs/PLANNER.md):
 
-  - GPU: one factor on the student's physical saved activations, eager and with regional compile, each solved
-    from its datum (peak allocated = weights + states + factor x activations; the CUDA context is not in it).
+  - GPU: one factor on the student's physical saved activations, eager, with regional compile, and for a backward
+    through the teacher to adapters on it (a LoRA student), each solved from its datum (peak allocated = weights +
+    states + factor x activations; the CUDA context is not in it).
   - CPU: bytes per image token and per text token that glibc's heap keeps beyond the physical count (small
     tensors at tiny widths), least squares over the CPU points with the physical count at factor 1.
 
@@ -32,9 +33,20 @@ from wandistiller.placements import memory  # noqa: E402
 H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
 GPU_1_3B = ["teacher=wan2.1_t2v_1.3b", "student=small", "trainer.batch_size=16", "precision=bf16"]
 GPU_1_3B += ["data.latent_height=60", "data.latent_width=104", "teacher_placement=gpu", *H200]
-GPU_DATA = [  # (name, overrides, measured gpu0_peak_gib_max) -- one H200, 2026-11-26, docs/PERFORMANCE.md
-    ("h200 1.3b->small b16 gpu eager", GPU_1_3B, 24.3),
-    ("h200 1.3b->small b16 gpu compiled", [*GPU_1_3B, "teacher.compile=true", "trainer.compile_student=true"], 16.7),
+LORA_1_3B = ["teacher=wan2.1_t2v_1.3b", "student=lora", "method=dmd", "method.fake_score=lora", "method.steps=4"]
+LORA_1_3B += ["trainer.batch_size=1", "precision=bf16", "data.latent_height=60", "data.latent_width=104"]
+LORA_1_3B += ["teacher_placement=gpu", "hardware.gpus=1", "hardware.gpu_memory_gib=80", "hardware.host_memory_gib=114"]
+# (ACT_FACTOR key, name, overrides, measured gpu0_peak_gib_max): one H200 (2026-11-26) and one H100 (2026-11-27),
+# docs/PERFORMANCE.md; the H100's JSON is docs/planner_data/gpu/h100_lora_1.3b.json
+GPU_DATA = [
+    ("gpu", "h200 1.3b->small b16 gpu eager", GPU_1_3B, 24.3),
+    (
+        "gpu_compiled",
+        "h200 1.3b->small b16 gpu compiled",
+        [*GPU_1_3B, "teacher.compile=true", "trainer.compile_student=true"],
+        16.7,
+    ),
+    ("gpu_adapted", "h100 1.3b lora dmd+lora fake score b1 gpu eager", LORA_1_3B, 8.25),
 ]
 
 
@@ -70,11 +82,12 @@ def tokens(overrides: list[str]) -> tuple[int, int]:
 def fit_gpu() -> dict:
     """Each GPU factor from its datum: (measured - everything but the activations) / physical activations."""
     factors = {}
-    for key, (_, overrides, measured) in zip(("gpu", "gpu_compiled"), GPU_DATA):
+    for key, _, overrides, measured in GPU_DATA:
         w = workload(overrides)
         memory.ACT_FACTOR[key] = 1.0
         physical = memory.student_activation_bytes(w, "gpu")
-        rest = memory.teacher_weight_bytes(w) + memory.student_state_bytes(w)  # the student's phase is the peak
+        # the student's phase is the peak (with a fake score: its states beside, as training_bytes counts them)
+        rest = memory.teacher_weight_bytes(w) + memory.student_state_bytes(w) + memory.method_state_bytes(w)
         factors[key] = round((measured * memory.GiB - rest) / physical, 2)
         memory.ACT_FACTOR[key] = factors[key]
     return factors
@@ -107,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     cpu = cpu_points(args.bench_json)
     margin, memory.FIT_MARGIN = memory.FIT_MARGIN, 0.0  # fit the terms to the measurements, then plan above them
-    gpu = [{"name": n, "overrides": o, "measured_gib": m, "gpu": True} for n, o, m in GPU_DATA]
+    gpu = [{"name": n, "overrides": o, "measured_gib": m, "gpu": True} for _, n, o, m in GPU_DATA]
     fitted = {"ACT_FACTOR": {"cpu": 1.0} | fit_gpu(), "CPU_HEAP_PER_TOKEN": list(fit_cpu(cpu))}
     memory.FIT_MARGIN = margin
     table = residuals(gpu + cpu)
