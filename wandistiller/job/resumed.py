@@ -4,7 +4,7 @@
 the command line must agree with it, except the keys a resume may change (how long to train, how to log,
 where the teacher lives, ...); any other disagreement is refused in one line that lists them all. A key
 not given again keeps the saved value, so `hydra.run.dir=… trainer.resume=auto` alone continues the run
-as it was started (a 1000-step run resumed without its overrides no longer "finishes" at the default).
+as it was started (a 1000-step run resumed without its overrides does not stop at the default's step count).
 """
 
 from __future__ import annotations
