@@ -174,13 +174,12 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     return merged
 
 
-# The one training step there was before the `method` group (methods own the step since: method=kd is that step,
-# bit for bit); a run saved then has no `method` node, and trained as this.
+# What a pre-release run without a `method` node trained with: its one training step is method=kd's, bit for bit.
 BEFORE_METHODS = "kd"
 
 
 def with_method_of_before(saved: DictConfig) -> bool:
-    """A config saved before the `method` group gets the method it trained with (`method=kd`, composed with its
+    """A pre-release config without a `method` node gets the method it trained with (`method=kd`, composed with its
     schema), so its resume continues it as it was, not refused as "method has no value: ... (~method?)", which no
     one wrote. True where one was added."""
     from wandistiller.compose import compose_option
