@@ -126,7 +126,7 @@ def hydra_error_line(error: Exception) -> str:
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
     skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
     text = " ".join(line for line in lines if not line.startswith(skip))
-    if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
+    if "override 'logger." in text and "not in struct" in text:  # a pre-release flat logger key
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
         hooks = "hooks=[monitor,progress,samples,evaluate]"
