@@ -6,7 +6,7 @@ sample the held-out prompts from the same noise as the teacher; the eval latent 
 
     python scripts/compare_data_sources.py [--steps 200] [--json out.json]
 
-Until `data=teacher_latents` is wired into the training run, this is the check behind issue 11's claim.
+The measurement behind docs/data_sources.md: `data=teacher_latents` against Gaussian x0.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU figure issue 19 asks for (fp8 that runs), plus issue 12's parity figures and the planner's host
-# datum (issue 19 item 5), in ONE device call of under 8 minutes on one H100/H200. Steps run in priority
+# Every GPU figure docs/PERFORMANCE.md leaves to measure (fp8 that runs, the whole job's parity with a hand-written
+# loop, the planner's host datum), in ONE device call of under 8 minutes on one H100/H200. Steps run in priority
 # order against one deadline: a step that would not fit is skipped and says so, so the call always ends in
 # time with what it measured.
 #
@@ -34,14 +34,14 @@ JOB=(python3 -m wandistiller.bench job --arch 1.3b --device cuda --placement gpu
 
 # 1. fp8 works on this torch and GPU: the GPU lane (fp8 scaled_mm chosen, streamed == resident, compiled runs).
 step gpu_tests 45 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py
-# 1b. The LoRA student (issue 34 target 7) at the 1.3B shape, batch 1, one 480x832 frame: dmd with a LoRA fake
+# 1b. The LoRA student at the 1.3B shape, batch 1, one 480x832 frame: dmd with a LoRA fake
 #     score, K=4, the teacher resident (gpu) and streamed with backward through it (offload): the planner's GPU and
-#     host predictions beside the measured peaks, and samples/s. Also dmd under offload, never measured before.
+#     host predictions beside the measured peaks, and samples/s. Also dmd under offload.
 step lora_1.3b 110 python3 -m wandistiller.bench plan --arch 1.3b --device cuda --student lora --batch 1 \
   --placements gpu,offload --set method=dmd --set method.fake_score=lora --set method.steps=4 --folder /tmp/bench_plan \
   --cache-dir /tmp/wandistiller --out "$FIG/lora_1.3b.json"
 # 2. fp8 + compile, the framework (builds the 1.3B-shaped teacher folder first, cached for the rest). Its
-#    train.log says when compiling starts and how long it took (item 1: first step <= 60 s after loading).
+#    train.log says when compiling starts and how long it took (target: first step <= 60 s after loading).
 step job_fp8 75 "${JOB[@]}" --compile --quantize fp8 --steps 12 --warmup 5 --framework-only --out "$FIG/job_fp8.json"
 python3 -c "import json,shutil,sys; r=json.load(open(sys.argv[1]))['framework']['run_dir']; \
 shutil.copy(r + '/train.log', sys.argv[2])" "$FIG/job_fp8.json" "$FIG/job_fp8_train.log" 2>/dev/null \

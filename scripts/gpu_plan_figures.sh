@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planner's predictions against measured peaks on a GPU (issues 13 and 19 item 5): `bench plan` per
+# The planner's predictions against measured peaks on a GPU (docs/PLANNER.md): `bench plan` per
 # placement, each in a fresh process. The host column is extrapolated until this has run (docs/PLANNER.md).
 #
 #   bash scripts/gpu_plan_figures.sh 1.3b [OUT_DIR]   # step 6 of scripts/gpu_figures.sh (its wheels, its call)

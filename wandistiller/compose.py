@@ -126,7 +126,7 @@ def hydra_error_line(error: Exception) -> str:
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
     skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
     text = " ".join(line for line in lines if not line.startswith(skip))
-    if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
+    if "override 'logger." in text and "not in struct" in text:  # a pre-release flat logger key
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
         hooks = "hooks=[monitor,progress,samples,evaluate]"
@@ -212,7 +212,7 @@ def _resumed_method(argv: list[str], overrides: list[str]) -> str | None:
 
 
 def modern_argv(argv: list[str]) -> list[str]:
-    """The command line with every override of a moved key rewritten to today's (core/renamed.py), each with a
+    """The command line with each override of a renamed key rewritten to the current one (core/renamed.py), each with a
     warning on stderr: an older script still runs, and says what to write now."""
     import sys
 
@@ -227,7 +227,7 @@ def modern_argv(argv: list[str]) -> list[str]:
         settings += [n for n in new if n != arg and n.startswith("hooks.")]
     if not settings:
         return rewritten
-    # An older trainer key applied to every run; its hook may be left out of today's list (debug=fast has no
+    # A pre-release trainer key applied to every run; its hook may be left out of the `hooks` list (debug=fast has no
     # samples): there the setting had no effect, and it is dropped rather than refused.
     plain = [
         a

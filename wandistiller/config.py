@@ -115,7 +115,7 @@ class StudentConfig:
     # A named architecture (`wandistiller.core.arch`: STUDENT_BUILDERS, TEACHER_SHAPED_STUDENTS, PRUNED_STUDENTS), or
     # None with `config_path`.
     builder: str | None = None
-    # A diffusers WanTransformer3DModel config.json (the old student_config.json).
+    # A diffusers WanTransformer3DModel config.json (train_distillation.py's --student_config file).
     config_path: str | None = None
     # "teacher": cut from the teacher's weights (its head size, no larger: wandistiller/student/prune.py); "auto":
     # that when the student can be cut from the teacher, else "random"; or a WanTransformer3DModel folder to cut

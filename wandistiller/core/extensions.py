@@ -21,7 +21,7 @@ HYDRA_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_conv
 CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recipe": (("cfg", "prepared", "topology"), ()),  # train.run_recipe
     "student": ((), ("spec", "dtype")),  # recipe._setup_student
-    # loop.distill_step, for a function of the old shape; a loss class (an option of recipe.losses.REGISTRY) is built
+    # loop.distill_step, for a Legacy-shaped function; a loss class (an option of recipe.losses.REGISTRY) is built
     # from its keys alone and its instances called with LossInputs (LOSS_CLASSES below)
     "trainer.loss": (("pred", "target", "student_hidden", "teacher_hidden"), ()),
     "trainer.optimizer": (("params",), ()),  # recipe._setup_optimization

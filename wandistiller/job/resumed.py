@@ -4,7 +4,7 @@
 the command line must agree with it, except the keys a resume may change (how long to train, how to log,
 where the teacher lives, ...); any other disagreement is refused in one line that lists them all. A key
 not given again keeps the saved value, so `hydra.run.dir=… trainer.resume=auto` alone continues the run
-as it was started (a 1000-step run resumed without its overrides no longer "finishes" at the default).
+as it was started (a 1000-step run resumed without its overrides does not stop at the default's step count).
 """
 
 from __future__ import annotations
@@ -174,13 +174,12 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     return merged
 
 
-# The one training step there was before the `method` group (methods own the step since: method=kd is that step,
-# bit for bit); a run saved then has no `method` node, and trained as this.
+# What a pre-release run without a `method` node trained with: its one training step is method=kd's, bit for bit.
 BEFORE_METHODS = "kd"
 
 
 def with_method_of_before(saved: DictConfig) -> bool:
-    """A config saved before the `method` group gets the method it trained with (`method=kd`, composed with its
+    """A pre-release config without a `method` node gets the method it trained with (`method=kd`, composed with its
     schema), so its resume continues it as it was, not refused as "method has no value: ... (~method?)", which no
     one wrote. True where one was added."""
     from wandistiller.compose import compose_option

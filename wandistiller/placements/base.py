@@ -53,7 +53,7 @@ class Placement(ABC):
     # Loads an fp8 teacher (teacher.quantize=fp8). Not yet: accelerate's device maps and FSDP2's shards.
     fp8: ClassVar[bool] = False
     # Its teacher returns the hidden states after the blocks a loss asks for, in the forward that gives the
-    # velocity (`Teacher.targets(..., layers)`; served ones send them): every placement today.
+    # velocity (`Teacher.targets(..., layers)`; served ones send them): every shipped placement.
     hidden_states: ClassVar[bool] = True
     # Whether `auto` may choose it (a hand-written device map is the user's own choice).
     auto_candidate: ClassVar[bool] = True

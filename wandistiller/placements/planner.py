@@ -86,7 +86,7 @@ def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
 def fastest_first(estimates: list[Estimate], times: dict[str, StepTime] | None) -> list[Estimate]:
     """The estimates fastest first: by the planner's samples/s per node (step_times) where it has one, to the
     three figures the table prints; the placements' speed order (their order in `estimates`) between equal
-    figures and for those without a time, after the timed ones. A fixed order chose `balanced` (0.54 s/step in
+    figures and for those without a time, after the timed ones. A fixed order would choose `balanced` (0.54 s/step in
     its own table) over `sharded` (0.07)."""
     times = times or {}
 

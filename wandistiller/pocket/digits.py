@@ -5,8 +5,8 @@ The digits are the UCI optical-digits test set (1,797 labelled 8x8 images, 0..16
 Each digit is upsampled to 28x28, tinted one of `COLOURS` and put on a black 32x32 canvas (jittered a
 little): "a red 3". Prompt adherence then needs both attributes right, so the text conditioning has to work.
 The digit fills the canvas on purpose: through the VAE (/4) and the transformer's 2x2 patches it is then
-drawn in about 12 of the 16 tokens. A 16 px digit in one half of the canvas (an earlier build, which also
-asked for the side) got 2x2 tokens: colour and side were always right, the digit only 18% of the time.
+drawn in about 12 of the 16 tokens. A 16 px digit in one half of the canvas (tried, with the side asked
+for too) got 2x2 tokens: colour and side were always right, the digit only 18% of the time.
 The first 80% of the digits train; the rest are held out (FID/KID).
 """
 

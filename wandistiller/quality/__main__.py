@@ -64,7 +64,7 @@ def table(results: dict[str, list[dict]], keys: list[str] | None = None, formats
 
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
-    """Issue 17's targets, each met or missed, from the means."""
+    """The teacher's and the data sources' targets, each met or missed, from the means."""
     mean = {
         row: {k: statistics.fmean(r[k] for r in runs) for k in ("prompt_accuracy", "fid")}
         for row, runs in results.items()

@@ -124,7 +124,7 @@ def _teacher_first(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
-    """Issue 27's targets, each met or missed, from the means."""
+    """The compressed students' targets, each met or missed, from the means."""
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
     teacher_acc, teacher_fid = seed_mean(results["teacher"], "prompt_accuracy"), seed_mean(results["teacher"], "fid")
     acc = {name: seed_mean(runs, "prompt_accuracy") for name, runs in results.items()}

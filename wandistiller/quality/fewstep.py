@@ -1,6 +1,6 @@
 """`python -m wandistiller.quality --fewstep`: students that sample in a few steps, against the teacher's 20.
 
-Rows: today's KD student sampled at 4 steps (the baseline a few-step method must beat), `method=trajectory` at
+Rows: the KD student (`method=kd`) sampled at 4 steps (the baseline a few-step method must beat), `method=trajectory` at
 4, `method=dmd` at 4 (without and with its regression term) and at 1. Every row is `student=half` on the
 teacher's images (`data=pocket_digits`) through `wandistiller.train`, and is judged on the same noises as the
 teacher's row (20 UniPC steps, CFG):
@@ -95,7 +95,7 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
 
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
-    """Issue 28's quality targets, each met or missed, from the means."""
+    """The few-step students' quality targets, each met or missed, from the means."""
     mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
     mean = {
         name: {k: seed_mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
@@ -135,7 +135,7 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
 
 
 def lora_targets(results: dict[str, list[dict]], pair: bool = False) -> list[str]:
-    """Issue 34's targets for the LoRA rows present in `results` (each met or missed, from the means over
+    """The targets of the LoRA rows present in `results` (each met or missed, from the means over
     seeds, with the seed count): 4 steps >= 95% of the teacher's accuracy, FID <= 1.2x, diversity >= 0.85x (a
     two-expert pair, `pair`: >= 90% of its teacher's accuracy); 1 step >= 85%; kd >= 97% and FID <= 1.1x in
     half the teacher's calls."""

@@ -53,7 +53,7 @@ class Run:
     # Called as hook(run, step) after each step (validation, samples, metrics as they happen: recipe/hooks/).
     hooks: list[Callable] = field(default_factory=list)
     teacher: dict | None = None  # what each checkpoint records of the teacher (checkpoint.teacher_record)
-    # `method=`: what one step does (wandistiller/recipe/methods/); None: kd, today's distillation step.
+    # `method=`: what one step does (wandistiller/recipe/methods/); None: kd, the teacher's target at the data's batch.
     method: Method | None = None
 
     @property

@@ -170,7 +170,7 @@ def _prune(run_dir: Path, step: int, keep: int) -> None:
 
 def clean_leftovers(run_dir: Path) -> None:
     """Remove what killed processes left in `run_dir/checkpoints`: temporary folders of saves and
-    prunes whose writer is gone, and `step_*` folders a prune emptied before this version renamed first."""
+    prunes whose writer is gone, and `step_*` folders a pre-release prune emptied in place."""
     root = run_dir / CHECKPOINTS
     leftovers.remove_dead(root, TMP)
     leftovers.remove_dead(root, PRUNE)

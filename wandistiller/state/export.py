@@ -266,8 +266,8 @@ def card_teacher(cfg: DictConfig) -> tuple[str, str | None]:
 
 
 def card_method(cfg: DictConfig) -> dict:
-    """The method the student was trained with, as the saved config says (`method.name`; no `method` node: a run
-    saved before there were methods, kd): its name, and DMD's regression term's weight where it has one."""
+    """The method the student was trained with, as the saved config says (`method.name`; no `method` node: a
+    pre-release run, kd): its name, and DMD's regression term's weight where it has one."""
     method = cfg.get("method") if isinstance(cfg, DictConfig) else None
     name = _word(_raw(method, "name")) if method is not None else "kd"
     regression = _number(_raw(method, "regression_weight")) if method is not None else None

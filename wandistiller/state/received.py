@@ -113,7 +113,7 @@ def load_received(file: Path, trusted: Iterable[str] = (), root: Path | None = N
 def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hint: str = TRUST_HINT) -> DictConfig:
     """`raw` merged into the schema, after its targets and interpolations are checked: nothing in it is
     imported, resolved or called first. Each refusal is one line naming the key and the file. `_target_`s
-    an older version saved (before the subpackages) are first rewritten, in place, to today's."""
+    of a pre-release run (core/renamed.py) are first rewritten, in place, to their current paths."""
     modernize(raw)
     modernize_lists(raw)
     tree = OmegaConf.to_container(raw, resolve=False)

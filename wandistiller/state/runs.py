@@ -38,7 +38,7 @@ from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teac
 
 def student_steps(cfg: DictConfig) -> int | None:
     """A run's student's own step count K (`method.steps` of its config), or None for a KD student: no `method`
-    node (a config saved before issue 28), or `method.steps` null. Read as saved, never resolved (the model card
+    node (a pre-release config), or `method.steps` null. Read as saved, never resolved (the model card
     reads a received config with it); anything but a positive integer or null is one line."""
     from omegaconf import OmegaConf
 
@@ -60,7 +60,7 @@ def student_steps(cfg: DictConfig) -> int | None:
 
 
 def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int):
-    """The scheduler a student samples `steps` steps with: None (the teacher's own, as `steps` today) for a KD
+    """The scheduler a student samples `steps` steps with: None (the teacher's own, at `steps`) for a KD
     student (`trained_steps` None); a few-step student's Euler schedule at `steps`, K or another count."""
     from wandistiller.teacher.fewstep import few_step_scheduler
 

@@ -288,8 +288,8 @@ class Student(nn.Module):
 
 
 def current_state(state: dict) -> dict:
-    """A saved student state as today's Student names it: a checkpoint of before several-layer KD held one
-    projection (`hidden_proj.weight`), the first of today's list (`hidden_proj.0.weight`). Compatibility with this
+    """A saved student state as Student names it: a checkpoint from before several-layer KD held one
+    projection (`hidden_proj.weight`), the first of the current list (`hidden_proj.0.weight`). Compatibility with this
     project's pre-release checkpoints: removed in 0.2 (docs/ARCHITECTURE.md)."""
     renamed = {f"hidden_proj.{name}": f"hidden_proj.0.{name}" for name in ("weight", "bias")}
     return {renamed.get(key, key): value for key, value in state.items()}

@@ -222,7 +222,7 @@ class LauncherCheck(Callback):
 
 class SweepReport(Callback):
     """Hydra callback: the report when a multirun ends (single runs are left alone); `loggers=false` keeps it
-    out of the sweep's loggers (`wandb`: its name before there were several loggers, still taken)."""
+    out of the sweep's loggers (`wandb=`: the same flag's pre-release name)."""
 
     def __init__(self, loggers: bool = True, wandb: bool | None = None):
         self.loggers = loggers if wandb is None else wandb

@@ -29,10 +29,10 @@ REGISTRY = Registry("loss", __name__, "a loss")
 
 
 def as_loss(fn: Callable | None) -> Loss:
-    """The loss the loop calls, with `needs` a Needs: a loss as it is, an old-shape function wrapped (given the
+    """The loss the loop calls, with `needs` a Needs: a loss as it is, a Legacy-shaped function wrapped (given the
     hidden states when its bound `hidden_kd_weight` is above 0), None the default.
 
-    `trainer.loss` is instantiated `_partial_`, so a user's function of the old shape still gets its keys
+    `trainer.loss` is instantiated `_partial_`, so a user's Legacy-shaped function gets its keys
     bound; a partial of a loss class (the options here) is built here with its keys.
     """
     if fn is None:

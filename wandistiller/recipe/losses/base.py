@@ -22,7 +22,7 @@ from typing import Protocol, cast
 import torch
 import torch.nn.functional as F
 
-# The names an older loss declared in a frozenset; "teacher_hidden" meant the last block of each.
+# The names a loss may declare as a frozenset instead of a Needs; "teacher_hidden" means the last block of each.
 NEEDS = frozenset({"teacher", "teacher_hidden", "x0"})
 LAST = (-1,)
 
@@ -48,7 +48,7 @@ class Needs:
 
     @classmethod
     def of(cls, declared: Needs | Iterable[str]) -> Needs:
-        """A loss's `needs` as a Needs: as it is, or from the older frozenset of names."""
+        """A loss's `needs` as a Needs: as it is, or from a frozenset of NEEDS' names."""
         if isinstance(declared, Needs):
             return declared
         names = frozenset(declared)
@@ -101,7 +101,7 @@ class Loss(Protocol):
 
 
 class Legacy:
-    """A user's loss of the old shape: (pred, target, student_hidden, teacher_hidden) -> (loss, velocity, hidden),
+    """A user's loss function (pred, target, student_hidden, teacher_hidden) -> (loss, velocity, hidden),
     given the last blocks' hidden states when `hidden_kd_weight` (its bound key) is above 0. Compatibility with
     losses written for this project's pre-release interface: removed in 0.2 (docs/ARCHITECTURE.md)."""
 

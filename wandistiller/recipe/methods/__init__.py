@@ -1,7 +1,7 @@
 """Training methods (`method=`): what one training step does, one module per option of `conf/method/` (`base.Method`
 is the interface). Each module declares `OPTION = Option("<name>", <its schema>, <its class>)`; `REGISTRY` finds it.
 
-- `kd` (default): today's distillation step, the teacher's target at the data's batch, `trainer.loss` choosing
+- `kd` (default): plain distillation, the teacher's target at the data's batch, `trainer.loss` choosing
   the loss (distillation, task, blend);
 - `trajectory`: a K-step student (`method.steps`) learns to jump between points of the teacher's guided ODE,
   sampled once from fixed noises and cached;

@@ -125,7 +125,7 @@ class Method:
 
     def load_state_dict(self, state: dict | None) -> None:
         """Its networks' states from a checkpoint's `method` entry; one that does not fit (another method's, or
-        one trained with other settings: a checkpoint too old to record the method) is one UserError line."""
+        one trained with other settings, or a checkpoint that records no method) is one UserError line."""
         fix = "resume with the method (and method.* settings) it was trained with, or start a new run folder"
         state = state or {}
         if set(state) != set(self.networks):

@@ -1,4 +1,4 @@
-"""`method=kd` (default): today's distillation step. The batch is the data's (a pure function of seed, step,
+"""`method=kd` (default): plain distillation. The batch is the data's (a pure function of seed, step,
 micro-batch and rank), the teacher's target at it, and `trainer.loss` (`loss=distillation|task|blend`) the loss;
 the student samples as the teacher does (`method.steps` null)."""
 

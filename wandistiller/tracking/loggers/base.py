@@ -68,7 +68,7 @@ class Logger:
         pass
 
 
-# The name older configs saved (`logger=none` is now an empty list of loggers).
+# The logger a pre-release config names (core/renamed.py); `logger=[]` runs no logger.
 NullTracker = Logger
 
 
