@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from wandistiller.config import CONF_DIR
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import read_text_in
 
 ENV = "WANDISTILLER_PLUGINS"
 _PACKAGE_LINE = re.compile(r"#\s*@package\s+(\S+)")
@@ -84,6 +85,6 @@ def store_plugin_yamls(store: Any) -> None:
                 raise UserError(
                     f"{ENV}: {file} is the option {group}={file.stem}, which WanDistiller already ships; rename it"
                 )
-            text = file.read_text()
+            text = read_text_in(folder, f"{group}/{file.name}")  # never through a link out of the plugin
             header = next((m[1] for line in text.splitlines() if (m := _PACKAGE_LINE.match(line))), None)
             store.store(group=group, name=file.stem, node=OmegaConf.create(text), package=header)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import MISSING
+
 from wandistiller.core.errors import UserError
 from wandistiller.core.plugins import plugin_modules
 
@@ -37,6 +39,23 @@ class Option:
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.schema):
             raise TypeError(f"option {self.name!r}: its schema {self.schema!r} is not a dataclass")
+
+    def defaults(self) -> dict[str, Any]:
+        """Its schema's keys with their defaults, where the option's defaults are written (Hydra's `_target_` and
+        `_partial_`, and keys without a default, left out)."""
+        found = {}
+        for field in dataclasses.fields(self.schema):
+            if field.name.startswith("_") or not field.init:
+                continue
+            if field.default is not dataclasses.MISSING and field.default is not MISSING:
+                found[field.name] = field.default
+            elif field.default_factory is not dataclasses.MISSING:
+                found[field.name] = field.default_factory()
+        return found
+
+    def build(self, **keys: Any) -> Any:
+        """Its class built as its YAML-less node would build it: the schema's defaults, with `keys` in their place."""
+        return self.cls(**(self.defaults() | keys))
 
 
 class Registry:
