@@ -15,7 +15,7 @@ from tests.conftest import cli, metrics_steps, refused
 from wandistiller import plan
 from wandistiller.compose import compose_config, register_configs, registries
 from wandistiller.core.plugins import ENV, conf_options, plugin_modules
-from wandistiller.job.checks import check_tracker
+from wandistiller.job.checks import built_quietly, check_tracker
 from wandistiller.state import received
 
 HERE = Path(__file__).parent
@@ -80,6 +80,11 @@ def test_a_mistake_in_a_plugin_option_is_one_line_naming_it(plugin, overrides, l
         compose_config(overrides)
 
 
+def test_the_plugins_own_refusal_is_one_line_before_the_run(plugin):
+    with refused("method.weight=-1.0 must be positive; e.g. method.weight=0.5"):
+        built_quietly(compose_config(["method=dummy", "method.weight=-1"]).method)
+
+
 def test_a_logger_entry_that_is_no_logger_lists_the_plugins_too(plugin):
     cfg = compose_config(["logger=[dummy]", "+logger.extra=1"])
     with refused("`logger` names loggers (csv, dummy, none, tensorboard, wandb)"):
@@ -125,6 +130,8 @@ def test_a_run_trains_with_the_plugins_method_placement_loss_and_logger(tmp_path
     ]
     argv = cli(*settings, "method=dummy", "teacher_placement=dummy", "loss=dummy", "logger=[dummy]")
     env = os.environ | {ENV: "dummyplugin", "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    job = subprocess.run([*argv, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=600)
+    assert job.returncode == 0 and "_target_: dummyplugin.method.dummy.Dummy" in job.stdout, job.stderr[-3000:]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=HERE.parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
     steps = metrics_steps(run_dir)
