@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from wandistiller.config import CONF_DIR, TrainConfig
+from wandistiller.core.plugins import conf_options, store_plugin_yamls
 from wandistiller.core.precision import auto_choice
 from wandistiller.core.registry import Registry
 
@@ -48,6 +49,7 @@ def register_configs() -> None:
     store.store(name="train_schema", node=TrainConfig)
     for registry in registries():
         registry.register_schemas(store)
+    store_plugin_yamls(store)  # the YAMLs of options from outside the package (WANDISTILLER_PLUGINS)
     OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
     # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.
@@ -138,14 +140,14 @@ def hydra_error_line(error: Exception) -> str:
     if "Could not find" in text:
         return f"{text}; pick one of those options"
     missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", text)  # an option in a list: Hydra names none
-    if missing and (CONF_DIR / missing[1]).is_dir():
+    if missing and _options(missing[1]):
         options = _options(missing[1])
         return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
     return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return conf_options(group)
 
 
 def check_overrides(argv: list[str]) -> None:

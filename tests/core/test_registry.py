@@ -3,14 +3,18 @@ real package written to a temporary folder, and on the project's five registries
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import sys
 import textwrap
 
 import pytest
+import yaml
 from hydra.core.config_store import ConfigStore
 
 from wandistiller.compose import registries
+from wandistiller.config import CONF_DIR
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option, Registry, path_of
 
@@ -87,3 +91,69 @@ def test_every_shipped_option_has_its_own_schema_naming_its_class(registry):
         target = getattr(option.schema, "_target_", None)
         if target is not None:  # every group but data (a data node is read, not built)
             assert target == path_of(option.cls), option.name
+
+
+def init_defaults(cls: type) -> dict[str, tuple[object, ast.expr]]:
+    """The defaults of the `__init__` a class runs (its own or the nearest base's): name -> (value, its source)."""
+    owner = next(c for c in cls.__mro__ if "__init__" in vars(c))
+    if owner is object:
+        return {}
+    function = ast.parse(textwrap.dedent(inspect.getsource(owner.__init__))).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    args = function.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    parameters = inspect.signature(owner.__init__).parameters
+    return {a.arg: (parameters[a.arg].default, d) for a, d in pairs}
+
+
+def yaml_keys(registry, name: str) -> dict[str, dict]:
+    """The keys each shipped YAML of an option writes (its defaults list and Hydra's `_target_`/`_partial_` left out):
+    file name -> keys. A data source may have several YAMLs (each names its source in `latents`)."""
+    folder = CONF_DIR / registry.group
+    found = {}
+    for file in sorted(folder.glob("*.yaml")):
+        node = yaml.safe_load(file.read_text()) or {}
+        if registry.group == "data" and node.get("latents") != name or registry.group != "data" and file.stem != name:
+            continue
+        if registry.group in ("hooks", "logger"):  # the option's keys sit under its name
+            node = node.get(name) or {}
+        found[file.name] = {k: v for k, v in node.items() if k not in ("defaults", "_target_", "_partial_")}
+    return found
+
+
+@pytest.mark.parametrize("registry", registries(), ids=lambda r: r.group)
+def test_each_default_is_written_once_in_the_options_schema(registry):
+    """An option's defaults live in its schema dataclass: its YAML writes only what differs (an interpolation, a
+    value of its own), and its class's `__init__` either requires the key or names the schema's field
+    (`every: int = SamplesConfig.every`); a literal there would be a second copy that can drift."""
+    twice = []
+    for name, option in registry.options.items():
+        schema = option.defaults()
+        factories = {f.name for f in dataclasses.fields(option.schema) if f.default_factory is not dataclasses.MISSING}
+        names = {c.__name__ for c in option.schema.__mro__}
+        for key, (value, source) in init_defaults(option.cls).items():
+            if key not in schema:
+                continue
+            if key in factories:  # a mutable default cannot be named: None stands for the schema's empty value
+                ok = isinstance(source, ast.Constant) and source.value is None
+            else:
+                named = isinstance(source, ast.Attribute) and isinstance(source.value, ast.Name)
+                ok = named and source.attr == key and source.value.id in names and value == schema[key]
+            if not ok:
+                twice.append(f"{path_of(option.cls)}.__init__: {key}={ast.unparse(source)} (schema: {schema[key]!r})")
+        for file, keys in yaml_keys(registry, name).items():
+            for key, value in keys.items():
+                if key in schema and value == schema[key] and type(value) is type(schema[key]):
+                    twice.append(f"conf/{registry.group}/{file}: {key}: {value!r}, the schema's default again")
+    assert not twice, "defaults written twice: " + "; ".join(twice)
+
+
+def test_an_options_defaults_are_its_schemas_and_build_takes_them():
+    from wandistiller.recipe.methods import REGISTRY
+
+    dmd = REGISTRY.get("dmd")
+    assert dmd.defaults()["fake_updates"] == 5 and "_target_" not in dmd.defaults()
+    built = dmd.build(steps=2)
+    assert (built.k, built.fake_updates, built.teacher_steps) == (2, 5, 20)

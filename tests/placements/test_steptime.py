@@ -72,17 +72,15 @@ def test_the_step_time_gives_back_the_measured_whole_job_it_was_fitted_on():
 
 
 def test_each_method_declares_its_passes_and_the_plan_names_them():
-    from wandistiller.recipe.methods.dmd import DMD
-    from wandistiller.recipe.methods.kd import KD
-    from wandistiller.recipe.methods.trajectory import Trajectory
+    from wandistiller.recipe.methods import REGISTRY as methods
 
-    assert KD("kd").passes(2, whole_step=True).teacher_calls == 1  # one call at the whole step's batch
-    assert KD("kd").passes(2, whole_step=False).teacher_calls == 2
-    assert Trajectory("trajectory", steps=4).passes(1, False).describe() == (
+    assert methods.get("kd").build().passes(2, whole_step=True).teacher_calls == 1  # one call at the whole step's batch
+    assert methods.get("kd").build().passes(2, whole_step=False).teacher_calls == 2
+    assert methods.get("trajectory").build(steps=4).passes(1, False).describe() == (
         "a step of method=trajectory: no teacher call (its ODE is sampled once before training: not in the step), "
         "1 student forward + backward"
     )
-    regression = DMD("dmd", steps=4, regression_weight=0.5).passes(1, False)
+    regression = methods.get("dmd").build(steps=4, regression_weight=0.5).passes(1, False)
     assert regression.student_trains == 2 and regression.fake_trains == 5  # the jump loss's own forward + backward
 
 

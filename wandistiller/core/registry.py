@@ -7,7 +7,8 @@ An option is one module of its extension point's package that declares
 
 and nothing else registers it: `Registry` finds every such module, stores each schema in Hydra's ConfigStore
 (`schema/<group>/<name>`, which the option's YAML names in its defaults, so a stray key is refused at
-composition), and gives refusals and option lists their names. No code outside a registry names an option;
+composition), and gives refusals and option lists their names. Packages outside WanDistiller add options the
+same way (`WANDISTILLER_PLUGINS`: core/plugins.py). No code outside a registry names an option;
 it asks the registry (`names()`, `where(...)`, `get(name)`).
 """
 
@@ -20,6 +21,11 @@ import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from omegaconf import MISSING
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.plugins import plugin_modules
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,23 @@ class Option:
         if not dataclasses.is_dataclass(self.schema):
             raise TypeError(f"option {self.name!r}: its schema {self.schema!r} is not a dataclass")
 
+    def defaults(self) -> dict[str, Any]:
+        """Its schema's keys with their defaults, where the option's defaults are written (Hydra's `_target_` and
+        `_partial_`, and keys without a default, left out)."""
+        found = {}
+        for field in dataclasses.fields(self.schema):
+            if field.name.startswith("_") or not field.init:
+                continue
+            if field.default is not dataclasses.MISSING and field.default is not MISSING:
+                found[field.name] = field.default
+            elif field.default_factory is not dataclasses.MISSING:
+                found[field.name] = field.default_factory()
+        return found
+
+    def build(self, **keys: Any) -> Any:
+        """Its class built as its YAML-less node would build it: the schema's defaults, with `keys` in their place."""
+        return self.cls(**(self.defaults() | keys))
+
 
 class Registry:
     """The options of one extension point: the modules of `package` that define `OPTION`."""
@@ -46,13 +69,17 @@ class Registry:
         """Option name -> Option, in module-name order (imported once, on first use)."""
         found: dict[str, Option] = {}
         package = importlib.import_module(self.package)
-        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-            option = getattr(importlib.import_module(f"{self.package}.{module.name}"), "OPTION", None)
+        shipped = sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+        modules = [(m.name, f"{self.package}.{m.name}") for m in shipped] + plugin_modules(self.group)
+        for name, path in modules:
+            option = getattr(importlib.import_module(path), "OPTION", None)
             if option is None:
                 continue
-            if not isinstance(option, Option) or option.name != module.name:
-                raise TypeError(f"{self.package}.{module.name}.OPTION must be Option({module.name!r}, schema, class)")
-            found[option.name] = option
+            if not isinstance(option, Option) or option.name != name:
+                raise TypeError(f"{path}.OPTION must be Option({name!r}, schema, class)")
+            if name in found:  # a plugin's option (core/plugins.py) under a name already taken
+                raise UserError(f"{path}: {self.group}={name} is already {path_of(found[name].cls)}; rename one")
+            found[name] = option
         return found
 
     def names(self) -> list[str]:
@@ -61,8 +88,6 @@ class Registry:
     def get(self, name: str) -> Option:
         """The option called `name`; a name that is none of them is one line listing those that are."""
         if name not in self.options:
-            from wandistiller.core.errors import UserError
-
             raise UserError(f"{self.group}={name!r} is not {self.what}; pick one of {', '.join(self.names())}")
         return self.options[name]
 
@@ -81,6 +106,7 @@ class Registry:
         return None
 
     def register_schemas(self, store: Any) -> None:
+        """Each option's schema as `schema/<group>/<name>` (the YAMLs of plugins are stored by core/plugins.py)."""
         for name, option in self.options.items():
             store.store(group=f"schema/{self.group}", name=name, node=option.schema)
 

@@ -243,11 +243,11 @@ def check_tracker(cfg: DictConfig) -> None:
     an entry of `logger` that is not a logger is one line listing the shipped ones."""
     from hydra.utils import get_object
 
-    from wandistiller.config import CONF_DIR
+    from wandistiller.core.plugins import conf_options
 
     for key, node in cfg.logger.items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            names = ", ".join(sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")))
+            names = ", ".join(conf_options("logger"))
             raise UserError(
                 f"logger.{key}={node!r} is not a logger; `logger` names loggers ({names}), each with its keys under "
                 "its name: e.g. logger=[wandb,csv] logger.wandb.mode=online"
@@ -260,11 +260,11 @@ def check_tracker(cfg: DictConfig) -> None:
 def check_hooks(cfg: DictConfig) -> None:
     """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`) is one line (the hooks are
     built once by check_training_parts, so their own settings' refusals come before anything heavy)."""
-    from wandistiller.config import CONF_DIR
+    from wandistiller.core.plugins import conf_options
 
     for key, node in cfg.hooks.items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            names = ", ".join(sorted(p.stem for p in (CONF_DIR / "hooks").glob("*.yaml")))
+            names = ", ".join(conf_options("hooks"))
             raise UserError(
                 f"hooks.{key}={node!r} is not a hook; `hooks` names hooks ({names}), each with its keys under its "
                 f"name: e.g. hooks=[monitor,progress], or +hooks.{key}._target_=my_package.MyHook for your own"

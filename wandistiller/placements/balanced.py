@@ -20,7 +20,7 @@ class BalancedConfig:
 class BalancedPlacement(DeviceMapPlacement):
     name, speed_rank, auto_candidate = "balanced", 20, True
 
-    def __init__(self, max_memory: Any = None, debug_cpu: bool = False):
+    def __init__(self, max_memory: Any = BalancedConfig.max_memory, debug_cpu: bool = BalancedConfig.debug_cpu):
         super().__init__("balanced", max_memory, debug_cpu)
 
     def note(self, hw: Hardware) -> str:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from wandistiller.core.distributed import Topology
+from wandistiller.core.distributed import Topology, World
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
@@ -79,7 +79,7 @@ class Placement(ABC):
     def with_plan(self, estimate: Estimate) -> None:  # noqa: B027 -- most placements need nothing from the plan
         """The planner's estimate for this placement, before it loads (offload sizes its resident blocks)."""
 
-    def check(self, precision: Precision, world) -> None:  # noqa: B027 -- most placements check nothing
+    def check(self, precision: Precision, world: World) -> None:  # noqa: B027 -- most placements check nothing
         """Refuse a placement that cannot run here (no GPU, too few ranks), naming one that can."""
 
     def speed(self, hw: Hardware) -> int:
@@ -96,10 +96,10 @@ class Placement(ABC):
     def teacher_device(self, topology: Topology) -> torch.device: ...
 
     @abstractmethod
-    def load(self, spec: TeacherSpec, teacher_cfg, precision: Precision, topology: Topology) -> Teacher: ...
+    def load(self, spec: TeacherSpec, teacher_cfg: Any, precision: Precision, topology: Topology) -> Teacher: ...
 
 
-def check_quantize_placement(mode: str | None, placement) -> None:
+def check_quantize_placement(mode: str | None, placement: Placement) -> None:
     """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
     from wandistiller.placements import names_where
 
@@ -112,7 +112,9 @@ def check_quantize_placement(mode: str | None, placement) -> None:
     )
 
 
-def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: torch.device, **load_kwargs) -> Teacher:
+def load_teacher(
+    spec: TeacherSpec, teacher_cfg: Any, dtype: torch.dtype, device: torch.device, **load_kwargs: Any
+) -> Teacher:
     """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
     With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
     if getattr(teacher_cfg, "quantize", None):
@@ -126,7 +128,9 @@ def load_teacher(spec: TeacherSpec, teacher_cfg, dtype: torch.dtype, device: tor
     return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
 
 
-def check_adapters_on_teacher(key: str, placement, ranks: int, device: torch.device, teacher_cfg, instead: str) -> None:
+def check_adapters_on_teacher(
+    key: str, placement: Placement, ranks: int, device: torch.device, teacher_cfg: Any, instead: str
+) -> None:
     """Adapters trained on the placed teacher (`key`: student=lora, method.fake_score=lora) backpropagate through
     its frozen weights on every training rank: refuse, in one line ending with `instead` (the other choice), a
     placement that cannot (`backprop`, the teacher on the training device), one that serves ranks holding no

@@ -38,7 +38,12 @@ class DeviceMapPlacement(Placement):
     compilable = False  # accelerate's cross-device hooks and dynamo: not tried
     auto_candidate = False
 
-    def __init__(self, strategy: Any = None, max_memory: Any = None, debug_cpu: bool = False):
+    def __init__(
+        self,
+        strategy: Any = DeviceMapConfig.strategy,
+        max_memory: Any = DeviceMapConfig.max_memory,
+        debug_cpu: bool = DeviceMapConfig.debug_cpu,
+    ):
         self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
 
     def check(self, precision, world) -> None:

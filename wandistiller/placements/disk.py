@@ -39,7 +39,9 @@ class DiskPlacement(OffloadPlacement):
     backprop = True  # as offload's: each block read again in backward and recomputed
     source = "disk"
 
-    def __init__(self, resident_blocks: Any = "auto", offload_dir: str | None = None):
+    def __init__(
+        self, resident_blocks: Any = DiskConfig.resident_blocks, offload_dir: str | None = DiskConfig.offload_dir
+    ):
         super().__init__(resident_blocks, share_host_copy=False)
         self.offload_dir = offload_dir
 

@@ -40,7 +40,7 @@ class Gpu0Placement(Placement):
     name, speed_rank, fp8 = "gpu0", 10, True
     serving = Serving.DEDICATED_OWNER  # its default; train_on_owner=true: NODE_OWNER
 
-    def __init__(self, train_on_owner: bool = False, debug_cpu: bool = False):
+    def __init__(self, train_on_owner: bool = Gpu0Config.train_on_owner, debug_cpu: bool = Gpu0Config.debug_cpu):
         self.train_on_owner, self.debug_cpu = train_on_owner, debug_cpu
         self.serving = Serving.NODE_OWNER if train_on_owner else Serving.DEDICATED_OWNER
 

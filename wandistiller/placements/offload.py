@@ -51,7 +51,11 @@ class OffloadPlacement(Placement):
     backprop = True  # each block streamed in again in backward and recomputed (streaming.Recomputed); disk's too
     source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
 
-    def __init__(self, resident_blocks: Any = "auto", share_host_copy: bool = True):
+    def __init__(
+        self,
+        resident_blocks: Any = OffloadConfig.resident_blocks,
+        share_host_copy: bool = OffloadConfig.share_host_copy,
+    ):
         self.resident_blocks, self.share_host_copy = resident_blocks, share_host_copy
 
     def check(self, precision, world) -> None:

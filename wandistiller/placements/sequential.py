@@ -20,7 +20,7 @@ class SequentialConfig:
 class SequentialPlacement(DeviceMapPlacement):
     name, speed_rank, auto_candidate = "sequential", 30, True
 
-    def __init__(self, max_memory: Any = None, debug_cpu: bool = False):
+    def __init__(self, max_memory: Any = SequentialConfig.max_memory, debug_cpu: bool = SequentialConfig.debug_cpu):
         super().__init__("sequential", max_memory, debug_cpu)
 
     def shares(self, w: Workload, hw: Hardware) -> list[int]:

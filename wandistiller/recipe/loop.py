@@ -242,7 +242,7 @@ def default_method() -> Method:
     """`method=kd`, today's distillation step (conf/train.yaml's default): what a Run built without one trains with."""
     from wandistiller.recipe.methods import REGISTRY
 
-    return REGISTRY.get("kd").cls("kd")
+    return REGISTRY.get("kd").build()
 
 
 def training_state(run: Run) -> dict:

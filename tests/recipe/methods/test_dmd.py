@@ -33,7 +33,7 @@ from wandistiller.placements.balanced import BalancedPlacement
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.disk import DiskPlacement
 from wandistiller.placements.gpu0 import Gpu0Placement
-from wandistiller.recipe.methods.dmd import DMD, LoraFakeScore
+from wandistiller.recipe.methods.dmd import DMD, OPTION, LoraFakeScore
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
@@ -351,15 +351,15 @@ def test_ddp_averages_a_lora_fake_scores_adapter_gradients_over_ranks(two_ranks)
 
 def test_what_dmd_cannot_do_is_refused_in_one_line():
     with refused("method.fake_updates=0 must be a positive integer"):
-        DMD("dmd", 4, fake_updates=0)
+        OPTION.build(fake_updates=0)
     with refused("method.regression_weight=-1.0 must be 0 or more"):
-        DMD("dmd", 4, regression_weight=-1.0)
+        OPTION.build(regression_weight=-1.0)
     with refused("method.fake_score=teacher trains a teacher-shaped network on the training device (cpu), and "
                  "teacher_placement=disk keeps the teacher off it"):  # fmt: skip
-        DMD("dmd", 4, fake_score="teacher").check(DiskPlacement(), 1, torch.device("cpu"))
+        OPTION.build(fake_score="teacher").check(DiskPlacement(), 1, torch.device("cpu"))
     with refused("method.lora_rank=0 must be a positive integer"):
-        DMD("dmd", 4, fake_score="lora", lora_rank=0)
-    lora, cpu = DMD("dmd", 4, fake_score="lora"), torch.device("cpu")
+        OPTION.build(fake_score="lora", lora_rank=0)
+    lora, cpu = OPTION.build(fake_score="lora"), torch.device("cpu")
     lora.check(CpuPlacement(), 1, cpu)
     lora.check(DiskPlacement(), 1, cpu)  # streamed: each block recomputed in backward
     for placement in (BalancedPlacement(debug_cpu=True), Gpu0Placement(debug_cpu=True)):  # a device map; an owner's

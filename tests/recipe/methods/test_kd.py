@@ -11,7 +11,7 @@ from tests.recipe.test_loop import toy_run
 from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.loop import distill_step, train_loop
-from wandistiller.recipe.methods.kd import KD
+from wandistiller.recipe.methods.kd import OPTION
 from wandistiller.teacher.spec import inspect_teacher
 
 TRAINER = {"grad_accum_steps": 2, "batch_size": 2, "max_steps": 5, "max_grad_norm": 1.0, "progress_bar": False,
@@ -43,7 +43,7 @@ def test_kd_trains_the_loss_curve_of_the_loop_before_methods_bit_for_bit(tiny_pa
     guidance = OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None})
     teacher = CpuPlacement().load(spec, guidance, FP32, Topology())
     before = loop_before_methods(toy_run(spec, teacher, tmp_path / "a", 0.5), TRAINER)
-    for method in (None, KD("kd")):  # a Run without a method trains with kd
+    for method in (None, OPTION.build()):  # a Run without a method trains with kd
         run = toy_run(spec, teacher, tmp_path / f"b{method is None}", 0.5)
         run.method = method
         history = train_loop(run, OmegaConf.create(TRAINER), start_step=0)

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from wandistiller.config import Choice
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from wandistiller.core.context import RunContext
     from wandistiller.data.latents import LatentBank
     from wandistiller.data.prompts import PromptEmbeddings
+    from wandistiller.teacher.model import Teacher
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,8 @@ def own_name(name: str, module: str) -> type[Choice]:
     """The type of a source schema's `latents`: its own name alone, so `data.latents=<another>` is refused at
     composition (the source is chosen by `data=<option>`, whose schema holds that source's keys). Kept in its
     module as `OwnName`, where pickling (a config sent to worker processes) finds it."""
-    return Choice("OwnName", {name: name}, module=module, qualname="OwnName")  # type: ignore[call-overload]  # Enum's functional API: typeshed sees str()
+    made = Choice("OwnName", {name: name}, module=module, qualname="OwnName")  # type: ignore[call-overload]  # Enum's functional API: typeshed sees str()
+    return cast(type[Choice], made)
 
 
 class DataSource:
@@ -50,11 +55,11 @@ class DataSource:
     ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod
-    def check(cls, data_cfg) -> None:
+    def check(cls, data_cfg: DictConfig) -> None:
         """Refuse, in one UserError line, what this source cannot use (missing files, no captions)."""
 
     @classmethod
-    def held_out_prompts(cls, data_cfg, readable: Callable[[str], None]) -> list[str]:
+    def held_out_prompts(cls, data_cfg: DictConfig, readable: Callable[[str], None]) -> list[str]:
         """The prompts validation holds out (never trained on), for an evaluation of the run: the last
         `data.val_fraction` of the prompts file, or `data.val_prompts_path`'s. `readable(key)` refuses a data
         folder the caller may not read (a received run's)."""
@@ -62,9 +67,18 @@ class DataSource:
         from wandistiller.data.validation import split_prompts
 
         prompts = read_prompts(data_cfg.prompts_path)
-        return split_prompts(prompts, data_cfg.get("val_prompts_path"), data_cfg.get("val_fraction", 0.1))[1]
+        held_out: list[str] = split_prompts(
+            prompts, data_cfg.get("val_prompts_path"), data_cfg.get("val_fraction", 0.1)
+        )[1]
+        return held_out
 
     @classmethod
-    def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+    def make(
+        cls,
+        ctx: RunContext,
+        teacher: Teacher | None,
+        embeddings: PromptEmbeddings,
+        val_embeddings: PromptEmbeddings,
+    ) -> Made:
         """The training latents, built where the run's context says (every rank calls it)."""
         return Made(None, embeddings, val_embeddings)

@@ -17,12 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
 
+    from wandistiller.core.context import RunContext
     from wandistiller.data.validation import ValSet
+    from wandistiller.recipe.loop import Run
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,12 @@ def at_least(key: str, value: int, least: int) -> int:
 class Hook:
     main_only: ClassVar[bool] = True
 
-    def bind(self, ctx, parts: HookParts) -> None:  # noqa: B027 -- a hook may need nothing
+    def bind(self, ctx: RunContext, parts: HookParts) -> None:  # noqa: B027 -- a hook may need nothing
         """Take what this hook needs from the run's context and setup's parts."""
 
-    def __call__(self, run, step: int) -> None:  # noqa: B027 -- a hook may act only at the end
+    def __call__(self, run: Run, step: int) -> None:  # noqa: B027 -- a hook may act only at the end
         """After each step."""
 
-    def at_end(self, run) -> dict:
+    def at_end(self, run: Run) -> dict[str, Any]:
         """Once, at the end of the run (main rank): figures to add to metrics.json (none by default)."""
         return {}

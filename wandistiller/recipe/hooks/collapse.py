@@ -226,13 +226,13 @@ class CollapseWatch(Hook):
 
     def __init__(
         self,
-        every: int = 100,
-        prompts: int = 4,
-        noises: int = 2,
-        steps: int | None = None,
-        teacher_steps: int = 20,
-        min_diversity: float = 0.5,
-        max_saturation_rise: float = 0.2,
+        every: int = CollapseConfig.every,
+        prompts: int = CollapseConfig.prompts,
+        noises: int = CollapseConfig.noises,
+        steps: int | None = CollapseConfig.steps,
+        teacher_steps: int = CollapseConfig.teacher_steps,
+        min_diversity: float = CollapseConfig.min_diversity,
+        max_saturation_rise: float = CollapseConfig.max_saturation_rise,
     ):
         self.every = at_least("hooks.collapse.every", every, 0)
         self.prompts = at_least("hooks.collapse.prompts", prompts, 0)

@@ -31,7 +31,13 @@ class EvaluateAtEnd(Hook):
     of the run, its means for metrics.json (`eval_*`) and the loggers. It runs where the whole teacher fits on one
     device (the placement says: `whole_on_one_device`); the training teacher is freed by then, eval loads its own."""
 
-    def __init__(self, steps: int = 10, per_prompt: int = 1, prompts_path: str | None = None, limit: int = 8):
+    def __init__(
+        self,
+        steps: int = EvaluateConfig.steps,
+        per_prompt: int = EvaluateConfig.per_prompt,
+        prompts_path: str | None = EvaluateConfig.prompts_path,
+        limit: int = EvaluateConfig.limit,
+    ):
         self.steps = at_least("hooks.evaluate.steps", steps, 1)
         self.per_prompt = at_least("hooks.evaluate.per_prompt", per_prompt, 1)
         self.limit = at_least("hooks.evaluate.limit", limit, 1)

@@ -39,7 +39,7 @@ class Monitor(Hook):
 
     validates = True  # the recipe makes the held-out set for the hook that asks (recipe/hooks/__init__.py)
 
-    def __init__(self, val_every: int = 50):
+    def __init__(self, val_every: int = MonitorConfig.val_every):
         self.val_every = at_least("hooks.monitor.val_every", val_every, 0)
         self.val_set: ValSet | None = None
         self.written = 0  # run.history entries already in metrics_steps.jsonl

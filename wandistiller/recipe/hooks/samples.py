@@ -27,7 +27,9 @@ class SampleGrids(Hook):
 
     draws_samples = True
 
-    def __init__(self, every: int = 100, prompts: int = 4, steps: int = 10):
+    def __init__(
+        self, every: int = SamplesConfig.every, prompts: int = SamplesConfig.prompts, steps: int = SamplesConfig.steps
+    ):
         self.every = at_least("hooks.samples.every", every, 0)
         self.prompts = at_least("hooks.samples.prompts", prompts, 0)
         self.steps = at_least("hooks.samples.steps", steps, 1)

@@ -105,14 +105,16 @@ class Legacy:
     given the last blocks' hidden states when `hidden_kd_weight` (its bound key) is above 0. Compatibility with
     losses written for this project's pre-release interface: removed in 0.2 (docs/ARCHITECTURE.md)."""
 
-    def __init__(self, fn: Callable, want_hidden: bool):
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]], want_hidden: bool):
         self.fn = fn
         self.needs = Needs(
             teacher=True, teacher_hidden=LAST if want_hidden else (), student_hidden=LAST if want_hidden else ()
         )
 
     def __call__(self, inputs: LossInputs) -> dict[str, torch.Tensor]:
-        first = lambda pair: pair[0] if pair else None  # noqa: E731
+        def first(hidden: tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
+            return hidden[0] if hidden else None
+
         loss, velocity, hidden = self.fn(
             inputs.pred, inputs.target, first(inputs.student_hidden), first(inputs.teacher_hidden)
         )

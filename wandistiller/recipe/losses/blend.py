@@ -23,7 +23,7 @@ class BlendConfig:
 class Blend:
     """alpha * task + (1 - alpha) * distillation; parts logged unweighted (`loss_task`, `loss_velocity`)."""
 
-    def __init__(self, alpha: float = 0.5, hidden_kd_weight: float = 0.0):
+    def __init__(self, alpha: float = BlendConfig.alpha, hidden_kd_weight: float = BlendConfig.hidden_kd_weight):
         if not 0.0 <= alpha <= 1.0:
             from wandistiller.core.errors import UserError
 

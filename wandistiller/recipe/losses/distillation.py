@@ -23,7 +23,7 @@ class DistillationConfig:
 class Distillation:
     """The teacher's guided velocity (MSE), plus hidden-state MSE weighted by `hidden_kd_weight`."""
 
-    def __init__(self, hidden_kd_weight: float = 0.0):
+    def __init__(self, hidden_kd_weight: float = DistillationConfig.hidden_kd_weight):
         if not (math.isfinite(hidden_kd_weight) and hidden_kd_weight >= 0):
             from wandistiller.core.errors import UserError
 

@@ -103,7 +103,13 @@ def feature_pairs(
 class Features:
     """The teacher's guided velocity (MSE) + a weighted MSE per (teacher block, student block) pair."""
 
-    def __init__(self, layers="auto", weights=None, feature_weight: float = 1.0, normalize: bool = True):
+    def __init__(
+        self,
+        layers: Any = FeaturesConfig.layers,
+        weights: Any = FeaturesConfig.weights,
+        feature_weight: float = FeaturesConfig.feature_weight,
+        normalize: bool = FeaturesConfig.normalize,
+    ):
         if not (math.isfinite(feature_weight) and feature_weight >= 0):
             raise UserError(f"trainer.loss.feature_weight={feature_weight} must be 0 or more and finite; e.g. 1.0")
         self.layers = _plain(layers)

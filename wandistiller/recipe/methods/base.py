@@ -33,7 +33,7 @@ no part is called `loss`: wandistiller.recipe.losses.total).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -41,7 +41,13 @@ from wandistiller.core.errors import UserError
 from wandistiller.placements.steptime import Passes
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from wandistiller.core.context import RunContext
+    from wandistiller.data.prompts import PromptEmbeddings
+    from wandistiller.placements.base import Placement
     from wandistiller.recipe.loop import Clock, Run
+    from wandistiller.teacher.model import Teacher
 
 
 @dataclass
@@ -54,7 +60,7 @@ class Network:
     scaler: torch.amp.GradScaler
     updates: int = 1
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         module = getattr(self.module, "module", self.module)  # DDP
         return {
             "module": module.state_dict(),
@@ -62,7 +68,7 @@ class Network:
             "scaler": self.scaler.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         getattr(self.module, "module", self.module).load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
@@ -89,7 +95,7 @@ class Method:
         self.steps = steps
         self.networks: dict[str, Network] = {}
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What a checkpoint of this method records of it: `name` and each of `identity_keys` (`method.<key>`) as
         this method was built with it (an attribute of that name). A resume must match it."""
         return {"name": self.name} | {key: getattr(self, key) for key in self.identity_keys}
@@ -99,14 +105,23 @@ class Method:
         teacher call per micro-batch (or one per step under trainer.teacher_whole_step) and the student's."""
         return Passes(self.name, micro_batches, 1 if whole_step else micro_batches, 0.0, micro_batches)
 
-    def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:  # noqa: B027
+    def check(
+        self, placement: Placement, ranks: int, device: torch.device, teacher_cfg: DictConfig | None = None
+    ) -> None:  # noqa: B027
         """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all;
         `teacher_cfg`: the `teacher` node, or None). Most take any placement."""
 
-    def prepare(self, ctx, teacher, embeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
+    def prepare(self, ctx: RunContext, teacher: Teacher | None, embeddings: PromptEmbeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
         """What the method samples from the teacher once, before the student (every rank calls it)."""
 
-    def bind(self, ctx, student: torch.nn.Module, trainer_cfg, state: dict | None, group) -> None:
+    def bind(
+        self,
+        ctx: RunContext,
+        student: torch.nn.Module,
+        trainer_cfg: DictConfig,
+        state: dict[str, Any] | None,
+        group: Any,
+    ) -> None:
         """The networks it trains beside the student, built and (resuming) restored from `state["method"]`. Most
         train none: a checkpoint that holds networks (another method's) is refused, never dropped."""
         if state is not None:
@@ -116,14 +131,16 @@ class Method:
         """The updates of its other networks in one training step (before the student's): their logged parts."""
         return {}
 
-    def student_loss(self, run: Run, step: int, micro: int, clock: Clock):
+    def student_loss(
+        self, run: Run, step: int, micro: int, clock: Clock
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[Any, Any]]:
         """One micro-batch of the student: (loss to backpropagate, logged parts, teacher span)."""
         raise NotImplementedError
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {name: network.state_dict() for name, network in self.networks.items()}
 
-    def load_state_dict(self, state: dict | None) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Its networks' states from a checkpoint's `method` entry; one that does not fit (another method's, or
         one trained with other settings, or a checkpoint that records no method) is one UserError line."""
         fix = "resume with the method (and method.* settings) it was trained with, or start a new run folder"

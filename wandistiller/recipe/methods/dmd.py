@@ -80,17 +80,18 @@ class DMD(Method):
     uses_loss = False
     reads_x0 = False  # it generates its own samples; the data gives its prompts
 
-    def __init__(
+    def __init__(  # every key required: its default is DmdConfig's, written once
         self,
+        *,
         name: str,
         steps: int,
-        teacher_steps: int = 20,
-        fake_updates: int = 5,
-        fake_score: str = "student",
-        lora_rank: int = 16,
-        regression_weight: float = 0.0,
-        noises_per_prompt: int = 2,
-        chunk: int = 16,
+        teacher_steps: int,
+        fake_updates: int,
+        fake_score: str,
+        lora_rank: int,
+        regression_weight: float,
+        noises_per_prompt: int,
+        chunk: int,
     ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int

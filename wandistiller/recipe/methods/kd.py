@@ -30,14 +30,14 @@ class KD(Method):
         "noised latents of its training data (knowledge distillation)"
     )
 
-    def __init__(self, name: str, steps: int | None = None):
+    def __init__(self, *, name: str, steps: int | None):
         if steps is not None:  # it would be saved, and sampled, as a K-step student it was never trained to be
             raise UserError(
                 f"method.steps={steps} with method=kd: a KD student learns the teacher's velocity and samples with "
                 f"the teacher's scheduler; train a {steps}-step student with method=trajectory or method=dmd, or "
                 f"sample this one at {steps} steps with eval/generate --student-steps {steps}"
             )
-        super().__init__(name)
+        super().__init__(name, steps)
 
     def student_loss(self, run, step, micro, clock):
         batch = run.batch_fn(step, micro, run.dp_rank).to(run.device)

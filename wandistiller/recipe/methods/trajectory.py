@@ -113,7 +113,7 @@ class Trajectory(Method):
     uses_loss = False
     reads_x0 = False  # its x are the teacher's cached ODE points; the data gives its prompts
 
-    def __init__(self, name: str, steps: int, teacher_steps: int = 20, noises_per_prompt: int = 2, chunk: int = 16):
+    def __init__(self, *, name: str, steps: int, teacher_steps: int, noises_per_prompt: int, chunk: int):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
         self.teacher_steps = teacher_steps

@@ -18,8 +18,11 @@ module plus its YAML in `conf/logger/` and no other edit. Every method has a do-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
 
 
 class Logger:
@@ -32,19 +35,19 @@ class Logger:
         pass
 
     @classmethod
-    def reopened(cls, node, run_id: str | None, mode: str | None = None):
+    def reopened(cls, node: DictConfig, run_id: str | None, mode: str | None = None) -> DictConfig | None:
         """This logger's saved node as a later process (an evaluation of the run) reopens it to add to the run's
         own records, or None where it would only start a stray one. A file logger appends to its files as it is."""
         return node
 
     @classmethod
-    def check(cls, node, key: str) -> None:
+    def check(cls, node: DictConfig, key: str) -> None:
         """Refuse settings that would fail only after the teacher loaded (one UserError line)."""
 
     def start(
         self,
         run_dir: Path,
-        config: dict,
+        config: dict[str, Any],
         run_id: str | None,
         group: str | None = None,
         name: str | None = None,
@@ -52,13 +55,13 @@ class Logger:
     ) -> None:
         pass
 
-    def log(self, metrics: dict, step: int | None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None) -> None:
         pass
 
     def log_image(self, key: str, path: Path, step: int | None) -> None:
         pass
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: dict[str, Any]) -> None:
         pass
 
     def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
@@ -86,7 +89,15 @@ class Loggers(Logger):
     def run_id(self) -> str | None:  # type: ignore[override]  # the list's id is its loggers': read, never set
         return next((lg.run_id for lg in self.loggers if lg.run_id is not None), None)
 
-    def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
+    def start(
+        self,
+        run_dir: Path,
+        config: dict[str, Any],
+        run_id: str | None,
+        group: str | None = None,
+        name: str | None = None,
+        start_step: int | None = None,
+    ) -> None:
         for i, lg in enumerate(self.loggers):
             # A logger of the user's own written before start_step existed is started as it was then.
             extra = {"start_step": start_step} if _takes(lg.start, "start_step") else {}
@@ -96,36 +107,36 @@ class Loggers(Logger):
                 _each(self.loggers[:i], _close)
                 raise
 
-    def log(self, metrics, step) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None) -> None:
         _each(self.loggers, lambda lg: lg.log(metrics, step))
 
-    def log_image(self, key, path, step) -> None:
+    def log_image(self, key: str, path: Path, step: int | None) -> None:
         _each(self.loggers, lambda lg: lg.log_image(key, path, step))
 
-    def finish(self, summary) -> None:
+    def finish(self, summary: dict[str, Any]) -> None:
         _each(self.loggers, lambda lg: lg.finish(summary))
 
     def close(self) -> None:
         _each(self.loggers, _close)
 
-    def report(self, sweep_dir, columns, rows, png, group) -> None:
+    def report(self, sweep_dir: Path, columns: list[str], rows: list[list[str]], png: Path, group: str) -> None:
         _each(self.loggers, lambda lg: lg.report(sweep_dir, columns, rows, png, group))
 
 
-def _close(lg) -> None:
+def _close(lg: Logger) -> None:
     close = getattr(lg, "close", None)  # a logger of the user's own need not subclass Logger
     if callable(close):
         close()
 
 
-def _takes(method, name: str) -> bool:
+def _takes(method: Callable[..., object], name: str) -> bool:
     import inspect
 
     params = inspect.signature(method).parameters.values()
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def _each(items: list[Logger], call) -> None:
+def _each(items: list[Logger], call: Callable[[Logger], object]) -> None:
     """`call` on every logger, even after one raised; then the first error is raised (later ones logged)."""
     import logging
 

@@ -24,7 +24,7 @@ class CsvConfig:
 class CsvLogger(Logger):
     name = "csv"
 
-    def __init__(self, file: str = "metrics.csv"):
+    def __init__(self, file: str = CsvConfig.file):
         self.file_name, self.path, self.header = file, Path(file), list[str]()  # path: the run's, from start()
         self.last: dict | None = None  # the last row written and where its line starts (a step's merge)
         self.last_at = 0

@@ -27,7 +27,7 @@ class TensorboardConfig:
 class TensorboardLogger(Logger):
     name = "tensorboard"
 
-    def __init__(self, folder: str = "tensorboard"):
+    def __init__(self, folder: str = TensorboardConfig.folder):
         self.folder = folder
         self.writer: Any = None  # the SummaryWriter, from start()
 

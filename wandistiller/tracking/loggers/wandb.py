@@ -42,11 +42,11 @@ class WandbTracker(Logger):
     def __init__(
         self,
         project: str,
-        entity: str | None = None,
-        mode: str = "offline",
-        group: str | None = None,
-        name: str | None = None,
-        tags: list[str] | None = None,
+        entity: str | None = WandbConfig.entity,
+        mode: str = WandbConfig.mode,
+        group: str | None = WandbConfig.group,
+        name: str | None = WandbConfig.name,
+        tags: list[str] | None = None,  # None: the schema's empty list
     ):
         self.kwargs: dict[str, Any] = dict(
             project=project, entity=entity, mode=mode, group=group, name=name, tags=list(tags or [])

@@ -1,0 +1,143 @@
+"""`wandistiller.core.plugins`: a package outside WanDistiller (tests/core/dummyplugin/) adds a method, a teacher
+placement, a loss and a logger, each one module + one YAML and no other edit, and every part of the project that
+lists, composes, plans, refuses or runs options sees them (`WANDISTILLER_PLUGINS=dummyplugin`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.config_store import ConfigStore
+
+from tests.conftest import cli, metrics_steps, refused
+from wandistiller import plan
+from wandistiller.compose import compose_config, register_configs, registries
+from wandistiller.core.plugins import ENV, conf_options, plugin_modules
+from wandistiller.job.checks import built_quietly, check_tracker
+from wandistiller.state import received
+
+HERE = Path(__file__).parent
+KINDS = ("method", "teacher_placement", "loss", "logger")  # the groups dummyplugin adds an option to
+
+
+def forget_options() -> None:
+    """Every registry (and what is derived from them) reads its options again on next use."""
+    for registry in registries():
+        registry.__dict__.pop("options", None)
+    received._shipped_targets.cache_clear()
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    """dummyplugin on the path and named by WANDISTILLER_PLUGINS; afterwards every trace of it is gone (the
+    registries, the modules, the ConfigStore), so other tests see the shipped options alone."""
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv(ENV, "dummyplugin")
+    forget_options()
+    register_configs()
+    yield
+    monkeypatch.delenv(ENV)
+    forget_options()
+    for name in [m for m in sys.modules if m == "dummyplugin" or m.startswith("dummyplugin.")]:
+        del sys.modules[name]
+    repo = ConfigStore.instance().repo
+    for group in KINDS:
+        repo.get(group, {}).pop("dummy.yaml", None)
+        repo.get("schema", {}).get(group, {}).pop("dummy.yaml", None)
+
+
+def test_each_registry_lists_the_plugins_option_beside_its_own(plugin):
+    by_group = {registry.group: registry for registry in registries()}
+    for group in KINDS:
+        assert by_group[group].names()[-1] == "dummy"
+        assert by_group[group].get("dummy").cls.__module__ == f"dummyplugin.{group}.dummy"
+        assert "dummy" in conf_options(group)
+    assert "dummy" not in by_group["data"].names() and plugin_modules("data") == []
+
+
+def test_hydra_composes_each_plugin_option_from_its_yaml_and_schema(plugin):
+    cfg = compose_config(["method=dummy", "teacher_placement=dummy", "loss=dummy", "logger=[dummy]"])
+    assert (cfg.method.name, cfg.method.weight, cfg.method.steps) == ("dummy", 0.5, None)  # the YAML's, the schema's
+    assert cfg.teacher_placement._target_ == "dummyplugin.teacher_placement.dummy.DummyPlacement"
+    assert (cfg.trainer.loss._target_, cfg.trainer.loss.scale) == ("dummyplugin.loss.dummy.DummyLoss", 2.0)
+    assert dict(cfg.logger.dummy) == {"_target_": "dummyplugin.logger.dummy.DummyLogger", "file": "dummy.txt"}
+    assert compose_config(["method=dummy", "method.weight=0.25"]).method.weight == 0.25
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["method=dumy"], "Available options in 'method': dmd dummy kd trajectory"),
+        (["logger=[dumy]"], "Available options in 'logger': csv dummy none tensorboard wandb"),
+        (["method=dummy", "method.wieght=1"], "Key 'wieght' not in 'DummyConfig'"),
+        (["loss=dummy", "trainer.loss.hidden_kd_weight=1"], "Key 'hidden_kd_weight' not in 'DummyLossConfig'"),
+    ],
+)
+def test_a_mistake_in_a_plugin_option_is_one_line_naming_it(plugin, overrides, line):
+    with refused(line):
+        compose_config(overrides)
+
+
+def test_the_plugins_own_refusal_is_one_line_before_the_run(plugin):
+    with refused("method.weight=-1.0 must be positive; e.g. method.weight=0.5"):
+        built_quietly(compose_config(["method=dummy", "method.weight=-1"]).method)
+
+
+def test_a_logger_entry_that_is_no_logger_lists_the_plugins_too(plugin):
+    cfg = compose_config(["logger=[dummy]", "+logger.extra=1"])
+    with refused("`logger` names loggers (csv, dummy, none, tensorboard, wandb)"):
+        check_tracker(cfg)
+
+
+@pytest.mark.slow  # the plan's first call takes seconds
+def test_the_plan_rows_the_plugins_placement_and_a_saved_config_may_name_its_targets(plugin, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["plan", "hardware.gpus=0", "hardware.host_memory_gib=64", "method=dummy"])
+    plan.main()
+    out = capsys.readouterr().out
+    assert "a step of method=dummy" in out
+    assert any(line.split()[:2] == ["dummy", "yes"] for line in out.splitlines()), out
+    assert {"dummyplugin.method.dummy.Dummy", "dummyplugin.logger.dummy.DummyLogger"} <= received.allowed_targets()
+
+
+def test_a_plugin_that_is_not_importable_or_takes_a_shipped_name_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV, "no_such_plugin_package")
+    with refused("WANDISTILLER_PLUGINS names 'no_such_plugin_package', which cannot be imported as a package"):
+        conf_options("method")
+    (tmp_path / "clash" / "method").mkdir(parents=True)
+    (tmp_path / "clash" / "__init__.py").write_text("")
+    (tmp_path / "clash" / "method" / "kd.yaml").write_text("steps: null\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, "clash")
+    with refused("is the option method=kd, which WanDistiller already ships; rename it"):
+        register_configs()
+
+
+@pytest.mark.slow
+def test_a_run_trains_with_the_plugins_method_placement_loss_and_logger(tmp_path, cache_dir, tiny_path):
+    """As a user runs it: a fresh `python -m wandistiller.train`, the plugin named in the environment."""
+    import os
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    settings = [f"paths.cache_dir={cache_dir}", f"paths.output_dir={run_dir}", "precision=fp32", "hooks=[monitor]"]
+    settings += [
+        "hooks.monitor.val_every=0",
+        "trainer.progress_bar=false",
+        "trainer.max_steps=2",
+        "trainer.log_every=1",
+    ]
+    argv = cli(*settings, "method=dummy", "teacher_placement=dummy", "loss=dummy", "logger=[dummy]")
+    env = os.environ | {ENV: "dummyplugin", "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    job = subprocess.run([*argv, "--cfg", "job"], capture_output=True, text=True, env=env, timeout=600)
+    assert job.returncode == 0 and "_target_: dummyplugin.method.dummy.Dummy" in job.stdout, job.stderr[-3000:]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=HERE.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = metrics_steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2] and all(r["dummy_weight"] == 0.5 for r in steps)  # the method's
+    assert all(r["loss"] == pytest.approx(2 * r["loss_velocity"]) for r in steps)  # the loss's, scale 2 (its YAML)
+    lines = (run_dir / "dummy.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in lines] == [1, 2]
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["status"] == "completed"
