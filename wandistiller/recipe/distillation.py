@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.context import RunContext
@@ -30,7 +30,6 @@ from wandistiller.job.preflight import Prepared
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
-from wandistiller.recipe.methods import Method
 from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
@@ -319,9 +318,8 @@ class DistillationRecipe:
         return LocalTargets(self.teacher)
 
     def student_inputs(self) -> bool:
-        """Whether the method calls the teacher at inputs the student makes (dmd): its class says, built or not."""
-        method: type[Method] = get_class(self.cfg.method._target_)
-        return method.student_inputs
+        """Whether the method calls the teacher at inputs the student makes (dmd): the run's method says (its class)."""
+        return self.prepared.method.student_inputs
 
     def served_text(self):
         """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
