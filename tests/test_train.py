@@ -318,9 +318,8 @@ def test_offline_segments_include_the_folders_wandb_suffixes_when_two_start_in_o
 
 
 def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_cfg, tmp_path, monkeypatch):
-    """preflight builds and reads them once and hands them down (`Prepared`): the checks, the planner's call and the
-    recipe's setup use its results (the end-of-run evaluation, not asked for here, opens the finished folder as
-    `python -m wandistiller.eval` does)."""
+    """preflight builds and reads them once and hands them down (`Prepared`): the checks, the planner's call, the
+    recipe's setup and the end-of-run evaluation use its results."""
     import collections
     import sys
 
@@ -342,5 +341,7 @@ def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_c
         for module in [m for name, m in sys.modules.items() if name.startswith("wandistiller")]:
             if getattr(module, fn.__name__, None) is fn:  # the name each module calls it by
                 monkeypatch.setattr(module, fn.__name__, counted(fn.__name__, fn))
-    run(make_cfg("trainer.max_steps=1", run_dir=tmp_path / "r"))
+    evaluated = ("hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2")
+    run(make_cfg("trainer.max_steps=1", *evaluated, run_dir=tmp_path / "r"))
+    assert (tmp_path / "r" / "eval.json").is_file()
     assert calls == {"Method": 1, "inspect_teacher": 1, "check_student": 1, "planning_teacher_config": 1}
