@@ -268,10 +268,12 @@ def choose(cfg):
     """preflight's placement choice for a composed config, as a single-process job would make it: (placement, the
     planner's table, None before the teacher's config is on disk)."""
     from wandistiller.core.distributed import Topology, World
+    from wandistiller.job.checks import built_quietly
     from wandistiller.job.preflight import choose_placement
 
     precision = Precision.from_config(auto_precision(cfg.precision))
-    placement, plan = choose_placement(cfg, precision, World.of(cfg.distributed, Topology()))
+    world = World.of(cfg.distributed, Topology())
+    placement, plan = choose_placement(cfg, precision, world, built_quietly(cfg.method))
     return placement, plan and plan.table
 
 

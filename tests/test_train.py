@@ -315,3 +315,33 @@ def test_offline_segments_include_the_folders_wandb_suffixes_when_two_start_in_o
     for name in names:
         (tmp_path / name).mkdir()
     assert [p.name for p in offline_segments(tmp_path, "abc")] == names[:2]
+
+
+def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_cfg, tmp_path, monkeypatch):
+    """preflight builds and reads them once and hands them down (`Prepared`): the checks, the planner's call, the
+    recipe's setup and the end-of-run evaluation use its results."""
+    import collections
+    import sys
+
+    from wandistiller.placements.planner import planning_teacher_config
+    from wandistiller.recipe.methods import Method
+    from wandistiller.student.model import check_student
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Method, "__init__", counted("Method", Method.__init__))  # every method's __init__ calls it
+    for fn in (inspect_teacher, check_student, planning_teacher_config):
+        for module in [m for name, m in sys.modules.items() if name.startswith("wandistiller")]:
+            if getattr(module, fn.__name__, None) is fn:  # the name each module calls it by
+                monkeypatch.setattr(module, fn.__name__, counted(fn.__name__, fn))
+    evaluated = ("hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2")
+    run(make_cfg("trainer.max_steps=1", *evaluated, run_dir=tmp_path / "r"))
+    assert (tmp_path / "r" / "eval.json").is_file()
+    assert calls == {"Method": 1, "inspect_teacher": 1, "check_student": 1, "planning_teacher_config": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from wandistiller.placements.planner import plan_report
+from wandistiller.placements.planner import plan_report, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -38,7 +38,10 @@ def main() -> None:
         passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
-        print(plan_report(cfg, precision.teacher_dtype, passes, precision_line(cfg, precision)))
+        planned = workload_of(cfg, precision.teacher_dtype)
+        if planned is None:
+            raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
+        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision)))
 
 
 def precision_line(cfg, precision) -> str:

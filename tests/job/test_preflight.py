@@ -87,10 +87,11 @@ def test_the_plans_one_line_is_read_from_the_chosen_estimate_and_the_table_goes_
     gpu = Estimate.of("gpu", (int(11.7 * GiB),), 2 * GiB, hw, "resident")
     balanced = Estimate.of("balanced", (int(30.25 * GiB), int(30.25 * GiB)), 3 * GiB, hw, "split")
     estimates = [gpu, balanced, Estimate.of("cpu", (), 100 * GiB, hw, "on the host"), Estimate.refused("x", "no")]
+    planned = lambda chosen: Plan(estimates, chosen, "the table", teacher_config={}, student_config={})  # noqa: E731
     with caplog.at_level(logging.INFO, logger="wandistiller"):
-        show_plan(Plan(estimates, balanced, "the table"), in_full=False)
-        show_plan(Plan(estimates, estimates[2], "the table"), in_full=False)
-        show_plan(Plan(estimates, gpu, "the table"), in_full=True)
+        show_plan(planned(balanced), in_full=False)
+        show_plan(planned(estimates[2]), in_full=False)
+        show_plan(planned(gpu), in_full=True)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("teacher placement: balanced (peak GPU 30.2, 30.2 GiB, host 3.0 GiB; 2 of 4 placements")
     assert lines[1].startswith("teacher placement: cpu (host 100.0 GiB; 2 of 4 placements fit here; the table is in")

@@ -214,7 +214,9 @@ def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(m
     passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
-    report = plan.plan_report(cfg, torch.bfloat16, passes).splitlines()
+    planned = plan.workload_of(cfg, torch.bfloat16)
+    assert planned is not None
+    report = plan.plan_report(*planned, cfg.teacher.name, passes).splitlines()
     assert "student LoRA of rank 16 on the teacher's 1 expert(s), 76.7M adapter params" in report[0]
     assert report[-1] == "auto would choose: offload"
     row = next(line for line in report if line.startswith("offload"))

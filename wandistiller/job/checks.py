@@ -148,9 +148,10 @@ def check_ranges(cfg: DictConfig) -> None:
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
 
 
-def check_training_parts(cfg: DictConfig) -> None:
+def check_training_parts(cfg: DictConfig):
     """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
-    (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads."""
+    (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads.
+    Returns the method, built: the one the run trains with (preflight hands it down in `Prepared`)."""
     import torch
     from diffusers.optimization import get_scheduler
 
@@ -172,7 +173,7 @@ def check_training_parts(cfg: DictConfig) -> None:
         built()
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
         built_quietly(node)
-    built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)
+    return built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)
 
 
 def check_numbers_by_signature(node, prefix: str) -> None:

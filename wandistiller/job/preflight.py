@@ -12,6 +12,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +23,6 @@ from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.job.checks import (
-    built_quietly,
     check_folders,
     check_hooks,
     check_known_keys,
@@ -43,20 +43,24 @@ from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
-from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 
 log = logging.getLogger("wandistiller")
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the job settled before any worker starts (picklable: it travels to spawned workers)."""
+    """What the job settled before any worker starts (picklable: it travels to spawned workers). What it built and
+    read is handed down, not built or read again: the method, the teacher's spec, the student's config."""
 
     run_dir: str
     teacher_path: str
     placement: Placement  # built once; `auto` already resolved
     resume_from: str | None
     plan_table: str | None
+    method: Any  # recipe/methods' Method, built from `cfg.method` and checked (not yet prepared nor bound)
+    spec: TeacherSpec  # the teacher folder, inspected
+    student_config: dict  # the student's WanTransformer3DModel config, checked against the teacher's (check_student)
     sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
     overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
 
@@ -68,6 +72,8 @@ class Plan:
     estimates: list[Estimate]
     chosen: Estimate
     table: str
+    teacher_config: dict  # the teacher's transformer config it planned from
+    student_config: dict  # the student's, checked against that one (check_student) and its room on this machine
 
 
 def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepared:
@@ -78,49 +84,64 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_values(cfg)
     check_hooks(cfg)
     check_targets(cfg)
-    check_training_parts(cfg)
+    method = check_training_parts(cfg)  # the method, built once here: every later check and the run use it
     check_tracker(cfg)
     check_folders(cfg)
     default_ranks(cfg, topo)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
-    if Path(str(cfg.teacher.path)).expanduser().is_dir():  # a local teacher's files, before the planner reads them
-        inspect_teacher(Path(str(cfg.teacher.path)).expanduser())
-    placement, planned = choose_placement(cfg, precision, world)  # on the teacher's JSON, before any download
-    spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
-    student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, from JSON alone
-    check_student_room(cfg, student, spec.transformer_config)
+    local = Path(str(cfg.teacher.path)).expanduser()
+    seen = inspect_teacher(local) if local.is_dir() else None  # a local teacher's files, before the planner reads them
+    placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
+    path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
+    spec = seen if seen is not None and path == local else inspect_teacher(path)
+    if planned is not None and planned.teacher_config == spec.transformer_config:
+        student = planned.student_config  # checked, with its room, against this very config by the planner's call
+    else:
+        student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
+        check_student_room(cfg, student, spec.transformer_config)
     check_adapter_ranks(cfg, spec.transformer_config)
     check_data(cfg)
     if planned is None:  # a Hub teacher: planned now that its config is here
-        placement, planned = choose_placement(cfg, precision, world)
+        placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
-    check_combination(cfg, placement, world)
+    check_combination(cfg, placement, world, method)
     check_layers(cfg, spec.transformer_config, student, placement)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     found = resume_candidate(cfg.trainer.resume, run_dir)
-    check_resumed(cfg, found, spec)  # before the folder is claimed: a refused resume writes nothing
+    check_resumed(cfg, found, spec, method)  # before the folder is claimed: a refused resume writes nothing
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
-        check_resumed(cfg, resume_from, spec)
+        check_resumed(cfg, resume_from, spec, method)
     save_config(run_dir, cfg, resume_from)
     continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
     resumed = str(resume_from) if resume_from else None
     table = planned.table if planned else None
-    return Prepared(str(run_dir), str(spec.path), placement, resumed, table, point, overrides)
+    return Prepared(
+        run_dir=str(run_dir),
+        teacher_path=str(spec.path),
+        placement=placement,
+        resume_from=resumed,
+        plan_table=table,
+        method=method,
+        spec=spec,
+        student_config=student,
+        sweep_point=point,
+        overrides=overrides,
+    )
 
 
-def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec) -> None:
+def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec, method) -> None:
     """A checkpoint resumed against what it recorded: its teacher, and the method it was trained with (its name and
     the settings that change what it trains: `Method.identity`)."""
     if checkpoint is None:
         return
     check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)))
-    check_method(checkpoint, built_quietly(cfg.method).identity(), cfg.trainer.resume)
+    check_method(checkpoint, method.identity(), cfg.trainer.resume)
     check_student_identity(checkpoint, student_identity(cfg), cfg.trainer.resume)
 
 
@@ -195,28 +216,32 @@ def check_data(cfg: DictConfig) -> None:
     data_sources.check(cfg.data)
 
 
-def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tuple[Placement | None, Plan | None]:
+def choose_placement(
+    cfg: DictConfig, precision: Precision, world: World, method
+) -> tuple[Placement | None, Plan | None]:
     """The placement to run, `auto` resolved (its config node replaced by the choice's, composed by Hydra);
     one that cannot fit is refused, naming one that can. The plan is None while the teacher's config is
-    not on disk yet (a Hub id not downloaded), and so is the placement when `auto` waits for that config."""
+    not on disk yet (a Hub id not downloaded), and so is the placement when `auto` waits for that config.
+    `method`: the run's, built (check_training_parts)."""
     auto = getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False)
     placement = None if auto else instantiate(cfg.teacher_placement)
     if placement is not None:
         placement.check(precision, world)
         check_quantize_placement(cfg.teacher.quantize, placement)  # before the planner calls it a misfit
-        check_method_placement(cfg, placement, world)  # likewise (its estimate for a fake score it cannot hold)
+        check_method_placement(cfg, placement, world, method)  # likewise (its estimate for a fake score it cannot hold)
     found = plan.planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return placement, None
+    teacher_config, experts = found
     hw = Hardware.detect(cfg.hardware)
     # the student's size and rope table from its JSON, before the planner builds a meta skeleton of it
-    check_student_room(cfg, check_student(cfg.student, found[0]), found[0], hw)
-    inputs = plan.workload_of(cfg, precision.teacher_dtype, world.nproc_per_node, hw=hw)
-    assert inputs is not None  # the teacher's config was found just above
-    w, hw = inputs
+    student = check_student(cfg.student, teacher_config)
+    check_student_room(cfg, student, teacher_config, hw)
+    ranks = plan.ranks_per_node(cfg, hw, world.nproc_per_node)
+    w = plan.workload(plan.RunShape.of(cfg), teacher_config, experts, student, precision.teacher_dtype, ranks)
     configured = placement
     estimates = plan.plan(w, hw, configured)
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     times = plan.step_times(estimates, w, hw, passes, configured)
     best = plan.choose(estimates, times)
     if auto:
@@ -230,7 +255,8 @@ def choose_placement(cfg: DictConfig, precision: Precision, world: World) -> tup
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"
         )
     placement.with_plan(mine)
-    return placement, Plan(estimates, mine, plan.format_table(estimates, hw, placement.name, w, times))
+    table = plan.format_table(estimates, hw, placement.name, w, times)
+    return placement, Plan(estimates, mine, table, teacher_config, student)
 
 
 def _resolve_auto(
@@ -265,8 +291,8 @@ def _resolve_auto(
     )
 
 
-def check_combination(cfg: DictConfig, placement: Placement, world: World) -> None:
-    """Options that each work, but not together."""
+def check_combination(cfg: DictConfig, placement: Placement, world: World, method) -> None:
+    """Options that each work, but not together (`method`: the run's, built)."""
     teacher_dtype = Precision.from_config(cfg.precision).teacher_dtype
     check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()), teacher_dtype)
     check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
@@ -277,7 +303,7 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World) -> No
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
     # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
-    method = check_method_placement(cfg, placement, world)
+    check_method_placement(cfg, placement, world, method)
     check_method_config(cfg, method)
     if cfg.trainer.teacher_whole_step and placement.serving != Serving.LOCAL and world.nproc_per_node > 1:
         local = names_where(lambda cls: cls.serving == Serving.LOCAL)
@@ -306,15 +332,13 @@ def check_method_config(cfg: DictConfig, method) -> None:
         )
 
 
-def check_method_placement(cfg: DictConfig, placement: Placement, world: World):
+def check_method_placement(cfg: DictConfig, placement: Placement, world: World, method) -> None:
     """The method, built, against the placement (dmd's teacher-shaped or LoRA fake score): its own line; and a
     LoRA student (student=lora), which backpropagates through the placed teacher whatever the method."""
     if is_lora(cfg.student):
         check_lora_placement(placement, world.size, local_device(Topology()), cfg.teacher)
         check_lora_training(cfg)
-    method = built_quietly(cfg.method)
     method.check(placement, world.size, local_device(Topology()), cfg.teacher)
-    return method
 
 
 def check_lora_placement(placement: Placement, ranks: int, device, teacher_cfg) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from wandistiller.core.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
-from wandistiller.core.errors import UserError, human_count, rate
+from wandistiller.core.errors import human_count, rate
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.placements.memory import (
     FIT_ERROR_PCT,
@@ -191,34 +191,78 @@ def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
     return KNOWN_TEACHERS.get(str(teacher_cfg.path))
 
 
-def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype, ranks: int) -> Workload:
-    from wandistiller.student.model import student_config
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """What the planner reads of a run besides the two models' configs, as typed values (`RunShape.of` takes them
+    from a composed config): the batch and latent grid, the trainer's memory switches, the student's adapters
+    (student=lora), the method's own network (dmd's fake score)."""
 
+    batch_size: int  # per rank, per micro-batch
+    latent_grid: tuple[int, int, int]  # data.latent_frames, latent_height, latent_width
+    text_tokens: int
+    gradient_checkpointing: bool
+    ema: bool
+    teacher_batch_size: int  # samples per teacher call (a whole step's under trainer.teacher_whole_step)
+    autocast: bool
+    compiled: bool
+    teacher_fp8: bool
+    student_lora_rank: int  # student=lora's rank; 0: a student network of its own
+    student_lora_layers: tuple[str, ...] | None
+    fake_score: str | None
+    fake_updates: int
+    lora_rank: int
+
+    @classmethod
+    def of(cls, cfg) -> RunShape:
+        d, t = cfg.data, cfg.trainer
+        method = cfg.get("method") or {}  # a method that trains a fake score beside the student (dmd) names its shape
+        # student=lora (builder lora, rank r): the placed teacher with adapters, shaped as the teacher
+        lora_student = cfg.student.get("builder") == "lora"
+        return cls(
+            batch_size=t.batch_size,
+            latent_grid=(d.latent_frames, d.latent_height, d.latent_width),
+            text_tokens=cfg.teacher.max_sequence_length,
+            gradient_checkpointing=t.gradient_checkpointing,
+            ema=t.ema_decay is not None,
+            teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
+            autocast=cfg.precision.autocast_dtype is not None,
+            compiled=t.compile_student,
+            teacher_fp8=cfg.teacher.quantize == "fp8",
+            student_lora_rank=int(cfg.student.rank) if lora_student else 0,
+            student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
+            fake_score=method.get("fake_score"),
+            fake_updates=method.get("fake_updates") or 0,
+            lora_rank=method.get("lora_rank") or 0,
+        )
+
+
+def workload(
+    shape: RunShape, teacher_config: dict, experts: int, student: dict, teacher_dtype: torch.dtype, ranks: int
+) -> Workload:
+    """The planner's inputs for a run of this shape: `student` is the student's config (student.model's
+    check_student against `teacher_config`); a LoRA student (student=lora) is planned as the teacher itself."""
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
-    d, t = cfg.data, cfg.trainer
-    method = cfg.get("method") or {}  # a method that trains a fake score beside the student (dmd) names its shape
-    # student=lora (builder lora, rank r): the placed teacher with adapters, shaped as the teacher
-    lora_student = cfg.student.get("builder") == "lora"
+    frames, height, width = shape.latent_grid
     return Workload(
         teacher_config=teacher_config,
         experts=experts,
         teacher_dtype_bytes=torch.finfo(teacher_dtype).bits // 8,
-        student_config=dict(teacher_config) if lora_student else student_config(cfg.student, teacher_config),
-        student_lora_rank=int(cfg.student.rank) if lora_student else 0,
-        student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
-        batch_size=t.batch_size,
-        tokens=(d.latent_frames // pt) * (d.latent_height // ph) * (d.latent_width // pw),
-        text_tokens=cfg.teacher.max_sequence_length,
-        gradient_checkpointing=t.gradient_checkpointing,
-        ema=t.ema_decay is not None,
+        student_config=dict(teacher_config) if shape.student_lora_rank else student,
+        student_lora_rank=shape.student_lora_rank,
+        student_lora_layers=shape.student_lora_layers,
+        batch_size=shape.batch_size,
+        tokens=(frames // pt) * (height // ph) * (width // pw),
+        text_tokens=shape.text_tokens,
+        gradient_checkpointing=shape.gradient_checkpointing,
+        ema=shape.ema,
         ranks_per_node=ranks,
-        teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
-        autocast=cfg.precision.autocast_dtype is not None,
-        compiled=t.compile_student,
-        teacher_fp8=cfg.teacher.quantize == "fp8",
-        fake_score=method.get("fake_score"),
-        fake_updates=method.get("fake_updates") or 0,
-        lora_rank=method.get("lora_rank") or 0,
+        teacher_batch_size=shape.teacher_batch_size,
+        autocast=shape.autocast,
+        compiled=shape.compiled,
+        teacher_fp8=shape.teacher_fp8,
+        fake_score=shape.fake_score,
+        fake_updates=shape.fake_updates,
+        lora_rank=shape.lora_rank,
     )
 
 
@@ -239,11 +283,17 @@ def workload_of(
     """The one way from a composed config to the planner's inputs: (Workload, Hardware), the hardware detected
     (or as `hardware.*` describes it on paper), the ranks per node as the run will have them (`ranks` fixes
     them). None while the teacher's config is not on disk (a Hub id not downloaded)."""
+    from wandistiller.student.model import student_config
+
     found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return None
+    teacher_config, experts = found
     hw = hw or Hardware.detect(cfg.hardware)
-    return workload(cfg, *found, teacher_dtype, ranks or ranks_per_node(cfg, hw, launched)), hw
+    lora_student = cfg.student.get("builder") == "lora"  # planned as the teacher: its config is not read
+    student = dict(teacher_config) if lora_student else student_config(cfg.student, teacher_config)
+    ranks = ranks or ranks_per_node(cfg, hw, launched)
+    return workload(RunShape.of(cfg), teacher_config, experts, student, teacher_dtype, ranks), hw
 
 
 def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
@@ -254,19 +304,15 @@ def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
     return max(len(hw.gpu_bytes), 1) if cfg.hardware.gpus is not None else 1
 
 
-def plan_report(cfg, teacher_dtype: torch.dtype, passes: Passes, precision: str = "") -> str:
-    """The plan's text: the workload, the method's own network and passes (`passes`: the built method's), each
-    placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which precision the
-    figures are at (and why, for precision=auto)."""
-    planned = workload_of(cfg, teacher_dtype)
-    if planned is None:
-        raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-    w, hw = planned
+def plan_report(w: Workload, hw: Hardware, teacher: str, passes: Passes, precision: str = "") -> str:
+    """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
+    method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
+    precision the figures are at (and why, for precision=auto)."""
     estimates = plan(w, hw)
     times = step_times(estimates, w, hw, passes)
     best = choose(estimates, times)
     head = (
-        f"teacher {cfg.teacher.name}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
+        f"teacher {teacher}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
         f"student {describe_student(w)}; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"

@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.context import RunContext
@@ -30,17 +30,16 @@ from wandistiller.job.preflight import Prepared
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
-from wandistiller.recipe.methods import Method
 from wandistiller.recipe.samples import sample_grids
 from wandistiller.recipe.targets import LocalTargets, OwnerTargets, RemoteTargets, WholeStepTargets, serve
 from wandistiller.state.checkpoint import checkpoint_step, load_checkpoint, restore, teacher_record
 from wandistiller.state.received import targets_of
 from wandistiller.student.compile import compile_kwargs
 from wandistiller.student.lora import LoraStudent, is_lora
+from wandistiller.student.model import build_student
 from wandistiller.student.prune import write_record
 from wandistiller.teacher.fastpaths import quantize_teacher, use_attention_backend
 from wandistiller.teacher.model import compile_blocks, log_first_call
-from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers import Loggers
 
@@ -62,7 +61,7 @@ class DistillationRecipe:
             student_cfg=cfg.student,
             seed=cfg.seed,
             cache_dir=str(cfg.paths.cache_dir),
-            spec=inspect_teacher(Path(prepared.teacher_path)),
+            spec=prepared.spec,
             placement=placement,
             topo=topo,
             roles=roles,
@@ -72,7 +71,7 @@ class DistillationRecipe:
             teacher_path=prepared.teacher_path,
             sweep_point=prepared.sweep_point,
             overrides=prepared.overrides,
-            student_steps=cfg.method.steps,
+            student_steps=prepared.method.steps,
         )
         self.run: Run | None = None
 
@@ -183,8 +182,9 @@ class DistillationRecipe:
 
     def _setup_method(self, teacher, embeddings):
         """`method` (wandistiller/recipe/methods/): what one training step does; what it samples from the teacher
-        once (trajectory's ODE points) is made here, by the ranks that hold a teacher, and read by the others."""
-        method = instantiate(self.cfg.method)
+        once (trajectory's ODE points) is made here, by the ranks that hold a teacher, and read by the others. It is
+        the one preflight built and checked (`prepared.method`; a worker's is its unpickled copy)."""
+        method = self.prepared.method
         method.prepare(self.ctx, teacher, embeddings)
         return method
 
@@ -212,11 +212,14 @@ class DistillationRecipe:
         hidden = self.loss_fn.needs.student_hidden  # passed only when the loss matches hidden states
         # A LoRA student is the placed teacher plus adapters (student/lora.py): it is built on that teacher.
         on_teacher = {"teacher": self.teacher} if is_lora(cfg.student) else {}
+        # The default builder takes the config preflight checked (a builder of the user's checks its own keys).
+        checked = {"checked": self.prepared.student_config} if build.func is build_student else {}
         student = build(
             spec=self.ctx.spec,
             dtype=self.ctx.precision.student_dtype,
             **({"hidden_layers": hidden} if hidden else {}),
             **on_teacher,
+            **checked,
         )
         if self.ctx.is_main and getattr(student, "pruning", None):  # a student cut from the teacher: what it kept
             write_record(student.pruning, self.ctx.run_dir)
@@ -315,9 +318,8 @@ class DistillationRecipe:
         return LocalTargets(self.teacher)
 
     def student_inputs(self) -> bool:
-        """Whether the method calls the teacher at inputs the student makes (dmd): its class says, built or not."""
-        method: type[Method] = get_class(self.cfg.method._target_)
-        return method.student_inputs
+        """Whether the method calls the teacher at inputs the student makes (dmd): the run's method says (its class)."""
+        return self.prepared.method.student_inputs
 
     def served_text(self):
         """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:

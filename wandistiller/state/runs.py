@@ -110,11 +110,12 @@ def open_run(
     allow: tuple[str, ...] = (),
     allow_download: bool = False,
     cache_dir: str | None = None,
+    spec: TeacherSpec | None = None,
 ) -> RunFolder:
     """A run folder (it holds `.hydra/config.yaml`), read as data someone may have sent: its config checked
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
-    with `allow_download`)."""
+    with `allow_download`; `spec`: that teacher already inspected, by the run's own preflight, not read again)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -142,7 +143,8 @@ def open_run(
             f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
             "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
         )
-    return RunFolder(path, cfg, inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)))
+    teacher = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
+    return RunFolder(path, cfg, spec if spec is not None and spec.path == teacher else inspect_teacher(teacher))
 
 
 def student_source(run: RunFolder, checkpoint: str | None) -> Path:
@@ -385,6 +387,7 @@ class Trust:
     own_files: bool = False  # the run's own end-of-run eval: its saved prompts files are the user's own
     other_teacher: bool = False  # a teacher other than the one the run recorded (--allow-other-teacher)
     data: bool = False  # the saved data.root / data.dataset outside the run folder may be read (--allow-data)
+    spec: TeacherSpec | None = None  # the run's own end-of-run eval: `teacher_path` as its preflight inspected it
 
     @classmethod
     def from_args(cls, args) -> Trust:
@@ -399,7 +402,7 @@ class Trust:
         )
 
     def open_args(self) -> tuple:
-        return self.teacher_path, self.targets, self.allow_download, self.cache_dir
+        return self.teacher_path, self.targets, self.allow_download, self.cache_dir, self.spec
 
 
 def add_trust_args(parser, wandb: bool = False) -> None:

@@ -307,9 +307,11 @@ def build_student(
     rank: int | None = None,
     alpha: float | None = None,
     layers=None,
+    checked: dict | None = None,
 ) -> Student:
     """The student for this teacher (the default `student._target_`; the keys are the `student` config's, and
-    `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss).
+    `hidden_layers`, the student blocks the loss matches to the teacher's, comes from the loss). `checked`: its
+    config as the run's preflight checked it against this teacher (check_student), not checked again; None: here.
 
     Started from the teacher (or a student.init folder), it carries `pruning`: what was kept and why."""
     from diffusers import WanTransformer3DModel
@@ -325,7 +327,7 @@ def build_student(
             "layers": _plain(layers),
         }  # (student=lora's keys: refused here)
     )
-    config = check_student(student_cfg, spec.transformer_config)
+    config = checked if checked is not None else check_student(student_cfg, spec.transformer_config)
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width, hidden_layers)

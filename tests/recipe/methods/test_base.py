@@ -69,15 +69,20 @@ def test_a_method_with_its_own_loss_refuses_a_trainer_loss_set_for_it(make_cfg):
 def test_a_method_that_reads_no_x0_refuses_a_source_that_samples_the_teacher_for_it(make_cfg):
     """data=teacher_latents samples the teacher's whole sampler before training: hours at scale, for nothing."""
     from wandistiller.core.distributed import World
+    from wandistiller.job.checks import built_quietly
     from wandistiller.job.preflight import check_combination
 
     one = World(nproc_per_node=1, nnodes=1)
-    check_combination(make_cfg("data=teacher_latents"), CpuPlacement(), one)  # kd reads x0
+
+    def check(cfg):
+        check_combination(cfg, CpuPlacement(), one, built_quietly(cfg.method))
+
+    check(make_cfg("data=teacher_latents"))  # kd reads x0
     for method in ("trajectory", "dmd"):
         with refused(f"data.latents=teacher samples the teacher's own latents for x0 before training, and "
                      f"method={method} never reads x0"):  # fmt: skip
-            check_combination(make_cfg(f"method={method}", "data=teacher_latents"), CpuPlacement(), one)
-        check_combination(make_cfg(f"method={method}"), CpuPlacement(), one)  # its prompts alone
+            check(make_cfg(f"method={method}", "data=teacher_latents"))
+        check(make_cfg(f"method={method}"))  # its prompts alone
 
 
 @pytest.mark.parametrize(("steps", "teacher_steps", "message"), [

@@ -60,7 +60,7 @@ class EvaluateAtEnd(Hook):
         from wandistiller.state.runs import Trust
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
-        own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True)
+        own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True, spec=ctx.spec)
         result = evaluate(
             ctx.run_dir,
             prompts_path=self.prompts_path,
