@@ -38,6 +38,24 @@ def test_the_plan_of_a_14b_teacher_on_one_small_gpu_is_its_table_ending_with_the
     assert lines[-1] == "auto would choose: disk"
 
 
+def test_the_named_placement_is_planned_with_its_own_settings(monkeypatch, capsys):
+    on_paper = [
+        "teacher=wan2.1_t2v_14b",
+        "hardware.gpus=1",
+        "hardware.gpu_memory_gib=80",
+        "hardware.host_memory_gib=256",
+    ]
+    offload = {}
+    for resident in ("auto", "0", "3"):
+        plan_main(monkeypatch, *on_paper, "teacher_placement=offload", f"teacher_placement.resident_blocks={resident}")
+        offload[resident] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("offload "))
+    assert "40/40 blocks resident" in offload["auto"]  # the planner's count: the whole expert fits in 80 GiB
+    assert "0/40 blocks resident" in offload["0"] and "3/40 blocks resident" in offload["3"]
+    with pytest.raises(SystemExit) as stop:
+        plan_main(monkeypatch, *on_paper, "teacher_placement=offload", "teacher_placement.resident_blocks=many")
+    assert stop.value.code == 2 and "teacher_placement.resident_blocks='many'" in capsys.readouterr().err
+
+
 def test_precision_auto_plans_for_the_planned_hardware_not_this_machine(monkeypatch, capsys):
     from wandistiller.core import precision
 

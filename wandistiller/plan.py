@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from wandistiller.placements import Placement
 from wandistiller.placements.planner import plan_report, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
@@ -41,7 +42,20 @@ def main() -> None:
         planned = workload_of(cfg, precision.teacher_dtype)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision)))
+        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg)))
+
+
+def configured(cfg) -> Placement | None:
+    """The placement the config names, with its settings (None for `auto`, which the planner chooses), its
+    settings checked as a run checks them (a bad `resident_blocks` is one line, not a wrong table)."""
+    from hydra.utils import get_class, instantiate
+
+    if getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False):
+        return None
+    placement = instantiate(cfg.teacher_placement)
+    if hasattr(placement, "check_resident_blocks"):
+        placement.check_resident_blocks()
+    return placement
 
 
 def precision_line(cfg, precision) -> str:

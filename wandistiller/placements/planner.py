@@ -304,12 +304,20 @@ def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
     return max(len(hw.gpu_bytes), 1) if cfg.hardware.gpus is not None else 1
 
 
-def plan_report(w: Workload, hw: Hardware, teacher: str, passes: Passes, precision: str = "") -> str:
+def plan_report(
+    w: Workload,
+    hw: Hardware,
+    teacher: str,
+    passes: Passes,
+    precision: str = "",
+    configured: Placement | None = None,
+) -> str:
     """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
     method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
-    precision the figures are at (and why, for precision=auto)."""
-    estimates = plan(w, hw)
-    times = step_times(estimates, w, hw, passes)
+    precision the figures are at (and why, for precision=auto). `configured`: the placement asked for, planned
+    with its own settings (e.g. `teacher_placement.resident_blocks=0`), as `plan` takes it."""
+    estimates = plan(w, hw, configured)
+    times = step_times(estimates, w, hw, passes, configured)
     best = choose(estimates, times)
     head = (
         f"teacher {teacher}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
