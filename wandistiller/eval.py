@@ -109,6 +109,8 @@ def step_counts(text: str | None) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from wandistiller.compose import register_configs  # noqa: PLC0415 -- torch: `--help` must not pay for it
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with (
         internal_errors_reported(),
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         args = parse_args(argv)
         trust, counts = Trust.from_args(args), args.student_counts
+        register_configs()  # the registries' options, which the run's config may name
         result = evaluate(
             args.run_dir,
             args.checkpoint,

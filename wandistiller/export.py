@@ -562,6 +562,7 @@ def export(
     name: str | None = None,
 ) -> Path:
     """Write the run's student to `out` in `fmt`, whole or not at all."""
+    from wandistiller.compose import register_configs
     from wandistiller.state.runs import open_run
 
     if fmt not in FORMATS:
@@ -570,6 +571,7 @@ def export(
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
         raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
+    register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)

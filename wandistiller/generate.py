@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import (
     OneLineParser,
     UserError,
@@ -50,6 +51,7 @@ from wandistiller.state.runs import (
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
     path_, opened = Path(path).expanduser(), (trust or Trust()).open_args()
+    register_configs()  # the registries' options, which the run's config may name
     from wandistiller.student.lora import is_lora_folder
 
     # (a LoRA student's folder holds its adapters, no config.json)

@@ -58,9 +58,11 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
     may be read-only) and renamed into place whole: a full disk, an error or a kill leaves no partial export."""
     import tempfile
 
+    from wandistiller.compose import register_configs
     from wandistiller.state.runs import open_run
     from wandistiller.student.lora import is_lora
 
+    register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     if merge_lora and not is_lora(run.cfg.student):
         raise UserError(

@@ -17,9 +17,10 @@ run there would take: bf16 for N > 0); e.g.
 
 def main() -> None:
     """Compose the same config tree as training (no run folder, no log file) and print the plan."""
-    from wandistiller.compose import auto_precision, compose_config
+    from wandistiller.compose import register_configs
     from wandistiller.config import hardware_problem
     from wandistiller.core.errors import UserError, exit_on_user_error
+    from wandistiller.core.hydra import auto_precision, compose_config
     from wandistiller.core.precision import Precision
     from wandistiller.job.checks import built_quietly, name_the_teacher
     from wandistiller.job.preflight import check_method_config
@@ -27,6 +28,7 @@ def main() -> None:
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
         return
+    register_configs()
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"

@@ -198,7 +198,8 @@ def cli() -> None:
     Hydra's main."""
     import sys
 
-    from wandistiller.compose import check_overrides, modern_argv
+    from wandistiller.compose import check_overrides
+    from wandistiller.core.hydra import modern_argv
 
     with exit_on_user_error():
         sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too

@@ -18,9 +18,10 @@ from omegaconf import OmegaConf
 def _setup(cache_dir: Path, batch_size: int):
     from hydra import compose, initialize_config_dir
 
-    from wandistiller.compose import auto_precision, register_configs
+    from wandistiller.compose import register_configs
     from wandistiller.config import CONF_DIR
     from wandistiller.core.distributed import Topology
+    from wandistiller.core.hydra import auto_precision
     from wandistiller.core.precision import Precision
     from wandistiller.data.prompts import encode_prompts, read_prompts
     from wandistiller.placements.cpu import CpuPlacement

@@ -84,10 +84,12 @@ def run(args) -> dict:
 
 def predict(overrides: list[str]) -> dict:
     """The planner's per-device prediction for the placement these overrides name, on this machine."""
-    from wandistiller.compose import auto_precision, compose_config
+    from wandistiller.compose import register_configs
+    from wandistiller.core.hydra import auto_precision, compose_config
     from wandistiller.core.precision import Precision
     from wandistiller.placements import planner as plan
 
+    register_configs()
     cfg = compose_config(overrides)
     inputs = plan.workload_of(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, ranks=1)
     assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"
@@ -110,12 +112,13 @@ def cache_embeddings(overrides: list[str]) -> None:
     then freed) is not what it predicts, and would otherwise count in the first point's peak."""
     code = (
         "import sys, torch\n"
-        "from wandistiller.compose import compose_config\n"
+        "from wandistiller.compose import register_configs\n"
+        "from wandistiller.core.hydra import auto_precision, compose_config\n"
         "from wandistiller.data.prompts import encode_prompts, read_prompts\n"
-        "from wandistiller.compose import auto_precision\n"
         "from wandistiller.core.precision import Precision\n"
         "from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path\n"
         "from wandistiller.data.validation import split_prompts\n"
+        "register_configs()\n"
         "cfg = compose_config(sys.argv[1:])\n"
         "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
         "d = cfg.data\n"

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
+from wandistiller.core.hydra import compose_option
 from wandistiller.job.checks import check_interpolations, name_the_teacher
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 
@@ -183,8 +184,6 @@ def with_method_of_before(saved: DictConfig) -> bool:
     """A config saved before the `method` group gets the method it trained with (`method=kd`, composed with its
     schema), so its resume continues it as it was, not refused as "method has no value: ... (~method?)", which no
     one wrote. True where one was added."""
-    from wandistiller.compose import compose_option
-
     if "method" in saved:
         return False
     kd = OmegaConf.to_container(compose_option("method", BEFORE_METHODS), resolve=False)

@@ -59,8 +59,11 @@ def _prompt_set(settings: Settings) -> list[str]:
 
 def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
     """One student through the framework's own entry point (`wandistiller.train.run`)."""
-    from wandistiller.compose import compose_config
+    from wandistiller.compose import register_configs
+    from wandistiller.core.hydra import compose_config
     from wandistiller.train import run
+
+    register_configs()
 
     # Teacher latents are sampled with the steps the rows are judged at (a data option of another source has no key).
     latents_steps = [f"data.sample_steps={settings.sample_steps}"] if "data=teacher_latents" in overrides else []
@@ -92,6 +95,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     student, for every prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row). The
     teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
     student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
+    from wandistiller.compose import register_configs
     from wandistiller.data.prompts import encode_prompts
     from wandistiller.state.runs import (
         generate,
@@ -105,6 +109,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     from wandistiller.teacher.sampler import calls_per_image
     from wandistiller.teacher.vae import decode_latents, load_vae
 
+    register_configs()  # the registries' options, which the run's config may name
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
     t = run.cfg.teacher
     emb = encode_prompts(

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, counted, human_count
 from wandistiller.core.files import write_in_run
+from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
 from wandistiller.state.runs import student_steps
 from wandistiller.student.lora import is_lora, is_lora_folder
@@ -365,8 +366,6 @@ def example_prompt(raw_prompts) -> str:
     """The snippet's prompt: the first of the teacher's own prompts where they ship with WanDistiller (the pocket
     teacher draws digits: "a red 1", not the fox the Wan teachers know), else the first of the shipped 70. Never a
     line of the user's own file (the card carries no text of a received file)."""
-    from wandistiller.compose import shipped_asset
-
     raw = str(raw_prompts) if raw_prompts is not None else ""
     rel = raw[len(SHIPPED) : -1] if raw.startswith(SHIPPED) and raw.endswith("}") else "prompts.txt"
     try:

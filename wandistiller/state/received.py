@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from wandistiller.core.errors import UserError
 from wandistiller.core.extensions import HYDRA_KEYS
 from wandistiller.core.files import MAX_JSON_BYTES
-from wandistiller.core.registry import path_of
+from wandistiller.core.registry import path_of, registered
 from wandistiller.core.renamed import modernize, modernize_lists
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
@@ -47,14 +47,9 @@ def allow_targets(*names: str) -> None:
 def _shipped_targets() -> frozenset[str]:
     import torch.optim
 
-    from wandistiller.compose import registries
     from wandistiller.config import CONF_DIR, StudentConfig
-    from wandistiller.core.registry import path_of
 
     found = {StudentConfig._target_}
-    options = [option for registry in registries() for option in registry.options.values()]
-    found |= {path_of(option.cls) for option in options}
-    found |= {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
     for file in CONF_DIR.rglob("*.yaml"):
         found |= {t for _, t in _targets_in(yaml.safe_load(file.read_text()), "") if isinstance(t, str)}
     # Every torch optimizer: the shipped AdamW's siblings are what a user swaps in (`trainer.optimizer`).
@@ -66,9 +61,17 @@ def _shipped_targets() -> frozenset[str]:
     return frozenset(found)
 
 
+def registered_targets() -> set[str]:
+    """The classes of every registered option, and their schemas' `_target_`s: the registries handed down by
+    `wandistiller.compose.register_configs`, which each CLI calls before it reads a run folder."""
+    options = [option for registry in registered() for option in registry.options.values()]
+    found = {path_of(option.cls) for option in options}
+    return found | {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
+
+
 def allowed_targets() -> frozenset[str]:
     """Every `_target_` a received config may name."""
-    return _shipped_targets() | _extra_targets
+    return _shipped_targets() | registered_targets() | _extra_targets
 
 
 def targets_of(cfg: DictConfig | dict | None) -> set[str]:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, safetensors_problem
+from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.state.checkpoint import (
@@ -118,9 +119,7 @@ def open_run(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from wandistiller.compose import register_configs
-
-    register_configs()  # the resolvers a saved config may use
+    register_resolvers()  # the ones a saved config may use
     path = Path(path).expanduser()
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
