@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from wandistiller.core.errors import UserError
+
 
 @dataclass(frozen=True)
 class Option:
@@ -61,8 +63,6 @@ class Registry:
     def get(self, name: str) -> Option:
         """The option called `name`; a name that is none of them is one line listing those that are."""
         if name not in self.options:
-            from wandistiller.core.errors import UserError
-
             raise UserError(f"{self.group}={name!r} is not {self.what}; pick one of {', '.join(self.names())}")
         return self.options[name]
 
