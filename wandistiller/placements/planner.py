@@ -29,6 +29,8 @@ from wandistiller.placements.memory import (
     teacher_weight_bytes,
 )
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
+from wandistiller.student.model import student_config
+from wandistiller.teacher.lora import TARGETS
 from wandistiller.teacher.spec import builtin_teacher
 
 
@@ -192,7 +194,6 @@ def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
 
 
 def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype, ranks: int) -> Workload:
-    from wandistiller.student.model import student_config
 
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
     d, t = cfg.data, cfg.trainer
@@ -224,7 +225,6 @@ def workload(cfg, teacher_config: dict, experts: int, teacher_dtype: torch.dtype
 
 def lora_layers(layers) -> tuple[str, ...] | None:
     """A LoRA student's `student.layers` as Linear names in a block: all (None), attention, ffn, or a list."""
-    from wandistiller.teacher.lora import TARGETS
 
     if layers is None or layers == "all":
         return None
