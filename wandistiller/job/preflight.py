@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -168,7 +169,6 @@ def show_plan(planned: Plan, in_full: bool) -> None:
 
 
 def _first_sweep_point(point: dict | None) -> bool:
-    from hydra.core.hydra_config import HydraConfig
 
     return point is not None and HydraConfig.initialized() and HydraConfig.get().job.num == 0
 
