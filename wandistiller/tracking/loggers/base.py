@@ -18,6 +18,8 @@ module plus its YAML in `conf/logger/` and no other edit. Every method has a do-
 
 from __future__ import annotations
 
+import inspect
+import logging
 from pathlib import Path
 from typing import ClassVar
 
@@ -119,7 +121,6 @@ def _close(lg) -> None:
 
 
 def _takes(method, name: str) -> bool:
-    import inspect
 
     params = inspect.signature(method).parameters.values()
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
@@ -127,7 +128,6 @@ def _takes(method, name: str) -> bool:
 
 def _each(items: list[Logger], call) -> None:
     """`call` on every logger, even after one raised; then the first error is raised (later ones logged)."""
-    import logging
 
     first = None
     for lg in items:
