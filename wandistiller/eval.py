@@ -19,6 +19,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import (
     OneLineParser,
     UserError,
@@ -109,8 +110,6 @@ def step_counts(text: str | None) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from wandistiller.compose import register_configs  # noqa: PLC0415 -- torch: `--help` must not pay for it
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with (
         internal_errors_reported(),

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from wandistiller.compose import register_configs
+from wandistiller.config import hardware_problem
+from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.hydra import auto_precision, compose_config
+from wandistiller.core.precision import Precision
+from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.preflight import check_method_config
 from wandistiller.placements.planner import plan_report
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
@@ -17,13 +24,6 @@ run there would take: bf16 for N > 0); e.g.
 
 def main() -> None:
     """Compose the same config tree as training (no run folder, no log file) and print the plan."""
-    from wandistiller.compose import register_configs
-    from wandistiller.config import hardware_problem
-    from wandistiller.core.errors import UserError, exit_on_user_error
-    from wandistiller.core.hydra import auto_precision, compose_config
-    from wandistiller.core.precision import Precision
-    from wandistiller.job.checks import built_quietly, name_the_teacher
-    from wandistiller.job.preflight import check_method_config
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
