@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from wandistiller.core.distributed import local_device
 from wandistiller.core.errors import UserError
@@ -60,6 +59,7 @@ class ShardedPlacement(Placement):
         return local_device(topology)
 
     def load(self, spec, teacher_cfg, precision, topology) -> Teacher:
+        from torch.distributed.fsdp import fully_shard
 
         device = self.teacher_device(topology)
         mesh = init_device_mesh(device.type, (topology.world_size,))
