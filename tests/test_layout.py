@@ -335,3 +335,16 @@ def test_every_option_yaml_names_its_own_schema():
             defaults = [str(d) for d in node.get("defaults", [])]
             option = node.get("latents", yaml_file.stem)  # a data option names its source
             assert any(d.startswith(f"/schema/{registry.group}/{option}@") for d in defaults), yaml_file
+
+
+def test_each_import_inside_a_function_says_why_and_they_stay_few():
+    """ruff's PLC0415 keeps imports at the top of their module; pyproject.toml lists the heavy libraries that wait
+    for the function using them (and export.py's exception). Any other lazy import says why on its line."""
+    marked = [
+        f"{f.relative_to(PACKAGE)}: {line.strip()}"
+        for f in PACKAGE.rglob("*.py")
+        for line in f.read_text().splitlines()
+        if "noqa: PLC0415" in line
+    ]
+    assert all(" -- " in line.split("noqa: PLC0415", 1)[1] for line in marked), marked
+    assert len(marked) <= 10, f"{len(marked)} lazy imports: move them to the top, or break the cycle they avoid"

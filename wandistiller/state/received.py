@@ -67,7 +67,10 @@ def _shipped_targets() -> frozenset[str]:
 
 def registered_targets() -> set[str]:
     """The classes of every registered option, and their schemas' `_target_`s: the registries handed down by
-    `wandistiller.compose.register_configs`, which each CLI calls before it reads a run folder."""
+    `wandistiller.compose.register_configs`, which each CLI calls before it reads a run folder (without it a
+    shipped option's class would be refused as if the config named a stranger's)."""
+    if not registered():
+        raise RuntimeError("no registry is registered: call wandistiller.compose.register_configs() first")
     options = [option for registry in registered() for option in registry.options.values()]
     found = {path_of(option.cls) for option in options}
     return found | {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
