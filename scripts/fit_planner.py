@@ -66,9 +66,11 @@ def cpu_points(files: list[str]) -> list[dict]:
 def workload(overrides: list[str]):
     import torch
 
-    from wandistiller.compose import compose_config
+    from wandistiller.compose import register_configs
+    from wandistiller.core.hydra import compose_config
     from wandistiller.placements import planner as plan
 
+    register_configs()
     cfg = compose_config(overrides)
     return plan.workload_of(cfg, torch.bfloat16, ranks=1)[0]
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from wandistiller.compose import auto_precision, register_configs
+from wandistiller.compose import register_configs
 from wandistiller.config import CONF_DIR
+from wandistiller.core.hydra import auto_precision
 from wandistiller.core.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -75,8 +75,8 @@ def test_bad_overrides_fail_at_composition(make_cfg, override):
 
 
 def test_an_enum_typo_lists_the_valid_values_in_one_line():
-    from wandistiller.compose import compose_config
     from wandistiller.core.errors import UserError
+    from wandistiller.core.hydra import compose_config
 
     with pytest.raises(UserError, match=r"Invalid value 'magic', expected one of \[fp32, bf16, fp16\]"):
         compose_config(["precision.student_dtype=magic"])
@@ -87,8 +87,8 @@ def test_an_enum_typo_lists_the_valid_values_in_one_line():
     ("hooks=[monitor,progres]", "hooks", "collapse evaluate monitor progress samples"),
 ])  # fmt: skip
 def test_a_typo_inside_a_list_of_options_lists_that_groups_options_in_one_line(override, group, options):
-    from wandistiller.compose import compose_config
     from wandistiller.core.errors import UserError
+    from wandistiller.core.hydra import compose_config
 
     # Hydra names no options for an entry of a list ("Could not load 'logger/tensorbord'."); the line does.
     with pytest.raises(UserError, match=f"Available options in '{group}': {options}; pick one of those options"):
@@ -152,7 +152,7 @@ def test_the_written_out_schedules_are_the_ones_diffusers_get_scheduler_knows():
 
 
 def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
-    from wandistiller.compose import compose_config
+    from wandistiller.core.hydra import compose_config
 
     with pytest.raises(UserError, match=r"logger.wandb.mode=online"):
         compose_config(["logger.mode=online"])

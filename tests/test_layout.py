@@ -1,5 +1,6 @@
-"""The package's layout (docs/ARCHITECTURE.md): subpackages import downward only, with no cycle, the CLIs sit
-on top, and `_target_`s of runs saved before the move still resolve (wandistiller/core/renamed.py)."""
+"""The package's layout (docs/ARCHITECTURE.md): subpackages import downward only, with no cycle, the CLIs and the
+composition (`compose.py`) sit on top and no subpackage calls up into them, no module-level import cycle anywhere,
+and `_target_`s of runs saved before the move still resolve (wandistiller/core/renamed.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def test_imports_of_skips_type_checking_blocks(tmp_path):
     assert imports_of(f) == set()
     f.write_text("def later():\n    from wandistiller.teacher import spec\n")
     assert imports_of(f) == {"teacher"}
+    f.write_text("def later():\n    from wandistiller.compose import registries\n    import wandistiller.train\n")
+    assert imports_of(f) & TOP == {"compose", "train"}  # a call up, even inside a function, is one
 
 
 def test_top_level_holds_only_clis_the_config_schemas_and_their_composition():
@@ -67,10 +70,15 @@ def test_top_level_holds_only_clis_the_config_schemas_and_their_composition():
     assert top == CLIS | {"config", "compose"}, top - CLIS
 
 
-def test_no_subpackage_imports_a_cli_and_core_imports_no_other_subpackage():
+# The top level above every subpackage: the CLIs and the composition, which registers the registries and hands them
+# down (a subpackage composes with wandistiller/core/hydra.py and asks wandistiller.core.registry.registered()).
+TOP = CLIS | CLI_PACKAGES | {"compose"}
+
+
+def test_no_subpackage_imports_a_cli_or_the_composition_and_core_imports_no_other_subpackage():
     edges = package_edges()
-    upward = {(src, dst) for src, dsts in edges.items() for dst in dsts if dst in CLIS | CLI_PACKAGES}
-    assert upward == KNOWN_UPWARD
+    upward = {(src, dst) for src, dsts in edges.items() for dst in dsts if dst in TOP}
+    assert upward == KNOWN_UPWARD, "a layer below calls up: hand what it needs down (an argument, a registration)"
     assert edges["core"] <= {"config"}  # the schemas' Choice type; the schemas import nothing of the package
     assert imports_of(PACKAGE / "config.py") == set(), "config.py holds the schemas alone"
 
@@ -327,3 +335,16 @@ def test_every_option_yaml_names_its_own_schema():
             defaults = [str(d) for d in node.get("defaults", [])]
             option = node.get("latents", yaml_file.stem)  # a data option names its source
             assert any(d.startswith(f"/schema/{registry.group}/{option}@") for d in defaults), yaml_file
+
+
+def test_each_import_inside_a_function_says_why_and_they_stay_few():
+    """ruff's PLC0415 keeps imports at the top of their module; pyproject.toml lists the heavy libraries that wait
+    for the function using them (and export.py's exception). Any other lazy import says why on its line."""
+    marked = [
+        f"{f.relative_to(PACKAGE)}: {line.strip()}"
+        for f in PACKAGE.rglob("*.py")
+        for line in f.read_text().splitlines()
+        if "noqa: PLC0415" in line
+    ]
+    assert all(" -- " in line.split("noqa: PLC0415", 1)[1] for line in marked), marked
+    assert len(marked) <= 10, f"{len(marked)} lazy imports: move them to the top, or break the cycle they avoid"

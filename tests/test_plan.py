@@ -86,7 +86,7 @@ def test_every_hardware_number_out_of_its_range_is_one_line_naming_the_key(monke
 
 
 def test_a_teacher_given_by_path_is_named_by_its_folder_not_the_default_groups(monkeypatch, capsys):
-    from wandistiller.compose import shipped_asset
+    from wandistiller.core.hydra import shipped_asset
 
     plan_main(monkeypatch, f"teacher.path={shipped_asset('pocket/pocket-wan-t2v')}")
     assert capsys.readouterr().out.startswith("teacher pocket-wan-t2v: 1 expert(s)")  # was "teacher tiny"
@@ -110,7 +110,7 @@ def planned(*overrides: str):
     """(workload, estimates by placement, auto's choice) for a 14B teacher and a `student=small` on one 40 GiB GPU."""
     import torch
 
-    from wandistiller.compose import compose_config
+    from wandistiller.core.hydra import compose_config
     from wandistiller.job.checks import name_the_teacher
     from wandistiller.placements.planner import choose, plan, workload_of
 

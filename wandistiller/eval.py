@@ -19,6 +19,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import (
     OneLineParser,
     UserError,
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         args = parse_args(argv)
         trust, counts = Trust.from_args(args), args.student_counts
+        register_configs()  # the registries' options, which the run's config may name
         result = evaluate(
             args.run_dir,
             args.checkpoint,

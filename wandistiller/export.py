@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,7 +36,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
-from wandistiller.core.files import check_tree, open_in, read_json_in, write_in_run
+from wandistiller.core.files import (
+    _umask,
+    check_tree,
+    folder_problem,
+    in_run,
+    open_in,
+    opened,
+    read_json_in,
+    safetensors_problem,
+    write_in_run,
+)
 
 log = logging.getLogger("wandistiller.export")
 
@@ -64,7 +75,6 @@ def read_student(run, checkpoint: str | None):
 
 def final_student(run, checkpoint: str | None) -> Path:
     """The run's `student/` (`student_ema/` for --checkpoint ema), refused in one line where the run has none."""
-    from wandistiller.core.files import in_run
 
     if checkpoint == "ema":
         source = in_run(run.path, "student_ema")
@@ -82,7 +92,6 @@ def final_student(run, checkpoint: str | None) -> Path:
 
 def run_card(run) -> str:
     """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
-    from wandistiller.core.files import in_run
     from wandistiller.recipe.methods import card_phrases
     from wandistiller.state.export import model_card
 
@@ -100,7 +109,6 @@ def is_lora_student(run) -> bool:
 # -- checks before anything is read or written ---------------------------------------------------------------------
 def check_out(out: Path, run_dir: Path, force: bool) -> None:
     """`--out` new, or empty, or (with --force) an existing folder to replace; never inside the run folder."""
-    from wandistiller.core.files import folder_problem
 
     real_out, real_run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
     if real_out == real_run or real_run in real_out.parents:
@@ -361,7 +369,6 @@ def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
     link out of the run is refused, a damaged file is one line."""
     from safetensors import safe_open
 
-    from wandistiller.core.files import opened, safetensors_problem
     from wandistiller.student.lora import WEIGHTS
 
     out = []
@@ -411,7 +418,6 @@ def copy_diffusers_lora(run, source: Path, out: Path, dtype: str) -> list[str]:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from wandistiller.core.files import opened
     from wandistiller.state.singlefile import DTYPES
     from wandistiller.student.lora import WEIGHTS
 
@@ -430,7 +436,6 @@ def copy_diffusers_lora(run, source: Path, out: Path, dtype: str) -> list[str]:
 
 
 def _copy(src, dst) -> None:
-    import shutil
 
     shutil.copyfileobj(src, dst, 2**24)
 
@@ -562,6 +567,7 @@ def export(
     name: str | None = None,
 ) -> Path:
     """Write the run's student to `out` in `fmt`, whole or not at all."""
+    from wandistiller.compose import register_configs
     from wandistiller.state.runs import open_run
 
     if fmt not in FORMATS:
@@ -570,6 +576,7 @@ def export(
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
         raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
+    register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
@@ -607,7 +614,6 @@ def export(
 def _replace(out: Path, built: Path, tmp: Path) -> None:
     """`built` takes `out`'s place: an empty folder (or, with --force, a full one) goes only once the export is
     whole, moved aside into the temporary folder first (removed with it)."""
-    from wandistiller.core.files import _umask
 
     mask = _umask()  # a temporary folder's files are owner-only: give them what a plain write would
     for path in [built, *built.rglob("*")]:

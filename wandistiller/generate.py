@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import (
     OneLineParser,
     UserError,
@@ -45,12 +46,14 @@ from wandistiller.state.runs import (
     student_scheduler,
     student_source,
 )
+from wandistiller.student.lora import is_lora_folder
+from wandistiller.teacher.vae import decode_latents, load_vae
 
 
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
     path_, opened = Path(path).expanduser(), (trust or Trust()).open_args()
-    from wandistiller.student.lora import is_lora_folder
+    register_configs()  # the registries' options, which the run's config may name
 
     # (a LoRA student's folder holds its adapters, no config.json)
     if ((path_ / "config.json").is_file() or is_lora_folder(path_)) and not (path_ / ".hydra").is_dir():
@@ -63,7 +66,6 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
 
 
 def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
-    from wandistiller.teacher.vae import decode_latents
 
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -103,7 +105,6 @@ def drawn_by(
 
 
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
-    from wandistiller.teacher.vae import load_vae
 
     run, source = locate(args.path, args.checkpoint, Trust.from_args(args))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,13 +17,17 @@ import logging
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
-from wandistiller.core.files import in_run, read_json_in, write_in_run
+from wandistiller.core.files import folder_problem, in_run, output_problem, read_json_in, write_in_run
 from wandistiller.recipe.methods import card_phrases
+from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
@@ -33,8 +37,12 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     model_index,
     place,
     run_pipeline,
+    write_lora_pipeline,
     write_pipeline,
 )
+from wandistiller.state.runs import load_student, open_run, student_source
+from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora, is_lora_folder, save_adapters
+from wandistiller.teacher.model import load_expert
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +64,8 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
     (every file a real copy, safetensors) and its model card. `checkpoint` (best, latest, step_N, ema) picks
     another student than the final one. Built in a temporary folder beside `out` (never inside the run, which
     may be read-only) and renamed into place whole: a full disk, an error or a kill leaves no partial export."""
-    import tempfile
 
-    from wandistiller.state.runs import open_run
-    from wandistiller.student.lora import is_lora
-
+    register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     if merge_lora and not is_lora(run.cfg.student):
         raise UserError(
@@ -87,7 +92,6 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
 
 def _check_out(out: Path) -> None:
     """`out` new or an empty folder, in a folder that can be written: before any work."""
-    from wandistiller.core.files import folder_problem, output_problem
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; choose a new folder (an export never overwrites)")
@@ -101,9 +105,6 @@ def _check_out(out: Path) -> None:
 
 def _student(run, checkpoint: str | None):
     """The student to export: `student_ema/`'s folder, or the final or a checkpoint's WanTransformer3DModel."""
-    import torch
-
-    from wandistiller.state.runs import load_student, student_source
 
     if checkpoint != "ema":
         return load_student(run, student_source(run, checkpoint), torch.device("cpu"))
@@ -115,7 +116,6 @@ def _student(run, checkpoint: str | None):
 
 def _lora_source(run, checkpoint: str | None) -> Path:
     """A LoRA student's adapters to export: the final `student/`, `student_ema/`, or a checkpoint's."""
-    from wandistiller.state.runs import student_source
 
     if checkpoint != "ema":
         return student_source(run, checkpoint)
@@ -130,14 +130,7 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
     as diffusers writes them, or (`merge`) with them merged into its transformers (W + alpha/rank B A)."""
     from diffusers import WanPipeline
 
-    from wandistiller.state.checkpoint import load_checkpoint
-    from wandistiller.state.export import write_lora_pipeline
-    from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora_folder, save_adapters
-    from wandistiller.teacher.model import load_expert
-
     if not is_lora_folder(source):  # a checkpoint: its adapters written as a student/ folder first
-        import torch
-
         experts = [load_expert(run.spec, name, torch.float32) for name in run.spec.experts]
         state = load_checkpoint(source)["student"]
         save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))

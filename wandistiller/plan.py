@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import sys
 
+from hydra.utils import get_class, instantiate
+
+from wandistiller.compose import register_configs
+from wandistiller.config import hardware_problem
+from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.hydra import auto_precision, compose_config
+from wandistiller.core.precision import Precision
+from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
 from wandistiller.placements.planner import plan_report, workload_of
 
@@ -18,16 +27,10 @@ run there would take: bf16 for N > 0); e.g.
 
 def main() -> None:
     """Compose the same config tree as training (no run folder, no log file) and print the plan."""
-    from wandistiller.compose import auto_precision, compose_config
-    from wandistiller.config import hardware_problem
-    from wandistiller.core.errors import UserError, exit_on_user_error
-    from wandistiller.core.precision import Precision
-    from wandistiller.job.checks import built_quietly, name_the_teacher
-    from wandistiller.job.preflight import check_method_config
-
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
         return
+    register_configs()
     with exit_on_user_error():
         cfg = compose_config(sys.argv[1:])
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
@@ -48,8 +51,6 @@ def main() -> None:
 def configured(cfg) -> Placement | None:
     """The placement the config names, with its settings (None for `auto`, which the planner chooses), its
     settings checked as a run checks them (a bad `resident_blocks` is one line, not a wrong table)."""
-    from hydra.utils import get_class, instantiate
-
     if getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False):
         return None
     placement = instantiate(cfg.teacher_placement)

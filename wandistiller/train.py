@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, cast
@@ -20,9 +21,10 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
-from wandistiller.compose import register_configs
+from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core.distributed import (
     Topology,
     destroy_process_group,
@@ -32,6 +34,8 @@ from wandistiller.core.distributed import (
     worker_logging,
 )
 from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, rate
+from wandistiller.core.files import read_json_in
+from wandistiller.core.hydra import modern_argv
 from wandistiller.job import stopping
 from wandistiller.job.checks import check_interpolations
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
@@ -82,8 +86,6 @@ def run(cfg: DictConfig) -> dict:
             prepared = prepare(cfg, topo, point)
         if _finished(prepared, cfg):
             log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
-            from wandistiller.core.files import read_json_in
-
             return read_json_in(Path(prepared.run_dir), "metrics.json")  # through the guard: never a link out
         if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1 or point is not None:
             summary = _launch_workers(cfg, prepared)
@@ -165,8 +167,6 @@ def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
 
 
 def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     d = cfg.distributed
     if d.nnodes > 1:  # the rendezvous blocks until every node has joined: say what it waits for
@@ -196,9 +196,6 @@ def _finished(prepared: Prepared, cfg: DictConfig) -> bool:
 def cli() -> None:
     """`python -m wandistiller.train`: the overrides checked first (a typo is one line, exit code 2), then
     Hydra's main."""
-    import sys
-
-    from wandistiller.compose import check_overrides, modern_argv
 
     with exit_on_user_error():
         sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too

@@ -550,13 +550,13 @@ ALLOWED_MODULES = (
     "bench/",  # developer benchmarks, on run folders they make themselves and /proc
 )
 ALLOWED_CALLS = {
-    ("compose.py", "shared_now"): "/proc: the parent process's start time",
+    ("core/hydra.py", "shared_now"): "/proc: the parent process's start time",
     ("recipe/loop.py", "_peak_rss_kib"): "/proc/self/status",
     ("state/received.py", "_shipped_targets"): "the shipped conf/ tree",
     ("state/received.py", "local_cache_dir"): "the shipped conf/train.yaml",
     ("state/checkpoint.py", "teacher_digest"): "the teacher's weights files",
     ("state/export.py", "model_index"): "the teacher's model_index.json",
-    ("state/export.py", "image_scale"): "the teacher's vae/config.json",
+    ("state/runs.py", "image_scale"): "the teacher's vae/config.json",
     ("state/export.py", "teacher_index"): "the teacher's model_index.json",
     ("state/export.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
     ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",

@@ -7,8 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from wandistiller.compose import auto_precision, resolve_precision
 from wandistiller.core.errors import UserError
+from wandistiller.core.hydra import auto_precision, resolve_precision
 from wandistiller.core.precision import Precision, auto_choice, cast_keeping_fp32, to_dtype
 
 

@@ -128,7 +128,7 @@ def test_values_that_cannot_train_are_refused_first(make_cfg, tmp_path, override
     ],
 )
 def test_a_teacher_given_by_path_takes_that_folders_name_not_the_groups(overrides, name, builtin):
-    from wandistiller.compose import compose_config
+    from wandistiller.core.hydra import compose_config
     from wandistiller.job.checks import name_the_teacher
 
     cfg = compose_config(list(overrides))

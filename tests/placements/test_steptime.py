@@ -12,7 +12,7 @@ def timed(*overrides: str, hardware: str = "40GiB"):
     """(workload, step time by placement) as `planned`'s plan, with the composed method's passes."""
     import torch
 
-    from wandistiller.compose import compose_config
+    from wandistiller.core.hydra import compose_config
     from wandistiller.job.checks import built_quietly, name_the_teacher
     from wandistiller.placements.planner import plan, step_times, workload_of
 

@@ -152,7 +152,7 @@ def test_a_received_metrics_file_cannot_add_lines_to_the_front_matter_or_text_to
 def test_a_pocket_runs_card_has_the_pocket_teachers_real_sizes_and_they_draw_its_images(make_cfg, tmp_path):
     from diffusers import WanPipeline
 
-    from wandistiller.compose import shipped_asset
+    from wandistiller.core.hydra import shipped_asset
     from wandistiller.pocket.digits import IMAGE_SIZE
 
     folder, teacher = tmp_path / "run", Path(shipped_asset("pocket/pocket-wan-t2v"))

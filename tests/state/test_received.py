@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
+from wandistiller.core import registry
 from wandistiller.core.errors import UserError
 from wandistiller.job.resumed import continued_config
 from wandistiller.state.received import allow_targets, allowed_targets, check_received
@@ -88,6 +89,15 @@ def test_a_target_the_user_names_is_theirs(finished, tmp_path, capsys):
     assert check_received(raw, file, trusted={"mypkg.MyRecipe"}).recipe._target_ == "mypkg.MyRecipe"
     allow_targets("mypkg.MyRecipe")  # a later registry's entry
     assert "mypkg.MyRecipe" in allowed_targets()
+
+
+def test_the_registries_options_are_allowed_once_registered_and_reading_before_is_a_programming_error(monkeypatch):
+    """compose.register_configs hands the registries down (core.registry.registered()): their options' classes are
+    allowed targets; read before it, a shipped placement would be refused as a stranger's, so it is an error."""
+    assert "wandistiller.placements.cpu.CpuPlacement" in allowed_targets()  # registered by tests/conftest.py
+    monkeypatch.setattr(registry, "_registered", {})
+    with pytest.raises(RuntimeError, match=r"call wandistiller.compose.register_configs\(\) first"):
+        allowed_targets()
 
 
 @pytest.mark.parametrize(

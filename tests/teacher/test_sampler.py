@@ -91,7 +91,7 @@ def test_the_framework_samples_the_pocket_teacher_as_wan_pipeline_does_from_the_
 
     from diffusers import WanPipeline
 
-    from wandistiller.compose import shipped_asset
+    from wandistiller.core.hydra import shipped_asset
     from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents
     from wandistiller.data.prompts import encode_prompts
     from wandistiller.teacher.vae import decode_latents

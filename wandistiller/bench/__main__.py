@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import CACHE, job, out_path, plan
+from wandistiller.bench import CACHE, job, load, out_path, overhead, plan, teacher
 from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.files import folder_problem
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,11 +61,11 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     if args.bench == "overhead":
-        from wandistiller.bench.overhead import overhead as bench
+        bench = overhead.overhead
     elif args.bench == "teacher":
-        from wandistiller.bench.teacher import teacher_bench as bench
+        bench = teacher.teacher_bench
     elif args.bench == "load":
-        from wandistiller.bench.load import load_bench as bench
+        bench = load.load_bench
     elif args.bench == "plan":
         bench = plan.run
     else:
@@ -86,7 +87,6 @@ COUNTS = ("steps", "reps", "batch_size", "batch", "latent_height", "latent_width
 
 def check_args(args: argparse.Namespace) -> None:
     """What every benchmark needs of its flags, checked before minutes of setup: one line each."""
-    from wandistiller.core.files import folder_problem
 
     for name in COUNTS:
         value = getattr(args, name, None)

@@ -17,6 +17,16 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from wandistiller.config import CONF_DIR
+from wandistiller.data.batches import mixed_seed
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.recipe.loop import Clock
+from wandistiller.student.model import build_student
+from wandistiller.teacher.fastpaths import quantize_expert
+from wandistiller.teacher.fp8 import relative_mse
+from wandistiller.teacher.spec import inspect_teacher
+
 DTYPES = {"bf16": (torch.bfloat16, torch.bfloat16), "fp32": (torch.float32, None)}  # teacher, autocast
 GUIDANCE, LR, BETAS, WARMUP, MAX_NORM = 5.0, 1e-3, (0.9, 0.99), 10, 1.0  # conf/teacher/tiny, conf/trainer/default
 
@@ -25,12 +35,6 @@ def setup(args, folder: Path) -> dict:
     """Teacher, student, optimizer, schedule and the prompt table on the device, with the fast paths chosen."""
     from diffusers import WanTransformer3DModel
     from diffusers.optimization import get_scheduler
-
-    from wandistiller.config import CONF_DIR
-    from wandistiller.data.prompts import encode_prompts, read_prompts
-    from wandistiller.data.validation import split_prompts
-    from wandistiller.student.model import build_student
-    from wandistiller.teacher.spec import inspect_teacher
 
     device, (teacher_dtype, _) = torch.device(args.device), DTYPES[args.precision]
     spec = inspect_teacher(folder)
@@ -65,7 +69,6 @@ def setup(args, folder: Path) -> dict:
 
 def draw(args, s: dict, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_t, t and cond of a step, on the device: the framework's recipe for (seed, step, micro 0, rank 0)."""
-    from wandistiller.data.batches import mixed_seed
 
     b, device, shift = args.batch, s["device"], s["spec"].flow_shift
     g = torch.Generator().manual_seed(mixed_seed(args.seed, step, 0, 0))
@@ -95,8 +98,6 @@ def guided_target(s: dict, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tenso
 
 def _quantize_and_measure(args, s: dict) -> float:
     """fp8 the teacher; return its targets' relative MSE against the bf16 ones on the first batch."""
-    from wandistiller.teacher.fastpaths import quantize_expert
-    from wandistiller.teacher.fp8 import relative_mse
 
     batch = draw(args, s, 0)
     reference = guided_target(s, *batch)
@@ -106,7 +107,6 @@ def _quantize_and_measure(args, s: dict) -> float:
 
 def run_loop(args, s: dict) -> dict:
     """`args.steps` steps; times (events on CUDA, as the framework's loop) of those after `args.warmup`."""
-    from wandistiller.recipe.loop import Clock
 
     clock, (_, autocast), device = Clock(s["device"]), DTYPES[args.precision], s["device"]
     step_spans: list[tuple] = []  # clock marks, read once the clock has waited

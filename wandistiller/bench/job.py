@@ -28,12 +28,12 @@ import torch
 
 from wandistiller.bench import CACHE, handwritten, out_path
 from wandistiller.bench.models import ARCHS
+from wandistiller.teacher.tiny import ensure_tiny_teacher
 
 REAL = {"freq_dim": 256, "rope_max_seq_len": 1024}  # Wan's own; the tiny builder's defaults are smaller
 
 
 def teacher_folder(arch: str, cache_dir: str) -> Path:
-    from wandistiller.teacher.tiny import ensure_tiny_teacher
 
     config = ARCHS[arch] | ({} if arch == "tiny" else REAL)
     return ensure_tiny_teacher(Path(cache_dir).expanduser() / "bench" / f"wan-{arch}", transformer_config=config)

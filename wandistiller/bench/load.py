@@ -5,21 +5,22 @@ the `offload` / `disk` streamed loaders. Peak RSS (VmHWM) includes memory-mapped
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
 from wandistiller.bench.models import memory_gib, random_model
+from wandistiller.placements.streaming import load_streamed_expert
 
 
 def _load_once(how: str, folder: str, device: str) -> dict:
     """In a fresh process: load one expert `how`, and what that cost in host memory and time."""
-    import threading
 
     from diffusers import WanTransformer3DModel
-
-    from wandistiller.placements.streaming import load_streamed_expert
 
     before = memory_gib()
     base = before["RssAnon"] + before["RssShmem"]
@@ -59,8 +60,6 @@ def _load_once(how: str, folder: str, device: str) -> dict:
 
 
 def load_bench(args) -> dict:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     folder = Path(args.folder).expanduser() / "transformer"
     if not (folder / "config.json").is_file():

@@ -10,6 +10,7 @@ import torch
 
 from wandistiller.core.arch import BENCH_ARCHS
 from wandistiller.placements.steptime import forward_flops  # noqa: F401 -- the benchmarks' MFU, the planner's one count
+from wandistiller.placements.streaming import replace_tensor
 
 ARCHS = BENCH_ARCHS
 
@@ -33,8 +34,6 @@ def random_model(arch: str, dtype: torch.dtype):
     """
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
-
-    from wandistiller.placements.streaming import replace_tensor
 
     with init_empty_weights():  # parameters on meta; buffers (rope tables) real
         model = WanTransformer3DModel(**ARCHS[arch])

@@ -12,20 +12,25 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from wandistiller.compose import register_configs
+from wandistiller.config import CONF_DIR
+from wandistiller.core.distributed import Topology
+from wandistiller.core.hydra import auto_precision
+from wandistiller.core.precision import Precision
+from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.loop import Run, train_loop
+from wandistiller.recipe.targets import LocalTargets
+from wandistiller.student.model import build_student
+from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
+from wandistiller.tracking.loggers import NullTracker
 
 
 def _setup(cache_dir: Path, batch_size: int):
-    from hydra import compose, initialize_config_dir
-
-    from wandistiller.compose import auto_precision, register_configs
-    from wandistiller.config import CONF_DIR
-    from wandistiller.core.distributed import Topology
-    from wandistiller.core.precision import Precision
-    from wandistiller.data.prompts import encode_prompts, read_prompts
-    from wandistiller.placements.cpu import CpuPlacement
-    from wandistiller.student.model import build_student
-    from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
     register_configs()
     conf = CONF_DIR
@@ -54,11 +59,6 @@ def _setup(cache_dir: Path, batch_size: int):
 def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: int) -> float:
     """Seconds per step of wandistiller's own loop (no checkpoints, no tracker, no progress bar)."""
     from diffusers.optimization import get_scheduler
-
-    from wandistiller.data.batches import BatchSettings, batch_source
-    from wandistiller.recipe.loop import Run, train_loop
-    from wandistiller.recipe.targets import LocalTargets
-    from wandistiller.tracking.loggers import NullTracker
 
     trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)

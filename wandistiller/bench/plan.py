@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,18 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+from hydra.utils import instantiate
+
 from wandistiller.bench import CACHE, out_path
-from wandistiller.core.arch import BENCH_ARCHS
+from wandistiller.compose import register_configs
+from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER
+from wandistiller.core.errors import UserError
+from wandistiller.core.hydra import auto_precision, compose_config
+from wandistiller.core.precision import Precision
+from wandistiller.placements import planner as plan
+from wandistiller.placements.streaming import replace_tensor
+from wandistiller.teacher.tiny import build_tiny_pipeline
 
 GiB = 2**30
 
@@ -48,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     """Every (student, batch, placement) point: prediction, measurement, error; a table last."""
-    from wandistiller.core.errors import UserError
 
     latent = args.latent or ("8x8" if args.arch == "tiny" else "60x104")
     height, _, width = latent.partition("x")
@@ -84,15 +94,12 @@ def run(args) -> dict:
 
 def predict(overrides: list[str]) -> dict:
     """The planner's per-device prediction for the placement these overrides name, on this machine."""
-    from wandistiller.compose import auto_precision, compose_config
-    from wandistiller.core.precision import Precision
-    from wandistiller.placements import planner as plan
 
+    register_configs()
     cfg = compose_config(overrides)
     inputs = plan.workload_of(cfg, Precision.from_config(auto_precision(cfg.precision)).teacher_dtype, ranks=1)
     assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"
     w, hw = inputs
-    from hydra.utils import instantiate
 
     estimate = instantiate(cfg.teacher_placement).estimate(w, hw)
     return {
@@ -110,12 +117,13 @@ def cache_embeddings(overrides: list[str]) -> None:
     then freed) is not what it predicts, and would otherwise count in the first point's peak."""
     code = (
         "import sys, torch\n"
-        "from wandistiller.compose import compose_config\n"
+        "from wandistiller.compose import register_configs\n"
+        "from wandistiller.core.hydra import auto_precision, compose_config\n"
         "from wandistiller.data.prompts import encode_prompts, read_prompts\n"
-        "from wandistiller.compose import auto_precision\n"
         "from wandistiller.core.precision import Precision\n"
         "from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path\n"
         "from wandistiller.data.validation import split_prompts\n"
+        "register_configs()\n"
         "cfg = compose_config(sys.argv[1:])\n"
         "spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))\n"
         "d = cfg.data\n"
@@ -232,14 +240,9 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
     text encoder of Wan's width 4096 (so the transformer's text projection keeps its real shape)."""
     if (folder / "model_index.json").is_file():
         return folder
-    import torch
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
-
-    from wandistiller.core.arch import TINY_TEXT_ENCODER
-    from wandistiller.placements.streaming import replace_tensor
-    from wandistiller.teacher.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     text = TINY_TEXT_ENCODER | dict(d_model=BENCH_ARCHS[arch]["text_dim"], num_layers=1)
@@ -257,10 +260,7 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
 
 def _card(device: str) -> str:
     if device != "cuda":
-        import platform
-
         return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
-    import torch
 
     return torch.cuda.get_device_name(0)
 

@@ -28,6 +28,11 @@ from wandistiller.bench.models import (
     random_model,
     time_forward,
 )
+from wandistiller.placements.memory import block_bytes, resident_blocks
+from wandistiller.placements.streaming import stream_blocks
+from wandistiller.teacher.fastpaths import quantize_expert
+from wandistiller.teacher.fp8 import relative_mse
+from wandistiller.teacher.model import compile_blocks
 
 
 def _in_fresh_process(fn, *args):
@@ -44,10 +49,6 @@ def _peak(device: torch.device) -> float | None:
 def _measure(args, batches: list[int], streamed: bool, quantize: str | None = None) -> dict:
     """Seconds per forward, peak GiB and the outputs, per batch, of the resident or the streamed model
     (bf16, or with `quantize="fp8"` its blocks' Linear layers in fp8, quantized before anything moves)."""
-    from wandistiller.placements.memory import resident_blocks
-    from wandistiller.placements.streaming import stream_blocks
-    from wandistiller.teacher.fastpaths import quantize_expert
-    from wandistiller.teacher.model import compile_blocks
 
     device, dtype = torch.device(args.device), torch.bfloat16
     model = random_model(args.arch, dtype)  # the same weights in every process
@@ -77,7 +78,6 @@ def _measure(args, batches: list[int], streamed: bool, quantize: str | None = No
 
 
 def teacher_bench(args) -> dict:
-    from wandistiller.placements.memory import block_bytes
 
     config = model_config(args.arch)  # weights are built in each measuring process
     fp8 = args.quantize == "fp8"
@@ -155,7 +155,6 @@ def _row(b: int, resident: tuple, streamed: tuple, floor: float | None, config: 
 def _fp8_columns(b: int, bf16: tuple, resident: tuple, streamed: tuple, bf16_floor: float | None) -> dict:
     """fp8 against bf16: speed (resident), precision (targets' relative MSE, held to <= 1%), and the
     streamed fp8 forward against the bf16 copy floor (the issue's target: <= 0.6x)."""
-    from wandistiller.teacher.fp8 import relative_mse
 
     return {
         "bf16_resident_ms_per_sample": 1e3 * bf16[0] / b,

@@ -6,6 +6,7 @@ students and the benchmark shapes all read their numbers from here.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeGuard
 
 # Wan 2.1/2.2 14B: also each of Wan 2.2 A14B's two experts.
@@ -176,7 +177,6 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def json_repr(value: object) -> str:
-    import json
 
     try:
         return json.dumps(value)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,6 @@ def launch(entrypoint, args: tuple, distributed_cfg) -> list:
     bind every interface whatever host they are given, so the rendezvous and the workers' process group
     share one store this process serves on a socket bound to 127.0.0.1, and gloo/NCCL use the loopback.
     """
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     multi_node = distributed_cfg.nnodes > 1
     local = not multi_node and not distributed_cfg.rdzv_endpoint

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
@@ -33,7 +34,6 @@ CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 def check_signatures(cfg: DictConfig) -> None:
     """Every swappable target accepts what its call site passes (the keys under it included)."""
-    from hydra.utils import get_object
 
     calls = [(k, c) for k, c in CALLS.items() if not k.endswith(".*")]
     for key, call in CALLS.items():  # "logger.*": every entry under the node

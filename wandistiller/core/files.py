@@ -32,13 +32,18 @@ have one name (`appendable`), and an export (`--out`) writes copies, never links
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import shutil
+import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
 
 # The package's shipped assets (prompts, built-in files); one constant so no module imports another for a path.
@@ -199,7 +204,6 @@ def output_problem(folder: Path, name: str | Path | None = None) -> str | None:
     probe = Path(target).expanduser().absolute()
     while not probe.exists():
         probe = probe.parent
-    from wandistiller.core import leftovers
 
     trial = probe / leftovers.owned_name(f".write-check.{os.urandom(4).hex()}")
     try:
@@ -222,7 +226,6 @@ def held_exclusively(lock_file: Path) -> Iterator[None]:
     """One process at a time in the block, across processes sharing a folder (two runs, a sweep's points, the
     ranks of a run): an exclusive flock on `lock_file`, released when the block ends or the process dies.
     The file stays: removing it while another process waits on it would let a third take a new one."""
-    import fcntl
 
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -253,7 +256,6 @@ ATOMIC_TMP = r"\..+\.[0-9a-f]{8}\.tmp"
 def _write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
     """`name` in the folder open as `dfd`, written whole: a new file (O_EXCL, O_NOFOLLOW: never an existing file or
     link) named for its writer, renamed over `name` -- a link (symbolic or hard) in its place is replaced."""
-    from wandistiller.core import leftovers
 
     tmp = leftovers.owned_name(f".{name}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
@@ -277,10 +279,7 @@ def _write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
 def save_tensors(obj, path: Path) -> Path:
     """`torch.save(obj)` at `path` (its folder made), whole or not at all (`atomic_write`): a reader never sees half
     a cache file, and a failed write (a full disk) leaves no partial file and is one line naming the file."""
-    import torch
-
-    from wandistiller.core import leftovers
-    from wandistiller.core.errors import UserError
+    import torch  # noqa: PLC0415 -- the export CLI imports this module, and its `--help` goes without torch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -433,7 +432,6 @@ def _walk(real_root: str, parts: tuple[str, ...], shown: Path) -> int:
 def _swapped(error: OSError, shown: Path, dfd: int, part: str) -> None:
     """A link met where the check saw none (O_NOFOLLOW's ELOOP; ENOTDIR for a folder now a link to a file): one
     line. Any other error (a file where a folder should be, a name gone) is the caller's to word."""
-    import errno
 
     try:
         link = error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and bool(os.readlink(part, dir_fd=dfd))
@@ -454,7 +452,6 @@ def _open_dir(root: Path, folder: Path) -> int:
 
 def open_fd(root: Path, name: str | Path, flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
     """A raw descriptor of `root / name` opened with `flags` (see `open_in`): the guard's one way in."""
-    import stat
 
     path = _joined(root, name)
     real_root, parts = _resolved_parts(root, path)
@@ -596,9 +593,6 @@ def replace_folder(root: Path, name: str, write) -> Path:
     place. What was there (a folder, or a link: never followed) goes, so a received run's `student -> elsewhere`
     or a hard-linked weights file is replaced, not written through. A kill midway leaves `.tmp-<name>-…` or
     `.old-<name>-…`, which `clean_run_leftovers` removes."""
-    import shutil
-
-    from wandistiller.core import leftovers
 
     root = Path(root)
     tmp, old = (root / leftovers.owned_name(f".{what}-{name}") for what in ("tmp", "old"))
@@ -624,6 +618,5 @@ TEMPORARY = r"\.(?:tmp|old)-(?:student|student_ema|pipeline)"  # replace_folder'
 
 def clean_run_leftovers(root: Path) -> None:
     """Remove the temporary folders of `replace_folder` that a killed process left in the run folder."""
-    from wandistiller.core import leftovers
 
     leftovers.remove_dead(Path(root), TEMPORARY)

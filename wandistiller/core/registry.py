@@ -109,6 +109,18 @@ class Registry:
         """Each option's schema as `schema/<group>/<name>` (the YAMLs of plugins are stored by core/plugins.py)."""
         for name, option in self.options.items():
             store.store(group=f"schema/{self.group}", name=name, node=option.schema)
+        _registered[self.group] = self
+
+
+# The registries whose schemas are in Hydra's ConfigStore, by group: stored by `register_schemas`, which
+# `wandistiller.compose.register_configs` calls for every one before anything composes or reads a run folder.
+_registered: dict[str, Registry] = {}
+
+
+def registered() -> tuple[Registry, ...]:
+    """Every registry registered with Hydra so far: how a layer below the registries' own packages (the received
+    config's check, the preflight) asks about their options without importing them."""
+    return tuple(_registered.values())
 
 
 def path_of(cls: type) -> str:

@@ -11,6 +11,8 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from wandistiller.core.errors import UserError
+
 # Every `_target_` the shipped conf/ tree or a schema named before the move: old -> new.
 RENAMED: dict[str, str] = {
     "wandistiller.recipe.DistillationRecipe": "wandistiller.recipe.distillation.DistillationRecipe",
@@ -160,8 +162,6 @@ def modern_override(override: str) -> tuple[list[str], str | None]:
         return [override], None
     places = MOVED_KEYS[key].split()
     if "," in value and not value.lstrip().startswith("[") and (key == EVALUATE_SWITCH or len(places) > 1):
-        from wandistiller.core.errors import UserError
-
         instead = (
             "hooks=[monitor,progress,samples],[monitor,progress,samples,evaluate]"
             if key == EVALUATE_SWITCH

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from wandistiller.core.files import atomic_write, save_tensors
+from wandistiller.core.files import atomic_write, file_stamps, save_tensors
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
@@ -76,7 +76,6 @@ def noise_for(seed: int, prompt: int, k: int, shape: tuple[int, ...], stream: st
 
 
 def _files_of(folder: Path) -> list:
-    from wandistiller.core.files import file_stamps
 
     return file_stamps(folder, "*.safetensors")
 

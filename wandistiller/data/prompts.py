@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS, held_exclusively, save_tensors
-from wandistiller.teacher.spec import TeacherSpec
+from wandistiller.core.files import DEFAULT_PROMPTS, file_stamps, held_exclusively, save_tensors
+from wandistiller.teacher.spec import TeacherSpec, loading
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,6 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
-    from wandistiller.core.files import file_stamps
 
     encoder = spec.path / "text_encoder"
     weights = file_stamps(encoder, "*.safetensors") + file_stamps(spec.path / "tokenizer", "*")
@@ -124,8 +123,6 @@ def encode_prompts(
 
 def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path):
     from diffusers import WanPipeline
-
-    from wandistiller.teacher.spec import loading
 
     parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
     parts.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +159,6 @@ def teacher_trajectories(
 def check_cache_size(folder: Path, items: int, item_shape: tuple[int, ...]) -> None:
     """The trajectory cache (`items` float32 items of `item_shape`) fits on its disk, with what of it is already
     there: one line naming the keys that size it, before any work -- not a full disk hours in."""
-    import shutil
 
     need = items * math.prod(item_shape) * 4
     have = sum(f.stat().st_size for f in folder.glob("*.pt")) if folder.is_dir() else 0

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import in_run, read_in, write_in_run
 from wandistiller.data.prompts import PromptEmbeddings, read_prompts
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,6 @@ def val_loss(
 
 def recorded_rows(run_dir: Path) -> list[dict]:
     """metrics_steps.jsonl's rows: training steps and validations, as they happened ([] without the file)."""
-    from wandistiller.core.files import in_run, read_in
 
     path = in_run(run_dir, "metrics_steps.jsonl")  # a received folder's link out of it is refused, never read
     rows = []
@@ -184,7 +184,6 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: Sequence[dict] = ()) 
         ax.legend(fontsize=8)
     fig.tight_layout()
     out = run_dir / "loss.png"
-    from wandistiller.core.files import write_in_run
 
     write_in_run(run_dir, "loss.png", write=lambda f: fig.savefig(f, format="png"), fsync=False)
     plt.close(fig)

@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import check_appended, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.sources import source_of
 from wandistiller.evaluation.grids import save_grid
 from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
@@ -43,6 +45,7 @@ from wandistiller.state.runs import (
     teacher_identity,
 )
 from wandistiller.teacher.sampler import calls_per_image
+from wandistiller.teacher.vae import decode_latents, load_vae
 
 # What `python -m wandistiller.eval` samples unasked: a run without an end-of-run evaluation (no `hooks.evaluate` in
 # its saved config) has these as its own settings, the ones `eval.json` names.
@@ -55,7 +58,6 @@ def eval_prompts(
     """The given file, or the run's held-out prompts (never trained on: its data source's own split); `own_files`:
     the saved files are the user's own (the end-of-run eval), so they are read wherever they lie; `allow_data`:
     the user trusts a received run's data folders."""
-    from wandistiller.data.sources import source_of
 
     if prompts_path is not None:
         return read_prompts(prompts_path)[:limit]
@@ -118,7 +120,6 @@ def evaluate(
     2 or more a prompt); the grid shows each prompt's first, by the first student step count. `steps`, `limit`,
     `per_prompt` and `prompts_path` left None are the run's own (`own_settings`), so a plain `eval RUN` reproduces
     its eval.json."""
-    from wandistiller.teacher.vae import decode_latents, load_vae
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
     steps, limit, per_prompt, prompts_path = run_settings(run, steps, limit, per_prompt, prompts_path, trust or Trust())
@@ -269,7 +270,6 @@ def run_settings(
 def own_settings(run: RunFolder) -> dict:
     """The run's own evaluation settings, the ones `eval.json` stands for: its end-of-run evaluation's
     (`hooks.evaluate` of its saved config: steps, limit, per_prompt, prompts_path), else eval's defaults."""
-    from omegaconf import DictConfig
 
     hooks = run.cfg.get("hooks")
     node = hooks.get("evaluate") if isinstance(hooks, DictConfig) else None

@@ -7,23 +7,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
+from wandistiller.core.renamed import current_target
+from wandistiller.state.checkpoint import STATE_FILE, checkpoint_step, list_checkpoints
+from wandistiller.state.received import load_json, load_received
 from wandistiller.state.runs import Trust
+from wandistiller.tracking import loggers
 
 
 def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     """Add the evaluation to every logger the run was saved with (csv, tensorboard, wandb, ...), in the run folder.
     wandb continues the run's own run (its id is in the run's checkpoints; none: wandb is skipped), offline,
     whatever the saved config says, unless `--wandb-mode online` is given here."""
-
-    from hydra.utils import get_class
-    from omegaconf import OmegaConf
-
-    from wandistiller.core.renamed import current_target
-    from wandistiller.state.checkpoint import STATE_FILE, list_checkpoints
-    from wandistiller.state.received import load_json, load_received
-    from wandistiller.tracking import loggers
 
     trust = trust or Trust()
     checkpoints = list_checkpoints(run_dir)
@@ -60,8 +59,6 @@ def evaluated_step(run_dir: Path, student: Path) -> int | None:
     """The training step of the student evaluated, where its numbers belong in the run's charts: a checkpoint's
     own step; for the final student the run's last step (metrics.json's final_step, written with it; else the
     latest checkpoint's, as the last step is always checkpointed). None where neither can be read."""
-    from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
-    from wandistiller.state.received import load_json
 
     if student.name != "student":
         step = checkpoint_step(student)

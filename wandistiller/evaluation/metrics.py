@@ -18,10 +18,14 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from wandistiller.core.errors import UserError
+from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.digits import ATTRIBUTE_NAMES, parse_prompt, rendered_split
 
 if TYPE_CHECKING:
     from wandistiller.pocket.classifier import DigitJudge
@@ -39,7 +43,6 @@ KID_MEANING = (
 
 def prompt_accuracy(predicted: torch.Tensor, wanted: torch.Tensor) -> dict[str, float]:
     """[N, K] predicted and wanted attributes -> the fraction with all K right ("prompt_accuracy") and each."""
-    from wandistiller.pocket.digits import ATTRIBUTE_NAMES
 
     right = predicted == wanted
     names = ATTRIBUTE_NAMES[: wanted.shape[1]]
@@ -98,7 +101,6 @@ def judge_features(judge: nn.Module, images: torch.Tensor, batch: int = 256) -> 
 
 def heldout_reference(copies: int = 1) -> torch.Tensor:
     """The held-out real digits, rendered with fixed colours and places: what FID/KID compare against."""
-    from wandistiller.pocket.digits import rendered_split
 
     return rendered_split("heldout", copies=copies, seed=7)[0]
 
@@ -106,8 +108,6 @@ def heldout_reference(copies: int = 1) -> torch.Tensor:
 def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | None = None, reference=None) -> dict:
     """Prompt accuracy, FID/KID to the held-out digits, and intra-prompt `diversity` (where a prompt has several
     images) of images made for pocket prompts; {} when a prompt is not one (another teacher's run)."""
-    from wandistiller.pocket.classifier import load_classifier
-    from wandistiller.pocket.digits import parse_prompt
 
     wanted = [parse_prompt(p) for p in prompts]
     if not prompts or any(w is None for w in wanted):
@@ -162,8 +162,6 @@ def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
 
 
 def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
-    import numpy as np
-    from PIL import Image
 
     files = sorted(p for p in folder.glob("*") if p.suffix.lower() in {".png", ".jpg", ".jpeg", ".webp"})
     if not folder.is_dir() or len(files) < 2:
@@ -179,8 +177,6 @@ def eval_quality(
     `<who>_fid`, `<who>_kid`, `<who>_diversity` where the prompts are the pocket's (diversity where a prompt has
     several images; `diversity_ratio`, student / teacher, where both are given), and the real-Wan options when
     asked."""
-    from wandistiller.pocket.classifier import load_classifier
-    from wandistiller.pocket.digits import parse_prompt
 
     pocket = bool(prompts) and all(parse_prompt(p) is not None for p in prompts)
     judge, reference = (load_classifier(), heldout_reference()) if pocket else (None, None)

@@ -5,28 +5,35 @@ line naming the key and the fix; `preflight.prepare` runs them first, in its ord
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import math
+import re
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from wandistiller.config import hardware_problem
+from wandistiller.config import CONF_DIR, TrainConfig, hardware_problem
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError
+from wandistiller.core.extensions import check_signatures
+from wandistiller.core.files import folder_problem
+from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
+from wandistiller.state.received import looks_like_hub_id
 
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Hydra's `+key=value` adds a key the schema does not know, so `+trainer.bacth_size=2` would be
     ignored in silence: every key under a typed node must be one of its schema's fields."""
-    import dataclasses
-
-    from wandistiller.config import TrainConfig
 
     def walk(schema, node: DictConfig, prefix: str) -> None:
         fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -47,7 +54,6 @@ def name_the_teacher(cfg: DictConfig) -> None:
     """`teacher.path=<folder or Hub id>` over a group's teacher (the default `tiny`): the run's teacher is then
     that folder, so `teacher.name` becomes its name (or the Hub id) and `builtin` goes; the plan, the saved
     config and metrics.json said "tiny" of a 14B model. A name that is no group option is the user's own."""
-    from wandistiller.config import CONF_DIR
 
     group = CONF_DIR / "teacher" / f"{cfg.teacher.name}.yaml"
     if not group.is_file():
@@ -57,7 +63,6 @@ def name_the_teacher(cfg: DictConfig) -> None:
     path = str(given["path"])
     if path == str(shipped.get("path")):
         return
-    from wandistiller.state.received import looks_like_hub_id
 
     with open_dict(cfg):
         cfg.teacher.name = path if looks_like_hub_id(path) else Path(path).expanduser().name or path
@@ -67,8 +72,6 @@ def name_the_teacher(cfg: DictConfig) -> None:
 def _schema_of(schema, key: str, node=None):
     """The dataclass that types `schema.key`: its field's, or for an untyped (Any) node the option schema it was
     composed with (a placement's, a data source's, a loss's); None for a node of no schema."""
-    import dataclasses
-    import typing
 
     hint = typing.get_type_hints(schema).get(key)
     if dataclasses.is_dataclass(hint):
@@ -152,7 +155,6 @@ def check_training_parts(cfg: DictConfig):
     """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
     (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads.
     Returns the method, built: the one the run trains with (preflight hands it down in `Prepared`)."""
-    import torch
     from diffusers.optimization import get_scheduler
 
     t = cfg.trainer
@@ -181,9 +183,6 @@ def check_numbers_by_signature(node, prefix: str) -> None:
     parameter defaults to a number (or a list of them) must be one, named with its key and type, as a schema's
     key is. Else `trainer.optimizer.lr=1e-3x` reached torch's `0.0 <= lr` as a string and said only
     "'<=' not supported between instances of 'float' and 'str'"."""
-    import inspect
-
-    from hydra.utils import get_method
 
     if not isinstance(node, DictConfig) or "_target_" not in node:
         return
@@ -231,7 +230,6 @@ def _first_line(error: Exception) -> str:
 
 def check_folders(cfg: DictConfig) -> None:
     """The run folder and the cache can be created and written: checked before either is touched."""
-    from wandistiller.core.files import folder_problem
 
     for key, folder in (("hydra.run.dir", cfg.paths.output_dir), ("paths.cache_dir", cfg.paths.cache_dir)):
         problem = folder_problem(Path(str(folder)))
@@ -242,9 +240,6 @@ def check_folders(cfg: DictConfig) -> None:
 def check_tracker(cfg: DictConfig) -> None:
     """Each logger's own refusals (`check`, e.g. logger.wandb.mode=online needs a wandb key), without the network;
     an entry of `logger` that is not a logger is one line listing the shipped ones."""
-    from hydra.utils import get_object
-
-    from wandistiller.core.plugins import conf_options
 
     for key, node in cfg.logger.items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -261,7 +256,6 @@ def check_tracker(cfg: DictConfig) -> None:
 def check_hooks(cfg: DictConfig) -> None:
     """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`) is one line (the hooks are
     built once by check_training_parts, so their own settings' refusals come before anything heavy)."""
-    from wandistiller.core.plugins import conf_options
 
     for key, node in cfg.hooks.items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -274,7 +268,6 @@ def check_hooks(cfg: DictConfig) -> None:
 
 def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` a user may swap names something importable, before anything else runs."""
-    from hydra.utils import get_object
 
     listed = [
         f"{group}.{k}"
@@ -290,7 +283,6 @@ def check_targets(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
-    from wandistiller.core.extensions import check_signatures
 
     check_signatures(cfg)
 
@@ -298,9 +290,6 @@ def check_targets(cfg: DictConfig) -> None:
 def check_missing(cfg: DictConfig) -> None:
     """Every key of the schema is there and has a value: `~trainer` leaves the schema's mandatory `???`
     behind and `~seed` removes the key, each an internal error once the run folder was made."""
-    import dataclasses
-
-    from wandistiller.config import TrainConfig
 
     def absent(schema, node: DictConfig, prefix: str):  # fields of the schema an override deleted (~seed)
         for field in dataclasses.fields(schema):
@@ -324,9 +313,6 @@ def check_missing(cfg: DictConfig) -> None:
 def check_interpolations(cfg: DictConfig) -> None:
     """Every `${…}` resolves (an unset environment variable, a key that does not exist): one line naming
     the key that holds the bad one (not a key that merely refers to it), before any value is used."""
-    import re
-
-    from omegaconf.errors import OmegaConfBaseException
 
     check_missing(cfg)
     failing = []

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import read_json_in, run_folder, write_in_run
 
 FAILURES = ".failures"
 
@@ -32,7 +33,6 @@ class WorkerFailed(UserError):
 
 def record_failure(run_dir: Path, rank: int, error: BaseException) -> None:
     """This rank's error, first line only, with the time it happened (read by `root_cause`)."""
-    from wandistiller.core.files import run_folder, write_in_run
 
     run_folder(run_dir, FAILURES)  # never through a received folder's link out of it
     cause = error.__context__ if isinstance(error, SystemExit) and error.__context__ else error
@@ -44,7 +44,6 @@ def record_failure(run_dir: Path, rank: int, error: BaseException) -> None:
 
 def root_cause(error, run_dir: Path) -> tuple[int, str]:
     """The failed rank whose error is not just a broken connection to another failed rank; earliest first."""
-    from wandistiller.core.files import read_json_in
 
     failures_dir = run_dir / FAILURES
     found = [read_json_in(run_dir, f) for f in sorted(failures_dir.glob("rank*.json"))]  # never through a link out

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.compose import compose_option, resolve_precision
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
+from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
 from wandistiller.core.precision import Precision
+from wandistiller.core.registry import registered
 from wandistiller.data import sources as data_sources
 from wandistiller.job.checks import (
     check_folders,
@@ -188,7 +190,6 @@ def show_plan(planned: Plan, in_full: bool) -> None:
 
 
 def _first_sweep_point(point: dict | None) -> bool:
-    from hydra.core.hydra_config import HydraConfig
 
     return point is not None and HydraConfig.initialized() and HydraConfig.get().job.num == 0
 
@@ -393,14 +394,12 @@ def check_method_loss(cfg: DictConfig, method) -> None:
     shipped tree's, or a key of that one changed -- is refused, not dropped."""
     if method.uses_loss:
         return
-    from wandistiller.compose import compose_config, registries
-
     default = OmegaConf.to_container(compose_config([]).trainer.loss, resolve=False)
     given = OmegaConf.to_container(cfg.trainer.loss, resolve=False)
     assert isinstance(default, dict) and isinstance(given, dict)
     if given == default:
         return
-    losses = next(r for r in registries() if r.group == "loss")
+    losses = next(r for r in registered() if r.group == "loss")
     name = lambda node: getattr(losses.of_target(str(node.get("_target_"))), "name", node.get("_target_"))  # noqa: E731
     if given.get("_target_") != default.get("_target_"):
         what = f"loss={name(given)}"

@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import cast
 
 import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from wandistiller.config import TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
+from wandistiller.core.hydra import compose_option
 from wandistiller.job.checks import check_interpolations, name_the_teacher
+from wandistiller.state.checkpoint import recorded_method, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 
 log = logging.getLogger("wandistiller")
@@ -60,7 +65,6 @@ def may_change(key: str) -> bool:
 
 def task_overrides() -> list[str] | None:
     """This job's command-line overrides (Hydra's), or None outside a Hydra job (a composed config)."""
-    from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
@@ -85,7 +89,6 @@ def trained_method(run_dir: Path, resume: str | None) -> str | None:
     """The `method=` the run a `trainer.resume` continues was trained with, as it saved it: its checkpoint's record,
     else the saved config of the run folder it lies in (`resume=auto`: `run_dir`); None where neither says. Only
     read, never trusted further than its name (a command line's hint: `compose.check_overrides`)."""
-    from wandistiller.state.checkpoint import recorded_method, resume_candidate
 
     if not resume:
         return None
@@ -157,7 +160,6 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     result = saved.copy()
     for key in sorted(taken | set(ALWAYS_CURRENT)):
         _put(result, key, cfg, now)
-    from wandistiller.config import TrainConfig
 
     merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(TrainConfig), result))  # a DictConfig merged in
     OmegaConf.set_struct(merged, True)
@@ -182,8 +184,6 @@ def with_method_of_before(saved: DictConfig) -> bool:
     """A pre-release config without a `method` node gets the method it trained with (`method=kd`, composed with its
     schema), so its resume continues it as it was, not refused as "method has no value: ... (~method?)", which no
     one wrote. True where one was added."""
-    from wandistiller.compose import compose_option
-
     if "method" in saved:
         return False
     kd = OmegaConf.to_container(compose_option("method", BEFORE_METHODS), resolve=False)
@@ -206,7 +206,6 @@ def _key(cfg: DictConfig) -> Path:
 
 def _given_keys(overrides: list[str]) -> set[str]:
     """The config keys (or groups) an override list sets; `hydra.*` included, so it may change."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
 

@@ -18,12 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, read_write
 
 from wandistiller.core import leftovers
-from wandistiller.core.errors import UserError
-from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, in_run, run_folder
+from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, folder_problem, in_run, run_folder
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
 LOCK_FILE = ".lock"
@@ -109,7 +110,6 @@ def release_run_dir(run_dir: Path) -> None:
 
 def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
     """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own."""
-    from hydra.core.hydra_config import HydraConfig
 
     hydra_dir = run_folder(run_dir, ".hydra")
     mine = in_run(run_dir, ".hydra/config.yaml")
@@ -196,7 +196,6 @@ class RunDirCheck(Callback):
     creates it for its log -- otherwise Hydra's own mkdir fails with a traceback before any of our code."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        from omegaconf import read_write
 
         given = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in config.hydra.overrides.hydra)
         if not given and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun ranks agree on the time-named one
@@ -209,8 +208,6 @@ class RunDirCheck(Callback):
 
     @staticmethod
     def _check(folder: str, key: str) -> None:
-        from wandistiller.core.errors import exit_on_user_error
-        from wandistiller.core.files import folder_problem
 
         problem = folder_problem(Path(str(folder)))
         with exit_on_user_error():

@@ -33,6 +33,7 @@ from wandistiller.core.distributed import Topology, World
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
+from wandistiller.placements.streaming import load_fp8_expert
 from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -101,7 +102,7 @@ class Placement(ABC):
 
 def check_quantize_placement(mode: str | None, placement: Placement) -> None:
     """Refuse a placement that cannot load an fp8 teacher, naming those that can (from their `fp8` flag)."""
-    from wandistiller.placements import names_where
+    from wandistiller.placements import names_where  # noqa: PLC0415 -- cycle: the registry's package imports this
 
     if mode is None or placement.fp8:
         return
@@ -118,8 +119,6 @@ def load_teacher(
     """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
     With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
     if getattr(teacher_cfg, "quantize", None):
-        from wandistiller.placements.streaming import load_fp8_expert
-
         experts = [load_fp8_expert(spec.path / name, dtype, device) for name in spec.experts]
         return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
     experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
@@ -135,8 +134,7 @@ def check_adapters_on_teacher(
     its frozen weights on every training rank: refuse, in one line ending with `instead` (the other choice), a
     placement that cannot (`backprop`, the teacher on the training device), one that serves ranks holding no
     teacher, an fp8 teacher (its fp8 layers take no adapters) and a compiled one (compiled blocks ignore the hooks)."""
-    from wandistiller.core.distributed import Topology
-    from wandistiller.placements import names_where
+    from wandistiller.placements import names_where  # noqa: PLC0415 -- cycle: the registry's package imports this
 
     here = placement.teacher_device(Topology()).type == device.type
     if not (placement.backprop and here):

@@ -14,6 +14,7 @@ from typing import Any
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
+from wandistiller.placements.disk_source import converted_copy
 from wandistiller.placements.memory import (
     Estimate,
     Hardware,
@@ -23,6 +24,7 @@ from wandistiller.placements.memory import (
     host_training_bytes,
 )
 from wandistiller.placements.offload import OffloadPlacement
+from wandistiller.teacher.fp8 import fp8_layers_of
 
 
 @dataclass
@@ -67,8 +69,6 @@ class DiskPlacement(OffloadPlacement):
         return Estimate.of(self.name, gpus, host, hw, note, resident_blocks=kept)
 
     def expert_folder(self, folder: Path, precision, topology, quantize: str | None = None) -> Path:
-        from wandistiller.placements.disk_source import converted_copy
-        from wandistiller.teacher.fp8 import fp8_layers_of
 
         if not all(os.access(f, os.R_OK) for f in folder.glob("*.safetensors")):
             raise UserError(

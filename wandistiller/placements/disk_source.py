@@ -3,11 +3,15 @@ and the copy of a teacher stored wider than it computes, converted once into `of
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
@@ -23,7 +27,6 @@ class DiskSource:
 
     def __init__(self, folder: Path, dtype: torch.dtype, pin: bool = False, fp8_layers: frozenset[str] = frozenset()):
         from diffusers import WanTransformer3DModel
-        from safetensors import safe_open
 
         index_file = folder / "diffusion_pytorch_model.safetensors.index.json"
         if index_file.is_file():
@@ -79,10 +82,6 @@ def converted_copy(
     first rank, block by block, so RAM holds one block) and reused by later runs. With `fp8_layers` the
     copy holds those layers' fp8 weights and scales (half the bytes again, and no quantizing per forward).
     """
-    import hashlib
-
-    import torch.distributed as dist
-    from safetensors.torch import save_file
 
     source = DiskSource(folder, dtype, fp8_layers=fp8_layers)
     if offload_dir is None or (source.stored_as_computed() and not fp8_layers):
@@ -140,7 +139,6 @@ def _groups(source: DiskSource):
 
 
 def _keys(file: Path) -> list[str]:
-    from safetensors import safe_open
 
     with safe_open(file, framework="pt") as f:
         return list(f.keys())

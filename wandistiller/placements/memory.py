@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from wandistiller.core.errors import UserError
+from wandistiller.teacher.fp8 import eligible
+from wandistiller.teacher.lora import targets
+
 GiB = 2**30
 # The calibrated model's constants. "measured": read off a run; "fitted": a factor on a physical count,
 # fitted to measured peaks by scripts/fit_planner.py (data and residuals in docs/planner_fit.json, method in
@@ -58,7 +62,6 @@ class Hardware:
     @classmethod
     def detect(cls, hardware_cfg) -> Hardware:
         """The configured hardware (on paper) where `hardware.*` is set, else this machine's."""
-        from wandistiller.core.errors import UserError
 
         if hardware_cfg.gpus is not None:
             if hardware_cfg.gpus > 0 and hardware_cfg.gpu_memory_gib is None:
@@ -218,8 +221,6 @@ def _fp8_counts(config_json: str) -> tuple[int, int]:
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
 
-    from wandistiller.teacher.fp8 import eligible
-
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})
     layers = [m for n, m in model.named_modules() if eligible(n, m)]
@@ -290,8 +291,6 @@ def fake_score_config(w: Workload) -> dict | None:
 def _adapters_per_block(config_json: str, rank: int, layers: tuple[str, ...] | None = None) -> int:
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
-
-    from wandistiller.teacher.lora import targets
 
     with init_empty_weights():
         model = WanTransformer3DModel.from_config(json.loads(config_json) | {"num_layers": 1})

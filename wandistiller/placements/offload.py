@@ -33,6 +33,7 @@ from wandistiller.placements.memory import (
 )
 from wandistiller.placements.memory import resident_blocks as blocks_free_memory_holds
 from wandistiller.placements.memory import teacher_weight_bytes as weights
+from wandistiller.placements.streaming import load_streamed_expert
 from wandistiller.teacher.model import Teacher, guidance_scales
 
 
@@ -106,7 +107,6 @@ class OffloadPlacement(Placement):
         return folder
 
     def load(self, spec, teacher_cfg, precision, topology) -> Teacher:
-        from wandistiller.placements.streaming import load_streamed_expert
 
         device = self.teacher_device(topology)
         experts, streamers = [], []

@@ -29,6 +29,8 @@ from wandistiller.placements.memory import (
     teacher_weight_bytes,
 )
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
+from wandistiller.student.model import student_config
+from wandistiller.teacher.lora import TARGETS
 from wandistiller.teacher.spec import builtin_teacher
 
 
@@ -268,8 +270,6 @@ def workload(
 
 def lora_layers(layers) -> tuple[str, ...] | None:
     """A LoRA student's `student.layers` as Linear names in a block: all (None), attention, ffn, or a list."""
-    from wandistiller.teacher.lora import TARGETS
-
     if layers is None or layers == "all":
         return None
     if layers in ("attention", "ffn"):
@@ -283,8 +283,6 @@ def workload_of(
     """The one way from a composed config to the planner's inputs: (Workload, Hardware), the hardware detected
     (or as `hardware.*` describes it on paper), the ranks per node as the run will have them (`ranks` fixes
     them). None while the teacher's config is not on disk (a Hub id not downloaded)."""
-    from wandistiller.student.model import student_config
-
     found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return None

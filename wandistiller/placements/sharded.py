@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from wandistiller.core.distributed import local_device
 from wandistiller.core.errors import UserError
@@ -57,8 +59,6 @@ class ShardedPlacement(Placement):
         return local_device(topology)
 
     def load(self, spec, teacher_cfg, precision, topology) -> Teacher:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         device = self.teacher_device(topology)

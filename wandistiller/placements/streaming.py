@@ -36,17 +36,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from wandistiller.core.errors import UserError
 from wandistiller.placements.disk_source import DiskSource
-from wandistiller.teacher.model import blocks_of
+from wandistiller.teacher.fp8 import block_fp8_layers, quantize_model
+from wandistiller.teacher.lora import Adapters
+from wandistiller.teacher.model import blocks_of, freeze
 
 if TYPE_CHECKING:
     from diffusers import ModelMixin
-
-    from wandistiller.teacher.lora import Adapters
 
 ALIGN = 512  # bytes; every tensor of a packed block starts at such an offset (any dtype may view it)
 SHM = Path("/dev/shm")
@@ -115,7 +116,6 @@ def node_shared_buffer(name: str, nbytes: int, topology, fill) -> torch.Tensor:
     unlinked once every rank holds it, so from then on the RAM goes back when the last rank exits, even
     after a crash. (Only a rank killed while filling it leaves `/dev/shm/wandistiller-*` behind.)
     """
-    import torch.distributed as dist
 
     free = shutil.disk_usage(SHM).free
     if free < nbytes:  # every rank sees the same numbers, so every rank refuses alike
@@ -296,8 +296,6 @@ class BlockStreamer:
 def adapters_of(block: nn.Module) -> list[tuple[Adapters, str]]:
     """(Adapters, key) of every adapter hooked on `block`'s layers (teacher/lora.py's forward hooks, each a
     partial of `Adapters._adapt` bound to its key): their on/off flags and parameters, found where they act."""
-    from wandistiller.teacher.lora import Adapters
-
     found: list[tuple[Adapters, str]] = []
     for module in block.modules():
         for hook in module._forward_hooks.values():
@@ -440,8 +438,6 @@ def load_streamed_expert(
     expert in RAM: `host` packs the streamed blocks into (pinned) RAM once; `disk` reads each block when
     it is needed, so the teacher may be larger than RAM. With `quantize="fp8"` the blocks' Linear layers
     are fp8 (wandistiller.teacher.fp8), quantized as each block is read: the streamers move fp8 bytes."""
-    from wandistiller.teacher.fp8 import block_fp8_layers, quantize_model
-    from wandistiller.teacher.model import freeze
 
     disk = DiskSource(path, dtype, pin=device.type == "cuda" and source_kind == "disk")
     model = _skeleton_with_resident_weights(disk)

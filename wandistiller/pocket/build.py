@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+from PIL import Image as PILImage
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core.arch import (
     POCKET_MAX_SEQUENCE_LENGTH,
@@ -30,6 +32,7 @@ from wandistiller.pocket import POCKET_DIR
 from wandistiller.pocket.classifier import save_classifier, train_classifier
 from wandistiller.pocket.digits import PROMPTS, prompt_file_order, rendered_split
 from wandistiller.pocket.train import latent_moments, train_transformer, train_vae
+from wandistiller.teacher.vae import latent_stats
 
 log = logging.getLogger("wandistiller.pocket")
 # Steps of each part: the full build, and --quick (a smoke test of the whole path, for CI).
@@ -39,7 +42,6 @@ QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
 
 def build_tokenizer():
     """Word-level over the pocket prompts' words; T5-like specials (pad=0, eos=1, unk=2)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = sorted({w for p in PROMPTS for w in p.split()})
@@ -89,7 +91,6 @@ def text_states(pipe, prompts: list[str]) -> torch.Tensor:
 
 
 def normalised_latents(vae, images: torch.Tensor) -> torch.Tensor:
-    from wandistiller.teacher.vae import latent_stats
 
     mean, std = latent_stats(vae)
     return (latent_moments(vae, images) - mean) / std
@@ -115,7 +116,6 @@ def train_experts(steps: dict, latents, cond, uncond):
 def save_train_images(out: Path) -> None:
     """The training split rendered once (seed 0), as a `datasets` folder for data=pocket_digits."""
     from datasets import Dataset, Image
-    from PIL import Image as PILImage
 
     images, *_, prompts = rendered_split("train", copies=1, seed=0)
     pil = [PILImage.fromarray((im.permute(1, 2, 0) * 255).round().byte().numpy()) for im in images]

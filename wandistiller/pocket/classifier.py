@@ -13,6 +13,7 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from wandistiller.pocket.digits import COLOURS, rendered_split
@@ -87,7 +88,6 @@ def train_classifier(steps: int = 2000, batch: int = 128, seed: int = 0) -> Digi
 
 def load_classifier(path: Path = CLASSIFIER_FILE) -> DigitJudge:
     """The shipped judge (weights only, safetensors)."""
-    from safetensors.torch import load_file
 
     model = DigitJudge()
     model.load_state_dict(load_file(str(path)))
@@ -95,6 +95,5 @@ def load_classifier(path: Path = CLASSIFIER_FILE) -> DigitJudge:
 
 
 def save_classifier(model: DigitJudge, path: Path = CLASSIFIER_FILE) -> None:
-    from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wandistiller.core.errors import OneLineParser, UserError, description
+from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import output_problem, read_text_in, write_in_run
+from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep
-from wandistiller.quality.compare import COLUMNS, Settings, compare
+from wandistiller.quality.compare import COLUMNS, Settings, _prompt_set, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
@@ -105,7 +106,6 @@ def shown(argv: list[str]) -> str:
 
 
 def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
-    from wandistiller.evaluation.metrics import KID_MEANING
 
     cores = os.cpu_count()
     return (
@@ -179,7 +179,6 @@ def write_section(out: Path, key: str, text: str) -> None:
 
 
 def _prompts(settings: Settings) -> list[str]:
-    from wandistiller.quality.compare import _prompt_set
 
     return _prompt_set(settings)
 
@@ -248,7 +247,6 @@ def report_path(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from wandistiller.core.errors import exit_on_user_error
 
     argv = sys.argv[1:] if argv is None else argv
     args, start = parse_args(argv), time.perf_counter()

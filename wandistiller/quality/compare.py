@@ -17,7 +17,25 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.compose import register_configs
 from wandistiller.core.files import read_json_in
+from wandistiller.core.hydra import compose_config
+from wandistiller.data.prompts import encode_prompts
+from wandistiller.evaluation.metrics import heldout_reference, pocket_scores
+from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.digits import PROMPTS
+from wandistiller.state.runs import (
+    generate,
+    load_teacher,
+    open_run,
+    student_sampler,
+    student_scheduler,
+    student_steps,
+)
+from wandistiller.student.lora import ADAPTERS_JSON, is_lora
+from wandistiller.teacher.sampler import calls_per_image
+from wandistiller.teacher.vae import decode_latents, load_vae
+from wandistiller.train import run
 
 # (row, overrides): the same student, steps and batch; only where x0 comes from and the loss change.
 ROWS = [
@@ -52,15 +70,14 @@ def seed_mean(runs: list[dict], key: str) -> float:
 
 
 def _prompt_set(settings: Settings) -> list[str]:
-    from wandistiller.pocket.digits import PROMPTS
 
     return PROMPTS[: settings.prompts] if settings.prompts else PROMPTS
 
 
 def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
     """One student through the framework's own entry point (`wandistiller.train.run`)."""
-    from wandistiller.compose import compose_config
-    from wandistiller.train import run
+
+    register_configs()
 
     # Teacher latents are sampled with the steps the rows are judged at (a data option of another source has no key).
     latents_steps = [f"data.sample_steps={settings.sample_steps}"] if "data=teacher_latents" in overrides else []
@@ -92,19 +109,8 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     student, for every prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row). The
     teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
     student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
-    from wandistiller.data.prompts import encode_prompts
-    from wandistiller.state.runs import (
-        generate,
-        load_teacher,
-        open_run,
-        student_sampler,
-        student_scheduler,
-        student_steps,
-    )
-    from wandistiller.student.lora import ADAPTERS_JSON, is_lora
-    from wandistiller.teacher.sampler import calls_per_image
-    from wandistiller.teacher.vae import decode_latents, load_vae
 
+    register_configs()  # the registries' options, which the run's config may name
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
     t = run.cfg.teacher
     emb = encode_prompts(
@@ -143,7 +149,6 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
 
 
 def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
-    from wandistiller.evaluation.metrics import pocket_scores
 
     scores = pocket_scores(made["images"], made["prompts"], judge, reference)
     mse = float(((made["latents"] - teacher_latents) ** 2).mean())
@@ -156,8 +161,6 @@ def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
 
 def compare(settings: Settings, work: Path, log=print) -> dict[str, list[dict]]:
     """{row: [scores per seed]}: trains every student row for every seed and scores it beside the teacher."""
-    from wandistiller.evaluation.metrics import heldout_reference
-    from wandistiller.pocket.classifier import load_classifier
 
     judge, reference = load_classifier(), heldout_reference()
     cache = work / "cache"

@@ -20,6 +20,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
+from wandistiller.core.files import write_in_run
+from wandistiller.evaluation.metrics import heldout_reference
+from wandistiller.pocket.classifier import load_classifier
 from wandistiller.quality.compare import Settings, sample, score, seed_mean, train_student
 
 # Training steps of batch 16 per size: the budget at which each size is judged (docs/QUALITY.md). The smaller
@@ -50,7 +55,6 @@ def rows(sizes: tuple[str, ...] = tuple(BUDGETS)) -> list[Row]:
 
 def _train_and_sample(settings: Settings, row: Row, seed: int, run_dir: Path, cache: Path) -> tuple[dict, dict]:
     """One row of one seed, in its own process: (the student's samples, the run's summary)."""
-    import torch
 
     torch.set_num_threads(1)
     summary = train_student(replace(settings, student=row.size), row.overrides(), seed, run_dir, cache)
@@ -65,8 +69,6 @@ def compare_compression(
 
     The first run is trained alone, so the shared caches (text embeddings, the images' latents) are written once
     before several processes read them."""
-    from wandistiller.evaluation.metrics import heldout_reference
-    from wandistiller.pocket.classifier import load_classifier
 
     judge, reference, cache = load_classifier(), heldout_reference(), work / "cache"
     sizes = tuple(budgets)
@@ -204,7 +206,6 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     ax.set_title("Compression on the pocket teacher (mean ± std over seeds)")
     ax.legend(fontsize=8, loc="lower center")
     fig.tight_layout()
-    from wandistiller.core.files import write_in_run
 
     # whole, beside the report: a link in its place is replaced, never written through
     write_in_run(Path(path).parent, Path(path).name, write=lambda f: fig.savefig(f, format="png", dpi=110))

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from wandistiller.evaluation.metrics import heldout_reference
+from wandistiller.pocket.classifier import load_classifier
 from wandistiller.quality.compare import Settings, sample, score, seed_mean, train_student
 
 
@@ -68,8 +70,6 @@ COLUMNS = ["calls", "prompt_accuracy", "fid", "diversity_ratio", "latent_mse", "
 
 def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=print) -> dict[str, list[dict]]:
     """{"teacher" and each row's name: [scores per seed]} (`diversity_ratio`: the row's over the teacher's)."""
-    from wandistiller.evaluation.metrics import heldout_reference
-    from wandistiller.pocket.classifier import load_classifier
 
     judge, reference, cache = load_classifier(), heldout_reference(), work / "cache"
     results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(row.name for row in rows)]}

@@ -6,7 +6,7 @@ it is looked up on first use so importing `wandistiller.recipe.loop` does not bu
 
 def __getattr__(name: str):
     if name == "DistillationRecipe":
-        from wandistiller.recipe.distillation import DistillationRecipe
+        from wandistiller.recipe.distillation import DistillationRecipe  # noqa: PLC0415 -- on first use, as said above
 
         return DistillationRecipe
     raise AttributeError(f"module 'wandistiller.recipe' has no attribute {name!r}")

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, gather, local_device, made_once, roles_for
@@ -393,7 +394,6 @@ def wrap_ddp(student: torch.nn.Module, device: torch.device, group) -> torch.nn.
     """The student under DDP over the training ranks' `group`. A LoRA student (student/lora.py) holds its adapters
     alone (the teacher is no submodule of it), so DDP broadcasts and averages those; with a two-expert teacher a
     rank whose samples all fall to one expert leaves the other's adapters unused in that step."""
-    from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     unused = isinstance(student, LoraStudent) and len(student.adapters) > 1

@@ -15,11 +15,13 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.data.batches import Batch
 from wandistiller.job.stopping import install as catch_stop_signals
 from wandistiller.recipe.losses import Loss, LossInputs, as_loss, logged, total
-from wandistiller.state.checkpoint import save_checkpoint
+from wandistiller.recipe.methods import REGISTRY
+from wandistiller.state.checkpoint import list_checkpoints, save_checkpoint
 
 if TYPE_CHECKING:
     from diffusers.training_utils import EMAModel
@@ -154,9 +156,6 @@ def _stop_if_not_finite(run: Run, entries: list[dict]) -> None:
         if bad == ["grad_norm"] and run.scaler.is_enabled():
             continue
         if bad:
-            from wandistiller.core.errors import UserError
-            from wandistiller.state.checkpoint import list_checkpoints
-
             kept = list_checkpoints(run.run_dir)
             resume = f"the last good checkpoint is {kept[-1].name}" if kept else "no checkpoint was saved"
             raise UserError(
@@ -240,7 +239,6 @@ def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, g
 
 def default_method() -> Method:
     """`method=kd`, today's distillation step (conf/train.yaml's default): what a Run built without one trains with."""
-    from wandistiller.recipe.methods import REGISTRY
 
     return REGISTRY.get("kd").build()
 

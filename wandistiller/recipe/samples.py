@@ -22,7 +22,9 @@ from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_grid
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.sampler import wan_pipeline
 from wandistiller.teacher.spec import TeacherSpec
+from wandistiller.teacher.vae import load_vae
 
 log = logging.getLogger("wandistiller")
 
@@ -86,8 +88,6 @@ def draw(
 ) -> np.ndarray:
     """First frames for the first `num_prompts` prompts: teacher (its experts and CFG, on the device it takes
     its inputs on) or student (no CFG, where its weights are)."""
-    from wandistiller.teacher.sampler import wan_pipeline
-    from wandistiller.teacher.vae import load_vae
 
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()

@@ -8,6 +8,7 @@ leaves a torn one, and the next start can remove what a dead writer left (`clean
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import in_run, run_folder, write_in_run
 from wandistiller.state import safestate
+from wandistiller.state.received import load_json
+from wandistiller.student.model import current_state
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
@@ -75,7 +78,6 @@ def _own(run_dir: Path, path: Path) -> bool:
 def _read_state(path: Path):
     """A checkpoint's state.json, its size bounded before parsing (see received.load_json), opened through the guard
     inside the checkpoint's folder: a link out of it is refused, never followed."""
-    from wandistiller.state.received import load_json
 
     return load_json(path / STATE_FILE, what="checkpoint state", root=path)
 
@@ -297,7 +299,6 @@ def check_compatible(state: dict, student: torch.nn.Module, key: str = "trainer.
 
 def restore(state: dict, student, optimizer, lr_scheduler, scaler, ema) -> None:
     """Load a checkpoint's state into the run's objects; a mismatch is one UserError, not a traceback."""
-    from wandistiller.student.model import current_state
 
     state["student"] = current_state(state["student"])  # an older checkpoint's names, as the student has them now
     check_compatible(state, student)
@@ -342,7 +343,6 @@ def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
     """A cheap fingerprint of the teacher's weights: per expert's safetensors file its name, size, header and
     `samples` chunks of its data at evenly spaced offsets (a few MB read for a 28 GB teacher, not a full hash).
     Two downloads of one model agree; another model, dtype or fine-tune differs. A moved folder keeps it."""
-    import hashlib
 
     h = hashlib.sha256()
     for expert in spec.experts:

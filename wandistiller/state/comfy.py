@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from wandistiller.state.singlefile import expert_names
+
 # The usual names of the teacher's other files in ComfyUI's folders (Comfy-Org's repackaged Wan files).
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
@@ -123,7 +125,6 @@ def teacher_files(hub_id: str | None, name: str, experts: int) -> tuple[list[str
     known = TEACHER_FILES.get(hub_id or "")
     if known is not None and len(known) == experts:
         return list(known), True
-    from wandistiller.state.singlefile import expert_names
 
     return expert_names(name, experts), False
 

@@ -27,10 +27,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.errors import UserError, counted, human_count
-from wandistiller.core.files import write_in_run
+from wandistiller.core.files import check_tree, in_run, open_in, read_json_in, replace_folder, write_in_run
+from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
-from wandistiller.state.runs import student_steps
-from wandistiller.student.lora import is_lora, is_lora_folder
+from wandistiller.state.checkpoint import teacher_digest
+from wandistiller.state.received import load_yaml_config
+from wandistiller.state.runs import image_scale, student_steps
+from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, is_lora, is_lora_folder
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
 from wandistiller.teacher.spec import inspect_teacher
 
@@ -71,7 +74,6 @@ def place(src: Path, dst: Path, root: Path | None = None) -> str:
 def _place_guarded(root: Path, src: Path, dst: Path) -> str:
     """`dst` as a hard link to the file the guard opened at `src` (its device and inode compared after linking: a
     name swapped meanwhile is undone), else a copy of what the guard opened."""
-    from wandistiller.core.files import open_in, write_in_run
 
     with open_in(root, src) as f:
         opened = os.fstat(f.fileno())
@@ -90,7 +92,6 @@ def _place_guarded(root: Path, src: Path, dst: Path) -> str:
 def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] | None = None) -> Path:
     """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card; a few-step
     student's `student/sampling.json` first (its K read from the run's saved config)."""
-    from wandistiller.core.files import in_run, replace_folder, write_in_run
 
     student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
     steps = saved_steps(run_dir)
@@ -116,7 +117,6 @@ def write_pipeline(
     few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
     `student_root`: the run folder `student_dir` lies in (default the folder itself): its files are placed through
     the guard (`place`), a link out of it refused."""
-    from wandistiller.core.files import check_tree, write_in_run
 
     how = set()
     check_tree(student_root or student_dir, student_dir)  # before anything is placed: a link out is one line
@@ -150,7 +150,6 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
     a few-step student's scheduler and sampling.json, and `card` as README.md."""
-    from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
 
     index = teacher_index(teacher_path)
     parts = [
@@ -197,7 +196,6 @@ def model_index(teacher_path: Path, steps: int | None = None) -> dict:
 
 def saved_steps(run_dir: Path) -> int | None:
     """The run's student's step count K from its saved config (`method.steps`); None for a KD student."""
-    from wandistiller.state.received import load_yaml_config
 
     cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard, its size bounded
     return student_steps(cfg) if isinstance(cfg, DictConfig) else None
@@ -289,17 +287,6 @@ def _method_text(f: dict) -> str:
     return text
 
 
-def image_scale(teacher_path: Path | None) -> int:
-    """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
-    if teacher_path is None:
-        return 8
-    try:
-        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
-    except (TypeError, OSError, ValueError, AttributeError):
-        return 8
-    return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
-
-
 def model_card(
     run_dir: Path, teacher_path: Path | None = None, merged: bool = False, phrases: Mapping[str, str] | None = None
 ) -> str:
@@ -307,8 +294,6 @@ def model_card(
     Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures. `merged`: a
     LoRA student's adapters merged into its transformers (`python -m wandistiller.pipeline --merge-lora`).
     `phrases`: what each method taught its student (recipe/methods' `card_phrases()`, from the caller)."""
-    from wandistiller.core.files import read_json_in
-    from wandistiller.state.received import load_yaml_config
 
     cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard: never a link out
     if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
@@ -365,8 +350,6 @@ def example_prompt(raw_prompts) -> str:
     """The snippet's prompt: the first of the teacher's own prompts where they ship with WanDistiller (the pocket
     teacher draws digits: "a red 1", not the fox the Wan teachers know), else the first of the shipped 70. Never a
     line of the user's own file (the card carries no text of a received file)."""
-    from wandistiller.compose import shipped_asset
-
     raw = str(raw_prompts) if raw_prompts is not None else ""
     rel = raw[len(SHIPPED) : -1] if raw.startswith(SHIPPED) and raw.endswith("}") else "prompts.txt"
     try:
@@ -380,7 +363,6 @@ def example_prompt(raw_prompts) -> str:
 def lora_facts(cfg: DictConfig, m: dict, teacher_path: Path | None) -> dict:
     """What a LoRA student's card says of its adapters: rank, alpha, layers, the teacher's experts they go on, and
     the teacher they belong to (its weights digest, as checkpoints record it: metrics.json's, else computed)."""
-    from wandistiller.state.checkpoint import teacher_digest
 
     student = cfg.student
     rank, alpha = _number(_raw(student, "rank")), _number(_raw(student, "alpha"))

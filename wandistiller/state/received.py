@@ -16,21 +16,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import io
 import json
 import re
 import typing
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch.optim
 import yaml
+from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from wandistiller.config import CONF_DIR, StudentConfig, TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.extensions import HYDRA_KEYS
-from wandistiller.core.files import MAX_JSON_BYTES
-from wandistiller.core.registry import path_of
+from wandistiller.core.files import MAX_JSON_BYTES, read_text_in
+from wandistiller.core.registry import path_of, registered
 from wandistiller.core.renamed import modernize, modernize_lists
+from wandistiller.data.sources import REGISTRY as DATA_SOURCES
+from wandistiller.placements import REGISTRY as PLACEMENTS
 
 # Resolvers a saved config may use: plain `${a.b}` references, the environment, and the ones the shipped
 # tree uses. `oc.decode` / `oc.create` would build new nodes (a `_target_` among them) only when resolved.
@@ -45,16 +52,8 @@ def allow_targets(*names: str) -> None:
 
 @functools.cache
 def _shipped_targets() -> frozenset[str]:
-    import torch.optim
-
-    from wandistiller.compose import registries
-    from wandistiller.config import CONF_DIR, StudentConfig
-    from wandistiller.core.registry import path_of
 
     found = {StudentConfig._target_}
-    options = [option for registry in registries() for option in registry.options.values()]
-    found |= {path_of(option.cls) for option in options}
-    found |= {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
     for file in CONF_DIR.rglob("*.yaml"):
         found |= {t for _, t in _targets_in(yaml.safe_load(file.read_text()), "") if isinstance(t, str)}
     # Every torch optimizer: the shipped AdamW's siblings are what a user swaps in (`trainer.optimizer`).
@@ -66,9 +65,20 @@ def _shipped_targets() -> frozenset[str]:
     return frozenset(found)
 
 
+def registered_targets() -> set[str]:
+    """The classes of every registered option, and their schemas' `_target_`s: the registries handed down by
+    `wandistiller.compose.register_configs`, which each CLI calls before it reads a run folder (without it a
+    shipped option's class would be refused as if the config named a stranger's)."""
+    if not registered():
+        raise RuntimeError("no registry is registered: call wandistiller.compose.register_configs() first")
+    options = [option for registry in registered() for option in registry.options.values()]
+    found = {path_of(option.cls) for option in options}
+    return found | {t for option in options if isinstance(t := getattr(option.schema, "_target_", None), str)}
+
+
 def allowed_targets() -> frozenset[str]:
     """Every `_target_` a received config may name."""
-    return _shipped_targets() | _extra_targets
+    return _shipped_targets() | registered_targets() | _extra_targets
 
 
 def targets_of(cfg: DictConfig | dict | None) -> set[str]:
@@ -130,7 +140,6 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
     tree = OmegaConf.to_container(raw, resolve=False)  # again: _data_schema dropped another source's keys
     assert isinstance(tree, dict)  # raw is a DictConfig
     _check_keys(tree, file)
-    from wandistiller.config import TrainConfig
 
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
@@ -148,21 +157,19 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
 def _data_schema(raw: DictConfig, file: Path):
     """The saved `data` node's source schema (data/sources/<latents>.py). A config saved when one flat schema held
     every source's keys carries the others' too: those are dropped, in place; a key of no source is refused."""
-    from wandistiller.data.sources import REGISTRY
-
     data = raw._get_node("data") if "data" in raw else None
     if not isinstance(data, DictConfig) or "latents" not in data:
         return None  # the schema merge names what is wrong
     latents = data._get_node("latents")._value()  # type: ignore[union-attr]  # a key `in` the node has its node
-    if not isinstance(latents, str) or latents not in REGISTRY.options:
+    if not isinstance(latents, str) or latents not in DATA_SOURCES.options:
         return None  # the schema merge names what is wrong
-    own = {f.name for f in dataclasses.fields(REGISTRY.get(latents).schema)}
-    anyone = {f.name for o in REGISTRY.options.values() for f in dataclasses.fields(o.schema)}
+    own = {f.name for f in dataclasses.fields(DATA_SOURCES.get(latents).schema)}
+    anyone = {f.name for o in DATA_SOURCES.options.values() for f in dataclasses.fields(o.schema)}
     for key in [k for k in data.keys() if k not in own]:
         if key not in anyone:
             raise UserError(f"data.{key!s} in {file} is not a WanDistiller config key; remove it")
         del data[key]
-    return REGISTRY.get(latents).schema
+    return DATA_SOURCES.get(latents).schema
 
 
 def _check_interpolations(node, prefix: str, file: Path) -> None:
@@ -181,7 +188,6 @@ def _check_interpolations(node, prefix: str, file: Path) -> None:
 
 def _check_keys(tree: dict, file: Path) -> None:
     """Every key under a typed node is a field of its schema; a target's node holds only its arguments."""
-    from wandistiller.config import TrainConfig
 
     def walk(schema, node, prefix: str) -> None:
         if not isinstance(node, dict):
@@ -209,13 +215,8 @@ def _schema_of(schema, key: str):
 
 def _check_arguments(node: dict, prefix: str, file: Path) -> None:
     """An allowed target's node: its keys bind to the target's signature (a placement: its schema's fields)."""
-    import inspect
 
-    from hydra.utils import get_object
-
-    from wandistiller.placements import REGISTRY
-
-    options = REGISTRY.options.values()  # a placement's node holds its schema's fields (its class takes none)
+    options = PLACEMENTS.options.values()  # a placement's node holds its schema's fields (its class takes none)
     by_class = {path_of(o.cls): o.schema for o in options}
     by_class |= {str(getattr(o.schema, "_target_", "")): o.schema for o in options}  # each placement schema has one
     kwargs = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
@@ -237,7 +238,6 @@ def _check_arguments(node: dict, prefix: str, file: Path) -> None:
 def local_cache_dir() -> str:
     """This machine's `paths.cache_dir` (the shipped default, from WANDISTILLER_CACHE or ~/.cache): a received
     run's caches go here, never into the folder its sender chose."""
-    from wandistiller.config import CONF_DIR
 
     default = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["paths"]["cache_dir"]
     return str(OmegaConf.create({"cache_dir": default}).cache_dir)
@@ -259,7 +259,6 @@ def bounded_text(path: Path, limit: int, what: str = "file", root: Path | None =
     and by reading at most `limit + 1` bytes (a FIFO, /dev/zero or a growing file cannot pin the reader). Opened
     through the guard (core.files.open_in) inside `root`, the folder it was received in (default: its own folder):
     a link leading out of it is refused, never followed."""
-    from wandistiller.core.files import read_text_in
 
     path = Path(path)
     return read_text_in(path.parent if root is None else root, path, limit, what)
@@ -302,7 +301,6 @@ def yaml_size_problem(text: str) -> str | None:
 def load_yaml_config(path: Path, what: str = "saved config", root: Path | None = None):
     """A received YAML file (a run's `.hydra/config.yaml`, `overrides.yaml`) as an OmegaConf node, its size,
     aliases and depth bounded before OmegaConf builds anything: one UserError line otherwise."""
-    import io
 
     text = bounded_text(path, MAX_CONFIG_BYTES, what, root)
     problem = yaml_size_problem(text)

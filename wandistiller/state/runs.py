@@ -9,6 +9,7 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -16,12 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, safetensors_problem
+from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
+from wandistiller.placements.base import load_teacher as load_whole
 from wandistiller.state.checkpoint import (
     OTHER_TEACHER_FIX,
     STATE_FILE,
@@ -29,9 +34,12 @@ from wandistiller.state.checkpoint import (
     checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
+    teacher_digest,
     teacher_problem,
 )
-from wandistiller.state.received import load_received, local_cache_dir, looks_like_hub_id
+from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
+from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
+from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 
@@ -40,8 +48,6 @@ def student_steps(cfg: DictConfig) -> int | None:
     """A run's student's own step count K (`method.steps` of its config), or None for a KD student: no `method`
     node (a pre-release config), or `method.steps` null. Read as saved, never resolved (the model card
     reads a received config with it); anything but a positive integer or null is one line."""
-    from omegaconf import OmegaConf
-
     method = cfg.get("method") if isinstance(cfg, DictConfig) else None
     if method is None:
         return None
@@ -62,8 +68,6 @@ def student_steps(cfg: DictConfig) -> int | None:
 def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int):
     """The scheduler a student samples `steps` steps with: None (the teacher's own, at `steps`) for a KD
     student (`trained_steps` None); a few-step student's Euler schedule at `steps`, K or another count."""
-    from wandistiller.teacher.fewstep import few_step_scheduler
-
     return None if trained_steps is None else few_step_scheduler(spec, steps)
 
 
@@ -116,12 +120,7 @@ def open_run(
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
     machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
     with `allow_download`; `spec`: that teacher already inspected, by the run's own preflight, not read again)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from wandistiller.compose import register_configs
-
-    register_configs()  # the resolvers a saved config may use
+    register_resolvers()  # the ones a saved config may use
     path = Path(path).expanduser()
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
@@ -173,7 +172,6 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
 def _shell(run: RunFolder):
     """The run's student, built to receive a checkpoint's weights: random (never read from the teacher), and
     without its "student: random initialisation" line, which would be false of the student then loaded."""
-    from hydra.utils import instantiate
 
     random = {"init": "random"} if "init" in run.cfg.student else {}
     with quieted("wandistiller.student.model"):
@@ -231,7 +229,6 @@ def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: t
     """The run's student at `source` as a sampler without CFG: its transformer in the teacher's place, or a LoRA
     student's (student=lora) teacher experts, loaded afresh, with its adapters merged in (both of a two-expert
     teacher, switched at its boundary as WanPipeline does)."""
-    from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 
     if not is_lora(run.cfg.student):
         return as_sampler(run.spec, load_student(run, source, device, dtype), device)
@@ -244,7 +241,6 @@ def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: t
 def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
     """The teacher the student at `source` was trained against, as recorded: a checkpoint's own record, else
     (the final student) metrics.json's `teacher_*` fields; None where nothing was recorded (older runs)."""
-    from wandistiller.state.received import load_json
 
     try:
         if (source / STATE_FILE).is_file():
@@ -266,7 +262,6 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
 
 def teacher_identity(spec: TeacherSpec) -> dict:
     """The teacher a result was judged against, as checkpoints record it: its folder and its weights' digest."""
-    from wandistiller.state.checkpoint import teacher_digest
 
     return {"path": str(spec.path), "digest": teacher_digest(spec)}
 
@@ -289,7 +284,6 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
     training timesteps (its scheduler's `num_train_timesteps`: more steps only repeat timesteps), the images held at
     once (`images`, named by `images_key`) by this machine's memory (latents and decoded images, teacher's and
     student's)."""
-    import os
 
     top = run.spec.num_train_timesteps
     for key, n in steps.items():
@@ -312,16 +306,19 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
             )
 
 
-def image_scale(teacher_path: Path) -> int:
-    """The teacher VAE's spatial factor (state/export.py's reading of `vae/config.json`)."""
-    from wandistiller.state.export import image_scale as read
-
-    return read(teacher_path)
+def image_scale(teacher_path: Path | None) -> int:
+    """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
+    if teacher_path is None:
+        return 8
+    try:
+        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 8
+    return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
     """The whole teacher on one device, with the run's guidance scales: what teacher_placement=cpu/gpu load."""
-    from wandistiller.placements.base import load_teacher as load_whole
 
     return load_whole(run.spec, run.cfg.teacher, dtype, device)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from wandistiller.core.files import DTYPE_BYTES as _BYTES
 from wandistiller.core.files import opened, safetensors_header
@@ -142,7 +143,6 @@ def check_tensors(path: Path, root: Path | None = None) -> set[str]:
 def read_tensors(path: Path, root: Path | None = None) -> dict[str, torch.Tensor]:
     """The tensors of `path`, opened through the guard inside `root` (default its own folder): safetensors reads
     the descriptor the guard opened (core.files.opened), so a link swapped in meanwhile is never followed."""
-    from safetensors.torch import load_file
 
     with opened(root or path.parent, path) as guarded:
         return load_file(guarded, device="cpu")

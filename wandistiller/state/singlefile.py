@@ -29,6 +29,8 @@ from collections.abc import Iterable
 
 import torch
 
+from wandistiller.teacher.fp8 import E4M3_MAX, TINY
+
 E4M3 = torch.float8_e4m3fn
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": E4M3}
 SCALED_FP8 = "scaled_fp8"  # ComfyUI's marker: a file whose `.scale_weight` tensors scale its fp8 weights
@@ -79,7 +81,6 @@ def _keeps_fp32(model, name: str) -> bool:
 def quantize_tensorwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 weight, 0-dim float32 scale) with weight ~= fp8 * scale: ComfyUI's one scale per tensor, by the formula
     of teacher/fp8.py's `quantize_weight` (amax / 448, never below its TINY) over the whole tensor."""
-    from wandistiller.teacher.fp8 import E4M3_MAX, TINY
 
     w = weight.detach().float()
     scale = (w.abs().amax() / E4M3_MAX).clamp(min=TINY)

@@ -5,7 +5,7 @@
 
 def __getattr__(name: str):
     if name in ("Student", "build_student", "student_config"):
-        from wandistiller.student import model
+        from wandistiller.student import model  # noqa: PLC0415 -- on first use, as said above
 
         return getattr(model, name)
     raise AttributeError(f"module 'wandistiller.student' has no attribute {name!r}")

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from omegaconf import ListConfig, OmegaConf
 from torch import nn
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import write_in_run
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters, layer_names, narrowest
-from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.model import Teacher, load_expert
 from wandistiller.teacher.spec import TeacherSpec
 
 BUILDER = "lora"
@@ -237,7 +238,6 @@ def merged_experts(
 ) -> list[nn.Module]:
     """The teacher's experts (loaded afresh) with a run's adapters (`adapters_from`) merged into their weights
     (W + alpha/rank B A): the LoRA student as plain WanTransformer3DModels, for eval and generate."""
-    from wandistiller.teacher.model import load_expert
 
     # Loaded in `dtype` (an A14B teacher in fp32 would take twice its RAM): merge_into adds in float64, casts once.
     experts = [load_expert(spec, name, dtype) for name in spec.experts]
@@ -252,6 +252,5 @@ def _get(node, key: str, default=None):
 
 
 def _plain(value):
-    from omegaconf import ListConfig, OmegaConf
 
     return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value

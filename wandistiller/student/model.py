@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 from torch import nn
 
 from wandistiller.core.arch import (
@@ -231,7 +231,6 @@ def starts_from_teacher(student_cfg, config: dict, teacher: dict) -> bool:
 
 def _plain(value):
     """A keep-list from OmegaConf (a ListConfig) as a list; anything else as it is."""
-    from omegaconf import ListConfig, OmegaConf
 
     return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 

@@ -25,9 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from wandistiller.core.arch import estimate_params
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import (
+    OutsideRunFolder,
+    check_tree,
+    opened,
+    read_json_in,
+    safetensors_problem,
+    write_in_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +137,6 @@ def read_folder_config(folder: Path, received: bool = False) -> dict:
     """A WanTransformer3DModel folder's config.json (raises ValueError, in words, if it is not one). `received`: a
     folder someone may have sent (`student.init=<folder>`): read through the guard (core.files), a link out of it
     refused (UserError), and its weights files' headers checked (a truncated or crafted file is one line)."""
-    from wandistiller.core.files import OutsideRunFolder, check_tree, read_json_in, safetensors_problem
 
     path = folder / "config.json"
     if not folder.is_dir():
@@ -167,9 +175,6 @@ RECEIVED: set[str] = set()
 
 def read_tensors(folder: Path, wanted) -> dict[str, torch.Tensor]:
     """The tensors of a model folder whose key `wanted(key)` accepts, read without loading the rest."""
-    from safetensors import safe_open
-
-    from wandistiller.core.files import opened
 
     state = {}
     guard = os.path.realpath(folder) in RECEIVED  # a teacher's folder (a Hub cache's links to its blobs) is the user's
@@ -452,7 +457,6 @@ def log_record(record: dict) -> None:
 def write_record(record: dict, run_dir: Path) -> Path:
     """pruning.json in the run folder, written whole: a link in its place (a received folder's) is replaced, never
     written through."""
-    from wandistiller.core.files import write_in_run
 
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]  # a key a line
     return write_in_run(Path(run_dir), "pruning.json", "{\n" + ",\n".join(lines) + "\n}\n")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
+from wandistiller.teacher.fp8 import is_quantized, quantize_model
 
 MODES = ("fp8",)
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper (H100/H200) and newer have fp8 tensor cores
@@ -50,7 +51,6 @@ def quantize_teacher(teacher, mode: str | None) -> None:
     so this changes nothing for them)."""
     if mode is None:
         return
-    from wandistiller.teacher.fp8 import is_quantized
 
     for expert in teacher.experts:
         if not is_quantized(expert):
@@ -62,7 +62,6 @@ def quantize_expert(
 ) -> nn.Module:
     """fp8 for the Linear layers inside the transformer blocks of a loaded, resident expert, in place;
     `device`: where it will compute, when not where it lies now."""
-    from wandistiller.teacher.fp8 import quantize_model
 
     if mode not in MODES:
         raise ValueError(f"unknown quantize mode {mode!r}")

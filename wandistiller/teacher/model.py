@@ -5,6 +5,7 @@ velocity targets (`Teacher`). What the folder holds and how it is checked: teach
 from __future__ import annotations
 
 import logging
+import time
 from typing import cast
 
 import torch
@@ -53,7 +54,6 @@ def compile_blocks(expert: nn.Module) -> None:
 def log_first_call(module: nn.Module, what: str) -> None:
     """One log line when `module`'s first call starts (torch.compile compiles then, lazily) and one with how
     long that call took: a compile takes from seconds to minutes, and a silent wait looks like a hang."""
-    import time
 
     log, started = logging.getLogger("wandistiller"), []
 

@@ -10,6 +10,7 @@ every teacher -- the embedded tiny one included -- is a local diffusers-format f
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 from collections.abc import Iterator
@@ -17,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
+from wandistiller.core.arch import json_kind, wan_config_problem
 from wandistiller.core.errors import UserError, quieted
+from wandistiller.core.files import safetensors_problem
+from wandistiller.teacher.tiny import ensure_tiny_teacher
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -54,7 +59,6 @@ def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
 
 def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
     """A local folder as is; the embedded teachers built on first use; a Hub id fetched by diffusers."""
-    from wandistiller.teacher.tiny import ensure_tiny_teacher
 
     builtin = builtin_teacher(teacher_cfg, cache_dir)
     if builtin is not None:
@@ -96,15 +100,12 @@ def _read_json(path: Path, what: str) -> dict:
     except OSError as e:
         raise UserError(f"{what}: {path} cannot be read ({e.strerror})") from None
     if not isinstance(body, dict):
-        from wandistiller.core.arch import json_kind
-
         raise UserError(f"{what}: {path} holds a JSON {json_kind(body)}, not an object; re-download the teacher")
     return body
 
 
 def _require_safetensors(folder: Path, key: str) -> None:
     """Weights are there, as safetensors, and each file's header agrees with its size (no weights read)."""
-    from wandistiller.core.files import safetensors_problem
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -134,7 +135,6 @@ def _component(index: dict, name: str, key: str) -> str | None:
 
 
 def _expert_config(path: Path, name: str, key: str) -> dict:
-    from wandistiller.core.arch import wan_config_problem
 
     config = _read_json(path / name / "config.json", key)
     problem = wan_config_problem(config)
@@ -151,7 +151,6 @@ def _expert_config(path: Path, name: str, key: str) -> dict:
 
 def _stored_blocks(folder: Path) -> int:
     """How many transformer blocks the safetensors files hold, from their headers (no weights read)."""
-    from safetensors import safe_open
 
     indices = set()
     for file in folder.glob("*.safetensors"):
@@ -172,7 +171,6 @@ COMPONENTS = {
 def _check_components(path: Path, index: dict, key: str) -> None:
     """Every other component is named with a real class of its kind, and its files are there and parse:
     a missing, garbage or bogus one is one line now, not a library traceback when it loads."""
-    import importlib
 
     for name, (library, base) in COMPONENTS.items():
         entry = _component(index, name, key)
@@ -193,7 +191,6 @@ def _check_components(path: Path, index: dict, key: str) -> None:
 
 
 def _is_a(cls: type, library: str, base: str) -> bool:
-    import importlib
 
     return issubclass(cls, getattr(importlib.import_module(library), base))
 

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core import leftovers
 from wandistiller.core.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
@@ -25,7 +26,6 @@ from wandistiller.core.precision import cast_keeping_fp32
 
 def _build_tokenizer():
     """A word-level tokenizer over the default prompts' words; T5-like specials (pad=0, eos=1, unk=2)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = sorted({w for p in DEFAULT_PROMPTS.read_text().splitlines() for w in re.findall(r"\w+|[^\w\s]", p.lower())})

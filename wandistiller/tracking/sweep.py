@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.files import atomic_write, read_json_in, write_in_run
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
+from wandistiller.tracking import loggers
+from wandistiller.tracking.loggers.csv import read_csv
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +90,6 @@ def load_points(sweep_dir: Path) -> list[Point]:
 def from_csv(folder: Path) -> dict:
     """A point whose job died before its metrics.json: failed, with what its csv logger wrote (the last step,
     the last held-out loss) where it left a metrics.csv."""
-    from wandistiller.tracking.loggers.csv import read_csv
 
     failed = {"status": "failed", "reason": "no metrics.json (the job died before it could write one)"}
     rows = read_csv(folder / "metrics.csv")[1]
@@ -207,9 +211,6 @@ class LauncherCheck(Callback):
     one line before anything is created, not submitit's traceback after an empty sweep folder."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        import shutil
-
-        from wandistiller.core.errors import exit_on_user_error
 
         target = str(config.hydra.launcher.get("_target_", ""))
         if "SlurmLauncher" in target and shutil.which("sbatch") is None:
@@ -234,8 +235,6 @@ class SweepReport(Callback):
         md, png, table = write_report(sweep_dir)
         print(f"\nsweep report: {md}\n{table}\n", flush=True)
         if self.loggers:  # the report through every logger of the sweep: a wandb Table, tensorboard text, a csv
-            from wandistiller.tracking import loggers
-
             rows = table_rows(load_points(sweep_dir))
             loggers.build(config.logger).report(sweep_dir, COLUMNS, rows, png, sweep_group(sweep_dir))
 
@@ -246,8 +245,6 @@ def sweep_group(sweep_dir: Path) -> str:
 
 def sweep_point() -> dict | None:
     """This job's place in a Hydra multirun: its wandb group (the sweep) and name (its overrides)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None

@@ -13,8 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from wandistiller.core.registry import Registry
+from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made
+from wandistiller.data.validation import build_val_set, fill_targets
 
 log = logging.getLogger("wandistiller")
 
@@ -37,7 +41,6 @@ def source_of(data_cfg) -> type[DataSource]:
 
 def check(data_cfg) -> None:
     """The prompts files, then what the chosen source itself checks (its images and captions)."""
-    from wandistiller.data.prompts import read_prompts
 
     read_prompts(data_cfg.prompts_path)
     if data_cfg.val_prompts_path is not None:
@@ -53,9 +56,6 @@ def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:
 
 def val_set(ctx, teacher, val_embeddings):
     """The held-out set with the teacher's targets filled in once, on the main rank (None elsewhere)."""
-    import torch.distributed as dist
-
-    from wandistiller.data.validation import build_val_set, fill_targets
 
     held_out = build_val_set(val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps)
     box: list[Any] = [None]  # the targets tensor, broadcast from the main rank

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from wandistiller.config import Choice
+from wandistiller.data.prompts import read_prompts
+from wandistiller.data.validation import split_prompts
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -63,8 +65,6 @@ class DataSource:
         """The prompts validation holds out (never trained on), for an evaluation of the run: the last
         `data.val_fraction` of the prompts file, or `data.val_prompts_path`'s. `readable(key)` refuses a data
         folder the caller may not read (a received run's)."""
-        from wandistiller.data.prompts import read_prompts
-        from wandistiller.data.validation import split_prompts
 
         prompts = read_prompts(data_cfg.prompts_path)
         held_out: list[str] = split_prompts(

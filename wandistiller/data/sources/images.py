@@ -8,10 +8,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import torch
+
 from wandistiller.config import DataCommon
 from wandistiller.core.distributed import made_once
 from wandistiller.core.registry import Option
+from wandistiller.data.images import image_data, image_source
+from wandistiller.data.latents import LatentBank
+from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
+from wandistiller.data.validation import split_prompts
 
 log = logging.getLogger("wandistiller")
 
@@ -39,7 +45,6 @@ class Images(DataSource):
 
     @classmethod
     def check(cls, data_cfg) -> None:
-        from wandistiller.data.images import image_source
 
         image_source(data_cfg)
 
@@ -47,9 +52,6 @@ class Images(DataSource):
     def held_out_prompts(cls, data_cfg, readable) -> list[str]:
         """An image run holds out the last `data.val_fraction` of its own captions (as held_out_captions below), or
         `data.val_prompts_path`'s prompts; the captions' folder is read only where `readable` lets it."""
-        from wandistiller.data.images import image_source
-        from wandistiller.data.prompts import read_prompts
-        from wandistiller.data.validation import split_prompts
 
         if data_cfg.get("val_prompts_path"):
             return read_prompts(data_cfg.val_prompts_path)
@@ -59,10 +61,6 @@ class Images(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
-        import torch
-
-        from wandistiller.data.images import image_data
-        from wandistiller.data.latents import LatentBank
 
         def load(device, progress: bool):
             found = image_data(
@@ -91,8 +89,6 @@ def held_out_captions(ctx, found, device):
     """(embeddings of the last `data.val_fraction` of the captions, how many images stay for training), so
     an image run validates on captions of its own that it never trained on; None where
     data.val_prompts_path names the held-out prompts, or there is one image only."""
-    from wandistiller.data.prompts import encode_prompts
-    from wandistiller.data.validation import split_prompts
 
     d, (embeddings, bank) = ctx.data_cfg, found
     if d.val_prompts_path is not None or len(bank) < 2:

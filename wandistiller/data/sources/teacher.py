@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from wandistiller.config import DataCommon
 from wandistiller.core.distributed import made_once
 from wandistiller.core.registry import Option
+from wandistiller.data.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
 from wandistiller.data.sources.base import DataSource, Made, own_name
+from wandistiller.teacher.model import guidance_scales
 
 OwnName = own_name("teacher", __name__)
 
@@ -36,8 +38,6 @@ class TeacherLatents(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
-        from wandistiller.data.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
-        from wandistiller.teacher.model import guidance_scales
 
         d = ctx.data_cfg
         scales = tuple(guidance_scales(ctx.spec, ctx.teacher_cfg))

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 
+from hydra.utils import get_class, instantiate
+
 from wandistiller.core.registry import Registry
+from wandistiller.core.renamed import current_target
 from wandistiller.recipe.hooks.base import Hook, HookParts
+from wandistiller.recipe.hooks.fault import FaultInjection
 
 REGISTRY = Registry("hooks", __name__, "a loop hook")
 
@@ -20,9 +24,6 @@ REGISTRY = Registry("hooks", __name__, "a loop hook")
 def configured(hooks_cfg, capability: str):
     """The node of the configured hook whose class declares `capability` (`draws_samples`, `validates`), or None:
     what setup makes for hooks (the teacher's sample column, the held-out set) follows the hooks that use it."""
-    from hydra.utils import get_class
-
-    from wandistiller.core.renamed import current_target
 
     for node in (hooks_cfg or {}).values():
         if getattr(get_class(current_target(str(node._target_))), capability, False):
@@ -33,9 +34,6 @@ def configured(hooks_cfg, capability: str):
 def build(hooks_cfg, ctx, parts: HookParts) -> list[Hook]:
     """This rank's hooks, in the config's order, each bound to the run: the main rank runs them all, the
     other training ranks those that are not `main_only` (the injected failure)."""
-    from hydra.utils import instantiate
-
-    from wandistiller.recipe.hooks.fault import FaultInjection
 
     made = [instantiate(node) for node in (hooks_cfg or {}).values()]
     if os.environ.get(FaultInjection.ENV):

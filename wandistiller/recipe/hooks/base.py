@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from wandistiller.core.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -41,8 +43,6 @@ class HookParts:
 def at_least(key: str, value: int, least: int) -> int:
     """A hook setting's refusal in one line: `hooks.monitor.val_every=-1 must be 0 or more`."""
     if value < least:
-        from wandistiller.core.errors import UserError
-
         what = "0 or more" if least == 0 else f"at least {least}"
         raise UserError(f"{key}={value} must be {what}")
     return value

@@ -32,8 +32,19 @@ import torch
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
+from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents
+from wandistiller.data.prompts import encode_prompts, read_prompts
+from wandistiller.data.validation import split_prompts
+from wandistiller.evaluation.metrics import intra_prompt_diversity, judge_features
+from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.digits import parse_prompt
 from wandistiller.recipe.hooks.base import Hook, at_least
+from wandistiller.recipe.hooks.monitor import append_rows
+from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
+from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.lora import sampling_transformers
+from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.vae import decode_latents, load_vae
 
 if TYPE_CHECKING:
     from wandistiller.data.prompts import PromptEmbeddings
@@ -85,7 +96,6 @@ class Probe:
 
     def noise(self, i: int) -> torch.Tensor:
         """The `noises` starting noises of prompt i: their own stream of the run's seed, the same at every check."""
-        from wandistiller.data.latents import noise_for
 
         return torch.stack(
             [noise_for(self.seed, i, k, self.latent_shape, stream="collapse") for k in range(self.noises)]
@@ -95,8 +105,6 @@ class Probe:
 def choose_probe(ctx, prompts: int, noises: int) -> Probe:
     """`prompts` of the run's held-out prompts (the data's own split, as validation and eval take them), chosen from
     the run's seed; their embeddings are the ones the run encoded as it set up (read back from the cache)."""
-    from wandistiller.data.prompts import encode_prompts, read_prompts
-    from wandistiller.data.validation import split_prompts
 
     data, teacher = ctx.data_cfg, ctx.teacher_cfg
     _, held_out = split_prompts(read_prompts(data.prompts_path), data.val_prompts_path, data.val_fraction)
@@ -120,8 +128,6 @@ def probe_latents(
 ) -> torch.Tensor:
     """The probe set drawn through WanPipeline (as eval and the sample grids draw): a teacher's experts with its
     CFG and scheduler, or a student alone with guidance 1 and its few-step `scheduler`. Clean latents, on the CPU."""
-    from wandistiller.data.latents import SamplerSettings, sample_latents
-    from wandistiller.teacher.sampler import wan_pipeline
 
     pipe = wan_pipeline(spec, transformers, device, scheduler=scheduler)
     settings = SamplerSettings(steps, tuple(guidance_scales), probe.latent_shape)
@@ -138,7 +144,6 @@ def probe_latents(
 
 def decoded(spec, latents: torch.Tensor, device: torch.device) -> torch.Tensor:
     """First frames [N, 3, H, W] in [0, 1], DECODE_BATCH at a time (a real frame's decode is the memory peak)."""
-    from wandistiller.teacher.vae import decode_latents, load_vae
 
     vae = load_vae(spec, device)
     return torch.cat([decode_latents(vae, part) for part in latents.split(DECODE_BATCH)])
@@ -164,7 +169,6 @@ def pixel_features(images: torch.Tensor) -> torch.Tensor:
 def image_figures(images: torch.Tensor, prompts: list[str], judge=None) -> dict[str, float]:
     """`diversity` (intra-prompt, evaluation/metrics.py's, on the `judge`'s features when given, else pixels),
     `saturation` (clipped share) and `flat` (near-constant share) of decoded images [N, 3, H, W] in [0, 1]."""
-    from wandistiller.evaluation.metrics import intra_prompt_diversity, judge_features
 
     features = judge_features(judge, images) if judge is not None else pixel_features(images)
     diversity = intra_prompt_diversity(features, prompts)
@@ -263,11 +267,8 @@ class CollapseWatch(Hook):
         self.probe = choose_probe(ctx, self.prompts, self.noises)
         if not ctx.is_main:
             return
-        from wandistiller.pocket.digits import parse_prompt
 
         if all(parse_prompt(p) is not None for p in self.probe.prompts):  # eval's diversity: the judge's features
-            from wandistiller.pocket.classifier import load_classifier
-
             self.judge = load_classifier()
         against = (
             f"against the teacher's ({self.teacher_steps} steps, drawn at the first check)"
@@ -304,7 +305,6 @@ class CollapseWatch(Hook):
         signs = collapse_signs(metrics, self.min_diversity, self.max_saturation_rise)
         metrics["collapse/collapsed"] = float(bool(signs))
         run.tracker.log(metrics, step=step)
-        from wandistiller.recipe.hooks.monitor import append_rows
 
         append_rows(Path(run.run_dir), [{"step": step} | metrics])
         log.info("step %d: hooks.collapse: %s", step, summary(metrics))
@@ -343,7 +343,6 @@ class CollapseWatch(Hook):
     def student_figures(self, run) -> dict:
         """The student's figures on the probe set at its steps: a few-step student with its own schedule
         (teacher/fewstep.py), a KD student with the teacher's scheduler; no CFG either way."""
-        from wandistiller.teacher.fewstep import few_step_scheduler
 
         assert self.probe is not None and self.student_steps is not None  # checked by the caller
         ctx, student = self.ctx, run.student
@@ -362,7 +361,6 @@ class CollapseWatch(Hook):
     def advice(self, run) -> str:
         """What to try: a lower learning rate, a regression term (a method that has one), or fewer steps, from the
         last kept checkpoint of a check that looked healthy."""
-        from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
 
         lr = self.ctx.trainer_cfg.get("optimizer", {}).get("lr")
         tries = [f"a lower trainer.optimizer.lr{f' (now {lr:g})' if isinstance(lr, (int, float)) else ''}"]

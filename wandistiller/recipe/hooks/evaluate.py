@@ -8,7 +8,9 @@ import logging
 from dataclasses import dataclass
 
 from wandistiller.core.registry import Option
+from wandistiller.evaluation.evaluate import evaluate
 from wandistiller.recipe.hooks.base import Hook, at_least
+from wandistiller.state.runs import Trust
 
 log = logging.getLogger("wandistiller")
 
@@ -56,8 +58,6 @@ class EvaluateAtEnd(Hook):
                 ctx.run_dir,
             )
             return {}
-        from wandistiller.evaluation.evaluate import evaluate
-        from wandistiller.state.runs import Trust
 
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True, spec=ctx.spec)

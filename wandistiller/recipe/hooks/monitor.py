@@ -22,7 +22,8 @@ from wandistiller.core.files import open_in, read_json_in
 from wandistiller.core.registry import Option
 from wandistiller.data.validation import ValSet, save_loss_plot, val_loss
 from wandistiller.recipe.hooks.base import Hook, at_least
-from wandistiller.state.checkpoint import CHECKPOINTS, write_checkpoint
+from wandistiller.recipe.loop import training_state
+from wandistiller.state.checkpoint import CHECKPOINTS, STATE_FILE, write_checkpoint
 
 log = logging.getLogger("wandistiller")
 
@@ -70,7 +71,6 @@ class Monitor(Hook):
             save_loss_plot(run.run_dir)
 
     def validate(self, run, step: int) -> dict:
-        from wandistiller.recipe.loop import training_state
 
         assert self.val_set is not None  # called only with a held-out set
         metrics = val_loss(
@@ -108,7 +108,6 @@ def append_rows(run_dir: Path, rows: list[dict]) -> None:
 
 def saved_best(run_dir: Path) -> float:
     """The held-out loss checkpoints/best was saved with (inf when there is none, or it cannot be read)."""
-    from wandistiller.state.checkpoint import STATE_FILE
 
     try:
         value = read_json_in(run_dir, f"{CHECKPOINTS}/best/{STATE_FILE}")["val"]["val/loss"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.recipe.losses.base import LossInputs, task_mse
 from wandistiller.recipe.losses.distillation import Distillation
@@ -25,8 +26,6 @@ class Blend:
 
     def __init__(self, alpha: float = BlendConfig.alpha, hidden_kd_weight: float = BlendConfig.hidden_kd_weight):
         if not 0.0 <= alpha <= 1.0:
-            from wandistiller.core.errors import UserError
-
             raise UserError(f"trainer.loss.alpha={alpha} is outside [0, 1]; give a weight of the task loss in [0, 1]")
         self.alpha, self.kd = alpha, Distillation(hidden_kd_weight)
         self.needs = dataclasses.replace(self.kd.needs, x0=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.recipe.losses.base import LAST, LossInputs, Needs, hidden_mse, velocity_mse
 
@@ -25,8 +26,6 @@ class Distillation:
 
     def __init__(self, hidden_kd_weight: float = DistillationConfig.hidden_kd_weight):
         if not (math.isfinite(hidden_kd_weight) and hidden_kd_weight >= 0):
-            from wandistiller.core.errors import UserError
-
             raise UserError(f"trainer.loss.hidden_kd_weight={hidden_kd_weight} must be 0 or more and finite; 0 is off")
         self.hidden_kd_weight = hidden_kd_weight
         hidden = LAST if hidden_kd_weight > 0 else ()

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import ListConfig, OmegaConf
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
@@ -159,7 +160,6 @@ class Features:
 
 def _plain(value):
     """A list from OmegaConf (a ListConfig, nested) as plain lists; anything else as it is."""
-    from omegaconf import ListConfig, OmegaConf
 
     return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 

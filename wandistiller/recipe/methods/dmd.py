@@ -33,16 +33,23 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch.nn.parallel import DistributedDataParallel
 
+from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
+from wandistiller.placements import names_where
 from wandistiller.placements.base import check_adapters_on_teacher
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
+from wandistiller.student.model import Student
+from wandistiller.teacher.fewstep import student_schedule
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
+from wandistiller.teacher.spec import loading
 
 FAKE_SCORES = ("student", "teacher", "lora")
 STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
@@ -115,8 +122,6 @@ class DMD(Method):
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:
         if self.fake_score == "student":
             return
-        from wandistiller.core.distributed import Topology
-        from wandistiller.placements import names_where
 
         here = placement.teacher_device(Topology()).type == device.type
         if self.fake_score == "teacher" and not (placement.whole_on_one_device and here):
@@ -142,7 +147,6 @@ class DMD(Method):
         return Passes(self.name, micro_batches, micro_batches, forwards, trains, micro_batches, self.fake_updates)
 
     def prepare(self, ctx, teacher, embeddings) -> None:
-        from wandistiller.teacher.fewstep import student_schedule
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k)
         self.embeddings, self.seed = embeddings, ctx.seed
@@ -155,7 +159,6 @@ class DMD(Method):
             self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
-        from hydra.utils import instantiate
 
         device = ctx.device
         fake: torch.nn.Module
@@ -270,7 +273,6 @@ def data_parallel(fake: torch.nn.Module, device: torch.device, group) -> torch.n
     """The fake score under DDP over the training ranks' `group` where there are several, else itself."""
     if group is None or torch.distributed.get_world_size(group) == 1:
         return fake
-    from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     # A two-expert teacher's LoRA: a rank whose samples all fall to one expert leaves the other's adapters unused.
@@ -281,9 +283,6 @@ def data_parallel(fake: torch.nn.Module, device: torch.device, group) -> torch.n
 def teacher_shaped(ctx) -> torch.nn.Module:
     """A trainable network of the teacher's shape, started from its first expert's weights, in the student's dtype."""
     from diffusers import WanTransformer3DModel
-
-    from wandistiller.student.model import Student
-    from wandistiller.teacher.spec import loading
 
     spec, name = ctx.spec, ctx.spec.experts[0]
     with loading(spec, name):

@@ -21,9 +21,13 @@ from wandistiller.core.distributed import made_once
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import mixed_seed
+from wandistiller.data.latents import SamplerSettings
+from wandistiller.data.trajectories import TrajectorySettings, load_trajectories, teacher_trajectories
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, steps_within
+from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.model import guidance_scales
 
 STREAM = 1  # the draws' own generator stream beside the data's (seed, step, micro, rank)
 
@@ -62,10 +66,6 @@ class OdePoints:
     """The cached ODE points of a run and the student's schedule: batches of jumps and their loss."""
 
     def __init__(self, ctx, teacher, embeddings, steps: int, teacher_steps: int, per_prompt: int, chunk: int):
-        from wandistiller.data.latents import SamplerSettings
-        from wandistiller.data.trajectories import TrajectorySettings, load_trajectories, teacher_trajectories
-        from wandistiller.teacher.fewstep import student_schedule
-        from wandistiller.teacher.model import guidance_scales
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, steps)
         sampler = SamplerSettings(

@@ -9,6 +9,7 @@ Adding a logger: one module here defining `OPTION = Option("<name>", <Name>Confi
 
 from __future__ import annotations
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from wandistiller.core.registry import Registry
@@ -24,7 +25,6 @@ def entries(logger_cfg: DictConfig | dict | None) -> list[tuple[str, DictConfig]
 
 def build(logger_cfg: DictConfig | None) -> Loggers:
     """Every configured logger, instantiated in the config's order, behind one `Loggers`."""
-    from hydra.utils import instantiate
 
     return Loggers([instantiate(node) for _, node in entries(logger_cfg)])
 

@@ -18,6 +18,8 @@ module plus its YAML in `conf/logger/` and no other edit. Every method has a do-
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -130,15 +132,12 @@ def _close(lg: Logger) -> None:
 
 
 def _takes(method: Callable[..., object], name: str) -> bool:
-    import inspect
-
     params = inspect.signature(method).parameters.values()
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _each(items: list[Logger], call: Callable[[Logger], object]) -> None:
     """`call` on every logger, even after one raised; then the first error is raised (later ones logged)."""
-    import logging
 
     first = None
     for lg in items:

@@ -10,7 +10,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from wandistiller.core.files import open_in, read_text_in, write_in_run
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import appendable, open_in, read_text_in, write_in_run
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
@@ -31,7 +32,6 @@ class CsvLogger(Logger):
 
     @classmethod
     def check(cls, node, key: str) -> None:
-        from wandistiller.core.errors import UserError
 
         name = Path(str(node.get("file")))
         if name.is_absolute() or len(name.parts) != 1 or name.suffix != ".csv":
@@ -41,7 +41,6 @@ class CsvLogger(Logger):
             )
 
     def start(self, run_dir, config, run_id, group=None, name=None, start_step=None) -> None:
-        from wandistiller.core.files import appendable
 
         self.path = appendable(Path(run_dir), self.file_name)  # never a link out of the run folder
         self.header, rows = read_csv(self.path)  # a resumed run's columns: its rows are appended

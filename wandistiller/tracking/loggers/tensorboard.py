@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import open_in, run_folder
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
@@ -33,7 +38,6 @@ class TensorboardLogger(Logger):
 
     @classmethod
     def check(cls, node, key: str) -> None:
-        from wandistiller.core.errors import UserError
 
         try:
             import tensorboard  # noqa: F401 -- torch.utils.tensorboard needs it
@@ -52,7 +56,6 @@ class TensorboardLogger(Logger):
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: TensorBoard hides the earlier event files' records from that step on (redone after a resume)
-        from wandistiller.core.files import run_folder
 
         purge = None if start_step is None else start_step + 1
         logdir = run_folder(folder, self.folder)  # inside the run folder: never through a link out of it
@@ -67,10 +70,6 @@ class TensorboardLogger(Logger):
                 self.writer.add_scalar(key, value, global_step=step)
 
     def log_image(self, key: str, path: Path, step: int | None) -> None:
-        import numpy as np
-        from PIL import Image
-
-        from wandistiller.core.files import open_in
 
         with open_in(Path(path).parent, Path(path).name) as f, Image.open(f) as image:  # never a link out
             self.writer.add_image(key, np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
@@ -90,10 +89,6 @@ class TensorboardLogger(Logger):
         writer = self._writer(Path(sweep_dir))
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         writer.add_text("sweep_report", "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]))
-        import numpy as np
-        from PIL import Image
-
-        from wandistiller.core.files import open_in
 
         with open_in(Path(png).parent, Path(png).name) as f, Image.open(f) as image:
             writer.add_image("sweep_report", np.asarray(image.convert("RGB")), dataformats="HWC")

@@ -3,13 +3,18 @@ folder's `wandb/`; a resumed run continues the same run id. Rank 0 only."""
 
 from __future__ import annotations
 
+import configparser
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from wandistiller.config import Choice
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import in_run
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
 
@@ -56,7 +61,6 @@ class WandbTracker(Logger):
     @classmethod
     def check(cls, node, key: str) -> None:
         """A project name wandb would refuse, or `mode=online` without a login: refused before the teacher loads."""
-        from wandistiller.core.errors import UserError
 
         if problem := cls.project_problem(node.get("project")):
             raise UserError(
@@ -117,8 +121,6 @@ class WandbTracker(Logger):
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        from wandistiller.core.files import in_run
-
         in_run(Path(run_dir), "wandb")  # wandb writes into run_dir/wandb: never through a link out of the folder
         kwargs = self.kwargs | {"group": self.kwargs["group"] or group, "name": self.kwargs["name"] or name}
         self.run = wandb.init(dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None, **kwargs)
@@ -129,7 +131,6 @@ class WandbTracker(Logger):
         """The run's own wandb run (its id is in the run's checkpoints), in `mode` (an evaluation's is offline unless
         it says online, whatever the saved config says); None without an id: a new run for one evaluation would be
         a stray."""
-        from omegaconf import OmegaConf
 
         if not run_id:
             return None
@@ -196,7 +197,6 @@ def offline_segments(wandb_dir: Path, run_id: str) -> list[Path]:
 
 def _settings_api_key() -> bool:
     """An api_key in wandb's global settings file (WANDB_CONFIG_DIR/settings or ~/.config/wandb/settings)."""
-    import configparser
 
     folder = Path(os.environ.get("WANDB_CONFIG_DIR", Path.home() / ".config" / "wandb")).expanduser()
     parser = configparser.ConfigParser()

@@ -1,0 +1,163 @@
+"""Hydra composition for every layer: the resolvers, composing the train tree or one option outside a Hydra job,
+precision=auto made concrete, and Hydra's errors as one line.
+
+The options' schemas are stored above, by `wandistiller.compose.register_configs`, which knows every registry; each
+CLI calls it before anything composes or reads a run folder, so the layers below compose without calling up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from wandistiller.config import CONF_DIR
+from wandistiller.core.errors import UserError
+from wandistiller.core.plugins import conf_options
+from wandistiller.core.precision import auto_choice
+from wandistiller.core.renamed import modern_override
+
+
+def shared_now(fmt: str) -> str:
+    """`${now:}` that every local rank started by torchrun agrees on: the launching agent's start time.
+
+    Lets `torchrun -m wandistiller.train` ranks compute one run folder without talking to each other.
+    """
+    started = time.time()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        try:
+            ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+            started = boot + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return datetime.datetime.fromtimestamp(started).strftime(fmt)
+
+
+def rank_suffix() -> str:
+    rank = int(os.environ.get("RANK", 0))
+    return f"_rank{rank}" if rank else ""
+
+
+def shipped_asset(rel: str = "") -> str:
+    """`${wd_assets:REL}`: a path inside the package's assets, never outside it (received configs use it too)."""
+    if ".." in Path(rel).parts or Path(rel).is_absolute():
+        raise ValueError(f"wd_assets:{rel} leaves the package's assets; name a path inside them")
+    return str(CONF_DIR.parent / "assets" / rel)
+
+
+def register_resolvers() -> None:
+    """The resolvers the shipped tree and a saved config may use (idempotent)."""
+    OmegaConf.register_new_resolver("wd_now", shared_now, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("wd_rank_suffix", rank_suffix, replace=True)
+    # A file shipped inside the package (the pocket teacher's folders): `${wd_assets:pocket/prompts.txt}`.
+    OmegaConf.register_new_resolver("wd_assets", shipped_asset, replace=True)
+
+
+def auto_precision(cfg, planned_gpus: int | None = None):
+    """precision=auto's node replaced by the option it stands for (composed with its schema); another as it is.
+    `planned_gpus`: plan for that many GPUs on paper (`hardware.gpus`), not for this machine."""
+    return compose_option("precision", auto_choice(planned_gpus)) if cfg.name == "auto" else cfg
+
+
+def resolve_precision(cfg) -> None:
+    """Before a run: precision=auto becomes the concrete option, so the saved config, metrics.json and a
+    resume on another machine all name the dtypes the run actually trained in."""
+    if cfg.precision.name == "auto":
+        for key, value in auto_precision(cfg.precision).items():  # key by key: the node keeps its schema
+            cfg.precision[key] = value
+
+
+def compose_config(overrides: list[str]):
+    """The tree `python -m wandistiller.train OVERRIDES` would run, composed outside a Hydra job (no run
+    folder, no log file): for the planner's CLI and the tools. A bad override is one UserError."""
+    try:
+        return compose_tree("train", modern_argv(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(hydra_error_line(e)) from None
+
+
+def compose_option(group: str, option: str):
+    """One config group option, composed by Hydra with its schema and defaults, its interpolations left
+    for the tree it is put into to resolve (e.g. `teacher_placement=auto` becoming the planner's choice)."""
+    return compose_tree(None, [f"+{group}={option}"])[group]
+
+
+def compose_tree(config_name: str | None, overrides: list[str]):
+    """Hydra's compose, inside a Hydra job (which already set the search path) or outside one."""
+    if "train_schema.yaml" not in ConfigStore.instance().repo:
+        raise RuntimeError("nothing is registered to compose: call wandistiller.compose.register_configs() first")
+    register_resolvers()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name, overrides=overrides)
+
+
+def hydra_error_line(error: Exception) -> str:
+    """Hydra's own words (its list of valid options included) and their cause, on one line, ending in a fix
+    that works: Hydra's "+key=value" hint is dropped, since an added key the schema lacks is refused too."""
+    words = [str(error)] + ([str(error.__cause__)] if error.__cause__ else [])
+    lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
+    skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
+    text = " ".join(line for line in lines if not line.startswith(skip))
+    if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
+        return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
+    if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
+        hooks = "hooks=[monitor,progress,samples,evaluate]"
+        return f"{text}; that hook is not in the `hooks` list: add it (e.g. {hooks}) or drop the setting"
+    if "not in" in text and "Key '" in text:
+        return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
+    if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option
+        return f"{text}; choose the data source with data=<option> ({' '.join(_options('data'))})"
+    if "Could not find" in text:
+        return f"{text}; pick one of those options"
+    missing = re.search(r"Could not load '([\w/]+)/([^'/]+)'", text)  # an option in a list: Hydra names none
+    if missing and _options(missing[1]):
+        options = _options(missing[1])
+        return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
+    return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
+
+
+def _options(group: str) -> list[str]:
+    return conf_options(group)
+
+
+def modern_argv(argv: list[str]) -> list[str]:
+    """The command line with every override of a moved key rewritten to today's (core/renamed.py), each with a
+    warning on stderr: an older script still runs, and says what to write now."""
+    rewritten, settings = [], []  # settings: the rewritten hook settings, kept where their hook is in the list
+    for arg in argv:
+        new, warning = modern_override(arg) if "=" in arg and not arg.startswith("-") else ([arg], None)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        rewritten += new
+        settings += [n for n in new if n != arg and n.startswith("hooks.")]
+    if not settings:
+        return rewritten
+    # An older trainer key applied to every run; its hook may be left out of today's list (debug=fast has no
+    # samples): there the setting had no effect, and it is dropped rather than refused.
+    plain = [
+        a
+        for a in rewritten
+        if a not in settings
+        and "=" in a
+        and "," not in a.split("=", 1)[1]
+        and not a.startswith("-")
+        and not a.lstrip("+~").startswith("hydra")
+    ]
+    try:
+        present = set(compose_tree("train", plain + [a for a in rewritten if a.startswith("~")]).hooks)
+    except Exception:  # the command line has another mistake: composing it again says which, in one line
+        return rewritten
+    return [a for a in rewritten if a not in settings or a.split(".")[1] in present]
