@@ -13,7 +13,8 @@ from hydra.core.config_store import ConfigStore
 
 from tests.conftest import cli, metrics_steps, refused
 from wandistiller import plan
-from wandistiller.compose import compose_config, register_configs, registries
+from wandistiller.compose import register_configs, registries
+from wandistiller.core.hydra import compose_config
 from wandistiller.core.plugins import ENV, conf_options, plugin_modules
 from wandistiller.job.checks import built_quietly, check_tracker
 from wandistiller.state import received

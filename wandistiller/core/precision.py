@@ -53,9 +53,9 @@ class Precision:
 
     @classmethod
     def from_config(cls, cfg) -> Precision:
-        """A concrete precision option's node (precision=auto is resolved first: compose.resolve_precision)."""
+        """A concrete precision option's node (precision=auto is resolved first: core.hydra.resolve_precision)."""
         if cfg.name == "auto":
-            raise ValueError("precision=auto: resolve it first (wandistiller.compose.auto_precision)")
+            raise ValueError("precision=auto: resolve it first (wandistiller.core.hydra.auto_precision)")
         return cls(
             name=cfg.name,
             teacher_dtype=to_dtype(cfg.teacher_dtype, "precision.teacher_dtype"),
