@@ -78,6 +78,7 @@ def test_the_saved_student_reloads_and_reproduces_its_predictions(make_cfg, tmp_
         )
 
 
+@pytest.mark.slow  # each of these options trains in its own default-lane test; together, in the slow lane
 def test_two_experts_ema_accumulation_checkpointing_and_hidden_kd_together(make_cfg, tmp_path):
     run_dir = tmp_path / "r"
     summary = run(

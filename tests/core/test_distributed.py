@@ -101,6 +101,7 @@ def failed_then_resumed(session_jobs) -> dict:
     return job_result(session_jobs, "failed_then_resumed")
 
 
+@pytest.mark.slow  # two 2-rank jobs (fail, then resume to step 25); the default lane keeps the 2-rank DDP checks below
 def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_resume(failed_then_resumed):
     failed, resumed = failed_then_resumed["failed"], failed_then_resumed["resumed"]
     # Quickly: rank 0 stopped at the failed step rather than waiting out the collective's timeout (30 min, past
@@ -115,6 +116,7 @@ def test_a_failing_rank_ends_the_job_quickly_with_its_error_and_its_checkpoints_
     assert summary["final_step"] == 25 and summary["steps_this_segment"] == 23
 
 
+@pytest.mark.slow  # the same job's run folder
 def test_a_two_rank_run_lowers_the_loss_and_writes_one_run_folder(failed_then_resumed):
     run_dir = failed_then_resumed["run_dir"]
     assert failed_then_resumed["resumed"].returncode == 0, failed_then_resumed["resumed"].stderr[-3000:]

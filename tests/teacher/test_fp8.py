@@ -225,6 +225,7 @@ def clis(request, tmp_path_factory, cache_dir):
     return fresh_runs(request, {"fp32": ("test_the_command_line_refuses_fp8_with_an_fp32_teacher_in_one_line", args)})
 
 
+@pytest.mark.slow  # a fresh process; tests/teacher/test_fastpaths.py refuses the same in-process in the default lane
 def test_the_command_line_refuses_fp8_with_an_fp32_teacher_in_one_line(clis):
     result = clis["fp32"].result()
     assert result.returncode == 2 and "Traceback" not in result.stderr
