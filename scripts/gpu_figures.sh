@@ -55,7 +55,7 @@ step teacher_fp8 120 python3 -m wandistiller.bench teacher --arch 14b --batch 1,
 # 5. The whole job eager against the hand-written eager loop: parity, and the 2x goal's denominator (an
 #    H200 measured 26.6 samples/s: >= 53 is the goal); the fp8 job's relative MSE if time is left.
 step job_eager 200 "${JOB[@]}" --steps 12 --warmup 4 --out "$FIG/job_eager.json"  # did not end in 112 s on an H100
-# 6. The planner's host column at the real shape (item 5): predicted vs measured host and GPU peaks.
+# 6. The planner's host column at the real shape: predicted vs measured host and GPU peaks.
 step plan_1.3b 90 bash scripts/gpu_plan_figures.sh 1.3b "$FIG"
 # 7. fp8 targets against bf16 through the hand-written loop, and the shared reference figures, if time is left.
 step job_fp8_handwritten 90 "${JOB[@]}" --compile --quantize fp8 --steps 8 --warmup 4 --out "$FIG/job_fp8_both.json"

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from tests.conftest import cli, metrics_steps, refused
 from wandistiller import plan
 from wandistiller.compose import register_configs, registries
+from wandistiller.core.errors import UserError
 from wandistiller.core.hydra import compose_config
 from wandistiller.core.plugins import ENV, conf_options, plugin_modules
 from wandistiller.job.checks import built_quietly, check_tracker
@@ -142,3 +144,16 @@ def test_a_run_trains_with_the_plugins_method_placement_loss_and_logger(tmp_path
     assert [int(line.split()[0]) for line in lines] == [1, 2]
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["status"] == "completed"
+
+
+def test_a_saved_config_naming_a_plugins_option_without_the_plugin_says_which_setting_registers_it(tmp_path):
+    """A run made with WANDISTILLER_PLUGINS=dummyplugin, read where it is not set: the refusal names the setting;
+    a target that is no option's layout (a hostile `pathlib...`) gets no such hint."""
+    saved = OmegaConf.create({"method": {"_target_": "dummyplugin.method.dummy.Dummy"}})
+    with pytest.raises(UserError) as e:
+        received.check_received(saved, tmp_path / "config.yaml")
+    assert str(e.value).endswith("(an option of your own package dummyplugin? set WANDISTILLER_PLUGINS=dummyplugin)")
+    hostile = OmegaConf.create({"method": {"_target_": "pathlib.Path.write_text"}})
+    with pytest.raises(UserError) as e:
+        received.check_received(hostile, tmp_path / "config.yaml")
+    assert "WANDISTILLER_PLUGINS" not in str(e.value)

@@ -154,7 +154,7 @@ def _row(b: int, resident: tuple, streamed: tuple, floor: float | None, config: 
 
 def _fp8_columns(b: int, bf16: tuple, resident: tuple, streamed: tuple, bf16_floor: float | None) -> dict:
     """fp8 against bf16: speed (resident), precision (targets' relative MSE, held to <= 1%), and the
-    streamed fp8 forward against the bf16 copy floor (the issue's target: <= 0.6x)."""
+    streamed fp8 forward against the bf16 copy floor (target: <= 0.6x)."""
 
     return {
         "bf16_resident_ms_per_sample": 1e3 * bf16[0] / b,

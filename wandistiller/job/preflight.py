@@ -416,7 +416,7 @@ def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Place
     """The blocks the loss matches (hidden-state KD): ones both models have (a loss that picks them from the
     depths, loss=features, is resolved on the JSON: the keep-map only moves its pairs among blocks that exist),
     under a placement whose teacher returns hidden states. The loss is read as `recipe.losses.as_loss` reads it
-    (that layer sits above this one): a `needs` of blocks, an older set of names, or an old-shape function."""
+    (that layer sits above this one): a `needs` of blocks, a frozenset of names, or a Legacy-shaped function."""
     built = instantiate(cfg.trainer.loss)
     loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
     resolve = getattr(loss, "resolve", None)

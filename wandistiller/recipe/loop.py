@@ -238,7 +238,7 @@ def _materialize(pending: list[_Pending], clock: Clock, samples_per_step: int, g
 
 
 def default_method() -> Method:
-    """`method=kd`, today's distillation step (conf/train.yaml's default): what a Run built without one trains with."""
+    """`method=kd`, plain distillation (conf/train.yaml's default): what a Run built without one trains with."""
 
     return REGISTRY.get("kd").build()
 

@@ -106,6 +106,18 @@ def _targets_in(node, prefix: str) -> Iterable[tuple[str, object]]:
 TRUST_HINT = "pass --allow-target {target}"  # eval, generate; a resume names the key on its command line
 
 
+def _plugin_hint(target: object) -> str:
+    """Where a refused target is laid out as an option of a package of the user's own (`PKG.<group>.<name>.Cls`,
+    core/plugins.py), the setting that registers that package's options; else nothing."""
+    parts = target.split(".") if isinstance(target, str) else []
+    groups = {registry.group for registry in registered()}
+    at = next((i for i in range(1, len(parts) - 2) if parts[i] in groups), None)  # PKG may be dotted
+    if at is None or parts[0] == "wandistiller":
+        return ""
+    package = ".".join(parts[:at])
+    return f" (an option of your own package {package}? set WANDISTILLER_PLUGINS={package})"
+
+
 def load_received(file: Path, trusted: Iterable[str] = (), root: Path | None = None) -> DictConfig:
     """A saved config, read as data (inside `root`, its run folder: see `bounded_text`) and checked; a damaged file
     is one line. See `check_received`."""
@@ -131,10 +143,12 @@ def check_received(raw: DictConfig, file: Path, trusted: Iterable[str] = (), hin
     allowed = allowed_targets() | set(trusted)
     for key, target in _targets_in(tree, ""):
         if not isinstance(target, str) or target not in allowed:
+            plugin = _plugin_hint(target)
             raise UserError(
                 f"{key}={target!r} in {file} is not a WanDistiller component; a received config may only name "
                 "the project's own classes (and torch optimizers): remove it, or if you trust it "
                 + hint.format(key=key, target=target)
+                + plugin
             )
     data_schema = _data_schema(raw, file)
     tree = OmegaConf.to_container(raw, resolve=False)  # again: _data_schema dropped another source's keys
