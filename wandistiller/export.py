@@ -35,6 +35,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
 from wandistiller.core.files import (
     _umask,
@@ -47,6 +52,35 @@ from wandistiller.core.files import (
     safetensors_problem,
     write_in_run,
 )
+from wandistiller.pipeline import export as pipeline_export
+from wandistiller.recipe.methods import card_phrases
+from wandistiller.state.checkpoint import teacher_digest
+from wandistiller.state.comfy import Sampling, lora_readme, readme, teacher_files, workflow_text
+from wandistiller.state.export import _number as saved_number
+from wandistiller.state.export import _raw as raw_value
+from wandistiller.state.export import _word as saved_word
+from wandistiller.state.export import (
+    card_teacher,
+    example_prompt,
+    files_section,
+    image_scale,
+    model_card,
+    saved_prompts,
+)
+from wandistiller.state.loralayout import adapter_rank, lightning_tensors
+from wandistiller.state.loralayout import metadata as lora_metadata
+from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source
+from wandistiller.state.singlefile import DTYPES as TORCH_DTYPES
+from wandistiller.state.singlefile import (
+    block_count_problem,
+    config_of,
+    expert_names,
+    loader_assumptions_broken,
+    wan_tensors,
+)
+from wandistiller.state.singlefile import metadata as single_file_metadata
+from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
+from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
 
 log = logging.getLogger("wandistiller.export")
 
@@ -62,9 +96,6 @@ KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher 
 def read_student(run, checkpoint: str | None):
     """(the student's WanTransformer3DModel in fp32 on the CPU, the folder it came from). The final student unless
     `checkpoint` (best, latest, step_N, ema) names another; a run that never finished has no final student."""
-    import torch
-
-    from wandistiller.state.runs import load_student, student_source
 
     if checkpoint in (None, "ema"):
         source = final_student(run, checkpoint)
@@ -92,8 +123,6 @@ def final_student(run, checkpoint: str | None) -> Path:
 
 def run_card(run) -> str:
     """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
-    from wandistiller.recipe.methods import card_phrases
-    from wandistiller.state.export import model_card
 
     in_run(run.path, "metrics.json")  # a received run's link to a file elsewhere is refused, never read
     return model_card(run.path, run.spec.path, phrases=card_phrases())
@@ -101,9 +130,8 @@ def run_card(run) -> str:
 
 def is_lora_student(run) -> bool:
     """Whether the run's student is low-rank adapters on the teacher (`student.builder: lora`), as saved."""
-    from wandistiller.state.export import _raw
 
-    return _raw(run.cfg.student, "builder") == "lora"
+    return raw_value(run.cfg.student, "builder") == "lora"
 
 
 # -- checks before anything is read or written ---------------------------------------------------------------------
@@ -130,7 +158,7 @@ def check_out(out: Path, run_dir: Path, force: bool) -> None:
 def check_format(run, fmt: str, dtype: str | None) -> None:
     lora = is_lora_student(run)
     if fmt == "lora" and not lora:
-        builder = _word(run.cfg.student, "builder")
+        builder = _saved_word(run.cfg.student, "builder")
         raise UserError(
             f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
             "--format single-file or diffusers"
@@ -152,10 +180,8 @@ def check_format(run, fmt: str, dtype: str | None) -> None:
         )
 
 
-def _word(node, key: str) -> str:
-    from wandistiller.state.export import _raw, _word
-
-    return _word(_raw(node, key)) or "?"
+def _saved_word(node, key: str) -> str:
+    return saved_word(raw_value(node, key)) or "?"
 
 
 # -- what the files say about sampling -----------------------------------------------------------------------------
@@ -163,8 +189,6 @@ def sampling_facts(run) -> dict:
     """The student's sampling as the file's metadata and README state it: K steps on its own Euler schedule for a
     few-step student (its timesteps and sigmas), else the run's evaluation steps on the teacher's scheduler; the
     flow shift; guidance 1."""
-    from wandistiller.state.export import _number, _raw
-    from wandistiller.teacher.fewstep import student_schedule
 
     k, spec = run.trained_steps, run.spec
     facts: dict = {"guidance_scale": 1.0, "shift": spec.flow_shift, "num_train_timesteps": spec.num_train_timesteps}
@@ -179,7 +203,7 @@ def sampling_facts(run) -> dict:
         }
     hooks = run.cfg.get("hooks")
     evaluate = hooks.get("evaluate") if hooks is not None and hasattr(hooks, "get") else None
-    steps = _number(_raw(evaluate, "steps")) if evaluate is not None else None
+    steps = saved_number(raw_value(evaluate, "steps")) if evaluate is not None else None
     return facts | {
         "steps": int(steps) if steps and steps >= 1 else 20,
         "few_step": False,
@@ -188,8 +212,6 @@ def sampling_facts(run) -> dict:
 
 
 def comfy_sampling(run, facts: dict, experts: int):
-    from wandistiller.state.comfy import Sampling
-    from wandistiller.state.export import example_prompt, image_scale, saved_prompts
 
     scale, d = image_scale(run.spec.path), run.cfg.data
     boundary = run.spec.boundary_ratio if experts == 2 else None
@@ -206,8 +228,6 @@ def comfy_sampling(run, facts: dict, experts: int):
 
 
 def teacher_facts(run, source: Path) -> dict:
-    from wandistiller.state.export import card_teacher
-    from wandistiller.state.runs import recorded_teacher
 
     name, hub_id = card_teacher(run.cfg)
     recorded = recorded_teacher(run, source) or {}
@@ -217,7 +237,6 @@ def teacher_facts(run, source: Path) -> dict:
 
 def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = None) -> str | None:
     """One line where a loader that guesses the shape from the weights would build this student wrong."""
-    from wandistiller.state.singlefile import loader_assumptions_broken
 
     broken = loader_assumptions_broken(config, tensors)
     if not broken:
@@ -245,11 +264,6 @@ def write_single_files(
 ) -> list[Path]:
     """`experts` (one student, or an A14B pair: high-noise first) as single files in `out`, with config.json, the
     ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section)."""
-    from safetensors.torch import save_file
-
-    from wandistiller.state.comfy import readme, workflow_text
-    from wandistiller.state.export import files_section
-    from wandistiller.state.singlefile import block_count_problem, config_of, expert_names, metadata, wan_tensors
 
     files, warning = expert_names(name, len(experts)), None
     config = config_of(experts[0])
@@ -264,7 +278,7 @@ def write_single_files(
             if len(experts) == 2
             else None
         )
-        save_file(tensors, str(out / file), metadata=metadata(config_of(model), facts, teacher, expert))
+        save_file(tensors, str(out / file), metadata=single_file_metadata(config_of(model), facts, teacher, expert))
     write_in_run(out, "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     workflow_file = f"{name}.workflow.json"
     write_in_run(out, workflow_file, workflow_text(files, comfy))
@@ -326,11 +340,7 @@ def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[s
 
 def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype: str | None) -> Path:
     """The pipeline command's export, its transformer re-saved in `dtype` (diffusers keeps its fp32 modules)."""
-    import torch
     from diffusers import WanTransformer3DModel
-
-    from wandistiller.pipeline import export as pipeline_export
-    from wandistiller.state.export import files_section
 
     built = pipeline_export(run.path, tmp / out_name, checkpoint)
     if dtype not in (None, "fp32"):
@@ -367,9 +377,6 @@ def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
     """(the adapters' state dict, peft keys without diffusers' `transformer.` prefix; their LoraConfig as saved)
     per expert of the teacher, from the run's `student/` (WEIGHTS: diffusers' files), read through the guard: a
     link out of the run is refused, a damaged file is one line."""
-    from safetensors import safe_open
-
-    from wandistiller.student.lora import WEIGHTS
 
     out = []
     for name in WEIGHTS[: len(run.spec.experts)]:
@@ -396,8 +403,6 @@ def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
 def lora_teacher(run, source: Path) -> dict:
     """The teacher the adapters belong to: its name, Hub id and weights digest as the run recorded them
     (adapters.json, else metrics.json), else the digest of the run's teacher now; a pair's boundary."""
-    from wandistiller.state.checkpoint import teacher_digest
-    from wandistiller.student.lora import ADAPTERS_JSON
 
     facts = teacher_facts(run, source)
     if not facts["digest"] and (source / ADAPTERS_JSON).is_file():
@@ -415,11 +420,6 @@ def lora_teacher(run, source: Path) -> dict:
 def copy_diffusers_lora(run, source: Path, out: Path, dtype: str) -> list[str]:
     """The student's adapters as diffusers wrote them, into `out` (what `load_lora_weights(out)` reads): each file
     copied byte for byte where it is already in `dtype`, else its tensors cast and saved with its metadata."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from wandistiller.state.singlefile import DTYPES
-    from wandistiller.student.lora import WEIGHTS
 
     out.mkdir()
     names = list(WEIGHTS[: len(run.spec.experts)])
@@ -427,11 +427,11 @@ def copy_diffusers_lora(run, source: Path, out: Path, dtype: str) -> list[str]:
         with opened(run.path, source / name) as path, safe_open(path, "pt") as f:
             meta = f.metadata() or {}
             state = {k: f.get_tensor(k) for k in f.keys()}
-        if all(t.dtype == DTYPES[dtype] for t in state.values()):
+        if all(t.dtype == TORCH_DTYPES[dtype] for t in state.values()):
             with open_in(run.path, source / name) as f:
                 write_in_run(out, name, write=lambda w: _copy(f, w))
         else:
-            save_file({k: t.to(DTYPES[dtype]).contiguous() for k, t in state.items()}, str(out / name), meta)
+            save_file({k: t.to(TORCH_DTYPES[dtype]).contiguous() for k, t in state.items()}, str(out / name), meta)
     return names
 
 
@@ -443,13 +443,6 @@ def _copy(src, dst) -> None:
 def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     """A LoRA student's export into `out`: the Lightning-layout files (one per expert), `diffusers/`, a few-step
     student's `scheduler/`, the ComfyUI workflow and README.md (the card, every file and the lines that load it)."""
-    from safetensors.torch import save_file
-
-    from wandistiller.state.comfy import lora_readme, teacher_files, workflow_text
-    from wandistiller.state.export import _raw, _word, files_section
-    from wandistiller.state.loralayout import adapter_rank, lightning_tensors, metadata
-    from wandistiller.state.singlefile import expert_names
-    from wandistiller.teacher.fewstep import few_step_scheduler
 
     source = final_student(run, None)
     adapters = read_lora_student(run, source)
@@ -467,12 +460,12 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
             if len(files) == 2
             else None
         )
-        save_file(tensors, str(out / file), metadata=metadata(rank, alpha, facts, teacher, expert))
+        save_file(tensors, str(out / file), metadata=lora_metadata(rank, alpha, facts, teacher, expert))
     diffusers_files = copy_diffusers_lora(run, source, out / "diffusers", dtype)
     if facts["few_step"]:
         few_step_scheduler(run.spec, facts["steps"]).save_pretrained(out / "scheduler")
     comfy = comfy_sampling(run, facts, len(files))
-    teacher_word = (_word(_raw(run.cfg.teacher, "name")) or "wan").replace(".", "_")
+    teacher_word = (saved_word(raw_value(run.cfg.teacher, "name")) or "wan").replace(".", "_")
     models, known = teacher_files(teacher["hub_id"], teacher_word, len(files))
     workflow_file = f"{name}.workflow.json"
     write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
@@ -543,9 +536,8 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
 
 
 def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
-    from wandistiller.state.export import _raw, _word
 
-    teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
+    teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
     name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
     built = tmp / "export"
     built.mkdir()
@@ -567,8 +559,6 @@ def export(
     name: str | None = None,
 ) -> Path:
     """Write the run's student to `out` in `fmt`, whole or not at all."""
-    from wandistiller.compose import register_configs
-    from wandistiller.state.runs import open_run
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -624,11 +614,10 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
 
 
 def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
-    from wandistiller.state.export import _raw, _word
 
     student, source = read_student(run, checkpoint)
-    teacher_name = _word(_raw(run.cfg.teacher, "name")) or "wan"
-    builder = _word(_raw(run.cfg.student, "builder")) or "student"
+    teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
+    builder = saved_word(raw_value(run.cfg.student, "builder")) or "student"
     name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
     facts = sampling_facts(run)
     built = tmp / "export"

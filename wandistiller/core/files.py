@@ -43,6 +43,8 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
 
@@ -279,8 +281,6 @@ def _write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
 def save_tensors(obj, path: Path) -> Path:
     """`torch.save(obj)` at `path` (its folder made), whole or not at all (`atomic_write`): a reader never sees half
     a cache file, and a failed write (a full disk) leaves no partial file and is one line naming the file."""
-    import torch  # noqa: PLC0415 -- the export CLI imports this module, and its `--help` goes without torch
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     leftovers.remove_dead(path.parent, ATOMIC_TMP)  # a killed writer's half file, never a live writer's
