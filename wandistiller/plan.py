@@ -30,8 +30,8 @@ def main() -> None:
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
         return
-    register_configs()
     with exit_on_user_error():
+        register_configs()  # a bad WANDISTILLER_PLUGINS is one line too
         cfg = compose_config(sys.argv[1:])
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
         if hardware:

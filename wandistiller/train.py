@@ -50,8 +50,9 @@ log = logging.getLogger("wandistiller")
 # The schemas and resolvers, for Hydra's main below: registered when this module is imported because a Hydra launcher
 # that runs jobs in other processes (submitit) resolves `${wd_now:}` and `${wd_rank_suffix:}` there, before the task
 # function is called; importing the task function's module is the one hook such a process runs. Nothing else here
-# acts on import.
-register_configs()
+# acts on import. A bad WANDISTILLER_PLUGINS is one line here too.
+with exit_on_user_error():
+    register_configs()
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")

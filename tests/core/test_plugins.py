@@ -152,8 +152,42 @@ def test_a_saved_config_naming_a_plugins_option_without_the_plugin_says_which_se
     saved = OmegaConf.create({"method": {"_target_": "dummyplugin.method.dummy.Dummy"}})
     with pytest.raises(UserError) as e:
         received.check_received(saved, tmp_path / "config.yaml")
-    assert str(e.value).endswith("(an option of your own package dummyplugin? set WANDISTILLER_PLUGINS=dummyplugin)")
+    hint = "(if dummyplugin is a package of options you installed, set WANDISTILLER_PLUGINS=dummyplugin)"
+    assert str(e.value).endswith(hint)
     hostile = OmegaConf.create({"method": {"_target_": "pathlib.Path.write_text"}})
     with pytest.raises(UserError) as e:
         received.check_received(hostile, tmp_path / "config.yaml")
     assert "WANDISTILLER_PLUGINS" not in str(e.value)
+
+
+def test_a_plugin_yaml_that_is_no_config_or_a_name_two_plugins_share_is_one_line_and_other_folders_are_ignored(
+    monkeypatch, tmp_path
+):
+    for package in ("plugone", "plugtwo"):
+        (tmp_path / package / "method").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "docs").mkdir()
+        (tmp_path / package / "docs" / "list.yaml").write_text("- not an option\n")  # no config group: ignored
+    (tmp_path / "plugone" / "method" / "fast.yaml").write_text("defaults: [\n  - bad: : :\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, "plugone")
+    with refused("is not a valid config ("):
+        register_configs()
+    (tmp_path / "plugone" / "method" / "fast.yaml").write_text("_target_: plugone.method.fast.Fast\n")
+    (tmp_path / "plugtwo" / "method" / "fast.yaml").write_text("_target_: plugtwo.method.fast.Fast\n")
+    monkeypatch.setenv(ENV, "plugone,plugtwo")
+    with refused("are both method=fast; rename one"):
+        register_configs()
+    monkeypatch.setenv(ENV, "plugone")
+    register_configs()  # one plugin, its docs/ folder left alone
+    repo = ConfigStore.instance().repo
+    assert "docs" not in repo and "fast.yaml" in repo["method"]
+    repo["method"].pop("fast.yaml")
+
+
+def test_a_plugin_package_that_cannot_be_imported_is_one_line_from_plan_too(monkeypatch, capsys):
+    monkeypatch.setenv(ENV, "no_such_plugin_package")
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    with pytest.raises(SystemExit) as e:
+        plan.main()
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: WANDISTILLER_PLUGINS names")

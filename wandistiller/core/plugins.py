@@ -21,7 +21,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.config import CONF_DIR
 from wandistiller.core.errors import UserError
@@ -78,13 +80,24 @@ def conf_options(group: str) -> list[str]:
 def store_plugin_yamls(store: Any) -> None:
     """Every plugin's `<group>/<name>.yaml` stored as the option `<group>=<name>`; a name a shipped option of that
     group already has is one line (which of the two a run would compose is not for the search path to decide)."""
+    seen: dict[tuple[str, str], Path] = {}
     for _, folder in plugin_folders():
         for file in sorted(folder.glob("*/*.yaml")):
             group = file.parent.name
+            if not (CONF_DIR / group).is_dir():
+                continue  # a folder of the package that is no config group (docs/, data/...): not an option
             if (CONF_DIR / group / file.name).exists():
                 raise UserError(
                     f"{ENV}: {file} is the option {group}={file.stem}, which WanDistiller already ships; rename it"
                 )
+            if (group, file.stem) in seen:
+                raise UserError(f"{ENV}: {file} and {seen[group, file.stem]} are both {group}={file.stem}; rename one")
+            seen[group, file.stem] = file
             text = read_text_in(folder, f"{group}/{file.name}")  # never through a link out of the plugin
             header = next((m[1] for line in text.splitlines() if (m := _PACKAGE_LINE.match(line))), None)
-            store.store(group=group, name=file.stem, node=OmegaConf.create(text), package=header)
+            try:
+                node = OmegaConf.create(text)
+            except (yaml.YAMLError, OmegaConfBaseException) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise UserError(f"{ENV}: {file} is not a valid config ({first}); fix it") from None
+            store.store(group=group, name=file.stem, node=node, package=header)

@@ -115,7 +115,7 @@ def _plugin_hint(target: object) -> str:
     if at is None or parts[0] == "wandistiller":
         return ""
     package = ".".join(parts[:at])
-    return f" (an option of your own package {package}? set WANDISTILLER_PLUGINS={package})"
+    return f" (if {package} is a package of options you installed, set WANDISTILLER_PLUGINS={package})"
 
 
 def load_received(file: Path, trusted: Iterable[str] = (), root: Path | None = None) -> DictConfig:
