@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.state.test_checkpoint import crafted_checkpoint, old_format_checkpoint
+from wandistiller import legacy
 from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import (
     load_checkpoint,
@@ -76,3 +77,8 @@ def test_legacy_replaces_linked_outputs_and_never_reads_a_linked_state_pt(tmp_pa
     (folder / "state.pt").symlink_to(moved)
     with pytest.raises(UserError, match="state.pt leads out of the run folder"):
         convert(folder)
+
+
+def test_help_prints_what_the_converter_does(capsys):
+    assert legacy.main(["--help"]) == 0
+    assert "python -m wandistiller.legacy" in capsys.readouterr().out

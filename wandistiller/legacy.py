@@ -76,6 +76,9 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     with internal_errors_reported(), exit_on_user_error():
         for folder in argv:
             print(f"converted {convert(Path(folder))}; {LEGACY_FILE} can now be deleted")
