@@ -1,4 +1,4 @@
-"""`python -m wandistiller.pocket.build [--out DIR] [--quick]`: rebuild the pocket teachers from the digits.
+"""`python -m wandistiller.pocket.build [--out DIR] [--quick] [--only image|video]`: rebuild the pocket teachers.
 
 Trains, in order and from fixed seeds: the VAE (AutoencoderKLWan, 32x32 -> 16x8x8), its latent statistics
 (`latents_mean` / `latents_std`, as Wan's VAE config carries them), the transformer (WanTransformer3DModel,
@@ -28,16 +28,35 @@ from wandistiller.core.arch import (
     TINY_MOE_BOUNDARY_RATIO,
 )
 from wandistiller.core.errors import OneLineParser, description
-from wandistiller.pocket import POCKET_DIR
+from wandistiller.pocket import (
+    FRAME_CLASSIFIER_FILE,
+    POCKET_DIR,
+    VIDEO_MOE_TEACHER_DIR,
+    VIDEO_PROMPTS_FILE,
+    VIDEO_TEACHER_DIR,
+)
 from wandistiller.pocket.classifier import save_classifier, train_classifier
+from wandistiller.pocket.clips import VIDEO_PROMPTS, rendered_clip_split, video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS, prompt_file_order, rendered_split
 from wandistiller.pocket.train import latent_moments, train_transformer, train_vae
+from wandistiller.pocket.video import (
+    POCKET_VIDEO_VAE,
+    clip_latents,
+    train_frame_judge,
+    train_video_vae,
+    video_text_encoder,
+    video_tokenizer,
+)
 from wandistiller.teacher.vae import latent_stats
 
 log = logging.getLogger("wandistiller.pocket")
 # Steps of each part: the full build, and --quick (a smoke test of the whole path, for CI).
 STEPS = {"vae": 600, "transformer": 2400, "expert": 300, "classifier": 2000}
 QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
+# The video teacher's parts (started from the image teacher's: pocket/video.py).
+VIDEO_STEPS = {"vae": 300, "transformer": 1500, "expert": 200, "classifier": 1500, "batch": 64, "copies": 3}
+VIDEO_QUICK = {"vae": 2, "transformer": 2, "expert": 1, "classifier": 2, "batch": 4, "copies": 1}
+PARTS = ("image", "video")
 
 
 def build_tokenizer():
@@ -96,20 +115,24 @@ def normalised_latents(vae, images: torch.Tensor) -> torch.Tensor:
     return (latent_moments(vae, images) - mean) / std
 
 
-def train_experts(steps: dict, latents, cond, uncond):
-    """(transformer, (high-noise expert, low-noise expert)), each from fixed seeds."""
+def train_experts(steps: dict, latents, cond, uncond, start: dict | None = None, batch: int = 128):
+    """(transformer, (high-noise expert, low-noise expert)), each from fixed seeds; the transformer from
+    `start`'s weights where given (the video teacher starts from the image teacher's)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(2)
-    transformer = train_transformer(
-        WanTransformer3DModel(**POCKET_TRANSFORMER), latents, cond, uncond, steps["transformer"]
-    )
+    first = WanTransformer3DModel(**POCKET_TRANSFORMER)
+    if start is not None:
+        first.load_state_dict(start)
+    transformer = train_transformer(first, latents, cond, uncond, steps["transformer"], batch=batch)
     boundary = TINY_MOE_BOUNDARY_RATIO * 1000
     experts = []
     for seed, t_range in ((3, (boundary, 1000.0)), (4, (0.0, boundary))):
-        start = WanTransformer3DModel(**POCKET_TRANSFORMER)
-        start.load_state_dict(transformer.state_dict())
-        experts.append(train_transformer(start, latents, cond, uncond, steps["expert"], t_range, lr=3e-4, seed=seed))
+        expert = WanTransformer3DModel(**POCKET_TRANSFORMER)
+        expert.load_state_dict(transformer.state_dict())
+        experts.append(
+            train_transformer(expert, latents, cond, uncond, steps["expert"], t_range, batch=batch, lr=3e-4, seed=seed)
+        )
     return transformer, experts
 
 
@@ -154,13 +177,71 @@ def build(out: Path, steps: dict) -> dict:
     return times
 
 
+def build_video(out: Path, steps: dict) -> dict:
+    """The video teacher and its pair from the image teacher under `out` (built first); returns seconds per part."""
+    from diffusers import AutoencoderKLWan, WanPipeline
+
+    torch.set_num_threads(1)
+    clock, times = time.perf_counter(), {}
+    image = WanPipeline.from_pretrained(out / "pocket-wan-t2v")
+    tokenizer = video_tokenizer(image.tokenizer)
+    text_encoder = video_text_encoder(image.text_encoder, len(tokenizer))
+    torch.manual_seed(6)
+    vae = AutoencoderKLWan(**POCKET_VIDEO_VAE)
+    vae.load_state_dict(image.vae.state_dict(), strict=False)  # the temporal convolutions start random
+    vae = train_video_vae(vae, steps["vae"])
+    times["video_vae_s"] = time.perf_counter() - clock
+    clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
+    z = clip_latents(vae, clips)
+    del clips
+    mean, std = z.mean((0, 2, 3, 4)), (z - z.mean((0, 2, 3, 4), keepdim=True)).std().expand(z.shape[1])
+    vae.register_to_config(
+        latents_mean=[round(float(m), 5) for m in mean], latents_std=[round(float(s), 5) for s in std]
+    )
+    lat_mean, lat_std = latent_stats(vae)
+    latents = (z - lat_mean) / lat_std
+    pipe = WanPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=image.scheduler, transformer=None
+    )
+    table = text_states(pipe, VIDEO_PROMPTS)
+    cond = table[torch.tensor([VIDEO_PROMPTS.index(p) for p in prompts])]
+    uncond = text_states(pipe, [""])
+    transformer, (high, low) = train_experts(
+        steps, latents, cond, uncond, start=image.transformer.state_dict(), batch=steps["batch"]
+    )
+    times["video_transformers_s"] = time.perf_counter() - clock - times["video_vae_s"]
+    parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=image.scheduler)
+    for name, kwargs in (
+        (VIDEO_TEACHER_DIR.name, dict(transformer=transformer)),
+        (VIDEO_MOE_TEACHER_DIR.name, dict(transformer=high, transformer_2=low, boundary_ratio=TINY_MOE_BOUNDARY_RATIO)),
+    ):
+        shutil.rmtree(out / name, ignore_errors=True)
+        WanPipeline(**parts, **kwargs).save_pretrained(out / name, safe_serialization=True)
+    save_classifier(train_frame_judge(steps["classifier"]), out / FRAME_CLASSIFIER_FILE.name)
+    (out / VIDEO_PROMPTS_FILE.name).write_text("\n".join(video_prompt_file_order()) + "\n")
+    times["video_total_s"] = time.perf_counter() - clock
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(prog="python -m wandistiller.pocket.build", description=description(__doc__))
     parser.add_argument("--out", type=Path, default=POCKET_DIR, help="where to write (default: the package's)")
     parser.add_argument("--quick", action="store_true", help="a few steps of each part (a smoke test)")
+    parser.add_argument(
+        "--only",
+        choices=PARTS,
+        help="one teacher: image (pocket, pocket_moe, the judge, the images) or video (pocket_video, "
+        "pocket_video_moe, the frame judge; started from the image teacher already under --out)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    times = build(args.out, QUICK if args.quick else STEPS)
+    if args.only == "video" and not (args.out / "pocket-wan-t2v" / "model_index.json").is_file():
+        parser.error(f"--only video: no image teacher under {args.out}/pocket-wan-t2v; build it first (--only image)")
+    times: dict[str, float] = {}
+    if args.only in (None, "image"):
+        times |= build(args.out, QUICK if args.quick else STEPS)
+    if args.only in (None, "video"):
+        times |= build_video(args.out, VIDEO_QUICK if args.quick else VIDEO_STEPS)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
 
 

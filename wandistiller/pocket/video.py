@@ -1,0 +1,137 @@
+"""The pocket video teacher: `teacher=pocket_video` (one transformer) and `pocket_video_moe` (two experts).
+
+Built by `python -m wandistiller.pocket.build` after the image teacher, from fixed seeds, and started from it
+where that saves time (a 2-core CPU builds it):
+- the tokenizer is the image teacher's plus the motion words (appended: every image prompt keeps its ids), and
+  the text encoder the image teacher's with the new words' embeddings drawn from a fixed seed;
+- the VAE is Wan's layout with temporal compression (`AutoencoderKLWan`, time 4x as Wan's own: 17 frames -> 5),
+  started from the image VAE's weights (its two new temporal convolutions random) and fine-tuned on 9-frame
+  clips: the causal VAE sees a first frame and then chunks of 4 with a cache, so 9 frames train both cases;
+- the transformer is the image teacher's, fine-tuned on the clips' latents (rectified flow, CFG dropout, EMA),
+  then split into the two experts as the image teacher is;
+- a frame judge (the image judge's network, trained on clip frames: a smaller digit, anywhere on the canvas).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from wandistiller.core.arch import POCKET_MAX_SEQUENCE_LENGTH, POCKET_VAE
+from wandistiller.pocket.classifier import DigitJudge
+from wandistiller.pocket.clips import FRAMES, VIDEO_PROMPTS, rendered_clip_split
+from wandistiller.pocket.train import _cosine_lr
+
+log = logging.getLogger("wandistiller.pocket")
+# Wan's own temporal compression (4x, both downsampling stages); the image teacher's VAE compresses time 2x.
+POCKET_VIDEO_VAE = POCKET_VAE | dict(temperal_downsample=[True, True])
+VAE_TRAIN_FRAMES = 9
+
+
+def video_tokenizer(image_tokenizer):
+    """The image tokenizer's word-level vocabulary with the video prompts' new words appended."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = dict(image_tokenizer.get_vocab())
+    for word in sorted({w for p in VIDEO_PROMPTS for w in p.split()} - set(vocab)):
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=POCKET_MAX_SEQUENCE_LENGTH,
+    )
+
+
+def video_text_encoder(image_encoder, vocab_size: int):
+    """The image text encoder with its embedding grown to `vocab_size` (new rows from a fixed seed)."""
+    from transformers import UMT5EncoderModel
+
+    config = image_encoder.config.to_dict() | {"vocab_size": vocab_size}
+    encoder = UMT5EncoderModel(type(image_encoder.config)(**config)).eval()
+    state = image_encoder.state_dict()
+    old = state["shared.weight"]
+    grown = torch.randn(vocab_size, old.shape[1], generator=torch.Generator().manual_seed(5)) * old.std()
+    grown[: len(old)] = old
+    state = {k: (grown if k.endswith(("shared.weight", "embed_tokens.weight")) else v) for k, v in state.items()}
+    encoder.load_state_dict(state)
+    return encoder.requires_grad_(False)
+
+
+def _unclamped_decode_clip(vae, z: torch.Tensor) -> torch.Tensor:
+    """AutoencoderKLWan's decode (latent frame by latent frame, with its causal cache) without the final clamp
+    (through it a channel driven below -1 gets no gradient: see train._unclamped_decode)."""
+    vae.clear_cache()
+    x = vae.post_quant_conv(z)
+    frames = []
+    for i in range(z.shape[2]):
+        vae._conv_idx = [0]
+        chunk = x[:, :, i : i + 1]
+        frames.append(vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0))
+    vae.clear_cache()
+    return torch.cat(frames, 2)
+
+
+def train_video_vae(vae, steps: int, batch: int = 8, lr: float = 1e-3, kl: float = 1e-4, seed: int = 0):
+    """Fine-tune `vae` on rendered 9-frame clips (reconstruction + a little KL); returns it in eval mode."""
+    clips, *_ = rendered_clip_split("train", copies=1, seed=seed + 10, frames=VAE_TRAIN_FRAMES)
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(vae.parameters(), lr, weight_decay=0.0)
+    vae.train()
+    for step in range(steps):
+        x = clips[torch.randint(len(clips), (batch,), generator=g)].transpose(1, 2) * 2 - 1  # [B, 3, F, H, W]
+        posterior = vae.encode(x).latent_dist
+        rec = _unclamped_decode_clip(vae, posterior.sample(generator=g))
+        kl_term = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean()
+        loss = F.mse_loss(rec, x) + kl * kl_term
+        _cosine_lr(opt, step, steps, lr, warmup=20)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 25 == 0:
+            log.info("video vae step %d/%d recon %.5f", step + 1, steps, float(loss.detach() - kl * kl_term.detach()))
+    return vae.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def clip_latents(vae, clips: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """Posterior modes (un-normalised) of [N, F, 3, H, W] clips in [0, 1]: [N, C, f, h, w]."""
+    rows = [
+        vae.encode(clips[i : i + batch].transpose(1, 2) * 2 - 1).latent_dist.mode() for i in range(0, len(clips), batch)
+    ]
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def decode_clips(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Un-normalised latents [N, C, f, h, w] -> clips [N, F, 3, H, W] in [0, 1] (the VAE's own decode)."""
+    return ((vae.decode(latents).sample.transpose(1, 2) + 1) / 2).clamp(0, 1)
+
+
+def train_frame_judge(steps: int, batch: int = 128, seed: int = 0) -> DigitJudge:
+    """The frame judge: DigitJudge fit on single frames of rendered train clips (digit and colour)."""
+    torch.manual_seed(seed)
+    clips, labels, _ = rendered_clip_split("train", copies=2, seed=seed + 200, frames=FRAMES)
+    frames = clips[:, :: (FRAMES - 1) // 4].reshape(-1, *clips.shape[2:])  # 5 frames a clip, first to last
+    frame_labels = labels[:, :2].repeat_interleave(frames.shape[0] // len(clips), 0)
+    model = DigitJudge().train()
+    opt = torch.optim.AdamW(model.parameters(), 2e-3, weight_decay=1e-2)
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        idx = torch.randint(len(frames), (batch,), generator=g)
+        digit, colour = model.heads(frames[idx])
+        loss = F.cross_entropy(digit, frame_labels[idx, 0]) + F.cross_entropy(colour, frame_labels[idx, 1])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 200 == 0:
+            log.info("frame judge step %d loss %.4f", step + 1, float(loss))
+    return model.eval()
