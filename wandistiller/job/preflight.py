@@ -46,6 +46,7 @@ from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.vae import check_latent_frames
 
 log = logging.getLogger("wandistiller")
 
@@ -104,6 +105,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
         check_student_room(cfg, student, spec.transformer_config)
     check_adapter_ranks(cfg, spec.transformer_config)
+    check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
     check_data(cfg)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)
