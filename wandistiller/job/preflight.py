@@ -45,7 +45,7 @@ from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
-from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
 from wandistiller.teacher.vae import check_latent_frames
 
 log = logging.getLogger("wandistiller")
@@ -106,7 +106,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         check_student_room(cfg, student, spec.transformer_config)
     check_adapter_ranks(cfg, spec.transformer_config)
     check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
-    check_data(cfg)
+    check_data(cfg, spec)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
@@ -214,9 +214,11 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
                 )
 
 
-def check_data(cfg: DictConfig) -> None:
-    """The prompts files, then what the chosen data source checks itself (data.latents=images: its images)."""
-    data_sources.check(cfg.data)
+def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:
+    """The prompts files, then what the chosen data source checks itself (data.latents=images: its images; with the
+    teacher's spec, what needs its VAE: data.latents=videos, its clips' frames and size)."""
+    vae = read_json(spec.path / "vae" / "config.json", "teacher.path") if spec is not None else None
+    data_sources.check(cfg.data, vae)
 
 
 def choose_placement(

@@ -86,6 +86,15 @@ def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def encode_clips(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """[B, 3, F, H, W] in [-1, 1] -> normalised latents [B, C, (F - 1) / scale_factor_temporal + 1, H/s, W/s]
+    (float32, CPU), the posterior's mode as for images."""
+    mean, std = latent_stats(vae)
+    z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+    return ((z - mean) / std).float().cpu()
+
+
+@torch.no_grad()
 def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     """Normalised latents [B, C, F, h, w] -> first frames [B, 3, H, W] in [0, 1], as WanPipeline decodes."""
     from diffusers.video_processor import VideoProcessor
