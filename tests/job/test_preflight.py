@@ -122,3 +122,13 @@ def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, t
     # its VAE says scale_factor_temporal=4 but compresses time 2x (temperal_downsample [false, true]): trained on stills
     error = refused_run(make_cfg, tmp_path, "teacher=pocket", "data=pocket_digits", "data.latent_frames=2")
     assert "says scale_factor_temporal=4 but compresses time 2x" in error, error
+
+
+def test_more_frames_than_fit_is_one_line_naming_the_largest_that_does(make_cfg, tmp_path):
+    # the tiny teacher on paper: 2 GiB of host RAM, batch 64 of 16x16 latents; 32 latent frames need 2.2 GiB
+    hardware = ("hardware.gpus=0", "hardware.host_memory_gib=2", "trainer.batch_size=64")
+    grid = ("data.latent_frames=32", "data.latent_height=16", "data.latent_width=16")
+    error = refused_run(make_cfg, tmp_path, *hardware, *grid)
+    assert error.startswith("data.latent_frames=32 is more frames than fit (no GPU, 2 GiB host RAM"), error
+    assert "the largest latent_frames that fits: 25 (= 97 frames) at batch 64" in error, error
+    assert "use data.latent_frames<=25" in error

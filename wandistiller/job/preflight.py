@@ -249,6 +249,10 @@ def choose_placement(
     passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     times = plan.step_times(estimates, w, hw, passes, configured)
     best = plan.choose(estimates, times)
+    if best is None and cfg.data.latent_frames > 1:  # a clip too long for this hardware: say how long one fits
+        line = plan.largest_frames_line(w, hw, cfg.data.latent_frames, plan.time_factor(cfg.teacher.path))
+        if line and not (placement is not None and placement.debug_cpu):
+            raise UserError(line)
     if auto:
         placement, best = _resolve_auto(cfg, plan.fastest_first(estimates, times), hw, precision, world)
     assert placement is not None  # named, or chosen by the planner just above
