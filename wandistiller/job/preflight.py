@@ -332,7 +332,8 @@ def check_method_config(cfg: DictConfig, method) -> None:
         raise UserError(
             f"data.latents={source.name} samples the teacher's own latents for x0 before training, and "
             f"method={method.name} never reads x0 (the data gives it prompts alone): they would be sampled for "
-            f"nothing; use data=static_prompts (data.prompts_path: your prompts) or data=image_folder (captions)"
+            "nothing; use data=static_prompts (data.prompts_path: your prompts), data=image_folder or "
+            "data=video_folder (captions)"
         )
     if cfg.trainer.teacher_whole_step and method.student_inputs:
         raise UserError(
