@@ -37,7 +37,7 @@ from wandistiller.core.errors import UserError, exit_on_user_error, internal_err
 from wandistiller.core.files import read_json_in
 from wandistiller.core.hydra import modern_argv
 from wandistiller.job import stopping
-from wandistiller.job.checks import check_interpolations
+from wandistiller.job.checks import check_interpolations, drop_settings_of_unlisted_hooks
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.job.preflight import Prepared, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
@@ -69,6 +69,7 @@ def main(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> dict:
     """Distill the configured teacher into the configured student; returns the metrics.json summary."""
     check_interpolations(cfg)  # before any value is read: a bad `${…}` is one line naming its key
+    drop_settings_of_unlisted_hooks(cfg)  # fresh and resumed alike: the `hooks` list decides
     topo = Topology.from_env()
     if under_torchrun():
         init_process_group(topo, cfg.distributed.timeout_min)
