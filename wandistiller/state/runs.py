@@ -9,9 +9,11 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, safetensors_problem
 from wandistiller.core.hydra import register_resolvers
@@ -108,6 +111,62 @@ def checked_teacher_folder(folder: Path) -> Path:
     return folder
 
 
+# The lock a live run holds on its folder (job/rundir.py's LOCK_FILE, which writes `pid N on HOST` into it).
+LOCK_FILE = ".lock"
+
+
+def live_holder(path: Path) -> str | None:
+    """Who holds the run folder's lock (`pid N on HOST`): a run still training, or in its end-of-run work, whose
+    folder is not finished yet; None for a finished (or killed) run, and for this process's own run or its parent's
+    (the run's own end-of-run eval and export). Only read: a shared lock tried and let go at once."""
+    try:
+        fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file (a run never started here, a copied folder), or a link in its place
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    found = re.fullmatch(r"pid (\d+) on (\S+)", holder)
+    if found and found[2] == leftovers.HOST and int(found[1]) in _this_process_and_parents():
+        return None
+    return holder
+
+
+def _this_process_and_parents() -> set[int]:
+    pids, pid = {os.getpid()}, os.getpid()
+    for _ in range(8):  # a worker of the run's launcher, its launcher, torchrun's agent ...
+        try:
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 4096).decode(errors="replace")
+            finally:
+                os.close(fd)
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+        pids.add(pid)
+    return pids
+
+
+def refuse_live(path: Path, what: str) -> None:
+    """A live run's folder is never read as a finished one: its student, metrics and evaluation come last (and a
+    card written meanwhile would say "?" or another step count). One line naming who holds it."""
+    holder = live_holder(path)
+    if holder is not None:
+        raise UserError(
+            f"{path} is a live run ({holder} holds its .lock): it has not finished writing its student, metrics and "
+            f"evaluation; wait for it to end, then {what} again"
+        )
+
+
 def open_run(
     path: str | Path,
     teacher_path: str | None = None,
@@ -125,6 +184,7 @@ def open_run(
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
+    refuse_live(path, "run this")
     cfg = load_received(config, allow, root=path)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
