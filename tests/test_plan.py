@@ -254,3 +254,20 @@ def test_the_plan_refuses_what_train_refuses_whatever_the_placement(monkeypatch,
         with pytest.raises(SystemExit) as exit_:
             plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], *bad)
         assert exit_.value.code == 2 and line in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("trainer.batch_size=0", "error: trainer.batch_size=0 must be a positive integer"),
+        ("trainer..batch_size=2", "error: trainer..batch_size=2 is not an override Hydra can read"),
+        ("hooks=[monitor", "error: hooks=[monitor is not an override Hydra can read"),
+    ],
+)
+def test_a_value_train_refuses_or_an_override_that_does_not_parse_is_one_line_from_plan(
+    monkeypatch, capsys, override, line
+):
+    with pytest.raises(SystemExit) as e:
+        plan_main(monkeypatch, override)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(line) and "\n" not in err, err

@@ -11,7 +11,7 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.checks import built_quietly, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
 from wandistiller.placements.planner import plan_report, workload_of
@@ -36,6 +36,7 @@ def main() -> None:
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
         if hardware:
             raise UserError(hardware)
+        check_values(cfg)  # what train refuses before planning (trainer.batch_size=0), refused here too
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
