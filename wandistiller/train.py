@@ -106,10 +106,15 @@ def run(cfg: DictConfig) -> dict:
 def _say_done(summary: dict, run_dir: str) -> None:
     """The last line of a run, however it was started (one process, workers, torchrun, a sweep point)."""
     if "status" in summary:
+        overall = summary.get("samples_per_s_overall")
         log.info(
-            "done: %d steps at %s samples/s, loss %.4f -> %.4f; outputs in %s",
+            "done: %d steps at %s samples/s (median step)%s, loss %.4f -> %.4f; outputs in %s",
             summary["steps_run"],
             rate(summary["samples_per_s_median"]),
+            f", {rate(overall)} samples/s overall ({summary['samples_this_segment']} samples in "
+            f"{summary['wall_s']:.0f} s, loading and evaluation included)"
+            if overall
+            else "",
             summary["loss_first"] or 0,
             summary["loss_last"] or 0,
             run_dir,

@@ -87,6 +87,9 @@ def test_the_summary_takes_medians_past_the_warm_up_step_and_the_peaks_of_every_
     assert summary["teacher_experts"] == 1 and summary["teacher_shape"]["text_dim"] == 32
     assert (summary["placement"], summary["precision"], summary["world_size"]) == ("cpu", "fp32", 1)
     assert (summary["method"], summary["student_steps"]) == ("dmd", 4)  # what trained it, as the card says
+    # The whole process's rate beside the median step's: this segment's 2 steps x 12 samples over its wall time.
+    assert summary["samples_this_segment"] == 24
+    assert summary["samples_per_s_overall"] == pytest.approx(24 / summary["wall_s"])
 
 
 def test_a_sweep_points_overrides_win_and_an_empty_history_summarises_to_nothing_measured(context):

@@ -134,5 +134,9 @@ def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segm
             "cpus": os.cpu_count(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },
-        "wall_s": time.time() - ctx.started,
+        "wall_s": (wall := time.time() - ctx.started),
+        # This process's samples over its whole wall time (loading, precompute, the end-of-run work included): what a
+        # user waited for, beside the median step's rate.
+        "samples_this_segment": (samples := len(segment) * t.batch_size * t.grad_accum_steps * students),
+        "samples_per_s_overall": samples / wall if wall > 0 else None,
     }
