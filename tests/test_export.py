@@ -302,3 +302,21 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_count_a_received_config_json_sets_is_bounded_before_memory_is_taken(finished, tmp_path):
+    """The student is built from its config.json with its weights on the meta device, every count held to its
+    weights (and to a bound) first, its files read from the descriptors the guard opened: nothing by path."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    config = json.loads((run / "student" / "config.json").read_text())
+    for change, words in [
+        ({"num_layers": 10**9}, "num_layers=1000000000 is out of bounds"),
+        ({"num_layers": 7}, "num_layers=7 does not match its weights (2 blocks)"),
+        ({"rope_max_seq_len": 2**40}, "rope_max_seq_len=1099511627776 is out of bounds"),
+        ({"ffn_dim": 48}, "its weights do not fit its config.json (shape differs"),
+    ]:
+        (run / "student" / "config.json").write_text(json.dumps(config | change))
+        with refused(words):
+            export(run, tmp_path / "out", "single-file")
+        assert not (tmp_path / "out").exists()
