@@ -154,7 +154,8 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     for keys in wholes.values():  # `+experiment=x`: held to the run, or taken, key by key as if each were given
         given = (given or set()) | keys
     now, before = _flat(cfg), _flat(saved)
-    asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
+    # A whole composed config is held to the run key by key, its schedule's length aside: always the run's own.
+    asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)} - {SCHEDULE}
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
@@ -235,6 +236,7 @@ def _given_keys(overrides: list[str]) -> set[str]:
     return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
 
 
+SCHEDULE = "trainer.schedule_steps"  # a resume's is its first launch's (`_keep_schedule`); given again, held to it
 # Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
 ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
