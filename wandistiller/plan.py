@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from hydra.utils import get_class, instantiate
 
 from wandistiller.compose import register_configs
@@ -14,7 +15,7 @@ from wandistiller.core.precision import Precision
 from wandistiller.job.checks import built_quietly, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
-from wandistiller.placements.planner import plan_report, workload_of
+from wandistiller.placements.planner import plan_report, text_encoder_bytes, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -46,7 +47,9 @@ def main() -> None:
         planned = workload_of(cfg, precision.teacher_dtype)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg)))
+        encoder = text_encoder_bytes(cfg.teacher, torch.tensor([], dtype=precision.teacher_dtype).element_size())
+        line = precision_line(cfg, precision)
+        print(plan_report(*planned, cfg.teacher.name, passes, line, configured(cfg), text_encoder=encoder))
 
 
 def configured(cfg) -> Placement | None:
