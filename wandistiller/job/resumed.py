@@ -254,11 +254,16 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     schedule = str(OmegaConf.select(result, "trainer.lr_scheduler"))
     if not isinstance(steps, int) or steps <= horizon or schedule in ENDLESS_SCHEDULES:
         return ""
+    past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
     return (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
-        f"was made), so steps {horizon + 1}-{steps} train at its last LR; to train on at a real LR, start a new run "
+        f"was made), so {past} at its last LR; to train on at a real LR, start a new run "
         f"from its student: student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
     )
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 def _whole_tree_choices(overrides: list[str], cfg: DictConfig) -> dict[str, set[str]]:
