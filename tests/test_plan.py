@@ -280,7 +280,8 @@ def test_the_plan_holds_offloads_shared_copy_to_dev_shm_and_counts_the_text_enco
     plan_main(monkeypatch, *paper, "hardware.host_memory_gib=64")
     out = capsys.readouterr().out
     offload = next(line for line in out.splitlines() if line.startswith("offload"))
-    assert "does not fit /dev/shm (32.0 GiB)" in offload and "teacher_placement.share_host_copy=false" in offload
+    assert "needs its shared pinned copy (53.2 GiB) in /dev/shm, which holds 32.0 GiB" in offload
+    assert "teacher_placement.share_host_copy=false" in offload
     assert "text encoder: 10.6 GiB of host RAM while a first run encodes its prompts" in out
     plan_main(monkeypatch, *paper, "hardware.host_memory_gib=8")
     assert "more than this host's 7.4 GiB usable: encode them once on a machine with more RAM" in (

@@ -81,8 +81,8 @@ class OffloadPlacement(Placement):
         if shared and hw.shm_bytes is not None and weights(w) > hw.shm_bytes:
             return Estimate.refused(
                 self.name,
-                f"its shared pinned copy ({weights(w) / 2**30:.1f} GiB) does not fit /dev/shm "
-                f"({hw.shm_bytes / 2**30:.1f} GiB): enlarge it (docker run --shm-size) or set "
+                f"needs its shared pinned copy ({weights(w) / 2**30:.1f} GiB) in /dev/shm, which holds "
+                f"{hw.shm_bytes / 2**30:.1f} GiB: enlarge it (docker run --shm-size) or set "
                 "teacher_placement.share_host_copy=false",
             )
         host = weights(w) * copies + (block + host_process_bytes(hw)) * w.ranks_per_node
