@@ -302,3 +302,58 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_count_a_received_config_json_sets_is_bounded_before_memory_is_taken(finished, tmp_path):
+    """The student is built from its config.json with its weights on the meta device, every count held to its
+    weights (and to a bound) first, its files read from the descriptors the guard opened: nothing by path."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    config = json.loads((run / "student" / "config.json").read_text())
+    for change, words in [
+        ({"num_layers": 10**9}, "num_layers=1000000000 is out of bounds"),
+        ({"num_layers": 7}, "num_layers=7 does not match its weights (2 blocks)"),
+        ({"rope_max_seq_len": 2**40}, "rope_max_seq_len=1099511627776 is out of bounds"),
+        ({"ffn_dim": 48}, "its weights do not fit its config.json (shape differs"),
+    ]:
+        (run / "student" / "config.json").write_text(json.dumps(config | change))
+        with refused(words):
+            export(run, tmp_path / "out", "single-file")
+        assert not (tmp_path / "out").exists()
+
+
+def test_out_is_claimed_once_and_checked_again_before_the_final_rename(finished, tmp_path, monkeypatch):
+    """Another export into the same --out is refused at once; a file another process put into --out while this one
+    ran is never deleted (the rename looks again), and a refused export leaves no folder it made."""
+    from wandistiller import export as export_module
+
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "print('held', flush=True)\ntime.sleep(120)", str(out)],
+                              stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with refused(f"--out {out} is being written by another export; wait for it to finish"):
+            export(finished, out, "single-file")
+    finally:
+        holder.kill()
+        holder.wait()
+    write = export_module.WRITERS["single-file"]
+
+    def meanwhile(run, tmp, *args):  # another process writes into --out while this export builds
+        built = write(run, tmp, *args)
+        (out / "theirs.txt").write_text("theirs")
+        return built
+
+    monkeypatch.setitem(export_module.WRITERS, "single-file", meanwhile)
+    with refused(f"--out {out} changed while this export ran (another process wrote there: theirs.txt); nothing"):
+        export(finished, out, "single-file")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    monkeypatch.setitem(export_module.WRITERS, "single-file", write)
+    run = tmp_path / "unfinished"
+    shutil.copytree(finished, run)
+    shutil.rmtree(run / "student")
+    with refused("has no final student"):  # refused before the claim: no folder made
+        export(run, tmp_path / "new", "single-file")
+    assert not (tmp_path / "new").exists()

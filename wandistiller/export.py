@@ -23,6 +23,8 @@ helpers: a received run's link that leads out of it is refused), and `--out` may
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -581,8 +583,9 @@ def export(
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        with claimed(out) as unchanged, tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
             built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name)
+            unchanged()
             _replace(out, built, Path(tmp))
     except OSError as e:  # a full disk, a quota
         raise UserError(
@@ -599,6 +602,53 @@ def export(
         time.perf_counter() - start,
     )
     return out
+
+
+@contextlib.contextmanager
+def claimed(out: Path) -> Iterator[Callable[[], None]]:
+    """`out` held by this export alone from its check to its final rename: made here when new (an empty folder, gone
+    again if the export fails), locked (`flock` on the folder itself: a second export into it is refused at once),
+    its entries noted. Yields the check made again just before the rename: `out` is still that folder with those
+    entries, else nothing is replaced (another process wrote there meanwhile)."""
+    made = False
+    with contextlib.suppress(FileExistsError):
+        out.mkdir()
+        made = True
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise UserError(f"--out {out} cannot be opened as a folder ({e.strerror}); choose a new folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(
+            f"--out {out} is being written by another export; wait for it to finish, or choose another folder"
+        ) from None
+    inode, entries = os.fstat(fd).st_ino, sorted(os.listdir(fd))
+
+    def unchanged() -> None:
+        try:
+            now = os.lstat(out).st_ino
+            now_entries = sorted(os.listdir(out))
+        except OSError:
+            now, now_entries = None, []
+        if now != inode or now_entries != entries:
+            new = sorted(set(now_entries) - set(entries))[:3]
+            raise UserError(
+                f"--out {out} changed while this export ran (another process wrote there{': ' if new else ''}"
+                f"{', '.join(new)}); nothing was replaced: look at it, then export again"
+            )
+
+    try:
+        yield unchanged
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only while still empty: whatever another process put there stays
+        raise
+    finally:
+        os.close(fd)
 
 
 def _replace(out: Path, built: Path, tmp: Path) -> None:

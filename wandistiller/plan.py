@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from hydra.utils import get_class, instantiate
 
 from wandistiller.compose import register_configs
@@ -11,10 +12,10 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.checks import built_quietly, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
-from wandistiller.placements.planner import plan_report, time_factor, workload_of
+from wandistiller.placements.planner import plan_report, text_encoder_bytes, time_factor, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -36,6 +37,7 @@ def main() -> None:
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
         if hardware:
             raise UserError(hardware)
+        check_values(cfg)  # what train refuses before planning (trainer.batch_size=0), refused here too
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
@@ -46,7 +48,9 @@ def main() -> None:
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
         clip = (cfg.data.latent_frames, time_factor(cfg.teacher.path))
-        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg), clip))
+        encoder = text_encoder_bytes(cfg.teacher, torch.tensor([], dtype=precision.teacher_dtype).element_size())
+        line = precision_line(cfg, precision)
+        print(plan_report(*planned, cfg.teacher.name, passes, line, configured(cfg), clip, text_encoder=encoder))
 
 
 def configured(cfg) -> Placement | None:

@@ -193,6 +193,48 @@ def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
     return KNOWN_TEACHERS.get(str(teacher_cfg.path))
 
 
+# Wan's text encoder, umT5-XXL's encoder (every public Wan teacher's): ~5.7B parameters, ~10.6 GiB in bf16.
+UMT5_XXL_PARAMS = 5_680_000_000
+
+
+def text_encoder_bytes(teacher_cfg, dtype_bytes: int) -> int | None:
+    """The host memory of the teacher's text encoder, which a first run loads to encode its prompts (then cached):
+    from a local folder's text_encoder/config.json (a T5 encoder's parameters), umT5-XXL for the public teachers;
+    None where neither says."""
+    path = Path(str(teacher_cfg.path)).expanduser()
+    if (path / "text_encoder" / "config.json").is_file():
+        try:
+            c = json.loads((path / "text_encoder" / "config.json").read_text())
+            d, ff, layers, vocab = (int(c[k]) for k in ("d_model", "d_ff", "num_layers", "vocab_size"))
+            inner = int(c.get("num_heads", 1)) * int(c.get("d_kv", d))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        gated = str(c.get("feed_forward_proj", "")).startswith("gated")
+        params = vocab * d + layers * (4 * d * inner + (3 if gated else 2) * d * ff + 2 * d) + d
+    elif str(teacher_cfg.path) in KNOWN_TEACHERS:
+        params = UMT5_XXL_PARAMS
+    else:
+        return None
+    return params * dtype_bytes
+
+
+def text_encoder_line(nbytes: int | None, hw: Hardware) -> str | None:
+    """The plan's line for the first run's text-encoder pass, and what to do where the host cannot hold it."""
+    if nbytes is None:
+        return None
+    line = (
+        f"text encoder: {nbytes / GiB:.1f} GiB of host RAM while a first run encodes its prompts (once; cached in "
+        "paths.cache_dir), before the teacher is placed"
+    )
+    usable = hw.usable(hw.host_bytes)
+    if nbytes > usable:
+        line += (
+            f"; more than this host's {usable / GiB:.1f} GiB usable: encode them once on a machine with more RAM "
+            "into the same paths.cache_dir (or plan with hardware.host_memory_gib=<GiB> for the machine you mean)"
+        )
+    return line
+
+
 @dataclasses.dataclass(frozen=True)
 class RunShape:
     """What the planner reads of a run besides the two models' configs, as typed values (`RunShape.of` takes them
@@ -310,6 +352,7 @@ def plan_report(
     precision: str = "",
     configured: Placement | None = None,
     clip: tuple[int, int] | None = None,
+    text_encoder: int | None = None,
 ) -> str:
     """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
     method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
@@ -326,7 +369,9 @@ def plan_report(
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     table = format_table(estimates, hw, best.placement if best else None, w, times)
     frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
-    return "\n".join([head, *method_lines(w, passes), *([precision] if precision else []), table, tail, *frames])
+    encoder = text_encoder_line(text_encoder, hw)
+    lines = [head, *method_lines(w, passes), *([precision] if precision else []), table]
+    return "\n".join([*lines, *([encoder] if encoder else []), tail, *frames])
 
 
 MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024

@@ -10,10 +10,17 @@ from tests.conftest import metrics_steps, refused
 from wandistiller.train import run
 
 
-def test_trajectory_trains_on_the_cached_ode_without_calling_the_teacher(make_cfg, tmp_path, cache_dir):
+def test_trajectory_trains_on_the_cached_ode_without_calling_the_teacher(make_cfg, tmp_path, cache_dir, caplog):
     folder = tmp_path / "r"
     common = ["method=trajectory", "method.steps=2", "method.teacher_steps=4", "method.noises_per_prompt=1"]
-    summary = run(make_cfg(*common, "trainer.max_steps=3", "trainer.log_every=1", run_dir=folder))
+    with caplog.at_level("INFO", logger="wandistiller"):
+        summary = run(make_cfg(*common, "trainer.max_steps=3", "trainer.log_every=1", run_dir=folder))
+    # Said before it is paid, and only what 3 steps x 4 samples can draw is made, not every training prompt's.
+    assert "teacher ODE points: 12 trajectories (12 prompt(s) x 1 noise(s); of 63: what trainer.max_steps=3" in (
+        caplog.text
+    )
+    (made,) = [m for m in (cache_dir / "trajectories").glob("*-first12/complete.json")]
+    assert '"items": 12' in made.read_text()
     assert summary["status"] == "completed"
     rows = metrics_steps(folder)
     assert all(r["loss"] == r["loss_trajectory"] > 0 and "loss_velocity" not in r for r in rows)

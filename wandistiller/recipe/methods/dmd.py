@@ -156,7 +156,10 @@ class DMD(Method):
         self.teacher = teacher if self.fake_score == "lora" else None  # a LoRA fake score runs on it (None: none here)
         self.points = None
         if self.regression_weight > 0:
-            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
+            skip = "method.regression_weight=0 skips them (dmd without its regression term)"
+            self.points = OdePoints(
+                ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, skip
+            )
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
 

@@ -11,6 +11,7 @@ resuming a trajectory checkpoint with `method=dmd` is refused: a checkpoint resu
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,13 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import mixed_seed
 from wandistiller.data.latents import SamplerSettings
-from wandistiller.data.trajectories import TrajectorySettings, load_trajectories, teacher_trajectories
+from wandistiller.data.trajectories import (
+    TrajectorySettings,
+    all_items,
+    bank_items,
+    load_trajectories,
+    teacher_trajectories,
+)
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, steps_within
@@ -30,6 +37,9 @@ from wandistiller.teacher.fewstep import student_schedule
 from wandistiller.teacher.model import guidance_scales
 
 STREAM = 1  # the draws' own generator stream beside the data's (seed, step, micro, rank)
+
+
+log = logging.getLogger("wandistiller")
 
 
 @dataclass
@@ -65,7 +75,9 @@ def positive(key: str, value: int) -> int:
 class OdePoints:
     """The cached ODE points of a run and the student's schedule: batches of jumps and their loss."""
 
-    def __init__(self, ctx, teacher, embeddings, steps: int, teacher_steps: int, per_prompt: int, chunk: int):
+    def __init__(
+        self, ctx, teacher, embeddings, steps: int, teacher_steps: int, per_prompt: int, chunk: int, skip: str = ""
+    ):
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, steps)
         sampler = SamplerSettings(
@@ -73,12 +85,28 @@ class OdePoints:
         )
         settings = TrajectorySettings(sampler, tuple(self.sigmas.double().tolist()))
         dtype = ctx.precision.teacher_dtype
+        t = ctx.trainer_cfg
+        # The most trajectories the run can draw (each micro-batch draws batch_size, on every rank): no more are made.
+        items = bank_items(embeddings, settings, t.max_steps * t.grad_accum_steps * t.batch_size * ctx.topo.world_size)
+        whole = all_items(embeddings, settings)
+        if ctx.topo.rank == 0:  # the cost said before it is paid, and how not to pay it
+            log.info(
+                "teacher ODE points: %d trajectories (%d prompt(s) x %d noise(s)%s) of %d teacher steps with CFG, "
+                "made once and cached (an estimate follows the first chunk)%s",
+                items,
+                items // per_prompt,
+                per_prompt,
+                f"; of {whole}: what trainer.max_steps={t.max_steps} can draw" if items < whole else "",
+                teacher_steps,
+                f"; {skip}" if skip else "",
+            )
+        made = lambda: teacher_trajectories(  # noqa: E731
+            teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, ctx.topo.rank == 0, items
+        )
         self.bank = made_once(
             ctx.topo,
-            lambda: teacher_trajectories(
-                teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, progress=ctx.topo.rank == 0
-            ),
-            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir),
+            made,
+            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir, items),
             makes=ctx.makes_teacher_data,
         )
         self.embeddings, self.seed, self.batch_size = embeddings, ctx.seed, ctx.trainer_cfg.batch_size
