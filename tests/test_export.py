@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from tests.conftest import ROOT, refused
+from wandistiller.core.errors import UserError
 from wandistiller.export import export
 
 
@@ -187,9 +188,58 @@ def test_a_few_step_students_file_and_workflow_carry_its_k_shift_and_sigmas(fini
     with safe_open(str(out / "k2.safetensors"), "pt") as f:
         sampling = json.loads(f.metadata()["sampling"])
     assert sampling["steps"] == 2 and sampling["guidance_scale"] == 1.0 and len(sampling["sigmas"]) == 3
-    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
-    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
-    assert f"sigmas {sampling['sigmas']}" in (out / "README.md").read_text()
+    nodes = {n["type"]: n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"]}
+    assert nodes["KSamplerSelect"]["widgets_values"] == ["euler"] and "KSampler" not in nodes
+    assert f"sigmas: {[round(v, 6) for v in sampling['sigmas']]}" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "schedule,shift,node",
+    [("euler", None, "ManualSigmas"), ("simple", 5.0, "KSampler"), ("beta", None, "KSampler"),
+     ([1.0, 0.8, 0.4], None, "ManualSigmas")],
+)  # fmt: skip
+def test_the_workflow_samples_at_the_sigmas_the_student_was_trained_at(finished, tmp_path, schedule, shift, node):
+    """sampling.json (the file's metadata and the pipeline's), the in-process scheduler and the workflow carry the
+    same K sigmas: the workflow sets them (ManualSigmas) or names the ComfyUI scheduler whose function gives them
+    at its ModelSamplingSD3 shift (our port, pinned to ComfyUI's values in tests/teacher/test_fewstep.py)."""
+    from tests.state.test_runs import few_step_copy
+    from wandistiller.state.comfy import workflow_sigmas
+    from wandistiller.state.export import sampling
+    from wandistiller.state.runs import open_run, student_scheduler
+    from wandistiller.teacher.fewstep import comfy_beta_sigmas, comfy_simple_sigmas
+
+    folder = few_step_copy(finished, tmp_path, 3, schedule=schedule, shift=shift)
+    out = export(folder, tmp_path / "k3", "single-file", name="k3")
+    with safe_open(str(out / "k3.safetensors"), "pt") as f:
+        trained = json.loads(f.metadata()["sampling"])
+    assert trained["schedule"] == schedule and len(trained["sigmas"]) == 4 and trained["sigmas"][-1] == 0
+    flow = json.loads((out / "k3.workflow.json").read_text())
+    nodes = {n["type"]: n for n in flow["nodes"]}
+    assert node in nodes
+    if node == "KSampler":
+        steps, _, sampler, name = nodes["KSampler"]["widgets_values"][2:6]
+        at = nodes["ModelSamplingSD3"]["widgets_values"][0]
+        given = {"simple": comfy_simple_sigmas, "beta": comfy_beta_sigmas}[name](at, steps)
+        assert (sampler, name, steps) == ("euler", schedule, 3)
+    else:
+        given = workflow_sigmas(flow)
+        assert "SamplerCustomAdvanced" in nodes and "KSampler" not in nodes
+    assert given == pytest.approx(trained["sigmas"], abs=1e-6)
+    run = open_run(folder)
+    assert sampling(run.spec.path, 3, run.trained_schedule)["sigmas"] == pytest.approx(trained["sigmas"], abs=1e-6)
+    scheduler = student_scheduler(run.spec, 3, 3, run.trained_schedule)
+    scheduler.set_timesteps(3)  # as WanPipeline calls it
+    assert scheduler.sigmas.tolist() == pytest.approx(trained["sigmas"], abs=1e-6)
+    assert "Its trained sigmas: " in (out / "README.md").read_text()
+
+
+def test_a_bad_saved_schedule_is_one_line_and_nothing_is_written(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    folder = few_step_copy(finished, tmp_path, 3, schedule=[1.0, 0.5])
+    with pytest.raises(UserError, match=r"^method.schedule=\[1,0.5\] has 2 sigmas and method.steps=3; give one"):
+        export(folder, tmp_path / "bad", "single-file")
+    assert not (tmp_path / "bad").exists()
 
 
 # -- a LoRA student's files (--format lora) ------------------------------------------------------------------------
@@ -248,6 +298,7 @@ def test_a_lora_pair_in_the_lightning_layout_loads_through_wan_pipeline_as_the_s
 
 def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(make_cfg, tmp_path, tiny_path):
     from tests.student.test_lora import inputs, lora_run
+    from wandistiller.state.comfy import workflow_sigmas
 
     run = tmp_path / "run"
     student = lora_run(make_cfg, run, "tiny", "method=trajectory", "method.steps=2")
@@ -256,12 +307,15 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
     assert sorted(p.name for p in out.iterdir()) == names
     with safe_open(str(out / "k2.safetensors"), "pt") as f:
         assert f.get_tensor("diffusion_model.blocks.0.self_attn.k.lora_up.weight").dtype == torch.bfloat16
-        assert json.loads(f.metadata()["sampling"])["steps"] == 2
+        trained = json.loads(f.metadata()["sampling"])
+        assert trained["steps"] == 2
     with safe_open(str(out / "diffusers" / "pytorch_lora_weights.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert "lora_adapter_metadata" in f.metadata()
-    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
-    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
+    flow = json.loads((out / "k2.workflow.json").read_text())
+    nodes = {n["type"]: n for n in flow["nodes"]}
+    assert nodes["KSamplerSelect"]["widgets_values"] == ["euler"] and "LoraLoaderModelOnly" in nodes
+    assert workflow_sigmas(flow) == pytest.approx(trained["sigmas"], abs=1e-6)
     # The card's lines for the Lightning file, its placeholders filled in: the teacher, the adapters, K's scheduler.
     card = (out / "README.md").read_text()
     code = card.split("**`k2.safetensors`**")[1].split("```python")[1].split("```")[0]

@@ -55,7 +55,7 @@ from wandistiller.core.files import (
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import teacher_digest
-from wandistiller.state.comfy import Sampling, lora_readme, readme, teacher_files, workflow_text
+from wandistiller.state.comfy import MANUAL, Sampling, lora_readme, readme, teacher_files, workflow_text
 from wandistiller.state.export import _number as saved_number
 from wandistiller.state.export import _raw as raw_value
 from wandistiller.state.export import _word as saved_word
@@ -193,13 +193,17 @@ def sampling_facts(run) -> dict:
     k, spec = run.trained_steps, run.spec
     facts: dict = {"guidance_scale": 1.0, "shift": spec.flow_shift, "num_train_timesteps": spec.num_train_timesteps}
     if k is not None:
-        timesteps, sigmas = student_schedule(spec, k)
+        schedule = run.trained_schedule
+        timesteps, sigmas = student_schedule(spec, k, schedule)
+        shift = schedule.shift if schedule.shift is not None else spec.flow_shift
         return facts | {
             "steps": k,
             "few_step": True,
             "scheduler": "FlowMatchEulerDiscreteScheduler",
+            "schedule": schedule.record(),
+            "shift": shift,
             "timesteps": [round(t, 4) for t in timesteps.tolist()],
-            "sigmas": [round(s, 6) for s in sigmas.tolist()],
+            "sigmas": [round(s, 8) for s in sigmas.tolist()],
         }
     hooks = run.cfg.get("hooks")
     evaluate = hooks.get("evaluate") if hooks is not None and hasattr(hooks, "get") else None
@@ -211,11 +215,34 @@ def sampling_facts(run) -> dict:
     }
 
 
-def comfy_sampling(run, facts: dict, experts: int):
+def exact_line(facts: dict) -> str:
+    """The README's sentence on the sigmas the workflow samples at: the trained ones, and how it sets them."""
+    sigmas = [round(v, 6) for v in facts["sigmas"]]
+    if facts["schedule"] in ("simple", "beta"):
+        how = (
+            f"ComfyUI's own `{facts['schedule']}` scheduler at shift {facts['shift']:g} gives exactly these (the "
+            "student was trained at them); another scheduler or shift samples it at sigmas it never saw."
+        )
+    else:
+        how = (
+            "The workflow sets exactly these with the core ManualSigmas node into SamplerCustomAdvanced (ComfyUI's "
+            "KSampler schedulers give other sigmas: `simple` at this shift is close, not equal, and the student never "
+            "saw them). ManualSigmas is a recent core node (checked against ComfyUI commit 065c1df); an older build "
+            "lacks it."
+        )
+    return f"Its trained sigmas: {sigmas}. {how}"
 
+
+def comfy_sampling(run, facts: dict, experts: int):
+    """How the workflow samples: a few-step student at exactly its trained sigmas -- KSampler with ComfyUI's own
+    scheduler of that name where it was trained at `simple` or `beta` (at the shift ModelSamplingSD3 is set to),
+    else (diffusers' Euler, a list) the sigmas themselves (ManualSigmas); the teacher's steps with uni_pc else."""
     scale, d = image_scale(run.spec.path), run.cfg.data
     boundary = run.spec.boundary_ratio if experts == 2 else None
-    sampler = ("euler", "simple") if facts["few_step"] else ("uni_pc", "simple")
+    sampler, sigmas = ("uni_pc", "simple"), None
+    if facts["few_step"]:
+        named = facts["schedule"] in ("simple", "beta")
+        sampler, sigmas = ("euler", facts["schedule"] if named else MANUAL), tuple(facts["sigmas"])
     return Sampling(
         facts["steps"],
         *sampler,
@@ -224,6 +251,7 @@ def comfy_sampling(run, facts: dict, experts: int):
         int(d.latent_height) * scale,
         boundary,
         example_prompt(saved_prompts(run.cfg)),
+        sigmas,
     )
 
 
@@ -286,10 +314,7 @@ def write_single_files(
         log.warning("note: %s", warning)
     exact = ""
     if facts["few_step"]:
-        exact = (
-            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
-            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
-        )
+        exact = exact_line(facts)
     listing = [
         (
             f,
@@ -471,10 +496,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
     exact = ""
     if facts["few_step"]:
-        exact = (
-            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
-            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
-        )
+        exact = exact_line(facts)
     source_of = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
     which = [""] if len(files) == 1 else [" (the high-noise expert's)", " (the low-noise expert's)"]
@@ -507,7 +529,10 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
             )
         )
     if facts["few_step"]:
-        listing.append(("scheduler/", f"the {facts['steps']}-step student's scheduler (diffusers)", "", ""))
+        what = f"the {facts['steps']}-step student's scheduler (diffusers)"
+        if facts["schedule"] != "euler":
+            what = f"diffusers' own {facts['steps']}-step Euler scheduler: close to the trained sigmas, not equal"
+        listing.append(("scheduler/", what, "", ""))
     listing.append((workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"))
     intro = (
         f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
@@ -527,7 +552,15 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
         else "import torch\nfrom diffusers import WanPipeline\n"
     )
     lines += f'pipe = WanPipeline.from_pretrained("{source}", dtype={torch_dtype})\n'
-    if facts["few_step"]:
+    if facts["few_step"] and facts["schedule"] != "euler":  # a config cannot hold them: bound as the card says
+        sigmas = [round(v, 8) for v in facts["sigmas"][:-1]]
+        lines = lines.replace("import torch\n", "import functools\nimport torch\n")
+        lines += (
+            f"pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps={facts['num_train_timesteps']}, "
+            "shift=1.0)  # shift 1: the trained sigmas as given\n"
+            f"pipe.scheduler.set_timesteps = functools.partial(pipe.scheduler.set_timesteps, sigmas={sigmas})\n"
+        )
+    elif facts["few_step"]:
         lines += (
             'pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained("PATH_TO_THIS_FOLDER", '
             'subfolder="scheduler")\n'

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,7 @@ from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
 from wandistiller.student.model import Student
-from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, parse_schedule, student_schedule
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -99,9 +99,12 @@ class DMD(Method):
         regression_weight: float,
         noises_per_prompt: int,
         chunk: int,
+        schedule: Any = DEFAULT_SCHEDULE,
+        shift: float | None = None,
     ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
+        self.schedule = parse_schedule(schedule, shift, self.k)
         self.teacher_steps = teacher_steps
         self.fake_updates = positive("method.fake_updates", fake_updates)
         if fake_score not in FAKE_SCORES:
@@ -148,7 +151,7 @@ class DMD(Method):
 
     def prepare(self, ctx, teacher, embeddings) -> None:
 
-        self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k)
+        self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k, self.schedule)
         self.embeddings, self.seed = embeddings, ctx.seed
         self.batch_size, self.latent_shape = ctx.trainer_cfg.batch_size, ctx.latent_shape
         self.shift = ctx.teacher_cfg.flow_shift or ctx.spec.flow_shift
@@ -156,7 +159,9 @@ class DMD(Method):
         self.teacher = teacher if self.fake_score == "lora" else None  # a LoRA fake score runs on it (None: none here)
         self.points = None
         if self.regression_weight > 0:
-            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
+            self.points = OdePoints(
+                ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule
+            )
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
 
