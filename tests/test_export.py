@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tests.conftest import ROOT, refused
 from wandistiller.core.errors import UserError
@@ -66,12 +67,78 @@ def test_single_file_export_loads_in_diffusers_as_the_student_and_its_card_lists
             assert str(tmp_path) not in file.read_text() and str(ROOT) not in file.read_text(), file
 
 
+def comfyui_reads(path, compute=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The tensors ComfyUI computes with from a Wan fp8 file, following the layout its loader reads (comfy/utils.py
+    `detect_layer_quantization` / `convert_old_quants`, comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py
+    `TensorCoreFP8Layout.dequantize`, at commit f3dc09e37f0e): a layer with `<layer>.comfy_quant` (JSON bytes,
+    format float8_e4m3fn) is `weight.to(compute) x weight_scale`; every other tensor is cast to the compute dtype
+    as it is stored. A legacy file (`scaled_fp8` marker) runs the whole model in fp8 storage: every weight and bias
+    of a Linear held in float8_e4m3fn, `scale_weight` where it has one."""
+    with safe_open(str(path), "pt") as f:
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    legacy = "scaled_fp8" in raw
+    out = {}
+    for key, tensor in raw.items():
+        if key == "scaled_fp8" or key.endswith((".comfy_quant", ".weight_scale", ".scale_weight")):
+            continue
+        layer = key.rsplit(".", 1)[0]
+        if f"{layer}.comfy_quant" in raw and key.endswith(".weight"):
+            config = json.loads(raw[f"{layer}.comfy_quant"].numpy().tobytes())
+            assert config == {"format": "float8_e4m3fn"} and tensor.dtype == torch.float8_e4m3fn
+            out[key] = tensor.to(compute) * raw[f"{layer}.weight_scale"]
+        elif legacy and tensor.dim() <= 2 and f"{layer}.weight" in raw and raw[f"{layer}.weight"].dim() == 2:
+            scale = raw.get(f"{layer}.scale_weight") if key.endswith(".weight") else None
+            stored = tensor.to(torch.float8_e4m3fn).to(compute)  # a Linear's tensors in fp8 storage
+            out[key] = stored * scale if scale is not None else stored
+        else:
+            out[key] = tensor.to(compute)
+    return out
+
+
+def fp8_error_in_comfyui(finished, tmp_path, layout: str) -> float:
+    """The fp8 export in `layout`, read as ComfyUI reads it: its output's relative MSE against the student's (bf16
+    weights), after the checks of what the file holds and what its README says."""
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.teacher.fp8 import relative_mse
+
+    out = export(finished, tmp_path / layout, "single-file", "fp8", name="s", fp8_layout=layout)
+    student = WanTransformer3DModel.from_pretrained(finished / "student")
+    read = comfyui_reads(out / "s.safetensors")
+    save_file({k: v.contiguous() for k, v in read.items()}, str(tmp_path / "read.safetensors"))
+    comfy = WanTransformer3DModel.from_single_file(str(tmp_path / "read.safetensors"), config=str(out))
+    reference = WanTransformer3DModel.from_config(student.config)
+    reference.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in student.state_dict().items()})
+    error = relative_mse(student_output(comfy.float()), student_output(reference))
+    with safe_open(str(out / "s.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        bias = f.get_tensor("blocks.0.ffn.0.bias")
+    if layout == "comfy_quant":
+        assert "scaled_fp8" not in keys and "blocks.0.ffn.0.comfy_quant" in keys and bias.dtype == torch.bfloat16
+        assert error <= 0.01
+    else:
+        assert "scaled_fp8" in keys and "blocks.0.ffn.0.scale_weight" in keys
+    card = (out / "README.md").read_text()
+    assert "**Not for diffusers**: `WanTransformer3DModel.from_single_file` cannot read it" in card
+    assert "from_single_file(f" not in card  # no diffusers lines for the fp8 file
+    return error
+
+
+def test_the_fp8_file_read_as_comfyui_reads_it_gives_the_students_output_within_fp8_rounding(finished, tmp_path):
+    """Each fp8 layout, read as ComfyUI's loader reads it, against the student: the per-layer layout within the fp8
+    weights' own rounding (its biases and 16-bit layers kept), the legacy one worse (ComfyUI's whole-model fp8);
+    each README names diffusers' from_single_file as a loader that cannot read it, and why."""
+    per_layer = fp8_error_in_comfyui(finished, tmp_path / "a", "comfy_quant")
+    legacy = fp8_error_in_comfyui(finished, tmp_path / "b", "scaled_fp8")
+    assert per_layer < legacy
+
+
 def test_fp8_and_bf16_single_files_and_a_bf16_diffusers_folder(finished, tmp_path):
     from diffusers import WanPipeline
 
     fp8 = export(finished, tmp_path / "fp8", "single-file", "fp8", name="s")
     with safe_open(str(fp8 / "s.safetensors"), "pt") as f:
-        assert "scaled_fp8" in f.keys() and f.get_tensor("blocks.0.ffn.0.weight").dtype == torch.float8_e4m3fn
+        assert "scaled_fp8" not in f.keys() and f.get_tensor("blocks.0.ffn.0.weight").dtype == torch.float8_e4m3fn
     assert (tmp_path / "fp8" / "s.safetensors").stat().st_size < 0.8 * (
         export(finished, tmp_path / "bf16", "single-file").joinpath("tiny_tiny_bf16.safetensors").stat().st_size
     )
@@ -112,6 +179,9 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
         export(lora, tmp_path / "lora", "lora")
     with refused("--dtype fp8 is for --format single-file"):
         export(finished, tmp_path / "d8", "diffusers", "fp8")
+    with refused("--fp8-layout scaled_fp8 is for --dtype fp8 (single-file); drop it, or add --dtype fp8"):
+        export(finished, tmp_path / "l8", "single-file", "bf16", fp8_layout="scaled_fp8")
+    assert not (tmp_path / "l8").exists()
     unfinished = tmp_path / "unfinished"
     shutil.copytree(finished, unfinished)
     shutil.rmtree(unfinished / "student")

@@ -1,5 +1,6 @@
 """Export a run's student where Wan users run models: a diffusers pipeline folder, or single `.safetensors` files in
-the Wan reference layout (bf16, fp16, fp32 or ComfyUI's scaled fp8) with a ComfyUI workflow, README and model card.
+the Wan reference layout (bf16, fp16, fp32 or fp8 in ComfyUI's per-layer `.comfy_quant` layout) with a ComfyUI
+workflow, README and model card.
 
 `python -m wandistiller.export RUN --format diffusers|single-file|lora [--dtype bf16|fp16|fp32|fp8] --out DIR`
 
@@ -72,6 +73,7 @@ from wandistiller.state.loralayout import metadata as lora_metadata
 from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source
 from wandistiller.state.singlefile import DTYPES as TORCH_DTYPES
 from wandistiller.state.singlefile import (
+    FP8_LAYOUTS,
     block_count_problem,
     config_of,
     expert_names,
@@ -89,6 +91,7 @@ DTYPES = ("bf16", "fp16", "fp32", "fp8")
 DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": "bf16"}  # None: as the student was saved
 # Student shapes a loader that guesses from the weights reads right, given a Wan teacher (128-wide heads): the
 # named students keep the teacher's head size (student/prune.py, core/arch.py).
+COMFY_COMMIT = "f3dc09e37f0e"  # ComfyUI's comfy/ops.py and comfy/quant_ops.py the fp8 layouts were read against
 KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher (128-wide heads, one FFN width)"
 
 
@@ -170,12 +173,12 @@ def check_format(run, fmt: str, dtype: str | None) -> None:
         )
     if fmt == "lora" and dtype == "fp8":
         raise UserError(
-            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16, fp16 or "
+            "--dtype fp8 is for --format single-file (ComfyUI's fp8); LoRA files take --dtype bf16, fp16 or "
             "fp32 (adapters are small: no loader reads fp8 ones)"
         )
     if fmt == "diffusers" and dtype == "fp8":
         raise UserError(
-            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); a diffusers folder takes "
+            "--dtype fp8 is for --format single-file (ComfyUI's fp8); a diffusers folder takes "
             "--dtype bf16, fp16 or fp32"
         )
 
@@ -289,14 +292,16 @@ def write_single_files(
     comfy,
     card: str,
     teacher_config: dict | None = None,
+    fp8_layout: str = "comfy_quant",
 ) -> list[Path]:
     """`experts` (one student, or an A14B pair: high-noise first) as single files in `out`, with config.json, the
-    ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section)."""
+    ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section). fp8 in
+    `fp8_layout` (state/singlefile.py: ComfyUI's per-layer `.comfy_quant`, or its legacy `scaled_fp8`)."""
 
     files, warning = expert_names(name, len(experts)), None
     config = config_of(experts[0])
     for i, (model, file) in enumerate(zip(experts, files)):
-        tensors = wan_tensors(model, dtype)
+        tensors = wan_tensors(model, dtype, fp8_layout)
         bad = block_count_problem(tensors)
         if bad:
             raise ValueError(f"{file}: {bad}")
@@ -318,14 +323,20 @@ def write_single_files(
     listing = [
         (
             f,
-            _what(dtype, i, len(files)),
+            _what(dtype, i, len(files), fp8_layout),
             _diffusers_lines(f, dtype, teacher, i, files),
             f"`{f}` into models/diffusion_models, then Load Diffusion Model (UNETLoader); `{workflow_file}` does it",
         )
         for i, f in enumerate(files)
     ]
     listing += [
-        ("config.json", "the student's diffusers config, which `from_single_file(config=...)` needs", "", ""),
+        (
+            "config.json",
+            "the student's diffusers config, which `from_single_file(config=...)` needs"
+            + (" (for a 16-bit or fp32 export of it: not this fp8 file)" if dtype == "fp8" else ""),
+            "",
+            "",
+        ),
         (workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"),
     ]
     intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
@@ -334,17 +345,30 @@ def write_single_files(
     return [out / f for f in files]
 
 
-def _what(dtype: str, i: int, count: int) -> str:
+def _what(dtype: str, i: int, count: int, fp8_layout: str = "comfy_quant") -> str:
     which = "" if count == 1 else (" (the high-noise expert)", " (the low-noise expert)")[i]
-    kind = (
-        (
-            "ComfyUI's scaled fp8: the blocks' Linear weights float8_e4m3fn with one float32 scale each, the rest "
-            "bf16/fp32"
+    if dtype != "fp8":
+        return f"the student transformer{which} in the Wan reference layout, {dtype}"
+    if fp8_layout == "comfy_quant":
+        kind = (
+            "fp8 in ComfyUI's per-layer quantization layout (`.comfy_quant`): the blocks' Linear weights "
+            "float8_e4m3fn with one float32 `weight_scale` each, every other tensor (biases, norms, embeddings, the "
+            f"head) 16-bit or fp32, as ComfyUI then computes with them (read against ComfyUI commit {COMFY_COMMIT}; "
+            "a ComfyUI older than `.comfy_quant` support cannot read it: export with `--fp8-layout scaled_fp8`)"
         )
-        if dtype == "fp8"
-        else dtype
+    else:
+        kind = (
+            "ComfyUI's legacy scaled fp8 (`scaled_fp8` marker, one float32 `scale_weight` per block Linear), for "
+            "ComfyUI builds older than `.comfy_quant`: they run every Linear and bias in fp8, the 16-bit layers "
+            "included (about 5x this file's own rounding error); a newer ComfyUI reads the default "
+            "`--fp8-layout comfy_quant` export right"
+        )
+    cannot = (
+        ". **Not for diffusers**: `WanTransformer3DModel.from_single_file` cannot read it -- it loads the fp8 "
+        "weights without their scales (with only a warning), so the model's output is wrong; diffusers users take "
+        "the bf16 export (`--dtype bf16`) or the pipeline folder"
     )
-    return f"the student transformer{which} in the Wan reference layout, {kind}"
+    return f"the student transformer{which} in the Wan reference layout, {kind}{cannot}"
 
 
 def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[str]) -> str:
@@ -568,7 +592,7 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
     return lines
 
 
-def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
 
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
     name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
@@ -578,7 +602,7 @@ def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) 
     return built
 
 
-# Writers by format: (run, tmp folder, checkpoint, dtype, name) -> the folder to rename into --out.
+# Writers by format: (run, tmp folder, checkpoint, dtype, name, fp8 layout) -> the folder to rename into --out.
 WRITERS: dict[str, Callable] = {}
 
 
@@ -590,8 +614,10 @@ def export(
     checkpoint: str | None = None,
     force: bool = False,
     name: str | None = None,
+    fp8_layout: str | None = None,
 ) -> Path:
-    """Write the run's student to `out` in `fmt`, whole or not at all."""
+    """Write the run's student to `out` in `fmt`, whole or not at all. `fp8_layout`: --dtype fp8's layout
+    (comfy_quant, the default, or scaled_fp8)."""
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -599,6 +625,10 @@ def export(
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
         raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
+    if fp8_layout is not None and fp8_layout not in FP8_LAYOUTS:
+        raise UserError(f"--fp8-layout {fp8_layout!r} is not one of {', '.join(FP8_LAYOUTS)}")
+    if fp8_layout is not None and dtype != "fp8":
+        raise UserError(f"--fp8-layout {fp8_layout} is for --dtype fp8 (single-file); drop it, or add --dtype fp8")
     register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     check_out(out, run.path, force)
@@ -615,7 +645,7 @@ def export(
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name)
+            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name, fp8_layout or "comfy_quant")
             _replace(out, built, Path(tmp))
     except OSError as e:  # a full disk, a quota
         raise UserError(
@@ -646,7 +676,7 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
     os.rename(built, out)
 
 
-def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
 
     student, source = read_student(run, checkpoint)
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
@@ -665,11 +695,12 @@ def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str |
         comfy_sampling(run, facts, 1),
         run_card(run),
         run.spec.transformer_config,
+        fp8_layout,
     )
     return built
 
 
-def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None) -> Path:
+def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None, fp8_layout: str) -> Path:
     return write_diffusers(run, tmp, "export", checkpoint, dtype)
 
 
@@ -684,12 +715,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         choices=DTYPES,
         help="the weights' dtype (default: bf16 for single-file, as "
-        "saved (fp32) for diffusers, bf16 for lora); fp8: ComfyUI's scaled fp8, single-file only",
+        "saved (fp32) for diffusers, bf16 for lora); fp8: ComfyUI's fp8 (--fp8-layout), single-file only",
     )
     parser.add_argument("--out", required=True, help="a new folder (or an empty one; --force replaces a full one)")
     parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
     parser.add_argument("--name", help="the single or LoRA files' name (default: <teacher>_<student>_<dtype>)")
+    parser.add_argument(
+        "--fp8-layout",
+        choices=FP8_LAYOUTS,
+        help="--dtype fp8's layout: comfy_quant (default: ComfyUI's per-layer quantization, the rest 16-bit) or "
+        "scaled_fp8 (ComfyUI's legacy layout, for builds older than .comfy_quant)",
+    )
     return parser.parse_args(argv)
 
 
@@ -698,7 +735,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
     with internal_errors_reported(), exit_on_user_error():
-        out = export(Path(args.run_dir), Path(args.out), args.fmt, args.dtype, args.checkpoint, args.force, args.name)
+        out = export(
+            Path(args.run_dir),
+            Path(args.out),
+            args.fmt,
+            args.dtype,
+            args.checkpoint,
+            args.force,
+            args.name,
+            args.fp8_layout,
+        )
         print(f"wrote {out}")
 
 
