@@ -173,8 +173,8 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     saved = OmegaConf.load(lora / ".hydra" / "config.yaml")
     saved.student.builder = "lora"
     OmegaConf.save(saved, lora / ".hydra" / "config.yaml")
-    with refused("--format single-file: the student of"):
-        export(lora, tmp_path / "lora", "single-file")
+    with refused("--format diffusers: the student of"):
+        export(lora, tmp_path / "lora", "diffusers")
     with refused("the LoRA student in"):  # a student/ without adapters
         export(lora, tmp_path / "lora", "lora")
     with refused("--dtype fp8 is for --format single-file"):
@@ -408,14 +408,14 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
 
     run = tmp_path / "run"
     lora_run(make_cfg, run, "tiny")
-    with refused("--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16"):
+    with refused("--dtype fp8 is for --format single-file (ComfyUI's fp8); LoRA files take --dtype bf16"):
         export(run, tmp_path / "a", "lora", "fp8")
     with refused("--name '../up' is not a plain file name"):
         export(run, tmp_path / "a", "lora", name="../up")
-    with refused("--checkpoint latest with --format lora"):
+    with refused("--checkpoint latest with a LoRA student: its files are written from the run's final student/"):
         export(run, tmp_path / "a", "lora", checkpoint="latest")
-    with refused("--format single-file: the student of"):
-        export(run, tmp_path / "a", "single-file")
+    with refused("--format diffusers: the student of"):
+        export(run, tmp_path / "a", "diffusers")
     weights = run / "student" / "pytorch_lora_weights.safetensors"
     shutil.move(weights, tmp_path / "elsewhere.safetensors")  # a received run's adapters linked out of it
     weights.symlink_to(tmp_path / "elsewhere.safetensors")
@@ -426,3 +426,82 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("teacher", ["tiny", pytest.param("tiny_moe", marks=pytest.mark.slow)])
+def test_a_lora_students_single_file_is_its_teacher_with_the_adapters_merged_as_pipeline_merge_lora_writes(
+    make_cfg, tmp_path, teacher
+):
+    """--format single-file on a LoRA student: the teacher with its adapters merged, one file per expert, equal to
+    `pipeline --merge-lora`'s transformers: fp32 exactly, bf16 within its rounding, fp8 in ComfyUI's layout."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from tests.student.test_lora import lora_run
+    from wandistiller.pipeline import export as pipeline_export
+    from wandistiller.teacher.fp8 import relative_mse
+
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, teacher)
+    merged = WanPipeline.from_pretrained(pipeline_export(run, tmp_path / "merged", merge_lora=True))
+    parts = [merged.transformer] + ([merged.transformer_2] if teacher == "tiny_moe" else [])
+    out = export(run, tmp_path / "fp32", "single-file", "fp32", name="m")
+    files = ["m.safetensors"] if len(parts) == 1 else ["m_high_noise.safetensors", "m_low_noise.safetensors"]
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(files)
+    for file, part in zip(files, parts):
+        loaded = WanTransformer3DModel.from_single_file(str(out / file), config=str(out))
+        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), part.state_dict().values()))
+        # fp32: the same weights bit for bit; the outputs then differ only by how each model was built (diffusers'
+        # from_pretrained model and a from_config one differ by float rounding whatever the weights)
+        assert torch.allclose(student_output(loaded), student_output(part), atol=1e-5)
+    bf16 = export(run, tmp_path / "bf16", "single-file", "bf16", name="m")
+    loaded = WanTransformer3DModel.from_single_file(str(bf16 / files[0]), config=str(bf16), dtype=torch.bfloat16)
+    rounded = WanTransformer3DModel.from_config(parts[0].config)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in parts[0].state_dict().items()})
+    assert all(
+        torch.equal(a.float(), b) for a, b in zip(loaded.state_dict().values(), rounded.state_dict().values())
+    )  # bf16: the merged fp32 weights rounded once
+    assert relative_mse(student_output(loaded.float()), student_output(parts[0])) < 1e-3
+    fp8 = export(run, tmp_path / "fp8", "single-file", "fp8", name="m")
+    with safe_open(str(fp8 / files[0]), "pt") as f:
+        assert f.get_tensor("blocks.0.self_attn.q.weight").dtype == torch.float8_e4m3fn
+    assert "scaled_fp8" not in safe_open(str(fp8 / files[0]), "pt").keys()
+
+
+def test_a_merged_export_whose_teacher_is_not_at_hand_is_one_line_and_writes_nothing(make_cfg, tmp_path, tiny_path):
+    from tests.student.test_lora import lora_run
+    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.teacher.spec import inspect_teacher
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_path, teacher)
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, "tiny", f"teacher.path={teacher}")
+    digest = teacher_digest(inspect_teacher(teacher))
+    (run / "metrics.json").write_text(json.dumps({"teacher": "tiny", "teacher_digest": digest}))  # as a run records it
+    for weights in (teacher / "transformer").glob("*.safetensors"):
+        weights.unlink()  # the teacher's config still there: the run opens, the weights to merge into are gone
+    with refused(f"teacher.path='{teacher}': {teacher}/transformer holds no weights (*.safetensors)"):
+        export(run, tmp_path / "out", "single-file")
+    assert not (tmp_path / "out").exists()
+    done = run_cli_export(run, tmp_path / "out2")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("error: teacher.path=") and not (tmp_path / "out2").exists()
+    # Another teacher in its place (other weights): the adapters were not trained on it
+    shutil.rmtree(teacher)
+    shutil.copytree(tiny_path, teacher)
+    weights = next((teacher / "transformer").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)  # a fine-tune, as far as its digest can tell
+    weights.write_bytes(bytes(data))
+    with refused("--format single-file merges the LoRA student's adapters into its teacher, and the teacher at"):
+        export(run, tmp_path / "out", "single-file")
+    assert not (tmp_path / "out").exists()
+
+
+def run_cli_export(run, out):
+    return subprocess.run(
+        [sys.executable, "-m", "wandistiller.export", str(run), "--format", "single-file", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )

@@ -9,7 +9,8 @@ workflow, README and model card.
 - `single-file`: `<name>.safetensors` (an A14B pair: `<name>_high_noise` / `<name>_low_noise`) in the Wan reference
   layout (state/singlefile.py), its metadata the student's config, sampling and teacher; `config.json` beside it
   (diffusers' `from_single_file(config=DIR)`), `<name>.workflow.json` for ComfyUI (state/comfy.py) and README.md:
-  the model card, every file and the lines that load it. `--dtype` default bf16.
+  the model card, every file and the lines that load it. `--dtype` default bf16. A LoRA student's single file is
+  its teacher with the adapters merged (what `pipeline --merge-lora` writes), one per expert of a pair.
 - `lora`: a LoRA student's adapters (student=lora; refused for any other student): `<name>.safetensors` (an A14B
   pair: `<name>_high_noise` / `<name>_low_noise`) in the Lightning layout ComfyUI's LoraLoader and diffusers'
   `load_lora_weights` read (state/loralayout.py), `diffusers/` with the files diffusers' `save_lora_weights` wrote
@@ -55,7 +56,7 @@ from wandistiller.core.files import (
 )
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
-from wandistiller.state.checkpoint import teacher_digest
+from wandistiller.state.checkpoint import teacher_digest, teacher_problem
 from wandistiller.state.comfy import MANUAL, Sampling, lora_readme, readme, teacher_files, workflow_text
 from wandistiller.state.export import _number as saved_number
 from wandistiller.state.export import _raw as raw_value
@@ -81,7 +82,7 @@ from wandistiller.state.singlefile import (
     wan_tensors,
 )
 from wandistiller.state.singlefile import metadata as single_file_metadata
-from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
+from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, merged_experts
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
 
 log = logging.getLogger("wandistiller.export")
@@ -166,10 +167,11 @@ def check_format(run, fmt: str, dtype: str | None) -> None:
             f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
             "--format single-file or diffusers"
         )
-    if lora and fmt != "lora":
+    if lora and fmt == "diffusers":
         raise UserError(
-            f"--format {fmt}: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of its "
-            "own); export it with --format lora"
+            f"--format diffusers: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of "
+            "its own); export it with --format lora, --format single-file (merged into the teacher), or "
+            "python -m wandistiller.pipeline RUN --out DIR --merge-lora"
         )
     if fmt == "lora" and dtype == "fp8":
         raise UserError(
@@ -633,11 +635,13 @@ def export(
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
-    if fmt == "lora" and checkpoint is not None:
+    if is_lora_student(run) and checkpoint is not None:
         raise UserError(
-            f"--checkpoint {checkpoint} with --format lora: LoRA files are written from the run's final student/; "
+            f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
             "drop --checkpoint (or finish the run: trainer.resume=auto)"
         )
+    if is_lora_student(run) and fmt == "single-file":
+        merged_teacher_at_hand(run)  # before any work
     if checkpoint in (None, "ema"):
         final_student(run, checkpoint)  # before any work
     dtype = dtype or DEFAULT_DTYPE[fmt]
@@ -676,23 +680,59 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
     os.rename(built, out)
 
 
-def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
+def merged_teacher_at_hand(run) -> None:
+    """A merged export of a LoRA student needs the teacher the adapters were trained on: each expert's weights in
+    the run's teacher folder, and (where the run recorded it) the same weights. One line otherwise."""
 
-    student, source = read_student(run, checkpoint)
+    for expert in run.spec.experts:
+        if not any((Path(run.spec.path) / expert).glob("*.safetensors")):
+            raise UserError(
+                f"--format single-file merges the LoRA student's adapters into its teacher, and the teacher's "
+                f"{expert} weights are not at {run.spec.path}/{expert}; put the teacher there (teacher.path of the "
+                "run's config), or export the adapters alone with --format lora"
+            )
+    source = final_student(run, None)
+    recorded = recorded_teacher(run, source)
+    if not (isinstance(recorded, dict) and recorded.get("digest")) and (source / ADAPTERS_JSON).is_file():
+        try:  # the adapters' own record of their teacher (written with them at the run's end)
+            saved = read_json_in(run.path, source / ADAPTERS_JSON, what="adapters.json")
+        except ValueError:
+            saved = {}
+        recorded = saved.get("teacher") if isinstance(saved, dict) else None
+    problem = teacher_problem(recorded, run.spec)
+    if problem:
+        raise UserError(
+            f"--format single-file merges the LoRA student's adapters into its teacher, and the teacher at "
+            f"{run.spec.path} is not the one they were trained on ({problem}); put that teacher there, or export "
+            "the adapters alone with --format lora"
+        )
+
+
+def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
+    """The student's single file; a LoRA student's: the teacher with its adapters merged (W + alpha/rank B A, in
+    float64, then fp32: what `pipeline --merge-lora` writes), one file per expert of a pair."""
+
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
-    builder = saved_word(raw_value(run.cfg.student, "builder")) or "student"
-    name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
+    if is_lora_student(run):
+        source = final_student(run, None)
+        experts = merged_experts(run.spec, source, run.cfg.student, torch.float32, torch.device("cpu"))
+        name = name or f"{teacher_name}_lora_merged_{dtype}".replace(".", "_")
+    else:
+        student, source = read_student(run, checkpoint)
+        experts = [student]
+        builder = saved_word(raw_value(run.cfg.student, "builder")) or "student"
+        name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
     facts = sampling_facts(run)
     built = tmp / "export"
     built.mkdir()
     write_single_files(
         built,
-        [student],
+        experts,
         name,
         dtype,
         facts,
         teacher_facts(run, source),
-        comfy_sampling(run, facts, 1),
+        comfy_sampling(run, facts, len(experts)),
         run_card(run),
         run.spec.transformer_config,
         fp8_layout,
