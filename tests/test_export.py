@@ -505,3 +505,67 @@ def run_cli_export(run, out):
         text=True,
         cwd=ROOT,
     )
+
+
+TEACHER = {"name": "wan", "hub_id": None, "digest": None, "boundary_ratio": None}
+
+
+def test_export_says_before_writing_whether_comfyui_will_detect_the_files_shape(tmp_path):
+    """ComfyUI reads a Wan model's shape from its weights alone (num_heads = dim // 128, one FFN width): the export
+    says which, before the first file is written, and what to do where it will not."""
+    import logging
+
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.export import write_single_files
+    from wandistiller.state.comfy import Sampling
+
+    wan_shaped = dict(num_attention_heads=2, attention_head_dim=128, ffn_dim=64, num_layers=1, text_dim=4096)
+    tiny = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=1, text_dim=4096)
+    seen: list[tuple[str, list]] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "ComfyUI" in record.getMessage():
+                seen.append((record.getMessage(), sorted(p.name for p in out.iterdir())))
+
+    handler, logger = Seen(), logging.getLogger("wandistiller.export")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for i, shape in enumerate((wan_shaped, tiny)):
+            out = tmp_path / str(i)
+            out.mkdir()
+            model = WanTransformer3DModel(in_channels=16, out_channels=16, freq_dim=256, **shape)
+            sampling = Sampling(20, "uni_pc", "simple", 5.0, 64, 64)
+            write_single_files(out, [model], "m", "bf16", {"steps": 20, "few_step": False}, TEACHER, sampling, "# c\n")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    (detected, before), (note, before_note) = seen
+    assert detected.startswith("ComfyUI will detect this file's shape from its weights: dim 256, num_heads 256")
+    assert note.startswith("note: ComfyUI (and any loader that guesses") and "attention_head_dim=16, not 128" in note
+    assert "The shapes that keep those guesses: student=" in note  # what to do
+    assert before == before_note == []  # said before anything was written
+
+
+@pytest.mark.parametrize("hub_id", ["Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"])
+def test_every_student_preset_of_a_real_wan_teacher_keeps_the_shape_comfyui_detects(hub_id):
+    """The `student=` presets of a real teacher keep 128-wide heads, one FFN width and Wan's embeddings: ComfyUI's
+    shape detection (num_heads = dim // 128, the FFN width of block 0) builds each of them right."""
+    from hydra import compose, initialize_config_dir
+
+    from wandistiller.compose import register_configs
+    from wandistiller.config import CONF_DIR
+    from wandistiller.core.arch import KNOWN_TEACHERS
+    from wandistiller.state.singlefile import loader_assumptions_broken
+    from wandistiller.student.model import student_config
+
+    register_configs()
+    teacher = dict(KNOWN_TEACHERS[hub_id][0])
+    for preset in ("small", "base", "half", "quarter", "tenth", "lora"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose("train", overrides=[f"student={preset}"])
+        config = student_config(cfg.student, teacher)
+        assert config["attention_head_dim"] == 128 and loader_assumptions_broken(config, {}) == [], preset

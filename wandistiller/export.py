@@ -79,6 +79,7 @@ from wandistiller.state.singlefile import (
     config_of,
     expert_names,
     loader_assumptions_broken,
+    wan_key,
     wan_tensors,
 )
 from wandistiller.state.singlefile import metadata as single_file_metadata
@@ -283,6 +284,25 @@ def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = Non
     )
 
 
+def ffn_weights(model) -> dict:
+    """The model's FFN input weights under their Wan names (no copy): the widths a guessing loader reads."""
+    return {
+        wan_key(n): t
+        for n, t in model.state_dict().items()
+        if re.fullmatch(r"blocks\.\d+\.ffn\.net\.0\.proj\.weight", n)
+    }
+
+
+def comfy_detects(config: dict) -> str:
+    """The line export says where ComfyUI will build this shape from the weights (comfy/model_detection.py: Wan's
+    `num_heads = dim // 128`, its FFN width from block 0, the blocks counted)."""
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    return (
+        f"ComfyUI will detect this file's shape from its weights: dim {dim}, num_heads {dim} // 128 = "
+        f"{dim // 128}, ffn_dim {config['ffn_dim']}, {config['num_layers']} blocks"
+    )
+
+
 # -- the writers ----------------------------------------------------------------------------------------------------
 def write_single_files(
     out: Path,
@@ -300,14 +320,21 @@ def write_single_files(
     ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section). fp8 in
     `fp8_layout` (state/singlefile.py: ComfyUI's per-layer `.comfy_quant`, or its legacy `scaled_fp8`)."""
 
-    files, warning = expert_names(name, len(experts)), None
+    files = expert_names(name, len(experts))
     config = config_of(experts[0])
+    # Before anything is written: whether ComfyUI will build this shape from the file's weights alone.
+    warning = next(
+        (w for w in (shape_warning(config_of(m), ffn_weights(m), teacher_config) for m in experts) if w), None
+    )
+    if warning:
+        log.warning("note: %s", warning)
+    else:
+        log.info("%s", comfy_detects(config))
     for i, (model, file) in enumerate(zip(experts, files)):
         tensors = wan_tensors(model, dtype, fp8_layout)
         bad = block_count_problem(tensors)
         if bad:
             raise ValueError(f"{file}: {bad}")
-        warning = warning or shape_warning(config_of(model), tensors, teacher_config)
         expert = (
             {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
             if len(experts) == 2
@@ -317,8 +344,6 @@ def write_single_files(
     write_in_run(out, "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     workflow_file = f"{name}.workflow.json"
     write_in_run(out, workflow_file, workflow_text(files, comfy))
-    if warning:
-        log.warning("note: %s", warning)
     exact = ""
     if facts["few_step"]:
         exact = exact_line(facts)
