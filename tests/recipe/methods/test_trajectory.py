@@ -47,8 +47,11 @@ def test_a_schedule_given_as_a_list_is_the_methods_sigmas_and_the_run_records_it
 
     cfg = make_cfg("method=trajectory", "method.schedule=[1,0.9,0.75,0.5]", run_dir=tmp_path / "r")
     assert instantiate(cfg.method).schedule == Schedule("list", None, (1.0, 0.9, 0.75, 0.5))
+    assert "schedule" not in instantiate(make_cfg("method=trajectory", run_dir=tmp_path / "r").method).identity()
     cfg = make_cfg("method=dmd", "method.schedule=simple", "method.shift=5", run_dir=tmp_path / "r")
-    assert instantiate(cfg.method).schedule == Schedule("simple", 5.0)
+    method = instantiate(cfg.method)
+    assert method.schedule == Schedule("simple", 5.0)
+    assert method.identity()["schedule"] == "ComfyUI's simple at shift 5"  # a resume at other sigmas is refused
 
 
 def test_the_cli_refuses_a_schedule_not_decreasing_in_one_line_exit_2_and_claims_no_folder(tmp_path, cache_dir):

@@ -45,7 +45,7 @@ from wandistiller.placements.base import check_adapters_on_teacher
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
-from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
+from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive, schedule_identity
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, parse_schedule, student_schedule
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
@@ -118,8 +118,9 @@ class DMD(Method):
         self.chunk = positive("method.chunk", chunk)
 
     def identity(self) -> dict:
-        """K and the fake score; its adapters' rank only where it is a LoRA one (otherwise nothing has that rank)."""
-        mine = super().identity()
+        """K, its schedule (where not the default) and the fake score; its adapters' rank only where it is a LoRA
+        one (otherwise nothing has that rank)."""
+        mine = super().identity() | schedule_identity(self.schedule)
         return mine if self.fake_score == "lora" else {k: v for k, v in mine.items() if k != "lora_rank"}
 
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:

@@ -64,6 +64,12 @@ class TrajectoryConfig(FewStepConfig):
     name: str = "trajectory"
 
 
+def schedule_identity(schedule: Schedule) -> dict:
+    """What a checkpoint records of the method's schedule (a resume at other sigmas is refused): nothing for the
+    default, so a checkpoint from before `method.schedule` resumes as it did."""
+    return {} if schedule == Schedule() else {"schedule": schedule.describe()}
+
+
 def positive(key: str, value: int) -> int:
     if value < 1:
         raise UserError(f"{key}={value} must be a positive integer")
@@ -148,6 +154,9 @@ class Trajectory(Method):
         self.teacher_steps = teacher_steps
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
+
+    def identity(self) -> dict:
+        return super().identity() | schedule_identity(self.schedule)
 
     def passes(self, micro_batches: int, whole_step: bool) -> Passes:
         """The student's forward + backward alone: its teacher ODE is sampled once before training, not in a step."""
