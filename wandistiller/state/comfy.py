@@ -4,9 +4,12 @@ The workflow is ComfyUI's own (UI) format, which it opens by dropping the JSON o
 widget values, and links between their slots. It names only core nodes, as ComfyUI's own Wan text-to-video example
 does: "Load Diffusion Model" (UNETLoader) for the student's file, CLIPLoader (type wan) for the umT5-XXL text
 encoder, VAELoader for the Wan VAE, ModelSamplingSD3 at the teacher's flow shift, an empty latent of the student's
-size and one frame, KSampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode and
-SaveImage. A pair (Wan 2.2 A14B) gets two loaders and two KSamplerAdvanced, the high-noise expert's steps first,
-split where ComfyUI's schedule crosses the boundary.
+size and one frame, the sampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode
+and SaveImage. A few-step student samples at exactly the sigmas it was trained at (`Sampling.sigmas`): KSampler with
+ComfyUI's `simple` or `beta` scheduler where that function gives them at the ModelSamplingSD3 shift, else
+ManualSigmas (the sigmas as text) into SamplerCustomAdvanced with KSamplerSelect euler and BasicGuider. A pair (Wan
+2.2 A14B) gets two loaders and two KSamplerAdvanced (or SplitSigmas and two SamplerCustomAdvanced, the second without
+new noise), the high-noise expert's steps first, split where the sigmas cross the boundary.
 
 A LoRA student's workflow (`loras`) loads the teacher's own diffusion model file (its usual name in ComfyUI's folders
 for the Wan teachers, `TEACHER_FILES`) and puts the adapters on it with LoraLoaderModelOnly (strength 1: the scale the

@@ -47,7 +47,7 @@ from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive, schedule_identity
 from wandistiller.student.model import Student
-from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, parse_schedule, student_schedule
+from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -99,8 +99,8 @@ class DMD(Method):
         regression_weight: float,
         noises_per_prompt: int,
         chunk: int,
-        schedule: Any = DEFAULT_SCHEDULE,
-        shift: float | None = None,
+        schedule: Any,
+        shift: float | None,
     ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int

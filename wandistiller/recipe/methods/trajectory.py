@@ -145,8 +145,8 @@ class Trajectory(Method):
         teacher_steps: int,
         noises_per_prompt: int,
         chunk: int,
-        schedule: Any = DEFAULT_SCHEDULE,
-        shift: float | None = None,
+        schedule: Any,
+        shift: float | None,
     ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
