@@ -70,7 +70,7 @@ def test_single_file_export_loads_in_diffusers_as_the_student_and_its_card_lists
 def comfyui_reads(path, compute=torch.bfloat16) -> dict[str, torch.Tensor]:
     """The tensors ComfyUI computes with from a Wan fp8 file, following the layout its loader reads (comfy/utils.py
     `detect_layer_quantization` / `convert_old_quants`, comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py
-    `TensorCoreFP8Layout.dequantize`, at commit f3dc09e37f0e): a layer with `<layer>.comfy_quant` (JSON bytes,
+    `TensorCoreFP8Layout.dequantize`, at commit 0411153ac63b): a layer with `<layer>.comfy_quant` (JSON bytes,
     format float8_e4m3fn) is `weight.to(compute) x weight_scale`; every other tensor is cast to the compute dtype
     as it is stored. A legacy file (`scaled_fp8` marker) runs the whole model in fp8 storage: every weight and bias
     of a Linear held in float8_e4m3fn, `scale_weight` where it has one."""

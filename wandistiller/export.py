@@ -93,7 +93,7 @@ DTYPES = ("bf16", "fp16", "fp32", "fp8")
 DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": "bf16"}  # None: as the student was saved
 # Student shapes a loader that guesses from the weights reads right, given a Wan teacher (128-wide heads): the
 # named students keep the teacher's head size (student/prune.py, core/arch.py).
-COMFY_COMMIT = "f3dc09e37f0e"  # ComfyUI's comfy/ops.py and comfy/quant_ops.py the fp8 layouts were read against
+COMFY_COMMIT = "0411153ac63b"  # ComfyUI's comfy/ops.py and comfy/quant_ops.py the fp8 layouts were read against
 KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher (128-wide heads, one FFN width)"
 
 

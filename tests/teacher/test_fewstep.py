@@ -41,7 +41,8 @@ def test_the_saved_scheduler_gives_the_same_points_after_a_round_trip(tmp_path):
 
 
 # ComfyUI's own `simple_scheduler` / `beta_scheduler` (comfy/samplers.py) on ModelSamplingDiscreteFlow at each shift,
-# run on ComfyUI's code (commit 065c1df017d0) outside this repository, printed to 7 decimals and pinned here.
+# copied verbatim (its current form) into a scratch folder outside this repository, run there, printed to 7
+# decimals and pinned here.
 COMFY = {
     ("simple", 3.0, 4): [1.0, 0.9, 0.75, 0.5, 0.0],
     ("simple", 3.0, 8): [1.0, 0.9545454, 0.9, 0.8333333, 0.75, 0.6428571, 0.5, 0.3, 0.0],

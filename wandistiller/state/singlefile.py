@@ -8,7 +8,7 @@ tensors are the student's own, only renamed and cast: a diffusers model's blocks
 numbered without gaps.
 
 fp8 (`--dtype fp8`) is written in ComfyUI's per-layer quantization layout (`fp8_layout="comfy_quant"`, read in
-its source at commit f3dc09e37f0e: comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py `QUANT_ALGOS` and
+its source at commit 0411153ac63b: comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py `QUANT_ALGOS` and
 `TensorCoreFP8Layout`, comfy/utils.py `detect_layer_quantization`): each of the blocks' Linear weights in
 float8_e4m3fn with `<layer>.weight_scale`, ONE float32 scalar for the whole tensor, and `<layer>.comfy_quant`, the
 UTF-8 JSON `{"format": "float8_e4m3fn"}` as a uint8 tensor. One such key switches ComfyUI to its mixed-precision
