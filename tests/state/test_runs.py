@@ -197,15 +197,22 @@ def test_a_kd_student_samples_with_the_teachers_scheduler_and_a_few_step_one_wit
         assert torch.equal(scheduler.timesteps.float(), student_schedule(spec, steps)[0])
 
 
-def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run", method: str | None = None):
+def few_step_copy(
+    finished, tmp_path, steps: int | None, name: str = "run", method: str | None = None, schedule=None, shift=None
+):
     """A copy of a finished tiny run whose saved config says its student takes `steps` steps (`method.steps`),
-    trained by `method` (default: trajectory for a few-step student, kd for steps None)."""
+    trained by `method` (default: trajectory for a few-step student, kd for steps None), at `schedule` (and
+    `shift`: `method.schedule`, `method.shift`) where given."""
     folder = tmp_path / name
     shutil.copytree(finished, folder)
     path = folder / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(path)
     method = method or ("kd" if steps is None else "trajectory")
-    OmegaConf.update(cfg, "method", {"name": method, "steps": steps}, force_add=True)
+    given = {}
+    if schedule is not None:  # a trajectory run's method node whole: its class takes the schedule
+        given = {"_target_": "wandistiller.recipe.methods.trajectory.Trajectory", "teacher_steps": 20}
+        given |= {"noises_per_prompt": 2, "chunk": 16, "schedule": schedule, "shift": shift}
+    OmegaConf.update(cfg, "method", {"name": method, "steps": steps} | given, force_add=True)
     OmegaConf.save(cfg, path)
     return folder
 

@@ -32,9 +32,9 @@ from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
 from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.received import load_yaml_config
-from wandistiller.state.runs import image_scale, student_steps
+from wandistiller.state.runs import image_scale, student_schedule_of, student_steps
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, is_lora, is_lora_folder
-from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
+from wandistiller.teacher.fewstep import Schedule, few_step_scheduler, student_schedule
 from wandistiller.teacher.spec import inspect_teacher
 
 log = logging.getLogger("wandistiller.pipeline")
@@ -94,13 +94,15 @@ def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] |
     student's `student/sampling.json` first (its K read from the run's saved config)."""
 
     student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
-    steps = saved_steps(run_dir)
+    steps, schedule = saved_steps(run_dir), saved_schedule(run_dir)
     if steps is not None:  # written whole, never through a link in its place
-        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps, schedule), indent=2))
     # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
     # (or holds links) is replaced, never written through.
     write = write_lora_pipeline if is_lora_folder(student) else write_pipeline  # a LoRA student: the teacher's own
-    out = replace_folder(run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps))
+    out = replace_folder(
+        run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule)
+    )
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 
@@ -112,6 +114,7 @@ def write_pipeline(
     card: str,
     steps: int | None = None,
     student_root: Path | None = None,
+    schedule: Schedule | None = None,
 ) -> Path:
     """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
     few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
@@ -132,7 +135,7 @@ def write_pipeline(
             how.add(place(file, out / part / file.relative_to(src), root))
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
     write_in_run(out, "model_index.json", json.dumps(model_index(teacher_path, steps), indent=2))
     write_in_run(out, "README.md", card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
@@ -145,7 +148,14 @@ def write_pipeline(
     return out
 
 
-def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None) -> Path:
+def write_lora_pipeline(
+    out: Path,
+    teacher_path: Path,
+    student_dir: Path,
+    card: str,
+    steps: int | None = None,
+    schedule: Schedule | None = None,
+) -> Path:
     """A LoRA student's WanPipeline folder (student=lora): the teacher's own pipeline (its transformer, and
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
@@ -170,7 +180,7 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
             place(student_dir / name, out / name, student_dir)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
         index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
     write_in_run(out, "model_index.json", json.dumps(index, indent=2))
     write_in_run(out, "README.md", card)
@@ -201,16 +211,32 @@ def saved_steps(run_dir: Path) -> int | None:
     return student_steps(cfg) if isinstance(cfg, DictConfig) else None
 
 
-def sampling(teacher_path: Path, steps: int) -> dict:
-    """What `sampling.json` states of a K-step student: its steps, timesteps and sigmas, and no CFG."""
-    timesteps, sigmas = student_schedule(inspect_teacher(teacher_path), steps)
-    return {
+def saved_schedule(run_dir: Path) -> Schedule:
+    """The run's few-step student's schedule from its saved config (`method.schedule`, `method.shift`)."""
+
+    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard, its size bounded
+    return student_schedule_of(cfg) if isinstance(cfg, DictConfig) else Schedule()
+
+
+def sampling(teacher_path: Path, steps: int, schedule: Schedule | None = None) -> dict:
+    """What `sampling.json` states of a K-step student: its steps, the schedule it was trained at (`schedule`),
+    its timesteps and sigmas, and no CFG. Where that schedule is not diffusers' Euler, the saved scheduler (which
+    only that one can be set to) samples other sigmas at num_inference_steps=K: `scheduler_sigmas` says which."""
+    spec = inspect_teacher(teacher_path)
+    schedule = schedule or Schedule()
+    timesteps, sigmas = student_schedule(spec, steps, schedule)
+    facts = {
         "steps": steps,
+        "schedule": schedule.record(),
+        "shift": schedule.shift if schedule.shift is not None else spec.flow_shift,
         "timesteps": [round(t, 4) for t in timesteps.tolist()],
         "sigmas": [round(s, 6) for s in sigmas.tolist()],
         "guidance_scale": 1.0,
         "scheduler": "FlowMatchEulerDiscreteScheduler",
     }
+    if schedule.name != "euler":
+        facts["scheduler_sigmas"] = [round(s, 6) for s in student_schedule(spec, steps)[1].tolist()]
+    return facts
 
 
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
@@ -333,8 +359,11 @@ def model_card(
         "prompt": example_prompt(prompts),
     }
     if k is not None and teacher_path is not None:
-        timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
+        schedule, spec = student_schedule_of(cfg), inspect_teacher(teacher_path)
+        timesteps, sigmas = student_schedule(spec, k, schedule)
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
+        if schedule.name != "euler":
+            facts["schedule"] = (schedule.describe(), [round(v, 6) for v in sigmas.tolist()[:-1]])
     if is_lora(cfg.get("student")):
         facts["lora"] = lora_facts(cfg, m, teacher_path) | {"merged": merged}
     return _card_text(facts)
@@ -429,7 +458,29 @@ def _few_step_text(f: dict) -> tuple[str, str, str, str]:
         "the teacher's.\n"
     )
     row = f"| sampling | {counted(k, 'step')}{at}, guidance 1 (no CFG) |\n"
+    if f.get("schedule"):
+        text += exact_sigmas_text(k, *f["schedule"])
+        return text, row, f"num_inference_steps={k}, ", ""
     return text, row, f"num_inference_steps={k}, ", other_steps(k)
+
+
+def exact_sigmas_text(k: int, described: str, sigmas: list[float]) -> str:
+    """The card's paragraph for a student trained at a schedule diffusers' scheduler config cannot hold (ComfyUI's
+    simple / beta, or a list): `scheduler/` is diffusers' own Euler at K (its sigmas are close, not equal), and
+    WanPipeline passes no sigmas, so the exact ones are bound to the scheduler's set_timesteps (shift 1: as given)."""
+    return f"""
+It was trained at {described}: sigmas {sigmas}. A diffusers scheduler config cannot hold those, so `scheduler/` is
+diffusers' own {k}-step Euler schedule (`sampling.json`'s `scheduler_sigmas`: close, not the trained ones). To sample
+the trained sigmas exactly:
+
+```python
+import functools
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)  # shift 1: sigmas as given
+pipe.scheduler.set_timesteps = functools.partial(pipe.scheduler.set_timesteps, sigmas={sigmas})
+```
+"""
 
 
 def other_steps(k: int) -> str:

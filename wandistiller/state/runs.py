@@ -43,7 +43,7 @@ from wandistiller.state.checkpoint import (
 )
 from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
-from wandistiller.teacher.fewstep import few_step_scheduler
+from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 
@@ -69,10 +69,23 @@ def student_steps(cfg: DictConfig) -> int | None:
     return steps
 
 
-def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int):
+def student_schedule_of(cfg: DictConfig) -> Schedule:
+    """A few-step run's schedule (`method.schedule`, `method.shift` of its saved config, as saved; a config from
+    before them: diffusers' Euler), checked as the method checks it: a bad one is one line."""
+    method = cfg.get("method") if isinstance(cfg, DictConfig) else None
+    steps = student_steps(cfg)
+    if method is None or steps is None:
+        return Schedule()
+    saved = OmegaConf.to_container(method, resolve=False) if isinstance(method, DictConfig) else method
+    assert isinstance(saved, dict)  # student_steps refused anything else
+    return parse_schedule(saved.get("schedule", DEFAULT_SCHEDULE), saved.get("shift"), steps)
+
+
+def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int, schedule: Schedule | None = None):
     """The scheduler a student samples `steps` steps with: None (the teacher's own, at `steps`) for a KD
-    student (`trained_steps` None); a few-step student's Euler schedule at `steps`, K or another count."""
-    return None if trained_steps is None else few_step_scheduler(spec, steps)
+    student (`trained_steps` None); a few-step student's Euler scheduler on its schedule (`schedule`: the run's
+    `trained_schedule`, default diffusers' own) at `steps`, K or another count."""
+    return None if trained_steps is None else few_step_scheduler(spec, steps, schedule)
 
 
 @dataclass
@@ -85,6 +98,11 @@ class RunFolder:
     def trained_steps(self) -> int | None:
         """The student's own step count K (`method.steps`), None for a KD student."""
         return student_steps(self.cfg)
+
+    @property
+    def trained_schedule(self) -> Schedule:
+        """The sigmas' schedule the few-step student was trained at (`method.schedule`), diffusers' Euler by default."""
+        return student_schedule_of(self.cfg)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
