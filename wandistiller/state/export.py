@@ -32,7 +32,7 @@ from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
 from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.received import load_yaml_config
-from wandistiller.state.runs import image_scale, student_schedule_of, student_steps
+from wandistiller.state.runs import image_scale, student_schedule_of, student_steps, time_scale
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, is_lora, is_lora_folder
 from wandistiller.teacher.fewstep import Schedule, few_step_scheduler, student_schedule
 from wandistiller.teacher.spec import inspect_teacher
@@ -348,6 +348,8 @@ def model_card(
         + (f", precision {m['precision']}" if _word(m.get("precision")) else ""),
         "latent": [int(_number(_raw(d, k)) or 0) for k in ("latent_height", "latent_width")],
         "scale": image_scale(teacher_path),
+        # pixel frames of a clip run ((latent frames - 1) x the VAE's time factor + 1); 1 for an image run
+        "frames": (int(_number(_raw(d, "latent_frames")) or 1) - 1) * time_scale(teacher_path) + 1,
         "tokens": int(_number(_raw(cfg.teacher, "max_sequence_length")) or 512),
         "guidance": _number(_raw(cfg.teacher, "guidance_scale")),
         "seed": _number(_raw(cfg, "seed")),
@@ -507,9 +509,27 @@ pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.conf
 """
 
 
+def _size_row(frames: int, height: int, width: int, lh: int, lw: int) -> str:
+    if frames == 1:
+        return f"| image size | {height}x{width} (latent {lh}x{lw}) |"
+    return f"| clip size | {frames} frames of {height}x{width} (latent {lh}x{lw} per latent frame) |"
+
+
+def _sample_lines(f: dict, few_arg: str, frames: int, height: int, width: int) -> str:
+    """The snippet's call: one image, or a clip written as a GIF (diffusers' export_to_gif: PIL alone)."""
+    call = (
+        f"pipe({json.dumps(f['prompt'])}, {few_arg}guidance_scale=1.0, num_frames={frames},\n"
+        f'             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0]'
+    )
+    if frames == 1:
+        return f"image = {call}[0]"
+    return f'from diffusers.utils import export_to_gif\n\nclip = {call}\nexport_to_gif(clip, "clip.gif")'
+
+
 def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
-    height, width = lh * f["scale"], lw * f["scale"]
+    height, width, frames = lh * f["scale"], lw * f["scale"], f.get("frames", 1)
+    kind = "text-to-video" if frames > 1 else "text-to-image"
     few_text, few_row, few_arg, few_other = _few_step_text(f)
     lora_text, lora_row, lora_load = _lora_text(f)
     few_text += lora_text
@@ -517,10 +537,10 @@ def _card_text(f: dict) -> str:
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
     method = f["method"]["name"]
     tags = ", ".join(["wan", "distillation", *([method] if method != "?" else [])])
-    front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", f"tags: [{tags}]"]
+    front = ["---", "library_name: diffusers", f"pipeline_tag: {kind}", f"tags: [{tags}]"]
     front += [f"base_model: {hub_id}"] if hub_id else []
     return (
-        "\n".join([*front, "---", "", f"# A {f['params']}-parameter text-to-image student of {teacher}", "", ""])
+        "\n".join([*front, "---", "", f"# A {f['params']}-parameter {kind} student of {teacher}", "", ""])
         + f"""\
 Distilled with WanDistiller from the Wan teacher {teacher} with `method={method}`: {_method_text(f)}.
 It samples without CFG.{parts}
@@ -530,7 +550,7 @@ It samples without CFG.{parts}
 | method | `{method}` |
 | data | {f["data"]}; prompts: {f["prompts"]} |
 | training | {f["training"]}, seed {f["seed"] if f["seed"] is not None else "?"} |
-| image size | {height}x{width} (latent {lh}x{lw}) |
+{_size_row(frames, height, width, lh, lw)}
 {few_row}
 Quality against the teacher (same noise, prompts and sampler; `python -m wandistiller.eval`):
 
@@ -543,8 +563,7 @@ import torch
 from diffusers import WanPipeline
 
 pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
-{lora_load}image = pipe({json.dumps(f["prompt"])}, {few_arg}guidance_scale=1.0, num_frames=1,
-             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
+{lora_load}{_sample_lines(f, few_arg, frames, height, width)}
 ```
 {few_other}"""
     )

@@ -435,6 +435,18 @@ def image_scale(teacher_path: Path | None) -> int:
     return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
 
 
+def time_scale(teacher_path: Path | None) -> int:
+    """The teacher VAE's frames per latent frame (`vae/config.json`'s scale_factor_temporal, as WanPipeline reads
+    it): 4 for Wan, 2 for the pocket video teacher."""
+    if teacher_path is None:
+        return 4
+    try:
+        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_temporal", 4)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 4
+    return factor if isinstance(factor, int) and 0 < factor <= 64 else 4
+
+
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
     """The whole teacher on one device, with the run's guidance scales: what teacher_placement=cpu/gpu load."""
 
