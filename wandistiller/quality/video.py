@@ -32,11 +32,11 @@ __all__ = ["VIDEO_TEACHERS", "compare_video", "targets"]
 # Every row's clips: the video teacher's 5 latent frames (17 frames). A KD row learns from the teacher's own clips
 # (x0: its sampled latents); trajectory and dmd read prompts alone (they sample the teacher themselves).
 CLIPS = ("data.latent_frames=5",)
-KD = ("data=teacher_latents", "method=kd")
+TEACHER_CLIPS = ("data=teacher_latents", "method=kd")
 FEW = ("data=static_prompts",)
 ROWS = [
-    Row("KD student at 20 steps", KD, sample_steps=20),
-    Row("KD student at 4 steps", KD, sample_steps=4),
+    Row("KD student at 20 steps", TEACHER_CLIPS, sample_steps=20),
+    Row("KD student at 4 steps", TEACHER_CLIPS, sample_steps=4),
     Row("trajectory, 4 steps", (*FEW, "method=trajectory", "method.steps=4", "method.noises_per_prompt=1")),
     Row(
         "dmd + regression 0.1, 4 steps",
@@ -45,7 +45,7 @@ ROWS = [
     Row("dmd, 1 step", (*FEW, "method=dmd", "method.steps=1")),
     Row("LoRA student rank 6, dmd, 4 steps", (*FEW, *LORA, "method.steps=4"), student="lora"),
     Row("LoRA student rank 6, dmd, 1 step", (*FEW, *LORA, "method.steps=1"), student="lora"),
-    Row("LoRA student rank 6, kd, 20 steps without CFG", (*KD, "student.rank=6"), 20, "lora"),
+    Row("LoRA student rank 6, kd, 20 steps without CFG", (*TEACHER_CLIPS, "student.rank=6"), 20, "lora"),
 ]
 COLUMNS = [
     "calls",
