@@ -21,7 +21,7 @@ from wandistiller.evaluation.clips import (
     motion_ratio,
     pocket_clip_scores,
 )
-from wandistiller.pocket import TEACHER_DIR
+from wandistiller.pocket import TEACHER_DIR, VIDEO_TEACHER_DIR
 from wandistiller.pocket.classifier import DigitJudge
 from wandistiller.pocket.clips import rendered_clip_split
 from wandistiller.teacher.vae import frames_problem, pocket_frames
@@ -70,18 +70,46 @@ def test_a_pocket_teachers_frames_are_read_off_its_vae(tmp_path):
     assert "pocket video teacher" in str(frames_problem(video, 1)) and frames_problem(video, 5) is None
 
 
-def test_a_clip_run_against_the_image_teacher_is_one_line_and_nothing_written(finished, tmp_path, capsys):
-    folder = tmp_path / "run"
+@pytest.mark.parametrize("teacher", ["image", "video"])
+def test_a_run_against_the_other_kind_of_pocket_teacher_is_one_line_and_nothing_written(
+    finished, tmp_path, capsys, teacher
+):
+    folder, path, frames = tmp_path / "run", TEACHER_DIR, 5  # a clip run against the image teacher
+    if teacher == "video":  # a one-frame run against the video teacher
+        path, frames = VIDEO_TEACHER_DIR, 1
+        if not path.is_dir():
+            pytest.skip("the pocket video teacher is not built here (python -m wandistiller.pocket.build --only video)")
     shutil.copytree(finished, folder)
     config = folder / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(config)
-    cfg.data.latent_frames = 5  # as a run of the video teacher saves it
+    cfg.data.latent_frames = frames
     OmegaConf.save(cfg, config)
     before = sorted(p.name for p in folder.iterdir())
     for cli, extra in ((eval_cli, []), (generate_cli, ["--prompt", "a red 3 moving left"])):
         with pytest.raises(SystemExit) as e:
-            cli.main([str(folder), "--teacher-path", str(TEACHER_DIR), *extra])
+            cli.main([str(folder), "--teacher-path", str(path), *extra])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
-        assert "pocket image teacher" in err and "--teacher-path" in err and "Traceback" not in err
+        assert f"pocket {teacher} teacher" in err and "--teacher-path" in err and "Traceback" not in err
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+@pytest.mark.slow  # a 1-step run and its evaluation on clips (~20 s)
+def test_eval_of_a_clip_run_judges_every_frame_and_writes_the_strip_and_the_gif(make_cfg, tmp_path, capsys):
+    from PIL import Image
+
+    from wandistiller.train import run
+
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "data.latent_frames=2", run_dir=folder))  # the tiny teacher: 5 frames
+    eval_cli.main([str(folder), "--steps", "2", "--limit", "2", "--per-prompt", "2"])
+    out = capsys.readouterr().out
+    stem = "eval_steps2_limit2_perprompt2"
+    assert f"wrote {folder / (stem + '.json')} and {stem}.png and {stem}.gif" in out
+    result = json.loads((folder / f"{stem}.json").read_text())
+    mean = result["mean"]
+    # not pocket prompts: the frame-difference motion and its ratio; no judge, so no accuracy and no clip_fd
+    assert mean["teacher_frame_motion"] > 0 and mean["motion_ratio"] > 0 and "student_frame_accuracy" not in mean
+    assert "clip_fd" not in result.get("withheld", {}) and result["files"][2] == f"{stem}.gif"
+    with Image.open(folder / f"{stem}.gif") as gif:
+        assert gif.n_frames == 5
