@@ -58,3 +58,16 @@ def test_the_video_comparison_is_its_own_report(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: --teacher pocket_video runs the video comparison")
     assert not (tmp_path / "q.md").exists()
+
+
+def test_rows_choose_the_video_comparisons_rows_by_the_words_of_their_names(tmp_path, capsys):
+    assert [row.name for row in video.chosen(["lora"])][0] == "LoRA student rank 6, dmd, 4 steps"
+    assert len(video.chosen(["lora"])) == 3 and video.chosen(None) == video.ROWS
+    for argv, words in (
+        (["--teacher", "pocket_video", "--rows", "nothing"], "no row's name holds these words"),
+        (["--rows", "LoRA"], "give --teacher pocket_video too"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--out", str(tmp_path / "q.md")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and err.count("\n") == 1

@@ -238,6 +238,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["pocket", "pocket_moe", *video.VIDEO_TEACHERS],
         help="pocket_video / pocket_video_moe: the video comparison, judged on clips (quality/video.py)",
     )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="WORD",
+        help="the video comparison: only the rows whose name holds one of these words (e.g. --rows LoRA 'KD student'); "
+        "the teacher's row always",
+    )
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
     parser.add_argument(
         "--out",
@@ -289,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
         if args.compression and args.fewstep:
             raise UserError("--compression and --fewstep are two reports; run them one after the other")
+        if args.rows and args.teacher not in video.VIDEO_TEACHERS:
+            raise UserError("--rows chooses rows of the video comparison; give --teacher pocket_video too")
+        video.chosen(args.rows)  # no row named: one line before the work
         if args.teacher in video.VIDEO_TEACHERS and (args.compression or args.fewstep):
             raise UserError(
                 f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
             elif args.fewstep:
                 results = fewstep.compare_fewstep(settings, work)
             elif args.teacher in video.VIDEO_TEACHERS:
-                results = video.compare_video(settings, work)
+                results = video.compare_video(settings, work, video.chosen(args.rows))
             else:
                 results = compare(settings, work)
     finally:

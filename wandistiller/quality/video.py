@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.core.errors import UserError
 from wandistiller.evaluation.clips import (
     clip_features,
     frame_features,
@@ -28,7 +29,7 @@ from wandistiller.evaluation.clips import (
 from wandistiller.quality.compare import VIDEO_TEACHERS, Settings, sample, seed_mean, train_student
 from wandistiller.quality.fewstep import LORA, Row
 
-__all__ = ["VIDEO_TEACHERS", "compare_video", "targets"]
+__all__ = ["VIDEO_TEACHERS", "chosen", "compare_video", "targets"]
 # Every row's clips: the video teacher's 5 latent frames (17 frames). A KD row learns from the teacher's own clips
 # (x0: its sampled latents); trajectory and dmd read prompts alone (they sample the teacher themselves).
 CLIPS = ("data.latent_frames=5",)
@@ -58,6 +59,17 @@ COLUMNS = [
     "latent_mse",
     "train_s",
 ]
+
+
+def chosen(words: list[str] | None) -> list[Row]:
+    """The rows whose name holds one of `words` (case-insensitive; None: every row); none is one line."""
+    if not words:
+        return ROWS
+    rows = [row for row in ROWS if any(w.lower() in row.name.lower() for w in words)]
+    if not rows:
+        names = "; ".join(row.name for row in ROWS)
+        raise UserError(f"--rows {' '.join(words)}: no row's name holds these words; the rows: {names}")
+    return rows
 
 
 def score_clips(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:
