@@ -99,7 +99,8 @@ def compare_video(settings: Settings, work: Path, rows: list[Row] = ROWS, log=pr
             if teacher is None:
                 teacher = sample(run_dir, None, settings, seed)
                 mine = score_clips(teacher, teacher["latents"], judge, reference)
-                results["teacher"].append(mine | {"motion_ratio": 1.0, "diversity_ratio": 1.0})
+                same = {"motion_ratio": 1.0, "diversity_ratio": 1.0 if mine["diversity"] > 0 else math.nan}
+                results["teacher"].append(mine | same)  # nan > 0 is False: withheld stays withheld
             first = results["teacher"][-1]
             made = sample(run_dir, "student", settings, seed, row.sample_steps)
             scores = score_clips(made, teacher["latents"], judge, reference)
