@@ -71,5 +71,6 @@ def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
         assert subprocess.run(cmd, capture_output=True, timeout=600).returncode == 0
         files = sorted(out.rglob("*.safetensors"))
         digests.append([(f.relative_to(out), f.read_bytes()) for f in files])
-    assert digests[0] == digests[1] and len(digests[0]) == 8
+    assert digests[0] == digests[1] and len(digests[0]) == 16  # image and video: 7 model files + a judge each
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
+    assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.temperal_downsample == [True, True]

@@ -54,8 +54,9 @@ log = logging.getLogger("wandistiller.pocket")
 STEPS = {"vae": 600, "transformer": 2400, "expert": 300, "classifier": 2000}
 QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
 # The video teacher's parts (started from the image teacher's: pocket/video.py).
-VIDEO_STEPS = {"vae": 300, "transformer": 1500, "expert": 200, "classifier": 1500, "batch": 64, "copies": 3}
-VIDEO_QUICK = {"vae": 2, "transformer": 2, "expert": 1, "classifier": 2, "batch": 4, "copies": 1}
+# "clips": how many of the rendered training clips are encoded (None: all of `copies` renderings of the split).
+VIDEO_STEPS: dict = dict(vae=300, transformer=1500, expert=200, classifier=1500, batch=64, copies=3, clips=None)
+VIDEO_QUICK: dict = dict(vae=2, transformer=2, expert=1, classifier=2, batch=4, copies=1, clips=32)
 PARTS = ("image", "video")
 
 
@@ -192,6 +193,7 @@ def build_video(out: Path, steps: dict) -> dict:
     vae = train_video_vae(vae, steps["vae"])
     times["video_vae_s"] = time.perf_counter() - clock
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
+    clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]
     z = clip_latents(vae, clips)
     del clips
     mean, std = z.mean((0, 2, 3, 4)), (z - z.mean((0, 2, 3, 4), keepdim=True)).std().expand(z.shape[1])
