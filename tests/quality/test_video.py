@@ -31,6 +31,7 @@ def test_the_video_teachers_are_asked_by_name_and_judged_on_40_video_prompts():
         settings = settings_from(parse_args(["--teacher", teacher]))
         prompts = _prompt_set(settings)
         assert len(prompts) == 40 and all(parse_video_prompt(p) for p in prompts)
+        assert settings.batch_size == video.BATCH
         assert {parse_video_prompt(p).motion for p in prompts} == set(range(5))  # type: ignore[union-attr]
     assert len(_prompt_set(settings_from(parse_args(["--teacher", "pocket_video", "--small"])))) == 6
     names = [row.name for row in video.ROWS]

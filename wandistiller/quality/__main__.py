@@ -231,7 +231,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help=f"training steps of every student (default 1000; with --compression, per size: {compression.BUDGETS})",
     )
-    parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"batch of every student (default 16; clips {video.BATCH}, as +experiment=pocket_video)",
+    )
     parser.add_argument(
         "--teacher",
         default="pocket",
@@ -264,6 +268,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings.seeds = tuple(args.seeds)
     if args.steps:
         settings.max_steps = args.steps
+    if args.teacher in video.VIDEO_TEACHERS and not args.small:
+        settings.batch_size = video.BATCH  # clips: as many tokens a step as the image rows' 16 images
     if args.batch_size:
         settings.batch_size = args.batch_size
     return settings

@@ -33,6 +33,7 @@ __all__ = ["VIDEO_TEACHERS", "chosen", "compare_video", "targets"]
 # Every row's clips: the video teacher's 5 latent frames (17 frames). A KD row learns from the teacher's own clips
 # (x0: its sampled latents); trajectory and dmd read prompts alone (they sample the teacher themselves).
 CLIPS = ("data.latent_frames=5",)
+BATCH = 4  # clips a step: 80 tokens each where an image is 16 (the +experiment=pocket_video* batch)
 TEACHER_CLIPS = ("data=teacher_latents", "method=kd")
 FEW = ("data=static_prompts",)
 ROWS = [
