@@ -254,3 +254,29 @@ def test_the_plan_refuses_what_train_refuses_whatever_the_placement(monkeypatch,
         with pytest.raises(SystemExit) as exit_:
             plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], *bad)
         assert exit_.value.code == 2 and line in capsys.readouterr().err
+
+
+WAN_81_FRAMES = ["data.latent_frames=21", "data.latent_height=60", "data.latent_width=104", "trainer.batch_size=1"]
+LORA_DMD = ["teacher=wan2.1_t2v_14b", "student=lora", "method=dmd", "method.fake_score=lora", "precision=bf16"]
+
+
+def test_a_clip_plan_says_the_largest_latent_frames_that_fits(monkeypatch, capsys):
+    """Wan 2.1 14B, student=lora dmd with a LoRA fake score, one 24 GiB GPU: 81 frames of 480x832 (21 latent
+    frames, 32,760 tokens) fit no placement; the plan says how many do (docs/PLANNER.md, "Frames")."""
+    plan_main(monkeypatch, *LORA_DMD, "teacher_placement=offload", *HARDWARE["1x24GiB"], *WAN_81_FRAMES)
+    lines = capsys.readouterr().out.splitlines()
+    assert "batch 1 x 32760 tokens" in lines[0] and lines[-2] == "nothing fits: use smaller dtypes or more memory"
+    assert lines[-1] == (
+        "the largest latent_frames that fits: 18 (= 69 frames) at batch 1 and this frame size (offload, disk); "
+        "data.latent_frames=21 does not: use data.latent_frames<=18"
+    )
+    plan_main(monkeypatch, *LORA_DMD, *HARDWARE["1x24GiB"], *WAN_81_FRAMES[:3], "trainer.batch_size=1",
+              "data.latent_frames=5")  # fmt: skip
+    last = capsys.readouterr().out.splitlines()[-1]  # the default placement (cpu) cannot train a LoRA: it says so
+    assert last.startswith("the largest latent_frames that fits: 18 (= 69 frames)") and "latent_frames=5 fits" in last
+    assert last.endswith("; teacher_placement=cpu: not even 1"), last
+
+
+def test_one_frame_plans_no_frames_line(monkeypatch, capsys):
+    plan_main(monkeypatch, *LORA_DMD, "teacher_placement=offload", *HARDWARE["1x24GiB"], "trainer.batch_size=1")
+    assert "latent_frames" not in capsys.readouterr().out

@@ -14,7 +14,7 @@ from wandistiller.core.precision import Precision
 from wandistiller.job.checks import built_quietly, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
-from wandistiller.placements.planner import plan_report, workload_of
+from wandistiller.placements.planner import plan_report, time_factor, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -45,7 +45,8 @@ def main() -> None:
         planned = workload_of(cfg, precision.teacher_dtype)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg)))
+        clip = (cfg.data.latent_frames, time_factor(cfg.teacher.path))
+        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg), clip))
 
 
 def configured(cfg) -> Placement | None:

@@ -571,6 +571,8 @@ ALLOWED_CALLS = {
     ("data/images.py", "_pixels"): "the user's data folder, as above",
     ("data/images.py", "_dataset_files_inside"): "the user's data folder, as above",
     ("data/images.py", "image_latents"): "the teacher's vae/config.json",
+    ("data/videos.py", "_pil_frames"): "the user's data folder (data.root of data=video_folder), as images'",
+    ("data/videos.py", "_av_frames"): "the user's data folder, as above",
     ("evaluation/metrics.py", "_folder_images"): "the user's --fid-reference folder",
     ("student/model.py", "_read_student_json"): "student.config_path, a file the user names",
     ("pipeline.py", "_build"): "a folder this process assembled: the student checked (check_tree) and placed "

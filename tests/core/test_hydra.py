@@ -27,7 +27,7 @@ def test_one_option_composes_with_its_schema_and_precision_auto_resolves_to_one(
 
 def test_another_sources_name_names_the_data_options():
     with pytest.raises(
-        UserError, match=r"choose the data source with data=<option> \(image_folder .*teacher_latents\)"
+        UserError, match=r"choose the data source with data=<option> \(image_folder .*teacher_latents video_folder\)"
     ):
         compose_config(["data.latents=teacher"])
 

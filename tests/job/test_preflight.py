@@ -96,3 +96,39 @@ def test_the_plans_one_line_is_read_from_the_chosen_estimate_and_the_table_goes_
     assert lines[0].startswith("teacher placement: balanced (peak GPU 30.2, 30.2 GiB, host 3.0 GiB; 2 of 4 placements")
     assert lines[1].startswith("teacher placement: cpu (host 100.0 GiB; 2 of 4 placements fit here; the table is in")
     assert lines[2] == "teacher placement plan:\nthe table" and len(lines) == 3  # in full: the table itself
+
+
+@pytest.mark.parametrize(
+    "stages,told,message",
+    [
+        (
+            [False, False, False],
+            4,
+            "does not compress time (temperal_downsample=[false, false, false]), a VAE for stills",
+        ),
+        ([False, True, False], 4, "says scale_factor_temporal=4 but compresses time 2x"),
+    ],
+)
+def test_a_clip_the_teachers_vae_cannot_make_is_one_line(make_cfg, tmp_path, tiny_path, stages, told, message):
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_path, folder)
+    _edit_json("vae/config.json", lambda j: j | {"temperal_downsample": stages, "scale_factor_temporal": told})(folder)
+    error = refused_run(make_cfg, tmp_path, f"teacher.path={folder}", "data.latent_frames=3")
+    assert error.startswith("data.latent_frames=3: the teacher's VAE") and message in error, error
+    assert "use data.latent_frames=1" in error
+
+
+def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):
+    # its VAE says scale_factor_temporal=4 but compresses time 2x (temperal_downsample [false, true]): trained on stills
+    error = refused_run(make_cfg, tmp_path, "teacher=pocket", "data=pocket_digits", "data.latent_frames=2")
+    assert "says scale_factor_temporal=4 but compresses time 2x" in error, error
+
+
+def test_more_frames_than_fit_is_one_line_naming_the_largest_that_does(make_cfg, tmp_path):
+    # the tiny teacher on paper: 2 GiB of host RAM, batch 64 of 16x16 latents; 32 latent frames need 2.2 GiB
+    hardware = ("hardware.gpus=0", "hardware.host_memory_gib=2", "trainer.batch_size=64")
+    grid = ("data.latent_frames=32", "data.latent_height=16", "data.latent_width=16")
+    error = refused_run(make_cfg, tmp_path, *hardware, *grid)
+    assert error.startswith("data.latent_frames=32 is more frames than fit (no GPU, 2 GiB host RAM"), error
+    assert "the largest latent_frames that fits: 25 (= 97 frames) at batch 64" in error, error
+    assert "use data.latent_frames<=25" in error

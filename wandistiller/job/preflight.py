@@ -45,7 +45,8 @@ from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
-from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
+from wandistiller.teacher.vae import check_latent_frames
 
 log = logging.getLogger("wandistiller")
 
@@ -104,7 +105,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
         check_student_room(cfg, student, spec.transformer_config)
     check_adapter_ranks(cfg, spec.transformer_config)
-    check_data(cfg)
+    check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
+    check_data(cfg, spec)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
@@ -212,9 +214,11 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
                 )
 
 
-def check_data(cfg: DictConfig) -> None:
-    """The prompts files, then what the chosen data source checks itself (data.latents=images: its images)."""
-    data_sources.check(cfg.data)
+def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:
+    """The prompts files, then what the chosen data source checks itself (data.latents=images: its images; with the
+    teacher's spec, what needs its VAE: data.latents=videos, its clips' frames and size)."""
+    vae = read_json(spec.path / "vae" / "config.json", "teacher.path") if spec is not None else None
+    data_sources.check(cfg.data, vae)
 
 
 def choose_placement(
@@ -245,6 +249,10 @@ def choose_placement(
     passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     times = plan.step_times(estimates, w, hw, passes, configured)
     best = plan.choose(estimates, times)
+    if best is None and cfg.data.latent_frames > 1:  # a clip too long for this hardware: say how long one fits
+        line = plan.largest_frames_line(w, hw, cfg.data.latent_frames, plan.time_factor(cfg.teacher.path))
+        if line and not (placement is not None and placement.debug_cpu):
+            raise UserError(line)
     if auto:
         placement, best = _resolve_auto(cfg, plan.fastest_first(estimates, times), hw, precision, world)
     assert placement is not None  # named, or chosen by the planner just above
@@ -324,7 +332,8 @@ def check_method_config(cfg: DictConfig, method) -> None:
         raise UserError(
             f"data.latents={source.name} samples the teacher's own latents for x0 before training, and "
             f"method={method.name} never reads x0 (the data gives it prompts alone): they would be sampled for "
-            f"nothing; use data=static_prompts (data.prompts_path: your prompts) or data=image_folder (captions)"
+            "nothing; use data=static_prompts (data.prompts_path: your prompts), data=image_folder or "
+            "data=video_folder (captions)"
         )
     if cfg.trainer.teacher_whole_step and method.student_inputs:
         raise UserError(

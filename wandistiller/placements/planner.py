@@ -31,7 +31,7 @@ from wandistiller.placements.memory import (
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
 from wandistiller.student.model import student_config
 from wandistiller.teacher.lora import TARGETS
-from wandistiller.teacher.spec import builtin_teacher
+from wandistiller.teacher.spec import builtin_teacher, read_json
 
 
 def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[Estimate]:
@@ -309,11 +309,13 @@ def plan_report(
     passes: Passes,
     precision: str = "",
     configured: Placement | None = None,
+    clip: tuple[int, int] | None = None,
 ) -> str:
     """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
     method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
     precision the figures are at (and why, for precision=auto). `configured`: the placement asked for, planned
-    with its own settings (e.g. `teacher_placement.resident_blocks=0`), as `plan` takes it."""
+    with its own settings (e.g. `teacher_placement.resident_blocks=0`), as `plan` takes it. `clip`: (latent
+    frames, the VAE's time factor) of a clip run, which adds the line of the largest latent_frames that fits."""
     estimates = plan(w, hw, configured)
     times = step_times(estimates, w, hw, passes, configured)
     best = choose(estimates, times)
@@ -323,7 +325,76 @@ def plan_report(
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     table = format_table(estimates, hw, best.placement if best else None, w, times)
-    return "\n".join([head, *method_lines(w, passes), *([precision] if precision else []), table, tail])
+    frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
+    return "\n".join([head, *method_lines(w, passes), *([precision] if precision else []), table, tail, *frames])
+
+
+MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024
+
+
+def _at_frames(w: Workload, frames: int, f: int) -> Workload:
+    """`w` (`w.tokens` are `frames` latent frames' worth) at `f` latent frames, the same height and width."""
+    pt = int((w.teacher_config.get("patch_size") or [1, 2, 2])[0])
+    per_step = max(w.tokens // max(frames // pt, 1), 1)  # tokens per patch of time (one latent frame for Wan)
+    return dataclasses.replace(w, tokens=max(f // pt, 1) * per_step)
+
+
+def largest_frames(
+    w: Workload, hw: Hardware, frames: int, configured: Placement | None = None, most: int = MOST_FRAMES
+) -> int:
+    """The most latent frames a run of `w`'s shape fits at its height and width (`w.tokens` are `frames`' worth):
+    under `configured`, or any placement where it is None (auto); 0 where not even one frame fits. Memory grows
+    with tokens, so a bisection finds it."""
+
+    def fits(f: int) -> bool:
+        estimates = plan(_at_frames(w, frames, f), hw, configured)
+        return any(e.fits for e in estimates if configured is None or e.placement == configured.name)
+
+    if fits(most):
+        return most
+    low, high = 0, most - 1  # fits(low) (0: nothing yet); not fits(high + 1)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def time_factor(teacher_path: str) -> int:
+    """Frames per latent frame of the teacher's VAE (its vae/config.json's scale_factor_temporal), or Wan's 4 for
+    a teacher not on disk (a Hub id planned on paper: every Wan 2.1/2.2 VAE compresses time 4x)."""
+    config = Path(str(teacher_path)).expanduser() / "vae" / "config.json"
+    return int(read_json(config, "teacher.path").get("scale_factor_temporal", 4)) if config.is_file() else 4
+
+
+def largest_frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int) -> str | None:
+    """A train refusal's words for a clip that fits no placement here: the largest latent_frames that does
+    (None where not even one frame fits: the usual refusal then says what to do)."""
+    n = largest_frames(w, hw, frames)
+    if n == 0 or n >= frames:
+        return None
+    return (
+        f"data.latent_frames={frames} is more frames than fit ({hw.describe()}): the largest latent_frames that "
+        f"fits: {n} (= {(n - 1) * time_factor + 1} frames) at batch {w.batch_size} and this frame size; use "
+        f"data.latent_frames<={n}, a smaller trainer.batch_size or more memory (python -m wandistiller.plan)"
+    )
+
+
+def frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int, configured: Placement | None = None) -> str:
+    """The plan's line for a clip (`frames` latent frames > 1): the largest latent_frames that fits on this hardware
+    (and under `configured`, the placement asked for, where that is less), in frames of the VAE's."""
+    n = largest_frames(w, hw, frames)
+    if n == 0:
+        return "the largest latent_frames that fits: none (not even 1 latent frame fits this hardware)"
+    fitting = [e.placement for e in plan(_at_frames(w, frames, n), hw, configured) if e.fits]
+    verdict = "fits" if n >= frames else f"does not: use data.latent_frames<={n}"
+    line = (
+        f"the largest latent_frames that fits: {n} (= {(n - 1) * time_factor + 1} frames) at batch {w.batch_size} "
+        f"and this frame size ({', '.join(fitting)}); data.latent_frames={frames} {verdict}"
+    )
+    if configured is not None and configured.name not in fitting:
+        mine = largest_frames(w, hw, frames, configured)
+        line += f"; teacher_placement={configured.name}: " + (f"at most {mine}" if mine else "not even 1")
+    return line
 
 
 def describe_student(w: Workload) -> str:

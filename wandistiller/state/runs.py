@@ -42,7 +42,7 @@ from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
-from wandistiller.teacher.vae import frames_problem
+from wandistiller.teacher.vae import pocket_frames_problem
 
 
 def student_steps(cfg: DictConfig) -> int | None:
@@ -264,7 +264,7 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
 def check_frames(run: RunFolder) -> None:
     """A clip run against an image teacher, or a one-frame run against a video teacher, is one line before any work:
     its figures would judge what the teacher never made."""
-    why = frames_problem(run.spec.path, int(run.latent_shape[1]))
+    why = pocket_frames_problem(run.spec.path, int(run.latent_shape[1]))
     if why:
         raise UserError(
             f"{why}; use it with the teacher it was trained with (--teacher-path that teacher's folder), "

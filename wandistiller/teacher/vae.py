@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from wandistiller.core.arch import POCKET_VAE
-from wandistiller.teacher.spec import TeacherSpec, loading
+from wandistiller.core.errors import UserError
+from wandistiller.teacher.spec import TeacherSpec, loading, read_json
 
 
 def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch.float32):
@@ -22,6 +23,48 @@ def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch
     with loading(spec, "VAE"):
         vae = AutoencoderKLWan.from_pretrained(spec.path, subfolder="vae", dtype=dtype, use_safetensors=True)
     return vae.to(device).eval().requires_grad_(False)
+
+
+def time_compression(vae_config: dict) -> int:
+    """How many frames the VAE folds into one latent frame: 2 per temporal downsampling stage (Wan 2.1's 4)."""
+    return 2 ** sum(bool(x) for x in vae_config.get("temperal_downsample") or ())
+
+
+def pixel_frames(latent_frames: int, vae_config: dict) -> int:
+    """The frames a clip of `latent_frames` latent frames spans: Wan's causal VAE keeps the first frame alone."""
+    return (latent_frames - 1) * int(vae_config.get("scale_factor_temporal", 4)) + 1
+
+
+def frames_problem(vae_config: dict, latent_frames: int) -> str | None:
+    """Why this VAE cannot make `latent_frames` latent frames (None where it can). One frame always works; a clip
+    needs a VAE that compresses time, by the factor its config says (WanPipeline and the decoder read
+    `scale_factor_temporal`; the layers do `temperal_downsample`)."""
+    if latent_frames <= 1:
+        return None
+    told, made = int(vae_config.get("scale_factor_temporal", 4)), time_compression(vae_config)
+    stages = json.dumps(vae_config.get("temperal_downsample"))
+    key = f"data.latent_frames={latent_frames}"
+    if made == 1:
+        return (
+            f"{key}: the teacher's VAE does not compress time (temperal_downsample={stages}), a VAE for stills; "
+            "use data.latent_frames=1, or a video teacher (e.g. teacher=pocket_video)"
+        )
+    if made != told:
+        return (
+            f"{key}: the teacher's VAE says scale_factor_temporal={told} but compresses time {made}x "
+            f"(temperal_downsample={stages}), so its clips would not decode as they were sampled (a VAE trained on "
+            "stills); use data.latent_frames=1, or a video teacher (e.g. teacher=pocket_video)"
+        )
+    return None
+
+
+def check_latent_frames(teacher_path: Path, latent_frames: int) -> None:
+    """Refuse, in one line, a `data.latent_frames` the teacher's VAE cannot make (before anything loads)."""
+    if latent_frames <= 1:
+        return
+    problem = frames_problem(read_json(Path(teacher_path) / "vae" / "config.json", "teacher.path"), latent_frames)
+    if problem:
+        raise UserError(problem)
 
 
 def latent_stats(vae) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +83,15 @@ def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
     """
     mean, std = latent_stats(vae)
     z = vae.encode(pixels[:, :, None].to(vae.device, vae.dtype)).latent_dist.mode()
+    return ((z - mean) / std).float().cpu()
+
+
+@torch.no_grad()
+def encode_clips(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """[B, 3, F, H, W] in [-1, 1] -> normalised latents [B, C, (F - 1) / scale_factor_temporal + 1, H/s, W/s]
+    (float32, CPU), the posterior's mode as for images."""
+    mean, std = latent_stats(vae)
+    z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
     return ((z - mean) / std).float().cpu()
 
 
@@ -85,7 +137,7 @@ def pocket_frames(teacher_path) -> str | None:
     return "clips" if downsample == [True, True] else None
 
 
-def frames_problem(teacher_path, latent_frames: int) -> str | None:
+def pocket_frames_problem(teacher_path, latent_frames: int) -> str | None:
     """Why a run of `latent_frames` cannot be judged against the teacher at `teacher_path` (None where it can): a
     clip run against the pocket image teacher, a one-frame run against the pocket video teacher."""
     kind = pocket_frames(teacher_path)

@@ -16,7 +16,7 @@ from wandistiller.train import run
 
 def test_every_source_has_its_schema_and_every_data_yaml_names_one():
     found = sources.sources()
-    assert set(found) == {"gaussian", "teacher", "images"}
+    assert set(found) == {"gaussian", "teacher", "images", "videos"}
     used = {OmegaConf.load(p).latents for p in (CONF / "data").glob("*.yaml")}
     assert used == set(found), "a source no data option uses, or an option naming no source"
     for p in (CONF / "data").glob("*.yaml"):  # each data option takes its source's schema

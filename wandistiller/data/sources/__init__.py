@@ -1,5 +1,5 @@
 """Data sources: where a run's clean latents x0 come from (`data.latents`), one module per source (gaussian,
-teacher, images; `base.DataSource` is the interface), and the held-out validation set.
+teacher, images, videos; `base.DataSource` is the interface), and the held-out validation set.
 
 `REGISTRY` is the one list of them: it finds every module defining `OPTION = Option(name, schema, class)`, gives
 each source its own `data` schema (`/schema/data/<name>`, named by the YAMLs of `conf/data/`), and its value
@@ -39,13 +39,16 @@ def source_of(data_cfg) -> type[DataSource]:
     return sources()[str(data_cfg.latents)]
 
 
-def check(data_cfg) -> None:
-    """The prompts files, then what the chosen source itself checks (its images and captions)."""
+def check(data_cfg, vae_config: dict | None = None) -> None:
+    """The prompts files, then what the chosen source itself checks (its images and captions; with the teacher's
+    VAE config, what needs it: a video folder's clips)."""
 
     read_prompts(data_cfg.prompts_path)
     if data_cfg.val_prompts_path is not None:
         read_prompts(data_cfg.val_prompts_path, key="data.val_prompts_path")
     source_of(data_cfg).check(data_cfg)
+    if vae_config is not None:
+        source_of(data_cfg).check_with_teacher(data_cfg, vae_config)
 
 
 def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:

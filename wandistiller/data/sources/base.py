@@ -8,6 +8,7 @@ and adds its value checks to preflight. So a new source is that module plus a YA
     schema         `DataCommon` + the `data.*` keys it adds (typed, with defaults), `latents` its own name alone
     ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
     check(data)    refuse what only it can see (its files), before the run folder is claimed
+    check_with_teacher(data, vae_config)   the same for what needs the teacher's VAE (frames a clip takes)
     held_out_prompts(data, readable)   the prompts validation holds out, for an evaluation of the run
     make(ctx, teacher, embeddings, val_embeddings) -> Made: the training latents on every rank
 """
@@ -59,6 +60,11 @@ class DataSource:
     @classmethod
     def check(cls, data_cfg: DictConfig) -> None:
         """Refuse, in one UserError line, what this source cannot use (missing files, no captions)."""
+
+    @classmethod
+    def check_with_teacher(cls, data_cfg: DictConfig, vae_config: dict[str, Any]) -> None:
+        """Refuse, in one line, what only the teacher's VAE shows this source cannot use (a video folder's clips
+        too short or too small for its frames), once its config is known and before the run folder is claimed."""
 
     @classmethod
     def held_out_prompts(cls, data_cfg: DictConfig, readable: Callable[[str], None]) -> list[str]:

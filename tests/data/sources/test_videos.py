@@ -1,0 +1,76 @@
+"""wandistiller/data/sources/videos.py (`data=video_folder`): a folder of captioned animated GIF / WebP clips trains
+on the tiny teacher (its VAE: 8x space, 4x time), encoded once into cached [C, latent_frames, h, w] latents with
+the last caption held out; what it cannot use is refused in one line through a run's preflight, once the teacher's
+VAE is known and before the run folder is claimed; from the CLI exit 2 with no traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import cli, metrics_steps
+from tests.data.test_videos import CAPTIONS, write_videos
+from wandistiller.core.errors import UserError
+from wandistiller.data.latents import load_latent_bank
+from wandistiller.data.sources.videos import Videos
+from wandistiller.train import run
+
+
+def videos(root: Path, *extra: str) -> list[str]:
+    return ["data=video_folder", f"data.root={root}", "data.latent_frames=3", "trainer.max_steps=2", *extra]
+
+
+def test_a_video_folder_trains_on_its_clips_encoded_once(make_cfg, tmp_path, cache_dir):
+    root = write_videos(tmp_path / "clips")
+    folder = tmp_path / "run"
+    run(make_cfg(*videos(root, "hooks.monitor.val_every=1", "trainer.batch_size=2"), run_dir=folder))
+    assert all(np.isfinite(r["loss"]) for r in metrics_steps(folder) if "loss" in r)
+    banks = [load_latent_bank(p) for p in (cache_dir / "video_latents").iterdir()]
+    bank = next(b for b in banks if b is not None and b.latent_shape == (16, 3, 8, 8))
+    x0 = bank.x0(torch.arange(len(bank)))
+    assert len(bank) == 3 and torch.isfinite(x0).all() and not torch.equal(x0[:, :, 1], x0[:, :, 2])
+    saved = OmegaConf.load(folder / ".hydra" / "config.yaml").data  # what an evaluation of the run holds out
+    assert Videos.held_out_prompts(saved, lambda key: None) == CAPTIONS[-1:]
+
+
+def refused_run(make_cfg, tmp_path, root, *extra) -> str:
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*videos(root, *extra), run_dir=tmp_path / "r"))
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+    return str(e.value)
+
+
+def test_too_few_frames_for_the_teachers_vae_is_one_line_before_the_run_folder(make_cfg, tmp_path):
+    root = write_videos(tmp_path / "clips", frames=5)  # 3 latent frames take 9 (the tiny VAE: 4x time)
+    error = refused_run(make_cfg, tmp_path, root)
+    assert error.startswith(f"data.root='{root}': a.gif has 5 frame(s), fewer than the 9 a clip of 9 frames"), error
+    assert error.endswith("lower data.latent_frames or remove it"), error
+    assert "fewer than the 17" in refused_run(make_cfg, tmp_path, root, "data.frame_step=2")  # every 2nd frame
+    assert "set data.root" in refused_run(make_cfg, tmp_path, "null")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("av") is not None, reason="PyAV is installed: it decodes MP4")
+def test_an_mp4_without_pyav_names_the_package(make_cfg, tmp_path):
+    root = write_videos(tmp_path / "clips")
+    (root / "d.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    (root / "d.txt").write_text("a clip")
+    error = refused_run(make_cfg, tmp_path, root)
+    assert "d.mp4 is a .mp4 video, which needs PyAV to decode; pip install av" in error, error
+
+
+@pytest.mark.slow  # ~30 s here: a fresh interpreter imports torch and composes
+def test_from_the_cli_a_bad_video_is_exit_2_and_one_line(tmp_path, cache_dir, tiny_path):
+    root = write_videos(tmp_path / "clips", frames=5)
+    out = tmp_path / "r"
+    args = cli(f"hydra.run.dir={out}", f"paths.cache_dir={cache_dir}", "logger=none", *videos(root))
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: data.root=") and "fewer than the 9" in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()

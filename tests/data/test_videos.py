@@ -1,0 +1,105 @@
+"""wandistiller/data/videos.py, called directly: a captioned folder of animated GIF / WebP clips read as the first
+(latent_frames - 1) x 4 + 1 frames (every frame_step-th), scaled down to cover the frame size and center-cropped
+into [3, F, H, W] pixels in [-1, 1]; each file it cannot use is one line naming it and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import refused
+from wandistiller.data.videos import ClipShape, check_clips, clip_pixels, folder_videos, read_clip
+
+CAPTIONS = ["a red square moving right", "a blue square moving down", "a green square moving left"]
+WAN_VAE = {"scale_factor_spatial": 8, "scale_factor_temporal": 4, "temperal_downsample": [False, True, True]}
+
+
+def clip(n: int, size: tuple[int, int] = (80, 64), colour=(220, 40, 40), dx: int = 4, dy: int = 0) -> list[Image.Image]:
+    """`n` frames of a square moving by (dx, dy) a frame over a grey ground: every frame differs."""
+    frames = []
+    for k in range(n):
+        a = np.full((size[1], size[0], 3), 90, np.uint8)
+        x, y = (8 + k * dx) % (size[0] - 16), (8 + k * dy) % (size[1] - 16)
+        a[y : y + 16, x : x + 16] = colour
+        frames.append(Image.fromarray(a))
+    return frames
+
+
+def save(frames: list[Image.Image], path: Path, caption: str | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=62, loop=0)
+    if caption is not None:
+        path.with_suffix(".txt").write_text(caption)
+    return path
+
+
+def write_videos(root: Path, frames: int = 9) -> Path:
+    """Three captioned clips of `frames` frames of 80x64: two GIFs and an animated WebP."""
+    save(clip(frames), root / "a.gif", CAPTIONS[0])
+    save(clip(frames, colour=(40, 40, 220), dx=0, dy=4), root / "b.webp", CAPTIONS[1])
+    save(clip(frames, colour=(40, 220, 40), dx=-4), root / "c.gif", CAPTIONS[2])
+    return root
+
+
+def data_cfg(root: Path, latent_frames: int = 3, step: int = 1, latent: int = 8) -> SimpleNamespace:
+    return SimpleNamespace(root=str(root), latent_frames=latent_frames, latent_height=latent, latent_width=latent,
+                           frame_step=step)  # fmt: skip
+
+
+def test_a_folder_reads_as_captioned_clips_of_the_vaes_length_scaled_down_and_cropped(tmp_path):
+    root = write_videos(tmp_path / "clips", frames=20)
+    source = check_clips(data_cfg(root), WAN_VAE)
+    assert source.captions == CAPTIONS and [source.name(i) for i in range(3)] == ["a.gif", "b.webp", "c.gif"]
+    shape = ClipShape.of(data_cfg(root), WAN_VAE)
+    assert (shape.frames, shape.height, shape.width) == (9, 64, 64)  # 3 latent frames: 1 + 2 x 4; 8 x 8 latents
+    pixels = clip_pixels(read_clip(source, 0, shape, data_cfg(root)), shape)
+    assert pixels.shape == (3, 9, 64, 64) and -1 <= pixels.min() and pixels.max() <= 1
+    assert not torch.equal(pixels[:, 0], pixels[:, 1])  # the square moved
+    stepped = ClipShape.of(data_cfg(root, step=2), WAN_VAE)  # every 2nd frame of the first 17
+    frames = read_clip(source, 0, stepped, data_cfg(root, step=2))
+    assert len(frames) == 9 and np.array_equal(np.asarray(frames[1]), np.asarray(clip(20)[2].convert("RGB")))
+
+
+def test_one_latent_frame_is_one_frame_and_a_still_gif_serves_it(tmp_path):
+    root = tmp_path / "stills"
+    save(clip(1), root / "a.gif", "a red square")
+    assert len(read_clip(folder_videos(str(root)), 0, ClipShape.of(data_cfg(root, 1), WAN_VAE), data_cfg(root, 1))) == 1
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda r: (r / "b.webp").write_text("not a video"),
+            "b.webp is not a readable video (truncated or not a video",
+        ),
+        (lambda r: (r / "a.gif").write_bytes((r / "a.gif").read_bytes()[:300]), "a.gif is not a readable video"),
+        (lambda r: (r / "b.webp").write_bytes((r / "b.webp").read_bytes()[:400]), "b.webp is not a readable video"),
+        (lambda r: clip(1)[0].save(r / "a.gif", format="PNG"), "a PNG image, not an animated GIF or WebP"),
+        (lambda r: save(clip(5), r / "c.gif"), "c.gif has 5 frame(s), fewer than the 9 a clip of 9 frames of 64x64"),
+        (lambda r: save(clip(9, size=(48, 80)), r / "c.gif"), "c.gif is 48x80, smaller than the 64x64 frames"),
+        (lambda r: (r / "c.txt").unlink(), "c.gif has no caption (no c.txt beside it); caption every video"),
+    ],
+)
+def test_a_file_it_cannot_use_is_one_line_naming_it(tmp_path, edit, message):
+    root = write_videos(tmp_path / "clips")
+    edit(root)
+    with refused(message):
+        check_clips(data_cfg(root), WAN_VAE)
+
+
+def test_an_empty_folder_or_one_of_stills_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with refused("holds no videos (.gif, .webp, .mp4"):
+        folder_videos(str(tmp_path / "empty"))
+    (tmp_path / "stills").mkdir()
+    clip(1)[0].save(tmp_path / "stills" / "a.png")
+    with refused("it holds images: use data=image_folder"):
+        folder_videos(str(tmp_path / "stills"))
+    with refused("is not a folder; give a folder of videos with captions"):
+        folder_videos(str(tmp_path / "none"))

@@ -1,0 +1,58 @@
+"""The pocket video teacher's parts: grown from the image teacher's without changing what the image prompts meant."""
+
+from __future__ import annotations
+
+import torch
+
+from wandistiller.pocket import TEACHER_DIR
+from wandistiller.pocket.clips import VIDEO_PROMPTS, rendered_clip_split
+from wandistiller.pocket.digits import PROMPTS
+from wandistiller.pocket.video import (
+    POCKET_VIDEO_VAE,
+    _unclamped_decode_clip,
+    clip_latents,
+    decode_clips,
+    video_text_encoder,
+    video_tokenizer,
+)
+
+
+def image_parts():
+    from diffusers import WanPipeline
+
+    return WanPipeline.from_pretrained(TEACHER_DIR, transformer=None)
+
+
+def test_the_video_tokenizer_keeps_every_image_token_id_and_knows_every_motion_word():
+    image = image_parts().tokenizer
+    video = video_tokenizer(image)
+    assert {k: v for k, v in video.get_vocab().items() if k in image.get_vocab()} == image.get_vocab()
+    for prompt in (*PROMPTS[:3], *VIDEO_PROMPTS[:5]):
+        ids = video(prompt).input_ids
+        assert video.unk_token_id not in ids and ids[-1] == video.eos_token_id
+    assert video(PROMPTS[0]).input_ids == image(PROMPTS[0]).input_ids
+
+
+def test_the_video_text_encoder_reads_an_image_prompt_as_the_image_encoder_does():
+    pipe = image_parts()
+    video = video_tokenizer(pipe.tokenizer)
+    encoder = video_text_encoder(pipe.text_encoder, len(video))
+    ids = torch.tensor([pipe.tokenizer(PROMPTS[5]).input_ids])
+    with torch.no_grad():
+        assert torch.equal(encoder(ids).last_hidden_state, pipe.text_encoder(ids).last_hidden_state)
+    assert encoder.get_input_embeddings().weight.shape[0] == len(video) and not encoder.training
+
+
+def test_a_wan_vae_with_4x_time_compression_makes_5_latent_frames_of_17_and_decodes_back():
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**POCKET_VIDEO_VAE).eval()
+    clips, *_ = rendered_clip_split("heldout", seed=0)
+    z = clip_latents(vae, clips[:2])
+    assert z.shape == (2, 16, 5, 8, 8) and vae.config.scale_factor_temporal == 4
+    out = decode_clips(vae, z)
+    assert out.shape == clips[:2].shape and out.min() >= 0 and out.max() <= 1
+    with torch.no_grad():  # the training decode is the VAE's own, less the clamp
+        unclamped = _unclamped_decode_clip(vae, z)
+    assert torch.equal(((unclamped.clamp(-1, 1).transpose(1, 2) + 1) / 2).clamp(0, 1), out)

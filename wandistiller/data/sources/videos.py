@@ -1,0 +1,89 @@
+"""`data.latents=videos` (`data=video_folder`): x0 = real clips, a folder of captioned video files decoded,
+scaled down and center-cropped to the teacher's frame size, cut to the clip length `data.latent_frames` makes and
+encoded once with the teacher's VAE (wandistiller.data.videos); their captions are the training prompts. The main
+rank encodes (or finds them cached), the others read its cache; the last `data.val_fraction` of the videos are
+held out for validation with their captions, as the images source holds out images."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wandistiller.config import DataCommon
+from wandistiller.core.distributed import made_once
+from wandistiller.core.errors import UserError
+from wandistiller.core.registry import Option
+from wandistiller.data.latents import LatentBank
+from wandistiller.data.prompts import read_prompts
+from wandistiller.data.sources.base import DataSource, Made, own_name
+from wandistiller.data.sources.images import held_out_captions
+from wandistiller.data.validation import split_prompts
+from wandistiller.data.videos import check_clips, folder_videos, video_data
+
+OwnName = own_name("videos", __name__)
+
+
+@dataclass
+class VideosConfig(DataCommon):
+    latents: OwnName = OwnName.videos  # type: ignore[valid-type,attr-defined]  # an Enum made at import: its members are unseen by mypy
+    # A folder of videos (animated GIF/WebP; MP4, MOV, MKV, WebM, AVI with PyAV) with captions: a .txt beside
+    # each, or captions.jsonl.
+    root: str | None = None
+    # Every frame_step-th frame of the file makes the clip (2 halves a 30 fps video's rate); from its start.
+    frame_step: int = 1
+    # Clips encoded per cache chunk: an interrupted run keeps its finished chunks.
+    latent_chunk: int = 16
+
+
+class Videos(DataSource):
+    name = "videos"
+    description = "video clips"  # what the model card says the data was
+    ranges = (
+        ("data.frame_step", lambda v: v > 0, "a positive integer"),
+        ("data.latent_chunk", lambda v: v > 0, "a positive integer"),
+    )
+
+    @classmethod
+    def check(cls, data_cfg) -> None:
+
+        if data_cfg.root is None:
+            raise UserError("data=video_folder: set data.root (a folder of videos with captions)")
+        folder_videos(data_cfg.root)
+
+    @classmethod
+    def check_with_teacher(cls, data_cfg, vae_config: dict) -> None:
+
+        check_clips(data_cfg, vae_config)
+
+    @classmethod
+    def held_out_prompts(cls, data_cfg, readable) -> list[str]:
+        """The last `data.val_fraction` of the videos' captions (or `data.val_prompts_path`'s prompts), as an
+        image folder's; the folder is read only where `readable` lets it."""
+
+        if data_cfg.get("val_prompts_path"):
+            return read_prompts(data_cfg.val_prompts_path)
+        readable("root")
+        return split_prompts(folder_videos(data_cfg.root).captions, None, data_cfg.get("val_fraction", 0.1))[1]
+
+    @classmethod
+    def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+
+        def load(device, progress: bool):
+            found = video_data(
+                ctx.spec, ctx.data_cfg, ctx.teacher_cfg, ctx.precision.teacher_dtype, device, ctx.cache_dir, progress
+            )
+            return found, held_out_captions(ctx, found, device)
+
+        cpu = torch.device("cpu")
+        (embeddings, bank), held_out = made_once(
+            ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
+        )
+        if held_out is None:
+            return Made(bank, embeddings, val_embeddings)
+        val_embeddings, keep = held_out
+        # Clip i is prompt i: the held-out ones are the last, so training draws the rest.
+        return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
+
+
+OPTION = Option("videos", VideosConfig, Videos)

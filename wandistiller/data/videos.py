@@ -1,0 +1,233 @@
+"""Real clips as x0: a captioned folder of video files, each decoded, resized and center-cropped to the teacher's
+frame size, cut to the clip length `data.latent_frames` makes, and encoded once with the teacher's own VAE into a
+cached LatentBank; captions through the teacher's text encoder (wandistiller.data.images does the same for stills).
+
+A folder holds videos with a caption each: `name.txt` beside `name.mp4`, or one `captions.jsonl` of
+{"file_name": ..., "text": ...} lines, as an image folder does. Animated GIF and WebP decode through PIL; MP4,
+MOV, MKV, WebM and AVI through PyAV (`pip install av`), an optional package.
+
+A clip is the video's first (latent_frames - 1) x scale_factor_temporal + 1 frames (Wan's causal VAE keeps the
+first frame alone: 81 frames make 21 latent frames), taking every `data.frame_step`-th frame. Frames are scaled
+down to cover the frame size (latent size x the VAE's spatial factor) and center-cropped; never scaled up, so a
+video smaller than the frame size is refused, as is one with too few frames, one that does not decode, and an
+empty folder: each in one line before the run folder is claimed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, ImageSequence
+
+from wandistiller.core.errors import UserError
+from wandistiller.core.files import file_stamps
+from wandistiller.data.images import IMAGE_SUFFIXES, _jsonl_captions, _text
+from wandistiller.data.latents import LatentBank, cached_bank
+from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
+from wandistiller.teacher.spec import TeacherSpec, read_json
+from wandistiller.teacher.vae import encode_clips, load_vae, pixel_frames
+
+PIL_SUFFIXES = (".gif", ".webp")  # animated, through PIL
+AV_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v")  # containers, through PyAV
+VIDEO_SUFFIXES = PIL_SUFFIXES + AV_SUFFIXES
+
+
+@dataclass
+class VideoSource:
+    """Captions, the video files (for errors and decoding), what the user called it and a fingerprint."""
+
+    captions: list[str]
+    files: list[Path]
+    root: Path
+    key: str
+    fingerprint: str
+
+    def name(self, i: int) -> str:
+        return self.files[i].relative_to(self.root).as_posix()
+
+
+@dataclass(frozen=True)
+class ClipShape:
+    """What a clip must be: its frames (of the file, every `step`-th) and the frame size, in pixels."""
+
+    frames: int
+    step: int
+    height: int
+    width: int
+
+    @classmethod
+    def of(cls, data_cfg, vae_config: dict) -> ClipShape:
+        scale = int(vae_config.get("scale_factor_spatial", 8))
+        return cls(
+            pixel_frames(data_cfg.latent_frames, vae_config),
+            int(data_cfg.frame_step),
+            data_cfg.latent_height * scale,
+            data_cfg.latent_width * scale,
+        )
+
+    def what(self, data_cfg) -> str:
+        return (
+            f"{self.frames} frames of {self.width}x{self.height} (data.latent_frames={data_cfg.latent_frames}, "
+            f"latent {data_cfg.latent_width}x{data_cfg.latent_height}"
+            + (f", every {self.step}th frame" if self.step > 1 else "")
+            + ")"
+        )
+
+
+def folder_videos(root: str) -> VideoSource:
+    """The videos and captions of `data.root`, refused in one line where they cannot serve (no folder, no videos,
+    an uncaptioned one); the frames are checked by `check_clips`."""
+    path, key = Path(root).expanduser(), f"data.root={root!r}"
+    if not path.is_dir():
+        raise UserError(f"{key} is not a folder; give a folder of videos with captions")
+    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in VIDEO_SUFFIXES and p.is_file())
+    if not files:
+        images = any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*"))
+        hint = "; it holds images: use data=image_folder" if images else ""
+        raise UserError(f"{key} holds no videos ({', '.join(VIDEO_SUFFIXES)}){hint}")
+    jsonl = path / "captions.jsonl"
+    from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
+    captions = []
+    for video in files:
+        rel = video.relative_to(path).as_posix()
+        if from_jsonl is not None:
+            caption = from_jsonl.get(rel)
+        else:
+            txt = video.with_suffix(".txt")
+            caption = _text(txt, key).strip() if txt.is_file() else None
+        if not caption:
+            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {video.stem}.txt beside it"
+            raise UserError(f"{key}: {rel} has no caption ({where}); caption every video")
+        captions.append(caption)
+    stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    fingerprint = hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
+    return VideoSource(captions, files, path, key, fingerprint)
+
+
+def _pil_frames(path: Path, count: int) -> tuple[list[Image.Image], tuple[int, int]]:
+    frames = []
+    with Image.open(path) as video:
+        if video.format not in ("GIF", "WEBP"):
+            raise ValueError(f"a {video.format} image, not an animated GIF or WebP")
+        for frame in ImageSequence.Iterator(video):
+            frames.append(frame.convert("RGB"))  # a copy: each frame is decoded in full here (truncated: raises)
+            if len(frames) == count:
+                break
+        return frames, video.size
+
+
+def _av_frames(path: Path, count: int, key: str) -> tuple[list[Image.Image], tuple[int, int]]:
+    try:
+        import av  # optional: MP4 and other containers
+    except ImportError:
+        raise UserError(
+            f"{key}: {path.name} is a {path.suffix} video, which needs PyAV to decode; pip install av "
+            f"(or give animated GIF or WebP files)"
+        ) from None
+    frames: list[Image.Image] = []
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError("no video stream")
+        for frame in container.decode(video=0):
+            frames.append(frame.to_image())
+            if len(frames) == count:
+                break
+    size = frames[0].size if frames else (0, 0)
+    return frames, size
+
+
+def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> list[Image.Image]:
+    """Video i's first `shape.frames` frames (every `shape.step`-th), refused in one line where it does not decode,
+    is too short, or is smaller than the frame size."""
+    path, name = source.files[i], source.name(i)
+    needed = (shape.frames - 1) * shape.step + 1
+    try:
+        if path.suffix.lower() in PIL_SUFFIXES:
+            frames, size = _pil_frames(path, needed)
+        else:
+            frames, size = _av_frames(path, needed, source.key)
+    except UserError:
+        raise
+    except Exception as e:  # PIL and PyAV raise many types for a damaged or foreign file; all mean the same here
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"{source.key}: {name} is not a readable video (truncated or not a video: {reason[:120]}); "
+            "replace or remove it"
+        ) from None
+    if len(frames) < needed:
+        raise UserError(
+            f"{source.key}: {name} has {len(frames)} frame(s), fewer than the {needed} a clip of "
+            f"{shape.what(data_cfg)} takes; lower data.latent_frames"
+            + (" or data.frame_step" if shape.step > 1 else "")
+            + " or remove it"
+        )
+    width, height = size
+    if width < shape.width or height < shape.height:
+        raise UserError(
+            f"{source.key}: {name} is {width}x{height}, smaller than the {shape.width}x{shape.height} frames of "
+            f"{shape.what(data_cfg)} (videos are scaled down and cropped, never up); give larger videos or "
+            "lower data.latent_height/latent_width"
+        )
+    return frames[:: shape.step]
+
+
+def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
+    """Frames scaled to cover the frame size, center-cropped, in [-1, 1]: [3, F, H, W]."""
+    fitted = [ImageOps.fit(f, (shape.width, shape.height), method=Image.Resampling.BICUBIC) for f in frames]
+    array = np.stack([np.asarray(f, dtype=np.float32) for f in fitted])  # [F, H, W, 3]
+    return torch.from_numpy(array / 127.5 - 1.0).permute(3, 0, 1, 2)
+
+
+def check_clips(data_cfg, vae_config: dict) -> VideoSource:
+    """Every video decodes into a whole clip of the run's shape (the preflight calls this before anything
+    heavy, once the teacher's VAE config is known)."""
+    source = folder_videos(data_cfg.root)
+    shape = ClipShape.of(data_cfg, vae_config)
+    for i in range(len(source.files)):
+        read_clip(source, i, shape, data_cfg)
+    return source
+
+
+def video_latents(
+    spec: TeacherSpec,
+    source: VideoSource,
+    data_cfg,
+    cache_dir: str | os.PathLike,
+    device: torch.device,
+    progress: bool = True,
+) -> LatentBank:
+    """The clips as normalised VAE latents [C, latent_frames, h, w], cached and resumable by chunk."""
+    channels = spec.transformer_config["in_channels"]
+    latent_shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
+    vae_config = read_json(spec.path / "vae" / "config.json", "teacher.path")
+    shape = ClipShape.of(data_cfg, vae_config)
+    vae_id = [str(spec.path.resolve()), vae_config, file_stamps(spec.path / "vae", "*.safetensors")]
+    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), shape.step], sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()[:20]
+    vae: list = []  # loaded only when a chunk is missing
+
+    def make_chunk(items: range) -> torch.Tensor:
+        if not vae:
+            vae.append(load_vae(spec, device))
+        pixels = torch.stack([clip_pixels(read_clip(source, i, shape, data_cfg), shape) for i in items])
+        return encode_clips(vae[0], pixels)
+
+    folder = Path(cache_dir).expanduser() / "video_latents" / key
+    total, chunk = len(source.captions), data_cfg.latent_chunk
+    return cached_bank(folder, total, chunk, 1, make_chunk, "video latents", progress, latent_shape)
+
+
+def video_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
+    """(caption embeddings, LatentBank) for `data.latents=videos`: bank item i is video i, prompt i."""
+    source = folder_videos(data_cfg.root)
+    bank = video_latents(spec, source, data_cfg, cache_dir, device, progress)
+    embeddings: PromptEmbeddings = encode_prompts(
+        spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
+    )
+    return embeddings, bank
