@@ -3,6 +3,8 @@ to the layers below through `core.registry.registered`), and a command line's ov
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra.core.config_store import ConfigStore
 
@@ -33,3 +35,10 @@ def test_a_key_of_the_method_a_resumed_run_was_trained_with_says_to_choose_that_
     for other in (argv[1:], [*argv[:-1], "method.fake_update=3"]):  # a new run; a typo that dmd lacks too
         with pytest.raises(UserError, match=r"; check its spelling"):
             check_overrides(other)
+
+
+@pytest.mark.parametrize("override", ["trainer..max_steps=3", "hooks=[monitor,progress", "trainer.max_steps=1,2,"])
+def test_an_override_that_does_not_parse_is_one_line_naming_it_and_how_to_write_it(override):
+    with pytest.raises(UserError, match=re.escape(f"{override} is not an override Hydra can read (")) as e:
+        check_overrides([override])
+    assert "\n" not in str(e.value) and "a list closed (hooks=[monitor,progress])" in str(e.value)

@@ -13,8 +13,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tests.conftest import ROOT, refused
+from wandistiller.core.errors import UserError
 from wandistiller.export import export
 
 
@@ -65,12 +67,78 @@ def test_single_file_export_loads_in_diffusers_as_the_student_and_its_card_lists
             assert str(tmp_path) not in file.read_text() and str(ROOT) not in file.read_text(), file
 
 
+def comfyui_reads(path, compute=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The tensors ComfyUI computes with from a Wan fp8 file, following the layout its loader reads (comfy/utils.py
+    `detect_layer_quantization` / `convert_old_quants`, comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py
+    `TensorCoreFP8Layout.dequantize`, at commit 0411153ac63b): a layer with `<layer>.comfy_quant` (JSON bytes,
+    format float8_e4m3fn) is `weight.to(compute) x weight_scale`; every other tensor is cast to the compute dtype
+    as it is stored. A legacy file (`scaled_fp8` marker) runs the whole model in fp8 storage: every weight and bias
+    of a Linear held in float8_e4m3fn, `scale_weight` where it has one."""
+    with safe_open(str(path), "pt") as f:
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    legacy = "scaled_fp8" in raw
+    out = {}
+    for key, tensor in raw.items():
+        if key == "scaled_fp8" or key.endswith((".comfy_quant", ".weight_scale", ".scale_weight")):
+            continue
+        layer = key.rsplit(".", 1)[0]
+        if f"{layer}.comfy_quant" in raw and key.endswith(".weight"):
+            config = json.loads(raw[f"{layer}.comfy_quant"].numpy().tobytes())
+            assert config == {"format": "float8_e4m3fn"} and tensor.dtype == torch.float8_e4m3fn
+            out[key] = tensor.to(compute) * raw[f"{layer}.weight_scale"]
+        elif legacy and tensor.dim() <= 2 and f"{layer}.weight" in raw and raw[f"{layer}.weight"].dim() == 2:
+            scale = raw.get(f"{layer}.scale_weight") if key.endswith(".weight") else None
+            stored = tensor.to(torch.float8_e4m3fn).to(compute)  # a Linear's tensors in fp8 storage
+            out[key] = stored * scale if scale is not None else stored
+        else:
+            out[key] = tensor.to(compute)
+    return out
+
+
+def fp8_error_in_comfyui(finished, tmp_path, layout: str) -> float:
+    """The fp8 export in `layout`, read as ComfyUI reads it: its output's relative MSE against the student's (bf16
+    weights), after the checks of what the file holds and what its README says."""
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.teacher.fp8 import relative_mse
+
+    out = export(finished, tmp_path / layout, "single-file", "fp8", name="s", fp8_layout=layout)
+    student = WanTransformer3DModel.from_pretrained(finished / "student")
+    read = comfyui_reads(out / "s.safetensors")
+    save_file({k: v.contiguous() for k, v in read.items()}, str(tmp_path / "read.safetensors"))
+    comfy = WanTransformer3DModel.from_single_file(str(tmp_path / "read.safetensors"), config=str(out))
+    reference = WanTransformer3DModel.from_config(student.config)
+    reference.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in student.state_dict().items()})
+    error = relative_mse(student_output(comfy.float()), student_output(reference))
+    with safe_open(str(out / "s.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        bias = f.get_tensor("blocks.0.ffn.0.bias")
+    if layout == "comfy_quant":
+        assert "scaled_fp8" not in keys and "blocks.0.ffn.0.comfy_quant" in keys and bias.dtype == torch.bfloat16
+        assert error <= 0.01
+    else:
+        assert "scaled_fp8" in keys and "blocks.0.ffn.0.scale_weight" in keys
+    card = (out / "README.md").read_text()
+    assert "**Not for diffusers**: `WanTransformer3DModel.from_single_file` cannot read it" in card
+    assert "from_single_file(f" not in card  # no diffusers lines for the fp8 file
+    return error
+
+
+def test_the_fp8_file_read_as_comfyui_reads_it_gives_the_students_output_within_fp8_rounding(finished, tmp_path):
+    """Each fp8 layout, read as ComfyUI's loader reads it, against the student: the per-layer layout within the fp8
+    weights' own rounding (its biases and 16-bit layers kept), the legacy one worse (ComfyUI's whole-model fp8);
+    each README names diffusers' from_single_file as a loader that cannot read it, and why."""
+    per_layer = fp8_error_in_comfyui(finished, tmp_path / "a", "comfy_quant")
+    legacy = fp8_error_in_comfyui(finished, tmp_path / "b", "scaled_fp8")
+    assert per_layer < legacy
+
+
 def test_fp8_and_bf16_single_files_and_a_bf16_diffusers_folder(finished, tmp_path):
     from diffusers import WanPipeline
 
     fp8 = export(finished, tmp_path / "fp8", "single-file", "fp8", name="s")
     with safe_open(str(fp8 / "s.safetensors"), "pt") as f:
-        assert "scaled_fp8" in f.keys() and f.get_tensor("blocks.0.ffn.0.weight").dtype == torch.float8_e4m3fn
+        assert "scaled_fp8" not in f.keys() and f.get_tensor("blocks.0.ffn.0.weight").dtype == torch.float8_e4m3fn
     assert (tmp_path / "fp8" / "s.safetensors").stat().st_size < 0.8 * (
         export(finished, tmp_path / "bf16", "single-file").joinpath("tiny_tiny_bf16.safetensors").stat().st_size
     )
@@ -105,12 +173,15 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     saved = OmegaConf.load(lora / ".hydra" / "config.yaml")
     saved.student.builder = "lora"
     OmegaConf.save(saved, lora / ".hydra" / "config.yaml")
-    with refused("--format single-file: the student of"):
-        export(lora, tmp_path / "lora", "single-file")
+    with refused("--format diffusers: the student of"):
+        export(lora, tmp_path / "lora", "diffusers")
     with refused("the LoRA student in"):  # a student/ without adapters
         export(lora, tmp_path / "lora", "lora")
     with refused("--dtype fp8 is for --format single-file"):
         export(finished, tmp_path / "d8", "diffusers", "fp8")
+    with refused("--fp8-layout scaled_fp8 is for --dtype fp8 (single-file); drop it, or add --dtype fp8"):
+        export(finished, tmp_path / "l8", "single-file", "bf16", fp8_layout="scaled_fp8")
+    assert not (tmp_path / "l8").exists()
     unfinished = tmp_path / "unfinished"
     shutil.copytree(finished, unfinished)
     shutil.rmtree(unfinished / "student")
@@ -187,9 +258,58 @@ def test_a_few_step_students_file_and_workflow_carry_its_k_shift_and_sigmas(fini
     with safe_open(str(out / "k2.safetensors"), "pt") as f:
         sampling = json.loads(f.metadata()["sampling"])
     assert sampling["steps"] == 2 and sampling["guidance_scale"] == 1.0 and len(sampling["sigmas"]) == 3
-    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
-    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
-    assert f"sigmas {sampling['sigmas']}" in (out / "README.md").read_text()
+    nodes = {n["type"]: n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"]}
+    assert nodes["KSamplerSelect"]["widgets_values"] == ["euler"] and "KSampler" not in nodes
+    assert f"sigmas: {[round(v, 6) for v in sampling['sigmas']]}" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "schedule,shift,node",
+    [("euler", None, "ManualSigmas"), ("simple", 5.0, "KSampler"), ("beta", None, "KSampler"),
+     ([1.0, 0.8, 0.4], None, "ManualSigmas")],
+)  # fmt: skip
+def test_the_workflow_samples_at_the_sigmas_the_student_was_trained_at(finished, tmp_path, schedule, shift, node):
+    """sampling.json (the file's metadata and the pipeline's), the in-process scheduler and the workflow carry the
+    same K sigmas: the workflow sets them (ManualSigmas) or names the ComfyUI scheduler whose function gives them
+    at its ModelSamplingSD3 shift (our port, pinned to ComfyUI's values in tests/teacher/test_fewstep.py)."""
+    from tests.state.test_runs import few_step_copy
+    from wandistiller.state.comfy import workflow_sigmas
+    from wandistiller.state.export import sampling
+    from wandistiller.state.runs import open_run, student_scheduler
+    from wandistiller.teacher.fewstep import comfy_beta_sigmas, comfy_simple_sigmas
+
+    folder = few_step_copy(finished, tmp_path, 3, schedule=schedule, shift=shift)
+    out = export(folder, tmp_path / "k3", "single-file", name="k3")
+    with safe_open(str(out / "k3.safetensors"), "pt") as f:
+        trained = json.loads(f.metadata()["sampling"])
+    assert trained["schedule"] == schedule and len(trained["sigmas"]) == 4 and trained["sigmas"][-1] == 0
+    flow = json.loads((out / "k3.workflow.json").read_text())
+    nodes = {n["type"]: n for n in flow["nodes"]}
+    assert node in nodes
+    if node == "KSampler":
+        steps, _, sampler, name = nodes["KSampler"]["widgets_values"][2:6]
+        at = nodes["ModelSamplingSD3"]["widgets_values"][0]
+        given = {"simple": comfy_simple_sigmas, "beta": comfy_beta_sigmas}[name](at, steps)
+        assert (sampler, name, steps) == ("euler", schedule, 3)
+    else:
+        given = workflow_sigmas(flow)
+        assert "SamplerCustomAdvanced" in nodes and "KSampler" not in nodes
+    assert given == pytest.approx(trained["sigmas"], abs=1e-6)
+    run = open_run(folder)
+    assert sampling(run.spec.path, 3, run.trained_schedule)["sigmas"] == pytest.approx(trained["sigmas"], abs=1e-6)
+    scheduler = student_scheduler(run.spec, 3, 3, run.trained_schedule)
+    scheduler.set_timesteps(3)  # as WanPipeline calls it
+    assert scheduler.sigmas.tolist() == pytest.approx(trained["sigmas"], abs=1e-6)
+    assert "Its trained sigmas: " in (out / "README.md").read_text()
+
+
+def test_a_bad_saved_schedule_is_one_line_and_nothing_is_written(finished, tmp_path):
+    from tests.state.test_runs import few_step_copy
+
+    folder = few_step_copy(finished, tmp_path, 3, schedule=[1.0, 0.5])
+    with pytest.raises(UserError, match=r"^method.schedule=\[1,0.5\] has 2 sigmas and method.steps=3; give one"):
+        export(folder, tmp_path / "bad", "single-file")
+    assert not (tmp_path / "bad").exists()
 
 
 # -- a LoRA student's files (--format lora) ------------------------------------------------------------------------
@@ -248,6 +368,7 @@ def test_a_lora_pair_in_the_lightning_layout_loads_through_wan_pipeline_as_the_s
 
 def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(make_cfg, tmp_path, tiny_path):
     from tests.student.test_lora import inputs, lora_run
+    from wandistiller.state.comfy import workflow_sigmas
 
     run = tmp_path / "run"
     student = lora_run(make_cfg, run, "tiny", "method=trajectory", "method.steps=2")
@@ -256,12 +377,15 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
     assert sorted(p.name for p in out.iterdir()) == names
     with safe_open(str(out / "k2.safetensors"), "pt") as f:
         assert f.get_tensor("diffusion_model.blocks.0.self_attn.k.lora_up.weight").dtype == torch.bfloat16
-        assert json.loads(f.metadata()["sampling"])["steps"] == 2
+        trained = json.loads(f.metadata()["sampling"])
+        assert trained["steps"] == 2
     with safe_open(str(out / "diffusers" / "pytorch_lora_weights.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert "lora_adapter_metadata" in f.metadata()
-    (sampler,) = [n for n in json.loads((out / "k2.workflow.json").read_text())["nodes"] if n["type"] == "KSampler"]
-    assert sampler["widgets_values"][2:5] == [2, 1.0, "euler"]
+    flow = json.loads((out / "k2.workflow.json").read_text())
+    nodes = {n["type"]: n for n in flow["nodes"]}
+    assert nodes["KSamplerSelect"]["widgets_values"] == ["euler"] and "LoraLoaderModelOnly" in nodes
+    assert workflow_sigmas(flow) == pytest.approx(trained["sigmas"], abs=1e-6)
     # The card's lines for the Lightning file, its placeholders filled in: the teacher, the adapters, K's scheduler.
     card = (out / "README.md").read_text()
     code = card.split("**`k2.safetensors`**")[1].split("```python")[1].split("```")[0]
@@ -284,14 +408,14 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
 
     run = tmp_path / "run"
     lora_run(make_cfg, run, "tiny")
-    with refused("--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16"):
+    with refused("--dtype fp8 is for --format single-file (ComfyUI's fp8); LoRA files take --dtype bf16"):
         export(run, tmp_path / "a", "lora", "fp8")
     with refused("--name '../up' is not a plain file name"):
         export(run, tmp_path / "a", "lora", name="../up")
-    with refused("--checkpoint latest with --format lora"):
+    with refused("--checkpoint latest with a LoRA student: its files are written from the run's final student/"):
         export(run, tmp_path / "a", "lora", checkpoint="latest")
-    with refused("--format single-file: the student of"):
-        export(run, tmp_path / "a", "single-file")
+    with refused("--format diffusers: the student of"):
+        export(run, tmp_path / "a", "diffusers")
     weights = run / "student" / "pytorch_lora_weights.safetensors"
     shutil.move(weights, tmp_path / "elsewhere.safetensors")  # a received run's adapters linked out of it
     weights.symlink_to(tmp_path / "elsewhere.safetensors")
@@ -302,3 +426,201 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_count_a_received_config_json_sets_is_bounded_before_memory_is_taken(finished, tmp_path):
+    """The student is built from its config.json with its weights on the meta device, every count held to its
+    weights (and to a bound) first, its files read from the descriptors the guard opened: nothing by path."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    config = json.loads((run / "student" / "config.json").read_text())
+    for change, words in [
+        ({"num_layers": 10**9}, "num_layers=1000000000 is out of bounds"),
+        ({"num_layers": 7}, "num_layers=7 does not match its weights (2 blocks)"),
+        ({"rope_max_seq_len": 2**40}, "rope_max_seq_len=1099511627776 is out of bounds"),
+        ({"ffn_dim": 48}, "its weights do not fit its config.json (shape differs"),
+    ]:
+        (run / "student" / "config.json").write_text(json.dumps(config | change))
+        with refused(words):
+            export(run, tmp_path / "out", "single-file")
+        assert not (tmp_path / "out").exists()
+
+
+def test_out_is_claimed_once_and_checked_again_before_the_final_rename(finished, tmp_path, monkeypatch):
+    """Another export into the same --out is refused at once; a file another process put into --out while this one
+    ran is never deleted (the rename looks again), and a refused export leaves no folder it made."""
+    from wandistiller import export as export_module
+
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "print('held', flush=True)\ntime.sleep(120)", str(out)],
+                              stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with refused(f"--out {out} is being written by another export; wait for it to finish"):
+            export(finished, out, "single-file")
+    finally:
+        holder.kill()
+        holder.wait()
+    write = export_module.WRITERS["single-file"]
+
+    def meanwhile(run, tmp, *args):  # another process writes into --out while this export builds
+        built = write(run, tmp, *args)
+        (out / "theirs.txt").write_text("theirs")
+        return built
+
+    monkeypatch.setitem(export_module.WRITERS, "single-file", meanwhile)
+    with refused(f"--out {out} changed while this export ran (another process wrote there: theirs.txt); nothing"):
+        export(finished, out, "single-file")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    monkeypatch.setitem(export_module.WRITERS, "single-file", write)
+    run = tmp_path / "unfinished"
+    shutil.copytree(finished, run)
+    shutil.rmtree(run / "student")
+    with refused("has no final student"):  # refused before the claim: no folder made
+        export(run, tmp_path / "new", "single-file")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("teacher", ["tiny", pytest.param("tiny_moe", marks=pytest.mark.slow)])
+def test_a_lora_students_single_file_is_its_teacher_with_the_adapters_merged_as_pipeline_merge_lora_writes(
+    make_cfg, tmp_path, teacher
+):
+    """--format single-file on a LoRA student: the teacher with its adapters merged, one file per expert, equal to
+    `pipeline --merge-lora`'s transformers: fp32 exactly, bf16 within its rounding, fp8 in ComfyUI's layout."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from tests.student.test_lora import lora_run
+    from wandistiller.pipeline import export as pipeline_export
+    from wandistiller.teacher.fp8 import relative_mse
+
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, teacher)
+    merged = WanPipeline.from_pretrained(pipeline_export(run, tmp_path / "merged", merge_lora=True))
+    parts = [merged.transformer] + ([merged.transformer_2] if teacher == "tiny_moe" else [])
+    out = export(run, tmp_path / "fp32", "single-file", "fp32", name="m")
+    files = ["m.safetensors"] if len(parts) == 1 else ["m_high_noise.safetensors", "m_low_noise.safetensors"]
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(files)
+    for file, part in zip(files, parts):
+        loaded = WanTransformer3DModel.from_single_file(str(out / file), config=str(out))
+        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), part.state_dict().values()))
+        # fp32: the same weights bit for bit; the outputs then differ only by how each model was built (diffusers'
+        # from_pretrained model and a from_config one differ by float rounding whatever the weights)
+        assert torch.allclose(student_output(loaded), student_output(part), atol=1e-5)
+    bf16 = export(run, tmp_path / "bf16", "single-file", "bf16", name="m")
+    loaded = WanTransformer3DModel.from_single_file(str(bf16 / files[0]), config=str(bf16), dtype=torch.bfloat16)
+    rounded = WanTransformer3DModel.from_config(parts[0].config)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in parts[0].state_dict().items()})
+    assert all(
+        torch.equal(a.float(), b) for a, b in zip(loaded.state_dict().values(), rounded.state_dict().values())
+    )  # bf16: the merged fp32 weights rounded once
+    assert relative_mse(student_output(loaded.float()), student_output(parts[0])) < 1e-3
+    fp8 = export(run, tmp_path / "fp8", "single-file", "fp8", name="m")
+    with safe_open(str(fp8 / files[0]), "pt") as f:
+        assert f.get_tensor("blocks.0.self_attn.q.weight").dtype == torch.float8_e4m3fn
+    assert "scaled_fp8" not in safe_open(str(fp8 / files[0]), "pt").keys()
+
+
+def test_a_merged_export_whose_teacher_is_not_at_hand_is_one_line_and_writes_nothing(make_cfg, tmp_path, tiny_path):
+    from tests.student.test_lora import lora_run
+    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.teacher.spec import inspect_teacher
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_path, teacher)
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, "tiny", f"teacher.path={teacher}")
+    digest = teacher_digest(inspect_teacher(teacher))
+    (run / "metrics.json").write_text(json.dumps({"teacher": "tiny", "teacher_digest": digest}))  # as a run records it
+    for weights in (teacher / "transformer").glob("*.safetensors"):
+        weights.unlink()  # the teacher's config still there: the run opens, the weights to merge into are gone
+    with refused(f"teacher.path='{teacher}': {teacher}/transformer holds no weights (*.safetensors)"):
+        export(run, tmp_path / "out", "single-file")
+    assert not (tmp_path / "out").exists()
+    done = run_cli_export(run, tmp_path / "out2")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("error: teacher.path=") and not (tmp_path / "out2").exists()
+    # Another teacher in its place (other weights): the adapters were not trained on it
+    shutil.rmtree(teacher)
+    shutil.copytree(tiny_path, teacher)
+    weights = next((teacher / "transformer").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)  # a fine-tune, as far as its digest can tell
+    weights.write_bytes(bytes(data))
+    with refused("--format single-file merges the LoRA student's adapters into its teacher, and the teacher at"):
+        export(run, tmp_path / "out", "single-file")
+    assert not (tmp_path / "out").exists()
+
+
+def run_cli_export(run, out):
+    return subprocess.run(
+        [sys.executable, "-m", "wandistiller.export", str(run), "--format", "single-file", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+TEACHER = {"name": "wan", "hub_id": None, "digest": None, "boundary_ratio": None}
+
+
+def test_export_says_before_writing_whether_comfyui_will_detect_the_files_shape(tmp_path):
+    """ComfyUI reads a Wan model's shape from its weights alone (num_heads = dim // 128, one FFN width): the export
+    says which, before the first file is written, and what to do where it will not."""
+    import logging
+
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.export import write_single_files
+    from wandistiller.state.comfy import Sampling
+
+    wan_shaped = dict(num_attention_heads=2, attention_head_dim=128, ffn_dim=64, num_layers=1, text_dim=4096)
+    tiny = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=1, text_dim=4096)
+    seen: list[tuple[str, list]] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "ComfyUI" in record.getMessage():
+                seen.append((record.getMessage(), sorted(p.name for p in out.iterdir())))
+
+    handler, logger = Seen(), logging.getLogger("wandistiller.export")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for i, shape in enumerate((wan_shaped, tiny)):
+            out = tmp_path / str(i)
+            out.mkdir()
+            model = WanTransformer3DModel(in_channels=16, out_channels=16, freq_dim=256, **shape)
+            sampling = Sampling(20, "uni_pc", "simple", 5.0, 64, 64)
+            write_single_files(out, [model], "m", "bf16", {"steps": 20, "few_step": False}, TEACHER, sampling, "# c\n")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    (detected, before), (note, before_note) = seen
+    assert detected.startswith("ComfyUI will detect this file's shape from its weights: dim 256, num_heads 256")
+    assert note.startswith("note: ComfyUI (and any loader that guesses") and "attention_head_dim=16, not 128" in note
+    assert "The shapes that keep those guesses: student=" in note  # what to do
+    assert before == before_note == []  # said before anything was written
+
+
+@pytest.mark.parametrize("hub_id", ["Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"])
+def test_every_student_preset_of_a_real_wan_teacher_keeps_the_shape_comfyui_detects(hub_id):
+    """The `student=` presets of a real teacher keep 128-wide heads, one FFN width and Wan's embeddings: ComfyUI's
+    shape detection (num_heads = dim // 128, the FFN width of block 0) builds each of them right."""
+    from hydra import compose, initialize_config_dir
+
+    from wandistiller.compose import register_configs
+    from wandistiller.config import CONF_DIR
+    from wandistiller.core.arch import KNOWN_TEACHERS
+    from wandistiller.state.singlefile import loader_assumptions_broken
+    from wandistiller.student.model import student_config
+
+    register_configs()
+    teacher = dict(KNOWN_TEACHERS[hub_id][0])
+    for preset in ("small", "base", "half", "quarter", "tenth", "lora"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose("train", overrides=[f"student={preset}"])
+        config = student_config(cfg.student, teacher)
+        assert config["attention_head_dim"] == 128 and loader_assumptions_broken(config, {}) == [], preset

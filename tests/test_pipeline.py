@@ -146,6 +146,31 @@ def test_an_export_of_a_few_step_student_keeps_its_scheduler_steps_and_card(fini
     assert "It is a 2-step student" in (out / "README.md").read_text()
 
 
+def test_a_student_trained_at_comfyuis_simple_sigmas_states_them_and_its_card_samples_them_exactly(finished, tmp_path):
+    """diffusers' scheduler config cannot hold ComfyUI's simple sigmas: sampling.json states the trained ones and
+    the ones the saved scheduler walks, and the card's lines make the pipeline walk the trained ones."""
+    import json
+    import re
+
+    from diffusers import WanPipeline
+
+    from tests.state.test_runs import few_step_copy
+
+    out = export(few_step_copy(finished, tmp_path, 3, schedule="simple", shift=3.0), tmp_path / "hub")
+    stated = json.loads((out / "transformer" / "sampling.json").read_text())
+    assert stated["schedule"] == "simple" and stated["sigmas"] == pytest.approx(
+        [1.0, 0.8573264, 0.6007194, 0.0], abs=1e-6
+    )  # ComfyUI's
+    assert stated["scheduler_sigmas"] != stated["sigmas"]
+    pipe = WanPipeline.from_pretrained(out)
+    card = (out / "README.md").read_text()
+    (snippet,) = re.findall(r"```python\n(import functools.*?)```", card, re.S)
+    exec(snippet, {"pipe": pipe})  # the card's own lines
+    pipe.scheduler.set_timesteps(3)  # as WanPipeline(..., num_inference_steps=3) calls it
+    assert pipe.scheduler.sigmas.tolist() == pytest.approx(stated["sigmas"], abs=1e-6)
+    assert pipe.scheduler.timesteps.tolist() == pytest.approx(stated["timesteps"], abs=1e-3)
+
+
 @pytest.mark.parametrize("out", ["/sys/wd-export", "/proc/wd-export"])
 def test_an_export_to_a_folder_that_cannot_be_written_is_refused_before_the_work(finished, out, monkeypatch):
     """Tried (a file made there and removed), not guessed from permission bits: root's os.access says yes to /sys."""

@@ -280,3 +280,36 @@ def test_a_clip_plan_says_the_largest_latent_frames_that_fits(monkeypatch, capsy
 def test_one_frame_plans_no_frames_line(monkeypatch, capsys):
     plan_main(monkeypatch, *LORA_DMD, "teacher_placement=offload", *HARDWARE["1x24GiB"], "trainer.batch_size=1")
     assert "latent_frames" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("trainer.batch_size=0", "error: trainer.batch_size=0 must be a positive integer"),
+        ("trainer..batch_size=2", "error: trainer..batch_size=2 is not an override Hydra can read"),
+        ("hooks=[monitor", "error: hooks=[monitor is not an override Hydra can read"),
+    ],
+)
+def test_a_value_train_refuses_or_an_override_that_does_not_parse_is_one_line_from_plan(
+    monkeypatch, capsys, override, line
+):
+    with pytest.raises(SystemExit) as e:
+        plan_main(monkeypatch, override)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(line) and "\n" not in err, err
+
+
+def test_the_plan_holds_offloads_shared_copy_to_dev_shm_and_counts_the_text_encoder_pass(monkeypatch, capsys):
+    """On paper /dev/shm is half the RAM (Linux's default): the A14B pair's 53 GiB shared pinned copy does not fit
+    64 GiB's, and the first run's umT5-XXL pass is a line of its own, with the fix where the host cannot hold it."""
+    paper = ["teacher=wan2.2_t2v_a14b", "hardware.gpus=2", "hardware.gpu_memory_gib=80", "distributed.nproc_per_node=2"]
+    plan_main(monkeypatch, *paper, "hardware.host_memory_gib=64")
+    out = capsys.readouterr().out
+    offload = next(line for line in out.splitlines() if line.startswith("offload"))
+    assert "needs its shared pinned copy (53.2 GiB) in /dev/shm, which holds 32.0 GiB" in offload
+    assert "teacher_placement.share_host_copy=false" in offload
+    assert "text encoder: 10.6 GiB of host RAM while a first run encodes its prompts" in out
+    plan_main(monkeypatch, *paper, "hardware.host_memory_gib=8")
+    assert "more than this host's 7.4 GiB usable: encode them once on a machine with more RAM" in (
+        capsys.readouterr().out
+    )

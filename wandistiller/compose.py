@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.config import TrainConfig
 from wandistiller.core.errors import UserError
-from wandistiller.core.hydra import compose_tree, hydra_error_line, register_resolvers
+from wandistiller.core.hydra import check_parses, compose_tree, hydra_error_line, register_resolvers
 from wandistiller.core.plugins import store_plugin_yamls
 from wandistiller.core.registry import Registry
 from wandistiller.data.sources import REGISTRY as DATA_SOURCES
@@ -59,6 +59,8 @@ def check_overrides(argv: list[str]) -> None:
         for a in argv
         if ("=" in a or a.startswith("~")) and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")
     ]
+    check_parses(given)
+    base: list[str | None] = []
     try:
         parsed = OverridesParser.create().parse_overrides(given)
         base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]

@@ -146,6 +146,9 @@ class TrainerConfig:
     # named parts, its `needs` deciding what a step computes.
     loss: Any = MISSING
     lr_scheduler: LrScheduler = MISSING
+    # The LR schedule's length: None = max_steps. A resume keeps its first launch's (job/resumed.py), so another
+    # trainer.max_steps stops the run earlier or later along the schedule it was made with, never reshapes it.
+    schedule_steps: int | None = None
     warmup_steps: int = MISSING
     max_grad_norm: float | None = MISSING
     gradient_checkpointing: bool = MISSING

@@ -1,5 +1,6 @@
 """Export a run's student where Wan users run models: a diffusers pipeline folder, or single `.safetensors` files in
-the Wan reference layout (bf16, fp16, fp32 or ComfyUI's scaled fp8) with a ComfyUI workflow, README and model card.
+the Wan reference layout (bf16, fp16, fp32 or fp8 in ComfyUI's per-layer `.comfy_quant` layout) with a ComfyUI
+workflow, README and model card.
 
 `python -m wandistiller.export RUN --format diffusers|single-file|lora [--dtype bf16|fp16|fp32|fp8] --out DIR`
 
@@ -8,7 +9,8 @@ the Wan reference layout (bf16, fp16, fp32 or ComfyUI's scaled fp8) with a Comfy
 - `single-file`: `<name>.safetensors` (an A14B pair: `<name>_high_noise` / `<name>_low_noise`) in the Wan reference
   layout (state/singlefile.py), its metadata the student's config, sampling and teacher; `config.json` beside it
   (diffusers' `from_single_file(config=DIR)`), `<name>.workflow.json` for ComfyUI (state/comfy.py) and README.md:
-  the model card, every file and the lines that load it. `--dtype` default bf16.
+  the model card, every file and the lines that load it. `--dtype` default bf16. A LoRA student's single file is
+  its teacher with the adapters merged (what `pipeline --merge-lora` writes), one per expert of a pair.
 - `lora`: a LoRA student's adapters (student=lora; refused for any other student): `<name>.safetensors` (an A14B
   pair: `<name>_high_noise` / `<name>_low_noise`) in the Lightning layout ComfyUI's LoraLoader and diffusers'
   `load_lora_weights` read (state/loralayout.py), `diffusers/` with the files diffusers' `save_lora_weights` wrote
@@ -23,6 +25,8 @@ helpers: a received run's link that leads out of it is refused), and `--out` may
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -32,7 +36,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -54,8 +58,8 @@ from wandistiller.core.files import (
 )
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
-from wandistiller.state.checkpoint import teacher_digest
-from wandistiller.state.comfy import Sampling, lora_readme, readme, teacher_files, workflow_text
+from wandistiller.state.checkpoint import teacher_digest, teacher_problem
+from wandistiller.state.comfy import MANUAL, Sampling, lora_readme, readme, teacher_files, workflow_text
 from wandistiller.state.export import _number as saved_number
 from wandistiller.state.export import _raw as raw_value
 from wandistiller.state.export import _word as saved_word
@@ -72,14 +76,16 @@ from wandistiller.state.loralayout import metadata as lora_metadata
 from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source
 from wandistiller.state.singlefile import DTYPES as TORCH_DTYPES
 from wandistiller.state.singlefile import (
+    FP8_LAYOUTS,
     block_count_problem,
     config_of,
     expert_names,
     loader_assumptions_broken,
+    wan_key,
     wan_tensors,
 )
 from wandistiller.state.singlefile import metadata as single_file_metadata
-from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS
+from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, merged_experts
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
 
 log = logging.getLogger("wandistiller.export")
@@ -89,6 +95,7 @@ DTYPES = ("bf16", "fp16", "fp32", "fp8")
 DEFAULT_DTYPE = {"diffusers": None, "single-file": "bf16", "lora": "bf16"}  # None: as the student was saved
 # Student shapes a loader that guesses from the weights reads right, given a Wan teacher (128-wide heads): the
 # named students keep the teacher's head size (student/prune.py, core/arch.py).
+COMFY_COMMIT = "0411153ac63b"  # ComfyUI's comfy/ops.py and comfy/quant_ops.py the fp8 layouts were read against
 KEEPS_WAN_SHAPE = "student=base, small, half, quarter or tenth of a Wan teacher (128-wide heads, one FFN width)"
 
 
@@ -163,19 +170,20 @@ def check_format(run, fmt: str, dtype: str | None) -> None:
             f"--format lora: the student of {run.path} is not a LoRA (student.builder={builder}); export it with "
             "--format single-file or diffusers"
         )
-    if lora and fmt != "lora":
+    if lora and fmt == "diffusers":
         raise UserError(
-            f"--format {fmt}: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of its "
-            "own); export it with --format lora"
+            f"--format diffusers: the student of {run.path} is a LoRA (adapters on its teacher, not a transformer of "
+            "its own); export it with --format lora, --format single-file (merged into the teacher), or "
+            "python -m wandistiller.pipeline RUN --out DIR --merge-lora"
         )
     if fmt == "lora" and dtype == "fp8":
         raise UserError(
-            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); LoRA files take --dtype bf16, fp16 or "
+            "--dtype fp8 is for --format single-file (ComfyUI's fp8); LoRA files take --dtype bf16, fp16 or "
             "fp32 (adapters are small: no loader reads fp8 ones)"
         )
     if fmt == "diffusers" and dtype == "fp8":
         raise UserError(
-            "--dtype fp8 is for --format single-file (ComfyUI's scaled fp8); a diffusers folder takes "
+            "--dtype fp8 is for --format single-file (ComfyUI's fp8); a diffusers folder takes "
             "--dtype bf16, fp16 or fp32"
         )
 
@@ -193,13 +201,17 @@ def sampling_facts(run) -> dict:
     k, spec = run.trained_steps, run.spec
     facts: dict = {"guidance_scale": 1.0, "shift": spec.flow_shift, "num_train_timesteps": spec.num_train_timesteps}
     if k is not None:
-        timesteps, sigmas = student_schedule(spec, k)
+        schedule = run.trained_schedule
+        timesteps, sigmas = student_schedule(spec, k, schedule)
+        shift = schedule.shift if schedule.shift is not None else spec.flow_shift
         return facts | {
             "steps": k,
             "few_step": True,
             "scheduler": "FlowMatchEulerDiscreteScheduler",
+            "schedule": schedule.record(),
+            "shift": shift,
             "timesteps": [round(t, 4) for t in timesteps.tolist()],
-            "sigmas": [round(s, 6) for s in sigmas.tolist()],
+            "sigmas": [round(s, 8) for s in sigmas.tolist()],
         }
     hooks = run.cfg.get("hooks")
     evaluate = hooks.get("evaluate") if hooks is not None and hasattr(hooks, "get") else None
@@ -211,11 +223,34 @@ def sampling_facts(run) -> dict:
     }
 
 
-def comfy_sampling(run, facts: dict, experts: int):
+def exact_line(facts: dict) -> str:
+    """The README's sentence on the sigmas the workflow samples at: the trained ones, and how it sets them."""
+    sigmas = [round(v, 6) for v in facts["sigmas"]]
+    if facts["schedule"] in ("simple", "beta"):
+        how = (
+            f"ComfyUI's own `{facts['schedule']}` scheduler at shift {facts['shift']:g} gives exactly these (the "
+            "student was trained at them); another scheduler or shift samples it at sigmas it never saw."
+        )
+    else:
+        how = (
+            "The workflow sets exactly these with the core ManualSigmas node into SamplerCustomAdvanced (ComfyUI's "
+            "KSampler schedulers give other sigmas: `simple` at this shift is close, not equal, and the student never "
+            "saw them). ManualSigmas is a recent core node (checked against ComfyUI commit 065c1df); an older build "
+            "lacks it."
+        )
+    return f"Its trained sigmas: {sigmas}. {how}"
 
+
+def comfy_sampling(run, facts: dict, experts: int):
+    """How the workflow samples: a few-step student at exactly its trained sigmas -- KSampler with ComfyUI's own
+    scheduler of that name where it was trained at `simple` or `beta` (at the shift ModelSamplingSD3 is set to),
+    else (diffusers' Euler, a list) the sigmas themselves (ManualSigmas); the teacher's steps with uni_pc else."""
     scale, d = image_scale(run.spec.path), run.cfg.data
     boundary = run.spec.boundary_ratio if experts == 2 else None
-    sampler = ("euler", "simple") if facts["few_step"] else ("uni_pc", "simple")
+    sampler, sigmas = ("uni_pc", "simple"), None
+    if facts["few_step"]:
+        named = facts["schedule"] in ("simple", "beta")
+        sampler, sigmas = ("euler", facts["schedule"] if named else MANUAL), tuple(facts["sigmas"])
     return Sampling(
         facts["steps"],
         *sampler,
@@ -224,6 +259,7 @@ def comfy_sampling(run, facts: dict, experts: int):
         int(d.latent_height) * scale,
         boundary,
         example_prompt(saved_prompts(run.cfg)),
+        sigmas,
     )
 
 
@@ -250,6 +286,25 @@ def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = Non
     )
 
 
+def ffn_weights(model) -> dict:
+    """The model's FFN input weights under their Wan names (no copy): the widths a guessing loader reads."""
+    return {
+        wan_key(n): t
+        for n, t in model.state_dict().items()
+        if re.fullmatch(r"blocks\.\d+\.ffn\.net\.0\.proj\.weight", n)
+    }
+
+
+def comfy_detects(config: dict) -> str:
+    """The line export says where ComfyUI will build this shape from the weights (comfy/model_detection.py: Wan's
+    `num_heads = dim // 128`, its FFN width from block 0, the blocks counted)."""
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    return (
+        f"ComfyUI will detect this file's shape from its weights: dim {dim}, num_heads {dim} // 128 = "
+        f"{dim // 128}, ffn_dim {config['ffn_dim']}, {config['num_layers']} blocks"
+    )
+
+
 # -- the writers ----------------------------------------------------------------------------------------------------
 def write_single_files(
     out: Path,
@@ -261,18 +316,27 @@ def write_single_files(
     comfy,
     card: str,
     teacher_config: dict | None = None,
+    fp8_layout: str = "comfy_quant",
 ) -> list[Path]:
     """`experts` (one student, or an A14B pair: high-noise first) as single files in `out`, with config.json, the
-    ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section)."""
+    ComfyUI workflow and README.md (the card, every file and how to load it, the ComfyUI section). fp8 in
+    `fp8_layout` (state/singlefile.py: ComfyUI's per-layer `.comfy_quant`, or its legacy `scaled_fp8`)."""
 
-    files, warning = expert_names(name, len(experts)), None
+    files = expert_names(name, len(experts))
     config = config_of(experts[0])
+    # Before anything is written: whether ComfyUI will build this shape from the file's weights alone.
+    warning = next(
+        (w for w in (shape_warning(config_of(m), ffn_weights(m), teacher_config) for m in experts) if w), None
+    )
+    if warning:
+        log.warning("note: %s", warning)
+    else:
+        log.info("%s", comfy_detects(config))
     for i, (model, file) in enumerate(zip(experts, files)):
-        tensors = wan_tensors(model, dtype)
+        tensors = wan_tensors(model, dtype, fp8_layout)
         bad = block_count_problem(tensors)
         if bad:
             raise ValueError(f"{file}: {bad}")
-        warning = warning or shape_warning(config_of(model), tensors, teacher_config)
         expert = (
             {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
             if len(experts) == 2
@@ -282,25 +346,26 @@ def write_single_files(
     write_in_run(out, "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     workflow_file = f"{name}.workflow.json"
     write_in_run(out, workflow_file, workflow_text(files, comfy))
-    if warning:
-        log.warning("note: %s", warning)
     exact = ""
     if facts["few_step"]:
-        exact = (
-            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
-            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
-        )
+        exact = exact_line(facts)
     listing = [
         (
             f,
-            _what(dtype, i, len(files)),
+            _what(dtype, i, len(files), fp8_layout),
             _diffusers_lines(f, dtype, teacher, i, files),
             f"`{f}` into models/diffusion_models, then Load Diffusion Model (UNETLoader); `{workflow_file}` does it",
         )
         for i, f in enumerate(files)
     ]
     listing += [
-        ("config.json", "the student's diffusers config, which `from_single_file(config=...)` needs", "", ""),
+        (
+            "config.json",
+            "the student's diffusers config, which `from_single_file(config=...)` needs"
+            + (" (for a 16-bit or fp32 export of it: not this fp8 file)" if dtype == "fp8" else ""),
+            "",
+            "",
+        ),
         (workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"),
     ]
     intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
@@ -309,17 +374,30 @@ def write_single_files(
     return [out / f for f in files]
 
 
-def _what(dtype: str, i: int, count: int) -> str:
+def _what(dtype: str, i: int, count: int, fp8_layout: str = "comfy_quant") -> str:
     which = "" if count == 1 else (" (the high-noise expert)", " (the low-noise expert)")[i]
-    kind = (
-        (
-            "ComfyUI's scaled fp8: the blocks' Linear weights float8_e4m3fn with one float32 scale each, the rest "
-            "bf16/fp32"
+    if dtype != "fp8":
+        return f"the student transformer{which} in the Wan reference layout, {dtype}"
+    if fp8_layout == "comfy_quant":
+        kind = (
+            "fp8 in ComfyUI's per-layer quantization layout (`.comfy_quant`): the blocks' Linear weights "
+            "float8_e4m3fn with one float32 `weight_scale` each, every other tensor (biases, norms, embeddings, the "
+            f"head) 16-bit or fp32, as ComfyUI then computes with them (read against ComfyUI commit {COMFY_COMMIT}; "
+            "a ComfyUI older than `.comfy_quant` support cannot read it: export with `--fp8-layout scaled_fp8`)"
         )
-        if dtype == "fp8"
-        else dtype
+    else:
+        kind = (
+            "ComfyUI's legacy scaled fp8 (`scaled_fp8` marker, one float32 `scale_weight` per block Linear), for "
+            "ComfyUI builds older than `.comfy_quant`: they run every Linear and bias in fp8, the 16-bit layers "
+            "included (about 5x this file's own rounding error); a newer ComfyUI reads the default "
+            "`--fp8-layout comfy_quant` export right"
+        )
+    cannot = (
+        ". **Not for diffusers**: `WanTransformer3DModel.from_single_file` cannot read it -- it loads the fp8 "
+        "weights without their scales (with only a warning), so the model's output is wrong; diffusers users take "
+        "the bf16 export (`--dtype bf16`) or the pipeline folder"
     )
-    return f"the student transformer{which} in the Wan reference layout, {kind}"
+    return f"the student transformer{which} in the Wan reference layout, {kind}{cannot}"
 
 
 def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[str]) -> str:
@@ -471,10 +549,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
     exact = ""
     if facts["few_step"]:
-        exact = (
-            f"Its own schedule (what diffusers' few-step scheduler samples): sigmas {facts['sigmas']}; "
-            "ComfyUI's `simple` schedule at this shift is close to it, not equal."
-        )
+        exact = exact_line(facts)
     source_of = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
     which = [""] if len(files) == 1 else [" (the high-noise expert's)", " (the low-noise expert's)"]
@@ -507,7 +582,10 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
             )
         )
     if facts["few_step"]:
-        listing.append(("scheduler/", f"the {facts['steps']}-step student's scheduler (diffusers)", "", ""))
+        what = f"the {facts['steps']}-step student's scheduler (diffusers)"
+        if facts["schedule"] != "euler":
+            what = f"diffusers' own {facts['steps']}-step Euler scheduler: close to the trained sigmas, not equal"
+        listing.append(("scheduler/", what, "", ""))
     listing.append((workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"))
     intro = (
         f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
@@ -527,7 +605,15 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
         else "import torch\nfrom diffusers import WanPipeline\n"
     )
     lines += f'pipe = WanPipeline.from_pretrained("{source}", dtype={torch_dtype})\n'
-    if facts["few_step"]:
+    if facts["few_step"] and facts["schedule"] != "euler":  # a config cannot hold them: bound as the card says
+        sigmas = [round(v, 8) for v in facts["sigmas"][:-1]]
+        lines = lines.replace("import torch\n", "import functools\nimport torch\n")
+        lines += (
+            f"pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps={facts['num_train_timesteps']}, "
+            "shift=1.0)  # shift 1: the trained sigmas as given\n"
+            f"pipe.scheduler.set_timesteps = functools.partial(pipe.scheduler.set_timesteps, sigmas={sigmas})\n"
+        )
+    elif facts["few_step"]:
         lines += (
             'pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained("PATH_TO_THIS_FOLDER", '
             'subfolder="scheduler")\n'
@@ -535,7 +621,7 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
     return lines
 
 
-def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
 
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
     name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
@@ -545,7 +631,7 @@ def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) 
     return built
 
 
-# Writers by format: (run, tmp folder, checkpoint, dtype, name) -> the folder to rename into --out.
+# Writers by format: (run, tmp folder, checkpoint, dtype, name, fp8 layout) -> the folder to rename into --out.
 WRITERS: dict[str, Callable] = {}
 
 
@@ -557,8 +643,10 @@ def export(
     checkpoint: str | None = None,
     force: bool = False,
     name: str | None = None,
+    fp8_layout: str | None = None,
 ) -> Path:
-    """Write the run's student to `out` in `fmt`, whole or not at all."""
+    """Write the run's student to `out` in `fmt`, whole or not at all. `fp8_layout`: --dtype fp8's layout
+    (comfy_quant, the default, or scaled_fp8)."""
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -566,23 +654,30 @@ def export(
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if name is not None and (not re.fullmatch(r"[\w+-][\w.+-]{0,99}", name)):  # never a path out of --out
         raise UserError(f"--name {name!r} is not a plain file name; use letters, digits and ._+- (e.g. my_student)")
+    if fp8_layout is not None and fp8_layout not in FP8_LAYOUTS:
+        raise UserError(f"--fp8-layout {fp8_layout!r} is not one of {', '.join(FP8_LAYOUTS)}")
+    if fp8_layout is not None and dtype != "fp8":
+        raise UserError(f"--fp8-layout {fp8_layout} is for --dtype fp8 (single-file); drop it, or add --dtype fp8")
     register_configs()  # the registries' options, which the run's config may name
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
-    if fmt == "lora" and checkpoint is not None:
+    if is_lora_student(run) and checkpoint is not None:
         raise UserError(
-            f"--checkpoint {checkpoint} with --format lora: LoRA files are written from the run's final student/; "
+            f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
             "drop --checkpoint (or finish the run: trainer.resume=auto)"
         )
+    if is_lora_student(run) and fmt == "single-file":
+        merged_teacher_at_hand(run)  # before any work
     if checkpoint in (None, "ema"):
         final_student(run, checkpoint)  # before any work
     dtype = dtype or DEFAULT_DTYPE[fmt]
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name)
+        with claimed(out) as unchanged, tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name, fp8_layout or "comfy_quant")
+            unchanged()
             _replace(out, built, Path(tmp))
     except OSError as e:  # a full disk, a quota
         raise UserError(
@@ -601,6 +696,53 @@ def export(
     return out
 
 
+@contextlib.contextmanager
+def claimed(out: Path) -> Iterator[Callable[[], None]]:
+    """`out` held by this export alone from its check to its final rename: made here when new (an empty folder, gone
+    again if the export fails), locked (`flock` on the folder itself: a second export into it is refused at once),
+    its entries noted. Yields the check made again just before the rename: `out` is still that folder with those
+    entries, else nothing is replaced (another process wrote there meanwhile)."""
+    made = False
+    with contextlib.suppress(FileExistsError):
+        out.mkdir()
+        made = True
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise UserError(f"--out {out} cannot be opened as a folder ({e.strerror}); choose a new folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(
+            f"--out {out} is being written by another export; wait for it to finish, or choose another folder"
+        ) from None
+    inode, entries = os.fstat(fd).st_ino, sorted(os.listdir(fd))
+
+    def unchanged() -> None:
+        try:
+            now = os.lstat(out).st_ino
+            now_entries = sorted(os.listdir(out))
+        except OSError:
+            now, now_entries = None, []
+        if now != inode or now_entries != entries:
+            new = sorted(set(now_entries) - set(entries))[:3]
+            raise UserError(
+                f"--out {out} changed while this export ran (another process wrote there{': ' if new else ''}"
+                f"{', '.join(new)}); nothing was replaced: look at it, then export again"
+            )
+
+    try:
+        yield unchanged
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only while still empty: whatever another process put there stays
+        raise
+    finally:
+        os.close(fd)
+
+
 def _replace(out: Path, built: Path, tmp: Path) -> None:
     """`built` takes `out`'s place: an empty folder (or, with --force, a full one) goes only once the export is
     whole, moved aside into the temporary folder first (removed with it)."""
@@ -613,30 +755,67 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
     os.rename(built, out)
 
 
-def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None) -> Path:
+def merged_teacher_at_hand(run) -> None:
+    """A merged export of a LoRA student needs the teacher the adapters were trained on: each expert's weights in
+    the run's teacher folder, and (where the run recorded it) the same weights. One line otherwise."""
 
-    student, source = read_student(run, checkpoint)
+    for expert in run.spec.experts:
+        if not any((Path(run.spec.path) / expert).glob("*.safetensors")):
+            raise UserError(
+                f"--format single-file merges the LoRA student's adapters into its teacher, and the teacher's "
+                f"{expert} weights are not at {run.spec.path}/{expert}; put the teacher there (teacher.path of the "
+                "run's config), or export the adapters alone with --format lora"
+            )
+    source = final_student(run, None)
+    recorded = recorded_teacher(run, source)
+    if not (isinstance(recorded, dict) and recorded.get("digest")) and (source / ADAPTERS_JSON).is_file():
+        try:  # the adapters' own record of their teacher (written with them at the run's end)
+            saved = read_json_in(run.path, source / ADAPTERS_JSON, what="adapters.json")
+        except ValueError:
+            saved = {}
+        recorded = saved.get("teacher") if isinstance(saved, dict) else None
+    problem = teacher_problem(recorded, run.spec)
+    if problem:
+        raise UserError(
+            f"--format single-file merges the LoRA student's adapters into its teacher, and the teacher at "
+            f"{run.spec.path} is not the one they were trained on ({problem}); put that teacher there, or export "
+            "the adapters alone with --format lora"
+        )
+
+
+def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
+    """The student's single file; a LoRA student's: the teacher with its adapters merged (W + alpha/rank B A, in
+    float64, then fp32: what `pipeline --merge-lora` writes), one file per expert of a pair."""
+
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
-    builder = saved_word(raw_value(run.cfg.student, "builder")) or "student"
-    name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
+    if is_lora_student(run):
+        source = final_student(run, None)
+        experts = merged_experts(run.spec, source, run.cfg.student, torch.float32, torch.device("cpu"))
+        name = name or f"{teacher_name}_lora_merged_{dtype}".replace(".", "_")
+    else:
+        student, source = read_student(run, checkpoint)
+        experts = [student]
+        builder = saved_word(raw_value(run.cfg.student, "builder")) or "student"
+        name = name or f"{teacher_name}_{builder}_{dtype}".replace(".", "_")
     facts = sampling_facts(run)
     built = tmp / "export"
     built.mkdir()
     write_single_files(
         built,
-        [student],
+        experts,
         name,
         dtype,
         facts,
         teacher_facts(run, source),
-        comfy_sampling(run, facts, 1),
+        comfy_sampling(run, facts, len(experts)),
         run_card(run),
         run.spec.transformer_config,
+        fp8_layout,
     )
     return built
 
 
-def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None) -> Path:
+def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None, fp8_layout: str) -> Path:
     return write_diffusers(run, tmp, "export", checkpoint, dtype)
 
 
@@ -651,12 +830,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         choices=DTYPES,
         help="the weights' dtype (default: bf16 for single-file, as "
-        "saved (fp32) for diffusers, bf16 for lora); fp8: ComfyUI's scaled fp8, single-file only",
+        "saved (fp32) for diffusers, bf16 for lora); fp8: ComfyUI's fp8 (--fp8-layout), single-file only",
     )
     parser.add_argument("--out", required=True, help="a new folder (or an empty one; --force replaces a full one)")
     parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
     parser.add_argument("--name", help="the single or LoRA files' name (default: <teacher>_<student>_<dtype>)")
+    parser.add_argument(
+        "--fp8-layout",
+        choices=FP8_LAYOUTS,
+        help="--dtype fp8's layout: comfy_quant (default: ComfyUI's per-layer quantization, the rest 16-bit) or "
+        "scaled_fp8 (ComfyUI's legacy layout, for builds older than .comfy_quant)",
+    )
     return parser.parse_args(argv)
 
 
@@ -665,7 +850,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
     with internal_errors_reported(), exit_on_user_error():
-        out = export(Path(args.run_dir), Path(args.out), args.fmt, args.dtype, args.checkpoint, args.force, args.name)
+        out = export(
+            Path(args.run_dir),
+            Path(args.out),
+            args.fmt,
+            args.dtype,
+            args.checkpoint,
+            args.force,
+            args.name,
+            args.fp8_layout,
+        )
         print(f"wrote {out}")
 
 

@@ -150,7 +150,13 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         {v: k for k, v in DTYPES.items()}[dtype] if DTYPES.get(str(run.cfg.precision.teacher_dtype)) != dtype else None
     )
     latents, _ = generate(
-        student, emb, idx, args.seed, steps, run.latent_shape, scheduler=student_scheduler(run.spec, trained, steps)
+        student,
+        emb,
+        idx,
+        args.seed,
+        steps,
+        run.latent_shape,
+        scheduler=student_scheduler(run.spec, trained, steps, run.trained_schedule),
     )
     who = drawn_by("student", steps, trained or STEPS, source, other, judged)
     paths = write_images(latents, vae, args.prompt, out, who, args.seed)

@@ -136,7 +136,9 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
         save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
         source = tmp / "student"
     card = model_card(run.path, run.spec.path, merged=merge, phrases=card_phrases())
-    folder = write_lora_pipeline(tmp / PIPELINE, run.spec.path, source, card, run.trained_steps)
+    folder = write_lora_pipeline(
+        tmp / PIPELINE, run.spec.path, source, card, run.trained_steps, schedule=run.trained_schedule
+    )
     pipe = WanPipeline.from_pretrained(folder)
     experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
     if merge:
@@ -178,6 +180,7 @@ def _build(run, tmp: Path, student) -> Path:
         model_card(run.path, run.spec.path, phrases=card_phrases()),
         run.trained_steps,
         root,
+        schedule=run.trained_schedule,
     )
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from hydra.utils import get_class, instantiate
 
 from wandistiller.compose import register_configs
@@ -11,10 +12,10 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.checks import built_quietly, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
-from wandistiller.placements.planner import plan_report, time_factor, workload_of
+from wandistiller.placements.planner import nothing_fits, plan_report, text_encoder_bytes, time_factor, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -22,7 +23,10 @@ Prints each teacher placement's memory estimate for the composed config (the sam
 `python -m wandistiller.train`) and the one `teacher_placement=auto` would choose. Plan on paper with
 hardware.gpus=N hardware.gpu_memory_gib=G [hardware.host_memory_gib=H] (precision=auto then plans what a
 run there would take: bf16 for N > 0); e.g.
-  python -m wandistiller.plan teacher=wan2.2_t2v_a14b hardware.gpus=8 hardware.gpu_memory_gib=40"""
+  python -m wandistiller.plan teacher=wan2.2_t2v_a14b hardware.gpus=8 hardware.gpu_memory_gib=40
+A run that does not fit gets a line naming what would (fewer resident blocks, a smaller batch, fp8, fewer frames);
+where no setting fits, one error line says what is short and by how much (exit 2).
+  python -m wandistiller.plan --rigs [--write]   the table of rigs in docs/PLANNER.md (--write rewrites it)"""
 
 
 def main() -> None:
@@ -30,12 +34,16 @@ def main() -> None:
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(USAGE)
         return
+    if "--rigs" in sys.argv[1:]:
+        rigs(sys.argv[1:])
+        return
     with exit_on_user_error():
         register_configs()  # a bad WANDISTILLER_PLUGINS is one line too
         cfg = compose_config(sys.argv[1:])
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
         if hardware:
             raise UserError(hardware)
+        check_values(cfg)  # what train refuses before planning (trainer.batch_size=0), refused here too
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
@@ -46,7 +54,38 @@ def main() -> None:
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
         clip = (cfg.data.latent_frames, time_factor(cfg.teacher.path))
-        print(plan_report(*planned, cfg.teacher.name, passes, precision_line(cfg, precision), configured(cfg), clip))
+        short = nothing_fits(*planned, cfg.data.latent_frames)
+        if short:  # one line, nothing printed: no override of this run's helps, only more memory
+            raise UserError(f"{run_keys(cfg)}: {short}")
+        encoder = text_encoder_bytes(cfg.teacher, torch.tensor([], dtype=precision.teacher_dtype).element_size())
+        line = precision_line(cfg, precision)
+        print(plan_report(*planned, cfg.teacher.name, passes, line, configured(cfg), clip, text_encoder=encoder))
+
+
+def rigs(args: list[str]) -> None:
+    """`--rigs`: print docs/PLANNER.md's table of rigs as the planner makes it now; `--rigs --write` rewrites it."""
+    from wandistiller import rigs as table  # noqa: PLC0415 -- only this flag needs it
+
+    with exit_on_user_error():
+        extra = [a for a in args if a not in ("--rigs", "--write")]
+        if extra:
+            raise UserError(f"--rigs takes no overrides ({' '.join(extra)}): its runs are fixed (wandistiller/rigs.py)")
+        if "--write" in args:
+            table.write()
+            print(f"wrote the table of rigs into {table.DOC}")
+        else:
+            print(table.table())
+
+
+def run_keys(cfg) -> str:
+    """The overrides that name the run a refusal is about: the teacher, and the hardware where it is on paper."""
+    keys = [f"teacher={cfg.teacher.name}"]
+    h = cfg.hardware
+    if h.gpus is not None:
+        keys += [f"hardware.gpus={h.gpus}", f"hardware.gpu_memory_gib={h.gpu_memory_gib:g}"]
+    if h.host_memory_gib is not None:
+        keys.append(f"hardware.host_memory_gib={h.host_memory_gib:g}")
+    return " ".join(keys)
 
 
 def configured(cfg) -> Placement | None:

@@ -37,7 +37,7 @@ from wandistiller.core.errors import UserError, exit_on_user_error, internal_err
 from wandistiller.core.files import read_json_in
 from wandistiller.core.hydra import modern_argv
 from wandistiller.job import stopping
-from wandistiller.job.checks import check_interpolations
+from wandistiller.job.checks import check_interpolations, drop_settings_of_unlisted_hooks
 from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
 from wandistiller.job.preflight import Prepared, prepare
 from wandistiller.job.resumed import continued_config, task_overrides
@@ -69,6 +69,7 @@ def main(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> dict:
     """Distill the configured teacher into the configured student; returns the metrics.json summary."""
     check_interpolations(cfg)  # before any value is read: a bad `${…}` is one line naming its key
+    drop_settings_of_unlisted_hooks(cfg)  # fresh and resumed alike: the `hooks` list decides
     topo = Topology.from_env()
     if under_torchrun():
         init_process_group(topo, cfg.distributed.timeout_min)
@@ -105,10 +106,15 @@ def run(cfg: DictConfig) -> dict:
 def _say_done(summary: dict, run_dir: str) -> None:
     """The last line of a run, however it was started (one process, workers, torchrun, a sweep point)."""
     if "status" in summary:
+        overall = summary.get("samples_per_s_overall")
         log.info(
-            "done: %d steps at %s samples/s, loss %.4f -> %.4f; outputs in %s",
+            "done: %d steps at %s samples/s (median step)%s, loss %.4f -> %.4f; outputs in %s",
             summary["steps_run"],
             rate(summary["samples_per_s_median"]),
+            f", {rate(overall)} samples/s overall ({summary['samples_this_segment']} samples in "
+            f"{summary['wall_s']:.0f} s, loading and evaluation included)"
+            if overall
+            else "",
             summary["loss_first"] or 0,
             summary["loss_last"] or 0,
             run_dir,

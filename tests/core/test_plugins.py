@@ -191,3 +191,26 @@ def test_a_plugin_package_that_cannot_be_imported_is_one_line_from_plan_too(monk
     with pytest.raises(SystemExit) as e:
         plan.main()
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: WANDISTILLER_PLUGINS names")
+
+
+def test_a_plugin_module_that_fails_on_import_is_one_line_naming_it(monkeypatch, tmp_path, capsys):
+    """A plugin's own bug (or a dependency it lacks) is its mistake, not ours: one line from every command that
+    reads the options (train, plan, export, eval share the registries), never a traceback or "internal error"."""
+    (tmp_path / "broken" / "hooks").mkdir(parents=True)
+    (tmp_path / "broken" / "__init__.py").write_text("")
+    (tmp_path / "broken" / "hooks" / "mine.py").write_text("raise RuntimeError('boom in the plugin')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, "broken")
+    forget_options()
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    try:
+        with pytest.raises(SystemExit) as e:
+            plan.main()
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and "\n" not in err, err
+        assert err.startswith("error: WANDISTILLER_PLUGINS: the plugin module broken.hooks.mine (hooks=mine) fails")
+        assert "RuntimeError: boom in the plugin" in err and "drop its package from WANDISTILLER_PLUGINS" in err
+    finally:
+        monkeypatch.delenv(ENV)
+        forget_options()
+        sys.modules.pop("broken.hooks.mine", None)

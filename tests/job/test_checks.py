@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import refused
 from tests.job.test_preflight import refused_run
+from wandistiller.config import CONF_DIR
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import folder_problem
 from wandistiller.train import run
@@ -152,3 +153,14 @@ def test_a_removed_group_or_key_is_one_line_before_the_run_folder(make_cfg, tmp_
     with refused(message):
         run(make_cfg(override, run_dir=tmp_path / "r"))  # in-process, before the folder is claimed
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_a_hooks_list_drops_the_hooks_it_leaves_out_with_every_shipped_experiment(experiment):
+    """USAGE: `hooks=[monitor,progress]` drops the others, whatever the experiment set for them."""
+    from wandistiller.core.hydra import compose_tree
+    from wandistiller.job.checks import check_hooks, drop_settings_of_unlisted_hooks
+
+    cfg = drop_settings_of_unlisted_hooks(compose_tree("train", [f"+experiment={experiment}", "hooks=[progress]"]))
+    check_hooks(cfg)
+    assert list(cfg.hooks) == ["progress"]

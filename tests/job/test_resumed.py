@@ -30,9 +30,9 @@ def test_a_resume_without_the_original_overrides_continues_the_original_config(m
     interrupted_run(make_cfg, run_dir)
     cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
     assert cfg.trainer.max_steps == 4 and cfg.trainer.batch_size == 2 and cfg.trainer.checkpoint_every == 2
-    longer = continued_config(make_cfg("trainer.resume=auto", "trainer.max_steps=6", run_dir=run_dir),
-                              ["trainer.resume=auto", "trainer.max_steps=6", "logger=none"])  # fmt: skip
-    assert longer.trainer.max_steps == 6 and longer.trainer.batch_size == 2
+    shorter = continued_config(make_cfg("trainer.resume=auto", "trainer.max_steps=3", run_dir=run_dir),
+                               ["trainer.resume=auto", "trainer.max_steps=3", "logger=none"])  # fmt: skip
+    assert shorter.trainer.max_steps == 3 and shorter.trainer.batch_size == 2
 
 
 def test_overrides_given_again_must_agree_and_all_differences_are_one_line(make_cfg, tmp_path):
@@ -226,3 +226,61 @@ def test_a_run_saved_before_methods_resumes_from_the_cli_and_still_evaluates(fin
     assert json.loads((folder / "metrics.json").read_text())["final_step"] == 2
     state = json.loads((folder / "checkpoints" / "step_00000002" / "state.json").read_text())
     assert "kd" in json.dumps(state["method_identity"])  # its next checkpoint records the method it continued
+
+
+def saved_run(make_cfg, run_dir, *first: str):
+    """A run folder holding only what a resume reads first: its saved config and overrides (nothing trained)."""
+    from omegaconf import OmegaConf
+
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(make_cfg(*first, run_dir=run_dir), run_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(first)), run_dir / ".hydra" / "overrides.yaml")
+    return run_dir
+
+
+def test_an_experiment_on_a_resume_is_held_to_the_run_never_dropped(make_cfg, tmp_path):
+    kd = saved_run(make_cfg, tmp_path / "kd", "trainer.max_steps=4")
+    given = ["trainer.resume=auto", "+experiment=pocket_fewstep"]
+    with pytest.raises(UserError, match=r"\+experiment=pocket_fewstep \(it sets .*method=dmd \(saved kd\)") as e:
+        continued_config(make_cfg(*given, run_dir=kd), given)
+    assert "\n" not in str(e.value) and "hydra.run.dir=<a new folder>" in str(e.value)
+    # The first launch's experiment given again restates it: the run continues as it was made.
+    few = saved_run(make_cfg, tmp_path / "few", "+experiment=pocket_fewstep", "trainer.max_steps=6")
+    cfg = continued_config(make_cfg(*given, run_dir=few), given)
+    assert cfg.method.name == "dmd" and cfg.trainer.max_steps == 6
+    other = ["trainer.resume=auto", "+experiment=pocket_lora"]
+    with pytest.raises(UserError, match=r"\+experiment=pocket_lora \(it sets student=.*lora"):
+        continued_config(make_cfg(*other, run_dir=few), other)
+
+
+@pytest.mark.parametrize("dropped", [["~hooks.monitor"], ["hooks=[progress]"]])
+def test_a_resume_drops_the_hooks_it_is_told_to(make_cfg, tmp_path, dropped):
+    run_dir = saved_run(make_cfg, tmp_path / "r", "trainer.max_steps=4")
+    given = ["trainer.resume=auto", *dropped]
+    cfg = continued_config(make_cfg(*given, run_dir=run_dir), given)
+    assert list(cfg.hooks) == ["progress"]
+
+
+def test_a_resume_keeps_the_lr_schedule_the_run_was_made_with(make_cfg, tmp_path, caplog):
+    """Another trainer.max_steps never reshapes the run's schedule (its length stays the first launch's): shorter stops
+    earlier along it, longer trains on at its last LR, and the line that continues the run says so."""
+    import torch
+    from diffusers.optimization import get_scheduler
+
+    from wandistiller.job.resumed import continuing
+    from wandistiller.recipe.distillation import held_after
+
+    run_dir = saved_run(make_cfg, tmp_path / "r", "trainer.max_steps=4")
+    shorter = ["trainer.resume=auto", "trainer.max_steps=3"]
+    cfg = continued_config(make_cfg(*shorter, run_dir=run_dir), shorter)
+    assert (cfg.trainer.max_steps, cfg.trainer.schedule_steps) == (3, 4)
+    longer = ["trainer.resume=auto", "trainer.max_steps=8"]
+    cfg = continued_config(make_cfg(*longer, run_dir=run_dir), longer)
+    assert (cfg.trainer.max_steps, cfg.trainer.schedule_steps) == (8, 4)
+    with caplog.at_level("INFO", logger="wandistiller"):
+        continuing(run_dir)
+    assert "steps 5-8 train at its last LR" in caplog.text and f"student.init={run_dir}/student" in caplog.text
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = get_scheduler("cosine", optimizer, num_warmup_steps=1, num_training_steps=4)
+    factor = schedule.lr_lambdas[0]
+    assert [held_after(factor, 4)(s) for s in (3, 4, 6)] == [factor(3), factor(4), factor(4)] and factor(6) > 0

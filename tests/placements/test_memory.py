@@ -90,7 +90,8 @@ def test_the_headroom_is_the_larger_of_its_size_and_its_fraction():
 
 def test_hardware_on_paper_is_what_the_keys_say():
     hw = Hardware.detect(paper_hardware(gpus=2, gpu_memory_gib=40, host_memory_gib=64, headroom_gib=1.5))
-    assert hw == Hardware((40 * GiB, 40 * GiB), 64 * GiB, 1.5, memory.DEFAULT_HEADROOM_FRACTION)
+    # /dev/shm on paper: Linux's default, half the RAM.
+    assert hw == Hardware((40 * GiB, 40 * GiB), 64 * GiB, 1.5, memory.DEFAULT_HEADROOM_FRACTION, 32 * GiB)
     assert hw.describe() == "2 GPU(s) of 40 GiB free, 64 GiB host RAM available"
     assert Hardware.detect(paper_hardware(gpus=0, host_memory_gib=8)).gpu_bytes == ()
 

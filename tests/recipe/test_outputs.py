@@ -16,6 +16,7 @@ from tests.conftest import FP32, metrics_steps
 from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.outputs import millions, summarize, validation_summary, whole_run
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
@@ -87,6 +88,9 @@ def test_the_summary_takes_medians_past_the_warm_up_step_and_the_peaks_of_every_
     assert summary["teacher_experts"] == 1 and summary["teacher_shape"]["text_dim"] == 32
     assert (summary["placement"], summary["precision"], summary["world_size"]) == ("cpu", "fp32", 1)
     assert (summary["method"], summary["student_steps"]) == ("dmd", 4)  # what trained it, as the card says
+    # The whole process's rate beside the median step's: this segment's 2 steps x 12 samples over its wall time.
+    assert summary["samples_this_segment"] == 24
+    assert summary["samples_per_s_overall"] == pytest.approx(24 / summary["wall_s"])
 
 
 def test_a_sweep_points_overrides_win_and_an_empty_history_summarises_to_nothing_measured(context):
@@ -97,3 +101,27 @@ def test_a_sweep_points_overrides_win_and_an_empty_history_summarises_to_nothing
     assert summary["overrides"] == ["teacher_placement=cpu"]
     assert summary["steps_run"] == 0 and summary["final_step"] is None and summary["loss_first"] is None
     assert summary["step_ms_median"] is None and summary["step_ms_stdev"] is None
+
+
+class StopsAtEndHook(Hook):
+    """A hook whose end-of-run work is cut by Ctrl-C (what `stop_at_once`'s handler raises in the train CLI)."""
+
+    def at_end(self, run) -> dict:
+        import signal
+
+        from wandistiller.job.stopping import Signalled
+
+        raise Signalled(signal.SIGINT)
+
+
+def test_ctrl_c_in_the_end_of_run_work_keeps_the_trained_student_and_says_what_was_skipped(make_cfg, tmp_path):
+    from wandistiller.core.errors import Stopped
+
+    folder = tmp_path / "r"
+    stopper = "+hooks.stop._target_=tests.recipe.test_outputs.StopsAtEndHook"
+    with pytest.raises(Stopped) as e:
+        run(make_cfg("trainer.max_steps=2", stopper, run_dir=folder))
+    line = str(e.value)
+    assert line.startswith("stopped by SIGINT in the end-of-run work, after training finished: the trained student")
+    assert "skipped: hooks.test_outputs" in line and f"python -m wandistiller.eval {folder}" in line
+    assert (folder / "student").is_dir() and (folder / "pipeline").is_dir() and (folder / "metrics.json").is_file()

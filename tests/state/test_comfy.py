@@ -89,3 +89,24 @@ def test_a_lora_goes_on_the_teachers_own_file_before_the_sampler_each_expert_its
     assert "| `l_low_noise.safetensors` | this export | `models/loras/` |" in text
     assert "`wan2.2_t2v_high_noise_14B_fp16.safetensors` | the teacher wan2.2's diffusion model" in text
     assert "LoraLoaderModelOnly at strength 1" in text and "switching at step" in text and "cfg 1" in text
+
+
+def test_trained_sigmas_no_comfyui_scheduler_gives_are_set_exactly_and_a_pair_splits_them_at_the_boundary():
+    from wandistiller.state.comfy import MANUAL, workflow_sigmas
+
+    sigmas = (1.0, 0.92820323, 0.79930055, 0.5, 0.0)  # diffusers' Euler at shift 3, K 4
+    s = Sampling(4, "euler", MANUAL, 3.0, 64, 64, boundary=0.875, sigmas=sigmas)
+    flow = workflow(["h.safetensors", "l.safetensors"], s, "a red 3")
+    check_links(flow)
+    nodes = by_type(flow)
+    assert workflow_sigmas(flow) == list(sigmas) and "KSampler" not in nodes and "KSamplerAdvanced" not in nodes
+    assert nodes["SplitSigmas"][0]["widgets_values"] == [2] == [switch_step(s)]  # .928 >= .875 > .799
+    high, low = nodes["SamplerCustomAdvanced"]
+    ids = {n["id"]: n for n in flow["nodes"]}
+    source = {link[0]: ids[link[1]]["type"] for link in flow["links"]}
+    assert [source[i["link"]] for i in high["inputs"]] == [
+        "RandomNoise", "BasicGuider", "KSamplerSelect", "SplitSigmas", "EmptyHunyuanLatentVideo"
+    ]  # fmt: skip
+    assert [source[i["link"]] for i in low["inputs"]][::4] == ["DisableNoise", "SamplerCustomAdvanced"]
+    text = readme(["h.safetensors", "l.safetensors"], "x.workflow.json", s, "", None)
+    assert "ManualSigmas" in text and "SplitSigmas and two SamplerCustomAdvanced, switching at step 2 of 4" in text

@@ -23,6 +23,7 @@ from wandistiller.state.runs import (
     RunFolder,
     Trust,
     add_trust_args,
+    live_holder,
     load_student,
     open_run,
     student_scheduler,
@@ -196,15 +197,22 @@ def test_a_kd_student_samples_with_the_teachers_scheduler_and_a_few_step_one_wit
         assert torch.equal(scheduler.timesteps.float(), student_schedule(spec, steps)[0])
 
 
-def few_step_copy(finished, tmp_path, steps: int | None, name: str = "run", method: str | None = None):
+def few_step_copy(
+    finished, tmp_path, steps: int | None, name: str = "run", method: str | None = None, schedule=None, shift=None
+):
     """A copy of a finished tiny run whose saved config says its student takes `steps` steps (`method.steps`),
-    trained by `method` (default: trajectory for a few-step student, kd for steps None)."""
+    trained by `method` (default: trajectory for a few-step student, kd for steps None), at `schedule` (and
+    `shift`: `method.schedule`, `method.shift`) where given."""
     folder = tmp_path / name
     shutil.copytree(finished, folder)
     path = folder / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(path)
     method = method or ("kd" if steps is None else "trajectory")
-    OmegaConf.update(cfg, "method", {"name": method, "steps": steps}, force_add=True)
+    given = {}
+    if schedule is not None:  # a trajectory run's method node whole: its class takes the schedule
+        given = {"_target_": "wandistiller.recipe.methods.trajectory.Trajectory", "teacher_steps": 20}
+        given |= {"noises_per_prompt": 2, "chunk": 16, "schedule": schedule, "shift": shift}
+    OmegaConf.update(cfg, "method", {"name": method, "steps": steps} | given, force_add=True)
     OmegaConf.save(cfg, path)
     return folder
 
@@ -362,3 +370,41 @@ def test_a_teacher_path_whose_files_link_out_of_it_is_one_line_and_a_hub_snapsho
     shutil.move(snapshot / "transformer" / weights.name, blob)
     (snapshot / "transformer" / weights.name).symlink_to(Path("../../../blobs/0123"))
     assert open_run(finished, teacher_path=str(snapshot)).spec.path.samefile(snapshot)
+
+
+def test_a_live_run_is_never_read_as_a_finished_one(finished, tmp_path, capsys):
+    """export, pipeline, eval and generate on a run whose .lock a live process holds (training, or in its end-of-run
+    eval): one line naming it, nothing written; the same folder once the run ends is read as before."""
+    import subprocess
+    import sys
+
+    from wandistiller import export as export_cli
+    from wandistiller import pipeline as pipeline_cli
+    from wandistiller.job.rundir import LOCK_FILE
+    from wandistiller.state.runs import LOCK_FILE as READ_LOCK
+
+    assert LOCK_FILE == READ_LOCK
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder)
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, b'pid %d on elsewhere' % os.getpid())\nprint('held', flush=True)\ntime.sleep(120)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder / ".lock")], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        out = tmp_path / "out"
+        for cli, argv in (
+            (export_cli, [str(folder), "--format", "single-file", "--out", str(out)]),
+            (pipeline_cli, [str(folder), "--out", str(out)]),
+            (eval_cli, [str(folder)]),
+            (generate_cli, [str(folder), "--prompt", "a cat", "--out", str(out)]),
+        ):
+            err = one_error_line(capsys, cli, argv)
+            assert f"is a live run (pid {holder.pid} on elsewhere holds its .lock)" in err and "wait for it" in err
+            assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert live_holder(folder) is None and open_run(folder).path == folder

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -126,18 +128,24 @@ def test_diffusers_from_single_file_gives_the_students_output_fp32_exact_bf16_to
     assert file.stat().st_size - file_bytes(pocket_student, "bf16") < 20_000  # the header: JSON of names and shapes
 
 
-def test_fp8_is_comfyuis_scaled_layout_agrees_with_the_projects_fp8_and_stays_within_1_percent(
+def test_fp8_is_comfyuis_per_layer_layout_agrees_with_the_projects_fp8_and_stays_within_1_percent(
     pocket_student, tmp_path
 ):
     from diffusers import WanTransformer3DModel
 
     from wandistiller.teacher.fp8 import quantize_weight, relative_mse
 
-    tensors = wan_tensors(pocket_student, "fp8")
-    assert tensors[SCALED_FP8].dtype == torch.float8_e4m3fn and tensors[SCALED_FP8].numel() == 0
+    tensors = wan_tensors(pocket_student, "fp8")  # ComfyUI's per-layer `.comfy_quant` layout
+    legacy = wan_tensors(pocket_student, "fp8", "scaled_fp8")
+    assert SCALED_FP8 not in tensors and not any(k.endswith(".scale_weight") for k in tensors)
+    assert legacy[SCALED_FP8].dtype == torch.float8_e4m3fn and legacy[SCALED_FP8].numel() == 0
     for key in ("blocks.0.self_attn.q", "blocks.0.cross_attn.o", "blocks.1.ffn.0", "blocks.1.ffn.2"):
-        weight, scale = tensors[f"{key}.weight"], tensors[f"{key}.scale_weight"]
+        weight, scale = tensors[f"{key}.weight"], tensors[f"{key}.weight_scale"]
         assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == ()
+        config = tensors[f"{key}.comfy_quant"]
+        assert config.dtype == torch.uint8 and json.loads(config.numpy().tobytes()) == {"format": "float8_e4m3fn"}
+        assert torch.equal(legacy[f"{key}.weight"].view(torch.uint8), weight.view(torch.uint8))
+        assert torch.equal(legacy[f"{key}.scale_weight"], scale) and f"{key}.comfy_quant" not in legacy
         # The project's fp8 (one scale per row) and the file (one per tensor): the file's scale is the largest row
         # scale, and the row that sets it has the same fp8 bytes in both.
         diffusers_key = {
@@ -160,8 +168,9 @@ def test_fp8_is_comfyuis_scaled_layout_agrees_with_the_projects_fp8_and_stays_wi
         "head.modulation",
     ):
         assert tensors[key].dtype in (torch.bfloat16, torch.float32), key
+    assert dequantized(legacy).keys() == dequantized(tensors).keys()
     save_file(dequantized(tensors), str(tmp_path / "dequantized.safetensors"))
-    (tmp_path / "config.json").write_text(__import__("json").dumps(config_of(pocket_student)))
+    (tmp_path / "config.json").write_text(json.dumps(config_of(pocket_student)))
     fp8 = WanTransformer3DModel.from_single_file(str(tmp_path / "dequantized.safetensors"), config=str(tmp_path))
     bf16 = WanTransformer3DModel.from_config(config_of(pocket_student))
     bf16.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in pocket_student.state_dict().items()})

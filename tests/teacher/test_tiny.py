@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -74,3 +75,22 @@ def test_the_build_folder_pattern_matches_only_this_teachers_temporary_folders()
     assert re.match(pattern, ".tiny-wan-t2v.v2.build-host-123")
     assert not re.match(pattern, ".tiny-wan-t2vXv2.build-host-123")  # the dot is a dot, not any character
     assert not re.match(pattern, ".tiny-wan-t2v.build-host-123")  # another teacher's
+
+
+def test_a_tiny_teacher_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path):
+    """A full disk (here a file-size limit: the same OSError from every write) while the tiny teacher is built."""
+    import resource
+    import signal
+
+    from wandistiller.core.errors import UserError
+
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, before[1]))
+    try:
+        with pytest.raises(UserError, match=r"^teacher.path=.*: the tiny teacher cannot be built there \(File too"):
+            ensure_tiny_teacher(tmp_path / "teachers" / "tiny-wan-t2v")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert list((tmp_path / "teachers").iterdir()) == []

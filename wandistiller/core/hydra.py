@@ -17,6 +17,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -81,10 +82,26 @@ def resolve_precision(cfg) -> None:
 def compose_config(overrides: list[str]):
     """The tree `python -m wandistiller.train OVERRIDES` would run, composed outside a Hydra job (no run
     folder, no log file): for the planner's CLI and the tools. A bad override is one UserError."""
+    overrides = modern_argv(overrides)
+    check_parses(overrides)
     try:
-        return compose_tree("train", modern_argv(overrides))
+        return compose_tree("train", overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(hydra_error_line(e)) from None
+
+
+def check_parses(overrides: list[str]) -> None:
+    """Each override Hydra's grammar cannot read (`trainer..max_steps=3`, an unclosed list, a sweep ending in a comma)
+    is one line naming it and the way to write it (Hydra's parser says neither)."""
+    for one in overrides:
+        try:
+            OverridesParser.create().parse_overrides([one])
+        except HydraException as e:
+            words = " ".join(str(e).split()).split(" See https")[0][:160]
+            raise UserError(
+                f"{one} is not an override Hydra can read ({words}); write key=value with one dot between keys "
+                "(trainer.max_steps=3), a list closed (hooks=[monitor,progress]), a sweep as key=a,b with -m"
+            ) from None
 
 
 def compose_option(group: str, option: str):

@@ -71,8 +71,19 @@ class Registry:
         package = importlib.import_module(self.package)
         shipped = sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
         modules = [(m.name, f"{self.package}.{m.name}") for m in shipped] + plugin_modules(self.group)
+        shipped_paths = {f"{self.package}.{m.name}" for m in shipped}
         for name, path in modules:
-            option = getattr(importlib.import_module(path), "OPTION", None)
+            try:
+                module = importlib.import_module(path)
+            except Exception as e:  # a plugin's own mistake (a bug, a missing dependency): one line naming it
+                if path in shipped_paths:
+                    raise
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                raise UserError(
+                    f"WANDISTILLER_PLUGINS: the plugin module {path} ({self.group}={name}) fails on import "
+                    f"({type(e).__name__}: {first}); fix it, or drop its package from WANDISTILLER_PLUGINS"
+                ) from None
+            option = getattr(module, "OPTION", None)
             if option is None:
                 continue
             if not isinstance(option, Option) or option.name != name:

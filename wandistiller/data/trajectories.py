@@ -14,9 +14,11 @@ noise itself and x(sigma_K) the sample. The cache is data/latents.py's (`cached_
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from wandistiller.data.latents import SamplerSettings, cache_key, cached_bank, l
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
+
+log = logging.getLogger("wandistiller")
 
 STREAM = "trajectories"  # the noises' own stream: not the teacher latents', evaluation's or generation's
 
@@ -111,11 +115,34 @@ def sample_trajectories(pipe, noise, cond, uncond, settings: TrajectorySettings,
     return torch.stack(points, dim=1)
 
 
-def trajectories_folder(spec, embeddings: PromptEmbeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir):
-    """Where these ODE points are cached: what a rank without a teacher passes to `load_latent_bank`."""
+def trajectories_folder(
+    spec,
+    embeddings: PromptEmbeddings,
+    seed: int,
+    settings: TrajectorySettings,
+    dtype,
+    cache_dir,
+    items: int | None = None,
+):
+    """Where these ODE points are cached: what a rank without a teacher passes to `load_latent_bank`. A bank of the
+    first `items` only (a short run's: `bank_items`) has its own folder: a whole one is never read as it, nor it as
+    whole."""
     key = cache_key(spec, embeddings, seed, settings.sampler, dtype)
     sigmas = hashlib.sha256(repr([round(s, 6) for s in settings.sigmas]).encode()).hexdigest()[:8]
-    return Path(cache_dir).expanduser() / "trajectories" / f"{key}-{sigmas}"
+    part = "" if items is None or items >= all_items(embeddings, settings) else f"-first{items}"
+    return Path(cache_dir).expanduser() / "trajectories" / f"{key}-{sigmas}{part}"
+
+
+def all_items(embeddings: PromptEmbeddings, settings: TrajectorySettings) -> int:
+    """Every training prompt's noises: the whole bank."""
+    return len(embeddings.prompts) * settings.sampler.latents_per_prompt
+
+
+def bank_items(embeddings: PromptEmbeddings, settings: TrajectorySettings, draws: int) -> int:
+    """The trajectories a run can use: all of them, or (a run drawing fewer: `draws` = its steps x samples per step)
+    the first `draws`, whole prompts (all of a prompt's noises): a quick try does not pay for every caption."""
+    per = settings.sampler.latents_per_prompt
+    return min(all_items(embeddings, settings), -(-max(1, draws) // per) * per)
 
 
 def teacher_trajectories(
@@ -126,12 +153,15 @@ def teacher_trajectories(
     cache_dir: str | os.PathLike,
     chunk_size: int = 16,
     progress: bool = True,
+    items: int | None = None,
 ):
     """A LatentBank whose item j (prompt j // per_prompt) is the ODE's K + 1 points from noise j, made once and
-    cached. Only the process holding the teacher calls this; the others then call `load_latent_bank(...)`."""
+    cached (the first `items` of them: `bank_items`). Only the process holding the teacher calls this; the others
+    then call `load_trajectories(...)`."""
     s = settings.sampler
-    folder = trajectories_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir)
+    folder = trajectories_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir, items)
     pipe: list = []  # built on the first chunk that needs it: a complete cache loads no pipeline
+    timed: list = []
 
     def make_chunk(items: range) -> torch.Tensor:
         if not pipe:
@@ -146,9 +176,16 @@ def teacher_trajectories(
         cond = embeddings.padded(prompts).to(teacher.device, teacher.dtype)
         uncond = embeddings.negative_batch(len(items)).contiguous().to(teacher.device, teacher.dtype)
         steps = teacher.spec.num_train_timesteps
-        return sample_trajectories(pipe[0], noise.to(teacher.device), cond, uncond, settings, steps)
+        start = time.perf_counter()
+        made = sample_trajectories(pipe[0], noise.to(teacher.device), cond, uncond, settings, steps)
+        if not timed:  # roughly how long, said once the first chunk shows this machine's pace
+            timed.append(len(items))
+            left = (total - items.stop) / len(items) * (time.perf_counter() - start)
+            if left > 0:
+                log.info("teacher ODE points: about %.0f s more at this chunk's pace", left)
+        return made
 
-    total = len(embeddings.prompts) * s.latents_per_prompt
+    total = all_items(embeddings, settings) if items is None else min(items, all_items(embeddings, settings))
     shape = (settings.points, *s.latent_shape)
     check_cache_size(folder, total, shape)  # before the teacher samples anything
     return cached_bank(
@@ -174,7 +211,7 @@ def check_cache_size(folder: Path, items: int, item_shape: tuple[int, ...]) -> N
         )
 
 
-def load_trajectories(spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir):
+def load_trajectories(spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir, items=None):
     """The cached bank another rank made (None if it is not whole)."""
-    folder = trajectories_folder(spec, embeddings, seed, settings, dtype, cache_dir)
+    folder = trajectories_folder(spec, embeddings, seed, settings, dtype, cache_dir, items)
     return load_latent_bank(folder, (settings.points, *settings.sampler.latent_shape))

@@ -253,6 +253,20 @@ def check_tracker(cfg: DictConfig) -> None:
             check(node, f"logger.{key}")
 
 
+def drop_settings_of_unlisted_hooks(cfg: DictConfig) -> DictConfig:
+    """The `hooks` list decides which hooks run: an experiment's settings of a hook the list leaves out
+    (`+experiment=pocket_fewstep hooks=[monitor,progress]`: its `hooks.evaluate.limit`) go with that hook, as the
+    docs say, rather than stand as an entry that is no hook. A setting given on the command line of a hook the list
+    leaves out is refused at composition (core/hydra.py's hydra_error_line)."""
+    shipped = set(conf_options("hooks"))
+    unlisted = [k for k, v in cfg.hooks.items() if k in shipped and isinstance(v, DictConfig) and "_target_" not in v]
+    if unlisted:
+        with open_dict(cfg.hooks):
+            for key in unlisted:
+                del cfg.hooks[key]
+    return cfg
+
+
 def check_hooks(cfg: DictConfig) -> None:
     """An entry of `hooks` that is not a hook (`+hooks.mine.every=5` with no `_target_`) is one line (the hooks are
     built once by check_training_parts, so their own settings' refusals come before anything heavy)."""

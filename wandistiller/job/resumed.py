@@ -5,6 +5,11 @@ the command line must agree with it, except the keys a resume may change (how lo
 where the teacher lives, ...); any other disagreement is refused in one line that lists them all. A key
 not given again keeps the saved value, so `hydra.run.dir=… trainer.resume=auto` alone continues the run
 as it was started (a 1000-step run resumed without its overrides does not stop at the default's step count).
+
+Nothing given is dropped without a word: a key given is taken (a hook removed with `~hooks.x` is removed) or
+refused; a group of whole-tree settings (`+experiment=…`, `debug=fast`) is held to the run by every key it sets.
+Another `trainer.max_steps` keeps the run's LR schedule (`trainer.schedule_steps`, its first launch's length): a
+shorter one stops earlier along it, a longer one trains on at its last LR (said in the line that continues it).
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ from omegaconf.errors import OmegaConfBaseException
 from wandistiller.config import TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
-from wandistiller.core.hydra import compose_option
+from wandistiller.core.hydra import compose_option, compose_tree
 from wandistiller.job.checks import check_interpolations, name_the_teacher
 from wandistiller.state.checkpoint import recorded_method, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 
 log = logging.getLogger("wandistiller")
 
-# Keys (and whole subtrees) a resume may change: they do not change what the student learns.
+# Keys (and whole subtrees) a resume may change: they do not change what the student learns (trainer.max_steps:
+# where it stops, along the LR schedule the run was made with; `_keep_schedule`).
 MAY_CHANGE = (
     "trainer.max_steps",
     "trainer.resume",
@@ -69,9 +75,10 @@ def task_overrides() -> list[str] | None:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
-def recorded_overrides(run_dir: Path, resume: str | None) -> list[str] | None:
-    """The overrides that made this run: a resume's added after the first run's (.hydra/overrides.yaml)."""
-    now = task_overrides()
+def recorded_overrides(run_dir: Path, resume: str | None, with_now: bool = True) -> list[str] | None:
+    """The overrides that made this run: a resume's added after the first run's (.hydra/overrides.yaml); the first
+    run's alone without `with_now`."""
+    now = task_overrides() if with_now else None
     first_file = in_run(run_dir, ".hydra/overrides.yaml")
     first = []
     if resume == "auto" and first_file.is_file():
@@ -141,8 +148,14 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         return cfg
     before_methods = with_method_of_before(saved)
     given = _given_keys(overrides) if overrides is not None else None
+    wholes = _whole_tree_choices(overrides, cfg) if overrides is not None else {}
+    first = set(recorded_overrides(Path(str(cfg.paths.output_dir)), "auto", with_now=False) or [])
+    wholes = {line: keys for line, keys in wholes.items() if line not in first}  # the first launch's, restated
+    for keys in wholes.values():  # `+experiment=x`: held to the run, or taken, key by key as if each were given
+        given = (given or set()) | keys
     now, before = _flat(cfg), _flat(saved)
-    asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)}
+    # A whole composed config is held to the run key by key, its schedule's length aside: always the run's own.
+    asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)} - {SCHEDULE}
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
@@ -150,6 +163,14 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order
+        named = [f"{line} (it sets {_said(now, before, [k for k in differ if k in keys])})"
+                 for line, keys in wholes.items() if any(k in keys for k in differ)]  # fmt: skip
+        if named:  # what the user typed, not the keys it reaches
+            raise UserError(
+                f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
+                f"{'; '.join(named)[:600]} would change what it trains; drop it to continue the run, or start a new "
+                "run with hydra.run.dir=<a new folder>"
+            )
         raise UserError(
             f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
             f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree; drop them to continue it, or start a "
@@ -161,6 +182,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     for key in sorted(taken | set(ALWAYS_CURRENT)):
         _put(result, key, cfg, now)
 
+    schedule_note = _keep_schedule(result, saved)
     merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(TrainConfig), result))  # a DictConfig merged in
     OmegaConf.set_struct(merged, True)
     try:  # the saved `${…}`s, resolved now against the schema's types (a string where a number goes)
@@ -168,10 +190,14 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     except UserError as e:
         raise UserError(f"{e} (in {Path(str(cfg.paths.output_dir)) / '.hydra' / 'config.yaml'})") from None
     # Said once preflight accepts the resume (`continuing`): a refused one appends nothing to the run's train.log.
-    _continuing[_key(cfg)] = (f" and {sorted(taken)}" if taken else "") + (
-        f" (saved before the `method` group: it trained as method={BEFORE_METHODS}, and continues so)"
-        if before_methods
-        else ""
+    _continuing[_key(cfg)] = (
+        (f" and {sorted(taken)}" if taken else "")
+        + (
+            f" (saved before the `method` group: it trained as method={BEFORE_METHODS}, and continues so)"
+            if before_methods
+            else ""
+        )
+        + schedule_note
     )
     return merged
 
@@ -208,6 +234,64 @@ def _given_keys(overrides: list[str]) -> set[str]:
     """The config keys (or groups) an override list sets; `hydra.*` included, so it may change."""
 
     return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+SCHEDULE = "trainer.schedule_steps"  # a resume's is its first launch's (`_keep_schedule`); given again, held to it
+# Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
+ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
+
+
+def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
+    """The LR schedule the run was made with: its length (`trainer.schedule_steps`) is the first launch's, whatever
+    `trainer.max_steps` this resume gives, so the LR at every step is the one the run was made with (never a jump to
+    another curve). Steps past its length train at its last LR (recipe/distillation.py); for a schedule that ends
+    there (cosine: 0) the note that says so, and how to train on at a real LR."""
+    horizon = OmegaConf.select(saved, "trainer.schedule_steps") or OmegaConf.select(saved, "trainer.max_steps")
+    if not isinstance(horizon, int):
+        return ""
+    OmegaConf.update(result, "trainer.schedule_steps", horizon, force_add=True)
+    steps = OmegaConf.select(result, "trainer.max_steps")
+    schedule = str(OmegaConf.select(result, "trainer.lr_scheduler"))
+    if not isinstance(steps, int) or steps <= horizon or schedule in ENDLESS_SCHEDULES:
+        return ""
+    past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
+    return (
+        f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
+        f"was made), so {past} at its last LR; to train on at a real LR, start a new run "
+        f"from its student: student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
+    )
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def _whole_tree_choices(overrides: list[str], cfg: DictConfig) -> dict[str, set[str]]:
+    """Each override of a group that sets keys across the tree (`+experiment=pocket_fewstep`, `debug=fast`: a
+    `@package _global_` option, no node of its own), mapped to the keys it sets: those where the default tree
+    composed with it differs from the default tree. A resume holds the run to each of them, never drops them."""
+    out: dict[str, set[str]] = {}
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    lines = [str(o.input_line) for o in parsed if _whole_tree(o, cfg)]
+    if not lines:
+        return out
+    base = _flat(compose_tree("train", []))
+    for line in lines:
+        unset = object()
+        chosen = _flat(compose_tree("train", [line]))
+        out[line] = {k for k in base.keys() | chosen.keys() if base.get(k, unset) != chosen.get(k, unset)}
+    return out
+
+
+def _whole_tree(override, cfg: DictConfig) -> bool:
+    key = override.key_or_group
+    return (
+        override.input_line is not None
+        and not override.is_delete()
+        and "." not in key
+        and key != "hydra"
+        and (key not in cfg)
+    )
 
 
 def _flat(cfg: DictConfig) -> dict[str, object]:
@@ -252,6 +336,17 @@ def _differences(now: dict, before: dict, key: str) -> list[str]:
     return [f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in leaves]
 
 
+def _said(now: dict, before: dict, keys: list[str], most: int = 4) -> str:
+    """What differs among `keys`, a group chosen otherwise said once as that choice (`method=dmd (saved kd)`)."""
+    said: list[str] = []
+    for key in keys:
+        top = key.split(".")[0]
+        whole = _differences(now, before, top)
+        said.append(whole[0] if whole and whole[0].startswith(f"{top}=") else _differences(now, before, key)[0])
+    said = sorted(dict.fromkeys(said), key=lambda d: "." in d.split("=")[0])  # the choices first
+    return ", ".join(said[:most]) + (" …" if len(said) > most else "")
+
+
 def _show(flat: dict, key: str) -> str:
     sub = _subtree(flat, key)
     if not sub:
@@ -267,10 +362,17 @@ def _put(result: DictConfig, key: str, cfg: DictConfig, now: dict) -> None:
     """result[key] = cfg[key], raw, a whole subtree replaced (a placement's keys are not merged into another's). A
     setting of a hook or logger the saved run did not have (`hooks.samples.prompts=0`) brings that whole entry."""
     parts = key.split(".")
-    if parts[0] in ("hooks", "logger") and len(parts) > 2 and OmegaConf.select(result, ".".join(parts[:2])) is None:
-        key = ".".join(parts[:2])
+    entry = ".".join(parts[:2])
+    if parts[0] in ("hooks", "logger") and len(parts) > 2 and (OmegaConf.select(result, entry) is None or not
+                                                               _subtree(now, entry)):  # fmt: skip
+        key = entry
     sub = _subtree(now, key)
-    if not sub:
+    if not sub:  # removed on this command line (`~hooks.evaluate`, a list without it): removed from the run too
+        parent, _, last = key.rpartition(".")
+        node = OmegaConf.select(result, parent) if parent else result
+        if isinstance(node, DictConfig) and last in node:
+            with open_dict(node):
+                del node[last]
         return
     node = OmegaConf.select(cfg, key) if list(sub) != [key] else None
     value = OmegaConf.to_container(node, resolve=False, enum_to_str=True) if node is not None else sub[key]

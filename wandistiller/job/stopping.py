@@ -141,6 +141,21 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
+Signalled = _Signalled  # what a stop in the end-of-run work raises (recipe/outputs.py keeps the student first)
+
+
+def end_of_run_stopped(signum: int, skipped: list[str], run_dir) -> Stopped:
+    """The one line of a stop during the end-of-run work (the evaluation, the last sample grid): training was done,
+    and what it made is kept; what was skipped, and how to run it now."""
+    name = signal.Signals(signum).name
+    return Stopped(
+        f"stopped by {name} in the end-of-run work, after training finished: the trained student is kept "
+        f"({run_dir}: student/, pipeline/, metrics.json); skipped: {', '.join(skipped)} (python -m wandistiller.eval "
+        f"{run_dir} evaluates it now)",
+        128 + signum,
+    )
+
+
 @contextlib.contextmanager
 def stop_at_once(then: str):
     """Outside the training steps (setup, the end-of-run evaluation, the eval/generate tools) there is no

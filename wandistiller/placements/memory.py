@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class Hardware:
     # Left free on every device (GPU and host): the larger of the two, hardware.headroom_gib/_fraction.
     headroom_gib: float = 0.0
     headroom_fraction: float = DEFAULT_HEADROOM_FRACTION
+    # /dev/shm's size on one node (RAM-backed): where offload's ranks share one pinned copy. None: not known.
+    shm_bytes: int | None = None
 
     @classmethod
     def detect(cls, hardware_cfg) -> Hardware:
@@ -82,7 +85,7 @@ class Hardware:
                 f"hardware.headroom_gib={headroom[0]} / hardware.headroom_fraction={headroom[1]}: use a size >= 0 "
                 "and a fraction in [0, 1)"
             )
-        return cls(gpus, host, *headroom)
+        return cls(gpus, host, *headroom, shm_bytes=shm_size(hardware_cfg.host_memory_gib))
 
     def headroom(self, capacity: int) -> int:
         """Bytes of a device of `capacity` the planner leaves free."""
@@ -421,3 +424,14 @@ def host_training_bytes(w: Workload, hw: Hardware, teacher_here: bool = True) ->
     if hw.gpu_bytes:
         return host_process_bytes(hw) + (teacher_activation_bytes(w) if teacher_here else 0)
     return host_process_bytes(hw) + training_bytes(w, "cpu", teacher_here)
+
+
+def shm_size(host_memory_gib: float | None) -> int | None:
+    """/dev/shm's size: this machine's (its free space), or on paper (`hardware.host_memory_gib`) Linux's default,
+    half the RAM (a container's is often far smaller: docker run --shm-size)."""
+    if host_memory_gib is not None:
+        return int(host_memory_gib * GiB / 2)
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None

@@ -77,6 +77,14 @@ class OffloadPlacement(Placement):
         w = dataclasses.replace(w, teacher_checkpointed=True)  # a backward through it recomputes each block
         kept, gpus, block = self.streaming_gpu_bytes(w, hw)
         copies = 1 if self.share_host_copy else w.ranks_per_node
+        shared = self.share_host_copy and w.ranks_per_node > 1  # the node's ranks map one copy in /dev/shm
+        if shared and hw.shm_bytes is not None and weights(w) > hw.shm_bytes:
+            return Estimate.refused(
+                self.name,
+                f"needs its shared pinned copy ({weights(w) / 2**30:.1f} GiB) in /dev/shm, which holds "
+                f"{hw.shm_bytes / 2**30:.1f} GiB: enlarge it (docker run --shm-size) or set "
+                "teacher_placement.share_host_copy=false",
+            )
         host = weights(w) * copies + (block + host_process_bytes(hw)) * w.ranks_per_node
         note = "pinned RAM -> GPU, one block ahead, " + ("a copy per node" if copies == 1 else "a copy per rank")
         note += f"; {kept}/{w.teacher_config['num_layers']} blocks resident"

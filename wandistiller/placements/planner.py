@@ -6,6 +6,7 @@ fastest one that fits. Nothing is loaded, so it also plans on paper for hardware
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -164,14 +165,19 @@ def shortfall(e: Estimate, hw: Hardware) -> str:
     refused for another reason (no GPU, too few ranks) already say so in their note."""
     if e.fits or not (e.gpu_bytes or e.host_bytes):
         return ""
-    devices = [(f"GPU {i}", need, cap) for i, (need, cap) in enumerate(zip(e.gpu_bytes, hw.gpu_bytes))]
-    devices.append(("host RAM", e.host_bytes, hw.host_bytes))
-    short = [(d, need - hw.usable(cap), hw.usable(cap)) for d, need, cap in devices if need > hw.usable(cap)]
+    short = shortages(e, hw)
     if not short:
         return ""
     d, missing, usable = max(short, key=lambda s: s[1])
     more = f"; {len(short) - 1} more device(s) short too" if len(short) > 1 else ""
     return f" (short of {missing / GiB:.1f} GiB on {d}, {usable / GiB:.1f} usable{more})"
+
+
+def shortages(e: Estimate, hw: Hardware) -> list[tuple[str, int, int]]:
+    """(device, bytes missing, bytes usable) of each device an estimate needs more of than it has after headroom."""
+    devices = [(f"GPU {i}", need, cap) for i, (need, cap) in enumerate(zip(e.gpu_bytes, hw.gpu_bytes))]
+    devices.append(("host RAM", e.host_bytes, hw.host_bytes))
+    return [(d, need - hw.usable(cap), hw.usable(cap)) for d, need, cap in devices if need > hw.usable(cap)]
 
 
 def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
@@ -191,6 +197,48 @@ def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
     if builtin is not None:
         return dict(TINY_TRANSFORMER), 2 if builtin == "tiny_moe" else 1
     return KNOWN_TEACHERS.get(str(teacher_cfg.path))
+
+
+# Wan's text encoder, umT5-XXL's encoder (every public Wan teacher's): ~5.7B parameters, ~10.6 GiB in bf16.
+UMT5_XXL_PARAMS = 5_680_000_000
+
+
+def text_encoder_bytes(teacher_cfg, dtype_bytes: int) -> int | None:
+    """The host memory of the teacher's text encoder, which a first run loads to encode its prompts (then cached):
+    from a local folder's text_encoder/config.json (a T5 encoder's parameters), umT5-XXL for the public teachers;
+    None where neither says."""
+    path = Path(str(teacher_cfg.path)).expanduser()
+    if (path / "text_encoder" / "config.json").is_file():
+        try:
+            c = json.loads((path / "text_encoder" / "config.json").read_text())
+            d, ff, layers, vocab = (int(c[k]) for k in ("d_model", "d_ff", "num_layers", "vocab_size"))
+            inner = int(c.get("num_heads", 1)) * int(c.get("d_kv", d))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        gated = str(c.get("feed_forward_proj", "")).startswith("gated")
+        params = vocab * d + layers * (4 * d * inner + (3 if gated else 2) * d * ff + 2 * d) + d
+    elif str(teacher_cfg.path) in KNOWN_TEACHERS:
+        params = UMT5_XXL_PARAMS
+    else:
+        return None
+    return params * dtype_bytes
+
+
+def text_encoder_line(nbytes: int | None, hw: Hardware) -> str | None:
+    """The plan's line for the first run's text-encoder pass, and what to do where the host cannot hold it."""
+    if nbytes is None:
+        return None
+    line = (
+        f"text encoder: {nbytes / GiB:.1f} GiB of host RAM while a first run encodes its prompts (once; cached in "
+        "paths.cache_dir), before the teacher is placed"
+    )
+    usable = hw.usable(hw.host_bytes)
+    if nbytes > usable:
+        line += (
+            f"; more than this host's {usable / GiB:.1f} GiB usable: encode them once on a machine with more RAM "
+            "into the same paths.cache_dir (or plan with hardware.host_memory_gib=<GiB> for the machine you mean)"
+        )
+    return line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +358,7 @@ def plan_report(
     precision: str = "",
     configured: Placement | None = None,
     clip: tuple[int, int] | None = None,
+    text_encoder: int | None = None,
 ) -> str:
     """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
     method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
@@ -325,8 +374,97 @@ def plan_report(
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     table = format_table(estimates, hw, best.placement if best else None, w, times)
+    fix = fixes_line(w, hw, configured)
     frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
-    return "\n".join([head, *method_lines(w, passes), *([precision] if precision else []), table, tail, *frames])
+    encoder = text_encoder_line(text_encoder, hw)
+    lines = [head, *method_lines(w, passes), *([precision] if precision else []), table, *fix]
+    return "\n".join([*lines, *([encoder] if encoder else []), tail, *frames])
+
+
+def fp8_allowed(w: Workload) -> bool:
+    """Whether a run of `w`'s shape may take an fp8 teacher: adapters on the teacher (student=lora,
+    method.fake_score=lora) are refused with one today (placements.base.check_adapters_on_teacher)."""
+    return not (w.student_lora_rank or w.fake_score == "lora")
+
+
+def _fits(w: Workload, hw: Hardware, configured: Placement | None) -> bool:
+    """Whether the asked run fits: under `configured` (with its settings), or under any placement (auto)."""
+    estimates = plan(w, hw, configured)
+    return any(e.fits for e in estimates if configured is None or e.placement == configured.name)
+
+
+def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[str]:
+    """For a run that does not fit (under `configured`, or any placement where it is None): the overrides that
+    each alone would make it fit, the largest setting first: fewer resident blocks (a placement given a count),
+    a smaller trainer.batch_size, teacher.quantize=fp8 (where allowed). Fewer frames is `frames_line`'s.
+    Empty where it fits, or where `configured` is refused outright (its note says why)."""
+    if _fits(w, hw, configured):
+        return []
+    if configured is not None:
+        mine = next(e for e in plan(w, hw, configured) if e.placement == configured.name)
+        if not (mine.gpu_bytes or mine.host_bytes):
+            return []
+    found = []
+    asked = getattr(configured, "resident_blocks", "auto")
+    if asked != "auto" and int(asked) > 0:
+        fewer = copy.copy(configured)
+        for k in range(int(asked) - 1, -1, -1):
+            fewer.resident_blocks = k  # type: ignore[union-attr]
+            if _fits(w, hw, fewer):
+                found.append(f"teacher_placement.resident_blocks={k}")
+                break
+    smaller = next((b for b in range(w.batch_size - 1, 0, -1) if _fits(_at_batch(w, b), hw, configured)), None)
+    if smaller:
+        found.append(f"trainer.batch_size={smaller}")
+    if not w.teacher_fp8 and fp8_allowed(w) and _fits(dataclasses.replace(w, teacher_fp8=True), hw, configured):
+        found.append("teacher.quantize=fp8")
+    if found:
+        return found
+    together, least = [], w  # no one of them alone: all of them at once
+    if asked != "auto" and int(asked) > 0:
+        configured = copy.copy(configured)
+        configured.resident_blocks, together = 0, ["teacher_placement.resident_blocks=0"]  # type: ignore[union-attr]
+    if w.batch_size > 1:
+        least, together = _at_batch(least, 1), [*together, "trainer.batch_size=1"]
+    if not w.teacher_fp8 and fp8_allowed(w):
+        least, together = dataclasses.replace(least, teacher_fp8=True), [*together, "teacher.quantize=fp8"]
+    return [" ".join(together)] if len(together) > 1 and _fits(least, hw, configured) else []
+
+
+def _at_batch(w: Workload, batch: int) -> Workload:
+    """`w` at another per-rank batch (a teacher call's batch scaled with it)."""
+    teacher = (w.teacher_batch_size or w.batch_size) * batch // w.batch_size
+    return dataclasses.replace(w, batch_size=batch, teacher_batch_size=max(teacher, batch))
+
+
+def fixes_line(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[str]:
+    """The plan's line naming what would make a run that does not fit, fit (none where nothing of that does)."""
+    found = fixes(w, hw, configured)
+    where = f"teacher_placement={configured.name}" if configured is not None else "this run"
+    if not found:
+        return []
+    if " " in found[0]:  # overrides that fit only together
+        return [f"{where} would fit with all of: {found[0]}"]
+    return [f"{where} would fit with any one of: {', or '.join(found)}"]
+
+
+def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
+    """Where no setting fits this hardware -- under any placement, at batch 1, one latent frame, and an fp8 teacher
+    where one is allowed (offload/disk then keep only the blocks that fit) -- what is short and by how much, from
+    the placement short of least; None where some setting fits."""
+    least = dataclasses.replace(_at_frames(_at_batch(w, 1), frames, 1), teacher_fp8=w.teacher_fp8 or fp8_allowed(w))
+    estimates = [e for e in plan(least, hw) if e.gpu_bytes or e.host_bytes]
+    if any(e.fits for e in estimates) or not estimates:
+        return None
+    short = {e.placement: shortages(e, hw) for e in estimates}
+    name = min(short, key=lambda n: sum(m for _, m, _ in short[n]))
+    missing = " and ".join(f"{m / GiB:.1f} GiB of {d} ({u / GiB:.1f} usable)" for d, m, u in short[name])
+    return (
+        f"no setting fits {hw.describe()}, not even trainer.batch_size=1 data.latent_frames=1"
+        + (" teacher.quantize=fp8" if least.teacher_fp8 else "")
+        + f": the closest, teacher_placement={name}, is short of {missing}; use a GPU or host with that much more"
+        " memory"
+    )
 
 
 MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024

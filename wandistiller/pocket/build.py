@@ -189,7 +189,7 @@ def build_video(out: Path, steps: dict) -> dict:
     text_encoder = video_text_encoder(image.text_encoder, len(tokenizer))
     torch.manual_seed(6)
     vae = AutoencoderKLWan(**POCKET_VIDEO_VAE)
-    vae.load_state_dict(image.vae.state_dict(), strict=False)  # the temporal convolutions start random
+    vae.load_state_dict(image.vae.state_dict())  # the same layout: the image VAE's weights, all of them
     vae = train_video_vae(vae, steps["vae"])
     times["video_vae_s"] = time.perf_counter() - clock
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)

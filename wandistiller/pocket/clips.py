@@ -3,7 +3,7 @@
 A clip is `FRAMES` frames of 32x32: a `CLIP_DIGIT` px digit on black, translated by `TRAVEL` px in total from
 its first frame to its last, smoothly (sub-pixel, bilinear), in one of `MOTIONS` (or standing still). The digit
 is smaller than the image teacher's 28 px so that it has room to move; it still covers about 3x3 of the
-transformer's 2x2 tokens in each of the 5 latent frames (Wan's VAE compresses time 4x: 17 frames -> 5).
+transformer's 2x2 tokens in each of the 5 latent frames (the pocket VAE compresses time 2x: 9 frames -> 5).
 Every digit x colour x motion is a prompt (200); the prompts file is ordered so that its first 40 hold each
 (digit, colour) once and each motion 8 times: `eval`'s `limit: 40` then judges a balanced set.
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from wandistiller.pocket.digits import COLOURS, IMAGE_SIZE, load_digits
 
-FRAMES = 17  # pixel frames; 5 latent frames through a 4x temporal VAE (Wan's (F - 1) / 4 + 1)
+FRAMES = 9  # pixel frames; 5 latent frames through the pocket's 2x temporal VAE ((F - 1) / 2 + 1)
 CLIP_DIGIT = 22
 TRAVEL = float(IMAGE_SIZE - CLIP_DIGIT)  # px from the first frame to the last: edge to edge
 # (dx, dy) in image coordinates (y grows downwards); the order is the judge's motion label.

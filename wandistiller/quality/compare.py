@@ -125,7 +125,7 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     )
     trained = student_steps(run.cfg) if source is not None else None
     steps = steps or trained or settings.sample_steps
-    scheduler = student_scheduler(run.spec, trained, steps) if source is not None else None
+    scheduler = student_scheduler(run.spec, trained, steps, run.trained_schedule) if source is not None else None
     if source is None:
         sampler, params = load_teacher(run, device, torch.float32), None
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())

@@ -275,8 +275,14 @@ class DistillationRecipe:
         params = [p for p in student.parameters() if p.requires_grad]
         optimizer = instantiate(t.optimizer)(params, **({"fused": True} if self.ctx.device.type == "cuda" else {}))
         lr_scheduler = get_scheduler(
-            str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps
+            str(t.lr_scheduler),
+            optimizer,
+            num_warmup_steps=t.warmup_steps,
+            num_training_steps=t.schedule_steps or t.max_steps,  # a resume's: its first launch's (job/resumed.py)
         )
+        # Past a resumed run's schedule (a longer max_steps): its last LR, never a new curve.
+        if t.schedule_steps and hasattr(lr_scheduler, "lr_lambdas"):
+            lr_scheduler.lr_lambdas = [held_after(f, t.schedule_steps) for f in lr_scheduler.lr_lambdas]
         scaler = torch.amp.GradScaler(self.ctx.device.type, enabled=self.ctx.precision.needs_grad_scaler)
         ema = EMAModel(params, decay=t.ema_decay) if t.ema_decay else None
         if state is not None:
@@ -398,3 +404,9 @@ def wrap_ddp(student: torch.nn.Module, device: torch.device, group) -> torch.nn.
     ids = [device.index] if device.type == "cuda" else None
     unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
     return DistributedDataParallel(student, device_ids=ids, process_group=group, find_unused_parameters=unused)
+
+
+def held_after(factor, steps: int):
+    """An LR factor (a LambdaLR's) held at its value at `steps` from there on: diffusers' cosine climbs again past
+    its length."""
+    return lambda step: factor(min(step, steps))

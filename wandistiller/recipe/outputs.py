@@ -17,6 +17,7 @@ import torch
 from wandistiller.core.context import RunContext
 from wandistiller.core.files import replace_folder, write_in_run
 from wandistiller.data.validation import recorded_rows, save_loss_plot
+from wandistiller.job.stopping import Signalled, end_of_run_stopped
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import teacher_digest
@@ -36,13 +37,25 @@ def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict
     save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
     summary |= validation_summary(rows)
-    for hook in run.hooks:  # the last sample grid (hooks.samples); the evaluation (hooks.evaluate) adds its means
-        if isinstance(hook, Hook):
+    ending = [h for h in run.hooks if isinstance(h, Hook)]
+    stopped: Signalled | None = None
+    for i, hook in enumerate(ending):  # the last sample grid (hooks.samples); the evaluation (hooks.evaluate): means
+        try:
             summary |= hook.at_end(run)
+        except Signalled as e:  # Ctrl-C in the evaluation: training is done, so what it made is still written
+            stopped, skipped = e, [_hook_name(h) for h in ending[i:]]
+            break
     write_in_run(ctx.run_dir, "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
     run_pipeline(ctx.run_dir, Path(ctx.spec.path), card_phrases())  # after metrics.json: its model card quotes them
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+    if stopped is not None:
+        raise end_of_run_stopped(stopped.signum, skipped, ctx.run_dir)
     return summary
+
+
+def _hook_name(hook: Hook) -> str:
+    """`hooks.evaluate`: a hook by its option's name (its module's), as the user drops it."""
+    return f"hooks.{type(hook).__module__.rsplit('.', 1)[-1]}"
 
 
 def save_student(run) -> None:
@@ -134,5 +147,9 @@ def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segm
             "cpus": os.cpu_count(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },
-        "wall_s": time.time() - ctx.started,
+        "wall_s": (wall := time.time() - ctx.started),
+        # This process's samples over its whole wall time (loading, precompute, the end-of-run work included): what a
+        # user waited for, beside the median step's rate.
+        "samples_this_segment": (samples := len(segment) * t.batch_size * t.grad_accum_steps * students),
+        "samples_per_s_overall": samples / wall if wall > 0 else None,
     }

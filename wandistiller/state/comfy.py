@@ -4,9 +4,12 @@ The workflow is ComfyUI's own (UI) format, which it opens by dropping the JSON o
 widget values, and links between their slots. It names only core nodes, as ComfyUI's own Wan text-to-video example
 does: "Load Diffusion Model" (UNETLoader) for the student's file, CLIPLoader (type wan) for the umT5-XXL text
 encoder, VAELoader for the Wan VAE, ModelSamplingSD3 at the teacher's flow shift, an empty latent of the student's
-size and one frame, KSampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode and
-SaveImage. A pair (Wan 2.2 A14B) gets two loaders and two KSamplerAdvanced, the high-noise expert's steps first,
-split where ComfyUI's schedule crosses the boundary.
+size and one frame, the sampler at the student's steps with cfg 1 (it was distilled from guided targets), VAEDecode
+and SaveImage. A few-step student samples at exactly the sigmas it was trained at (`Sampling.sigmas`): KSampler with
+ComfyUI's `simple` or `beta` scheduler where that function gives them at the ModelSamplingSD3 shift, else
+ManualSigmas (the sigmas as text) into SamplerCustomAdvanced with KSamplerSelect euler and BasicGuider. A pair (Wan
+2.2 A14B) gets two loaders and two KSamplerAdvanced (or SplitSigmas and two SamplerCustomAdvanced, the second without
+new noise), the high-noise expert's steps first, split where the sigmas cross the boundary.
 
 A LoRA student's workflow (`loras`) loads the teacher's own diffusion model file (its usual name in ComfyUI's folders
 for the Wan teachers, `TEACHER_FILES`) and puts the adapters on it with LoraLoaderModelOnly (strength 1: the scale the
@@ -16,6 +19,7 @@ student was trained at) before the same sampler; a pair adapts each expert with 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from wandistiller.state.singlefile import expert_names
@@ -55,6 +59,18 @@ class Sampling:
     height: int
     boundary: float | None = None
     prompt: str = "a red 1"  # the workflow's example prompt: one of the teacher's own (state/export.example_prompt)
+    # A few-step student's K + 1 trained sigmas (ending at 0). With scheduler "simple" or "beta" ComfyUI's function
+    # of that name gives them at `shift` (KSampler); with MANUAL the workflow sets them itself (ManualSigmas).
+    sigmas: tuple[float, ...] | None = None
+
+
+MANUAL = "manual"  # Sampling.scheduler where no ComfyUI scheduler gives the trained sigmas: ManualSigmas sets them
+
+
+def sigmas_text(sigmas) -> str:
+    """ManualSigmas' widget: the sigmas comma-separated, in plain decimals (its parser reads no exponents), to
+    8 places: within 1e-8 of the trained ones before ComfyUI's float32."""
+    return ", ".join(f"{v:.8f}".rstrip("0").rstrip(".") if v else "0.0" for v in sigmas)
 
 
 @dataclass
@@ -112,6 +128,8 @@ def switch_step(s: Sampling) -> int:
     """The step at which a pair hands over to the low-noise expert: the first of ComfyUI's `simple` schedule at
     this shift whose timestep is below the boundary (the high-noise expert serves t >= boundary, as WanPipeline)."""
     assert s.boundary is not None
+    if s.sigmas is not None:
+        return next((i for i, sigma in enumerate(s.sigmas[: s.steps]) if sigma < s.boundary), s.steps)
     for i in range(s.steps):
         t = 1 - i / s.steps
         if s.shift * t / (1 + (s.shift - 1) * t) < s.boundary:
@@ -147,7 +165,9 @@ def workflow(files: list[str], s: Sampling, prompt: str, loras: list[str] | None
             unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
         models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
     conditioning = {"positive": ("CONDITIONING", (positive, 0)), "negative": ("CONDITIONING", (negative, 0))}
-    if len(models) == 1:
+    if s.scheduler == MANUAL:
+        sampled = _manual(g, s, models, positive, latent)
+    elif len(models) == 1:
         sampled = g.add(
             "KSampler",
             [0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, 1.0],
@@ -173,6 +193,54 @@ def workflow(files: list[str], s: Sampling, prompt: str, loras: list[str] | None
     image = g.add("VAEDecode", [], {"samples": ("LATENT", (sampled, 0)), "vae": ("VAE", (vae, 0))}, ["IMAGE"])
     g.add("SaveImage", ["wandistiller"], {"images": ("IMAGE", (image, 0))}, [])
     return g.workflow()
+
+
+def _manual(g: _Graph, s: Sampling, models: list[int], positive: int, latent: int) -> int:
+    """The trained sigmas set exactly with core nodes: ManualSigmas -> SamplerCustomAdvanced (KSamplerSelect euler,
+    BasicGuider: cfg 1, RandomNoise); a pair splits them (SplitSigmas) at the boundary step, the low-noise expert
+    continuing the high-noise one's latent without new noise (DisableNoise). Returns the sampled latent's node."""
+    assert s.sigmas is not None
+    sigmas = g.add("ManualSigmas", [sigmas_text(s.sigmas)], {}, ["SIGMAS"], title="the student's trained sigmas")
+    sampler = g.add("KSamplerSelect", [s.sampler], {}, ["SAMPLER"])
+    noise = g.add("RandomNoise", [0, "fixed"], {}, ["NOISE"])
+    guiders = [
+        g.add(
+            "BasicGuider", [], {"model": ("MODEL", (m, 0)), "conditioning": ("CONDITIONING", (positive, 0))}, ["GUIDER"]
+        )  # fmt: skip
+        for m in models
+    ]
+    parts = [(sigmas, 0)]
+    if len(models) == 2:
+        split = g.add("SplitSigmas", [switch_step(s)], {"sigmas": ("SIGMAS", (sigmas, 0))}, ["SIGMAS", "SIGMAS"])
+        parts = [(split, 0), (split, 1)]
+    source = (latent, 0)
+    for i, (guider, part) in enumerate(zip(guiders, parts)):
+        if i == 1:
+            noise = g.add("DisableNoise", [], {}, ["NOISE"])
+        node = g.add(
+            "SamplerCustomAdvanced",
+            [],
+            {
+                "noise": ("NOISE", (noise, 0)),
+                "guider": ("GUIDER", (guider, 0)),
+                "sampler": ("SAMPLER", (sampler, 0)),
+                "sigmas": ("SIGMAS", part),
+                "latent_image": ("LATENT", source),
+            },
+            ["LATENT", "LATENT"],
+            title=None if len(models) == 1 else ("high noise", "low noise")[i],
+        )
+        source = (node, 0)
+    return source[0]
+
+
+def workflow_sigmas(workflow: dict) -> list[float] | None:
+    """The sigmas a workflow this module wrote sets with ManualSigmas, as ComfyUI's node parses them (None: it
+    samples with KSampler's scheduler)."""
+    for node in workflow["nodes"]:
+        if node["type"] == "ManualSigmas":
+            return [float(v) for v in re.findall(r"[-+]?(?:\d*\.*\d+)", node["widgets_values"][0])]
+    return None
 
 
 def workflow_text(files: list[str], s: Sampling, prompt: str | None = None, loras: list[str] | None = None) -> str:
@@ -215,14 +283,20 @@ def _section(
     pair = (
         (
             f"\n{pair_subject}: the high-noise one samples the steps whose timestep is at "
-            f"or above {s.boundary * 1000:.0f}, the low-noise one the rest (two KSamplerAdvanced, switching at step "
-            f"{switch_step(s)} of {s.steps}).\n"
+            f"or above {s.boundary * 1000:.0f}, the low-noise one the rest ("
+            + ("SplitSigmas and two SamplerCustomAdvanced" if s.scheduler == MANUAL else "two KSamplerAdvanced")
+            + f", switching at step {switch_step(s)} of {s.steps}).\n"
         )
         if s.boundary is not None
         else ""
     )
     caution = f"\n**Note:** {warning}\n" if warning else ""
     text_dir, vae_dir = FOLDERS["text_encoder"], FOLDERS["vae"]
+    schedule = (
+        "the trained sigmas set by ManualSigmas (SamplerCustomAdvanced, BasicGuider)"
+        if s.scheduler == MANUAL
+        else f"scheduler `{s.scheduler}`, ModelSamplingSD3 shift {s.shift:g}"
+    )
     intro = f"{intro}\n" if intro else ""
     return f"""## In ComfyUI
 
@@ -235,6 +309,6 @@ Put the files where ComfyUI looks for them, then drop `{workflow_file}` on Comfy
 | `{VAE}` | the teacher's Wan VAE ({REPACKAGED}) | `{vae_dir}/` |
 
 {intro}Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG), sampler
-`{s.sampler}`, scheduler `{s.scheduler}`, ModelSamplingSD3 shift {s.shift:g}, {s.width}x{s.height}, 1 frame.
+`{s.sampler}`, {schedule}, {s.width}x{s.height}, 1 frame.
 {exact}
 {pair}{caution}"""

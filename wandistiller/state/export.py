@@ -32,9 +32,9 @@ from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
 from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.received import load_yaml_config
-from wandistiller.state.runs import image_scale, student_steps
+from wandistiller.state.runs import image_scale, student_schedule_of, student_steps, time_scale
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, is_lora, is_lora_folder
-from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
+from wandistiller.teacher.fewstep import Schedule, few_step_scheduler, student_schedule
 from wandistiller.teacher.spec import inspect_teacher
 
 log = logging.getLogger("wandistiller.pipeline")
@@ -94,13 +94,15 @@ def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] |
     student's `student/sampling.json` first (its K read from the run's saved config)."""
 
     student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
-    steps = saved_steps(run_dir)
+    steps, schedule = saved_steps(run_dir), saved_schedule(run_dir)
     if steps is not None:  # written whole, never through a link in its place
-        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps, schedule), indent=2))
     # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
     # (or holds links) is replaced, never written through.
     write = write_lora_pipeline if is_lora_folder(student) else write_pipeline  # a LoRA student: the teacher's own
-    out = replace_folder(run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps))
+    out = replace_folder(
+        run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule)
+    )
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
 
@@ -112,6 +114,7 @@ def write_pipeline(
     card: str,
     steps: int | None = None,
     student_root: Path | None = None,
+    schedule: Schedule | None = None,
 ) -> Path:
     """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
     few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
@@ -132,7 +135,7 @@ def write_pipeline(
             how.add(place(file, out / part / file.relative_to(src), root))
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
     write_in_run(out, "model_index.json", json.dumps(model_index(teacher_path, steps), indent=2))
     write_in_run(out, "README.md", card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
@@ -145,7 +148,14 @@ def write_pipeline(
     return out
 
 
-def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: str, steps: int | None = None) -> Path:
+def write_lora_pipeline(
+    out: Path,
+    teacher_path: Path,
+    student_dir: Path,
+    card: str,
+    steps: int | None = None,
+    schedule: Schedule | None = None,
+) -> Path:
     """A LoRA student's WanPipeline folder (student=lora): the teacher's own pipeline (its transformer, and
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
@@ -170,7 +180,7 @@ def write_lora_pipeline(out: Path, teacher_path: Path, student_dir: Path, card: 
             place(student_dir / name, out / name, student_dir)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps), indent=2))
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
         index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
     write_in_run(out, "model_index.json", json.dumps(index, indent=2))
     write_in_run(out, "README.md", card)
@@ -201,16 +211,32 @@ def saved_steps(run_dir: Path) -> int | None:
     return student_steps(cfg) if isinstance(cfg, DictConfig) else None
 
 
-def sampling(teacher_path: Path, steps: int) -> dict:
-    """What `sampling.json` states of a K-step student: its steps, timesteps and sigmas, and no CFG."""
-    timesteps, sigmas = student_schedule(inspect_teacher(teacher_path), steps)
-    return {
+def saved_schedule(run_dir: Path) -> Schedule:
+    """The run's few-step student's schedule from its saved config (`method.schedule`, `method.shift`)."""
+
+    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard, its size bounded
+    return student_schedule_of(cfg) if isinstance(cfg, DictConfig) else Schedule()
+
+
+def sampling(teacher_path: Path, steps: int, schedule: Schedule | None = None) -> dict:
+    """What `sampling.json` states of a K-step student: its steps, the schedule it was trained at (`schedule`),
+    its timesteps and sigmas, and no CFG. Where that schedule is not diffusers' Euler, the saved scheduler (which
+    only that one can be set to) samples other sigmas at num_inference_steps=K: `scheduler_sigmas` says which."""
+    spec = inspect_teacher(teacher_path)
+    schedule = schedule or Schedule()
+    timesteps, sigmas = student_schedule(spec, steps, schedule)
+    facts = {
         "steps": steps,
+        "schedule": schedule.record(),
+        "shift": schedule.shift if schedule.shift is not None else spec.flow_shift,
         "timesteps": [round(t, 4) for t in timesteps.tolist()],
         "sigmas": [round(s, 6) for s in sigmas.tolist()],
         "guidance_scale": 1.0,
         "scheduler": "FlowMatchEulerDiscreteScheduler",
     }
+    if schedule.name != "euler":
+        facts["scheduler_sigmas"] = [round(s, 6) for s in student_schedule(spec, steps)[1].tolist()]
+    return facts
 
 
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
@@ -322,6 +348,8 @@ def model_card(
         + (f", precision {m['precision']}" if _word(m.get("precision")) else ""),
         "latent": [int(_number(_raw(d, k)) or 0) for k in ("latent_height", "latent_width")],
         "scale": image_scale(teacher_path),
+        # pixel frames of a clip run ((latent frames - 1) x the VAE's time factor + 1); 1 for an image run
+        "frames": (int(_number(_raw(d, "latent_frames")) or 1) - 1) * time_scale(teacher_path) + 1,
         "tokens": int(_number(_raw(cfg.teacher, "max_sequence_length")) or 512),
         "guidance": _number(_raw(cfg.teacher, "guidance_scale")),
         "seed": _number(_raw(cfg, "seed")),
@@ -333,8 +361,11 @@ def model_card(
         "prompt": example_prompt(prompts),
     }
     if k is not None and teacher_path is not None:
-        timesteps = student_schedule(inspect_teacher(teacher_path), k)[0]
+        schedule, spec = student_schedule_of(cfg), inspect_teacher(teacher_path)
+        timesteps, sigmas = student_schedule(spec, k, schedule)
         facts["timesteps"] = ", ".join(f"{t:.0f}" for t in timesteps.tolist())
+        if schedule.name != "euler":
+            facts["schedule"] = (schedule.describe(), [round(v, 6) for v in sigmas.tolist()[:-1]])
     if is_lora(cfg.get("student")):
         facts["lora"] = lora_facts(cfg, m, teacher_path) | {"merged": merged}
     return _card_text(facts)
@@ -429,7 +460,29 @@ def _few_step_text(f: dict) -> tuple[str, str, str, str]:
         "the teacher's.\n"
     )
     row = f"| sampling | {counted(k, 'step')}{at}, guidance 1 (no CFG) |\n"
+    if f.get("schedule"):
+        text += exact_sigmas_text(k, *f["schedule"])
+        return text, row, f"num_inference_steps={k}, ", ""
     return text, row, f"num_inference_steps={k}, ", other_steps(k)
+
+
+def exact_sigmas_text(k: int, described: str, sigmas: list[float]) -> str:
+    """The card's paragraph for a student trained at a schedule diffusers' scheduler config cannot hold (ComfyUI's
+    simple / beta, or a list): `scheduler/` is diffusers' own Euler at K (its sigmas are close, not equal), and
+    WanPipeline passes no sigmas, so the exact ones are bound to the scheduler's set_timesteps (shift 1: as given)."""
+    return f"""
+It was trained at {described}: sigmas {sigmas}. A diffusers scheduler config cannot hold those, so `scheduler/` is
+diffusers' own {k}-step Euler schedule (`sampling.json`'s `scheduler_sigmas`: close, not the trained ones). To sample
+the trained sigmas exactly:
+
+```python
+import functools
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)  # shift 1: sigmas as given
+pipe.scheduler.set_timesteps = functools.partial(pipe.scheduler.set_timesteps, sigmas={sigmas})
+```
+"""
 
 
 def other_steps(k: int) -> str:
@@ -456,9 +509,27 @@ pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.conf
 """
 
 
+def _size_row(frames: int, height: int, width: int, lh: int, lw: int) -> str:
+    if frames == 1:
+        return f"| image size | {height}x{width} (latent {lh}x{lw}) |"
+    return f"| clip size | {frames} frames of {height}x{width} (latent {lh}x{lw} per latent frame) |"
+
+
+def _sample_lines(f: dict, few_arg: str, frames: int, height: int, width: int) -> str:
+    """The snippet's call: one image, or a clip written as a GIF (diffusers' export_to_gif: PIL alone)."""
+    call = (
+        f"pipe({json.dumps(f['prompt'])}, {few_arg}guidance_scale=1.0, num_frames={frames},\n"
+        f'             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0]'
+    )
+    if frames == 1:
+        return f"image = {call}[0]"
+    return f'from diffusers.utils import export_to_gif\n\nclip = {call}\nexport_to_gif(clip, "clip.gif")'
+
+
 def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
-    height, width = lh * f["scale"], lw * f["scale"]
+    height, width, frames = lh * f["scale"], lw * f["scale"], f.get("frames", 1)
+    kind = "text-to-video" if frames > 1 else "text-to-image"
     few_text, few_row, few_arg, few_other = _few_step_text(f)
     lora_text, lora_row, lora_load = _lora_text(f)
     few_text += lora_text
@@ -466,10 +537,10 @@ def _card_text(f: dict) -> str:
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
     method = f["method"]["name"]
     tags = ", ".join(["wan", "distillation", *([method] if method != "?" else [])])
-    front = ["---", "library_name: diffusers", "pipeline_tag: text-to-image", f"tags: [{tags}]"]
+    front = ["---", "library_name: diffusers", f"pipeline_tag: {kind}", f"tags: [{tags}]"]
     front += [f"base_model: {hub_id}"] if hub_id else []
     return (
-        "\n".join([*front, "---", "", f"# A {f['params']}-parameter text-to-image student of {teacher}", "", ""])
+        "\n".join([*front, "---", "", f"# A {f['params']}-parameter {kind} student of {teacher}", "", ""])
         + f"""\
 Distilled with WanDistiller from the Wan teacher {teacher} with `method={method}`: {_method_text(f)}.
 It samples without CFG.{parts}
@@ -479,7 +550,7 @@ It samples without CFG.{parts}
 | method | `{method}` |
 | data | {f["data"]}; prompts: {f["prompts"]} |
 | training | {f["training"]}, seed {f["seed"] if f["seed"] is not None else "?"} |
-| image size | {height}x{width} (latent {lh}x{lw}) |
+{_size_row(frames, height, width, lh, lw)}
 {few_row}
 Quality against the teacher (same noise, prompts and sampler; `python -m wandistiller.eval`):
 
@@ -492,8 +563,7 @@ import torch
 from diffusers import WanPipeline
 
 pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
-{lora_load}image = pipe({json.dumps(f["prompt"])}, {few_arg}guidance_scale=1.0, num_frames=1,
-             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0][0]
+{lora_load}{_sample_lines(f, few_arg, frames, height, width)}
 ```
 {few_other}"""
     )

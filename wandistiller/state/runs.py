@@ -9,9 +9,11 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from safetensors.torch import load_file
 
+from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, safetensors_problem
+from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in, safetensors_problem
 from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
@@ -39,7 +43,7 @@ from wandistiller.state.checkpoint import (
 )
 from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
-from wandistiller.teacher.fewstep import few_step_scheduler
+from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 from wandistiller.teacher.vae import pocket_frames_problem
@@ -66,10 +70,23 @@ def student_steps(cfg: DictConfig) -> int | None:
     return steps
 
 
-def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int):
+def student_schedule_of(cfg: DictConfig) -> Schedule:
+    """A few-step run's schedule (`method.schedule`, `method.shift` of its saved config, as saved; a config from
+    before them: diffusers' Euler), checked as the method checks it: a bad one is one line."""
+    method = cfg.get("method") if isinstance(cfg, DictConfig) else None
+    steps = student_steps(cfg)
+    if method is None or steps is None:
+        return Schedule()
+    saved = OmegaConf.to_container(method, resolve=False) if isinstance(method, DictConfig) else method
+    assert isinstance(saved, dict)  # student_steps refused anything else
+    return parse_schedule(saved.get("schedule", DEFAULT_SCHEDULE), saved.get("shift"), steps)
+
+
+def student_scheduler(spec: TeacherSpec, trained_steps: int | None, steps: int, schedule: Schedule | None = None):
     """The scheduler a student samples `steps` steps with: None (the teacher's own, at `steps`) for a KD
-    student (`trained_steps` None); a few-step student's Euler schedule at `steps`, K or another count."""
-    return None if trained_steps is None else few_step_scheduler(spec, steps)
+    student (`trained_steps` None); a few-step student's Euler scheduler on its schedule (`schedule`: the run's
+    `trained_schedule`, default diffusers' own) at `steps`, K or another count."""
+    return None if trained_steps is None else few_step_scheduler(spec, steps, schedule)
 
 
 @dataclass
@@ -82,6 +99,11 @@ class RunFolder:
     def trained_steps(self) -> int | None:
         """The student's own step count K (`method.steps`), None for a KD student."""
         return student_steps(self.cfg)
+
+    @property
+    def trained_schedule(self) -> Schedule:
+        """The sigmas' schedule the few-step student was trained at (`method.schedule`), diffusers' Euler by default."""
+        return student_schedule_of(self.cfg)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -109,6 +131,62 @@ def checked_teacher_folder(folder: Path) -> Path:
     return folder
 
 
+# The lock a live run holds on its folder (job/rundir.py's LOCK_FILE, which writes `pid N on HOST` into it).
+LOCK_FILE = ".lock"
+
+
+def live_holder(path: Path) -> str | None:
+    """Who holds the run folder's lock (`pid N on HOST`): a run still training, or in its end-of-run work, whose
+    folder is not finished yet; None for a finished (or killed) run, and for this process's own run or its parent's
+    (the run's own end-of-run eval and export). Only read: a shared lock tried and let go at once."""
+    try:
+        fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file (a run never started here, a copied folder), or a link in its place
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    found = re.fullmatch(r"pid (\d+) on (\S+)", holder)
+    if found and found[2] == leftovers.HOST and int(found[1]) in _this_process_and_parents():
+        return None
+    return holder
+
+
+def _this_process_and_parents() -> set[int]:
+    pids, pid = {os.getpid()}, os.getpid()
+    for _ in range(8):  # a worker of the run's launcher, its launcher, torchrun's agent ...
+        try:
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 4096).decode(errors="replace")
+            finally:
+                os.close(fd)
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+        pids.add(pid)
+    return pids
+
+
+def refuse_live(path: Path, what: str) -> None:
+    """A live run's folder is never read as a finished one: its student, metrics and evaluation come last (and a
+    card written meanwhile would say "?" or another step count). One line naming who holds it."""
+    holder = live_holder(path)
+    if holder is not None:
+        raise UserError(
+            f"{path} is a live run ({holder} holds its .lock): it has not finished writing its student, metrics and "
+            f"evaluation; wait for it to end, then {what} again"
+        )
+
+
 def open_run(
     path: str | Path,
     teacher_path: str | None = None,
@@ -126,6 +204,7 @@ def open_run(
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
+    refuse_live(path, "run this")
     cfg = load_received(config, allow, root=path)
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
@@ -191,7 +270,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
             if problem:
                 raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
         try:
-            transformer = WanTransformer3DModel.from_pretrained(source, dtype=dtype, use_safetensors=True)
+            transformer = _from_opened(WanTransformer3DModel, source, dtype)
         except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise UserError(
@@ -224,6 +303,45 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
             "give the run folder it was trained in"
         )
     return transformer.to(device).eval().requires_grad_(False)
+
+
+MAX_CONFIG_COUNT = 2**16  # any count or size a received config.json sets: Wan 14B's largest (ffn_dim) is 13824
+
+
+def _from_opened(model_class, source: Path, dtype: torch.dtype):
+    """A saved diffusers model folder loaded from what the guard opened, never by path: its config.json read through
+    the guard, the model built from it with its weights on the meta device (nothing allocated), every weights file
+    read from its opened descriptor (a file swapped for a link meanwhile is not what is read), each tensor's shape
+    held to the model's before any is placed. A count the config sets (`num_layers` of 10**9) is held to the weights
+    first: no memory is taken for blocks the files do not hold. Closes from_pretrained's check-then-read gap."""
+    from accelerate import init_empty_weights
+
+    config = read_json_in(source, "config.json", what="the student's config.json")
+    if not isinstance(config, dict):
+        raise ValueError("config.json is not a JSON object")
+    for key, value in config.items():  # every size it sets (rope's buffers are built for real): Wan's are < 2**14
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_CONFIG_COUNT:
+            raise ValueError(f"config.json {key}={value} is out of bounds (0 to {MAX_CONFIG_COUNT})")
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(source.glob("*.safetensors")):
+        with opened(source, file.name) as path:
+            state.update(load_file(path))
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    layers = config.get("num_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers != len(blocks):
+        raise ValueError(f"config.json num_layers={layers!r} does not match its weights ({len(blocks)} blocks)")
+    with init_empty_weights(include_buffers=False):  # the parameters on meta; buffers (rope) real and small
+        model = model_class.from_config(config)
+    expected = dict(model.state_dict())
+    wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    missing, extra = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if wrong or missing or extra:
+        raise ValueError(
+            f"its weights do not fit its config.json (shape differs: {wrong[:3]}, missing: {missing[:3]}, "
+            f"unexpected: {extra[:3]})"
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+    return cast_keeping_fp32(model, dtype)
 
 
 def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Teacher:
@@ -327,6 +445,18 @@ def image_scale(teacher_path: Path | None) -> int:
     except (TypeError, OSError, ValueError, AttributeError):
         return 8
     return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
+
+
+def time_scale(teacher_path: Path | None) -> int:
+    """The teacher VAE's frames per latent frame (`vae/config.json`'s scale_factor_temporal, as WanPipeline reads
+    it): 4 for Wan, 2 for the pocket video teacher."""
+    if teacher_path is None:
+        return 4
+    try:
+        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_temporal", 4)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 4
+    return factor if isinstance(factor, int) and 0 < factor <= 64 else 4
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:

@@ -7,14 +7,21 @@ Keys are the Wan reference implementation's (`patch_embedding`, `text_embedding.
 tensors are the student's own, only renamed and cast: a diffusers model's blocks are one ModuleList, so they are
 numbered without gaps.
 
-fp8 (`--dtype fp8`) is ComfyUI's scaled-fp8 layout, read in its source (comfy/utils.py `convert_old_quants`,
-comfy/quant_ops.py `TensorCoreFP8Layout`, comfy/ops.py): the blocks' Linear weights in float8_e4m3fn, each with
-`<layer>.scale_weight`, ONE float32 scale for the whole tensor (ComfyUI's layout holds "a scalar tensor": its fp8
-matmul passes it to `torch._scaled_mm` as a tensor-wise scale, and its older ops multiply the input by it), and an
-empty `scaled_fp8` marker tensor (two elements would ask for full-precision matmuls). The weight is `fp8 x scale`.
-The project's own fp8 (teacher/fp8.py) keeps one scale per output row; the file's scale is the largest of those
-row scales, by the same formula (amax / 448), so the row that sets it has the same fp8 bytes in both (tested).
-Norms, embeddings, modulation and the head are never fp8.
+fp8 (`--dtype fp8`) is written in ComfyUI's per-layer quantization layout (`fp8_layout="comfy_quant"`, read in
+its source at commit 0411153ac63b: comfy/ops.py `_load_quantized_module`, comfy/quant_ops.py `QUANT_ALGOS` and
+`TensorCoreFP8Layout`, comfy/utils.py `detect_layer_quantization`): each of the blocks' Linear weights in
+float8_e4m3fn with `<layer>.weight_scale`, ONE float32 scalar for the whole tensor, and `<layer>.comfy_quant`, the
+UTF-8 JSON `{"format": "float8_e4m3fn"}` as a uint8 tensor. One such key switches ComfyUI to its mixed-precision
+ops, which read each layer by its own `.comfy_quant`: those dequantize as `fp8.to(compute dtype) x weight_scale`,
+and every other tensor (biases, norms, embeddings, modulation, the head) loads in the compute dtype from the 16-bit
+(or fp32) values stored here. The legacy layout (`fp8_layout="scaled_fp8"`, for ComfyUI builds older than
+`.comfy_quant`): `<layer>.scale_weight` scalars and an empty `scaled_fp8` marker tensor (comfy/utils.py
+`convert_old_quants`); ComfyUI then runs the whole model in fp8 storage, biases and the 16-bit layers included.
+The weight is `fp8 x scale` in both. The project's own fp8 (teacher/fp8.py) keeps one scale per output row; the
+file's scale is the largest of those row scales, by the same formula (amax / 448), so the row that sets it has the
+same fp8 bytes in both (tested). Norms, embeddings, modulation and the head are never fp8. diffusers'
+`from_single_file` reads neither layout right (it loads the fp8 weights and drops their scales, with a warning
+only): the fp8 file is for ComfyUI.
 
 Loaders that guess a Wan model's shape from its weights (ComfyUI's model detection) take the head count as the
 width / 128, one FFN width from block 0, patch (1, 2, 2), a 256-wide time embedding and 4096-wide text features;
@@ -33,6 +40,9 @@ from wandistiller.teacher.fp8 import E4M3_MAX, TINY
 
 E4M3 = torch.float8_e4m3fn
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": E4M3}
+FP8_LAYOUTS = ("comfy_quant", "scaled_fp8")  # ComfyUI's per-layer quantization; its legacy whole-model scaled fp8
+# `<layer>.comfy_quant`: the layer's quantization config, UTF-8 JSON as uint8 (ComfyUI's ops json.loads its bytes).
+COMFY_QUANT_FP8 = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()), dtype=torch.uint8)
 SCALED_FP8 = "scaled_fp8"  # ComfyUI's marker: a file whose `.scale_weight` tensors scale its fp8 weights
 
 # diffusers name (a regular expression on the whole key) -> the Wan reference name; `\1`, `\2` keep the block index
@@ -87,21 +97,27 @@ def quantize_tensorwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return (w / scale).to(E4M3), scale.reshape(())
 
 
-def wan_tensors(model, dtype: str) -> dict[str, torch.Tensor]:
+def wan_tensors(model, dtype: str, fp8_layout: str = "comfy_quant") -> dict[str, torch.Tensor]:
     """The model's tensors under their Wan names, in `dtype` (bf16, fp16, fp32; fp8: the blocks' Linear weights
-    in float8 with their `.scale_weight`, the rest bf16), diffusers' fp32 modules kept fp32 below fp32."""
+    in float8 with their scales in `fp8_layout`, the rest bf16), diffusers' fp32 modules kept fp32 below fp32."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if fp8_layout not in FP8_LAYOUTS:
+        raise ValueError(f"fp8 layout {fp8_layout!r} is not one of {FP8_LAYOUTS}")
+    legacy = fp8_layout == "scaled_fp8"
     wide = torch.bfloat16 if dtype == "fp8" else DTYPES[dtype]
     out: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
         key, tensor = wan_key(name), tensor.detach()
         if dtype == "fp8" and FP8_WEIGHT.fullmatch(key):
-            out[key], out[key.removesuffix("weight") + "scale_weight"] = quantize_tensorwise(tensor)
+            layer = key.removesuffix("weight")
+            out[key], out[layer + ("scale_weight" if legacy else "weight_scale")] = quantize_tensorwise(tensor)
+            if not legacy:
+                out[layer + "comfy_quant"] = COMFY_QUANT_FP8.clone()
         else:
             keep = tensor.dtype == torch.float32 and _keeps_fp32(model, name)
             out[key] = tensor.to(torch.float32 if keep else wide).contiguous()
-    if dtype == "fp8":
+    if dtype == "fp8" and legacy:
         out[SCALED_FP8] = torch.empty(0, dtype=E4M3)
     return out
 
@@ -114,13 +130,14 @@ def block_count_problem(keys: Iterable[str]) -> str | None:
 
 
 def dequantized(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A scaled-fp8 file's tensors as the reference recipe reads them (weight x scale, in float32), the scales and
-    the marker dropped: what ComfyUI computes with, and what diffusers then loads."""
+    """An fp8 file's tensors (either layout) as the reference recipe reads them (weight x scale, in float32), the
+    scales, `.comfy_quant` entries and the marker dropped."""
     out = {}
     for key, tensor in tensors.items():
-        if key == SCALED_FP8 or key.endswith(".scale_weight"):
+        if key == SCALED_FP8 or key.endswith((".scale_weight", ".weight_scale", ".comfy_quant")):
             continue
-        scale = tensors.get(key.removesuffix("weight") + "scale_weight")
+        layer = key.removesuffix("weight")
+        scale = tensors.get(layer + "weight_scale", tensors.get(layer + "scale_weight"))
         out[key] = tensor.float() * scale if scale is not None and key.endswith(".weight") else tensor.float()
     return out
 
@@ -187,7 +204,7 @@ def file_bytes(model, dtype: str) -> int:
     for name, tensor in model.state_dict().items():
         key = wan_key(name)
         if dtype == "fp8" and FP8_WEIGHT.fullmatch(key):
-            total += tensor.numel() + 4  # one byte a weight, one float32 scale
+            total += tensor.numel() + 4 + COMFY_QUANT_FP8.numel()  # a byte a weight, a float32 scale, its config
         else:
             keep = tensor.dtype == torch.float32 and _keeps_fp32(model, name)
             width = 2 if dtype == "fp8" else DTYPES[dtype].itemsize

@@ -24,10 +24,11 @@ from typing import Any, cast
 
 import torch
 from omegaconf import ListConfig, OmegaConf
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import write_in_run
+from wandistiller.core.files import opened, write_in_run
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters, layer_names, narrowest
 from wandistiller.teacher.model import Teacher, load_expert
 from wandistiller.teacher.spec import TeacherSpec
@@ -184,8 +185,6 @@ def save_adapters(folder: Path, adapters: list[Adapters], teacher_record: dict |
 def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
     """(peft state dict without its `transformer.` prefix, LoraConfig metadata) per expert, as diffusers reads
     them (`WanPipeline.lora_state_dict`); one line where a file is missing or is not adapters."""
-    from diffusers import WanPipeline
-
     out = []
     for name in WEIGHTS[:experts]:
         if not (folder / name).is_file():
@@ -193,9 +192,10 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
                 f"the LoRA student in {folder} has no {name} (one file per expert of the teacher); "
                 "use --checkpoint latest (or another)"
             )
+        # Through the guard (never a link out of the folder, nor a file swapped in meanwhile): diffusers gets a dict.
         try:
-            state, meta = WanPipeline.lora_state_dict(str(folder), weight_name=name, return_lora_metadata=True)
-        except (OSError, ValueError, RuntimeError) as e:
+            state, meta = _read_adapter_file(folder, name)
+        except (OSError, ValueError, RuntimeError, UserError, SafetensorError) as e:
             raise UserError(
                 f"the LoRA student in {folder}: {name} cannot be read ({str(e)[:200]}); use "
                 "--checkpoint latest (or another)"
@@ -203,6 +203,18 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
         meta = {k.removeprefix("transformer."): v for k, v in (meta or {}).items()}
         out.append(({k.removeprefix("transformer."): v for k, v in state.items()}, meta))
     return out
+
+
+def _read_adapter_file(folder: Path, name: str) -> tuple[dict, dict | None]:
+    """(state dict, diffusers' LoRA metadata) of one adapters file, read from the descriptor the guard opened, as
+    diffusers' own path loader reads it (`lora_adapter_metadata` in its header, JSON); diffusers converts the dict."""
+    from diffusers import WanPipeline
+
+    with opened(folder, name) as path, safe_open(path, "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        raw = (f.metadata() or {}).get("lora_adapter_metadata")
+    meta = json.loads(raw) if raw else None
+    return WanPipeline.lora_state_dict(tensors), meta if isinstance(meta, dict) else None
 
 
 def adapters_from(

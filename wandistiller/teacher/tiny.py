@@ -16,10 +16,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core import leftovers
 from wandistiller.core.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
+from wandistiller.core.errors import UserError
 from wandistiller.core.files import DEFAULT_PROMPTS
 from wandistiller.core.precision import cast_keeping_fp32
 
@@ -88,12 +90,15 @@ def ensure_tiny_teacher(
     path = Path(path).expanduser()
     if (path / "model_index.json").is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Named for this process, so that the next start can remove it if this one is killed midway.
-    leftovers.remove_dead(path.parent, build_pattern(path))
-    tmp = path.parent / leftovers.owned_name(f".{path.name}.build")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Named for this process, so that the next start can remove it if this one is killed midway.
+        leftovers.remove_dead(path.parent, build_pattern(path))
+        tmp = path.parent / leftovers.owned_name(f".{path.name}.build")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise cannot_build(path, e) from None
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -107,11 +112,22 @@ def ensure_tiny_teacher(
         except OSError:  # another process finished first; theirs is identical
             if not (path / "model_index.json").is_file():
                 raise
+    except (OSError, SafetensorError) as e:  # a full disk, a quota: safetensors words it "I/O error: ..."
+        raise cannot_build(path, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         diffusers_logging.enable_progress_bar()
         transformers_logging.enable_progress_bar()
     return path
+
+
+def cannot_build(path: Path, error: Exception) -> UserError:
+    """A tiny teacher that cannot be written (a full disk, a quota, a folder not yours): one line, nothing left."""
+    why = error.strerror if isinstance(error, OSError) and error.strerror else str(error).rsplit(": ", 1)[-1]
+    return UserError(
+        f"teacher.path={path}: the tiny teacher cannot be built there ({why}); free some space, or set "
+        "paths.cache_dir=<a folder with room> (or WANDISTILLER_CACHE) where it is built once"
+    )
 
 
 def build_pattern(path: Path) -> str:

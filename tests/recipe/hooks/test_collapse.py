@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import CONF, FP32, metrics_steps, refused, run_cli
 from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
+from wandistiller.core.errors import UserError
 from wandistiller.placements.base import load_teacher
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.recipe.hooks.base import HookParts
@@ -186,6 +187,9 @@ def test_a_kd_student_is_watched_only_when_asked(world, tmp_path):
     asked = watched(world, tmp_path / "asked", world.itself, student_steps=None, steps=2)
     asked.hook(asked, 2)
     assert [step for step, _ in asked.tracker.logged] == [2] and world.calls
+    # Bounded by the teacher's training timesteps before anything is drawn: a received 10**9 is one line.
+    with pytest.raises(UserError, match=r"^hooks.collapse.teacher_steps=1000000000 is more than this teacher's \d+"):
+        watched(world, tmp_path / "asked", world.itself, teacher_steps=10**9)
 
 
 @pytest.mark.parametrize(

@@ -309,6 +309,13 @@ class CollapseWatch(Hook):
 
     def bind(self, ctx, parts) -> None:
         self.ctx = ctx
+        top = ctx.spec.num_train_timesteps  # more steps only repeat timesteps (and the teacher's draw has no end)
+        for key, n in (("hooks.collapse.teacher_steps", self.teacher_steps), ("hooks.collapse.steps", self.steps)):
+            if n is not None and n > top:
+                raise UserError(
+                    f"{key}={n} is more than this teacher's {top} training timesteps (its scheduler's "
+                    f"num_train_timesteps); give {top} or fewer"
+                )
         # A KD student samples at the teacher's steps: watched only when hooks.collapse.steps asks.
         self.student_steps = self.steps if self.steps is not None else ctx.student_steps
         if self.every <= 0 or self.prompts <= 0 or self.student_steps is None:

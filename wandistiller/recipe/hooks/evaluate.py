@@ -60,6 +60,20 @@ class EvaluateAtEnd(Hook):
             )
             return {}
 
+        images = self.limit * self.per_prompt
+        pace = sorted(h["teacher_ms"] / ctx.trainer_cfg.batch_size for h in run.history[1:] if h.get("teacher_ms"))
+        # The teacher's and the student's sampling (a KD student at the teacher's steps), decoding aside.
+        guess = f", roughly {2 * images * self.steps * pace[len(pace) // 2] / 1e3:.0f} s" if pace else ""
+        log.info(  # what it costs, said before it is paid, and how not to pay it
+            "hooks.evaluate: the student against its teacher on up to %d held-out prompt(s) x %d image(s), the teacher "
+            "at %d steps with CFG%s at the training's teacher pace; ~hooks.evaluate skips it (python -m "
+            "wandistiller.eval %s runs it later), and Ctrl-C now keeps the trained student",
+            self.limit,
+            self.per_prompt,
+            self.steps,
+            guess,
+            ctx.run_dir,
+        )
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True, spec=ctx.spec)
         result = evaluate(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +45,9 @@ from wandistiller.placements.base import check_adapters_on_teacher
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
-from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive
+from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive, schedule_identity
 from wandistiller.student.model import Student
-from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -99,9 +99,12 @@ class DMD(Method):
         regression_weight: float,
         noises_per_prompt: int,
         chunk: int,
+        schedule: Any,
+        shift: float | None,
     ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
+        self.schedule = parse_schedule(schedule, shift, self.k)
         self.teacher_steps = teacher_steps
         self.fake_updates = positive("method.fake_updates", fake_updates)
         if fake_score not in FAKE_SCORES:
@@ -115,8 +118,9 @@ class DMD(Method):
         self.chunk = positive("method.chunk", chunk)
 
     def identity(self) -> dict:
-        """K and the fake score; its adapters' rank only where it is a LoRA one (otherwise nothing has that rank)."""
-        mine = super().identity()
+        """K, its schedule (where not the default) and the fake score; its adapters' rank only where it is a LoRA
+        one (otherwise nothing has that rank)."""
+        mine = super().identity() | schedule_identity(self.schedule)
         return mine if self.fake_score == "lora" else {k: v for k, v in mine.items() if k != "lora_rank"}
 
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:
@@ -148,7 +152,7 @@ class DMD(Method):
 
     def prepare(self, ctx, teacher, embeddings) -> None:
 
-        self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k)
+        self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k, self.schedule)
         self.embeddings, self.seed = embeddings, ctx.seed
         self.batch_size, self.latent_shape = ctx.trainer_cfg.batch_size, ctx.latent_shape
         self.shift = ctx.teacher_cfg.flow_shift or ctx.spec.flow_shift
@@ -156,7 +160,10 @@ class DMD(Method):
         self.teacher = teacher if self.fake_score == "lora" else None  # a LoRA fake score runs on it (None: none here)
         self.points = None
         if self.regression_weight > 0:
-            self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
+            skip = "method.regression_weight=0 skips them (dmd without its regression term)"
+            self.points = OdePoints(
+                ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule, skip
+            )
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
 

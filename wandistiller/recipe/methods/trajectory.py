@@ -11,7 +11,9 @@ resuming a trajectory checkpoint with `method=dmd` is refused: a checkpoint resu
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +24,23 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.batches import mixed_seed
 from wandistiller.data.latents import SamplerSettings
-from wandistiller.data.trajectories import TrajectorySettings, load_trajectories, teacher_trajectories
+from wandistiller.data.trajectories import (
+    TrajectorySettings,
+    all_items,
+    bank_items,
+    load_trajectories,
+    teacher_trajectories,
+)
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, steps_within
-from wandistiller.teacher.fewstep import student_schedule
+from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, parse_schedule, student_schedule
 from wandistiller.teacher.model import guidance_scales
 
 STREAM = 1  # the draws' own generator stream beside the data's (seed, step, micro, rank)
+
+
+log = logging.getLogger("wandistiller")
 
 
 @dataclass
@@ -44,6 +55,13 @@ class FewStepConfig:
     # The teacher's sample steps (K may not exceed them): its ODE's (its own scheduler and guidance), split among
     # the student's K intervals.
     teacher_steps: int = 20
+    # The K sigmas the student is trained at, and sampled at everywhere it is exported (sampling.json, the pipeline's
+    # scheduler, the ComfyUI workflow): "euler" (diffusers' flow-match Euler at K: what a saved pipeline samples with
+    # num_inference_steps=K and no code), "simple" / "beta" (ComfyUI's schedulers of those names at `shift`), or a
+    # list of K sigmas in (0, 1], decreasing (the final 0 left out). Default euler: docs/USAGE.md says why.
+    schedule: Any = DEFAULT_SCHEDULE
+    # The flow shift of schedule=simple or beta (ComfyUI's ModelSamplingSD3 shift); null: the teacher's.
+    shift: float | None = None
     # Fixed noises per training prompt, each one trajectory of the cached ODE.
     noises_per_prompt: int = 2
     # Trajectories per cache chunk: an interrupted run keeps its finished chunks.
@@ -56,6 +74,12 @@ class TrajectoryConfig(FewStepConfig):
     name: str = "trajectory"
 
 
+def schedule_identity(schedule: Schedule) -> dict:
+    """What a checkpoint records of the method's schedule (a resume at other sigmas is refused): nothing for the
+    default, so a checkpoint from before `method.schedule` resumes as it did."""
+    return {} if schedule == Schedule() else {"schedule": schedule.describe()}
+
+
 def positive(key: str, value: int) -> int:
     if value < 1:
         raise UserError(f"{key}={value} must be a positive integer")
@@ -65,20 +89,47 @@ def positive(key: str, value: int) -> int:
 class OdePoints:
     """The cached ODE points of a run and the student's schedule: batches of jumps and their loss."""
 
-    def __init__(self, ctx, teacher, embeddings, steps: int, teacher_steps: int, per_prompt: int, chunk: int):
+    def __init__(
+        self,
+        ctx,
+        teacher,
+        embeddings,
+        steps: int,
+        teacher_steps: int,
+        per_prompt: int,
+        chunk: int,
+        schedule: Schedule | None = None,
+        skip: str = "",
+    ):
 
-        self.timesteps, self.sigmas = student_schedule(ctx.spec, steps)
+        self.timesteps, self.sigmas = student_schedule(ctx.spec, steps, schedule)
         sampler = SamplerSettings(
             teacher_steps, tuple(guidance_scales(ctx.spec, ctx.teacher_cfg)), ctx.latent_shape, per_prompt
         )
         settings = TrajectorySettings(sampler, tuple(self.sigmas.double().tolist()))
         dtype = ctx.precision.teacher_dtype
+        t = ctx.trainer_cfg
+        # The most trajectories the run can draw (each micro-batch draws batch_size, on every rank): no more are made.
+        items = bank_items(embeddings, settings, t.max_steps * t.grad_accum_steps * t.batch_size * ctx.topo.world_size)
+        whole = all_items(embeddings, settings)
+        if ctx.topo.rank == 0:  # the cost said before it is paid, and how not to pay it
+            log.info(
+                "teacher ODE points: %d trajectories (%d prompt(s) x %d noise(s)%s) of %d teacher steps with CFG, "
+                "made once and cached (an estimate follows the first chunk)%s",
+                items,
+                items // per_prompt,
+                per_prompt,
+                f"; of {whole}: what trainer.max_steps={t.max_steps} can draw" if items < whole else "",
+                teacher_steps,
+                f"; {skip}" if skip else "",
+            )
+        made = lambda: teacher_trajectories(  # noqa: E731
+            teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, ctx.topo.rank == 0, items
+        )
         self.bank = made_once(
             ctx.topo,
-            lambda: teacher_trajectories(
-                teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, progress=ctx.topo.rank == 0
-            ),
-            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir),
+            made,
+            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir, items),
             makes=ctx.makes_teacher_data,
         )
         self.embeddings, self.seed, self.batch_size = embeddings, ctx.seed, ctx.trainer_cfg.batch_size
@@ -113,19 +164,35 @@ class Trajectory(Method):
     uses_loss = False
     reads_x0 = False  # its x are the teacher's cached ODE points; the data gives its prompts
 
-    def __init__(self, *, name: str, steps: int, teacher_steps: int, noises_per_prompt: int, chunk: int):
+    def __init__(
+        self,
+        *,
+        name: str,
+        steps: int,
+        teacher_steps: int,
+        noises_per_prompt: int,
+        chunk: int,
+        schedule: Any,
+        shift: float | None,
+    ):
         super().__init__(name, steps)
         self.k = steps_within(steps, teacher_steps)  # `steps`, checked: an int
+        self.schedule = parse_schedule(schedule, shift, self.k)
         self.teacher_steps = teacher_steps
         self.per_prompt = positive("method.noises_per_prompt", noises_per_prompt)
         self.chunk = positive("method.chunk", chunk)
+
+    def identity(self) -> dict:
+        return super().identity() | schedule_identity(self.schedule)
 
     def passes(self, micro_batches: int, whole_step: bool) -> Passes:
         """The student's forward + backward alone: its teacher ODE is sampled once before training, not in a step."""
         return Passes(self.name, micro_batches, 0, 0.0, micro_batches)
 
     def prepare(self, ctx, teacher, embeddings) -> None:
-        self.points = OdePoints(ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk)
+        self.points = OdePoints(
+            ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule
+        )
 
     def student_loss(self, run, step, micro, clock):
         parts = {"trajectory": self.points.loss(run, step, micro)}
