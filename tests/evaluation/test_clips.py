@@ -62,10 +62,15 @@ def test_the_clip_frechet_distance_is_withheld_below_its_clip_count_and_sees_los
 
 def test_a_pocket_teachers_frames_are_read_off_its_vae(tmp_path):
     assert pocket_frames(TEACHER_DIR) == "image" and pocket_frames(tmp_path) is None
+    if VIDEO_TEACHER_DIR.is_dir():
+        assert pocket_frames(VIDEO_TEACHER_DIR) == "clips"
     video = tmp_path / "video"
     (video / "vae").mkdir(parents=True)
-    (video / "vae" / "config.json").write_text(json.dumps(POCKET_VAE | {"temperal_downsample": [True, True]}))
-    assert pocket_frames(video) == "clips"
+    (video / "vae" / "config.json").write_text(json.dumps(POCKET_VAE | {"scale_factor_temporal": 2}))
+    assert pocket_frames(video) == "clips"  # the layers' 2x, declared
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(POCKET_VAE | {"temperal_downsample": [True, True]}))
+    assert pocket_frames(tmp_path) == "clips"  # 4x made, 4x declared (the default)
     assert "pocket image teacher" in str(pocket_frames_problem(TEACHER_DIR, 5))
     assert pocket_frames_problem(TEACHER_DIR, 1) is None
     assert "pocket video teacher" in str(pocket_frames_problem(video, 1)) and pocket_frames_problem(video, 5) is None

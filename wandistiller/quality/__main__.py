@@ -188,7 +188,7 @@ def video_report(results: dict, settings: Settings, argv: list[str], seconds: fl
     return (
         f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
         f"{platform.machine()} CPU, {os.cpu_count()} cores; {seconds / 60:.1f} min in all). Teacher "
-        f"`{settings.teacher}`, clips of 17 frames (`data.latent_frames=5`, the teacher's own clips as data); every "
+        f"`{settings.teacher}`, clips of 9 frames (`data.latent_frames=5`, the teacher's own clips as data); every "
         f"cut student `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; the "
         f"teacher samples {settings.sample_steps} UniPC steps with CFG, {settings.per_prompt} noises per prompt x "
         f"{len(_prompts(settings))} prompts per seed, the same noises for every row; mean ± std over seeds "

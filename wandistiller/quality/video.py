@@ -4,7 +4,7 @@ teacher, judged on clips (docs/QUALITY.md, "Video").
 Rows (issue 40): the teacher (20 UniPC steps, CFG); the KD student at 20 and at 4 UniPC steps (the baseline the
 few-step methods must clearly beat); trajectory at 4; dmd + regression at 4 and dmd at 1; the LoRA student (dmd) at 4
 and 1, and LoRA kd (the teacher's scheduler at 20 steps without CFG). Every row trains through `wandistiller.train`
-on clips (`data.latent_frames=5`: 17 frames of 32x32) and is judged on the teacher's noises: network calls, per-frame
+on clips (`data.latent_frames=5`: 9 frames of 32x32) and is judged on the teacher's noises: network calls, per-frame
 accuracy, motion accuracy, motion ratio (its speed over the teacher's), temporal consistency, the clip Fréchet
 distance and diversity relative to the teacher's (evaluation/clips.py).
 """
@@ -30,7 +30,7 @@ from wandistiller.quality.compare import VIDEO_TEACHERS, Settings, sample, seed_
 from wandistiller.quality.fewstep import LORA, Row
 
 __all__ = ["VIDEO_TEACHERS", "chosen", "compare_video", "targets"]
-# Every row's clips: the video teacher's 5 latent frames (17 frames). A KD row learns from the teacher's own clips
+# Every row's clips: the video teacher's 5 latent frames (9 frames). A KD row learns from the teacher's own clips
 # (x0: its sampled latents); trajectory and dmd read prompts alone (they sample the teacher themselves).
 CLIPS = ("data.latent_frames=5",)
 BATCH = 4  # clips a step: 80 tokens each where an image is 16 (the +experiment=pocket_video* batch)

@@ -119,22 +119,22 @@ def decode_clips(vae, latents: torch.Tensor) -> torch.Tensor:
 
 
 def pocket_frames(teacher_path) -> str | None:
-    """What a pocket teacher's VAE makes, read off its `vae/config.json`: "image" (the pocket image teacher's VAE,
-    time compressed 2x and trained on single frames), "clips" (the pocket video teacher's, time 4x, trained on
-    clips), None for any other teacher (a real Wan VAE makes both: one frame is an image)."""
+    """What a pocket teacher's VAE makes, read off its `vae/config.json`: "clips" (the pocket video teacher's: the
+    time compression its layers make is the one its config declares, so clips decode as sampled), "image" (the
+    pocket image teacher's, trained on single frames: its config declares Wan's 4x where its layers make 2x), None
+    for any other teacher (a real Wan VAE makes both: one frame is an image)."""
     try:
         config = json.loads((Path(teacher_path) / "vae" / "config.json").read_text())
     except (TypeError, OSError, ValueError):
         return None
     if not isinstance(config, dict):
         return None
-    pocket = all(config.get(k) == v for k, v in POCKET_VAE.items() if k != "temperal_downsample")
-    if not pocket:
+    if not all(config.get(k) == v for k, v in POCKET_VAE.items() if k != "temperal_downsample"):
         return None
-    downsample = config.get("temperal_downsample")
-    if downsample == POCKET_VAE["temperal_downsample"]:
-        return "image"
-    return "clips" if downsample == [True, True] else None
+    made = time_compression(config)
+    if made > 1 and made == config.get("scale_factor_temporal", 4):
+        return "clips"
+    return "image" if config.get("temperal_downsample") == POCKET_VAE["temperal_downsample"] else None
 
 
 def pocket_frames_problem(teacher_path, latent_frames: int) -> str | None:
@@ -149,6 +149,6 @@ def pocket_frames_problem(teacher_path, latent_frames: int) -> str | None:
     if kind == "clips" and latent_frames == 1:
         return (
             f"the run makes single frames (data.latent_frames=1) but the teacher at {teacher_path} is the pocket "
-            "video teacher (clips of 5 latent frames)"
+            "video teacher (clips)"
         )
     return None
