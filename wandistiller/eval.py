@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
             quality = {
                 k: v
                 for k, v in m.items()
-                if k.startswith(("teacher_", "student_", "diversity")) and not k.endswith(("_s", "_calls_per_image"))
+                if k.startswith(("teacher_", "student_", "diversity", "motion_ratio"))
+                and not k.endswith(("_s", "_calls_per_image"))
             }
             if quality:
                 print("  ".join(f"{k} {v:.3g}" for k, v in quality.items()))
@@ -153,12 +154,14 @@ def main(argv: list[str] | None = None) -> None:
         m = result["mean"]
         if "diversity" in result.get("withheld", {}):
             print(f"diversity withheld: {result['withheld']['diversity']}")
-        if "teacher_samples" in m and "teacher_fid" not in m:
+        if "clip_fd" in result.get("withheld", {}):
+            print(f"clip_fd withheld: {result['withheld']['clip_fd']}")
+        if "teacher_samples" in m and "teacher_fid" not in m and "teacher_frame_accuracy" not in m:
             print(
                 f"FID/KID withheld: {m['teacher_samples']} images each, too few for the judge's features to mean "
                 "anything (65 or more: raise --limit or --per-prompt)"
             )
-        print(f"wrote {Path(args.run_dir) / result['files'][0]} and {result['files'][1]}")
+        print(f"wrote {Path(args.run_dir) / result['files'][0]} and {' and '.join(result['files'][1:])}")
         log_to_run(Path(args.run_dir), result, trust)
 
 

@@ -32,11 +32,13 @@ from wandistiller.core.errors import (
 from wandistiller.core.files import in_run, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts
+from wandistiller.evaluation.grids import save_clip
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import (
     Trust,
     add_trust_args,
     check_counts,
+    check_frames,
     check_teacher_fits,
     generate,
     load_teacher,
@@ -47,7 +49,7 @@ from wandistiller.state.runs import (
     student_source,
 )
 from wandistiller.student.lora import is_lora_folder
-from wandistiller.teacher.vae import decode_latents, load_vae
+from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
@@ -66,7 +68,9 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
 
 
 def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
-
+    """One PNG per prompt; for a clip run (latents of more than one frame) a GIF each and its still strip PNG."""
+    if latents.shape[2] > 1:
+        return write_clips(latents, vae, prompts, out, who, seed)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for img, prompt in zip(decode_latents(vae, latents), prompts):
@@ -75,6 +79,17 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
         # written whole: a link in its place (a received run's generated/x.png -> a file of yours) is replaced
         name = image_name(slug, seed, who)
         paths.append(write_in_run(out, name, write=lambda f, im=image: im.save(f, format="png")))
+    return paths
+
+
+def write_clips(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
+    """`<slug>_seed<seed>_<who>.gif` (the clip, its prompt above) and `.png` (its frames in a row) per prompt."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for clip, prompt in zip(decode_clips(vae, latents), prompts):
+        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+        name = Path(image_name(slug, seed, who)).with_suffix(".gif")
+        paths += save_clip(clip.permute(0, 2, 3, 1).numpy(), prompt, name, out)
     return paths
 
 
@@ -107,6 +122,7 @@ def drawn_by(
 def run_generate(args: argparse.Namespace, device: torch.device | None = None) -> list[Path]:
 
     run, source = locate(args.path, args.checkpoint, Trust.from_args(args))
+    check_frames(run)  # a clip run against an image teacher, or the reverse: one line before any work
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
     check_teacher_fits(run, source, args.allow_other_teacher)

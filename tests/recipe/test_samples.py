@@ -54,3 +54,61 @@ def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_no
     grid = np.asarray(Image.open(path).convert("RGB"))
     assert grid.shape == (HEADER + CELL + CAPTION, 2 * CELL, 3)  # one prompt: the teacher's, then the student's
     assert grid[HEADER : HEADER + CELL, :CELL].max() == 0  # the teacher column as given
+
+
+def clip_grid(tiny_path, tmp_path):
+    """A clip run's grid (data.latent_frames=2: 5 frames) of a tiny random student, drawn once at step 2."""
+    from types import SimpleNamespace
+
+    from wandistiller.student.model import build_student
+
+    spec = inspect_teacher(tiny_path)
+    g = torch.Generator().manual_seed(0)
+    prompts = PromptEmbeddings(
+        ["a fox", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512
+    )
+    data = OmegaConf.create({"latent_frames": 2, "latent_height": 8, "latent_width": 8})  # 5 frames (time 4x)
+    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path)
+    student = build_student(spec, builder="tiny", init="random").train()
+    column = np.zeros((1, 5, 64, 64, 3), dtype=np.float32)  # the teacher's clip: black
+    grids = SampleGrid(ctx, column, prompts, 1, 1)
+    path = grids(student, tmp_path / "samples" / "step_00000002.png")
+    assert path == tmp_path / "samples" / "step_00000002.png" and path.with_suffix(".gif").is_file()
+    return grids, student
+
+
+def test_a_clip_runs_grid_is_a_still_strip_and_a_gif_beside_it(tiny_path, tmp_path):
+    clip_grid(tiny_path, tmp_path)
+    path = tmp_path / "samples" / "step_00000002.png"
+    with Image.open(path.with_suffix(".gif")) as gif:
+        assert gif.n_frames == 5
+    strip = np.asarray(Image.open(path).convert("RGB"))
+    assert strip.shape[1] > 2 * strip.shape[0]  # the frames in a row, teacher over student
+
+
+@pytest.mark.slow  # ~10 s: an offline wandb run started and finished
+def test_a_clip_runs_samples_reach_wandb_as_video_and_tensorboard_as_the_strip_without_moviepy(
+    tiny_path, tmp_path, caplog
+):
+    import logging
+    from types import SimpleNamespace
+
+    from wandistiller.recipe.hooks.samples import SampleGrids
+    from wandistiller.tracking.loggers.tensorboard import TensorboardLogger
+    from wandistiller.tracking.loggers.wandb import WandbTracker
+
+    grids, student = clip_grid(tiny_path, tmp_path)
+    hook = SampleGrids(every=2, prompts=1, steps=1)
+    hook.samples = grids
+    wandb, board = WandbTracker(project="p", mode="offline"), TensorboardLogger()
+    run = SimpleNamespace(student=student, run_dir=tmp_path, tracker=None)
+    for logger in (wandb, board):
+        logger.start(tmp_path, {}, None)
+        run.tracker = logger
+        with caplog.at_level(logging.INFO):
+            hook(run, 2)
+            hook(run, 4)
+        logger.finish({})
+    videos = list((tmp_path / "wandb").rglob("media/videos/samples_clips_*.gif"))
+    assert len(videos) == 2  # wandb holds each as a video
+    assert caplog.text.count("add_video needs moviepy") == 1  # without moviepy: the strip, said once

@@ -28,12 +28,14 @@ from wandistiller.core.files import check_appended, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.sources import source_of
-from wandistiller.evaluation.grids import save_grid
+from wandistiller.evaluation.clips import FD_WITHHELD, eval_clip_quality, is_video_pocket, motion_ratio
+from wandistiller.evaluation.grids import save_clip_grid, save_grid
 from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
     RunFolder,
     Trust,
     check_counts,
+    check_frames,
     check_teacher_fits,
     generate,
     load_teacher,
@@ -45,7 +47,7 @@ from wandistiller.state.runs import (
     teacher_identity,
 )
 from wandistiller.teacher.sampler import calls_per_image
-from wandistiller.teacher.vae import decode_latents, load_vae
+from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 # What `python -m wandistiller.eval` samples unasked: a run without an end-of-run evaluation (no `hooks.evaluate` in
 # its saved config) has these as its own settings, the ones `eval.json` names.
@@ -88,6 +90,16 @@ def _readable_from_run(run: RunFolder, path: str) -> bool:
     return where.is_relative_to(run.path.resolve()) or where.is_relative_to(shipped)
 
 
+def clip_metrics(student_clips: torch.Tensor, teacher_clips: torch.Tensor) -> list[dict]:
+    """PSNR and SSIM of [N, F, 3, H, W] clips against the teacher's: each clip's mean over its frames."""
+    frames = student_clips.shape[1]
+    rows = image_metrics(student_clips.flatten(0, 1), teacher_clips.flatten(0, 1))
+    return [
+        {k: statistics.fmean(r[k] for r in rows[i : i + frames]) for k in ("psnr", "ssim")}
+        for i in range(0, len(rows), frames)
+    ]
+
+
 def image_metrics(student_imgs: torch.Tensor, teacher_imgs: torch.Tensor) -> list[dict]:
     from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
@@ -122,6 +134,7 @@ def evaluate(
     its eval.json."""
 
     run = open_run(run_dir, *(trust or Trust()).open_args())
+    check_frames(run)  # before anything is sampled or written
     steps, limit, per_prompt, prompts_path = run_settings(run, steps, limit, per_prompt, prompts_path, trust or Trust())
     trained = run.trained_steps  # before any sampling: a bad saved method.steps is one line
     counts = list(dict.fromkeys(student_steps or [trained or steps]))  # in the order asked, each once
@@ -163,9 +176,12 @@ def evaluate(
     student = student_sampler(run, source, device)
     prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
     vae = load_vae(run.spec, device)
-    teacher_imgs = decode_latents(vae, teacher_lat)
+    video = shape[1] > 1  # clips: every frame decoded and judged (evaluation/clips.py); one frame: an image
+    decode = decode_clips if video else decode_latents
+    teacher_imgs = decode(vae, teacher_lat)
     # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
-    teacher_quality = eval_quality(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
+    quality_of = eval_clip_quality if video else eval_quality
+    teacher_quality = quality_of(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
     results: dict[str, dict] = {}
     grid = None
     for n in counts:
@@ -173,18 +189,19 @@ def evaluate(
         student_lat, student_s = generate(
             student, emb, idx, seed, n, shape, what, per_prompt, student_scheduler(run.spec, trained, n)
         )
-        student_imgs = decode_latents(vae, student_lat)
+        student_imgs = decode(vae, student_lat)
         mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
+        pictures = (clip_metrics if video else image_metrics)(student_imgs, teacher_imgs)
         rows = [
             {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
-            for p, m, im, s, t in zip(prompts, mse, image_metrics(student_imgs, teacher_imgs), student_s, teacher_s)
+            for p, m, im, s, t in zip(prompts, mse, pictures, student_s, teacher_s)
         ]
         keys = ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")
         mean = {k: statistics.fmean(r[k] for r in rows) for k in keys}
         mean["speedup"] = mean["teacher_s"] / mean["student_s"]
         mean |= {"student_calls_per_image": calls_per_image(n, 1.0), "teacher_calls_per_image": teacher_calls}
-        quality = teacher_quality | eval_quality(prompts, {"student": student_imgs}, clip_model, fid_reference)
-        mean |= quality | diversity_ratio(quality)
+        quality = teacher_quality | quality_of(prompts, {"student": student_imgs}, clip_model, fid_reference)
+        mean |= quality | diversity_ratio(quality) | (motion_ratio(quality) if video else {})
         results[str(n)] = {"student_steps": n, "mean": mean, "prompts": rows}
         grid = grid or (teacher_imgs[first], student_imgs[first], prompts[first])
     head = results[str(counts[0])]
@@ -202,8 +219,11 @@ def evaluate(
     }
     if any(key.endswith("_kid") for key in head["mean"]):
         result["scales"] = {"kid": KID_MEANING}
-    if "student_diversity" not in head["mean"]:
-        result["withheld"] = {"diversity": diversity_withheld(per_prompt)}
+    withheld = {} if "student_diversity" in head["mean"] else {"diversity": diversity_withheld(per_prompt)}
+    if video and is_video_pocket(prompts) and "student_clip_fd" not in head["mean"]:
+        withheld["clip_fd"] = FD_WITHHELD  # too few clips for a Fréchet distance of the clip features
+    if withheld:
+        result["withheld"] = withheld
     result |= {
         "device": str(device),
         "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
@@ -213,9 +233,9 @@ def evaluate(
     result["variant"] = named
     result["teacher"] = teacher_identity(run.spec) | {"recorded": other is None}  # what it was judged against
     stem = result_stem(source, named)
-    result["files"] = [f"{stem}.json", f"{stem}.png"]
+    result["files"] = [f"{stem}.json", f"{stem}.png"] + ([f"{stem}.gif"] if video else [])
     assert grid is not None  # one student step count at least
-    _write(run.path, stem, result, grid)
+    _write(run.path, stem, result, grid, video)
     return result
 
 
@@ -226,18 +246,22 @@ def diversity_withheld(per_prompt: int) -> str:
     return "no judge for these prompts: diversity reads the pocket judge's features (pocket prompts only)"
 
 
-def _write(folder: Path, stem: str, result: dict, grid: tuple) -> None:
-    """`<stem>.png` (teacher | student, one image per prompt) then `<stem>.json`, each whole or not at all and never
-    through a link (core.files): no json without its figure; a full disk is one line and keeps what was there."""
+def _write(folder: Path, stem: str, result: dict, grid: tuple, video: bool = False) -> None:
+    """`<stem>.png` (teacher | student, one image per prompt; for clips the still strip, and `<stem>.gif` the
+    animation) then `<stem>.json`, each whole or not at all and never through a link (core.files): no json without its
+    figure; a full disk is one line and keeps what was there."""
     teacher, student, prompts = grid
-    as_hwc = lambda x: x.permute(0, 2, 3, 1).numpy()  # noqa: E731
+    as_hwc = lambda x: x.movedim(-3, -1).numpy()  # noqa: E731  # [..., 3, H, W] -> [..., H, W, 3]
     try:
-        save_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)
+        if video:
+            save_clip_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)
+        else:
+            save_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)
         write_in_run(folder, f"{stem}.json", json.dumps(result, indent=2))
     except OSError as e:
         raise UserError(
-            f"{folder}: {stem}.png/.json cannot be written ({e.strerror}); free some space and "
-            "run it again (what was there is kept)"
+            f"{folder}: {stem}.png/.json{'/.gif' if video else ''} cannot be written ({e.strerror}); free some "
+            "space and run it again (what was there is kept)"
         ) from None
 
 

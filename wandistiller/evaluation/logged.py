@@ -44,6 +44,8 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
         metrics = {f"{key}/{k}": v for k, v in result["mean"].items()}
         tracker.log(metrics, step=step)  # a logger that cannot take an earlier step says so itself (wandb)
         tracker.log_image(key, run_dir / result["files"][1], step=step)
+        if len(result["files"]) > 2:  # a clip run's animation beside its still strip
+            tracker.log_video(f"{key}_clips", run_dir / result["files"][2], step=step)
         # The summary's eval_* (metrics.json's) only from the result they quote: eval.json, the final student at the
         # run's own settings; a checkpoint's or another setting's figures are their own rows, not its summary.
         own = result["files"][0] == "eval.json"

@@ -25,7 +25,7 @@ from typing import Any
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import output_problem, read_text_in, write_in_run
 from wandistiller.evaluation.metrics import KID_MEANING
-from wandistiller.quality import compression, fewstep
+from wandistiller.quality import compression, fewstep, video
 from wandistiller.quality.compare import COLUMNS, Settings, _prompt_set, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
@@ -43,6 +43,11 @@ FORMATS = {
     "diversity": "{:.2f}",
     "diversity_ratio": "{:.2f}",
     "peak_rss_gib": "{:.2f}",
+    "frame_accuracy": "{:.1%}",
+    "motion_accuracy": "{:.1%}",
+    "motion_ratio": "{:.2f}",
+    "temporal_consistency": "{:.1%}",
+    "clip_fd": "{:.2f}",
 }
 
 
@@ -178,6 +183,28 @@ def write_section(out: Path, key: str, text: str) -> None:
     write_in_run(out.parent, out.name, new)  # whole, a link in its place replaced (never written through)
 
 
+def video_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    """The "Video" section: the clip comparison's table and issue 40's targets."""
+    return (
+        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores; {seconds / 60:.1f} min in all). Teacher "
+        f"`{settings.teacher}`, clips of 9 frames (`data.latent_frames=5`, the teacher's own clips as data); every "
+        f"cut student `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; the "
+        f"teacher samples {settings.sample_steps} UniPC steps with CFG, {settings.per_prompt} noises per prompt x "
+        f"{len(_prompts(settings))} prompts per seed, the same noises for every row; mean ± std over seeds "
+        f"{list(settings.seeds)}.\n\n"
+        "frame_accuracy: digit and colour as asked on every frame (the frame judge); motion_accuracy: the digit's "
+        "fitted centroid track goes the asked way; motion_ratio: the row's mean speed over the teacher's, same "
+        "noises; temporal_consistency: clips whose judged digit and colour hold on every frame; clip_fd: Fréchet "
+        "distance of the frame judge's clip features (time mean + frame-to-frame change) to the held-out digits' "
+        "clips (nan: withheld below 65 clips); diversity_ratio: intra-prompt diversity over the teacher's.\n\n"
+        + table(results, video.COLUMNS)
+        + "\n\nTargets (issue 40), from the means above:\n\n"
+        + "\n".join(video.targets(results))
+        + "\n"
+    )
+
+
 def _prompts(settings: Settings) -> list[str]:
 
     return _prompt_set(settings)
@@ -204,8 +231,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help=f"training steps of every student (default 1000; with --compression, per size: {compression.BUDGETS})",
     )
-    parser.add_argument("--batch-size", type=int, help="batch of every student (default 16)")
-    parser.add_argument("--teacher", default="pocket", choices=["pocket", "pocket_moe"])
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"batch of every student (default 16; clips {video.BATCH}, as +experiment=pocket_video)",
+    )
+    parser.add_argument(
+        "--teacher",
+        default="pocket",
+        choices=["pocket", "pocket_moe", *video.VIDEO_TEACHERS],
+        help="pocket_video / pocket_video_moe: the video comparison, judged on clips (quality/video.py)",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="WORD",
+        help="the video comparison: only the rows whose name holds one of these words (e.g. --rows LoRA 'KD student'); "
+        "the teacher's row always",
+    )
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
     parser.add_argument(
         "--out",
@@ -225,6 +268,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings.seeds = tuple(args.seeds)
     if args.steps:
         settings.max_steps = args.steps
+    if args.teacher in video.VIDEO_TEACHERS and not args.small:
+        settings.batch_size = video.BATCH  # clips: as many tokens a step as the image rows' 16 images
     if args.batch_size:
         settings.batch_size = args.batch_size
     return settings
@@ -257,6 +302,14 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
         if args.compression and args.fewstep:
             raise UserError("--compression and --fewstep are two reports; run them one after the other")
+        if args.rows and args.teacher not in video.VIDEO_TEACHERS:
+            raise UserError("--rows chooses rows of the video comparison; give --teacher pocket_video too")
+        video.chosen(args.rows)  # no row named: one line before the work
+        if args.teacher in video.VIDEO_TEACHERS and (args.compression or args.fewstep):
+            raise UserError(
+                f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
+                "clips); drop --compression/--fewstep, or give an image teacher (--teacher pocket)"
+            )
     budgets = {
         size: settings.max_steps if args.small or args.steps else steps for size, steps in compression.BUDGETS.items()
     }
@@ -267,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
                 results = compression.compare_compression(settings, work, budgets, args.jobs)
             elif args.fewstep:
                 results = fewstep.compare_fewstep(settings, work)
+            elif args.teacher in video.VIDEO_TEACHERS:
+                results = video.compare_video(settings, work, video.chosen(args.rows))
             else:
                 results = compare(settings, work)
     finally:
@@ -280,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.fewstep:
         write_section(out, "fewstep", fewstep_report(results, settings, argv, seconds))
         print(table(results, fewstep.COLUMNS))
+    elif args.teacher in video.VIDEO_TEACHERS:
+        write_section(out, "video", video_report(results, settings, argv, seconds))
+        print(table(results, video.COLUMNS))
     else:
         write_section(out, "data", report(results, settings, argv, seconds))
         print(table(results))

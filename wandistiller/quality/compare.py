@@ -23,6 +23,7 @@ from wandistiller.core.hydra import compose_config
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.metrics import heldout_reference, pocket_scores
 from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.clips import video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS
 from wandistiller.state.runs import (
     generate,
@@ -34,7 +35,7 @@ from wandistiller.state.runs import (
 )
 from wandistiller.student.lora import ADAPTERS_JSON, is_lora
 from wandistiller.teacher.sampler import calls_per_image
-from wandistiller.teacher.vae import decode_latents, load_vae
+from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 from wandistiller.train import run
 
 # (row, overrides): the same student, steps and batch; only where x0 comes from and the loss change.
@@ -69,8 +70,14 @@ def seed_mean(runs: list[dict], key: str) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
+VIDEO_TEACHERS = ("pocket_video", "pocket_video_moe")  # judged on clips (quality/video.py)
+VIDEO_PROMPT_COUNT = 40  # the video prompts file's first 40: every (digit, colour) once, every motion 8 times
+
+
 def _prompt_set(settings: Settings) -> list[str]:
 
+    if settings.teacher in VIDEO_TEACHERS:
+        return video_prompt_file_order()[: settings.prompts or VIDEO_PROMPT_COUNT]
     return PROMPTS[: settings.prompts] if settings.prompts else PROMPTS
 
 
@@ -136,7 +143,8 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
         drawn.append(lat)
         seconds += sec
     latents = torch.cat(drawn)
-    images = decode_latents(load_vae(run.spec, device), latents)
+    decode = decode_clips if run.latent_shape[1] > 1 else decode_latents  # clips: every frame [N, F, 3, H, W]
+    images = decode(load_vae(run.spec, device), latents)
     return {
         "latents": latents,
         "images": images,

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.prompts import PromptEmbeddings
-from wandistiller.evaluation.grids import save_grid
+from wandistiller.evaluation.grids import save_clip_grid, save_grid
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
@@ -35,7 +35,7 @@ class SampleGrid:
     path, it draws the student from the same noise and prompts now and saves the grid there."""
 
     ctx: RunContext
-    teacher_column: np.ndarray | None  # None on the ranks that never draw a grid
+    teacher_column: np.ndarray | None  # None on the ranks that never draw a grid; [N, F, H, W, 3] clips
     embeddings: PromptEmbeddings
     prompts: int
     steps: int
@@ -51,7 +51,15 @@ class SampleGrid:
             )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
-        return save_grid(self.teacher_column, mine, self.embeddings.prompts[:n], path, root=self.ctx.run_dir)
+        prompts = self.embeddings.prompts[:n]
+        if self.clips:  # the still strip at `path`, the animated teacher | student GIF beside it
+            return save_clip_grid(self.teacher_column, mine, prompts, path, root=self.ctx.run_dir)[0]
+        return save_grid(self.teacher_column, mine, prompts, path, root=self.ctx.run_dir)
+
+    @property
+    def clips(self) -> bool:
+        """A clip run's grid (data.latent_frames > 1): a still strip PNG and a GIF beside it (`<stem>.gif`)."""
+        return self.ctx.data_cfg.latent_frames > 1
 
 
 def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int, steps: int) -> SampleGrid | None:
@@ -86,8 +94,9 @@ def draw(
     seed: int,
     device: torch.device | None = None,
 ) -> np.ndarray:
-    """First frames for the first `num_prompts` prompts: teacher (its experts and CFG, on the device it takes
-    its inputs on) or student (no CFG, where its weights are)."""
+    """First frames [N, H, W, 3] for the first `num_prompts` prompts (of a clip run, data.latent_frames > 1, whole
+    clips [N, F, H, W, 3]): teacher (its experts and CFG, on the device it takes its inputs on) or student (no CFG,
+    where its weights are)."""
 
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
@@ -109,7 +118,7 @@ def draw(
         width=data_cfg.latent_width * vae.config.scale_factor_spatial,
         num_frames=(data_cfg.latent_frames - 1) * vae.config.scale_factor_temporal + 1,
     ).frames
-    return frames[:, 0]
+    return frames if data_cfg.latent_frames > 1 else frames[:, 0]
 
 
 def teacher_images(

@@ -46,6 +46,7 @@ from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
+from wandistiller.teacher.vae import pocket_frames_problem
 
 
 def student_steps(cfg: DictConfig) -> int | None:
@@ -376,6 +377,17 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
     why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)
     if why:
         raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX['cli']}")
+
+
+def check_frames(run: RunFolder) -> None:
+    """A clip run against an image teacher, or a one-frame run against a video teacher, is one line before any work:
+    its figures would judge what the teacher never made."""
+    why = pocket_frames_problem(run.spec.path, int(run.latent_shape[1]))
+    if why:
+        raise UserError(
+            f"{why}; use it with the teacher it was trained with (--teacher-path that teacher's folder), "
+            "or set data.latent_frames to what the teacher makes"
+        )
 
 
 def teacher_identity(spec: TeacherSpec) -> dict:

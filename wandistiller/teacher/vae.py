@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.core.arch import POCKET_VAE
 from wandistiller.core.errors import UserError
 from wandistiller.teacher.spec import TeacherSpec, loading, read_json
 
@@ -103,3 +104,51 @@ def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     video = vae.decode(latents.to(vae.device, vae.dtype) * std + mean, return_dict=False)[0]
     processor = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
     return processor.postprocess_video(video, output_type="pt")[:, 0].float().cpu()
+
+
+@torch.no_grad()
+def decode_clips(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents [B, C, f, h, w] -> every frame [B, F, 3, H, W] in [0, 1], as WanPipeline decodes a video
+    (`decode_latents` keeps the first frame: what a one-frame run shows)."""
+    from diffusers.video_processor import VideoProcessor
+
+    mean, std = latent_stats(vae)
+    video = vae.decode(latents.to(vae.device, vae.dtype) * std + mean, return_dict=False)[0]
+    processor = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
+    return processor.postprocess_video(video, output_type="pt").float().cpu()
+
+
+def pocket_frames(teacher_path) -> str | None:
+    """What a pocket teacher's VAE makes, read off its `vae/config.json`: "clips" (the pocket video teacher's: the
+    time compression its layers make is the one its config declares, so clips decode as sampled), "image" (the
+    pocket image teacher's, trained on single frames: its config declares Wan's 4x where its layers make 2x), None
+    for any other teacher (a real Wan VAE makes both: one frame is an image)."""
+    try:
+        config = json.loads((Path(teacher_path) / "vae" / "config.json").read_text())
+    except (TypeError, OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if not all(config.get(k) == v for k, v in POCKET_VAE.items() if k != "temperal_downsample"):
+        return None
+    made = time_compression(config)
+    if made > 1 and made == config.get("scale_factor_temporal", 4):
+        return "clips"
+    return "image" if config.get("temperal_downsample") == POCKET_VAE["temperal_downsample"] else None
+
+
+def pocket_frames_problem(teacher_path, latent_frames: int) -> str | None:
+    """Why a run of `latent_frames` cannot be judged against the teacher at `teacher_path` (None where it can): a
+    clip run against the pocket image teacher, a one-frame run against the pocket video teacher."""
+    kind = pocket_frames(teacher_path)
+    if kind == "image" and latent_frames > 1:
+        return (
+            f"the run makes clips (data.latent_frames={latent_frames}) but the teacher at {teacher_path} is the "
+            "pocket image teacher (single frames)"
+        )
+    if kind == "clips" and latent_frames == 1:
+        return (
+            f"the run makes single frames (data.latent_frames=1) but the teacher at {teacher_path} is the pocket "
+            "video teacher (clips)"
+        )
+    return None

@@ -285,3 +285,45 @@ def test_a_lora_student_is_watched_with_its_adapters_on(world, tmp_path):
     [(_, at_zero)], [(_, moved)] = first.tracker.logged, second.tracker.logged
     assert at_zero["collapse/diversity"] != moved["collapse/diversity"]  # the adapters were on while it sampled
     assert not any(a.on for a in lora.adapters)  # and off again after
+
+
+@pytest.fixture(scope="module")
+def clip_world(world):
+    """The same tiny teacher and student, on clips: data.latent_frames=2 (5 frames through its 4x temporal VAE)."""
+    cfg = copy.deepcopy(world.cfg)
+    cfg.data.latent_frames = 2
+    return SimpleNamespace(**vars(world) | {"cfg": cfg})
+
+
+@pytest.mark.slow  # ~10 s: the tiny teacher's clips decoded at every check
+def test_a_clip_run_logs_its_motion_beside_the_teachers_and_a_moving_student_is_silent(clip_world, tmp_path, caplog):
+    run = watched(clip_world, tmp_path, clip_world.itself, method=SimpleNamespace(regression_weight=0.0))
+    with caplog.at_level(logging.WARNING, logger="wandistiller"):
+        run.hook(run, 2)  # the teacher's own transformer: it moves as the teacher does
+        run.hook(run, 4)
+    for _, logged in run.tracker.logged:
+        assert set(logged) == FIGURES | {"collapse/motion", "collapse/teacher_motion", "collapse/motion_ratio",
+                                         "collapse/still"}  # fmt: skip
+        assert logged["collapse/teacher_motion"] > 0 and logged["collapse/motion_ratio"] > 0.7
+        assert logged["collapse/still"] == 0.0
+    assert not [r for r in caplog.records if "lose their motion" in r.getMessage()]
+
+
+def test_pocket_clips_that_keep_their_frames_but_stop_moving_are_said_once_and_moving_ones_never(tmp_path, caplog):
+    from wandistiller.pocket.clips import rendered_clip_split
+    from wandistiller.recipe.hooks.collapse import figures
+
+    clips, _, prompts = rendered_clip_split("heldout", seed=1)
+    moving, prompts = clips[:8], prompts[:8]
+    frozen = moving[:, 8:9].expand_as(moving).contiguous()  # each clip held at its middle frame: the digit right
+    hook = CollapseWatch(min_motion=0.7)
+    hook.ctx = SimpleNamespace(trainer_cfg={"optimizer": {"lr": 1e-4}})
+    hook.reference = figures(moving, prompts)
+    run = SimpleNamespace(tracker=MetricsTracker(), run_dir=tmp_path, method=SimpleNamespace(regression_weight=0.1))
+    with caplog.at_level(logging.WARNING, logger="wandistiller"):
+        assert hook.judged(run, 1, figures(moving, prompts))["collapse/motion_ratio"] == 1.0
+        assert hook.judged(run, 2, figures(frozen, prompts))["collapse/motion_ratio"] < 0.1
+        hook.judged(run, 3, figures(frozen, prompts))
+    (line,) = [r.getMessage() for r in caplog.records]  # the motion line alone: the frames themselves look fine
+    assert line.startswith("step 2: the student's clips lose their motion (hooks.collapse): motion 0.0")
+    assert "a larger method.regression_weight (now 0.1)" in line and "a lower trainer.optimizer.lr (now 0.0001)" in line

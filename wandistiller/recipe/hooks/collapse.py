@@ -10,9 +10,21 @@ is drawn once, at the first check, from the same noises (the teacher's scheduler
     collapse/flat               share of near-constant images (solid colour, black); collapse/teacher_flat
 
 (with `collapse/diversity`, `collapse/teacher_diversity` and `collapse/collapsed`, 1 while it looks collapsed), into
-the loggers and `metrics_steps.jsonl`. A diversity ratio under `min_diversity`, or a saturation or flat share more
-than `max_saturation_rise` above the teacher's, is said in one warning line, once per episode (again only after a
-check that looked healthy), with the step, the figures and what to try. A KD student, which samples at the
+the loggers and `metrics_steps.jsonl`. A clip run (`data.latent_frames > 1`) is judged on its clips' first frames, and
+its motion is watched too (the motion guard):
+
+    collapse/motion_ratio       the student's motion / the teacher's on the probe set, from the same noises: on pocket
+                                video prompts the digit's speed along its fitted track (px per frame, eval's), on
+                                other prompts the mean absolute change of the pixels from frame to frame
+    collapse/motion             the student's motion; collapse/teacher_motion the teacher's; collapse/still 1 while the
+                                ratio is under `min_motion`
+
+A motion ratio under `min_motion` (0.7 unless set; 0 never warns) is said in its own warning line, once per episode,
+naming what to try: few-step students are known to lose their motion before their frames look wrong.
+
+A diversity ratio under `min_diversity`, or a saturation or flat share more than `max_saturation_rise` above the
+teacher's, is said in one warning line, once per episode (again only after a check that looked healthy), with the
+step, the figures and what to try. A KD student, which samples at the
 teacher's steps, is watched only when `hooks.collapse.steps` asks for it.
 
 It runs on the main training rank (the student's samples, the logging); where the teacher's forwards are
@@ -35,8 +47,11 @@ from wandistiller.core.registry import Option
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
+from wandistiller.evaluation.clips import frame_motion, is_video_pocket
 from wandistiller.evaluation.metrics import intra_prompt_diversity, judge_features
+from wandistiller.pocket import FRAME_CLASSIFIER_FILE
 from wandistiller.pocket.classifier import load_classifier
+from wandistiller.pocket.clips import speeds
 from wandistiller.pocket.digits import parse_prompt
 from wandistiller.recipe.hooks.base import Hook, at_least
 from wandistiller.recipe.hooks.monitor import append_rows
@@ -44,7 +59,7 @@ from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
 from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.sampler import wan_pipeline
-from wandistiller.teacher.vae import decode_latents, load_vae
+from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 if TYPE_CHECKING:
     from wandistiller.data.prompts import PromptEmbeddings
@@ -77,6 +92,8 @@ class CollapseConfig:
     # The warning: a diversity ratio under this, or a saturation or flat share this far above the teacher's.
     min_diversity: float = 0.5
     max_saturation_rise: float = 0.2
+    # The motion guard (clips only): a student/teacher motion ratio under this warns (0 = never).
+    min_motion: float = 0.7
 
 
 @dataclass(frozen=True)
@@ -143,10 +160,25 @@ def probe_latents(
 
 
 def decoded(spec, latents: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """First frames [N, 3, H, W] in [0, 1], DECODE_BATCH at a time (a real frame's decode is the memory peak)."""
+    """First frames [N, 3, H, W] in [0, 1], DECODE_BATCH at a time (a real frame's decode is the memory peak); for
+    latents of more than one frame, whole clips [N, F, 3, H, W]."""
 
     vae = load_vae(spec, device)
-    return torch.cat([decode_latents(vae, part) for part in latents.split(DECODE_BATCH)])
+    decode = decode_clips if latents.shape[2] > 1 else decode_latents
+    return torch.cat([decode(vae, part) for part in latents.split(DECODE_BATCH)])
+
+
+def motion(clips: torch.Tensor, prompts: list[str]) -> float:
+    """A probe set's motion: the pocket digit's mean speed (px per frame) on pocket video prompts, else the mean
+    absolute pixel change from frame to frame."""
+    return float((speeds(clips) if is_video_pocket(prompts) else frame_motion(clips)).mean())
+
+
+def figures(samples: torch.Tensor, prompts: list[str], judge=None) -> dict[str, float]:
+    """`image_figures` of images [N, 3, H, W]; of clips [N, F, 3, H, W], those of their first frames and `motion`."""
+    if samples.dim() == 4:
+        return image_figures(samples, prompts, judge)
+    return image_figures(samples[:, 0], prompts, judge) | {"motion": motion(samples, prompts)}
 
 
 def clipped_share(images: torch.Tensor) -> float:
@@ -184,6 +216,8 @@ def compared(student: dict, teacher: dict | None) -> dict[str, float]:
     out |= {f"collapse/teacher_{k}": v for k, v in teacher.items()}
     if student.get("diversity") is not None and teacher.get("diversity"):
         out["collapse/diversity_ratio"] = student["diversity"] / teacher["diversity"]
+    if student.get("motion") is not None and teacher.get("motion"):
+        out["collapse/motion_ratio"] = student["motion"] / teacher["motion"]
     return out
 
 
@@ -200,6 +234,14 @@ def collapse_signs(metrics: dict, min_diversity: float, max_rise: float) -> list
     return signs
 
 
+def motion_sign(metrics: dict, min_motion: float) -> str | None:
+    """The motion lost, in words, where the logged motion ratio is under `min_motion`; else None."""
+    ratio = metrics.get("collapse/motion_ratio")
+    if ratio is None or ratio >= min_motion:
+        return None
+    return f"motion {ratio:.2f}x the teacher's (under hooks.collapse.min_motion={min_motion:g})"
+
+
 def summary(metrics: dict) -> str:
     """The figures of one check, as train.log shows them."""
 
@@ -213,7 +255,12 @@ def summary(metrics: dict) -> str:
     else:
         diversity = "diversity withheld" if mine is None else f"diversity {mine:.3g}"
     saturation = f"clipped pixels {metrics['collapse/saturation']:.1%}{beside('saturation', '.1%')}"
-    return f"{diversity}, {saturation}, flat images {metrics['collapse/flat']:.0%}{beside('flat', '.0%')}"
+    moving = (
+        ""
+        if "collapse/motion_ratio" not in metrics
+        else f", motion {metrics['collapse/motion_ratio']:.2f}x the teacher's"
+    )
+    return f"{diversity}, {saturation}, flat images {metrics['collapse/flat']:.0%}{beside('flat', '.0%')}{moving}"
 
 
 def _share(key: str, value: float) -> float:
@@ -237,6 +284,7 @@ class CollapseWatch(Hook):
         teacher_steps: int = CollapseConfig.teacher_steps,
         min_diversity: float = CollapseConfig.min_diversity,
         max_saturation_rise: float = CollapseConfig.max_saturation_rise,
+        min_motion: float = CollapseConfig.min_motion,
     ):
         self.every = at_least("hooks.collapse.every", every, 0)
         self.prompts = at_least("hooks.collapse.prompts", prompts, 0)
@@ -247,6 +295,10 @@ class CollapseWatch(Hook):
             raise UserError(f"hooks.collapse.min_diversity={min_diversity} must be 0 or more (0 never warns on it)")
         self.min_diversity = min_diversity
         self.max_saturation_rise = _share("hooks.collapse.max_saturation_rise", max_saturation_rise)
+        if not (math.isfinite(min_motion) and min_motion >= 0):
+            raise UserError(f"hooks.collapse.min_motion={min_motion} must be 0 or more (0 never warns on it)")
+        self.min_motion = min_motion
+        self.still = False  # inside a motion episode: warned, not yet moving again
         self.probe: Probe | None = None  # None: this rank checks nothing
         self.draws_teacher = False  # this rank draws the teacher's reference (the main one, or all of a collective)
         self.reference: dict | None = None  # the teacher's figures, from the first check
@@ -277,6 +329,8 @@ class CollapseWatch(Hook):
 
         if all(parse_prompt(p) is not None for p in self.probe.prompts):  # eval's diversity: the judge's features
             self.judge = load_classifier()
+        elif is_video_pocket(self.probe.prompts) and FRAME_CLASSIFIER_FILE.is_file():  # the video teacher's frames
+            self.judge = load_classifier(FRAME_CLASSIFIER_FILE)
         against = (
             f"against the teacher's ({self.teacher_steps} steps, drawn at the first check)"
             if ctx.roles.has_teacher
@@ -308,9 +362,17 @@ class CollapseWatch(Hook):
             if not self.ctx.is_main:
                 return
             student = self.student_figures(run)
+        self.judged(run, step, student)
+
+    def judged(self, run, step: int, student: dict) -> dict:
+        """The student's figures against the teacher's reference: logged, and a warning line at the first check of
+        an episode that looks collapsed, or (clips) that lost its motion. Returns what was logged."""
         metrics = compared(student, self.reference)
         signs = collapse_signs(metrics, self.min_diversity, self.max_saturation_rise)
         metrics["collapse/collapsed"] = float(bool(signs))
+        still = motion_sign(metrics, self.min_motion)
+        if "collapse/motion_ratio" in metrics:
+            metrics["collapse/still"] = float(still is not None)
         run.tracker.log(metrics, step=step)
 
         append_rows(Path(run.run_dir), [{"step": step} | metrics])
@@ -325,6 +387,17 @@ class CollapseWatch(Hook):
                 ", ".join(signs),
                 self.advice(run),
             )
+        if still is None:
+            self.still = False
+        elif not self.still:
+            self.still = True
+            log.warning(
+                "step %d: the student's clips lose their motion (hooks.collapse): %s; %s",
+                step,
+                still,
+                self.motion_advice(run),
+            )
+        return metrics
 
     def teacher_reference(self, run) -> dict | None:
         """The teacher's figures on the probe set, drawn once (by every rank of a collective teacher; the main rank
@@ -345,7 +418,7 @@ class CollapseWatch(Hook):
         teacher.copy_ms()  # a streamed teacher's copies for the reference: not the next training step's
         if not self.ctx.is_main:
             return None
-        return image_figures(decoded(self.ctx.spec, latents, self.ctx.device), self.probe.prompts, self.judge)
+        return figures(decoded(self.ctx.spec, latents, self.ctx.device), self.probe.prompts, self.judge)
 
     def student_figures(self, run) -> dict:
         """The student's figures on the probe set at its steps: a few-step student with its own schedule
@@ -363,7 +436,7 @@ class CollapseWatch(Hook):
                 )
         finally:
             student.train(was_training)
-        return image_figures(decoded(ctx.spec, latents, ctx.device), self.probe.prompts, self.judge)
+        return figures(decoded(ctx.spec, latents, ctx.device), self.probe.prompts, self.judge)
 
     def advice(self, run) -> str:
         """What to try: a lower learning rate, a regression term (a method that has one), or fewer steps, from the
@@ -384,6 +457,26 @@ class CollapseWatch(Hook):
             kept = [p for p in list_checkpoints(Path(run.run_dir)) if 0 < checkpoint_step(p) <= self.last_healthy]
             since = f"trainer.resume={kept[-1]}" if kept else "no checkpoint of then is kept"
             tries.append(f"fewer steps since step {self.last_healthy}, the last check that looked healthy ({since})")
+        return "try " + ", or ".join(tries)
+
+    def motion_advice(self, run) -> str:
+        """What to try when the clips stand still: a regression term on the teacher's trajectories (it keeps the
+        teacher's motion), more of the teacher's steps for its targets, a lower learning rate, fewer steps."""
+        tries = []
+        weight = getattr(run.method, "regression_weight", None)  # dmd's
+        if weight is not None:
+            tries.append(
+                f"a larger method.regression_weight (now {weight:g})"
+                if weight
+                else "a regression term (method.regression_weight=0.25)"
+            )
+        teacher_steps = getattr(run.method, "teacher_steps", None)
+        if isinstance(teacher_steps, int):
+            tries.append(f"more teacher steps for its targets (method.teacher_steps, now {teacher_steps})")
+        lr = self.ctx.trainer_cfg.get("optimizer", {}).get("lr")
+        tries.append(f"a lower trainer.optimizer.lr{f' (now {lr:g})' if isinstance(lr, (int, float)) else ''}")
+        if self.last_healthy is not None:
+            tries.append(f"fewer steps (step {self.last_healthy} was the last check that looked healthy)")
         return "try " + ", or ".join(tries)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from wandistiller.core.registry import Option
 from wandistiller.evaluation.evaluate import evaluate
@@ -85,6 +86,8 @@ class EvaluateAtEnd(Hook):
             per_prompt=self.per_prompt,
         )
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
+        if len(result["files"]) > 2:  # a clip run: its teacher | student animation (eval.gif), as a video
+            run.tracker.log_video("eval_clips", Path(ctx.run_dir) / result["files"][2], step=ctx.trainer_cfg.max_steps)
         return {f"eval_{k}": v for k, v in result["mean"].items()}
 
 

@@ -42,14 +42,21 @@ class SampleGrids(Hook):
         if self.samples is None or self.every <= 0 or step % self.every:
             return
         path = self.samples(run.student, Path(run.run_dir) / "samples" / f"step_{step:08d}.png")
-        run.tracker.log_image("samples", path, step=step)
+        self.logged(run, path, step)
 
     def at_end(self, run) -> dict:
         """The trained student's grid, `samples.png`, logged at the last step."""
         if self.samples is not None:
             path = self.samples(run.student, Path(run.run_dir) / "samples.png")
-            run.tracker.log_image("samples", path, step=self.last_step)
+            self.logged(run, path, self.last_step)
         return {}
+
+    def logged(self, run, path: Path, step: int) -> None:
+        """The grid into the run's loggers; a clip run's animation too (`samples_clips`: video where the logger
+        has it, its still strip where not)."""
+        run.tracker.log_image("samples", path, step=step)
+        if getattr(self.samples, "clips", False):
+            run.tracker.log_video("samples_clips", path.with_suffix(".gif"), step=step)
 
 
 OPTION = Option("samples", SamplesConfig, SampleGrids)

@@ -63,6 +63,11 @@ class Logger:
     def log_image(self, key: str, path: Path, step: int | None) -> None:
         pass
 
+    def log_video(self, key: str, path: Path, step: int | None) -> None:
+        """An animated clip (a GIF, its still strip beside it as `<stem>.png`); a logger without video shows the
+        strip."""
+        self.log_image(key, Path(path).with_suffix(".png"), step)
+
     def finish(self, summary: dict[str, Any]) -> None:
         pass
 
@@ -114,6 +119,17 @@ class Loggers(Logger):
 
     def log_image(self, key: str, path: Path, step: int | None) -> None:
         _each(self.loggers, lambda lg: lg.log_image(key, path, step))
+
+    def log_video(self, key: str, path: Path, step: int | None) -> None:
+        # a logger of the user's own written before clips existed shows the still strip
+        def one(lg: Logger) -> None:
+            video = getattr(lg, "log_video", None)
+            if callable(video):
+                video(key, path, step)
+            else:
+                lg.log_image(key, Path(path).with_suffix(".png"), step)
+
+        _each(self.loggers, one)
 
     def finish(self, summary: dict[str, Any]) -> None:
         _each(self.loggers, lambda lg: lg.finish(summary))

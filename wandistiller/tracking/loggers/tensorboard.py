@@ -5,7 +5,9 @@ however the run ends. Rank 0 only."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import open_in, run_folder
 from wandistiller.core.registry import Option
 from wandistiller.tracking.loggers.base import Logger
+
+log = logging.getLogger(__name__)
 
 # Seconds between writes of the buffered scalars (TensorBoard's default is 120): a killed run loses at most this.
 FLUSH_SECS = 5
@@ -35,6 +39,7 @@ class TensorboardLogger(Logger):
     def __init__(self, folder: str = TensorboardConfig.folder):
         self.folder = folder
         self.writer: Any = None  # the SummaryWriter, from start()
+        self.said_no_video = False  # without moviepy, clips are their strips: said once
 
     @classmethod
     def check(cls, node, key: str) -> None:
@@ -73,6 +78,25 @@ class TensorboardLogger(Logger):
 
         with open_in(Path(path).parent, Path(path).name) as f, Image.open(f) as image:  # never a link out
             self.writer.add_image(key, np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
+
+    def log_video(self, key: str, path: Path, step: int | None) -> None:
+        """The GIF as a TensorBoard video (add_video needs moviepy); without moviepy its still strip as an image,
+        said once."""
+        if importlib.util.find_spec("moviepy") is None:
+            if not self.said_no_video:
+                log.info(
+                    "tensorboard: clips are logged as their still strips (add_video needs moviepy: pip install moviepy)"
+                )
+                self.said_no_video = True
+            self.log_image(key, Path(path).with_suffix(".png"), step)
+            return
+        with open_in(Path(path).parent, Path(path).name) as f, Image.open(f) as gif:
+            frames = []
+            for k in range(getattr(gif, "n_frames", 1)):
+                gif.seek(k)
+                frames.append(np.asarray(gif.convert("RGB")))
+        video = np.stack(frames).transpose(0, 3, 1, 2)[None]  # [1, T, 3, H, W] uint8
+        self.writer.add_video(key, video, global_step=step, fps=8)
 
     def finish(self, summary: dict) -> None:
         figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, str))}

@@ -144,6 +144,11 @@ class WandbTracker(Logger):
 
         self.run.log(*self._at({key: wandb.Image(str(path))}, step))
 
+    def log_video(self, key: str, path: Path, step: int | None) -> None:
+        import wandb
+
+        self.run.log(*self._at({key: wandb.Video(str(path), format="gif")}, step))
+
     def _at(self, metrics: dict, step: int | None) -> tuple[dict, int | None]:
         """wandb keeps only steps at or after its run's current one and drops an earlier step's numbers with a
         warning (a resumed online run continues after the run's last step; an evaluation of an earlier
