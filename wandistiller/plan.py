@@ -64,12 +64,14 @@ def main() -> None:
 
 def rigs(args: list[str]) -> None:
     """`--rigs`: print docs/PLANNER.md's table of rigs as the planner makes it now; `--rigs --write` rewrites it."""
-    from wandistiller import rigs as table  # noqa: PLC0415 -- only this flag needs it
+    from wandistiller.bench import rigs as table  # noqa: PLC0415 -- only this flag needs it
 
     with exit_on_user_error():
         extra = [a for a in args if a not in ("--rigs", "--write")]
         if extra:
-            raise UserError(f"--rigs takes no overrides ({' '.join(extra)}): its runs are fixed (wandistiller/rigs.py)")
+            raise UserError(
+                f"--rigs takes no overrides ({' '.join(extra)}): its runs are fixed (wandistiller/bench/rigs.py)"
+            )
         if "--write" in args:
             table.write()
             print(f"wrote the table of rigs into {table.DOC}")

@@ -1,6 +1,6 @@
 """The table of rigs in docs/PLANNER.md: Wan 14B LoRA dmd on the one-GPU machines people own, each cell planned by
 the planner (placements/planner.py) on paper. `python -m wandistiller.plan --rigs` prints it, `--rigs --write`
-rewrites the section between the markers; tests/test_rigs.py recomputes every documented cell."""
+rewrites the section between the markers; tests/bench/test_rigs.py recomputes every documented cell."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from wandistiller.placements.planner import (
 )
 from wandistiller.placements.steptime import Passes
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "PLANNER.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "PLANNER.md"
 BEGIN, END = "<!-- rigs: begin (python -m wandistiller.plan --rigs --write) -->", "<!-- rigs: end -->"
 TEACHERS = {"wan2.1_t2v_14b": "Wan 2.1 14B", "wan2.2_t2v_a14b": "Wan 2.2 A14B pair"}
 BASES = ("bf16", "fp8")

@@ -1,12 +1,12 @@
-"""The table of rigs in docs/PLANNER.md (wandistiller/rigs.py): every documented cell is what the planner says now,
-and `plan` on a rig where the asked run does not fit names what would, or says in one line what is short."""
+"""The table of rigs in docs/PLANNER.md (wandistiller/bench/rigs.py): every documented cell is what the planner says
+now, and `plan` on a rig where the asked run does not fit names what would, or says in one line what is short."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.test_plan import plan_main
-from wandistiller import rigs
+from wandistiller.bench import rigs
 
 GRID = {
     (t, b, f, g, h)
