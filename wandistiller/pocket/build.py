@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 from PIL import Image as PILImage
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core.arch import (
     POCKET_MAX_SEQUENCE_LENGTH,
@@ -46,6 +45,7 @@ from wandistiller.pocket.video import (
     train_video_vae,
     video_text_encoder,
     video_tokenizer,
+    word_tokenizer,
 )
 from wandistiller.teacher.vae import latent_stats
 
@@ -62,21 +62,8 @@ PARTS = ("image", "video")
 
 def build_tokenizer():
     """Word-level over the pocket prompts' words; T5-like specials (pad=0, eos=1, unk=2)."""
-    from transformers import PreTrainedTokenizerFast
-
     words = sorted({w for p in PROMPTS for w in p.split()})
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=POCKET_MAX_SEQUENCE_LENGTH,
-    )
+    return word_tokenizer({"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}})
 
 
 def base_pipeline(vae_steps: int, images: torch.Tensor):

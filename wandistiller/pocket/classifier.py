@@ -71,6 +71,11 @@ def train_classifier(steps: int = 2000, batch: int = 128, seed: int = 0) -> Digi
     """Fit the judge on rendered train digits (8 renderings each, dropout): about two minutes on one core."""
     torch.manual_seed(seed)
     images, labels, _ = rendered_split("train", copies=8, seed=seed + 100)
+    return fit_judge(images, labels, steps, batch, seed)
+
+
+def fit_judge(images: torch.Tensor, labels: torch.Tensor, steps: int, batch: int = 128, seed: int = 0) -> DigitJudge:
+    """A DigitJudge fit on [N, 3, 32, 32] images and their [N, 2+] (digit, colour, ...) labels; returned frozen."""
     model = DigitJudge().train()
     opt = torch.optim.AdamW(model.parameters(), 2e-3, weight_decay=1e-2)
     g = torch.Generator().manual_seed(seed)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core.arch import POCKET_MAX_SEQUENCE_LENGTH, POCKET_VAE
-from wandistiller.pocket.classifier import DigitJudge
+from wandistiller.pocket.classifier import DigitJudge, fit_judge
 from wandistiller.pocket.clips import FRAMES, VIDEO_PROMPTS, rendered_clip_split
 from wandistiller.pocket.train import _cosine_lr
 
@@ -36,11 +36,16 @@ VAE_TRAIN_FRAMES = FRAMES
 
 def video_tokenizer(image_tokenizer):
     """The image tokenizer's word-level vocabulary with the video prompts' new words appended."""
-    from transformers import PreTrainedTokenizerFast
-
     vocab = dict(image_tokenizer.get_vocab())
     for word in sorted({w for p in VIDEO_PROMPTS for w in p.split()} - set(vocab)):
         vocab[word] = len(vocab)
+    return word_tokenizer(vocab)
+
+
+def word_tokenizer(vocab: dict[str, int]):
+    """A word-level tokenizer over `vocab` with T5-like specials (pad=0, eos=1, unk=2), at the pocket's padding."""
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -125,16 +130,4 @@ def train_frame_judge(steps: int, batch: int = 128, seed: int = 0) -> DigitJudge
     clips, labels, _ = rendered_clip_split("train", copies=2, seed=seed + 200, frames=FRAMES)
     frames = clips[:, :: (FRAMES - 1) // 4].reshape(-1, *clips.shape[2:])  # 5 frames a clip, first to last
     frame_labels = labels[:, :2].repeat_interleave(frames.shape[0] // len(clips), 0)
-    model = DigitJudge().train()
-    opt = torch.optim.AdamW(model.parameters(), 2e-3, weight_decay=1e-2)
-    g = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        idx = torch.randint(len(frames), (batch,), generator=g)
-        digit, colour = model.heads(frames[idx])
-        loss = F.cross_entropy(digit, frame_labels[idx, 0]) + F.cross_entropy(colour, frame_labels[idx, 1])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if (step + 1) % 200 == 0:
-            log.info("frame judge step %d loss %.4f", step + 1, float(loss))
-    return model.eval()
+    return fit_judge(frames, frame_labels, steps, batch, seed)

@@ -436,27 +436,26 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
             )
 
 
-def image_scale(teacher_path: Path | None) -> int:
-    """The teacher VAE's spatial factor (`vae/config.json`, as WanPipeline reads it): 8 for Wan, 4 for pocket."""
+def _vae_factor(teacher_path: Path | None, key: str, wan: int) -> int:
+    """A factor of the teacher's VAE (`vae/config.json`'s `key`, as WanPipeline reads it); Wan's `wan` where the
+    folder is not at hand or the value is not a sane factor."""
     if teacher_path is None:
-        return 8
+        return wan
     try:
-        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
+        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get(key, wan)
     except (TypeError, OSError, ValueError, AttributeError):
-        return 8
-    return factor if isinstance(factor, int) and 0 < factor <= 64 else 8
+        return wan
+    return factor if isinstance(factor, int) and 0 < factor <= 64 else wan
+
+
+def image_scale(teacher_path: Path | None) -> int:
+    """Pixels per latent pixel: 8 for Wan, 4 for the pocket teachers."""
+    return _vae_factor(teacher_path, "scale_factor_spatial", 8)
 
 
 def time_scale(teacher_path: Path | None) -> int:
-    """The teacher VAE's frames per latent frame (`vae/config.json`'s scale_factor_temporal, as WanPipeline reads
-    it): 4 for Wan, 2 for the pocket video teacher."""
-    if teacher_path is None:
-        return 4
-    try:
-        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get("scale_factor_temporal", 4)
-    except (TypeError, OSError, ValueError, AttributeError):
-        return 4
-    return factor if isinstance(factor, int) and 0 < factor <= 64 else 4
+    """Frames per latent frame: 4 for Wan, 2 for the pocket video teacher."""
+    return _vae_factor(teacher_path, "scale_factor_temporal", 4)
 
 
 def load_teacher(run: RunFolder, device: torch.device, dtype: torch.dtype) -> Teacher:
