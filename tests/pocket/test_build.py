@@ -129,4 +129,4 @@ def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
         digests.append([(f.relative_to(out), f.read_bytes()) for f in files])
     assert digests[0] == digests[1] and len(digests[0]) == 16  # image and video: 7 model files + a judge each
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
-    assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.temperal_downsample == [True, True]
+    assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.scale_factor_temporal == 2
