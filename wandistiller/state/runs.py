@@ -10,7 +10,6 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -442,8 +441,8 @@ def _vae_factor(teacher_path: Path | None, key: str, wan: int) -> int:
     if teacher_path is None:
         return wan
     try:
-        factor = json.loads((Path(teacher_path) / "vae" / "config.json").read_text()).get(key, wan)
-    except (TypeError, OSError, ValueError, AttributeError):
+        factor = read_json_in(Path(teacher_path), "vae/config.json").get(key, wan)
+    except (TypeError, OSError, ValueError, AttributeError, UserError):
         return wan
     return factor if isinstance(factor, int) and 0 < factor <= 64 else wan
 
