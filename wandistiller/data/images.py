@@ -69,35 +69,51 @@ def _text(path: Path, key: str) -> str:
         raise UserError(f"{key}: {path.name} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
-def folder_source(root: str) -> ImageSource:
+def captioned_files(root: str, suffixes: tuple[str, ...], what: str, other=None) -> tuple[Path, str, list[Path]]:
+    """(the folder, its key for errors, its files with one of `suffixes`, sorted) of `data.root`, refused in one line
+    where it is not a folder or holds none; `what` names them ("images", "videos"); `other`: (the other kind's
+    suffixes, its name, the data option that reads them), named where the folder holds those instead."""
     path, key = Path(root).expanduser(), f"data.root={root!r}"
     if not path.is_dir():
-        raise UserError(f"{key} is not a folder; give a folder of images with captions")
-    images = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    if not images:
-        raise UserError(f"{key} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        raise UserError(f"{key} is not a folder; give a folder of {what} with captions")
+    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+    if not files:
+        holds_other = other is not None and any(p.suffix.lower() in other[0] for p in path.rglob("*"))
+        hint = f"; it holds {other[1]}: use {other[2]}" if holds_other else ""
+        raise UserError(f"{key} holds no {what} ({', '.join(suffixes)}){hint}")
+    return path, key, files
+
+
+def captions_of(path: Path, key: str, files: list[Path], what: str) -> tuple[list[str], str]:
+    """(each file's caption: captions.jsonl's line, else the .txt beside it; a fingerprint of the files and
+    captions, for the cache), a file without one refused in one line."""
     jsonl = path / "captions.jsonl"
     from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
     captions = []
-    for image in images:
-        rel = image.relative_to(path).as_posix()
+    for file in files:
+        rel = file.relative_to(path).as_posix()
         if from_jsonl is not None:
             caption = from_jsonl.get(rel)
         else:
-            txt = image.with_suffix(".txt")
+            txt = file.with_suffix(".txt")
             caption = _text(txt, key).strip() if txt.is_file() else None
         if not caption:
-            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {image.stem}.txt beside it"
-            raise UserError(f"{key}: {rel} has no caption ({where}); caption every image")
+            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {file.stem}.txt beside it"
+            raise UserError(f"{key}: {rel} has no caption ({where}); caption every {what}")
         captions.append(caption)
+    stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return captions, hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
+
+
+def folder_source(root: str) -> ImageSource:
+    path, key, images = captioned_files(root, IMAGE_SUFFIXES, "images")
+    captions, fingerprint = captions_of(path, key, images, "image")
     for image in images:  # headers only: an unreadable image is named now, not after the encoder loads
         try:
             with Image.open(image) as opened:
                 opened.verify()
         except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
             raise UserError(f"{key}: {image.relative_to(path).as_posix()} is not a readable image") from None
-    stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in images]
-    fingerprint = hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
     return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint)
 
 

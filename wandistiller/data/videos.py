@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
-from wandistiller.data.images import IMAGE_SUFFIXES, _jsonl_captions, _text
+from wandistiller.data.images import IMAGE_SUFFIXES, captioned_files, captions_of
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec, read_json
@@ -83,30 +83,8 @@ class ClipShape:
 def folder_videos(root: str) -> VideoSource:
     """The videos and captions of `data.root`, refused in one line where they cannot serve (no folder, no videos,
     an uncaptioned one); the frames are checked by `check_clips`."""
-    path, key = Path(root).expanduser(), f"data.root={root!r}"
-    if not path.is_dir():
-        raise UserError(f"{key} is not a folder; give a folder of videos with captions")
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in VIDEO_SUFFIXES and p.is_file())
-    if not files:
-        images = any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*"))
-        hint = "; it holds images: use data=image_folder" if images else ""
-        raise UserError(f"{key} holds no videos ({', '.join(VIDEO_SUFFIXES)}){hint}")
-    jsonl = path / "captions.jsonl"
-    from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
-    captions = []
-    for video in files:
-        rel = video.relative_to(path).as_posix()
-        if from_jsonl is not None:
-            caption = from_jsonl.get(rel)
-        else:
-            txt = video.with_suffix(".txt")
-            caption = _text(txt, key).strip() if txt.is_file() else None
-        if not caption:
-            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {video.stem}.txt beside it"
-            raise UserError(f"{key}: {rel} has no caption ({where}); caption every video")
-        captions.append(caption)
-    stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    fingerprint = hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
+    path, key, files = captioned_files(root, VIDEO_SUFFIXES, "videos", (IMAGE_SUFFIXES, "images", "data=image_folder"))
+    captions, fingerprint = captions_of(path, key, files, "video")
     return VideoSource(captions, files, path, key, fingerprint)
 
 
