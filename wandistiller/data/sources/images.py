@@ -61,28 +61,27 @@ class Images(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
+        return captioned_made(ctx, val_embeddings, image_data)
 
-        def load(device, progress: bool):
-            found = image_data(
-                ctx.spec,
-                ctx.data_cfg,
-                ctx.teacher_cfg,
-                ctx.precision.teacher_dtype,
-                device,
-                ctx.cache_dir,
-                progress=progress,
-            )
-            return found, held_out_captions(ctx, found, device)
 
-        cpu = torch.device("cpu")
-        (embeddings, bank), held_out = made_once(
-            ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
-        )
-        if held_out is None:
-            return Made(bank, embeddings, val_embeddings)
-        val_embeddings, keep = held_out
-        # Images and captions are item i = prompt i: the held-out ones are the last, so training draws the rest.
-        return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
+def captioned_made(ctx, val_embeddings, encoded) -> Made:
+    """A captioned folder's Made (images or videos: `encoded` is image_data or video_data), encoded once on the
+    main rank, with the last `data.val_fraction` of its captions held out for validation."""
+
+    def load(device, progress: bool):
+        d = ctx.data_cfg
+        found = encoded(ctx.spec, d, ctx.teacher_cfg, ctx.precision.teacher_dtype, device, ctx.cache_dir, progress)
+        return found, held_out_captions(ctx, found, device)
+
+    cpu = torch.device("cpu")
+    (embeddings, bank), held_out = made_once(
+        ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
+    )
+    if held_out is None:
+        return Made(bank, embeddings, val_embeddings)
+    val_embeddings, keep = held_out
+    # Item i is caption i: the held-out ones are the last, so training draws the rest.
+    return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
 
 
 def held_out_captions(ctx, found, device):

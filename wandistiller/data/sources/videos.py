@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from wandistiller.config import DataCommon
-from wandistiller.core.distributed import made_once
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
-from wandistiller.data.latents import LatentBank
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
-from wandistiller.data.sources.images import held_out_captions
+from wandistiller.data.sources.images import captioned_made
 from wandistiller.data.validation import split_prompts
 from wandistiller.data.videos import check_clips, folder_videos, video_data
 
@@ -68,22 +64,7 @@ class Videos(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
-
-        def load(device, progress: bool):
-            found = video_data(
-                ctx.spec, ctx.data_cfg, ctx.teacher_cfg, ctx.precision.teacher_dtype, device, ctx.cache_dir, progress
-            )
-            return found, held_out_captions(ctx, found, device)
-
-        cpu = torch.device("cpu")
-        (embeddings, bank), held_out = made_once(
-            ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
-        )
-        if held_out is None:
-            return Made(bank, embeddings, val_embeddings)
-        val_embeddings, keep = held_out
-        # Clip i is prompt i: the held-out ones are the last, so training draws the rest.
-        return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
+        return captioned_made(ctx, val_embeddings, video_data)
 
 
 OPTION = Option("videos", VideosConfig, Videos)
