@@ -250,6 +250,15 @@ def test_eval_student_steps_gives_one_result_per_count_with_its_network_calls(fi
     assert result["withheld"]["diversity"].startswith("per_prompt 1: intra-prompt diversity needs 2 or more")
 
 
+def test_a_student_trained_at_explicit_sigmas_is_evaluated_on_them_and_at_no_other_count(finished, tmp_path):
+    folder = few_step_copy(finished, tmp_path, 2, "listed", schedule=[1.0, 0.4])
+    with pytest.raises(UserError, match=r"^--student-steps 3: the student was trained at 2 explicit sigmas"):
+        evaluate(folder, steps=2, limit=1, student_steps=[3])
+    listed = evaluate(folder, steps=2, limit=1)
+    euler = evaluate(few_step_copy(finished, tmp_path, 2, "euler"), steps=2, limit=1)
+    assert listed["mean"]["latent_mse"] != euler["mean"]["latent_mse"]  # other sigmas, other samples
+
+
 def test_a_few_step_student_is_evaluated_at_its_own_k_and_a_kd_one_as_before(finished, tmp_path):
     few = evaluate(few_step_copy(finished, tmp_path, 3, "few"), steps=2, limit=1)
     assert few["student_steps"] == [3] and few["mean"]["student_calls_per_image"] == 3

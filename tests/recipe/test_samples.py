@@ -46,7 +46,7 @@ def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_no
     g = torch.Generator().manual_seed(0)
     prompts = PromptEmbeddings(["a", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512)
     data = OmegaConf.create({"latent_frames": 1, "latent_height": 8, "latent_width": 8})
-    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path)
+    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path, student_steps=None)
     student = build_student(spec, builder="tiny", init="random").train()
     column = np.zeros((1, 64, 64, 3), dtype=np.float32)
     path = SampleGrid(ctx, column, prompts, 1, 1)(student, tmp_path / "samples" / "grid.png")
@@ -54,6 +54,30 @@ def test_a_runs_grid_draws_the_student_beside_the_teacher_column_and_there_is_no
     grid = np.asarray(Image.open(path).convert("RGB"))
     assert grid.shape == (HEADER + CELL + CAPTION, 2 * CELL, 3)  # one prompt: the teacher's, then the student's
     assert grid[HEADER : HEADER + CELL, :CELL].max() == 0  # the teacher column as given
+
+
+def test_a_few_step_students_grid_draws_it_at_its_k_on_the_sigmas_it_is_trained_at(tiny_path, tmp_path):
+    """The grid shows a few-step student as it will be sampled: K calls on `method.schedule`'s sigmas, whatever
+    `hooks.samples.steps` (the teacher column's) says."""
+    from types import SimpleNamespace
+
+    from wandistiller.student.model import build_student
+    from wandistiller.teacher.fewstep import Schedule
+
+    spec = inspect_teacher(tiny_path)
+    prompts = PromptEmbeddings(["a"], [torch.randn(3, 32, generator=torch.Generator().manual_seed(0))],
+                               torch.zeros(0, 32), 512)  # fmt: skip
+    data = OmegaConf.create({"latent_frames": 1, "latent_height": 8, "latent_width": 8})
+    schedule = Schedule("list", None, (1.0, 0.4))
+    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path, student_steps=2)
+    ctx.student_schedule = schedule
+    student = build_student(spec, builder="tiny", init="random").train()
+    timesteps: list[float] = []
+    student.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: timesteps.append(float(kwargs["timestep"].flatten()[0])), with_kwargs=True
+    )
+    SampleGrid(ctx, np.zeros((1, 64, 64, 3), dtype=np.float32), prompts, 1, 5)(student, tmp_path / "grid.png")
+    assert timesteps == pytest.approx([1000.0, 400.0])
 
 
 def clip_grid(tiny_path, tmp_path):
@@ -68,7 +92,7 @@ def clip_grid(tiny_path, tmp_path):
         ["a fox", "b"], [torch.randn(n, 32, generator=g) for n in (3, 5)], torch.zeros(0, 32), 512
     )
     data = OmegaConf.create({"latent_frames": 2, "latent_height": 8, "latent_width": 8})  # 5 frames (time 4x)
-    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path)
+    ctx = SimpleNamespace(spec=spec, data_cfg=data, seed=0, run_dir=tmp_path, student_steps=None)
     student = build_student(spec, builder="tiny", init="random").train()
     column = np.zeros((1, 5, 64, 64, 3), dtype=np.float32)  # the teacher's clip: black
     grids = SampleGrid(ctx, column, prompts, 1, 1)

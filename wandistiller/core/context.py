@@ -17,6 +17,7 @@ from wandistiller.core.distributed import Roles, Topology
 if TYPE_CHECKING:  # core/ sits below the teacher and the placements: their types only, never an import
     from wandistiller.core.precision import Precision
     from wandistiller.placements.base import Placement
+    from wandistiller.teacher.fewstep import Schedule
     from wandistiller.teacher.spec import TeacherSpec
 
 
@@ -39,8 +40,10 @@ class RunContext:
     teacher_path: str
     sweep_point: dict | None = None
     overrides: list[str] | None = None
-    # A few-step student's K (`method.steps`; None: it samples as the teacher does).
+    # A few-step student's K (`method.steps`; None: it samples as the teacher does) and the sigmas it is trained at
+    # (`method.schedule`; None: diffusers' Euler at K): every draw of the student during the run samples at those.
     student_steps: int | None = None
+    student_schedule: Schedule | None = None
     started: float = field(default_factory=time.time)
 
     @property

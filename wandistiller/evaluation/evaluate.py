@@ -144,6 +144,10 @@ def evaluate(
     # A result against another teacher (--allow-other-teacher) goes to its own file, named for that teacher.
     other = other_teacher_tag(run, source, trust.other_teacher and not trust.own_files)
     check_counts(run, {"--steps": steps, "--student-steps": max(counts)})  # before any work
+    try:  # a few-step student samples on the sigmas it was trained at; K explicit ones only at K steps
+        schedulers = {n: student_scheduler(run.spec, trained, n, run.trained_schedule) for n in counts}
+    except UserError as e:
+        raise UserError(f"--student-steps {','.join(map(str, counts))}: {e}") from None
     problem = output_problem(run.path)
     if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
@@ -186,9 +190,7 @@ def evaluate(
     grid = None
     for n in counts:
         what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
-        student_lat, student_s = generate(
-            student, emb, idx, seed, n, shape, what, per_prompt, student_scheduler(run.spec, trained, n)
-        )
+        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt, schedulers[n])
         student_imgs = decode(vae, student_lat)
         mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
         pictures = (clip_metrics if video else image_metrics)(student_imgs, teacher_imgs)

@@ -73,6 +73,7 @@ class DistillationRecipe:
             sweep_point=prepared.sweep_point,
             overrides=prepared.overrides,
             student_steps=prepared.method.steps,
+            student_schedule=getattr(prepared.method, "schedule", None),
         )
         self.run: Run | None = None
 

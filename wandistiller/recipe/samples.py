@@ -20,6 +20,7 @@ from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_clip_grid, save_grid
+from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
@@ -41,13 +42,16 @@ class SampleGrid:
     steps: int
 
     def __call__(self, student: torch.nn.Module, path: Path) -> Path:
-        n, steps = self.prompts, self.steps
+        ctx, n = self.ctx, self.prompts
+        # A few-step student is drawn as it will be sampled: at its K, on the sigmas it is trained at.
+        steps = ctx.student_steps or self.steps
+        scheduler = few_step_scheduler(ctx.spec, steps, ctx.student_schedule) if ctx.student_steps else None
         was_training = student.training
         assert self.teacher_column is not None  # drawn on the main rank, the one whose hook calls this
         student.eval()
         with sampling_transformers(student) as (transformers, guidance):
             mine = draw(
-                self.ctx.spec, transformers, guidance, self.embeddings, self.ctx.data_cfg, n, steps, self.ctx.seed
+                ctx.spec, transformers, guidance, self.embeddings, ctx.data_cfg, n, steps, ctx.seed, None, scheduler
             )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
@@ -93,10 +97,11 @@ def draw(
     steps: int,
     seed: int,
     device: torch.device | None = None,
+    scheduler=None,
 ) -> np.ndarray:
     """First frames [N, H, W, 3] for the first `num_prompts` prompts (of a clip run, data.latent_frames > 1, whole
     clips [N, F, H, W, 3]): teacher (its experts and CFG, on the device it takes its inputs on) or student (no CFG,
-    where its weights are)."""
+    where its weights are; a few-step student with its own `scheduler`, teacher/fewstep.py)."""
 
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
@@ -104,8 +109,9 @@ def draw(
     device, dtype = device or transformer.device, transformer.dtype
     vae = load_vae(spec, device)
     two = len(transformers) == 2
-    # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py).
-    pipe = wan_pipeline(spec, transformers, device, vae=vae)
+    # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py), or the
+    # few-step student's.
+    pipe = wan_pipeline(spec, transformers, device, vae=vae, scheduler=scheduler)
     frames = pipe(
         prompt_embeds=cond.to(device, dtype),
         negative_prompt_embeds=uncond.to(device, dtype),

@@ -71,8 +71,9 @@ def world(tiny_path, cache_dir):
     return SimpleNamespace(cfg=cfg, spec=spec, teacher=teacher, calls=calls, itself=itself)
 
 
-def watched(world, tmp_path, student, student_steps=2, method=None, **settings) -> SimpleNamespace:
-    """A CollapseWatch bound to a one-process CPU run of `student` (K = `student_steps`; None: a KD student)."""
+def watched(world, tmp_path, student, student_steps=2, method=None, schedule=None, **settings) -> SimpleNamespace:
+    """A CollapseWatch bound to a one-process CPU run of `student` (K = `student_steps`; None: a KD student; trained
+    on `schedule`'s sigmas, default diffusers' Euler)."""
     cfg, topo, placement = world.cfg, Topology(), CpuPlacement()
     ctx = RunContext(
         teacher_cfg=cfg.teacher,
@@ -90,6 +91,7 @@ def watched(world, tmp_path, student, student_steps=2, method=None, **settings) 
         run_dir=tmp_path,
         teacher_path=str(world.spec.path),
         student_steps=student_steps,
+        student_schedule=schedule,
     )
     hook = CollapseWatch(**{"every": 2, "prompts": 2, "teacher_steps": 2} | settings)
     hook.bind(ctx, HookParts())
@@ -190,6 +192,18 @@ def test_a_kd_student_is_watched_only_when_asked(world, tmp_path):
     # Bounded by the teacher's training timesteps before anything is drawn: a received 10**9 is one line.
     with pytest.raises(UserError, match=r"^hooks.collapse.teacher_steps=1000000000 is more than this teacher's \d+"):
         watched(world, tmp_path / "asked", world.itself, teacher_steps=10**9)
+
+
+def test_a_student_trained_at_explicit_sigmas_is_watched_on_them_and_at_no_other_count(world, tmp_path):
+    from wandistiller.teacher.fewstep import Schedule
+
+    schedule = Schedule("list", None, (1.0, 0.4))
+    with pytest.raises(UserError, match=r"^hooks.collapse.steps=3: the student was trained at 2 explicit sigmas"):
+        watched(world, tmp_path, world.itself, schedule=schedule, steps=3)
+    watch = watched(world, tmp_path, world.itself, schedule=schedule)
+    scheduler = watch.hook.student_scheduler(watch.hook.ctx)
+    scheduler.set_timesteps(2)
+    assert scheduler.sigmas.tolist() == pytest.approx([1.0, 0.4, 0.0])
 
 
 @pytest.mark.parametrize(

@@ -320,6 +320,8 @@ class CollapseWatch(Hook):
         self.student_steps = self.steps if self.steps is not None else ctx.student_steps
         if self.every <= 0 or self.prompts <= 0 or self.student_steps is None:
             return
+        if ctx.student_steps is not None:
+            self.student_scheduler(ctx)  # K explicit sigmas sample at K steps only: said now, not at the first check
         self.draws_teacher = ctx.roles.has_teacher and (ctx.is_main or ctx.placement.collective)
         if not (ctx.is_main or self.draws_teacher):
             return
@@ -420,13 +422,20 @@ class CollapseWatch(Hook):
             return None
         return figures(decoded(self.ctx.spec, latents, self.ctx.device), self.probe.prompts, self.judge)
 
+    def student_scheduler(self, ctx):
+        """A few-step student's scheduler at the watch's steps, on the sigmas it is trained at (`method.schedule`)."""
+        try:
+            return few_step_scheduler(ctx.spec, self.student_steps, ctx.student_schedule)
+        except UserError as e:
+            raise UserError(f"hooks.collapse.steps={self.student_steps}: {e}") from None
+
     def student_figures(self, run) -> dict:
         """The student's figures on the probe set at its steps: a few-step student with its own schedule
         (teacher/fewstep.py), a KD student with the teacher's scheduler; no CFG either way."""
 
         assert self.probe is not None and self.student_steps is not None  # checked by the caller
         ctx, student = self.ctx, run.student
-        scheduler = None if ctx.student_steps is None else few_step_scheduler(ctx.spec, self.student_steps)
+        scheduler = None if ctx.student_steps is None else self.student_scheduler(ctx)
         was_training = student.training
         student.eval()
         try:
