@@ -71,3 +71,40 @@ def test_a_placement_that_cannot_load_an_fp8_teacher_is_refused_naming_those_tha
     check_quantize_placement(None, ShardedPlacement())
     with pytest.raises(UserError, match=r"teacher.quantize=fp8 cannot run with teacher_placement=sharded; use .*cpu"):
         check_quantize_placement("fp8", ShardedPlacement())
+
+
+def test_a_fine_tuned_teacher_is_refused_where_its_blocks_stream_from_its_files_or_are_quantized_as_read():
+    """teacher.lora is merged into the loaded weights: offload and disk read their blocks from the teacher's files
+    again, and an fp8 teacher is quantized from them as read; each refusal is one line naming placements that merge."""
+    from wandistiller.placements.base import check_finetuned_placement
+    from wandistiller.placements.cpu import CpuPlacement
+    from wandistiller.placements.disk import DiskPlacement
+    from wandistiller.placements.offload import OffloadPlacement
+
+    tuned = OmegaConf.create({"lora": ["/loras/style.safetensors"], "quantize": None})
+    check_finetuned_placement(tuned, CpuPlacement())
+    check_finetuned_placement(OmegaConf.create({"lora": None, "quantize": None}), OffloadPlacement())
+    for placement in (OffloadPlacement(), DiskPlacement()):
+        with pytest.raises(UserError, match=rf"teacher.lora with teacher_placement={placement.name}: .* use "):
+            check_finetuned_placement(tuned, placement)
+    with pytest.raises(UserError, match=r"teacher.lora with teacher.quantize=fp8: .*; drop teacher.quantize") as e:
+        check_finetuned_placement(OmegaConf.merge(tuned, {"quantize": "fp8"}), CpuPlacement())
+    assert "\n" not in str(e.value)
+
+
+def test_load_teacher_merges_the_specs_loras_into_every_expert_they_go_on(tiny_moe_path, tmp_path):
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.teacher.finetune import with_loras
+
+    plain = inspect_teacher(tiny_moe_path)
+    save_file(peft_state(plain.transformer_config), tmp_path / "low.safetensors")
+    tuned = with_loras(plain, [{"path": str(tmp_path / "low.safetensors"), "expert": "transformer_2"}])
+    before = load_teacher(plain, scales(4.0, None), torch.float32, torch.device("cpu"))
+    after = load_teacher(tuned, scales(4.0, None), torch.float32, torch.device("cpu"))
+    name = "blocks.0.attn1.to_q.weight"
+    high, low = (dict(e.named_parameters()) for e in after.experts)
+    assert torch.equal(high[name], dict(before.experts[0].named_parameters())[name])  # not its expert
+    assert not torch.equal(low[name], dict(before.experts[1].named_parameters())[name])
+    assert not low[name].requires_grad and not after.experts[1].training  # still the frozen teacher

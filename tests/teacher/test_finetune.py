@@ -171,3 +171,22 @@ def test_each_bad_file_or_strength_is_one_line(spec, files, tmp_path, tiny_path)
             teacher_loras(value, experts, config)
         assert "\n" not in str(e.value), str(e.value)
     assert json.dumps(teacher_loras(good, experts, config)[0].record())  # a plain path: one entry
+
+
+def test_the_cli_refuses_another_models_lora_in_one_line_exit_2_writing_nothing(tmp_path, cache_dir, files, spec):
+    """`python -m wandistiller.train teacher.lora=...` with a LoRA of another model's widths: one line, exit 2, and no
+    run folder (checked before it is claimed)."""
+    from tests.conftest import run_cli
+
+    wide = peft_state(spec.transformer_config | {"num_attention_heads": 4}, blocks=1)
+    save_file(wide, tmp_path / "wan14b.safetensors")
+    folder = tmp_path / "run"
+    lora = f"teacher.lora=[{tmp_path}/wan14b.safetensors]"
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "logger=none", lora)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: teacher.lora[0]={tmp_path}/wan14b.safetensors is not a LoRA of this teacher: blocks.0.attn1.to_k is "
+        "32x32 here, and its lora_A is [2, 64], lora_B [64, 2] (another model's LoRA, or a damaged one); give a LoRA "
+        "trained on this teacher"
+    ]
+    assert not folder.exists()

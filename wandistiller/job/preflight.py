@@ -38,13 +38,14 @@ from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
-from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
+from wandistiller.placements.base import check_adapters_on_teacher, check_finetuned_placement, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
+from wandistiller.teacher.finetune import with_loras
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
 from wandistiller.teacher.vae import check_latent_frames
 
@@ -99,6 +100,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
     path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     spec = seen if seen is not None and path == local else inspect_teacher(path)
+    spec = with_loras(spec, cfg.teacher.lora)  # a fine-tuned teacher: its LoRA files checked against it, no weights
     if planned is not None and planned.teacher_config == spec.transformer_config:
         student = planned.student_config  # checked, with its room, against this very config by the planner's call
     else:
@@ -290,6 +292,7 @@ def _resolve_auto(
         try:
             if not on_paper:
                 placement.check(precision, world)
+            check_finetuned_placement(cfg.teacher, placement)  # a fine-tuned teacher: never one streamed from its files
         except UserError as refused:
             log.info("teacher_placement=auto: not %s (%s)", estimate.placement, refused)
             continue
@@ -311,6 +314,7 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World, metho
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
+    check_finetuned_placement(cfg.teacher, placement)
     # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
     check_method_placement(cfg, placement, world, method)
     check_method_config(cfg, method)

@@ -50,6 +50,7 @@ class OffloadPlacement(Placement):
     min_gpus = 1
     name, speed_rank, fp8 = "offload", 50, True
     backprop = True  # each block streamed in again in backward and recomputed (streaming.Recomputed); disk's too
+    streams = True  # (disk's too)
     source = "host"  # where the streamed blocks are read from (streaming.load_streamed_expert)
 
     def __init__(

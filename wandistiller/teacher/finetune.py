@@ -28,6 +28,7 @@ lose an in-memory merge: they are refused in one line (job/preflight.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -45,6 +46,7 @@ from torch import nn
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import opened, safetensors_problem
+from wandistiller.teacher.spec import TeacherSpec
 
 KEY = "teacher.lora"
 PEFT_KEY = re.compile(r"(.+)\.lora_([AB])\.(weight|bias)")
@@ -60,14 +62,12 @@ class TeacherLora:
     sha256: str
 
     def record(self) -> dict:
-        """What run metadata, the model card and a checkpoint say of it."""
-        return {
-            "file": self.path.name,
-            "path": str(self.path),
-            "strength": self.strength,
-            "experts": list(self.experts),
-            "sha256": self.sha256,
-        }
+        """What run metadata (metrics.json, a checkpoint, adapters.json) says of it."""
+        return {"path": str(self.path)} | self.public()
+
+    def public(self) -> dict:
+        """What a published file says of it (sampling.json, the model card): nothing of this machine."""
+        return {"file": self.path.name, "strength": self.strength, "experts": list(self.experts), "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -269,5 +269,39 @@ def apply(model: nn.Module, expert: str, loras: Sequence[TeacherLora]) -> None:
             merge(model, read_lora(lora.path), lora.strength)
 
 
+# An expert's LoRAs read once, for a reader of its raw tensors (student/prune.py cuts a student from them).
+Patch = Sequence[tuple[dict[str, Layer], float]]
+
+
+def patch_of(loras: Sequence[TeacherLora], expert: str) -> Patch:
+    """The layers and strength of every LoRA that goes on `expert`, read once."""
+    return [(read_lora(lora.path), lora.strength) for lora in loras if expert in lora.experts]
+
+
+@torch.no_grad()
+def patch_tensors(state: dict[str, torch.Tensor], patch: Patch) -> dict[str, torch.Tensor]:
+    """`state` (an expert's float32 tensors by their names in it, any subset) with `patch` merged into the weights and
+    biases it holds: the tensors a merged expert would hold, before any cast."""
+    for layers, strength in patch:
+        for module, layer in layers.items():
+            factor = strength * layer.scale
+            if f"{module}.weight" in state:
+                state[f"{module}.weight"] = state[f"{module}.weight"] + factor * (layer.up.float() @ layer.down.float())
+            if layer.bias is not None and f"{module}.bias" in state:
+                state[f"{module}.bias"] = state[f"{module}.bias"] + factor * layer.bias.float()
+    return state
+
+
 def records(loras: Sequence[TeacherLora]) -> list[dict]:
     return [lora.record() for lora in loras]
+
+
+def with_loras(spec: TeacherSpec, value: Any) -> TeacherSpec:
+    """`spec` with `teacher.lora` (`value`) checked and attached: every loader and cache key then sees it."""
+    loras = teacher_loras(value, spec.experts, spec.transformer_config)
+    return dataclasses.replace(spec, loras=loras) if loras else spec
+
+
+def stamp(loras: Sequence[TeacherLora]) -> list:
+    """What a cache key or a digest holds of the LoRAs: content, strength and experts (not where the file lies)."""
+    return [[lora.sha256, lora.strength, list(lora.experts)] for lora in loras]
