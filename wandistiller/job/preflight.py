@@ -100,7 +100,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
     path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     spec = seen if seen is not None and path == local else inspect_teacher(path)
-    spec = with_loras(spec, cfg.teacher.lora)  # a fine-tuned teacher: its LoRA files checked against it, no weights
+    spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
     if planned is not None and planned.teacher_config == spec.transformer_config:
         student = planned.student_config  # checked, with its room, against this very config by the planner's call
     else:

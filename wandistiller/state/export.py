@@ -483,6 +483,12 @@ def _finetune_text(f: dict) -> tuple[str, str]:
         f"\nThe teacher it was distilled from is the teacher above fine-tuned with LoRA{'s' if len(loras) > 1 else ''}"
         f" {shown} (merged into its weights: `teacher.lora`); the student learned that fine-tuned teacher.\n"
     )
+    if f.get("lora"):  # the adapters are a delta on the fine-tuned teacher, not on the plain one
+        text += (
+            "Its adapters go on that fine-tuned teacher: a pipeline folder of this run holds it (its transformer "
+            "folders merged); anywhere else (ComfyUI, the plain teacher) load these LoRAs at these strengths first, "
+            "then the adapters.\n"
+        )
     return text, f"| teacher LoRAs | {shown} |\n"
 
 
