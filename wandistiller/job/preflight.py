@@ -38,7 +38,7 @@ from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
 from wandistiller.placements import Placement, Serving, names_where
 from wandistiller.placements import planner as plan
-from wandistiller.placements.base import check_adapters_on_teacher, check_finetuned_placement, check_quantize_placement
+from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
@@ -292,7 +292,6 @@ def _resolve_auto(
         try:
             if not on_paper:
                 placement.check(precision, world)
-            check_finetuned_placement(cfg.teacher, placement)  # a fine-tuned teacher: never one streamed from its files
         except UserError as refused:
             log.info("teacher_placement=auto: not %s (%s)", estimate.placement, refused)
             continue
@@ -314,7 +313,6 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World, metho
             f"teacher.compile=true works with the placements that run a whole teacher in one process ({able}), not "
             f"with teacher_placement={placement.name}; drop teacher.compile or pick one of those"
         )
-    check_finetuned_placement(cfg.teacher, placement)
     # The method against the placement (`auto`'s choice too), the loss and the whole-step targets.
     check_method_placement(cfg, placement, world, method)
     check_method_config(cfg, method)

@@ -12,7 +12,6 @@ its config schema (so a key the option does not take fails when the config is co
     fp8              whether teacher.quantize=fp8 (wandistiller.teacher.fp8) works with it
     hidden_states    whether its teacher returns hidden states after chosen blocks with the velocity (hidden KD)
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
-    streams          whether its blocks are read from the teacher's files as it computes (no teacher.lora merge)
     backprop         whether a gradient can pass through its frozen teacher in the training process (a LoRA fake
                      score: method.fake_score=lora; a streamed teacher recomputes each block in backward)
     check(precision, world)            refuse early, before any weights load, naming a fix
@@ -35,6 +34,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
 from wandistiller.placements.streaming import load_fp8_expert
+from wandistiller.teacher.finetune import patch_of
 from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -67,9 +67,6 @@ class Placement(ABC):
     # device_map), collectives shard it (sharded), or another process holds it (gpu0's dedicated owner). An fp8
     # teacher (teacher.quantize) is refused apart, by the method.
     backprop: ClassVar[bool] = False
-    # Its blocks stream from the teacher's own files as it computes (offload, disk): a LoRA merged into the loaded
-    # weights (teacher.lora) would be lost at the next read, so they are refused together.
-    streams: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
 
@@ -122,8 +119,9 @@ def load_teacher(
 ) -> Teacher:
     """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
     With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
-    if getattr(teacher_cfg, "quantize", None):
-        experts = [load_fp8_expert(spec.path / name, dtype, device) for name in spec.experts]
+    if getattr(teacher_cfg, "quantize", None):  # a fine-tuned teacher's LoRAs merged as read, before quantizing
+        patches = [patch_of(spec.loras, name) for name in spec.experts]
+        experts = [load_fp8_expert(spec.path / name, dtype, device, p) for name, p in zip(spec.experts, patches)]
         return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
     experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
     if "device_map" not in load_kwargs:
@@ -164,25 +162,4 @@ def check_adapters_on_teacher(
         raise UserError(
             f"{key} hooks adapters onto the teacher's layers after teacher.compile=true compiled its blocks, which "
             f"then ignore them; drop teacher.compile, or use {instead}"
-        )
-
-
-def check_finetuned_placement(teacher_cfg: Any, placement: Placement) -> None:
-    """teacher.lora is merged into the teacher's weights once they are loaded: refuse, in one line, a placement that
-    reads its blocks from the teacher's own files as it computes, and an fp8 teacher (quantized as it is read)."""
-    from wandistiller.placements import names_where  # noqa: PLC0415 -- cycle: the registry's package imports this
-
-    if not getattr(teacher_cfg, "lora", None):
-        return
-    if placement.streams:
-        held = names_where(lambda cls: not cls.streams and cls.auto_candidate)
-        raise UserError(
-            f"teacher.lora with teacher_placement={placement.name}: its blocks stream from the teacher's own files, "
-            f"so a LoRA merged into the loaded weights would be lost; use teacher_placement={' or '.join(held)} "
-            "(they merge it once), or drop teacher.lora"
-        )
-    if getattr(teacher_cfg, "quantize", None):
-        raise UserError(
-            f"teacher.lora with teacher.quantize={teacher_cfg.quantize}: the fp8 teacher is quantized from its files "
-            "as they are read, before a LoRA could be merged; drop teacher.quantize (or teacher.lora)"
         )

@@ -21,9 +21,11 @@ Applied where the teacher's experts load (`teacher.model.load_expert`: every res
 pipeline): W += strength * (alpha / rank) * B @ A, merged once in float32 and cast back to the teacher's dtype, which
 is exact up to that one rounding because the teacher is frozen (and what diffusers' `fuse_lora(lora_scale=strength)`
 computes). Nothing in a run needs the teacher without its LoRAs (targets, samples, the real and the fake score
-(which starts from it) all distil the fine-tuned teacher), so nothing keeps them switchable. The placements that
-stream the teacher's blocks from its files (offload, disk) or quantize them as read (teacher.quantize=fp8) would
-lose an in-memory merge: they are refused in one line (job/preflight.py).
+(which starts from it) all distil the fine-tuned teacher), so nothing keeps them switchable. Where the weights are
+read from the teacher's files as they are used -- the streamed blocks of offload and disk, an fp8 teacher quantized
+as read (teacher.quantize=fp8), a student cut from the teacher's tensors -- an in-memory merge would be lost: there
+the reader merges each tensor as it reads it (`patch_tensor`: placements/disk_source.py, student/prune.py), in
+float32 before any cast or quantizing, so every placement distils the same fine-tuned teacher.
 """
 
 from __future__ import annotations
@@ -276,6 +278,25 @@ Patch = Sequence[tuple[dict[str, Layer], float]]
 def patch_of(loras: Sequence[TeacherLora], expert: str) -> Patch:
     """The layers and strength of every LoRA that goes on `expert`, read once."""
     return [(read_lora(lora.path), lora.strength) for lora in loras if expert in lora.experts]
+
+
+@torch.no_grad()
+def patch_tensor(key: str, tensor: torch.Tensor, patch: Patch, device: torch.device | None = None) -> torch.Tensor:
+    """Tensor `key` of an expert (`blocks.0.attn1.to_q.weight`, as its files name it) with `patch` merged, in float32
+    (computed on `device`, default the tensor's, and returned where the tensor was): what a streamed teacher reads
+    in place of the stored tensor (placements/disk_source.py), so its blocks are the fine-tuned teacher's."""
+    module, _, kind = key.rpartition(".")
+    hits = [(layers[module], strength) for layers, strength in patch if module in layers]
+    if kind not in ("weight", "bias") or not hits:
+        return tensor
+    out = tensor.to(device or tensor.device, torch.float32)
+    for layer, strength in hits:
+        factor = strength * layer.scale
+        if kind == "weight":
+            out = out + factor * (layer.up.to(out.device, torch.float32) @ layer.down.to(out.device, torch.float32))
+        elif layer.bias is not None:
+            out = out + factor * layer.bias.to(out.device, torch.float32)
+    return out.to(tensor.device)
 
 
 @torch.no_grad()
