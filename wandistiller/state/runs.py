@@ -368,7 +368,12 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
             state = load_json(in_run(run.path, source / STATE_FILE), what="checkpoint state", root=run.path)
             return state.get("teacher")
         m = load_json(in_run(run.path, "metrics.json"), what="metrics.json", root=run.path)
-        return {"name": m.get("teacher"), "shape": m.get("teacher_shape"), "digest": m.get("teacher_digest")}
+        return {
+            "name": m.get("teacher"),
+            "shape": m.get("teacher_shape"),
+            "digest": m.get("teacher_digest"),
+            "loras": m.get("teacher_loras") or [],  # a fine-tuned teacher's (teacher.lora); none recorded: none
+        }
     except (OSError, ValueError, AttributeError, UserError):
         return None
 
