@@ -190,3 +190,16 @@ def test_the_cli_refuses_another_models_lora_in_one_line_exit_2_writing_nothing(
         "trained on this teacher"
     ]
     assert not folder.exists()
+
+
+def test_a_lora_file_changed_after_it_was_checked_is_refused_where_it_is_merged(spec, files, tmp_path):
+    """The caches and checkpoints are keyed on the content checked before the run: a file rewritten since is one
+    line where an expert loads, never merged silently."""
+    import shutil
+
+    copy = tmp_path / "style.safetensors"
+    shutil.copy(files / "lightning.safetensors", copy)
+    (lora,) = teacher_loras(str(copy), spec.experts, spec.transformer_config)
+    shutil.copy(files / "kohya.safetensors", copy)  # the same layers, other bytes
+    with refused(f"teacher.lora: {copy} changed since this run checked it (sha256 {lora.sha256[:12]} then)"):
+        apply(load_expert(spec, "transformer", torch.float32), "transformer", [lora])

@@ -263,12 +263,22 @@ def merge(model: nn.Module, layers: dict[str, Layer], strength: float) -> None:
             b.copy_((b.float() + factor * layer.bias.to(b.device, torch.float32)).to(b.dtype))
 
 
+def read_checked(lora: TeacherLora) -> dict[str, Layer]:
+    """The layers of a checked `teacher.lora` entry, read again (the tensors are not kept between loads): one line
+    where the file changed since it was checked, whose content the caches and checkpoints were keyed on."""
+    if file_sha256(lora.path) != lora.sha256:
+        raise UserError(
+            f"{KEY}: {lora.path} changed since this run checked it (sha256 {lora.sha256[:12]} then); put that file "
+            "back, or start again with the new one"
+        )
+    return read_lora(lora.path)
+
+
 def apply(model: nn.Module, expert: str, loras: Sequence[TeacherLora]) -> None:
-    """Every LoRA of `loras` that goes on `expert`, merged into `model` in order (each file read again through the
-    guard: the tensors are not kept between loads)."""
+    """Every LoRA of `loras` that goes on `expert`, merged into `model` in order."""
     for lora in loras:
         if expert in lora.experts:
-            merge(model, read_lora(lora.path), lora.strength)
+            merge(model, read_checked(lora), lora.strength)
 
 
 # An expert's LoRAs read once, for a reader of its raw tensors (student/prune.py cuts a student from them).
@@ -277,7 +287,7 @@ Patch = Sequence[tuple[dict[str, Layer], float]]
 
 def patch_of(loras: Sequence[TeacherLora], expert: str) -> Patch:
     """The layers and strength of every LoRA that goes on `expert`, read once."""
-    return [(read_lora(lora.path), lora.strength) for lora in loras if expert in lora.experts]
+    return [(read_checked(lora), lora.strength) for lora in loras if expert in lora.experts]
 
 
 @torch.no_grad()
