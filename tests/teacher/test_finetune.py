@@ -124,6 +124,18 @@ def test_a_two_expert_teacher_takes_one_file_for_both_or_one_per_expert(tiny_moe
     torch.testing.assert_close(outputs(high, spec), before, atol=0, rtol=0)
 
 
+def test_paths_are_made_absolute_as_given_for_the_saved_config(tmp_path, monkeypatch):
+    from wandistiller.teacher.finetune import absolute
+
+    monkeypatch.chdir(tmp_path)
+    given = ["a.safetensors", {"path": "sub/b.safetensors", "strength": 0.5}]
+    assert absolute(given) == [
+        str(tmp_path / "a.safetensors"),
+        {"path": str(tmp_path / "sub/b.safetensors"), "strength": 0.5},
+    ]
+    assert absolute(str(tmp_path / "a.safetensors")) == str(tmp_path / "a.safetensors")  # already absolute: as is
+
+
 def test_entries_read_a_path_a_list_and_mappings():
     assert entries(None) == [] and entries([]) == []
     assert entries("/a.safetensors") == [("/a.safetensors", 1.0, None)]

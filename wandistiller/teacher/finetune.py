@@ -108,6 +108,21 @@ def entries(value: Any) -> list[tuple[str, Any, Any]]:
     return out
 
 
+def absolute(value: Any) -> Any:
+    """`teacher.lora` as given, each path made absolute (from the directory the run was launched in): what the run's
+    saved config keeps, so eval, generate and export launched elsewhere read the same files."""
+    value = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
+    def one(item: Any) -> Any:
+        if isinstance(item, str):
+            return str(Path(item).expanduser().resolve())
+        if isinstance(item, dict) and isinstance(item.get("path"), str):
+            return item | {"path": str(Path(item["path"]).expanduser().resolve())}
+        return item
+
+    return [one(item) for item in value] if isinstance(value, list) else one(value)
+
+
 def check_strength(where: str, strength: Any) -> float:
     """A finite number (bools and strings refused)."""
     if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
