@@ -80,6 +80,11 @@ class TeacherConfig:
     quantize: str | None = None
     # diffusers attention backend for the teacher ("flash", "_native_cudnn", ...); None = diffusers' default.
     attention_backend: str | None = None
+    # LoRA files applied to the teacher before distillation (a fine-tuned teacher: wandistiller/teacher/finetune.py):
+    # a list of paths and/or {path: FILE, strength: 0.8, expert: null|transformer|transformer_2}; strength 1 and every
+    # expert by default. Lightning/ComfyUI, diffusers/peft and kohya layouts; merged once into the teacher's weights.
+    #   teacher.lora=[/loras/style.safetensors]   teacher.lora=[{path:/loras/style.safetensors,strength:0.8}]
+    lora: Any = None
 
 
 @dataclass

@@ -137,7 +137,14 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
         source = tmp / "student"
     card = model_card(run.path, run.spec.path, merged=merge, phrases=card_phrases())
     folder = write_lora_pipeline(
-        tmp / PIPELINE, run.spec.path, source, card, run.trained_steps, schedule=run.trained_schedule
+        tmp / PIPELINE,
+        run.spec.path,
+        source,
+        card,
+        run.trained_steps,
+        schedule=run.trained_schedule,
+        loras=[lora.public() for lora in run.spec.loras],
+        finetuned=run.spec if run.spec.loras else None,  # the fine-tuned teacher the adapters were trained on
     )
     pipe = WanPipeline.from_pretrained(folder)
     experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
@@ -181,6 +188,7 @@ def _build(run, tmp: Path, student) -> Path:
         run.trained_steps,
         root,
         schedule=run.trained_schedule,
+        loras=[lora.public() for lora in run.spec.loras],
     )
     built = tmp / "export"
     WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)

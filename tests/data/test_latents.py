@@ -180,3 +180,25 @@ def test_a_full_disk_leaves_no_partial_chunk_and_is_one_line(tmp_path, monkeypat
     with pytest.raises(UserError, match=r"chunk_000000.pt cannot be written \(No space left on device\)"):
         bank(folder, [])
     assert not list(folder.iterdir())
+
+
+def test_the_cache_key_changes_with_the_teachers_lora_file_and_strength(tiny_path, cache_dir, tmp_path):
+    """A fine-tuned teacher (teacher.lora) never reuses the plain teacher's cached latents or ODE points (trajectories
+    key on this too), nor another LoRA's or another strength's; the plain teacher's key is as before."""
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.teacher.finetune import with_loras
+
+    spec = inspect_teacher(tiny_path)
+    emb = encode_prompts(spec, PROMPTS, "", 512, torch.float32, torch.device("cpu"), cache_dir)
+    settings = SamplerSettings(steps=4, guidance_scales=(4.0,), latent_shape=SHAPE)
+    for seed in (0, 1):
+        save_file(peft_state(spec.transformer_config, seed), tmp_path / f"style{seed}.safetensors")
+    key = lambda s: cache_key(s, emb, 0, settings, torch.float32)  # noqa: E731
+    one = lambda seed, strength: [{"path": str(tmp_path / f"style{seed}.safetensors"), "strength": strength}]  # noqa: E731
+    keys = [key(spec)] + [
+        key(with_loras(spec, one(seed, strength))) for seed, strength in ((0, 1.0), (0, 0.5), (1, 1.0))
+    ]
+    assert len(set(keys)) == 4
+    assert key(with_loras(spec, None)) == keys[0] and key(with_loras(spec, one(0, 1.0))) == keys[1]  # stable

@@ -71,3 +71,57 @@ def test_a_placement_that_cannot_load_an_fp8_teacher_is_refused_naming_those_tha
     check_quantize_placement(None, ShardedPlacement())
     with pytest.raises(UserError, match=r"teacher.quantize=fp8 cannot run with teacher_placement=sharded; use .*cpu"):
         check_quantize_placement("fp8", ShardedPlacement())
+
+
+def test_a_fine_tuned_teacher_streamed_or_quantized_as_read_is_the_merged_teacher(tiny_path, tmp_path):
+    """teacher.lora where the weights are read from the teacher's files as they are used: the disk placement's
+    streamed blocks (offload's packed copy reads the same way) give the resident merged teacher's targets, and an fp8
+    teacher quantized as read holds the merged weights quantized (the LoRA merged in float32 before quantizing)."""
+    from safetensors.torch import save_file
+
+    from tests.conftest import FP32
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.core.distributed import Topology
+    from wandistiller.placements.cpu import CpuPlacement
+    from wandistiller.placements.disk import DiskPlacement
+    from wandistiller.placements.streaming import load_fp8_expert
+    from wandistiller.teacher.finetune import patch_of, with_loras
+    from wandistiller.teacher.model import save_finetuned_expert
+
+    plain = inspect_teacher(tiny_path)
+    save_file(peft_state(plain.transformer_config), tmp_path / "style.safetensors")
+    tuned = with_loras(plain, [{"path": str(tmp_path / "style.safetensors"), "strength": 0.7}])
+    cfg = scales(4.0, None)
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(2, 16, 1, 8, 8, generator=g), torch.tensor([900.0, 200.0])
+    cond, uncond = torch.randn(2, 7, 32, generator=g), torch.randn(2, 7, 32, generator=g)
+    resident = CpuPlacement().load(tuned, cfg, FP32, Topology()).targets(x, t, cond, uncond)[0]
+    streamed = DiskPlacement(resident_blocks=0).load(tuned, cfg, FP32, Topology()).targets(x, t, cond, uncond)[0]
+    before = CpuPlacement().load(plain, cfg, FP32, Topology()).targets(x, t, cond, uncond)[0]
+    assert not torch.allclose(before, resident, atol=1e-3)
+    torch.testing.assert_close(streamed, resident, atol=1e-6, rtol=1e-5)
+    save_finetuned_expert(tuned, "transformer", tmp_path / "merged")  # the fine-tuned expert, in float32
+    quantized = load_fp8_expert(
+        tiny_path / "transformer", torch.bfloat16, torch.device("cpu"), patch_of(tuned.loras, "transformer")
+    )
+    expected = load_fp8_expert(tmp_path / "merged", torch.bfloat16, torch.device("cpu"))
+    for (name, ours), theirs in zip(quantized.state_dict().items(), expected.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+
+
+def test_load_teacher_merges_the_specs_loras_into_every_expert_they_go_on(tiny_moe_path, tmp_path):
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.teacher.finetune import with_loras
+
+    plain = inspect_teacher(tiny_moe_path)
+    save_file(peft_state(plain.transformer_config), tmp_path / "low.safetensors")
+    tuned = with_loras(plain, [{"path": str(tmp_path / "low.safetensors"), "expert": "transformer_2"}])
+    before = load_teacher(plain, scales(4.0, None), torch.float32, torch.device("cpu"))
+    after = load_teacher(tuned, scales(4.0, None), torch.float32, torch.device("cpu"))
+    name = "blocks.0.attn1.to_q.weight"
+    high, low = (dict(e.named_parameters()) for e in after.experts)
+    assert torch.equal(high[name], dict(before.experts[0].named_parameters())[name])  # not its expert
+    assert not torch.equal(low[name], dict(before.experts[1].named_parameters())[name])
+    assert not low[name].requires_grad and not after.experts[1].training  # still the frozen teacher

@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,3 +126,34 @@ def test_ctrl_c_in_the_end_of_run_work_keeps_the_trained_student_and_says_what_w
     assert line.startswith("stopped by SIGINT in the end-of-run work, after training finished: the trained student")
     assert "skipped: hooks.test_outputs" in line and f"python -m wandistiller.eval {folder}" in line
     assert (folder / "student").is_dir() and (folder / "pipeline").is_dir() and (folder / "metrics.json").is_file()
+
+
+def test_a_lora_student_of_a_fine_tuned_teacher_names_its_loras_and_ships_that_teacher(make_cfg, tmp_path, tiny_path):
+    """`teacher.lora` end to end: a 2-step LoRA student (trajectory, K=2) of the tiny teacher fine-tuned with a
+    Lightning-layout LoRA at 0.8: metrics.json, sampling.json and the model card name the LoRA (file, strength,
+    sha256 prefix), and the pipeline's transformer is the fine-tuned teacher the adapters were trained on."""
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import ALPHA, peft_state
+    from wandistiller.state.loralayout import lightning_tensors
+    from wandistiller.teacher.finetune import with_loras
+    from wandistiller.teacher.model import load_expert
+
+    plain = inspect_teacher(tiny_path)
+    file = tmp_path / "style.safetensors"
+    save_file(lightning_tensors(peft_state(plain.transformer_config), ALPHA, "fp32"), file)
+    lora = f"teacher.lora=[{{path:{file},strength:0.8}}]"
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=2", "student=lora", "method=trajectory", "method.steps=2", lora, run_dir=run_dir))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    (named,) = metrics["teacher_loras"]
+    assert named["file"] == "style.safetensors" and named["strength"] == 0.8 and len(named["sha256"]) == 64
+    sampling = json.loads((run_dir / "student" / "sampling.json").read_text())
+    assert sampling["teacher_loras"] == [{k: v for k, v in named.items() if k != "path"}]  # nothing of this machine
+    card = (run_dir / "pipeline" / "README.md").read_text()
+    assert f"`style.safetensors` at strength 0.8, sha256 `{named['sha256'][:12]}`" in card and str(tmp_path) not in card
+    tuned = load_expert(with_loras(plain, [{"path": str(file), "strength": 0.8}]), "transformer", torch.float32)
+    shipped = WanTransformer3DModel.from_pretrained(run_dir / "pipeline" / "transformer")
+    for (name, ours), theirs in zip(tuned.state_dict().items(), shipped.state_dict().values()):
+        assert torch.equal(ours, theirs), name

@@ -383,6 +383,31 @@ def test_a_checkpoint_records_its_teacher_and_another_one_is_refused_unless_aske
     checkpoint.check_teacher(copy, spec, allow=False)  # an older checkpoint without a record: nothing to compare
 
 
+def test_a_fine_tuned_teacher_is_another_teacher_to_a_resume(finished, tiny_path, tmp_path):
+    """teacher.lora's files and strengths are part of the teacher: a checkpoint of the plain teacher refuses a
+    fine-tuned one and the other way round, and another strength is refused naming both."""
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.teacher.finetune import with_loras
+    from wandistiller.teacher.spec import inspect_teacher
+
+    plain = inspect_teacher(tiny_path)
+    save_file(peft_state(plain.transformer_config), tmp_path / "style.safetensors")
+    tuned = with_loras(plain, [{"path": str(tmp_path / "style.safetensors"), "strength": 0.8}])
+    weaker = with_loras(plain, [{"path": str(tmp_path / "style.safetensors"), "strength": 0.5}])
+    recorded = checkpoint.teacher_record(tuned, "tiny")
+    assert recorded["loras"][0]["file"] == "style.safetensors"
+    assert recorded["digest"] != checkpoint.teacher_digest(plain)
+    assert checkpoint.teacher_problem(recorded, tuned) is None
+    assert "with teacher.lora=[style.safetensors@0.8 (sha256 " in checkpoint.teacher_problem(recorded, weaker)
+    assert ", and this run's is teacher.lora=null" in checkpoint.teacher_problem(recorded, plain)
+    step = list_checkpoints(finished)[-1]  # the plain teacher's checkpoint
+    with pytest.raises(UserError, match=r"and this run's is teacher.lora=\[style.safetensors@0.8") as e:
+        checkpoint.check_teacher(step, tuned, allow=False)
+    assert "\n" not in str(e.value)
+
+
 def test_the_teacher_digest_follows_the_weights_not_the_folder(tiny_path, tmp_path):
     from wandistiller.teacher.spec import inspect_teacher
 

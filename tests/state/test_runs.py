@@ -408,3 +408,26 @@ def test_a_live_run_is_never_read_as_a_finished_one(finished, tmp_path, capsys):
         holder.kill()
         holder.wait()
     assert live_holder(folder) is None and open_run(folder).path == folder
+
+
+def test_a_run_of_a_fine_tuned_teacher_reopens_with_its_loras_and_its_student_fits_only_that_teacher(
+    make_cfg, tmp_path, tiny_path, cache_dir
+):
+    """eval, generate and export reopen a teacher.lora run with its LoRAs merged (the teacher the student learned),
+    and refuse the plain teacher for it in one line naming both."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.state.runs import check_teacher_fits
+
+    plain = inspect_teacher(tiny_path)
+    save_file(peft_state(plain.transformer_config), tmp_path / "style.safetensors")
+    folder = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", f"teacher.lora=[{tmp_path}/style.safetensors]", run_dir=folder))
+    reopened = open_run(folder, cache_dir=str(cache_dir))
+    assert [lora.path.name for lora in reopened.spec.loras] == ["style.safetensors"]
+    check_teacher_fits(reopened, folder / "student", allow_other=False)  # metrics.json's record: the same teacher
+    with refused("and this run's is teacher.lora=null"):
+        check_teacher_fits(dataclasses.replace(reopened, spec=plain), folder / "student", allow_other=False)

@@ -175,3 +175,31 @@ def test_quarter_and_tenth_hold_at_most_their_share_of_the_teacher(teacher, buil
         built = sum(p.numel() for p in WanTransformer3DModel.from_config(config).parameters())
     assert built == estimate_params(config)
     assert 0.6 * share < built / estimate_params(teacher) <= share
+
+
+def test_a_student_cut_from_a_fine_tuned_teacher_is_cut_from_its_merged_weights(tiny_path, tmp_path):
+    """teacher.lora: the block scores and the cut weights are the fine-tuned teacher's (its LoRA merged into the
+    tensors as they are read), the same as from a folder holding that teacher merged."""
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.student.prune import prune_into
+    from wandistiller.teacher.finetune import patch_of, with_loras
+    from wandistiller.teacher.model import save_finetuned_expert
+
+    spec = inspect_teacher(tiny_path)
+    save_file(peft_state(spec.transformer_config), tmp_path / "style.safetensors")
+    tuned = with_loras(spec, [{"path": str(tmp_path / "style.safetensors"), "strength": 0.6}])
+    save_finetuned_expert(tuned, "transformer", tmp_path / "merged")
+    config = spec.transformer_config | {"num_layers": 2}
+    cut, reference = (WanTransformer3DModel.from_config(config) for _ in range(2))
+    patch = patch_of(tuned.loras, "transformer")
+    record = prune_into(cut, spec.path / "transformer", spec.transformer_config, "auto", patch)
+    expected = prune_into(reference, tmp_path / "merged", spec.transformer_config, "auto")
+    assert record["kept_blocks"] == expected["kept_blocks"]
+    assert record["block_scores"] == pytest.approx(expected["block_scores"], abs=1e-6)
+    plain = prune_into(WanTransformer3DModel.from_config(config), spec.path / "transformer", spec.transformer_config)
+    assert plain["block_scores"] != pytest.approx(record["block_scores"], abs=1e-6)  # the LoRA changed the teacher
+    for (name, ours), theirs in zip(cut.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0, msg=name)

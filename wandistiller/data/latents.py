@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from wandistiller.core.files import atomic_write, file_stamps, save_tensors
 from wandistiller.data.prompts import PromptEmbeddings
+from wandistiller.teacher.finetune import stamp
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.sampler import wan_pipeline
 from wandistiller.teacher.spec import TeacherSpec
@@ -81,7 +82,7 @@ def _files_of(folder: Path) -> list:
 
 
 def cache_key(spec: TeacherSpec, embeddings: PromptEmbeddings, seed: int, settings: SamplerSettings, dtype) -> str:
-    """Teacher (configs + weight files), prompts (and the negative one), seed, sampler, latent size, dtype."""
+    """Teacher (configs, weight files, its LoRAs), prompts (and the negative one), seed, sampler, latent size, dtype."""
     experts = [[(spec.path / n / "config.json").read_text(), _files_of(spec.path / n)] for n in spec.experts]
     blob = json.dumps(
         [
@@ -97,6 +98,8 @@ def cache_key(spec: TeacherSpec, embeddings: PromptEmbeddings, seed: int, settin
             [settings.steps, list(settings.guidance_scales), list(settings.latent_shape), settings.latents_per_prompt],
             str(dtype),
         ]
+        # A fine-tuned teacher (teacher.lora): its files' content, strengths and experts; none, the key as before.
+        + ([stamp(spec.loras)] if spec.loras else [])
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

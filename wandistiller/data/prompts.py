@@ -77,6 +77,8 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _cache_key(spec: TeacherSpec, prompts: list[str], negative: str, max_len: int, dtype: torch.dtype) -> str:
+    """The text encoder's files alone: a teacher.lora adapts the transformer only (teacher/finetune.py refuses any
+    other key), so a fine-tuned teacher shares the plain one's embeddings."""
 
     encoder = spec.path / "text_encoder"
     weights = file_stamps(encoder, "*.safetensors") + file_stamps(spec.path / "tokenizer", "*")

@@ -45,6 +45,7 @@ from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
+from wandistiller.teacher.finetune import absolute, with_loras
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
 from wandistiller.teacher.vae import check_latent_frames
 
@@ -99,6 +100,9 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
     path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     spec = seen if seen is not None and path == local else inspect_teacher(path)
+    spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
+    if spec.loras:  # saved with absolute paths: a later eval or export from another directory reads the same files
+        cfg.teacher.lora = absolute(cfg.teacher.lora)
     if planned is not None and planned.teacher_config == spec.transformer_config:
         student = planned.student_config  # checked, with its room, against this very config by the planner's call
     else:

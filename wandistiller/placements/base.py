@@ -34,6 +34,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
 from wandistiller.placements.streaming import load_fp8_expert
+from wandistiller.teacher.finetune import patch_of
 from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -118,8 +119,9 @@ def load_teacher(
 ) -> Teacher:
     """Every expert through `load_expert` (from_pretrained + freeze), then onto `device` unless a map placed it.
     With teacher.quantize=fp8: read block by block and quantized as read (the bf16 teacher never in RAM)."""
-    if getattr(teacher_cfg, "quantize", None):
-        experts = [load_fp8_expert(spec.path / name, dtype, device) for name in spec.experts]
+    if getattr(teacher_cfg, "quantize", None):  # a fine-tuned teacher's LoRAs merged as read, before quantizing
+        patches = [patch_of(spec.loras, name) for name in spec.experts]
+        experts = [load_fp8_expert(spec.path / name, dtype, device, p) for name, p in zip(spec.experts, patches)]
         return Teacher(spec, experts, guidance_scales(spec, teacher_cfg), device)
     experts = [load_expert(spec, name, dtype, **load_kwargs) for name in spec.experts]
     if "device_map" not in load_kwargs:

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
+from wandistiller.teacher.finetune import Patch, patch_tensor
 from wandistiller.teacher.fp8 import E4M3, quantize_block_tensors
 
 # converted_copy's temporary folders: `<teacher>-<dtype>-<12 hex>.partial`, then `-<host>-<pid>`.
@@ -40,6 +41,8 @@ class DiskSource:
         # A block's layers computed in fp8 (wandistiller.teacher.fp8): their weights are quantized as they are read.
         self.fp8_layers = fp8_layers
         self.work_device: torch.device | None = None  # where to quantize (a GPU: seconds for a 14B expert)
+        # A fine-tuned teacher's LoRAs (teacher.lora: teacher/finetune.py), merged into each tensor as it is read.
+        self.patch: Patch = ()
         self.keep_fp32 = set(WanTransformer3DModel._keep_in_fp32_modules or [])
         self.block_keys: dict[int, list[str]] = {}  # block index -> its keys
         for key in weight_map:
@@ -53,6 +56,8 @@ class DiskSource:
         t = self.files[self.weight_map[key]].get_tensor(key)
         if t.dtype == E4M3 or key.endswith(".weight_scale"):  # a converted fp8 copy: stored as computed
             return t
+        if self.patch:  # merged in float32 before the cast, on the work device where there is one
+            t = patch_tensor(key, t, self.patch, self.work_device)
         return t.to(self.dtype_of(key))
 
     def fetch(self, i: int) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ from wandistiller.placements.memory import (
 from wandistiller.placements.memory import resident_blocks as blocks_free_memory_holds
 from wandistiller.placements.memory import teacher_weight_bytes as weights
 from wandistiller.placements.streaming import load_streamed_expert
+from wandistiller.teacher.finetune import patch_of
 from wandistiller.teacher.model import Teacher, guidance_scales
 
 
@@ -120,7 +121,10 @@ class OffloadPlacement(Placement):
         experts, streamers = [], []
         quantize = getattr(teacher_cfg, "quantize", None)
         for name in spec.experts:
-            folder = self.expert_folder(spec.path / name, precision, topology, quantize)
+            # A fine-tuned teacher (teacher.lora): its LoRAs merged into each tensor as it is read, before quantizing
+            # (so never from a copy already quantized: disk's fp8 offload_dir copy is made in the teacher's dtype).
+            patch = patch_of(spec.loras, name)
+            folder = self.expert_folder(spec.path / name, precision, topology, None if patch else quantize)
             expert, streamer = load_streamed_expert(
                 folder,
                 precision.teacher_dtype,
@@ -129,6 +133,7 @@ class OffloadPlacement(Placement):
                 self._resident(spec, precision, device, bool(quantize)),
                 share=self._share(folder, topology),
                 quantize=quantize,
+                patch=patch,
             )
             experts.append(expert)
             streamers += [streamer] if streamer is not None else []

@@ -42,6 +42,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from wandistiller.core.errors import UserError
 from wandistiller.placements.disk_source import DiskSource
+from wandistiller.teacher.finetune import Patch
 from wandistiller.teacher.fp8 import block_fp8_layers, quantize_model
 from wandistiller.teacher.lora import Adapters
 from wandistiller.teacher.model import blocks_of, freeze
@@ -433,26 +434,30 @@ def load_streamed_expert(
     resident_blocks: int,
     share: tuple[str, object] | None = None,
     quantize: str | None = None,
+    patch: Patch = (),
 ) -> tuple[nn.Module, BlockStreamer | None]:
     """One expert whose blocks stream to `device`, read from its files without ever holding the whole
     expert in RAM: `host` packs the streamed blocks into (pinned) RAM once; `disk` reads each block when
     it is needed, so the teacher may be larger than RAM. With `quantize="fp8"` the blocks' Linear layers
-    are fp8 (wandistiller.teacher.fp8), quantized as each block is read: the streamers move fp8 bytes."""
+    are fp8 (wandistiller.teacher.fp8), quantized as each block is read: the streamers move fp8 bytes. `patch`: a
+    fine-tuned teacher's LoRAs (teacher.lora), merged into every tensor as it is read (before any quantizing)."""
 
     disk = DiskSource(path, dtype, pin=device.type == "cuda" and source_kind == "disk")
+    disk.patch = patch
+    disk.work_device = device if device.type == "cuda" else None  # merges (and quantizes) there
     model = _skeleton_with_resident_weights(disk)
     if quantize:
         quantize_model(model, device=device)  # on the skeleton: layers of fp8 buffers, still on meta
         disk.fp8_layers = block_fp8_layers(model)
-        disk.work_device = device if device.type == "cuda" else None
     streamer = stream_blocks(model, device, source_kind, resident_blocks, disk=disk, share=share)
     return freeze(model), streamer
 
 
-def load_fp8_expert(path: Path, dtype: torch.dtype, device: torch.device) -> nn.Module:
+def load_fp8_expert(path: Path, dtype: torch.dtype, device: torch.device, patch: Patch = ()) -> nn.Module:
     """A resident fp8 expert on `device`, read block by block and quantized as read: RAM holds the fp8
-    teacher plus one bf16 block, never the bf16 teacher (a 14B expert: ~14.5 GB, not 28.6 + 14.5)."""
-    model, _ = load_streamed_expert(path, dtype, device, "host", resident_blocks=2**31, quantize="fp8")
+    teacher plus one bf16 block, never the bf16 teacher (a 14B expert: ~14.5 GB, not 28.6 + 14.5). `patch`: a
+    fine-tuned teacher's LoRAs, merged before quantizing."""
+    model, _ = load_streamed_expert(path, dtype, device, "host", resident_blocks=2**31, quantize="fp8", patch=patch)
     return model
 
 

@@ -46,7 +46,8 @@ def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict
             stopped, skipped = e, [_hook_name(h) for h in ending[i:]]
             break
     write_in_run(ctx.run_dir, "metrics.json", json.dumps(summary, indent=2))  # a sweep report never reads half
-    run_pipeline(ctx.run_dir, Path(ctx.spec.path), card_phrases())  # after metrics.json: its model card quotes them
+    # after metrics.json: its model card quotes them
+    run_pipeline(ctx.run_dir, Path(ctx.spec.path), card_phrases(), ctx.spec)
     run.tracker.finish({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     if stopped is not None:
         raise end_of_run_stopped(stopped.signum, skipped, ctx.run_dir)
@@ -102,7 +103,7 @@ def teacher_identity(ctx: RunContext) -> dict:
         "teacher_experts": len(spec.experts),
         "teacher_shape": {k: config.get(k) for k in keys},
         "teacher_digest": teacher_digest(spec),  # eval and generate compare the teacher they are given with it
-    }
+    } | ({"teacher_loras": [lora.record() for lora in spec.loras]} if spec.loras else {})  # a fine-tuned teacher
 
 
 def summarize(ctx: RunContext, run, history: list[dict], ranks: list[dict], segment: Sequence[dict] = ()) -> dict:

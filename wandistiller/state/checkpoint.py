@@ -26,6 +26,8 @@ from wandistiller.core.files import in_run, run_folder, write_in_run
 from wandistiller.state import safestate
 from wandistiller.state.received import load_json
 from wandistiller.student.model import current_state
+from wandistiller.teacher.finetune import records as lora_records
+from wandistiller.teacher.finetune import stamp
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
@@ -331,12 +333,13 @@ def teacher_record(spec, name: str) -> dict:
     """What a checkpoint records of its teacher: the name given (Hub id or folder), its shape, and a digest of
     its weights files (`teacher_digest`)."""
     config = spec.transformer_config
-    return {
+    record = {
         "name": str(name),
         "shape": {k: config.get(k) for k in TEACHER_SHAPE},
         "experts": len(spec.experts),
         "digest": teacher_digest(spec),
     }
+    return record | ({"loras": lora_records(spec.loras)} if spec.loras else {})
 
 
 def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
@@ -356,6 +359,8 @@ def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
                 for i in range(samples):
                     f.seek(start + max(data - chunk, 0) * i // (samples - 1))
                     h.update(f.read(chunk))
+    if spec.loras:  # a fine-tuned teacher (teacher.lora) is another teacher; a plain one's digest is as before
+        h.update(json.dumps(stamp(spec.loras)).encode())
     return h.hexdigest()[:32]
 
 
@@ -372,6 +377,12 @@ def teacher_problem(recorded: dict | None, spec) -> str | None:
             f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with {k}={shape.get(k)}, this "
             f"teacher at {spec.path} has {k}={now[k]}"
         )
+    loras, now_loras = recorded.get("loras") or [], lora_records(spec.loras)
+    if isinstance(loras, list) and stamp_of(loras) != stamp_of(now_loras):
+        return (
+            f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with teacher.lora="
+            f"{lora_names(loras)}, and this run's is teacher.lora={lora_names(now_loras)}"
+        )
     digest = recorded.get("digest")
     if isinstance(digest, str) and digest != teacher_digest(spec):
         return (
@@ -379,6 +390,17 @@ def teacher_problem(recorded: dict | None, spec) -> str | None:
             f"teacher at {spec.path} differ (digest {teacher_digest(spec)[:12]}, recorded {digest:.12})"
         )
     return None
+
+
+def stamp_of(records: list) -> list:
+    """The LoRAs' content, strengths and experts, from their records (a checkpoint's, or now)."""
+    return [[r.get("sha256"), r.get("strength"), r.get("experts")] for r in records if isinstance(r, dict)]
+
+
+def lora_names(records: list) -> str:
+    """`[style.safetensors@0.8 (sha256 1a2b3c4d5e6f)]`, or `null`."""
+    shown = [f"{r.get('file')}@{r.get('strength')} (sha256 {str(r.get('sha256'))[:12]})" for r in records]
+    return f"[{', '.join(shown)}]" if shown else "null"
 
 
 def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:

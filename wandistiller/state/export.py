@@ -15,13 +15,14 @@ alone (`other_steps`), as `eval`/`generate --student-steps n` do. A KD student's
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,7 +36,8 @@ from wandistiller.state.received import load_yaml_config
 from wandistiller.state.runs import image_scale, student_schedule_of, student_steps, time_scale
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, is_lora, is_lora_folder
 from wandistiller.teacher.fewstep import Schedule, few_step_scheduler, student_schedule
-from wandistiller.teacher.spec import inspect_teacher
+from wandistiller.teacher.model import save_finetuned_expert
+from wandistiller.teacher.spec import TeacherSpec, inspect_teacher
 
 log = logging.getLogger("wandistiller.pipeline")
 
@@ -89,19 +91,26 @@ def _place_guarded(root: Path, src: Path, dst: Path) -> str:
     return "copied"
 
 
-def run_pipeline(run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] | None = None) -> Path:
+def run_pipeline(
+    run_dir: Path, teacher_path: Path, phrases: Mapping[str, str] | None = None, spec: TeacherSpec | None = None
+) -> Path:
     """`<run>/pipeline/`: the run's final student in the teacher's WanPipeline, with its model card; a few-step
-    student's `student/sampling.json` first (its K read from the run's saved config)."""
+    student's `student/sampling.json` first (its K read from the run's saved config). `spec`: the run's teacher, its
+    LoRAs (teacher.lora) with it: a LoRA student's pipeline holds that fine-tuned teacher."""
 
     student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
-    steps, schedule = saved_steps(run_dir), saved_schedule(run_dir)
+    steps, schedule, loras = saved_steps(run_dir), saved_schedule(run_dir), run_loras(run_dir)
     if steps is not None:  # written whole, never through a link in its place
-        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps, schedule), indent=2))
+        write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps, schedule, loras), indent=2))
     # Written whole into a new folder that takes the old one's place: a received run's `pipeline/` that is a link
     # (or holds links) is replaced, never written through.
-    write = write_lora_pipeline if is_lora_folder(student) else write_pipeline  # a LoRA student: the teacher's own
+    if is_lora_folder(student):  # a LoRA student: the teacher's own pipeline (fine-tuned: with its LoRAs merged)
+        finetuned = spec if spec is not None and spec.loras else None
+        write: Callable[..., Path] = functools.partial(write_lora_pipeline, finetuned=finetuned)
+    else:
+        write = write_pipeline
     out = replace_folder(
-        run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule)
+        run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule, loras=loras)
     )
     log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
     return out
@@ -115,6 +124,7 @@ def write_pipeline(
     steps: int | None = None,
     student_root: Path | None = None,
     schedule: Schedule | None = None,
+    loras: Sequence[dict] = (),
 ) -> Path:
     """A WanPipeline folder: `student_dir` as its transformer, the teacher's other parts, `card` as README.md. A
     few-step student (`steps` = K) has its few-step scheduler in place of the teacher's, and its sampling.json.
@@ -135,7 +145,8 @@ def write_pipeline(
             how.add(place(file, out / part / file.relative_to(src), root))
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
+        facts = sampling(teacher_path, steps, schedule, loras)
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(facts, indent=2))
     write_in_run(out, "model_index.json", json.dumps(model_index(teacher_path, steps), indent=2))
     write_in_run(out, "README.md", card)
     if "referenced" in how:  # the folder then depends on the teacher's files staying where they are
@@ -155,11 +166,14 @@ def write_lora_pipeline(
     card: str,
     steps: int | None = None,
     schedule: Schedule | None = None,
+    loras: Sequence[dict] = (),
+    finetuned: TeacherSpec | None = None,
 ) -> Path:
     """A LoRA student's WanPipeline folder (student=lora): the teacher's own pipeline (its transformer, and
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
-    a few-step student's scheduler and sampling.json, and `card` as README.md."""
+    a few-step student's scheduler and sampling.json, and `card` as README.md. `finetuned`: the teacher with the
+    LoRAs it was fine-tuned with (teacher.lora), whose experts are written merged (the adapters' own base)."""
 
     index = teacher_index(teacher_path)
     parts = [
@@ -173,6 +187,9 @@ def write_lora_pipeline(
         src = teacher_path / part
         if not src.is_dir():
             raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
+        if finetuned is not None and any(part in lora.experts for lora in finetuned.loras):
+            save_finetuned_expert(finetuned, part, out / part)  # the fine-tuned teacher the adapters were trained on
+            continue
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
             place(file, out / part / file.relative_to(src))
     for name in (*WEIGHTS, ADAPTERS_JSON):
@@ -180,7 +197,8 @@ def write_lora_pipeline(
             place(student_dir / name, out / name, student_dir)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
-        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(sampling(teacher_path, steps, schedule), indent=2))
+        facts = sampling(teacher_path, steps, schedule, loras)
+        write_in_run(out, f"transformer/{SAMPLING}", json.dumps(facts, indent=2))
         index |= {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
     write_in_run(out, "model_index.json", json.dumps(index, indent=2))
     write_in_run(out, "README.md", card)
@@ -218,10 +236,11 @@ def saved_schedule(run_dir: Path) -> Schedule:
     return student_schedule_of(cfg) if isinstance(cfg, DictConfig) else Schedule()
 
 
-def sampling(teacher_path: Path, steps: int, schedule: Schedule | None = None) -> dict:
+def sampling(teacher_path: Path, steps: int, schedule: Schedule | None = None, loras: Sequence[dict] = ()) -> dict:
     """What `sampling.json` states of a K-step student: its steps, the schedule it was trained at (`schedule`),
     its timesteps and sigmas, and no CFG. Where that schedule is not diffusers' Euler, the saved scheduler (which
-    only that one can be set to) samples other sigmas at num_inference_steps=K: `scheduler_sigmas` says which."""
+    only that one can be set to) samples other sigmas at num_inference_steps=K: `scheduler_sigmas` says which.
+    `loras`: the LoRAs its teacher was fine-tuned with (`run_loras`), named as `teacher_loras`."""
     spec = inspect_teacher(teacher_path)
     schedule = schedule or Schedule()
     timesteps, sigmas = student_schedule(spec, steps, schedule)
@@ -236,7 +255,38 @@ def sampling(teacher_path: Path, steps: int, schedule: Schedule | None = None) -
     }
     if schedule.name != "euler":
         facts["scheduler_sigmas"] = [round(s, 6) for s in student_schedule(spec, steps)[1].tolist()]
+    if loras:
+        facts["teacher_loras"] = list(loras)
     return facts
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def run_loras(run_dir: Path) -> list[dict]:
+    """The LoRAs the run's teacher was fine-tuned with (teacher.lora), as metrics.json names them: each one's file
+    name, strength, experts and sha256, read as data (a name that is not a plain word is left out); [] for none."""
+    try:
+        m = read_json_in(run_dir, "metrics.json", what="metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    except ValueError:
+        return []
+    found = m.get("teacher_loras") if isinstance(m, dict) else None
+    out: list[dict] = []
+    for r in found if isinstance(found, list) else []:
+        if not isinstance(r, dict):
+            continue
+        experts = r.get("experts")
+        experts = experts if isinstance(experts, list) else []
+        sha = r.get("sha256") if isinstance(r.get("sha256"), str) and SHA256.fullmatch(r["sha256"]) else None
+        out.append(
+            {
+                "file": _word(r.get("file")) or "?",
+                "strength": _number(r.get("strength")),
+                "experts": [e for e in experts if e in ("transformer", "transformer_2")],
+                "sha256": sha,
+            }
+        )
+    return out
 
 
 SHIPPED = "${wd_assets:"  # a shipped asset's path in a saved config (a teacher, its prompts, its images)
@@ -359,6 +409,8 @@ def model_card(
         "method": card_method(cfg),
         "phrases": dict(phrases or {}),
         "prompt": example_prompt(prompts),
+        "teacher_loras": run_loras(run_dir),
+        "teacher_experts": _number(m.get("teacher_experts")),
     }
     if k is not None and teacher_path is not None:
         schedule, spec = student_schedule_of(cfg), inspect_teacher(teacher_path)
@@ -413,6 +465,33 @@ def lora_facts(cfg: DictConfig, m: dict, teacher_path: Path | None) -> dict:
     }
 
 
+def _finetune_text(f: dict) -> tuple[str, str]:
+    """(the card's paragraph, its table row) naming the LoRAs the teacher was fine-tuned with (teacher.lora): each
+    file's name, strength and sha256 prefix; both empty for a plain teacher."""
+    loras = f.get("teacher_loras") or []
+    if not loras:
+        return "", ""
+
+    def named(r: dict) -> str:
+        strength = f"{r['strength']:g}" if r["strength"] is not None else "?"
+        sha = f", sha256 `{r['sha256'][:12]}`" if r["sha256"] else ""
+        pair = f", on {r['experts'][0]} only" if f.get("teacher_experts") == 2 and len(r["experts"]) == 1 else ""
+        return f"`{r['file']}` at strength {strength}{sha}{pair}"
+
+    shown = "; ".join(named(r) for r in loras)
+    text = (
+        f"\nThe teacher it was distilled from is the teacher above fine-tuned with LoRA{'s' if len(loras) > 1 else ''}"
+        f" {shown} (merged into its weights: `teacher.lora`); the student learned that fine-tuned teacher.\n"
+    )
+    if f.get("lora"):  # the adapters are a delta on the fine-tuned teacher, not on the plain one
+        text += (
+            "Its adapters go on that fine-tuned teacher: a pipeline folder of this run holds it (its transformer "
+            "folders merged); anywhere else (ComfyUI, the plain teacher) load these LoRAs at these strengths first, "
+            "then the adapters.\n"
+        )
+    return text, f"| teacher LoRAs | {shown} |\n"
+
+
 def _lora_text(f: dict) -> tuple[str, str, str]:
     """(the card's paragraph, its table row, the snippet's lines loading the adapters) of a LoRA student; all
     empty for another student."""
@@ -427,7 +506,9 @@ def _lora_text(f: dict) -> tuple[str, str, str]:
         f"`pytorch_lora_weights.safetensors`{' and `pytorch_lora_weights_transformer_2.safetensors`' if pair else ''}"
         f" here, in the format `WanPipeline.load_lora_weights` loads. They belong to the teacher {teacher}, "
         f"weights digest `{lora['digest']}` (WanDistiller's `teacher_digest`); on another teacher they mean "
-        "nothing. The transformer folders here are that teacher's own.\n"
+        "nothing. The transformer folders here are that teacher's own"
+        + (", with the LoRAs it was fine-tuned with merged into them" if f.get("teacher_loras") else "")
+        + ".\n"
     )
     row = f"| adapters | LoRA rank {lora['rank']}, alpha {lora['alpha']}, layers: {lora['layers']} |\n"
     if lora["merged"]:  # one self-contained pipeline: nothing to load on top
@@ -535,6 +616,9 @@ def _card_text(f: dict) -> str:
     few_text += lora_text
     few_row += lora_row
     parts = "" if few_text else " The tokenizer, text encoder, VAE and scheduler are the teacher's."
+    finetune_text, finetune_row = _finetune_text(f)
+    few_text = finetune_text + few_text
+    few_row = finetune_row + few_row
     method = f["method"]["name"]
     tags = ", ".join(["wan", "distillation", *([method] if method != "?" else [])])
     front = ["---", "library_name: diffusers", f"pipeline_tag: {kind}", f"tags: [{tags}]"]

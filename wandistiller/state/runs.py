@@ -43,6 +43,7 @@ from wandistiller.state.checkpoint import (
 from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
+from wandistiller.teacher.finetune import with_loras
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 from wandistiller.teacher.vae import pocket_frames_problem
@@ -222,7 +223,9 @@ def open_run(
             "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
         )
     teacher = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
-    return RunFolder(path, cfg, spec if spec is not None and spec.path == teacher else inspect_teacher(teacher))
+    if spec is None or spec.path != teacher:  # the run's own teacher, with the LoRAs it was distilled from
+        spec = with_loras(inspect_teacher(teacher), cfg.teacher.get("lora"))
+    return RunFolder(path, cfg, spec)
 
 
 def student_source(run: RunFolder, checkpoint: str | None) -> Path:
@@ -365,7 +368,12 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
             state = load_json(in_run(run.path, source / STATE_FILE), what="checkpoint state", root=run.path)
             return state.get("teacher")
         m = load_json(in_run(run.path, "metrics.json"), what="metrics.json", root=run.path)
-        return {"name": m.get("teacher"), "shape": m.get("teacher_shape"), "digest": m.get("teacher_digest")}
+        return {
+            "name": m.get("teacher"),
+            "shape": m.get("teacher_shape"),
+            "digest": m.get("teacher_digest"),
+            "loras": m.get("teacher_loras") or [],  # a fine-tuned teacher's (teacher.lora); none recorded: none
+        }
     except (OSError, ValueError, AttributeError, UserError):
         return None
 

@@ -26,6 +26,7 @@ from wandistiller.core.arch import (
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.student import lora, prune
+from wandistiller.teacher.finetune import patch_of
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -331,10 +332,12 @@ def build_student(
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width, hidden_layers)
     source = init_source(student_cfg, spec.transformer_config)
+    patch: prune.Patch = ()
     if source is None and starts_from_teacher(student_cfg, config, spec.transformer_config):
         source = (spec.path / "transformer", spec.transformer_config)
+        patch = patch_of(spec.loras, "transformer")  # a fine-tuned teacher's LoRAs: cut from the teacher it is
     if source is not None:
-        student.pruning = prune.prune_into(transformer, *source, keep=student_cfg.keep_blocks)
+        student.pruning = prune.prune_into(transformer, *source, keep=student_cfg.keep_blocks, patch=patch)
     else:
         log.info("student: random initialisation (student.init=%s)", init)
     return cast_keeping_fp32(student, dtype)  # Wan's norms stay fp32, as from_pretrained(torch_dtype=) keeps them
@@ -342,4 +345,5 @@ def build_student(
 
 def init_from_teacher(student: Student, spec: TeacherSpec, keep_blocks="even") -> dict:
     """Fill the student with the teacher's weights, cut to its shape (evenly spaced blocks unless told)."""
-    return prune.prune_into(student.transformer, spec.path / "transformer", spec.transformer_config, keep_blocks)
+    patch = patch_of(spec.loras, "transformer")
+    return prune.prune_into(student.transformer, spec.path / "transformer", spec.transformer_config, keep_blocks, patch)

@@ -37,6 +37,7 @@ from wandistiller.core.files import (
     safetensors_problem,
     write_in_run,
 )
+from wandistiller.teacher.finetune import Patch, patch_tensors
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,9 @@ def read_folder_config(folder: Path, received: bool = False) -> dict:
 RECEIVED: set[str] = set()
 
 
-def read_tensors(folder: Path, wanted) -> dict[str, torch.Tensor]:
-    """The tensors of a model folder whose key `wanted(key)` accepts, read without loading the rest."""
+def read_tensors(folder: Path, wanted, patch: Patch = ()) -> dict[str, torch.Tensor]:
+    """The tensors of a model folder whose key `wanted(key)` accepts, read without loading the rest; with a fine-tuned
+    teacher's LoRAs (`patch`: teacher/finetune.py) merged into them, as its loaded experts hold them."""
 
     state = {}
     guard = os.path.realpath(folder) in RECEIVED  # a teacher's folder (a Hub cache's links to its blobs) is the user's
@@ -186,12 +188,12 @@ def read_tensors(folder: Path, wanted) -> dict[str, torch.Tensor]:
             for key in f.keys():
                 if wanted(key):
                     state[key] = f.get_tensor(key).float()
-    return state
+    return patch_tensors(state, patch) if patch else state
 
 
-def _block_state(folder: Path, j: int) -> dict[str, torch.Tensor]:
+def _block_state(folder: Path, j: int, patch: Patch = ()) -> dict[str, torch.Tensor]:
     prefix = f"blocks.{j}."
-    return {k[len(prefix) :]: v for k, v in read_tensors(folder, lambda k: k.startswith(prefix)).items()}
+    return {k[len(prefix) :]: v for k, v in read_tensors(folder, lambda k: k.startswith(prefix), patch).items()}
 
 
 def calibration_inputs(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,13 +208,13 @@ def calibration_inputs(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.
     return x, t, text
 
 
-def _shell(folder: Path, config: dict):
+def _shell(folder: Path, config: dict, patch: Patch = ()):
     """The source with one block (whose weights each block's are loaded into in turn), the rest its own."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(CALIBRATION["seed"])  # the shell's random block is overwritten; seeded all the same
     shell = WanTransformer3DModel.from_config(config | {"num_layers": 1}).eval()
-    outer = read_tensors(folder, _outer)
+    outer = read_tensors(folder, _outer, patch)
     shell.load_state_dict(outer | {k: v for k, v in shell.state_dict().items() if k.startswith("blocks.")})
     return shell
 
@@ -224,13 +226,13 @@ def _head(shell, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def calibrate(folder: Path, config: dict) -> dict:
+def calibrate(folder: Path, config: dict, patch: Patch = ()) -> dict:
     """One streamed pass of the calibration batch through the source: per block its importance score and its
     heads' and FFN channels' importance; the residual channels' importance over the whole stream.
 
     The score is the rise in the source's output error when the block is skipped (relative to the output's
     size) where the source has at most SKIP_SCORE_MAX_PARAMS parameters, else 1 - the in/out cosine."""
-    shell, (x, t, text) = _shell(folder, config), calibration_inputs(config)
+    shell, (x, t, text) = _shell(folder, config, patch), calibration_inputs(config)
     rotary = shell.rope(x)
     h = shell.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
     temb, proj, text, _ = shell.condition_embedder(t, text, None, timestep_seq_len=None)
@@ -248,7 +250,7 @@ def calibrate(folder: Path, config: dict) -> dict:
     ]
     try:
         for j in range(config["num_layers"]):
-            state = _block_state(folder, j)
+            state = _block_state(folder, j, patch)
             block.load_state_dict(state)
             states.append(state if keep_states else None)
             inputs.append(h if keep_states else None)
@@ -375,16 +377,16 @@ def _slice(key: str, tensor: torch.Tensor, table: dict, index: dict) -> torch.Te
     return tensor
 
 
-def pruned_state(folder: Path, source: dict, plan: dict):
+def pruned_state(folder: Path, source: dict, plan: dict, patch: Patch = ()):
     """The student's tensors, (name, tensor), cut from the source folder's (read one block at a time, so a
     large source is never whole in memory)."""
     d, hd = heads_width(source), source["attention_head_dim"]
     res = torch.tensor(plan["channels"])
     index = {"res": res, "res6": torch.cat([res + k * d for k in range(6)])}
-    for key, tensor in read_tensors(folder, _outer).items():
+    for key, tensor in read_tensors(folder, _outer, patch).items():
         yield key, _slice(key, tensor, OUTER_SLICES, index)
     for i, (j, kept) in enumerate(zip(plan["blocks"], plan["per_block"])):
-        for key, tensor in _block_state(folder, j).items():
+        for key, tensor in _block_state(folder, j, patch).items():
             attn = key[:5] if key.startswith("attn") else "attn1"
             inner = torch.tensor([h * hd + c for h in kept[attn] for c in range(hd)])
             block_index = index | {"inner": inner, "ffn": torch.tensor(kept["ffn"])}
@@ -395,23 +397,23 @@ def _outer(key: str) -> bool:
     return not key.startswith("blocks.")
 
 
-def prune_into(transformer, folder: Path, source: dict, keep="auto") -> dict:
+def prune_into(transformer, folder: Path, source: dict, keep="auto", patch: Patch = ()) -> dict:
     """Fill `transformer` (a WanTransformer3DModel cut-able from `source`) with the source folder's weights,
     pruned; returns the record of what was kept and why (what pruning.json holds). The global RNG is left
     as it was."""
     with torch.random.fork_rng(devices=[]):
-        return _prune_into(transformer, Path(folder), source, keep)
+        return _prune_into(transformer, Path(folder), source, keep, patch)
 
 
-def _prune_into(transformer, folder: Path, source: dict, keep) -> dict:
+def _prune_into(transformer, folder: Path, source: dict, keep, patch: Patch) -> dict:
     student = dict(transformer.config)
     same_width = all(student[k] == source[k] for k in ("num_attention_heads", "ffn_dim"))
     scored = not same_width or (keep == "auto" and student["num_layers"] < source["num_layers"])
-    stats = calibrate(folder, source) if scored else None
+    stats = calibrate(folder, source, patch) if scored else None
     plan = plan_pruning(student, source, keep, stats)
     params, filled = transformer.state_dict(), set()
     with torch.no_grad():
-        for name, tensor in pruned_state(folder, source, plan):
+        for name, tensor in pruned_state(folder, source, plan, patch):
             params[name].copy_(tensor.to(params[name].dtype))
             filled.add(name)
     if filled != set(params):

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from wandistiller.teacher.finetune import apply as apply_loras
 from wandistiller.teacher.spec import TeacherSpec, loading
+
+if TYPE_CHECKING:
+    from diffusers import ModelMixin
 
 
 def freeze(model: nn.Module) -> nn.Module:
@@ -25,13 +31,28 @@ def freeze(model: nn.Module) -> nn.Module:
 
 
 def load_expert(spec: TeacherSpec, name: str, dtype: torch.dtype, **load_kwargs) -> nn.Module:
+    """Expert `name` of the teacher, frozen, with the spec's LoRAs (teacher.lora) merged into its weights."""
     from diffusers import WanTransformer3DModel
 
     with loading(spec, name):
         model = WanTransformer3DModel.from_pretrained(
             spec.path, subfolder=name, dtype=dtype, use_safetensors=True, **load_kwargs
         )
+    apply_loras(model, name, spec.loras)  # a fine-tuned teacher (teacher.lora): merged once, in float32
     return freeze(model)
+
+
+STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def save_finetuned_expert(spec: TeacherSpec, name: str, folder: Path) -> None:
+    """Expert `name` with the spec's LoRAs (teacher.lora) merged, saved as a diffusers model folder in the dtype its
+    block weights are stored in: a fine-tuned teacher's transformer where a pipeline needs one (a LoRA student's)."""
+    first = sorted((spec.path / name).glob("*.safetensors"))[0]
+    with safe_open(first, "pt") as f:
+        kinds = [f.get_slice(k).get_dtype() for k in f.keys() if k.startswith("blocks.") and k.endswith(".weight")]
+    dtype = STORED.get(kinds[0] if kinds else "F32", torch.float32)
+    cast("ModelMixin", load_expert(spec, name, dtype)).save_pretrained(folder, safe_serialization=True)
 
 
 def blocks_of(model: nn.Module) -> nn.ModuleList:

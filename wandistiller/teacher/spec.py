@@ -38,6 +38,8 @@ class TeacherSpec:
     boundary_ratio: float | None
     flow_shift: float
     num_train_timesteps: int
+    # teacher.lora, checked (teacher/finetune.py's TeacherLora): merged into the experts wherever they load.
+    loras: tuple = ()
 
     @property
     def boundary_timestep(self) -> float | None:

@@ -48,6 +48,7 @@ from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive, schedule_identity
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import parse_schedule, student_schedule
+from wandistiller.teacher.finetune import apply as apply_loras
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -296,6 +297,7 @@ def teacher_shaped(ctx) -> torch.nn.Module:
         transformer = WanTransformer3DModel.from_pretrained(
             spec.path, subfolder=name, dtype=ctx.precision.student_dtype, use_safetensors=True
         )
+    apply_loras(transformer, name, spec.loras)  # a fine-tuned teacher's LoRAs: it starts from the teacher it is
     return Student(transformer.requires_grad_(True))
 
 
