@@ -55,7 +55,7 @@ STEPS = {"vae": 600, "transformer": 2400, "expert": 300, "classifier": 2000}
 QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
 # The video teacher's parts (started from the image teacher's: pocket/video.py).
 # "clips": how many of the rendered training clips are encoded (None: all of `copies` renderings of the split).
-VIDEO_STEPS: dict = dict(vae=300, transformer=1500, expert=200, classifier=1500, batch=64, copies=3, clips=None)
+VIDEO_STEPS: dict = dict(vae=300, transformer=4000, expert=200, classifier=1500, batch=64, copies=3, clips=None)
 VIDEO_QUICK: dict = dict(vae=2, transformer=2, expert=1, classifier=2, batch=4, copies=1, clips=32)
 PARTS = ("image", "video")
 
