@@ -52,6 +52,12 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         ("trainer.loss.hidden_kd_weight=-1", "trainer.loss.hidden_kd_weight=-1.0 must be 0 or more"),
         ("teacher.flow_shift=0", "teacher.flow_shift=0.0 must be positive"),
         ("teacher.guidance_scale=nan", "teacher.guidance_scale=nan must be a finite number"),
+        # issue 41: accepted, then trained at the scale and sampled without it (WanPipeline: CFG above 1 alone)
+        ("teacher.guidance_scale=0.5", "teacher.guidance_scale=0.5 must be a finite number of 1 or more (1: no CFG"),
+        ("teacher=tiny_moe teacher.guidance_scale=1", "teacher.guidance_scale_2=3.0 with teacher.guidance_scale=1: "),
+        # issue 41: 0 was read as unset, a negative length made a schedule whose LR grew without end
+        ("trainer.schedule_steps=0", "trainer.schedule_steps=0 must be a positive integer (the LR schedule's length)"),
+        ("trainer.schedule_steps=-10", "trainer.schedule_steps=-10 must be a positive integer"),
         ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be positive"),
         ("hardware.host_memory_gib=-5", "hardware.host_memory_gib=-5.0 must be in [0.5, 65536]"),
         ("hardware.gpus=-1", "hardware.gpus=-1 must be in [0, 64] (GPUs per node)"),
