@@ -32,6 +32,21 @@ def test_another_sources_name_names_the_data_options():
         compose_config(["data.latents=teacher"])
 
 
+@pytest.mark.parametrize(
+    "override,fix",
+    [  # issue 41: each refused in Hydra's words alone, with no fix
+        ("~trainer.optimizer", "; trainer.optimizer is required, so it cannot be removed: set it instead"),
+        ("~teacher.path", "; teacher.path is required, so it cannot be removed: set it instead (teacher.path=…)"),
+        ("~hooks", "; `~` removes only a hook, a logger or a key added with + (e.g. ~hooks.evaluate): set this one"),
+        ("~trainer.bacth_size", "; `~` removes only a hook, a logger or a key added with +"),
+    ],
+)
+def test_removing_a_key_the_config_needs_or_has_not_says_what_to_do(override, fix):
+    with pytest.raises(UserError) as e:
+        compose_config([override])
+    assert fix in str(e.value) and "\n" not in str(e.value)
+
+
 def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
     assert modern_argv(["student.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]) == [
         "trainer.loss.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]  # fmt: skip
