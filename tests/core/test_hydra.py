@@ -59,6 +59,14 @@ def test_a_setting_of_a_hook_the_list_leaves_out_says_to_add_it():
         compose_config(["hooks=[monitor,progress]", "hooks.evaluate.steps=2"])
 
 
+def test_a_setting_of_a_logger_the_list_leaves_out_says_to_add_it():
+    """Issue 41: `logger=[csv] logger.wandb.mode=online` was told to write logger.wandb.mode=online, as it had."""
+    with pytest.raises(UserError, match=r"that logger is not in the `logger` list: add it \(e.g. logger=\[wandb,csv"):
+        compose_config(["logger=[csv]", "logger.wandb.mode=online"])
+    with pytest.raises(UserError, match=r"a logger's keys sit under its name"):  # the flat key of before the list
+        compose_config(["logger.mode=online"])
+
+
 def test_an_older_hook_setting_is_dropped_where_its_hook_is_not_in_the_list_and_a_sweep_of_two_keys_is_refused():
     assert modern_argv(["debug=fast", "trainer.sample_steps=5"]) == ["debug=fast"]  # debug=fast has no samples
     assert modern_argv(["trainer.eval_at_end=false", "trainer.sample_steps=5"]) == [

@@ -128,6 +128,10 @@ def hydra_error_line(error: Exception) -> str:
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
     skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
     text = " ".join(line for line in lines if not line.startswith(skip))
+    unlisted = re.search(r"override 'logger\.(\w+)\.", text)
+    if unlisted and "not in struct" in text and unlisted[1] in _options("logger"):  # a logger the list leaves out
+        example = f"logger=[{unlisted[1]},csv]"
+        return f"{text}; that logger is not in the `logger` list: add it (e.g. {example}) or drop the setting"
     if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
