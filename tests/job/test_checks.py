@@ -61,6 +61,8 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         # issue 41: 0 was read as unset, a negative length made a schedule whose LR grew without end
         ("trainer.schedule_steps=0", "trainer.schedule_steps=0 must be a positive integer (the LR schedule's length)"),
         ("trainer.schedule_steps=-10", "trainer.schedule_steps=-10 must be a positive integer"),
+        # issue 41: importable, so accepted, then an internal error once the run folder was made
+        ("recipe._target_=builtins.print", "recipe._target_='builtins.print' is not a recipe (a class with setup() an"),
         ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be positive"),
         ("hardware.host_memory_gib=-5", "hardware.host_memory_gib=-5.0 must be in [0.5, 65536]"),
         ("hardware.gpus=-1", "hardware.gpus=-1 must be in [0, 64] (GPUs per node)"),

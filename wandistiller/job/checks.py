@@ -157,6 +157,7 @@ def check_ranges(cfg: DictConfig) -> None:
         )
 
 
+RECIPE = ("setup", "train")  # what train.py's run_recipe calls on the recipe it builds
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
 SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
@@ -303,11 +304,16 @@ def check_targets(cfg: DictConfig) -> None:
     for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
-            get_object(target)
+            found = get_object(target)
         except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
+        if key == "recipe" and not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in RECIPE)):
+            raise UserError(  # else an internal error once the run folder was made: `print(...)` has no setup()
+                f"recipe._target_={target!r} is not a recipe (a class with setup() and train()); name a subclass of "
+                "wandistiller.recipe.distillation.DistillationRecipe"
+            )
 
     check_signatures(cfg)
 
