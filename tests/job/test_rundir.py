@@ -73,6 +73,19 @@ def test_a_refused_folder_is_not_created(tmp_path):
     assert not (tmp_path / "r" / ".lock").exists()
 
 
+@pytest.mark.parametrize("inside", ["student", "checkpoints/new", "pipeline/transformer"])
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_a_run_inside_another_runs_folder_is_refused_before_anything_is_written(tmp_path, inside, resume):
+    """Issue 41: `hydra.run.dir=<run>/student` trained a new run into an earlier run's student folder."""
+    earlier = tmp_path / "earlier"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (earlier / inside).mkdir(parents=True)
+    with pytest.raises(RunDirTaken, match=rf"^the run folder {earlier / inside} lies inside the run folder {earlier},"):
+        claim_run_dir(earlier / inside, resume)
+    assert sorted(p.name for p in (earlier / inside).iterdir()) == []
+
+
 def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
     from wandistiller.train import record_failed_point
 

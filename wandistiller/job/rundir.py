@@ -43,6 +43,12 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
     lock is held, what killed processes left in the folder is cleaned up.
     """
+    outer = next((p for p in run_dir.absolute().parents if (p / ".hydra" / "config.yaml").is_file()), None)
+    if outer is not None:  # its student/, checkpoints/ or pipeline/ would take a run's files
+        raise RunDirTaken(
+            f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "
+            "choose a folder outside it with hydra.run.dir=…"
+        )
     finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
     earlier = list_checkpoints(run_dir)
     if (earlier or finished) and resume != "auto":
