@@ -141,7 +141,9 @@ def _new_file(folder: Path, stem: str) -> Path:
 # What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
 # torchrun), the lock, the config saved once the folder was claimed, and the student's pruning.json, written as
 # setup builds it (before a refusal there: a resumed checkpoint's networks that do not fit the method's).
-_OURS_IF_REFUSED = {LOCK_FILE, ".hydra", "pruning.json"}
+# What a run writes before its first step (a refusal at setup: a hook's setting checked against the teacher), the
+# loggers' folders included; removed only from a folder that held nothing but logs when the job began.
+_OURS_IF_REFUSED = {LOCK_FILE, ".hydra", "pruning.json", "wandb", "tensorboard", "metrics.csv"}
 
 
 @contextlib.contextmanager
