@@ -70,6 +70,16 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, make_cfg, case
         assert e.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
+def test_a_prompts_file_that_is_not_there_is_named_by_its_flag(tmp_path, capsys):
+    """Issue 41: `eval RUN --prompts missing.txt` named `data.prompts_path=`, a key eval's user never gave."""
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main([str(tmp_path), "--prompts", str(tmp_path / "missing.txt")])
+    err = capsys.readouterr().err
+    missing = str(tmp_path / "missing.txt")
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: --prompts={missing!r} does not exist; give a text file")
+
+
 @pytest.fixture(scope="module", autouse=True)  # autouse: it starts with the module, beside its in-process tests
 def clis(request, tmp_path_factory):
     """This module's command-line runs (fresh processes), started together with the module."""

@@ -206,6 +206,23 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_force_never_replaces_a_run_and_a_run_without_a_checkpoint_is_told_to_train(finished, tmp_path):
+    """Issue 41: `export NEW --out OLD_RUN --force` (arguments swapped) removed another run's checkpoints and student,
+    as did an --out holding a run a few folders down; a run stopped before its first checkpoint was told to
+    `--checkpoint latest`, which it has not."""
+    other = tmp_path / "outputs" / "2026-01-01" / "12-00-00"
+    shutil.copytree(finished, other)
+    for out in (other, tmp_path / "outputs"):
+        with refused(f"--out {out} holds the run folder {other}; --force replaces an earlier export, never a run"):
+            export(finished, out, "single-file", force=True)
+        assert (other / "student").is_dir() and (other / "checkpoints").is_dir() and (other / ".hydra").is_dir()
+    fresh = tmp_path / "fresh"
+    shutil.copytree(finished, fresh, ignore=shutil.ignore_patterns("student*", "checkpoints"))
+    with refused("has no student yet (no student/, checkpoints: none): it stopped before its first checkpoint"):
+        export(fresh, tmp_path / "e", "single-file")
+    assert not (tmp_path / "e").exists()
+
+
 def test_the_cli_refuses_an_unknown_format_or_dtype_in_one_line():
     for bad in (["--format", "gguf"], ["--format", "single-file", "--dtype", "int4"]):
         done = subprocess.run(

@@ -35,6 +35,25 @@ def test_images_are_named_by_a_short_slug_of_their_prompt_its_seed_and_who_drew_
     assert all(Image.open(p).size == (64, 64) and Image.open(p).mode == "RGB" for p in paths)
 
 
+def test_prompts_that_read_the_same_each_keep_their_image(tiny_path, tmp_path):
+    """Issue 41: `--prompt "a fox" --prompt "A fox!"` (or one prompt twice, each from its own noise) wrote one file,
+    the second image over the first; each now has its own name, the first as before."""
+    vae = load_vae(inspect_teacher(tiny_path), torch.device("cpu"))
+    prompts = ["a fox", "A fox!", "a fox", "a fox 2"]
+    paths = generate_cli.write_images(torch.zeros(4, 16, 1, 8, 8), vae, prompts, tmp_path, "student", 0)
+    names = ["a-fox", "a-fox-2", "a-fox-3", "a-fox-2-2"]
+    assert [p.name for p in paths] == [f"{n}_seed0_student.png" for n in names]
+    assert len(set(paths)) == 4 and all(p.is_file() for p in paths)
+
+
+def test_a_seed_too_long_to_name_an_image_is_one_line_before_any_work():
+    """Issue 41: a 300-digit --seed drew the images, then died on a file name too long for the system."""
+    big = "9" * 300
+    with pytest.raises(UserError, match=r"^--seed is 300 digits long; give a whole number from -\d+ to \d+$"):
+        generate_cli.parse_args(["run", "--prompt", "x", "--seed", big])
+    assert generate_cli.parse_args(["run", "--prompt", "x", "--seed", str(2**63 - 1)]).seed == 2**63 - 1
+
+
 def test_a_student_folder_outside_a_run_folder_is_refused_in_one_line(tmp_path):
     (tmp_path / "student").mkdir()
     (tmp_path / "student" / "config.json").write_text("{}")

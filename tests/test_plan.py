@@ -85,6 +85,21 @@ def test_every_hardware_number_out_of_its_range_is_one_line_naming_the_key(monke
     assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "args,line",
+    [  # issue 41: a traceback, and flags read as overrides whose fix was "a sweep as key=a,b with -m"
+        (["~teacher"], "teacher has no value: an override removed it (~teacher?); drop the ~ override"),
+        (["-m", "teacher_placement=cpu,gpu"], "-m is a flag of python -m wandistiller.train; the planner takes"),
+        (["--cfg", "job"], "--cfg is a flag of python -m wandistiller.train; the planner takes overrides alone"),
+    ],
+)
+def test_a_removed_group_or_a_flag_of_trains_is_one_line(monkeypatch, capsys, args, line):
+    with pytest.raises(SystemExit) as e:
+        plan_main(monkeypatch, *args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1
+
+
 def test_a_teacher_given_by_path_is_named_by_its_folder_not_the_default_groups(monkeypatch, capsys):
     from wandistiller.core.hydra import shipped_asset
 

@@ -126,6 +126,20 @@ def test_a_folder_with_another_runs_outputs_is_never_overwritten(make_cfg, tmp_p
     assert digest(run_dir) == before
 
 
+def test_resuming_a_finished_run_with_a_damaged_metrics_json_is_nothing_to_do(finished, make_cfg, tmp_path, caplog):
+    """Issue 41: `trainer.resume=auto` at the run's own trainer.max_steps read metrics.json to say "nothing to do",
+    and a damaged one was an internal error; now a warning, and the run's outputs as they were."""
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "metrics.json").write_text('{"bad')
+    before = digest(run_dir)
+    with caplog.at_level(logging.WARNING, logger="wandistiller"):
+        assert run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=run_dir)) == {}
+    assert "metrics.json is damaged" in caplog.text and "nothing was trained" in caplog.text
+    kept = lambda files: {k: v for k, v in files.items() if "log" not in k and "config_resume" not in k}  # noqa: E731
+    assert kept(digest(run_dir)) == kept(before)  # what a resume records of itself aside, the run as it was
+
+
 @pytest.mark.parametrize(
     "override,message",
     [

@@ -29,6 +29,7 @@ from wandistiller.core.errors import (
     internal_errors_reported,
     whole_number,
 )
+from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.job.stopping import stop_at_once
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     ):
         args = parse_args(argv)
         trust, counts = Trust.from_args(args), args.student_counts
+        if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
+            read_prompts(args.prompts, "--prompts")
         register_configs()  # the registries' options, which the run's config may name
         result = evaluate(
             args.run_dir,

@@ -58,7 +58,7 @@ from wandistiller.core.files import (
 )
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
-from wandistiller.state.checkpoint import teacher_digest, teacher_problem
+from wandistiller.state.checkpoint import list_checkpoints, teacher_digest, teacher_problem
 from wandistiller.state.comfy import MANUAL, Sampling, lora_readme, readme, teacher_files, workflow_text
 from wandistiller.state.export import _number as saved_number
 from wandistiller.state.export import _raw as raw_value
@@ -120,6 +120,11 @@ def final_student(run, checkpoint: str | None) -> Path:
             raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
         return source
     source = in_run(run.path, "student")
+    if not source.is_dir() and not list_checkpoints(run.path):  # stopped before its first checkpoint
+        raise UserError(
+            f"{run.path} has no student yet (no student/, checkpoints: none): it stopped before its first "
+            "checkpoint; train it first (trainer.resume=auto)"
+        )
     if not source.is_dir():
         raise UserError(
             f"{run.path} has no final student (student/): the run did not finish; finish it "
@@ -157,9 +162,29 @@ def check_out(out: Path, run_dir: Path, force: bool) -> None:
         raise UserError(f"--out {out} is a file or a link; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"--out {out} is not empty; choose a new folder, or add --force to replace it")
+    run_inside = held_run(out) if force and out.is_dir() else None
+    if run_inside is not None:  # --force replaces an earlier export, never a training run's outputs
+        raise UserError(
+            f"--out {out} holds the run folder {run_inside}; --force replaces an earlier export, never a run: "
+            "choose another folder"
+        )
     problem = folder_problem(out)
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another folder")
+
+
+def held_run(folder: Path, depth: int = 3) -> Path | None:
+    """A run folder (one with `.hydra/config.yaml`) at `folder` or up to `depth` folders below it (a run's
+    `outputs/<date>/<time>`), without following links; None if there is none."""
+    if (folder / ".hydra" / "config.yaml").is_file():
+        return folder
+    if depth == 0:
+        return None
+    try:
+        children = [c for c in folder.iterdir() if c.is_dir() and not c.is_symlink()]
+    except OSError:
+        return None
+    return next((found for c in children if (found := held_run(c, depth - 1)) is not None), None)
 
 
 def check_format(run, fmt: str, dtype: str | None) -> None:

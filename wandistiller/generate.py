@@ -73,8 +73,7 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
         return write_clips(latents, vae, prompts, out, who, seed)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for img, prompt in zip(decode_latents(vae, latents), prompts):
-        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+    for img, slug in zip(decode_latents(vae, latents), prompt_slugs(prompts)):
         image = Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
         # written whole: a link in its place (a received run's generated/x.png -> a file of yours) is replaced
         name = image_name(slug, seed, who)
@@ -86,14 +85,29 @@ def write_clips(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: 
     """`<slug>_seed<seed>_<who>.gif` (the clip, its prompt above) and `.png` (its frames in a row) per prompt."""
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    for clip, prompt in zip(decode_clips(vae, latents), prompts):
-        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+    for clip, prompt, slug in zip(decode_clips(vae, latents), prompts, prompt_slugs(prompts)):
         name = Path(image_name(slug, seed, who)).with_suffix(".gif")
         paths += save_clip(clip.permute(0, 2, 3, 1).numpy(), prompt, name, out)
     return paths
 
 
+def prompt_slugs(prompts: list[str]) -> list[str]:
+    """Each prompt's short name: at most 48 letters and digits of it, joined by `-`. Prompts that read the same so
+    (`a fox`, `A fox!`, or one prompt given twice: each drawn from its own noise) get `-2`, `-3`, ... after the
+    first, so no image of a call replaces another."""
+    slugs: list[str] = []
+    for prompt in prompts:
+        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+        name, n = slug, 1
+        while name in slugs:
+            n += 1
+            name = f"{slug}-{n}"
+        slugs.append(name)
+    return slugs
+
+
 STEPS = 20  # --steps unasked: the teacher's, and a KD student's
+MAX_SEED = 2**63 - 1  # a seed of any size draws its own noise (hashed); it is bounded for the images' names
 
 
 def image_name(slug: str, seed: int, who: str) -> str:
@@ -197,6 +211,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.student_steps is not None:
         args.student_steps = whole_number(str(args.student_steps), "--student-steps")
     args.seed = whole_number(str(args.seed), "--seed", least=None, example=0)
+    if abs(args.seed) > MAX_SEED:  # it names every image: a longer one is no file name the system can make
+        digits = len(str(abs(args.seed)))
+        raise UserError(f"--seed is {digits} digits long; give a whole number from -{MAX_SEED} to {MAX_SEED}")
     return args
 
 

@@ -12,7 +12,7 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, check_values, name_the_teacher
+from wandistiller.job.checks import built_quietly, check_missing, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
 from wandistiller.placements.planner import nothing_fits, plan_report, text_encoder_bytes, time_factor, workload_of
@@ -39,7 +39,14 @@ def main() -> None:
         return
     with exit_on_user_error():
         register_configs()  # a bad WANDISTILLER_PLUGINS is one line too
+        flags = [a for a in sys.argv[1:] if a.startswith("-")]
+        if flags:  # train's Hydra flags (-m, --cfg job, --multirun) plan nothing: not an override to fix
+            raise UserError(
+                f"{flags[0]} is a flag of python -m wandistiller.train; the planner takes overrides alone (key=value): "
+                "drop it (a sweep: plan each point on its own)"
+            )
         cfg = compose_config(sys.argv[1:])
+        check_missing(cfg)  # as train: `~teacher` is one line, not a traceback from the first read of it
         hardware = hardware_problem(cfg.hardware)  # before it is planned: hardware.gpus=-1 planned "no GPU"
         if hardware:
             raise UserError(hardware)

@@ -88,7 +88,11 @@ def run(cfg: DictConfig) -> dict:
             prepared = prepare(cfg, topo, point)
         if _finished(prepared, cfg):
             log.info("nothing to do: %s already reached trainer.max_steps=%d", prepared.run_dir, cfg.trainer.max_steps)
-            return read_json_in(Path(prepared.run_dir), "metrics.json")  # through the guard: never a link out
+            try:
+                return read_json_in(Path(prepared.run_dir), "metrics.json")  # through the guard: never a link out
+            except ValueError as e:  # damaged: the run is whole all the same (its student/ and checkpoints)
+                log.warning("%s/metrics.json is damaged (%s); nothing was trained", prepared.run_dir, e)
+                return {}
         if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1 or point is not None:
             summary = _launch_workers(cfg, prepared)
         else:

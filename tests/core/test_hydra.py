@@ -32,6 +32,21 @@ def test_another_sources_name_names_the_data_options():
         compose_config(["data.latents=teacher"])
 
 
+@pytest.mark.parametrize(
+    "override,fix",
+    [  # issue 41: each refused in Hydra's words alone, with no fix
+        ("~trainer.optimizer", "; trainer.optimizer is required, so it cannot be removed: set it instead"),
+        ("~teacher.path", "; teacher.path is required, so it cannot be removed: set it instead (teacher.path=…)"),
+        ("~hooks", "; `~` removes only a hook, a logger or a key added with + (e.g. ~hooks.evaluate): set this one"),
+        ("~trainer.bacth_size", "; `~` removes only a hook, a logger or a key added with +"),
+    ],
+)
+def test_removing_a_key_the_config_needs_or_has_not_says_what_to_do(override, fix):
+    with pytest.raises(UserError) as e:
+        compose_config([override])
+    assert fix in str(e.value) and "\n" not in str(e.value)
+
+
 def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
     assert modern_argv(["student.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]) == [
         "trainer.loss.hidden_kd_weight=0.2", "-m", "trainer.max_steps=3"]  # fmt: skip
@@ -42,6 +57,14 @@ def test_an_older_key_on_the_command_line_runs_as_todays_with_a_warning(capsys):
 def test_a_setting_of_a_hook_the_list_leaves_out_says_to_add_it():
     with pytest.raises(UserError, match=r"that hook is not in the `hooks` list: add it .* or drop the setting$"):
         compose_config(["hooks=[monitor,progress]", "hooks.evaluate.steps=2"])
+
+
+def test_a_setting_of_a_logger_the_list_leaves_out_says_to_add_it():
+    """Issue 41: `logger=[csv] logger.wandb.mode=online` was told to write logger.wandb.mode=online, as it had."""
+    with pytest.raises(UserError, match=r"that logger is not in the `logger` list: add it \(e.g. logger=\[wandb,csv"):
+        compose_config(["logger=[csv]", "logger.wandb.mode=online"])
+    with pytest.raises(UserError, match=r"a logger's keys sit under its name"):  # the flat key of before the list
+        compose_config(["logger.mode=online"])
 
 
 def test_an_older_hook_setting_is_dropped_where_its_hook_is_not_in_the_list_and_a_sweep_of_two_keys_is_refused():

@@ -73,6 +73,33 @@ def test_a_refused_folder_is_not_created(tmp_path):
     assert not (tmp_path / "r" / ".lock").exists()
 
 
+@pytest.mark.parametrize("inside", ["student", "checkpoints/new", "pipeline/transformer"])
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_a_run_inside_another_runs_folder_is_refused_before_anything_is_written(tmp_path, inside, resume):
+    """Issue 41: `hydra.run.dir=<run>/student` trained a new run into an earlier run's student folder."""
+    earlier = tmp_path / "earlier"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (earlier / inside).mkdir(parents=True)
+    with pytest.raises(RunDirTaken, match=rf"^the run folder {earlier / inside} lies inside the run folder {earlier},"):
+        claim_run_dir(earlier / inside, resume)
+    assert sorted(p.name for p in (earlier / inside).iterdir()) == []
+
+
+def test_a_refusal_at_setup_removes_the_loggers_folders_it_made_too(tmp_path):
+    """Issue 41: hooks.evaluate.per_prompt=1000000, refused when the hook is bound (after the tracker started),
+    left .hydra, .lock, pruning.json, train.log and wandb/ behind."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "train.log").write_text("")  # what Hydra made before the job
+    with pytest.raises(UserError), removed_if_refused(run_dir):
+        for name in (".hydra", "wandb/offline-run-1", "tensorboard"):
+            (run_dir / name).mkdir(parents=True)
+        (run_dir / "pruning.json").write_text("{}")
+        raise UserError("refused at setup")
+    assert not run_dir.exists()
+
+
 def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
     from wandistiller.train import record_failed_point
 

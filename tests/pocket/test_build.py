@@ -130,3 +130,16 @@ def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
     assert digests[0] == digests[1] and len(digests[0]) == 16  # image and video: 7 model files + a judge each
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.scale_factor_temporal == 2
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/pocket"])
+def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_training(tmp_path, capsys, where):
+    """Issue 41: `pocket.build --out FILE` (or a folder under a file) was a traceback from its first mkdir."""
+    from wandistiller.pocket.build import main
+
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--out", str(tmp_path / where)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: --out {tmp_path / where}: ") and err.count("\n") == 1
+    assert "choose another folder" in err and (tmp_path / "a_file").read_text() == "mine"

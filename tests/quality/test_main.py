@@ -110,6 +110,26 @@ def test_a_bad_out_is_refused_before_the_work_and_small_never_writes_the_shipped
     assert SHIPPED_REPORT.read_bytes() == shipped and not (tmp_path / "work").exists()
 
 
+@pytest.mark.parametrize(
+    "args,line",
+    [  # issue 41: 0 read as unset (the defaults ran in its place); a bad seed was refused minutes in, as `seed=`
+        (["--steps", "0"], "--steps 0 is not 1 or more; give a whole number of 1 or more, e.g. --steps 2"),
+        (["--batch-size", "0"], "--batch-size 0 is not 1 or more"),
+        (["--steps", "-5"], "--steps -5 is not 1 or more"),
+        (["--jobs", "0"], "--jobs 0 is not 1 or more"),
+        (["--seeds", "0", "-1"], "--seeds -1 is not in [0, 2**63); give whole numbers of 0 or more"),
+    ],
+)
+def test_a_count_out_of_range_is_named_by_its_flag_before_the_work(tmp_path, capsys, args, line):
+    from wandistiller.quality.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--small", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "q.md"), *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {line}") and not list(tmp_path.iterdir())  # nothing made, no report
+
+
 def test_a_section_is_replaced_between_its_markers_and_the_rest_of_the_report_is_kept(tmp_path):
     from wandistiller.quality.__main__ import write_section
 

@@ -128,11 +128,23 @@ def hydra_error_line(error: Exception) -> str:
     lines = [line.strip() for w in words for line in w.splitlines() if line.strip()]
     skip = ("Config search path", "provider=", "full_key", "reference_type", "object_type", "To append to your config")
     text = " ".join(line for line in lines if not line.startswith(skip))
+    unlisted = re.search(r"override 'logger\.(\w+)\.", text)
+    if unlisted and "not in struct" in text and unlisted[1] in _options("logger"):  # a logger the list leaves out
+        example = f"logger=[{unlisted[1]},csv]"
+        return f"{text}; that logger is not in the `logger` list: add it (e.g. {example}) or drop the setting"
     if "override 'logger." in text and "not in struct" in text:  # the flat keys of before the logger list
         return f"{text}; a logger's keys sit under its name: e.g. logger.wandb.mode=online"
     if "override 'hooks." in text and "not in struct" in text:  # a setting of a hook the list leaves out
         hooks = "hooks=[monitor,progress,samples,evaluate]"
         return f"{text}; that hook is not in the `hooks` list: add it (e.g. {hooks}) or drop the setting"
+    deleted = re.search(r"override ~([\w.]+) \w+ \(DictConfig\) does not support deletion", text)
+    if deleted:  # a key of a typed node: the schema requires it
+        return f"{text}; {deleted[1]} is required, so it cannot be removed: set it instead ({deleted[1]}=…)"
+    if "Could not delete" in text:  # `~` of a key or an option the config does not have
+        return (
+            f"{text}; `~` removes only a hook, a logger or a key added with + (e.g. ~hooks.evaluate): set this one "
+            "instead (key=…), or check its spelling (python -m wandistiller.train --cfg job lists every key)"
+        )
     if "not in" in text and "Key '" in text:
         return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
     if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option

@@ -136,8 +136,11 @@ def check_ranges(cfg: DictConfig) -> None:
             "positive and finite, or null",
         ),
         ("seed", cfg.seed, lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
-        ("teacher.guidance_scale", teacher.guidance_scale, math.isfinite, "a finite number"),
+        # WanPipeline, which draws the teacher's samples, latents and evaluation, runs CFG only where the (first)
+        # scale is above 1: below 1 the targets would be guided at it and every sample drawn without it.
+        ("teacher.guidance_scale", teacher.guidance_scale, lambda v: 1 <= v < math.inf, NO_CFG_BELOW_1),
         ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
+        ("trainer.schedule_steps", t.schedule_steps, lambda v: v is None or v > 0, SCHEDULE_STEPS),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
     ]
     hardware = hardware_problem(cfg.hardware)  # each hardware.* number's range (config.HARDWARE_RANGES)
@@ -146,8 +149,17 @@ def check_ranges(cfg: DictConfig) -> None:
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
             raise UserError(f"{key}={value} must be {what}")
+    if teacher.guidance_scale == 1 and teacher.guidance_scale_2 not in (None, 1):
+        raise UserError(
+            f"teacher.guidance_scale_2={teacher.guidance_scale_2} with teacher.guidance_scale=1: WanPipeline runs CFG "
+            "only where teacher.guidance_scale is above 1, so the low-noise expert's samples would be drawn without "
+            "it; raise teacher.guidance_scale, or set teacher.guidance_scale_2=1"
+        )
 
 
+RECIPE = ("setup", "train")  # what train.py's run_recipe calls on the recipe it builds
+NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
+SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
 
 
@@ -292,11 +304,16 @@ def check_targets(cfg: DictConfig) -> None:
     for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
         try:
-            get_object(target)
+            found = get_object(target)
         except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
+        if key == "recipe" and not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in RECIPE)):
+            raise UserError(  # else an internal error once the run folder was made: `print(...)` has no setup()
+                f"recipe._target_={target!r} is not a recipe (a class with setup() and train()); name a subclass of "
+                "wandistiller.recipe.distillation.DistillationRecipe"
+            )
 
     check_signatures(cfg)
 

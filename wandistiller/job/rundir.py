@@ -43,6 +43,12 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
     lock is held, what killed processes left in the folder is cleaned up.
     """
+    outer = next((p for p in run_dir.absolute().parents if (p / ".hydra" / "config.yaml").is_file()), None)
+    if outer is not None:  # its student/, checkpoints/ or pipeline/ would take a run's files
+        raise RunDirTaken(
+            f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "
+            "choose a folder outside it with hydra.run.dir=…"
+        )
     finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
     earlier = list_checkpoints(run_dir)
     if (earlier or finished) and resume != "auto":
@@ -135,7 +141,9 @@ def _new_file(folder: Path, stem: str) -> Path:
 # What a refused run may have put in a folder it created: Hydra's logs (train.log, train_rank<N>.log under
 # torchrun), the lock, the config saved once the folder was claimed, and the student's pruning.json, written as
 # setup builds it (before a refusal there: a resumed checkpoint's networks that do not fit the method's).
-_OURS_IF_REFUSED = {LOCK_FILE, ".hydra", "pruning.json"}
+# What a run writes before its first step (a refusal at setup: a hook's setting checked against the teacher), the
+# loggers' folders included; removed only from a folder that held nothing but logs when the job began.
+_OURS_IF_REFUSED = {LOCK_FILE, ".hydra", "pruning.json", "wandb", "tensorboard", "metrics.csv"}
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from wandistiller.core.arch import (
     TINY_MOE_BOUNDARY_RATIO,
 )
 from wandistiller.core.errors import OneLineParser, description
+from wandistiller.core.files import folder_problem, output_problem
 from wandistiller.pocket import (
     FRAME_CLASSIFIER_FILE,
     POCKET_DIR,
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    problem = folder_problem(args.out) or output_problem(args.out.parent)  # tried before 17 minutes of training
+    if problem:
+        parser.error(f"--out {args.out}: {problem}; choose another folder")
     if args.only == "video" and not (args.out / "pocket-wan-t2v" / "model_index.json").is_file():
         parser.error(f"--only video: no image teacher under {args.out}/pocket-wan-t2v; build it first (--only image)")
     times: dict[str, float] = {}

@@ -275,6 +275,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """Each count named by its flag before the work: `--steps 0` and `--batch-size 0` read as unset (the defaults
+    ran), a seed out of range was refused minutes in as `seed=`."""
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--jobs", args.jobs)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value} is not 1 or more; give a whole number of 1 or more, e.g. {flag} 2")
+    bad = [seed for seed in args.seeds or () if not 0 <= seed < 2**63]
+    if bad:
+        raise UserError(f"--seeds {bad[0]} is not in [0, 2**63); give whole numbers of 0 or more, e.g. --seeds 0 1 2")
+
+
 def report_path(args: argparse.Namespace) -> Path:
     """Where the report goes, checked before the work (which takes minutes): a file that can be written, and
     for `--small`, whose numbers mean nothing, never the shipped docs/QUALITY.md."""
@@ -295,11 +306,10 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     args, start = parse_args(argv), time.perf_counter()
-    settings = settings_from(args)
     with exit_on_user_error():
+        check_counts(args)
+        settings = settings_from(args)
         out = report_path(args)
-        if args.jobs < 1:
-            raise UserError(f"--jobs {args.jobs}: runs at once is 1 or more")
         if args.compression and args.fewstep:
             raise UserError("--compression and --fewstep are two reports; run them one after the other")
         if args.rows and args.teacher not in video.VIDEO_TEACHERS:

@@ -430,17 +430,23 @@ def check_counts(run: RunFolder, steps: dict[str, int], images: int = 0, images_
                 f"num_train_timesteps), so most steps would repeat; give {top} or fewer"
             )
     if images:
-        channels, frames, height, width = run.latent_shape
-        scale = image_scale(run.spec.path)
-        each = 2 * 4 * (channels * frames * height * width + 3 * frames * height * scale * width * scale)
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        if images * each > total:
-            fit = max(1, total // each)
-            raise UserError(
-                f"{images_key} asks for {images:,} images, which take {images * each / 2**30:,.1f} GiB "
-                f"held at once, more than this machine's {total / 2**30:.0f} GiB; ask for at most "
-                f"{fit:,} in all"
-            )
+        check_images(run.latent_shape, run.spec.path, images, images_key)
+
+
+def check_images(latent_shape, teacher_path: Path | None, images: int, images_key: str) -> None:
+    """The images an evaluation holds at once (latents and decoded images, teacher's and student's) against this
+    machine's memory, in one line naming `images_key`: for eval and generate, and a run's end-of-run evaluation."""
+    channels, frames, height, width = latent_shape
+    scale = image_scale(teacher_path)
+    each = 2 * 4 * (channels * frames * height * width + 3 * frames * height * scale * width * scale)
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if images * each > total:
+        fit = max(1, total // each)
+        raise UserError(
+            f"{images_key} asks for {images:,} images, which take {images * each / 2**30:,.1f} GiB "
+            f"held at once, more than this machine's {total / 2**30:.0f} GiB; ask for at most "
+            f"{fit:,} in all"
+        )
 
 
 def _vae_factor(teacher_path: Path | None, key: str, wan: int) -> int:

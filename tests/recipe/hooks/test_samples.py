@@ -55,3 +55,14 @@ def test_at_the_end_the_trained_student_is_drawn_into_samples_png_and_logged_at_
     assert run.tracker.images == [("samples", Path("/runs/r/samples.png"), 6)]
     nothing = drive(3, None, steps=())
     assert nothing.hook.at_end(nothing) == {} and nothing.tracker.images == []
+
+
+def test_steps_past_the_schedulers_timesteps_are_one_line_when_the_hook_is_built():
+    """Issue 41: hooks.samples.steps=5000 was accepted (eval and generate refuse it) and drew every grid at it."""
+    import pytest
+
+    from wandistiller.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"^hooks.samples.steps=5000 is more than a Wan scheduler's 1000 training"):
+        SampleGrids(steps=5000)
+    assert SampleGrids(steps=1000).steps == 1000

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wandistiller.core.errors import UserError
+from wandistiller.recipe.methods.base import MAX_SAMPLE_STEPS
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +46,18 @@ def at_least(key: str, value: int, least: int) -> int:
     if value < least:
         what = "0 or more" if least == 0 else f"at least {least}"
         raise UserError(f"{key}={value} must be {what}")
+    return value
+
+
+def sample_steps(key: str, value: int) -> int:
+    """A hook's sampling steps: 1 or more and no more than a Wan scheduler's training timesteps (more only repeat
+    them), refused when the hook is built, before any work, not when it first samples."""
+    at_least(key, value, 1)
+    if value > MAX_SAMPLE_STEPS:
+        raise UserError(
+            f"{key}={value} is more than a Wan scheduler's {MAX_SAMPLE_STEPS} training timesteps (more steps only "
+            f"repeat them); give {MAX_SAMPLE_STEPS} or fewer (e.g. 20)"
+        )
     return value
 
 

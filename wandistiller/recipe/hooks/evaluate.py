@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wandistiller.core.registry import Option
+from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import evaluate
-from wandistiller.recipe.hooks.base import Hook, at_least
-from wandistiller.state.runs import Trust
+from wandistiller.recipe.hooks.base import Hook, at_least, sample_steps
+from wandistiller.state.runs import Trust, check_images
 
 log = logging.getLogger("wandistiller")
 
@@ -41,13 +42,19 @@ class EvaluateAtEnd(Hook):
         prompts_path: str | None = EvaluateConfig.prompts_path,
         limit: int = EvaluateConfig.limit,
     ):
-        self.steps = at_least("hooks.evaluate.steps", steps, 1)
+        # Each setting checked now, named by its key, not by eval's flags once the training is done.
+        self.steps = sample_steps("hooks.evaluate.steps", steps)
         self.per_prompt = at_least("hooks.evaluate.per_prompt", per_prompt, 1)
         self.limit = at_least("hooks.evaluate.limit", limit, 1)
+        if prompts_path is not None:
+            read_prompts(prompts_path, "hooks.evaluate.prompts_path")
         self.prompts_path = prompts_path
 
     def bind(self, ctx, parts) -> None:
         self.ctx, self.targets = ctx, parts.targets
+        if ctx.placement.whole_on_one_device:  # it will run: the images it holds at once, before the first step
+            asked = f"hooks.evaluate.per_prompt={self.per_prompt} (x hooks.evaluate.limit={self.limit})"
+            check_images(ctx.latent_shape, ctx.spec.path, self.limit * self.per_prompt, asked)
 
     def at_end(self, run) -> dict:
         ctx = self.ctx

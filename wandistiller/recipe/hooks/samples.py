@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wandistiller.core.registry import Option
-from wandistiller.recipe.hooks.base import Hook, at_least
+from wandistiller.recipe.hooks.base import Hook, at_least, sample_steps
 
 
 @dataclass
@@ -32,7 +32,7 @@ class SampleGrids(Hook):
     ):
         self.every = at_least("hooks.samples.every", every, 0)
         self.prompts = at_least("hooks.samples.prompts", prompts, 0)
-        self.steps = at_least("hooks.samples.steps", steps, 1)
+        self.steps = sample_steps("hooks.samples.steps", steps)
         self.last_step, self.samples = 0, None
 
     def bind(self, ctx, parts) -> None:
