@@ -65,6 +65,32 @@ def test_another_runs_outputs_are_refused_with_rundirtaken(make_cfg, tmp_path):
         claim_run_dir(run_dir, None)
 
 
+@pytest.mark.parametrize("resume", [None, "auto"])
+@pytest.mark.parametrize("marker", ["model_index.json", "config.json", "student.workflow.json"])
+def test_a_folder_holding_an_exported_model_is_never_trained_into_fresh_or_resumed(tmp_path, marker, resume):
+    """An `export` or `pipeline` output (issue 41's audit: `trainer.resume=auto` into one trained into it)."""
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / marker).write_text("{}")
+    with pytest.raises(RunDirTaken, match=rf"^the folder .* holds an exported model \({marker}\), not a run; choose"):
+        claim_run_dir(folder, resume)
+    assert sorted(p.name for p in folder.iterdir()) == [marker] and (folder / marker).read_text() == "{}"
+
+
+def test_a_resume_into_an_exported_model_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, cache_dir):
+    from tests.conftest import run_cli
+
+    folder = tmp_path / "pipeline"
+    folder.mkdir()
+    (folder / "model_index.json").write_text("{}")
+    result = run_cli(f"hydra.run.dir={folder}", f"paths.cache_dir={cache_dir}", "logger=none", "trainer.resume=auto")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: the folder {folder} holds an exported model (model_index.json), not a run; choose a new folder "
+        "with hydra.run.dir=…"
+    ]
+    assert [p.name for p in folder.iterdir()] == ["model_index.json"]  # not even Hydra's empty train.log
+
+
 def test_a_refused_folder_is_not_created(tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "metrics.json").write_text("{}")

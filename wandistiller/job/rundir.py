@@ -49,6 +49,12 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
             f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "
             "choose a folder outside it with hydra.run.dir=…"
         )
+    exported = _exported(run_dir)
+    if exported:  # a run never writes these at its top: resumed or fresh, it would mix its files into a model's
+        raise RunDirTaken(
+            f"the folder {run_dir} holds an exported model ({exported[0]}), not a run; "
+            "choose a new folder with hydra.run.dir=…"
+        )
     finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
     earlier = list_checkpoints(run_dir)
     if (earlier or finished) and resume != "auto":
@@ -160,6 +166,11 @@ def removed_if_refused(run_dir: Path) -> Iterator[None]:
             if not isinstance(e, RunDirTaken):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 _remove_if_an_empty_date_folder(run_dir.parent)
+        elif not (run_dir / LOCK_FILE).exists():  # never a run's folder (an export's): Hydra's empty log goes
+            for name in _logs(_contents(run_dir)):
+                with contextlib.suppress(OSError):
+                    if (run_dir / name).stat().st_size == 0:
+                        (run_dir / name).unlink()
         raise
 
 
@@ -172,6 +183,15 @@ def _remove_if_an_empty_date_folder(folder: Path) -> None:
             folder.rmdir()
             if folder.parent.name in ("outputs", "multirun"):
                 folder.parent.rmdir()
+
+
+def _exported(folder: Path) -> list[str]:
+    """What marks `folder` as an `export` or `pipeline` output: a pipeline's model_index.json, a single file's
+    config.json, a ComfyUI workflow (sorted names; none for a run folder, whose models lie in its subfolders)."""
+    if not folder.is_dir():
+        return []
+    names = (p.name for p in folder.iterdir())
+    return sorted(n for n in names if n in ("model_index.json", "config.json") or n.endswith(".workflow.json"))
 
 
 def _contents(run_dir: Path) -> set[str]:
