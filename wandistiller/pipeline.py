@@ -206,7 +206,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m wandistiller.pipeline", description=description(__doc__))
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--out", required=True, help="a new folder: what push_to_hub would upload")
-    parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
+    parser.add_argument(
+        "--checkpoint",
+        help="best, latest, step_N or ema (default: the final student; of a run that did not finish, its latest "
+        "checkpoint, said)",
+    )
     parser.add_argument(
         "--merge-lora",
         action="store_true",

@@ -81,7 +81,7 @@ def test_an_opened_run_uses_this_machines_cache_its_own_folder_and_the_teacher_g
     assert opened.latent_shape == (16, d.latent_frames, d.latent_height, d.latent_width)
 
 
-def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_path):
+def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_path, caplog):
     folder = RunFolder(tmp_path, OmegaConf.create({}), None)  # student_source reads the folder only
     with pytest.raises(UserError, match=r"has no student yet \(checkpoints: none\); train it first"):
         student_source(folder, None)
@@ -90,6 +90,7 @@ def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_pat
     for step in (2, 4):
         save_checkpoint(tmp_path, step, {"student": {"w": torch.zeros(1)}}, keep=5)
     assert student_source(folder, None).name == "step_00000004"  # no final student yet: the latest checkpoint
+    assert "has no final student (the run did not finish): its latest checkpoint, step_00000004" in caplog.text
     assert student_source(folder, "latest").name == "step_00000004"
     assert student_source(folder, "step_2").name == "step_00000002"
     with pytest.raises(UserError, match=r"no checkpoint 'step_3' \(checkpoints: step_00000002, step_00000004\)"):

@@ -233,7 +233,11 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
     checkpoints = list_checkpoints(run.path)
     if checkpoint is None:
         found = run.path / "student" if (run.path / "student").is_dir() else None
-        found = found or (checkpoints[-1] if checkpoints else None)
+        if found is None and checkpoints:  # said: a run that did not finish is not read as a finished one
+            found = checkpoints[-1]
+            logging.getLogger("wandistiller").warning(
+                "%s has no final student (the run did not finish): its latest checkpoint, %s", run.path, found.name
+            )
     elif checkpoint == "latest":
         found = checkpoints[-1] if checkpoints else None
     elif checkpoint == "best":
