@@ -641,3 +641,47 @@ def test_every_student_preset_of_a_real_wan_teacher_keeps_the_shape_comfyui_dete
             cfg = compose("train", overrides=[f"student={preset}"])
         config = student_config(cfg.student, teacher)
         assert config["attention_head_dim"] == 128 and loader_assumptions_broken(config, {}) == [], preset
+
+
+@pytest.mark.slow  # a 1-step training run, an export and two pipelines: about a minute on a loaded 2-core VM
+def test_a_lora_student_of_a_fine_tuned_teacher_stacks_on_its_lora_in_diffusers_and_in_the_workflow(
+    make_cfg, tmp_path, tiny_path
+):
+    """Issue 44's stack: a few-step LoRA distilled from a teacher fine-tuned with a style LoRA loads in diffusers on
+    the plain teacher as two named adapters (`set_adapters`: the style at its strength, then the student), giving
+    the fine-tuned teacher's pipeline with the student's adapters; the exported workflow chains two
+    LoraLoaderModelOnly, the style's then the student's, into the sampler."""
+    from diffusers import WanPipeline
+
+    from tests.student.test_lora import inputs
+    from tests.teacher.test_finetune import ALPHA, peft_state
+    from wandistiller.state.loralayout import lightning_tensors
+    from wandistiller.teacher.spec import inspect_teacher
+    from wandistiller.train import run
+
+    style = tmp_path / "style.safetensors"
+    save_file(lightning_tensors(peft_state(inspect_teacher(tiny_path).transformer_config), ALPHA, "fp32"), style)
+    lora = f"teacher.lora=[{{path:{style},strength:0.8}}]"
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", "student=lora", "method=trajectory", "method.steps=2", lora, run_dir=run_dir))
+    out = export(run_dir, tmp_path / "lora", "lora", "fp32", name="k2")
+    flow = json.loads((out / "k2.workflow.json").read_text())
+    nodes = {n["id"]: n for n in flow["nodes"]}
+    loaders = [n for n in flow["nodes"] if n["type"] == "LoraLoaderModelOnly"]
+    assert [n["widgets_values"] for n in loaders] == [["style.safetensors", 0.8], ["k2.safetensors", 1.0]]
+    links = {link[0]: link for link in flow["links"]}
+    source = lambda node: nodes[links[node["inputs"][0]["link"]][1]]  # noqa: E731 -- the node feeding its model
+    assert source(loaders[1]) is loaders[0] and source(loaders[0])["type"] == "UNETLoader"
+    assert "`style.safetensors` at strength 0.8" in (out / "README.md").read_text()
+
+    pipe = WanPipeline.from_pretrained(tiny_path)
+    pipe.load_lora_weights(str(style), adapter_name="style")
+    pipe.load_lora_weights(str(out / "diffusers"), adapter_name="fewstep")
+    pipe.set_adapters(["style", "fewstep"], [0.8, 1.0])
+    tuned = WanPipeline.from_pretrained(run_dir / "pipeline")  # the fine-tuned teacher, shipped by the run
+    tuned.load_lora_weights(str(out / "diffusers"))
+    x, t, cond = inputs(1)
+    with torch.no_grad():
+        stacked = pipe.transformer(x, t, cond, return_dict=False)[0]
+        theirs = tuned.transformer(x, t, cond, return_dict=False)[0]
+    assert (stacked - theirs).norm() / theirs.norm() < 1e-4

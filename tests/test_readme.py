@@ -28,6 +28,7 @@ NEEDS = [
     ("pip install", "network"),
     ("gpu_wheels.sh", "network"),  # downloads the wheels the GPU machine lacks
     ("wandistiller.pocket.build", "long"),  # 17 min; its --quick build runs in test_pocket (slow lane)
+    ("wandistiller.pocket.style", "long"),  # minutes, and it rewrites the shipped file; 2 steps in tests/pocket (slow)
     ("wandistiller.quality", "long"),  # 35 min; its small scale runs in test_pocket (slow lane)
     ("student=half data=pocket_digits trainer.max_steps=1000", "long"),  # 3 min; the comparison's rows, small
     ("+experiment=pocket_video", "long"),  # 5-10 min each; tests/pocket/test_build.py runs each for a few steps (slow)

@@ -69,6 +69,7 @@ from wandistiller.state.export import (
     files_section,
     image_scale,
     model_card,
+    run_loras,
     saved_prompts,
 )
 from wandistiller.state.loralayout import adapter_rank, lightning_tensors
@@ -571,7 +572,13 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     teacher_word = (saved_word(raw_value(run.cfg.teacher, "name")) or "wan").replace(".", "_")
     models, known = teacher_files(teacher["hub_id"], teacher_word, len(files))
     workflow_file = f"{name}.workflow.json"
-    write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files))
+    # A student distilled from a fine-tuned teacher samples on that teacher: its LoRAs chained before the student's.
+    tuned = run_loras(run.path)
+    under = [
+        [(lora["file"], lora["strength"]) for lora in tuned if expert in lora["experts"]]
+        for expert in ("transformer", "transformer_2")[: len(files)]
+    ]
+    write_in_run(out, workflow_file, workflow_text(models, comfy, loras=files, under=under))
     exact = ""
     if facts["few_step"]:
         exact = exact_line(facts)
@@ -618,6 +625,14 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
         "--out DIR`); these files go on the teacher's own pipeline or diffusion model:"
     )
     section = lora_readme(files, models, known, teacher["name"], workflow_file, comfy, exact)
+    if tuned:
+        named = ", ".join(f"`{lora['file']}` at strength {lora['strength']:g}" for lora in tuned)
+        section += (
+            f"\nThese adapters were distilled from the teacher fine-tuned with {named} (`teacher.lora`): put "
+            f"{'that file' if len(tuned) == 1 else 'those files'} into models/loras too; `{workflow_file}` chains a "
+            "LoraLoaderModelOnly of each before the student's, as `load_lora_weights` with two adapter names and "
+            "`set_adapters` do in diffusers.\n"
+        )
     write_in_run(out, "README.md", run_card(run) + files_section(listing, intro) + section)
     return [out / f for f in files]
 

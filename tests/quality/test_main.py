@@ -168,3 +168,20 @@ def test_an_out_that_cannot_be_written_is_tried_and_refused_before_the_work(tmp_
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err and "--out" in err, err
     assert not (tmp_path / "work").exists()
+
+
+def test_stacking_takes_rows_by_word_and_refuses_another_report_teacher_or_row_before_the_work(tmp_path, capsys):
+    from wandistiller.quality.__main__ import main
+
+    assert parse_args(["--stacking", "--rows", "simple"]).stacking
+    for argv, message in [
+        (["--stacking", "--fewstep"], "are separate reports"),
+        (["--stacking", "--teacher", "pocket_moe"], "--stacking measures the image teacher's LoRA student"),
+        (["--stacking", "--rows", "nothing"], "--rows nothing names no --stacking row"),
+        (["--rows", "simple"], "--rows chooses rows of the video or --stacking comparison"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "q.md")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "work").exists()

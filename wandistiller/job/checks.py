@@ -312,7 +312,7 @@ def check_targets(cfg: DictConfig) -> None:
         if key == "recipe" and not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in RECIPE)):
             raise UserError(  # else an internal error once the run folder was made: `print(...)` has no setup()
                 f"recipe._target_={target!r} is not a recipe (a class with setup() and train()); name a subclass of "
-                "wandistiller.recipe.distillation.DistillationRecipe"
+                "DistillationRecipe (in wandistiller/recipe/distillation.py)"
             )
 
     check_signatures(cfg)

@@ -25,7 +25,7 @@ from typing import Any
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import output_problem, read_text_in, write_in_run
 from wandistiller.evaluation.metrics import KID_MEANING
-from wandistiller.quality import compression, fewstep, video
+from wandistiller.quality import compression, fewstep, stacking, video
 from wandistiller.quality.compare import COLUMNS, Settings, _prompt_set, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
@@ -43,6 +43,8 @@ FORMATS = {
     "diversity": "{:.2f}",
     "diversity_ratio": "{:.2f}",
     "peak_rss_gib": "{:.2f}",
+    "style_brightness": "{:.3f}",
+    "style_kept": "{:.0%}",
     "frame_accuracy": "{:.1%}",
     "motion_accuracy": "{:.1%}",
     "motion_ratio": "{:.2f}",
@@ -170,6 +172,25 @@ def fewstep_report(results: dict, settings: Settings, argv: list[str], seconds: 
     )
 
 
+def stacking_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    """The "Stacking and schedules" subsection of the LoRA students: issue 44's rows and targets."""
+    return (
+        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1; {seconds / 60:.1f} min in all). Every "
+        f"student: `student=lora` with +experiment=pocket_lora's settings (rank 6, dmd + regression 0.1, 4 steps), "
+        f"{settings.max_steps} steps of batch {settings.batch_size}; the teachers sample {settings.sample_steps} "
+        f"UniPC steps with CFG; {settings.per_prompt} noises per prompt x {len(_prompts(settings))} prompts per seed, "
+        f"the same for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
+        "prompt_accuracy and fid: the judge on every image scaled to its peak brightness; style_brightness: the "
+        "digit's brightness (the mean of its 32 brightest pixels, pocket/style.py); style_kept: the row's change of "
+        "it from the plain teacher's, over the styled teacher's change.\n\n"
+        + table(results, stacking.COLUMNS)
+        + "\n\nTargets (issue 44), from the means above:\n\n"
+        + "\n".join(stacking.targets(results))
+        + "\n"
+    )
+
+
 def write_section(out: Path, key: str, text: str) -> None:
     """`text` as the section `key` of `out`, between its markers: replaced where the file has them, appended
     where it does not; the rest of the file (other sections, hand-written notes) stays as it is."""
@@ -223,6 +244,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="few-step students (trajectory, dmd at 4 and 1 steps) against today's KD student sampled at 4",
     )
+    parser.add_argument(
+        "--stacking",
+        action="store_true",
+        help="the 4-step LoRA student at its trained sigmas and at ComfyUI's simple ones, and stacked with a style "
+        "LoRA or distilled from the styled teacher (quality/stacking.py)",
+    )
+    parser.add_argument("--style", type=Path, help="--stacking: the style LoRA (default: the shipped dim-digits LoRA)")
     parser.add_argument("--small", action="store_true", help="CI-sized: 2 steps, 6 prompts, 1 seed, 2 sampling steps")
     parser.add_argument("--jobs", type=int, default=1, help="--compression: runs trained at once (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", help="training and noise seeds (default 0 1 2)")
@@ -246,8 +274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rows",
         nargs="+",
         metavar="WORD",
-        help="the video comparison: only the rows whose name holds one of these words (e.g. --rows LoRA 'KD student'); "
-        "the teacher's row always",
+        help="the video or --stacking comparison: only the rows whose name holds one of these words (e.g. --rows "
+        "LoRA 'KD student'); the teacher's row always",
     )
     parser.add_argument("--student", default="half", help="the student config of every row (default half)")
     parser.add_argument(
@@ -312,9 +340,21 @@ def main(argv: list[str] | None = None) -> None:
         out = report_path(args)
         if args.compression and args.fewstep:
             raise UserError("--compression and --fewstep are two reports; run them one after the other")
-        if args.rows and args.teacher not in video.VIDEO_TEACHERS:
-            raise UserError("--rows chooses rows of the video comparison; give --teacher pocket_video too")
-        video.chosen(args.rows)  # no row named: one line before the work
+        if sum([args.compression, args.fewstep, args.stacking]) > 1:
+            raise UserError(
+                "--compression, --fewstep and --stacking are separate reports; run them one after the other"
+            )
+        if args.rows and args.teacher not in video.VIDEO_TEACHERS and not args.stacking:
+            raise UserError(
+                "--rows chooses rows of the video or --stacking comparison; give --stacking or --teacher pocket_video"
+            )
+        if args.stacking:
+            if args.teacher != "pocket":
+                raise UserError("--stacking measures the image teacher's LoRA student; drop --teacher or give pocket")
+            if not stacking.chosen(args.rows):
+                raise UserError(f"--rows {' '.join(args.rows)} names no --stacking row; e.g. --rows simple style")
+        else:
+            video.chosen(args.rows)  # no row named: one line before the work
         if args.teacher in video.VIDEO_TEACHERS and (args.compression or args.fewstep):
             raise UserError(
                 f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
@@ -330,6 +370,9 @@ def main(argv: list[str] | None = None) -> None:
                 results = compression.compare_compression(settings, work, budgets, args.jobs)
             elif args.fewstep:
                 results = fewstep.compare_fewstep(settings, work)
+            elif args.stacking:
+                style = args.style.resolve() if args.style else stacking.STYLE_LORA_FILE
+                results = stacking.compare_stacking(settings, work, stacking.chosen(args.rows), style)
             elif args.teacher in video.VIDEO_TEACHERS:
                 results = video.compare_video(settings, work, video.chosen(args.rows))
             else:
@@ -345,6 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.fewstep:
         write_section(out, "fewstep", fewstep_report(results, settings, argv, seconds))
         print(table(results, fewstep.COLUMNS))
+    elif args.stacking:
+        write_section(out, "stacking", stacking_report(results, settings, argv, seconds))
+        print(table(results, stacking.COLUMNS))
     elif args.teacher in video.VIDEO_TEACHERS:
         write_section(out, "video", video_report(results, settings, argv, seconds))
         print(table(results, video.COLUMNS))

@@ -34,6 +34,8 @@ from wandistiller.state.runs import (
     student_steps,
 )
 from wandistiller.student.lora import ADAPTERS_JSON, is_lora
+from wandistiller.teacher.fewstep import Schedule
+from wandistiller.teacher.finetune import merge, read_lora
 from wandistiller.teacher.sampler import calls_per_image
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 from wandistiller.train import run
@@ -111,11 +113,21 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
     return run(cfg)
 
 
-def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, steps: int | None = None) -> dict:
+def sample(
+    run_dir: Path,
+    source: str | None,
+    settings: Settings,
+    seed: int,
+    steps: int | None = None,
+    schedule: Schedule | None = None,
+    loras: tuple[Path, ...] = (),
+) -> dict:
     """Latents, images, seconds per image and network calls per image of the teacher (source None) or the run's
     student, for every prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row). The
     teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
-    student its own K (or `steps`) on its own (state/runs.py `student_scheduler`)."""
+    student its own K (or `steps`) on its own (state/runs.py `student_scheduler`), at its trained sigmas or at
+    `schedule`'s (e.g. ComfyUI's simple at the same shift). `loras`: LoRA files stacked on it at strength 1 (merged
+    into every expert beside the student's own adapters: what diffusers' `set_adapters` with weights 1 computes)."""
 
     register_configs()  # the registries' options, which the run's config may name
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
@@ -125,7 +137,8 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
     )
     trained = student_steps(run.cfg) if source is not None else None
     steps = steps or trained or settings.sample_steps
-    scheduler = student_scheduler(run.spec, trained, steps, run.trained_schedule) if source is not None else None
+    at = schedule or run.trained_schedule
+    scheduler = student_scheduler(run.spec, trained, steps, at) if source is not None else None
     if source is None:
         sampler, params = load_teacher(run, device, torch.float32), None
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())
@@ -134,6 +147,9 @@ def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, ste
         params = sum(p.numel() for e in sampler.experts for p in e.parameters())
         if is_lora(run.cfg.student):  # what must be stored beside the teacher: the adapters
             params = read_json_in(run_dir, f"{source}/{ADAPTERS_JSON}")["params"]
+    for path in loras:
+        for expert in sampler.experts:
+            merge(expert, read_lora(path), 1.0)
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):

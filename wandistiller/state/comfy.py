@@ -147,9 +147,17 @@ def teacher_files(hub_id: str | None, name: str, experts: int) -> tuple[list[str
     return expert_names(name, experts), False
 
 
-def workflow(files: list[str], s: Sampling, prompt: str, loras: list[str] | None = None) -> dict:
+def workflow(
+    files: list[str],
+    s: Sampling,
+    prompt: str,
+    loras: list[str] | None = None,
+    under: list[list[tuple[str, float]]] | None = None,
+) -> dict:
     """The workflow for one student file, or for a pair (`files`: high-noise, low-noise). `loras`: a LoRA student's
-    files (one per expert), each put on the teacher's diffusion model file of `files` by LoraLoaderModelOnly."""
+    files (one per expert), each put on the teacher's diffusion model file of `files` by LoraLoaderModelOnly.
+    `under`: per expert, the (file, strength) of the LoRAs the teacher was fine-tuned with (teacher.lora), each a
+    LoraLoaderModelOnly chained before the student's: the student was distilled from that fine-tuned teacher."""
     g = _Graph()
     clip = g.add("CLIPLoader", [TEXT_ENCODER, "wan", "default"], {}, ["CLIP"])
     vae = g.add("VAELoader", [VAE], {}, ["VAE"])
@@ -161,6 +169,14 @@ def workflow(files: list[str], s: Sampling, prompt: str, loras: list[str] | None
     models = []
     for i, file in enumerate(files):
         unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
+        for lora, strength in (under or [[]] * len(files))[i]:
+            unet = g.add(
+                "LoraLoaderModelOnly",
+                [lora, strength],
+                {"model": ("MODEL", (unet, 0))},
+                ["MODEL"],
+                title="the teacher's LoRA",
+            )
         if loras is not None:
             unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
         models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
@@ -243,8 +259,14 @@ def workflow_sigmas(workflow: dict) -> list[float] | None:
     return None
 
 
-def workflow_text(files: list[str], s: Sampling, prompt: str | None = None, loras: list[str] | None = None) -> str:
-    return json.dumps(workflow(files, s, s.prompt if prompt is None else prompt, loras), indent=2) + "\n"
+def workflow_text(
+    files: list[str],
+    s: Sampling,
+    prompt: str | None = None,
+    loras: list[str] | None = None,
+    under: list[list[tuple[str, float]]] | None = None,
+) -> str:
+    return json.dumps(workflow(files, s, s.prompt if prompt is None else prompt, loras, under), indent=2) + "\n"
 
 
 def readme(files: list[str], workflow_file: str, s: Sampling, exact: str, warning: str | None) -> str:
