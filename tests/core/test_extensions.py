@@ -16,7 +16,8 @@ from wandistiller.train import run
             "trainer.loss._target_=wandistiller.recipe.loop.training_state",
             r"trainer.loss._target_=.* cannot be called as",
         ),
-        ("recipe._target_=wandistiller.recipe.loop.memory_metrics", r"recipe._target_=.*\(cfg, prepared, topology\)"),
+        # a function: not a recipe class, refused before its signature is read
+        ("recipe._target_=wandistiller.recipe.loop.memory_metrics", r"recipe._target_=.* is not a recipe \(a class"),
         ("student._target_=wandistiller.recipe.loop.memory_metrics", r"unexpected keyword argument 'builder'"),
         ("+trainer.optimizer.nonsense=1", r"trainer.optimizer._target_='torch.optim.AdamW' cannot be called"),
         (
