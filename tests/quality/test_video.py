@@ -66,7 +66,7 @@ def test_rows_choose_the_video_comparisons_rows_by_the_words_of_their_names(tmp_
     assert len(video.chosen(["lora"])) == 3 and video.chosen(None) == video.ROWS
     for argv, words in (
         (["--teacher", "pocket_video", "--rows", "nothing"], "no row's name holds these words"),
-        (["--rows", "LoRA"], "give --teacher pocket_video too"),
+        (["--rows", "LoRA"], "give --stacking or --teacher pocket_video"),
     ):
         with pytest.raises(SystemExit) as e:
             main([*argv, "--out", str(tmp_path / "q.md")])
