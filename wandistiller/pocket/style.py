@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from wandistiller.core.errors import OneLineParser, description
-from wandistiller.data.batches import shifted_sigmas
 from wandistiller.pocket import POCKET_DIR, TEACHER_DIR
 from wandistiller.pocket.build import normalised_latents, text_states
 from wandistiller.pocket.digits import PROMPTS, rendered_split
-from wandistiller.pocket.train import _cosine_lr
+from wandistiller.pocket.train import _cosine_lr, flow_batch
 from wandistiller.teacher.lora import Adapters
 
 log = logging.getLogger("wandistiller.pocket")
@@ -75,14 +74,8 @@ def train_style_lora(teacher_dir: Path = TEACHER_DIR, steps: int = STEPS, seed: 
     g, batch = torch.Generator().manual_seed(seed + 2), 64
     with adapters.active():
         for step in range(steps):
-            idx = torch.randint(len(latents), (batch,), generator=g)
-            x0, noise = latents[idx], torch.randn(latents[idx].shape, generator=g)
-            sigma = shifted_sigmas(torch.rand(batch, generator=g), 3.0)
-            s = sigma.view(-1, 1, 1, 1, 1)
-            drop = (torch.rand(batch, generator=g) < 0.1).view(-1, 1, 1)
-            text = torch.where(drop, uncond.expand(batch, -1, -1), cond[idx])
-            pred = transformer((1 - s) * x0 + s * noise, sigma * 1000, text, return_dict=False)[0]
-            loss = F.mse_loss(pred, noise - x0)
+            noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g)
+            loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
             _cosine_lr(opt, step, steps, LR)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -62,6 +62,20 @@ def latent_moments(vae, images: torch.Tensor, batch: int = 128) -> torch.Tensor:
     return torch.cat(rows)
 
 
+def flow_batch(latents, cond, uncond, batch: int, g: torch.Generator, sigma_range=(0.0, 1.0), shift: float = 3.0):
+    """One rectified-flow batch drawn with `g` (the pocket teacher's objective and its style LoRA's, the draws in
+    one fixed order, so the shipped weights rebuild bit for bit): (noisy latents at sigma, timesteps 1000 * sigma,
+    text states with 10% of them dropped to `uncond` for CFG, the velocity target noise - x0)."""
+    lo, hi = sigma_range
+    idx = torch.randint(len(latents), (batch,), generator=g)
+    x0, noise = latents[idx], torch.randn(latents[idx].shape, generator=g)
+    sigma = lo + (hi - lo) * shifted_sigmas(torch.rand(batch, generator=g), shift)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    drop = (torch.rand(batch, generator=g) < 0.1).view(-1, 1, 1)
+    text = torch.where(drop, uncond.expand(batch, -1, -1), cond[idx])
+    return (1 - s) * x0 + s * noise, sigma * 1000, text, noise - x0
+
+
 def train_transformer(
     transformer,
     latents: torch.Tensor,
@@ -83,14 +97,8 @@ def train_transformer(
     lo, hi = t_range[0] / 1000, t_range[1] / 1000
     transformer.train()
     for step in range(steps):
-        idx = torch.randint(len(latents), (batch,), generator=g)
-        x0, noise = latents[idx], torch.randn(latents[idx].shape, generator=g)
-        sigma = lo + (hi - lo) * shifted_sigmas(torch.rand(batch, generator=g), shift)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        drop = (torch.rand(batch, generator=g) < 0.1).view(-1, 1, 1)
-        text = torch.where(drop, uncond.expand(batch, -1, -1), cond[idx])
-        pred = transformer((1 - s) * x0 + s * noise, sigma * 1000, text, return_dict=False)[0]
-        loss = F.mse_loss(pred, noise - x0)
+        noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g, (lo, hi), shift)
+        loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
         _cosine_lr(opt, step, steps, lr)
         opt.zero_grad(set_to_none=True)
         loss.backward()
