@@ -112,23 +112,31 @@ def shown(argv: list[str]) -> str:
     return " ".join(kept)
 
 
-def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
-
-    cores = os.cpu_count()
+def written_by(argv: list[str], seconds: float, threads: str = ", torch threads 1") -> str:
+    """Every report's first sentence: the command that wrote it, when, on what, and how long it took."""
     return (
         f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
-        f"{platform.machine()} CPU, {cores} cores, torch threads 1; {seconds / 60:.1f} min in all). "
-        f"Every student: `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores{threads}; {seconds / 60:.1f} min in all)."
+    )
+
+
+def with_targets(table_text: str, issue: int, lines: list[str], between: str = "") -> str:
+    """A report's table, then (after `between`) the issue's targets, each met or missed, from the means."""
+    return table_text + f"\n\n{between}Targets (issue {issue}), from the means above:\n\n" + "\n".join(lines) + "\n"
+
+
+def report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+
+    return (
+        written_by(argv, seconds)
+        + f" Every student: `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; "
         "samples: "
         f"{settings.sample_steps} UniPC steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} "
         f"prompts per seed, the same noise for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
         "prompt_accuracy: digit and colour both as asked (the judge classifier); fid / kid: the judge's "
         f"features against the held-out real digits ({KID_MEANING}); latent_mse: against the teacher's sample "
         "from the same noise; s_per_image: one image per call; train_s: the training run's wall clock.\n\n"
-        + table(results)
-        + "\n\nTargets (issue 17), from the means above:\n\n"
-        + "\n".join(targets(results))
-        + "\n"
+        + with_targets(table(results), 17, targets(results))
     )
 
 
@@ -137,9 +145,8 @@ def compression_report(
 ) -> str:
     steps = ", ".join(f"{size} {steps}" for size, steps in budgets.items())
     return (
-        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1, {jobs} run(s) at once; "
-        f"{seconds / 60:.1f} min in all). Every student trains on the teacher's images (`data=pocket_digits`) "
+        written_by(argv, seconds, f", torch threads 1, {jobs} run(s) at once")
+        + " Every student trains on the teacher's images (`data=pocket_digits`) "
         f"with batch {settings.batch_size}, steps per size: {steps}; samples: {settings.sample_steps} UniPC "
         f"steps, {settings.per_prompt} per prompt x {len(_prompts(settings))} prompts per seed, the same noise "
         f"for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
@@ -147,47 +154,42 @@ def compression_report(
         "teacher), `random` is `student.init=random`; `output KD` is `loss=distillation`, `several-layer KD` is "
         "`loss=features`. params: the share of the teacher's transformer parameters; train_s: the training "
         "run's wall clock (beside the other runs when several ran at once).\n\n"
-        + table(results, compression.COLUMNS, {"params": "share"})
-        + "\n\n![prompt accuracy against parameters](compression.png)\n\nTargets (issue 27), from the means above:\n\n"
-        + "\n".join(compression.targets(results))
-        + "\n"
+        + with_targets(
+            table(results, compression.COLUMNS, {"params": "share"}),
+            27,
+            compression.targets(results),
+            "![prompt accuracy against parameters](compression.png)\n\n",
+        )
     )
 
 
 def fewstep_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     return (
-        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1; {seconds / 60:.1f} min in all). Every "
-        f"student: `student={settings.student}` on the teacher's images, {settings.max_steps} steps of batch "
+        written_by(argv, seconds)
+        + f" Every student: `student={settings.student}` on the teacher's images, {settings.max_steps} steps of batch "
         f"{settings.batch_size}; the teacher samples {settings.sample_steps} UniPC steps with CFG, each student "
         f"its own steps (a KD student on the teacher's scheduler, a few-step one on its own, no CFG); "
         f"{settings.per_prompt} noises per prompt x {len(_prompts(settings))} prompts per seed, the same for every "
         f"row; mean ± std over seeds {list(settings.seeds)}.\n\n"
         "calls: transformer forwards per image; diversity_ratio: the mean pairwise distance of the judge's features "
         "over each prompt's noises, over the teacher's; peak_rss_gib: the training run's peak host memory.\n\n"
-        + table(results, fewstep.COLUMNS)
-        + "\n\nTargets (issue 28), from the means above:\n\n"
-        + "\n".join(fewstep.targets(results))
-        + "\n"
+        + with_targets(table(results, fewstep.COLUMNS), 28, fewstep.targets(results))
     )
 
 
 def stacking_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     """The "Stacking and schedules" subsection of the LoRA students: issue 44's rows and targets."""
     return (
-        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch threads 1; {seconds / 60:.1f} min in all). Every "
-        f"student: `student=lora` with +experiment=pocket_lora's settings (rank 6, dmd + regression 0.1, 4 steps), "
+        written_by(argv, seconds)
+        + " Every student: `student=lora` with +experiment=pocket_lora's settings (rank 6, dmd + regression 0.1, "
+        "4 steps), "
         f"{settings.max_steps} steps of batch {settings.batch_size}; the teachers sample {settings.sample_steps} "
         f"UniPC steps with CFG; {settings.per_prompt} noises per prompt x {len(_prompts(settings))} prompts per seed, "
         f"the same for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
         "prompt_accuracy and fid: the judge on every image scaled to its peak brightness; style_brightness: the "
         "digit's brightness (the mean of its 32 brightest pixels, pocket/style.py); style_kept: the row's change of "
         "it from the plain teacher's, over the styled teacher's change.\n\n"
-        + table(results, stacking.COLUMNS)
-        + "\n\nTargets (issue 44), from the means above:\n\n"
-        + "\n".join(stacking.targets(results))
-        + "\n"
+        + with_targets(table(results, stacking.COLUMNS), 44, stacking.targets(results))
     )
 
 
@@ -207,9 +209,9 @@ def write_section(out: Path, key: str, text: str) -> None:
 def video_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
     """The "Video" section: the clip comparison's table and issue 40's targets."""
     return (
-        f"Written by `python -m wandistiller.quality {shown(argv)}` ({time.strftime('%Y-%m-%d')}, "
-        f"{platform.machine()} CPU, {os.cpu_count()} cores; {seconds / 60:.1f} min in all). Teacher "
-        f"`{settings.teacher}`, clips of 9 frames (`data.latent_frames=5`, the teacher's own clips as data); every "
+        written_by(argv, seconds, "")
+        + f" Teacher `{settings.teacher}`, clips of 9 frames (`data.latent_frames=5`, the teacher's own clips as "
+        "data); every "
         f"cut student `student={settings.student}`, {settings.max_steps} steps of batch {settings.batch_size}; the "
         f"teacher samples {settings.sample_steps} UniPC steps with CFG, {settings.per_prompt} noises per prompt x "
         f"{len(_prompts(settings))} prompts per seed, the same noises for every row; mean ± std over seeds "
@@ -219,10 +221,7 @@ def video_report(results: dict, settings: Settings, argv: list[str], seconds: fl
         "noises; temporal_consistency: clips whose judged digit and colour hold on every frame; clip_fd: Fréchet "
         "distance of the frame judge's clip features (time mean + frame-to-frame change) to the held-out digits' "
         "clips (nan: withheld below 65 clips); diversity_ratio: intra-prompt diversity over the teacher's.\n\n"
-        + table(results, video.COLUMNS)
-        + "\n\nTargets (issue 40), from the means above:\n\n"
-        + "\n".join(video.targets(results))
-        + "\n"
+        + with_targets(table(results, video.COLUMNS), 40, video.targets(results))
     )
 
 
