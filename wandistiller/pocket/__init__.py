@@ -12,7 +12,7 @@ POCKET_DIR = Path(__file__).resolve().parents[1] / "assets" / "pocket"
 TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v"
 MOE_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-moe"
 TRAIN_IMAGES_DIR = POCKET_DIR / "digits_train"  # a `datasets` folder (save_to_disk): image, text
-VIDEO_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-video"  # teacher=pocket_video: 17 frames of 32x32, 5 latent frames
+VIDEO_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-video"  # teacher=pocket_video: 9 frames of 32x32, 5 latent frames
 VIDEO_MOE_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-video-moe"
 FRAME_CLASSIFIER_FILE = POCKET_DIR / "frame_classifier.safetensors"  # the video teacher's frame judge
 VIDEO_PROMPTS_FILE = POCKET_DIR / "video_prompts.txt"
