@@ -53,7 +53,8 @@ def test_a_run_that_fits_nothing_alone_is_told_the_overrides_that_fit_together(m
     plan_main(monkeypatch, *LORA, *HW, "hardware.gpu_memory_gib=12", "trainer.batch_size=3",
               "teacher_placement.resident_blocks=20")  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    line = "teacher_placement=offload would fit with all of: teacher_placement.resident_blocks=0 trainer.batch_size=1"
+    line = ("teacher_placement=offload would fit with all of: teacher_placement.resident_blocks=0 trainer.batch_size=1 "
+            "teacher.quantize=fp8")  # fp8: a LoRA run takes an fp8 base  # fmt: skip
     assert line in lines and lines[-1] == "nothing fits: use smaller dtypes or more memory"  # at batch 3
 
 
@@ -72,7 +73,7 @@ def test_a_rig_no_setting_fits_is_one_line_saying_what_is_short_and_exit_2(monke
     assert captured.err.startswith(
         "error: teacher=wan2.2_t2v_a14b hardware.gpus=1 hardware.gpu_memory_gib=4 hardware.host_memory_gib=64: no "
         "setting fits 1 GPU(s) of 4 GiB free, 64 GiB host RAM available, not even trainer.batch_size=1 "
-        "data.latent_frames=1: the closest, teacher_placement="
+        "data.latent_frames=1 teacher.quantize=fp8: the closest, teacher_placement="
     )
     assert " GiB of GPU 0 (3.7 usable); use a GPU or host with that much more memory\n" in captured.err
 
