@@ -204,6 +204,23 @@ def test_a_cpu_run_with_an_fp8_teacher_trains(make_cfg, tmp_path):
     assert summary["placement"] == "cpu" and summary["steps_run"] == 3 and summary["loss_last"] > 0
 
 
+@pytest.mark.slow  # a whole run: a LoRA student and dmd's LoRA fake score on one streamed fp8 base, ~15 s
+def test_a_lora_student_and_a_lora_fake_score_train_on_a_streamed_fp8_base(make_cfg, tmp_path):
+    from wandistiller.state.checkpoint import load_checkpoint
+
+    folder = tmp_path / "r"
+    hooks = ["hooks=[monitor,progress,samples]", "hooks.samples.prompts=1"]  # drawn by the fp8 experts, adapters on
+    cfg = make_cfg("teacher=tiny_moe", "teacher.quantize=fp8", "precision=bf16", "teacher_placement=disk",
+                   "teacher_placement.resident_blocks=1", "student=lora", "student.rank=2", "trainer.batch_size=2",
+                   "method=dmd", "method.steps=2", "method.fake_updates=1", "method.fake_score=lora",
+                   "method.lora_rank=2", "trainer.max_steps=2", *hooks, run_dir=folder)  # fmt: skip
+    summary = run(cfg)
+    assert summary["status"] == "completed" and summary["placement"] == "disk" and summary["loss_last"] > 0
+    saved = load_checkpoint(folder / "checkpoints" / "step_00000002")
+    assert any(v.abs().sum() > 0 for k, v in saved["student"].items() if ".up." in k)  # B trained from zero
+    assert (folder / "samples.png").is_file() and (folder / "student" / "pytorch_lora_weights.safetensors").is_file()
+
+
 # A teacher large enough that its bytes stand out of the interpreter's (~0.3 GiB bf16), small enough to build
 # in a second or two: 4 blocks of width 1024.
 RSS_CONFIG = dict(num_attention_heads=8, attention_head_dim=128, ffn_dim=4096, num_layers=4, text_dim=64,

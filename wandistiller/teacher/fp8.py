@@ -51,6 +51,20 @@ def _rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).to(E4M3), scale
 
 
+def build_problem(device: str, dtype_name: str = "float8_e4m3fn") -> str | None:
+    """What this torch build lacks for an fp8 teacher on `device` (None: nothing): the float8 e4m3 dtype (torch
+    < 2.1), or a cast to it there (the `dequant` path needs only those two; `_scaled_mm` is optional)."""
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        return f"torch {torch.__version__} has no {dtype_name} dtype (fp8 needs torch >= 2.1)"
+    try:
+        torch.ones(2, 2, device=device).to(dtype).to(torch.bfloat16)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        return f"torch {torch.__version__} cannot cast to {dtype_name} on {device} ({first})"
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def scaled_mm_runs(device: str) -> bool:
     """Whether this torch runs a row-wise-scaled fp8 `_scaled_mm` on `device` (older CPU builds and pre-Ada
