@@ -38,6 +38,17 @@ def test_the_headline_the_a14b_pair_with_an_fp8_base_plans_on_24_gib_and_64_gib(
     assert cells["wan2.2_t2v_a14b", "bf16", 1, 24, 32].startswith("no; disk")  # not pinned in 32 GiB: from disk
 
 
+def test_issue_43_target_2_the_a14b_pairs_lora_dmd_on_an_fp8_base_plans_within_24_gib_gpu_and_48_gib_host():
+    from wandistiller.placements.memory import GiB, Hardware
+    from wandistiller.placements.offload import OffloadPlacement
+    from wandistiller.placements.planner import plan
+
+    w, _ = rigs.workload("wan2.2_t2v_a14b", "fp8", 1)
+    assert w.teacher_fp8 and w.student_lora_rank and w.fake_score == "lora"  # a run that now trains (no refusal)
+    mine = next(e for e in plan(w, Hardware((24 * GiB,), 48 * GiB), OffloadPlacement()) if e.placement == "offload")
+    assert mine.fits and max(mine.gpu_bytes) <= 24 * GiB and mine.host_bytes <= 48 * GiB  # the host at fp8 bytes
+
+
 HW = ["hardware.gpus=1", "hardware.host_memory_gib=64"]
 LORA = ["teacher=wan2.2_t2v_a14b", *rigs.RUN[:5], "data.latent_height=60", "data.latent_width=104"]
 
