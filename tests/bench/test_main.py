@@ -19,7 +19,7 @@ from wandistiller.core.errors import UserError
 DEFAULTS = (
     "from wandistiller.bench.__main__ import parser; import json; p = parser(); print(json.dumps({s: vars("
     "p.parse_args([s] + (['--arch', 'tiny'] if s == 'job' else []))) for s in ('overhead', 'teacher', 'load', 'job', "
-    "'plan')}))"
+    "'plan', 'grad-check')}))"
 )
 
 

@@ -38,6 +38,17 @@ def test_the_headline_the_a14b_pair_with_an_fp8_base_plans_on_24_gib_and_64_gib(
     assert cells["wan2.2_t2v_a14b", "bf16", 1, 24, 32].startswith("no; disk")  # not pinned in 32 GiB: from disk
 
 
+def test_issue_43_target_2_the_a14b_pairs_lora_dmd_on_an_fp8_base_plans_within_24_gib_gpu_and_48_gib_host():
+    from wandistiller.placements.memory import GiB, Hardware
+    from wandistiller.placements.offload import OffloadPlacement
+    from wandistiller.placements.planner import plan
+
+    w, _ = rigs.workload("wan2.2_t2v_a14b", "fp8", 1)
+    assert w.teacher_fp8 and w.student_lora_rank and w.fake_score == "lora"  # a run that now trains (no refusal)
+    mine = next(e for e in plan(w, Hardware((24 * GiB,), 48 * GiB), OffloadPlacement()) if e.placement == "offload")
+    assert mine.fits and max(mine.gpu_bytes) <= 24 * GiB and mine.host_bytes <= 48 * GiB  # the host at fp8 bytes
+
+
 HW = ["hardware.gpus=1", "hardware.host_memory_gib=64"]
 LORA = ["teacher=wan2.2_t2v_a14b", *rigs.RUN[:5], "data.latent_height=60", "data.latent_width=104"]
 
@@ -53,7 +64,8 @@ def test_a_run_that_fits_nothing_alone_is_told_the_overrides_that_fit_together(m
     plan_main(monkeypatch, *LORA, *HW, "hardware.gpu_memory_gib=12", "trainer.batch_size=3",
               "teacher_placement.resident_blocks=20")  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    line = "teacher_placement=offload would fit with all of: teacher_placement.resident_blocks=0 trainer.batch_size=1"
+    line = ("teacher_placement=offload would fit with all of: teacher_placement.resident_blocks=0 trainer.batch_size=1 "
+            "teacher.quantize=fp8")  # fp8: a LoRA run takes an fp8 base  # fmt: skip
     assert line in lines and lines[-1] == "nothing fits: use smaller dtypes or more memory"  # at batch 3
 
 
@@ -72,7 +84,7 @@ def test_a_rig_no_setting_fits_is_one_line_saying_what_is_short_and_exit_2(monke
     assert captured.err.startswith(
         "error: teacher=wan2.2_t2v_a14b hardware.gpus=1 hardware.gpu_memory_gib=4 hardware.host_memory_gib=64: no "
         "setting fits 1 GPU(s) of 4 GiB free, 64 GiB host RAM available, not even trainer.batch_size=1 "
-        "data.latent_frames=1: the closest, teacher_placement="
+        "data.latent_frames=1 teacher.quantize=fp8: the closest, teacher_placement="
     )
     assert " GiB of GPU 0 (3.7 usable); use a GPU or host with that much more memory\n" in captured.err
 

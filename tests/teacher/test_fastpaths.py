@@ -25,6 +25,16 @@ def test_an_unknown_quantize_mode_is_refused_with_its_key_and_none_is_no_check()
     check_quantize(None, torch.device("cpu"), torch.float32)
 
 
+def test_an_fp8_teacher_on_a_build_without_fp8_is_refused_in_one_line_naming_what_is_missing():
+    from wandistiller.teacher.fp8 import build_problem
+
+    assert build_problem("cpu") is None  # this build (torch >= 2.1) has fp8 on the CPU: check_quantize passes
+    check_quantize("fp8", torch.device("cpu"))
+    # A build without the dtype (torch < 2.1) is this one asked for a dtype it lacks.
+    missing = build_problem("cpu", "float8_e9m9")
+    assert missing == f"torch {torch.__version__} has no float8_e9m9 dtype (fp8 needs torch >= 2.1)"
+
+
 def test_a_chosen_attention_backend_composes_and_trains(make_cfg, tmp_path):
     cfg = make_cfg("teacher.attention_backend=native", "teacher.quantize=null")
     check_quantize(cfg.teacher.quantize, torch.device("cpu"))

@@ -4,8 +4,9 @@
     python -m wandistiller.bench teacher --arch 14b --placement offload --batch 1,8 [--resident-blocks 0] [--compile]
     python -m wandistiller.bench load --arch 1.3b [--folder $WANDISTILLER_CACHE/bench_1.3b]
     python -m wandistiller.bench job --arch 1.3b --device cuda [--compile] [--placement gpu|offload] [--batch 16]
+    python -m wandistiller.bench grad-check [teacher=... teacher.quantize=fp8] [--steps 3] [--resident-blocks 1]
 
-Each subcommand's module says what it measures and against what: overhead.py, teacher.py, load.py, job.py.
+Each subcommand's module says what it measures and against what: overhead.py, teacher.py, load.py, job.py, gradcheck.py.
 Every one prints a short table last and writes its numbers to --out (JSON; default outputs/bench/<name>.json,
 beside the runs, never the repository root). Built teachers go under WANDISTILLER_CACHE, as for training.
 """

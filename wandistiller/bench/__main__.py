@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import CACHE, job, load, out_path, overhead, plan, teacher
+from wandistiller.bench import CACHE, gradcheck, job, load, out_path, overhead, plan, teacher
 from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.files import folder_problem
@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     ld.add_argument("--out", default=out_path("load"))
     job.add_parser(sub)
     plan.add_arguments(sub.add_parser("plan", help="the planner's predictions beside measured peaks (fresh processes)"))
+    gradcheck.add_arguments(
+        sub.add_parser("grad-check", help="LoRA gradients through the streamed teacher vs the resident one, here")
+    )
     return main_parser
 
 
@@ -68,6 +71,8 @@ def main() -> None:
         bench = load.load_bench
     elif args.bench == "plan":
         bench = plan.run
+    elif args.bench == "grad-check":
+        bench = gradcheck.run
     else:
         bench = job.job_bench
     with exit_on_user_error():  # a bad flag value is one line, as for the train job
@@ -79,6 +84,8 @@ def main() -> None:
         except OSError as e:
             raise UserError(f"--out {args.out} cannot be written ({e.strerror}); choose another file") from None
     print(f"wrote {args.out}")
+    if result.get("ok") is False:  # grad-check's FAIL: a script or CI sees it
+        raise SystemExit(1)
 
 
 # Counts every subcommand may take: each must be 1 or more (--warmup: 0 or more).
@@ -95,6 +102,8 @@ def check_args(args: argparse.Namespace) -> None:
             if not str(v).strip().isdigit() or int(v) <= 0:
                 what = "sizes, each 1 or more (e.g. 1,8)" if name == "batch" else "1 or more"
                 raise UserError(f"--{name.replace('_', '-')}={value} must be {what}")
+    if args.bench == "grad-check":
+        gradcheck.check(args)
     if getattr(args, "warmup", 0) < 0:
         raise UserError(f"--warmup={args.warmup} must be 0 or more")
     device = getattr(args, "device", "cpu")

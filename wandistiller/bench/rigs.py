@@ -19,7 +19,6 @@ from wandistiller.placements.memory import GiB, Hardware, Workload
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.placements.planner import (
     choose,
-    fp8_allowed,
     largest_frames,
     plan,
     shortages,
@@ -96,24 +95,14 @@ def table() -> str:
     """The section's markdown: one row per teacher, base, clip and GPU; a column per host size."""
     head = f"| teacher | base | clip | GPU GiB | {' | '.join(f'host {h} GiB' for h in HOSTS)} |"
     lines = [head, "|" + "---|" * (4 + len(HOSTS))]
-    refused = False
     for teacher, label in TEACHERS.items():
         for base in BASES:
             for frames, clip in CLIPS.items():
                 w, passes = workload(teacher, base, frames)
-                refused |= w.teacher_fp8 and not fp8_allowed(w)
                 for gpu in GPUS:
                     cells = [cell(w, passes, gpu, host, frames) for host in HOSTS]
                     lines.append(f"| {label} | {base} | {clip} | {gpu} | {' | '.join(cells)} |")
-    if refused:
-        lines += ["", FP8_REFUSED]
     return "\n".join(lines)
-
-
-FP8_REFUSED = (
-    "**fp8 rows: planned, not yet trainable.** `plan` plans them; a run refuses `teacher.quantize=fp8` with "
-    "`student=lora` / `method.fake_score=lora` in one line (adapters on fp8 layers are not built: issue 43, item 1)."
-)
 
 
 def _markers(text: str) -> re.Match:

@@ -65,7 +65,7 @@ class Placement(ABC):
     # method.fake_score=lora): a resident nn.Module (cpu, gpu), or blocks streamed in again for the backward and
     # recomputed (offload, disk: streaming.Recomputed). Not where a device map spreads it (balanced, sequential,
     # device_map), collectives shard it (sharded), or another process holds it (gpu0's dedicated owner). An fp8
-    # teacher (teacher.quantize) is refused apart, by the method.
+    # teacher (teacher.quantize=fp8) backpropagates too, wherever it loads (`fp8`).
     backprop: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
@@ -135,7 +135,8 @@ def check_adapters_on_teacher(
     """Adapters trained on the placed teacher (`key`: student=lora, method.fake_score=lora) backpropagate through
     its frozen weights on every training rank: refuse, in one line ending with `instead` (the other choice), a
     placement that cannot (`backprop`, the teacher on the training device), one that serves ranks holding no
-    teacher, an fp8 teacher (its fp8 layers take no adapters) and a compiled one (compiled blocks ignore the hooks)."""
+    teacher, and a compiled one (compiled blocks ignore the hooks). An fp8 teacher takes adapters (teacher/fp8.py:
+    the backward passes through its frozen layers to their inputs)."""
     from wandistiller.placements import names_where  # noqa: PLC0415 -- cycle: the registry's package imports this
 
     here = placement.teacher_device(Topology()).type == device.type
@@ -151,12 +152,6 @@ def check_adapters_on_teacher(
             f"{key} runs the teacher on every training rank, and teacher_placement={placement.name} with {ranks} "
             f"processes serves ranks that hold none; use distributed.nproc_per_node=1, teacher_placement="
             f"{' or '.join(local)} (a teacher on every rank), or {instead}"
-        )
-    quantize = getattr(teacher_cfg, "quantize", None)
-    if quantize is not None:
-        raise UserError(
-            f"{key} trains adapters on the teacher's Linear layers, and teacher.quantize={quantize} makes them fp8 "
-            f"layers that take none; drop teacher.quantize, or use {instead}"
         )
     if getattr(teacher_cfg, "compile", False):  # torch.compile ignores module hooks added after it traced
         raise UserError(

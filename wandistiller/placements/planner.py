@@ -381,12 +381,6 @@ def plan_report(
     return "\n".join([*lines, *([encoder] if encoder else []), tail, *frames])
 
 
-def fp8_allowed(w: Workload) -> bool:
-    """Whether a run of `w`'s shape may take an fp8 teacher: adapters on the teacher (student=lora,
-    method.fake_score=lora) are refused with one today (placements.base.check_adapters_on_teacher)."""
-    return not (w.student_lora_rank or w.fake_score == "lora")
-
-
 def _fits(w: Workload, hw: Hardware, configured: Placement | None) -> bool:
     """Whether the asked run fits: under `configured` (with its settings), or under any placement (auto)."""
     estimates = plan(w, hw, configured)
@@ -396,7 +390,7 @@ def _fits(w: Workload, hw: Hardware, configured: Placement | None) -> bool:
 def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[str]:
     """For a run that does not fit (under `configured`, or any placement where it is None): the overrides that
     each alone would make it fit, the largest setting first: fewer resident blocks (a placement given a count),
-    a smaller trainer.batch_size, teacher.quantize=fp8 (where allowed). Fewer frames is `frames_line`'s.
+    a smaller trainer.batch_size, teacher.quantize=fp8. Fewer frames is `frames_line`'s.
     Empty where it fits, or where `configured` is refused outright (its note says why)."""
     if _fits(w, hw, configured):
         return []
@@ -416,7 +410,7 @@ def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> lis
     smaller = next((b for b in range(w.batch_size - 1, 0, -1) if _fits(_at_batch(w, b), hw, configured)), None)
     if smaller:
         found.append(f"trainer.batch_size={smaller}")
-    if not w.teacher_fp8 and fp8_allowed(w) and _fits(dataclasses.replace(w, teacher_fp8=True), hw, configured):
+    if not w.teacher_fp8 and _fits(dataclasses.replace(w, teacher_fp8=True), hw, configured):
         found.append("teacher.quantize=fp8")
     if found:
         return found
@@ -426,7 +420,7 @@ def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> lis
         configured.resident_blocks, together = 0, ["teacher_placement.resident_blocks=0"]  # type: ignore[union-attr]
     if w.batch_size > 1:
         least, together = _at_batch(least, 1), [*together, "trainer.batch_size=1"]
-    if not w.teacher_fp8 and fp8_allowed(w):
+    if not w.teacher_fp8:
         least, together = dataclasses.replace(least, teacher_fp8=True), [*together, "teacher.quantize=fp8"]
     return [" ".join(together)] if len(together) > 1 and _fits(least, hw, configured) else []
 
@@ -450,9 +444,9 @@ def fixes_line(w: Workload, hw: Hardware, configured: Placement | None = None) -
 
 def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
     """Where no setting fits this hardware -- under any placement, at batch 1, one latent frame, and an fp8 teacher
-    where one is allowed (offload/disk then keep only the blocks that fit) -- what is short and by how much, from
+    (offload/disk then keep only the blocks that fit) -- what is short and by how much, from
     the placement short of least; None where some setting fits."""
-    least = dataclasses.replace(_at_frames(_at_batch(w, 1), frames, 1), teacher_fp8=w.teacher_fp8 or fp8_allowed(w))
+    least = dataclasses.replace(_at_frames(_at_batch(w, 1), frames, 1), teacher_fp8=True)
     estimates = [e for e in plan(least, hw) if e.gpu_bytes or e.host_bytes]
     if any(e.fits for e in estimates) or not estimates:
         return None

@@ -8,7 +8,8 @@ Hopper/Ada the matmuls run on fp8 tensor cores; on the CPU, `_scaled_mm` where t
 weights are widened per layer. The targets differ from bf16 ones by the quantization error
 (`python -m wandistiller.bench teacher --quantize fp8` reports their relative MSE; held to <= 1%).
 
-Refused, with one line naming the key, where it cannot run: a GPU without fp8, a teacher not computing
+Refused, with one line naming the key, where it cannot run: a torch build without fp8 (`fp8.build_problem`), a GPU
+without fp8, a teacher not computing
 in bf16 (and a placement that cannot load it: `placements.base.check_quantize_placement`).
 
 `teacher.attention_backend=flash|_native_cudnn|...` picks diffusers' attention kernel for the teacher's
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.teacher.fp8 import is_quantized, quantize_model
+from wandistiller.teacher.fp8 import build_problem, is_quantized, quantize_model
 
 MODES = ("fp8",)
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper (H100/H200) and newer have fp8 tensor cores
@@ -36,7 +37,11 @@ def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.
         raise UserError(f"{key} is unknown; use fp8 or null")
     if teacher_dtype != torch.bfloat16:
         raise UserError(f"{key} computes with a bf16 teacher and this one is {teacher_dtype}; use precision=bf16")
-    if device.type == "cuda" and torch.cuda.is_available():  # (planning on paper: no GPU here to ask)
+    if device.type != "cuda" or torch.cuda.is_available():  # (planning on paper: no GPU here to ask)
+        problem = build_problem(str(device))
+        if problem:
+            raise UserError(f"{key} cannot run with this build: {problem}; drop teacher.quantize, or upgrade torch")
+    if device.type == "cuda" and torch.cuda.is_available():
         capability = torch.cuda.get_device_capability(device)
         if capability < FP8_CAPABILITY:
             name = torch.cuda.get_device_name(device)

@@ -14,6 +14,11 @@ call): `scaled_mm` (fp8 x fp8 on Hopper/Ada tensor cores; on the CPU where the b
 
 One function (`quantize_weight`) makes the bytes for every path -- a resident teacher, the streamers'
 host buffer and `disk`'s converted copy -- so streamed and resident fp8 targets are bit-identical.
+
+An fp8 base trains adapters (`student=lora`, dmd's `method.fake_score=lora`: teacher/lora.py hooks them on these
+layers as on nn.Linear ones): where the input needs a gradient, `FrozenFp8Matmul` passes one back to it, never to
+the weight (QLoRA's scheme, at 8 bits). How close the adapters' gradients stay to a bf16 base's: docs/PERFORMANCE.md,
+section "fp8".
 """
 
 from __future__ import annotations
@@ -46,6 +51,20 @@ def _rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).to(E4M3), scale
 
 
+def build_problem(device: str, dtype_name: str = "float8_e4m3fn") -> str | None:
+    """What this torch build lacks for an fp8 teacher on `device` (None: nothing): the float8 e4m3 dtype (torch
+    < 2.1), or a cast to it there (the `dequant` path needs only those two; `_scaled_mm` is optional)."""
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        return f"torch {torch.__version__} has no {dtype_name} dtype (fp8 needs torch >= 2.1)"
+    try:
+        torch.ones(2, 2, device=device).to(dtype).to(torch.bfloat16)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        return f"torch {torch.__version__} cannot cast to {dtype_name} on {device} ({first})"
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def scaled_mm_runs(device: str) -> bool:
     """Whether this torch runs a row-wise-scaled fp8 `_scaled_mm` on `device` (older CPU builds and pre-Ada
@@ -65,6 +84,51 @@ def scaled_mm_runs(device: str) -> bool:
         return bool(out.float().sum().item() == 16 * 16 * 32)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
+
+
+def dequantized(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp8 weight widened to `dtype` (the `dequant` path's weight, and every path's backward)."""
+    return weight.to(dtype) * weight_scale.to(dtype)
+
+
+def fp8_matmul(
+    rows: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, compute: str, fast_accum: bool
+) -> torch.Tensor:
+    """rows [n, in] @ W^T -> [n, out] in rows' dtype, W the fp8 weight with its per-row scales; no bias."""
+    if compute == "scaled_mm":
+        xq, x_scale = _rowwise(rows)
+        return torch._scaled_mm(
+            xq,
+            weight.t(),
+            scale_a=x_scale,
+            scale_b=weight_scale.t(),
+            out_dtype=rows.dtype,
+            use_fast_accum=fast_accum,
+        )  # weight.t(): column-major, as cuBLASLt wants the second operand
+    return F.linear(rows, dequantized(weight, weight_scale, rows.dtype))
+
+
+class FrozenFp8Matmul(torch.autograd.Function):
+    """`fp8_matmul` with a backward to its input alone: the weight is frozen (buffers: never a weight gradient), so
+    adapters on the layer (teacher/lora.py: a LoRA student, dmd's LoRA fake score) train through it.
+
+    Forward: the layer's own arithmetic, so an adapted teacher with its adapters off gives the teacher's targets
+    bit for bit. Backward: grad_x = grad_y @ dequantized(W), in grad_y's dtype (bf16) -- the exact derivative of
+    the `dequant` path; for `scaled_mm` the activations' fp8 rounding is passed straight through (its derivative
+    is zero almost everywhere), as fp8 training recipes do. Saved: the fp8 weight and its scales, which the layer
+    holds anyway (no widened copy waits for the backward: autograd through `dequant`'s F.linear would keep a
+    16-bit weight per layer, the whole teacher in 16 bits on a resident one); one layer is widened at a time in
+    backward. `_scaled_mm` itself has no derivative in torch."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, weight_scale, compute, fast_accum):
+        ctx.save_for_backward(weight, weight_scale)
+        return fp8_matmul(rows, weight, weight_scale, compute, fast_accum)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, weight_scale = ctx.saved_tensors
+        return grad @ dequantized(weight, weight_scale, grad.dtype), None, None, None, None
 
 
 class Fp8Linear(nn.Module):
@@ -108,18 +172,11 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.compute == "scaled_mm":
-            xq, x_scale = _rowwise(rows)
-            out = torch._scaled_mm(
-                xq,
-                self.weight.t(),
-                scale_a=x_scale,
-                scale_b=self.weight_scale.t(),
-                out_dtype=x.dtype,
-                use_fast_accum=self.fast_accum,
-            )  # weight.t(): column-major, as cuBLASLt wants the second operand
-        else:
-            out = F.linear(rows, self.weight.to(x.dtype) * self.weight_scale.to(x.dtype))
+        args = (self.weight, self.weight_scale, self.compute, self.fast_accum)
+        if torch.is_grad_enabled() and rows.requires_grad:  # adapters train through it (teacher/lora.py)
+            out = FrozenFp8Matmul.apply(rows, *args)
+        else:  # targets, samples: no autograd node at all (and the graph a compiled teacher traces)
+            out = fp8_matmul(rows, *args)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

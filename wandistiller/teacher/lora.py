@@ -4,7 +4,8 @@ one (on: a LoRA student, `student=lora`, and dmd's `method.fake_score=lora`), wi
 `Adapters` on one expert compose: each hook reads its own flag, so the student's and the fake score's adapters
 are never on together.
 
-Each adapted Linear `y = W x + b` gets `+ (alpha / rank) B(A x)` from a forward hook; B starts at zero, so an
+Each adapted Linear `y = W x + b` (an nn.Linear, or an fp8 teacher's Fp8Linear: teacher/fp8.py, whose backward
+passes the gradient to its input alone) gets `+ (alpha / rank) B(A x)` from a forward hook; B starts at zero, so an
 adapted expert starts equal to the teacher. Adapted (`layers`): in every block, the attention projections of self-
 and cross-attention (to_q, to_k, to_v, to_out.0) and the FFN's two Linears (`all`, the default), or the attention
 ones alone (`attention`), or the FFN's (`ffn`), or a list of those names.
@@ -34,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wandistiller.teacher.fp8 import Fp8Linear
+
 if TYPE_CHECKING:
     from wandistiller.teacher.model import Teacher
 
@@ -42,6 +45,7 @@ ATTENTION = tuple(f"attn{a}.to_{p}" for a in (1, 2) for p in ("q", "k", "v", "ou
 FFN = ("ffn.net.0.proj", "ffn.net.2")
 TARGETS = ATTENTION + FFN
 LAYER_SETS = {"all": TARGETS, "attention": ATTENTION, "ffn": FFN}
+ADAPTABLE = (nn.Linear, Fp8Linear)  # a 16-bit teacher's layers, or an fp8 one's (teacher.quantize=fp8)
 
 
 def layer_names(layers) -> tuple[str, ...]:
@@ -61,12 +65,12 @@ def layer_names(layers) -> tuple[str, ...]:
     return tuple(n for n in TARGETS if n in names)  # module order
 
 
-def targets(model: nn.Module, names: Sequence[str] = TARGETS) -> list[tuple[str, nn.Linear]]:
+def targets(model: nn.Module, names: Sequence[str] = TARGETS) -> list[tuple[str, nn.Linear | Fp8Linear]]:
     """The Linear layers an adapter goes on, by name (`blocks.<i>.attn1.to_q`, ...), in module order."""
-    found = []
+    found: list[tuple[str, nn.Linear | Fp8Linear]] = []
     for name, module in model.named_modules():
         parts = name.split(".", 2)
-        if parts[0] == "blocks" and len(parts) == 3 and parts[2] in names and isinstance(module, nn.Linear):
+        if parts[0] == "blocks" and len(parts) == 3 and parts[2] in names and isinstance(module, ADAPTABLE):
             found.append((name, module))
     return found
 
@@ -182,6 +186,8 @@ class Adapters(nn.Module):
         modules = dict(model.named_modules())
         for key, name in self.layers.items():
             linear = cast(nn.Linear, modules[name])
+            if isinstance(linear, Fp8Linear):  # its 8-bit weight cannot hold W + BA; adapters trained on an fp8 base
+                raise ValueError(f"{name} is fp8: merge into the 16-bit teacher (load_expert), as exports do")
             delta = self.scale * (self.up[key].double() @ self.down[key].double())
             linear.weight.copy_((linear.weight.double() + delta.to(linear.weight.device)).to(linear.weight.dtype))
 
