@@ -142,3 +142,37 @@ def test_a_batch_of_images_is_conditioned_as_each_alone(tiny_i2v_path):
         torch.testing.assert_close(both.embeds[i : i + 1], alone.embeds)
     assert isinstance(both, ImageCondition) and both.latents.shape == (2, 4 + 16, 2, 8, 8)
     assert both.latents[:, :4, 0].eq(1).all() and both.latents[:, :4, 1:].eq(0).all()  # the first frame is given
+
+
+def test_ti2v_without_an_image_is_the_text_to_video_model_wan_pipeline_runs(tiny_ti2v_path):
+    from diffusers import WanPipeline
+
+    spec = inspect_teacher(tiny_ti2v_path)
+    pipe = WanPipeline.from_pretrained(tiny_ti2v_path, dtype=torch.float32, use_safetensors=True)
+    calls = []
+    pipe.transformer.register_forward_hook(lambda m, a, kw, out: calls.append((kw, out[0])), with_kwargs=True)
+    g = torch.Generator().manual_seed(1)
+    cond, uncond = torch.randn(1, 16, 32, generator=g), torch.randn(1, 16, 32, generator=g)
+    pipe.set_progress_bar_config(disable=True)
+    pipe(
+        prompt_embeds=cond,
+        negative_prompt_embeds=uncond,
+        height=SIDE,
+        width=SIDE,
+        num_frames=FRAMES,
+        num_inference_steps=2,
+        guidance_scale=5.0,
+        output_type="latent",
+        generator=g,
+    )
+    teacher = CpuPlacement().load(
+        spec, OmegaConf.create({"guidance_scale": 5.0, "guidance_scale_2": None}), FP32, Topology()
+    )
+    for (kw, out_cond), (_, out_uncond) in zip(calls[::2], calls[1::2]):
+        t = kw["timestep"][:, :1].flatten()
+        inputs = expert_inputs(spec, kw["hidden_states"], t, None, torch.float32)
+        assert torch.equal(inputs["timestep"], kw["timestep"]) and torch.equal(
+            inputs["hidden_states"], kw["hidden_states"]
+        )
+        target, _ = teacher.targets(kw["hidden_states"], t, cond, uncond)
+        torch.testing.assert_close(target, out_uncond + 5.0 * (out_cond - out_uncond), rtol=1e-5, atol=1e-5)

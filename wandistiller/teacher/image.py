@@ -8,7 +8,8 @@ their order and their arithmetic, so a teacher fed this conditioning computes th
   that marks the first latent frame as given; both concatenated to the noise on the channels. Wan 2.1's experts
   also attend to CLIP's penultimate hidden states of the image.
 - Wan 2.2 TI2V 5B (`Layout.ti2v`): the image alone through its VAE; that latent replaces the first latent frame,
-  whose tokens get timestep 0 (`expand_timesteps`).
+  whose tokens get timestep 0 (`expand_timesteps`). Without an image it is a text-to-video model, as WanPipeline
+  runs it: every token at the step's timestep.
 
 `expert_inputs` is the other half: the transformer's inputs at one step, from the noisy latents and this.
 """
@@ -72,6 +73,11 @@ def expert_inputs(
     timesteps `t`, as the pipeline's denoising loop builds them: combined in float32, then cast to `dtype`."""
     if spec.layout == Layout.t2v:
         return dict(hidden_states=x_t.to(dtype), timestep=t)
+    _, ph, pw = spec.transformer_config["patch_size"]
+    if spec.layout == Layout.ti2v and image is None:
+        # TI2V 5B without an image is a text-to-video model: WanPipeline's loop, every token at the step's t.
+        tokens = x_t[0, 0, :, ::ph, ::pw].numel()
+        return dict(hidden_states=x_t.to(dtype), timestep=t.to(torch.float32)[:, None].expand(-1, tokens))
     if image is None:
         raise ValueError(f"a {spec.layout} teacher's targets need the image's conditioning (ImageCondition)")
     latents = image.latents.to(x_t.device, torch.float32)
@@ -81,7 +87,6 @@ def expert_inputs(
         return dict(hidden_states=hidden.to(dtype), timestep=t, encoder_hidden_states_image=embeds)
     mask = first_frame_mask(x_t)
     hidden = (1 - mask) * latents + mask * x_t.float()
-    _, ph, pw = spec.transformer_config["patch_size"]
     # One timestep per token, 0 on the given frame's: (mask over the patch grid) x t, row by row.
     per_token = mask[0, 0][:, ::ph, ::pw].flatten()
     timestep = per_token[None] * t.to(torch.float32)[:, None]
