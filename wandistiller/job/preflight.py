@@ -223,6 +223,8 @@ def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:
     teacher's spec, what needs its VAE: data.latents=videos, its clips' frames and size)."""
     vae = read_json(spec.path / "vae" / "config.json", "teacher.path") if spec is not None else None
     data_sources.check(cfg.data, vae)
+    if spec is not None:
+        data_sources.check_layout(cfg.data, spec.layout, str(cfg.teacher.name))
 
 
 def choose_placement(

@@ -43,6 +43,9 @@ INHERITED = (
     "cross_attn_norm",
     "eps",
     "rope_max_seq_len",
+    # Wan 2.1 I2V: the width of the CLIP image tokens every block attends to (the teacher's image encoder's).
+    "image_dim",
+    "pos_embed_seq_len",
 )
 # Keys that must equal the teacher's for the student to consume the same inputs and predict the same target.
 MUST_MATCH = ("patch_size", "in_channels", "out_channels", "text_dim")
@@ -78,6 +81,11 @@ def student_config(student_cfg, teacher: dict) -> dict:
         )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
+    heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    width = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None
+    if config.get("image_dim") is not None and "added_kv_proj_dim" not in own and width is not None:
+        # The image tokens are embedded to the blocks' width, then projected to keys and values of that width.
+        config["added_kv_proj_dim"] = width
     problem = wan_config_problem(config)
     if problem:
         raise UserError(f"{source}: {problem}")
@@ -89,9 +97,15 @@ def student_config(student_cfg, teacher: dict) -> dict:
                 f"set it to {theirs} (or drop it to inherit the teacher's)"
             )
     if config.get("image_dim") != teacher.get("image_dim"):
+        why = "(a text-to-video teacher gives no image tokens)" if teacher.get("image_dim") is None else "(its CLIP's)"
         raise UserError(
             f"{source}: image_dim={config.get('image_dim')} but the teacher has image_dim={teacher.get('image_dim')} "
-            "(a text-to-image student takes no image input); drop image_dim"
+            f"{why}; drop image_dim to inherit the teacher's"
+        )
+    if config.get("image_dim") is not None and width is not None and config.get("added_kv_proj_dim") != width:
+        raise UserError(
+            f"{source}: added_kv_proj_dim={config.get('added_kv_proj_dim')} but the student's blocks are {width} "
+            "wide, the width its image tokens are embedded to; drop added_kv_proj_dim (it follows the width)"
         )
     from diffusers import WanTransformer3DModel
 
