@@ -16,11 +16,19 @@ from tests.conftest import FP32
 from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import Topology
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.teacher.image import ImageCondition, encode_condition, expert_inputs, load_image_encoder
+from wandistiller.teacher.image import (
+    TEXT_TOKENS,
+    ImageCondition,
+    encode_condition,
+    expert_inputs,
+    load_image_encoder,
+)
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import load_vae
 
-SIDE, FRAMES, STEPS = 64, 5, 4  # 5 frames: 2 latent frames, the given one and one to denoise
+SIDE, FRAMES, STEPS = 64, 5, 4
+TEXT = TEXT_TOKENS
+PATCH = (1, 2, 2)  # 5 frames: 2 latent frames, the given one and one to denoise
 # (guidance_scale, guidance_scale_2) per twin: two experts get two scales, so the routing shows in the targets.
 SCALES = {"tiny_i2v": (5.0, None), "tiny_i2v_moe": (4.0, 3.0), "tiny_ti2v": (5.0, None)}
 
@@ -80,7 +88,8 @@ def test_targets_equal_the_guided_velocity_inside_the_models_own_image_to_video_
     # TI2V's folder names WanPipeline (text to video); WanImageToVideoPipeline is how diffusers gives it an image.
     pipe = WanImageToVideoPipeline.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
     g = torch.Generator().manual_seed(1)
-    cond, uncond = torch.randn(1, 16, 32, generator=g), torch.randn(1, 16, 32, generator=g)
+    # 512 text tokens, as Wan's: diffusers takes the last 512 of text + image tokens as the text (WanAttnProcessor).
+    cond, uncond = torch.randn(1, TEXT, 32, generator=g), torch.randn(1, TEXT, 32, generator=g)
     image = an_image(0)
     calls, latents, timesteps = run_pipeline(pipe, image, cond, uncond, scale, scale_2)
 
@@ -104,7 +113,7 @@ def test_targets_equal_the_guided_velocity_inside_the_models_own_image_to_video_
         expected = out_uncond + (scale if expert == "transformer" else scale_2) * (out_cond - out_uncond)
         t = timesteps[step].reshape(1).float()
         # The expert's inputs are the pipeline's, bit for bit, and so is one forward on them.
-        inputs = expert_inputs(spec, latents[step], t, condition, torch.float32)
+        inputs = expert_inputs(spec.layout, PATCH, latents[step], t, condition, torch.float32)
         assert torch.equal(inputs["hidden_states"], hidden)
         assert torch.equal(inputs["timestep"], kw["timestep"].expand_as(inputs["timestep"]).float())
         alone = teacher.experts[0 if expert == "transformer" else 1](
@@ -125,7 +134,7 @@ def test_an_image_to_video_teacher_without_its_image_is_refused(tiny_i2v_moe_pat
     teacher = CpuPlacement().load(
         spec, OmegaConf.create({"guidance_scale": 3.5, "guidance_scale_2": None}), FP32, Topology()
     )
-    with pytest.raises(ValueError, match="i2v teacher's targets need the image"):
+    with pytest.raises(ValueError, match="i2v transformer's inputs need the image"):
         teacher.targets(
             torch.zeros(1, 16, 2, 8, 8), torch.tensor([500.0]), torch.zeros(1, 16, 32), torch.zeros(1, 16, 32)
         )
@@ -170,7 +179,7 @@ def test_ti2v_without_an_image_is_the_text_to_video_model_wan_pipeline_runs(tiny
     )
     for (kw, out_cond), (_, out_uncond) in zip(calls[::2], calls[1::2]):
         t = kw["timestep"][:, :1].flatten()
-        inputs = expert_inputs(spec, kw["hidden_states"], t, None, torch.float32)
+        inputs = expert_inputs(spec.layout, PATCH, kw["hidden_states"], t, None, torch.float32)
         assert torch.equal(inputs["timestep"], kw["timestep"]) and torch.equal(
             inputs["hidden_states"], kw["hidden_states"]
         )

@@ -229,7 +229,7 @@ def test_the_layout_is_read_off_the_folders_configs(twin, layout, image_encoder,
     assert spec.boundary_ratio == (0.9 if twin == "tiny_i2v_moe" else None)
 
 
-def _edit_json(file: Path, **changes) -> None:
+def _set_json(file: Path, **changes) -> None:
     file.write_text(json.dumps(json.loads(file.read_text()) | changes))
 
 
@@ -246,13 +246,13 @@ def test_a_folder_whose_configs_disagree_on_its_layout_is_refused_in_one_line(tw
     folder = tmp_path / "teacher"
     shutil.copytree(request.getfixturevalue(f"{twin}_path"), folder)
     if damage == "in_channels":
-        _edit_json(folder / "transformer" / "config.json", in_channels=20)
+        _set_json(folder / "transformer" / "config.json", in_channels=20)
     elif damage == "no_image_encoder":
-        _edit_json(folder / "model_index.json", image_encoder=[None, None], image_processor=[None, None])
+        _set_json(folder / "model_index.json", image_encoder=[None, None], image_processor=[None, None])
     elif damage == "expand_timesteps":
-        _edit_json(folder / "model_index.json", expand_timesteps=True)
+        _set_json(folder / "model_index.json", expand_timesteps=True)
     else:  # a TI2V transformer over a 16-channel VAE
-        _edit_json(folder / "vae" / "config.json", z_dim=16)
+        _set_json(folder / "vae" / "config.json", z_dim=16)
     with pytest.raises(UserError, match=message) as e:
         inspect_teacher(folder)
     assert "\n" not in str(e.value)

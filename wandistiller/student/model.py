@@ -20,6 +20,7 @@ from wandistiller.core.arch import (
     PRUNED_STUDENTS,
     STUDENT_BUILDERS,
     TEACHER_SHAPED_STUDENTS,
+    Layout,
     estimate_params,
     wan_config_problem,
 )
@@ -27,6 +28,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.student import lora, prune
 from wandistiller.teacher.finetune import patch_of
+from wandistiller.teacher.image import ImageCondition, expert_inputs
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -262,6 +264,8 @@ class Student(nn.Module):
     """
 
     pruning: dict  # set when cut from the teacher or a folder (prune.prune_into): what was kept and why
+    # What it takes besides noise and text: its teacher's (build_student), text alone where none was said.
+    layout: Layout = Layout.t2v
 
     def __init__(self, transformer: nn.Module, teacher_width: int | None = None, hidden_layers: tuple[int, ...] = ()):
         super().__init__()
@@ -290,11 +294,15 @@ class Student(nn.Module):
         self.hidden_proj = nn.ModuleList(projections)
 
     def forward(
-        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, image: ImageCondition | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Velocity (and matched blocks' hidden states); the student of an image-to-video teacher takes `image` as
+        the teacher does (teacher/image.py: the same layout, its inputs built the same way)."""
         layers = self.hidden_layers if self.hidden_proj is not None else ()
+        config: Any = self.transformer.config
+        inputs = expert_inputs(self.layout, config.patch_size, x_t, t, image, x_t.dtype)
         with capture_blocks(self.transformer, layers) as captured:
-            pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+            pred = self.transformer(**inputs, encoder_hidden_states=cond, return_dict=False)[0]
         if not layers:
             return pred, None
         assert self.hidden_proj is not None  # layers are matched only with projections
@@ -345,6 +353,7 @@ def build_student(
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width, hidden_layers)
+    student.layout = spec.layout
     source = init_source(student_cfg, spec.transformer_config)
     patch: prune.Patch = ()
     if source is None and starts_from_teacher(student_cfg, config, spec.transformer_config):

@@ -25,6 +25,10 @@ from wandistiller.core.arch import Layout
 from wandistiller.teacher.spec import TeacherSpec, loading
 from wandistiller.teacher.vae import pixel_frames
 
+# Wan 2.1 I2V's experts get the image tokens and the text as one sequence, and diffusers' WanAttnProcessor splits
+# it by taking the last 512 as the text ("hardcoded for now"): shorter text would be read as image tokens, in silence.
+TEXT_TOKENS = 512
+
 
 @dataclass(frozen=True)
 class ImageCondition:
@@ -39,6 +43,21 @@ class ImageCondition:
     def select(self, rows: slice | torch.Tensor) -> ImageCondition:
         """The samples at `rows` (the ones an expert serves)."""
         return ImageCondition(self.latents[rows], None if self.embeds is None else self.embeds[rows])
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> ImageCondition:
+        embeds = None if self.embeds is None else self.embeds.to(device, non_blocking=non_blocking)
+        return ImageCondition(self.latents.to(device, non_blocking=non_blocking), embeds)
+
+    @staticmethod
+    def cat(parts: list[ImageCondition | None]) -> ImageCondition | None:
+        """Several batches' conditioning as one (None where they have none)."""
+        if all(p is None for p in parts):
+            return None
+        given = [p for p in parts if p is not None]
+        if len(given) != len(parts):
+            raise ValueError("some batches have an image and some not")
+        embeds = None if given[0].embeds is None else torch.cat([p.embeds for p in given])  # type: ignore[misc]
+        return ImageCondition(torch.cat([p.latents for p in given]), embeds)
 
 
 def load_image_encoder(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch.float32) -> tuple:
@@ -67,22 +86,23 @@ def first_frame_mask(latents: torch.Tensor) -> torch.Tensor:
 
 
 def expert_inputs(
-    spec: TeacherSpec, x_t: torch.Tensor, t: torch.Tensor, image: ImageCondition | None, dtype: torch.dtype
+    layout: Layout, patch_size, x_t: torch.Tensor, t: torch.Tensor, image: ImageCondition | None, dtype: torch.dtype
 ) -> dict:
     """The transformer's keyword inputs besides the text for noisy latents `x_t` (float32) at per-sample
-    timesteps `t`, as the pipeline's denoising loop builds them: combined in float32, then cast to `dtype`."""
-    if spec.layout == Layout.t2v:
+    timesteps `t`, as the pipeline's denoising loop builds them: combined in float32, then cast to `dtype`.
+    `layout` and `patch_size` are the teacher's (a student's are the same: it takes what the teacher takes)."""
+    if layout == Layout.t2v:
         return dict(hidden_states=x_t.to(dtype), timestep=t)
-    _, ph, pw = spec.transformer_config["patch_size"]
-    if spec.layout == Layout.ti2v and image is None:
+    _, ph, pw = patch_size
+    if layout == Layout.ti2v and image is None:
         # TI2V 5B without an image is a text-to-video model: WanPipeline's loop, every token at the step's t.
         tokens = x_t[0, 0, :, ::ph, ::pw].numel()
         return dict(hidden_states=x_t.to(dtype), timestep=t.to(torch.float32)[:, None].expand(-1, tokens))
     if image is None:
-        raise ValueError(f"a {spec.layout} teacher's targets need the image's conditioning (ImageCondition)")
+        raise ValueError(f"an {layout} transformer's inputs need the image's conditioning (ImageCondition)")
     latents = image.latents.to(x_t.device, torch.float32)
     embeds = None if image.embeds is None else image.embeds.to(x_t.device, dtype)
-    if spec.layout == Layout.i2v:
+    if layout == Layout.i2v:
         hidden = torch.cat([x_t.float(), latents], dim=1)
         return dict(hidden_states=hidden.to(dtype), timestep=t, encoder_hidden_states_image=embeds)
     mask = first_frame_mask(x_t)

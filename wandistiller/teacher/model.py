@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from wandistiller.teacher.finetune import apply as apply_loras
-from wandistiller.teacher.image import ImageCondition, doubled, expert_inputs
+from wandistiller.teacher.image import TEXT_TOKENS, ImageCondition, doubled, expert_inputs
 from wandistiller.teacher.spec import TeacherSpec, loading
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ class Teacher:
         # Sharded experts' forwards are collectives: every rank runs every expert, even without samples for it.
         self.collective = False
         self.streamers: list = []  # set by the streaming placements (offload, disk)
+        self.patch = spec.transformer_config.get("patch_size") or (1, 2, 2)
 
     def copy_ms(self) -> float | None:
         """Time spent streaming weights since the last call; None for a teacher that does not stream."""
@@ -151,6 +152,8 @@ class Teacher:
         # pipeline does); a text-to-video teacher casts them at once.
         x_t, t = x_t.to(self.device, torch.float32), t.to(self.device)
         cond, uncond = cond.to(self.device, self.dtype), uncond.to(self.device, self.dtype)
+        if image is not None and image.embeds is not None and cond.shape[1] != TEXT_TOKENS:
+            raise ValueError(f"image tokens need text padded to {TEXT_TOKENS} tokens (diffusers splits them so)")
         which = self.expert_index(t)
         out = torch.empty(x_t.shape, dtype=torch.float32, device=self.device)
         hidden = None
@@ -161,7 +164,7 @@ class Teacher:
             if count == 0:
                 if self.collective:  # keep step with the other ranks: one sample's forward, thrown away
                     first = None if image is None else image.select(slice(0, 1))
-                    inputs = expert_inputs(self.spec, x_t[:1], t[:1], first, self.dtype)
+                    inputs = expert_inputs(self.spec.layout, self.patch, x_t[:1], t[:1], first, self.dtype)
                     expert(**inputs, encoder_hidden_states=cond[:1], return_dict=False)
                 continue
             if count < len(t):  # group the samples each expert serves, as one batch per expert
@@ -169,7 +172,7 @@ class Teacher:
                 served = None if image is None else image.select(rows)
             else:
                 xs, ts, cs, us, served = x_t, t, cond, uncond, image
-            inputs = doubled(expert_inputs(self.spec, xs, ts, served, self.dtype))
+            inputs = doubled(expert_inputs(self.spec.layout, self.patch, xs, ts, served, self.dtype))
             with capture_blocks(expert, layers) as captured:
                 pred = expert(**inputs, encoder_hidden_states=torch.cat([cs, us]), return_dict=False)[0]
             # (to this device: a model spread over GPUs returns from its last one)
