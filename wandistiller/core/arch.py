@@ -209,7 +209,8 @@ MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables a
 
 def estimate_params(c: dict) -> int:
     """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time);
-    exact for text-to-video configs (tests/core/test_arch.py compares it with the model diffusers builds)."""
+    exact for text- and image-to-video configs (tests/core/test_arch.py compares it with the model diffusers
+    builds)."""
     d, f, t = c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"], c["text_dim"]
     p = 1
     for x in c.get("patch_size") or (1, 2, 2):
@@ -220,7 +221,14 @@ def estimate_params(c: dict) -> int:
     patch_in = c["in_channels"] * p * d + d
     # The condition embedder: text (t->d->d), time (freq->d->d) and its projection to the blocks' 6 modulations.
     conditions = t * d + d + d * d + d + c["freq_dim"] * d + d + d * d + d + 6 * d * d + 6 * d
-    patch_out = d * c["out_channels"] * p + c["out_channels"] * p + 2 * d  # and the output modulation table
+    out = c.get("out_channels") or c["in_channels"]
+    patch_out = d * out * p + out * p + 2 * d  # and the output modulation table
+    image, added = c.get("image_dim"), c.get("added_kv_proj_dim")
+    if added:  # Wan 2.1 I2V: each block's keys and values of the image tokens, and their q/k-norm
+        block += 2 * (added * d + d) + d
+    if image:  # and the image tokens' embedder: a norm, a two-layer MLP to the blocks' width, a norm
+        conditions += 2 * image + image * image + image + image * d + d + 2 * d
+        conditions += (c.get("pos_embed_seq_len") or 0) * image  # FLF2V's learned positions
     return c["num_layers"] * block + patch_in + conditions + patch_out
 
 
