@@ -91,3 +91,8 @@ def test_a_text_to_video_teacher_on_image_prompt_pairs_is_one_line_and_nothing_i
     monkeypatch.setattr(sources.sources()["gaussian"], "gives_images", False)
     with pytest.raises(UserError, match="data.latents=gaussian gives prompts alone.* gives .image, prompt. pairs yet"):
         run(make_cfg("teacher=tiny_i2v", run_dir=tmp_path / "r"))  # Wan 2.1's layout, its student's image tokens
+
+
+def test_ti2v_without_images_trains_on_prompts_as_a_text_to_video_teacher(make_cfg, tmp_path):
+    summary = run(make_cfg("teacher=tiny_ti2v", "trainer.max_steps=2", "data.latent_height=4", "data.latent_width=4"))
+    assert summary is not None and (tmp_path / "run" / "student").is_dir()
