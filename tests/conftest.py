@@ -85,6 +85,30 @@ def tiny_moe_path(cache_dir) -> Path:
     return ensure_tiny_teacher(cache_dir / "teachers" / "tiny-wan-t2v-moe", two_experts=True)
 
 
+def _tiny_twin(cache_dir: Path, builtin: str) -> Path:
+    from wandistiller.teacher.tiny import BUILTINS, ensure_tiny_teacher
+
+    return ensure_tiny_teacher(cache_dir / "teachers" / builtin.replace("_", "-"), **BUILTINS[builtin])
+
+
+@pytest.fixture(scope="session")
+def tiny_i2v_path(cache_dir) -> Path:
+    """Wan 2.1 I2V's layout: mask + image latents concatenated, CLIP image tokens."""
+    return _tiny_twin(cache_dir, "tiny_i2v")
+
+
+@pytest.fixture(scope="session")
+def tiny_i2v_moe_path(cache_dir) -> Path:
+    """Wan 2.2 I2V A14B's layout: mask + image latents concatenated, two experts, no image encoder."""
+    return _tiny_twin(cache_dir, "tiny_i2v_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_ti2v_path(cache_dir) -> Path:
+    """Wan 2.2 TI2V 5B's layout: a 48-channel VAE, the image's latent in place of the first latent frame."""
+    return _tiny_twin(cache_dir, "tiny_ti2v")
+
+
 @pytest.fixture
 def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
     """Compose the real config tree as `python -m wandistiller.train` would, with test-sized defaults."""

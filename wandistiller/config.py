@@ -28,9 +28,12 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
-class Builtin(Choice):
+class Builtin(Choice):  # teacher/tiny.py's BUILTINS
     tiny = "tiny"
     tiny_moe = "tiny_moe"
+    tiny_i2v = "tiny_i2v"
+    tiny_i2v_moe = "tiny_i2v_moe"
+    tiny_ti2v = "tiny_ti2v"
 
 
 class DType(Choice):
@@ -62,7 +65,7 @@ class TeacherConfig:
     name: str = MISSING
     # A local diffusers-format Wan folder or a Hub id.
     path: str = MISSING
-    # "tiny" / "tiny_moe": build this embedded teacher at `path` when it is not there yet.
+    # "tiny", "tiny_moe", "tiny_i2v", ...: build this embedded teacher at `path` when it is not there yet.
     builtin: Builtin | None = None
     guidance_scale: float = 5.0
     # Two-expert teachers: CFG scale of the low-noise expert (`transformer_2`); None = guidance_scale.

@@ -12,9 +12,13 @@ from wandistiller.core.arch import (
     MAX_ROPE_SEQ_LEN,
     POCKET_TRANSFORMER,
     STUDENT_BUILDERS,
+    TINY_I2V_TRANSFORMER,
+    TINY_TI2V_TRANSFORMER,
     TINY_TRANSFORMER,
     WAN_1_3B,
     WAN_14B,
+    WAN_14B_I2V,
+    WAN_TI2V_5B,
     estimate_params,
     json_kind,
     wan_config_problem,
@@ -63,7 +67,14 @@ def test_the_parameter_estimate_is_the_built_models_count_exactly():
 
     for name, built in BUILT_PARAMS.items():  # the real teachers' counts, as diffusers builds them
         assert estimate_params(BENCH_ARCHS[name]) == built, name
-    for config in (TINY_TRANSFORMER, TINY_TRANSFORMER | {"cross_attn_norm": False}, POCKET_TRANSFORMER):
+    image_to_video = (TINY_I2V_TRANSFORMER, TINY_I2V_TRANSFORMER | {"pos_embed_seq_len": 8}, TINY_TI2V_TRANSFORMER)
+    image_to_video += (WAN_14B_I2V, WAN_TI2V_5B)  # the real Wan 2.1 I2V and TI2V 5B shapes, on the meta device
+    for config in (
+        TINY_TRANSFORMER,
+        TINY_TRANSFORMER | {"cross_attn_norm": False},
+        POCKET_TRANSFORMER,
+        *image_to_video,
+    ):
         with torch.device("meta"):  # shapes only: no memory, no time
             built = sum(p.numel() for p in WanTransformer3DModel(**config).parameters())
         assert estimate_params(config) == built, config

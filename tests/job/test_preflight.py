@@ -132,3 +132,9 @@ def test_more_frames_than_fit_is_one_line_naming_the_largest_that_does(make_cfg,
     assert error.startswith("data.latent_frames=32 is more frames than fit (no GPU, 2 GiB host RAM"), error
     assert "the largest latent_frames that fits: 25 (= 97 frames) at batch 64" in error, error
     assert "use data.latent_frames<=25" in error
+
+
+def test_a_teacher_with_image_tokens_and_text_not_padded_to_512_is_refused_naming_the_key(make_cfg, tmp_path):
+    error = refused_run(make_cfg, tmp_path, "teacher=tiny_i2v", "teacher.max_sequence_length=16")
+    assert error.startswith("teacher.max_sequence_length=16: teacher=tiny_i2v attends to image tokens"), error
+    assert error.endswith("use teacher.max_sequence_length=512"), error

@@ -70,7 +70,7 @@ class RecordingTracker(NullTracker):
         self.logged.append((step, dict(metrics)))
 
 
-def toy_run(spec, teacher, run_dir, hidden_kd_weight: float) -> Run:
+def toy_run(spec, teacher, run_dir, hidden_kd_weight: float, latent_shape=(16, 1, 8, 8)) -> Run:
     """A run of the real loop parts at toy size, built in the test: the tiny teacher, a random tiny
     student, four prompts of random text states, a constant learning rate, no tracker but a recording one."""
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def toy_run(spec, teacher, run_dir, hidden_kd_weight: float) -> Run:
     return Run(
         model=student,
         targets=LocalTargets(teacher),
-        batch_fn=batch_source(BatchSettings(0, 2, (16, 1, 8, 8), 3.0, 1000, embeddings)),
+        batch_fn=batch_source(BatchSettings(0, 2, latent_shape, 3.0, 1000, embeddings)),
         optimizer=optimizer,
         lr_scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
         scaler=torch.amp.GradScaler("cpu", enabled=False),

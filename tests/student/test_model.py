@@ -174,3 +174,19 @@ def test_a_folder_given_as_the_student_config_is_named_a_folder(tmp_path, tiny_p
     cfg = SimpleNamespace(init="auto", builder=None, config_path=str(tmp_path))
     with refused("is a folder; give the WanTransformer3DModel config.json"):
         student_config(cfg, inspect_teacher(tiny_path).transformer_config)
+
+
+def test_an_image_to_video_teachers_students_take_its_image_tokens_at_their_own_width(tmp_path):
+    from wandistiller.core.arch import TINY_I2V_MOE_TRANSFORMER, TINY_I2V_TRANSFORMER
+
+    small = student_config(scfg(builder="small"), dict(TINY_I2V_TRANSFORMER))
+    assert (small["in_channels"], small["out_channels"], small["image_dim"]) == (36, 16, 24)
+    assert small["added_kv_proj_dim"] == 1536  # its own width, not the teacher's 32
+    half = student_config(scfg(builder="half"), dict(TINY_I2V_TRANSFORMER))
+    assert half["added_kv_proj_dim"] == 32 and half["num_layers"] == 2
+    a14b = student_config(scfg(builder="tiny"), dict(TINY_I2V_MOE_TRANSFORMER))
+    assert a14b["in_channels"] == 36 and a14b.get("image_dim") is None and a14b.get("added_kv_proj_dim") is None
+    path = tmp_path / "student.json"
+    path.write_text(json.dumps(TINY_STUDENT | {"added_kv_proj_dim": 64}))
+    with refused("added_kv_proj_dim=64 but the student's blocks are 32 wide"):
+        student_config(scfg(config_path=str(path)), dict(TINY_I2V_TRANSFORMER))

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import refused
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError
 from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
@@ -203,3 +204,55 @@ def test_an_unreachable_hub_id_is_our_one_line_without_diffusers_own(monkeypatch
     with caplog.at_level(logging.INFO), pytest.raises(UserError, match="could not be fetched from the Hub"):
         resolve_teacher_path(OmegaConf.create({"builtin": None, "path": "Wan-AI/Not-A-Real-Model"}), "/none")
     assert not [r for r in caplog.records if r.name.startswith("diffusers")]  # "Couldn't connect to the Hub" …
+
+
+@pytest.mark.parametrize(
+    "twin,layout,image_encoder,channels,experts",
+    [
+        ("tiny", Layout.t2v, False, 16, 1),
+        ("tiny_i2v", Layout.i2v, True, 16, 1),
+        ("tiny_i2v_moe", Layout.i2v, False, 16, 2),
+        ("tiny_ti2v", Layout.ti2v, False, 48, 1),
+    ],
+)
+def test_the_layout_is_read_off_the_folders_configs(twin, layout, image_encoder, channels, experts, request, tmp_path):
+    # Copied under a name that says nothing: the configs alone decide.
+    folder = tmp_path / "some-model"
+    shutil.copytree(request.getfixturevalue(f"{twin}_path"), folder)
+    spec = inspect_teacher(folder)
+    assert (spec.layout, spec.image_encoder, spec.latent_channels, len(spec.experts)) == (
+        layout,
+        image_encoder,
+        channels,
+        experts,
+    )
+    assert spec.boundary_ratio == (0.9 if twin == "tiny_i2v_moe" else None)
+
+
+def _set_json(file: Path, **changes) -> None:
+    file.write_text(json.dumps(json.loads(file.read_text()) | changes))
+
+
+@pytest.mark.parametrize(
+    "twin,damage,message",
+    [
+        ("tiny_i2v", "in_channels", "neither text-to-video's"),
+        ("tiny_i2v", "no_image_encoder", "image_dim=24 wants CLIP image tokens"),
+        ("tiny_i2v_moe", "expand_timesteps", "do not agree with expand_timesteps"),
+        ("tiny_ti2v", "z_dim", "do not agree with expand_timesteps"),
+    ],
+)
+def test_a_folder_whose_configs_disagree_on_its_layout_is_refused_in_one_line(twin, damage, message, request, tmp_path):
+    folder = tmp_path / "teacher"
+    shutil.copytree(request.getfixturevalue(f"{twin}_path"), folder)
+    if damage == "in_channels":
+        _set_json(folder / "transformer" / "config.json", in_channels=20)
+    elif damage == "no_image_encoder":
+        _set_json(folder / "model_index.json", image_encoder=[None, None], image_processor=[None, None])
+    elif damage == "expand_timesteps":
+        _set_json(folder / "model_index.json", expand_timesteps=True)
+    else:  # a TI2V transformer over a 16-channel VAE
+        _set_json(folder / "vae" / "config.json", z_dim=16)
+    with pytest.raises(UserError, match=message) as e:
+        inspect_teacher(folder)
+    assert "\n" not in str(e.value)

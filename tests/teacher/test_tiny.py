@@ -94,3 +94,32 @@ def test_a_tiny_teacher_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
         resource.setrlimit(resource.RLIMIT_FSIZE, before)
         signal.signal(signal.SIGXFSZ, handler)
     assert list((tmp_path / "teachers").iterdir()) == []
+
+
+def test_the_image_to_video_twins_are_laid_out_as_the_hubs_folders_of_their_layout(
+    tiny_i2v_path, tiny_i2v_moe_path, tiny_ti2v_path
+):
+    def index(path):
+        return json.loads((path / "model_index.json").read_text())
+
+    def config(path, name):
+        return json.loads((path / name / "config.json").read_text())
+
+    # Wan 2.1 I2V: 36 channels in (noise, mask, image latents), CLIP image tokens projected to the blocks' width.
+    wan21 = index(tiny_i2v_path)
+    assert wan21["_class_name"] == "WanImageToVideoPipeline" and wan21["image_encoder"][1] == "CLIPVisionModel"
+    transformer = config(tiny_i2v_path, "transformer")
+    assert (transformer["in_channels"], transformer["out_channels"]) == (36, 16)
+    assert transformer["image_dim"] == config(tiny_i2v_path, "image_encoder")["hidden_size"]
+    assert transformer["added_kv_proj_dim"] == transformer["num_attention_heads"] * transformer["attention_head_dim"]
+    # Wan 2.2 I2V A14B: the same channels, no image encoder, two differently seeded experts split at t = 900.
+    a14b = index(tiny_i2v_moe_path)
+    assert a14b["image_encoder"] == [None, None] and a14b["boundary_ratio"] == 0.9
+    assert config(tiny_i2v_moe_path, "transformer_2")["in_channels"] == 36
+    assert config(tiny_i2v_moe_path, "transformer").get("image_dim") is None
+    # Wan 2.2 TI2V 5B: a text-to-video pipeline folder with expand_timesteps, over a 48-channel Wan 2.2 VAE.
+    ti2v = index(tiny_ti2v_path)
+    assert ti2v["_class_name"] == "WanPipeline" and ti2v["expand_timesteps"] is True
+    vae = config(tiny_ti2v_path, "vae")
+    assert (vae["z_dim"], vae["patch_size"], vae["scale_factor_spatial"], vae["is_residual"]) == (48, 2, 16, True)
+    assert config(tiny_ti2v_path, "transformer")["in_channels"] == 48 == len(vae["latents_mean"])

@@ -7,7 +7,21 @@ students and the benchmark shapes all read their numbers from here.
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Any, TypeGuard
+
+
+class Layout(str, Enum):
+    """What a Wan transformer is fed besides the text, as its own diffusers pipeline feeds it (spec.py reads it
+    off a folder's configs)."""
+
+    t2v = "t2v"  # the noisy latents alone (WanPipeline)
+    i2v = "i2v"  # + a 4-channel first-frame mask and the image's latents, concatenated (WanImageToVideoPipeline)
+    ti2v = "ti2v"  # the image's latent in place of the first latent frame, timesteps per token (expand_timesteps)
+
+    def __str__(self) -> str:
+        return self.value
+
 
 # Wan 2.1/2.2 14B: also each of Wan 2.2 A14B's two experts.
 WAN_14B: dict[str, Any] = dict(
@@ -23,11 +37,25 @@ WAN_14B: dict[str, Any] = dict(
 )
 WAN_1_3B: dict[str, Any] = WAN_14B | dict(num_attention_heads=12, ffn_dim=8960, num_layers=30)
 
+# Image-to-video 14B: the noise, a 4-channel first-frame mask and the image's 16 latent channels, concatenated
+# (36 in, 16 out). Wan 2.1's also attends to CLIP ViT-H/14 image tokens (1280 wide, projected to the blocks' 5120);
+# Wan 2.2 A14B's two experts have no image encoder.
+WAN_14B_I2V: dict[str, Any] = WAN_14B | dict(in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+WAN_A14B_I2V: dict[str, Any] = WAN_14B | dict(in_channels=36)
+# Wan 2.2 TI2V 5B: its own 48-channel VAE (16x spatial); the image's latent replaces the first latent frame.
+WAN_TI2V_5B: dict[str, Any] = WAN_14B | dict(
+    num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
+)
+
 # Public teachers by Hub id: (transformer config, number of experts).
 KNOWN_TEACHERS = {
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": (WAN_1_3B, 1),
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": (WAN_14B, 1),
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": (WAN_14B, 2),
+    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": (WAN_14B_I2V, 1),
+    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": (WAN_14B_I2V, 1),
+    "Wan-AI/Wan2.2-I2V-A14B-Diffusers": (WAN_A14B_I2V, 2),
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": (WAN_TI2V_5B, 1),
 }
 
 # The embedded tiny teacher: shaped like Wan (patch (1,2,2), 16 latent channels, qk rms-norm), every width tiny.
@@ -53,6 +81,36 @@ TINY_VAE: dict[str, Any] = dict(
 )
 # Wan 2.2 A14B switches experts at t >= 875 (boundary_ratio 0.875 of 1000 train timesteps).
 TINY_MOE_BOUNDARY_RATIO = 0.875
+
+# The tiny image-to-video twins, one per layout diffusers' pipelines know (teacher/tiny.py builds them):
+# Wan 2.1 I2V's (mask + image latents concatenated, CLIP image tokens), Wan 2.2 I2V A14B's (the same, two experts, no
+# image encoder) and Wan 2.2 TI2V 5B's (a 48-channel VAE; the image's latent replaces the first latent frame).
+TINY_I2V_TRANSFORMER: dict[str, Any] = TINY_TRANSFORMER | dict(in_channels=36, image_dim=24, added_kv_proj_dim=32)
+TINY_I2V_MOE_TRANSFORMER: dict[str, Any] = TINY_TRANSFORMER | dict(in_channels=36)
+TINY_TI2V_TRANSFORMER: dict[str, Any] = TINY_TRANSFORMER | dict(in_channels=48, out_channels=48)
+# A CLIP vision tower as Wan 2.1 I2V's (whose penultimate hidden states are the image tokens), every width tiny.
+TINY_IMAGE_ENCODER: dict[str, Any] = dict(
+    hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+)
+# Wan 2.2's VAE: 48 latent channels, pixels folded 2x2 into 12 channels first (patch_size 2), 16x spatial overall.
+TINY_VAE_22: dict[str, Any] = dict(
+    base_dim=8,
+    decoder_base_dim=8,
+    z_dim=48,
+    dim_mult=[1, 1, 1, 1],
+    num_res_blocks=1,
+    temperal_downsample=[False, True, True],
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_spatial=16,
+    # Not Wan 2.1's 16 defaults: 48 of them, uneven, so a test sees a normalisation left out.
+    latents_mean=[round(0.02 * (i % 7) - 0.06, 2) for i in range(48)],
+    latents_std=[round(0.5 + 0.1 * (i % 5), 2) for i in range(48)],
+)
+# Wan 2.2 I2V A14B switches experts at t >= 900 (its model_index.json's boundary_ratio), not T2V's 875.
+TINY_I2V_MOE_BOUNDARY_RATIO = 0.9
 
 # The pocket teacher (wandistiller/pocket): trained on 32x32 digit images; its VAE downsamples 4x (8x8 latents,
 # 16 tokens); three times the tiny teacher's width. Width 64 (ffn 256) drew the digit right 51% of the time
@@ -151,7 +209,8 @@ MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables a
 
 def estimate_params(c: dict) -> int:
     """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time);
-    exact for text-to-video configs (tests/core/test_arch.py compares it with the model diffusers builds)."""
+    exact for text- and image-to-video configs (tests/core/test_arch.py compares it with the model diffusers
+    builds)."""
     d, f, t = c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"], c["text_dim"]
     p = 1
     for x in c.get("patch_size") or (1, 2, 2):
@@ -162,7 +221,14 @@ def estimate_params(c: dict) -> int:
     patch_in = c["in_channels"] * p * d + d
     # The condition embedder: text (t->d->d), time (freq->d->d) and its projection to the blocks' 6 modulations.
     conditions = t * d + d + d * d + d + c["freq_dim"] * d + d + d * d + d + 6 * d * d + 6 * d
-    patch_out = d * c["out_channels"] * p + c["out_channels"] * p + 2 * d  # and the output modulation table
+    out = c.get("out_channels") or c["in_channels"]
+    patch_out = d * out * p + out * p + 2 * d  # and the output modulation table
+    image, added = c.get("image_dim"), c.get("added_kv_proj_dim")
+    if added:  # Wan 2.1 I2V: each block's keys and values of the image tokens, and their q/k-norm
+        block += 2 * (added * d + d) + d
+    if image:  # and the image tokens' embedder: a norm, a two-layer MLP to the blocks' width, a norm
+        conditions += 2 * image + image * image + image + image * d + d + 2 * d
+        conditions += (c.get("pos_embed_seq_len") or 0) * image  # FLF2V's learned positions
     return c["num_layers"] * block + patch_in + conditions + patch_out
 
 

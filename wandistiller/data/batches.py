@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wandistiller.data.prompts import PromptEmbeddings, to_device
+from wandistiller.teacher.image import ImageCondition
 
 if TYPE_CHECKING:  # latents.py draws batches' x0 through the teacher: its type only
     from wandistiller.data.latents import LatentBank
@@ -31,6 +32,8 @@ class Batch:
     # What x_t was mixed from, for losses that need it (wandistiller.recipe.losses: "x0"); None: not kept.
     x0: torch.Tensor | None = None
     noise: torch.Tensor | None = None
+    # An image-to-video teacher's conditioning (teacher/image.py), which the student takes too; None: text alone.
+    image: ImageCondition | None = None
 
     def to(self, device: torch.device) -> Batch:
         moved: dict[str, Any] = {k: v if v is None else v.to(device, non_blocking=True) for k, v in vars(self).items()}

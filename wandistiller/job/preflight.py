@@ -46,6 +46,7 @@ from wandistiller.student.lora import check_rank, is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.finetune import absolute, with_loras
+from wandistiller.teacher.image import TEXT_TOKENS
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
 from wandistiller.teacher.vae import check_latent_frames
 
@@ -223,6 +224,14 @@ def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:
     teacher's spec, what needs its VAE: data.latents=videos, its clips' frames and size)."""
     vae = read_json(spec.path / "vae" / "config.json", "teacher.path") if spec is not None else None
     data_sources.check(cfg.data, vae)
+    if spec is not None and spec.image_encoder and cfg.teacher.max_sequence_length != TEXT_TOKENS:
+        raise UserError(
+            f"teacher.max_sequence_length={cfg.teacher.max_sequence_length}: teacher={cfg.teacher.name} attends to "
+            f"image tokens, which diffusers tells from the text by taking the text as the last {TEXT_TOKENS} tokens; "
+            f"use teacher.max_sequence_length={TEXT_TOKENS}"
+        )
+    if spec is not None:
+        data_sources.check_layout(cfg.data, spec.layout, str(cfg.teacher.name))
 
 
 def choose_placement(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from wandistiller.core.arch import KNOWN_TEACHERS, TINY_TRANSFORMER
+from wandistiller.core.arch import KNOWN_TEACHERS
 from wandistiller.core.errors import human_count, rate
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.placements.memory import (
@@ -33,6 +33,7 @@ from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepT
 from wandistiller.student.model import student_config
 from wandistiller.teacher.lora import TARGETS
 from wandistiller.teacher.spec import builtin_teacher, read_json
+from wandistiller.teacher.tiny import BUILTINS, tiny_transformer
 
 
 def plan(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[Estimate]:
@@ -195,7 +196,8 @@ def planning_teacher_config(teacher_cfg, cache_dir) -> tuple[dict, int] | None:
         return config, experts
     builtin = builtin_teacher(teacher_cfg, cache_dir)
     if builtin is not None:
-        return dict(TINY_TRANSFORMER), 2 if builtin == "tiny_moe" else 1
+        built = BUILTINS[builtin]
+        return tiny_transformer(**built), 2 if built.get("two_experts") else 1
     return KNOWN_TEACHERS.get(str(teacher_cfg.path))
 
 

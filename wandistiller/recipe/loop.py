@@ -81,7 +81,7 @@ def distill_step(run: Run, step: int, micro: int, batch: Batch, clock: Clock | N
     teacher_span = (start, clock.mark())
     dtype = run.precision.autocast_dtype
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
-        pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond)
+        pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond, batch.image)
     hidden = tuple(teacher_hidden) if teacher_hidden is not None else None  # one per layer
     parts = loss_fn(LossInputs(pred, student_hidden, target, hidden, batch.x0, batch.noise, batch.t))
     return total(parts), logged(parts), teacher_span

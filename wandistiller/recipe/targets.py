@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from wandistiller.core.distributed import Served
 from wandistiller.data.batches import Batch
+from wandistiller.teacher.image import ImageCondition
 from wandistiller.teacher.model import Teacher
 
 # (step, micro, dp_rank) -> that rank's batch
@@ -49,7 +50,7 @@ class LocalTargets:
         self.teacher = teacher
 
     def get(self, step: int, micro: int, batch: Batch, layers: tuple[int, ...]):
-        return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers)
+        return self.teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers, batch.image)
 
     def copy_ms(self) -> float | None:
         return self.teacher.copy_ms()
@@ -81,7 +82,9 @@ class WholeStepTargets(LocalTargets):
             x_t, t, cond, uncond = (
                 torch.cat([getattr(b, k).to(batch.x_t.device) for b in batches]) for k in ("x_t", "t", "cond", "uncond")
             )
-            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, layers)
+            image = ImageCondition.cat([b.image for b in batches])
+            image = None if image is None else image.to(batch.x_t.device)
+            self.target, self.hidden = self.teacher.targets(x_t, t, cond, uncond, layers, image)
             self.step, self.rows = step, len(batch.t)
         assert self.target is not None  # computed on this step's first micro-batch
         rows = slice(micro * self.rows, (micro + 1) * self.rows)
@@ -174,7 +177,7 @@ def receive_inputs(src: int, transfer: torch.device, text: TextFn) -> Batch:
 
 
 def _send(teacher: Teacher, batch: Batch, dst: int, layers: tuple[int, ...], transfer: torch.device) -> list:
-    target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers)
+    target, hidden = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, layers, batch.image)
     sent = [target]
     if layers:
         assert hidden is not None, "the teacher returns hidden states for the layers asked"

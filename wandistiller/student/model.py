@@ -20,6 +20,7 @@ from wandistiller.core.arch import (
     PRUNED_STUDENTS,
     STUDENT_BUILDERS,
     TEACHER_SHAPED_STUDENTS,
+    Layout,
     estimate_params,
     wan_config_problem,
 )
@@ -27,6 +28,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.student import lora, prune
 from wandistiller.teacher.finetune import patch_of
+from wandistiller.teacher.image import ImageCondition, expert_inputs
 from wandistiller.teacher.model import capture_blocks
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -43,6 +45,9 @@ INHERITED = (
     "cross_attn_norm",
     "eps",
     "rope_max_seq_len",
+    # Wan 2.1 I2V: the width of the CLIP image tokens every block attends to (the teacher's image encoder's).
+    "image_dim",
+    "pos_embed_seq_len",
 )
 # Keys that must equal the teacher's for the student to consume the same inputs and predict the same target.
 MUST_MATCH = ("patch_size", "in_channels", "out_channels", "text_dim")
@@ -78,6 +83,11 @@ def student_config(student_cfg, teacher: dict) -> dict:
         )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
+    heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    width = heads * head_dim if isinstance(heads, int) and isinstance(head_dim, int) else None
+    if config.get("image_dim") is not None and "added_kv_proj_dim" not in own and width is not None:
+        # The image tokens are embedded to the blocks' width, then projected to keys and values of that width.
+        config["added_kv_proj_dim"] = width
     problem = wan_config_problem(config)
     if problem:
         raise UserError(f"{source}: {problem}")
@@ -89,9 +99,15 @@ def student_config(student_cfg, teacher: dict) -> dict:
                 f"set it to {theirs} (or drop it to inherit the teacher's)"
             )
     if config.get("image_dim") != teacher.get("image_dim"):
+        why = "(a text-to-video teacher gives no image tokens)" if teacher.get("image_dim") is None else "(its CLIP's)"
         raise UserError(
             f"{source}: image_dim={config.get('image_dim')} but the teacher has image_dim={teacher.get('image_dim')} "
-            "(a text-to-image student takes no image input); drop image_dim"
+            f"{why}; drop image_dim to inherit the teacher's"
+        )
+    if config.get("image_dim") is not None and width is not None and config.get("added_kv_proj_dim") != width:
+        raise UserError(
+            f"{source}: added_kv_proj_dim={config.get('added_kv_proj_dim')} but the student's blocks are {width} "
+            "wide, the width its image tokens are embedded to; drop added_kv_proj_dim (it follows the width)"
         )
     from diffusers import WanTransformer3DModel
 
@@ -248,6 +264,8 @@ class Student(nn.Module):
     """
 
     pruning: dict  # set when cut from the teacher or a folder (prune.prune_into): what was kept and why
+    # What it takes besides noise and text: its teacher's (build_student), text alone where none was said.
+    layout: Layout = Layout.t2v
 
     def __init__(self, transformer: nn.Module, teacher_width: int | None = None, hidden_layers: tuple[int, ...] = ()):
         super().__init__()
@@ -276,11 +294,15 @@ class Student(nn.Module):
         self.hidden_proj = nn.ModuleList(projections)
 
     def forward(
-        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, image: ImageCondition | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Velocity (and matched blocks' hidden states); the student of an image-to-video teacher takes `image` as
+        the teacher does (teacher/image.py: the same layout, its inputs built the same way)."""
         layers = self.hidden_layers if self.hidden_proj is not None else ()
+        config: Any = self.transformer.config
+        inputs = expert_inputs(self.layout, config.patch_size, x_t, t, image, x_t.dtype)
         with capture_blocks(self.transformer, layers) as captured:
-            pred = self.transformer(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+            pred = self.transformer(**inputs, encoder_hidden_states=cond, return_dict=False)[0]
         if not layers:
             return pred, None
         assert self.hidden_proj is not None  # layers are matched only with projections
@@ -331,6 +353,7 @@ def build_student(
     transformer = WanTransformer3DModel.from_config(config)
     teacher_width = spec.transformer_config["num_attention_heads"] * spec.transformer_config["attention_head_dim"]
     student = Student(transformer, teacher_width, hidden_layers)
+    student.layout = spec.layout
     source = init_source(student_cfg, spec.transformer_config)
     patch: prune.Patch = ()
     if source is None and starts_from_teacher(student_cfg, config, spec.transformer_config):

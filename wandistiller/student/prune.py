@@ -351,12 +351,20 @@ OUTER_SLICES = {
     r"proj_out\.weight": (None, "res"),
     r"proj_out\.bias": (None,),
     r"scale_shift_table": (None, None, "res"),
+    # Wan 2.1 I2V's image tokens: CLIP-wide in (kept whole), embedded to the residual width.
+    r"condition_embedder\.image_embedder\.(norm1|ff\.net\.0\.proj)\.(weight|bias)": (None,),
+    r"condition_embedder\.image_embedder\.ff\.net\.2\.weight": ("res", None),
+    r"condition_embedder\.image_embedder\.(ff\.net\.2\.bias|norm2\.(weight|bias))": ("res",),
 }
 BLOCK_SLICES = {
     r"scale_shift_table": (None, None, "res"),
     r"attn[12]\.to_[qkv]\.weight": ("inner", "res"),
     r"attn[12]\.to_[qkv]\.bias": ("inner",),
     r"attn[12]\.norm_[qk]\.weight": ("inner",),
+    # The image tokens' keys and values (Wan 2.1 I2V), cut as the text's.
+    r"attn2\.add_[kv]_proj\.weight": ("inner", "res"),
+    r"attn2\.add_[kv]_proj\.bias": ("inner",),
+    r"attn2\.norm_added_k\.weight": ("inner",),
     r"attn[12]\.to_out\.0\.weight": ("res", "inner"),
     r"attn[12]\.to_out\.0\.bias": ("res",),
     r"norm2\.(weight|bias)": ("res",),
@@ -370,7 +378,7 @@ BLOCK_SLICES = {
 def _slice(key: str, tensor: torch.Tensor, table: dict, index: dict) -> torch.Tensor:
     spaces = next((s for pattern, s in table.items() if re.fullmatch(pattern, key)), None)
     if spaces is None:
-        raise UserError(f"{key}: a tensor a pruning cannot cut (only text-to-video Wan transformers are cut)")
+        raise UserError(f"{key}: a tensor a pruning cannot cut (a Wan transformer of a kind this version does not cut)")
     for dim, space in enumerate(spaces):
         if space is not None:
             tensor = tensor.index_select(dim, index[space])

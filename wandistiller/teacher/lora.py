@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wandistiller.teacher.fp8 import Fp8Linear
+from wandistiller.teacher.image import ImageCondition, expert_inputs
 
 if TYPE_CHECKING:
     from wandistiller.teacher.model import Teacher
@@ -215,27 +216,32 @@ class AdaptedTeacher(nn.Module):
         )
         self.teacher = (teacher,)  # a tuple: not a submodule, so neither trained, moved nor saved with the adapters
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def forward(
+        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, image: ImageCondition | None = None
+    ) -> tuple[torch.Tensor, None]:
+        """The adapted experts' velocity; an image-to-video teacher's take `image` as the teacher's own do."""
         teacher = self.teacher[0]
-        x_t, cond = x_t.to(teacher.dtype), cond.to(teacher.dtype)
+        cond = cond.to(teacher.dtype)
         if len(teacher.experts) == 1:
-            return self._expert(0, x_t, t, cond), None
+            return self._expert(0, x_t, t, cond, image), None
         which, out = teacher.expert_index(t), None
         for i in range(len(teacher.experts)):
             rows = (which == i).nonzero().flatten()
             if rows.numel():
-                pred = self._expert(i, x_t[rows], t[rows], cond[rows])
+                pred = self._expert(i, x_t[rows], t[rows], cond[rows], None if image is None else image.select(rows))
                 out = pred.new_empty((x_t.shape[0], *pred.shape[1:])) if out is None else out
                 out[rows] = pred  # autograd follows the rows into `out`
         assert out is not None  # every sample has an expert
         return out, None
 
-    def _expert(self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def _expert(
+        self, i: int, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, image: ImageCondition | None
+    ) -> torch.Tensor:
         """Expert i with its adapters on (gradient through its frozen weights to them)."""
+        teacher = self.teacher[0]
+        inputs = expert_inputs(teacher.spec.layout, teacher.patch, x_t, t, image, teacher.dtype)
         with cast(Adapters, self.adapters[i]).active():
-            return self.teacher[0].experts[i](
-                hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False
-            )[0]
+            return teacher.experts[i](**inputs, encoder_hidden_states=cond, return_dict=False)[0]
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from wandistiller.teacher.finetune import apply as apply_loras
+from wandistiller.teacher.image import TEXT_TOKENS, ImageCondition, doubled, expert_inputs
 from wandistiller.teacher.spec import TeacherSpec, loading
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ class Teacher:
         # Sharded experts' forwards are collectives: every rank runs every expert, even without samples for it.
         self.collective = False
         self.streamers: list = []  # set by the streaming placements (offload, disk)
+        self.patch = spec.transformer_config.get("patch_size") or (1, 2, 2)
 
     def copy_ms(self) -> float | None:
         """Time spent streaming weights since the last call; None for a teacher that does not stream."""
@@ -133,12 +135,25 @@ class Teacher:
 
     @torch.no_grad()
     def targets(
-        self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor, layers: tuple[int, ...] = ()
+        self,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        cond: torch.Tensor,
+        uncond: torch.Tensor,
+        layers: tuple[int, ...] = (),
+        image: ImageCondition | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Guided velocity (float32, on the teacher's device) and, for `layers` (block indices), the cond hidden
-        states after those blocks from the same forward, stacked: (len(layers), batch, tokens, width)."""
-        x_t, t = x_t.to(self.device, self.dtype), t.to(self.device)
+        states after those blocks from the same forward, stacked: (len(layers), batch, tokens, width).
+
+        An image-to-video teacher takes `image` (teacher/image.py), fed as its own pipeline feeds it; cond and
+        uncond share it, as they do in the pipeline."""
+        # Latents stay float32 until combined with the image's (TI2V mixes them in float32, then casts, as its
+        # pipeline does); a text-to-video teacher casts them at once.
+        x_t, t = x_t.to(self.device, torch.float32), t.to(self.device)
         cond, uncond = cond.to(self.device, self.dtype), uncond.to(self.device, self.dtype)
+        if image is not None and image.embeds is not None and cond.shape[1] != TEXT_TOKENS:
+            raise ValueError(f"image tokens need text padded to {TEXT_TOKENS} tokens (diffusers splits them so)")
         which = self.expert_index(t)
         out = torch.empty(x_t.shape, dtype=torch.float32, device=self.device)
         hidden = None
@@ -148,19 +163,18 @@ class Teacher:
             count = len(t) if isinstance(rows, slice) else rows.numel()  # a slice: one expert
             if count == 0:
                 if self.collective:  # keep step with the other ranks: one sample's forward, thrown away
-                    expert(hidden_states=x_t[:1], timestep=t[:1], encoder_hidden_states=cond[:1], return_dict=False)
+                    first = None if image is None else image.select(slice(0, 1))
+                    inputs = expert_inputs(self.spec.layout, self.patch, x_t[:1], t[:1], first, self.dtype)
+                    expert(**inputs, encoder_hidden_states=cond[:1], return_dict=False)
                 continue
             if count < len(t):  # group the samples each expert serves, as one batch per expert
                 xs, ts, cs, us = x_t[rows], t[rows], cond[rows], uncond[rows]
+                served = None if image is None else image.select(rows)
             else:
-                xs, ts, cs, us = x_t, t, cond, uncond
+                xs, ts, cs, us, served = x_t, t, cond, uncond, image
+            inputs = doubled(expert_inputs(self.spec.layout, self.patch, xs, ts, served, self.dtype))
             with capture_blocks(expert, layers) as captured:
-                pred = expert(
-                    hidden_states=torch.cat([xs, xs]),
-                    timestep=torch.cat([ts, ts]),
-                    encoder_hidden_states=torch.cat([cs, us]),
-                    return_dict=False,
-                )[0]
+                pred = expert(**inputs, encoder_hidden_states=torch.cat([cs, us]), return_dict=False)[0]
             # (to this device: a model spread over GPUs returns from its last one)
             pred_cond, pred_uncond = pred.to(self.device, torch.float32).chunk(2)
             out[rows] = pred_uncond + scale * (pred_cond - pred_uncond)

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from wandistiller.core.arch import json_kind, wan_config_problem
+from wandistiller.core.arch import Layout, json_kind, wan_config_problem
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.files import safetensors_problem
-from wandistiller.teacher.tiny import ensure_tiny_teacher
+from wandistiller.teacher.tiny import BUILTINS, ensure_tiny_teacher
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -40,6 +40,17 @@ class TeacherSpec:
     num_train_timesteps: int
     # teacher.lora, checked (teacher/finetune.py's TeacherLora): merged into the experts wherever they load.
     loras: tuple = ()
+    # What the experts take besides noise and text, read off the folder's configs (`folder_layout`).
+    layout: Layout = Layout.t2v
+    # Wan 2.1 I2V's CLIP vision tower (image_encoder/ + image_processor/): its image tokens feed every block.
+    image_encoder: bool = False
+
+    @property
+    def latent_channels(self) -> int:
+        """The channels of the latents the experts denoise (16, or TI2V's 48): their output, not their input
+        (an I2V expert's 36 are these, a mask and the image's latents)."""
+        c = self.transformer_config
+        return int(c.get("out_channels") or c["in_channels"])
 
     @property
     def boundary_timestep(self) -> float | None:
@@ -47,8 +58,8 @@ class TeacherSpec:
 
 
 def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
-    """The embedded teacher to build ("tiny", "tiny_moe"), or None. `teacher.builtin` applies only to a path
-    in the cache's teachers/ folder: a folder of the user's is never written into, whatever builtin says."""
+    """The embedded teacher to build (a name in teacher/tiny.py's BUILTINS), or None. `teacher.builtin` applies only
+    to a path in the cache's teachers/ folder: a folder of the user's is never written into, whatever builtin says."""
     if teacher_cfg.builtin is None:
         return None
     path, teachers = Path(str(teacher_cfg.path)).expanduser(), Path(str(cache_dir)).expanduser() / "teachers"
@@ -64,7 +75,7 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
 
     builtin = builtin_teacher(teacher_cfg, cache_dir)
     if builtin is not None:
-        return ensure_tiny_teacher(teacher_cfg.path, two_experts=builtin == "tiny_moe")
+        return ensure_tiny_teacher(teacher_cfg.path, **BUILTINS[builtin])
     path = Path(teacher_cfg.path).expanduser()
     key = f"teacher.path={teacher_cfg.path!r}"
     if path.is_dir():
@@ -175,11 +186,19 @@ COMPONENTS = {
 }
 
 
+# Components only some folders have (Wan 2.1 I2V's CLIP vision tower): checked as COMPONENTS where named.
+IMAGE_COMPONENTS = {
+    "image_encoder": ("transformers", "PreTrainedModel"),
+    "image_processor": ("transformers", "ImageProcessingMixin"),
+}
+
+
 def _check_components(path: Path, index: dict, key: str) -> None:
     """Every other component is named with a real class of its kind, and its files are there and parse:
     a missing, garbage or bogus one is one line now, not a library traceback when it loads."""
 
-    for name, (library, base) in COMPONENTS.items():
+    named = {name: kind for name, kind in IMAGE_COMPONENTS.items() if _component(index, name, key)}
+    for name, (library, base) in (COMPONENTS | named).items():
         entry = _component(index, name, key)
         found = getattr(importlib.import_module(library), entry, None) if isinstance(entry, str) else None
         if index.get(name, [None])[0] != library or not (isinstance(found, type) and _is_a(found, library, base)):
@@ -190,6 +209,11 @@ def _check_components(path: Path, index: dict, key: str) -> None:
     for config in ("text_encoder/config.json", "vae/config.json", "tokenizer/tokenizer_config.json"):
         _read_json(path / config, key)
     _require_safetensors(path / "vae", key)
+    if "image_encoder" in named:
+        _read_json(path / "image_encoder" / "config.json", key)
+        _require_safetensors(path / "image_encoder", key)
+    if "image_processor" in named:
+        _read_json(path / "image_processor" / "preprocessor_config.json", key)
     tokenizer = path / "tokenizer"
     if (tokenizer / "tokenizer.json").is_file():
         _read_json(tokenizer / "tokenizer.json", key)
@@ -215,8 +239,41 @@ def _schedule(path: Path, key: str) -> tuple[float, int]:
     return float(shift), steps
 
 
+def folder_layout(path: Path, index: dict, config: dict, key: str) -> Layout:
+    """What the experts take besides noise and text, from the configs alone (never the folder's name), as the
+    model's own pipeline decides it: model_index.json's expand_timesteps is TI2V 5B's first-frame replacement
+    (WanPipeline / WanImageToVideoPipeline read it so); an expert taking more channels than it returns takes a
+    mask and the image's latents beside the noise (WanImageToVideoPipeline's concatenation: 4 mask channels, one
+    per frame the VAE folds into a latent frame, then the VAE's latent channels)."""
+    vae = _read_json(path / "vae" / "config.json", key)
+    z, folded = vae.get("z_dim", 16), vae.get("scale_factor_temporal", 4)
+    given, made = config["in_channels"], config.get("out_channels") or config["in_channels"]
+    where = f"{key}: transformer/config.json's in_channels={given}, out_channels={made} and vae/config.json's z_dim={z}"
+    if index.get("expand_timesteps") is True:
+        if given == made == z:
+            return Layout.ti2v
+        raise UserError(f"{where} do not agree with expand_timesteps (TI2V: all three equal); re-download the teacher")
+    if given == made == z:
+        layout = Layout.t2v
+    elif made == z and given == made + folded + z:
+        layout = Layout.i2v
+    else:
+        raise UserError(
+            f"{where} are neither text-to-video's (all equal) nor image-to-video's (in = out + {folded} mask "
+            f"channels + z_dim); re-download the teacher"
+        )
+    if config.get("image_dim") is not None and not (
+        _component(index, "image_encoder", key) and _component(index, "image_processor", key)
+    ):
+        raise UserError(
+            f"{key}: transformer/config.json's image_dim={config['image_dim']} wants CLIP image tokens, but "
+            "model_index.json names no image_encoder and image_processor; re-download the teacher"
+        )
+    return layout
+
+
 def inspect_teacher(path: Path) -> TeacherSpec:
-    """Check that `path` is a Wan text-to-video diffusers folder and read its shape, without weights."""
+    """Check that `path` is a Wan text- or image-to-video diffusers folder and read its shape, without weights."""
     key = f"teacher.path={str(path)!r}"
     if not path.is_dir():
         raise UserError(f"{key} is not a folder")
@@ -225,7 +282,7 @@ def inspect_teacher(path: Path) -> TeacherSpec:
     if not experts or _component(index, "transformer", key) != "WanTransformer3DModel":
         raise UserError(
             f"{key} is a {index.get('_class_name', 'unknown')} folder without a WanTransformer3DModel 'transformer'; "
-            "point it at a Wan T2V diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
+            "point it at a Wan diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
         )
     for name in experts + ("text_encoder",):
         _require_safetensors(path / name, key)
@@ -244,6 +301,7 @@ def inspect_teacher(path: Path) -> TeacherSpec:
             "set it to a number in (0, 1) (Wan 2.2: 0.875)"
         )
     flow_shift, num_train_timesteps = _schedule(path, key)
+    layout = folder_layout(path, index, config, key)
     return TeacherSpec(
         path=path,
         experts=experts,
@@ -251,6 +309,8 @@ def inspect_teacher(path: Path) -> TeacherSpec:
         boundary_ratio=boundary_ratio if len(experts) == 2 else None,
         flow_shift=flow_shift,
         num_train_timesteps=num_train_timesteps,
+        layout=layout,
+        image_encoder=config.get("image_dim") is not None,
     )
 
 

@@ -20,7 +20,19 @@ from safetensors import SafetensorError
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from wandistiller.core import leftovers
-from wandistiller.core.arch import TINY_MOE_BOUNDARY_RATIO, TINY_TEXT_ENCODER, TINY_TRANSFORMER, TINY_VAE
+from wandistiller.core.arch import (
+    TINY_I2V_MOE_BOUNDARY_RATIO,
+    TINY_I2V_MOE_TRANSFORMER,
+    TINY_I2V_TRANSFORMER,
+    TINY_IMAGE_ENCODER,
+    TINY_MOE_BOUNDARY_RATIO,
+    TINY_TEXT_ENCODER,
+    TINY_TI2V_TRANSFORMER,
+    TINY_TRANSFORMER,
+    TINY_VAE,
+    TINY_VAE_22,
+    Layout,
+)
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import DEFAULT_PROMPTS
 from wandistiller.core.precision import cast_keeping_fp32
@@ -41,12 +53,33 @@ def _build_tokenizer():
     )
 
 
-def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | None = None):
+# The embedded teachers (teacher.builtin): how each is built, and the shape the planner reads before it is.
+# tiny_i2v is Wan 2.1 I2V's layout, tiny_i2v_moe Wan 2.2 I2V A14B's, tiny_ti2v Wan 2.2 TI2V 5B's.
+BUILTINS: dict[str, dict] = {
+    "tiny": dict(),
+    "tiny_moe": dict(two_experts=True),
+    "tiny_i2v": dict(layout=Layout.i2v),
+    "tiny_i2v_moe": dict(two_experts=True, layout=Layout.i2v),
+    "tiny_ti2v": dict(layout=Layout.ti2v),
+}
+
+
+def tiny_transformer(two_experts: bool = False, layout: Layout = Layout.t2v) -> dict:
+    """The transformer config of the embedded teacher built with these arguments."""
+    if layout == Layout.i2v:
+        return dict(TINY_I2V_MOE_TRANSFORMER if two_experts else TINY_I2V_TRANSFORMER)
+    return dict(TINY_TI2V_TRANSFORMER if layout == Layout.ti2v else TINY_TRANSFORMER)
+
+
+def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | None = None, layout: Layout = Layout.t2v):
     """A WanPipeline with tiny random components (seeded). Two experts mirror Wan 2.2 A14B.
 
     `transformer_config` overrides the transformer's (benchmarks: a real-shaped Wan, its weights stored in
     bf16); the text encoder is then as wide as its `text_dim` (4096 for Wan), every other component tiny.
+    An image-to-video `layout` builds the pipeline the Hub's folders of that layout name (`tiny_i2v_pipeline`).
     """
+    if layout != Layout.t2v:
+        return tiny_i2v_pipeline(two_experts, layout)
     config = TINY_TRANSFORMER | (transformer_config or {})
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -79,8 +112,64 @@ def build_tiny_pipeline(two_experts: bool = False, transformer_config: dict | No
     )
 
 
+def tiny_i2v_pipeline(two_experts: bool, layout: Layout):
+    """A tiny random-weight twin of an image-to-video Wan folder, as the Hub's folders of that layout are made:
+
+    - Wan 2.1 I2V (`i2v`, one expert): a WanImageToVideoPipeline whose transformer takes 36 channels and attends to
+      a CLIP vision tower's image tokens (image_encoder, image_processor);
+    - Wan 2.2 I2V A14B (`i2v`, two experts): the same pipeline without an image encoder, experts split at t = 900;
+    - Wan 2.2 TI2V 5B (`ti2v`): a WanPipeline with expand_timesteps over a 48-channel Wan 2.2 VAE (its model_index
+      names WanPipeline; WanImageToVideoPipeline loads the same folder to take an image).
+    Seeded as `build_tiny_pipeline`: the text encoder and tokenizer are the tiny T2V teacher's.
+    """
+    from diffusers import (
+        AutoencoderKLWan,
+        UniPCMultistepScheduler,
+        WanImageToVideoPipeline,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
+
+    config = tiny_transformer(two_experts, layout)
+    tokenizer = _build_tokenizer()
+    torch.manual_seed(0)
+    text_config = TINY_TEXT_ENCODER | {"d_model": config["text_dim"]}
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **text_config)).eval()
+    torch.manual_seed(1)
+    vae = AutoencoderKLWan(**(TINY_VAE_22 if layout == Layout.ti2v else TINY_VAE)).eval()
+    torch.manual_seed(2)
+    transformer = WanTransformer3DModel(**config).eval()
+    transformer_2 = None
+    if two_experts:
+        torch.manual_seed(3)
+        transformer_2 = WanTransformer3DModel(**config).eval()
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
+    )
+    common = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
+    if layout == Layout.ti2v:
+        return WanPipeline(**common, expand_timesteps=True)
+    image_encoder = image_processor = None
+    if config.get("image_dim") is not None:
+        torch.manual_seed(4)
+        image_encoder = CLIPVisionModel(CLIPVisionConfig(**TINY_IMAGE_ENCODER)).eval()
+        side = TINY_IMAGE_ENCODER["image_size"]
+        image_processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return WanImageToVideoPipeline(
+        **common,
+        image_encoder=image_encoder,
+        image_processor=image_processor,
+        transformer_2=transformer_2,
+        boundary_ratio=TINY_I2V_MOE_BOUNDARY_RATIO if two_experts else None,
+    )
+
+
 def ensure_tiny_teacher(
-    path: str | os.PathLike, two_experts: bool = False, transformer_config: dict | None = None
+    path: str | os.PathLike,
+    two_experts: bool = False,
+    transformer_config: dict | None = None,
+    layout: Layout = Layout.t2v,
 ) -> Path:
     """Create the tiny teacher folder at `path` unless it is already there; return the path.
 
@@ -106,7 +195,7 @@ def ensure_tiny_teacher(
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
     try:
-        build_tiny_pipeline(two_experts, transformer_config).save_pretrained(tmp, safe_serialization=True)
+        build_tiny_pipeline(two_experts, transformer_config, layout).save_pretrained(tmp, safe_serialization=True)
         try:
             tmp.rename(path)
         except OSError:  # another process finished first; theirs is identical

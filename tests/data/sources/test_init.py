@@ -70,3 +70,29 @@ def test_a_new_source_is_one_class_the_registry_finds(monkeypatch):
     data = OmegaConf.create({"latents": "noise", "noise_scale": -1.0})
     checks = {k: (ok, what) for k, _, ok, what in sources.range_checks(data)}
     assert not checks["data.noise_scale"][0](-1.0) and checks["data.noise_scale"][1] == "positive"
+
+
+def test_an_image_to_video_teacher_on_prompts_alone_is_one_line_and_nothing_is_written(make_cfg, tmp_path):
+    with pytest.raises(UserError) as e:
+        run(make_cfg("teacher=tiny_i2v_moe", run_dir=tmp_path / "r"))
+    assert str(e.value).startswith("data.latents=gaussian gives prompts alone, but teacher=tiny_i2v_moe is image-to")
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
+def test_a_text_to_video_teacher_on_image_prompt_pairs_is_one_line_and_nothing_is_written(
+    make_cfg, tmp_path, monkeypatch
+):
+    # No source gives (image, prompt) pairs yet: the default one is made to, for this test.
+    monkeypatch.setattr(sources.sources()["gaussian"], "gives_images", True)
+    with pytest.raises(UserError) as e:
+        run(make_cfg("teacher=tiny", run_dir=tmp_path / "r"))
+    assert str(e.value).startswith("data.latents=gaussian gives (image, prompt) pairs, but teacher=tiny is text-to")
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+    monkeypatch.setattr(sources.sources()["gaussian"], "gives_images", False)
+    with pytest.raises(UserError, match="data.latents=gaussian gives prompts alone.* gives .image, prompt. pairs yet"):
+        run(make_cfg("teacher=tiny_i2v", run_dir=tmp_path / "r"))  # Wan 2.1's layout, its student's image tokens
+
+
+def test_ti2v_without_images_trains_on_prompts_as_a_text_to_video_teacher(make_cfg, tmp_path):
+    summary = run(make_cfg("teacher=tiny_ti2v", "trainer.max_steps=2", "data.latent_height=4", "data.latent_width=4"))
+    assert summary is not None and (tmp_path / "run" / "student").is_dir()

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from wandistiller.core.arch import Layout
+from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Registry
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made
@@ -49,6 +51,30 @@ def check(data_cfg, vae_config: dict | None = None) -> None:
     source_of(data_cfg).check(data_cfg)
     if vae_config is not None:
         source_of(data_cfg).check_with_teacher(data_cfg, vae_config)
+
+
+def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
+    """An image-to-video teacher trained on prompts alone, or a text-to-video one on (image, prompt) pairs: refused
+    in one line before anything is written (else the first teacher call fails inside a worker, or the images are
+    silently dropped). TI2V 5B takes either: without an image it is a text-to-video model."""
+    source = source_of(data_cfg)
+    key = f"data.latents={source.name}"
+    if layout == Layout.i2v and not source.gives_images:
+        pairs = sorted(name for name, cls in sources().items() if cls.gives_images)
+        fix = (
+            f"use a source of (image, prompt) pairs (data.latents={' or '.join(pairs)})"
+            if pairs
+            else "no data source of this version gives (image, prompt) pairs yet; distil a text-to-video teacher"
+        )
+        raise UserError(
+            f"{key} gives prompts alone, but teacher={teacher_name} is image-to-video: its experts take an image "
+            f"beside each prompt; {fix}"
+        )
+    if layout == Layout.t2v and source.gives_images:
+        raise UserError(
+            f"{key} gives (image, prompt) pairs, but teacher={teacher_name} is text-to-video and takes no image; "
+            "use an image-to-video teacher (Wan 2.1 I2V, Wan 2.2 I2V A14B or TI2V 5B), or a source of prompts"
+        )
 
 
 def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:

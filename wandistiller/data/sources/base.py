@@ -5,6 +5,7 @@ registry (`__init__.py`) finds it, stores its schema for `conf/data/*.yaml` to n
 and adds its value checks to preflight. So a new source is that module plus a YAML in `conf/data/`, and no other edit:
 
     name           its `data.latents` value
+    gives_images   whether its samples come with the image an image-to-video teacher is conditioned on
     schema         `DataCommon` + the `data.*` keys it adds (typed, with defaults), `latents` its own name alone
     ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
     check(data)    refuse what only it can see (its files), before the run folder is claimed
@@ -55,6 +56,9 @@ class DataSource:
     description: ClassVar[str] = ""  # the data in words, for the model card
     # Whether its x0 are the teacher's own samples, made with its whole sampler before training (hours at scale).
     samples_teacher: ClassVar[bool] = False
+    # Whether each sample comes with the image an image-to-video teacher is conditioned on ((image, prompt) pairs);
+    # a text-to-video teacher takes none, an I2V one needs one (TI2V 5B takes either: check_layout).
+    gives_images: ClassVar[bool] = False
     ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod
