@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from wandistiller.bench.lora_overhead import hand_adapted, lora_overhead
+from wandistiller.bench.lora_overhead import hand_models, lora_overhead
 from wandistiller.teacher.lora import Adapters
 
 
@@ -20,20 +20,23 @@ def test_the_hand_written_adapted_model_predicts_what_the_adapted_teacher_does(t
     with torch.no_grad():
         for p in adapters.up.values():  # B off zero: the adapters change the output
             p.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
-    adapted, params = hand_adapted(expert, adapters)
+    plain, adapted, params = hand_models(expert, adapters)
     assert len(params) == 2 * len(adapters.layers) and all(p.requires_grad for p in params)
     # The frozen weights are the expert's own tensors, not a copy: both sides read the same memory.
     assert {id(p) for p in adapted.parameters()} - {id(p) for p in params} == {id(p) for p in expert.parameters()}
+    assert {id(p) for p in plain.parameters()} == {id(p) for p in expert.parameters()}
+    # and neither carries the framework's hooks: the hand-written side pays for none
+    assert not any(m._forward_hooks for m in [*plain.modules(), *adapted.modules()])
     g = torch.Generator().manual_seed(0)
     x, t = torch.randn(1, 16, 1, 4, 4, generator=g), torch.tensor([500.0])
     text = torch.randn(1, 8, expert.config.text_dim, generator=g)
     kwargs = {"hidden_states": x, "timestep": t, "encoder_hidden_states": text, "return_dict": False}
     with torch.no_grad():
-        plain = expert(**kwargs)[0]
+        plain_out = expert(**kwargs)[0]
         with adapters.active():
             hooked = expert(**kwargs)[0]
-        hand = adapted(**kwargs)[0]
-    assert torch.equal(hand, hooked) and not torch.equal(hand, plain)
+        hand, hand_plain = adapted(**kwargs)[0], plain(**kwargs)[0]
+    assert torch.equal(hand, hooked) and torch.equal(hand_plain, plain_out) and not torch.equal(hand, plain_out)
 
 
 def test_the_bench_checks_both_first_steps_agree_then_reports_the_ratio(cache_dir, tiny_path, capsys):

@@ -47,25 +47,33 @@ class HandLoRALinear(nn.Module):
         return self.base(x) + self.scale * F.linear(F.linear(x, self.down), self.up)
 
 
-def hand_adapted(expert: nn.Module, adapters: Adapters) -> tuple[nn.Module, list[nn.Parameter]]:
-    """A copy of `expert` whose adapted Linears are HandLoRALinear with `adapters`' current A and B, and those
-    parameters (in `adapters`' order). The frozen weights are the expert's own tensors (the memo), so both sides
-    read the same memory and the hand-written one holds no second teacher."""
-    model = copy.deepcopy(expert, memo={id(p): p for p in expert.parameters()})
+def hand_models(expert: nn.Module, adapters: Adapters) -> tuple[nn.Module, nn.Module, list[nn.Parameter]]:
+    """What a hand-written script holds: the plain teacher (its targets) and an adapted one whose adapted Linears
+    are HandLoRALinear with `adapters`' current A and B, and those parameters (in `adapters`' order). Both are
+    copies of `expert` that share its frozen tensors (the memo), so they read the same memory and hold no second
+    teacher, and neither carries the framework's adapter hooks (a script has none to pay for)."""
+    memo: dict[int, object] = {id(p): p for p in expert.parameters()}
+    plain = copy.deepcopy(expert, memo=memo | {id(adapters): adapters})
+    for module in plain.modules():  # Adapters' hooks: partials of its bound _adapt
+        hooks = module._forward_hooks
+        for handle in [h for h, fn in hooks.items() if isinstance(getattr(getattr(fn, "func", None), "__self__",
+                                                                               None), Adapters)]:  # fmt: skip
+            del hooks[handle]
+    adapted = copy.deepcopy(plain, memo=dict(memo))
     params: list[nn.Parameter] = []
     for key, name in adapters.layers.items():
         parent, child = name.rsplit(".", 1)
-        holder = model.get_submodule(parent)
+        holder = adapted.get_submodule(parent)
         layer = HandLoRALinear(getattr(holder, child), adapters.down[key], adapters.up[key], adapters.scale)
         setattr(holder, child, layer)
         params += [layer.down, layer.up]
-    return model, params
+    return plain, adapted, params
 
 
-def hand_loss(adapted, expert, guidance, x_t, t, cond, uncond) -> torch.Tensor:
+def hand_loss(adapted, plain, guidance, x_t, t, cond, uncond) -> torch.Tensor:
     """MSE of the adapted model's prediction to the guided target of the plain teacher (one cond+uncond call)."""
     with torch.no_grad():
-        pred = expert(
+        pred = plain(
             hidden_states=torch.cat([x_t, x_t]),
             timestep=torch.cat([t, t]),
             encoder_hidden_states=torch.cat([cond, uncond]),
@@ -77,11 +85,11 @@ def hand_loss(adapted, expert, guidance, x_t, t, cond, uncond) -> torch.Tensor:
     return F.mse_loss(out.float(), target)
 
 
-def hand_steps(cfg, teacher, embeddings, adapted, params, optimizer, steps: int) -> float:
+def hand_steps(cfg, teacher, embeddings, models, optimizer, steps: int) -> float:
     """Seconds per hand-written LoRA step, batches drawn inline as overhead.handwritten_steps draws them."""
     from diffusers.optimization import get_scheduler
 
-    expert, guidance, b = teacher.experts[0], teacher.guidance_scales[0], cfg.trainer.batch_size
+    (plain, adapted, params), guidance, b = models, teacher.guidance_scales[0], cfg.trainer.batch_size
     shape = (b, 16, cfg.data.latent_frames, cfg.data.latent_height, cfg.data.latent_width)
     scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=WARMUP, num_training_steps=steps)
     uncond = embeddings.negative_batch(b)
@@ -94,7 +102,7 @@ def hand_steps(cfg, teacher, embeddings, adapted, params, optimizer, steps: int)
         sigma = 3.0 * u / (1 + 2.0 * u)
         s = sigma.view(-1, 1, 1, 1, 1)
         x_t, t = (1 - s) * x0 + s * noise, sigma * 1000
-        loss = hand_loss(adapted, expert, guidance, x_t, t, cond, uncond)
+        loss = hand_loss(adapted, plain, guidance, x_t, t, cond, uncond)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
         optimizer.step()
@@ -112,11 +120,11 @@ def lora_student(cfg, spec, teacher):
     return build_lora_student(spec, torch.float32, teacher=teacher, rank=rank, alpha=alpha, layers=list(names))
 
 
-def first_step(cfg, spec, teacher, embeddings, student, precision, adapted, params) -> dict:
+def first_step(cfg, spec, teacher, embeddings, student, precision, models) -> dict:
     """One batch (the framework's step 0) through both: the losses and every adapter gradient, compared. B is
     set to the same small random values on both first (B starts at zero, so A's gradients would be zero on both
     and prove nothing), then put back, so the timed training starts from the shipped init."""
-    adapters = cast(Adapters, student.adapters[0])
+    (plain, adapted, params), adapters = models, cast(Adapters, student.adapters[0])
     g = torch.Generator().manual_seed(1)
     bumped = {k: 0.01 * torch.randn(adapters.up[k].shape, generator=g) for k in adapters.layers}
     saved = {k: adapters.up[k].detach().clone() for k in adapters.layers}
@@ -128,8 +136,7 @@ def first_step(cfg, spec, teacher, embeddings, student, precision, adapted, para
     batch = run.batch_fn(0, 0, 0)
     ours, _, _ = distill_step(run, 0, 0, batch)
     ours.backward()
-    theirs = hand_loss(adapted, teacher.experts[0], teacher.guidance_scales[0], batch.x_t, batch.t, batch.cond,
-                       batch.uncond)  # fmt: skip
+    theirs = hand_loss(adapted, plain, teacher.guidance_scales[0], batch.x_t, batch.t, batch.cond, batch.uncond)
     theirs.backward()
     framework_grads = [p.grad for key in adapters.layers for p in (adapters.down[key], adapters.up[key])]
     worst = max(float((a - cast(torch.Tensor, b.grad)).abs().max()) for a, b in zip(framework_grads, params))
@@ -147,15 +154,15 @@ def first_step(cfg, spec, teacher, embeddings, student, precision, adapted, para
 def lora_overhead(args) -> dict:
     cfg, spec, teacher, embeddings, _, precision = _setup(Path(args.cache_dir).expanduser(), args.batch_size)
     student = lora_student(cfg, spec, teacher)
-    adapted, params = hand_adapted(teacher.experts[0], cast(Adapters, student.adapters[0]))
-    check = first_step(cfg, spec, teacher, embeddings, student, precision, adapted, params)
-    optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=0.0)
+    models = hand_models(teacher.experts[0], cast(Adapters, student.adapters[0]))
+    check = first_step(cfg, spec, teacher, embeddings, student, precision, models)
+    optimizer = torch.optim.AdamW(models[2], lr=LR, betas=BETAS, weight_decay=0.0)
     framework_steps(cfg, spec, teacher, embeddings, student, precision, 5)  # warm-up both paths
-    hand_steps(cfg, teacher, embeddings, adapted, params, optimizer, 5)
+    hand_steps(cfg, teacher, embeddings, models, optimizer, 5)
     ours, theirs = [], []
     for _ in range(args.reps):  # interleaved, so drift hits both alike
         ours.append(framework_steps(cfg, spec, teacher, embeddings, student, precision, args.steps))
-        theirs.append(hand_steps(cfg, teacher, embeddings, adapted, params, optimizer, args.steps))
+        theirs.append(hand_steps(cfg, teacher, embeddings, models, optimizer, args.steps))
     adapters = cast(Adapters, student.adapters[0])
     result = {
         "benchmark": "overhead",
