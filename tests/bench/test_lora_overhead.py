@@ -46,5 +46,6 @@ def test_the_bench_checks_both_first_steps_agree_then_reports_the_ratio(cache_di
     assert check["grad_max_abs"] > 0 and check["grad_max_abs_diff"] <= 1e-6 * check["grad_max_abs"]
     assert (result["student"], result["method"], result["batch_size"]) == ("lora", "kd", 1)
     assert result["ratio"] == result["framework_ms_per_step"] / result["handwritten_ms_per_step"] > 0
+    assert result["cpu_ratio"] == result["framework_cpu_ms_per_step"] / result["handwritten_cpu_ms_per_step"] > 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("first step: loss") and out[-1] == f"ratio {result['ratio']:.3f}x (target <= 1.10x)"
