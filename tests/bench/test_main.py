@@ -67,3 +67,10 @@ def test_bench_flags_are_one_line_before_any_setup(argv, message):
 def test_a_cuda_bench_on_a_cpu_machine_is_one_line(bench):
     with pytest.raises(UserError, match="--device=cuda: this machine has no CUDA GPU"):
         check_args(parser().parse_args([bench, "--device", "cuda"]))
+
+
+def test_overhead_takes_the_lora_student_and_no_other():
+    assert parser().parse_args(["overhead", "--student", "lora"]).student == "lora"
+    assert parser().parse_args(["overhead"]).student is None  # the default: the KD loop's tiny student
+    with pytest.raises(SystemExit):  # argparse's one line, exit 2
+        parser().parse_args(["overhead", "--student", "half"])

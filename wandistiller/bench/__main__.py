@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import CACHE, gradcheck, job, load, out_path, overhead, plan, teacher
+from wandistiller.bench import CACHE, gradcheck, job, load, lora_overhead, out_path, overhead, plan, teacher
 from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.files import folder_problem
+from wandistiller.student.lora import BUILDER
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,6 +28,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--cache-dir", default=CACHE)
+    p.add_argument(
+        "--student",
+        choices=[BUILDER],
+        default=None,
+        help="lora: the LoRA student's step (student=lora method=kd) vs a hand-written LoRA step (use --batch-size 1)",
+    )
     p.add_argument("--out", default=out_path("overhead"))
     t = sub.add_parser("teacher", help="a streamed teacher forward vs the GPU-resident one (random weights)")
     t.add_argument("--arch", choices=sorted(ARCHS), default="14b")
@@ -64,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     if args.bench == "overhead":
-        bench = overhead.overhead
+        bench = lora_overhead.lora_overhead if args.student else overhead.overhead
     elif args.bench == "teacher":
         bench = teacher.teacher_bench
     elif args.bench == "load":

@@ -58,9 +58,17 @@ def _setup(cache_dir: Path, batch_size: int):
 
 def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: int) -> float:
     """Seconds per step of wandistiller's own loop (no checkpoints, no tracker, no progress bar)."""
+    trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
+    run = framework_run(cfg, spec, teacher, embeddings, student, precision, steps)
+    start = time.perf_counter()
+    train_loop(run, trainer, 0)
+    return (time.perf_counter() - start) / steps
+
+
+def framework_run(cfg, spec, teacher, embeddings, student, precision, steps: int) -> Run:
+    """What the loop drives: `student` trained on the teacher's guided targets (the default loss and method)."""
     from diffusers.optimization import get_scheduler
 
-    trainer = OmegaConf.merge(cfg.trainer, {"max_steps": steps, "checkpoint_every": 10**9, "progress_bar": False})
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     shape = (16, cfg.data.latent_frames, cfg.data.latent_height, cfg.data.latent_width)
     batch_fn = batch_source(BatchSettings(0, cfg.trainer.batch_size, shape, spec.flow_shift, 1000, embeddings))
@@ -78,9 +86,7 @@ def framework_steps(cfg, spec, teacher, embeddings, student, precision, steps: i
         run_dir=Path("/tmp/unused"),
         is_main=False,
     )
-    start = time.perf_counter()
-    train_loop(run, trainer, 0)
-    return (time.perf_counter() - start) / steps
+    return run
 
 
 def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> float:
