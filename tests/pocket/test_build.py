@@ -24,9 +24,9 @@ from wandistiller.train import run
 # The shipped build draws 39 and 40 of the 40 prompts right (pocket, pocket_moe; docs/QUALITY.md), so another
 # torch build's float differences have 3 images of margin.
 PROMPT_ACCURACY_FLOOR = 0.9
-# The shipped video teacher (docs/QUALITY.md, "Video"): motion 98.8% and colour 99.9% of frames, but the digit on only
-# 34% of frames (issue 40 asks 90%: missed, its transformer undertrained at 1500 steps); floors with a margin.
-VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.55
+# The shipped video teacher (docs/QUALITY.md, "Video"): motion 100% and colour 99.3% of frames, the digit and colour
+# on 84.8% of frames (issue 40 asks 90%: missed); floors with a margin (one seed of 40 clips swings ~3 points).
+VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.75
 
 
 def pipeline(folder):
@@ -77,7 +77,7 @@ def test_the_shipped_video_teachers_load_through_wan_pipeline_and_make_clips(fol
 @pytest.mark.parametrize("folder", [VIDEO_TEACHER_DIR, VIDEO_MOE_TEACHER_DIR], ids=["pocket_video", "pocket_video_moe"])
 def test_guided_clips_show_the_asked_digit_on_every_frame_moving_the_asked_way(folder):
     """The teacher's floors on the balanced first 40 prompts, seed 0, with a margin for another torch build's float
-    differences (docs/QUALITY.md, "Video", has the 2-seed figures)."""
+    differences (docs/QUALITY.md, "Video", has the 3-seed figures)."""
     from wandistiller.pocket.classifier import load_classifier
 
     prompts = VIDEO_PROMPTS_FILE.read_text().split("\n")[:40]

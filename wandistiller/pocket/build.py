@@ -56,8 +56,22 @@ STEPS = {"vae": 600, "transformer": 2400, "expert": 300, "classifier": 2000}
 QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
 # The video teacher's parts (started from the image teacher's: pocket/video.py).
 # "clips": how many of the rendered training clips are encoded (None: all of `copies` renderings of the split).
-VIDEO_STEPS: dict = dict(vae=300, transformer=4000, expert=200, classifier=1500, batch=64, copies=3, clips=None)
-VIDEO_QUICK: dict = dict(vae=2, transformer=2, expert=1, classifier=2, batch=4, copies=1, clips=32)
+# "tail": further cosine phases (steps, peak lr, seed), each from the last one's EMA weights (warm restarts): the
+# video transformer was still learning its digits' shapes when a phase ended (docs/QUALITY.md, "Video"), and a
+# restart at a lower peak lets the build grow by phases without retraining from the image teacher.
+VIDEO_STEPS: dict = dict(
+    vae=300,
+    transformer=4000,
+    tail=((1500, 3e-4, 5), (3000, 3e-4, 7), (3000, 3e-4, 9)),
+    expert=200,
+    classifier=1500,
+    batch=64,
+    copies=3,
+    clips=None,
+)
+VIDEO_QUICK: dict = dict(
+    vae=2, transformer=2, tail=((1, 3e-4, 5),), expert=1, classifier=2, batch=4, copies=1, clips=32
+)
 PARTS = ("image", "video")
 
 
@@ -114,6 +128,11 @@ def train_experts(steps: dict, latents, cond, uncond, start: dict | None = None,
     if start is not None:
         first.load_state_dict(start)
     transformer = train_transformer(first, latents, cond, uncond, steps["transformer"], batch=batch)
+    for tail_steps, lr, seed in steps.get("tail", ()):
+        # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
+        transformer = train_transformer(
+            transformer.requires_grad_(True), latents, cond, uncond, tail_steps, batch=batch, lr=lr, seed=seed
+        )
     boundary = TINY_MOE_BOUNDARY_RATIO * 1000
     experts = []
     for seed, t_range in ((3, (boundary, 1000.0)), (4, (0.0, boundary))):
