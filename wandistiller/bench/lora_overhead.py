@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from wandistiller.bench.overhead import _setup, framework_run, framework_steps
+from wandistiller.bench.overhead import _setup, framework_run, framework_steps, hand_batch
 from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
@@ -95,13 +95,7 @@ def hand_steps(cfg, teacher, embeddings, models, optimizer, steps: int) -> float
     uncond = embeddings.negative_batch(b)
     start = time.perf_counter()
     for step in range(steps):
-        g = torch.Generator().manual_seed(step)
-        cond = embeddings.padded(torch.randint(len(embeddings.embeds), (b,), generator=g))
-        x0, noise = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-        u = torch.rand(b, generator=g)
-        sigma = 3.0 * u / (1 + 2.0 * u)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        x_t, t = (1 - s) * x0 + s * noise, sigma * 1000
+        x_t, t, cond = hand_batch(embeddings, shape, step)
         loss = hand_loss(adapted, plain, guidance, x_t, t, cond, uncond)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_NORM)

@@ -89,6 +89,17 @@ def framework_run(cfg, spec, teacher, embeddings, student, precision, steps: int
     return run
 
 
+def hand_batch(embeddings, shape: tuple, step: int):
+    """Step `step`'s batch as a minimal script draws it: (x_t, t, text states), x_t on Wan's shifted (3.0) sigmas."""
+    g = torch.Generator().manual_seed(step)
+    cond = embeddings.padded(torch.randint(len(embeddings.embeds), (shape[0],), generator=g))
+    x0, noise = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    u = torch.rand(shape[0], generator=g)
+    sigma = 3.0 * u / (1 + 2.0 * u)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    return (1 - s) * x0 + s * noise, sigma * 1000, cond
+
+
 def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> float:
     """The same arithmetic written out by hand: what a minimal script would do."""
     from diffusers.optimization import get_scheduler
@@ -100,13 +111,7 @@ def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> fl
     uncond = embeddings.negative_batch(b)
     start = time.perf_counter()
     for step in range(steps):
-        g = torch.Generator().manual_seed(step)
-        cond = embeddings.padded(torch.randint(len(embeddings.embeds), (b,), generator=g))
-        x0, noise = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-        u = torch.rand(b, generator=g)
-        sigma = 3.0 * u / (1 + 2.0 * u)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        x_t, t = (1 - s) * x0 + s * noise, sigma * 1000
+        x_t, t, cond = hand_batch(embeddings, shape, step)
         with torch.no_grad():
             pred = expert(
                 hidden_states=torch.cat([x_t, x_t]),
