@@ -45,6 +45,26 @@ def test_a_corrupted_gradient_is_a_fail_and_a_reordered_sum_is_close():
     assert ok and line.startswith("grad-check: CLOSE: ") and "not bit for bit" in line
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [lambda v: v * 2, lambda v: v * (1 + 2e-3), lambda v: v.index_fill(0, torch.tensor([0]), float("nan"))],
+    ids=["accumulated twice", "scaled 0.2%", "nan"],
+)
+def test_a_scaled_or_non_finite_gradient_is_a_fail_though_its_cosine_reads_1(fault):
+    g = torch.Generator().manual_seed(0)
+    reference = [{"0.down.blocks_0_attn1_to_q": torch.randn(4, 32, generator=g)}]
+    streamed = [{k: fault(v) for k, v in reference[0].items()}]
+    ok, line = gradcheck.verdict({"offload": gradcheck.compare(reference, streamed)}, "cpu", 1, 1, 0)
+    assert not ok and line.startswith("grad-check: FAIL: ") and "cosine -1.0000 at step 0" in line
+
+
+def test_an_image_to_video_teacher_is_refused_in_one_line(tiny_i2v_path, cache_dir, tmp_path):
+    args = _args(cache_dir, tmp_path, f"teacher.path={tiny_i2v_path}")
+    with pytest.raises(UserError, match="is an image-to-video model, and grad-check feeds text-to-video inputs"):
+        gradcheck.run(args)
+    assert not (tmp_path / "g.json").exists()
+
+
 def test_a_fail_exits_1_after_writing_its_numbers(monkeypatch, tmp_path):
     out = tmp_path / "g.json"
     monkeypatch.setattr(gradcheck, "run", lambda args: {"ok": False, "verdict": "grad-check: FAIL: ..."})

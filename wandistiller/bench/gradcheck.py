@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from wandistiller.bench import out_path
 from wandistiller.compose import register_configs
+from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import Topology, local_device
 from wandistiller.core.errors import UserError
 from wandistiller.core.hydra import auto_precision, compose_config
@@ -45,6 +46,9 @@ from wandistiller.teacher.lora import Adapters
 from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 
 CLOSE = 0.9999  # the smallest cosine per adapter tensor a CLOSE verdict allows (bf16 reductions in another order)
+# The largest relative difference of a gradient's norm a CLOSE verdict allows: a cosine ignores scale, so a gradient
+# accumulated twice, or one that lost its alpha/rank factor, would otherwise read as CLOSE.
+NORM = 1e-3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +99,17 @@ def adapted_steps(teacher, steps: int, rank: int, latent: tuple[int, int]) -> li
     return grads
 
 
+def agreement(got: torch.Tensor, want: torch.Tensor) -> float:
+    """`got`'s cosine to `want`, or -1 (a FAIL) where a cosine would hide the fault: a value that is not finite
+    (NaN compares false against every threshold), or a norm more than NORM off `want`'s."""
+    if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
+        return -1.0
+    norm_got, norm_want = float(got.norm()), float(want.norm())
+    if abs(norm_got - norm_want) > NORM * max(norm_want, torch.finfo(torch.float32).tiny):
+        return -1.0
+    return float(F.cosine_similarity(got.flatten(), want.flatten(), dim=0))
+
+
 def compare(reference: list[dict], streamed: list[dict]) -> dict:
     """How `streamed`'s gradients of each step differ from `reference`'s: identical (bit for bit), the largest
     absolute difference, the smallest cosine and where it is."""
@@ -107,7 +122,7 @@ def compare(reference: list[dict], streamed: list[dict]) -> dict:
             gr = got[name]
             worst = max(worst, float((gr - w).abs().max()))
             same = torch.equal(gr, w)  # (a cosine of a tensor with itself rounds below 1)
-            cosine = 1.0 if same else float(F.cosine_similarity(gr.flatten(), w.flatten(), dim=0))
+            cosine = 1.0 if same else agreement(gr, w)
             identical &= same
             if cosine < low:
                 low, where = cosine, f"step {step}, {name}"
@@ -139,6 +154,11 @@ def run(args: argparse.Namespace) -> dict:
     precision = Precision.from_config(auto_precision(cfg.precision))
     check_quantize(cfg.teacher.quantize, device, precision.teacher_dtype)  # before anything loads: one line
     spec = inspect_teacher(resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir))
+    if spec.layout == Layout.i2v:  # its inputs here are noise and text: no first-frame mask, image latents or tokens
+        raise UserError(
+            f"grad-check: teacher {cfg.teacher.name} is an image-to-video model, and grad-check feeds text-to-video "
+            "inputs; check the streaming on a text-to-video teacher of the same size and placement instead"
+        )
     resident = GpuPlacement() if device.type == "cuda" else CpuPlacement()
     reference_name = "gpu" if device.type == "cuda" else "cpu"
     cache = Path(cfg.paths.cache_dir).expanduser()
