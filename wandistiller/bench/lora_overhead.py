@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from wandistiller.bench.overhead import _setup, framework_run, framework_steps, hand_batch
+from wandistiller.bench.overhead import _setup, framework_run, framework_steps, hand_batch, hand_target
 from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
@@ -72,15 +72,7 @@ def hand_models(expert: nn.Module, adapters: Adapters) -> tuple[nn.Module, nn.Mo
 
 def hand_loss(adapted, plain, guidance, x_t, t, cond, uncond) -> torch.Tensor:
     """MSE of the adapted model's prediction to the guided target of the plain teacher (one cond+uncond call)."""
-    with torch.no_grad():
-        pred = plain(
-            hidden_states=torch.cat([x_t, x_t]),
-            timestep=torch.cat([t, t]),
-            encoder_hidden_states=torch.cat([cond, uncond]),
-            return_dict=False,
-        )[0]
-        c, un = pred.float().chunk(2)
-        target = un + guidance * (c - un)
+    target = hand_target(plain, guidance, x_t, t, cond, uncond)
     out = adapted(hidden_states=x_t, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
     return F.mse_loss(out.float(), target)
 

@@ -100,6 +100,19 @@ def hand_batch(embeddings, shape: tuple, step: int):
     return (1 - s) * x0 + s * noise, sigma * 1000, cond
 
 
+@torch.no_grad()
+def hand_target(expert, guidance: float, x_t, t, cond, uncond) -> torch.Tensor:
+    """The guided velocity a minimal script computes: one cond+uncond call of the frozen `expert`, in float32."""
+    pred = expert(
+        hidden_states=torch.cat([x_t, x_t]),
+        timestep=torch.cat([t, t]),
+        encoder_hidden_states=torch.cat([cond, uncond]),
+        return_dict=False,
+    )[0]
+    c, un = pred.float().chunk(2)
+    return un + guidance * (c - un)
+
+
 def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> float:
     """The same arithmetic written out by hand: what a minimal script would do."""
     from diffusers.optimization import get_scheduler
@@ -112,15 +125,7 @@ def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> fl
     start = time.perf_counter()
     for step in range(steps):
         x_t, t, cond = hand_batch(embeddings, shape, step)
-        with torch.no_grad():
-            pred = expert(
-                hidden_states=torch.cat([x_t, x_t]),
-                timestep=torch.cat([t, t]),
-                encoder_hidden_states=torch.cat([cond, uncond]),
-                return_dict=False,
-            )[0]
-            c, un = pred.float().chunk(2)
-            target = un + scale * (c - un)
+        target = hand_target(expert, scale, x_t, t, cond, uncond)
         out, _ = student(x_t, t, cond)
         loss = F.mse_loss(out.float(), target)
         loss.backward()
