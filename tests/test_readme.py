@@ -32,7 +32,7 @@ NEEDS = [
     ("wandistiller.quality", "long"),  # 35 min; its small scale runs in test_pocket (slow lane)
     ("student=half data=pocket_digits trainer.max_steps=1000", "long"),  # 3 min; the comparison's rows, small
     ("data.root=my_clips", "long"),  # a run on your own videos: tests/data/test_videos.py trains on a video folder
-    ("+experiment=pocket_video", "long"),  # 5-10 min each; tests/pocket/test_build.py runs each for a few steps (slow)
+    ("+experiment=pocket", "long"),  # 5-10 min each; tests/pocket/test_build.py runs each for a few steps (slow)
     ("hydra/launcher=slurm", "cluster"),
     ("mypkg.", "your package"),
     ("--device cuda", "gpu"),
