@@ -284,3 +284,19 @@ def test_a_resume_keeps_the_lr_schedule_the_run_was_made_with(make_cfg, tmp_path
     schedule = get_scheduler("cosine", optimizer, num_warmup_steps=1, num_training_steps=4)
     factor = schedule.lr_lambdas[0]
     assert [held_after(factor, 4)(s) for s in (3, 4, 6)] == [factor(3), factor(4), factor(4)] and factor(6) > 0
+
+
+def test_an_in_process_resume_of_a_precision_auto_run_takes_the_dtypes_it_resolved(make_cfg, tmp_path):
+    """In-process callers (wandistiller.quality) give a whole composed config, no overrides: its precision=auto was
+    refused against the saved run's resolved fp32; another key that differs is still refused."""
+    from wandistiller.core.hydra import resolve_precision
+
+    first = make_cfg("trainer.max_steps=4", "precision=auto", run_dir=tmp_path / "run")
+    resolve_precision(first)  # as preflight saves it
+    saved_run(lambda *o, run_dir: first, tmp_path / "run")
+    again = make_cfg("trainer.max_steps=4", "precision=auto", "trainer.resume=auto", run_dir=tmp_path / "run")
+    assert again.precision.name == "auto"
+    assert continued_config(again, None).precision.name == first.precision.name != "auto"
+    with pytest.raises(UserError, match="trainer.batch_size"):
+        again = make_cfg("trainer.batch_size=3", "precision=auto", "trainer.resume=auto", run_dir=tmp_path / "run")
+        continued_config(again, None)

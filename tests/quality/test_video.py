@@ -72,3 +72,18 @@ def test_rows_choose_the_video_comparisons_rows_by_the_words_of_their_names(tmp_
             main([*argv, "--out", str(tmp_path / "q.md")])
         err = capsys.readouterr().err
         assert e.value.code == 2 and words in err and err.count("\n") == 1
+
+
+@pytest.mark.slow  # two small comparisons, each training and sampling a student (~1 min)
+def test_the_kd_rows_share_one_student_and_a_second_sitting_trains_nothing(tmp_path):
+    settings = settings_from(parse_args(["--teacher", "pocket_video", "--small"]))
+    rows = video.chosen(["KD student"])  # at 20 and at 4 steps: one student, sampled twice
+    first = video.compare_video(settings, tmp_path, rows, log=lambda _: None)
+    runs = [p for p in (tmp_path / "seed0").iterdir()]
+    assert [p.name for p in runs] == ["KD_student_at_20_steps"]
+    written = (runs[0] / "metrics.json").stat().st_mtime_ns
+    again = video.compare_video(settings, tmp_path, rows, log=lambda _: None)
+    assert (runs[0] / "metrics.json").stat().st_mtime_ns == written  # finished: taken, not trained again
+    assert [r["frame_accuracy"] for r in again["KD student at 4 steps"]] == [
+        r["frame_accuracy"] for r in first["KD student at 4 steps"]
+    ]

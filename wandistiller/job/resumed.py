@@ -156,6 +156,8 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     now, before = _flat(cfg), _flat(saved)
     # A whole composed config is held to the run key by key, its schedule's length aside: always the run's own.
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)} - {SCHEDULE}
+    if given is None and now.get("precision.name") == "auto":  # a whole config (in-process): auto is the run's own
+        asked = {k for k in asked if not k.startswith("precision.")}  # resolved choice, saved as its dtypes
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}

@@ -84,7 +84,9 @@ def _prompt_set(settings: Settings) -> list[str]:
 
 
 def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
-    """One student through the framework's own entry point (`wandistiller.train.run`)."""
+    """One student through the framework's own entry point (`wandistiller.train.run`). `trainer.resume=auto`: a
+    comparison run again with the same `--work` takes the students it already finished (the video table is ~80 min
+    a seed here, so its seeds can be run one sitting at a time) and refuses one trained under other settings."""
 
     register_configs()
 
@@ -105,6 +107,7 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
             "logger=none",
             f"paths.output_dir={run_dir}",
             f"paths.cache_dir={cache_dir}",
+            "trainer.resume=auto",
             *overrides,
             *latents_steps,
             *settings.extra,

@@ -92,11 +92,15 @@ def compare_video(settings: Settings, work: Path, rows: list[Row] = ROWS, log=pr
     results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(row.name for row in rows)]}
     for seed in settings.seeds:
         teacher = None
+        trained: dict[tuple, tuple[Path, dict]] = {}  # rows that differ only in their sampling share one student
         for row in rows:
             started = time.perf_counter()
-            run_dir = work / f"seed{seed}" / row.name.replace(" ", "_").replace(",", "")
-            own = dataclasses.replace(settings, student=row.student) if row.student else settings
-            summary = train_student(own, [*CLIPS, *row.overrides], seed, run_dir, cache)
+            training = (row.student, row.overrides)
+            if training not in trained:
+                run_dir = work / f"seed{seed}" / row.name.replace(" ", "_").replace(",", "")
+                own = dataclasses.replace(settings, student=row.student) if row.student else settings
+                trained[training] = run_dir, train_student(own, [*CLIPS, *row.overrides], seed, run_dir, cache)
+            run_dir, summary = trained[training]
             if teacher is None:
                 teacher = sample(run_dir, None, settings, seed)
                 mine = score_clips(teacher, teacher["latents"], judge, reference)
