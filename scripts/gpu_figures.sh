@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU figure docs/PERFORMANCE.md leaves to measure (fp8 that runs, the whole job's parity with a hand-written
-# loop, the planner's host datum), in ONE device call of under 8 minutes on one H100/H200. Steps run in priority
+# loop, the planner's host datum), in ONE device call of under 10 minutes (530 s of steps) on one H100/H200. Steps run in priority
 # order against one deadline: a step that would not fit is skipped and says so, so the call always ends in
 # time with what it measured.
 #

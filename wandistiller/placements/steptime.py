@@ -28,7 +28,7 @@ TEACHER_ON_CPU = {"cpu"}  # placements whose teacher computes on the CPU; any ot
 
 
 def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
-    """Matmul FLOPs of one forward (as ../shared/gpu_baseline.py counts them): projections, attention, FFN."""
+    """Matmul FLOPs of one forward: projections, attention, FFN (counted as the GPU reference benchmark counts them)."""
     d, f = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]
     L, T = tokens, text_tokens
     per_layer = 12 * L * d * d + 4 * T * d * d + 4 * L * L * d + 4 * L * T * d + 4 * L * d * f
