@@ -191,3 +191,12 @@ def test_the_readme_and_the_makefile_give_make_train_one_time():
     times = [re.search(r"\(~(\d+ (?:s|min)) on 2 quiet", said) for said in (readme_says, make_says)]
     assert times[0] and times[1] and times[0][1] == times[1][1], (readme_says, make_says)
     assert "docs/PERFORMANCE.md" in readme_says and "docs/PERFORMANCE.md" in make_says
+
+
+def test_every_figure_the_readme_quotes_is_held_by_performance_or_quality():
+    """A figure is quoted only where docs/PERFORMANCE.md or docs/QUALITY.md holds it with its command, machine and
+    date: the README once claimed GPU ratios (1.003x, 3.2 GiB) that no measurement in the repository had."""
+    readme = (ROOT / "README.md").read_text()
+    held = (ROOT / "docs" / "PERFORMANCE.md").read_text() + (ROOT / "docs" / "QUALITY.md").read_text()
+    figures = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:%|x\b| GiB| samples/s| ms)", readme))
+    assert len(figures) > 5 and not sorted(f for f in figures if f not in held)
