@@ -244,7 +244,7 @@ def image_source(data_cfg) -> ImageSource:
 def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
     """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
     source = image_source(data_cfg)
-    channels = spec.transformer_config["in_channels"]
+    channels = spec.latent_channels  # x0's, not an I2V expert's input (noise + mask + image)
     shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
     bank = image_latents(spec, source, shape, cache_dir, device, data_cfg.latent_chunk, progress)
     embeddings: PromptEmbeddings = encode_prompts(

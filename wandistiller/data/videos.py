@@ -181,7 +181,7 @@ def video_latents(
     progress: bool = True,
 ) -> LatentBank:
     """The clips as normalised VAE latents [C, latent_frames, h, w], cached and resumable by chunk."""
-    channels = spec.transformer_config["in_channels"]
+    channels = spec.latent_channels  # x0's, not an I2V expert's input (noise + mask + image)
     latent_shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
     vae_config = read_json(spec.path / "vae" / "config.json", "teacher.path")
     shape = ClipShape.of(data_cfg, vae_config)
