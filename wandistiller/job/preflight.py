@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
@@ -223,7 +224,7 @@ def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:
     """The prompts files, then what the chosen data source checks itself (data.latents=images: its images; with the
     teacher's spec, what needs its VAE: data.latents=videos, its clips' frames and size)."""
     vae = read_json(spec.path / "vae" / "config.json", "teacher.path") if spec is not None else None
-    data_sources.check(cfg.data, vae)
+    data_sources.check(cfg.data, vae, spec.layout if spec is not None else Layout.t2v)
     if spec is not None and spec.image_encoder and cfg.teacher.max_sequence_length != TEXT_TOKENS:
         raise UserError(
             f"teacher.max_sequence_length={cfg.teacher.max_sequence_length}: teacher={cfg.teacher.name} attends to "
