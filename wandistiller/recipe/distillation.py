@@ -189,7 +189,7 @@ class DistillationRecipe:
         once (trajectory's ODE points) is made here, by the ranks that hold a teacher, and read by the others. It is
         the one preflight built and checked (`prepared.method`; a worker's is its unpickled copy)."""
         method = self.prepared.method
-        method.prepare(self.ctx, teacher, embeddings)
+        method.prepare(self.ctx, teacher, embeddings, self.images)
         return method
 
     def _setup_val_set(self, teacher, val_embeddings, val_images):
@@ -340,12 +340,18 @@ class DistillationRecipe:
         return self.prepared.method.student_inputs
 
     def served_text(self):
-        """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
-        their prompt indices into the training prompts), None where it rebuilds whole batches from the seed."""
+        """How an owner looks up the text (and image) of the inputs its ranks send (a method whose inputs the
+        student makes: their prompt indices into the training prompts), None where it rebuilds whole batches from
+        the seed."""
         if not self.student_inputs():
             return None
-        embeddings, device = self.embeddings, self.ctx.placement.teacher_device(self.topo)
-        return lambda idx: (embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device))
+        embeddings, images, device = self.embeddings, self.images, self.ctx.placement.teacher_device(self.topo)
+
+        def text(idx: torch.Tensor):
+            image = None if images is None else images.select(idx).to(device)  # the image each prompt comes with
+            return embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device), image
+
+        return text
 
     def transfer_device(self) -> torch.device:
         """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""
