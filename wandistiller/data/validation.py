@@ -20,7 +20,7 @@ import torch
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run, read_in, write_in_run
 from wandistiller.data.prompts import PromptEmbeddings, read_prompts
-from wandistiller.teacher.image import ImageCondition
+from wandistiller.teacher.image import ImageCondition, denoised_frames
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ def val_loss(
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             pred = student(x_t, t, cond)[0] if image is None else student(x_t, t, cond, image.to(device))[0]
         target = val_set.targets[i : i + batch_size].to(device)
-        errors.append(((pred.float() - target) ** 2).flatten(1).mean(1).cpu())
+        error = denoised_frames(image, pred.float() - target)  # TI2V's given first frame counts as in training
+        errors.append((error**2).flatten(1).mean(1).cpu())
     student.train(was_training)
     per_sample = torch.cat(errors).double()
     metrics = {"val/loss": float(per_sample.mean())}

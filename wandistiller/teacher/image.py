@@ -113,6 +113,16 @@ def expert_inputs(
     return dict(hidden_states=hidden.to(dtype), timestep=timestep, encoder_hidden_states_image=embeds)
 
 
+def denoised_frames(image: ImageCondition | None, x: torch.Tensor) -> torch.Tensor:
+    """`x` [B, C, F, h, w] (a prediction, its target, x0, the noise) over the frames the model denoises: TI2V's
+    given first frame, replaced by the image's latent and at timestep 0, is no prediction of its own, so its loss
+    does not count (Wan 2.2's TI2V training masks it so); an I2V model predicts every frame. TI2V's conditioning
+    is the one whose latents have the noise's channels (I2V's have 4 mask channels more)."""
+    if image is None or image.latents.shape[1] != x.shape[1]:
+        return x
+    return x[:, :, image.latents.shape[2] :]
+
+
 def doubled(inputs: dict) -> dict:
     """The same inputs twice along the batch: the cond and uncond halves of one CFG forward share the image."""
     return {k: None if v is None else torch.cat([v, v]) for k, v in inputs.items()}

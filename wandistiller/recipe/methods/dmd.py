@@ -49,7 +49,7 @@ from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, pos
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.finetune import apply as apply_loras
-from wandistiller.teacher.image import ImageCondition
+from wandistiller.teacher.image import ImageCondition, denoised_frames
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -221,7 +221,8 @@ class DMD(Method):
             x_t, t, sigma, noise = self._renoise(run, x0, g)
             with self._autocast(run):
                 pred, _ = fake.module(x_t, t, cond, image)
-            loss = F.mse_loss(pred.float(), noise - x0)  # rectified flow's velocity of the student's sample
+            # Rectified flow's velocity of the student's sample, over the frames it denoises (not TI2V's given one).
+            loss = F.mse_loss(denoised_frames(image, pred.float()), denoised_frames(image, noise - x0))
             fake.scaler.scale(loss).backward()
             fake.scaler.unscale_(fake.optimizer)
             torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -247,7 +248,8 @@ class DMD(Method):
             fake_x0 = x_t - sigma * fake.float()
             scale = (x0 - real_x0).abs().mean(dim=tuple(range(1, x0.dim())), keepdim=True)
             grad = torch.nan_to_num((fake_x0 - real_x0) / scale)
-        parts = {"dmd": 0.5 * F.mse_loss(x0, (x0 - grad).detach())}
+        x0, moved = denoised_frames(image, x0), denoised_frames(image, (x0 - grad).detach())  # TI2V's first: given
+        parts = {"dmd": 0.5 * F.mse_loss(x0, moved)}
         if self.points is not None:
             parts["regression"] = self.points.loss(run, step, micro)
             parts["loss"] = parts["dmd"] + self.regression_weight * parts["regression"]
