@@ -343,8 +343,12 @@ def check_method_images(cfg: DictConfig, spec: TeacherSpec, method) -> None:
     image-conditioned run: one line, before anything is written, instead of a failure in the first chunk."""
     if not (method.samples_ode and data_sources.image_conditioned(cfg.data, spec.layout)):
         return
-    what = "method=trajectory" if method.name == "trajectory" else f"method={method.name}'s regression term"
-    fix = "method=kd or method=dmd" if method.name == "trajectory" else "method.regression_weight=0, or method=kd"
+    methods = next(r for r in registered() if r.group == "method")
+    term = hasattr(method, "regression_weight")  # a method that weighs the ODE's term rather than training on it
+    what = f"method={method.name}" + ("'s regression term" if term else "")
+    # The methods whose class does not always sample it (dmd's property: only with its regression term).
+    able = [f"method={n}" for n, o in methods.options.items() if getattr(o.cls, "samples_ode", False) is not True]
+    fix = "method.regression_weight=0, or " + " or ".join(a for a in able if a != what) if term else " or ".join(able)
     raise UserError(
         f"{what} samples the teacher's ODE with WanPipeline, which takes no image, and teacher={cfg.teacher.name} "
         f"is conditioned on data.latents={cfg.data.latents}'s images; sampling it with its images is not built yet: "

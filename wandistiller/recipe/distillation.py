@@ -25,6 +25,7 @@ from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
@@ -76,6 +77,8 @@ class DistillationRecipe:
             student_schedule=getattr(prepared.method, "schedule", None),
         )
         self.run: Run | None = None
+        # An image-to-video teacher's images per prompt, once setup has made the data (None: text alone).
+        self.images: ImageBank | None = None
 
     # -- setup: each step takes what it needs and returns what it builds --------------------------------
     def setup(self) -> None:
@@ -84,7 +87,7 @@ class DistillationRecipe:
         made = self._setup_latents(self.teacher, embeddings, val_embeddings)
         self.latent_bank, self.embeddings, self.val_embeddings = made.bank, made.embeddings, made.val_embeddings
         self.images = made.images  # an image-to-video teacher's conditioning per prompt (None: text alone)
-        self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank)
+        self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank, self.images)
         self.val_set = self._setup_val_set(self.teacher, self.val_embeddings, made.val_images)
         self.samples = self._setup_samples(self.teacher, self.embeddings)
         self.method = self._setup_method(self.teacher, self.embeddings)
@@ -160,7 +163,7 @@ class DistillationRecipe:
             log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
-    def _setup_batches(self, embeddings, latent_bank):
+    def _setup_batches(self, embeddings, latent_bank, images=None):
         cfg, spec = self.cfg, self.ctx.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(
@@ -174,7 +177,7 @@ class DistillationRecipe:
                 latent_bank=latent_bank,
                 device=self.ctx.device,
                 keep_x0=self.loss_fn.needs.x0,
-                images=self.images,
+                images=images,
             )
         )
 
