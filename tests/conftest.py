@@ -255,6 +255,7 @@ TWO_RANK_CHECKS = [
     ("tests.core.test_distributed", "_ddp_check"),
     ("tests.core.test_distributed", "_sharded_check"),
     ("tests.recipe.test_targets", "_served_targets_check"),
+    ("tests.recipe.test_targets", "_served_image_targets_check"),
     ("tests.recipe.methods.test_dmd", "_lora_ddp_check"),
     ("tests.job.test_stopping", "_agree_check"),
 ]
@@ -277,14 +278,14 @@ def _two_rank_checks(paths: dict) -> dict:
 
 
 @pytest.fixture(scope="session")
-def two_ranks(tiny_path, tiny_moe_path, cache_dir) -> list[dict]:
+def two_ranks(tiny_path, tiny_moe_path, tiny_i2v_path, cache_dir) -> list[dict]:
     """Each rank's results of every TWO_RANK_CHECKS function, from one launch of two workers (the launcher
     a run uses) that the tests of several modules read: each spawn costs two fresh processes' imports."""
     from omegaconf import OmegaConf
 
     from wandistiller.core.distributed import launch
 
-    paths = {"tiny": str(tiny_path), "moe": str(tiny_moe_path), "cache": str(cache_dir)}
+    paths = {"tiny": str(tiny_path), "moe": str(tiny_moe_path), "i2v": str(tiny_i2v_path), "cache": str(cache_dir)}
     cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
     return launch(_two_rank_checks, (paths,), cfg)
 

@@ -22,6 +22,7 @@ from wandistiller.recipe.loop import (
     _materialize,
     _Pending,
     _stop_if_not_finite,
+    distill_step,
     train_loop,
 )
 from wandistiller.recipe.losses import Needs, as_loss
@@ -190,3 +191,37 @@ def test_a_loss_that_declares_hidden_states_gets_them_with_no_other_setting(make
     assert {k for k in state if k.startswith("hidden_proj.")} == {
         f"hidden_proj.{i}.{p}" for i in (0, 1) for p in ("weight", "bias")
     }
+
+
+def test_ti2v_s_given_first_frame_does_not_count_in_the_loss_and_an_i2v_models_first_frame_does(
+    tiny_ti2v_path, tiny_i2v_path
+):
+    """TI2V replaces the first latent frame with the image's and runs it at timestep 0: no prediction of its own,
+    so kd's loss (and validation's) covers the frames after it, as Wan 2.2's TI2V training masks it. An I2V
+    model (mask and image latents beside the noise) predicts every frame: all of them count."""
+    import torch.nn.functional as F
+
+    from wandistiller.data.batches import Batch
+    from wandistiller.teacher.image import ImageCondition
+
+    for path, given in ((tiny_ti2v_path, 1), (tiny_i2v_path, 0)):
+        spec = inspect_teacher(path)
+        guidance = OmegaConf.create({"guidance_scale": 1.0, "guidance_scale_2": None})
+        teacher = CpuPlacement().load(spec, guidance, FP32, Topology())
+        torch.manual_seed(0)
+        student = build_student(spec, builder="half", init="random")
+        g, c = torch.Generator().manual_seed(0), spec.latent_channels
+        latents = torch.randn(2, c, 1, 4, 4, generator=g) if given else torch.randn(2, 4 + c, 3, 4, 4, generator=g)
+        embeds = torch.randn(2, 5, 24, generator=g) if spec.image_encoder else None
+        image = ImageCondition(latents, embeds)
+        batch = Batch(torch.zeros(2, dtype=torch.long), torch.randn(2, c, 3, 4, 4, generator=g),
+                      torch.tensor([900.0, 300.0]), torch.randn(2, 512, 32, generator=g), torch.zeros(2, 512, 32),
+                      image=image)  # fmt: skip
+        run_ = Run(model=student, targets=LocalTargets(teacher), batch_fn=None, optimizer=None, lr_scheduler=None,
+                   scaler=None, ema=None, tracker=NullTracker(), precision=FP32, device=torch.device("cpu"),
+                   run_dir=None, loss_fn=Distillation(0.0))  # fmt: skip
+        with torch.no_grad():
+            loss, _, _ = distill_step(run_, 0, 0, batch)
+            pred = student(batch.x_t, batch.t, batch.cond, image)[0]
+            target = teacher.targets(batch.x_t, batch.t, batch.cond, batch.uncond, (), image)[0]
+        torch.testing.assert_close(loss, F.mse_loss(pred[:, :, given:], target[:, :, given:]), rtol=1e-6, atol=0)

@@ -152,6 +152,48 @@ def _served_targets_worker(teacher_path: str, cache_dir: str, serving: str) -> d
     return found
 
 
+def _served_image_targets_check(paths: dict) -> dict:
+    """An image-to-video teacher's targets served by the node's owner (Wan 2.1 I2V's layout: mask and image
+    latents, CLIP tokens), both ways a rank gets them: its batch rebuilt from the seed (its image drawn with it),
+    and its own inputs sent (dmd's), the image then looked up by prompt. Each equals a local teacher's, bit for bit."""
+    from wandistiller.data.conditions import ImageBank
+    from wandistiller.data.latents import LatentBank
+
+    topo, cpu = Topology.from_env(), torch.device("cpu")
+    roles = roles_for("node_owner", topo)
+    spec = inspect_teacher(__import__("pathlib").Path(paths["i2v"]))
+    emb = encode_prompts(spec, read_prompts(None)[:4], "", 512, torch.float32, cpu, paths["cache"])
+    g = torch.Generator().manual_seed(0)  # the same on both ranks: as both read one cached bank
+    latents = LatentBank([torch.randn(4, 20, 2, 4, 4, generator=g)], torch.arange(4), 4)
+    tokens = LatentBank([torch.randn(4, 5, 24, generator=g)], torch.arange(4), 4)
+    images = ImageBank(latents, tokens, torch.arange(4))
+    batch_fn = batch_source(BatchSettings(0, 2, (16, 2, 4, 4), 3.0, 1000, emb, images=images))
+    teacher = CpuPlacement().load(spec, teacher_cfg(), FP32, topo)  # every rank: the owner's, or the reference
+
+    def text(idx):
+        return emb.padded(idx), emb.negative_batch(len(idx)), images.select(idx)
+
+    local, checked = LocalTargets(teacher), 0
+    for sends_inputs in (False, True):
+        if roles.owner is not None:
+            provider = RemoteTargets(roles.owner, spec.transformer_config, cpu, sends_inputs=sends_inputs)
+        else:
+            provider = OwnerTargets(teacher, list(roles.served), batch_fn, cpu, text if sends_inputs else None)
+        for step in range(2):
+            batch = batch_fn(step, 0, roles.dp_rank)
+            assert batch.image is not None and batch.image.embeds is not None
+            served, _ = provider.get(step, 0, batch, ())
+            assert torch.equal(served, local.get(step, 0, batch, ())[0])
+            checked += 1
+        provider.finish()
+    return {"rank": topo.rank, "checked": checked}
+
+
+def test_an_image_to_video_teachers_served_targets_equal_a_local_teachers_on_two_ranks(two_ranks):
+    results = [r["_served_image_targets_check"] for r in two_ranks]
+    assert [r["checked"] for r in results] == [4, 4]
+
+
 def test_served_targets_are_bitwise_equal_to_a_local_teachers_on_two_ranks(two_ranks):
     results = [r["_served_targets_check"] for r in two_ranks]
     assert [r["trains"] for r in results] == [True, True] and [r["checked"] for r in results] == [6, 6]

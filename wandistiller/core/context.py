@@ -59,4 +59,5 @@ class RunContext:
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         d = self.data_cfg
-        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+        # The noise's channels (out_channels): an I2V expert's in_channels also count its mask and image latents.
+        return (self.spec.latent_channels, d.latent_frames, d.latent_height, d.latent_width)

@@ -19,6 +19,7 @@ from wandistiller.data.prompts import PromptEmbeddings, to_device
 from wandistiller.teacher.image import ImageCondition
 
 if TYPE_CHECKING:  # latents.py draws batches' x0 through the teacher: its type only
+    from wandistiller.data.conditions import ImageBank
     from wandistiller.data.latents import LatentBank
 
 
@@ -45,7 +46,8 @@ class BatchSettings:
     """What every batch of one run is drawn with: all but where in the run it is (step, micro-batch, rank).
 
     `latent_bank` (teacher samples or encoded images) gives x0, None:
-    Gaussian x0. With `device` the batches are built there (the same values as on the CPU); None: on the CPU.
+    Gaussian x0. `images` gives each drawn prompt its image (an image-to-video teacher's conditioning).
+    With `device` the batches are built there (the same values as on the CPU); None: on the CPU.
     `keep_x0`: the batches carry x0 and the noise too (a loss that needs them: wandistiller.recipe.losses).
     """
 
@@ -58,6 +60,8 @@ class BatchSettings:
     latent_bank: LatentBank | None = None
     device: torch.device | None = None
     keep_x0: bool = False
+    # An image-to-video teacher's conditioning per prompt; Gaussian x0 then draws from its prompts alone.
+    images: ImageBank | None = None
 
 
 def shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
@@ -76,7 +80,9 @@ def make_batch(settings: BatchSettings, step: int, micro: int, rank: int) -> Bat
     s, n, device = settings, settings.batch_size, settings.device
     g = torch.Generator().manual_seed(mixed_seed(s.seed, step, micro, rank))
     if s.latent_bank is None:
-        prompt_idx = torch.randint(len(s.embeddings.embeds), (n,), generator=g)
+        # A folder's held-out captions follow its training ones in the embeddings: only those with an image draw.
+        prompts = len(s.embeddings.embeds) if s.images is None else len(s.images)
+        prompt_idx = torch.randint(prompts, (n,), generator=g)
         x0 = torch.randn((n, *s.latent_shape), generator=g)
     else:
         prompt_idx, x0 = s.latent_bank.draw(n, g)
@@ -93,6 +99,7 @@ def make_batch(settings: BatchSettings, step: int, micro: int, rank: int) -> Bat
         uncond=s.embeddings.negative_batch(n, device),
         x0=moved(x0) if s.keep_x0 else None,
         noise=moved(noise) if s.keep_x0 else None,
+        image=None if s.images is None else s.images.select(prompt_idx).to(device or torch.device("cpu")),
     )
 
 

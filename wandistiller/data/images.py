@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
+from wandistiller.data.conditions import check_given, frame_size, image_bank, rgb
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec
@@ -188,10 +189,7 @@ def _dataset_files_inside(folder: Path, key: str) -> None:
 
 def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
     """Upright (EXIF orientation), resized to cover (height, width), center-cropped, scaled to [-1, 1]: [3, H, W]."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode.startswith("I"):  # 16-bit greyscale: PIL's convert("RGB") clips it to white, so scale it first
-        image = Image.fromarray((np.asarray(image, dtype=np.float32) / 257.0).round().clip(0, 255).astype(np.uint8))
-    fitted = ImageOps.fit(image.convert("RGB"), (width, height), method=Image.Resampling.BICUBIC)
+    fitted = ImageOps.fit(rgb(ImageOps.exif_transpose(image)), (width, height), method=Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(fitted, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
 
 
@@ -244,10 +242,51 @@ def image_source(data_cfg) -> ImageSource:
 def image_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
     """(caption embeddings, LatentBank) for `data.latents=images`: bank item i is image i, prompt i."""
     source = image_source(data_cfg)
-    channels = spec.transformer_config["in_channels"]
+    channels = spec.latent_channels  # x0's, not an I2V expert's input (noise + mask + image)
     shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
     bank = image_latents(spec, source, shape, cache_dir, device, data_cfg.latent_chunk, progress)
     embeddings: PromptEmbeddings = encode_prompts(
         spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
     )
     return embeddings, bank
+
+
+def image_pairs(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
+    """(caption embeddings, None, ImageBank) for an image-to-video teacher on `data.latents=images`: image i is
+    prompt i's given first frame; x0 is Gaussian (the images are no clips), as on prompts alone."""
+    source = image_source(data_cfg)
+    opened, names = _given(source), lambda i: _name(source, i)
+    count, key = len(source.captions), source.key
+    images = image_bank(spec, opened, names, count, source.fingerprint, data_cfg, cache_dir, device, key, progress)
+    embeddings: PromptEmbeddings = encode_prompts(
+        spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
+    )
+    return embeddings, None, images
+
+
+def check_given_images(data_cfg, vae_config: dict) -> None:
+    """Every image can be an image-to-video teacher's given first frame at the run's size (`check_given`): each
+    decoded, before the run folder is claimed, so a bad one is one line and not a failure mid-encoding."""
+    source = image_source(data_cfg)
+    height, width = frame_size(data_cfg, vae_config)
+    opened = _given(source)
+    for i in range(len(source.captions)):
+        check_given(ImageOps.exif_transpose(opened(i)), height, width, _name(source, i), source.key)
+
+
+def _name(source: ImageSource, i: int) -> str:
+    return f"image {i} ({source.captions[i][:40]!r})"
+
+
+def _given(source: ImageSource) -> Callable[[int], Image.Image]:
+    """`i -> image i`, decoded: a truncated file is refused in one line where it is opened."""
+
+    def opened(i: int) -> Image.Image:
+        try:
+            image = source.open(i)
+            image.load()
+            return image
+        except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
+            raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e})") from None
+
+    return opened

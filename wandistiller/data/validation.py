@@ -20,6 +20,7 @@ import torch
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run, read_in, write_in_run
 from wandistiller.data.prompts import PromptEmbeddings, read_prompts
+from wandistiller.teacher.image import ImageCondition, denoised_frames
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ class ValSet:
     cond: torch.Tensor  # [N, L, D]
     uncond: torch.Tensor  # [N, L, D]
     targets: torch.Tensor | None = None  # [N, C, F, H, W] float32, the teacher's guided velocity
+    image: ImageCondition | None = None  # each row's held-out image (an image-to-video teacher's); None: text alone
+
+    def rows(self, i: int, n: int) -> tuple:
+        """(x_t, t, cond, uncond, image) of rows i..i+n: a teacher's or a student's inputs."""
+        image = None if self.image is None else self.image.select(slice(i, i + n))
+        return (*(v[i : i + n] for v in (self.x_t, self.t, self.cond, self.uncond)), image)
 
 
 def timestep_grid(n: int, num_train_timesteps: int = 1000) -> torch.Tensor:
@@ -67,11 +74,12 @@ def build_val_set(
     num_train_timesteps: int = 1000,
     timesteps: int = 8,
     latent_bank=None,
+    images=None,
 ) -> ValSet:
     """x_t = (1 - t/T) x0 + (t/T) noise for every held-out prompt and grid timestep.
 
     x0 is Gaussian, or (with a LatentBank over these prompts) each prompt's first teacher latent or image,
-    so validation sees the inputs training sees.
+    so validation sees the inputs training sees. `images` (an ImageBank over these prompts): each row's image.
     """
     n_prompts = len(embeddings.prompts)
     digest = hashlib.blake2b(repr(("validation", seed)).encode(), digest_size=8).digest()
@@ -90,17 +98,19 @@ def build_val_set(
         t=t,
         cond=embeddings.padded(prompt_idx),
         uncond=embeddings.negative_batch(len(t)).contiguous(),
+        image=None if images is None else images.select(prompt_idx),
     )
 
 
 def fill_targets(val_set: ValSet, teacher_targets_fn, batch_size: int = 8) -> ValSet:
     """The teacher's targets, once: `teacher_targets_fn(x_t, t, cond, uncond) -> velocity` (e.g. a
-    Teacher's `lambda *a: teacher.targets(*a)[0]`). A rank without a teacher receives them instead."""
+    Teacher's `lambda *a: teacher.targets(*a)[0]`), given `image=` where the set holds images. A rank without a
+    teacher receives them instead."""
     if val_set.targets is None:
-        parts = [
-            teacher_targets_fn(*(v[i : i + batch_size] for v in (val_set.x_t, val_set.t, val_set.cond, val_set.uncond)))
-            for i in range(0, len(val_set.t), batch_size)
-        ]
+        parts = []
+        for i in range(0, len(val_set.t), batch_size):
+            *inputs, image = val_set.rows(i, batch_size)
+            parts.append(teacher_targets_fn(*inputs) if image is None else teacher_targets_fn(*inputs, image=image))
         val_set.targets = torch.cat([p.float().cpu() for p in parts])
     return val_set
 
@@ -126,11 +136,13 @@ def val_loss(
     student.eval()
     errors = []
     for i in range(0, len(val_set.t), batch_size):
-        x_t, t, cond = (v[i : i + batch_size].to(device) for v in (val_set.x_t, val_set.t, val_set.cond))
+        x_t, t, cond, _, image = val_set.rows(i, batch_size)
+        x_t, t, cond = x_t.to(device), t.to(device), cond.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            pred = student(x_t, t, cond)[0]
+            pred = student(x_t, t, cond)[0] if image is None else student(x_t, t, cond, image.to(device))[0]
         target = val_set.targets[i : i + batch_size].to(device)
-        errors.append(((pred.float() - target) ** 2).flatten(1).mean(1).cpu())
+        error = denoised_frames(image, pred.float() - target)  # TI2V's given first frame counts as in training
+        errors.append((error**2).flatten(1).mean(1).cpu())
     student.train(was_training)
     per_sample = torch.cat(errors).double()
     metrics = {"val/loss": float(per_sample.mean())}

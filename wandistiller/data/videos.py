@@ -27,6 +27,7 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
+from wandistiller.data.conditions import image_bank
 from wandistiller.data.images import IMAGE_SUFFIXES, captioned_files, captions_of
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
@@ -181,7 +182,7 @@ def video_latents(
     progress: bool = True,
 ) -> LatentBank:
     """The clips as normalised VAE latents [C, latent_frames, h, w], cached and resumable by chunk."""
-    channels = spec.transformer_config["in_channels"]
+    channels = spec.latent_channels  # x0's, not an I2V expert's input (noise + mask + image)
     latent_shape = (channels, data_cfg.latent_frames, data_cfg.latent_height, data_cfg.latent_width)
     vae_config = read_json(spec.path / "vae" / "config.json", "teacher.path")
     shape = ClipShape.of(data_cfg, vae_config)
@@ -209,3 +210,23 @@ def video_data(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_di
         spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
     )
     return embeddings, bank
+
+
+def video_pairs(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress=True):
+    """(caption embeddings, LatentBank, ImageBank) for an image-to-video teacher on `data.latents=videos`: clip i
+    is x0 and its first frame the given image of prompt i, as Wan's own I2V training pairs them."""
+    embeddings, bank = video_data(spec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress)
+    source = folder_videos(data_cfg.root)
+    shape = ClipShape.of(data_cfg, read_json(spec.path / "vae" / "config.json", "teacher.path"))
+    first = lambda i: _first_frame(source, i, shape, data_cfg)  # noqa: E731
+    count = len(source.captions)
+    images = image_bank(
+        spec, first, source.name, count, source.fingerprint, data_cfg, cache_dir, device, source.key, progress
+    )
+    return embeddings, bank, images
+
+
+def _first_frame(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> Image.Image:
+    """Clip i's first frame as decoded (`image_bank` fits it as `clip_pixels` fits the clip); the clip is read whole,
+    so a video refused for training is refused here the same way."""
+    return read_clip(source, i, shape, data_cfg)[0]

@@ -25,6 +25,7 @@ from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.data.batches import BatchSettings, batch_source
+from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.job.preflight import Prepared
@@ -76,6 +77,8 @@ class DistillationRecipe:
             student_schedule=getattr(prepared.method, "schedule", None),
         )
         self.run: Run | None = None
+        # An image-to-video teacher's images per prompt, once setup has made the data (None: text alone).
+        self.images: ImageBank | None = None
 
     # -- setup: each step takes what it needs and returns what it builds --------------------------------
     def setup(self) -> None:
@@ -83,8 +86,9 @@ class DistillationRecipe:
         self.teacher = self._setup_teacher()
         made = self._setup_latents(self.teacher, embeddings, val_embeddings)
         self.latent_bank, self.embeddings, self.val_embeddings = made.bank, made.embeddings, made.val_embeddings
-        self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank)
-        self.val_set = self._setup_val_set(self.teacher, self.val_embeddings)
+        self.images = made.images  # an image-to-video teacher's conditioning per prompt (None: text alone)
+        self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank, self.images)
+        self.val_set = self._setup_val_set(self.teacher, self.val_embeddings, made.val_images)
         self.samples = self._setup_samples(self.teacher, self.embeddings)
         self.method = self._setup_method(self.teacher, self.embeddings)
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
@@ -159,7 +163,7 @@ class DistillationRecipe:
             log.info("teacher.compile: the teacher's first forward compiles its blocks (a minute or more)")
         return teacher
 
-    def _setup_batches(self, embeddings, latent_bank):
+    def _setup_batches(self, embeddings, latent_bank, images=None):
         cfg, spec = self.cfg, self.ctx.spec
         shift = cfg.teacher.flow_shift or spec.flow_shift
         return batch_source(
@@ -173,6 +177,7 @@ class DistillationRecipe:
                 latent_bank=latent_bank,
                 device=self.ctx.device,
                 keep_x0=self.loss_fn.needs.x0,
+                images=images,
             )
         )
 
@@ -187,18 +192,26 @@ class DistillationRecipe:
         once (trajectory's ODE points) is made here, by the ranks that hold a teacher, and read by the others. It is
         the one preflight built and checked (`prepared.method`; a worker's is its unpickled copy)."""
         method = self.prepared.method
-        method.prepare(self.ctx, teacher, embeddings)
+        method.prepare(self.ctx, teacher, embeddings, self.images)
         return method
 
-    def _setup_val_set(self, teacher, val_embeddings):
+    def _setup_val_set(self, teacher, val_embeddings, val_images):
         """The held-out set, made where a hook validates (`hooks.monitor.val_every` > 0); None otherwise."""
         validating = hooks.configured(self.cfg.hooks, "validates")
-        return data_sources.val_set(self.ctx, teacher, val_embeddings) if validating and validating.val_every else None
+        if not (validating and validating.val_every):
+            return None
+        return data_sources.val_set(self.ctx, teacher, val_embeddings, val_images)
 
     def _setup_samples(self, teacher, embeddings):
         """The sample grid (recipe/samples.py) of the hook that draws them (`hooks.samples`), its teacher column drawn
         now, by every rank together; None without samples. The hook decides when the student is drawn into it."""
         drawing = hooks.configured(self.cfg.hooks, "draws_samples")
+        if drawing and self.images is not None:
+            # The grids sample with WanPipeline, which takes no image: an image-to-video grid would need the
+            # model's own image-to-video pipeline and the held-out images (issue 42, item 5), not built yet.
+            if self.ctx.is_main:
+                log.warning("hooks.samples: no sample grids for an image-to-video teacher yet; training goes on")
+            return None
         return sample_grids(self.ctx, teacher, embeddings, drawing.prompts, drawing.steps) if drawing else None
 
     def _setup_hooks(self, val_set, samples) -> list:
@@ -330,12 +343,18 @@ class DistillationRecipe:
         return self.prepared.method.student_inputs
 
     def served_text(self):
-        """How an owner looks up the text of the inputs its ranks send (a method whose inputs the student makes:
-        their prompt indices into the training prompts), None where it rebuilds whole batches from the seed."""
+        """How an owner looks up the text (and image) of the inputs its ranks send (a method whose inputs the
+        student makes: their prompt indices into the training prompts), None where it rebuilds whole batches from
+        the seed."""
         if not self.student_inputs():
             return None
-        embeddings, device = self.embeddings, self.ctx.placement.teacher_device(self.topo)
-        return lambda idx: (embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device))
+        embeddings, images, device = self.embeddings, self.images, self.ctx.placement.teacher_device(self.topo)
+
+        def text(idx: torch.Tensor):
+            image = None if images is None else images.select(idx).to(device)  # the image each prompt comes with
+            return embeddings.padded(idx, device), embeddings.negative_batch(len(idx), device), image
+
+        return text
 
     def transfer_device(self) -> torch.device:
         """Where served targets travel: CUDA (NCCL) when teacher and students are on GPUs, else CPU (gloo)."""

@@ -22,6 +22,7 @@ from wandistiller.job.stopping import install as catch_stop_signals
 from wandistiller.recipe.losses import Loss, LossInputs, as_loss, logged, total
 from wandistiller.recipe.methods import REGISTRY
 from wandistiller.state.checkpoint import list_checkpoints, save_checkpoint
+from wandistiller.teacher.image import denoised_frames
 
 if TYPE_CHECKING:
     from diffusers.training_utils import EMAModel
@@ -83,7 +84,12 @@ def distill_step(run: Run, step: int, micro: int, batch: Batch, clock: Clock | N
     with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
         pred, student_hidden = run.model(batch.x_t, batch.t, batch.cond, batch.image)
     hidden = tuple(teacher_hidden) if teacher_hidden is not None else None  # one per layer
-    parts = loss_fn(LossInputs(pred, student_hidden, target, hidden, batch.x0, batch.noise, batch.t))
+    # TI2V's given first frame is no prediction: its loss does not count (the rest of any other layout's does).
+    pred, target, x0, noise = (
+        None if x is None else denoised_frames(batch.image, x) for x in (pred, target, batch.x0, batch.noise)
+    )
+    assert pred is not None  # the student's, always
+    parts = loss_fn(LossInputs(pred, student_hidden, target, hidden, x0, noise, batch.t))
     return total(parts), logged(parts), teacher_span
 
 

@@ -7,7 +7,8 @@ to local ones. Sends are point-to-point and ordered per (owner, rank) pair, so n
 
 A method that calls the teacher at inputs the student makes (dmd: `Method.student_inputs`) cannot be
 rebuilt from the seed: there the rank sends its inputs -- x_t, t and its prompt indices, from which the
-owner looks up the cond/uncond embeddings it holds too (`TextFn`) -- and the owner runs the teacher on
+owner looks up the cond/uncond embeddings, and an image-to-video teacher's image, it holds too (`TextFn`) -- and
+the owner runs the teacher on
 exactly those. The seed-rebuilt path (every other method) is untouched by this one.
 """
 
@@ -27,9 +28,9 @@ from wandistiller.teacher.model import Teacher
 
 # (step, micro, dp_rank) -> that rank's batch
 BatchFn = Callable[[int, int, int], Batch]
-# prompt indices -> (cond, uncond) on the owner's teacher device: the text of inputs a rank sent (None: the
-# owner rebuilds whole batches from the seed with its BatchFn)
-TextFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# prompt indices -> (cond, uncond, image) on the owner's teacher device: the text (and an image-to-video teacher's
+# image, else None) of inputs a rank sent (None: the owner rebuilds whole batches from the seed with its BatchFn)
+TextFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, ImageCondition | None]]
 INPUT_DIMS = 5  # x_t's [B, C, F, H, W]: the header a rank sends before its inputs
 
 
@@ -163,7 +164,7 @@ def send_inputs(batch: Batch, owner: int, transfer: torch.device) -> None:
 
 
 def receive_inputs(src: int, transfer: torch.device, text: TextFn) -> Batch:
-    """What `send_inputs` sent from rank `src`, as a batch with its text looked up here."""
+    """What `send_inputs` sent from rank `src`, as a batch with its text (and image) looked up here."""
     header = torch.empty(INPUT_DIMS, dtype=torch.int64, device=transfer)
     dist.recv(header, src=src)
     shape = [int(n) for n in header.tolist()]
@@ -172,8 +173,8 @@ def receive_inputs(src: int, transfer: torch.device, text: TextFn) -> Batch:
     prompt_idx = torch.empty(shape[0], dtype=torch.int64, device=transfer)
     for tensor in (x_t, t, prompt_idx):
         dist.recv(tensor, src=src)
-    cond, uncond = text(prompt_idx.cpu())
-    return Batch(prompt_idx, x_t, t, cond, uncond)
+    cond, uncond, image = text(prompt_idx.cpu())
+    return Batch(prompt_idx, x_t, t, cond, uncond, image=image)
 
 
 def _send(teacher: Teacher, batch: Batch, dst: int, layers: tuple[int, ...], transfer: torch.device) -> list:

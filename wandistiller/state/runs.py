@@ -108,7 +108,8 @@ class RunFolder:
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         d = self.cfg.data
-        return (self.spec.transformer_config["in_channels"], d.latent_frames, d.latent_height, d.latent_width)
+        # The noise's channels (out_channels): an I2V expert's in_channels also count its mask and image latents.
+        return (self.spec.latent_channels, d.latent_frames, d.latent_height, d.latent_width)
 
 
 def checked_teacher_folder(folder: Path) -> Path:

@@ -113,6 +113,16 @@ def expert_inputs(
     return dict(hidden_states=hidden.to(dtype), timestep=timestep, encoder_hidden_states_image=embeds)
 
 
+def denoised_frames(image: ImageCondition | None, x: torch.Tensor) -> torch.Tensor:
+    """`x` [B, C, F, h, w] (a prediction, its target, x0, the noise) over the frames the model denoises: TI2V's
+    given first frame, replaced by the image's latent and at timestep 0, is no prediction of its own, so its loss
+    does not count (Wan 2.2's TI2V training masks it so); an I2V model predicts every frame. TI2V's conditioning
+    is the one whose latents have the noise's channels (I2V's have 4 mask channels more)."""
+    if image is None or image.latents.shape[1] != x.shape[1]:
+        return x
+    return x[:, :, image.latents.shape[2] :]
+
+
 def doubled(inputs: dict) -> dict:
     """The same inputs twice along the batch: the cond and uncond halves of one CFG forward share the image."""
     return {k: None if v is None else torch.cat([v, v]) for k, v in inputs.items()}
@@ -130,10 +140,26 @@ def encode_condition(
     image_processor=None,
 ) -> ImageCondition:
     """The conditioning of `images` (PIL images or [3, H, W] tensors in [0, 1], one per sample) for clips of
-    `latent_frames` latent frames at height x width pixels, as `WanImageToVideoPipeline` computes it: resized by
-    diffusers' VideoProcessor, encoded to the posterior's mode, normalised as `(z - mean) * (1 / std)` (the
-    pipeline's own arithmetic, not `/ std`: they differ in the last bit). A teacher with an image encoder
-    (`spec.image_encoder`) needs `image_encoder` and `image_processor`."""
+    `latent_frames` latent frames at height x width pixels, as `WanImageToVideoPipeline` computes it (its VAE half,
+    `condition_latents`, and its CLIP half, `clip_embeds`). A teacher with an image encoder (`spec.image_encoder`)
+    needs `image_encoder` and `image_processor`."""
+    latents = condition_latents(spec, vae, images, latent_frames, height, width)
+    embeds = None
+    if spec.image_encoder:
+        if image_encoder is None or image_processor is None:
+            raise ValueError("this teacher's experts take CLIP image tokens: pass its image_encoder and processor")
+        embeds = clip_embeds(image_encoder, image_processor, images)
+    return ImageCondition(latents, embeds)
+
+
+@torch.no_grad()
+def condition_latents(
+    spec: TeacherSpec, vae, images: list, latent_frames: int, height: int, width: int
+) -> torch.Tensor:
+    """`ImageCondition.latents` of `images`: resized by diffusers' VideoProcessor, encoded to the posterior's mode,
+    normalised as `(z - mean) * (1 / std)` (the pipeline's own arithmetic, not `/ std`: they differ in the last
+    bit); for Layout.i2v the image then black frames, behind the first-frame mask. A data source caches these
+    apart from `clip_embeds`, so each half loads only its own model."""
     from diffusers.video_processor import VideoProcessor
 
     if spec.layout == Layout.t2v:
@@ -152,15 +178,17 @@ def encode_condition(
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, torch.float32)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(device, torch.float32)
     z = (z - mean) * inv_std
-    embeds = None
-    if spec.image_encoder:
-        if image_encoder is None or image_processor is None:
-            raise ValueError("this teacher's experts take CLIP image tokens: pass its image_encoder and processor")
-        clip_inputs = image_processor(images=images, return_tensors="pt").to(image_encoder.device)
-        embeds = image_encoder(**clip_inputs, output_hidden_states=True).hidden_states[-2].to(torch.float32)
     if spec.layout == Layout.ti2v:
-        return ImageCondition(z, embeds)
+        return z
     b, _, f, h, w = z.shape
     mask = torch.zeros(b, int(vae.config.scale_factor_temporal), f, h, w, device=device)
     mask[:, :, 0] = 1  # every pixel frame the first latent frame holds is given (the pipeline's repeat of frame 0)
-    return ImageCondition(torch.cat([mask, z], dim=1), embeds)
+    return torch.cat([mask, z], dim=1)
+
+
+@torch.no_grad()
+def clip_embeds(image_encoder, image_processor, images: list) -> torch.Tensor:
+    """Wan 2.1 I2V's image tokens of `images`: CLIP's penultimate hidden states [B, tokens, image_dim], float32,
+    as the pipeline's `encode_image`."""
+    clip_inputs = image_processor(images=images, return_tensors="pt").to(image_encoder.device)
+    return image_encoder(**clip_inputs, output_hidden_states=True).hidden_states[-2].to(torch.float32)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.conftest import metrics_steps
 from tests.data.test_images import CAPTIONS, TEACHER, data_cfg, write_folder
 from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
-from wandistiller.data.latents import LatentBank
 from wandistiller.data.sources.images import Images, held_out_captions
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
@@ -42,12 +42,11 @@ def context(tiny_path, cache_dir, root, **data):
 
 def test_no_captions_are_held_out_where_the_user_names_held_out_prompts_or_there_is_one_image(tmp_path):
     ctx = context_of(data_cfg(root=str(tmp_path), val_prompts_path=None, val_fraction=0.5))
-    embeddings = SimpleNamespace(prompts=["a fox"])  # held_out_captions reads the captions only on these paths
-    one = LatentBank([torch.zeros(1, 16, 1, 8, 8)], torch.tensor([0]), chunk_size=1)
-    assert held_out_captions(ctx, (embeddings, one), torch.device("cpu")) is None  # validates on its one caption
+    one = SimpleNamespace(prompts=["a fox"])  # caption i is image i's: one image
+    assert held_out_captions(ctx, one, torch.device("cpu")) is None  # validates on its one caption
     ctx = context_of(data_cfg(root=str(tmp_path), val_prompts_path="val.txt", val_fraction=0.5))
-    two = LatentBank([torch.zeros(2, 16, 1, 8, 8)], torch.tensor([0, 0]), chunk_size=2)
-    assert held_out_captions(ctx, (embeddings, two), torch.device("cpu")) is None
+    two = SimpleNamespace(prompts=["a fox", "a hen"])
+    assert held_out_captions(ctx, two, torch.device("cpu")) is None
 
 
 @pytest.mark.slow  # 2 s: the VAE encodes the folder and the text encoder loads twice
@@ -80,3 +79,49 @@ def test_an_image_folder_run_without_a_folder_is_refused_in_one_line(make_cfg, t
 
     with pytest.raises(UserError, match="data.root"):
         run(make_cfg(override, "trainer.max_steps=2", run_dir=tmp_path / "r"))
+
+
+def given_images(root, size=(72, 56), clear: int | None = None):
+    """Three captioned images for an image-to-video teacher (each its clip's first frame); image `clear` with a
+    transparent pixel."""
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    for i, caption in enumerate(CAPTIONS):
+        image = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).convert("RGBA")
+        if i == clear:
+            image.putpixel((3, 3), (0, 0, 0, 0))
+        image.save(root / f"img{i}.png")
+        (root / f"img{i}.txt").write_text(caption)
+    return root
+
+
+def pairs(root, *extra: str) -> list[str]:
+    small = ["data.latent_frames=2", "data.latent_height=4", "data.latent_width=4", "trainer.max_steps=2"]
+    return ["teacher=tiny_i2v", "data=image_folder", f"data.root={root}", *small, *extra]
+
+
+def test_an_image_to_video_teacher_trains_on_an_image_folder_each_image_given_as_its_first_frame(make_cfg, tmp_path):
+    """`teacher=tiny_i2v data=image_folder data.root=...`: each image is its caption's given first frame (the
+    teacher's VAE and CLIP encode it once); the held-out caption validates with its own image."""
+    root = given_images(tmp_path / "images")
+    summary = run(make_cfg(*pairs(root, "hooks.monitor.val_every=1"), run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2 and (tmp_path / "r" / "student").is_dir()
+    rows = [r for r in metrics_steps(tmp_path / "r") if "val/loss" in r]
+    assert rows and all(np.isfinite(r["val/loss"]) for r in rows)
+
+
+@pytest.mark.parametrize(
+    "size,clear,said",
+    [
+        ((30, 56), None, "image 0 ('a red fox in snow') is 30x56, too small for the run's 32x32 frames"),
+        ((72, 56), 1, "image 1 ('a lighthouse at night') has transparent pixels (mode RGBA)"),
+    ],
+)
+def test_an_image_that_cannot_be_a_first_frame_is_one_line_before_the_run_folder(make_cfg, tmp_path, size, clear, said):
+    root = given_images(tmp_path / "images", size, clear)
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*pairs(root), run_dir=tmp_path / "r"))
+    assert str(e.value).startswith(f"data.root={str(root)!r}: {said}"), str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+    # A text-to-video teacher takes the same images as x0, scaled as they must be.
+    run(make_cfg("data=image_folder", f"data.root={root}", "trainer.max_steps=1", run_dir=tmp_path / "t2v"))

@@ -82,14 +82,14 @@ def test_an_image_to_video_teacher_on_prompts_alone_is_one_line_and_nothing_is_w
 def test_a_text_to_video_teacher_on_image_prompt_pairs_is_one_line_and_nothing_is_written(
     make_cfg, tmp_path, monkeypatch
 ):
-    # No source gives (image, prompt) pairs yet: the default one is made to, for this test.
+    # An image or video folder is a text-to-video teacher's x0: the default source is made one of pairs alone.
     monkeypatch.setattr(sources.sources()["gaussian"], "gives_images", True)
     with pytest.raises(UserError) as e:
         run(make_cfg("teacher=tiny", run_dir=tmp_path / "r"))
     assert str(e.value).startswith("data.latents=gaussian gives (image, prompt) pairs, but teacher=tiny is text-to")
     assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
     monkeypatch.setattr(sources.sources()["gaussian"], "gives_images", False)
-    with pytest.raises(UserError, match="data.latents=gaussian gives prompts alone.* gives .image, prompt. pairs yet"):
+    with pytest.raises(UserError, match="data.latents=gaussian gives prompts alone.* .data.latents=images or videos.$"):
         run(make_cfg("teacher=tiny_i2v", run_dir=tmp_path / "r"))  # Wan 2.1's layout, its student's image tokens
 
 

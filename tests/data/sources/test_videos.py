@@ -74,3 +74,28 @@ def test_from_the_cli_a_bad_video_is_exit_2_and_one_line(tmp_path, cache_dir, ti
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: data.root=") and "fewer than the 9" in lines[-1], done.stderr
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_an_image_to_video_teacher_trains_on_a_video_folder_each_clip_given_its_own_first_frame(
+    make_cfg, tmp_path, cache_dir
+):
+    """Wan's own I2V training pairs: clip i is x0 and its first frame, fitted as the clip is, the given image (the
+    teacher's VAE encodes it with black frames behind, as WanImageToVideoPipeline does)."""
+    from wandistiller.data.conditions import fitted, image_bank
+    from wandistiller.data.videos import ClipShape, folder_videos, read_clip
+    from wandistiller.teacher.image import encode_condition
+    from wandistiller.teacher.spec import inspect_teacher
+    from wandistiller.teacher.vae import load_vae
+
+    root = write_videos(tmp_path / "clips")
+    cfg = make_cfg(*videos(root, "teacher=tiny_i2v_moe", "data.latent_frames=2", "hooks.monitor.val_every=1"))
+    summary = run(cfg)
+    assert summary["steps_run"] == 2
+    assert all(np.isfinite(r["val/loss"]) for r in metrics_steps(tmp_path / "run") if "val/loss" in r)
+    spec, cpu = inspect_teacher(Path(cfg.teacher.path)), torch.device("cpu")
+    source, shape = folder_videos(str(root)), ClipShape(5, 1, 64, 64)
+    first = [read_clip(source, i, shape, cfg.data)[0] for i in range(3)]
+    key = "data.root"  # the run's own bank, read from its cache: no model loads
+    bank = image_bank(spec, first.__getitem__, str, 3, source.fingerprint, cfg.data, cache_dir, cpu, key, False)
+    expected = encode_condition(spec, load_vae(spec, cpu), [fitted(f, 64, 64, "", "") for f in first], 2, 64, 64)
+    torch.testing.assert_close(bank.select(torch.arange(3)).latents, expected.latents, rtol=0, atol=1e-6)

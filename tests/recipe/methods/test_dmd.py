@@ -438,3 +438,50 @@ def test_the_cli_refuses_a_bad_method_with_one_line_and_exit_2(tmp_path, cache_d
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().startswith(line) and len(result.stderr.strip().splitlines()) == 1
     assert not folder.exists()  # nothing claimed: the refused run leaves no folder
+
+
+IMAGE_CASES = [  # (twin, student, fake score): the default lane one of each; the rest in the slow lane
+    ("tiny_i2v", "half", "student"),
+    ("tiny_i2v", "lora", "lora"),
+    ("tiny_i2v_moe", "lora", "lora"),
+    pytest.param("tiny_i2v", "half", "teacher", marks=pytest.mark.slow),
+    pytest.param("tiny_i2v", "half", "lora", marks=pytest.mark.slow),
+    pytest.param("tiny_i2v_moe", "half", "student", marks=pytest.mark.slow),
+    pytest.param("tiny_ti2v", "half", "student", marks=pytest.mark.slow),
+    pytest.param("tiny_ti2v", "lora", "lora", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("twin,student,fake_score", IMAGE_CASES)
+def test_dmd_trains_students_of_image_to_video_teachers_each_sample_drawn_from_its_prompts_image(
+    make_cfg, tmp_path, twin, student, fake_score
+):
+    """`data=image_folder` on an image-to-video twin: the student samples from each prompt's image, and the teacher
+    (the real score) and the fake score (a copy, the teacher's shape or adapters on it) take that image too."""
+    from tests.data.sources.test_images import given_images, pairs
+
+    root = given_images(tmp_path / "images", (72, 72))
+    overrides = [*pairs(root, f"teacher={twin}", f"student={student}", f"method.fake_score={fake_score}"), *FAST]
+    if twin == "tiny_ti2v":  # its VAE is 16x in space: 4x4 latents are 64x64 frames
+        overrides.append("data.latent_frames=2")
+    run(make_cfg(*overrides, "trainer.max_steps=2", run_dir=tmp_path / "r"))
+    rows = metrics_steps(tmp_path / "r")
+    assert len(rows) == 2 and all(r["loss_dmd"] > 0 and r["loss_fake_score"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    "method,said",
+    [
+        (["method=trajectory"], "method=trajectory samples the teacher's ODE with WanPipeline, which takes no image"),
+        (["method=dmd", "method.regression_weight=0.5"], "method=dmd's regression term samples the teacher's ODE"),
+    ],
+)
+def test_a_method_that_samples_the_teachers_ode_on_images_is_one_line_before_the_run_folder(
+    make_cfg, tmp_path, method, said
+):
+    from tests.data.sources.test_images import given_images, pairs
+
+    root = given_images(tmp_path / "images")
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*pairs(root), *method, run_dir=tmp_path / "r"))
+    assert str(e.value).startswith(said) and "\n" not in str(e.value) and not (tmp_path / "r").exists()

@@ -41,16 +41,16 @@ def source_of(data_cfg) -> type[DataSource]:
     return sources()[str(data_cfg.latents)]
 
 
-def check(data_cfg, vae_config: dict | None = None) -> None:
+def check(data_cfg, vae_config: dict | None = None, layout: Layout = Layout.t2v) -> None:
     """The prompts files, then what the chosen source itself checks (its images and captions; with the teacher's
-    VAE config, what needs it: a video folder's clips)."""
+    VAE config and layout, what needs them: a video folder's clips, an image-to-video teacher's given images)."""
 
     read_prompts(data_cfg.prompts_path)
     if data_cfg.val_prompts_path is not None:
         read_prompts(data_cfg.val_prompts_path, key="data.val_prompts_path")
     source_of(data_cfg).check(data_cfg)
     if vae_config is not None:
-        source_of(data_cfg).check_with_teacher(data_cfg, vae_config)
+        source_of(data_cfg).check_with_teacher(data_cfg, vae_config, layout)
 
 
 def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
@@ -70,11 +70,17 @@ def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
             f"{key} gives prompts alone, but teacher={teacher_name} is image-to-video: its experts take an image "
             f"beside each prompt; {fix}"
         )
-    if layout == Layout.t2v and source.gives_images:
+    if layout == Layout.t2v and source.gives_images and not source.images_as_x0:
         raise UserError(
             f"{key} gives (image, prompt) pairs, but teacher={teacher_name} is text-to-video and takes no image; "
             "use an image-to-video teacher (Wan 2.1 I2V, Wan 2.2 I2V A14B or TI2V 5B), or a source of prompts"
         )
+
+
+def image_conditioned(data_cfg, layout: Layout) -> bool:
+    """Whether a run's batches carry an image: an image-to-video teacher (TI2V included) on a source of images.
+    What samples with WanPipeline alone (sample grids, the end-of-run evaluation) cannot draw such a run yet."""
+    return layout != Layout.t2v and source_of(data_cfg).gives_images
 
 
 def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:
@@ -83,17 +89,30 @@ def training_data(ctx, teacher, embeddings, val_embeddings) -> Made:
     return source_of(ctx.data_cfg).make(ctx, teacher, embeddings, val_embeddings)
 
 
-def val_set(ctx, teacher, val_embeddings):
-    """The held-out set with the teacher's targets filled in once, on the main rank (None elsewhere)."""
+def val_set(ctx, teacher, val_embeddings, val_images=None):
+    """The held-out set with the teacher's targets filled in once, on the main rank (None elsewhere);
+    `val_images` (an ImageBank over the held-out prompts): an image-to-video teacher's images for them."""
 
-    held_out = build_val_set(val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps)
+    held_out = build_val_set(
+        val_embeddings, ctx.latent_shape, ctx.seed, ctx.spec.num_train_timesteps, images=val_images
+    )
     box: list[Any] = [None]  # the targets tensor, broadcast from the main rank
     if ctx.makes_teacher_data:
-        box = [fill_targets(held_out, lambda *a: teacher.targets(*a)[0]).targets]
+        box = [fill_targets(held_out, lambda *a, **image: teacher.targets(*a, **image)[0]).targets]
     if ctx.topo.distributed:
         dist.broadcast_object_list(box, src=0)
     held_out.targets = box[0]
     return held_out if ctx.is_main else None
 
 
-__all__ = ["REGISTRY", "DataSource", "Made", "check", "range_checks", "sources", "training_data", "val_set"]
+__all__ = [
+    "REGISTRY",
+    "DataSource",
+    "Made",
+    "check",
+    "image_conditioned",
+    "range_checks",
+    "sources",
+    "training_data",
+    "val_set",
+]

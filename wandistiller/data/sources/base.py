@@ -6,10 +6,12 @@ and adds its value checks to preflight. So a new source is that module plus a YA
 
     name           its `data.latents` value
     gives_images   whether its samples come with the image an image-to-video teacher is conditioned on
+    images_as_x0   whether a text-to-video teacher trains on those images (or clips) as x0 instead
     schema         `DataCommon` + the `data.*` keys it adds (typed, with defaults), `latents` its own name alone
     ranges         (key, ok(value), "what a good value is") for its keys: refused in one line, in order
     check(data)    refuse what only it can see (its files), before the run folder is claimed
-    check_with_teacher(data, vae_config)   the same for what needs the teacher's VAE (frames a clip takes)
+    check_with_teacher(data, vae_config, layout)   the same for what needs the teacher's VAE and layout (frames a
+                   clip takes, an image-to-video teacher's given images)
     held_out_prompts(data, readable)   the prompts validation holds out, for an evaluation of the run
     make(ctx, teacher, embeddings, val_embeddings) -> Made: the training latents on every rank
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from wandistiller.config import Choice
+from wandistiller.core.arch import Layout
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.validation import split_prompts
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from wandistiller.core.context import RunContext
+    from wandistiller.data.conditions import ImageBank
     from wandistiller.data.latents import LatentBank
     from wandistiller.data.prompts import PromptEmbeddings
     from wandistiller.teacher.model import Teacher
@@ -41,6 +45,9 @@ class Made:
     bank: LatentBank | None
     embeddings: PromptEmbeddings
     val_embeddings: PromptEmbeddings
+    # An image-to-video teacher's conditioning per training prompt and per held-out one (None: text alone).
+    images: ImageBank | None = None
+    val_images: ImageBank | None = None
 
 
 def own_name(name: str, module: str) -> type[Choice]:
@@ -59,6 +66,9 @@ class DataSource:
     # Whether each sample comes with the image an image-to-video teacher is conditioned on ((image, prompt) pairs);
     # a text-to-video teacher takes none, an I2V one needs one (TI2V 5B takes either: check_layout).
     gives_images: ClassVar[bool] = False
+    # Whether a text-to-video teacher takes its images as x0 instead (an image or video folder): else a source of
+    # images is refused for one (check_layout), which would drop them.
+    images_as_x0: ClassVar[bool] = False
     ranges: ClassVar[tuple[tuple[str, Callable[[Any], bool], str], ...]] = ()
 
     @classmethod
@@ -66,9 +76,10 @@ class DataSource:
         """Refuse, in one UserError line, what this source cannot use (missing files, no captions)."""
 
     @classmethod
-    def check_with_teacher(cls, data_cfg: DictConfig, vae_config: dict[str, Any]) -> None:
-        """Refuse, in one line, what only the teacher's VAE shows this source cannot use (a video folder's clips
-        too short or too small for its frames), once its config is known and before the run folder is claimed."""
+    def check_with_teacher(cls, data_cfg: DictConfig, vae_config: dict[str, Any], layout: Layout) -> None:
+        """Refuse, in one line, what only the teacher's VAE and layout show this source cannot use (a video
+        folder's clips too short or too small for its frames, an image an image-to-video teacher cannot be given),
+        once its config is known and before the run folder is claimed."""
 
     @classmethod
     def held_out_prompts(cls, data_cfg: DictConfig, readable: Callable[[str], None]) -> list[str]:

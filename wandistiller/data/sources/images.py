@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from wandistiller.config import DataCommon
+from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import made_once
 from wandistiller.core.registry import Option
-from wandistiller.data.images import image_data, image_source
+from wandistiller.data.images import check_given_images, image_data, image_pairs, image_source
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
@@ -41,12 +42,19 @@ class ImagesConfig(DataCommon):
 class Images(DataSource):
     name = "images"
     description = "images"  # what the model card says the data was
+    gives_images = True  # each an image-to-video teacher's given first frame (x0 Gaussian, as data=static_prompts)
+    images_as_x0 = True  # a text-to-video teacher's x0 (one-frame latents)
     ranges = (("data.latent_chunk", lambda v: v > 0, "a positive integer"),)
 
     @classmethod
     def check(cls, data_cfg) -> None:
 
         image_source(data_cfg)
+
+    @classmethod
+    def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
+        if layout != Layout.t2v:  # each image is given as a first frame: large enough, opaque (a text-to-video
+            check_given_images(data_cfg, vae_config)  # teacher's x0 takes any image, scaled as it must be)
 
     @classmethod
     def held_out_prompts(cls, data_cfg, readable) -> list[str]:
@@ -61,38 +69,45 @@ class Images(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
-        return captioned_made(ctx, val_embeddings, image_data)
+        # An image-to-video teacher takes each image as its given first frame; a text-to-video one as x0.
+        return captioned_made(ctx, val_embeddings, image_pairs if ctx.spec.layout != Layout.t2v else image_data)
 
 
 def captioned_made(ctx, val_embeddings, encoded) -> Made:
-    """A captioned folder's Made (images or videos: `encoded` is image_data or video_data), encoded once on the
-    main rank, with the last `data.val_fraction` of its captions held out for validation."""
+    """A captioned folder's Made (images or videos: `encoded` is image_data or video_data, giving (caption
+    embeddings, x0 bank), or image_pairs or video_pairs, giving (embeddings, x0 bank or None, ImageBank)), encoded
+    once on the main
+    rank, with the last `data.val_fraction` of its captions (and their images) held out for validation."""
 
     def load(device, progress: bool):
         d = ctx.data_cfg
         found = encoded(ctx.spec, d, ctx.teacher_cfg, ctx.precision.teacher_dtype, device, ctx.cache_dir, progress)
-        return found, held_out_captions(ctx, found, device)
+        found = (*found, None)[:3]  # image_data and video_data give no ImageBank
+        return found, held_out_captions(ctx, found[0], device)
 
     cpu = torch.device("cpu")
-    (embeddings, bank), held_out = made_once(
+    (embeddings, bank, images), held_out = made_once(
         ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
     )
     if held_out is None:
-        return Made(bank, embeddings, val_embeddings)
+        return Made(bank, embeddings, val_embeddings, images, images)
     val_embeddings, keep = held_out
     # Item i is caption i: the held-out ones are the last, so training draws the rest.
-    return Made(LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size), embeddings, val_embeddings)
+    if bank is not None:
+        bank = LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size)
+    if images is None:
+        return Made(bank, embeddings, val_embeddings)
+    return Made(bank, embeddings, val_embeddings, images.part(slice(None, keep)), images.part(slice(keep, None)))
 
 
-def held_out_captions(ctx, found, device):
+def held_out_captions(ctx, embeddings, device):
     """(embeddings of the last `data.val_fraction` of the captions, how many images stay for training), so
     an image run validates on captions of its own that it never trained on; None where
     data.val_prompts_path names the held-out prompts, or there is one image only."""
 
-    d, (embeddings, bank) = ctx.data_cfg, found
-    if d.val_prompts_path is not None or len(bank) < 2:
+    d, captions = ctx.data_cfg, embeddings.prompts  # caption i is image i's
+    if d.val_prompts_path is not None or len(captions) < 2:
         return None
-    captions = [embeddings.prompts[i] for i in bank.prompt_idx.tolist()]
     train, held = split_prompts(captions, None, d.val_fraction)  # the split Images.held_out_prompts names
     if ctx.is_main:
         log.info(

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wandistiller.config import DataCommon
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
 from wandistiller.data.sources.images import captioned_made
 from wandistiller.data.validation import split_prompts
-from wandistiller.data.videos import check_clips, folder_videos, video_data
+from wandistiller.data.videos import check_clips, folder_videos, video_data, video_pairs
 
 OwnName = own_name("videos", __name__)
 
@@ -35,6 +36,8 @@ class VideosConfig(DataCommon):
 class Videos(DataSource):
     name = "videos"
     description = "video clips"  # what the model card says the data was
+    gives_images = True  # each clip's first frame, an image-to-video teacher's given image (Wan's I2V training)
+    images_as_x0 = True  # a text-to-video teacher takes the clips alone
     ranges = (
         ("data.frame_step", lambda v: v > 0, "a positive integer"),
         ("data.latent_chunk", lambda v: v > 0, "a positive integer"),
@@ -48,7 +51,8 @@ class Videos(DataSource):
         folder_videos(data_cfg.root)
 
     @classmethod
-    def check_with_teacher(cls, data_cfg, vae_config: dict) -> None:
+    def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
+        # A clip's first frame, an image-to-video teacher's given image, is as large as the clip: no check of its own.
 
         check_clips(data_cfg, vae_config)
 
@@ -64,7 +68,8 @@ class Videos(DataSource):
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
-        return captioned_made(ctx, val_embeddings, video_data)
+        # An image-to-video teacher's given image is each clip's first frame; the clip itself is x0 either way.
+        return captioned_made(ctx, val_embeddings, video_pairs if ctx.spec.layout != Layout.t2v else video_data)
 
 
 OPTION = Option("videos", VideosConfig, Videos)

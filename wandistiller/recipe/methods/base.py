@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from wandistiller.core.context import RunContext
+    from wandistiller.data.conditions import ImageBank
     from wandistiller.data.prompts import PromptEmbeddings
     from wandistiller.placements.base import Placement
     from wandistiller.recipe.loop import Clock, Run
@@ -81,6 +82,9 @@ class Method:
     student_inputs: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = True
     reads_x0: ClassVar[bool] = True  # whether a step reads the data's clean latents (trajectory, dmd: its prompts only)
+    # Whether it samples the teacher's ODE before training (trajectory; dmd's regression term): with WanPipeline,
+    # which takes no image, so an image-conditioned run refuses it (preflight) until an I2V sampler exists.
+    samples_ode: bool = False
     # What the model card says the student learned (`{k}`: its K, `{g}`: the teacher's guidance scale).
     card_phrase: ClassVar[str] = (
         "the student transformer was trained with the method `{name}` against the teacher's classifier-free-guided "
@@ -111,8 +115,11 @@ class Method:
         """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all;
         `teacher_cfg`: the `teacher` node, or None). Most take any placement."""
 
-    def prepare(self, ctx: RunContext, teacher: Teacher | None, embeddings: PromptEmbeddings) -> None:  # noqa: B027 -- most methods sample nothing in advance
-        """What the method samples from the teacher once, before the student (every rank calls it)."""
+    def prepare(  # noqa: B027 -- most methods sample nothing in advance
+        self, ctx: RunContext, teacher: Teacher | None, embeddings: PromptEmbeddings, images: ImageBank | None = None
+    ) -> None:
+        """What the method samples from the teacher once, before the student (every rank calls it). `images`: each
+        training prompt's image (an image-to-video teacher's), for a method that draws its own prompts."""
 
     def bind(
         self,

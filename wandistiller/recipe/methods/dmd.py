@@ -49,6 +49,7 @@ from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, pos
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.finetune import apply as apply_loras
+from wandistiller.teacher.image import ImageCondition, denoised_frames
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
@@ -87,6 +88,10 @@ class DMD(Method):
     student_inputs = True
     uses_loss = False
     reads_x0 = False  # it generates its own samples; the data gives its prompts
+
+    @property
+    def samples_ode(self) -> bool:  # type: ignore[override]  # its regression term's ODE points, where weighed
+        return self.regression_weight > 0
 
     def __init__(  # every key required: its default is DmdConfig's, written once
         self,
@@ -151,10 +156,11 @@ class DMD(Method):
         forwards = micro_batches * (self.k - 1) / 2 + self.fake_updates * (self.k + 1) / 2
         return Passes(self.name, micro_batches, micro_batches, forwards, trains, micro_batches, self.fake_updates)
 
-    def prepare(self, ctx, teacher, embeddings) -> None:
+    def prepare(self, ctx, teacher, embeddings, images=None) -> None:
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, self.k, self.schedule)
         self.embeddings, self.seed = embeddings, ctx.seed
+        self.images = images  # an image-to-video teacher's, per prompt: the student samples from each its own
         self.batch_size, self.latent_shape = ctx.trainer_cfg.batch_size, ctx.latent_shape
         self.shift = ctx.teacher_cfg.flow_shift or ctx.spec.flow_shift
         self.train_timesteps = ctx.spec.num_train_timesteps
@@ -208,13 +214,15 @@ class DMD(Method):
         losses = []
         for update in range(fake.updates):
             g = torch.Generator().manual_seed(mixed_seed(self.seed, step, update, run.dp_rank, FAKE_STREAM))
-            _, cond, _ = self._prompts(run, g)
+            prompt_idx, cond, _ = self._prompts(run, g)
+            image = self._image(run, prompt_idx)
             with torch.no_grad():
-                x0 = self._generate(run, g, cond)
+                x0 = self._generate(run, g, cond, image)
             x_t, t, sigma, noise = self._renoise(run, x0, g)
             with self._autocast(run):
-                pred, _ = fake.module(x_t, t, cond)
-            loss = F.mse_loss(pred.float(), noise - x0)  # rectified flow's velocity of the student's sample
+                pred, _ = fake.module(x_t, t, cond, image)
+            # Rectified flow's velocity of the student's sample, over the frames it denoises (not TI2V's given one).
+            loss = F.mse_loss(denoised_frames(image, pred.float()), denoised_frames(image, noise - x0))
             fake.scaler.scale(loss).backward()
             fake.scaler.unscale_(fake.optimizer)
             torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -227,19 +235,21 @@ class DMD(Method):
     def student_loss(self, run, step, micro, clock):
         g = torch.Generator().manual_seed(mixed_seed(self.seed, step, micro, run.dp_rank, STUDENT_STREAM))
         prompt_idx, cond, uncond = self._prompts(run, g)
-        x0 = self._generate(run, g, cond)  # gradient through the student's last call only
+        image = self._image(run, prompt_idx)
+        x0 = self._generate(run, g, cond, image)  # gradient through the student's last call only
         x_t, t, sigma, _ = self._renoise(run, x0.detach(), g)
         start = clock.mark()
-        real, _ = run.targets.get(step, micro, Batch(prompt_idx, x_t, t, cond, uncond), ())
+        real, _ = run.targets.get(step, micro, Batch(prompt_idx, x_t, t, cond, uncond, image=image), ())
         span = (start, clock.mark())
         with torch.no_grad(), self._autocast(run):
-            fake, _ = self.networks["fake_score"].module(x_t, t, cond)
+            fake, _ = self.networks["fake_score"].module(x_t, t, cond, image)
         with torch.no_grad():
             real_x0 = x_t - sigma * real.to(run.device, torch.float32)
             fake_x0 = x_t - sigma * fake.float()
             scale = (x0 - real_x0).abs().mean(dim=tuple(range(1, x0.dim())), keepdim=True)
             grad = torch.nan_to_num((fake_x0 - real_x0) / scale)
-        parts = {"dmd": 0.5 * F.mse_loss(x0, (x0 - grad).detach())}
+        x0, moved = denoised_frames(image, x0), denoised_frames(image, (x0 - grad).detach())  # TI2V's first: given
+        parts = {"dmd": 0.5 * F.mse_loss(x0, moved)}
         if self.points is not None:
             parts["regression"] = self.points.loss(run, step, micro)
             parts["loss"] = parts["dmd"] + self.regression_weight * parts["regression"]
@@ -247,7 +257,9 @@ class DMD(Method):
 
     # -- its parts --------------------------------------------------------------------------------------------
     def _prompts(self, run, g: torch.Generator):
-        prompt_idx = torch.randint(len(self.embeddings.embeds), (self.batch_size,), generator=g)
+        # An image folder's held-out captions follow its training ones: only those with an image are drawn.
+        prompts = len(self.embeddings.embeds) if self.images is None else len(self.images)
+        prompt_idx = torch.randint(prompts, (self.batch_size,), generator=g)
         cond = self.embeddings.padded(prompt_idx, run.device)
         return prompt_idx, cond, self.embeddings.negative_batch(self.batch_size, run.device)
 
@@ -255,7 +267,11 @@ class DMD(Method):
         dtype = run.precision.autocast_dtype
         return torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None)
 
-    def _generate(self, run, g: torch.Generator, cond: torch.Tensor) -> torch.Tensor:
+    def _image(self, run, prompt_idx: torch.Tensor) -> ImageCondition | None:
+        """The drawn prompts' images on the training device (None: text alone)."""
+        return None if self.images is None else self.images.select(prompt_idx).to(run.device)
+
+    def _generate(self, run, g: torch.Generator, cond: torch.Tensor, image: ImageCondition | None) -> torch.Tensor:
         """The student's x0 at a step j of its K drawn from `g` (backward simulation): j Euler steps from noise
         without gradient, then its x0 prediction x_j - sigma_j v_j (float32)."""
         x = torch.randn((self.batch_size, *self.latent_shape), generator=g).to(run.device)
@@ -263,7 +279,7 @@ class DMD(Method):
         for i in range(last + 1):
             with torch.set_grad_enabled(torch.is_grad_enabled() and i == last), self._autocast(run):
                 t = self.timesteps[i].expand(self.batch_size).to(run.device)
-                v = run.model(x, t, cond)[0].float()
+                v = run.model(x, t, cond, image)[0].float()
             if i < last:
                 x = x + float(self.sigmas[i + 1] - self.sigmas[i]) * v
         return x - float(self.sigmas[last]) * v
@@ -298,7 +314,9 @@ def teacher_shaped(ctx) -> torch.nn.Module:
             spec.path, subfolder=name, dtype=ctx.precision.student_dtype, use_safetensors=True
         )
     apply_loras(transformer, name, spec.loras)  # a fine-tuned teacher's LoRAs: it starts from the teacher it is
-    return Student(transformer.requires_grad_(True))
+    fake = Student(transformer.requires_grad_(True))
+    fake.layout = spec.layout  # it takes what the teacher takes: an image-to-video teacher's image too
+    return fake
 
 
 class LoraFakeScore(AdaptedTeacher):

@@ -163,6 +163,7 @@ class Trajectory(Method):
     teacher_in_loop = False
     uses_loss = False
     reads_x0 = False  # its x are the teacher's cached ODE points; the data gives its prompts
+    samples_ode = True
 
     def __init__(
         self,
@@ -189,7 +190,7 @@ class Trajectory(Method):
         """The student's forward + backward alone: its teacher ODE is sampled once before training, not in a step."""
         return Passes(self.name, micro_batches, 0, 0.0, micro_batches)
 
-    def prepare(self, ctx, teacher, embeddings) -> None:
+    def prepare(self, ctx, teacher, embeddings, images=None) -> None:
         self.points = OdePoints(
             ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule
         )
