@@ -30,7 +30,7 @@ from wandistiller.bench.overhead import _setup, framework_run, framework_steps, 
 from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
-from wandistiller.teacher.lora import Adapters
+from wandistiller.teacher.lora import Adapters, strip_adapters
 
 LR, BETAS, WARMUP, MAX_NORM = 1e-3, (0.9, 0.99), 10, 1.0  # as overhead.framework_run's
 
@@ -54,11 +54,7 @@ def hand_models(expert: nn.Module, adapters: Adapters) -> tuple[nn.Module, nn.Mo
     teacher, and neither carries the framework's adapter hooks (a script has none to pay for)."""
     memo: dict[int, object] = {id(p): p for p in expert.parameters()}
     plain = copy.deepcopy(expert, memo=memo | {id(adapters): adapters})
-    for module in plain.modules():  # Adapters' hooks: partials of its bound _adapt
-        hooks = module._forward_hooks
-        for handle in [h for h, fn in hooks.items() if isinstance(getattr(getattr(fn, "func", None), "__self__",
-                                                                               None), Adapters)]:  # fmt: skip
-            del hooks[handle]
+    strip_adapters(plain)  # the copy's adapter hooks and what they hold
     adapted = copy.deepcopy(plain, memo=dict(memo))
     params: list[nn.Parameter] = []
     for key, name in adapters.layers.items():
