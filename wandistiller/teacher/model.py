@@ -5,6 +5,7 @@ velocity targets (`Teacher`). What the folder holds and how it is checked: teach
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -71,6 +72,26 @@ def compile_blocks(expert: nn.Module) -> None:
     for block in blocks_of(expert):
         block.forward = torch.compile(block.forward, fullgraph=True)
     log_first_call(blocks_of(expert)[0], "the teacher's block graph")
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why torch.compile's default backend (inductor) cannot compile for `device` here, or None where it can:
+    dynamo unsupported (this Python or platform), no triton for a GPU, no C++ compiler for the CPU."""
+    try:
+        torch._dynamo.eval_frame.check_if_dynamo_supported()
+    except Exception as e:  # its own message says what is missing
+        return f"torch.compile is not supported here ({e})"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton  # noqa: PLC0415 -- only a GPU's compile needs it
+
+        return None if has_triton() else "its GPU backend needs triton (missing, or a GPU older than sm_70)"
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415 -- only where compiling
+
+        cxx = get_cpp_compiler()
+    except Exception as e:
+        return f"its CPU backend finds no C++ compiler ({e})"
+    return None if shutil.which(cxx) else f"its CPU backend needs a C++ compiler ({cxx}: not on PATH)"
 
 
 def log_first_call(module: nn.Module, what: str) -> None:
