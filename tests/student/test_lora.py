@@ -302,10 +302,12 @@ def test_bad_lora_input_is_one_line_exit_2_and_writes_nothing(tmp_path, cache_di
         ),
         "fp8": (["teacher.quantize=fp8"], "teacher.quantize=fp8 computes with a bf16 teacher"),  # precision=fp32
         "fake": (["method=dmd", "method.fake_score=lora", "method.lora_rank=500"], "method.lora_rank=500 is wider"),
+        "compile": (["teacher.compile=true"], "its CPU backend finds no working C++ compiler (install g++"),
     }
+    no_compiler = {"CXX": str(tmp_path / "no-such-c++")}  # a machine where inductor cannot build for the CPU
     for name, (args, said) in cases.items():
         folder = tmp_path / name
-        result = run_cli(f"hydra.run.dir={folder}", *base, *args)
+        result = run_cli(f"hydra.run.dir={folder}", *base, *args, env=no_compiler if name == "compile" else None)
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         assert result.returncode == 2 and said in lines[-1] and "Traceback" not in result.stderr, (name, result.stderr)
         assert not folder.exists() or not any(folder.iterdir()), name

@@ -31,6 +31,7 @@ from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
 from wandistiller.teacher.lora import Adapters, strip_adapters
+from wandistiller.teacher.model import compile_blocks
 
 LR, BETAS, WARMUP, MAX_NORM = 1e-3, (0.9, 0.99), 10, 1.0  # as overhead.framework_run's
 
@@ -137,7 +138,11 @@ def lora_overhead(args) -> dict:
     cfg, spec, teacher, embeddings, _, precision = _setup(Path(args.cache_dir).expanduser(), args.batch_size)
     student = lora_student(cfg, spec, teacher)
     models = hand_models(teacher.experts[0], cast(Adapters, student.adapters[0]))
-    check = first_step(cfg, spec, teacher, embeddings, student, precision, models)
+    check = first_step(cfg, spec, teacher, embeddings, student, precision, models)  # eager: bit for bit
+    compiled = bool(getattr(args, "compile", False))
+    if compiled:  # each side's blocks, as teacher.compile=true compiles them; the warm-up below compiles
+        for model in (teacher.experts[0], models[0], models[1]):
+            compile_blocks(model)
     optimizer = torch.optim.AdamW(models[2], lr=LR, betas=BETAS, weight_decay=0.0)
     framework_steps(cfg, spec, teacher, embeddings, student, precision, 5)  # warm-up both paths
     hand_steps(cfg, teacher, embeddings, models, optimizer, 5)
@@ -156,6 +161,7 @@ def lora_overhead(args) -> dict:
         "benchmark": "overhead",
         "student": BUILDER,
         "method": "kd",
+        "compiled": compiled,
         "rank": adapters.rank,
         "alpha": adapters.alpha,
         "adapted_layers": len(adapters.layers),
@@ -176,7 +182,7 @@ def lora_overhead(args) -> dict:
         f"first step: loss {check['framework_loss']:.6g} (framework) vs {check['handwritten_loss']:.6g} "
         f"(hand-written), adapter gradients apart by at most {check['grad_max_abs_diff']:.3g} "
         f"(largest {check['grad_max_abs']:.3g})\n"
-        f"{'LoRA step':<14}{'ms/step (median)':>18}{'CPU ms/step':>13}\n"
+        f"{'LoRA step' + (' (compiled)' if compiled else ''):<14}{'ms/step (median)':>18}{'CPU ms/step':>13}\n"
         f"{'wandistiller':<14}{result['framework_ms_per_step']:>18.2f}{result['framework_cpu_ms_per_step']:>13.2f}\n"
         f"{'hand-written':<14}{result['handwritten_ms_per_step']:>18.2f}{result['handwritten_cpu_ms_per_step']:>13.2f}\n"
         f"CPU-time ratio {result['cpu_ratio']:.3f}x\nratio {result['ratio']:.3f}x (target <= 1.10x)"

@@ -69,6 +69,10 @@ def compile_blocks(expert: nn.Module) -> None:
     hooks on a block stay eager: the streamers swap weights in them between calls, which a graph could not.
     Weights are graph inputs, so swapping them does not recompile; outputs equal the resident compiled ones.
     """
+    # One graph per state the blocks run in, for every block: grad on or off, an adapter set on or none (teacher/
+    # lora.py), the first block's input needing a gradient or not, a new batch shape. A LoRA dmd step meets ~10, over
+    # dynamo's default of 8 per function, past which the blocks would fall back to eager, silently.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     for block in blocks_of(expert):
         block.forward = torch.compile(block.forward, fullgraph=True)
     log_first_call(blocks_of(expert)[0], "the teacher's block graph")
@@ -89,8 +93,8 @@ def compile_unavailable(device: torch.device) -> str | None:
         from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415 -- only where compiling
 
         cxx = get_cpp_compiler()
-    except Exception as e:
-        return f"its CPU backend finds no C++ compiler ({e})"
+    except Exception:  # inductor's message names its config, not what to do
+        return "its CPU backend finds no working C++ compiler (install g++, or set CXX to one)"
     return None if shutil.which(cxx) else f"its CPU backend needs a C++ compiler ({cxx}: not on PATH)"
 
 
