@@ -201,14 +201,23 @@ def test_compiled_adapted_blocks_streamed_give_the_compiled_resident_loss_and_gr
     for _ in range(2):
         want_loss, want = adapted_loss_and_grads(resident_teacher, x, t, cond, adapters=made[0])
         got_loss, got = adapted_loss_and_grads(teacher, x, t, cond, adapters=made[1])
-        assert torch.equal(got_loss, want_loss) and all(torch.equal(got[n], want[n]) for n in want)
         assert all(want[n].abs().sum() > 0 for n in want)
         with torch.no_grad():
             assert torch.equal(teacher.targets(x, t, cond, uncond)[0], resident_teacher.targets(x, t, cond, uncond)[0])
         graphs.append(counters["stats"]["unique_graphs"])
-    # per state (adapters off; on without grad in the streamed forward; on with grad, block 0's input needing none
-    # or needing it), not per block: a graph per block would be 4 per state; the second pass compiles nothing
-    assert graphs[0] == graphs[1] <= 5, graphs
+        if backend == "eager":  # the same ops in the same order: bit for bit
+            assert torch.equal(got_loss, want_loss) and all(torch.equal(got[n], want[n]) for n in want)
+            continue
+        # inductor: the streamed forward runs its no-grad graph (recomputed with grad in backward), the resident
+        # one the training graph, whose fusions round the bf16 teacher otherwise: the compile tolerance (1e-3 of
+        # the loss, tests/test_train.py) for the loss; each adapter gradient in the same direction (measured: its
+        # norm up to 1.8% apart, as bf16 rounding through 4 blocks gives: cosine > 0.9998)
+        cosine = {n: float(torch.nn.functional.cosine_similarity(got[n].flatten(), want[n].flatten(), 0)) for n in want}
+        assert abs(float(got_loss - want_loss)) <= 1e-3 * float(want_loss), (got_loss, want_loss)
+        assert min(cosine.values()) > 0.999, sorted(cosine.values())[:3]
+    # 5 for 4 blocks: per state (adapters off; again at the targets' doubled batch; on without grad in the streamed
+    # forward; on with grad, block 0's input needing none or needing it), not per block; the second pass adds none
+    assert graphs[0] == graphs[1] == 5, graphs
 
 
 def test_two_adapter_sets_on_one_streamed_expert_each_get_the_gradient_of_their_own_forward(tiny_path):
