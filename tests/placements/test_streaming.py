@@ -177,18 +177,26 @@ def test_a_loss_and_its_adapter_gradients_through_a_streamed_teacher_are_the_res
 
 
 @pytest.mark.parametrize(
-    "backend",
-    ["eager", pytest.param("inductor", marks=pytest.mark.slow)],  # inductor: minutes of C++ builds
+    "backend,base",
+    [
+        ("eager", "bf16"),
+        ("eager", "fp8"),  # teacher.quantize=fp8: the adapters on Fp8Linear layers, traced alike
+        pytest.param("inductor", "bf16", marks=pytest.mark.slow),  # inductor: minutes of C++ builds
+    ],
 )
-def test_compiled_adapted_blocks_streamed_give_the_compiled_resident_loss_and_gradients(tiny_path, backend):
+def test_compiled_adapted_blocks_streamed_give_the_compiled_resident_loss_and_gradients(tiny_path, backend, base):
     # teacher.compile=true with adapters on a streamed teacher: the compiled block forward runs inside the
     # streamer's hooks and its recomputation in backward, the adapters reached as graph inputs, never streamed.
     # eager: dynamo's tracing and guards alone (the graphs and recompiles), in seconds; inductor: as a run compiles.
     from torch._dynamo.utils import counters
 
+    from wandistiller.teacher.fp8 import Fp8Linear
+
     spec = inspect_teacher(tiny_path)
-    resident_teacher = CpuPlacement().load(spec, TEACHER, BF16, Topology())
-    teacher = DiskPlacement(resident_blocks=1).load(spec, TEACHER, BF16, Topology())
+    config = OmegaConf.merge(TEACHER, {"quantize": "fp8" if base == "fp8" else None})
+    resident_teacher = CpuPlacement().load(spec, config, BF16, Topology())
+    teacher = DiskPlacement(resident_blocks=1).load(spec, config, BF16, Topology())
+    assert isinstance(teacher.experts[0].blocks[-1].attn1.to_q, Fp8Linear) == (base == "fp8")
     for expert in resident_teacher.experts + teacher.experts:
         for block in expert.blocks:
             block.forward = torch.compile(block.forward, backend=backend, fullgraph=True)
