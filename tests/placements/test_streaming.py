@@ -191,6 +191,7 @@ def test_compiled_adapted_blocks_streamed_give_the_compiled_resident_loss_and_gr
     from torch._dynamo.utils import counters
 
     from wandistiller.teacher.fp8 import Fp8Linear
+    from wandistiller.teacher.model import compile_blocks
 
     spec = inspect_teacher(tiny_path)
     config = OmegaConf.merge(TEACHER, {"quantize": "fp8" if base == "fp8" else None})
@@ -198,8 +199,7 @@ def test_compiled_adapted_blocks_streamed_give_the_compiled_resident_loss_and_gr
     teacher = DiskPlacement(resident_blocks=1).load(spec, config, BF16, Topology())
     assert isinstance(teacher.experts[0].blocks[-1].attn1.to_q, Fp8Linear) == (base == "fp8")
     for expert in resident_teacher.experts + teacher.experts:
-        for block in expert.blocks:
-            block.forward = torch.compile(block.forward, backend=backend, fullgraph=True)
+        compile_blocks(expert, backend=backend)  # as teacher.compile=true: inductor, or dynamo alone (eager)
     torch._dynamo.reset()
     counters.clear()
     g = torch.Generator().manual_seed(0)

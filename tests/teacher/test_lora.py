@@ -111,11 +111,12 @@ def test_compiled_adapted_blocks_share_one_graph_per_adapter_state_and_switching
     every block of the expert runs the same graph for a state, so 4 blocks and 3 states (teacher, student, fake
     score) make 5 graphs, not 4 per state: the teacher's, and per adapter set one for block 0 (its input needs no
     gradient) and one for the blocks after it (theirs do). A second pass through every switch adds none."""
+    from wandistiller.teacher.model import compile_blocks
+
     model = _wan()
     sets = _two_sets(model)
     eager = _switched_calls(model, *sets)
-    for block in model.blocks:
-        block.forward = torch.compile(block.forward, backend="eager", fullgraph=True)
+    compile_blocks(model, backend="eager")
     first, second, graphs, after = _graphs_after_two_passes(model, sets)
     assert graphs == after == 5
     for name, want in eager.items():
@@ -139,3 +140,28 @@ def test_regionally_compiled_adapted_blocks_equal_eager_ones_within_the_compile_
     for name, want in eager.items():
         for got in (first[name], second[name]):
             assert float((got - want).abs().max()) <= 1e-3 * float(want.abs().max()), name
+
+
+def test_a_block_compiled_and_run_before_its_adapters_exist_sees_them_once_they_do():
+    # a teacher that samples (compiled, no adapters yet) before its LoRA student and fake score are made: dynamo does
+    # not guard on hooks added after it traced, so compile_blocks hooks every adaptable layer first (make_room)
+    from wandistiller.teacher.model import compile_blocks
+
+    model = _wan()
+    compile_blocks(model, backend="eager")
+    with torch.no_grad():
+        before = _call(model)
+    student, fake = _two_sets(model)
+    with torch.no_grad():
+        with student.active():
+            adapted = _call(model)
+        with fake.active():
+            faked = _call(model)
+        assert torch.equal(_call(model), before)
+    eager = _wan()
+    student_eager, fake_eager = _two_sets(eager)
+    with torch.no_grad():
+        with student_eager.active():
+            assert torch.allclose(adapted, _call(eager), rtol=1e-5, atol=1e-7) and not torch.equal(adapted, before)
+        with fake_eager.active():
+            assert torch.allclose(faked, _call(eager), rtol=1e-5, atol=1e-7) and not torch.equal(faked, before)

@@ -31,7 +31,7 @@ from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
 from wandistiller.teacher.lora import Adapters, strip_adapters
-from wandistiller.teacher.model import compile_blocks
+from wandistiller.teacher.model import blocks_of, compile_blocks
 
 LR, BETAS, WARMUP, MAX_NORM = 1e-3, (0.9, 0.99), 10, 1.0  # as overhead.framework_run's
 
@@ -141,8 +141,9 @@ def lora_overhead(args) -> dict:
     check = first_step(cfg, spec, teacher, embeddings, student, precision, models)  # eager: bit for bit
     compiled = bool(getattr(args, "compile", False))
     if compiled:  # each side's blocks, as teacher.compile=true compiles them; the warm-up below compiles
-        for model in (teacher.experts[0], models[0], models[1]):
-            compile_blocks(model)
+        compile_blocks(teacher.experts[0])
+        for block in [*blocks_of(models[0]), *blocks_of(models[1])]:  # no adapter hooks made room for
+            block.forward = torch.compile(block.forward, fullgraph=True)
     optimizer = torch.optim.AdamW(models[2], lr=LR, betas=BETAS, weight_decay=0.0)
     framework_steps(cfg, spec, teacher, embeddings, student, precision, 5)  # warm-up both paths
     hand_steps(cfg, teacher, embeddings, models, optimizer, 5)

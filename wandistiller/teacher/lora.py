@@ -155,6 +155,14 @@ def adapt(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tenso
     return output + scale * delta.to(output.dtype)
 
 
+def make_room(model: nn.Module) -> None:
+    """Every adaptable layer of `model` holding its (empty) adapters and `adapt` hooked on, before any set exists:
+    what a block compiled before its adapters are made must have traced (teacher/model.py `compile_blocks`)."""
+    switch = Switch.of(model)
+    for _, linear in targets(model):
+        LayerAdapters.of(linear, switch)
+
+
 def held_adapters(block: nn.Module) -> list[LayerAdapters]:
     """The adapters held by `block`'s layers (those that have any), in module order."""
     return [m.__dict__[HELD] for m in block.modules() if HELD in m.__dict__]
