@@ -185,6 +185,14 @@ def refused(match: str):
     return pytest.raises(UserError, match=re.escape(match))
 
 
+def unavailable_compile(why: str):
+    """`with unavailable_compile("..."):` torch.compile reported unable to compile here, for this reason (the check
+    the placements' adapter refusal reads): a machine without triton or a C++ compiler, on one that has them."""
+    from unittest import mock
+
+    return mock.patch("wandistiller.placements.base.compile_unavailable", lambda device: why)
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m wandistiller.train ARGS` in a fresh process, as a user runs it."""
     return subprocess.run(

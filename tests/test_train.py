@@ -273,6 +273,23 @@ def test_regionally_compiled_teacher_and_student_train_like_eager_ones(make_cfg,
     assert abs(compiled["loss_last"] - eager["loss_last"]) < 1e-3 * max(eager["loss_last"], 1e-6) + 1e-6
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "method",
+    [["method=kd"], ["method=dmd", "method.steps=2", "method.fake_score=lora", "method.lora_rank=2"]],
+    ids=["kd", "dmd_lora_fake_score"],
+)
+def test_a_lora_student_on_a_compiled_teacher_trains_like_on_an_eager_one(make_cfg, tmp_path, method):
+    # teacher.compile=true with student=lora: the adapted blocks compiled, switched on for the student's calls (and
+    # dmd's fake score's) and off for the teacher's (teacher/lora.py); the eager run's loss within the compile
+    # tolerance
+    common = ["student=lora", "student.rank=2", "trainer.max_steps=2", "trainer.batch_size=2", *method]
+    eager = run(make_cfg(*common, run_dir=tmp_path / "eager"))
+    compiled = run(make_cfg(*common, "teacher.compile=true", run_dir=tmp_path / "c"))
+    assert compiled["steps_run"] == 2
+    assert abs(compiled["loss_last"] - eager["loss_last"]) < 1e-3 * max(eager["loss_last"], 1e-6) + 1e-6
+
+
 def test_compiling_a_teacher_spread_by_accelerate_is_refused(make_cfg, tmp_path):
     overrides = ["teacher_placement=balanced", "teacher_placement.debug_cpu=true", "teacher.compile=true"]
     with pytest.raises(UserError, match="teacher.compile=true works with the placements that run a whole teacher"):

@@ -55,6 +55,7 @@ def test_bench_teacher_writes_under_outputs_and_names_its_device(tmp_path):
         (["job", "--warmup", "-1"], "--warmup=-1 must be 0 or more"),
         (["load", "--device", "nonsense"], "--device='nonsense' is not a device"),
         (["overhead", "--out", "/"], "--out /: it is a folder"),
+        (["overhead", "--compile"], "overhead --compile compares compiled LoRA steps; add --student lora"),
     ],
 )
 def test_bench_flags_are_one_line_before_any_setup(argv, message):

@@ -63,3 +63,105 @@ def test_fp32_adapters_on_a_bf16_teacher_compute_in_its_dtype_and_take_its_gradi
     out.float().square().mean().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in adapters.up.values())
     assert all(p.grad is None for p in model.parameters())
+
+
+# -- compiled (teacher.compile=true): one graph per adapter state, shared by every block ------------------------
+def _two_sets(model) -> tuple[Adapters, Adapters]:
+    """A student's adapters on every target and a fake score's on two, B off zero: each set changes the output."""
+    sets = Adapters(model, 4, seed=0), Adapters(model, 2, seed=1, names=("attn1.to_q", "ffn.net.2"))
+    with torch.no_grad():
+        for k, adapters in enumerate(sets):
+            for p in adapters.up.values():
+                p.normal_(0, 0.01, generator=torch.Generator().manual_seed(k))
+    return sets
+
+
+def _switched_calls(model, student: Adapters, fake: Adapters) -> dict[str, torch.Tensor]:
+    """The teacher (no grad), the student with its gradients, the fake score, the teacher again: one pass of the
+    per-call switching a dmd step does."""
+    out = {}
+    with torch.no_grad():
+        out["teacher"] = _call(model)
+    with student.active():
+        y = _call(model)
+        y.square().mean().backward()
+    out["student"] = y.detach()
+    out["student_grads"] = torch.cat([p.grad.flatten() for p in student.parameters()])  # type: ignore[union-attr]
+    student.zero_grad(set_to_none=True)
+    with fake.active():
+        out["fake"] = _call(model).detach()
+    with torch.no_grad():
+        out["teacher_again"] = _call(model)
+    return out
+
+
+def _graphs_after_two_passes(model, sets) -> tuple[dict, dict, int, int]:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    first = _switched_calls(model, *sets)
+    graphs = counters["stats"]["unique_graphs"]
+    second = _switched_calls(model, *sets)
+    return first, second, graphs, counters["stats"]["unique_graphs"]
+
+
+def test_compiled_adapted_blocks_share_one_graph_per_adapter_state_and_switching_recompiles_nothing():
+    """dynamo's own guards (the eager backend: what decides graphs and recompiles, without inductor's codegen):
+    every block of the expert runs the same graph for a state, so 4 blocks and 3 states (teacher, student, fake
+    score) make 5 graphs, not 4 per state: the teacher's, and per adapter set one for block 0 (its input needs no
+    gradient) and one for the blocks after it (theirs do). A second pass through every switch adds none."""
+    from wandistiller.teacher.model import compile_blocks
+
+    model = _wan()
+    sets = _two_sets(model)
+    eager = _switched_calls(model, *sets)
+    compile_blocks(model, backend="eager")
+    first, second, graphs, after = _graphs_after_two_passes(model, sets)
+    assert graphs == after == 5
+    for name, want in eager.items():
+        assert torch.allclose(first[name], want, rtol=1e-5, atol=1e-7) and torch.equal(second[name], first[name])
+    assert not torch.equal(eager["student"], eager["teacher"]) and not torch.equal(eager["fake"], eager["teacher"])
+
+
+@pytest.mark.slow  # inductor's C++ codegen of 5 block graphs on the CPU: minutes on 2 cores
+def test_regionally_compiled_adapted_blocks_equal_eager_ones_within_the_compile_tolerance():
+    """teacher/model.py's compile_blocks (inductor), as teacher.compile=true runs it: the teacher's, the student's
+    and the fake score's outputs and the student's gradients within the relative 1e-3 the compiled training run
+    keeps to the eager one (tests/test_train.py), and the same 5 graphs for 4 blocks."""
+    from wandistiller.teacher.model import compile_blocks
+
+    model = _wan()
+    sets = _two_sets(model)
+    eager = _switched_calls(model, *sets)
+    compile_blocks(model)
+    first, second, graphs, after = _graphs_after_two_passes(model, sets)
+    assert graphs == after == 5
+    for name, want in eager.items():
+        for got in (first[name], second[name]):
+            assert float((got - want).abs().max()) <= 1e-3 * float(want.abs().max()), name
+
+
+def test_a_block_compiled_and_run_before_its_adapters_exist_sees_them_once_they_do():
+    # a teacher that samples (compiled, no adapters yet) before its LoRA student and fake score are made: dynamo does
+    # not guard on hooks added after it traced, so compile_blocks hooks every adaptable layer first (make_room)
+    from wandistiller.teacher.model import compile_blocks
+
+    model = _wan()
+    compile_blocks(model, backend="eager")
+    with torch.no_grad():
+        before = _call(model)
+    student, fake = _two_sets(model)
+    with torch.no_grad():
+        with student.active():
+            adapted = _call(model)
+        with fake.active():
+            faked = _call(model)
+        assert torch.equal(_call(model), before)
+    eager = _wan()
+    student_eager, fake_eager = _two_sets(eager)
+    with torch.no_grad():
+        with student_eager.active():
+            assert torch.allclose(adapted, _call(eager), rtol=1e-5, atol=1e-7) and not torch.equal(adapted, before)
+        with fake_eager.active():
+            assert torch.allclose(faked, _call(eager), rtol=1e-5, atol=1e-7) and not torch.equal(faked, before)

@@ -14,6 +14,7 @@ from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.files import folder_problem
 from wandistiller.student.lora import BUILDER
+from wandistiller.teacher.model import compile_unavailable
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,6 +34,11 @@ def parser() -> argparse.ArgumentParser:
         choices=[BUILDER],
         default=None,
         help="lora: the LoRA student's step (student=lora method=kd) vs a hand-written LoRA step (use --batch-size 1)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --student lora: both sides' blocks regionally compiled (teacher.compile=true's compile_blocks)",
     )
     p.add_argument("--out", default=out_path("overhead"))
     t = sub.add_parser("teacher", help="a streamed teacher forward vs the GPU-resident one (random weights)")
@@ -111,6 +117,12 @@ def check_args(args: argparse.Namespace) -> None:
                 raise UserError(f"--{name.replace('_', '-')}={value} must be {what}")
     if args.bench == "grad-check":
         gradcheck.check(args)
+    if args.bench == "overhead" and args.compile:
+        if not args.student:
+            raise UserError("overhead --compile compares compiled LoRA steps; add --student lora")
+        why = compile_unavailable(torch.device("cpu"))
+        if why:
+            raise UserError(f"overhead --compile compiles on the CPU, and {why}; drop --compile")
     if getattr(args, "warmup", 0) < 0:
         raise UserError(f"--warmup={args.warmup} must be 0 or more")
     device = getattr(args, "device", "cpu")

@@ -30,7 +30,8 @@ from wandistiller.bench.overhead import _setup, framework_run, framework_steps, 
 from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
-from wandistiller.teacher.lora import Adapters
+from wandistiller.teacher.lora import Adapters, strip_adapters
+from wandistiller.teacher.model import blocks_of, compile_blocks
 
 LR, BETAS, WARMUP, MAX_NORM = 1e-3, (0.9, 0.99), 10, 1.0  # as overhead.framework_run's
 
@@ -54,11 +55,7 @@ def hand_models(expert: nn.Module, adapters: Adapters) -> tuple[nn.Module, nn.Mo
     teacher, and neither carries the framework's adapter hooks (a script has none to pay for)."""
     memo: dict[int, object] = {id(p): p for p in expert.parameters()}
     plain = copy.deepcopy(expert, memo=memo | {id(adapters): adapters})
-    for module in plain.modules():  # Adapters' hooks: partials of its bound _adapt
-        hooks = module._forward_hooks
-        for handle in [h for h, fn in hooks.items() if isinstance(getattr(getattr(fn, "func", None), "__self__",
-                                                                               None), Adapters)]:  # fmt: skip
-            del hooks[handle]
+    strip_adapters(plain)  # the copy's adapter hooks and what they hold
     adapted = copy.deepcopy(plain, memo=dict(memo))
     params: list[nn.Parameter] = []
     for key, name in adapters.layers.items():
@@ -141,7 +138,12 @@ def lora_overhead(args) -> dict:
     cfg, spec, teacher, embeddings, _, precision = _setup(Path(args.cache_dir).expanduser(), args.batch_size)
     student = lora_student(cfg, spec, teacher)
     models = hand_models(teacher.experts[0], cast(Adapters, student.adapters[0]))
-    check = first_step(cfg, spec, teacher, embeddings, student, precision, models)
+    check = first_step(cfg, spec, teacher, embeddings, student, precision, models)  # eager: bit for bit
+    compiled = bool(getattr(args, "compile", False))
+    if compiled:  # each side's blocks, as teacher.compile=true compiles them; the warm-up below compiles
+        compile_blocks(teacher.experts[0])
+        for block in [*blocks_of(models[0]), *blocks_of(models[1])]:  # no adapter hooks made room for
+            block.forward = torch.compile(block.forward, fullgraph=True)
     optimizer = torch.optim.AdamW(models[2], lr=LR, betas=BETAS, weight_decay=0.0)
     framework_steps(cfg, spec, teacher, embeddings, student, precision, 5)  # warm-up both paths
     hand_steps(cfg, teacher, embeddings, models, optimizer, 5)
@@ -160,6 +162,7 @@ def lora_overhead(args) -> dict:
         "benchmark": "overhead",
         "student": BUILDER,
         "method": "kd",
+        "compiled": compiled,
         "rank": adapters.rank,
         "alpha": adapters.alpha,
         "adapted_layers": len(adapters.layers),
@@ -180,7 +183,8 @@ def lora_overhead(args) -> dict:
         f"first step: loss {check['framework_loss']:.6g} (framework) vs {check['handwritten_loss']:.6g} "
         f"(hand-written), adapter gradients apart by at most {check['grad_max_abs_diff']:.3g} "
         f"(largest {check['grad_max_abs']:.3g})\n"
-        f"{'LoRA step':<14}{'ms/step (median)':>18}{'CPU ms/step':>13}\n"
+        + ("both sides' blocks compiled (teacher.compile=true's compile_blocks)\n" if compiled else "")
+        + f"{'LoRA step':<14}{'ms/step (median)':>18}{'CPU ms/step':>13}\n"
         f"{'wandistiller':<14}{result['framework_ms_per_step']:>18.2f}{result['framework_cpu_ms_per_step']:>13.2f}\n"
         f"{'hand-written':<14}{result['handwritten_ms_per_step']:>18.2f}{result['handwritten_cpu_ms_per_step']:>13.2f}\n"
         f"CPU-time ratio {result['cpu_ratio']:.3f}x\nratio {result['ratio']:.3f}x (target <= 1.10x)"

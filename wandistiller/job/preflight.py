@@ -392,12 +392,12 @@ def check_lora_placement(placement: Placement, ranks: int, device, teacher_cfg) 
 
 
 def check_lora_training(cfg: DictConfig) -> None:
-    """What a LoRA student does not take: a compiled student (it is the teacher's own blocks, hooked), and a
+    """What a LoRA student does not take: a compiled student (it is the teacher's own blocks: teacher.compile), and a
     hidden-state loss (its blocks are the teacher's: their outputs would be matched against themselves)."""
     if cfg.trainer.compile_student:
         raise UserError(
             "trainer.compile_student=true with student=lora: the student is the teacher's own blocks with "
-            "adapters hooked on, which a compiled graph would not see; drop trainer.compile_student"
+            "adapters on, which teacher.compile=true compiles; use that instead of trainer.compile_student"
         )
     if cfg.trainer.gradient_checkpointing:  # the recompute runs after the student's call, its adapters off by then
         raise UserError(

@@ -35,7 +35,7 @@ from wandistiller.core.precision import Precision
 from wandistiller.placements.memory import Estimate, Hardware, Workload
 from wandistiller.placements.streaming import load_fp8_expert
 from wandistiller.teacher.finetune import patch_of
-from wandistiller.teacher.model import Teacher, guidance_scales, load_expert
+from wandistiller.teacher.model import Teacher, compile_unavailable, guidance_scales, load_expert
 from wandistiller.teacher.spec import TeacherSpec
 
 
@@ -135,8 +135,9 @@ def check_adapters_on_teacher(
     """Adapters trained on the placed teacher (`key`: student=lora, method.fake_score=lora) backpropagate through
     its frozen weights on every training rank: refuse, in one line ending with `instead` (the other choice), a
     placement that cannot (`backprop`, the teacher on the training device), one that serves ranks holding no
-    teacher, and a compiled one (compiled blocks ignore the hooks). An fp8 teacher takes adapters (teacher/fp8.py:
-    the backward passes through its frozen layers to their inputs)."""
+    teacher, and a compiled one where torch.compile cannot compile for `device` (a compiled one takes adapters:
+    teacher/lora.py). An fp8 teacher takes adapters (teacher/fp8.py: the backward passes through its frozen layers
+    to their inputs)."""
     from wandistiller.placements import names_where  # noqa: PLC0415 -- cycle: the registry's package imports this
 
     here = placement.teacher_device(Topology()).type == device.type
@@ -153,8 +154,9 @@ def check_adapters_on_teacher(
             f"processes serves ranks that hold none; use distributed.nproc_per_node=1, teacher_placement="
             f"{' or '.join(local)} (a teacher on every rank), or {instead}"
         )
-    if getattr(teacher_cfg, "compile", False):  # torch.compile ignores module hooks added after it traced
+    why = compile_unavailable(device) if getattr(teacher_cfg, "compile", False) else None
+    if why:  # compiled, the adapted blocks run where the adapters train: this device
         raise UserError(
-            f"{key} hooks adapters onto the teacher's layers after teacher.compile=true compiled its blocks, which "
-            f"then ignore them; drop teacher.compile, or use {instead}"
+            f"teacher.compile=true with {key} compiles the adapted teacher's blocks on {device.type}, and {why}; "
+            f"drop teacher.compile"
         )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import math
 import mmap
 import shutil
@@ -44,7 +43,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.placements.disk_source import DiskSource
 from wandistiller.teacher.finetune import Patch
 from wandistiller.teacher.fp8 import block_fp8_layers, quantize_model
-from wandistiller.teacher.lora import Adapters
+from wandistiller.teacher.lora import LayerAdapters, Switch, held_adapters
 from wandistiller.teacher.model import blocks_of, freeze
 
 if TYPE_CHECKING:
@@ -275,13 +274,14 @@ class BlockStreamer:
         block because autograd would keep views of a slot that a later block overwrites; a resident one (the
         first `resident_blocks`) alike, so that a backward keeps one block's activations whatever stays resident."""
         i = self.index[block]
-        adapters = adapters_of(block)
-        trainable = [p for a, key in adapters if a.on for p in (a.down[key], a.up[key]) if p.requires_grad]
+        held = held_adapters(block)
+        trainable = [p for p in active_adapters(held) if p.requires_grad]
         flat, tree = tree_flatten((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         if not trainable and not any(t.requires_grad for t in tensors):
             return block(*args, **kwargs)  # nothing to backpropagate: autograd keeps nothing
-        call = BlockCall(self, i, block, tree, [TENSOR if isinstance(x, torch.Tensor) else x for x in flat], adapters)
+        switch = held[0].switch if held else None
+        call = BlockCall(self, i, block, tree, [TENSOR if isinstance(x, torch.Tensor) else x for x in flat], switch)
         return Recomputed.apply(call, len(tensors), *tensors, *trainable)
 
     def backward_block(self, i: int) -> None:
@@ -294,15 +294,14 @@ class BlockStreamer:
             self._read_ahead(self.prev_of[before])
 
 
-def adapters_of(block: nn.Module) -> list[tuple[Adapters, str]]:
-    """(Adapters, key) of every adapter hooked on `block`'s layers (teacher/lora.py's forward hooks, each a
-    partial of `Adapters._adapt` bound to its key): their on/off flags and parameters, found where they act."""
-    found: list[tuple[Adapters, str]] = []
-    for module in block.modules():
-        for hook in module._forward_hooks.values():
-            owner = getattr(getattr(hook, "func", None), "__self__", None)
-            if isinstance(owner, Adapters):
-                found.append((owner, cast(functools.partial, hook).args[0]))
+def active_adapters(held: list[LayerAdapters]) -> list[torch.Tensor]:
+    """The A and B of the active adapter set (teacher/lora.py) in these layers, in their order; none when off."""
+    found: list[torch.Tensor] = []
+    for layer in held:
+        k = layer.switch.active
+        adapter = layer.sets[k] if k is not None and k < len(layer.sets) else None
+        if adapter is not None:
+            found += [adapter[0], adapter[1]]
     return found
 
 
@@ -312,14 +311,15 @@ TENSOR = object()  # a BlockCall's constant where the call had a tensor
 @dataclass
 class BlockCall:
     """What a checkpointed block call needs to run again: the streamer, the block and its index, the call's
-    arguments apart from the tensors (`tree`, and `constants` at the non-tensor leaves), and its adapters."""
+    arguments apart from the tensors (`tree`, and `constants` at the non-tensor leaves), and its expert's adapter
+    switch (None: no adapters on this block)."""
 
     streamer: BlockStreamer
     index: int
     block: nn.Module
     tree: TreeSpec
     constants: list
-    adapters: list[tuple[Adapters, str]]
+    switch: Switch | None
 
     def arguments(self, tensors) -> tuple[tuple, dict]:
         tensors, flat = iter(tensors), []
@@ -330,14 +330,14 @@ class BlockCall:
 
 class Recomputed(torch.autograd.Function):
     """A streamed block under grad: the forward keeps its inputs alone (no tensor of a slot); the backward streams
-    the block in again, recomputes it with each adapter set on or off as it was in the forward, under the
+    the block in again, recomputes it with the adapter set that was on in the forward (or none), under the
     forward's autocast (a frozen teacher in eval mode draws no random numbers), and returns the gradients of its
     inputs and of the adapters it used (inputs of this node, so DDP and torch.autograd.grad see them)."""
 
     @staticmethod
     def forward(ctx, call: BlockCall, count: int, *tensors):
         ctx.call, ctx.count, ctx.trainable = call, count, tensors[count:]
-        ctx.flags = [a.on for a, _ in call.adapters]
+        ctx.active = call.switch.active if call.switch is not None else None
         ctx.autocast = [
             (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda")
         ]
@@ -351,18 +351,17 @@ class Recomputed(torch.autograd.Function):
         call = ctx.call
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
         call.streamer.backward_block(call.index)
-        flags = [a.on for a, _ in call.adapters]
+        switch = call.switch if call.switch is not None else Switch()
+        now = switch.active
         try:
-            for (a, _), on in zip(call.adapters, ctx.flags):
-                a.on = on
+            switch.active = ctx.active
             with torch.enable_grad(), contextlib.ExitStack() as stack:
                 for kind, enabled, dtype in ctx.autocast:
                     stack.enter_context(torch.amp.autocast(kind, dtype, enabled, ctx.autocast_cache))
                 args, kwargs = call.arguments(inputs)
                 out = call.block.forward(*args, **kwargs)  # not its hooks: streamed in above, nothing captured
         finally:
-            for (a, _), on in zip(call.adapters, flags):
-                a.on = on
+            switch.active = now
         outs = out if isinstance(out, tuple) else (out,)
         wanted = [t for t in inputs if t.requires_grad] + list(ctx.trainable)
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]

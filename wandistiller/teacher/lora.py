@@ -1,8 +1,8 @@
 """Low-rank adapters (LoRA: Hu et al. 2021) on a frozen Wan expert, switched on only inside `Adapters.active()`:
 the same module then gives the teacher's own output (adapters off: targets, samples, validation) and an adapted
-one (on: a LoRA student, `student=lora`, and dmd's `method.fake_score=lora`), with one copy of its weights. Two
-`Adapters` on one expert compose: each hook reads its own flag, so the student's and the fake score's adapters
-are never on together.
+one (on: a LoRA student, `student=lora`, and dmd's `method.fake_score=lora`), with one copy of its weights. Several
+`Adapters` on one expert share its `Switch`, which names the one set that is on (or none): the student's and the
+fake score's adapters are never on together.
 
 Each adapted Linear `y = W x + b` (an nn.Linear, or an fp8 teacher's Fp8Linear: teacher/fp8.py, whose backward
 passes the gradient to its input alone) gets `+ (alpha / rank) B(A x)` from a forward hook; B starts at zero, so an
@@ -10,23 +10,26 @@ adapted expert starts equal to the teacher. Adapted (`layers`): in every block, 
 and cross-attention (to_q, to_k, to_v, to_out.0) and the FFN's two Linears (`all`, the default), or the attention
 ones alone (`attention`), or the FFN's (`ffn`), or a list of those names.
 
-Why hand-written hooks for training, and peft only for the saved format and loading (`peft_state_dict`: the keys
+Why hooks for training, and peft only for the saved format and loading (`peft_state_dict`: the keys
 `WanPipeline.save_lora_weights` writes and `load_lora_weights` reads, `blocks.0.attn1.to_q.lora_A.weight`): peft's
 injection replaces each adapted Linear by a wrapper whose frozen weight is renamed `<name>.base_layer.weight` and
 puts the trainable A and B inside the block. The streamed placements (placements/streaming.py: offload, disk) swap
 each block's tensors in and out by their names in the teacher's own files, and move every tensor of a block as it
 leaves: renamed weights would no longer be found, and the adapters would be streamed out with the frozen weights
-(and their gradients and optimizer state with them). Hooks leave every teacher tensor where and what it is, and
-keep the adapters outside the blocks, in their own module (the one the optimizer and DDP see).
+(and their gradients and optimizer state with them). Here every teacher tensor stays where and what it is; the
+adapters' parameters belong to their own module (`Adapters`: the one the optimizer and DDP see), and each adapted
+Linear holds them only through a plain attribute (`LayerAdapters`, not a submodule: neither streamed nor moved).
 
-The hooks are registered once and read a flag (no hook bookkeeping per call). Not on a compiled teacher
-(teacher.compile: refused): torch.compile does not see module hooks added after it traced a block.
+Compiled (teacher.compile=true, teacher/model.py's regional compile): every adapted Linear runs the same hook
+function (`adapt`) that reads the expert's switch and the layer's A and B through its attributes, so every block
+traces to the same code. A compiled block sees the switch as a constant and A, B as graph inputs: one graph per
+state (off; set k on; with and without grad), shared by all blocks, compiled on its first use and reused after, so
+switching per call recompiles nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, cast
@@ -93,6 +96,88 @@ def narrowest(config: dict, names: Sequence[str] = TARGETS) -> int:
     return min(min(w) for w in layer_widths(config, names).values())
 
 
+SWITCH, HELD = "wandistiller_switch", "wandistiller_adapters"  # plain attributes (not modules) of an expert, a Linear
+
+
+class Switch:
+    """Which adapter set of one expert is on (`active`: an index into each adapted layer's `LayerAdapters.sets`),
+    None: none, the teacher's own output. One per expert, shared by all its blocks: a compiled block reads it as a
+    constant, so each state (off, or set k on) is one graph for every block, and switching costs one assignment."""
+
+    def __init__(self) -> None:
+        self.active: int | None = None
+        self.count = 0  # adapter sets made on this expert
+
+    @staticmethod
+    def of(model: nn.Module) -> Switch:
+        """`model`'s switch (made on its first adapters): a plain attribute, so not a submodule (not moved,
+        saved nor streamed)."""
+        found = model.__dict__.get(SWITCH)
+        if found is None:
+            found = Switch()
+            object.__setattr__(model, SWITCH, found)
+        return found
+
+
+class LayerAdapters:
+    """What one adapted Linear holds of its adapters: per adapter set of its expert, its A, B and scale (None where
+    that set does not adapt this layer). A plain attribute of the Linear, not a submodule: the Linear's own tensors
+    stay what and where they are (the streamers find them by name and never move these), while a compiled block
+    reaches A and B through it as graph inputs, by the same code in every block (`adapt`, one hook function)."""
+
+    def __init__(self, switch: Switch) -> None:
+        self.switch = switch
+        self.sets: list[tuple[nn.Parameter, nn.Parameter, float] | None] = []
+
+    @staticmethod
+    def of(linear: nn.Module, switch: Switch) -> LayerAdapters:
+        """`linear`'s adapters, made (and `adapt` hooked on, once) on its first set."""
+        found = linear.__dict__.get(HELD)
+        if found is None:
+            found = LayerAdapters(switch)
+            object.__setattr__(linear, HELD, found)
+            linear.register_forward_hook(adapt)
+        return found
+
+
+def adapt(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+    """The forward hook of every adapted Linear: + scale B(A x) of the expert's active set, if it adapts this one.
+    The same function everywhere, reading only its module's attributes: no closure differs between blocks."""
+    held = cast(LayerAdapters, getattr(module, HELD))
+    k = held.switch.active
+    if k is None or k >= len(held.sets):
+        return None  # the teacher's own output
+    adapter = held.sets[k]
+    if adapter is None:
+        return None
+    down, up, scale = adapter
+    delta = F.linear(F.linear(inputs[0].to(down.dtype), down), up)
+    return output + scale * delta.to(output.dtype)
+
+
+def make_room(model: nn.Module) -> None:
+    """Every adaptable layer of `model` holding its (empty) adapters and `adapt` hooked on, before any set exists:
+    what a block compiled before its adapters are made must have traced (teacher/model.py `compile_blocks`)."""
+    switch = Switch.of(model)
+    for _, linear in targets(model):
+        LayerAdapters.of(linear, switch)
+
+
+def held_adapters(block: nn.Module) -> list[LayerAdapters]:
+    """The adapters held by `block`'s layers (those that have any), in module order."""
+    return [m.__dict__[HELD] for m in block.modules() if HELD in m.__dict__]
+
+
+def strip_adapters(model: nn.Module) -> None:
+    """Take every adapter off `model` (a copy of an adapted expert that should compute as the teacher alone)."""
+    for module in model.modules():
+        if module.__dict__.pop(HELD, None) is not None:
+            hooks = module._forward_hooks
+            for handle in [h for h, fn in hooks.items() if fn is adapt]:
+                del hooks[handle]
+    model.__dict__.pop(SWITCH, None)
+
+
 class Adapters(nn.Module):
     """Rank-`rank` adapters on `model`'s target layers (`names`); their parameters are this module's (`model` stays
     frozen and is not a submodule: saving these saves the adapters alone). `alpha` None: alpha = rank (scale 1)."""
@@ -112,7 +197,9 @@ class Adapters(nn.Module):
             raise ValueError("no Linear layer to adapt: not a Wan transformer (blocks.<i>.attn1.to_q, ...)")
         self.rank, self.alpha = rank, float(alpha if alpha is not None else rank)
         self.scale = self.alpha / rank
-        self.on = False
+        self.switch = Switch.of(model)
+        self.index = self.switch.count  # this set's place in each adapted layer's `sets`
+        self.switch.count += 1
         self.down, self.up = nn.ParameterDict(), nn.ParameterDict()
         self.layers: dict[str, str] = {}  # parameter key -> the Linear's name in the model
         g = torch.Generator().manual_seed(seed)  # every rank starts from the same A
@@ -124,24 +211,31 @@ class Adapters(nn.Module):
             device = linear.weight.device
             self.down[key] = nn.Parameter(down.to(device))
             self.up[key] = nn.Parameter(torch.zeros(linear.out_features, rank, dtype=dtype, device=device))
-            linear.register_forward_hook(functools.partial(self._adapt, key))
+            held = LayerAdapters.of(linear, self.switch)
+            held.sets += [None] * (self.index + 1 - len(held.sets))
+            held.sets[self.index] = (self.down[key], self.up[key], self.scale)
 
-    def _adapt(self, key: str, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
-        if not self.on:
-            return None  # the teacher's own output
-        down, up = self.down[key], self.up[key]
-        delta = F.linear(F.linear(inputs[0].to(down.dtype), down), up)
-        return output + self.scale * delta.to(output.dtype)
+    @property
+    def on(self) -> bool:
+        """Whether these adapters are the expert's active set."""
+        return self.switch.active == self.index
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        if value:
+            self.switch.active = self.index
+        elif self.switch.active == self.index:
+            self.switch.active = None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """The adapted model inside the block; as it was before outside it (an exception included): nested calls
-        keep an outer block's adapters on."""
-        before, self.on = self.on, True
+        """The adapted model inside the block; as it was before outside it (an exception included): a nested
+        call of another set on the same expert replaces this one inside it, and gives it back after."""
+        before, self.switch.active = self.switch.active, self.index
         try:
             yield
         finally:
-            self.on = before
+            self.switch.active = before
 
     # -- the format diffusers and peft save and load ----------------------------------------------------------
     def peft_state_dict(self) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ velocity targets (`Teacher`). What the folder holds and how it is checked: teach
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -61,16 +62,47 @@ def blocks_of(model: nn.Module) -> nn.ModuleList:
     return cast(nn.ModuleList, model.blocks)
 
 
-def compile_blocks(expert: nn.Module) -> None:
+def compile_blocks(expert: nn.Module, backend: str = "inductor") -> None:
     """Regional torch.compile: one graph for the block, reused by all 40 (as diffusers' compile_repeated_blocks).
 
     Only each block's `forward` is compiled, not its whole call (which compile_repeated_blocks takes), so
     hooks on a block stay eager: the streamers swap weights in them between calls, which a graph could not.
     Weights are graph inputs, so swapping them does not recompile; outputs equal the resident compiled ones.
+    Every adaptable layer gets its (empty) adapter hook first (teacher/lora.py `make_room`): a block traced before
+    adapters are made (a teacher that samples before its LoRA student exists) would otherwise never see them, as
+    dynamo does not guard on hooks added later; with the hook traced, a new adapter set fails a guard and recompiles.
+    `backend`: torch.compile's (tests trace with "eager": dynamo's graphs and guards without inductor's builds).
     """
+    from wandistiller.teacher.lora import make_room  # noqa: PLC0415 -- cycle: lora's fp8 imports this module
+
+    make_room(expert)
+    # One graph per state the blocks run in, for every block: grad on or off, an adapter set on or none (teacher/
+    # lora.py), the first block's input needing a gradient or not, a new batch shape. A LoRA dmd step meets ~10, over
+    # dynamo's default of 8 per function, past which the blocks would fall back to eager, silently.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     for block in blocks_of(expert):
-        block.forward = torch.compile(block.forward, fullgraph=True)
+        block.forward = torch.compile(block.forward, fullgraph=True, backend=backend)
     log_first_call(blocks_of(expert)[0], "the teacher's block graph")
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why torch.compile's default backend (inductor) cannot compile for `device` here, or None where it can:
+    dynamo unsupported (this Python or platform), no triton for a GPU, no C++ compiler for the CPU."""
+    try:
+        torch._dynamo.eval_frame.check_if_dynamo_supported()
+    except Exception as e:  # its own message says what is missing
+        return f"torch.compile is not supported here ({e})"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton  # noqa: PLC0415 -- only a GPU's compile needs it
+
+        return None if has_triton() else "its GPU backend needs triton (missing, or a GPU older than sm_70)"
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415 -- only where compiling
+
+        cxx = get_cpp_compiler()
+    except Exception:  # inductor's message names its config, not what to do
+        return "its CPU backend finds no working C++ compiler (install g++, or set CXX to one)"
+    return None if shutil.which(cxx) else f"its CPU backend needs a C++ compiler ({cxx}: not on PATH)"
 
 
 def log_first_call(module: nn.Module, what: str) -> None:

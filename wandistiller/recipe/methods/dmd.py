@@ -17,7 +17,7 @@ grad scaler, checkpointed with the run. `method.fake_score`:
 - `lora`: the placed teacher itself, frozen, with trainable low-rank adapters (`method.lora_rank`; teacher/lora.py)
   switched on for the fake score's calls alone (`LoraFakeScore`): it starts equal to the teacher (DMD2's start)
   for a few adapters' memory, where the placement can backpropagate through its teacher in the training process
-  (`Placement.backprop`, on every training rank; an fp8 base too, not a compiled one). Only the adapters train and are
+  (`Placement.backprop`, on every training rank; an fp8 base and a compiled one too). Only the adapters train and are
   checkpointed.
 
 Every draw (prompts, noise, j, t) comes from a generator of (seed, step, micro-batch or update, rank): a resumed
