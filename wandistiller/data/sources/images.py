@@ -76,8 +76,8 @@ class Images(DataSource):
 def captioned_made(ctx, val_embeddings, encoded) -> Made:
     """A captioned folder's Made (images or videos: `encoded` is image_data or video_data, giving (caption
     embeddings, x0 bank), or image_pairs or video_pairs, giving (embeddings, x0 bank or None, ImageBank)), encoded
-    once on the main
-    rank, with the last `data.val_fraction` of its captions (and their images) held out for validation."""
+    once on the main rank, with the last `data.val_fraction` of its captions (and their images) held out for
+    validation."""
 
     def load(device, progress: bool):
         d = ctx.data_cfg
