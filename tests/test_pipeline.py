@@ -218,3 +218,44 @@ def test_a_lora_students_export_keeps_its_adapters_or_merges_them_into_the_teach
     with pytest.raises(UserError, match=r"^--merge-lora: .* trained student=tiny, a transformer of its own"):
         export(other, tmp_path / "x", merge_lora=True)
     assert not (tmp_path / "x").exists()
+
+
+# Issue 42: an image-to-video run leaves its teacher's own image-to-video pipeline, which takes the first frame.
+def test_an_image_to_video_run_leaves_the_teachers_image_pipeline_whose_calls_are_the_students_own(
+    make_cfg, tmp_path, tiny_i2v_path
+):
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from PIL import Image
+
+    from tests.data.sources.test_images import given_images, pairs
+    from wandistiller.teacher.image import encode_condition, expert_inputs, load_image_encoder
+    from wandistiller.teacher.spec import inspect_teacher
+    from wandistiller.teacher.vae import load_vae
+
+    root, folder = given_images(tmp_path / "images"), tmp_path / "run"
+    run(make_cfg(*pairs(root), run_dir=folder))
+    pipe = WanImageToVideoPipeline.from_pretrained(folder / "pipeline")
+    assert pipe.image_encoder is not None and pipe.image_processor is not None  # Wan 2.1 I2V's CLIP tower, linked
+    student = WanTransformer3DModel.from_pretrained(folder / "student").eval()
+    assert all(torch.equal(a, b) for a, b in zip(pipe.transformer.state_dict().values(), student.state_dict().values()))
+    calls = []
+    pipe.transformer.register_forward_hook(lambda m, a, kw, out: calls.append((kw, out[0])), with_kwargs=True)
+    image = Image.open(root / "img0.png").convert("RGB")
+    pipe(image=image, prompt="a red fox in snow", num_frames=5, height=32, width=32, num_inference_steps=2,
+         guidance_scale=1.0, output_type="latent", generator=torch.Generator().manual_seed(0))  # fmt: skip
+    # Each call's conditioning is the one the run trained on (teacher/image.py, the teacher's own arithmetic), and
+    # its output is the student's own forward on the inputs the run builds from the same noise: no CFG, 2 calls.
+    spec, cpu = inspect_teacher(tiny_i2v_path), torch.device("cpu")
+    condition = encode_condition(spec, load_vae(spec, cpu), [image], 2, 32, 32, *load_image_encoder(spec, cpu))
+    assert len(calls) == 2
+    with torch.no_grad():
+        for kw, out in calls:
+            hidden = kw["hidden_states"]
+            assert torch.equal(hidden[:, 16:], condition.latents)
+            assert torch.equal(kw["encoder_hidden_states_image"], condition.embeds)
+            t = kw["timestep"].float()
+            inputs = expert_inputs(spec.layout, (1, 2, 2), hidden[:, :16], t, condition, torch.float32)
+            mine = student(**inputs, encoder_hidden_states=kw["encoder_hidden_states"], return_dict=False)[0]
+            assert torch.equal(mine, out)
+    card = (folder / "pipeline" / "README.md").read_text()
+    assert "pipeline_tag: image-to-video" in card and "WanImageToVideoPipeline.from_pretrained" in card
