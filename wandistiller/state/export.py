@@ -655,7 +655,8 @@ def _sample_lines(f: dict, few_arg: str, frames: int, height: int, width: int) -
     if given:
         return (
             "from diffusers.utils import export_to_gif, load_image\n\n"
-            f'image = load_image("FIRST_FRAME.png")  # the clip\'s first frame (a path or URL), RGB\n'
+            f'image = load_image("FIRST_FRAME.png")  # the first frame (path or URL), cropped to {width}:{height} as '
+            "the run's\n"
             f'clip = {call}\nexport_to_gif(clip, "clip.gif")'
         )
     return f'from diffusers.utils import export_to_gif\n\nclip = {call}\nexport_to_gif(clip, "clip.gif")'
