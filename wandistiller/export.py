@@ -340,7 +340,13 @@ def teacher_facts(run, source: Path) -> dict:
     name, hub_id = card_teacher(run.cfg)
     recorded = recorded_teacher(run, source) or {}
     digest = recorded.get("digest") if isinstance(recorded.get("digest"), str) else None
-    return {"name": name, "hub_id": hub_id, "digest": digest, "boundary_ratio": run.spec.boundary_ratio}
+    return {
+        "name": name,
+        "hub_id": hub_id,
+        "digest": digest,
+        "boundary_ratio": run.spec.boundary_ratio,
+        "pipeline": pipeline_name(run.spec.path),  # the diffusers class that samples it: I2V's takes the image
+    }
 
 
 def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = None) -> str | None:
@@ -479,12 +485,13 @@ def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[s
     source = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     part = "transformer" if i == 0 else "transformer_2"
     other = "" if len(files) == 1 else "  # and the other file as the other expert"
+    pipeline = teacher.get("pipeline", "WanPipeline")
     return (
-        "from diffusers import WanPipeline, WanTransformer3DModel\n"
+        f"from diffusers import {pipeline}, WanTransformer3DModel\n"
         'folder = "PATH_TO_THIS_FOLDER"  # it holds config.json\n'
         f'{part} = WanTransformer3DModel.from_single_file(f"{{folder}}/{file}", config=folder, '
         f"dtype={torch_dtype})\n"
-        f'pipe = WanPipeline.from_pretrained("{source}", {part}={part}, dtype={torch_dtype}){other}'
+        f'pipe = {pipeline}.from_pretrained("{source}", {part}={part}, dtype={torch_dtype}){other}'
     )
 
 
@@ -507,7 +514,7 @@ def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype
         (
             ".",
             "the whole pipeline: the student transformer with the teacher's tokenizer, text encoder, VAE and scheduler",
-            'pipe = WanPipeline.from_pretrained("PATH_OR_REPO")',
+            f'pipe = {pipeline_name(run.spec.path)}.from_pretrained("PATH_OR_REPO")',
             "",
         ),
         (
