@@ -17,6 +17,11 @@ workflow, README and model card.
   (the student's own, copied or cast), a few-step student's `scheduler/`, `<name>.workflow.json` (the teacher's
   diffusion model, LoraLoaderModelOnly, the few-step sampler) and README.md. `--dtype` bf16 (default), fp16 or fp32.
 
+An image-to-video student's workflow gives its clip's first frame through its teacher's own ComfyUI node (LoadImage
+into WanImageToVideoPipeline's counterpart WanImageToVideo, with CLIPVisionEncode for Wan 2.1 I2V; TI2V 5B's
+Wan22ImageToVideoLatent), and its lines load WanImageToVideoPipeline. `--workflow text-to-video|image-to-video` picks
+the workflow (default the teacher's own); one the student's experts cannot run in is refused before any work.
+
 Everything is written into a temporary folder beside `--out` and renamed into place at the end: an error, a full
 disk or a kill leaves nothing partly written there. The run folder is only read (through core/files.py's guarded
 helpers: a received run's link that leads out of it is refused), and `--out` may not lie inside it.
