@@ -419,6 +419,61 @@ def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(
     assert "cfg 1" in card and "2 steps" in card
 
 
+def test_an_i2v_lora_pair_is_high_and_low_noise_lightning_files_with_the_teachers_image_to_video_workflow(
+    make_cfg, tmp_path, tiny_i2v_moe_path
+):
+    """Issue 42: a Wan 2.2 I2V A14B-shaped LoRA student exports as the pair of Lightning files that load into the
+    teacher's WanImageToVideoPipeline as the student's experts, and a workflow that gives the first frame through
+    WanImageToVideo; a text-to-video workflow for it is one line, nothing written."""
+    from diffusers import WanImageToVideoPipeline
+
+    from tests.state.test_comfy import sources_of
+    from tests.student.test_lora import lora_run
+    from wandistiller.core.arch import Layout
+    from wandistiller.state.comfy import WAN_I2V
+    from wandistiller.teacher.image import ImageCondition, expert_inputs
+
+    run = tmp_path / "run"
+    small = ("data.latent_frames=2", "data.latent_height=4", "data.latent_width=4")
+    student = lora_run(make_cfg, run, "tiny_i2v_moe", "method=dmd", "method.steps=2", *small)
+    with refused(f"--workflow text-to-video: the student of {run} was trained on teacher=tiny_i2v_moe (i2v): its "):
+        export(run, tmp_path / "t2v", "lora", "fp32", workflow="text-to-video")
+    assert not (tmp_path / "t2v").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    out = export(run, tmp_path / "lora", "lora", "fp32")
+    stem = "tiny_i2v_moe_lora_fp32"
+    high, low = f"{stem}_high_noise.safetensors", f"{stem}_low_noise.safetensors"
+    names = ["README.md", "diffusers", high, low, "scheduler", f"{stem}.workflow.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    with safe_open(str(out / low), "pt") as f:
+        assert json.loads(f.metadata()["expert"]) == {"expert": "low_noise", "boundary_ratio": 0.9}
+    pipe = WanImageToVideoPipeline.from_pretrained(tiny_i2v_moe_path)
+    pipe.load_lora_weights(str(out), weight_name=high)  # diffusers converts the Lightning keys itself
+    pipe.load_lora_weights(str(out), weight_name=low, load_into_transformer_2=True)
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(1, 16, 2, 4, 4, generator=g), torch.randn(1, 512, 32, generator=g)
+    given = ImageCondition(torch.randn(1, 20, 2, 4, 4, generator=g), None)
+    with torch.no_grad():
+        for t, expert in ((torch.tensor([950.0]), pipe.transformer), (torch.tensor([100.0]), pipe.transformer_2)):
+            inputs = expert_inputs(Layout.i2v, (1, 2, 2), x, t, given, torch.float32)
+            theirs = expert(**inputs, encoder_hidden_states=cond, return_dict=False)[0]
+            assert torch.allclose(theirs, student(x, t, cond, image=given)[0], atol=1e-5)
+    flow = json.loads((out / f"{stem}.workflow.json").read_text())
+    nodes: dict = {}
+    for node in flow["nodes"]:
+        nodes.setdefault(node["type"], []).append(node)
+    assert [n["widgets_values"] for n in nodes["LoraLoaderModelOnly"]] == [[high, 1.0], [low, 1.0]]
+    assert nodes[WAN_I2V][0]["widgets_values"] == [32, 32, 5, 1] and "LoadImage" in nodes  # the run's 5 frames
+    assert "CLIPVisionEncode" not in nodes and "EmptyHunyuanLatentVideo" not in nodes  # A14B: no image encoder
+    assert [sources_of(flow, n)["conditioning"] for n in nodes["BasicGuider"]] == [(WAN_I2V, 0)] * 2
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: image-to-video" in card and "WanImageToVideoPipeline.from_pretrained" in card
+    assert "pick it in the workflow's Load Image node" in card and "5 frames" in card
+    args = [str(run), "--format", "lora", "--workflow", "text-to-video", "--out", str(tmp_path / "cli")]
+    cli = subprocess.run([sys.executable, "-m", "wandistiller.export", *args], capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and cli.stderr.startswith("error: --workflow text-to")
+    assert not (tmp_path / "cli").exists()
+
+
 def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     from tests.student.test_lora import lora_run
     from wandistiller.core.errors import UserError

@@ -218,3 +218,55 @@ def test_a_lora_students_export_keeps_its_adapters_or_merges_them_into_the_teach
     with pytest.raises(UserError, match=r"^--merge-lora: .* trained student=tiny, a transformer of its own"):
         export(other, tmp_path / "x", merge_lora=True)
     assert not (tmp_path / "x").exists()
+
+
+# Issue 42: an image-to-video run leaves its teacher's own image-to-video pipeline, which takes the first frame: Wan 2.1
+# I2V's (mask and image latents concatenated, CLIP image tokens) and TI2V 5B's (the image's latent as the first frame,
+# its folder WanPipeline's with expand_timesteps, which WanImageToVideoPipeline loads to take an image).
+@pytest.mark.parametrize("teacher,side", [("tiny_i2v", 32), ("tiny_ti2v", 64)])
+def test_an_image_to_video_run_leaves_the_teachers_image_pipeline_whose_calls_are_the_students_own(
+    make_cfg, tmp_path, teacher, side, request
+):
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from PIL import Image
+
+    from tests.data.sources.test_images import given_images
+    from wandistiller.core.arch import Layout
+    from wandistiller.teacher.image import encode_condition, expert_inputs, load_image_encoder
+    from wandistiller.teacher.spec import inspect_teacher
+    from wandistiller.teacher.vae import load_vae
+
+    root, folder = given_images(tmp_path / "images", size=(side + 8, side)), tmp_path / "run"
+    small = ["data.latent_frames=2", "data.latent_height=4", "data.latent_width=4", "trainer.max_steps=2"]
+    run(make_cfg(f"teacher={teacher}", "data=image_folder", f"data.root={root}", *small, run_dir=folder))
+    spec, cpu = inspect_teacher(request.getfixturevalue(f"{teacher}_path")), torch.device("cpu")
+    pipe = WanImageToVideoPipeline.from_pretrained(folder / "pipeline")
+    assert (pipe.image_encoder is not None) == spec.image_encoder  # Wan 2.1 I2V's CLIP tower, linked beside it
+    student = WanTransformer3DModel.from_pretrained(folder / "student").eval()
+    assert all(torch.equal(a, b) for a, b in zip(pipe.transformer.state_dict().values(), student.state_dict().values()))
+    calls = []
+    pipe.transformer.register_forward_hook(lambda m, a, kw, out: calls.append((kw, out[0])), with_kwargs=True)
+    image = Image.open(root / "img0.png").convert("RGB")
+    pipe(image=image, prompt="a red fox in snow", num_frames=5, height=side, width=side, num_inference_steps=2,
+         guidance_scale=1.0, output_type="latent", generator=torch.Generator().manual_seed(0))  # fmt: skip
+    # Each call's conditioning is the one the run trained on (teacher/image.py, the teacher's own arithmetic), and
+    # its output is the student's own forward on the inputs the run builds from the same noise: no CFG, 2 calls.
+    encoder = load_image_encoder(spec, cpu)
+    condition = encode_condition(spec, load_vae(spec, cpu), [image], 2, side, side, *encoder)
+    assert len(calls) == 2
+    with torch.no_grad():
+        for kw, out in calls:
+            hidden, t = kw["hidden_states"], kw["timestep"].float()
+            if spec.layout == Layout.i2v:
+                assert torch.equal(hidden[:, 16:], condition.latents)
+                assert torch.equal(kw["encoder_hidden_states_image"], condition.embeds)
+                hidden = hidden[:, :16]
+            else:  # the given frame's tokens at timestep 0, the others at the step's
+                assert torch.equal(hidden[:, :, :1], condition.latents) and t.shape == (1, 2 * 2 * 2)
+                t = t[:, -1]
+            inputs = expert_inputs(spec.layout, (1, 2, 2), hidden, t, condition, torch.float32)
+            assert torch.equal(inputs["hidden_states"], kw["hidden_states"])
+            mine = student(**inputs, encoder_hidden_states=kw["encoder_hidden_states"], return_dict=False)[0]
+            assert torch.equal(mine, out)
+    card = (folder / "pipeline" / "README.md").read_text()
+    assert "pipeline_tag: image-to-video" in card and "WanImageToVideoPipeline.from_pretrained" in card

@@ -17,6 +17,11 @@ workflow, README and model card.
   (the student's own, copied or cast), a few-step student's `scheduler/`, `<name>.workflow.json` (the teacher's
   diffusion model, LoraLoaderModelOnly, the few-step sampler) and README.md. `--dtype` bf16 (default), fp16 or fp32.
 
+An image-to-video student's workflow gives its clip's first frame through its teacher's own ComfyUI node (LoadImage
+into WanImageToVideoPipeline's counterpart WanImageToVideo, with CLIPVisionEncode for Wan 2.1 I2V; TI2V 5B's
+Wan22ImageToVideoLatent), and its lines load WanImageToVideoPipeline. `--workflow text-to-video|image-to-video` picks
+the workflow (default the teacher's own); one the student's experts cannot run in is refused before any work.
+
 Everything is written into a temporary folder beside `--out` and renamed into place at the end: an error, a full
 disk or a kill leaves nothing partly written there. The run folder is only read (through core/files.py's guarded
 helpers: a received run's link that leads out of it is refused), and `--out` may not lie inside it.
@@ -59,7 +64,20 @@ from wandistiller.core.files import (
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import list_checkpoints, teacher_digest, teacher_problem
-from wandistiller.state.comfy import MANUAL, Sampling, lora_readme, readme, teacher_files, workflow_text
+from wandistiller.state.comfy import (
+    IMAGE_NODES,
+    MANUAL,
+    VAE,
+    VAE_22,
+    WORKFLOWS,
+    Sampling,
+    default_workflow,
+    lora_readme,
+    readme,
+    teacher_files,
+    workflow_problem,
+    workflow_text,
+)
 from wandistiller.state.export import _number as saved_number
 from wandistiller.state.export import _raw as raw_value
 from wandistiller.state.export import _word as saved_word
@@ -69,12 +87,13 @@ from wandistiller.state.export import (
     files_section,
     image_scale,
     model_card,
+    pipeline_name,
     run_loras,
     saved_prompts,
 )
 from wandistiller.state.loralayout import adapter_rank, lightning_tensors
 from wandistiller.state.loralayout import metadata as lora_metadata
-from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source
+from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source, time_scale
 from wandistiller.state.singlefile import DTYPES as TORCH_DTYPES
 from wandistiller.state.singlefile import (
     FP8_LAYOUTS,
@@ -267,16 +286,28 @@ def exact_line(facts: dict) -> str:
     return f"Its trained sigmas: {sigmas}. {how}"
 
 
-def comfy_sampling(run, facts: dict, experts: int):
+def comfy_sampling(run, facts: dict, experts: int, wanted: str | None = None):
     """How the workflow samples: a few-step student at exactly its trained sigmas -- KSampler with ComfyUI's own
     scheduler of that name where it was trained at `simple` or `beta` (at the shift ModelSamplingSD3 is set to),
-    else (diffusers' Euler, a list) the sigmas themselves (ManualSigmas); the teacher's steps with uni_pc else."""
+    else (diffusers' Euler, a list) the sigmas themselves (ManualSigmas); the teacher's steps with uni_pc else. An
+    image-to-video student's (`wanted`: the workflow, default its teacher's own) samples its run's clip length
+    through its teacher's first-frame node (state/comfy.py's IMAGE_NODES)."""
     scale, d = image_scale(run.spec.path), run.cfg.data
     boundary = run.spec.boundary_ratio if experts == 2 else None
     sampler, sigmas = ("uni_pc", "simple"), None
     if facts["few_step"]:
         named = facts["schedule"] in ("simple", "beta")
         sampler, sigmas = ("euler", facts["schedule"] if named else MANUAL), tuple(facts["sigmas"])
+    layout = str(run.spec.layout)
+    given: dict = {}
+    if layout in IMAGE_NODES:  # its clip's length, and how its experts take the first frame
+        given = {
+            "frames": (int(d.latent_frames) - 1) * time_scale(run.spec.path) + 1,
+            "image_node": IMAGE_NODES[layout],
+            "first_frame": (wanted or default_workflow(layout)) == "image-to-video",
+            "clip_vision": run.spec.image_encoder,
+            "vae": VAE_22 if layout == "ti2v" else VAE,
+        }
     return Sampling(
         facts["steps"],
         *sampler,
@@ -286,7 +317,27 @@ def comfy_sampling(run, facts: dict, experts: int):
         boundary,
         example_prompt(saved_prompts(run.cfg)),
         sigmas,
+        **given,
     )
+
+
+def check_workflow(run, fmt: str, wanted: str | None) -> None:
+    """`--workflow` one a format writes and the student's teacher takes, before any work: an image-to-video
+    student's experts cannot run in a text-to-video workflow (no image to give them), nor the reverse."""
+    if wanted is None:
+        return
+    if wanted not in WORKFLOWS:
+        raise UserError(f"--workflow {wanted!r} is not one of {', '.join(WORKFLOWS)}")
+    if fmt not in ("single-file", "lora"):
+        raise UserError(f"--workflow is for --format single-file or lora (a {fmt} export has no workflow); drop it")
+    layout = str(run.spec.layout)
+    problem = workflow_problem(layout, wanted)
+    if problem:
+        teacher = _saved_word(run.cfg.teacher, "name")
+        raise UserError(
+            f"--workflow {wanted}: the student of {run.path} was trained on teacher={teacher} ({layout}): {problem}; "
+            f"drop --workflow (its teacher's own: {default_workflow(layout)})"
+        )
 
 
 def teacher_facts(run, source: Path) -> dict:
@@ -294,7 +345,13 @@ def teacher_facts(run, source: Path) -> dict:
     name, hub_id = card_teacher(run.cfg)
     recorded = recorded_teacher(run, source) or {}
     digest = recorded.get("digest") if isinstance(recorded.get("digest"), str) else None
-    return {"name": name, "hub_id": hub_id, "digest": digest, "boundary_ratio": run.spec.boundary_ratio}
+    return {
+        "name": name,
+        "hub_id": hub_id,
+        "digest": digest,
+        "boundary_ratio": run.spec.boundary_ratio,
+        "pipeline": pipeline_name(run.spec.path),  # the diffusers class that samples it: I2V's takes the image
+    }
 
 
 def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = None) -> str | None:
@@ -433,12 +490,13 @@ def _diffusers_lines(file: str, dtype: str, teacher: dict, i: int, files: list[s
     source = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     part = "transformer" if i == 0 else "transformer_2"
     other = "" if len(files) == 1 else "  # and the other file as the other expert"
+    pipeline = teacher.get("pipeline", "WanPipeline")
     return (
-        "from diffusers import WanPipeline, WanTransformer3DModel\n"
+        f"from diffusers import {pipeline}, WanTransformer3DModel\n"
         'folder = "PATH_TO_THIS_FOLDER"  # it holds config.json\n'
         f'{part} = WanTransformer3DModel.from_single_file(f"{{folder}}/{file}", config=folder, '
         f"dtype={torch_dtype})\n"
-        f'pipe = WanPipeline.from_pretrained("{source}", {part}={part}, dtype={torch_dtype}){other}'
+        f'pipe = {pipeline}.from_pretrained("{source}", {part}={part}, dtype={torch_dtype}){other}'
     )
 
 
@@ -461,7 +519,7 @@ def write_diffusers(run, tmp: Path, out_name: str, checkpoint: str | None, dtype
         (
             ".",
             "the whole pipeline: the student transformer with the teacher's tokenizer, text encoder, VAE and scheduler",
-            'pipe = WanPipeline.from_pretrained("PATH_OR_REPO")',
+            f'pipe = {pipeline_name(run.spec.path)}.from_pretrained("PATH_OR_REPO")',
             "",
         ),
         (
@@ -544,7 +602,7 @@ def _copy(src, dst) -> None:
     shutil.copyfileobj(src, dst, 2**24)
 
 
-def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
+def write_lora_files(run, out: Path, name: str, dtype: str, workflow: str | None = None) -> list[Path]:
     """A LoRA student's export into `out`: the Lightning-layout files (one per expert), `diffusers/`, a few-step
     student's `scheduler/`, the ComfyUI workflow and README.md (the card, every file and the lines that load it)."""
 
@@ -568,7 +626,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     diffusers_files = copy_diffusers_lora(run, source, out / "diffusers", dtype)
     if facts["few_step"]:
         few_step_scheduler(run.spec, facts["steps"]).save_pretrained(out / "scheduler")
-    comfy = comfy_sampling(run, facts, len(files))
+    comfy = comfy_sampling(run, facts, len(files), workflow)
     teacher_word = (saved_word(raw_value(run.cfg.teacher, "name")) or "wan").replace(".", "_")
     models, known = teacher_files(teacher["hub_id"], teacher_word, len(files))
     workflow_file = f"{name}.workflow.json"
@@ -589,7 +647,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     for i, file in enumerate(files):
         into = ", load_into_transformer_2=True" if i == 1 else ""
         lines = (
-            _lora_pipe_lines(source_of, torch_dtype, facts)
+            _lora_pipe_lines(source_of, torch_dtype, facts, pipeline_name(run.spec.path))
             + f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER", weight_name="{file}"{into})'
         )
         listing.append(
@@ -608,7 +666,7 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
             (
                 f"diffusers/{file}",
                 f"the same adapters{which[i]} as diffusers' `save_lora_weights` wrote them (peft's names), {dtype}",
-                (_lora_pipe_lines(source_of, torch_dtype, facts) if i == 0 else "")
+                (_lora_pipe_lines(source_of, torch_dtype, facts, pipeline_name(run.spec.path)) if i == 0 else "")
                 + f'pipe.load_lora_weights("PATH_TO_THIS_FOLDER/diffusers"{into})',
                 "",
             )
@@ -637,14 +695,15 @@ def write_lora_files(run, out: Path, name: str, dtype: str) -> list[Path]:
     return [out / f for f in files]
 
 
-def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
-    """The snippet's first lines: the teacher's pipeline and, for a few-step student, its scheduler from here."""
+def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict, pipeline: str = "WanPipeline") -> str:
+    """The snippet's first lines: the teacher's pipeline (`pipeline`: an image-to-video teacher's is
+    WanImageToVideoPipeline) and, for a few-step student, its scheduler from here."""
     lines = (
-        "import torch\nfrom diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline\n"
+        f"import torch\nfrom diffusers import FlowMatchEulerDiscreteScheduler, {pipeline}\n"
         if facts["few_step"]
-        else "import torch\nfrom diffusers import WanPipeline\n"
+        else f"import torch\nfrom diffusers import {pipeline}\n"
     )
-    lines += f'pipe = WanPipeline.from_pretrained("{source}", dtype={torch_dtype})\n'
+    lines += f'pipe = {pipeline}.from_pretrained("{source}", dtype={torch_dtype})\n'
     if facts["few_step"] and facts["schedule"] != "euler":  # a config cannot hold them: bound as the card says
         sigmas = [round(v, 8) for v in facts["sigmas"][:-1]]
         lines = lines.replace("import torch\n", "import functools\nimport torch\n")
@@ -661,17 +720,20 @@ def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict) -> str:
     return lines
 
 
-def _lora(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
+def _lora(
+    run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str, workflow: str | None
+) -> Path:
 
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
     name = name or f"{teacher_name}_lora_{dtype}".replace(".", "_")
     built = tmp / "export"
     built.mkdir()
-    write_lora_files(run, built, name, dtype)
+    write_lora_files(run, built, name, dtype, workflow)
     return built
 
 
-# Writers by format: (run, tmp folder, checkpoint, dtype, name, fp8 layout) -> the folder to rename into --out.
+# Writers by format: (run, tmp folder, checkpoint, dtype, name, fp8 layout, workflow) -> the folder to rename into
+# --out.
 WRITERS: dict[str, Callable] = {}
 
 
@@ -684,9 +746,11 @@ def export(
     force: bool = False,
     name: str | None = None,
     fp8_layout: str | None = None,
+    workflow: str | None = None,
 ) -> Path:
     """Write the run's student to `out` in `fmt`, whole or not at all. `fp8_layout`: --dtype fp8's layout
-    (comfy_quant, the default, or scaled_fp8)."""
+    (comfy_quant, the default, or scaled_fp8). `workflow`: the ComfyUI workflow's kind (state/comfy.py's WORKFLOWS;
+    default the teacher's own)."""
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -702,6 +766,7 @@ def export(
     run = open_run(run_dir)
     check_out(out, run.path, force)
     check_format(run, fmt, dtype)
+    check_workflow(run, fmt, workflow)
     if is_lora_student(run) and checkpoint is not None:
         raise UserError(
             f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
@@ -716,7 +781,7 @@ def export(
     start = time.perf_counter()
     try:
         with claimed(out) as unchanged, tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name, fp8_layout or "comfy_quant")
+            built = WRITERS[fmt](run, Path(tmp), checkpoint, dtype, name, fp8_layout or "comfy_quant", workflow)
             unchanged()
             _replace(out, built, Path(tmp))
     except OSError as e:  # a full disk, a quota
@@ -823,7 +888,9 @@ def merged_teacher_at_hand(run) -> None:
         )
 
 
-def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str) -> Path:
+def _single_file(
+    run, tmp: Path, checkpoint: str | None, dtype: str, name: str | None, fp8_layout: str, workflow: str | None
+) -> Path:
     """The student's single file; a LoRA student's: the teacher with its adapters merged (W + alpha/rank B A, in
     float64, then fp32: what `pipeline --merge-lora` writes), one file per expert of a pair."""
 
@@ -847,7 +914,7 @@ def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str |
         dtype,
         facts,
         teacher_facts(run, source),
-        comfy_sampling(run, facts, len(experts)),
+        comfy_sampling(run, facts, len(experts), workflow),
         run_card(run),
         run.spec.transformer_config,
         fp8_layout,
@@ -855,7 +922,9 @@ def _single_file(run, tmp: Path, checkpoint: str | None, dtype: str, name: str |
     return built
 
 
-def _diffusers(run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None, fp8_layout: str) -> Path:
+def _diffusers(
+    run, tmp: Path, checkpoint: str | None, dtype: str | None, name: str | None, fp8_layout: str, workflow: str | None
+) -> Path:
     return write_diffusers(run, tmp, "export", checkpoint, dtype)
 
 
@@ -882,6 +951,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--dtype fp8's layout: comfy_quant (default: ComfyUI's per-layer quantization, the rest 16-bit) or "
         "scaled_fp8 (ComfyUI's legacy layout, for builds older than .comfy_quant)",
     )
+    parser.add_argument(
+        "--workflow",
+        choices=list(WORKFLOWS),
+        help="the ComfyUI workflow (single-file, lora): "
+        + "; ".join(f"{k}: {v}" for k, v in WORKFLOWS.items())
+        + " (default: the teacher's own; TI2V 5B takes both)",
+    )
     return parser.parse_args(argv)
 
 
@@ -899,6 +975,7 @@ def main(argv: list[str] | None = None) -> None:
             args.force,
             args.name,
             args.fp8_layout,
+            args.workflow,
         )
         print(f"wrote {out}")
 

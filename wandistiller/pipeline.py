@@ -1,5 +1,6 @@
-"""The student as a whole diffusers pipeline: `<run>/pipeline/`, which `WanPipeline.from_pretrained` loads
-in one call, and `python -m wandistiller.pipeline RUN --out DIR`, which writes what `push_to_hub` would send.
+"""The student as a whole diffusers pipeline: `<run>/pipeline/`, which `WanPipeline.from_pretrained` (an
+image-to-video teacher's student: `WanImageToVideoPipeline.from_pretrained`) loads in one call, and
+`python -m wandistiller.pipeline RUN --out DIR`, which writes what `push_to_hub` would send.
 
 `<run>/pipeline/` is the student transformer beside the teacher's tokenizer, text encoder, VAE and
 scheduler, with a model card (README.md). Its files are hard links to the run's `student/` and to the
@@ -128,7 +129,7 @@ def _lora_source(run, checkpoint: str | None) -> Path:
 def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
     """A LoRA student's export: the teacher's pipeline (`save_pretrained`, real copies) with the adapters beside it
     as diffusers writes them, or (`merge`) with them merged into its transformers (W + alpha/rank B A)."""
-    from diffusers import WanPipeline
+    from diffusers import DiffusionPipeline
 
     if not is_lora_folder(source):  # a checkpoint: its adapters written as a student/ folder first
         experts = [load_expert(run.spec, name, torch.float32) for name in run.spec.experts]
@@ -146,7 +147,8 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
         loras=[lora.public() for lora in run.spec.loras],
         finetuned=run.spec if run.spec.loras else None,  # the fine-tuned teacher the adapters were trained on
     )
-    pipe = WanPipeline.from_pretrained(folder)
+    # The class the folder's model_index.json names: an image-to-video teacher's pipeline keeps its image parts
+    pipe = DiffusionPipeline.from_pretrained(folder)
     experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
     if merge:
         for expert, adapters in zip(experts, adapters_from(source, run.cfg.student, experts)):
@@ -174,7 +176,7 @@ def _drop_local_paths(built: Path) -> None:
 
 def _build(run, tmp: Path, student) -> Path:
     """The export in `tmp`/export, from the pipeline folder assembled in `tmp`/pipeline."""
-    from diffusers import WanPipeline
+    from diffusers import DiffusionPipeline
 
     if not isinstance(student, Path):
         student.save_pretrained(tmp / "student")
@@ -191,7 +193,8 @@ def _build(run, tmp: Path, student) -> Path:
         loras=[lora.public() for lora in run.spec.loras],
     )
     built = tmp / "export"
-    WanPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
+    # The class the folder's model_index.json names (an image-to-video teacher's, with its image parts)
+    DiffusionPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
     shutil.copy2(folder / "README.md", built / "README.md")
     if (folder / "transformer" / SAMPLING).is_file():  # a few-step student's K and timesteps, which diffusers drops
         shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)

@@ -412,3 +412,44 @@ def test_a_lora_students_pipeline_is_the_teachers_with_the_adapters_and_its_card
     x, t, cond = torch.randn(1, 16, 1, 8, 8, generator=g), torch.tensor([950.0]), torch.randn(1, 512, 32, generator=g)
     with torch.no_grad():
         assert torch.allclose(pipe.transformer(x, t, cond, return_dict=False)[0], student(x, t, cond)[0], atol=1e-5)
+
+
+# Issue 42: an image-to-video LoRA student's pipeline is its teacher's WanImageToVideoPipeline, and its card's snippet
+# passes the clip's first frame.
+def test_an_image_to_video_lora_students_pipeline_is_its_teachers_and_its_card_snippet_samples_a_given_image(
+    make_cfg, tmp_path, tiny_i2v_moe_path
+):
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+
+    from tests.student.test_lora import lora_run
+    from wandistiller.teacher.image import ImageCondition, expert_inputs
+
+    folder = tmp_path / "run"
+    small = ("data.latent_frames=2", "data.latent_height=4", "data.latent_width=4")
+    student = lora_run(make_cfg, folder, "tiny_i2v_moe", "method=dmd", "method.steps=2", *small)
+    out = export.run_pipeline(folder, tiny_i2v_moe_path)
+    index, teacher = (json.loads((p / "model_index.json").read_text()) for p in (out, tiny_i2v_moe_path))
+    assert index["_class_name"] == "WanImageToVideoPipeline" and index["boundary_ratio"] == teacher["boundary_ratio"]
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: image-to-video" in card and "WanImageToVideoPipeline.load_lora_weights" in card
+    assert 'image = load_image("FIRST_FRAME.png")' in card and "clip = pipe(image=image, prompt=" in card
+    # The card's snippet as written, on this folder and a first frame of another size (the pipeline resizes it).
+    frame = tmp_path / "first.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(frame)
+    snippet = card.split("```python\n")[1].split("```")[0].replace("PATH_OR_REPO", str(out))
+    snippet = snippet.replace("FIRST_FRAME.png", str(frame)).replace('"clip.gif"', repr(str(tmp_path / "clip.gif")))
+    scope: dict = {}
+    exec(snippet, scope)
+    pipe = scope["pipe"]
+    assert isinstance(pipe, WanImageToVideoPipeline) and len(scope["clip"]) == 5 and (tmp_path / "clip.gif").is_file()
+    assert scope["clip"][0].size == (32, 32) and pipe.scheduler.timesteps.numel() == 2
+    assert [c.r for c in pipe.transformer_2.peft_config.values()] == [2]  # both experts adapted
+    g = torch.Generator().manual_seed(0)
+    x, cond = torch.randn(1, 16, 2, 4, 4, generator=g), torch.randn(1, 512, 32, generator=g)
+    given = ImageCondition(torch.randn(1, 20, 2, 4, 4, generator=g), None)
+    with torch.no_grad():
+        for t, expert in ((torch.tensor([950.0]), pipe.transformer), (torch.tensor([100.0]), pipe.transformer_2)):
+            inputs = expert_inputs(export.Layout.i2v, (1, 2, 2), x, t, given, torch.float32)
+            mine = student(x, t, cond, image=given)[0]
+            assert torch.allclose(expert(**inputs, encoder_hidden_states=cond, return_dict=False)[0], mine, atol=1e-5)

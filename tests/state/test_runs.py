@@ -432,3 +432,27 @@ def test_a_run_of_a_fine_tuned_teacher_reopens_with_its_loras_and_its_student_fi
     check_teacher_fits(reopened, folder / "student", allow_other=False)  # metrics.json's record: the same teacher
     with refused("and this run's is teacher.lora=null"):
         check_teacher_fits(dataclasses.replace(reopened, spec=plain), folder / "student", allow_other=False)
+
+
+# Issue 42: a student of one layout loaded on another is one line, exit 2, nothing written -- even with
+# --allow-other-teacher, which bridges other weights, never other input channels.
+def test_an_image_to_video_student_is_never_drawn_by_a_text_to_video_pipeline_or_teacher(
+    make_cfg, tmp_path, tiny_path, capsys
+):
+    from tests.data.sources.test_images import given_images, pairs
+    from wandistiller.train import run
+
+    folder = tmp_path / "run"
+    run(make_cfg(*pairs(given_images(tmp_path / "images")), run_dir=folder))
+    capsys.readouterr()  # the run's own progress
+    before = sorted(p.name for p in folder.iterdir())
+    cases = {
+        (): "is a student of the image-to-video teacher",
+        ("--teacher-path", str(tiny_path)): "whose experts take 36 input channels, and the teacher at",
+        ("--teacher-path", str(tiny_path), "--allow-other-teacher"): "a student runs only on the layout it was",
+    }
+    for extra, said in cases.items():
+        for cli, argv in ((generate_cli, ["--prompt", "a fox"]), (eval_cli, ["--limit", "1"])):
+            err = one_error_line(capsys, cli, [str(folder), *argv, *extra])
+            assert err.startswith(f"error: the student in {folder / 'student'} cannot be drawn here: ") and said in err
+    assert sorted(p.name for p in folder.iterdir()) == before  # no generated/, no eval/

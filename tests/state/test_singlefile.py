@@ -103,7 +103,25 @@ def test_the_layout_is_wan_s_and_diffusers_own_converter_gives_back_every_tensor
     assert set(back) == set(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
     with pytest.raises(ValueError, match="no name in the Wan reference layout"):
-        wan_key("condition_embedder.image_embedder.norm1.weight")
+        wan_key("condition_embedder.image_embedder.pos_embed")  # FLF2V's: no model here has it
+
+
+def test_a_wan21_i2v_transformer_round_trips_through_the_reference_layout_diffusers_reads(tiny_i2v_path):
+    """Issue 42: Wan 2.1 I2V's CLIP image parts (img_emb, each block's k_img / v_img / norm_k_img) named as Wan's
+    own files name them, which diffusers' converter reads back to the same tensors."""
+    from diffusers import WanTransformer3DModel
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    model = WanTransformer3DModel.from_pretrained(tiny_i2v_path, subfolder="transformer")
+    tensors = {wan_key(k): v for k, v in model.state_dict().items()}
+    assert {
+        "img_emb.proj.1.weight",
+        "blocks.0.cross_attn.k_img.weight",
+        "blocks.3.cross_attn.norm_k_img.weight",
+    } <= set(tensors)
+    back = convert_wan_transformer_to_diffusers(dict(tensors))
+    state = model.state_dict()
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
 
 
 def test_diffusers_from_single_file_gives_the_students_output_fp32_exact_bf16_to_rounding(pocket_student, tmp_path):

@@ -14,6 +14,12 @@ new noise), the high-noise expert's steps first, split where the sigmas cross th
 A LoRA student's workflow (`loras`) loads the teacher's own diffusion model file (its usual name in ComfyUI's folders
 for the Wan teachers, `TEACHER_FILES`) and puts the adapters on it with LoraLoaderModelOnly (strength 1: the scale the
 student was trained at) before the same sampler; a pair adapts each expert with its own file.
+
+An image-to-video student's workflow feeds its experts as ComfyUI's own Wan image-to-video examples do, its first
+frame from LoadImage (`IMAGE_NODES`): Wan 2.1 / 2.2 I2V through WanImageToVideo (the mask and the image's latents on
+the conditioning; Wan 2.1's CLIP image tokens from CLIPVisionLoader and CLIPVisionEncode), TI2V 5B through
+Wan22ImageToVideoLatent (the image's latent as the first latent frame). It samples `Sampling.frames` frames and saves
+them as an animated WEBP.
 """
 
 from __future__ import annotations
@@ -27,12 +33,17 @@ from wandistiller.state.singlefile import expert_names
 # The usual names of the teacher's other files in ComfyUI's folders (Comfy-Org's repackaged Wan files).
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
+VAE_22 = "wan2.2_vae.safetensors"  # TI2V 5B's own 48-channel VAE
+CLIP_VISION = "clip_vision_h.safetensors"  # Wan 2.1 I2V's CLIP ViT-H/14
+FIRST_FRAME = "first_frame.png"  # LoadImage's widget: the user picks their image in ComfyUI's input folder
+FPS = 16  # Wan's clips are 16 frames a second
 REPACKAGED = "Comfy-Org's Wan repackage"
 FOLDERS = {
     "diffusion_model": "models/diffusion_models",
     "text_encoder": "models/text_encoders",
     "vae": "models/vae",
     "lora": "models/loras",
+    "clip_vision": "models/clip_vision",
 }
 # The Wan teachers' diffusion model files as ComfyUI users have them (Comfy-Org's repackage), by Hub id; a pair's
 # high-noise expert first. Another teacher (pocket, a local folder) is named by a placeholder the README explains.
@@ -43,7 +54,48 @@ TEACHER_FILES = {
         "wan2.2_t2v_high_noise_14B_fp16.safetensors",
         "wan2.2_t2v_low_noise_14B_fp16.safetensors",
     ),
+    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": ("wan2.1_i2v_480p_14B_fp16.safetensors",),
+    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": ("wan2.1_i2v_720p_14B_fp16.safetensors",),
+    "Wan-AI/Wan2.2-I2V-A14B-Diffusers": (
+        "wan2.2_i2v_high_noise_14B_fp16.safetensors",
+        "wan2.2_i2v_low_noise_14B_fp16.safetensors",
+    ),
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ("wan2.2_ti2v_5B_fp16.safetensors",),
 }
+
+# The ComfyUI node that gives an image-to-video student its first frame, by what its experts take (core/arch.py's
+# Layout): WanImageToVideo puts the mask and the image's latents (and CLIP image tokens) on the conditioning and
+# returns an empty latent; Wan22ImageToVideoLatent returns the latent with the image's own as its first frame.
+WAN_I2V, WAN22_I2V = "WanImageToVideo", "Wan22ImageToVideoLatent"
+IMAGE_NODES = {"i2v": WAN_I2V, "ti2v": WAN22_I2V}
+
+# What a workflow makes (`python -m wandistiller.export --workflow`), by name: a clip from text alone, or from the
+# prompt and a first frame. The default is the teacher's own; `workflow_problem` says which a student cannot take.
+WORKFLOWS = {
+    "text-to-video": "a clip from the prompt alone",
+    "image-to-video": "a clip from the prompt and a first frame",
+}
+
+
+def default_workflow(layout: str) -> str:
+    """The workflow a student of this layout gets unless the user names another: the teacher's own."""
+    return "image-to-video" if layout in IMAGE_NODES else "text-to-video"
+
+
+def workflow_problem(layout: str, wanted: str) -> str | None:
+    """Why a student of `layout` cannot run in the `wanted` workflow, in words; None where it can. TI2V 5B is also a
+    text-to-video model (without an image its pipeline is WanPipeline's), so it takes both; the others one each."""
+    if wanted == "text-to-video" and layout == "i2v":
+        return (
+            "its experts take the first frame's mask and latents beside the noise (an image-to-video teacher): "
+            "a text-to-video workflow has no image to give them"
+        )
+    if wanted == "image-to-video" and layout == "t2v":
+        return "its teacher is a text-to-video model: its experts take no image"
+    return None
+
+
+Slot = tuple[int, int]  # a node's output: (node id, output slot)
 
 
 @dataclass(frozen=True)
@@ -62,6 +114,13 @@ class Sampling:
     # A few-step student's K + 1 trained sigmas (ending at 0). With scheduler "simple" or "beta" ComfyUI's function
     # of that name gives them at `shift` (KSampler); with MANUAL the workflow sets them itself (ManualSigmas).
     sigmas: tuple[float, ...] | None = None
+    frames: int = 1  # pixel frames; an image run's 1
+    # An image-to-video student's first-frame node (`IMAGE_NODES`; None: text to video), and whether its experts
+    # also take CLIP image tokens (Wan 2.1 I2V).
+    image_node: str | None = None
+    first_frame: bool = False  # a LoadImage gives it (TI2V 5B's text-to-video workflow: its latent node, no image)
+    clip_vision: bool = False
+    vae: str = VAE
 
 
 MANUAL = "manual"  # Sampling.scheduler where no ComfyUI scheduler gives the trained sigmas: ManualSigmas sets them
@@ -160,12 +219,16 @@ def workflow(
     LoraLoaderModelOnly chained before the student's: the student was distilled from that fine-tuned teacher."""
     g = _Graph()
     clip = g.add("CLIPLoader", [TEXT_ENCODER, "wan", "default"], {}, ["CLIP"])
-    vae = g.add("VAELoader", [VAE], {}, ["VAE"])
+    vae = g.add("VAELoader", [s.vae], {}, ["VAE"])
     positive = g.add("CLIPTextEncode", [prompt], {"clip": ("CLIP", (clip, 0))}, ["CONDITIONING"])
     negative = g.add(
         "CLIPTextEncode", [""], {"clip": ("CLIP", (clip, 0))}, ["CONDITIONING"], title="negative (unused at cfg 1)"
     )
-    latent = g.add("EmptyHunyuanLatentVideo", [s.width, s.height, 1, 1], {}, ["LATENT"])
+    if s.image_node is not None:  # the image-to-video teacher's own node makes the latent (and conditioning)
+        pos, neg, latent = _first_frame(g, s, positive, negative, vae)
+    else:
+        pos, neg = (positive, 0), (negative, 0)
+        latent = (g.add("EmptyHunyuanLatentVideo", [s.width, s.height, s.frames, 1], {}, ["LATENT"]), 0)
     models = []
     for i, file in enumerate(files):
         unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
@@ -180,14 +243,14 @@ def workflow(
         if loras is not None:
             unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
         models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
-    conditioning = {"positive": ("CONDITIONING", (positive, 0)), "negative": ("CONDITIONING", (negative, 0))}
+    conditioning = {"positive": ("CONDITIONING", pos), "negative": ("CONDITIONING", neg)}
     if s.scheduler == MANUAL:
-        sampled = _manual(g, s, models, positive, latent)
+        sampled = _manual(g, s, models, pos, latent)
     elif len(models) == 1:
         sampled = g.add(
             "KSampler",
             [0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, 1.0],
-            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", (latent, 0))},
+            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", latent)},
             ["LATENT"],
         )
     else:
@@ -195,7 +258,7 @@ def workflow(
         high = g.add(
             "KSamplerAdvanced",
             ["enable", 0, "fixed", s.steps, 1.0, s.sampler, s.scheduler, 0, split, "enable"],
-            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", (latent, 0))},
+            {"model": ("MODEL", (models[0], 0)), **conditioning, "latent_image": ("LATENT", latent)},
             ["LATENT"],
             title="high noise",
         )
@@ -207,11 +270,52 @@ def workflow(
             title="low noise",
         )
     image = g.add("VAEDecode", [], {"samples": ("LATENT", (sampled, 0)), "vae": ("VAE", (vae, 0))}, ["IMAGE"])
-    g.add("SaveImage", ["wandistiller"], {"images": ("IMAGE", (image, 0))}, [])
+    if s.frames > 1:  # a clip: one animated file (core's SaveAnimatedWEBP: prefix, fps, lossless, quality, method)
+        g.add(
+            "SaveAnimatedWEBP",
+            ["wandistiller", float(FPS), False, 90, "default"],
+            {"images": ("IMAGE", (image, 0))},
+            [],
+        )
+    else:
+        g.add("SaveImage", ["wandistiller"], {"images": ("IMAGE", (image, 0))}, [])
     return g.workflow()
 
 
-def _manual(g: _Graph, s: Sampling, models: list[int], positive: int, latent: int) -> int:
+def _first_frame(g: _Graph, s: Sampling, positive: int, negative: int, vae: int) -> tuple[Slot, Slot, Slot]:
+    """The first frame given as the student's teacher takes it (comfy_extras/nodes_wan.py): LoadImage, then
+    WanImageToVideo (its conditioning and empty latent; Wan 2.1 I2V's CLIP tokens through CLIPVisionEncode, crop
+    "none" as ComfyUI's Wan 2.1 example) or Wan22ImageToVideoLatent (the latent alone; TI2V 5B's text-to-video
+    workflow: no image). Returns (positive, negative, latent) slots for the sampler. Both nodes take width, height,
+    length and batch size as widgets, and resize the image to width x height themselves."""
+    size = [s.width, s.height, s.frames, 1]
+    image = None
+    if s.first_frame:
+        image = g.add("LoadImage", [FIRST_FRAME, "image"], {}, ["IMAGE", "MASK"], title="the first frame")
+    if s.image_node == WAN22_I2V:
+        inputs = {"vae": ("VAE", (vae, 0))} | ({"start_image": ("IMAGE", (image, 0))} if image else {})
+        return (positive, 0), (negative, 0), (g.add(WAN22_I2V, size, inputs, ["LATENT"]), 0)
+    assert image is not None
+    inputs = {
+        "positive": ("CONDITIONING", (positive, 0)),
+        "negative": ("CONDITIONING", (negative, 0)),
+        "vae": ("VAE", (vae, 0)),
+    }
+    if s.clip_vision:
+        loader = g.add("CLIPVisionLoader", [CLIP_VISION], {}, ["CLIP_VISION"])
+        encoded = g.add(
+            "CLIPVisionEncode",
+            ["none"],
+            {"clip_vision": ("CLIP_VISION", (loader, 0)), "image": ("IMAGE", (image, 0))},
+            ["CLIP_VISION_OUTPUT"],
+        )
+        inputs["clip_vision_output"] = ("CLIP_VISION_OUTPUT", (encoded, 0))
+    inputs["start_image"] = ("IMAGE", (image, 0))
+    node = g.add(WAN_I2V, size, inputs, ["CONDITIONING", "CONDITIONING", "LATENT"])
+    return (node, 0), (node, 1), (node, 2)
+
+
+def _manual(g: _Graph, s: Sampling, models: list[int], positive: Slot, latent: Slot) -> int:
     """The trained sigmas set exactly with core nodes: ManualSigmas -> SamplerCustomAdvanced (KSamplerSelect euler,
     BasicGuider: cfg 1, RandomNoise); a pair splits them (SplitSigmas) at the boundary step, the low-noise expert
     continuing the high-noise one's latent without new noise (DisableNoise). Returns the sampled latent's node."""
@@ -221,7 +325,7 @@ def _manual(g: _Graph, s: Sampling, models: list[int], positive: int, latent: in
     noise = g.add("RandomNoise", [0, "fixed"], {}, ["NOISE"])
     guiders = [
         g.add(
-            "BasicGuider", [], {"model": ("MODEL", (m, 0)), "conditioning": ("CONDITIONING", (positive, 0))}, ["GUIDER"]
+            "BasicGuider", [], {"model": ("MODEL", (m, 0)), "conditioning": ("CONDITIONING", positive)}, ["GUIDER"]
         )  # fmt: skip
         for m in models
     ]
@@ -229,7 +333,7 @@ def _manual(g: _Graph, s: Sampling, models: list[int], positive: int, latent: in
     if len(models) == 2:
         split = g.add("SplitSigmas", [switch_step(s)], {"sigmas": ("SIGMAS", (sigmas, 0))}, ["SIGMAS", "SIGMAS"])
         parts = [(split, 0), (split, 1)]
-    source = (latent, 0)
+    source = latent
     for i, (guider, part) in enumerate(zip(guiders, parts)):
         if i == 1:
             noise = g.add("DisableNoise", [], {}, ["NOISE"])
@@ -320,6 +424,22 @@ def _section(
         else f"scheduler `{s.scheduler}`, ModelSamplingSD3 shift {s.shift:g}"
     )
     intro = f"{intro}\n" if intro else ""
+    vision = (
+        f"| `{CLIP_VISION}` | the teacher's CLIP ViT-H/14 image encoder ({REPACKAGED}) "
+        f"| `{FOLDERS['clip_vision']}/` |\n"
+        if s.clip_vision
+        else ""
+    )
+    frames = f"{s.frames} frames (saved as an animated WEBP at {FPS} fps)" if s.frames > 1 else "1 frame"
+    given = ""
+    if s.first_frame:
+        given = (
+            f"The clip's first frame is your image: pick it in the workflow's Load Image node (`{FIRST_FRAME}` is a "
+            f"placeholder); {s.image_node} resizes it to {s.width}x{s.height} and gives it as the teacher's own "
+            "pipeline does" + (", its CLIP image tokens through CLIPVisionEncode" if s.clip_vision else "") + ".\n"
+        )
+    elif s.image_node is not None:
+        given = f"No first frame: {s.image_node} without a start image makes the clip from the prompt alone.\n"
     return f"""## In ComfyUI
 
 Put the files where ComfyUI looks for them, then drop `{workflow_file}` on ComfyUI's canvas:
@@ -328,9 +448,9 @@ Put the files where ComfyUI looks for them, then drop `{workflow_file}` on Comfy
 |---|---|---|
 {where}
 | `{TEXT_ENCODER}` (or `umt5_xxl_fp16`) | the teacher's umT5-XXL text encoder ({REPACKAGED}) | `{text_dir}/` |
-| `{VAE}` | the teacher's Wan VAE ({REPACKAGED}) | `{vae_dir}/` |
-
-{intro}Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG), sampler
-`{s.sampler}`, {schedule}, {s.width}x{s.height}, 1 frame.
+| `{s.vae}` | the teacher's Wan VAE ({REPACKAGED}) | `{vae_dir}/` |
+{vision}
+{intro}{given}Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG),
+sampler `{s.sampler}`, {schedule}, {s.width}x{s.height}, {frames}.
 {exact}
 {pair}{caution}"""

@@ -11,6 +11,10 @@ timesteps; `student/sampling.json` (and the pipeline's `transformer/sampling.jso
 sigmas, and the model card says them. That scheduler is K's: at another count diffusers stretches its schedule
 to end at K's last point (at 1 step, 0 / 0: NaN), so the card shows how to rebuild the n-step one with diffusers
 alone (`other_steps`), as `eval`/`generate --student-steps n` do. A KD student's export is as before.
+
+An image-to-video teacher's student is that teacher's own pipeline: its model_index.json (WanImageToVideoPipeline, or
+TI2V 5B's WanPipeline with expand_timesteps) and, for Wan 2.1 I2V, its image encoder and processor; the card's snippet
+loads it with WanImageToVideoPipeline and passes the clip's first frame (`PIPELINES`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError, counted, human_count
 from wandistiller.core.files import check_tree, in_run, open_in, read_json_in, replace_folder, write_in_run
 from wandistiller.core.hydra import shipped_asset
@@ -43,6 +48,9 @@ log = logging.getLogger("wandistiller.pipeline")
 
 PIPELINE = "pipeline"
 TEACHER_PARTS = ("tokenizer", "text_encoder", "vae", "scheduler")
+# Wan 2.1 I2V's CLIP vision tower and its processor: the image-to-video pipeline encodes the given image with them, so
+# a student of that teacher needs them beside it (teachers without them name them [null, null] or not at all).
+IMAGE_PARTS = ("image_encoder", "image_processor")
 SAMPLING = "sampling.json"  # a few-step student's K, timesteps and sigmas, in its folder
 
 
@@ -112,7 +120,7 @@ def run_pipeline(
     out = replace_folder(
         run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule, loras=loras)
     )
-    log.info("student pipeline: %s (WanPipeline.from_pretrained loads it in one call)", out)
+    log.info("student pipeline: %s (%s.from_pretrained loads it in one call)", out, pipeline_name(teacher_path))
     return out
 
 
@@ -133,9 +141,11 @@ def write_pipeline(
 
     how = set()
     check_tree(student_root or student_dir, student_dir)  # before anything is placed: a link out is one line
-    for part, src in [("transformer", student_dir)] + [(p, teacher_path / p) for p in TEACHER_PARTS]:
+    for part, src in [("transformer", student_dir)] + [(p, teacher_path / p) for p in teacher_parts(teacher_path)]:
         if not src.is_dir():
-            raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
+            raise UserError(
+                f"{src} is missing: the teacher folder has no {part}/; a {folder_class(teacher_path)} needs one"
+            )
         if steps is not None and part == "scheduler":
             continue
         for file in sorted(f for f in src.rglob("*") if f.is_file()):
@@ -178,7 +188,7 @@ def write_lora_pipeline(
     index = teacher_index(teacher_path)
     parts = [
         p
-        for p in ("transformer", "transformer_2", *TEACHER_PARTS)
+        for p in ("transformer", "transformer_2", *TEACHER_PARTS, *IMAGE_PARTS)
         if isinstance(index.get(p), list) and index[p][0] is not None
     ]
     for part in parts:
@@ -186,7 +196,9 @@ def write_lora_pipeline(
             continue
         src = teacher_path / part
         if not src.is_dir():
-            raise UserError(f"{src} is missing: the teacher folder has no {part}/; a WanPipeline needs one")
+            raise UserError(
+                f"{src} is missing: the teacher folder has no {part}/; a {folder_class(teacher_path)} needs one"
+            )
         if finetuned is not None and any(part in lora.experts for lora in finetuned.loras):
             save_finetuned_expert(finetuned, part, out / part)  # the fine-tuned teacher the adapters were trained on
             continue
@@ -210,10 +222,40 @@ def teacher_index(teacher_path: Path) -> dict:
     return json.loads((teacher_path / "model_index.json").read_text())
 
 
+def teacher_parts(teacher_path: Path) -> tuple[str, ...]:
+    """The teacher's parts a student's pipeline holds beside it: the text and VAE parts, and the image encoder and
+    its processor where the teacher's model_index.json names them (Wan 2.1 I2V)."""
+    index = teacher_index(teacher_path) if (teacher_path / "model_index.json").is_file() else {}
+    named = tuple(p for p in IMAGE_PARTS if isinstance(index.get(p), list) and index[p][0] is not None)
+    return TEACHER_PARTS + named
+
+
+def folder_class(teacher_path: Path) -> str:
+    """The pipeline class the teacher's model_index.json names (a missing part's line says it); WanPipeline if none."""
+    index = teacher_index(teacher_path) if (teacher_path / "model_index.json").is_file() else {}
+    return _word(index.get("_class_name")) or "WanPipeline"
+
+
+# The diffusers pipeline a student of each layout samples with: an image-to-video teacher's takes the given image.
+# TI2V 5B's own folder names WanPipeline (text to video); diffusers gives it an image through WanImageToVideoPipeline,
+# so its folder keeps its own model_index.json and the card loads it with that class.
+PIPELINES = {Layout.t2v: "WanPipeline", Layout.i2v: "WanImageToVideoPipeline", Layout.ti2v: "WanImageToVideoPipeline"}
+
+
+def pipeline_name(teacher_path: Path | None) -> str:
+    """The diffusers pipeline class that samples a student of this teacher (`PIPELINES`); WanPipeline without one."""
+    return PIPELINES[teacher_layout(teacher_path)]
+
+
+def teacher_layout(teacher_path: Path | None) -> Layout:
+    """The teacher's layout (what its experts take besides noise and text), read off its configs; t2v without one."""
+    return inspect_teacher(teacher_path).layout if teacher_path is not None else Layout.t2v
+
+
 def model_index(teacher_path: Path, steps: int | None = None) -> dict:
     """The teacher's model_index.json, one expert and no boundary: the student is a single transformer; a few-step
     student's (`steps`) scheduler is its few-step FlowMatchEulerDiscreteScheduler."""
-    index = json.loads((teacher_path / "model_index.json").read_text())
+    index = teacher_index(teacher_path)  # an image-to-video teacher's class and image parts kept: the student's too
     few_step = {"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]} if steps is not None else {}
     return (
         index
@@ -411,6 +453,7 @@ def model_card(
         "prompt": example_prompt(prompts),
         "teacher_loras": run_loras(run_dir),
         "teacher_experts": _number(m.get("teacher_experts")),
+        "layout": teacher_layout(teacher_path),  # an image-to-video student's snippet passes the first frame
     }
     if k is not None and teacher_path is not None:
         schedule, spec = student_schedule_of(cfg), inspect_teacher(teacher_path)
@@ -504,7 +547,8 @@ def _lora_text(f: dict) -> tuple[str, str, str]:
         f"\nThe student is the teacher itself with low-rank adapters (LoRA rank {lora['rank']}, alpha "
         f"{lora['alpha']}, on {lora['layers']} Linear layers of every block{' of both experts' if pair else ''}): "
         f"`pytorch_lora_weights.safetensors`{' and `pytorch_lora_weights_transformer_2.safetensors`' if pair else ''}"
-        f" here, in the format `WanPipeline.load_lora_weights` loads. They belong to the teacher {teacher}, "
+        f" here, in the format `{PIPELINES[f.get('layout', Layout.t2v)]}.load_lora_weights` loads. They belong to "
+        f"the teacher {teacher}, "
         f"weights digest `{lora['digest']}` (WanDistiller's `teacher_digest`); on another teacher they mean "
         "nothing. The transformer folders here are that teacher's own"
         + (", with the LoRAs it was fine-tuned with merged into them" if f.get("teacher_loras") else "")
@@ -597,20 +641,39 @@ def _size_row(frames: int, height: int, width: int, lh: int, lw: int) -> str:
 
 
 def _sample_lines(f: dict, few_arg: str, frames: int, height: int, width: int) -> str:
-    """The snippet's call: one image, or a clip written as a GIF (diffusers' export_to_gif: PIL alone)."""
+    """The snippet's call: one image, or a clip written as a GIF (diffusers' export_to_gif: PIL alone). An
+    image-to-video student's call passes the clip's first frame (`image`), which the pipeline resizes to height x
+    width and encodes as the teacher's pipeline does (its VAE; Wan 2.1 I2V's CLIP tower too), as the training did."""
+    given = f.get("layout", Layout.t2v) != Layout.t2v
     call = (
-        f"pipe({json.dumps(f['prompt'])}, {few_arg}guidance_scale=1.0, num_frames={frames},\n"
+        f"pipe({'image=image, prompt=' if given else ''}{json.dumps(f['prompt'])}, {few_arg}guidance_scale=1.0, "
+        f"num_frames={frames},\n"
         f'             height={height}, width={width}, max_sequence_length={f["tokens"]}, output_type="pil").frames[0]'
     )
     if frames == 1:
         return f"image = {call}[0]"
+    if given:
+        return (
+            "from diffusers.utils import export_to_gif, load_image\n\n"
+            f'image = load_image("FIRST_FRAME.png")  # the first frame (path or URL), cropped to {width}:{height} as '
+            "the run's\n"
+            f'clip = {call}\nexport_to_gif(clip, "clip.gif")'
+        )
     return f'from diffusers.utils import export_to_gif\n\nclip = {call}\nexport_to_gif(clip, "clip.gif")'
 
 
 def _card_text(f: dict) -> str:
     (teacher, hub_id), (lh, lw) = f["teacher"], f["latent"]
     height, width, frames = lh * f["scale"], lw * f["scale"], f.get("frames", 1)
-    kind = "text-to-video" if frames > 1 else "text-to-image"
+    layout = f.get("layout", Layout.t2v)
+    kind = "image-to-video" if layout != Layout.t2v else "text-to-video" if frames > 1 else "text-to-image"
+    pipeline = PIPELINES[layout]
+    given = (
+        f"\nIt takes the clip's first frame as its teacher does (`{pipeline}`'s `image`): the student was trained on "
+        "the teacher's predictions given that image.\n"
+        if layout != Layout.t2v
+        else ""
+    )
     few_text, few_row, few_arg, few_other = _few_step_text(f)
     lora_text, lora_row, lora_load = _lora_text(f)
     few_text += lora_text
@@ -628,7 +691,7 @@ def _card_text(f: dict) -> str:
         + f"""\
 Distilled with WanDistiller from the Wan teacher {teacher} with `method={method}`: {_method_text(f)}.
 It samples without CFG.{parts}
-{few_text}
+{given}{few_text}
 | | |
 |---|---|
 | method | `{method}` |
@@ -644,9 +707,9 @@ Quality against the teacher (same noise, prompts and sampler; `python -m wandist
 
 ```python
 import torch
-from diffusers import WanPipeline
+from diffusers import {pipeline}
 
-pipe = WanPipeline.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
+pipe = {pipeline}.from_pretrained("PATH_OR_REPO", dtype=torch.float32)
 {lora_load}{_sample_lines(f, few_arg, frames, height, width)}
 ```
 {few_other}"""

@@ -46,7 +46,8 @@ COMFY_QUANT_FP8 = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).enco
 SCALED_FP8 = "scaled_fp8"  # ComfyUI's marker: a file whose `.scale_weight` tensors scale its fp8 weights
 
 # diffusers name (a regular expression on the whole key) -> the Wan reference name; `\1`, `\2` keep the block index
-# and the parameter ("weight", "bias"). Every key of a WanTransformer3DModel (text-to-video) matches exactly one.
+# and the parameter ("weight", "bias"). Every key of a WanTransformer3DModel (text- or image-to-video) matches exactly
+# one.
 _WAN_NAMES = [
     (r"patch_embedding\.(\w+)", r"patch_embedding.\1"),
     (r"condition_embedder\.text_embedder\.linear_1\.(\w+)", r"text_embedding.0.\1"),
@@ -60,6 +61,14 @@ _WAN_NAMES = [
     (r"blocks\.(\d+)\.attn2\.to_(q|k|v)\.(\w+)", r"blocks.\1.cross_attn.\2.\3"),
     (r"blocks\.(\d+)\.attn2\.to_out\.0\.(\w+)", r"blocks.\1.cross_attn.o.\2"),
     (r"blocks\.(\d+)\.attn2\.norm_(q|k)\.(\w+)", r"blocks.\1.cross_attn.norm_\2.\3"),
+    # Wan 2.1 I2V's CLIP image tokens: their projection, and each block's cross-attention keys and values of them
+    # (the names diffusers' own single-file converter reads back: single_file_utils' TRANSFORMER_KEYS_RENAME_DICT).
+    (r"blocks\.(\d+)\.attn2\.add_(k|v)_proj\.(\w+)", r"blocks.\1.cross_attn.\2_img.\3"),
+    (r"blocks\.(\d+)\.attn2\.norm_added_k\.(\w+)", r"blocks.\1.cross_attn.norm_k_img.\2"),
+    (r"condition_embedder\.image_embedder\.norm1\.(\w+)", r"img_emb.proj.0.\1"),
+    (r"condition_embedder\.image_embedder\.ff\.net\.0\.proj\.(\w+)", r"img_emb.proj.1.\1"),
+    (r"condition_embedder\.image_embedder\.ff\.net\.2\.(\w+)", r"img_emb.proj.3.\1"),
+    (r"condition_embedder\.image_embedder\.norm2\.(\w+)", r"img_emb.proj.4.\1"),
     (r"blocks\.(\d+)\.norm2\.(\w+)", r"blocks.\1.norm3.\2"),  # the cross-attention norm: Wan calls it norm3
     (r"blocks\.(\d+)\.ffn\.net\.0\.proj\.(\w+)", r"blocks.\1.ffn.0.\2"),
     (r"blocks\.(\d+)\.ffn\.net\.2\.(\w+)", r"blocks.\1.ffn.2.\2"),
@@ -73,8 +82,8 @@ FP8_WEIGHT = re.compile(r"blocks\.\d+\.(?:self_attn\.[qkvo]|cross_attn\.[qkvo]|f
 
 
 def wan_key(name: str) -> str:
-    """The Wan reference name of a WanTransformer3DModel state-dict key (ValueError for one it does not have:
-    an image-to-video part, or a key of another model, is never written under a made-up name)."""
+    """The Wan reference name of a WanTransformer3DModel state-dict key (ValueError for one it does not have: a
+    key of another model (FLF2V's image position embedding, VACE's blocks) is never written under a made-up name)."""
     for pattern, wan in _COMPILED:
         if pattern.fullmatch(name):
             return pattern.sub(wan, name)
