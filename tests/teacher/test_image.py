@@ -15,6 +15,7 @@ from PIL import Image
 from tests.conftest import FP32
 from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import Topology
+from wandistiller.data.latents import SamplerSettings, sample_latents
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.teacher.image import (
     TEXT_TOKENS,
@@ -23,6 +24,7 @@ from wandistiller.teacher.image import (
     expert_inputs,
     load_image_encoder,
 )
+from wandistiller.teacher.sampler import image_pipeline
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import load_vae
 
@@ -185,3 +187,47 @@ def test_ti2v_without_an_image_is_the_text_to_video_model_wan_pipeline_runs(tiny
         )
         target, _ = teacher.targets(kw["hidden_states"], t, cond, uncond)
         torch.testing.assert_close(target, out_uncond + 5.0 * (out_cond - out_uncond), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(SCALES))
+def test_the_image_pipeline_on_a_cached_condition_samples_what_the_models_own_pipeline_samples_from_the_image(
+    name, request
+):
+    """`image_pipeline` given an ImageCondition encoded once (a training run's probe images) draws the same clip as
+    WanImageToVideoPipeline encoding the image itself, and as `image_pipeline` given the image: the loop is the
+    pipeline's own either way."""
+    path = request.getfixturevalue(f"{name}_path")
+    spec = inspect_teacher(path)
+    scale, scale_2 = SCALES[name]
+    cpu = torch.device("cpu")
+    own = WanImageToVideoPipeline.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+    own.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(3)
+    cond, uncond = torch.randn(1, TEXT, 32, generator=g), torch.randn(1, TEXT, 32, generator=g)
+    image = an_image(4)
+    shape = (own.vae.config.z_dim, 2, SIDE // own.vae_scale_factor_spatial, SIDE // own.vae_scale_factor_spatial)
+    noise = torch.randn(1, *shape, generator=g)
+    kwargs = dict(prompt_embeds=cond, negative_prompt_embeds=uncond, latents=noise, guidance_scale=scale)
+    expected = own(
+        image=image,
+        **kwargs,
+        guidance_scale_2=scale_2,
+        height=SIDE,
+        width=SIDE,
+        num_frames=FRAMES,
+        num_inference_steps=STEPS,
+        output_type="latent",
+    ).frames
+
+    encoder = load_image_encoder(spec, cpu)
+    vae = load_vae(spec, cpu)
+    condition = encode_condition(spec, vae, [image], 2, SIDE, SIDE, *encoder)
+    teacher_cfg = OmegaConf.create({"guidance_scale": scale, "guidance_scale_2": scale_2})
+    teacher = CpuPlacement().load(spec, teacher_cfg, FP32, Topology())
+    pipe = image_pipeline(spec, teacher.experts, cpu, vae, image_encoder=encoder)
+    settings = SamplerSettings(STEPS, tuple(teacher.guidance_scales), shape)
+    from_image = sample_latents(pipe, noise, cond, uncond, settings, image=image)
+    from_cache = sample_latents(pipe, noise, cond, uncond, settings, condition=condition)
+    assert torch.equal(from_image, expected.float())
+    assert torch.equal(from_cache, expected.float())
+    assert not torch.equal(from_cache, sample_latents(pipe, noise, cond, uncond, settings, image=an_image(5)))

@@ -118,7 +118,7 @@ def image_bank(
     def make_latents(items: range) -> torch.Tensor:
         if "vae" not in models:
             models["vae"] = load_vae(spec, device)
-        return condition_latents(spec, models["vae"], pictures(items), d.latent_frames, height, width).cpu()
+        return condition_latents(spec.layout, models["vae"], pictures(items), d.latent_frames, height, width).cpu()
 
     def make_embeds(items: range) -> torch.Tensor:
         if "clip" not in models:

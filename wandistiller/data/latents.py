@@ -110,11 +110,21 @@ def teacher_pipeline(teacher: Teacher, scheduler=None):
     return wan_pipeline(teacher.spec, teacher.experts, teacher.device, scheduler=scheduler)
 
 
-def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings) -> torch.Tensor:
-    """One WanPipeline call from the given noise; the clean latents, float32 on the CPU."""
+def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings, image=None, condition=None) -> torch.Tensor:
+    """One WanPipeline call from the given noise; the clean latents, float32 on the CPU. An image-to-video pipeline
+    (teacher/sampler.py `image_pipeline`) takes the first frame as `image` (a PIL image, which it encodes) or as
+    `condition` (an ImageCondition of one image, encoded already: the pipeline's image argument is then a black
+    frame of the right size that nothing reads)."""
     _, frames, height, width = settings.latent_shape
     scales = settings.guidance_scales
+    given = {}
+    if image is not None or condition is not None:
+        pipe.condition = condition
+        side = pipe.vae_scale_factor_spatial
+        unread = torch.zeros(1, 3, height * side, width * side)  # validated and resized by the pipeline only
+        given = {"image": unread if image is None else image}
     out = pipe(
+        **given,
         prompt_embeds=cond,
         negative_prompt_embeds=uncond,
         latents=noise,

@@ -79,6 +79,7 @@ class DistillationRecipe:
         self.run: Run | None = None
         # An image-to-video teacher's images per prompt, once setup has made the data (None: text alone).
         self.images: ImageBank | None = None
+        self.held_out_images: ImageBank | None = None
 
     # -- setup: each step takes what it needs and returns what it builds --------------------------------
     def setup(self) -> None:
@@ -90,6 +91,7 @@ class DistillationRecipe:
         self.batch_fn = self._setup_batches(self.embeddings, self.latent_bank, self.images)
         self.val_set = self._setup_val_set(self.teacher, self.val_embeddings, made.val_images)
         self.samples = self._setup_samples(self.teacher, self.embeddings)
+        self.held_out_images = made.val_images  # what the collapse watch's probe gives an image-to-video teacher
         self.method = self._setup_method(self.teacher, self.embeddings)
         resume_from = Path(self.prepared.resume_from) if self.prepared.resume_from else None
         self.start_step = checkpoint_step(resume_from) if resume_from else 0
@@ -216,7 +218,8 @@ class DistillationRecipe:
 
     def _setup_hooks(self, val_set, samples) -> list:
         """`hooks` (monitor, progress, samples, ...), instantiated in order and bound to this run."""
-        parts = hooks.HookParts(val_set, samples, tuple(targets_of(self.cfg)))
+        held_out = None if self.held_out_images is None else (self.val_embeddings, self.held_out_images)
+        parts = hooks.HookParts(val_set, samples, tuple(targets_of(self.cfg)), held_out)
         return hooks.build(self.cfg.hooks, self.ctx, parts)
 
     def _setup_student(self) -> torch.nn.Module:

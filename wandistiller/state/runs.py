@@ -46,6 +46,7 @@ from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.finetune import with_loras
 from wandistiller.teacher.model import Teacher
+from wandistiller.teacher.sampler import image_pipeline
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 from wandistiller.teacher.vae import pocket_frames_problem
 
@@ -529,16 +530,25 @@ def generate(
     what: str = "sampling",
     per_prompt: int = 1,
     scheduler=None,
+    images=None,
 ) -> tuple:
     """(latents [N, C, F, H, W], seconds per image) from `noise_for(seed, i, k, stream="eval")` for each prompt i and
     each of its `per_prompt` images k (several noises per prompt: what FID and diversity need), prompt by prompt;
     with the teacher's scheduler, or `scheduler` (a few-step student's: `student_scheduler`).
 
+    An image-to-video sampler needs `images`: `(vae, image_encoder, given)` where `given(i, k)` is the first frame
+    (a PIL image) of prompt i's image k, sampled through the model's own WanImageToVideoPipeline (its VAE encodes
+    the image each call, and its CLIP where `image_encoder` is `load_image_encoder`'s pair, not (None, None)).
+
     One image per pipeline call, so the seconds are per image; a 1-step call (a few-step student: its own steps)
     first pays the warm-up. A log
     line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
     """
-    pipe = teacher_pipeline(sampler, scheduler)
+    if images is None:
+        pipe, given = teacher_pipeline(sampler, scheduler), lambda i, k: None
+    else:
+        vae, encoder, given = images
+        pipe = image_pipeline(sampler.spec, sampler.experts, sampler.device, vae, scheduler, encoder)
     settings = SamplerSettings(steps, tuple(sampler.guidance_scales), tuple(shape))
     out, seconds = [], []
     items = [(i, k) for i in prompt_idx for k in range(per_prompt)]
@@ -548,11 +558,10 @@ def generate(
         uncond = embeddings.negative_batch(1).contiguous().to(sampler.device, sampler.dtype)
         if n == 0:  # a few-step scheduler warms up at its own steps: set to 1 step, its stretched schedule is NaN
             warm = 1 if scheduler is None else steps
-            sample_latents(
-                pipe, noise, cond, uncond, SamplerSettings(warm, settings.guidance_scales, settings.latent_shape)
-            )
+            warming = SamplerSettings(warm, settings.guidance_scales, settings.latent_shape)
+            sample_latents(pipe, noise, cond, uncond, warming, given(i, k))
         start = time.perf_counter()
-        out.append(sample_latents(pipe, noise, cond, uncond, settings))
+        out.append(sample_latents(pipe, noise, cond, uncond, settings, given(i, k)))
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)

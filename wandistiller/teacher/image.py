@@ -143,7 +143,7 @@ def encode_condition(
     `latent_frames` latent frames at height x width pixels, as `WanImageToVideoPipeline` computes it (its VAE half,
     `condition_latents`, and its CLIP half, `clip_embeds`). A teacher with an image encoder (`spec.image_encoder`)
     needs `image_encoder` and `image_processor`."""
-    latents = condition_latents(spec, vae, images, latent_frames, height, width)
+    latents = condition_latents(spec.layout, vae, images, latent_frames, height, width)
     embeds = None
     if spec.image_encoder:
         if image_encoder is None or image_processor is None:
@@ -153,23 +153,22 @@ def encode_condition(
 
 
 @torch.no_grad()
-def condition_latents(
-    spec: TeacherSpec, vae, images: list, latent_frames: int, height: int, width: int
-) -> torch.Tensor:
+def condition_latents(layout: Layout, vae, images: list, latent_frames: int, height: int, width: int) -> torch.Tensor:
     """`ImageCondition.latents` of `images`: resized by diffusers' VideoProcessor, encoded to the posterior's mode,
     normalised as `(z - mean) * (1 / std)` (the pipeline's own arithmetic, not `/ std`: they differ in the last
     bit); for Layout.i2v the image then black frames, behind the first-frame mask. A data source caches these
-    apart from `clip_embeds`, so each half loads only its own model."""
+    apart from `clip_embeds`, so each half loads only its own model; the pocket I2V build (no teacher folder
+    yet) conditions its training clips with it too."""
     from diffusers.video_processor import VideoProcessor
 
-    if spec.layout == Layout.t2v:
+    if layout == Layout.t2v:
         raise ValueError("a text-to-video teacher takes no image")
     device = vae.device
     pixels = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial).preprocess(
         images, height=height, width=width
     )
     pixels = pixels.to(device, torch.float32)[:, :, None]  # [B, 3, 1, H, W]
-    if spec.layout == Layout.i2v:
+    if layout == Layout.i2v:
         frames = pixel_frames(latent_frames, vae.config)
         black = pixels.new_zeros(pixels.shape[0], pixels.shape[1], frames - 1, height, width)
         pixels = torch.cat([pixels, black], dim=2)
@@ -178,7 +177,7 @@ def condition_latents(
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, torch.float32)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(device, torch.float32)
     z = (z - mean) * inv_std
-    if spec.layout == Layout.ti2v:
+    if layout == Layout.ti2v:
         return z
     b, _, f, h, w = z.shape
     mask = torch.zeros(b, int(vae.config.scale_factor_temporal), f, h, w, device=device)

@@ -9,6 +9,8 @@ import json
 
 import torch
 
+from wandistiller.core.arch import Layout
+from wandistiller.teacher.image import first_frame_mask
 from wandistiller.teacher.spec import TeacherSpec, loading
 
 
@@ -34,7 +36,53 @@ def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, va
     parameters are not where it computes: the pipeline is pinned to `device`."""
     from diffusers import WanPipeline
 
-    class PinnedPipeline(WanPipeline):
+    return _pinned(WanPipeline, spec, transformers, device, vae, scheduler)
+
+
+def image_pipeline(
+    spec: TeacherSpec, transformers: list, device: torch.device, vae, scheduler=None, image_encoder=(None, None)
+):
+    """WanImageToVideoPipeline over `transformers`, pinned and scheduled as `wan_pipeline`: the model's own
+    image-to-video loop. Given an image, it encodes it itself (the VAE, and Wan 2.1 I2V's CLIP: `image_encoder`, the
+    pair `load_image_encoder` returns); given a cached `ImageCondition` instead (`sample_latents(condition=)`: a
+    training run's probe images, already encoded exactly as the pipeline encodes them, teacher/image.py), its
+    `prepare_latents` returns that conditioning beside the noise, and the loop runs on it unchanged."""
+    from diffusers import WanImageToVideoPipeline
+
+    class ImageToVideo(WanImageToVideoPipeline):
+        condition = None  # an ImageCondition for the next call, or None: the pipeline's own encoding of its image
+
+        def prepare_latents(self, image, batch_size, *args):  # the pipeline passes every argument by position
+            if self.condition is None:
+                return super().prepare_latents(image, batch_size, *args)
+            *_, dtype, device, _generator, latents, _last = args
+            given = self.condition.latents.to(device, dtype).expand(batch_size, -1, -1, -1, -1)
+            latents = latents.to(device, dtype)
+            if self.config.expand_timesteps:
+                return latents, given, first_frame_mask(latents)
+            return latents, given
+
+        def encode_image(self, image, device):  # Wan 2.1 I2V's CLIP tokens, cached with the rest
+            if self.condition is None:
+                return super().encode_image(image, device)
+            return self.condition.embeds.to(device)
+
+    encoder, processor = image_encoder
+    return _pinned(
+        ImageToVideo,
+        spec,
+        transformers,
+        device,
+        vae,
+        scheduler,
+        image_encoder=encoder,
+        image_processor=processor,
+        expand_timesteps=spec.layout == Layout.ti2v,
+    )
+
+
+def _pinned(base, spec: TeacherSpec, transformers: list, device: torch.device, vae, scheduler, **parts):
+    class PinnedPipeline(base):
         @property
         def _execution_device(self):
             return device
@@ -48,6 +96,7 @@ def wan_pipeline(spec: TeacherSpec, transformers: list, device: torch.device, va
         transformer=transformers[0],
         transformer_2=transformers[1] if two else None,
         boundary_ratio=spec.boundary_ratio if two else None,
+        **parts,
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -33,12 +33,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class HookParts:
     """What setup built that hooks may use: the held-out set (None: no validation) and the sample grid's
-    drawer, `samples(student, path) -> path` (None: no samples), and the run's own `_target_`s (what an
-    end-of-run evaluation of this run folder trusts)."""
+    drawer, `samples(student, path) -> path` (None: no samples), the run's own `_target_`s (what an
+    end-of-run evaluation of this run folder trusts), and an image-to-video run's held-out prompts with their
+    images (`(PromptEmbeddings, ImageBank)`, row i prompt i's; None: text alone)."""
 
     val_set: ValSet | None = None
     samples: Callable[[torch.nn.Module, Path], Path] | None = None
     targets: tuple[str, ...] = ()
+    held_out_images: tuple[Any, Any] | None = None  # (PromptEmbeddings, ImageBank)
 
 
 def at_least(key: str, value: int, least: int) -> int:

@@ -57,11 +57,13 @@ from wandistiller.recipe.hooks.base import Hook, at_least
 from wandistiller.recipe.hooks.monitor import append_rows
 from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
 from wandistiller.teacher.fewstep import few_step_scheduler
+from wandistiller.teacher.image import ImageCondition
 from wandistiller.teacher.lora import sampling_transformers
-from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.sampler import image_pipeline, wan_pipeline
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 if TYPE_CHECKING:
+    from wandistiller.data.conditions import ImageBank
     from wandistiller.data.prompts import PromptEmbeddings
     from wandistiller.pocket.classifier import DigitJudge
 
@@ -105,6 +107,11 @@ class Probe:
     noises: int
     seed: int
     latent_shape: tuple[int, int, int, int]
+    images: ImageBank | None = None  # an image-to-video teacher's: prompt i's given image is row i's
+
+    def condition(self, i: int) -> ImageCondition | None:
+        """Prompt i's image conditioning (one image, its noises share it); None for a text-to-video teacher."""
+        return None if self.images is None else self.images.select(torch.tensor([i]))
 
     @property
     def prompts(self) -> list[str]:
@@ -119,10 +126,16 @@ class Probe:
         )
 
 
-def choose_probe(ctx, prompts: int, noises: int) -> Probe:
+def choose_probe(ctx, prompts: int, noises: int, held_out_images: tuple | None = None) -> Probe:
     """`prompts` of the run's held-out prompts (the data's own split, as validation and eval take them), chosen from
-    the run's seed; their embeddings are the ones the run encoded as it set up (read back from the cache)."""
+    the run's seed; their embeddings are the ones the run encoded as it set up (read back from the cache). An
+    image-to-video run's come with their images: `held_out_images`, the data's held-out (embeddings, ImageBank)."""
 
+    if held_out_images is not None:
+        embeddings, images = held_out_images
+        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(ctx.seed))
+        chosen = tuple(sorted(int(i) for i in order[:prompts]))
+        return Probe(embeddings, chosen, noises, ctx.seed, ctx.latent_shape, images)
     data, teacher = ctx.data_cfg, ctx.teacher_cfg
     _, held_out = split_prompts(read_prompts(data.prompts_path), data.val_prompts_path, data.val_fraction)
     embeddings = encode_prompts(
@@ -144,18 +157,21 @@ def probe_latents(
     spec, transformers: list, guidance_scales: list, probe: Probe, steps: int, device: torch.device, scheduler=None
 ) -> torch.Tensor:
     """The probe set drawn through WanPipeline (as eval and the sample grids draw): a teacher's experts with its
-    CFG and scheduler, or a student alone with guidance 1 and its few-step `scheduler`. Clean latents, on the CPU."""
+    CFG and scheduler, or a student alone with guidance 1 and its few-step `scheduler`; an image-to-video teacher's
+    through its WanImageToVideoPipeline, on each prompt's cached image. Clean latents, on the CPU."""
 
-    pipe = wan_pipeline(spec, transformers, device, scheduler=scheduler)
+    if probe.images is None:
+        pipe = wan_pipeline(spec, transformers, device, scheduler=scheduler)
+    else:
+        pipe = image_pipeline(spec, transformers, device, load_vae(spec, device), scheduler)
     settings = SamplerSettings(steps, tuple(guidance_scales), probe.latent_shape)
     dtype = transformers[0].dtype
     rows = []
     for i in probe.indices:  # one call per prompt, its noises as the batch
         cond = probe.embeddings.padded(torch.tensor([i] * probe.noises))
         uncond = probe.embeddings.negative_batch(probe.noises).contiguous()
-        rows.append(
-            sample_latents(pipe, probe.noise(i).to(device), cond.to(device, dtype), uncond.to(device, dtype), settings)
-        )
+        noise, text = probe.noise(i).to(device), cond.to(device, dtype)
+        rows.append(sample_latents(pipe, noise, text, uncond.to(device, dtype), settings, condition=probe.condition(i)))
     return torch.cat(rows)
 
 
@@ -325,7 +341,7 @@ class CollapseWatch(Hook):
         self.draws_teacher = ctx.roles.has_teacher and (ctx.is_main or ctx.placement.collective)
         if not (ctx.is_main or self.draws_teacher):
             return
-        self.probe = choose_probe(ctx, self.prompts, self.noises)
+        self.probe = choose_probe(ctx, self.prompts, self.noises, parts.held_out_images)
         if not ctx.is_main:
             return
 
