@@ -341,3 +341,26 @@ def test_pocket_clips_that_keep_their_frames_but_stop_moving_are_said_once_and_m
     (line,) = [r.getMessage() for r in caplog.records]  # the motion line alone: the frames themselves look fine
     assert line.startswith("step 2: the student's clips lose their motion (hooks.collapse): motion 0.0")
     assert "a larger method.regression_weight (now 0.1)" in line and "a lower trainer.optimizer.lr (now 0.0001)" in line
+
+
+@pytest.mark.slow  # a training run of a tiny I2V teacher (~15 s)
+@pytest.mark.parametrize("teacher", ["tiny_i2v", "tiny_i2v_moe"])
+def test_an_image_to_video_run_is_watched_on_its_held_out_images(make_cfg, tmp_path, teacher):
+    """The probe of an I2V run (Wan 2.1's CLIP layout, and A14B's pair) is drawn through the model's own
+    WanImageToVideoPipeline on the held-out images' cached conditioning: its experts took the noise alone before,
+    an internal error at the first check."""
+    from tests.data.sources.test_images import given_images
+    from wandistiller.train import run
+
+    root, folder = given_images(tmp_path / "images", size=(40, 32)), tmp_path / "run"
+    small = ["data.latent_frames=2", "data.latent_height=4", "data.latent_width=4", "trainer.max_steps=2"]
+    watch = [
+        "method=dmd",
+        "method.steps=2",
+        "hooks=[monitor,collapse]",
+        "hooks.collapse.every=2",
+        "hooks.collapse.prompts=1",
+    ]
+    run(make_cfg(f"teacher={teacher}", "data=image_folder", f"data.root={root}", *small, *watch, run_dir=folder))
+    rows = [r for r in metrics_steps(folder) if "collapse/saturation" in r]
+    assert [r["step"] for r in rows] == [2] and "collapse/teacher_motion" in rows[0]
