@@ -136,3 +136,21 @@ def test_a_clip_runs_samples_reach_wandb_as_video_and_tensorboard_as_the_strip_w
     videos = list((tmp_path / "wandb").rglob("media/videos/samples_clips_*.gif"))
     assert len(videos) == 2  # wandb holds each as a video
     assert caplog.text.count("add_video needs moviepy") == 1  # without moviepy: the strip, said once
+
+
+@pytest.mark.parametrize("teacher", ["tiny_i2v", "tiny_ti2v"])
+def test_an_image_to_video_runs_grid_starts_each_clip_from_its_prompts_own_image(make_cfg, tmp_path, teacher):
+    """The grid of an I2V run (Wan 2.1's layout, TI2V's first-frame replacement) is drawn through the model's own
+    WanImageToVideoPipeline from each training prompt's image; before, it was skipped with a warning."""
+    from PIL import Image
+
+    from tests.data.sources.test_images import given_images
+    from wandistiller.train import run
+
+    root, folder = given_images(tmp_path / "images", size=(72, 64)), tmp_path / "run"
+    small = ["data.latent_frames=2", "data.latent_height=4", "data.latent_width=4", "trainer.max_steps=1"]
+    grid = ["hooks=[samples]", "hooks.samples.prompts=2", "hooks.samples.steps=2"]
+    run(make_cfg(f"teacher={teacher}", "data=image_folder", f"data.root={root}", *small, *grid, run_dir=folder))
+    strip = np.asarray(Image.open(folder / "samples.png"))
+    gif = Image.open(folder / "samples.gif")
+    assert strip.std() > 0 and gif.n_frames == 5  # every frame of the clip: 2 latent frames, 5 pixel frames

@@ -25,7 +25,7 @@ from wandistiller.core.files import atomic_write, file_stamps, save_tensors
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.finetune import stamp
 from wandistiller.teacher.model import Teacher
-from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.sampler import given_image, wan_pipeline
 from wandistiller.teacher.spec import TeacherSpec
 
 log = logging.getLogger(__name__)
@@ -113,16 +113,11 @@ def teacher_pipeline(teacher: Teacher, scheduler=None):
 def sample_latents(pipe, noise, cond, uncond, settings: SamplerSettings, image=None, condition=None) -> torch.Tensor:
     """One WanPipeline call from the given noise; the clean latents, float32 on the CPU. An image-to-video pipeline
     (teacher/sampler.py `image_pipeline`) takes the first frame as `image` (a PIL image, which it encodes) or as
-    `condition` (an ImageCondition of one image, encoded already: the pipeline's image argument is then a black
-    frame of the right size that nothing reads)."""
+    `condition` (an ImageCondition of one image, encoded already: teacher/sampler.py `given_image`)."""
     _, frames, height, width = settings.latent_shape
     scales = settings.guidance_scales
-    given = {}
-    if image is not None or condition is not None:
-        pipe.condition = condition
-        side = pipe.vae_scale_factor_spatial
-        unread = torch.zeros(1, 3, height * side, width * side)  # validated and resized by the pipeline only
-        given = {"image": unread if image is None else image}
+    side = pipe.vae_scale_factor_spatial
+    given = given_image(pipe, height * side, width * side, image, condition)
     out = pipe(
         **given,
         prompt_embeds=cond,

@@ -208,13 +208,10 @@ class DistillationRecipe:
         """The sample grid (recipe/samples.py) of the hook that draws them (`hooks.samples`), its teacher column drawn
         now, by every rank together; None without samples. The hook decides when the student is drawn into it."""
         drawing = hooks.configured(self.cfg.hooks, "draws_samples")
-        if drawing and self.images is not None:
-            # The grids sample with WanPipeline, which takes no image: an image-to-video grid would need the
-            # model's own image-to-video pipeline and the held-out images (issue 42, item 5), not built yet.
-            if self.ctx.is_main:
-                log.warning("hooks.samples: no sample grids for an image-to-video teacher yet; training goes on")
+        if not drawing:
             return None
-        return sample_grids(self.ctx, teacher, embeddings, drawing.prompts, drawing.steps) if drawing else None
+        # An image-to-video teacher's clips start from the training prompts' own images.
+        return sample_grids(self.ctx, teacher, embeddings, drawing.prompts, drawing.steps, self.images)
 
     def _setup_hooks(self, val_set, samples) -> list:
         """`hooks` (monitor, progress, samples, ...), instantiated in order and bound to this run."""

@@ -18,12 +18,13 @@ import torch.distributed as dist
 
 from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
+from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_clip_grid, save_grid
 from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher
-from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.sampler import given_image, image_pipeline, wan_pipeline
 from wandistiller.teacher.spec import TeacherSpec
 from wandistiller.teacher.vae import load_vae
 
@@ -40,6 +41,7 @@ class SampleGrid:
     embeddings: PromptEmbeddings
     prompts: int
     steps: int
+    images: ImageBank | None = None  # an image-to-video teacher's: prompt i's given first frame is row i's
 
     def __call__(self, student: torch.nn.Module, path: Path) -> Path:
         ctx, n = self.ctx, self.prompts
@@ -51,7 +53,17 @@ class SampleGrid:
         student.eval()
         with sampling_transformers(student) as (transformers, guidance):
             mine = draw(
-                ctx.spec, transformers, guidance, self.embeddings, ctx.data_cfg, n, steps, ctx.seed, None, scheduler
+                ctx.spec,
+                transformers,
+                guidance,
+                self.embeddings,
+                ctx.data_cfg,
+                n,
+                steps,
+                ctx.seed,
+                None,
+                scheduler,
+                self.images,
             )
         student.train(was_training)
         run_folder(self.ctx.run_dir, path.parent)  # samples/ as the run goes: inside the run folder, never a link out
@@ -66,10 +78,12 @@ class SampleGrid:
         return self.ctx.data_cfg.latent_frames > 1
 
 
-def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int, steps: int) -> SampleGrid | None:
+def sample_grids(
+    ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int, steps: int, images: ImageBank | None = None
+) -> SampleGrid | None:
     """The run's grid of `n` prompts in `steps` sampling steps, its teacher column drawn now: by rank 0 (which always
     holds a teacher; a sharded one needs every rank in its forwards, so every rank calls this), then sent to the
-    main rank. None without samples."""
+    main rank. An image-to-video run's clips start from each prompt's own image (`images`). None without samples."""
     if n <= 0:
         return None
     if ctx.is_main:  # a real teacher takes minutes here, before step 1: say what the wait is
@@ -80,10 +94,10 @@ def sample_grids(ctx: RunContext, teacher, embeddings: PromptEmbeddings, n: int,
             steps,
         )
     draws = ctx.makes_teacher_data
-    drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed) if draws else None]
+    drawn = [teacher_images(teacher, embeddings, ctx.data_cfg, n, steps, ctx.seed, images) if draws else None]
     if ctx.topo.distributed:
         dist.broadcast_object_list(drawn, src=0)
-    return SampleGrid(ctx, drawn[0], embeddings, n, steps)
+    return SampleGrid(ctx, drawn[0], embeddings, n, steps, images)
 
 
 @torch.no_grad()
@@ -98,10 +112,13 @@ def draw(
     seed: int,
     device: torch.device | None = None,
     scheduler=None,
+    images: ImageBank | None = None,
 ) -> np.ndarray:
     """First frames [N, H, W, 3] for the first `num_prompts` prompts (of a clip run, data.latent_frames > 1, whole
     clips [N, F, H, W, 3]): teacher (its experts and CFG, on the device it takes its inputs on) or student (no CFG,
-    where its weights are; a few-step student with its own `scheduler`, teacher/fewstep.py)."""
+    where its weights are; a few-step student with its own `scheduler`, teacher/fewstep.py). An image-to-video
+    teacher's (`images`: prompt i's conditioning, row i) through its own WanImageToVideoPipeline, a prompt a call
+    (the pipeline repeats one image's CLIP tokens over a batch), noise from `seed + i`."""
 
     idx = torch.arange(min(num_prompts, len(embeddings.prompts)))
     cond, uncond = embeddings.padded(idx), embeddings.negative_batch(len(idx)).contiguous()
@@ -111,24 +128,42 @@ def draw(
     two = len(transformers) == 2
     # The teacher's own scheduler, as the teacher latents, eval and generate use (teacher/sampler.py), or the
     # few-step student's.
-    pipe = wan_pipeline(spec, transformers, device, vae=vae, scheduler=scheduler)
-    frames = pipe(
-        prompt_embeds=cond.to(device, dtype),
-        negative_prompt_embeds=uncond.to(device, dtype),
+    height = data_cfg.latent_height * vae.config.scale_factor_spatial
+    width = data_cfg.latent_width * vae.config.scale_factor_spatial
+    common = dict(
         guidance_scale=guidance_scales[0],
         guidance_scale_2=guidance_scales[1] if two else None,
         num_inference_steps=steps,
         output_type="np",
-        generator=torch.Generator(device).manual_seed(seed),
-        height=data_cfg.latent_height * vae.config.scale_factor_spatial,
-        width=data_cfg.latent_width * vae.config.scale_factor_spatial,
+        height=height,
+        width=width,
         num_frames=(data_cfg.latent_frames - 1) * vae.config.scale_factor_temporal + 1,
-    ).frames
+    )
+    cond, uncond = cond.to(device, dtype), uncond.to(device, dtype)
+    if images is None:
+        pipe = wan_pipeline(spec, transformers, device, vae=vae, scheduler=scheduler)
+        generator = torch.Generator(device).manual_seed(seed)
+        frames = pipe(prompt_embeds=cond, negative_prompt_embeds=uncond, generator=generator, **common).frames
+    else:
+        pipe = image_pipeline(spec, transformers, device, vae, scheduler)
+        rows = []
+        for i in range(len(idx)):
+            given = given_image(pipe, height, width, condition=images.select(idx[i : i + 1]))
+            generator = torch.Generator(device).manual_seed(seed + i)
+            one = dict(prompt_embeds=cond[i : i + 1], negative_prompt_embeds=uncond[i : i + 1], generator=generator)
+            rows.append(pipe(**given, **one, **common).frames)
+        frames = np.concatenate(rows)
     return frames if data_cfg.latent_frames > 1 else frames[:, 0]
 
 
 def teacher_images(
-    teacher: Teacher, embeddings: PromptEmbeddings, data_cfg, num_prompts: int, steps: int, seed: int
+    teacher: Teacher,
+    embeddings: PromptEmbeddings,
+    data_cfg,
+    num_prompts: int,
+    steps: int,
+    seed: int,
+    images: ImageBank | None = None,
 ) -> np.ndarray:
     return draw(
         teacher.spec,
@@ -140,4 +175,5 @@ def teacher_images(
         steps,
         seed,
         teacher.device,
+        images=images,
     )

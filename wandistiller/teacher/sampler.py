@@ -48,6 +48,7 @@ def image_pipeline(
     training run's probe images, already encoded exactly as the pipeline encodes them, teacher/image.py), its
     `prepare_latents` returns that conditioning beside the noise, and the loop runs on it unchanged."""
     from diffusers import WanImageToVideoPipeline
+    from diffusers.utils.torch_utils import randn_tensor
 
     class ImageToVideo(WanImageToVideoPipeline):
         condition = None  # an ImageCondition for the next call, or None: the pipeline's own encoding of its image
@@ -55,8 +56,12 @@ def image_pipeline(
         def prepare_latents(self, image, batch_size, *args):  # the pipeline passes every argument by position
             if self.condition is None:
                 return super().prepare_latents(image, batch_size, *args)
-            *_, dtype, device, _generator, latents, _last = args
+            channels, height, width, frames, dtype, device, generator, latents, _last = args
             given = self.condition.latents.to(device, dtype).expand(batch_size, -1, -1, -1, -1)
+            if latents is None:  # the pipeline's own draw
+                side, folded = self.vae_scale_factor_spatial, self.vae_scale_factor_temporal
+                shape = (batch_size, channels, (frames - 1) // folded + 1, height // side, width // side)
+                latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
             latents = latents.to(device, dtype)
             if self.config.expand_timesteps:
                 return latents, given, first_frame_mask(latents)
@@ -79,6 +84,16 @@ def image_pipeline(
         image_processor=processor,
         expand_timesteps=spec.layout == Layout.ti2v,
     )
+
+
+def given_image(pipe, height: int, width: int, image=None, condition=None) -> dict:
+    """The image arguments of one `image_pipeline` call at height x width pixels: `image` (a PIL image, which the
+    pipeline encodes), or `condition` (an ImageCondition, encoded already; the pipeline's image argument is then a
+    black frame of that size, which it validates and resizes but never reads); {} for neither (text to video)."""
+    if image is None and condition is None:
+        return {}
+    pipe.condition = condition
+    return {"image": torch.zeros(1, 3, height, width) if image is None else image}
 
 
 def _pinned(base, spec: TeacherSpec, transformers: list, device: torch.device, vae, scheduler, **parts):
