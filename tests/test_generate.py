@@ -152,3 +152,40 @@ def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp
 def test_an_image_drawn_against_another_teacher_is_named_for_it():
     assert generate_cli.drawn_by("student", 4, 4, None, None, "teacher-0123456789ab") == "student_teacher-0123456789ab"
     assert generate_cli.drawn_by("teacher", 20, 20) == "teacher"
+
+
+@pytest.mark.parametrize("teacher", ["tiny_i2v", "tiny_i2v_moe"])
+def test_generate_continues_an_image_to_video_students_given_first_frame_and_refuses_what_cannot_be_one(
+    make_cfg, tmp_path, teacher, tiny_path
+):
+    """Issue 42: `generate --image` draws an I2V student (and with --teacher its teacher) through the model's own
+    WanImageToVideoPipeline from the given frame, which changes the clip; an image too small, unreadable, or one
+    too many, and an image for a text-to-video run, are one line each before any work."""
+    import numpy as np
+
+    from tests.data.sources.test_images import given_images, pairs
+    from wandistiller.train import run
+
+    root, folder = given_images(tmp_path / "images"), tmp_path / "run"
+    run(make_cfg(*pairs(root, f"teacher={teacher}"), run_dir=folder))
+    base = [str(folder), "--prompt", "a fox", "--steps", "2"]
+    drawn = {}
+    for name in ("img0", "img1"):
+        args = generate_cli.parse_args([*base, "--image", str(root / f"{name}.png"), "--teacher"])
+        args.out = str(tmp_path / name)
+        paths = generate_cli.run_generate(args)
+        assert [p.name for p in paths] == [
+            "a-fox_seed0_student2.gif", "a-fox_seed0_student2.png", "a-fox_seed0_teacher2.gif", "a-fox_seed0_teacher2.png"
+        ]  # fmt: skip
+        drawn[name] = np.asarray(Image.open(paths[1]))
+    assert not np.array_equal(drawn["img0"], drawn["img1"])  # the frame given is the clip's start
+    Image.new("RGB", (8, 8)).save(tmp_path / "small.png")
+    (tmp_path / "text.png").write_text("not an image")
+    for extra, said in (
+        (["--image", str(tmp_path / "small.png")], "--image: " + str(tmp_path / "small.png") + " is 8x8, too small"),
+        (["--image", str(tmp_path / "text.png")], f"--image {tmp_path / 'text.png'}: not a readable image file"),
+        (["--image", str(root / "img0.png")] * 2, "--image: 2 images for 1 prompts"),
+    ):
+        with pytest.raises(UserError, match="^" + said.replace(".", r"\.")):
+            generate_cli.run_generate(generate_cli.parse_args([*base, *extra]))
+    assert not (folder / "generated").exists()

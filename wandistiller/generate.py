@@ -7,6 +7,10 @@ CFG and scheduler at --steps) from the same noise beside it. Each image is named
 it, with every setting that changes it and is not the default (`image_name`): `a-fox_seed0_student.png` at the
 student's own steps, `a-fox_seed0_student1.png` at 1, `a-fox_seed0_student_best.png` for a checkpoint,
 `a-fox_seed0_teacher4.png` at --steps 4, so no image overwrites one drawn otherwise.
+
+A student of an image-to-video teacher continues a given first frame: `--image PATH` (one for every prompt, or one
+per prompt), scaled down and center-cropped to the run's frame size as its data source fitted its images, sampled
+through the model's own WanImageToVideoPipeline (TI2V 5B's may go without: it is then a text-to-video model).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from PIL import Image
 
 from wandistiller.compose import register_configs
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import (
     OneLineParser,
     UserError,
@@ -31,6 +36,7 @@ from wandistiller.core.errors import (
 )
 from wandistiller.core.files import in_run, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
+from wandistiller.data.conditions import fitted, frame_size
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.grids import save_clip
 from wandistiller.job.stopping import stop_at_once
@@ -49,6 +55,8 @@ from wandistiller.state.runs import (
     student_source,
 )
 from wandistiller.student.lora import is_lora_folder
+from wandistiller.teacher.image import load_image_encoder
+from wandistiller.teacher.spec import read_json
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 
@@ -139,7 +147,8 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     check_frames(run)  # a clip run against an image teacher, or the reverse: one line before any work
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    check_teacher_fits(run, source, args.allow_other_teacher)
+    check_teacher_fits(run, source, args.allow_other_teacher, takes_images=True)
+    pictures = first_frames(args, run)  # each checked, before any work
     judged = other_teacher_tag(run, source, args.allow_other_teacher)  # its own file names: see drawn_by
     check_counts(
         run,
@@ -156,6 +165,7 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
     )
     vae = load_vae(run.spec, device)
+    images = None if pictures is None else (vae, load_image_encoder(run.spec, device), lambda i, _k: pictures[i])
     student = student_sampler(run, source, device)
     trained = run.trained_steps
     steps = args.student_steps or trained or args.steps  # its own K, unless told otherwise
@@ -171,14 +181,50 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         steps,
         run.latent_shape,
         scheduler=student_scheduler(run.spec, trained, steps, run.trained_schedule),
+        images=images,
     )
     who = drawn_by("student", steps, trained or STEPS, source, other, judged)
     paths = write_images(latents, vae, args.prompt, out, who, args.seed)
     if args.teacher:
-        latents, _ = generate(load_teacher(run, device, dtype), emb, idx, args.seed, args.steps, run.latent_shape)
+        teacher = load_teacher(run, device, dtype)
+        latents, _ = generate(teacher, emb, idx, args.seed, args.steps, run.latent_shape, images=images)
         who = drawn_by("teacher", args.steps, STEPS, None, other, judged)
         paths += write_images(latents, vae, args.prompt, out, who, args.seed)
     return paths
+
+
+def first_frames(args: argparse.Namespace, run) -> list[Image.Image] | None:
+    """Each prompt's first frame from --image (one for every prompt, or one per prompt), checked and fitted to the
+    run's frames as its data source fits a given image (data/conditions.py); None where none is given (a TI2V
+    student then samples text to video). Wrong for the run's teacher: one line."""
+    layout = run.spec.layout
+    if not args.image:
+        if layout == Layout.i2v:
+            raise UserError(
+                "--image: a student of an image-to-video teacher continues a given first frame; give --image PATH "
+                "(one for every --prompt, or one per --prompt)"
+            )
+        return None
+    if layout == Layout.t2v:
+        raise UserError("--image: this run's teacher is text-to-video and takes no image; drop --image")
+    if len(args.image) not in (1, len(args.prompt)):
+        raise UserError(
+            f"--image: {len(args.image)} images for {len(args.prompt)} prompts; give one for every prompt, or one "
+            "per prompt in the same order"
+        )
+    vae_config = read_json(run.spec.path / "vae" / "config.json", "teacher.path")
+    height, width = frame_size(run.cfg.data, vae_config)
+    pictures = []
+    for path in args.image:
+        try:
+            with Image.open(Path(path).expanduser()) as opened:
+                opened.load()
+                pictures.append(fitted(opened, height, width, path, "--image"))
+        except UserError:
+            raise
+        except Exception:  # PIL raises many types for a missing or damaged file; all mean the same to the user
+            raise UserError(f"--image {path}: not a readable image file; give a PNG, JPEG or WebP") from None
+    return pictures * len(args.prompt) if len(pictures) == 1 else pictures
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -197,6 +243,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--student-steps",
         metavar="N",
         help="the student's steps (default: a few-step student's own K, a KD student --steps)",
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        metavar="PATH",
+        help="an image-to-video student's first frame: one for every prompt, or one per --prompt (repeat)",
     )
     parser.add_argument("--seed", metavar="N", default="0", help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
