@@ -174,9 +174,8 @@ def test_generate_continues_an_image_to_video_students_given_first_frame_and_ref
         args = generate_cli.parse_args([*base, "--image", str(root / f"{name}.png"), "--teacher"])
         args.out = str(tmp_path / name)
         paths = generate_cli.run_generate(args)
-        assert [p.name for p in paths] == [
-            "a-fox_seed0_student2.gif", "a-fox_seed0_student2.png", "a-fox_seed0_teacher2.gif", "a-fox_seed0_teacher2.png"
-        ]  # fmt: skip
+        names = [f"a-fox_seed0_{who}2.{ext}" for who in ("student", "teacher") for ext in ("gif", "png")]
+        assert [p.name for p in paths] == names
         drawn[name] = np.asarray(Image.open(paths[1]))
     assert not np.array_equal(drawn["img0"], drawn["img1"])  # the frame given is the clip's start
     Image.new("RGB", (8, 8)).save(tmp_path / "small.png")
