@@ -16,3 +16,6 @@ VIDEO_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-video"  # teacher=pocket_video:
 VIDEO_MOE_TEACHER_DIR = POCKET_DIR / "pocket-wan-t2v-video-moe"
 FRAME_CLASSIFIER_FILE = POCKET_DIR / "frame_classifier.safetensors"  # the video teacher's frame judge
 VIDEO_PROMPTS_FILE = POCKET_DIR / "video_prompts.txt"
+I2V_TEACHER_DIR = POCKET_DIR / "pocket-wan-i2v"  # teacher=pocket_i2v: the video teacher given its first frame
+I2V_MOE_TEACHER_DIR = POCKET_DIR / "pocket-wan-i2v-moe"  # Wan 2.2 I2V A14B's layout: two experts, no image encoder
+I2V_PAIRS_DIR = POCKET_DIR / "i2v_pairs"  # a `datasets` folder (image, text): one first frame per video prompt

@@ -24,12 +24,16 @@ from wandistiller.core.arch import (
     POCKET_TEXT_ENCODER,
     POCKET_TRANSFORMER,
     POCKET_VAE,
+    TINY_I2V_MOE_BOUNDARY_RATIO,
     TINY_MOE_BOUNDARY_RATIO,
 )
 from wandistiller.core.errors import OneLineParser, description
 from wandistiller.core.files import folder_problem, output_problem
 from wandistiller.pocket import (
     FRAME_CLASSIFIER_FILE,
+    I2V_MOE_TEACHER_DIR,
+    I2V_PAIRS_DIR,
+    I2V_TEACHER_DIR,
     POCKET_DIR,
     VIDEO_MOE_TEACHER_DIR,
     VIDEO_PROMPTS_FILE,
@@ -38,6 +42,7 @@ from wandistiller.pocket import (
 from wandistiller.pocket.classifier import save_classifier, train_classifier
 from wandistiller.pocket.clips import VIDEO_PROMPTS, rendered_clip_split, video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS, prompt_file_order, rendered_split
+from wandistiller.pocket.i2v import POCKET_I2V_TRANSFORMER, clips_for, first_frame_conditions, grown_state
 from wandistiller.pocket.train import latent_moments, train_transformer, train_vae
 from wandistiller.pocket.video import (
     POCKET_VIDEO_VAE,
@@ -72,7 +77,11 @@ VIDEO_STEPS: dict = dict(
 VIDEO_QUICK: dict = dict(
     vae=2, transformer=2, tail=((1, 3e-4, 5),), expert=1, classifier=2, batch=4, copies=1, clips=32
 )
-PARTS = ("image", "video")
+# The image-to-video teacher's (started from the video teacher's: pocket/i2v.py): one cosine phase at the video
+# teacher's tail peak, then its two experts at Wan 2.2 I2V A14B's boundary.
+I2V_STEPS: dict = dict(transformer=1500, lr=3e-4, expert=200, batch=64, copies=3, clips=None)
+I2V_QUICK: dict = dict(transformer=2, lr=3e-4, expert=1, batch=4, copies=1, clips=32)
+PARTS = ("image", "video", "i2v")
 
 
 def build_tokenizer():
@@ -118,28 +127,61 @@ def normalised_latents(vae, images: torch.Tensor) -> torch.Tensor:
     return (latent_moments(vae, images) - mean) / std
 
 
-def train_experts(steps: dict, latents, cond, uncond, start: dict | None = None, batch: int = 128):
+def train_experts(
+    steps: dict,
+    latents,
+    cond,
+    uncond,
+    start: dict | None = None,
+    batch: int = 128,
+    config: dict = POCKET_TRANSFORMER,
+    condition: torch.Tensor | None = None,
+    boundary_ratio: float = TINY_MOE_BOUNDARY_RATIO,
+):
     """(transformer, (high-noise expert, low-noise expert)), each from fixed seeds; the transformer from
-    `start`'s weights where given (the video teacher starts from the image teacher's)."""
+    `start`'s weights where given (the video teacher starts from the image teacher's, the I2V teacher from the
+    video teacher's); `condition`: an image-to-video teacher's per-clip conditioning (train.flow_batch)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(2)
-    first = WanTransformer3DModel(**POCKET_TRANSFORMER)
+    first = WanTransformer3DModel(**config)
     if start is not None:
         first.load_state_dict(start)
-    transformer = train_transformer(first, latents, cond, uncond, steps["transformer"], batch=batch)
+    lr = steps.get("lr", 1e-3)
+    transformer = train_transformer(
+        first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
+    )
     for tail_steps, lr, seed in steps.get("tail", ()):
         # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
         transformer = train_transformer(
-            transformer.requires_grad_(True), latents, cond, uncond, tail_steps, batch=batch, lr=lr, seed=seed
+            transformer.requires_grad_(True),
+            latents,
+            cond,
+            uncond,
+            tail_steps,
+            batch=batch,
+            lr=lr,
+            seed=seed,
+            condition=condition,
         )
-    boundary = TINY_MOE_BOUNDARY_RATIO * 1000
+    boundary = boundary_ratio * 1000
     experts = []
     for seed, t_range in ((3, (boundary, 1000.0)), (4, (0.0, boundary))):
-        expert = WanTransformer3DModel(**POCKET_TRANSFORMER)
+        expert = WanTransformer3DModel(**config)
         expert.load_state_dict(transformer.state_dict())
         experts.append(
-            train_transformer(expert, latents, cond, uncond, steps["expert"], t_range, batch=batch, lr=3e-4, seed=seed)
+            train_transformer(
+                expert,
+                latents,
+                cond,
+                uncond,
+                steps["expert"],
+                t_range,
+                batch=batch,
+                lr=3e-4,
+                seed=seed,
+                condition=condition,
+            )
         )
     return transformer, experts
 
@@ -232,6 +274,62 @@ def build_video(out: Path, steps: dict) -> dict:
     return times
 
 
+def save_i2v_pairs(out: Path) -> None:
+    """One first frame per video prompt (the prompts file's order: its last 10% a run's validation pairs), each
+    rendered from a training digit of the prompt's class, as a `datasets` folder for data=image_folder."""
+    from datasets import Dataset, Image
+
+    prompts = video_prompt_file_order()
+    frames = clips_for(prompts, "train", seed=21)[:, 0]
+    pil = [PILImage.fromarray((f.permute(1, 2, 0) * 255).round().byte().numpy()) for f in frames]
+    folder = out / I2V_PAIRS_DIR.name
+    shutil.rmtree(folder, ignore_errors=True)
+    Dataset.from_dict({"image": pil, "text": prompts}).cast_column("image", Image()).save_to_disk(str(folder))
+
+
+def build_i2v(out: Path, steps: dict) -> dict:
+    """The image-to-video teacher and its A14B-layout pair from the video teacher under `out` (built first)."""
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    torch.set_num_threads(1)
+    clock, times = time.perf_counter(), {}
+    video = WanPipeline.from_pretrained(out / VIDEO_TEACHER_DIR.name)
+    clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
+    clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]
+    lat_mean, lat_std = latent_stats(video.vae)
+    latents = (clip_latents(video.vae, clips) - lat_mean) / lat_std
+    condition = first_frame_conditions(video.vae, clips)
+    del clips
+    table = text_states(video, VIDEO_PROMPTS)
+    cond = table[torch.tensor([VIDEO_PROMPTS.index(p) for p in prompts])]
+    uncond = text_states(video, [""])
+    transformer, (high, low) = train_experts(
+        steps,
+        latents,
+        cond,
+        uncond,
+        start=grown_state(video.transformer.state_dict()),
+        batch=steps["batch"],
+        config=POCKET_I2V_TRANSFORMER,
+        condition=condition,
+        boundary_ratio=TINY_I2V_MOE_BOUNDARY_RATIO,
+    )
+    times["i2v_transformers_s"] = time.perf_counter() - clock
+    parts = dict(tokenizer=video.tokenizer, text_encoder=video.text_encoder, vae=video.vae, scheduler=video.scheduler)
+    for name, kwargs in (
+        (I2V_TEACHER_DIR.name, dict(transformer=transformer)),
+        (
+            I2V_MOE_TEACHER_DIR.name,
+            dict(transformer=high, transformer_2=low, boundary_ratio=TINY_I2V_MOE_BOUNDARY_RATIO),
+        ),
+    ):
+        shutil.rmtree(out / name, ignore_errors=True)
+        WanImageToVideoPipeline(**parts, **kwargs).save_pretrained(out / name, safe_serialization=True)
+    save_i2v_pairs(out)
+    times["i2v_total_s"] = time.perf_counter() - clock
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(prog="python -m wandistiller.pocket.build", description=description(__doc__))
     parser.add_argument("--out", type=Path, default=POCKET_DIR, help="where to write (default: the package's)")
@@ -239,8 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         choices=PARTS,
-        help="one teacher: image (pocket, pocket_moe, the judge, the images) or video (pocket_video, "
-        "pocket_video_moe, the frame judge; started from the image teacher already under --out)",
+        help="one teacher: image (pocket, pocket_moe, the judge, the images), video (pocket_video, "
+        "pocket_video_moe, the frame judge; started from the image teacher already under --out) or i2v "
+        "(pocket_i2v, pocket_i2v_moe, their image-prompt pairs; started from the video teacher under --out)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -249,11 +348,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--out {args.out}: {problem}; choose another folder")
     if args.only == "video" and not (args.out / "pocket-wan-t2v" / "model_index.json").is_file():
         parser.error(f"--only video: no image teacher under {args.out}/pocket-wan-t2v; build it first (--only image)")
+    if args.only == "i2v" and not (args.out / VIDEO_TEACHER_DIR.name / "model_index.json").is_file():
+        parser.error(
+            f"--only i2v: no video teacher under {args.out}/{VIDEO_TEACHER_DIR.name}; build it first (--only video)"
+        )
     times: dict[str, float] = {}
     if args.only in (None, "image"):
         times |= build(args.out, QUICK if args.quick else STEPS)
     if args.only in (None, "video"):
         times |= build_video(args.out, VIDEO_QUICK if args.quick else VIDEO_STEPS)
+    if args.only in (None, "i2v"):
+        times |= build_i2v(args.out, I2V_QUICK if args.quick else I2V_STEPS)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
 
 

@@ -62,10 +62,22 @@ def latent_moments(vae, images: torch.Tensor, batch: int = 128) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def flow_batch(latents, cond, uncond, batch: int, g: torch.Generator, sigma_range=(0.0, 1.0), shift: float = 3.0):
+def flow_batch(
+    latents,
+    cond,
+    uncond,
+    batch: int,
+    g: torch.Generator,
+    sigma_range=(0.0, 1.0),
+    shift: float = 3.0,
+    condition: torch.Tensor | None = None,
+):
     """One rectified-flow batch drawn with `g` (the pocket teacher's objective and its style LoRA's, the draws in
     one fixed order, so the shipped weights rebuild bit for bit): (noisy latents at sigma, timesteps 1000 * sigma,
-    text states with 10% of them dropped to `uncond` for CFG, the velocity target noise - x0)."""
+    text states with 10% of them dropped to `uncond` for CFG, the velocity target noise - x0). `condition`: an
+    image-to-video teacher's per-item conditioning [N, c, F, h, w] (first-frame mask and image latents), concatenated
+    to the noisy latents on the channels as WanImageToVideoPipeline feeds it; never dropped (its CFG drops the text
+    alone), and drawn after everything else, so the text-to-video teachers' draws are as they were."""
     lo, hi = sigma_range
     idx = torch.randint(len(latents), (batch,), generator=g)
     x0, noise = latents[idx], torch.randn(latents[idx].shape, generator=g)
@@ -73,7 +85,10 @@ def flow_batch(latents, cond, uncond, batch: int, g: torch.Generator, sigma_rang
     s = sigma.view(-1, 1, 1, 1, 1)
     drop = (torch.rand(batch, generator=g) < 0.1).view(-1, 1, 1)
     text = torch.where(drop, uncond.expand(batch, -1, -1), cond[idx])
-    return (1 - s) * x0 + s * noise, sigma * 1000, text, noise - x0
+    noisy = (1 - s) * x0 + s * noise
+    if condition is not None:
+        noisy = torch.cat([noisy, condition[idx]], dim=1)
+    return noisy, sigma * 1000, text, noise - x0
 
 
 def train_transformer(
@@ -87,17 +102,19 @@ def train_transformer(
     lr: float = 1e-3,
     shift: float = 3.0,
     seed: int = 0,
+    condition: torch.Tensor | None = None,
 ):
-    """Rectified flow on normalised `latents` [N, C, 1, h, w] with per-item text states `cond` [N, L, D]:
-    velocity noise - x0 at t = 1000 * sigma (Wan's shifted schedule), limited to `t_range` (one expert's
-    share). Returns the EMA of the weights (what samples best), in eval mode."""
+    """Rectified flow on normalised `latents` [N, C, F, h, w] with per-item text states `cond` [N, L, D] (and an
+    image-to-video teacher's per-item `condition`: `flow_batch`): velocity noise - x0 at t = 1000 * sigma (Wan's
+    shifted schedule), limited to `t_range` (one expert's share). Returns the EMA of the weights (what samples
+    best), in eval mode."""
     g = torch.Generator().manual_seed(seed)
     ema = copy.deepcopy(transformer).requires_grad_(False)
     opt = torch.optim.AdamW(transformer.parameters(), lr, weight_decay=0.0)
     lo, hi = t_range[0] / 1000, t_range[1] / 1000
     transformer.train()
     for step in range(steps):
-        noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g, (lo, hi), shift)
+        noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g, (lo, hi), shift, condition)
         loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
         _cosine_lr(opt, step, steps, lr)
         opt.zero_grad(set_to_none=True)

@@ -25,7 +25,7 @@ from typing import Any
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import output_problem, read_text_in, write_in_run
 from wandistiller.evaluation.metrics import KID_MEANING
-from wandistiller.quality import compression, fewstep, stacking, video
+from wandistiller.quality import compression, fewstep, i2v, stacking, video
 from wandistiller.quality.compare import COLUMNS, Settings, _prompt_set, compare
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
@@ -50,6 +50,8 @@ FORMATS = {
     "motion_ratio": "{:.2f}",
     "temporal_consistency": "{:.1%}",
     "clip_fd": "{:.2f}",
+    "identity_held": "{:.1%}",
+    "first_frame_psnr": "{:.1f}",
 }
 
 
@@ -225,6 +227,24 @@ def video_report(results: dict, settings: Settings, argv: list[str], seconds: fl
     )
 
 
+def i2v_report(results: dict, settings: Settings, argv: list[str], seconds: float) -> str:
+    """The "Image to video" section of one teacher: the table and issue 42's targets."""
+    pair = settings.teacher.endswith("_moe")
+    return (
+        written_by(argv, seconds, "")
+        + f" Teacher `{settings.teacher}`{' (two experts, Wan 2.2 I2V A14B layout)' if pair else ''}, clips of 9 "
+        f"frames from a given first frame (`data=image_folder` on the shipped pairs, `data.latent_frames=5`); every "
+        f"student {settings.max_steps} steps of batch {settings.batch_size}; the teacher samples "
+        f"{settings.sample_steps} UniPC steps with CFG, {settings.per_prompt} noises per prompt x "
+        f"{len(_prompts(settings))} prompts per seed, each noise with its own held-out first frame, the same for "
+        f"every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
+        "identity_held: the given digit and colour on every frame (the frame judge); motion_accuracy: the digit's "
+        "fitted centroid track goes the asked way; motion_ratio: the row's mean speed over the teacher's; "
+        "first_frame_psnr: frame 0 against the given image (dB, 8-bit); clip_fd: as in the video table.\n\n"
+        + with_targets(table(results, i2v.COLUMNS), 42, i2v.targets(results, pair))
+    )
+
+
 def _prompts(settings: Settings) -> list[str]:
 
     return _prompt_set(settings)
@@ -266,8 +286,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--teacher",
         default="pocket",
-        choices=["pocket", "pocket_moe", *video.VIDEO_TEACHERS],
-        help="pocket_video / pocket_video_moe: the video comparison, judged on clips (quality/video.py)",
+        choices=["pocket", "pocket_moe", *video.VIDEO_TEACHERS, *i2v.I2V_TEACHERS],
+        help="pocket_video / pocket_video_moe: the video comparison, judged on clips (quality/video.py); "
+        "pocket_i2v / pocket_i2v_moe: the image-to-video one, clips from a given first frame (quality/i2v.py)",
     )
     parser.add_argument(
         "--rows",
@@ -295,8 +316,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings.seeds = tuple(args.seeds)
     if args.steps:
         settings.max_steps = args.steps
-    if args.teacher in video.VIDEO_TEACHERS and not args.small:
+    clips = video.VIDEO_TEACHERS + i2v.I2V_TEACHERS
+    if args.teacher in clips and not args.small:
         settings.batch_size = video.BATCH  # clips: as many tokens a step as the image rows' 16 images
+    if args.teacher in i2v.I2V_TEACHERS and not args.small and not args.steps:
+        settings.max_steps = i2v.STEPS
     if args.batch_size:
         settings.batch_size = args.batch_size
     return settings
@@ -343,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(
                 "--compression, --fewstep and --stacking are separate reports; run them one after the other"
             )
-        if args.rows and args.teacher not in video.VIDEO_TEACHERS and not args.stacking:
+        if args.rows and args.teacher not in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and not args.stacking:
             raise UserError(
                 "--rows chooses rows of the video or --stacking comparison; give --stacking or --teacher pocket_video"
             )
@@ -352,9 +376,11 @@ def main(argv: list[str] | None = None) -> None:
                 raise UserError("--stacking measures the image teacher's LoRA student; drop --teacher or give pocket")
             if not stacking.chosen(args.rows):
                 raise UserError(f"--rows {' '.join(args.rows)} names no --stacking row; e.g. --rows simple style")
+        elif args.teacher in i2v.I2V_TEACHERS:
+            i2v.chosen(args.rows)
         else:
             video.chosen(args.rows)  # no row named: one line before the work
-        if args.teacher in video.VIDEO_TEACHERS and (args.compression or args.fewstep):
+        if args.teacher in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and (args.compression or args.fewstep):
             raise UserError(
                 f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
                 "clips); drop --compression/--fewstep, or give an image teacher (--teacher pocket)"
@@ -374,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
                 results = stacking.compare_stacking(settings, work, stacking.chosen(args.rows), style)
             elif args.teacher in video.VIDEO_TEACHERS:
                 results = video.compare_video(settings, work, video.chosen(args.rows))
+            elif args.teacher in i2v.I2V_TEACHERS:
+                results = i2v.compare_i2v(settings, work, i2v.chosen(args.rows))
             else:
                 results = compare(settings, work)
     finally:
@@ -393,6 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.teacher in video.VIDEO_TEACHERS:
         write_section(out, "video", video_report(results, settings, argv, seconds))
         print(table(results, video.COLUMNS))
+    elif args.teacher in i2v.I2V_TEACHERS:
+        write_section(out, f"i2v-{args.teacher}", i2v_report(results, settings, argv, seconds))
+        print(table(results, i2v.COLUMNS))
     else:
         write_section(out, "data", report(results, settings, argv, seconds))
         print(table(results))

@@ -73,12 +73,13 @@ def seed_mean(runs: list[dict], key: str) -> float:
 
 
 VIDEO_TEACHERS = ("pocket_video", "pocket_video_moe")  # judged on clips (quality/video.py)
+I2V_TEACHERS = ("pocket_i2v", "pocket_i2v_moe")  # judged on clips from a given first frame (quality/i2v.py)
 VIDEO_PROMPT_COUNT = 40  # the video prompts file's first 40: every (digit, colour) once, every motion 8 times
 
 
 def _prompt_set(settings: Settings) -> list[str]:
 
-    if settings.teacher in VIDEO_TEACHERS:
+    if settings.teacher in VIDEO_TEACHERS + I2V_TEACHERS:
         return video_prompt_file_order()[: settings.prompts or VIDEO_PROMPT_COUNT]
     return PROMPTS[: settings.prompts] if settings.prompts else PROMPTS
 
