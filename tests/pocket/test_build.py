@@ -134,9 +134,24 @@ def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
         assert subprocess.run(cmd, capture_output=True, timeout=600).returncode == 0
         files = sorted(out.rglob("*.safetensors"))
         digests.append([(f.relative_to(out), f.read_bytes()) for f in files])
-    assert digests[0] == digests[1] and len(digests[0]) == 16  # image and video: 7 model files + a judge each
+    # image and video: 7 model files + a judge each; image to video: 7 model files (the video judge is its judge)
+    assert digests[0] == digests[1] and len(digests[0]) == 23
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.scale_factor_temporal == 2
+    from diffusers import WanImageToVideoPipeline
+
+    pair = WanImageToVideoPipeline.from_pretrained(tmp_path / "a" / "pocket-wan-i2v-moe")
+    assert pair.transformer.config.in_channels == 34 and pair.config.boundary_ratio == 0.9
+
+
+def test_the_i2v_teacher_is_refused_in_one_line_without_the_video_teacher_it_starts_from(tmp_path, capsys):
+    from wandistiller.pocket.build import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--only", "i2v", "--out", str(tmp_path / "empty")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "build it first (--only video)" in err
+    assert not (tmp_path / "empty" / "pocket-wan-i2v").exists()
 
 
 @pytest.mark.parametrize("where", ["a_file", "a_file/pocket"])
