@@ -42,11 +42,11 @@ __all__ = ["I2V_TEACHERS", "chosen", "compare_i2v", "targets"]
 STEPS = 600  # each student's training steps (+experiment=pocket_i2v_lora's): about 10 minutes here
 # Every row's data: the shipped (first frame, prompt) pairs, clips of the teacher's 5 latent frames.
 PAIRS = ("data=image_folder", f"data.dataset={I2V_PAIRS_DIR}", f"data.latent_frames={LATENT_FRAMES}")
-DMD = ("method=dmd", "method.steps=4", "hooks.collapse.every=0")  # the comparison judges the samples itself
+DISTILLED = ("method=dmd", "method.steps=4", "hooks.collapse.every=0")  # the comparison judges the samples itself
 LORA = ("student.rank=6", "method.fake_score=lora", "method.lora_rank=16")
 ROWS = [
-    Row("LoRA student rank 6, dmd, 4 steps", (*PAIRS, *DMD, *LORA), student="lora"),
-    Row("cut student, dmd, 4 steps", (*PAIRS, *DMD)),
+    Row("LoRA student rank 6, dmd, 4 steps", (*PAIRS, *DISTILLED, *LORA), student="lora"),
+    Row("cut student, dmd, 4 steps", (*PAIRS, *DISTILLED)),
 ]
 COLUMNS = ["calls", "identity_held", "motion_accuracy", "motion_ratio", "first_frame_psnr", "clip_fd", "train_s"]
 LORA_ROW = ROWS[0].name
