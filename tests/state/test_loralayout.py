@@ -38,8 +38,10 @@ def test_every_adapted_layer_has_the_wan_reference_name():
     assert set(WAN) == set(TARGETS)
     for ours, wan in WAN.items():
         assert lightning_name(f"blocks.7.{ours}") == f"diffusion_model.blocks.7.{wan}"
+    # Wan 2.1 I2V's image keys have Wan's names (cross_attn.k_img); a module Wan's layout lacks has none.
+    assert lightning_name("blocks.0.attn2.add_k_proj") == "diffusion_model.blocks.0.cross_attn.k_img"
     with pytest.raises(ValueError, match="no name in the Wan reference layout"):
-        lightning_name("blocks.0.attn2.add_k_proj")
+        lightning_name("blocks.0.attn1.to_x")
 
 
 def test_diffusers_own_converter_reads_back_the_same_layers_at_the_same_scale():

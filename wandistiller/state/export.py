@@ -106,7 +106,9 @@ def run_pipeline(
     student's `student/sampling.json` first (its K read from the run's saved config). `spec`: the run's teacher, its
     LoRAs (teacher.lora) with it: a LoRA student's pipeline holds that fine-tuned teacher."""
 
-    student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases)
+    # The run's own teacher read once (preflight's spec), not again for the card and the log line.
+    layout = spec.layout if spec is not None else teacher_layout(teacher_path)
+    student, card = in_run(run_dir, "student"), model_card(run_dir, teacher_path, phrases=phrases, layout=layout)
     steps, schedule, loras = saved_steps(run_dir), saved_schedule(run_dir), run_loras(run_dir)
     if steps is not None:  # written whole, never through a link in its place
         write_in_run(student, SAMPLING, json.dumps(sampling(teacher_path, steps, schedule, loras), indent=2))
@@ -120,7 +122,7 @@ def run_pipeline(
     out = replace_folder(
         run_dir, PIPELINE, lambda tmp: write(tmp, teacher_path, student, card, steps, schedule=schedule, loras=loras)
     )
-    log.info("student pipeline: %s (%s.from_pretrained loads it in one call)", out, pipeline_name(teacher_path))
+    log.info("student pipeline: %s (%s.from_pretrained loads it in one call)", out, PIPELINES[layout])
     return out
 
 
@@ -406,12 +408,17 @@ def _method_text(f: dict) -> str:
 
 
 def model_card(
-    run_dir: Path, teacher_path: Path | None = None, merged: bool = False, phrases: Mapping[str, str] | None = None
+    run_dir: Path,
+    teacher_path: Path | None = None,
+    merged: bool = False,
+    phrases: Mapping[str, str] | None = None,
+    layout: Layout | None = None,
 ) -> str:
     """README.md for the pipeline: the teacher, the data, the training, the quality figures (metrics.json).
     Portable: nothing of this machine, no resolver evaluated, no text of a received file but figures. `merged`: a
     LoRA student's adapters merged into its transformers (`python -m wandistiller.pipeline --merge-lora`).
-    `phrases`: what each method taught its student (recipe/methods' `card_phrases()`, from the caller)."""
+    `phrases`: what each method taught its student (recipe/methods' `card_phrases()`, from the caller); `layout`:
+    the teacher's, where the caller has read it (else read off `teacher_path`)."""
 
     cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard: never a link out
     if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
@@ -453,7 +460,7 @@ def model_card(
         "prompt": example_prompt(prompts),
         "teacher_loras": run_loras(run_dir),
         "teacher_experts": _number(m.get("teacher_experts")),
-        "layout": teacher_layout(teacher_path),  # an image-to-video student's snippet passes the first frame
+        "layout": layout or teacher_layout(teacher_path),  # an image-to-video student's snippet passes the first frame
     }
     if k is not None and teacher_path is not None:
         schedule, spec = student_schedule_of(cfg), inspect_teacher(teacher_path)
