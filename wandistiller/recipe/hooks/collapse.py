@@ -27,6 +27,9 @@ teacher's, is said in one warning line, once per episode (again only after a che
 step, the figures and what to try. A KD student, which samples at the
 teacher's steps, is watched only when `hooks.collapse.steps` asks for it.
 
+An image-to-video run's probe is drawn from its held-out images (each prompt's own, cached as the data encoded them)
+through the model's own WanImageToVideoPipeline.
+
 It runs on the main training rank (the student's samples, the logging); where the teacher's forwards are
 collectives (sharded) every rank draws the teacher's reference together. Where the teacher lives in another
 process (gpu0's dedicated owner) the student's figures are logged without the teacher's, and nothing is judged.
