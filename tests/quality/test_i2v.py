@@ -72,6 +72,14 @@ def test_the_i2v_targets_hold_the_lora_student_to_95_percent_and_the_pair_to_90(
     assert "Targets (issue 42)" in report and "Wan 2.2 I2V A14B layout" in report
 
 
+def test_a_table_of_several_seeds_leaves_out_withheld_figures():
+    """A figure withheld on a seed (nan: the teacher's training time, a clip FD below enough clips) is left out of
+    that row's mean and spread, as seed_mean leaves it out of the targets; at two seeds it broke the table."""
+    teacher = result(calls=40, train_s=math.nan)
+    text = table({"teacher": [teacher, teacher], i2v.LORA_ROW: [result(), result(clip_fd=math.nan)]}, i2v.COLUMNS)
+    assert "| 10.00 ± 0.00 |" in text and text.split("| teacher |")[1].split("\n")[0].rstrip().endswith("| nan |")
+
+
 def test_i2v_rows_are_chosen_by_their_words_and_other_reports_refused(tmp_path, capsys):
     assert [r.name for r in i2v.chosen(["cut"])] == ["cut student, dmd, 4 steps"]
     for argv, words in (

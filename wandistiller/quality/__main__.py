@@ -12,6 +12,7 @@ whole path in a minute or two; its numbers mean nothing.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shutil
@@ -56,7 +57,9 @@ FORMATS = {
 
 
 def cell(values: list[float], key: str) -> str:
+    """Mean ± spread over seeds, leaving out the withheld (nan) ones as `seed_mean` does; nan where all are."""
     fmt = FORMATS[key]
+    values = [v for v in values if not math.isnan(v)] or [math.nan]
     if len(values) < 2 or key in ("params", "share", "calls"):
         return fmt.format(statistics.fmean(values))
     return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.pstdev(values)).rstrip('%')}"
