@@ -96,7 +96,7 @@ def test_the_shipped_i2v_teacher_keeps_the_given_digit_and_moves_it_as_asked():
 
     from wandistiller.pocket import FRAME_CLASSIFIER_FILE, VIDEO_PROMPTS_FILE
     from wandistiller.pocket.classifier import load_classifier
-    from wandistiller.quality.i2v import as_pil
+    from wandistiller.quality.compare import as_pil
 
     prompts = VIDEO_PROMPTS_FILE.read_text().split("\n")[:20]
     given = clips_for(prompts, "test", seed=7)[:, 0]

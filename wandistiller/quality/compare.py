@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from wandistiller.compose import register_configs
 from wandistiller.core.files import read_json_in
@@ -36,6 +37,7 @@ from wandistiller.state.runs import (
 from wandistiller.student.lora import ADAPTERS_JSON, is_lora
 from wandistiller.teacher.fewstep import Schedule
 from wandistiller.teacher.finetune import merge, read_lora
+from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.sampler import calls_per_image
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 from wandistiller.train import run
@@ -125,13 +127,16 @@ def sample(
     steps: int | None = None,
     schedule: Schedule | None = None,
     loras: tuple[Path, ...] = (),
+    first_frames: list[torch.Tensor] | None = None,
 ) -> dict:
     """Latents, images, seconds per image and network calls per image of the teacher (source None) or the run's
     student, for every prompt x `per_prompt` noises (noise seeds seed*1000 + k: the same for every row). The
     teacher and a KD student sample `settings.sample_steps` (or `steps`) on the teacher's scheduler; a few-step
     student its own K (or `steps`) on its own (state/runs.py `student_scheduler`), at its trained sigmas or at
     `schedule`'s (e.g. ComfyUI's simple at the same shift). `loras`: LoRA files stacked on it at strength 1 (merged
-    into every expert beside the student's own adapters: what diffusers' `set_adapters` with weights 1 computes)."""
+    into every expert beside the student's own adapters: what diffusers' `set_adapters` with weights 1 computes).
+    `first_frames`: an image-to-video teacher's given frames, [P, 3, H, W] in [0, 1] per noise k (noise k starts
+    from frame k of each prompt), sampled through the model's own WanImageToVideoPipeline."""
 
     register_configs()  # the registries' options, which the run's config may name
     run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
@@ -154,17 +159,27 @@ def sample(
     for path in loras:
         for expert in sampler.experts:
             merge(expert, read_lora(path), 1.0)
+    vae = load_vae(run.spec, device)
+    encoder = load_image_encoder(run.spec, device) if first_frames is not None else None
     drawn: list[torch.Tensor] = []
     seconds: list[float] = []
     for k in range(settings.per_prompt):
+        given = None if first_frames is None else (vae, encoder, lambda i, _k, k=k: as_pil(first_frames[k][i]))
         lat, sec = generate(
-            sampler, emb, list(range(len(prompts))), seed * 1000 + k, steps, run.latent_shape, scheduler=scheduler
+            sampler,
+            emb,
+            list(range(len(prompts))),
+            seed * 1000 + k,
+            steps,
+            run.latent_shape,
+            scheduler=scheduler,
+            images=given,
         )
         drawn.append(lat)
         seconds += sec
     latents = torch.cat(drawn)
     decode = decode_clips if run.latent_shape[1] > 1 else decode_latents  # clips: every frame [N, F, 3, H, W]
-    images = decode(load_vae(run.spec, device), latents)
+    images = decode(vae, latents)
     return {
         "latents": latents,
         "images": images,
@@ -174,6 +189,11 @@ def sample(
         "steps": steps,
         "calls": calls_per_image(steps, max(sampler.guidance_scales)),
     }
+
+
+def as_pil(frame: torch.Tensor) -> Image.Image:
+    """A [3, H, W] frame in [0, 1] as the 8-bit image a user would pass."""
+    return Image.fromarray((frame.permute(1, 2, 0) * 255).round().byte().numpy())
 
 
 def score(made: dict, teacher_latents: torch.Tensor, judge, reference) -> dict:

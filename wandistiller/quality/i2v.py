@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from pathlib import Path
 
 import torch
-from PIL import Image
 
-from wandistiller.compose import register_configs
 from wandistiller.core.errors import UserError
-from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.clips import (
     clip_features,
     frame_features,
@@ -31,12 +27,9 @@ from wandistiller.evaluation.clips import (
 )
 from wandistiller.pocket import I2V_PAIRS_DIR
 from wandistiller.pocket.i2v import LATENT_FRAMES, clips_for
+from wandistiller.quality import compare
 from wandistiller.quality.compare import I2V_TEACHERS, Settings, _prompt_set, seed_mean, train_student
 from wandistiller.quality.fewstep import Row
-from wandistiller.state.runs import generate, load_teacher, open_run, student_sampler, student_scheduler, student_steps
-from wandistiller.teacher.image import load_image_encoder
-from wandistiller.teacher.sampler import calls_per_image
-from wandistiller.teacher.vae import decode_clips, load_vae
 
 __all__ = ["I2V_TEACHERS", "chosen", "compare_i2v", "targets"]
 STEPS = 600  # each student's training steps (+experiment=pocket_i2v_lora's): about 10 minutes here
@@ -70,10 +63,6 @@ def given_frames(prompts: list[str], seed: int, per_prompt: int) -> list[torch.T
     return [clips_for(prompts, "test", seed * 1000 + k)[:, 0] for k in range(per_prompt)]
 
 
-def as_pil(frame: torch.Tensor) -> Image.Image:
-    return Image.fromarray((frame.permute(1, 2, 0) * 255).round().byte().numpy())
-
-
 def psnr(made: torch.Tensor, given: torch.Tensor) -> float:
     """Mean PSNR (dB) of frames [N, 3, H, W] against the given ones, pixels in [0, 1] quantised to 8 bits as saved."""
     quantised = lambda x: (x.clamp(0, 1) * 255).round() / 255  # noqa: E731
@@ -81,47 +70,11 @@ def psnr(made: torch.Tensor, given: torch.Tensor) -> float:
     return float((-10 * torch.log10(mse)).mean())
 
 
-def sample(run_dir: Path, source: str | None, settings: Settings, seed: int, prompts: list[str]) -> dict:
-    """The teacher's (source None) or the run's student's clips from each prompt's given first frames through the
-    model's own WanImageToVideoPipeline, `settings.per_prompt` noises per prompt (noise k with image k)."""
-    register_configs()
-    run, device = open_run(run_dir), torch.device("cpu")
-    t = run.cfg.teacher
-    emb = encode_prompts(
-        run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device, run.cfg.paths.cache_dir
-    )
-    trained = student_steps(run.cfg) if source is not None else None
-    steps = trained or settings.sample_steps
-    scheduler = student_scheduler(run.spec, trained, steps, run.trained_schedule) if source is not None else None
-    sampler = (
-        load_teacher(run, device, torch.float32) if source is None else student_sampler(run, run_dir / source, device)
-    )
-    vae, encoder = load_vae(run.spec, device), load_image_encoder(run.spec, device)
-    frames = given_frames(prompts, seed, settings.per_prompt)
-    drawn, seconds = [], []
-    for k in range(settings.per_prompt):
-        images = (vae, encoder, lambda i, _k, k=k: as_pil(frames[k][i]))
-        lat, sec = generate(
-            sampler,
-            emb,
-            list(range(len(prompts))),
-            seed * 1000 + k,
-            steps,
-            run.latent_shape,
-            scheduler=scheduler,
-            images=images,
-        )
-        drawn.append(lat)
-        seconds += sec
-    latents = torch.cat(drawn)
-    return {
-        "latents": latents,
-        "images": decode_clips(vae, latents),
-        "given": torch.cat(frames),
-        "prompts": prompts * settings.per_prompt,
-        "s_per_image": statistics.fmean(seconds),
-        "calls": calls_per_image(steps, max(sampler.guidance_scales)),
-    }
+def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
+    """compare.sample's clips of the teacher (source None) or the run's student, each noise k from its prompts'
+    given first frames k (`given_frames`), with those frames beside them."""
+    frames = given_frames(_prompt_set(settings), seed, settings.per_prompt)
+    return compare.sample(run_dir, source, settings, seed, first_frames=frames) | {"given": torch.cat(frames)}
 
 
 def score_clips(made: dict, judge, reference) -> dict:
@@ -140,7 +93,6 @@ def score_clips(made: dict, judge, reference) -> dict:
 
 def compare_i2v(settings: Settings, work: Path, rows: list[Row] = ROWS, log=print) -> dict[str, list[dict]]:
     """{"teacher" and each row's name: [scores per seed]}; `motion_ratio` over the teacher's of the same seed."""
-    prompts = _prompt_set(settings)
     judge = load_frame_judge()
     reference, cache = clip_features(frame_features(judge, heldout_clip_reference())), work / "cache"
     results: dict[str, list[dict]] = {name: [] for name in ["teacher", *(row.name for row in rows)]}
@@ -151,9 +103,9 @@ def compare_i2v(settings: Settings, work: Path, rows: list[Row] = ROWS, log=prin
             own = dataclasses.replace(settings, student=row.student or settings.student)
             summary = train_student(own, list(row.overrides), seed, run_dir, cache)
             if teacher is None:
-                teacher = score_clips(sample(run_dir, None, settings, seed, prompts), judge, reference)
+                teacher = score_clips(sample(run_dir, None, settings, seed), judge, reference)
                 results["teacher"].append(teacher | {"motion_ratio": 1.0})  # trained by no one: no train_s
-            scores = score_clips(sample(run_dir, "student", settings, seed, prompts), judge, reference)
+            scores = score_clips(sample(run_dir, "student", settings, seed), judge, reference)
             scores["motion_ratio"] = scores["speed"] / teacher["speed"] if teacher["speed"] > 0 else math.nan
             scores["train_s"] = summary.get("wall_s", math.nan)
             results[row.name].append(scores)
