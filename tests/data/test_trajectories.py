@@ -86,3 +86,60 @@ def test_a_trajectory_cache_larger_than_its_disk_is_one_line_before_the_teacher_
     with pytest.raises(UserError, match=r"take [\d,.]+ GiB \(10,000,000,000 items .*method.noises_per_prompt") as e:
         check_cache_size(tmp_path / "cache" / "trajectories" / "key", 10**10, (3, 16, 1, 8, 8))
     assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()  # nothing made
+
+
+@pytest.mark.parametrize(
+    "twin",
+    [
+        "tiny_i2v",
+        pytest.param("tiny_i2v_moe", marks=pytest.mark.slow),
+        pytest.param("tiny_ti2v", marks=pytest.mark.slow),
+    ],
+)
+def test_an_image_to_video_teachers_points_end_where_its_own_pipeline_ends_from_each_prompts_image(
+    twin, request, tmp_path
+):
+    """The ODE of an image-to-video teacher runs in its own pipeline from each prompt's image (a chunk spanning two
+    prompts runs each from its own): at K = 1 its last point is what the image pipeline samples from the PIL image,
+    bit for bit (TI2V: over the frames it denoises; its given first frame is replaced only after the loop). The cache
+    is keyed on the images."""
+    from tests.teacher.test_image import SCALES, SIDE, TEXT, an_image
+    from wandistiller.data.conditions import ImageBank
+    from wandistiller.data.latents import LatentBank
+    from wandistiller.data.trajectories import trajectories_folder
+    from wandistiller.teacher.image import ImageCondition, denoised_frames, encode_condition, load_image_encoder
+    from wandistiller.teacher.sampler import image_pipeline
+    from wandistiller.teacher.vae import load_vae
+
+    spec = inspect_teacher(request.getfixturevalue(f"{twin}_path"))
+    scale, scale_2 = SCALES[twin]
+    cpu = torch.device("cpu")
+    teacher = CpuPlacement().load(spec, OmegaConf.create({"guidance_scale": scale, "guidance_scale_2": scale_2}), FP32,
+                                  Topology())  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    embeddings = PromptEmbeddings(["a", "b"], [torch.randn(TEXT, 32, generator=g) for _ in range(2)],
+                                  torch.zeros(0, 32), TEXT)  # fmt: skip
+    vae, encoder = load_vae(spec, cpu), load_image_encoder(spec, cpu)
+    pictures = [an_image(1), an_image(2)]
+    # Each encoded alone, as the pipeline encodes its one image (a batch's VAE pass is equal only to rounding).
+    condition = ImageCondition.cat([encode_condition(spec, vae, [p], 2, SIDE, SIDE, *encoder) for p in pictures])
+    embeds = None if condition.embeds is None else LatentBank([condition.embeds], torch.arange(2), 2)
+    images = ImageBank(LatentBank([condition.latents], torch.arange(2), 2), embeds, torch.arange(2))
+    pipe = image_pipeline(spec, teacher.experts, cpu, vae, image_encoder=encoder)
+    side = SIDE // pipe.vae_scale_factor_spatial
+    shape = (vae.config.z_dim, 2, side, side)  # 2 latent frames: the clip the images were encoded for
+    settings = TrajectorySettings(SamplerSettings(3, tuple(teacher.guidance_scales), shape, 2), (1.0, 0.0))
+    # Chunks of 3 with 2 noises a prompt: [prompt 0, prompt 0, prompt 1], [prompt 1].
+    bank = teacher_trajectories(teacher, embeddings, 0, settings, tmp_path, 3, False, None, images)
+    for item in (2, 3):  # prompt 1's, each a call of one (as the one below)
+        noise = noise_for(0, 1, item % 2, shape, STREAM)[None]
+        sample = sample_latents(pipe, noise, embeddings.padded(torch.tensor([1])), embeddings.negative_batch(1),
+                                settings.sampler, image=pictures[1])  # fmt: skip
+        given = condition.select(slice(1, 2))
+        points = bank.x0(torch.tensor([item]))
+        assert torch.equal(points[:, 0], noise)
+        assert torch.equal(denoised_frames(given, points[:, -1]), denoised_frames(given, sample))
+    other = ImageBank(images.latents, images.embeds, torch.tensor([1, 0]))  # the same images, given the other way
+    folders = {trajectories_folder(spec, embeddings, 0, settings, FP32.teacher_dtype, tmp_path, None, bank_of)
+               for bank_of in (None, images, other)}  # fmt: skip
+    assert len(folders) == 3

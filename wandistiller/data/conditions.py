@@ -36,9 +36,20 @@ class ImageBank:
     latents: LatentBank  # ImageCondition.latents, one item per image
     embeds: LatentBank | None  # ImageCondition.embeds (Wan 2.1 I2V's CLIP tokens); None where the experts take none
     rows: torch.Tensor  # [P] long
+    # Its cache folder's name (teacher, images, clip size): what a cache made from these images is keyed on.
+    key: str = ""
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def identity(self) -> str:
+        """What tells these prompts' images from any others: the cache's key and the rows (a bank built in memory,
+        keyless, by its contents)."""
+        rows = hashlib.sha256(self.rows.numpy().tobytes()).hexdigest()[:12]
+        if self.key:
+            return f"{self.key}:{rows}"
+        contents = [self.latents.x0(self.rows), *([] if self.embeds is None else [self.embeds.x0(self.rows)])]
+        return "contents:" + hashlib.sha256(b"".join(t.numpy().tobytes() for t in contents)).hexdigest()[:20]
 
     def select(self, prompt_idx: torch.Tensor) -> ImageCondition:
         """The conditioning of these prompts, float32 on the CPU (a batch moves it with the rest)."""
@@ -47,7 +58,7 @@ class ImageBank:
 
     def part(self, rows: slice) -> ImageBank:
         """The bank over prompts `rows` only (training's, or the held-out captions')."""
-        return ImageBank(self.latents, self.embeds, self.rows[rows])
+        return ImageBank(self.latents, self.embeds, self.rows[rows], self.key)
 
 
 def fitted(image: Image.Image, height: int, width: int, name: str, key: str) -> Image.Image:
@@ -133,4 +144,4 @@ def image_bank(
         if spec.image_encoder
         else None
     )
-    return ImageBank(latents, embeds, torch.arange(count))
+    return ImageBank(latents, embeds, torch.arange(count), folder.name)

@@ -9,6 +9,11 @@ the student's K intervals in proportion to their lengths before the flow shift (
 evenly, over the same [1, 1/T] the scheduler's default spans -- so for K = 1 they are its default schedule. The
 latents after the step that lands on each student sigma are kept: an item is [K + 1, C, F, H, W], x(sigma_0) the
 noise itself and x(sigma_K) the sample. The cache is data/latents.py's (`cached_bank`): keyed, chunked, resumable.
+
+An image-to-video teacher's ODE runs in its own WanImageToVideoPipeline (teacher/sampler.py `image_pipeline`), each
+prompt's noises from that prompt's image, given as the run's cached conditioning (data/conditions.py `ImageBank`):
+the model's own loop, CFG and expert switch on exactly what the student is then fed. The cache is keyed on the
+images too.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from wandistiller.core.errors import UserError
 from wandistiller.data.latents import SamplerSettings, cache_key, cached_bank, load_latent_bank, noise_for
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.model import Teacher
-from wandistiller.teacher.sampler import wan_pipeline
+from wandistiller.teacher.sampler import given_image, image_pipeline, wan_pipeline
+from wandistiller.teacher.vae import vae_skeleton
 
 log = logging.getLogger("wandistiller")
 
@@ -81,8 +87,11 @@ def with_sigmas(pipe, sigmas: np.ndarray):
     return pipe
 
 
-def sample_trajectories(pipe, noise, cond, uncond, settings: TrajectorySettings, num_train_timesteps: int):
-    """One WanPipeline call from `noise`: [n, K + 1, C, F, H, W], float32 on the CPU (x at each student sigma)."""
+def sample_trajectories(
+    pipe, noise, cond, uncond, settings: TrajectorySettings, num_train_timesteps: int, condition=None
+):
+    """One WanPipeline call from `noise`: [n, K + 1, C, F, H, W], float32 on the CPU (x at each student sigma). An
+    image pipeline's call takes `condition`, one image's ImageCondition, for all n."""
     s = settings.sampler
     sigmas, landed = ode_sigmas(settings.sigmas, s.steps, scheduler_shift(pipe.scheduler), num_train_timesteps)
     with_sigmas(pipe, sigmas)
@@ -95,15 +104,17 @@ def sample_trajectories(pipe, noise, cond, uncond, settings: TrajectorySettings,
         return {}
 
     _, frames, height, width = s.latent_shape
+    side = pipe.vae_scale_factor_spatial
     pipe(
+        **given_image(pipe, height * side, width * side, None, condition),
         prompt_embeds=cond,
         negative_prompt_embeds=uncond,
         latents=noise,
         guidance_scale=s.guidance_scales[0],
         guidance_scale_2=s.guidance_scales[1] if len(s.guidance_scales) == 2 else None,
         num_inference_steps=s.steps,
-        height=height * pipe.vae_scale_factor_spatial,
-        width=width * pipe.vae_scale_factor_spatial,
+        height=height * side,
+        width=width * side,
         num_frames=(frames - 1) * pipe.vae_scale_factor_temporal + 1,
         output_type="latent",
         callback_on_step_end=keep,
@@ -123,11 +134,14 @@ def trajectories_folder(
     dtype,
     cache_dir,
     items: int | None = None,
+    images=None,
 ):
     """Where these ODE points are cached: what a rank without a teacher passes to `load_latent_bank`. A bank of the
     first `items` only (a short run's: `bank_items`) has its own folder: a whole one is never read as it, nor it as
-    whole."""
+    whole. Points sampled from `images` (an ImageBank) are keyed on them too."""
     key = cache_key(spec, embeddings, seed, settings.sampler, dtype)
+    if images is not None:
+        key = hashlib.sha256(f"{key}|{images.identity()}".encode()).hexdigest()[:20]
     sigmas = hashlib.sha256(repr([round(s, 6) for s in settings.sigmas]).encode()).hexdigest()[:8]
     part = "" if items is None or items >= all_items(embeddings, settings) else f"-first{items}"
     return Path(cache_dir).expanduser() / "trajectories" / f"{key}-{sigmas}{part}"
@@ -154,18 +168,23 @@ def teacher_trajectories(
     chunk_size: int = 16,
     progress: bool = True,
     items: int | None = None,
+    images=None,
 ):
     """A LatentBank whose item j (prompt j // per_prompt) is the ODE's K + 1 points from noise j, made once and
-    cached (the first `items` of them: `bank_items`). Only the process holding the teacher calls this; the others
-    then call `load_trajectories(...)`."""
+    cached (the first `items` of them: `bank_items`); with `images` (an image-to-video teacher's ImageBank), from
+    prompt j // per_prompt's image. Only the process holding the teacher calls this; the others then call
+    `load_trajectories(...)`."""
     s = settings.sampler
-    folder = trajectories_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir, items)
+    folder = trajectories_folder(teacher.spec, embeddings, seed, settings, teacher.dtype, cache_dir, items, images)
     pipe: list = []  # built on the first chunk that needs it: a complete cache loads no pipeline
     timed: list = []
 
     def make_chunk(items: range) -> torch.Tensor:
-        if not pipe:
-            pipe.append(wan_pipeline(teacher.spec, teacher.experts, teacher.device))
+        if not pipe:  # the image pipeline is given the cached conditioning: no VAE weights or CLIP are read for it
+            if images is None:
+                pipe.append(wan_pipeline(teacher.spec, teacher.experts, teacher.device))
+            else:
+                pipe.append(image_pipeline(teacher.spec, teacher.experts, teacher.device, vae_skeleton(teacher.spec)))
         prompts = torch.tensor([j // s.latents_per_prompt for j in items])
         noise = torch.stack(
             [
@@ -177,7 +196,15 @@ def teacher_trajectories(
         uncond = embeddings.negative_batch(len(items)).contiguous().to(teacher.device, teacher.dtype)
         steps = teacher.spec.num_train_timesteps
         start = time.perf_counter()
-        made = sample_trajectories(pipe[0], noise.to(teacher.device), cond, uncond, settings, steps)
+        # With images, a call per prompt: the pipeline gives one image's CLIP tokens to its whole batch.
+        calls = [slice(None)] if images is None else runs(prompts)
+        given = lambda rows: None if images is None else images.select(prompts[rows][:1]).to(teacher.device)  # noqa: E731
+        made = torch.cat(
+            [
+                sample_trajectories(pipe[0], noise[r].to(teacher.device), cond[r], uncond[r], settings, steps, given(r))
+                for r in calls
+            ]
+        )
         if not timed:  # roughly how long, said once the first chunk shows this machine's pace
             timed.append(len(items))
             left = (total - items.stop) / len(items) * (time.perf_counter() - start)
@@ -211,7 +238,15 @@ def check_cache_size(folder: Path, items: int, item_shape: tuple[int, ...]) -> N
         )
 
 
-def load_trajectories(spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir, items=None):
+def runs(prompts: torch.Tensor) -> list[slice]:
+    """The rows of each run of one prompt in `prompts` (a chunk's, in order)."""
+    ends = torch.unique_consecutive(prompts, return_counts=True)[1].cumsum(0).tolist()
+    return [slice(a, b) for a, b in zip([0, *ends], ends)]
+
+
+def load_trajectories(
+    spec, embeddings, seed: int, settings: TrajectorySettings, dtype, cache_dir, items=None, images=None
+):
     """The cached bank another rank made (None if it is not whole)."""
-    folder = trajectories_folder(spec, embeddings, seed, settings, dtype, cache_dir, items)
+    folder = trajectories_folder(spec, embeddings, seed, settings, dtype, cache_dir, items, images)
     return load_latent_bank(folder, (settings.points, *settings.sampler.latent_shape))

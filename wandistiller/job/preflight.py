@@ -113,7 +113,6 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_adapter_ranks(cfg, spec.transformer_config)
     check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
     check_data(cfg, spec)
-    check_method_images(cfg, spec, method)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
@@ -336,24 +335,6 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World, metho
             f"teacher_placement={placement.name} a teacher owner serves them; use {', '.join(local[:-1])} or "
             f"{local[-1]}, or drop trainer.teacher_whole_step"
         )
-
-
-def check_method_images(cfg: DictConfig, spec: TeacherSpec, method) -> None:
-    """A method that samples the teacher's ODE before training (WanPipeline's loop, which takes no image) on an
-    image-conditioned run: one line, before anything is written, instead of a failure in the first chunk."""
-    if not (method.samples_ode and data_sources.image_conditioned(cfg.data, spec.layout)):
-        return
-    methods = next(r for r in registered() if r.group == "method")
-    term = hasattr(method, "regression_weight")  # a method that weighs the ODE's term rather than training on it
-    what = f"method={method.name}" + ("'s regression term" if term else "")
-    # The methods whose class does not always sample it (dmd's property: only with its regression term).
-    able = [f"method={n}" for n, o in methods.options.items() if getattr(o.cls, "samples_ode", False) is not True]
-    fix = "method.regression_weight=0, or " + " or ".join(a for a in able if a != what) if term else " or ".join(able)
-    raise UserError(
-        f"{what} samples the teacher's ODE with WanPipeline, which takes no image, and teacher={cfg.teacher.name} "
-        f"is conditioned on data.latents={cfg.data.latents}'s images; sampling it with its images is not built yet: "
-        f"use {fix}"
-    )
 
 
 def check_method_config(cfg: DictConfig, method) -> None:

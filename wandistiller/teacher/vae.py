@@ -25,6 +25,17 @@ def load_vae(spec: TeacherSpec, device: torch.device, dtype: torch.dtype = torch
     return vae.to(device).eval().requires_grad_(False)
 
 
+def vae_skeleton(spec: TeacherSpec):
+    """The teacher's VAE without weights (accelerate's empty init, its own config): for a pipeline that reads only
+    its config (z_dim, the scale factors) because it is given latents and conditioning already encoded -- the ODE
+    points of an image-to-video teacher -- so no VAE is read or held for it."""
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKLWan
+
+    with init_empty_weights():
+        return AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(spec.path, subfolder="vae"))
+
+
 def time_compression(vae_config: dict) -> int:
     """How many frames the VAE folds into one latent frame: 2 per temporal downsampling stage (Wan 2.1's 4)."""
     return 2 ** sum(bool(x) for x in vae_config.get("temperal_downsample") or ())

@@ -53,11 +53,13 @@ def test_no_captions_are_held_out_where_the_user_names_held_out_prompts_or_there
 def test_the_last_images_captions_are_held_out_and_never_trained_on(tiny_path, cache_dir, tmp_path):
     root = write_folder(tmp_path / "images")
     made = Images.make(context(tiny_path, cache_dir, root), None, "prompts' embeddings", "held-out embeddings")
-    assert made.embeddings.prompts == CAPTIONS and made.val_embeddings.prompts == CAPTIONS[-1:]
+    assert made.embeddings.prompts == CAPTIONS[:2] and made.val_embeddings.prompts == CAPTIONS[-1:]
+    assert len(made.embeddings.embeds) == 2  # a method drawing prompts (dmd, trajectory's ODE) draws these alone
     assert made.bank.prompt_idx.tolist() == [0, 1] and len(made.bank) == 2  # training draws the first two only
     given = context(tiny_path, cache_dir, root, val_prompts_path="val.txt")  # held-out prompts of the user's own
     whole = Images.make(given, None, "prompts' embeddings", "held-out embeddings")
     assert whole.val_embeddings == "held-out embeddings" and whole.bank.prompt_idx.tolist() == [0, 1, 2]
+    assert whole.embeddings.prompts == CAPTIONS
     assert torch.equal(whole.bank.x0(torch.arange(2)), made.bank.x0(torch.arange(2)))
 
 

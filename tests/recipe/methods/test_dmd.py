@@ -475,18 +475,36 @@ def test_dmd_trains_students_of_image_to_video_teachers_each_sample_drawn_from_i
 
 
 @pytest.mark.parametrize(
-    "method,said",
+    "twin,method",
     [
-        (["method=trajectory"], "method=trajectory samples the teacher's ODE with WanPipeline, which takes no image"),
-        (["method=dmd", "method.regression_weight=0.5"], "method=dmd's regression term samples the teacher's ODE"),
+        ("tiny_i2v", ["method=trajectory"]),
+        pytest.param(
+            "tiny_i2v_moe",
+            ["method=dmd", "method.regression_weight=0.5", "method.fake_updates=1"],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("tiny_ti2v", ["method=trajectory", "data.latent_frames=2"], marks=pytest.mark.slow),
+        pytest.param(
+            "tiny_i2v", ["method=dmd", "method.regression_weight=0.5", "student=lora"], marks=pytest.mark.slow
+        ),
     ],
 )
-def test_a_method_that_samples_the_teachers_ode_on_images_is_one_line_before_the_run_folder(
-    make_cfg, tmp_path, method, said
+def test_the_methods_that_sample_the_teachers_ode_train_on_an_image_to_video_teacher_from_each_prompts_image(
+    make_cfg, tmp_path, twin, method
 ):
+    """trajectory, and dmd's regression term: the teacher's ODE runs in its own image-to-video pipeline from each
+    training prompt's image (the held-out caption's is not among them) and the student is fed that image (without
+    it an image-to-video student cannot run); the cache is keyed on the images, so other images make their own."""
     from tests.data.sources.test_images import given_images, pairs
 
-    root = given_images(tmp_path / "images")
-    with pytest.raises(UserError) as e:
-        run(make_cfg(*pairs(root), *method, run_dir=tmp_path / "r"))
-    assert str(e.value).startswith(said) and "\n" not in str(e.value) and not (tmp_path / "r").exists()
+    common = ["method.steps=2", "method.teacher_steps=3", "method.noises_per_prompt=1", "trainer.batch_size=2"]
+    for name, size in (("a", (72, 72)), ("b", (80, 80))):
+        root = given_images(tmp_path / f"images_{name}", size)
+        overrides = [*pairs(root, f"teacher={twin}"), *method, *common, f"paths.cache_dir={tmp_path / 'cache'}"]
+        run(make_cfg(*overrides, "trainer.log_every=1", run_dir=tmp_path / name))
+        rows = metrics_steps(tmp_path / name)
+        term = "loss_trajectory" if "method=trajectory" in method else "loss_regression"
+        assert len(rows) == 2 and all(r[term] > 0 for r in rows)
+    made = sorted((tmp_path / "cache" / "trajectories").glob("*/complete.json"))
+    # Two image folders, two banks of 2 trajectories each (the 2 training prompts of the 3: one is held out).
+    assert len(made) == 2 and all('"items": 2' in m.read_text() for m in made)

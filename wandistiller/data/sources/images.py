@@ -6,7 +6,7 @@ validation, with their captions, unless `data.val_prompts_path` names the held-o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -92,7 +92,9 @@ def captioned_made(ctx, val_embeddings, encoded) -> Made:
     if held_out is None:
         return Made(bank, embeddings, val_embeddings, images, images)
     val_embeddings, keep = held_out
-    # Item i is caption i: the held-out ones are the last, so training draws the rest.
+    # Item i is caption i: the held-out ones are the last, so training draws the rest. The training prompts stop
+    # there too: a method that draws prompts rather than items (dmd, trajectory's ODE) never trains on a held-out one.
+    embeddings = replace(embeddings, prompts=embeddings.prompts[:keep], embeds=embeddings.embeds[:keep])
     if bank is not None:
         bank = LatentBank(bank.chunks, bank.prompt_idx[:keep], bank.chunk_size)
     if images is None:

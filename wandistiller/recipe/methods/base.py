@@ -82,8 +82,8 @@ class Method:
     student_inputs: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = True
     reads_x0: ClassVar[bool] = True  # whether a step reads the data's clean latents (trajectory, dmd: its prompts only)
-    # Whether it samples the teacher's ODE before training (trajectory; dmd's regression term): with WanPipeline,
-    # which takes no image, so an image-conditioned run refuses it (preflight) until an I2V sampler exists.
+    # Whether it samples the teacher's ODE before training (trajectory; dmd's regression term): data/trajectories.py,
+    # through the model's own pipeline (an image-to-video teacher's from each prompt's image).
     samples_ode: bool = False
     # What the model card says the student learned (`{k}`: its K, `{g}`: the teacher's guidance scale).
     card_phrase: ClassVar[str] = (

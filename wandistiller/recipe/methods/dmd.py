@@ -169,7 +169,16 @@ class DMD(Method):
         if self.regression_weight > 0:
             skip = "method.regression_weight=0 skips them (dmd without its regression term)"
             self.points = OdePoints(
-                ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule, skip
+                ctx,
+                teacher,
+                embeddings,
+                self.k,
+                self.teacher_steps,
+                self.per_prompt,
+                self.chunk,
+                self.schedule,
+                skip,
+                images,
             )
 
     def bind(self, ctx, student, trainer_cfg, state, group) -> None:
@@ -257,9 +266,8 @@ class DMD(Method):
 
     # -- its parts --------------------------------------------------------------------------------------------
     def _prompts(self, run, g: torch.Generator):
-        # An image folder's held-out captions follow its training ones: only those with an image are drawn.
-        prompts = len(self.embeddings.embeds) if self.images is None else len(self.images)
-        prompt_idx = torch.randint(prompts, (self.batch_size,), generator=g)
+        # The training prompts alone (an image folder's held-out captions are not among them), each with its image.
+        prompt_idx = torch.randint(len(self.embeddings.embeds), (self.batch_size,), generator=g)
         cond = self.embeddings.padded(prompt_idx, run.device)
         return prompt_idx, cond, self.embeddings.negative_batch(self.batch_size, run.device)
 

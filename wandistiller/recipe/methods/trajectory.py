@@ -35,6 +35,7 @@ from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, steps_within
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, parse_schedule, student_schedule
+from wandistiller.teacher.image import denoised_frames
 from wandistiller.teacher.model import guidance_scales
 
 STREAM = 1  # the draws' own generator stream beside the data's (seed, step, micro, rank)
@@ -100,6 +101,7 @@ class OdePoints:
         chunk: int,
         schedule: Schedule | None = None,
         skip: str = "",
+        images=None,
     ):
 
         self.timesteps, self.sigmas = student_schedule(ctx.spec, steps, schedule)
@@ -124,18 +126,20 @@ class OdePoints:
                 f"; {skip}" if skip else "",
             )
         made = lambda: teacher_trajectories(  # noqa: E731
-            teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, ctx.topo.rank == 0, items
+            teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, ctx.topo.rank == 0, items, images
         )
         self.bank = made_once(
             ctx.topo,
             made,
-            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir, items),
+            lambda: load_trajectories(ctx.spec, embeddings, ctx.seed, settings, dtype, ctx.cache_dir, items, images),
             makes=ctx.makes_teacher_data,
         )
         self.embeddings, self.seed, self.batch_size = embeddings, ctx.seed, ctx.trainer_cfg.batch_size
+        self.images = images  # an image-to-video teacher's, per prompt: its ODE ran from them, the student takes them
 
     def loss(self, run, step: int, micro: int) -> torch.Tensor:
-        """MSE of the student's velocity against the jump's, on `batch_size` drawn trajectories and jumps."""
+        """MSE of the student's velocity against the jump's, on `batch_size` drawn trajectories and jumps (over the
+        frames it denoises: not TI2V's given first one)."""
         g = torch.Generator().manual_seed(mixed_seed(self.seed, step, micro, run.dp_rank, STREAM))
         n, k = self.batch_size, len(self.timesteps)
         items = torch.randint(len(self.bank), (n,), generator=g)
@@ -145,11 +149,13 @@ class OdePoints:
         x, after = points[rows, jump], points[rows, jump + 1]
         gap = (self.sigmas[jump + 1] - self.sigmas[jump]).view(-1, 1, 1, 1, 1)
         target = ((after - x) / gap).to(run.device)
-        cond = self.embeddings.padded(self.bank.prompt_idx[items], run.device)
+        prompts = self.bank.prompt_idx[items]
+        cond = self.embeddings.padded(prompts, run.device)
+        image = None if self.images is None else self.images.select(prompts).to(run.device)
         dtype = run.precision.autocast_dtype
         with torch.autocast(run.device.type, dtype=dtype, enabled=dtype is not None):
-            pred, _ = run.model(x.to(run.device), self.timesteps[jump].to(run.device), cond)
-        return F.mse_loss(pred.float(), target)
+            pred, _ = run.model(x.to(run.device), self.timesteps[jump].to(run.device), cond, image)
+        return F.mse_loss(denoised_frames(image, pred.float()), denoised_frames(image, target))
 
 
 class Trajectory(Method):
@@ -192,7 +198,7 @@ class Trajectory(Method):
 
     def prepare(self, ctx, teacher, embeddings, images=None) -> None:
         self.points = OdePoints(
-            ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule
+            ctx, teacher, embeddings, self.k, self.teacher_steps, self.per_prompt, self.chunk, self.schedule, "", images
         )
 
     def student_loss(self, run, step, micro, clock):
