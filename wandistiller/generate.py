@@ -147,7 +147,7 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     check_frames(run)  # a clip run against an image teacher, or the reverse: one line before any work
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = to_dtype(args.dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    check_teacher_fits(run, source, args.allow_other_teacher, takes_images=True)
+    check_teacher_fits(run, source, args.allow_other_teacher)
     pictures = first_frames(args, run)  # each checked, before any work
     judged = other_teacher_tag(run, source, args.allow_other_teacher)  # its own file names: see drawn_by
     check_counts(

@@ -20,9 +20,9 @@ from wandistiller import eval as eval_cli
 from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
-from wandistiller.evaluation.evaluate import eval_prompts, evaluate
+from wandistiller.evaluation.evaluate import eval_prompts, evaluate, given_first_frames
 from wandistiller.evaluation.metrics import KID_MEANING
-from wandistiller.state.runs import RunFolder, open_run
+from wandistiller.state.runs import RunFolder, Trust, open_run
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
@@ -409,3 +409,56 @@ def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_t
     saved = json.loads((folder / result["files"][0]).read_text())
     assert saved["teacher"] == {"path": str(other), "digest": digest, "recorded": False}
     assert own.read_text() == '{"judged": "against its own teacher"}' and own.stat().st_mtime_ns == 10**18
+
+
+# Issue 42: an image-to-video run is evaluated as it was trained -- each held-out caption continues its own image.
+def test_an_image_to_video_run_is_evaluated_from_its_held_out_first_frames(make_cfg, tmp_path, capsys, tiny_i2v_path):
+    """The teacher and the student continue the held-out caption's own image (the folder's last), through the
+    model's own image-to-video pipeline: the result's first-frame PSNR is the student clip's, drawn here from that
+    image by `generate`, bit for bit. Prompts without images are one line, nothing written."""
+    from tests.data.sources.test_images import given_images, pairs
+    from wandistiller.data.conditions import fitted
+    from wandistiller.data.prompts import encode_prompts
+    from wandistiller.evaluation.clips import first_frame_psnr, pil_tensor
+    from wandistiller.state.runs import generate, student_sampler
+    from wandistiller.teacher.image import load_image_encoder
+    from wandistiller.teacher.vae import decode_clips, load_vae
+
+    root = given_images(tmp_path / "images", (72, 72))
+    folder = tmp_path / "r"
+    run(make_cfg(*pairs(root), run_dir=folder))
+    result = evaluate(folder, steps=2, limit=1, trust=Trust(data=True))
+    (row,) = result["prompts"]
+    assert row["prompt"] == CAPTIONS[-1] and math.isfinite(row["first_frame_psnr"])  # the held-out caption: the last
+    assert result["mean"]["student_first_frame_psnr"] == row["first_frame_psnr"]
+    assert math.isfinite(result["mean"]["teacher_first_frame_psnr"]) and (folder / result["files"][0]).is_file()
+
+    opened = open_run(folder)
+    image = fitted(Image.open(root / "img2.png"), 32, 32, "img2", "data.root")  # as training fits it
+    cpu = torch.device("cpu")
+    student = student_sampler(opened, folder / "student", cpu)
+    vae = load_vae(opened.spec, cpu)
+    t = opened.cfg.teacher
+    emb = encode_prompts(opened.spec, [row["prompt"]], t.negative_prompt, t.max_sequence_length, torch.float32, cpu,
+                         opened.cfg.paths.cache_dir)  # fmt: skip
+    shape = opened.latent_shape
+    latents, _ = generate(student, emb, [0], int(opened.cfg.seed), opened.trained_steps or 2, shape, per_prompt=1,
+                          images=(vae, load_image_encoder(opened.spec, cpu), lambda i, k: image))  # fmt: skip
+    assert first_frame_psnr(decode_clips(vae, latents), pil_tensor(image)[None]) == [row["first_frame_psnr"]]
+
+    before = sorted(p.name for p in folder.iterdir())
+    capsys.readouterr()  # the run's own progress
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main(
+            [str(folder), "--limit", "1", "--allow-data", "--prompts", str(write_prompts(tmp_path / "p.txt"))]
+        )
+    err = capsys.readouterr().err.strip()
+    said = "this student of an image-to-video teacher continues each held-out caption's own first frame"
+    assert e.value.code == 2 and said in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in folder.iterdir()) == before
+    # Held-out prompts of the user's own (data.val_prompts_path) have no first frames either.
+    own = run_of(
+        make_cfg, tmp_path, tiny_i2v_path, *pairs(root), f"data.val_prompts_path={write_prompts(tmp_path / 'v.txt')}"
+    )
+    with pytest.raises(UserError, match=r"^data.val_prompts_path=.* held out prompts of the user's own, which have no"):
+        given_first_frames(own, None, 1, True)

@@ -51,12 +51,15 @@ def test_the_given_frames_are_held_out_digits_placed_as_each_prompt_asks_and_dif
         i2v.clips_for(["a cat"], "test", 0)
 
 
-def test_psnr_is_of_the_8_bit_frames_and_infinite_copies_are_capped():
+def test_first_frame_psnr_is_of_each_clips_8_bit_frame_0_and_infinite_copies_are_capped():
+    from wandistiller.evaluation.clips import first_frame_psnr
+
     given = torch.rand(2, 3, 8, 8)
-    assert i2v.psnr(given, given) == pytest.approx(100.0)  # mse floored at 1e-10
+    clips = torch.stack([given, torch.rand(2, 3, 8, 8)], dim=1)  # [2 clips, 2 frames]: frame 0 is the given one
+    assert first_frame_psnr(clips, given) == pytest.approx([100.0, 100.0])  # mse floored at 1e-10
     off = (given + 0.1).clamp(0, 1)
     mse = ((((off * 255).round() - (given * 255).round()) / 255) ** 2).flatten(1).mean(1)
-    assert i2v.psnr(off, given) == pytest.approx(float((-10 * torch.log10(mse)).mean()), rel=1e-5)
+    assert first_frame_psnr(off[:, None], given) == pytest.approx((-10 * torch.log10(mse)).tolist(), rel=1e-5)
 
 
 def test_the_i2v_targets_hold_the_lora_student_to_95_percent_and_the_pair_to_90():

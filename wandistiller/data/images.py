@@ -22,7 +22,7 @@ from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
-from wandistiller.data.conditions import check_given, frame_size, image_bank, rgb
+from wandistiller.data.conditions import check_given, fitted, frame_size, image_bank, rgb
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec
@@ -262,6 +262,15 @@ def image_pairs(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_d
         spec, source.captions, teacher_cfg.negative_prompt, teacher_cfg.max_sequence_length, dtype, device, cache_dir
     )
     return embeddings, None, images
+
+
+def held_out_images(data_cfg, vae_config: dict, held: int) -> list[Image.Image]:
+    """The given first frames of the last `held` captions (the held-out ones, in `held_out_prompts`' order), fitted
+    to the run's frame size as training fits its images: what an image-to-video run's evaluation continues."""
+    source = image_source(data_cfg)
+    height, width = frame_size(data_cfg, vae_config)
+    opened, count = _given(source), len(source.captions)
+    return [fitted(opened(i), height, width, _name(source, i), source.key) for i in range(count - held, count)]
 
 
 def check_given_images(data_cfg, vae_config: dict) -> None:

@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import file_stamps
-from wandistiller.data.conditions import image_bank
+from wandistiller.data.conditions import fitted, frame_size, image_bank
 from wandistiller.data.images import IMAGE_SUFFIXES, captioned_files, captions_of
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
@@ -224,6 +224,18 @@ def video_pairs(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_d
         spec, first, source.name, count, source.fingerprint, data_cfg, cache_dir, device, source.key, progress
     )
     return embeddings, bank, images
+
+
+def held_out_first_frames(data_cfg, vae_config: dict, held: int) -> list[Image.Image]:
+    """The first frames of the last `held` clips (the held-out captions', in order), fitted as `video_pairs` fits
+    them: what an image-to-video run's evaluation continues."""
+    source = folder_videos(data_cfg.root)
+    shape, (height, width) = ClipShape.of(data_cfg, vae_config), frame_size(data_cfg, vae_config)
+    count = len(source.captions)
+    return [
+        fitted(_first_frame(source, i, shape, data_cfg), height, width, source.name(i), source.key)
+        for i in range(count - held, count)
+    ]
 
 
 def _first_frame(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> Image.Image:

@@ -26,6 +26,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +45,19 @@ FD_WITHHELD = (
     f"clip_fd needs {MIN_FD_CLIPS} clips or more (the clip features are {CLIP_FEATURES} wide): raise --limit or "
     "--per-prompt"
 )
+
+
+def first_frame_psnr(clips: torch.Tensor, given: torch.Tensor) -> list[float]:
+    """Per clip of [N, F, 3, H, W], the PSNR (dB) of its frame 0 against its given first frame [N, 3, H, W]: how
+    well an image-to-video sample keeps the image it continues. Pixels in [0, 1], quantised to 8 bits as saved."""
+    quantised = lambda x: (x.float().clamp(0, 1) * 255).round() / 255  # noqa: E731
+    mse = ((quantised(clips[:, 0]) - quantised(given)) ** 2).flatten(1).mean(1).clamp_min(1e-10)
+    return (-10 * torch.log10(mse)).tolist()
+
+
+def pil_tensor(image) -> torch.Tensor:
+    """A PIL image as [3, H, W] in [0, 1] (what decoded frames are)."""
+    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255).permute(2, 0, 1)
 
 
 def is_video_pocket(prompts: list[str]) -> bool:

@@ -27,8 +27,15 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import check_appended, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
-from wandistiller.data.sources import source_of
-from wandistiller.evaluation.clips import FD_WITHHELD, eval_clip_quality, is_video_pocket, motion_ratio
+from wandistiller.data.sources import image_conditioned, source_of
+from wandistiller.evaluation.clips import (
+    FD_WITHHELD,
+    eval_clip_quality,
+    first_frame_psnr,
+    is_video_pocket,
+    motion_ratio,
+    pil_tensor,
+)
 from wandistiller.evaluation.grids import save_clip_grid, save_grid
 from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
@@ -46,7 +53,9 @@ from wandistiller.state.runs import (
     student_source,
     teacher_identity,
 )
+from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.sampler import calls_per_image
+from wandistiller.teacher.spec import read_json
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 # What `python -m wandistiller.eval` samples unasked: a run without an end-of-run evaluation (no `hooks.evaluate` in
@@ -71,14 +80,47 @@ def eval_prompts(
                 "WanDistiller's shipped prompts, so eval does not read it; give --prompts FILE"
             )
 
-    def readable(key: str) -> None:  # a data folder the source reads its captions from: the sender's files
-        if data.get(key) is not None and not (own_files or allow_data) and not _readable_from_run(run, data[key]):
+    return source_of(data).held_out_prompts(data, data_readable(run, own_files or allow_data))[:limit]
+
+
+def data_readable(run: RunFolder, trusted: bool):
+    """`readable(key)` for a data source: refuses a data folder of the saved config outside the run folder (the
+    sender's files) unless `trusted` (the run's own eval, or --allow-data)."""
+    data = run.cfg.data
+
+    def readable(key: str) -> None:
+        if data.get(key) is not None and not trusted and not _readable_from_run(run, data[key]):
             raise UserError(
                 f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder, so eval "
                 "does not read its captions; give --prompts FILE, or --allow-data if you trust that folder"
             )
 
-    return source_of(data).held_out_prompts(data, readable)[:limit]
+    return readable
+
+
+def given_first_frames(run: RunFolder, prompts_path: str | None, count: int, trusted: bool) -> list | None:
+    """An image-to-video run's first frames, one per eval prompt: its data source's held-out images (in the held-out
+    captions' order, fitted as training fits them); None for a run on text alone. Prompts of another file have no
+    first frame of theirs: one line."""
+    data = run.cfg.data
+    if not image_conditioned(data, run.spec.layout):
+        return None
+    if prompts_path is not None:
+        raise UserError(
+            f"--prompts {prompts_path}: this student of an image-to-video teacher continues each held-out caption's "
+            "own first frame, and those prompts have none; drop --prompts (eval draws the run's held-out images and "
+            "captions), or draw your own first frames with python -m wandistiller.generate RUN --image FILE"
+        )
+    vae_config = read_json(run.spec.path / "vae" / "config.json", "teacher.path")
+    frames = source_of(data).held_out_first_frames(data, vae_config, data_readable(run, trusted))
+    if frames is None:
+        raise UserError(
+            f"data.val_prompts_path={data.val_prompts_path} held out prompts of the user's own, which have no first "
+            "frames, so this image-to-video run cannot be evaluated on them; draw its student with python -m "
+            "wandistiller.generate RUN --image FILE, or train with the folder's own held-out images "
+            "(data.val_prompts_path=null)"
+        )
+    return frames[:count]
 
 
 def _readable_from_run(run: RunFolder, path: str) -> bool:
@@ -166,6 +208,7 @@ def evaluate(
     }
     named = variant(run, asked) + ([other] if other else [])  # the settings its file names carry: known before
     prompts = eval_prompts(run, prompts_path, limit, trust.own_files, trust.data)
+    firsts = given_first_frames(run, prompts_path, len(prompts), trust.own_files or trust.data)  # image to video
     check_counts(run, {}, len(prompts) * per_prompt, f"--per-prompt {per_prompt} ({len(prompts)} prompts)")
     t_cfg = run.cfg.teacher
     cache_dir = run.cfg.paths.cache_dir
@@ -175,14 +218,20 @@ def evaluate(
     idx, seed, shape = list(range(len(prompts))), int(run.cfg.seed), run.latent_shape
     teacher = load_teacher(run, device, teacher_dtype)
     teacher_calls = calls_per_image(steps, teacher.guidance_scales[0])
-    teacher_lat, teacher_s = generate(teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt)
+    vae = load_vae(run.spec, device)
+    # An image-to-video run: the teacher and the student continue the same held-out first frame, each noise k of
+    # prompt i from prompt i's, through the model's own WanImageToVideoPipeline (which encodes it as training did).
+    images = None if firsts is None else (vae, load_image_encoder(run.spec, device), lambda i, k: firsts[i])
+    teacher_lat, teacher_s = generate(
+        teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt, None, images
+    )
     del teacher
     student = student_sampler(run, source, device)
     prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
-    vae = load_vae(run.spec, device)
     video = shape[1] > 1  # clips: every frame decoded and judged (evaluation/clips.py); one frame: an image
     decode = decode_clips if video else decode_latents
     teacher_imgs = decode(vae, teacher_lat)
+    given = None if firsts is None else torch.stack([pil_tensor(firsts[i]) for i in idx for _ in range(per_prompt)])
     # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
     quality_of = eval_clip_quality if video else eval_quality
     teacher_quality = quality_of(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
@@ -190,16 +239,21 @@ def evaluate(
     grid = None
     for n in counts:
         what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
-        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt, schedulers[n])
+        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt, schedulers[n], images)
         student_imgs = decode(vae, student_lat)
         mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
         pictures = (clip_metrics if video else image_metrics)(student_imgs, teacher_imgs)
+        if given is not None:  # how well each clip keeps its given first frame (frame 0 against the image, dB)
+            pictures = [p | {"first_frame_psnr": f} for p, f in zip(pictures, first_frame_psnr(student_imgs, given))]
         rows = [
             {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
             for p, m, im, s, t in zip(prompts, mse, pictures, student_s, teacher_s)
         ]
         keys = ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")
         mean = {k: statistics.fmean(r[k] for r in rows) for k in keys}
+        if given is not None:
+            mean["teacher_first_frame_psnr"] = statistics.fmean(first_frame_psnr(teacher_imgs, given))
+            mean["student_first_frame_psnr"] = statistics.fmean(r["first_frame_psnr"] for r in rows)
         mean["speedup"] = mean["teacher_s"] / mean["student_s"]
         mean |= {"student_calls_per_image": calls_per_image(n, 1.0), "teacher_calls_per_image": teacher_calls}
         quality = teacher_quality | quality_of(prompts, {"student": student_imgs}, clip_model, fid_reference)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from wandistiller.core.errors import UserError
 from wandistiller.evaluation.clips import (
     clip_features,
+    first_frame_psnr,
     frame_features,
     heldout_clip_reference,
     load_frame_judge,
@@ -63,13 +65,6 @@ def given_frames(prompts: list[str], seed: int, per_prompt: int) -> list[torch.T
     return [clips_for(prompts, "test", seed * 1000 + k)[:, 0] for k in range(per_prompt)]
 
 
-def psnr(made: torch.Tensor, given: torch.Tensor) -> float:
-    """Mean PSNR (dB) of frames [N, 3, H, W] against the given ones, pixels in [0, 1] quantised to 8 bits as saved."""
-    quantised = lambda x: (x.clamp(0, 1) * 255).round() / 255  # noqa: E731
-    mse = ((quantised(made) - quantised(given)) ** 2).flatten(1).mean(1).clamp_min(1e-10)
-    return float((-10 * torch.log10(mse)).mean())
-
-
 def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
     """compare.sample's clips of the teacher (source None) or the run's student, each noise k from its prompts'
     given first frames k (`given_frames`), with those frames beside them."""
@@ -84,7 +79,7 @@ def score_clips(made: dict, judge, reference) -> dict:
         "identity_held": scores["frame_accuracy"],
         "motion_accuracy": scores["motion_accuracy"],
         "speed": scores["speed"],
-        "first_frame_psnr": psnr(made["images"][:, 0], made["given"]),
+        "first_frame_psnr": statistics.fmean(first_frame_psnr(made["images"], made["given"])),
         "clip_fd": scores.get("clip_fd", math.nan),
         "calls": made["calls"],
         "s_per_image": made["s_per_image"],

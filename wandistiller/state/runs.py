@@ -388,12 +388,10 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
 LAYOUT_WORDS = {Layout.t2v: "text-to-video", Layout.i2v: "image-to-video", Layout.ti2v: "TI2V"}
 
 
-def layout_problem(run: RunFolder, source: Path, takes_images: bool = False) -> str | None:
+def layout_problem(run: RunFolder, source: Path) -> str | None:
     """Why eval and generate cannot draw this student, in words: a student runs only on the layout it was trained on
     (its experts' input channels: the noise alone, or with a mask and the image's latents), which no
-    --allow-other-teacher bridges; and eval samples text to video only (`takes_images` False: generate takes the
-    first frames with --image), so an image-to-video teacher's student is judged through its pipeline folder. None
-    where it fits."""
+    --allow-other-teacher bridges. None where it fits."""
     spec, recorded = run.spec, recorded_teacher(run, source) or {}
     shape = recorded.get("shape") if isinstance(recorded, dict) else None
     given, now = (shape.get("in_channels") if isinstance(shape, dict) else None), spec.transformer_config["in_channels"]
@@ -404,21 +402,14 @@ def layout_problem(run: RunFolder, source: Path, takes_images: bool = False) -> 
             f"is a {LAYOUT_WORDS[spec.layout]} model whose experts take {now}: a student runs only on the layout it "
             "was trained on; give it the teacher it was trained with (--teacher-path that teacher's folder)"
         )
-    if spec.layout != Layout.t2v and not takes_images:
-        return (
-            f"it is a student of the {LAYOUT_WORDS[spec.layout]} teacher {name:.200}, which takes its clip's first "
-            "frame, and eval samples text to video (WanPipeline: no image); draw it with generate --image, or with "
-            f"its pipeline: WanImageToVideoPipeline.from_pretrained on {run.path}/pipeline with an image (its "
-            "README.md's snippet)"
-        )
     return None
 
 
-def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, takes_images: bool = False) -> None:
+def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
     """eval and generate refuse, in one line, a teacher other than the one the student was trained against (a
     `--teacher-path` of another shape, a saved teacher.path edited): its figures would be silently wrong. A student
     of another layout (`layout_problem`) is refused whatever `allow_other` says: it cannot run at all."""
-    layout = layout_problem(run, source, takes_images)
+    layout = layout_problem(run, source)
     if layout:
         raise UserError(f"the student in {source} cannot be drawn here: {layout}")
     why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)

@@ -94,6 +94,15 @@ class DataSource:
         return held_out
 
     @classmethod
+    def held_out_first_frames(
+        cls, data_cfg: DictConfig, vae_config: dict[str, Any], readable: Callable[[str], None]
+    ) -> list[Any] | None:
+        """The given first frames (PIL images at the run's frame size) of `held_out_prompts`, one each, for an
+        image-to-video run's evaluation; None where those prompts have none (prompts alone, or a source's
+        `data.val_prompts_path`)."""
+        return None
+
+    @classmethod
     def make(
         cls,
         ctx: RunContext,

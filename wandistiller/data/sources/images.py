@@ -14,7 +14,7 @@ from wandistiller.config import DataCommon
 from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import made_once
 from wandistiller.core.registry import Option
-from wandistiller.data.images import check_given_images, image_data, image_pairs, image_source
+from wandistiller.data.images import check_given_images, held_out_images, image_data, image_pairs, image_source
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
@@ -66,6 +66,13 @@ class Images(DataSource):
         for key in ("root", "dataset"):
             readable(key)
         return split_prompts(image_source(data_cfg).captions, None, data_cfg.get("val_fraction", 0.1))[1]
+
+    @classmethod
+    def held_out_first_frames(cls, data_cfg, vae_config, readable) -> list | None:
+        if data_cfg.get("val_prompts_path"):  # the user's own held-out prompts: no image of theirs
+            return None
+        held = cls.held_out_prompts(data_cfg, readable)
+        return held_out_images(data_cfg, vae_config, len(held))
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:

@@ -16,7 +16,7 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
 from wandistiller.data.sources.images import captioned_made
 from wandistiller.data.validation import split_prompts
-from wandistiller.data.videos import check_clips, folder_videos, video_data, video_pairs
+from wandistiller.data.videos import check_clips, folder_videos, held_out_first_frames, video_data, video_pairs
 
 OwnName = own_name("videos", __name__)
 
@@ -65,6 +65,13 @@ class Videos(DataSource):
             return read_prompts(data_cfg.val_prompts_path)
         readable("root")
         return split_prompts(folder_videos(data_cfg.root).captions, None, data_cfg.get("val_fraction", 0.1))[1]
+
+    @classmethod
+    def held_out_first_frames(cls, data_cfg, vae_config, readable) -> list | None:
+        if data_cfg.get("val_prompts_path"):  # the user's own held-out prompts: no image of theirs
+            return None
+        held = cls.held_out_prompts(data_cfg, readable)
+        return held_out_first_frames(data_cfg, vae_config, len(held))
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:

@@ -67,10 +67,15 @@ class EvaluateAtEnd(Hook):
                 ctx.run_dir,
             )
             return {}
-        if image_conditioned(ctx.data_cfg, ctx.spec.layout):
-            # eval samples with WanPipeline, which takes no image; an image-to-video evaluation needs the model's
-            # own image-to-video pipeline and the held-out images (issue 42, items 5-6), not built yet.
-            log.info("hooks.evaluate: skipped, an image-to-video run (its evaluation is not built yet)")
+        given = "hooks.evaluate.prompts_path" if self.prompts_path else "data.val_prompts_path"
+        if image_conditioned(ctx.data_cfg, ctx.spec.layout) and (self.prompts_path or ctx.data_cfg.val_prompts_path):
+            # An image-to-video student continues its held-out captions' own first frames; other prompts have none.
+            log.info(
+                "hooks.evaluate: skipped, an image-to-video run whose eval prompts (%s) have no first frames; "
+                "python -m wandistiller.generate %s --image FILE draws its student from yours",
+                given,
+                ctx.run_dir,
+            )
             return {}
 
         images = self.limit * self.per_prompt
