@@ -84,7 +84,8 @@ def test_a_table_of_several_seeds_leaves_out_withheld_figures():
 
 
 def test_i2v_rows_are_chosen_by_their_words_and_other_reports_refused(tmp_path, capsys):
-    assert [r.name for r in i2v.chosen(["cut"])] == ["cut student, dmd, 4 steps"]
+    assert [r.name for r in i2v.chosen(["regression"])] == ["cut student, dmd + regression 0.1, 4 steps"]
+    assert len(i2v.chosen(["cut"])) == 2
     for argv, words in (
         (["--teacher", "pocket_i2v", "--rows", "nothing"], "no row's name holds these words"),
         (["--teacher", "pocket_i2v", "--fewstep"], "--teacher pocket_i2v runs the video comparison"),
@@ -96,12 +97,13 @@ def test_i2v_rows_are_chosen_by_their_words_and_other_reports_refused(tmp_path, 
     assert not (tmp_path / "q.md").exists()
 
 
-@pytest.mark.slow  # two students trained 2 steps and sampled, through the model's own WanImageToVideoPipeline
+@pytest.mark.slow  # three students trained 2 steps and sampled, through the model's own WanImageToVideoPipeline
 def test_a_small_i2v_comparison_trains_samples_from_given_frames_and_writes_its_section(tmp_path):
     out = tmp_path / "q.md"
     main(["--teacher", "pocket_i2v", "--small", "--work", str(tmp_path / "w"), "--out", str(out)])
     text = out.read_text()
     assert "<!-- quality:i2v-pocket_i2v -->" in text and "Targets (issue 42)" in text
     assert "| LoRA student rank 6, dmd, 4 steps | 4 |" in text and "| cut student, dmd, 4 steps | 4 |" in text
+    assert "| cut student, dmd + regression 0.1, 4 steps | 4 |" in text  # its ODE from each prompt's image
     row = text.split("| teacher |")[1].split("\n")[0]
     assert not math.isnan(float(row.split("|")[4]))  # the teacher's first-frame PSNR was measured
