@@ -5,8 +5,9 @@ video").
 Every sample starts from an image the teacher never saw: the first frame of a held-out digit rendered as the prompt
 asks (its colour, and where a clip moving that way starts), the same images and noises for every row. Rows: the
 teacher (20 UniPC steps, CFG); the LoRA student (dmd, 4 steps; on the pair, one adapter set per expert); the cut
-student (dmd, 4 steps; and with dmd's regression term on the teacher's ODE from each prompt's image). Columns: identity held (the frame judge reads the given digit and colour on every frame),
-motion accuracy, motion ratio (its speed over the teacher's), first-frame PSNR against the given image, clip FD.
+student (dmd, 4 steps; and with dmd's regression term on the teacher's ODE from each prompt's image). Columns:
+identity held (the frame judge reads the given digit and colour on every frame), motion accuracy, motion ratio (its
+speed over the teacher's), first-frame PSNR against the given image, clip FD.
 """
 
 from __future__ import annotations

@@ -99,8 +99,16 @@ class DataSource:
     ) -> list[Any] | None:
         """The given first frames (PIL images at the run's frame size) of `held_out_prompts`, one each, for an
         image-to-video run's evaluation; None where those prompts have none (prompts alone, or a source's
-        `data.val_prompts_path`)."""
-        return None
+        `data.val_prompts_path`: the user's own prompts)."""
+        if not cls.gives_images or data_cfg.get("val_prompts_path"):
+            return None
+        return cls.first_frames(data_cfg, vae_config, len(cls.held_out_prompts(data_cfg, readable)))
+
+    @classmethod
+    def first_frames(cls, data_cfg: DictConfig, vae_config: dict[str, Any], count: int) -> list[Any]:
+        """A source that gives images (`gives_images`): the last `count` captions' images, fitted to the run's
+        frame size as training fits them."""
+        raise NotImplementedError(f"data.latents={cls.name} gives no images")
 
     @classmethod
     def make(

@@ -67,11 +67,8 @@ class Videos(DataSource):
         return split_prompts(folder_videos(data_cfg.root).captions, None, data_cfg.get("val_fraction", 0.1))[1]
 
     @classmethod
-    def held_out_first_frames(cls, data_cfg, vae_config, readable) -> list | None:
-        if data_cfg.get("val_prompts_path"):  # the user's own held-out prompts: no image of theirs
-            return None
-        held = cls.held_out_prompts(data_cfg, readable)
-        return held_out_first_frames(data_cfg, vae_config, len(held))
+    def first_frames(cls, data_cfg, vae_config, count):
+        return held_out_first_frames(data_cfg, vae_config, count)
 
     @classmethod
     def make(cls, ctx, teacher, embeddings, val_embeddings) -> Made:
