@@ -218,9 +218,10 @@ def evaluate(
     idx, seed, shape = list(range(len(prompts))), int(run.cfg.seed), run.latent_shape
     teacher = load_teacher(run, device, teacher_dtype)
     teacher_calls = calls_per_image(steps, teacher.guidance_scales[0])
-    vae = load_vae(run.spec, device)
     # An image-to-video run: the teacher and the student continue the same held-out first frame, each noise k of
     # prompt i from prompt i's, through the model's own WanImageToVideoPipeline (which encodes it as training did).
+    # A text-to-video run's VAE waits until the teacher is gone.
+    vae = None if firsts is None else load_vae(run.spec, device)
     images = None if firsts is None else (vae, load_image_encoder(run.spec, device), lambda i, k: firsts[i])
     teacher_lat, teacher_s = generate(
         teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt, None, images
@@ -228,6 +229,7 @@ def evaluate(
     del teacher
     student = student_sampler(run, source, device)
     prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
+    vae = vae or load_vae(run.spec, device)
     video = shape[1] > 1  # clips: every frame decoded and judged (evaluation/clips.py); one frame: an image
     decode = decode_clips if video else decode_latents
     teacher_imgs = decode(vae, teacher_lat)
@@ -336,7 +338,9 @@ def run_settings(
     shipped, or the run's own end-of-run evaluation); a received run's file elsewhere is not: its held-out prompts
     are taken, and the result's name says so (`_heldout`), never eval.json."""
     own = own_settings(run)
-    if prompts_path is None and own["prompts_path"] is not None:
+    # An image-to-video run's own prompts file has no first frames: its held-out captions are drawn (their images).
+    takes_file = not image_conditioned(run.cfg.data, run.spec.layout)
+    if prompts_path is None and own["prompts_path"] is not None and takes_file:
         readable = trust.own_files or _readable_from_run(run, str(own["prompts_path"]))
         prompts_path = str(own["prompts_path"]) if readable else None
     return (
