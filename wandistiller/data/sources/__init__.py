@@ -79,7 +79,8 @@ def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
 
 def image_conditioned(data_cfg, layout: Layout) -> bool:
     """Whether a run's batches carry an image: an image-to-video teacher (TI2V included) on a source of images.
-    What samples with WanPipeline alone (sample grids, the end-of-run evaluation) cannot draw such a run yet."""
+    What samples such a run (sample grids, the collapse watch, the teacher's ODE, eval) does it through the model's
+    own WanImageToVideoPipeline, each prompt from its own image."""
     return layout != Layout.t2v and source_of(data_cfg).gives_images
 
 
