@@ -200,3 +200,100 @@ def test_every_figure_the_readme_quotes_is_held_by_performance_or_quality():
     held = (ROOT / "docs" / "PERFORMANCE.md").read_text() + (ROOT / "docs" / "QUALITY.md").read_text()
     figures = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:%|x\b| GiB| samples/s| ms)", readme))
     assert len(figures) > 5 and not sorted(f for f in figures if f not in held)
+
+
+# Options the docs name on purpose that do not compose: (the override, why). Each must still be written somewhere.
+NOT_OPTIONS = {
+    "data=scaled": "docs/ARCHITECTURE.md's how-to adds it (tests/core/test_extensions.py builds it)",
+    "data.x0_scale=0.3": "the same how-to's option key",
+    "data.x0_scale=-1": "the same how-to's refused value",
+    "method=fast": "docs/DEVELOPMENT.md's plugin example",
+    "logger=[lines]": "docs/DEVELOPMENT.md's plugin example",
+    "precision.student_dtype=fp64": "docs/USAGE.md's example of a value refused at composition",
+}
+OVERRIDE = re.compile(r"^[+~]{0,2}[a-z][a-z0-9_]*(\.[a-z0-9_]+)*=[^\s`]*$")
+FILE_SUFFIXES = (".py", ".md", ".json", ".yaml", ".png", ".jsonl", ".safetensors", ".pt", ".txt")
+PLACEHOLDER = re.compile(r"^$|[<>…]|\.\.\.|^[A-Z][A-Z_]*$|^\[?[A-Z]+,")  # `N`, `<run>/student`, `[FILE,...]`
+
+
+def written_overrides() -> set[str]:
+    """Every `key=value` in README.md and docs/ outside the ```bash blocks (those are composed whole, above), and
+    every key written alone in backticks (`trainer.loss.alpha`)."""
+    found = set()
+    for doc in DOCS:
+        text = re.sub(r"```bash.*?```", "", doc.read_text(), flags=re.S)
+        found |= {k for k in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)`", text) if not k.endswith(FILE_SUFFIXES)}
+        for word in text.split():
+            word = re.sub(r"'s$", "", word.strip("`'\"*(),;:."))
+            if OVERRIDE.match(word):
+                found.add(word)
+    return found
+
+
+def test_every_option_key_the_docs_write_composes():
+    """Prose names options too (`trainer.loss.hidden_kd_weight`, `teacher_placement=offload`): each one written
+    composes with the option that owns its key, and each choice is an option of its group. Placeholders
+    (`trainer.batch_size=N`) check the key only. Python keywords and other `a=b` text name no config key."""
+    from omegaconf import OmegaConf
+
+    from wandistiller.compose import register_configs
+    from wandistiller.core.hydra import CONF_DIR, compose_tree
+    from wandistiller.core.plugins import conf_options
+    from wandistiller.core.renamed import MOVED_KEYS  # the older keys, which still run (with a warning)
+
+    register_configs()
+    composed: dict[tuple[str, ...], object] = {}
+
+    def compose(overrides: tuple[str, ...]):
+        if overrides not in composed:
+            try:
+                composed[overrides] = compose_tree("train", list(overrides))
+            except Exception as e:  # noqa: BLE001 - the refusal is the finding
+                composed[overrides] = e
+        return composed[overrides]
+
+    def package(group: str) -> str:  # where a group's option lands (`# @package trainer.loss`), else its name
+        first = next(iter(sorted((CONF_DIR / group).glob("*.yaml"))), None)
+        header = first.read_text().splitlines()[0] if first else ""
+        return header.split("@package", 1)[1].strip() if "@package" in header else group
+
+    def has(context: tuple[str, ...], key: str) -> bool:
+        tree = compose(context)
+        return not isinstance(tree, Exception) and OmegaConf.select(tree, key, default=KeyError) is not KeyError
+
+    groups = {package(g.name): g.name for g in CONF_DIR.iterdir() if g.is_dir() and g.name != "hydra"}
+    top = compose(())
+    problems, checks = [], {}  # checks: {context: [override]}, composed in batches of distinct keys
+    for word in sorted(written_overrides() - set(NOT_OPTIONS) - set(MOVED_KEYS)):
+        key, value = (word.lstrip("+~").split("=", 1) + [""])[:2]
+        if key.split(".")[0] not in top and key != "experiment":
+            continue  # not a config key (a Python keyword, a field of a file)
+        values = [v for v in re.split(r"\\?\|", value) if v] or [""]
+        if "." not in key:  # a choice: each name given is an option of the group
+            names = [n for v in values for n in v.strip("[]").split(",")]
+            wrong = [n for n in names if not PLACEHOLDER.search(n) and n not in conf_options(key)]
+            problems += [f"{word}: {key} has no option {n}" for n in wrong]
+            continue
+        owner = max((p for p in groups if key.startswith(p + ".")), key=len, default=None)
+        choices = conf_options(groups[owner]) if owner and not word.startswith("+") else []
+        contexts = [()] + [(f"{groups[owner]}={o}",) for o in choices] + [(f"{groups[owner]}=[{o}]",) for o in choices]
+        context = next((c for c in contexts if has(c, key) or word.startswith("+")), None)  # the first that has it
+        if context is None:
+            problems.append(f"{word}: no option composes the key {key}")
+            continue
+        for v in values:
+            if not PLACEHOLDER.search(v):
+                checks.setdefault(context, []).append(f"{word.split('=', 1)[0]}={v}")
+    for context, overrides in checks.items():
+        batches: list[list[str]] = []  # each key once per batch: a later value would hide an earlier one
+        for o in overrides:
+            batch = next((b for b in batches if o.split("=")[0] not in {x.split("=")[0] for x in b}), None)
+            batch.append(o) if batch is not None else batches.append([o])
+        for batch in batches:
+            if isinstance(compose(context + tuple(batch)), Exception):
+                problems += [f"{o}: {compose(context + (o,))}"[:300] for o in batch
+                             if isinstance(compose(context + (o,)), Exception)]  # fmt: skip
+    assert not problems, "\n".join(problems)
+    text = "\n".join(d.read_text() for d in DOCS)
+    assert all(example in text for example in NOT_OPTIONS), "a NOT_OPTIONS entry the docs no longer write"
+    assert isinstance(compose(("precision.student_dtype=fp64",)), Exception)
