@@ -124,7 +124,7 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
             "precision=fp32",
         ]
         given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
-        key = lambda b: b.split("=", 1)[0]  # noqa: E731
+        key = lambda b: b.split("=", 1)[0]
         # A test's own value wins, and its own list of hooks drops the base's settings of them.
         base = [b for b in base if key(b) not in given and not any(key(b).startswith(f"{g}.") for g in given)]
         with initialize_config_dir(config_dir=str(CONF), version_base=None):

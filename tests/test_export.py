@@ -725,7 +725,7 @@ def test_a_lora_student_of_a_fine_tuned_teacher_stacks_on_its_lora_in_diffusers_
     loaders = [n for n in flow["nodes"] if n["type"] == "LoraLoaderModelOnly"]
     assert [n["widgets_values"] for n in loaders] == [["style.safetensors", 0.8], ["k2.safetensors", 1.0]]
     links = {link[0]: link for link in flow["links"]}
-    source = lambda node: nodes[links[node["inputs"][0]["link"]][1]]  # noqa: E731 -- the node feeding its model
+    source = lambda node: nodes[links[node["inputs"][0]["link"]][1]]
     assert source(loaders[1]) is loaders[0] and source(loaders[0])["type"] == "UNETLoader"
     assert "`style.safetensors` at strength 0.8" in (out / "README.md").read_text()
 

@@ -212,7 +212,7 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module", autouse=True)  # autouse: they start with the module, beside its in-process tests
 def plans(request):
     """This module's `python -m wandistiller.plan` runs, started together (each a fresh process)."""
-    plan = lambda *args: cli(*args, module="wandistiller.plan")  # noqa: E731
+    plan = lambda *args: cli(*args, module="wandistiller.plan")
     return fresh_runs(request, {
         "8x40": ("test_plan_cli_prints_the_table_for_hardware_described_on_paper",
                  plan("teacher=wan2.2_t2v_a14b", *FRAME, *HARDWARE["8x40GiB"])),

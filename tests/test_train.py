@@ -136,7 +136,7 @@ def test_resuming_a_finished_run_with_a_damaged_metrics_json_is_nothing_to_do(fi
     with caplog.at_level(logging.WARNING, logger="wandistiller"):
         assert run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=run_dir)) == {}
     assert "metrics.json is damaged" in caplog.text and "nothing was trained" in caplog.text
-    kept = lambda files: {k: v for k, v in files.items() if "log" not in k and "config_resume" not in k}  # noqa: E731
+    kept = lambda files: {k: v for k, v in files.items() if "log" not in k and "config_resume" not in k}
     assert kept(digest(run_dir)) == kept(before)  # what a resume records of itself aside, the run as it was
 
 

@@ -84,7 +84,7 @@ def check_overrides(argv: list[str]) -> None:
 def _resumed_method(argv: list[str], overrides: list[str]) -> str | None:
     """The method the run a `trainer.resume=` continues was trained with, where the command line chooses none and
     choosing it composes the command line: what a refused override of one of its keys should name."""
-    value = lambda key: next((a.split("=", 1)[1] for a in reversed(argv) if a.split("=", 1)[0] == key), None)  # noqa: E731
+    value = lambda key: next((a.split("=", 1)[1] for a in reversed(argv) if a.split("=", 1)[0] == key), None)
     resume, run_dir = value("trainer.resume"), value("hydra.run.dir")
     if not resume or any(o.lstrip("+~").split("=", 1)[0] == "method" for o in overrides):
         return None

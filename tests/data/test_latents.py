@@ -195,8 +195,8 @@ def test_the_cache_key_changes_with_the_teachers_lora_file_and_strength(tiny_pat
     settings = SamplerSettings(steps=4, guidance_scales=(4.0,), latent_shape=SHAPE)
     for seed in (0, 1):
         save_file(peft_state(spec.transformer_config, seed), tmp_path / f"style{seed}.safetensors")
-    key = lambda s: cache_key(s, emb, 0, settings, torch.float32)  # noqa: E731
-    one = lambda seed, strength: [{"path": str(tmp_path / f"style{seed}.safetensors"), "strength": strength}]  # noqa: E731
+    key = lambda s: cache_key(s, emb, 0, settings, torch.float32)
+    one = lambda seed, strength: [{"path": str(tmp_path / f"style{seed}.safetensors"), "strength": strength}]
     keys = [key(spec)] + [
         key(with_loras(spec, one(seed, strength))) for seed, strength in ((0, 1.0), (0, 0.5), (1, 1.0))
     ]

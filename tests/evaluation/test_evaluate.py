@@ -13,7 +13,7 @@ import torch
 import yaml
 from PIL import Image
 
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT
 from tests.data.test_images import CAPTIONS, write_folder
 from tests.state.test_runs import few_step_copy
 from wandistiller import eval as eval_cli

@@ -87,7 +87,7 @@ def test_the_plans_one_line_is_read_from_the_chosen_estimate_and_the_table_goes_
     gpu = Estimate.of("gpu", (int(11.7 * GiB),), 2 * GiB, hw, "resident")
     balanced = Estimate.of("balanced", (int(30.25 * GiB), int(30.25 * GiB)), 3 * GiB, hw, "split")
     estimates = [gpu, balanced, Estimate.of("cpu", (), 100 * GiB, hw, "on the host"), Estimate.refused("x", "no")]
-    planned = lambda chosen: Plan(estimates, chosen, "the table", teacher_config={}, student_config={})  # noqa: E731
+    planned = lambda chosen: Plan(estimates, chosen, "the table", teacher_config={}, student_config={})
     with caplog.at_level(logging.INFO, logger="wandistiller"):
         show_plan(planned(balanced), in_full=False)
         show_plan(planned(estimates[2]), in_full=False)

@@ -14,7 +14,7 @@ from wandistiller.quality.compression import BUDGETS, COLUMNS, Row, plot, rows, 
 
 def results(accuracy: dict[str, float], teacher: float = 0.9) -> dict[str, list[dict]]:
     """{teacher, every row}: one seed, accuracy by row name (0.1 where not given), FID 100 for all."""
-    one = lambda a, share: {"prompt_accuracy": a, "fid": 100.0, "kid": 1.0, "latent_mse": 0.1,  # noqa: E731
+    one = lambda a, share: {"prompt_accuracy": a, "fid": 100.0, "kid": 1.0, "latent_mse": 0.1,
                             "params": share, "s_per_image": 0.01, "train_s": 60.0}  # fmt: skip
     shares = {"half": 0.57, "quarter": 0.21, "tenth": 0.1}
     return {"teacher": [one(teacher, 1.0)]} | {r.name: [one(accuracy.get(r.name, 0.1), shares[r.size])] for r in rows()}

@@ -12,7 +12,7 @@ from wandistiller.quality.fewstep import LORA_ROWS, ROWS, lora_targets, targets
 
 def results(**accuracy: float) -> dict[str, list[dict]]:
     """{teacher, every row}: one seed; accuracy by row (keys with _ for spaces), FID 100, diversity as the teacher's."""
-    one = lambda a: {"prompt_accuracy": a, "fid": 100.0, "diversity_ratio": 1.0}  # noqa: E731
+    one = lambda a: {"prompt_accuracy": a, "fid": 100.0, "diversity_ratio": 1.0}
     given = {k.replace("_", " ").replace(" 4", ", 4").replace(" 1", ", 1"): v for k, v in accuracy.items()}
     return {"teacher": [one(0.9)]} | {row.name: [one(given.get(row.name, 0.1))] for row in ROWS}
 
@@ -45,7 +45,7 @@ def test_the_targets_take_the_best_four_step_method_against_the_teacher_and_the_
 def test_the_lora_kd_row_samples_at_the_teachers_steps_and_the_lora_targets_are_issue_34s():
     kd = LORA_ROWS[2]
     assert kd.student == "lora" and "method=kd" in kd.overrides and kd.sample_steps == 20
-    one = lambda a, fid=100.0, div=1.0, calls=4.0: {  # noqa: E731
+    one = lambda a, fid=100.0, div=1.0, calls=4.0: {
         "prompt_accuracy": a,
         "fid": fid,
         "diversity_ratio": div,

@@ -111,7 +111,7 @@ def test_a_lora_student_holds_the_adapters_alone_starts_as_the_teacher_and_route
     assert student.state_dict() and all(k.startswith("adapters.") for k in student.state_dict())  # no teacher
     assert {k.split(".")[1] for k in student.state_dict()} == {"0", "1"}  # a set per expert
     x, t, cond = inputs()
-    expert = lambda i, rows: teacher.experts[i](x[rows], t[rows], cond[rows], return_dict=False)[0]  # noqa: E731
+    expert = lambda i, rows: teacher.experts[i](x[rows], t[rows], cond[rows], return_dict=False)[0]
     with torch.no_grad():
         first, second = expert(0, [0, 2]), expert(1, [1, 3])
     pred, hidden = student(x, t, cond)

@@ -104,7 +104,7 @@ def test_peft_keys_without_prefix_or_metadata_are_read_at_scale_one(spec, files)
     bare, lightning = read_lora(files / "bare.safetensors"), read_lora(files / "lightning.safetensors")
     assert set(bare) == set(lightning) and len(bare) == 10 * spec.transformer_config["num_layers"]
     module = "blocks.1.attn2.to_k"
-    product = lambda layer: layer.scale * layer.up @ layer.down  # noqa: E731
+    product = lambda layer: layer.scale * layer.up @ layer.down
     # Lightning's alpha 4 at rank 2 is folded into the halves by diffusers' converter; the bare file has none.
     torch.testing.assert_close(product(lightning[module]), (ALPHA / RANK) * product(bare[module]))
 

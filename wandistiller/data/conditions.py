@@ -123,7 +123,7 @@ def image_bank(
     teacher_id = [str(spec.path.resolve()), spec.layout.value, vae_config, weights]
     blob = json.dumps([teacher_id, fingerprint, d.latent_frames, d.latent_height, d.latent_width], sort_keys=True)
     folder = Path(cache_dir).expanduser() / "image_conditions" / hashlib.sha256(blob.encode()).hexdigest()[:20]
-    pictures = lambda items: [fitted(opened(i), height, width, names(i), key) for i in items]  # noqa: E731
+    pictures = lambda items: [fitted(opened(i), height, width, names(i), key) for i in items]
     models: dict = {}  # each loaded only when a chunk of its own is missing
 
     def make_latents(items: range) -> torch.Tensor:

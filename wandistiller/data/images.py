@@ -144,7 +144,7 @@ def dataset_source(dataset: str, image_column: str | None = None, text_column: s
         if not ds:
             raise UserError(f"{key} is a dataset dict with no splits; save one with a train split")
         ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
-    is_image = lambda f: isinstance(f, datasets.Image)  # noqa: E731
+    is_image = lambda f: isinstance(f, datasets.Image)
     image_col = _pick_column(ds.features, image_column, "image", key, lambda n, f: is_image(f))
     text_col = _pick_column(
         ds.features, text_column, "text", key, lambda n, f: n in TEXT_KEYS and getattr(f, "dtype", None) == "string"

@@ -198,7 +198,7 @@ def teacher_trajectories(
         start = time.perf_counter()
         # With images, a call per prompt: the pipeline gives one image's CLIP tokens to its whole batch.
         calls = [slice(None)] if images is None else runs(prompts)
-        given = lambda rows: None if images is None else images.select(prompts[rows][:1]).to(teacher.device)  # noqa: E731
+        given = lambda rows: None if images is None else images.select(prompts[rows][:1]).to(teacher.device)
         made = torch.cat(
             [
                 sample_trajectories(pipe[0], noise[r].to(teacher.device), cond[r], uncond[r], settings, steps, given(r))

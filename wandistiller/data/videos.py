@@ -218,7 +218,7 @@ def video_pairs(spec: TeacherSpec, data_cfg, teacher_cfg, dtype, device, cache_d
     embeddings, bank = video_data(spec, data_cfg, teacher_cfg, dtype, device, cache_dir, progress)
     source = folder_videos(data_cfg.root)
     shape = ClipShape.of(data_cfg, read_json(spec.path / "vae" / "config.json", "teacher.path"))
-    first = lambda i: _first_frame(source, i, shape, data_cfg)  # noqa: E731
+    first = lambda i: _first_frame(source, i, shape, data_cfg)
     count = len(source.captions)
     images = image_bank(
         spec, first, source.name, count, source.fingerprint, data_cfg, cache_dir, device, source.key, progress

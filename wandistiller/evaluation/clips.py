@@ -50,7 +50,7 @@ FD_WITHHELD = (
 def first_frame_psnr(clips: torch.Tensor, given: torch.Tensor) -> list[float]:
     """Per clip of [N, F, 3, H, W], the PSNR (dB) of its frame 0 against its given first frame [N, 3, H, W]: how
     well an image-to-video sample keeps the image it continues. Pixels in [0, 1], quantised to 8 bits as saved."""
-    quantised = lambda x: (x.float().clamp(0, 1) * 255).round() / 255  # noqa: E731
+    quantised = lambda x: (x.float().clamp(0, 1) * 255).round() / 255
     mse = ((quantised(clips[:, 0]) - quantised(given)) ** 2).flatten(1).mean(1).clamp_min(1e-10)
     return (-10 * torch.log10(mse)).tolist()
 

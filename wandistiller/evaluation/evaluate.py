@@ -309,7 +309,7 @@ def _write(folder: Path, stem: str, result: dict, grid: tuple, video: bool = Fal
     animation) then `<stem>.json`, each whole or not at all and never through a link (core.files): no json without its
     figure; a full disk is one line and keeps what was there."""
     teacher, student, prompts = grid
-    as_hwc = lambda x: x.movedim(-3, -1).numpy()  # noqa: E731  # [..., 3, H, W] -> [..., H, W, 3]
+    as_hwc = lambda x: x.movedim(-3, -1).numpy()  # [..., 3, H, W] -> [..., H, W, 3]
     try:
         if video:
             save_clip_grid(as_hwc(teacher), as_hwc(student), prompts, folder / f"{stem}.png", root=folder)

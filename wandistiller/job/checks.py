@@ -202,7 +202,7 @@ def check_numbers_by_signature(node, prefix: str) -> None:
         parameters = inspect.signature(get_method(node._target_)).parameters
     except (ImportError, ValueError, TypeError, AttributeError):  # not importable: instantiating it says so
         return
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
     for key in map(str, node):
         parameter = parameters.get(key)
         default = parameter.default if parameter is not None else inspect.Parameter.empty

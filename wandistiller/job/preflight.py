@@ -423,7 +423,7 @@ def check_method_loss(cfg: DictConfig, method) -> None:
     if given == default:
         return
     losses = next(r for r in registered() if r.group == "loss")
-    name = lambda node: getattr(losses.of_target(str(node.get("_target_"))), "name", node.get("_target_"))  # noqa: E731
+    name = lambda node: getattr(losses.of_target(str(node.get("_target_"))), "name", node.get("_target_"))
     if given.get("_target_") != default.get("_target_"):
         what = f"loss={name(given)}"
     else:

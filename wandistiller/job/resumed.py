@@ -161,7 +161,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
-    current = lambda k: may_change(k) or k in ALWAYS_CURRENT  # noqa: E731 -- never held to the saved value
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order

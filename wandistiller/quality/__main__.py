@@ -84,7 +84,7 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
     }
     teacher, rows = mean.pop("teacher"), list(mean)
     gaussian, latents, images, task = (mean[r] for r in rows[:4])
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     lines = [
         f"- teacher's guided samples >= 90% prompt accuracy: {teacher['prompt_accuracy']:.1%}, "
         f"{mark(teacher['prompt_accuracy'] >= 0.9)}"

@@ -127,11 +127,11 @@ def _teacher_first(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """The compressed students' targets, each met or missed, from the means."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     teacher_acc, teacher_fid = seed_mean(results["teacher"], "prompt_accuracy"), seed_mean(results["teacher"], "fid")
     acc = {name: seed_mean(runs, "prompt_accuracy") for name, runs in results.items()}
     fid = {name: seed_mean(runs, "fid") for name, runs in results.items()}
-    best = lambda size, init: max((acc[r.name], r.name) for r in rows((size,)) if r.init == init)  # noqa: E731
+    best = lambda size, init: max((acc[r.name], r.name) for r in rows((size,)) if r.init == init)
     lines = []
     sizes = {r.size for r in rows() if r.name in results}
     if "quarter" in sizes:

@@ -96,7 +96,7 @@ def compare_fewstep(settings: Settings, work: Path, rows: list[Row] = ROWS, log=
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """The few-step students' quality targets, each met or missed, from the means."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     mean = {
         name: {k: seed_mean(runs, k) for k in ("prompt_accuracy", "fid", "diversity_ratio")}
         for name, runs in results.items()
@@ -105,9 +105,9 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
     lines = []
     four = [name for name in mean if name not in ("teacher", "KD student at 4 steps") and "4 steps" in name]
     if four:
-        ratio = lambda n: mean[n]["prompt_accuracy"] / teacher["prompt_accuracy"]  # noqa: E731
-        fid = lambda n: mean[n]["fid"] / teacher["fid"]  # noqa: E731
-        meets = lambda n: ratio(n) >= 0.85 and fid(n) <= 1.5 and mean[n]["diversity_ratio"] >= 0.8  # noqa: E731
+        ratio = lambda n: mean[n]["prompt_accuracy"] / teacher["prompt_accuracy"]
+        fid = lambda n: mean[n]["fid"] / teacher["fid"]
+        meets = lambda n: ratio(n) >= 0.85 and fid(n) <= 1.5 and mean[n]["diversity_ratio"] >= 0.8
         # The best method that meets all three (accuracy alone would crown one that collapsed its diversity).
         best = max([n for n in four if meets(n)] or four, key=ratio)
         lines.append(
@@ -116,7 +116,7 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
             f"{mark(meets(best))}"
         )
         if kd is not None:  # the same 4-step student ("it beats ..."); the most accurate one's gain beside it
-            gain = lambda n: (mean[n]["prompt_accuracy"] - kd["prompt_accuracy"]) * 100  # noqa: E731
+            gain = lambda n: (mean[n]["prompt_accuracy"] - kd["prompt_accuracy"]) * 100
             most = max(four, key=ratio)
             also = f" (the most accurate, {most}: +{gain(most):.1f})" if most != best else ""
             lines.append(
@@ -139,7 +139,7 @@ def lora_targets(results: dict[str, list[dict]], pair: bool = False) -> list[str
     seeds, with the seed count): 4 steps >= 95% of the teacher's accuracy, FID <= 1.2x, diversity >= 0.85x (a
     two-expert pair, `pair`: >= 90% of its teacher's accuracy); 1 step >= 85%; kd >= 97% and FID <= 1.1x in
     half the teacher's calls."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     teacher = {k: seed_mean(results["teacher"], k) for k in ("prompt_accuracy", "fid", "calls")}
     lines = []
     for name, runs in results.items():

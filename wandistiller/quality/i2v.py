@@ -117,7 +117,7 @@ def compare_i2v(settings: Settings, work: Path, rows: list[Row] = ROWS, log=prin
 def targets(results: dict[str, list[dict]], pair: bool) -> list[str]:
     """Issue 42's targets, each met or missed, from the means over seeds: the teacher's, and its 4-step LoRA
     student's (`pair`: the A14B-layout pair's, at least 90% of the teacher on both figures)."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     keys = ("identity_held", "motion_accuracy", "motion_ratio", "first_frame_psnr")
     mean = {name: {k: seed_mean(runs, k) for k in keys} for name, runs in results.items() if runs}
     teacher = mean["teacher"]

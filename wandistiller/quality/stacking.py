@@ -122,7 +122,7 @@ def compare_stacking(
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 44's targets of the rows present, each met or missed, from the means over seeds."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     mean = {name: {k: seed_mean(runs, k) for k in COLUMNS} for name, runs in results.items() if runs}
     lines = []
     trained, simple = ROWS[0].name, ROWS[1].name

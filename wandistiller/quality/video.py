@@ -119,7 +119,7 @@ def compare_video(settings: Settings, work: Path, rows: list[Row] = ROWS, log=pr
 
 def targets(results: dict[str, list[dict]]) -> list[str]:
     """Issue 40's targets, each met or missed (or not run), from the means over seeds."""
-    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    mark = lambda ok: "met" if ok else "MISSED"
     keys = ("frame_accuracy", "motion_accuracy", "motion_ratio", "clip_fd")
     mean = {name: {k: seed_mean(runs, k) for k in keys} for name, runs in results.items() if runs}
     teacher = mean["teacher"]
@@ -128,7 +128,7 @@ def targets(results: dict[str, list[dict]]) -> list[str]:
         f"{teacher['motion_accuracy']:.1%} motion accuracy (>= 90%): "
         f"{mark(teacher['frame_accuracy'] >= 0.9 and teacher['motion_accuracy'] >= 0.9)}"
     ]
-    kept = lambda n, k: mean[n][k] / max(teacher[k], 1e-9)  # noqa: E731
+    kept = lambda n, k: mean[n][k] / max(teacher[k], 1e-9)
     lora = "LoRA student rank 6, dmd, 4 steps"
     if lora in mean:
         ok = (

@@ -144,7 +144,7 @@ class DistillationRecipe:
         )
         where = ctx.placement.teacher_device(self.topo) if ctx.roles.has_teacher else ctx.device
         cpu = torch.device("cpu")
-        both = lambda device: (encode(train, device=device), encode(held_out, device=device))  # noqa: E731
+        both = lambda device: (encode(train, device=device), encode(held_out, device=device))
         return made_once(self.topo, lambda: both(where), lambda: both(cpu), makes=ctx.is_main)
 
     def _setup_latents(self, teacher, embeddings, val_embeddings) -> data_sources.Made:

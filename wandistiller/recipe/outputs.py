@@ -63,9 +63,9 @@ def save_student(run) -> None:
     """The trained student as a diffusers folder (`from_pretrained` loads it); with EMA, its EMA weights too. Each
     is written whole into a new folder that then takes the old one's place: a resumed (received) run's
     `student/` that is a link, or holds hard links, is replaced, never written through."""
-    save = lambda folder: run.student.transformer.save_pretrained(folder, safe_serialization=True)  # noqa: E731
+    save = lambda folder: run.student.transformer.save_pretrained(folder, safe_serialization=True)
     if hasattr(run.student, "save"):  # a LoRA student (student/lora.py): its adapters, as diffusers writes them
-        save = lambda folder: run.student.save(folder, run.teacher)  # noqa: E731
+        save = lambda folder: run.student.save(folder, run.teacher)
     replace_folder(run.run_dir, "student", save)
     if run.ema is not None:
         run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)

@@ -488,7 +488,7 @@ def check_student_identity(checkpoint: Path | None, identity: dict | None, resum
         return  # an unreadable state: `problem` refused it already
     if recorded == identity or (recorded is None and identity is None):
         return
-    show = lambda ident: (  # noqa: E731
+    show = lambda ident: (
         "student=lora " + ", ".join(f"student.{k}={ident[k]}" for k in ("rank", "alpha", "layers") if k in ident)
         if isinstance(ident, dict)
         else "a student of its own (not student=lora)"

@@ -100,7 +100,7 @@ def pruned_shape(source: dict, share: float, estimate) -> dict:
         }
 
     for layers in range(source["num_layers"], 0, -1):
-        least = lambda h: rounded(ffn * h / heads / 2)  # noqa: E731 -- half the FFN in proportion to the heads
+        least = lambda h: rounded(ffn * h / heads / 2)
         most = next((h for h in range(heads, 0, -1) if estimate(source | shape(h, layers, least(h))) <= budget), None)
         if most is not None:
             break
@@ -320,7 +320,7 @@ def plan_pruning(student: dict, source: dict, keep, stats: dict | None) -> dict:
     )
     heads, ffn, d = student["num_attention_heads"], student["ffn_dim"], heads_width(student)
     if stats is None:
-        every = lambda n: list(range(n))  # noqa: E731
+        every = lambda n: list(range(n))
         kept = [{"attn1": every(heads), "attn2": every(heads), "ffn": every(ffn)} for _ in blocks]
         return {"blocks": blocks, "per_block": kept, "channels": every(d)}
     kept = [

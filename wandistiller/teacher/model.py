@@ -228,7 +228,7 @@ class capture_blocks:
     def __enter__(self) -> list[torch.Tensor]:
         captured: list = [None] * len(self.layers)
         for i, layer in enumerate(self.layers):
-            keep = lambda m, inputs, out, i=i: captured.__setitem__(i, out)  # noqa: E731
+            keep = lambda m, inputs, out, i=i: captured.__setitem__(i, out)
             self.handles.append(blocks_of(self.model)[layer].register_forward_hook(keep))
         return captured
 

@@ -273,7 +273,7 @@ def test_a_lora_fake_score_starts_as_the_teacher_and_backpropagates_to_its_adapt
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randn(4, 16, 1, 8, 8, generator=g), torch.randn(4, 512, 32, generator=g)
     t = torch.tensor([950.0, 100.0, 880.0, 300.0])  # both experts' (the boundary: 875)
-    expert = lambda i, rows: teacher.experts[i](x[rows], t[rows], cond[rows], return_dict=False)[0]  # noqa: E731
+    expert = lambda i, rows: teacher.experts[i](x[rows], t[rows], cond[rows], return_dict=False)[0]
     with torch.no_grad():  # each expert alone on the samples it serves, adapters off: the teacher's own velocity
         first, second = expert(0, [0, 2]), expert(1, [1, 3])
     pred, _ = fake(x, t, cond)

@@ -66,10 +66,10 @@ def sample_steps(key: str, value: int) -> int:
 class Hook:
     main_only: ClassVar[bool] = True
 
-    def bind(self, ctx: RunContext, parts: HookParts) -> None:  # noqa: B027 -- a hook may need nothing
+    def bind(self, ctx: RunContext, parts: HookParts) -> None:
         """Take what this hook needs from the run's context and setup's parts."""
 
-    def __call__(self, run: Run, step: int) -> None:  # noqa: B027 -- a hook may act only at the end
+    def __call__(self, run: Run, step: int) -> None:
         """After each step."""
 
     def at_end(self, run: Run) -> dict[str, Any]:

@@ -111,11 +111,11 @@ class Method:
 
     def check(
         self, placement: Placement, ranks: int, device: torch.device, teacher_cfg: DictConfig | None = None
-    ) -> None:  # noqa: B027
+    ) -> None:
         """Refuse a placement this method cannot train with, naming one it can (`ranks`: processes in all;
         `teacher_cfg`: the `teacher` node, or None). Most take any placement."""
 
-    def prepare(  # noqa: B027 -- most methods sample nothing in advance
+    def prepare(
         self, ctx: RunContext, teacher: Teacher | None, embeddings: PromptEmbeddings, images: ImageBank | None = None
     ) -> None:
         """What the method samples from the teacher once, before the student (every rank calls it). `images`: each

@@ -125,7 +125,7 @@ class OdePoints:
                 teacher_steps,
                 f"; {skip}" if skip else "",
             )
-        made = lambda: teacher_trajectories(  # noqa: E731
+        made = lambda: teacher_trajectories(
             teacher, embeddings, ctx.seed, settings, ctx.cache_dir, chunk, ctx.topo.rank == 0, items, images
         )
         self.bank = made_once(
