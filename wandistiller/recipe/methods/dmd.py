@@ -45,7 +45,7 @@ from wandistiller.placements.base import check_adapters_on_teacher
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
-from wandistiller.recipe.methods.trajectory import FewStepConfig, OdePoints, positive, schedule_identity
+from wandistiller.recipe.methods.fewstep import FewStepConfig, OdePoints, positive, schedule_identity
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.finetune import apply as apply_loras
@@ -54,7 +54,8 @@ from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
 FAKE_SCORES = ("student", "teacher", "lora")
-STUDENT_STREAM, FAKE_STREAM = 2, 3  # the draws' own generator streams beside the data's and trajectory's
+# The draws' own generator streams beside the data's and the ODE points' (fewstep.STREAM).
+STUDENT_STREAM, FAKE_STREAM = 2, 3
 T_RANGE = (0.02, 0.98)  # where x0 is re-noised, before the shift: DMD2's min/max step
 
 
