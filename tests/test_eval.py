@@ -15,7 +15,7 @@ from tests.conftest import cli as command_line
 from tests.evaluation.test_evaluate import with_end_of_run_eval, write_prompts
 from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
-from wandistiller.evaluation.evaluate import evaluate
+from wandistiller.evaluation.evaluate import EvalSettings, evaluate
 from wandistiller.train import run
 
 
@@ -157,7 +157,8 @@ def test_a_plain_eval_is_the_runs_own_and_every_result_the_docs_name_is_one_eval
     shutil.copytree(finished, folder)
     with_end_of_run_eval(folder, steps=2, limit=1)  # the run's own evaluation (the default run's: 10 steps, 8 prompts)
     shutil.copytree(folder / "checkpoints" / "step_00000002", folder / "checkpoints" / "best")
-    own = evaluate(folder, steps=2, limit=1, per_prompt=1)  # what hooks.evaluate ran at the end of the run
+    # What hooks.evaluate ran at the end of the run
+    own = evaluate(folder, EvalSettings(steps=2, limit=1, per_prompt=1))
     # A plain `eval RUN` samples at those settings (it took 20 steps and wrote eval_steps20_limit8.json): eval.json
     eval_cli.main([str(folder)])
     assert f"wrote {folder / 'eval.json'} and eval.png" in capsys.readouterr().out

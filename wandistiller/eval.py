@@ -30,7 +30,7 @@ from wandistiller.core.errors import (
     whole_number,
 )
 from wandistiller.data.prompts import read_prompts
-from wandistiller.evaluation.evaluate import DEFAULTS, evaluate
+from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import Trust, add_trust_args
@@ -122,20 +122,19 @@ def main(argv: list[str] | None = None) -> None:
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
             read_prompts(args.prompts, "--prompts")
         register_configs()  # the registries' options, which the run's config may name
-        result = evaluate(
-            args.run_dir,
-            args.checkpoint,
-            args.prompts,
-            args.steps,
-            args.limit,
-            args.dtype,
-            None,
-            args.clip_model,
-            args.fid_reference,
-            trust,
-            args.per_prompt,
-            counts,
+        asked = EvalSettings(
+            checkpoint=args.checkpoint,
+            prompts_path=args.prompts,
+            steps=args.steps,
+            limit=args.limit,
+            per_prompt=args.per_prompt,
+            student_steps=counts,
+            dtype=args.dtype,
+            clip_model=args.clip_model,
+            fid_reference=args.fid_reference,
+            trust=trust,
         )
+        result = evaluate(args.run_dir, asked)
         for one in result["results"].values():
             m = one["mean"]
             print(

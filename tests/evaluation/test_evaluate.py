@@ -20,7 +20,7 @@ from wandistiller import eval as eval_cli
 from wandistiller.core.errors import UserError
 from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
-from wandistiller.evaluation.evaluate import eval_prompts, evaluate, given_first_frames
+from wandistiller.evaluation.evaluate import EvalSettings, eval_prompts, evaluate, given_first_frames
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.state.runs import RunFolder, Trust, open_run
 from wandistiller.teacher.spec import inspect_teacher
@@ -31,7 +31,7 @@ POCKET = ROOT / "wandistiller" / "assets" / "pocket" / "pocket-wan-t2v"
 
 def test_eval_writes_its_json_and_a_grid_named_by_its_settings(run_dir, caplog):
     with caplog.at_level("INFO", logger="wandistiller"):
-        result = evaluate(run_dir, steps=3, limit=2)
+        result = evaluate(run_dir, EvalSettings(steps=3, limit=2))
     progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
     assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
     # not eval's defaults (20 steps, 8 prompts), which a run without an end-of-run evaluation has as its own
@@ -51,14 +51,14 @@ def test_eval_writes_its_json_and_a_grid_named_by_its_settings(run_dir, caplog):
 def test_results_that_cannot_be_written_are_one_line_and_no_half_result(run_dir):
     (run_dir / "eval_steps1_limit1.png").mkdir()  # os.replace cannot put the figure there, as a full disk could not
     with pytest.raises(UserError, match=r"eval_steps1_limit1.png/.json cannot be written \(Is a directory\); free"):
-        evaluate(run_dir, steps=1, limit=1)
+        evaluate(run_dir, EvalSettings(steps=1, limit=1))
     assert not list(run_dir.glob("*eval*.json"))  # no result, nor a temporary file
 
 
 def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_dir):
-    final = evaluate(run_dir, steps=2, limit=1)
-    first = evaluate(run_dir, checkpoint="step_1", steps=2, limit=1)
-    latest = evaluate(run_dir, checkpoint="latest", steps=2, limit=1)
+    final = evaluate(run_dir, EvalSettings(steps=2, limit=1))
+    first = evaluate(run_dir, EvalSettings(checkpoint="step_1", steps=2, limit=1))
+    latest = evaluate(run_dir, EvalSettings(checkpoint="latest", steps=2, limit=1))
     assert final["files"] == ["eval_steps2_limit1.json", "eval_steps2_limit1.png"]
     assert first["files"] == ["eval_step_00000001_steps2_limit1.json", "eval_step_00000001_steps2_limit1.png"]
     assert latest["files"] == ["eval_step_00000002_steps2_limit1.json", "eval_step_00000002_steps2_limit1.png"]
@@ -72,13 +72,14 @@ def test_eval_of_two_checkpoints_leaves_two_results_and_keeps_the_runs_own(run_d
 def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_path):
     folder = tmp_path / "pocket"
     run(make_cfg("teacher=pocket", "trainer.max_steps=1", run_dir=folder))
-    one = evaluate(folder, steps=2, limit=4)
+    one = evaluate(folder, EvalSettings(steps=2, limit=4))
     mean = one["mean"]
     for who in ("teacher", "student"):  # 4 images: FID/KID withheld (too few), the count said
         assert 0 <= mean[f"{who}_prompt_accuracy"] <= 1 and mean[f"{who}_samples"] == 4 and f"{who}_fid" not in mean
         assert f"{who}_diversity" not in mean  # one image a prompt: no diversity, and eval.json says why
     assert one["withheld"]["diversity"].startswith("per_prompt 1:") and "diversity_ratio" not in mean
-    several = evaluate(folder, steps=1, limit=4, per_prompt=17)  # 4 held-out prompts x 17 noises: FID/KID given
+    # 4 held-out prompts x 17 noises: FID/KID given
+    several = evaluate(folder, EvalSettings(steps=1, limit=4, per_prompt=17))
     assert several["images"] == 68 and several["mean"]["student_samples"] == 68
     assert math.isfinite(several["mean"]["student_fid"]) and math.isfinite(several["mean"]["teacher_kid"])
     assert several["scales"] == {"kid": KID_MEANING} and "scales" not in one  # what KID is, where one is given
@@ -91,7 +92,7 @@ def test_eval_of_a_pocket_run_measures_prompt_accuracy_and_fid(make_cfg, tmp_pat
     )
     assert Image.open(folder / several["files"][1]).size[1] < 5 * 240  # the grid: each prompt's first image, 4 rows
     # Prompts that are not the pocket's: no judge, so no pocket columns.
-    other = evaluate(folder, prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1)
+    other = evaluate(folder, EvalSettings(prompts_path=str(_fox_prompts(tmp_path)), steps=1, limit=1))
     assert "teacher_fid" not in other["mean"] and "latent_mse" in other["mean"]
 
 
@@ -170,7 +171,7 @@ def test_eval_of_a_received_run_replaces_linked_results_and_never_writes_through
     result, png = folder / "eval_steps1_limit1.json", folder / "eval_steps1_limit1.png"  # what it writes
     result.symlink_to(mine)
     png.hardlink_to(other)
-    evaluate(folder, steps=1, limit=1)
+    evaluate(folder, EvalSettings(steps=1, limit=1))
     assert json.loads(result.read_text())["steps"] == 1 and not result.is_symlink()
     assert Image.open(png).size[0] == 2 * 192
     assert untouched(mine) and other.read_bytes() == mine.read_bytes()
@@ -192,7 +193,7 @@ def test_eval_does_not_load_a_checkpoint_or_student_linked_out_of_the_run(finish
     shutil.move(folder / "student", tmp_path / "student_elsewhere")
     (folder / "student").symlink_to(tmp_path / "student_elsewhere")
     with pytest.raises(UserError, match="student leads out of the run folder"):
-        evaluate(folder, steps=1, limit=1)
+        evaluate(folder, EvalSettings(steps=1, limit=1))
     assert not list(folder.glob("eval*"))
 
 
@@ -213,12 +214,12 @@ def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, 
     args = eval_cli.parse_args([str(folder), "--teacher-path", str(POCKET), "--allow-other-teacher"])
     assert Trust.from_args(args).other_teacher
     with pytest.raises(UserError, match="does not fit this teacher"):  # a checkpoint records it too
-        evaluate(folder, "latest", steps=1, limit=1, trust=Trust(teacher_path=str(POCKET)))
+        evaluate(folder, EvalSettings("latest", steps=1, limit=1, trust=Trust(teacher_path=str(POCKET))))
     saved = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())  # the saved teacher.path edited
     saved["teacher"] |= {"path": str(POCKET), "builtin": None}
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(UserError, match="does not fit this teacher"):
-        evaluate(folder, steps=1, limit=1)
+        evaluate(folder, EvalSettings(steps=1, limit=1))
 
 
 @pytest.mark.parametrize("name", ["metrics.csv", "tensorboard", "wandb"])
@@ -228,7 +229,7 @@ def test_eval_refuses_a_loggers_file_linked_out_of_the_run_before_the_work(finis
     folder, mine = copied(finished, tmp_path), victim(tmp_path)
     (folder / name).symlink_to(mine if name == "metrics.csv" else mine.parent)
     with pytest.raises(UserError, match=f"{name} leads out of the run folder"):
-        evaluate(folder, steps=1, limit=1)
+        evaluate(folder, EvalSettings(steps=1, limit=1))
     assert not list(folder.glob("eval*")) and untouched(mine)  # refused before sampling, not after
     assert sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
 
@@ -253,22 +254,24 @@ def test_eval_student_steps_gives_one_result_per_count_with_its_network_calls(fi
 def test_a_student_trained_at_explicit_sigmas_is_evaluated_on_them_and_at_no_other_count(finished, tmp_path):
     folder = few_step_copy(finished, tmp_path, 2, "listed", schedule=[1.0, 0.4])
     with pytest.raises(UserError, match=r"^--student-steps 3: the student was trained at 2 explicit sigmas"):
-        evaluate(folder, steps=2, limit=1, student_steps=[3])
-    listed = evaluate(folder, steps=2, limit=1)
-    euler = evaluate(few_step_copy(finished, tmp_path, 2, "euler"), steps=2, limit=1)
+        evaluate(folder, EvalSettings(steps=2, limit=1, student_steps=[3]))
+    listed = evaluate(folder, EvalSettings(steps=2, limit=1))
+    euler = evaluate(few_step_copy(finished, tmp_path, 2, "euler"), EvalSettings(steps=2, limit=1))
     assert listed["mean"]["latent_mse"] != euler["mean"]["latent_mse"]  # other sigmas, other samples
 
 
 def test_a_few_step_student_is_evaluated_at_its_own_k_and_a_kd_one_as_before(finished, tmp_path):
-    few = evaluate(few_step_copy(finished, tmp_path, 3, "few"), steps=2, limit=1)
+    few = evaluate(few_step_copy(finished, tmp_path, 3, "few"), EvalSettings(steps=2, limit=1))
     assert few["student_steps"] == [3] and few["mean"]["student_calls_per_image"] == 3
     kd_folder = few_step_copy(finished, tmp_path, None, "kd")
-    kd = evaluate(kd_folder, steps=2, limit=1)  # a KD student: the teacher's scheduler at --steps, as before
+    # A KD student: the teacher's scheduler at --steps, as before
+    kd = evaluate(kd_folder, EvalSettings(steps=2, limit=1))
     assert kd["student_trained_steps"] is None and kd["student_steps"] == [2]
     assert kd["mean"]["student_calls_per_image"] == 2
-    asked = evaluate(kd_folder, steps=2, limit=1, student_steps=[2])  # --student-steps works for a KD student too
+    # --student-steps works for a KD student too
+    asked = evaluate(kd_folder, EvalSettings(steps=2, limit=1, student_steps=[2]))
     assert asked["mean"]["latent_mse"] == kd["mean"]["latent_mse"]
-    four = evaluate(kd_folder, steps=2, limit=1, student_steps=[4])
+    four = evaluate(kd_folder, EvalSettings(steps=2, limit=1, student_steps=[4]))
     assert four["mean"]["student_calls_per_image"] == 4 and four["mean"]["latent_mse"] != kd["mean"]["latent_mse"]
 
 
@@ -286,7 +289,7 @@ def with_end_of_run_eval(folder, **settings):
 
 def test_eval_at_another_student_step_count_leaves_the_end_of_run_result_untouched(finished, tmp_path, capsys):
     folder = with_end_of_run_eval(few_step_copy(finished, tmp_path, 2, method="dmd"), steps=2, limit=1)
-    own = evaluate(folder, steps=2, limit=1)  # what hooks.evaluate does at the end of the run
+    own = evaluate(folder, EvalSettings(steps=2, limit=1))  # what hooks.evaluate does at the end of the run
     assert own["files"] == ["eval.json", "eval.png"] and own["variant"] == [] and own["student_steps"] == [2]
     before = {name: (folder / name).read_bytes() for name in own["files"]}
     eval_cli.main([str(folder), "--student-steps", "1", "--limit", "1", "--steps", "2"])  # the audit's command
@@ -357,7 +360,7 @@ def test_eval_bounds_every_count_by_the_run_before_any_work(finished, tmp_path, 
     teacher's timesteps, this machine's memory for the images held at once), in one line, before any sampling."""
     folder = copied(finished, tmp_path)
     with caplog.at_level("INFO", logger="wandistiller"), pytest.raises(UserError, match=message) as e:
-        evaluate(folder, **({"steps": 1, "limit": 1} | asked))
+        evaluate(folder, EvalSettings(**({"steps": 1, "limit": 1} | asked)))
     assert "\n" not in str(e.value) and not list(folder.glob("eval*"))
     assert not [m for m in caplog.messages if m.startswith("eval: the")]  # nothing sampled
 
@@ -385,7 +388,7 @@ def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, ti
 
     folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
     with pytest.raises(UserError, match="does not fit this teacher: .* weights of the teacher at .* differ"):
-        evaluate(folder, steps=1, limit=1, trust=Trust(teacher_path=str(other)))
+        evaluate(folder, EvalSettings(steps=1, limit=1, trust=Trust(teacher_path=str(other))))
     digest = teacher_digest(inspect_teacher(other))
     run = open_run(folder, str(other))
     assert other_teacher_tag(run, folder / "student", True) == f"teacher-{digest[:12]}"
@@ -404,7 +407,7 @@ def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_t
     own.write_text('{"judged": "against its own teacher"}')
     os.utime(own, ns=(10**18, 10**18))
     digest = teacher_digest(inspect_teacher(other))
-    result = evaluate(folder, steps=1, limit=1, trust=Trust(teacher_path=str(other), other_teacher=True))
+    result = evaluate(folder, EvalSettings(steps=1, limit=1, trust=Trust(teacher_path=str(other), other_teacher=True)))
     assert result["files"][0].endswith(f"_teacher-{digest[:12]}.json") and result["files"][0].startswith("eval_")
     saved = json.loads((folder / result["files"][0]).read_text())
     assert saved["teacher"] == {"path": str(other), "digest": digest, "recorded": False}
@@ -427,7 +430,7 @@ def test_an_image_to_video_run_is_evaluated_from_its_held_out_first_frames(make_
     root = given_images(tmp_path / "images", (72, 72))
     folder = tmp_path / "r"
     run(make_cfg(*pairs(root), run_dir=folder))
-    result = evaluate(folder, steps=2, limit=1, trust=Trust(data=True))
+    result = evaluate(folder, EvalSettings(steps=2, limit=1, trust=Trust(data=True)))
     (row,) = result["prompts"]
     assert row["prompt"] == CAPTIONS[-1] and math.isfinite(row["first_frame_psnr"])  # the held-out caption: the last
     assert result["mean"]["student_first_frame_psnr"] == row["first_frame_psnr"]

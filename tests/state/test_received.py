@@ -189,7 +189,7 @@ def test_an_older_runs_saved_config_still_evaluates_and_resumes(finished, tmp_pa
     own schema (the old `_target_`s too) is read back as today's: it evaluates and resumes."""
     import json
 
-    from wandistiller.evaluation.evaluate import evaluate
+    from wandistiller.evaluation.evaluate import EvalSettings, evaluate
     from wandistiller.train import run
 
     folder = tmp_path / "old"
@@ -217,6 +217,6 @@ def test_an_older_runs_saved_config_still_evaluates_and_resumes(finished, tmp_pa
     }  # one flat schema held every source's keys
     saved["recipe"] = {"_target_": "wandistiller.recipe.DistillationRecipe"}
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved))
-    assert evaluate(folder, steps=1, limit=1)["steps"] == 1
+    assert evaluate(folder, EvalSettings(steps=1, limit=1))["steps"] == 1
     run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=folder))
     assert json.loads((folder / "metrics.json").read_text())["final_step"] == 3

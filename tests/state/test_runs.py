@@ -51,7 +51,7 @@ def test_a_run_from_another_machine_evaluates_generates_and_resumes(finished, tm
     elsewhere = tmp_path / "home" / "alice"
     folder, _ = received(finished, tmp_path, **{"paths.cache_dir": str(elsewhere / "cache"),
                                                 "paths.output_dir": str(elsewhere / "outputs/run")})  # fmt: skip
-    result = eval_cli.evaluate(folder, steps=1, limit=1)
+    result = eval_cli.evaluate(folder, eval_cli.EvalSettings(steps=1, limit=1))
     assert result["mean"]["latent_mse"] >= 0
     args = generate_cli.parse_args([str(folder), "--prompt", "../../escape", "--steps", "1"])
     paths = generate_cli.run_generate(args)

@@ -18,6 +18,7 @@ import json
 import re
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -154,34 +155,101 @@ def image_metrics(student_imgs: torch.Tensor, teacher_imgs: torch.Tensor) -> lis
     return rows
 
 
-def evaluate(
-    run_dir: str | Path,
-    checkpoint: str | None = None,
-    prompts_path: str | None = None,
-    steps: int | None = None,
-    limit: int | None = None,
-    dtype: str | None = None,
-    device: torch.device | None = None,
-    clip_model: str | None = None,
-    fid_reference: str | None = None,
-    trust: Trust | None = None,
-    per_prompt: int | None = None,
-    student_steps: Sequence[int] | None = None,
-) -> dict:
-    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. The teacher
-    samples `steps` steps; the student each of `student_steps` (default: its own K, a KD student `steps`). Each
-    prompt is drawn from `per_prompt` noises (FID/KID need 65 images or more: 4 held-out prompts x 17, say; diversity
-    2 or more a prompt); the grid shows each prompt's first, by the first student step count. `steps`, `limit`,
-    `per_prompt` and `prompts_path` left None are the run's own (`own_settings`), so a plain `eval RUN` reproduces
-    its eval.json."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """What one evaluation asks for. `steps`, `limit`, `per_prompt` and `prompts_path` left None are the run's own
+    (`own_settings`), so a plain `eval RUN` reproduces its eval.json."""
 
-    run = open_run(run_dir, *(trust or Trust()).open_args())
+    checkpoint: str | None = None  # a checkpoint's name (best, latest, step_N); None: the final student
+    prompts_path: str | None = None  # None: the run's own, else its held-out prompts
+    steps: int | None = None  # the teacher's sample steps (and a KD student's)
+    limit: int | None = None  # prompts at most
+    per_prompt: int | None = None  # noises per prompt: FID/KID need 65 images or more, diversity 2 a prompt
+    student_steps: Sequence[int] | None = None  # the student's step counts; None: its own K (a KD student `steps`)
+    dtype: str | None = None  # the teacher's; None: the run's precision.teacher_dtype
+    device: torch.device | None = None  # None: CUDA where there is one
+    clip_model: str | None = None  # a CLIP model's path: CLIP score beside the pocket judge
+    fid_reference: str | None = None  # a folder of real images: Inception FID against them
+    trust: Trust = field(default_factory=Trust)  # what the user allows a received run folder
+
+
+@dataclass
+class _Plan:
+    """An evaluation's settings resolved against its run, every check passed: nothing sampled or written yet."""
+
+    run: RunFolder
+    source: Path  # the student's folder (final or a checkpoint)
+    steps: int
+    per_prompt: int
+    counts: list[int]  # the student's step counts, in the order asked
+    schedulers: dict  # by count: a few-step student's sigmas at its K
+    other: str | None  # the tag of a teacher other than the recorded one (its own file)
+    named: list[str]  # the settings its file names carry
+    device: torch.device
+    teacher_dtype: torch.dtype
+    prompts: list[str]
+    firsts: list | None  # an image-to-video run's held-out first frames, by prompt
+
+
+def evaluate(run_dir: str | Path, settings: EvalSettings | None = None) -> dict:
+    """Run the evaluation and write its json and png (`result_stem`); returns what the json holds. The teacher
+    samples `steps` steps; the student each of `student_steps`. Each prompt is drawn from `per_prompt` noises; the
+    grid shows each prompt's first, by the first student step count."""
+    s = settings or EvalSettings()
+    plan = _planned(run_dir, s)
+    run, per_prompt, device = plan.run, plan.per_prompt, plan.device
+    t_cfg = run.cfg.teacher
+    emb = encode_prompts(
+        run.spec, plan.prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, plan.teacher_dtype, device,
+        run.cfg.paths.cache_dir,
+    )  # fmt: skip
+    idx, seed, shape = list(range(len(plan.prompts))), int(run.cfg.seed), run.latent_shape
+    teacher = load_teacher(run, device, plan.teacher_dtype)
+    teacher_calls = calls_per_image(plan.steps, teacher.guidance_scales[0])
+    # An image-to-video run: the teacher and the student continue the same held-out first frame, each noise k of
+    # prompt i from prompt i's, through the model's own WanImageToVideoPipeline (which encodes it as training did).
+    # A text-to-video run's VAE waits until the teacher is gone.
+    firsts = plan.firsts
+    vae = None if firsts is None else load_vae(run.spec, device)
+    images = None if firsts is None else (vae, load_image_encoder(run.spec, device), lambda i, k: firsts[i])
+    teacher_lat, teacher_s = generate(
+        teacher, emb, idx, seed, plan.steps, shape, "eval: the teacher", per_prompt, None, images
+    )
+    del teacher
+    student = student_sampler(run, plan.source, device)
+    prompts = [p for p in plan.prompts for _ in range(per_prompt)]  # image by image
+    vae = vae or load_vae(run.spec, device)
+    video = shape[1] > 1  # clips: every frame decoded and judged (evaluation/clips.py); one frame: an image
+    decode = decode_clips if video else decode_latents
+    teacher_imgs = decode(vae, teacher_lat)
+    given = None if firsts is None else torch.stack([pil_tensor(firsts[i]) for i in idx for _ in range(per_prompt)])
+    judged = _Judged(prompts, teacher_lat, teacher_imgs, teacher_s, teacher_calls, given, video, s)
+    results: dict[str, dict] = {}
+    for n in plan.counts:
+        what = "eval: the student" + (f" at {n} steps" if len(plan.counts) > 1 else "")
+        student_lat, student_s = generate(
+            student, emb, idx, seed, n, shape, what, per_prompt, plan.schedulers[n], images
+        )
+        results[str(n)] = judged.student(n, student_lat, decode(vae, student_lat), student_s)
+    first = slice(None, None, per_prompt)
+    head = results[str(plan.counts[0])]
+    grid = (teacher_imgs[first], head.pop("images")[first], prompts[first])
+    for one in results.values():
+        one.pop("images", None)
+    result = _record(plan, s.checkpoint, results, prompts, video)
+    _write(run.path, result_stem(plan.source, plan.named), result, grid, video)
+    return result
+
+
+def _planned(run_dir: str | Path, s: EvalSettings) -> _Plan:
+    """The settings resolved and every check made, before anything is sampled: each mistake one line."""
+    trust = s.trust
+    run = open_run(run_dir, *trust.open_args())
     check_frames(run)  # before anything is sampled or written
-    steps, limit, per_prompt, prompts_path = run_settings(run, steps, limit, per_prompt, prompts_path, trust or Trust())
+    steps, limit, per_prompt, prompts_path = run_settings(run, s.steps, s.limit, s.per_prompt, s.prompts_path, trust)
     trained = run.trained_steps  # before any sampling: a bad saved method.steps is one line
-    counts = list(dict.fromkeys(student_steps or [trained or steps]))  # in the order asked, each once
-    source = student_source(run, checkpoint)
-    trust = trust or Trust()
+    counts = list(dict.fromkeys(s.student_steps or [trained or steps]))  # in the order asked, each once
+    source = student_source(run, s.checkpoint)
     check_teacher_fits(run, source, trust.other_teacher or trust.own_files)
     # A result against another teacher (--allow-other-teacher) goes to its own file, named for that teacher.
     other = other_teacher_tag(run, source, trust.other_teacher and not trust.own_files)
@@ -194,106 +262,92 @@ def evaluate(
     if problem:  # eval.json and eval.png go there: said before minutes of sampling, not after
         raise UserError(f"{run.path}: {problem}; evaluate a writable copy of the run folder")
     check_appended(run.path)  # the loggers' files it adds to, checked before the sampling, not after
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    teacher_dtype = to_dtype(dtype or run.cfg.precision.teacher_dtype, "--dtype")
-    asked = {
-        "student": counts,
-        "steps": steps,
-        "limit": limit,
-        "per_prompt": per_prompt,
-        "prompts": prompts_path,
-        "dtype": teacher_dtype,
-        "clip": clip_model,
-        "fid": fid_reference,
-    }
+    device = s.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    teacher_dtype = to_dtype(s.dtype or run.cfg.precision.teacher_dtype, "--dtype")
+    asked = {"student": counts, "steps": steps, "limit": limit, "per_prompt": per_prompt, "prompts": prompts_path,
+             "dtype": teacher_dtype, "clip": s.clip_model, "fid": s.fid_reference}  # fmt: skip
     named = variant(run, asked) + ([other] if other else [])  # the settings its file names carry: known before
     prompts = eval_prompts(run, prompts_path, limit, trust.own_files, trust.data)
     firsts = given_first_frames(run, prompts_path, len(prompts), trust.own_files or trust.data)  # image to video
     check_counts(run, {}, len(prompts) * per_prompt, f"--per-prompt {per_prompt} ({len(prompts)} prompts)")
-    t_cfg = run.cfg.teacher
-    cache_dir = run.cfg.paths.cache_dir
-    emb = encode_prompts(
-        run.spec, prompts, t_cfg.negative_prompt, t_cfg.max_sequence_length, teacher_dtype, device, cache_dir
-    )
-    idx, seed, shape = list(range(len(prompts))), int(run.cfg.seed), run.latent_shape
-    teacher = load_teacher(run, device, teacher_dtype)
-    teacher_calls = calls_per_image(steps, teacher.guidance_scales[0])
-    # An image-to-video run: the teacher and the student continue the same held-out first frame, each noise k of
-    # prompt i from prompt i's, through the model's own WanImageToVideoPipeline (which encodes it as training did).
-    # A text-to-video run's VAE waits until the teacher is gone.
-    vae = None if firsts is None else load_vae(run.spec, device)
-    images = None if firsts is None else (vae, load_image_encoder(run.spec, device), lambda i, k: firsts[i])
-    teacher_lat, teacher_s = generate(
-        teacher, emb, idx, seed, steps, shape, "eval: the teacher", per_prompt, None, images
-    )
-    del teacher
-    student = student_sampler(run, source, device)
-    prompts, first = [p for p in prompts for _ in range(per_prompt)], slice(None, None, per_prompt)  # image by image
-    vae = vae or load_vae(run.spec, device)
-    video = shape[1] > 1  # clips: every frame decoded and judged (evaluation/clips.py); one frame: an image
-    decode = decode_clips if video else decode_latents
-    teacher_imgs = decode(vae, teacher_lat)
-    given = None if firsts is None else torch.stack([pil_tensor(firsts[i]) for i in idx for _ in range(per_prompt)])
-    # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
-    quality_of = eval_clip_quality if video else eval_quality
-    teacher_quality = quality_of(prompts, {"teacher": teacher_imgs}, clip_model, fid_reference)
-    results: dict[str, dict] = {}
-    grid = None
-    for n in counts:
-        what = "eval: the student" + (f" at {n} steps" if len(counts) > 1 else "")
-        student_lat, student_s = generate(student, emb, idx, seed, n, shape, what, per_prompt, schedulers[n], images)
-        student_imgs = decode(vae, student_lat)
-        mse = ((student_lat - teacher_lat) ** 2).flatten(1).mean(1).tolist()
-        pictures = (clip_metrics if video else image_metrics)(student_imgs, teacher_imgs)
-        if given is not None:  # how well each clip keeps its given first frame (frame 0 against the image, dB)
-            pictures = [p | {"first_frame_psnr": f} for p, f in zip(pictures, first_frame_psnr(student_imgs, given))]
+    return _Plan(run, source, steps, per_prompt, counts, schedulers, other, named, device, teacher_dtype, prompts,
+                 firsts)  # fmt: skip
+
+
+@dataclass
+class _Judged:
+    """The teacher's side of an evaluation, against which each student step count is judged."""
+
+    prompts: list[str]  # one per image
+    latents: torch.Tensor
+    images: torch.Tensor
+    seconds: list[float]
+    calls: float
+    given: torch.Tensor | None  # an image-to-video run's first frames, one per image
+    video: bool
+    settings: EvalSettings
+
+    def __post_init__(self):
+        # Quality as the field measures it (accuracy, FID/KID, diversity on the pocket teacher; CLIP / Inception FID).
+        self.quality_of = eval_clip_quality if self.video else eval_quality
+        s = self.settings
+        self.quality = self.quality_of(self.prompts, {"teacher": self.images}, s.clip_model, s.fid_reference)
+
+    def student(self, n: int, latents: torch.Tensor, images: torch.Tensor, seconds: list[float]) -> dict:
+        """One step count's result: its rows (per image), their means and quality figures; `images` for the grid."""
+        mse = ((latents - self.latents) ** 2).flatten(1).mean(1).tolist()
+        pictures = (clip_metrics if self.video else image_metrics)(images, self.images)
+        if self.given is not None:  # how well each clip keeps its given first frame (frame 0 against the image, dB)
+            pictures = [p | {"first_frame_psnr": f} for p, f in zip(pictures, first_frame_psnr(images, self.given))]
         rows = [
             {"prompt": p, "latent_mse": m, **im, "student_s": s, "teacher_s": t}
-            for p, m, im, s, t in zip(prompts, mse, pictures, student_s, teacher_s)
+            for p, m, im, s, t in zip(self.prompts, mse, pictures, seconds, self.seconds)
         ]
         keys = ("latent_mse", "psnr", "ssim", "student_s", "teacher_s")
         mean = {k: statistics.fmean(r[k] for r in rows) for k in keys}
-        if given is not None:
-            mean["teacher_first_frame_psnr"] = statistics.fmean(first_frame_psnr(teacher_imgs, given))
+        if self.given is not None:
+            mean["teacher_first_frame_psnr"] = statistics.fmean(first_frame_psnr(self.images, self.given))
             mean["student_first_frame_psnr"] = statistics.fmean(r["first_frame_psnr"] for r in rows)
         mean["speedup"] = mean["teacher_s"] / mean["student_s"]
-        mean |= {"student_calls_per_image": calls_per_image(n, 1.0), "teacher_calls_per_image": teacher_calls}
-        quality = teacher_quality | quality_of(prompts, {"student": student_imgs}, clip_model, fid_reference)
-        mean |= quality | diversity_ratio(quality) | (motion_ratio(quality) if video else {})
-        results[str(n)] = {"student_steps": n, "mean": mean, "prompts": rows}
-        grid = grid or (teacher_imgs[first], student_imgs[first], prompts[first])
-    head = results[str(counts[0])]
+        mean |= {"student_calls_per_image": calls_per_image(n, 1.0), "teacher_calls_per_image": self.calls}
+        s = self.settings
+        quality = self.quality | self.quality_of(self.prompts, {"student": images}, s.clip_model, s.fid_reference)
+        mean |= quality | diversity_ratio(quality) | (motion_ratio(quality) if self.video else {})
+        return {"student_steps": n, "mean": mean, "prompts": rows, "images": images}
+
+
+def _record(plan: _Plan, checkpoint: str | None, results: dict, prompts: list[str], video: bool) -> dict:
+    """What the json holds: the first step count's result as `mean`/`prompts`, every one under `results`."""
+    head = results[str(plan.counts[0])]
     result: dict[str, object] = {
-        "student": str(source),
+        "student": str(plan.source),
         "checkpoint": checkpoint,
-        "steps": steps,
-        "teacher_steps": steps,
-        "student_trained_steps": trained,
-        "student_steps": counts,
-        "seed": seed,
-        "per_prompt": per_prompt,
+        "steps": plan.steps,
+        "teacher_steps": plan.steps,
+        "student_trained_steps": plan.run.trained_steps,
+        "student_steps": plan.counts,
+        "seed": int(plan.run.cfg.seed),
+        "per_prompt": plan.per_prompt,
         "images": len(prompts),
         "mean": head["mean"],
     }
     if any(key.endswith("_kid") for key in head["mean"]):
         result["scales"] = {"kid": KID_MEANING}
-    withheld = {} if "student_diversity" in head["mean"] else {"diversity": diversity_withheld(per_prompt)}
+    withheld = {} if "student_diversity" in head["mean"] else {"diversity": diversity_withheld(plan.per_prompt)}
     if video and is_video_pocket(prompts) and "student_clip_fd" not in head["mean"]:
         withheld["clip_fd"] = FD_WITHHELD  # too few clips for a Fréchet distance of the clip features
     if withheld:
         result["withheld"] = withheld
     result |= {
-        "device": str(device),
-        "teacher_dtype": str(teacher_dtype).removeprefix("torch."),
+        "device": str(plan.device),
+        "teacher_dtype": str(plan.teacher_dtype).removeprefix("torch."),
         "prompts": head["prompts"],
         "results": results,
     }
-    result["variant"] = named
-    result["teacher"] = teacher_identity(run.spec) | {"recorded": other is None}  # what it was judged against
-    stem = result_stem(source, named)
+    result["variant"] = plan.named
+    result["teacher"] = teacher_identity(plan.run.spec) | {"recorded": plan.other is None}  # what it was judged against
+    stem = result_stem(plan.source, plan.named)
     result["files"] = [f"{stem}.json", f"{stem}.png"] + ([f"{stem}.gif"] if video else [])
-    assert grid is not None  # one student step count at least
-    _write(run.path, stem, result, grid, video)
     return result
 
 

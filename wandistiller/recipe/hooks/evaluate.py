@@ -11,7 +11,7 @@ from pathlib import Path
 from wandistiller.core.registry import Option
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources import image_conditioned
-from wandistiller.evaluation.evaluate import evaluate
+from wandistiller.evaluation.evaluate import EvalSettings, evaluate
 from wandistiller.recipe.hooks.base import Hook, at_least, sample_steps
 from wandistiller.state.runs import Trust, check_images
 
@@ -94,15 +94,11 @@ class EvaluateAtEnd(Hook):
         )
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
         own = Trust(self.targets, ctx.teacher_path, cache_dir=ctx.cache_dir, own_files=True, spec=ctx.spec)
-        result = evaluate(
-            ctx.run_dir,
-            prompts_path=self.prompts_path,
-            steps=self.steps,
-            limit=self.limit,
-            device=ctx.device,
-            trust=own,
-            per_prompt=self.per_prompt,
-        )
+        asked = EvalSettings(
+            prompts_path=self.prompts_path, steps=self.steps, limit=self.limit, per_prompt=self.per_prompt,
+            device=ctx.device, trust=own,
+        )  # fmt: skip
+        result = evaluate(ctx.run_dir, asked)
         run.tracker.log({f"eval/{k}": v for k, v in result["mean"].items()}, step=ctx.trainer_cfg.max_steps)
         if len(result["files"]) > 2:  # a clip run: its teacher | student animation (eval.gif), as a video
             run.tracker.log_video("eval_clips", Path(ctx.run_dir) / result["files"][2], step=ctx.trainer_cfg.max_steps)
