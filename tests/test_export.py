@@ -237,7 +237,7 @@ def test_the_cli_refuses_an_unknown_format_or_dtype_in_one_line():
 def test_an_a14b_pair_is_two_files_with_the_boundary_and_a_two_sampler_workflow(tmp_path):
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    from wandistiller.core.files import ASSETS
+    from wandistiller.core.assets import ASSETS
     from wandistiller.export import write_single_files
     from wandistiller.state.comfy import Sampling
 

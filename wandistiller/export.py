@@ -49,18 +49,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from wandistiller.compose import register_configs
+from wandistiller.core.atomic import _umask
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
-from wandistiller.core.files import (
-    _umask,
-    check_tree,
-    folder_problem,
-    in_run,
-    open_in,
-    opened,
-    read_json_in,
-    safetensors_problem,
-    write_in_run,
-)
+from wandistiller.core.files import check_tree, folder_problem, in_run, open_in, opened, read_json_in, write_in_run
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import list_checkpoints, teacher_digest, teacher_problem

@@ -1,5 +1,5 @@
-"""`wandistiller.core.files`: safetensors headers told whole or damaged, folders that cannot be written, atomic writes
-(of text, and of tensors: save_tensors); called directly on tiny real files in a temporary folder."""
+"""`wandistiller.core.files`: folders that cannot be written, and the guard: a received folder's files read and written
+only inside it, at any depth; called directly on tiny real files in a temporary folder."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from tests.teacher.test_spec import WEIGHTS
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import (
     OutsideRunFolder,
     appendable,
-    atomic_write,
     check_tree,
     clean_run_leftovers,
-    file_stamps,
     folder_problem,
     in_run,
     open_in,
@@ -29,45 +24,10 @@ from wandistiller.core.files import (
     read_json_in,
     replace_folder,
     run_folder,
-    safetensors_problem,
-    save_tensors,
     write_in_run,
 )
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.state.received import load_json
-
-
-@pytest.fixture
-def weights(tmp_path):
-    """A whole safetensors file of two tiny tensors, with metadata."""
-    path = tmp_path / "model.safetensors"
-    save_file({"a": torch.zeros(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}, path, metadata={"format": "pt"})
-    return path
-
-
-def test_a_whole_safetensors_file_has_no_problem_and_a_truncated_one_says_so(weights):
-    assert safetensors_problem(weights) is None
-    whole = weights.read_bytes()
-    weights.write_bytes(whole[:-1])  # one byte of data short
-    assert "truncated or damaged" in safetensors_problem(weights)
-    weights.write_bytes(whole[:100])  # cut inside the header
-    assert "its header claims" in safetensors_problem(weights)
-    weights.write_bytes(b"")
-    assert safetensors_problem(weights) == f"{weights} is 0 bytes, too short to be a safetensors file (truncated or " \
-        "empty)"  # fmt: skip
-
-
-def test_a_header_that_is_not_safetensors_is_named_for_what_is_wrong(tmp_path):
-    def file_with_header(text: str, data: bytes = b"") -> str | None:
-        path = tmp_path / "x.safetensors"
-        path.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data)
-        return safetensors_problem(path)
-
-    assert "its header is not JSON" in file_with_header("{not json")
-    assert "not a JSON object" in file_with_header("[1, 2]")
-    assert "tensor 'w' has no dtype/shape/data_offsets" in file_with_header('{"w": {"dtype": "F32"}}')
-    span = '{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}'  # 2 floats need 8 bytes
-    assert "tensor 'w' spans 4 bytes, its shape needs 8" in file_with_header(span, b"\0" * 4)
-    assert safetensors_problem(tmp_path / "missing.safetensors").endswith("cannot be read (No such file or directory)")
 
 
 def test_a_folder_that_can_be_made_has_no_problem_and_one_through_a_file_or_a_dead_link_has(tmp_path):
@@ -90,56 +50,6 @@ def test_a_folder_without_write_permission_is_named(tmp_path):
         locked.chmod(0o755)
 
 
-def test_atomic_write_replaces_whole_with_open_permissions_and_leaves_nothing_when_the_writer_fails(tmp_path):
-    path = atomic_write(tmp_path / "a.json", "old", fsync=False)
-    assert path.read_text() == "old" and path.stat().st_mode & 0o777 == 0o666 & ~_current_umask()
-    atomic_write(path, b"bytes")
-    assert path.read_bytes() == b"bytes"
-
-    def half_then_fail(f):
-        f.write(b"half")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        atomic_write(path, write=half_then_fail)
-    assert path.read_bytes() == b"bytes" and [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left
-
-
-def test_save_tensors_makes_the_folder_and_a_full_disk_is_one_line_leaving_no_file(tmp_path, monkeypatch):
-    path = save_tensors({"embeds": [torch.arange(3.0)], "prompts": ["a fox"]}, tmp_path / "new" / "cache.pt")
-    found = torch.load(path, weights_only=True)
-    assert found["prompts"] == ["a fox"] and torch.equal(found["embeds"][0], torch.arange(3.0))
-
-    def full(obj, f, *a, **k):
-        f.write(b"partial")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", full)  # the disk, not a library we test: ENOSPC on write
-    with pytest.raises(UserError, match=r"other.pt cannot be written \(No space left on device\); free some") as e:
-        save_tensors(torch.zeros(2), tmp_path / "new" / "other.pt")
-    assert "\n" not in str(e.value) and [p.name for p in (tmp_path / "new").iterdir()] == ["cache.pt"]
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def test_file_stamps_name_size_and_change_when_a_file_is_rewritten(tmp_path):
-    (tmp_path / "b.safetensors").write_bytes(b"12")
-    (tmp_path / "a.safetensors").write_bytes(b"1")
-    (tmp_path / "notes.txt").write_text("not matched")
-    before = file_stamps(tmp_path, "*.safetensors")
-    assert [(name, size) for name, size, _ in before] == [("a.safetensors", 1), ("b.safetensors", 2)]
-    os.utime(tmp_path / "a.safetensors", ns=(before[0][2] + 10**9,) * 2)  # a rebuild at a later time
-    assert file_stamps(tmp_path, "*.safetensors") != before
-
-
-def test_a_good_safetensors_file_passes_the_header_check(tiny_path):
-    assert safetensors_problem(tiny_path / WEIGHTS) is None
-
-
 def test_a_read_only_folder_is_named_read_only(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -154,45 +64,6 @@ def test_a_read_only_folder_is_named_read_only(tmp_path):
     finally:
         if mounted:
             subprocess.run(["umount", str(folder)], check=True)
-
-
-def test_files_written_whole_keep_the_mode_open_would_give_them(tmp_path):
-    import os
-
-    from wandistiller.core.files import atomic_write
-
-    old = os.umask(0o022)
-    try:
-        assert atomic_write(tmp_path / "metrics.json", "{}").stat().st_mode & 0o777 == 0o644  # not 0600
-        os.umask(0o077)
-        assert atomic_write(tmp_path / "private.json", "{}").stat().st_mode & 0o777 == 0o600
-    finally:
-        os.umask(old)
-
-
-def test_held_exclusively_lets_one_holder_in_at_a_time_and_frees_the_lock_when_it_leaves(tmp_path):
-    import threading
-    import time
-
-    from wandistiller.core.files import held_exclusively
-
-    lock, events, inside = tmp_path / "cache" / "key.lock", [], threading.Event()
-
-    def first():
-        with held_exclusively(lock):
-            inside.set()
-            time.sleep(0.2)  # long enough for the second to be waiting on the lock
-            events.append("first leaves")
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    inside.wait()
-    with held_exclusively(lock):  # a descriptor of its own: flock makes it wait like another process
-        events.append("second enters")
-    thread.join()
-    assert events == ["first leaves", "second enters"] and lock.is_file()
-    with held_exclusively(lock):  # free again once both left
-        pass
 
 
 # -- a run folder's own files: never a link out of it ----------------------------------------------------------
@@ -303,55 +174,6 @@ def test_a_killed_folder_swap_is_cleaned_up_on_the_next_start(run):
     dead.mkdir()
     clean_run_leftovers(run)
     assert not dead.exists() and (run / ".old-pipeline-x").exists()
-
-
-# -- hostile safetensors headers that keep the sizes consistent ------------------------------------------------
-def header_file(tmp_path, header: dict, data_len: int) -> object:
-    import json as json_
-
-    text = json_.dumps(header).encode()
-    path = tmp_path / "h.safetensors"
-    path.write_bytes(len(text).to_bytes(8, "little") + text + b"\0" * data_len)
-    return path
-
-
-@pytest.mark.parametrize(
-    "header, data_len, message",
-    [
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 12, "overlaps the one before it"),
-        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "leaves a gap of 4 bytes"),
-        ({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 4]}}, 4, "has dtype 'Q7', which is not one of"),
-        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, 4, "has shape [-1], not a list of sizes"),
-        ({"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, 4, "not a list of sizes"),
-        ({"a": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, 8, "not a list of sizes"),
-        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, 4, "not [start, end]"),
-        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", "4"]}}, 4, "not [start, end]"),
-        ({"__metadata__": {"format": 1}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4,
-         "__metadata__ must map names to strings"),
-        ({"__metadata__": [1], "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4, "__metadata__"),
-        ({"a": [1, 2]}, 0, "tensor 'a' has no dtype/shape/data_offsets"),
-    ],
-)  # fmt: skip
-def test_a_hostile_header_that_keeps_the_sizes_consistent_is_one_line(tmp_path, header, data_len, message):
-    problem = safetensors_problem(header_file(tmp_path, header, data_len))
-    assert problem is not None and message in problem and "\n" not in problem
-
-
-def test_a_field_safetensors_ignores_is_ignored_here_too(tmp_path):
-    header = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1}}  # safetensors loads it
-    assert safetensors_problem(header_file(tmp_path, header, 4)) is None
-
-
-def test_a_header_naming_a_tensor_twice_or_nested_too_deep_is_one_line(tmp_path):
-    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
-    text = f'{{"a": {entry}, "a": {entry}}}'.encode()
-    path = tmp_path / "d.safetensors"
-    path.write_bytes(len(text).to_bytes(8, "little") + text + b"\0" * 4)
-    assert "its header names 'a' twice" in safetensors_problem(path)
-    deep = b"[" * 100_000 + b"]" * 100_000
-    path.write_bytes(len(deep).to_bytes(8, "little") + deep)
-    assert "nested too deeply" in safetensors_problem(path) or "not a JSON object" in safetensors_problem(path)
 
 
 def test_a_relative_run_folder_and_a_name_built_from_it_are_checked_where_they_are(tmp_path, monkeypatch):
@@ -552,6 +374,9 @@ ALLOWED_MODULES = (
     "bench/",  # developer benchmarks, on run folders they make themselves and /proc
 )
 ALLOWED_CALLS = {
+    ("core/atomic.py", "_umask"): "/proc/self/status",
+    ("core/tensor_files.py", "safetensors_header"): "the user's own weights (a teacher); a received folder's through "
+    "open_in",
     ("core/hydra.py", "shared_now"): "/proc: the parent process's start time",
     ("recipe/loop.py", "_peak_rss_kib"): "/proc/self/status",
     ("state/received.py", "_shipped_targets"): "the shipped conf/ tree",
@@ -583,32 +408,6 @@ ALLOWED_CALLS = {
     "through the guard, the teacher the user's own",
     ("pipeline.py", "_build_lora"): "as _build: the teacher's pipeline and the adapters placed through the guard",
 }
-
-
-def test_a_cache_writer_killed_mid_write_leaves_a_file_the_next_writer_sweeps_and_a_live_ones_stays(tmp_path):
-    """kill -9 during atomic_write (a cache chunk, the prompt embeddings) leaves `.<name>.<hex>.tmp-<host>-<pid>`;
-    the next save into that cache folder removes it (its writer is dead), never a live writer's."""
-    import signal
-    import sys
-
-    from wandistiller.core import leftovers
-
-    cache = tmp_path / "cache" / "latents"
-    cache.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from wandistiller.core.files import atomic_write\n"
-        "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
-        f"atomic_write(Path({str(cache)!r}) / 'chunk_000000.pt', write=slow)"
-    )], stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-    assert writer.stdout is not None and writer.stdout.readline() == b"writing\n"
-    os.kill(writer.pid, signal.SIGKILL)
-    writer.wait()
-    (orphan,) = cache.iterdir()
-    assert orphan.name.startswith(".chunk_000000.pt.") and orphan.name.endswith(f".tmp-{leftovers.HOST}-{writer.pid}")
-    live = cache / leftovers.owned_name(".chunk_000001.pt.0123abcd.tmp")  # this process's: alive
-    live.write_bytes(b"being written")
-    save_tensors(torch.zeros(2), cache / "chunk_000002.pt")
-    assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, "chunk_000002.pt"])
 
 
 def test_a_file_where_a_folder_should_be_is_not_called_a_swapped_link(tmp_path):

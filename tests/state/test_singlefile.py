@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from wandistiller.core.files import ASSETS
+from wandistiller.core.assets import ASSETS
 from wandistiller.state.singlefile import (
     SCALED_FP8,
     block_count_problem,

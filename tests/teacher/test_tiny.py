@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from wandistiller.core.arch import TINY_MOE_BOUNDARY_RATIO
-from wandistiller.core.files import DEFAULT_PROMPTS
+from wandistiller.core.assets import DEFAULT_PROMPTS
 from wandistiller.teacher.tiny import _build_tokenizer, build_pattern, build_tiny_pipeline, ensure_tiny_teacher
 
 UNK, EOS = 2, 1

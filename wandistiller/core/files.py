@@ -1,8 +1,6 @@
-"""Cheap facts about files and folders a run will use, checked before anything heavy happens.
-
-A safetensors file is an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
-shape and byte range, then the data. Reading the header costs one small read and tells a truncated,
-garbage or empty file from a good one without loading any weights.
+"""Folders a run will write, checked before anything heavy happens (`folder_problem`, `output_problem`), and the
+guarded way in and out of a folder someone may have sent you. Weight files' headers are core/tensor_files.py's, files
+written whole core/atomic.py's, the shipped assets' place core/assets.py's.
 
 A run folder's own files (`in_run`, `write_in_run`, `appendable`, `replace_folder`): a folder someone sent you is
 read and written only inside it, never through a link that leads out of it.
@@ -33,143 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
-import math
 import os
 import shutil
 import stat
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from wandistiller.core import leftovers
+from wandistiller.core.atomic import write_whole_at
 from wandistiller.core.errors import UserError
-
-# The package's shipped assets (prompts, built-in files); one constant so no module imports another for a path.
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_PROMPTS = ASSETS / "prompts.txt"
-
-# Larger than any real header (a 14B expert's is about 100 KiB); a garbage length is caught before reading it.
-MAX_HEADER_BYTES = 100 * 2**20
-DTYPE_BYTES = {
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-}
-
-
-def file_stamps(folder: Path, pattern: str) -> list[tuple[str, int, int]]:
-    """(name, size, mtime in ns) of the files matching `pattern`: part of a cache key, so a teacher whose
-    files were rewritten (a new download, a rebuilt tiny teacher) gets new caches. Hashing gigabytes of
-    weights would cost minutes; a rewrite changes the mtime."""
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob(pattern) if p.is_file())
-
-
-def safetensors_problem(path: Path, root: Path | None = None) -> str | None:
-    """What makes `path` not a whole safetensors file, in words; None if its header and size agree. `root`: the
-    received folder it lies in, read through the guard (`open_in`); a link out of it is refused in one line."""
-    return safetensors_header(path, root=root)[1]
-
-
-def safetensors_header(
-    path: Path, dtypes: dict[str, int] | None = None, root: Path | None = None
-) -> tuple[dict, str | None]:
-    """(the tensors' header entries, None) for a whole safetensors file; ({}, what is wrong) otherwise.
-
-    Every check the format's own loader makes, so that a hostile header is one line here and never an error
-    deep inside safetensors or diffusers: a JSON object without duplicate names; `__metadata__` an object of
-    strings; each entry a known dtype, a shape of non-negative integers and two ordered offsets;
-    each byte range the size its dtype and shape need; the ranges back to back from 0, neither overlapping
-    nor leaving gaps, ending exactly at the file's end. `dtypes`: the dtypes allowed (name -> bytes). `root`: the
-    received folder `path` lies in (through the guard: `open_in`); None for the user's own files (a teacher)."""
-    dtypes = DTYPE_BYTES if dtypes is None else dtypes
-    try:
-        with open_in(root, path) if root is not None else path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size  # of what was opened, not of what the name says now
-            head = f.read(8)
-            if len(head) < 8:
-                return {}, f"{path} is {size} bytes, too short to be a safetensors file (truncated or empty)"
-            (n,) = struct.unpack("<Q", head)
-            if n > min(MAX_HEADER_BYTES, size - 8):
-                return {}, f"{path} is not a safetensors file, or is truncated (its header claims {n} bytes)"
-            header = json.loads(f.read(n), object_pairs_hook=_no_duplicates)
-    except OSError as e:
-        return {}, f"{path} cannot be read ({e.strerror})"
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {}, f"{path} is not a safetensors file (its header is not JSON)"
-    except (ValueError, RecursionError) as e:  # a duplicate name, a header nested too deep
-        return {}, f"{path} is not a safetensors file ({e if isinstance(e, ValueError) else 'nested too deeply'})"
-    if not isinstance(header, dict):
-        return {}, f"{path} is not a safetensors file (its header is not a JSON object)"
-    meta = header.get("__metadata__", {})
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        return {}, f"{path} is damaged: its __metadata__ must map names to strings"
-    entries = {k: v for k, v in header.items() if k != "__metadata__"}
-    spans = []
-    for name, info in entries.items():
-        bad = _entry_problem(info, dtypes)
-        if bad == "fields":
-            return {}, f"{path} is not a safetensors file (tensor {name!r} has no dtype/shape/data_offsets)"
-        if bad:
-            return {}, f"{path} is damaged: tensor {name!r} {bad}"
-        (start, stop), want = info["data_offsets"], math.prod(info["shape"]) * dtypes[info["dtype"]]
-        if stop - start != want:
-            return {}, f"{path} is damaged: tensor {name!r} spans {stop - start} bytes, its shape needs {want}"
-        spans.append((start, stop, name))
-    end = 0
-    for start, stop, name in sorted(spans):
-        if start != end:
-            what = "overlaps the one before it" if start < end else f"leaves a gap of {start - end} bytes before it"
-            return {}, f"{path} is damaged: tensor {name!r} {what} (its data starts at byte {start}, not {end})"
-        end = stop
-    if 8 + n + end != size:
-        return {}, f"{path} is {size} bytes but its header describes {8 + n + end}: truncated or damaged"
-    return entries, None
-
-
-def _entry_problem(info, dtypes: dict[str, int]) -> str | None:
-    """What is wrong with one tensor's header entry, in words ("fields" when it lacks them); None if right."""
-    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-        return "fields"
-    if not isinstance(info["dtype"], str) or info["dtype"] not in dtypes:
-        return f"has dtype {info['dtype']!r}, which is not one of {', '.join(sorted(dtypes))}"
-    shape, offsets = info["shape"], info["data_offsets"]
-    if not isinstance(shape, list) or len(shape) > 64 or not all(_count(d) for d in shape):
-        return f"has shape {str(shape)[:80]}, not a list of sizes"
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(_count(o) for o in offsets)
-        or offsets[0] > offsets[1]
-    ):
-        return f"has data_offsets {str(offsets)[:80]}, not [start, end]"
-    return None
-
-
-def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63
-
-
-def _no_duplicates(pairs: list) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"its header names {next(k for k in keys if keys.count(k) > 1)!r} twice")
-    return dict(pairs)
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -221,90 +92,6 @@ def _read_only(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def held_exclusively(lock_file: Path) -> Iterator[None]:
-    """One process at a time in the block, across processes sharing a folder (two runs, a sweep's points, the
-    ranks of a run): an exclusive flock on `lock_file`, released when the block ends or the process dies.
-    The file stays: removing it while another process waits on it would let a third take a new one."""
-
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def atomic_write(path: Path, data: str | bytes | None = None, *, write=None, fsync: bool = True) -> Path:
-    """`path` written whole or not at all: into a temporary sibling, flushed, then renamed over it, so a reader
-    (or a run killed mid-write, or a full disk) never leaves half a file. Give the text or bytes, or
-    `write(file)` that writes into the open binary file (torch.save, a figure's savefig)."""
-    path = Path(path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _write_whole_at(dfd, path.name, data, write, fsync)
-    finally:
-        os.close(dfd)
-    return path
-
-
-# `atomic_write`'s temporary names: `.<name>.<8 hex>.tmp-<host>-<pid>` (core/leftovers: a dead writer's is swept).
-ATOMIC_TMP = r"\..+\.[0-9a-f]{8}\.tmp"
-
-
-def _write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
-    """`name` in the folder open as `dfd`, written whole: a new file (O_EXCL, O_NOFOLLOW: never an existing file or
-    link) named for its writer, renamed over `name` -- a link (symbolic or hard) in its place is replaced."""
-
-    tmp = leftovers.owned_name(f".{name}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if write is not None:
-                write(f)
-            else:
-                f.write(data.encode() if isinstance(data, str) else data or b"")
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given it
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
-        raise
-
-
-def save_tensors(obj, path: Path) -> Path:
-    """`torch.save(obj)` at `path` (its folder made), whole or not at all (`atomic_write`): a reader never sees half
-    a cache file, and a failed write (a full disk) leaves no partial file and is one line naming the file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    leftovers.remove_dead(path.parent, ATOMIC_TMP)  # a killed writer's half file, never a live writer's
-    try:
-        return atomic_write(path, write=lambda f: torch.save(obj, f))
-    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError from its zip writer
-        raise UserError(
-            f"the cache file {path} cannot be written ({getattr(e, 'strerror', None) or str(e).splitlines()[0]}); "
-            "free some space, or set paths.cache_dir=… to another disk"
-        ) from None
-
-
-def _umask() -> int:
-    """The process umask. os.umask can only be read by setting it, so it is set back at once; Linux's
-    /proc/self/status shows it without touching it, read first (threads may write files meanwhile)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 # -- a run folder's own files ---------------------------------------------------------------------------------
@@ -397,7 +184,7 @@ def write_in_run(
     in_run(root, path.parent)
     dfd = _open_dir(root, path.parent)
     try:
-        _write_whole_at(dfd, path.name, data, write, fsync)
+        write_whole_at(dfd, path.name, data, write, fsync)
     finally:
         os.close(dfd)
     return path

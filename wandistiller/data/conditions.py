@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import file_stamps
+from wandistiller.core.tensor_files import file_stamps
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.teacher.image import ImageCondition, clip_embeds, condition_latents, load_image_encoder
 from wandistiller.teacher.spec import TeacherSpec, read_json

@@ -21,7 +21,7 @@ import torch
 from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import file_stamps
+from wandistiller.core.tensor_files import file_stamps
 from wandistiller.data.conditions import check_given, fitted, frame_size, image_bank, rgb
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from wandistiller.core.files import atomic_write, file_stamps, save_tensors
+from wandistiller.core.atomic import atomic_write, save_tensors
+from wandistiller.core.tensor_files import file_stamps
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.teacher.finetune import stamp
 from wandistiller.teacher.model import Teacher

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from wandistiller.core.assets import DEFAULT_PROMPTS
+from wandistiller.core.atomic import held_exclusively, save_tensors
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS, file_stamps, held_exclusively, save_tensors
+from wandistiller.core.tensor_files import file_stamps
 from wandistiller.teacher.spec import TeacherSpec, loading
 
 log = logging.getLogger(__name__)

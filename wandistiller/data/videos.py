@@ -26,7 +26,7 @@ import torch
 from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import file_stamps
+from wandistiller.core.tensor_files import file_stamps
 from wandistiller.data.conditions import fitted, frame_size, image_bank
 from wandistiller.data.images import IMAGE_SUFFIXES, captioned_files, captions_of
 from wandistiller.data.latents import LatentBank, cached_bank

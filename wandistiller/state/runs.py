@@ -26,9 +26,10 @@ from safetensors.torch import load_file
 from wandistiller.core import leftovers
 from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in, safetensors_problem
+from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in
 from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.data.latents import SamplerSettings, noise_for, sample_latents, teacher_pipeline
 from wandistiller.placements.base import load_teacher as load_whole
 from wandistiller.state.checkpoint import (

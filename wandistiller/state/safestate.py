@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from wandistiller.core.files import DTYPE_BYTES as _BYTES
-from wandistiller.core.files import opened, safetensors_header
+from wandistiller.core.files import opened
+from wandistiller.core.tensor_files import DTYPE_BYTES as _BYTES
+from wandistiller.core.tensor_files import safetensors_header
 
 DTYPES = {
     torch.float64: "F64",
@@ -131,7 +132,7 @@ def _write_all(fd: int, data) -> None:
 
 def check_tensors(path: Path, root: Path | None = None) -> set[str]:
     """The tensor names of a whole safetensors file of ours; else ValueError. The header must pass every check
-    of `files.safetensors_header` (known dtypes, sizes, back-to-back ranges covering the file exactly), so a
+    of `tensor_files.safetensors_header` (known dtypes, sizes, back-to-back ranges covering the file exactly), so a
     truncated, padded, garbage or hostile file is caught from its first bytes, before safetensors reads it. `root`:
     the folder it lies in (default its own): read through the guard (core.files.open_in)."""
     entries, problem = safetensors_header(path, {name: _BYTES[name] for name in DTYPES.values()}, root or path.parent)

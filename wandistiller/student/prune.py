@@ -29,14 +29,8 @@ from safetensors import safe_open
 
 from wandistiller.core.arch import estimate_params
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import (
-    OutsideRunFolder,
-    check_tree,
-    opened,
-    read_json_in,
-    safetensors_problem,
-    write_in_run,
-)
+from wandistiller.core.files import OutsideRunFolder, check_tree, opened, read_json_in, write_in_run
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.teacher.finetune import Patch, patch_tensors
 
 log = logging.getLogger(__name__)

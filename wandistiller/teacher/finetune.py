@@ -47,7 +47,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import opened, safetensors_problem
+from wandistiller.core.files import opened
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.teacher.spec import TeacherSpec
 
 KEY = "teacher.lora"

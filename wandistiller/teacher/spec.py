@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from wandistiller.core.arch import Layout, json_kind, wan_config_problem
 from wandistiller.core.errors import UserError, quieted
-from wandistiller.core.files import safetensors_problem
+from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.teacher.tiny import BUILTINS, ensure_tiny_teacher
 
 NUM_TRAIN_TIMESTEPS = 1000

@@ -33,8 +33,8 @@ from wandistiller.core.arch import (
     TINY_VAE_22,
     Layout,
 )
+from wandistiller.core.assets import DEFAULT_PROMPTS
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import DEFAULT_PROMPTS
 from wandistiller.core.precision import cast_keeping_fp32
 
 

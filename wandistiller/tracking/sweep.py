@@ -22,8 +22,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from wandistiller.core.atomic import atomic_write
 from wandistiller.core.errors import UserError, exit_on_user_error
-from wandistiller.core.files import atomic_write, read_json_in, write_in_run
+from wandistiller.core.files import read_json_in, write_in_run
 from wandistiller.job.failures import WorkerFailed
 from wandistiller.job.rundir import RunDirTaken
 from wandistiller.tracking import loggers
