@@ -55,6 +55,7 @@ from wandistiller.core.files import check_tree, folder_problem, in_run, open_in,
 from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.pipeline import export as pipeline_export
 from wandistiller.recipe.methods import card_phrases
+from wandistiller.state.card import card_teacher, example_prompt, files_section, model_card, saved_prompts
 from wandistiller.state.checkpoint import list_checkpoints, teacher_digest, teacher_problem
 from wandistiller.state.comfy import (
     IMAGE_NODES,
@@ -70,22 +71,10 @@ from wandistiller.state.comfy import (
     workflow_problem,
     workflow_text,
 )
-from wandistiller.state.export import _number as saved_number
-from wandistiller.state.export import _raw as raw_value
-from wandistiller.state.export import _word as saved_word
-from wandistiller.state.export import (
-    card_teacher,
-    example_prompt,
-    files_section,
-    image_scale,
-    model_card,
-    pipeline_name,
-    run_loras,
-    saved_prompts,
-)
 from wandistiller.state.loralayout import adapter_rank, lightning_tensors
 from wandistiller.state.loralayout import metadata as lora_metadata
-from wandistiller.state.runs import load_student, open_run, recorded_teacher, student_source, time_scale
+from wandistiller.state.runs import image_scale, load_student, open_run, recorded_teacher, student_source, time_scale
+from wandistiller.state.saved import raw_value, run_loras, saved_number, saved_word
 from wandistiller.state.singlefile import DTYPES as TORCH_DTYPES
 from wandistiller.state.singlefile import (
     FP8_LAYOUTS,
@@ -99,6 +88,7 @@ from wandistiller.state.singlefile import (
 from wandistiller.state.singlefile import metadata as single_file_metadata
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, merged_experts
 from wandistiller.teacher.fewstep import few_step_scheduler, student_schedule
+from wandistiller.teacher.spec import pipeline_name
 
 log = logging.getLogger("wandistiller.export")
 
@@ -146,7 +136,7 @@ def final_student(run, checkpoint: str | None) -> Path:
 
 
 def run_card(run) -> str:
-    """The run's model card (state/export.py), its metrics.json read only where it is the run's own file."""
+    """The run's model card (state/card.py), its metrics.json read only where it is the run's own file."""
 
     in_run(run.path, "metrics.json")  # a received run's link to a file elsewhere is refused, never read
     return model_card(run.path, run.spec.path, phrases=card_phrases())

@@ -28,13 +28,13 @@ from wandistiller.compose import register_configs
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
 from wandistiller.core.files import folder_problem, in_run, output_problem, read_json_in, write_in_run
 from wandistiller.recipe.methods import card_phrases
+from wandistiller.state.card import model_card
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
     SAMPLING,
     TEACHER_PARTS,
-    model_card,
     model_index,
     place,
     run_pipeline,

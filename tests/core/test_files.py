@@ -386,7 +386,7 @@ ALLOWED_CALLS = {
     ("state/runs.py", "image_scale"): "the teacher's vae/config.json",
     ("state/runs.py", "time_scale"): "the teacher's vae/config.json",
     ("state/export.py", "teacher_index"): "the teacher's model_index.json",
-    ("state/export.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
+    ("state/card.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
     ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",
     ("data/latents.py", "cache_key"): "the teacher's configs, for the cache key",
     ("data/latents.py", "load_latent_bank"): "this machine's cache (a received run's caches are never its sender's)",

@@ -263,7 +263,7 @@ def _recorded_rows(folder, tmp_path):
 
 
 def _model_card(folder, tmp_path):
-    from wandistiller.state.export import model_card
+    from wandistiller.state.card import model_card
 
     model_card(folder)
 

@@ -110,7 +110,7 @@ class Sampling:
     width: int
     height: int
     boundary: float | None = None
-    prompt: str = "a red 1"  # the workflow's example prompt: one of the teacher's own (state/export.example_prompt)
+    prompt: str = "a red 1"  # the workflow's example prompt: one of the teacher's own (state/card.example_prompt)
     # A few-step student's K + 1 trained sigmas (ending at 0). With scheduler "simple" or "beta" ComfyUI's function
     # of that name gives them at `shift` (KSampler); with MANUAL the workflow sets them itself (ManualSigmas).
     sigmas: tuple[float, ...] | None = None

@@ -9,7 +9,7 @@ waste a network call. Saving that scheduler in a student's pipeline is what lets
 `WanPipeline(...)(prompt, num_inference_steps=K)` sample on the student's own timesteps, with no code of ours.
 It is K's alone: set to another count n, diffusers stretches the schedule to end at K's last point, and at n = 1
 the stretch divides by zero (NaN sigmas). Sampling at n is `few_step_scheduler(spec, n)` (eval and generate
-`--student-steps n`; the model card writes the same rebuild with diffusers alone: state/export.py `other_steps`).
+`--student-steps n`; the model card writes the same rebuild with diffusers alone: state/card.py `other_steps`).
 """
 
 from __future__ import annotations

@@ -328,3 +328,19 @@ def loading(spec: TeacherSpec, what: str) -> Iterator[None]:
             f"teacher.path={str(spec.path)!r}: its {what} cannot be loaded ({type(e).__name__}: {first}); "
             "re-download the teacher"
         ) from None
+
+
+# The diffusers pipeline a student of each layout samples with: an image-to-video teacher's takes the given image.
+# TI2V 5B's own folder names WanPipeline (text to video); diffusers gives it an image through WanImageToVideoPipeline,
+# so its folder keeps its own model_index.json and the card loads it with that class.
+PIPELINES = {Layout.t2v: "WanPipeline", Layout.i2v: "WanImageToVideoPipeline", Layout.ti2v: "WanImageToVideoPipeline"}
+
+
+def pipeline_name(teacher_path: Path | None) -> str:
+    """The diffusers pipeline class that samples a student of this teacher (`PIPELINES`); WanPipeline without one."""
+    return PIPELINES[teacher_layout(teacher_path)]
+
+
+def teacher_layout(teacher_path: Path | None) -> Layout:
+    """The teacher's layout (what its experts take besides noise and text), read off its configs; t2v without one."""
+    return inspect_teacher(teacher_path).layout if teacher_path is not None else Layout.t2v

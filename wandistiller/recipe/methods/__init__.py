@@ -25,7 +25,7 @@ REGISTRY = Registry("method", __name__, "a training method")
 
 def card_phrases() -> dict[str, str]:
     """What the model card says each registered method taught its student (`Method.card_phrase`), by name: handed
-    to state/export.py, which sits below the methods and names none of them."""
+    to state/card.py, which sits below the methods and names none of them."""
     return {name: cast(type[Method], REGISTRY.get(name).cls).card_phrase for name in REGISTRY.names()}
 
 
