@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from tests.state.test_card import no_path_of_this_machine
 from tests.state.test_runs import few_step_copy
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError
 from wandistiller.state import export
 from wandistiller.state.runs import open_run
@@ -319,6 +320,6 @@ def test_an_image_to_video_lora_students_pipeline_is_its_teachers_and_its_card_s
     given = ImageCondition(torch.randn(1, 20, 2, 4, 4, generator=g), None)
     with torch.no_grad():
         for t, expert in ((torch.tensor([950.0]), pipe.transformer), (torch.tensor([100.0]), pipe.transformer_2)):
-            inputs = expert_inputs(export.Layout.i2v, (1, 2, 2), x, t, given, torch.float32)
+            inputs = expert_inputs(Layout.i2v, (1, 2, 2), x, t, given, torch.float32)
             mine = student(x, t, cond, image=given)[0]
             assert torch.allclose(expert(**inputs, encoder_hidden_states=cond, return_dict=False)[0], mine, atol=1e-5)
