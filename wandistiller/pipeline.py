@@ -13,37 +13,31 @@ its own (state/export.py), so `num_inference_steps=K` samples on its timesteps.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import shutil
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 
 from wandistiller.compose import register_configs
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
-from wandistiller.core.files import folder_problem, in_run, output_problem, read_json_in, write_in_run
+from wandistiller.core.files import folder_problem, output_problem
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.card import model_card
-from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
     COPY_LIMIT,
     PIPELINE,
-    SAMPLING,
     TEACHER_PARTS,
     model_index,
     place,
     run_pipeline,
-    write_lora_pipeline,
     write_pipeline,
 )
-from wandistiller.state.runs import load_student, open_run, student_source
-from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora, is_lora_folder, save_adapters
-from wandistiller.teacher.model import load_expert
+from wandistiller.state.formats.diffusers import pipeline_folder
+from wandistiller.state.runs import open_run
+from wandistiller.student.lora import is_lora
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +68,9 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
             "a transformer of its own with no adapters to merge; drop --merge-lora"
         )
     _check_out(out)
-    lora = is_lora(run.cfg.student)
-    student = _student(run, checkpoint) if not lora else _lora_source(run, checkpoint)  # read before any write
     try:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = _build_lora(run, Path(tmp), student, merge_lora) if lora else _build(run, Path(tmp), student)
+            built = pipeline_folder(run, Path(tmp), checkpoint, merge_lora, card_phrases())
             if out.is_dir():  # an empty folder the user made: replaced by the whole export
                 out.rmdir()
             built.rename(out)
@@ -102,107 +94,6 @@ def _check_out(out: Path) -> None:
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-
-
-def _student(run, checkpoint: str | None):
-    """The student to export: `student_ema/`'s folder, or the final or a checkpoint's WanTransformer3DModel."""
-
-    if checkpoint != "ema":
-        return load_student(run, student_source(run, checkpoint), torch.device("cpu"))
-    student = in_run(run.path, "student_ema")  # never a received folder's link to a student elsewhere
-    if not student.is_dir():
-        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-    return student
-
-
-def _lora_source(run, checkpoint: str | None) -> Path:
-    """A LoRA student's adapters to export: the final `student/`, `student_ema/`, or a checkpoint's."""
-
-    if checkpoint != "ema":
-        return student_source(run, checkpoint)
-    student = in_run(run.path, "student_ema")
-    if not student.is_dir():
-        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-    return student
-
-
-def _build_lora(run, tmp: Path, source: Path, merge: bool) -> Path:
-    """A LoRA student's export: the teacher's pipeline (`save_pretrained`, real copies) with the adapters beside it
-    as diffusers writes them, or (`merge`) with them merged into its transformers (W + alpha/rank B A)."""
-    from diffusers import DiffusionPipeline
-
-    if not is_lora_folder(source):  # a checkpoint: its adapters written as a student/ folder first
-        experts = [load_expert(run.spec, name, torch.float32) for name in run.spec.experts]
-        state = load_checkpoint(source)["student"]
-        save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
-        source = tmp / "student"
-    card = model_card(run.path, run.spec.path, merged=merge, phrases=card_phrases())
-    folder = write_lora_pipeline(
-        tmp / PIPELINE,
-        run.spec.path,
-        source,
-        card,
-        run.trained_steps,
-        schedule=run.trained_schedule,
-        loras=[lora.public() for lora in run.spec.loras],
-        finetuned=run.spec if run.spec.loras else None,  # the fine-tuned teacher the adapters were trained on
-    )
-    # The class the folder's model_index.json names: an image-to-video teacher's pipeline keeps its image parts
-    pipe = DiffusionPipeline.from_pretrained(folder)
-    experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
-    if merge:
-        for expert, adapters in zip(experts, adapters_from(source, run.cfg.student, experts)):
-            adapters.merge_into(expert)
-    built = tmp / "export"
-    pipe.save_pretrained(built, safe_serialization=True)
-    shutil.copy2(folder / "README.md", built / "README.md")
-    for name in () if merge else (*WEIGHTS, ADAPTERS_JSON):
-        if (folder / name).is_file():
-            shutil.copy2(folder / name, built / name)
-    if (folder / "transformer" / SAMPLING).is_file():
-        shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)
-    _drop_local_paths(built)
-    return built
-
-
-def _drop_local_paths(built: Path) -> None:
-    """diffusers records where it loaded from: this machine's temporary path, dropped from every config."""
-    for config in built.rglob("*.json"):
-        name = config.relative_to(built)
-        body = read_json_in(built, name)
-        if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
-            write_in_run(built, name, json.dumps(body, indent=2, sort_keys=True) + "\n")
-
-
-def _build(run, tmp: Path, student) -> Path:
-    """The export in `tmp`/export, from the pipeline folder assembled in `tmp`/pipeline."""
-    from diffusers import DiffusionPipeline
-
-    if not isinstance(student, Path):
-        student.save_pretrained(tmp / "student")
-        student = tmp / "student"
-    root = run.path if student.is_relative_to(run.path) else student  # the received run's, or the one saved here
-    folder = write_pipeline(
-        tmp / PIPELINE,
-        run.spec.path,
-        student,
-        model_card(run.path, run.spec.path, phrases=card_phrases()),
-        run.trained_steps,
-        root,
-        schedule=run.trained_schedule,
-        loras=[lora.public() for lora in run.spec.loras],
-    )
-    built = tmp / "export"
-    # The class the folder's model_index.json names (an image-to-video teacher's, with its image parts)
-    DiffusionPipeline.from_pretrained(folder).save_pretrained(built, safe_serialization=True)
-    shutil.copy2(folder / "README.md", built / "README.md")
-    if (folder / "transformer" / SAMPLING).is_file():  # a few-step student's K and timesteps, which diffusers drops
-        shutil.copy2(folder / "transformer" / SAMPLING, built / "transformer" / SAMPLING)
-    for config in built.rglob("*.json"):  # diffusers records where it loaded from: this machine's temporary path
-        body = read_json_in(built, config)
-        if isinstance(body, dict) and body.pop("_name_or_path", None) is not None:
-            write_in_run(built, config, json.dumps(body, indent=2, sort_keys=True) + "\n")
-    return built
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

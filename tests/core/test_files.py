@@ -374,7 +374,7 @@ ALLOWED_MODULES = (
     "bench/",  # developer benchmarks, on run folders they make themselves and /proc
 )
 ALLOWED_CALLS = {
-    ("core/atomic.py", "_umask"): "/proc/self/status",
+    ("core/atomic.py", "umask"): "/proc/self/status",
     ("core/tensor_files.py", "safetensors_header"): "the user's own weights (a teacher); a received folder's through "
     "open_in",
     ("core/hydra.py", "shared_now"): "/proc: the parent process's start time",
@@ -404,9 +404,10 @@ ALLOWED_CALLS = {
     ("evaluation/metrics.py", "_folder_images"): "the user's --fid-reference folder",
     ("generate.py", "first_frames"): "the images the user names on the command line (--image)",
     ("student/model.py", "_read_student_json"): "student.config_path, a file the user names",
-    ("pipeline.py", "_build"): "a folder this process assembled: the student checked (check_tree) and placed "
-    "through the guard, the teacher the user's own",
-    ("pipeline.py", "_build_lora"): "as _build: the teacher's pipeline and the adapters placed through the guard",
+    ("state/formats/diffusers.py", "_build"): "a folder this process assembled: the student checked (check_tree) "
+    "and placed through the guard, the teacher the user's own",
+    ("state/formats/diffusers.py", "_build_lora"): "as _build: the teacher's pipeline and the adapters placed through "
+    "the guard",
 }
 
 

@@ -66,7 +66,7 @@ def write_whole_at(dfd: int, name: str, data, write, fsync: bool) -> None:
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have given it
+            os.fchmod(f.fileno(), 0o666 & ~umask())  # what open() would have given it
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -89,7 +89,7 @@ def save_tensors(obj, path: Path) -> Path:
         ) from None
 
 
-def _umask() -> int:
+def umask() -> int:
     """The process umask. os.umask can only be read by setting it, so it is set back at once; Linux's
     /proc/self/status shows it without touching it, read first (threads may write files meanwhile)."""
     try:
