@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from wandistiller.core.arch import POCKET_VAE, TINY_TRANSFORMER
-from wandistiller.pocket.train import _cosine_lr, latent_moments, train_transformer, train_vae
+from wandistiller.pocket.train import cosine_lr, latent_moments, train_transformer, train_vae
 
 
 def lr_at(step: int, steps: int, lr: float = 1.0, warmup: int = 50) -> float:
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=123.0)
-    _cosine_lr(opt, step, steps, lr, warmup)
+    cosine_lr(opt, step, steps, lr, warmup)
     return opt.param_groups[0]["lr"]
 
 

@@ -9,12 +9,12 @@ import torch
 
 from wandistiller.pocket.classifier import load_classifier
 from wandistiller.pocket.digits import PROMPTS, rendered_split
-from wandistiller.quality.compare import ROWS, Settings, _prompt_set, score
+from wandistiller.quality.compare import ROWS, Settings, prompt_set, score
 
 
 def test_the_prompt_set_is_every_pocket_prompt_or_the_first_n_in_the_small_mode():
-    assert _prompt_set(Settings()) == PROMPTS and len(PROMPTS) == 40
-    assert _prompt_set(Settings(prompts=6)) == PROMPTS[:6]
+    assert prompt_set(Settings()) == PROMPTS and len(PROMPTS) == 40
+    assert prompt_set(Settings(prompts=6)) == PROMPTS[:6]
 
 
 def test_a_rows_score_is_the_judges_accuracy_the_distance_to_the_teachers_latents_and_what_it_measured():

@@ -11,7 +11,7 @@ import torch
 from wandistiller.pocket.clips import parse_video_prompt, read_motion
 from wandistiller.quality import i2v
 from wandistiller.quality.__main__ import i2v_report, main, parse_args, settings_from, table
-from wandistiller.quality.compare import _prompt_set
+from wandistiller.quality.compare import prompt_set
 
 
 def result(**over) -> dict:
@@ -30,7 +30,7 @@ def result(**over) -> dict:
 def test_the_i2v_teachers_are_judged_on_40_video_prompts_with_clip_batches_and_the_experiments_steps():
     for teacher in i2v.I2V_TEACHERS:
         settings = settings_from(parse_args(["--teacher", teacher]))
-        prompts = _prompt_set(settings)
+        prompts = prompt_set(settings)
         assert len(prompts) == 40 and all(parse_video_prompt(p) for p in prompts)
         assert settings.batch_size == 4 and settings.max_steps == i2v.STEPS
     assert settings_from(parse_args(["--teacher", "pocket_i2v", "--steps", "50"])).max_steps == 50

@@ -8,7 +8,7 @@ import pytest
 from wandistiller.pocket.clips import parse_video_prompt
 from wandistiller.quality import video
 from wandistiller.quality.__main__ import main, parse_args, settings_from, table, video_report
-from wandistiller.quality.compare import _prompt_set
+from wandistiller.quality.compare import prompt_set
 
 
 def result(**over) -> dict:
@@ -29,11 +29,11 @@ def result(**over) -> dict:
 def test_the_video_teachers_are_asked_by_name_and_judged_on_40_video_prompts():
     for teacher in video.VIDEO_TEACHERS:
         settings = settings_from(parse_args(["--teacher", teacher]))
-        prompts = _prompt_set(settings)
+        prompts = prompt_set(settings)
         assert len(prompts) == 40 and all(parse_video_prompt(p) for p in prompts)
         assert settings.batch_size == video.BATCH
         assert {parse_video_prompt(p).motion for p in prompts} == set(range(5))  # type: ignore[union-attr]
-    assert len(_prompt_set(settings_from(parse_args(["--teacher", "pocket_video", "--small"])))) == 6
+    assert len(prompt_set(settings_from(parse_args(["--teacher", "pocket_video", "--small"])))) == 6
     names = [row.name for row in video.ROWS]
     assert names[:2] == ["KD student at 20 steps", "KD student at 4 steps"] and len(names) == 8
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from wandistiller.bench.overhead import _setup, framework_run, framework_steps, hand_batch, hand_target
+from wandistiller.bench.overhead import bench_setup, framework_run, framework_steps, hand_batch, hand_target
 from wandistiller.config import CONF_DIR
 from wandistiller.recipe.loop import distill_step
 from wandistiller.student.lora import BUILDER, build_lora_student, lora_settings
@@ -135,7 +135,7 @@ def first_step(cfg, spec, teacher, embeddings, student, precision, models) -> di
 
 
 def lora_overhead(args) -> dict:
-    cfg, spec, teacher, embeddings, _, precision = _setup(Path(args.cache_dir).expanduser(), args.batch_size)
+    cfg, spec, teacher, embeddings, _, precision = bench_setup(Path(args.cache_dir).expanduser(), args.batch_size)
     student = lora_student(cfg, spec, teacher)
     models = hand_models(teacher.experts[0], cast(Adapters, student.adapters[0]))
     check = first_step(cfg, spec, teacher, embeddings, student, precision, models)  # eager: bit for bit

@@ -30,7 +30,7 @@ from wandistiller.teacher.spec import inspect_teacher, resolve_teacher_path
 from wandistiller.tracking.loggers import NullTracker
 
 
-def _setup(cache_dir: Path, batch_size: int):
+def bench_setup(cache_dir: Path, batch_size: int):
 
     register_configs()
     conf = CONF_DIR
@@ -138,7 +138,7 @@ def handwritten_steps(cfg, spec, teacher, embeddings, student, steps: int) -> fl
 
 
 def overhead(args) -> dict:
-    cfg, spec, teacher, embeddings, student, precision = _setup(Path(args.cache_dir).expanduser(), args.batch_size)
+    cfg, spec, teacher, embeddings, student, precision = bench_setup(Path(args.cache_dir).expanduser(), args.batch_size)
     framework_steps(cfg, spec, teacher, embeddings, student, precision, 5)  # warm-up both paths
     handwritten_steps(cfg, spec, teacher, embeddings, student, 5)
     ours, theirs = [], []

@@ -27,7 +27,7 @@ from wandistiller.core.errors import OneLineParser, description
 from wandistiller.pocket import POCKET_DIR, TEACHER_DIR
 from wandistiller.pocket.build import normalised_latents, text_states
 from wandistiller.pocket.digits import PROMPTS, rendered_split
-from wandistiller.pocket.train import _cosine_lr, flow_batch
+from wandistiller.pocket.train import cosine_lr, flow_batch
 from wandistiller.teacher.lora import Adapters
 
 log = logging.getLogger("wandistiller.pocket")
@@ -76,7 +76,7 @@ def train_style_lora(teacher_dir: Path = TEACHER_DIR, steps: int = STEPS, seed: 
         for step in range(steps):
             noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g)
             loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
-            _cosine_lr(opt, step, steps, LR)
+            cosine_lr(opt, step, steps, LR)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -15,7 +15,7 @@ from wandistiller.data.batches import shifted_sigmas
 log = logging.getLogger(__name__)
 
 
-def _cosine_lr(opt, step: int, steps: int, lr: float, warmup: int = 50) -> None:
+def cosine_lr(opt, step: int, steps: int, lr: float, warmup: int = 50) -> None:
     scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
     for group in opt.param_groups:
         group["lr"] = lr * max(scale, 0.05)
@@ -34,7 +34,7 @@ def train_vae(
         rec = _unclamped_decode(vae, posterior.sample(generator=g))
         kl_term = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean()
         loss = F.mse_loss(rec, x) + kl * kl_term
-        _cosine_lr(opt, step, steps, lr)
+        cosine_lr(opt, step, steps, lr)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -116,7 +116,7 @@ def train_transformer(
     for step in range(steps):
         noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g, (lo, hi), shift, condition)
         loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
-        _cosine_lr(opt, step, steps, lr)
+        cosine_lr(opt, step, steps, lr)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)

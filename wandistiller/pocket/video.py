@@ -25,7 +25,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from wandistiller.core.arch import POCKET_MAX_SEQUENCE_LENGTH, POCKET_VAE
 from wandistiller.pocket.classifier import DigitJudge, fit_judge
 from wandistiller.pocket.clips import FRAMES, VIDEO_PROMPTS, rendered_clip_split
-from wandistiller.pocket.train import _cosine_lr
+from wandistiller.pocket.train import cosine_lr
 
 log = logging.getLogger("wandistiller.pocket")
 # The image VAE's layout (time 2x, in its second stage), saying so: the image VAE's config keeps diffusers'
@@ -100,7 +100,7 @@ def train_video_vae(vae, steps: int, batch: int = 8, lr: float = 1e-3, kl: float
         rec = _unclamped_decode_clip(vae, posterior.sample(generator=g))
         kl_term = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean()
         loss = F.mse_loss(rec, x) + kl * kl_term
-        _cosine_lr(opt, step, steps, lr, warmup=20)
+        cosine_lr(opt, step, steps, lr, warmup=20)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -27,7 +27,7 @@ from wandistiller.core.errors import OneLineParser, UserError, description, exit
 from wandistiller.core.files import output_problem, read_text_in, write_in_run
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
-from wandistiller.quality.compare import COLUMNS, Settings, _prompt_set, compare
+from wandistiller.quality.compare import COLUMNS, Settings, compare, prompt_set
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
@@ -250,7 +250,7 @@ def i2v_report(results: dict, settings: Settings, argv: list[str], seconds: floa
 
 def _prompts(settings: Settings) -> list[str]:
 
-    return _prompt_set(settings)
+    return prompt_set(settings)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -79,7 +79,7 @@ I2V_TEACHERS = ("pocket_i2v", "pocket_i2v_moe")  # judged on clips from a given 
 VIDEO_PROMPT_COUNT = 40  # the video prompts file's first 40: every (digit, colour) once, every motion 8 times
 
 
-def _prompt_set(settings: Settings) -> list[str]:
+def prompt_set(settings: Settings) -> list[str]:
 
     if settings.teacher in VIDEO_TEACHERS + I2V_TEACHERS:
         return video_prompt_file_order()[: settings.prompts or VIDEO_PROMPT_COUNT]
@@ -139,7 +139,7 @@ def sample(
     from frame k of each prompt), sampled through the model's own WanImageToVideoPipeline."""
 
     register_configs()  # the registries' options, which the run's config may name
-    run, device, prompts = open_run(run_dir), torch.device("cpu"), _prompt_set(settings)
+    run, device, prompts = open_run(run_dir), torch.device("cpu"), prompt_set(settings)
     t = run.cfg.teacher
     emb = encode_prompts(
         run.spec, prompts, t.negative_prompt, t.max_sequence_length, torch.float32, device, run.cfg.paths.cache_dir

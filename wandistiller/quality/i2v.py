@@ -31,7 +31,7 @@ from wandistiller.evaluation.clips import (
 from wandistiller.pocket import I2V_PAIRS_DIR
 from wandistiller.pocket.i2v import LATENT_FRAMES, clips_for
 from wandistiller.quality import compare
-from wandistiller.quality.compare import I2V_TEACHERS, Settings, _prompt_set, seed_mean, train_student
+from wandistiller.quality.compare import I2V_TEACHERS, Settings, prompt_set, seed_mean, train_student
 from wandistiller.quality.fewstep import Row
 
 __all__ = ["I2V_TEACHERS", "chosen", "compare_i2v", "targets"]
@@ -74,7 +74,7 @@ def given_frames(prompts: list[str], seed: int, per_prompt: int) -> list[torch.T
 def sample(run_dir: Path, source: str | None, settings: Settings, seed: int) -> dict:
     """compare.sample's clips of the teacher (source None) or the run's student, each noise k from its prompts'
     given first frames k (`given_frames`), with those frames beside them."""
-    frames = given_frames(_prompt_set(settings), seed, settings.per_prompt)
+    frames = given_frames(prompt_set(settings), seed, settings.per_prompt)
     return compare.sample(run_dir, source, settings, seed, first_frames=frames) | {"given": torch.cat(frames)}
 
 
