@@ -97,27 +97,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
-    local = Path(str(cfg.teacher.path)).expanduser()
-    seen = inspect_teacher(local) if local.is_dir() else None  # a local teacher's files, before the planner reads them
-    placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
-    path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
-    spec = seen if seen is not None and path == local else inspect_teacher(path)
-    spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
-    if spec.loras:  # saved with absolute paths: a later eval or export from another directory reads the same files
-        cfg.teacher.lora = absolute(cfg.teacher.lora)
-    if planned is not None and planned.teacher_config == spec.transformer_config:
-        student = planned.student_config  # checked, with its room, against this very config by the planner's call
-    else:
-        student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
-        check_student_room(cfg, student, spec.transformer_config)
-    check_adapter_ranks(cfg, spec.transformer_config)
-    check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
-    check_data(cfg, spec)
-    if planned is None:  # a Hub teacher: planned now that its config is here
-        placement, planned = choose_placement(cfg, precision, world, method)
-    assert placement is not None  # the teacher's config is here now: named or chosen
-    check_combination(cfg, placement, world, method)
-    check_layers(cfg, spec.transformer_config, student, placement)
+    spec, student, placement, planned = teacher_and_student(cfg, precision, world, method)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     found = resume_candidate(cfg.trainer.resume, run_dir)
@@ -143,6 +123,34 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         sweep_point=point,
         overrides=overrides,
     )
+
+
+def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, method):
+    """(the teacher's spec, the student's checked config, the placement, the plan): the teacher inspected (its
+    LoRAs checked against it, no weights read), the student against it, the placement chosen on the teacher's JSON
+    before any download, and their combination checked. `cfg.teacher_placement` is replaced by auto's choice."""
+    local = Path(str(cfg.teacher.path)).expanduser()
+    seen = inspect_teacher(local) if local.is_dir() else None  # a local teacher's files, before the planner reads them
+    placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
+    path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
+    spec = seen if seen is not None and path == local else inspect_teacher(path)
+    spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
+    if spec.loras:  # saved with absolute paths: a later eval or export from another directory reads the same files
+        cfg.teacher.lora = absolute(cfg.teacher.lora)
+    if planned is not None and planned.teacher_config == spec.transformer_config:
+        student = planned.student_config  # checked, with its room, against this very config by the planner's call
+    else:
+        student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
+        check_student_room(cfg, student, spec.transformer_config)
+    check_adapter_ranks(cfg, spec.transformer_config)
+    check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
+    check_data(cfg, spec)
+    if planned is None:  # a Hub teacher: planned now that its config is here
+        placement, planned = choose_placement(cfg, precision, world, method)
+    assert placement is not None  # the teacher's config is here now: named or chosen
+    check_combination(cfg, placement, world, method)
+    check_layers(cfg, spec.transformer_config, student, placement)
+    return spec, student, placement, planned
 
 
 def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec, method) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -164,20 +164,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     current = lambda k: may_change(k) or k in ALWAYS_CURRENT
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
-        shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order
-        named = [f"{line} (it sets {_said(now, before, [k for k in differ if k in keys])})"
-                 for line, keys in wholes.items() if any(k in keys for k in differ)]  # fmt: skip
-        if named:  # what the user typed, not the keys it reaches
-            raise UserError(
-                f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
-                f"{'; '.join(named)[:600]} would change what it trains; drop it to continue the run, or start a new "
-                "run with hydra.run.dir=<a new folder>"
-            )
-        raise UserError(
-            f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
-            f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree; drop them to continue it, or start a "
-            "new run with hydra.run.dir=…"
-        )
+        _refuse_changes(cfg, now, before, differ, wholes)
     # Exactly the keys given (logger.wandb.mode alone keeps the saved logger.wandb.project), or every changeable one.
     taken = set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}
     result = saved.copy()
@@ -202,6 +189,25 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         + schedule_note
     )
     return merged
+
+
+def _refuse_changes(cfg: DictConfig, now: dict, before: dict, differ: list[str], wholes: dict) -> NoReturn:
+    """One line naming what would change what the run trains: the command line's own words where a whole config
+    (`+experiment=x`) reaches those keys, else the keys and both values."""
+    shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order
+    named = [f"{line} (it sets {_said(now, before, [k for k in differ if k in keys])})"
+             for line, keys in wholes.items() if any(k in keys for k in differ)]  # fmt: skip
+    if named:  # what the user typed, not the keys it reaches
+        raise UserError(
+            f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
+            f"{'; '.join(named)[:600]} would change what it trains; drop it to continue the run, or start a new "
+            "run with hydra.run.dir=<a new folder>"
+        )
+    raise UserError(
+        f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
+        f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree; drop them to continue it, or start a "
+        "new run with hydra.run.dir=…"
+    )
 
 
 # What a pre-release run without a `method` node trained with: its one training step is method=kd's, bit for bit.

@@ -356,6 +356,55 @@ def report_path(args: argparse.Namespace) -> Path:
     return out
 
 
+def check_reports(args) -> None:
+    """One report at a time, its --rows and --teacher its own: each mistake one line before the work."""
+    if args.compression and args.fewstep:
+        raise UserError("--compression and --fewstep are two reports; run them one after the other")
+    if sum([args.compression, args.fewstep, args.stacking]) > 1:
+        raise UserError("--compression, --fewstep and --stacking are separate reports; run them one after the other")
+    if args.rows and args.teacher not in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and not args.stacking:
+        raise UserError(
+            "--rows chooses rows of the video or --stacking comparison; give --stacking or --teacher pocket_video"
+        )
+    if args.stacking:
+        if args.teacher != "pocket":
+            raise UserError("--stacking measures the image teacher's LoRA student; drop --teacher or give pocket")
+        if not stacking.chosen(args.rows):
+            raise UserError(f"--rows {' '.join(args.rows)} names no --stacking row; e.g. --rows simple style")
+    elif args.teacher in i2v.I2V_TEACHERS:
+        i2v.chosen(args.rows)
+    else:
+        video.chosen(args.rows)  # no row named: one line before the work
+    if args.teacher in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and (args.compression or args.fewstep):
+        raise UserError(
+            f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
+            "clips); drop --compression/--fewstep, or give an image teacher (--teacher pocket)"
+        )
+
+
+def write_report(args, out: Path, results, settings: Settings, budgets: dict, argv: list[str], seconds: float) -> None:
+    """The report's section in `out` (the others kept) and its table on the terminal."""
+    if args.compression:
+        compression.plot(results, out.parent / "compression.png")
+        write_section(out, "compression", compression_report(results, settings, budgets, argv, seconds, args.jobs))
+        print(table(results, compression.COLUMNS, {"params": "share"}))
+    elif args.fewstep:
+        write_section(out, "fewstep", fewstep_report(results, settings, argv, seconds))
+        print(table(results, fewstep.COLUMNS))
+    elif args.stacking:
+        write_section(out, "stacking", stacking_report(results, settings, argv, seconds))
+        print(table(results, stacking.COLUMNS))
+    elif args.teacher in video.VIDEO_TEACHERS:
+        write_section(out, "video", video_report(results, settings, argv, seconds))
+        print(table(results, video.COLUMNS))
+    elif args.teacher in i2v.I2V_TEACHERS:
+        write_section(out, f"i2v-{args.teacher}", i2v_report(results, settings, argv, seconds))
+        print(table(results, i2v.COLUMNS))
+    else:
+        write_section(out, "data", report(results, settings, argv, seconds))
+        print(table(results))
+
+
 def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
@@ -364,30 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         check_counts(args)
         settings = settings_from(args)
         out = report_path(args)
-        if args.compression and args.fewstep:
-            raise UserError("--compression and --fewstep are two reports; run them one after the other")
-        if sum([args.compression, args.fewstep, args.stacking]) > 1:
-            raise UserError(
-                "--compression, --fewstep and --stacking are separate reports; run them one after the other"
-            )
-        if args.rows and args.teacher not in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and not args.stacking:
-            raise UserError(
-                "--rows chooses rows of the video or --stacking comparison; give --stacking or --teacher pocket_video"
-            )
-        if args.stacking:
-            if args.teacher != "pocket":
-                raise UserError("--stacking measures the image teacher's LoRA student; drop --teacher or give pocket")
-            if not stacking.chosen(args.rows):
-                raise UserError(f"--rows {' '.join(args.rows)} names no --stacking row; e.g. --rows simple style")
-        elif args.teacher in i2v.I2V_TEACHERS:
-            i2v.chosen(args.rows)
-        else:
-            video.chosen(args.rows)  # no row named: one line before the work
-        if args.teacher in video.VIDEO_TEACHERS + i2v.I2V_TEACHERS and (args.compression or args.fewstep):
-            raise UserError(
-                f"--teacher {args.teacher} runs the video comparison (its own rows: kd, trajectory, dmd, LoRA on "
-                "clips); drop --compression/--fewstep, or give an image teacher (--teacher pocket)"
-            )
+        check_reports(args)
     budgets = {
         size: settings.max_steps if args.small or args.steps else steps for size, steps in compression.BUDGETS.items()
     }
@@ -410,26 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    if args.compression:
-        compression.plot(results, out.parent / "compression.png")
-        write_section(out, "compression", compression_report(results, settings, budgets, argv, seconds, args.jobs))
-        print(table(results, compression.COLUMNS, {"params": "share"}))
-    elif args.fewstep:
-        write_section(out, "fewstep", fewstep_report(results, settings, argv, seconds))
-        print(table(results, fewstep.COLUMNS))
-    elif args.stacking:
-        write_section(out, "stacking", stacking_report(results, settings, argv, seconds))
-        print(table(results, stacking.COLUMNS))
-    elif args.teacher in video.VIDEO_TEACHERS:
-        write_section(out, "video", video_report(results, settings, argv, seconds))
-        print(table(results, video.COLUMNS))
-    elif args.teacher in i2v.I2V_TEACHERS:
-        write_section(out, f"i2v-{args.teacher}", i2v_report(results, settings, argv, seconds))
-        print(table(results, i2v.COLUMNS))
-    else:
-        write_section(out, "data", report(results, settings, argv, seconds))
-        print(table(results))
+    write_report(args, out, results, settings, budgets, argv, time.perf_counter() - start)
     print(f"wrote {out}")
 
 

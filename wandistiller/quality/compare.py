@@ -148,17 +148,7 @@ def sample(
     steps = steps or trained or settings.sample_steps
     at = schedule or run.trained_schedule
     scheduler = student_scheduler(run.spec, trained, steps, at) if source is not None else None
-    if source is None:
-        sampler, params = load_teacher(run, device, torch.float32), None
-        params = sum(p.numel() for e in sampler.experts for p in e.parameters())
-    else:
-        sampler = student_sampler(run, run_dir / source, device)
-        params = sum(p.numel() for e in sampler.experts for p in e.parameters())
-        if is_lora(run.cfg.student):  # what must be stored beside the teacher: the adapters
-            params = read_json_in(run_dir, f"{source}/{ADAPTERS_JSON}")["params"]
-    for path in loras:
-        for expert in sampler.experts:
-            merge(expert, read_lora(path), 1.0)
+    sampler, params = _sampler(run, source, device, loras)
     vae = load_vae(run.spec, device)
     encoder = load_image_encoder(run.spec, device) if first_frames is not None else None
     drawn: list[torch.Tensor] = []
@@ -189,6 +179,22 @@ def sample(
         "steps": steps,
         "calls": calls_per_image(steps, max(sampler.guidance_scales)),
     }
+
+
+def _sampler(run, source: str | None, device: torch.device, loras: tuple[Path, ...]):
+    """(the teacher's sampler (source None) or the student's, its stored parameters: a LoRA student's adapters alone),
+    with `loras` merged into every expert at strength 1."""
+    if source is None:
+        sampler = load_teacher(run, device, torch.float32)
+    else:
+        sampler = student_sampler(run, run.path / source, device)
+    params = sum(p.numel() for e in sampler.experts for p in e.parameters())
+    if source is not None and is_lora(run.cfg.student):  # what must be stored beside the teacher: the adapters
+        params = read_json_in(run.path, f"{source}/{ADAPTERS_JSON}")["params"]
+    for path in loras:
+        for expert in sampler.experts:
+            merge(expert, read_lora(path), 1.0)
+    return sampler, params
 
 
 def as_pil(frame: torch.Tensor) -> Image.Image:

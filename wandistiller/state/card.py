@@ -84,14 +84,7 @@ def model_card(
     `phrases`: what each method taught its student (recipe/methods' `card_phrases()`, from the caller); `layout`:
     the teacher's, where the caller has read it (else read off `teacher_path`)."""
 
-    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)  # through the guard: never a link out
-    if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
-        raise UserError(f"{run_dir}/.hydra/config.yaml is not a saved config; restore it")
-    try:  # a linked metrics.json (another run's figures) is refused in one line, never quoted
-        m = read_json_in(run_dir, "metrics.json", what="metrics.json") if (run_dir / "metrics.json").is_file() else {}
-    except ValueError:
-        raise UserError(f"{run_dir}/metrics.json is not JSON; restore it from the run's backup") from None
-    m = m if isinstance(m, dict) else {}
+    cfg, m = _saved(run_dir)
     d, t = cfg.data, cfg.trainer
     source = sources().get(str(raw_value(d, "latents")), sources()["gaussian"]).description
     images, prompts = raw_value(d, "root") or raw_value(d, "dataset"), saved_prompts(cfg)
@@ -137,6 +130,19 @@ def model_card(
     if is_lora(cfg.get("student")):
         facts["lora"] = lora_facts(cfg, m, teacher_path) | {"merged": merged}
     return _card_text(facts)
+
+
+def _saved(run_dir: Path) -> tuple[DictConfig, dict]:
+    """(the run's saved config, its metrics.json or {}), each read through the guard: a link out of the run folder
+    (another run's figures) is refused in one line, never quoted."""
+    cfg = load_yaml_config(run_dir / ".hydra" / "config.yaml", root=run_dir)
+    if not isinstance(cfg, DictConfig):  # the run's own config, written by this project: a mapping
+        raise UserError(f"{run_dir}/.hydra/config.yaml is not a saved config; restore it")
+    try:
+        m = read_json_in(run_dir, "metrics.json", what="metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    except ValueError:
+        raise UserError(f"{run_dir}/metrics.json is not JSON; restore it from the run's backup") from None
+    return cfg, m if isinstance(m, dict) else {}
 
 
 def saved_prompts(cfg) -> str | None:

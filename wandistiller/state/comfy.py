@@ -206,6 +206,26 @@ def teacher_files(hub_id: str | None, name: str, experts: int) -> tuple[list[str
     return expert_names(name, experts), False
 
 
+def _models(g, files: list[str], s: Sampling, loras: list[str] | None, under) -> list[int]:
+    """Each expert's diffusion model node: its file (UNETLoader), the teacher's LoRAs then the student's chained on
+    it (LoraLoaderModelOnly), at the flow shift (ModelSamplingSD3)."""
+    models = []
+    for i, file in enumerate(files):
+        unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
+        for lora, strength in (under or [[]] * len(files))[i]:
+            unet = g.add(
+                "LoraLoaderModelOnly",
+                [lora, strength],
+                {"model": ("MODEL", (unet, 0))},
+                ["MODEL"],
+                title="the teacher's LoRA",
+            )
+        if loras is not None:
+            unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
+        models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
+    return models
+
+
 def workflow(
     files: list[str],
     s: Sampling,
@@ -229,20 +249,7 @@ def workflow(
     else:
         pos, neg = (positive, 0), (negative, 0)
         latent = (g.add("EmptyHunyuanLatentVideo", [s.width, s.height, s.frames, 1], {}, ["LATENT"]), 0)
-    models = []
-    for i, file in enumerate(files):
-        unet = g.add("UNETLoader", [file, "default"], {}, ["MODEL"])
-        for lora, strength in (under or [[]] * len(files))[i]:
-            unet = g.add(
-                "LoraLoaderModelOnly",
-                [lora, strength],
-                {"model": ("MODEL", (unet, 0))},
-                ["MODEL"],
-                title="the teacher's LoRA",
-            )
-        if loras is not None:
-            unet = g.add("LoraLoaderModelOnly", [loras[i], 1.0], {"model": ("MODEL", (unet, 0))}, ["MODEL"])
-        models.append(g.add("ModelSamplingSD3", [s.shift], {"model": ("MODEL", (unet, 0))}, ["MODEL"]))
+    models = _models(g, files, s, loras, under)
     conditioning = {"positive": ("CONDITIONING", pos), "negative": ("CONDITIONING", neg)}
     if s.scheduler == MANUAL:
         sampled = _manual(g, s, models, pos, latent)
@@ -270,15 +277,9 @@ def workflow(
             title="low noise",
         )
     image = g.add("VAEDecode", [], {"samples": ("LATENT", (sampled, 0)), "vae": ("VAE", (vae, 0))}, ["IMAGE"])
-    if s.frames > 1:  # a clip: one animated file (core's SaveAnimatedWEBP: prefix, fps, lossless, quality, method)
-        g.add(
-            "SaveAnimatedWEBP",
-            ["wandistiller", float(FPS), False, 90, "default"],
-            {"images": ("IMAGE", (image, 0))},
-            [],
-        )
-    else:
-        g.add("SaveImage", ["wandistiller"], {"images": ("IMAGE", (image, 0))}, [])
+    # A clip: one animated file (core's SaveAnimatedWEBP: prefix, fps, lossless, quality, method); an image: SaveImage.
+    saved = ["wandistiller", float(FPS), False, 90, "default"] if s.frames > 1 else ["wandistiller"]
+    g.add("SaveAnimatedWEBP" if s.frames > 1 else "SaveImage", saved, {"images": ("IMAGE", (image, 0))}, [])
     return g.workflow()
 
 

@@ -125,19 +125,7 @@ def write_lora_files(
     adapters = read_lora_student(run, source)
     facts, teacher = sampling_facts(run), lora_teacher(run, source)
     files = expert_names(name, len(adapters))
-    for i, ((state, config), file) in enumerate(zip(adapters, files)):
-        try:
-            rank = adapter_rank(state)
-            alpha = float(config.get("lora_alpha") or rank)
-            tensors = lightning_tensors(state, alpha, dtype)
-        except (ValueError, TypeError) as e:
-            raise UserError(f"the LoRA student in {source}: {e}; restore it from the run's backup") from None
-        expert = (
-            {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
-            if len(files) == 2
-            else None
-        )
-        save_file(tensors, str(out / file), metadata=lora_metadata(rank, alpha, facts, teacher, expert))
+    _write_adapters(out, adapters, files, source, dtype, facts, teacher)
     diffusers_files = copy_diffusers_lora(run, source, out / "diffusers", dtype)
     if facts["few_step"]:
         few_step_scheduler(run.spec, facts["steps"]).save_pretrained(out / "scheduler")
@@ -155,6 +143,46 @@ def write_lora_files(
     exact = ""
     if facts["few_step"]:
         exact = exact_line(facts)
+    listing = _listing(run, files, diffusers_files, adapters, models, workflow_file, facts, dtype, teacher)
+    intro = (
+        f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
+        "they mean nothing. The snippet above loads the run's pipeline folder (`python -m wandistiller.pipeline RUN "
+        "--out DIR`); these files go on the teacher's own pipeline or diffusion model:"
+    )
+    section = lora_readme(files, models, known, teacher["name"], workflow_file, comfy, exact)
+    if tuned:
+        named = ", ".join(f"`{lora['file']}` at strength {lora['strength']:g}" for lora in tuned)
+        section += (
+            f"\nThese adapters were distilled from the teacher fine-tuned with {named} (`teacher.lora`): put "
+            f"{'that file' if len(tuned) == 1 else 'those files'} into models/loras too; `{workflow_file}` chains a "
+            "LoraLoaderModelOnly of each before the student's, as `load_lora_weights` with two adapter names and "
+            "`set_adapters` do in diffusers.\n"
+        )
+    write_in_run(out, "README.md", run_card(run, phrases or {}) + files_section(listing, intro) + section)
+    return [out / f for f in files]
+
+
+def _write_adapters(out: Path, adapters: list, files: list[str], source: Path, dtype: str, facts: dict, teacher: dict):
+    """Each expert's adapters as one Lightning-layout file, its metadata the sampling and the teacher (a pair's
+    expert and boundary); a damaged adapter is one line."""
+    for i, ((state, config), file) in enumerate(zip(adapters, files)):
+        try:
+            rank = adapter_rank(state)
+            alpha = float(config.get("lora_alpha") or rank)
+            tensors = lightning_tensors(state, alpha, dtype)
+        except (ValueError, TypeError) as e:
+            raise UserError(f"the LoRA student in {source}: {e}; restore it from the run's backup") from None
+        expert = (
+            {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
+            if len(files) == 2
+            else None
+        )
+        save_file(tensors, str(out / file), metadata=lora_metadata(rank, alpha, facts, teacher, expert))
+
+
+def _listing(run, files, diffusers_files, adapters, models, workflow_file: str, facts: dict, dtype: str, teacher: dict):
+    """The README's table of a LoRA export's files: each one, what it is, the diffusers lines and the ComfyUI steps
+    that load it."""
     source_of = teacher["hub_id"] or "THE_TEACHER_FOLDER"
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
     which = [""] if len(files) == 1 else [" (the high-noise expert's)", " (the low-noise expert's)"]
@@ -192,22 +220,7 @@ def write_lora_files(
             what = f"diffusers' own {facts['steps']}-step Euler scheduler: close to the trained sigmas, not equal"
         listing.append(("scheduler/", what, "", ""))
     listing.append((workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"))
-    intro = (
-        f"LoRA files for the teacher {teacher['name']} (weights digest `{teacher['digest']}`): on another teacher "
-        "they mean nothing. The snippet above loads the run's pipeline folder (`python -m wandistiller.pipeline RUN "
-        "--out DIR`); these files go on the teacher's own pipeline or diffusion model:"
-    )
-    section = lora_readme(files, models, known, teacher["name"], workflow_file, comfy, exact)
-    if tuned:
-        named = ", ".join(f"`{lora['file']}` at strength {lora['strength']:g}" for lora in tuned)
-        section += (
-            f"\nThese adapters were distilled from the teacher fine-tuned with {named} (`teacher.lora`): put "
-            f"{'that file' if len(tuned) == 1 else 'those files'} into models/loras too; `{workflow_file}` chains a "
-            "LoraLoaderModelOnly of each before the student's, as `load_lora_weights` with two adapter names and "
-            "`set_adapters` do in diffusers.\n"
-        )
-    write_in_run(out, "README.md", run_card(run, phrases or {}) + files_section(listing, intro) + section)
-    return [out / f for f in files]
+    return listing
 
 
 def _lora_pipe_lines(source: str, torch_dtype: str, facts: dict, pipeline: str = "WanPipeline") -> str:

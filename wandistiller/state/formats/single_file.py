@@ -133,6 +133,15 @@ def write_single_files(
     exact = ""
     if facts["few_step"]:
         exact = exact_line(facts)
+    listing = _listing(files, dtype, fp8_layout, teacher, workflow_file)
+    intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
+    sections = files_section(listing, intro) + readme(files, workflow_file, comfy, exact, warning)
+    write_in_run(out, "README.md", card + sections)
+    return [out / f for f in files]
+
+
+def _listing(files: list[str], dtype: str, fp8_layout: str, teacher: dict, workflow_file: str) -> list:
+    """The README's table of the single files, config.json and the workflow: what each is and what loads it."""
     listing = [
         (
             f,
@@ -152,10 +161,7 @@ def write_single_files(
         ),
         (workflow_file, "a ComfyUI workflow for the files above", "", "drop it on ComfyUI's canvas"),
     ]
-    intro = "These are single files, not a pipeline folder (the snippet above loads `--format diffusers`' export):"
-    sections = files_section(listing, intro) + readme(files, workflow_file, comfy, exact, warning)
-    write_in_run(out, "README.md", card + sections)
-    return [out / f for f in files]
+    return listing
 
 
 def _what(dtype: str, i: int, count: int, fp8_layout: str = "comfy_quant") -> str:
