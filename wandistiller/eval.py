@@ -33,7 +33,7 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.job.stopping import stop_at_once
-from wandistiller.state.runs import Trust, add_trust_args
+from wandistiller.state.trust import Trust, add_trust_args
 
 log = logging.getLogger(__name__)
 

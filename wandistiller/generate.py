@@ -41,19 +41,16 @@ from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.grids import save_clip
 from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import (
-    Trust,
-    add_trust_args,
-    check_counts,
     check_frames,
     check_teacher_fits,
-    generate,
-    load_teacher,
     open_run,
     other_teacher_tag,
     student_sampler,
     student_scheduler,
     student_source,
 )
+from wandistiller.state.sampling import check_counts, generate, load_teacher
+from wandistiller.state.trust import Trust, add_trust_args
 from wandistiller.student.lora import is_lora_folder
 from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.spec import read_json

@@ -22,7 +22,8 @@ from wandistiller.data.images import image_source
 from wandistiller.data.validation import split_prompts
 from wandistiller.evaluation.evaluate import EvalSettings, eval_prompts, evaluate, given_first_frames
 from wandistiller.evaluation.metrics import KID_MEANING
-from wandistiller.state.runs import RunFolder, Trust, open_run
+from wandistiller.state.runs import RunFolder, open_run
+from wandistiller.state.trust import Trust
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.train import run
 
@@ -198,7 +199,7 @@ def test_eval_does_not_load_a_checkpoint_or_student_linked_out_of_the_run(finish
 
 
 def test_eval_with_a_teacher_of_another_shape_is_refused_unless_asked(finished, tmp_path, capsys):
-    from wandistiller.state.runs import Trust
+    from wandistiller.state.trust import Trust
 
     folder = copied(finished, tmp_path)
     with pytest.raises(SystemExit):
@@ -332,7 +333,7 @@ def test_the_file_name_carries_each_setting_that_differs_from_the_runs_own(finis
 
 def test_settings_left_unset_are_the_runs_own_end_of_run_evaluations(finished, tmp_path):
     from wandistiller.evaluation.evaluate import DEFAULTS, run_settings
-    from wandistiller.state.runs import Trust
+    from wandistiller.state.trust import Trust
 
     folder = few_step_copy(finished, tmp_path, None)
     assert run_settings(open_run(folder), None, None, None, None, Trust()) == (20, 8, 1, None)  # no hooks.evaluate
@@ -383,7 +384,8 @@ def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, ti
     """--allow-other-teacher: the result goes to its own file, named for that teacher's weights digest (and carries
     the teacher, path and digest: the slow test below)."""
     from wandistiller.state.checkpoint import teacher_digest
-    from wandistiller.state.runs import Trust, open_run, other_teacher_tag
+    from wandistiller.state.runs import open_run, other_teacher_tag
+    from wandistiller.state.trust import Trust
     from wandistiller.teacher.spec import inspect_teacher
 
     folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
@@ -399,7 +401,7 @@ def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, ti
 @pytest.mark.slow  # a whole evaluation (~3 s): the default lane checks the names above
 def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_teacher(finished, tmp_path, tiny_path):
     from wandistiller.state.checkpoint import teacher_digest
-    from wandistiller.state.runs import Trust
+    from wandistiller.state.trust import Trust
     from wandistiller.teacher.spec import inspect_teacher
 
     folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
@@ -423,7 +425,8 @@ def test_an_image_to_video_run_is_evaluated_from_its_held_out_first_frames(make_
     from wandistiller.data.conditions import fitted
     from wandistiller.data.prompts import encode_prompts
     from wandistiller.evaluation.clips import first_frame_psnr, pil_tensor
-    from wandistiller.state.runs import generate, student_sampler
+    from wandistiller.state.runs import student_sampler
+    from wandistiller.state.sampling import generate
     from wandistiller.teacher.image import load_image_encoder
     from wandistiller.teacher.vae import decode_clips, load_vae
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -21,8 +20,6 @@ from wandistiller.core.errors import UserError
 from wandistiller.state.checkpoint import load_checkpoint, save_checkpoint
 from wandistiller.state.runs import (
     RunFolder,
-    Trust,
-    add_trust_args,
     live_holder,
     load_student,
     open_run,
@@ -110,19 +107,6 @@ def test_a_damaged_student_file_is_one_line_naming_the_folder(tmp_path, tiny_pat
     with pytest.raises(UserError, match=r"the student in .*student: .*; use --checkpoint latest") as e:
         load_student(run_folder, source, torch.device("cpu"))
     assert "\n" not in str(e.value)
-
-
-def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_asked():
-    parser = argparse.ArgumentParser()
-    add_trust_args(parser, wandb=True)
-    given = ["--allow-target", "a.B", "--allow-target", "c.D", "--teacher-path", "/t", "--allow-download"]
-    trust = Trust.from_args(parser.parse_args(given))
-    assert trust == Trust(("a.B", "c.D"), "/t", True, "offline")
-    assert trust.open_args() == ("/t", ("a.B", "c.D"), True, None, None)  # no spec: inspected as received
-    assert Trust.from_args(parser.parse_args(["--wandb-mode", "online"])).wandb_mode == "online"
-    without = argparse.ArgumentParser()
-    add_trust_args(without)  # generate: no wandb flag, and its trust is offline
-    assert Trust.from_args(without.parse_args([])) == Trust()
 
 
 def test_checkpoints_are_chosen_by_name(run_dir, caplog):

@@ -41,12 +41,8 @@ from wandistiller.evaluation.grids import save_clip_grid, save_grid
 from wandistiller.evaluation.metrics import KID_MEANING, diversity_ratio, eval_quality
 from wandistiller.state.runs import (
     RunFolder,
-    Trust,
-    check_counts,
     check_frames,
     check_teacher_fits,
-    generate,
-    load_teacher,
     open_run,
     other_teacher_tag,
     student_sampler,
@@ -54,6 +50,8 @@ from wandistiller.state.runs import (
     student_source,
     teacher_identity,
 )
+from wandistiller.state.sampling import check_counts, generate, load_teacher
+from wandistiller.state.trust import Trust
 from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.sampler import calls_per_image
 from wandistiller.teacher.spec import read_json

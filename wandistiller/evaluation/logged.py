@@ -15,7 +15,7 @@ from wandistiller.core.files import in_run
 from wandistiller.core.renamed import current_target
 from wandistiller.state.checkpoint import STATE_FILE, checkpoint_step, list_checkpoints
 from wandistiller.state.received import load_json, load_received
-from wandistiller.state.runs import Trust
+from wandistiller.state.trust import Trust
 from wandistiller.tracking import loggers
 
 

@@ -26,14 +26,8 @@ from wandistiller.evaluation.metrics import heldout_reference, pocket_scores
 from wandistiller.pocket.classifier import load_classifier
 from wandistiller.pocket.clips import video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS
-from wandistiller.state.runs import (
-    generate,
-    load_teacher,
-    open_run,
-    student_sampler,
-    student_scheduler,
-    student_steps,
-)
+from wandistiller.state.runs import open_run, student_sampler, student_scheduler, student_steps
+from wandistiller.state.sampling import generate, load_teacher
 from wandistiller.student.lora import ADAPTERS_JSON, is_lora
 from wandistiller.teacher.fewstep import Schedule
 from wandistiller.teacher.finetune import merge, read_lora

@@ -17,7 +17,8 @@ from wandistiller.core.hydra import shipped_asset
 from wandistiller.data.sources import sources
 from wandistiller.state.checkpoint import teacher_digest
 from wandistiller.state.received import load_yaml_config
-from wandistiller.state.runs import image_scale, student_schedule_of, student_steps, time_scale
+from wandistiller.state.runs import student_schedule_of, student_steps
+from wandistiller.state.sampling import image_scale, time_scale
 from wandistiller.state.saved import (
     HUB_ID,
     SHIPPED,

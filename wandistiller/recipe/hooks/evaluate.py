@@ -13,7 +13,8 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources import image_conditioned
 from wandistiller.evaluation.evaluate import EvalSettings, evaluate
 from wandistiller.recipe.hooks.base import Hook, at_least, sample_steps
-from wandistiller.state.runs import Trust, check_images
+from wandistiller.state.sampling import check_images
+from wandistiller.state.trust import Trust
 
 log = logging.getLogger("wandistiller")
 

@@ -30,7 +30,8 @@ from wandistiller.state.comfy import (
     default_workflow,
     workflow_problem,
 )
-from wandistiller.state.runs import image_scale, load_student, recorded_teacher, student_source, time_scale
+from wandistiller.state.runs import load_student, recorded_teacher, student_source
+from wandistiller.state.sampling import image_scale, time_scale
 from wandistiller.state.saved import raw_value, saved_number, saved_word
 from wandistiller.teacher.fewstep import student_schedule
 from wandistiller.teacher.spec import pipeline_name
