@@ -15,7 +15,8 @@ from wandistiller.core.precision import Precision
 from wandistiller.job.checks import built_quietly, check_missing, check_values, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
-from wandistiller.placements.planner import nothing_fits, plan_report, text_encoder_bytes, time_factor, workload_of
+from wandistiller.placements.advice import nothing_fits, plan_report, time_factor
+from wandistiller.placements.planner import text_encoder_bytes, workload_of
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 

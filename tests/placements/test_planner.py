@@ -11,7 +11,7 @@ from tests.conftest import choose, workload
 from wandistiller.core.arch import WAN_14B
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import DTYPES
-from wandistiller.placements import memory
+from wandistiller.placements import advice, memory
 from wandistiller.placements import planner as plan
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.placements.steptime import Passes
@@ -216,7 +216,7 @@ def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(m
     cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
     planned = plan.workload_of(cfg, torch.bfloat16)
     assert planned is not None
-    report = plan.plan_report(*planned, cfg.teacher.name, passes).splitlines()
+    report = advice.plan_report(*planned, cfg.teacher.name, passes).splitlines()
     assert "student LoRA of rank 16 on the teacher's 1 expert(s), 76.7M adapter params" in report[0]
     assert report[-1] == "auto would choose: offload"
     row = next(line for line in report if line.startswith("offload"))

@@ -15,11 +15,11 @@ from wandistiller.compose import register_configs
 from wandistiller.core.errors import UserError, rate
 from wandistiller.core.hydra import compose_config
 from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.placements.advice import largest_frames
 from wandistiller.placements.memory import GiB, Hardware, Workload
 from wandistiller.placements.offload import OffloadPlacement
 from wandistiller.placements.planner import (
     choose,
-    largest_frames,
     plan,
     shortages,
     step_times,

@@ -37,7 +37,7 @@ from wandistiller.job.checks import (
 )
 from wandistiller.job.resumed import continuing, recorded_overrides
 from wandistiller.job.rundir import claim_run_dir, save_config
-from wandistiller.placements import Placement, Serving, names_where
+from wandistiller.placements import Placement, Serving, advice, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
@@ -272,7 +272,7 @@ def choose_placement(
     times = plan.step_times(estimates, w, hw, passes, configured)
     best = plan.choose(estimates, times)
     if best is None and cfg.data.latent_frames > 1:  # a clip too long for this hardware: say how long one fits
-        line = plan.largest_frames_line(w, hw, cfg.data.latent_frames, plan.time_factor(cfg.teacher.path))
+        line = advice.largest_frames_line(w, hw, cfg.data.latent_frames, advice.time_factor(cfg.teacher.path))
         if line and not (placement is not None and placement.debug_cpu):
             raise UserError(line)
     if auto:

@@ -6,7 +6,6 @@ fastest one that fits. Nothing is loaded, so it also plans on paper for hardware
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -27,12 +26,11 @@ from wandistiller.placements.memory import (
     fake_score_params,
     param_count,
     student_params,
-    teacher_weight_bytes,
 )
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
 from wandistiller.student.model import student_config
 from wandistiller.teacher.lora import TARGETS
-from wandistiller.teacher.spec import builtin_teacher, read_json
+from wandistiller.teacher.spec import builtin_teacher
 from wandistiller.teacher.tiny import BUILTINS, tiny_transformer
 
 
@@ -350,185 +348,6 @@ def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
     if ranks > 1:
         return ranks
     return max(len(hw.gpu_bytes), 1) if cfg.hardware.gpus is not None else 1
-
-
-def plan_report(
-    w: Workload,
-    hw: Hardware,
-    teacher: str,
-    passes: Passes,
-    precision: str = "",
-    configured: Placement | None = None,
-    clip: tuple[int, int] | None = None,
-    text_encoder: int | None = None,
-) -> str:
-    """The plan's text: the workload (`teacher`: its name), the method's own network and passes (`passes`: the built
-    method's), each placement's estimate and step time, and `auto`'s choice. `precision`: the line saying which
-    precision the figures are at (and why, for precision=auto). `configured`: the placement asked for, planned
-    with its own settings (e.g. `teacher_placement.resident_blocks=0`), as `plan` takes it. `clip`: (latent
-    frames, the VAE's time factor) of a clip run, which adds the line of the largest latent_frames that fits."""
-    estimates = plan(w, hw, configured)
-    times = step_times(estimates, w, hw, passes, configured)
-    best = choose(estimates, times)
-    head = (
-        f"teacher {teacher}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
-        f"student {describe_student(w)}; batch {w.batch_size} x {w.tokens} tokens"
-    )
-    tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
-    table = format_table(estimates, hw, best.placement if best else None, w, times)
-    fix = fixes_line(w, hw, configured)
-    frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
-    encoder = text_encoder_line(text_encoder, hw)
-    lines = [head, *method_lines(w, passes), *([precision] if precision else []), table, *fix]
-    return "\n".join([*lines, *([encoder] if encoder else []), tail, *frames])
-
-
-def _fits(w: Workload, hw: Hardware, configured: Placement | None) -> bool:
-    """Whether the asked run fits: under `configured` (with its settings), or under any placement (auto)."""
-    estimates = plan(w, hw, configured)
-    return any(e.fits for e in estimates if configured is None or e.placement == configured.name)
-
-
-def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[str]:
-    """For a run that does not fit (under `configured`, or any placement where it is None): the overrides that
-    each alone would make it fit, the largest setting first: fewer resident blocks (a placement given a count),
-    a smaller trainer.batch_size, teacher.quantize=fp8. Fewer frames is `frames_line`'s.
-    Empty where it fits, or where `configured` is refused outright (its note says why)."""
-    if _fits(w, hw, configured):
-        return []
-    if configured is not None:
-        mine = next(e for e in plan(w, hw, configured) if e.placement == configured.name)
-        if not (mine.gpu_bytes or mine.host_bytes):
-            return []
-    found = []
-    asked = getattr(configured, "resident_blocks", "auto")
-    if asked != "auto" and int(asked) > 0:
-        fewer = copy.copy(configured)
-        for k in range(int(asked) - 1, -1, -1):
-            fewer.resident_blocks = k  # type: ignore[union-attr]
-            if _fits(w, hw, fewer):
-                found.append(f"teacher_placement.resident_blocks={k}")
-                break
-    smaller = next((b for b in range(w.batch_size - 1, 0, -1) if _fits(_at_batch(w, b), hw, configured)), None)
-    if smaller:
-        found.append(f"trainer.batch_size={smaller}")
-    if not w.teacher_fp8 and _fits(dataclasses.replace(w, teacher_fp8=True), hw, configured):
-        found.append("teacher.quantize=fp8")
-    if found:
-        return found
-    together, least = [], w  # no one of them alone: all of them at once
-    if asked != "auto" and int(asked) > 0:
-        configured = copy.copy(configured)
-        configured.resident_blocks, together = 0, ["teacher_placement.resident_blocks=0"]  # type: ignore[union-attr]
-    if w.batch_size > 1:
-        least, together = _at_batch(least, 1), [*together, "trainer.batch_size=1"]
-    if not w.teacher_fp8:
-        least, together = dataclasses.replace(least, teacher_fp8=True), [*together, "teacher.quantize=fp8"]
-    return [" ".join(together)] if len(together) > 1 and _fits(least, hw, configured) else []
-
-
-def _at_batch(w: Workload, batch: int) -> Workload:
-    """`w` at another per-rank batch (a teacher call's batch scaled with it)."""
-    teacher = (w.teacher_batch_size or w.batch_size) * batch // w.batch_size
-    return dataclasses.replace(w, batch_size=batch, teacher_batch_size=max(teacher, batch))
-
-
-def fixes_line(w: Workload, hw: Hardware, configured: Placement | None = None) -> list[str]:
-    """The plan's line naming what would make a run that does not fit, fit (none where nothing of that does)."""
-    found = fixes(w, hw, configured)
-    where = f"teacher_placement={configured.name}" if configured is not None else "this run"
-    if not found:
-        return []
-    if " " in found[0]:  # overrides that fit only together
-        return [f"{where} would fit with all of: {found[0]}"]
-    return [f"{where} would fit with any one of: {', or '.join(found)}"]
-
-
-def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
-    """Where no setting fits this hardware -- under any placement, at batch 1, one latent frame, and an fp8 teacher
-    (offload/disk then keep only the blocks that fit) -- what is short and by how much, from
-    the placement short of least; None where some setting fits."""
-    least = dataclasses.replace(_at_frames(_at_batch(w, 1), frames, 1), teacher_fp8=True)
-    estimates = [e for e in plan(least, hw) if e.gpu_bytes or e.host_bytes]
-    if any(e.fits for e in estimates) or not estimates:
-        return None
-    short = {e.placement: shortages(e, hw) for e in estimates}
-    name = min(short, key=lambda n: sum(m for _, m, _ in short[n]))
-    missing = " and ".join(f"{m / GiB:.1f} GiB of {d} ({u / GiB:.1f} usable)" for d, m, u in short[name])
-    return (
-        f"no setting fits {hw.describe()}, not even trainer.batch_size=1 data.latent_frames=1"
-        + (" teacher.quantize=fp8" if least.teacher_fp8 else "")
-        + f": the closest, teacher_placement={name}, is short of {missing}; use a GPU or host with that much more"
-        " memory"
-    )
-
-
-MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024
-
-
-def _at_frames(w: Workload, frames: int, f: int) -> Workload:
-    """`w` (`w.tokens` are `frames` latent frames' worth) at `f` latent frames, the same height and width."""
-    pt = int((w.teacher_config.get("patch_size") or [1, 2, 2])[0])
-    per_step = max(w.tokens // max(frames // pt, 1), 1)  # tokens per patch of time (one latent frame for Wan)
-    return dataclasses.replace(w, tokens=max(f // pt, 1) * per_step)
-
-
-def largest_frames(
-    w: Workload, hw: Hardware, frames: int, configured: Placement | None = None, most: int = MOST_FRAMES
-) -> int:
-    """The most latent frames a run of `w`'s shape fits at its height and width (`w.tokens` are `frames`' worth):
-    under `configured`, or any placement where it is None (auto); 0 where not even one frame fits. Memory grows
-    with tokens, so a bisection finds it."""
-
-    def fits(f: int) -> bool:
-        estimates = plan(_at_frames(w, frames, f), hw, configured)
-        return any(e.fits for e in estimates if configured is None or e.placement == configured.name)
-
-    if fits(most):
-        return most
-    low, high = 0, most - 1  # fits(low) (0: nothing yet); not fits(high + 1)
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    return low
-
-
-def time_factor(teacher_path: str) -> int:
-    """Frames per latent frame of the teacher's VAE (its vae/config.json's scale_factor_temporal), or Wan's 4 for
-    a teacher not on disk (a Hub id planned on paper: every Wan 2.1/2.2 VAE compresses time 4x)."""
-    config = Path(str(teacher_path)).expanduser() / "vae" / "config.json"
-    return int(read_json(config, "teacher.path").get("scale_factor_temporal", 4)) if config.is_file() else 4
-
-
-def largest_frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int) -> str | None:
-    """A train refusal's words for a clip that fits no placement here: the largest latent_frames that does
-    (None where not even one frame fits: the usual refusal then says what to do)."""
-    n = largest_frames(w, hw, frames)
-    if n == 0 or n >= frames:
-        return None
-    return (
-        f"data.latent_frames={frames} is more frames than fit ({hw.describe()}): the largest latent_frames that "
-        f"fits: {n} (= {(n - 1) * time_factor + 1} frames) at batch {w.batch_size} and this frame size; use "
-        f"data.latent_frames<={n}, a smaller trainer.batch_size or more memory (python -m wandistiller.plan)"
-    )
-
-
-def frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int, configured: Placement | None = None) -> str:
-    """The plan's line for a clip (`frames` latent frames > 1): the largest latent_frames that fits on this hardware
-    (and under `configured`, the placement asked for, where that is less), in frames of the VAE's."""
-    n = largest_frames(w, hw, frames)
-    if n == 0:
-        return "the largest latent_frames that fits: none (not even 1 latent frame fits this hardware)"
-    fitting = [e.placement for e in plan(_at_frames(w, frames, n), hw, configured) if e.fits]
-    verdict = "fits" if n >= frames else f"does not: use data.latent_frames<={n}"
-    line = (
-        f"the largest latent_frames that fits: {n} (= {(n - 1) * time_factor + 1} frames) at batch {w.batch_size} "
-        f"and this frame size ({', '.join(fitting)}); data.latent_frames={frames} {verdict}"
-    )
-    if configured is not None and configured.name not in fitting:
-        mine = largest_frames(w, hw, frames, configured)
-        line += f"; teacher_placement={configured.name}: " + (f"at most {mine}" if mine else "not even 1")
-    return line
 
 
 def describe_student(w: Workload) -> str:
