@@ -265,7 +265,7 @@ TWO_RANK_CHECKS = [
     ("tests.recipe.test_targets", "_served_targets_check"),
     ("tests.recipe.test_targets", "_served_image_targets_check"),
     ("tests.recipe.methods.test_dmd", "_lora_ddp_check"),
-    ("tests.job.test_stopping", "_agree_check"),
+    ("tests.core.test_stopping", "_agree_check"),
 ]
 
 

@@ -25,14 +25,12 @@ from wandistiller.core.errors import (
     UserError,
     counted,
     description,
-    exit_on_user_error,
-    internal_errors_reported,
     whole_number,
 )
+from wandistiller.core.stopping import tool_session
 from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run
-from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.trust import Trust, add_trust_args
 
 log = logging.getLogger(__name__)
@@ -111,12 +109,7 @@ def step_counts(text: str | None) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with (
-        internal_errors_reported(),
-        exit_on_user_error(),
-        stop_at_once(ON_STOP),
-    ):
+    with tool_session(stop=ON_STOP):
         args = parse_args(argv)
         trust, counts = Trust.from_args(args), args.student_counts
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)

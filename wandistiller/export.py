@@ -37,8 +37,6 @@ import fcntl
 import logging
 import os
 import re
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -46,8 +44,9 @@ from pathlib import Path
 
 from wandistiller.compose import register_configs
 from wandistiller.core.atomic import umask
-from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
+from wandistiller.core.errors import OneLineParser, UserError, description
 from wandistiller.core.files import folder_problem
+from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.comfy import WORKFLOWS
 from wandistiller.state.formats.base import (
@@ -260,9 +259,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
-    with internal_errors_reported(), exit_on_user_error():
+    with tool_session(unwind_on_term=True):  # a SIGTERM unwinds: the temporary folder goes
         out = export(
             Path(args.run_dir),
             Path(args.out),

@@ -16,7 +16,6 @@ through the model's own WanImageToVideoPipeline (TI2V 5B's may go without: it is
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 from pathlib import Path
 
@@ -30,16 +29,14 @@ from wandistiller.core.errors import (
     OneLineParser,
     UserError,
     description,
-    exit_on_user_error,
-    internal_errors_reported,
     whole_number,
 )
 from wandistiller.core.files import in_run, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
+from wandistiller.core.stopping import tool_session
 from wandistiller.data.conditions import fitted, frame_size
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.grids import save_clip
-from wandistiller.job.stopping import stop_at_once
 from wandistiller.state.runs import (
     check_frames,
     check_teacher_fits,
@@ -270,12 +267,7 @@ ON_STOP = "images already written are kept; run it again for the rest"  # what a
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with (
-        internal_errors_reported(),
-        exit_on_user_error(),
-        stop_at_once(ON_STOP),
-    ):
+    with tool_session(stop=ON_STOP):
         args = parse_args(argv)
         for path in run_generate(args):
             print(path)

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
 
 from wandistiller.compose import register_configs
-from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error, internal_errors_reported
+from wandistiller.core.errors import OneLineParser, UserError, description
 from wandistiller.core.files import folder_problem, output_problem
+from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.card import model_card
 from wandistiller.state.export import (  # the folder is made there (every run's end writes it)
@@ -116,9 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the temporary folder goes
-    with internal_errors_reported(), exit_on_user_error():
+    with tool_session(unwind_on_term=True):  # a SIGTERM unwinds: the temporary folder goes
         out = export(Path(args.run_dir), Path(args.out), args.checkpoint, args.merge_lora)
         print(f"wrote {out}; upload it with: hf upload <user>/<repo> {out}")
 

@@ -110,7 +110,7 @@ class StopsAtEndHook(Hook):
     def at_end(self, run) -> dict:
         import signal
 
-        from wandistiller.job.stopping import Signalled
+        from wandistiller.core.stopping import Signalled
 
         raise Signalled(signal.SIGINT)
 

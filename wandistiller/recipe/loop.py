@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
+from wandistiller.core.stopping import install as catch_stop_signals
 from wandistiller.data.batches import Batch
-from wandistiller.job.stopping import install as catch_stop_signals
 from wandistiller.recipe.losses import Loss, LossInputs, as_loss, logged, total
 from wandistiller.recipe.methods import REGISTRY
 from wandistiller.state.checkpoint import list_checkpoints, save_checkpoint

@@ -14,18 +14,20 @@ both: at once until the loop's first `requested()`, then at the step boundary.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from wandistiller.core.errors import Stopped
+from wandistiller.core.errors import Stopped, exit_on_user_error, internal_errors_reported
 
 # What signal.signal takes and returns: a function, SIG_DFL/SIG_IGN, or None (a handler not set from Python).
 _Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -176,3 +178,17 @@ def install() -> Stop:
     """A fresh Stop catching SIGTERM and SIGINT; the loop calls this once before its first step (a signal
     before that step is done exits at once) and setup around loading and compiling."""
     return Stop(immediate=True).install()
+
+
+@contextlib.contextmanager
+def tool_session(stop: str | None = None, unwind_on_term: bool = False) -> Iterator[None]:
+    """What every tool's `main` (eval, generate, export, pipeline) runs inside: log lines as plain messages, a
+    mistake one `error:` line (exit 2), a bug one line saying how to report it, and a signal either one line saying
+    what is kept (`stop`: stop_at_once's) or, with `unwind_on_term`, SIGTERM unwinding like Ctrl-C so a tool's
+    temporary folder is removed on the way out."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if unwind_on_term:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    with internal_errors_reported(), exit_on_user_error():
+        with stop_at_once(stop) if stop is not None else contextlib.nullcontext():
+            yield

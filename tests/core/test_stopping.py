@@ -1,4 +1,4 @@
-"""Tests wandistiller/job/stopping.py with real signals, in-process, across two ranks and through the CLI: SIGTERM /
+"""Tests wandistiller/core/stopping.py with real signals, in-process, across two ranks and through the CLI: SIGTERM /
 Ctrl-C: a checkpoint at the next step boundary and one line on how to resume; twice: exit now."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.conftest import ROOT, fresh_runs, run_cli
-from wandistiller.job.stopping import Stop
+from wandistiller.core.stopping import Stop
 from wandistiller.state.checkpoint import list_checkpoints, load_checkpoint
 
 
@@ -66,7 +66,7 @@ def test_sigterm_saves_a_checkpoint_says_how_to_resume_and_the_resume_completes(
 SIGNAL_TWICE = textwrap.dedent(
     """
     import os, signal, sys, time
-    from wandistiller.job.stopping import Stop
+    from wandistiller.core.stopping import Stop
     stop = Stop().install()
     signum = getattr(signal, sys.argv[1])
     os.kill(os.getpid(), signum)
@@ -195,7 +195,7 @@ def test_a_signal_outside_the_training_steps_is_one_line_even_through_broad_exce
     """Setup and the tools have no step end to wait for: SIGTERM stops at once with one line, and no
     `except Exception` on its way (a component load, a cache read) turns it into another error."""
     from wandistiller.core.errors import Stopped
-    from wandistiller.job.stopping import stop_at_once
+    from wandistiller.core.stopping import stop_at_once
     from wandistiller.teacher.spec import inspect_teacher, loading
 
     spec, before = inspect_teacher(tiny_path), signal.getsignal(signal.SIGTERM)
@@ -227,3 +227,22 @@ def test_sigterm_while_the_teacher_latents_are_made_is_one_line_and_keeps_finish
     )
     assert "Traceback" not in err
     assert list((tmp_path / "c").glob("teacher_latents/*/chunk_*.pt"))
+
+
+def test_a_tools_session_makes_a_mistake_one_line_and_a_sigterm_one_line_saying_what_is_kept(capsys):
+    import os
+    import signal
+
+    from wandistiller.core.errors import UserError
+    from wandistiller.core.stopping import tool_session
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as done, tool_session(stop="nothing was written"):
+        raise UserError("--steps 0 must be positive")
+    assert done.value.code == 2 and capsys.readouterr().err == "error: --steps 0 must be positive\n"
+    with pytest.raises(SystemExit) as done, tool_session(stop="nothing was written"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    err = capsys.readouterr().err
+    assert done.value.code == 128 + signal.SIGTERM and err.count("\n") == 1 and "nothing was written" in err
+    assert signal.getsignal(signal.SIGTERM) is before  # restored: the tool's handler is gone
