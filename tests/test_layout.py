@@ -92,10 +92,10 @@ LAYERS = [
     "data",
     "pocket",
     "state",
-    "job",
     "tracking",
     "evaluation",
     "recipe",
+    "job",  # runs first, yet above what it checks: preflight builds the recipe's method and loss
 ]
 
 

@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 
 from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core import stopping
+from wandistiller.core.context import Prepared
 from wandistiller.core.distributed import (
     Topology,
     destroy_process_group,
@@ -34,13 +35,13 @@ from wandistiller.core.distributed import (
     under_torchrun,
     worker_logging,
 )
-from wandistiller.core.errors import UserError, exit_on_user_error, internal_errors_reported, rate
+from wandistiller.core.errors import UserError, WorkerFailed, exit_on_user_error, internal_errors_reported, rate
 from wandistiller.core.files import read_json_in
 from wandistiller.core.hydra import modern_argv
 from wandistiller.core.stopping import launcher_stopped, stop_at_once
 from wandistiller.job.checks import check_interpolations, drop_settings_of_unlisted_hooks
-from wandistiller.job.failures import FAILURES, WorkerFailed, oom_report, record_failure, root_cause
-from wandistiller.job.preflight import Prepared, prepare
+from wandistiller.job.failures import FAILURES, oom_report, record_failure, root_cause
+from wandistiller.job.preflight import prepare
 from wandistiller.job.resumed import continued_config, task_overrides
 from wandistiller.job.rundir import note_missing_run_dir, release_run_dir, removed_if_refused
 from wandistiller.state.checkpoint import checkpoint_step

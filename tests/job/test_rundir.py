@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, refused
-from wandistiller.core.errors import UserError
-from wandistiller.job.rundir import RunDirTaken, claim_run_dir, removed_if_refused
+from wandistiller.core.errors import RunDirTaken, UserError
+from wandistiller.job.rundir import claim_run_dir, removed_if_refused
 from wandistiller.train import run
 
 HOLD = textwrap.dedent(

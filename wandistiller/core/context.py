@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
@@ -19,6 +19,23 @@ if TYPE_CHECKING:  # core/ sits below the teacher and the placements: their type
     from wandistiller.placements.base import Placement
     from wandistiller.teacher.fewstep import Schedule
     from wandistiller.teacher.spec import TeacherSpec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the job settled before any worker starts (picklable: it travels to spawned workers). What it built and
+    read is handed down, not built or read again: the method, the teacher's spec, the student's config."""
+
+    run_dir: str
+    teacher_path: str
+    placement: Placement  # built once; `auto` already resolved
+    resume_from: str | None
+    plan_table: str | None
+    method: Any  # recipe/methods' Method, built from `cfg.method` and checked (not yet prepared nor bound)
+    spec: TeacherSpec  # the teacher folder, inspected
+    student_config: dict  # the student's WanTransformer3DModel config, checked against the teacher's (check_student)
+    sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
+    overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
 
 
 @dataclass(frozen=True)

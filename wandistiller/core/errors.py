@@ -135,3 +135,11 @@ def rate(x: float | None) -> str:
         return "0"
     text = f"{x:.3g}"
     return f"{x:.0f}" if "e+" in text or abs(x) >= 1000 else text
+
+
+class WorkerFailed(UserError):
+    """A worker died (an error, an out-of-memory, a kill); its traceback was printed above."""
+
+
+class RunDirTaken(UserError):
+    """The run folder holds another run's outputs, or another live run."""

@@ -27,10 +27,6 @@ COLLATERAL = (
 )
 
 
-class WorkerFailed(UserError):
-    """A worker died (an error, an out-of-memory, a kill); its traceback was printed above."""
-
-
 def record_failure(run_dir: Path, rank: int, error: BaseException) -> None:
     """This rank's error, first line only, with the time it happened (read by `root_cause`)."""
 

@@ -12,13 +12,13 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.arch import Layout
+from wandistiller.core.context import Prepared
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
@@ -52,23 +52,6 @@ from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, r
 from wandistiller.teacher.vae import check_latent_frames
 
 log = logging.getLogger("wandistiller")
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What the job settled before any worker starts (picklable: it travels to spawned workers). What it built and
-    read is handed down, not built or read again: the method, the teacher's spec, the student's config."""
-
-    run_dir: str
-    teacher_path: str
-    placement: Placement  # built once; `auto` already resolved
-    resume_from: str | None
-    plan_table: str | None
-    method: Any  # recipe/methods' Method, built from `cfg.method` and checked (not yet prepared nor bound)
-    spec: TeacherSpec  # the teacher folder, inspected
-    student_config: dict  # the student's WanTransformer3DModel config, checked against the teacher's (check_student)
-    sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
-    overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, read_write
 
 from wandistiller.core import leftovers
-from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.errors import RunDirTaken, UserError, exit_on_user_error
 from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, folder_problem, in_run, run_folder
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
@@ -31,10 +31,6 @@ LOCK_FILE = ".lock"
 MISSING_BEFORE: set[Path] = set()  # run folders named on the command line that did not exist before Hydra made them
 log = logging.getLogger(__name__)
 _held: dict[Path, int] = {}  # run folder -> the open descriptor holding its lock (never closed on purpose)
-
-
-class RunDirTaken(UserError):
-    """The run folder holds another run's outputs, or another live run."""
 
 
 def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from wandistiller.core.context import RunContext
+from wandistiller.core.context import Prepared, RunContext
 from wandistiller.core.distributed import Topology, gather, local_device, made_once, roles_for
 from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
@@ -28,7 +28,6 @@ from wandistiller.data.batches import BatchSettings, batch_source
 from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
-from wandistiller.job.preflight import Prepared
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss

@@ -23,10 +23,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.atomic import atomic_write
-from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.errors import RunDirTaken, UserError, WorkerFailed, exit_on_user_error
 from wandistiller.core.files import read_json_in, write_in_run
-from wandistiller.job.failures import WorkerFailed
-from wandistiller.job.rundir import RunDirTaken
 from wandistiller.tracking import loggers
 from wandistiller.tracking.loggers.csv import read_csv
 
