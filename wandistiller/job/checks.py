@@ -6,7 +6,6 @@ line naming the key and the fix; `preflight.prepare` runs them first, in its ord
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import re
@@ -28,6 +27,7 @@ from wandistiller.core.extensions import check_signatures
 from wandistiller.core.files import folder_problem
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
+from wandistiller.recipe.losses import as_loss
 from wandistiller.state.received import looks_like_hub_id
 
 
@@ -182,9 +182,7 @@ def check_training_parts(cfg: DictConfig):
         get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
-    built = instantiate(t.loss)  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
-    if isinstance(built, functools.partial) and isinstance(built.func, type):
-        built()
+    as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
         built_quietly(node)
     return built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)

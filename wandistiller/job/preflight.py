@@ -8,7 +8,6 @@ through the planner, builds the placement once, and hands the workers a picklabl
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from wandistiller.placements import Placement, Serving, advice, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import check_rank, is_lora, lora_settings
@@ -377,11 +377,8 @@ def check_lora_training(cfg: DictConfig) -> None:
             "the adapters switched off (they are on only inside the student's call); drop "
             "trainer.gradient_checkpointing"
         )
-    built = instantiate(cfg.trainer.loss)  # read as check_layers reads it
-    loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
-    needs = getattr(loss, "needs", None)
-    bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
-    if getattr(needs, "teacher_hidden", ()) or getattr(needs, "student_hidden", ()) or bound:
+    needs = run_loss(cfg).needs
+    if needs.teacher_hidden or needs.student_hidden:
         raise UserError(
             "trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
             "loss=distillation (trainer.loss.hidden_kd_weight=0) with student=lora"
@@ -426,20 +423,24 @@ def check_method_loss(cfg: DictConfig, method) -> None:
     )
 
 
+def run_loss(cfg: DictConfig) -> Loss:
+    """`trainer.loss` as the run builds it (`recipe.losses.as_loss`: a loss option built with its keys, a
+    Legacy-shaped function wrapped, `needs` a Needs): every check reads it so, a bound hidden_kd_weight included."""
+    return as_loss(instantiate(cfg.trainer.loss))
+
+
 def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:
     """The blocks the loss matches (hidden-state KD): ones both models have (a loss that picks them from the
     depths, loss=features, is resolved on the JSON: the keep-map only moves its pairs among blocks that exist),
-    under a placement whose teacher returns hidden states. The loss is read as `recipe.losses.as_loss` reads it
-    (that layer sits above this one): a `needs` of blocks, a frozenset of names, or a Legacy-shaped function."""
-    built = instantiate(cfg.trainer.loss)
-    loss = built() if isinstance(built, functools.partial) and isinstance(built.func, type) else built
+    under a placement whose teacher returns hidden states (the loss as the run reads it: `run_loss`)."""
+    loss = run_loss(cfg)
     resolve = getattr(loss, "resolve", None)
     if resolve is not None:
         resolve(teacher["num_layers"], student["num_layers"])
-    needs = getattr(loss, "needs", None)
+    needs = loss.needs
     pairs = (
-        ("teacher", getattr(needs, "teacher_hidden", ()), teacher["num_layers"]),
-        ("student", getattr(needs, "student_hidden", ()), student["num_layers"]),
+        ("teacher", needs.teacher_hidden, teacher["num_layers"]),
+        ("student", needs.student_hidden, student["num_layers"]),
     )
     for name, blocks, depth in pairs:
         bad = next((b for b in blocks if not -depth <= b < depth), None)
@@ -448,9 +449,7 @@ def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Place
                 f"trainer.loss matches {name} block {bad}, but the {name} has {depth} blocks; match "
                 f"blocks in -{depth}..{depth - 1}"
             )
-    older = isinstance(needs, (set, frozenset)) and "teacher_hidden" in needs
-    bound = isinstance(loss, functools.partial) and (loss.keywords.get("hidden_kd_weight") or 0) > 0
-    if (pairs[0][1] or older or bound) and not placement.hidden_states:
+    if needs.teacher_hidden and not placement.hidden_states:
         able = names_where(lambda cls: cls.hidden_states)
         raise UserError(
             f"trainer.loss matches the teacher's hidden states, but teacher_placement={placement.name} returns none; "
