@@ -26,7 +26,8 @@ from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.recipe.loop import Run, train_loop
 from wandistiller.recipe.targets import LocalTargets
-from wandistiller.state.runs import as_sampler, generate
+from wandistiller.state.runs import as_sampler
+from wandistiller.state.sampling import generate
 from wandistiller.student.model import build_student
 from wandistiller.teacher.model import Teacher, load_expert
 from wandistiller.teacher.spec import inspect_teacher

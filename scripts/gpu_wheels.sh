@@ -24,6 +24,8 @@ if ! ls "$WHL"/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1; then
   python3 -m pip wheel -q --no-deps -w "$WHL" "$SD"/antlr4-python3-runtime-4.9.3.tar.gz
   rm -rf "$SD"
 fi
-[ -f ../shared/gpu_baseline.py ] && cp ../shared/gpu_baseline.py "$WHL"/ || echo "(no ../shared/gpu_baseline.py: the baseline step is skipped)"
+# A reference benchmark of your own to run beside ours on the same card (gpu_figures.sh step gpu_baseline):
+# GPU_BASELINE=/path/to/gpu_baseline.py bash scripts/gpu_wheels.sh
+[ -n "${GPU_BASELINE:-}" ] && cp "$GPU_BASELINE" "$WHL"/gpu_baseline.py || echo "(GPU_BASELINE not set: the baseline step is skipped)"
 ls -1 "$WHL"
 du -sh "$WHL"
