@@ -664,3 +664,19 @@ def test_a_lora_student_of_a_fine_tuned_teacher_stacks_on_its_lora_in_diffusers_
         stacked = pipe.transformer(x, t, cond, return_dict=False)[0]
         theirs = tuned.transformer(x, t, cond, return_dict=False)[0]
     assert (stacked - theirs).norm() / theirs.norm() < 1e-4
+
+
+def test_a_full_disk_while_safetensors_writes_is_one_line_and_leaves_no_folder(finished, tmp_path, monkeypatch):
+    """safetensors reports a failed write as its own SafetensorError ("I/O error: …"), not an OSError."""
+    from safetensors import SafetensorError
+
+    from wandistiller import export as export_module
+
+    def full(run, tmp, request):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    record = export_module.FORMATS["diffusers"]
+    monkeypatch.setitem(export_module.FORMATS, "diffusers", dataclasses.replace(record, write=full))
+    with refused("the export could not be written (No space left on device (os error 28)); free some space"):
+        export(finished, tmp_path / "out", "diffusers")
+    assert not (tmp_path / "out").exists()

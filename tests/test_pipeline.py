@@ -177,7 +177,7 @@ def test_an_export_to_a_folder_that_cannot_be_written_is_refused_before_the_work
     from wandistiller import pipeline
     from wandistiller.core.errors import UserError
 
-    monkeypatch.setattr(pipeline, "pipeline_folder", lambda *a: pytest.fail("work began before the check"))
+    monkeypatch.setattr(pipeline, "pipeline_student", lambda *a: pytest.fail("work began before the check"))
     with pytest.raises(UserError, match=f"--out {out}: .* cannot be written") as e:
         export(finished, Path(out))
     assert "\n" not in str(e.value)

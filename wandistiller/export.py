@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from wandistiller.compose import register_configs
 from wandistiller.core.atomic import umask
 from wandistiller.core.errors import OneLineParser, UserError, description
@@ -145,6 +147,7 @@ def export(
             f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
             "drop --checkpoint (or finish the run: trainer.resume=auto)"
         )
+    record.ready(run)  # what the format needs at hand (a LoRA student's merged file: its teacher)
     if checkpoint in (None, "ema"):
         final_student(run, checkpoint)  # before any work
     dtype = dtype or record.default_dtype
@@ -156,9 +159,10 @@ def export(
             built = record.write(run, Path(tmp), request)
             unchanged()
             _replace(out, built, Path(tmp))
-    except OSError as e:  # a full disk, a quota
+    except (OSError, SafetensorError) as e:  # a full disk, a quota: safetensors words it "I/O error: …"
+        why = (e.strerror or e) if isinstance(e, OSError) else str(e).rsplit(": ", 1)[-1]
         raise UserError(
-            f"--out {out}: the export could not be written ({e.strerror or e}); free some space or "
+            f"--out {out}: the export could not be written ({why}); free some space or "
             "choose another folder (nothing was left there)"
         ) from None
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

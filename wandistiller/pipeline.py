@@ -34,7 +34,7 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     run_pipeline,
     write_pipeline,
 )
-from wandistiller.state.formats.diffusers import pipeline_folder
+from wandistiller.state.formats.diffusers import pipeline_folder, pipeline_student
 from wandistiller.state.runs import open_run
 from wandistiller.student.lora import is_lora
 
@@ -67,9 +67,10 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
             "a transformer of its own with no adapters to merge; drop --merge-lora"
         )
     _check_out(out)
+    student = pipeline_student(run, checkpoint)  # read before any write
     try:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            built = pipeline_folder(run, Path(tmp), checkpoint, merge_lora, card_phrases())
+            built = pipeline_folder(run, Path(tmp), student, merge_lora, card_phrases())
             if out.is_dir():  # an empty folder the user made: replaced by the whole export
                 out.rmdir()
             built.rename(out)

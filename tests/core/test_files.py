@@ -383,8 +383,6 @@ ALLOWED_CALLS = {
     ("state/received.py", "local_cache_dir"): "the shipped conf/train.yaml",
     ("state/checkpoint.py", "teacher_digest"): "the teacher's weights files",
     ("state/export.py", "model_index"): "the teacher's model_index.json",
-    ("state/runs.py", "image_scale"): "the teacher's vae/config.json",
-    ("state/runs.py", "time_scale"): "the teacher's vae/config.json",
     ("state/export.py", "teacher_index"): "the teacher's model_index.json",
     ("state/card.py", "example_prompt"): "a shipped prompts file (never a received run's own)",
     ("recipe/methods/dmd.py", "teacher_shaped"): "the teacher's transformer",

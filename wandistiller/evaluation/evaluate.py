@@ -223,17 +223,16 @@ def evaluate(run_dir: str | Path, settings: EvalSettings | None = None) -> dict:
     given = None if firsts is None else torch.stack([pil_tensor(firsts[i]) for i in idx for _ in range(per_prompt)])
     judged = _Judged(prompts, teacher_lat, teacher_imgs, teacher_s, teacher_calls, given, video, s)
     results: dict[str, dict] = {}
+    first, grid = slice(None, None, per_prompt), None  # the grid: each prompt's first image, by the first count
     for n in plan.counts:
         what = "eval: the student" + (f" at {n} steps" if len(plan.counts) > 1 else "")
         student_lat, student_s = generate(
             student, emb, idx, seed, n, shape, what, per_prompt, plan.schedulers[n], images
         )
-        results[str(n)] = judged.student(n, student_lat, decode(vae, student_lat), student_s)
-    first = slice(None, None, per_prompt)
-    head = results[str(plan.counts[0])]
-    grid = (teacher_imgs[first], head.pop("images")[first], prompts[first])
-    for one in results.values():
-        one.pop("images", None)
+        student_imgs = decode(vae, student_lat)  # one count's images held at a time
+        results[str(n)] = judged.student(n, student_lat, student_imgs, student_s)
+        grid = grid or (teacher_imgs[first], student_imgs[first], prompts[first])
+    assert grid is not None  # one student step count at least
     result = _record(plan, s.checkpoint, results, prompts, video)
     _write(run.path, result_stem(plan.source, plan.named), result, grid, video)
     return result
@@ -292,7 +291,7 @@ class _Judged:
         self.quality = self.quality_of(self.prompts, {"teacher": self.images}, s.clip_model, s.fid_reference)
 
     def student(self, n: int, latents: torch.Tensor, images: torch.Tensor, seconds: list[float]) -> dict:
-        """One step count's result: its rows (per image), their means and quality figures; `images` for the grid."""
+        """One step count's result: its rows (per image), their means and quality figures."""
         mse = ((latents - self.latents) ** 2).flatten(1).mean(1).tolist()
         pictures = (clip_metrics if self.video else image_metrics)(images, self.images)
         if self.given is not None:  # how well each clip keeps its given first frame (frame 0 against the image, dB)
@@ -311,7 +310,7 @@ class _Judged:
         s = self.settings
         quality = self.quality | self.quality_of(self.prompts, {"student": images}, s.clip_model, s.fid_reference)
         mean |= quality | diversity_ratio(quality) | (motion_ratio(quality) if self.video else {})
-        return {"student_steps": n, "mean": mean, "prompts": rows, "images": images}
+        return {"student_steps": n, "mean": mean, "prompts": rows}
 
 
 def _record(plan: _Plan, checkpoint: str | None, results: dict, prompts: list[str], video: bool) -> dict:

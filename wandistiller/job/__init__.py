@@ -1,1 +1,2 @@
-"""One training job around the recipe: preflight refusals, the run folder, resume, stopping, failures."""
+"""One training job around the recipe: preflight refusals, the run folder, resume, failures (stopping is
+core/stopping.py)."""

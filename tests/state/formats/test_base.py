@@ -13,7 +13,7 @@ from wandistiller.state.formats.base import DTYPES, ExportFormat, Request, dtype
 
 def test_the_shipped_formats_are_found_with_their_dtypes_and_defaults():
     found = formats()
-    assert list(found) == ["diffusers", "lora", "single-file"]
+    assert list(found) == ["diffusers", "single-file", "lora"]  # their `order`: as --format lists them
     assert {n: (f.dtypes, f.default_dtype, f.workflow) for n, f in found.items()} == {
         "diffusers": (("bf16", "fp16", "fp32"), None, False),
         "lora": (("bf16", "fp16", "fp32"), "bf16", True),
@@ -48,13 +48,13 @@ def test_a_new_format_is_one_module_with_its_record_and_the_cli_runs_it(finished
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(plugin)])
     monkeypatch.delitem(sys.modules, "wandistiller.state.formats.notes", raising=False)
     found = formats()
-    assert list(found) == ["diffusers", "lora", "notes", "single-file"]
+    assert list(found) == ["diffusers", "single-file", "lora", "notes"]  # no order given: after the shipped ones
     monkeypatch.setattr(export_cli, "FORMATS", found)
     out = export_cli.export(finished, tmp_path / "out", "notes")
     assert (out / "notes.txt").read_text() == "None fp32 None"  # a KD student: no K; the format's default dtype
-    with refused("--dtype bf16 is for --format diffusers or lora or single-file; notes take --dtype fp32"):
+    with refused("--dtype bf16 is for --format diffusers or single-file or lora; notes take --dtype fp32"):
         export_cli.export(finished, tmp_path / "out2", "notes", "bf16")
-    with refused("--workflow is for --format lora or single-file (a notes export has no workflow); drop it"):
+    with refused("--workflow is for --format single-file or lora (a notes export has no workflow); drop it"):
         export_cli.export(finished, tmp_path / "out3", "notes", workflow="text-to-video")
     assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
 

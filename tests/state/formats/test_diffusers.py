@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from wandistiller.state.formats.base import Request
-from wandistiller.state.formats.diffusers import FORMAT, pipeline_folder, write_diffusers
+from wandistiller.state.formats.diffusers import FORMAT, pipeline_folder, pipeline_student, write_diffusers
 from wandistiller.state.runs import open_run
 
 
@@ -16,7 +16,7 @@ def test_the_pipeline_folder_loads_and_its_transformer_is_in_the_dtype_asked(fin
 
     run = open_run(finished)
     assert FORMAT.refusal(run) is None and FORMAT.default_dtype is None  # as saved
-    built = pipeline_folder(run, tmp_path / "a", None, False, {})
+    built = pipeline_folder(run, tmp_path / "a", pipeline_student(run, None), False, {})
     assert WanPipeline.from_pretrained(built).transformer.dtype == torch.float32
     (tmp_path / "b").mkdir()
     half = write_diffusers(run, tmp_path / "b", Request(dtype="bf16"))

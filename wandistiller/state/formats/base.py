@@ -67,17 +67,21 @@ class ExportFormat:
     workflow: bool  # it writes a ComfyUI workflow (--workflow picks its kind)
     refusal: Callable[[Any], str | None]
     write: Callable[[Any, Path, Request], Path]
+    # What must be at hand before any work, checked last, after the command line's own checks (a LoRA student's
+    # merged single file: its teacher's weights); it raises its one line.
+    ready: Callable[[Any], None] = lambda run: None
+    order: int = 100  # where it is listed (--format's choices, the help, the refusals): lowest first
 
 
 def formats() -> dict[str, ExportFormat]:
-    """Every format of this package (a module declaring `FORMAT`), by name, in module order."""
+    """Every format of this package (a module declaring `FORMAT`), by name, in `order` (then name)."""
     package = importlib.import_module(__name__.rsplit(".", 1)[0])
-    found: dict[str, ExportFormat] = {}
-    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+    found: list[ExportFormat] = []
+    for module in pkgutil.iter_modules(package.__path__):
         record = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "FORMAT", None)
         if isinstance(record, ExportFormat):
-            found[record.name] = record
-    return found
+            found.append(record)
+    return {f.name: f for f in sorted(found, key=lambda f: (f.order, f.name))}
 
 
 def dtype_refusal(fmt: ExportFormat, dtype: str) -> str | None:

@@ -124,10 +124,15 @@ def _build(run, tmp: Path, student, phrases) -> Path:
     return built
 
 
-def pipeline_folder(run, tmp: Path, checkpoint: str | None, merge: bool, phrases) -> Path:
-    """The pipeline's export built in `tmp` (its `export/`): the student read first (a damaged one is one line
-    before anything is written), then the folder. `phrases`: what each method taught its student (the card)."""
-    student = _lora_source(run, checkpoint) if is_lora_student(run) else _student(run, checkpoint)
+def pipeline_student(run, checkpoint: str | None):
+    """The student a pipeline folder is built from, read before anything is written (a damaged one is one line):
+    a LoRA student's adapters folder, else its WanTransformer3DModel (or `student_ema/`'s folder)."""
+    return _lora_source(run, checkpoint) if is_lora_student(run) else _student(run, checkpoint)
+
+
+def pipeline_folder(run, tmp: Path, student, merge: bool, phrases) -> Path:
+    """The pipeline's export built in `tmp` (its `export/`) from `pipeline_student`'s student. `merge`: a LoRA
+    student's adapters merged into its transformers; `phrases`: what each method taught its student (the card)."""
     if is_lora_student(run):
         return _build_lora(run, tmp, student, merge, phrases)
     return _build(run, tmp, student, phrases)
@@ -138,7 +143,7 @@ def write_diffusers(run, tmp: Path, request: Request) -> Path:
     from diffusers import WanTransformer3DModel
 
     dtype = request.dtype
-    built = pipeline_folder(run, tmp, request.checkpoint, False, request.phrases)
+    built = pipeline_folder(run, tmp, pipeline_student(run, request.checkpoint), False, request.phrases)
     if dtype not in (None, "fp32"):
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         folder = check_tree(built, "transformer")  # the export's own folder, checked as every folder it reads
@@ -186,4 +191,5 @@ FORMAT = ExportFormat(
     False,
     refusal,
     write_diffusers,
+    order=0,
 )

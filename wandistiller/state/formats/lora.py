@@ -275,4 +275,5 @@ FORMAT = ExportFormat(
     True,
     refusal,
     _lora,
+    order=2,
 )

@@ -268,11 +268,10 @@ def _single_file(run, tmp: Path, request: Request) -> Path:
     return built
 
 
-def refusal(run) -> str | None:
+def ready(run) -> None:
     """A LoRA student's single file merges its adapters into its teacher: the teacher must be at hand."""
     if is_lora_student(run):
         merged_teacher_at_hand(run)
-    return None
 
 
 FORMAT = ExportFormat(
@@ -281,6 +280,8 @@ FORMAT = ExportFormat(
     "bf16",
     "a single file takes --dtype bf16, fp16, fp32 or fp8",
     True,
-    refusal,
+    lambda run: None,  # every student: a LoRA one merged into its teacher
     _single_file,
+    ready=ready,
+    order=1,
 )
