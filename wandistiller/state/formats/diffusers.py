@@ -11,38 +11,15 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.core.errors import UserError
-from wandistiller.core.files import check_tree, in_run, open_in, read_json_in, write_in_run
+from wandistiller.core.files import check_tree, open_in, read_json_in, write_in_run
 from wandistiller.state.card import files_section, model_card
 from wandistiller.state.checkpoint import load_checkpoint
 from wandistiller.state.export import PIPELINE, SAMPLING, write_lora_pipeline, write_pipeline
-from wandistiller.state.formats.base import ExportFormat, Request, is_lora_student
+from wandistiller.state.formats.base import ExportFormat, Request, final_student, is_lora_student
 from wandistiller.state.runs import load_student, student_source
 from wandistiller.student.lora import ADAPTERS_JSON, WEIGHTS, adapters_from, is_lora_folder, save_adapters
 from wandistiller.teacher.model import load_expert
 from wandistiller.teacher.spec import pipeline_name
-
-
-def _student(run, checkpoint: str | None):
-    """The student to export: `student_ema/`'s folder, or the final or a checkpoint's WanTransformer3DModel."""
-
-    if checkpoint != "ema":
-        return load_student(run, student_source(run, checkpoint), torch.device("cpu"))
-    student = in_run(run.path, "student_ema")  # never a received folder's link to a student elsewhere
-    if not student.is_dir():
-        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-    return student
-
-
-def _lora_source(run, checkpoint: str | None) -> Path:
-    """A LoRA student's adapters to export: the final `student/`, `student_ema/`, or a checkpoint's."""
-
-    if checkpoint != "ema":
-        return student_source(run, checkpoint)
-    student = in_run(run.path, "student_ema")
-    if not student.is_dir():
-        raise UserError(f"{run.path} has no student_ema/ (trainer.ema_decay was off); drop --checkpoint")
-    return student
 
 
 def _build_lora(run, tmp: Path, source: Path, merge: bool, phrases) -> Path:
@@ -126,8 +103,12 @@ def _build(run, tmp: Path, student, phrases) -> Path:
 
 def pipeline_student(run, checkpoint: str | None):
     """The student a pipeline folder is built from, read before anything is written (a damaged one is one line):
-    a LoRA student's adapters folder, else its WanTransformer3DModel (or `student_ema/`'s folder)."""
-    return _lora_source(run, checkpoint) if is_lora_student(run) else _student(run, checkpoint)
+    `student_ema/`'s folder (`final_student`'s, refused where there is none), a LoRA student's adapters folder, else
+    its final or a checkpoint's WanTransformer3DModel."""
+    if checkpoint == "ema":
+        return final_student(run, "ema")
+    source = student_source(run, checkpoint)
+    return source if is_lora_student(run) else load_student(run, source, torch.device("cpu"))
 
 
 def pipeline_folder(run, tmp: Path, student, merge: bool, phrases) -> Path:
