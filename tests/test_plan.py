@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, cli, fresh_runs
+from tests.conftest import ROOT, cli, fresh_runs, workload
 from tests.placements.test_planner import FRAME, HARDWARE
 from wandistiller import plan
 from wandistiller.placements import memory
@@ -123,16 +123,15 @@ def test_a_teacher_without_a_local_config_is_one_line_and_exit_code_2(monkeypatc
 
 def planned(*overrides: str):
     """(workload, estimates by placement, auto's choice) for a 14B teacher and a `student=small` on one 40 GiB GPU."""
-    import torch
 
     from wandistiller.core.hydra import compose_config
     from wandistiller.job.checks import name_the_teacher
-    from wandistiller.placements.planner import choose, plan, workload_of
+    from wandistiller.placements.planner import choose, plan
 
     hardware = ["hardware.gpus=1", "hardware.gpu_memory_gib=40", "hardware.host_memory_gib=256"]
     cfg = compose_config(["teacher=wan2.1_t2v_14b", *FRAME, *hardware, *overrides])
     name_the_teacher(cfg)
-    found = workload_of(cfg, torch.bfloat16)
+    found = workload(cfg)
     assert found is not None
     estimates = plan(*found)
     return found[0], {e.placement: e for e in estimates}, choose(estimates)
@@ -141,7 +140,7 @@ def planned(*overrides: str):
 def test_dmd_plans_its_fake_score_beside_the_student_and_auto_chooses_with_it():
     kd_w, kd, kd_choice = planned()
     dmd_w, dmd, dmd_choice = planned("method=dmd")
-    assert (kd_w.fake_score, dmd_w.fake_score, dmd_w.fake_updates) == (None, "student", 5)
+    assert kd_w.networks == () and [(n.shape, n.trains) for n in dmd_w.networks] == [(memory.STUDENT_SHAPED, 5)]
     fake_states = memory.param_count(dmd_w.student_config) * 12  # fp32 weights + AdamW's two moments
     for name in ("gpu", "balanced", "sequential", "cpu"):  # the training rank's GPU, larger by the fake score's states
         grown = dmd[name].gpu_bytes[0] - kd[name].gpu_bytes[0]
@@ -162,13 +161,14 @@ def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score_and_the_passes_of
     plan_main(monkeypatch, "teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], "method=dmd")
     lines = capsys.readouterr().out.splitlines()
     assert (
-        lines[1] == "fake score (student-shaped, 215M params): its weights, AdamW states and grads counted on every "
-        "training rank"
+        lines[1]
+        == "fake score (method.fake_score=student: student-shaped, 215M params): its weights, optimizer states "
+        "and grads counted on every training rank"
     )
     # K=4 and 5 fake-score updates: 1.5 generation calls per micro-batch + 2.5 per update without grad
     assert (
         lines[2] == "a step of method=dmd: 1 teacher call(s) (cond + uncond), 1 student forward + backward, 14 "
-        "student forwards without grad (few-step generations), 5 fake-score forward + backward, 1 without grad"
+        "student forwards without grad (few-step generations), 5 fake score forward + backward, 1 without grad"
     )
     header = next(line for line in lines if line.startswith("placement"))
     assert "s/step samples/s note" in header
@@ -177,10 +177,11 @@ def test_the_plan_of_dmd_says_what_it_counts_of_the_fake_score_and_the_passes_of
 def test_a_lora_fake_score_is_planned_as_its_adapters_and_a_teacher_backward_where_the_teacher_is_here():
     _, teacher_shaped, _ = planned("method=dmd", "method.fake_score=teacher")
     w, estimates, choice = planned("method=dmd", "method.fake_score=lora")
-    assert (w.fake_score, w.lora_rank) == ("lora", 16)
+    (fake,) = w.networks
+    assert (fake.shape, fake.rank, fake.key) == (memory.ADAPTERS, 16, "method.fake_score=lora")
     # rank 16 x (16 + 2) x 5120 + 2 x 13824 per block, 40 blocks: 76.7M adapters beside 14.3B frozen weights
-    assert memory.fake_score_params(w) == 16 * (18 * 5120 + 2 * 13824) * 40
-    assert memory.method_state_bytes(w) == memory.fake_score_params(w) * 12
+    assert memory.network_params(w, fake) == 16 * (18 * 5120 + 2 * 13824) * 40
+    assert memory.method_state_bytes(w) == memory.network_params(w, fake) * 12
     # Only placements that backpropagate through the teacher on the training GPU: gpu, which on 40 GiB does not fit
     # (a 14B teacher's backward; smaller than a teacher-shaped copy's), and the streamed ones, which recompute each
     # block in backward: auto streams it from RAM.
@@ -197,10 +198,10 @@ def test_the_plan_of_a_lora_fake_score_says_what_it_counts(monkeypatch, capsys):
               "method.fake_score=lora", "method.lora_rank=8")  # fmt: skip
     line, passes = capsys.readouterr().out.splitlines()[1:3]
     assert line.startswith(
-        "fake score (LoRA of rank 8 on the teacher's 1 expert(s), 38.3M adapter params): their weights, AdamW states "
-        "and grads, and the activations of a teacher-sized backward"
+        "fake score (method.fake_score=lora: LoRA of rank 8 on the teacher's 1 expert(s), 38.3M adapter params): their "
+        "weights, optimizer states and grads, and the activations of a teacher-sized backward"
     )
-    assert "5 fake-score forward + backward, 1 without grad" in passes
+    assert "5 fake score forward + backward, 1 without grad" in passes
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess:

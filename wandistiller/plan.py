@@ -58,7 +58,7 @@ def main() -> None:
         passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
-        planned = workload_of(cfg, precision.teacher_dtype)
+        planned = workload_of(cfg, precision.teacher_dtype, passes.networks)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
         clip = (cfg.data.latent_frames, time_factor(cfg.teacher.path))

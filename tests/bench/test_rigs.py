@@ -44,7 +44,9 @@ def test_issue_43_target_2_the_a14b_pairs_lora_dmd_on_an_fp8_base_plans_within_2
     from wandistiller.placements.planner import plan
 
     w, _ = rigs.workload("wan2.2_t2v_a14b", "fp8", 1)
-    assert w.teacher_fp8 and w.student_lora_rank and w.fake_score == "lora"  # a run that now trains (no refusal)
+    assert (
+        w.teacher_fp8 and w.student_lora_rank and w.networks[0].shape == "adapters"
+    )  # a run that now trains (no refusal)
     mine = next(e for e in plan(w, Hardware((24 * GiB,), 48 * GiB), OffloadPlacement()) if e.placement == "offload")
     assert mine.fits and max(mine.gpu_bytes) <= 24 * GiB and mine.host_bytes <= 48 * GiB  # the host at fp8 bytes
 

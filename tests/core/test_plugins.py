@@ -12,7 +12,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from tests.conftest import cli, metrics_steps, refused
+from tests.conftest import cli, metrics_steps, refused, workload
 from wandistiller import plan
 from wandistiller.compose import register_configs, registries
 from wandistiller.core.errors import UserError
@@ -88,6 +88,24 @@ def test_the_plugins_own_refusal_is_one_line_before_the_run(plugin):
         built_quietly(compose_config(["method=dummy", "method.weight=-1"]).method)
 
 
+def test_a_plugin_methods_own_network_is_planned_from_its_declaration_alone(plugin):
+    """The dummy method declares a student-shaped `shadow` it trains (one update per step) in its `passes`: the
+    planner counts its weights and optimizer states in every phase of the step, a phase for its update, and its
+    passes in the step time, with no edit to placements/."""
+    from wandistiller.placements import memory
+    from wandistiller.placements.planner import method_lines
+
+    hardware = ["hardware.gpus=0", "hardware.host_memory_gib=64"]
+    (dummy, hw), (kd, _) = (workload(compose_config([*hardware, f"method={m}"])) for m in ("dummy", "kd"))
+    (shadow,) = dummy.networks
+    assert (shadow.name, shadow.shape, kd.networks) == ("shadow", memory.STUDENT_SHAPED, ())
+    states = memory.param_count(dummy.student_config) * 12  # fp32 weights + AdamW's two moments
+    assert memory.method_state_bytes(dummy) == states
+    assert memory.training_bytes(dummy, "cpu") >= memory.training_bytes(kd, "cpu") + states
+    passes = built_quietly(compose_config(["method=dummy"]).method).passes(1, False)
+    assert method_lines(dummy, passes)[0].startswith("shadow (method=dummy: student-shaped, ")
+
+
 def test_a_logger_entry_that_is_no_logger_lists_the_plugins_too(plugin):
     cfg = compose_config(["logger=[dummy]", "+logger.extra=1"])
     with refused("`logger` names loggers (csv, dummy, none, tensorboard, wandb)"):
@@ -99,7 +117,8 @@ def test_the_plan_rows_the_plugins_placement_and_a_saved_config_may_name_its_tar
     monkeypatch.setattr(sys, "argv", ["plan", "hardware.gpus=0", "hardware.host_memory_gib=64", "method=dummy"])
     plan.main()
     out = capsys.readouterr().out
-    assert "a step of method=dummy" in out
+    assert "a step of method=dummy" in out and "1 shadow forward + backward, 0 without grad" in out
+    assert "shadow (method=dummy: student-shaped, " in out  # the network it declares, counted with no other edit
     assert any(line.split()[:2] == ["dummy", "yes"] for line in out.splitlines()), out
     assert {"dummyplugin.method.dummy.Dummy", "dummyplugin.logger.dummy.DummyLogger"} <= received.allowed_targets()
 
@@ -139,6 +158,7 @@ def test_a_run_trains_with_the_plugins_method_placement_loss_and_logger(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     steps = metrics_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2] and all(r["dummy_weight"] == 0.5 for r in steps)  # the method's
+    assert all(r["loss_shadow"] >= 0 for r in steps)  # its own network's update, logged beside the student's
     assert all(r["loss"] == pytest.approx(2 * r["loss_velocity"]) for r in steps)  # the loss's, scale 2 (its YAML)
     lines = (run_dir / "dummy.txt").read_text().splitlines()
     assert [int(line.split()[0]) for line in lines] == [1, 2]

@@ -164,12 +164,19 @@ def test_a_training_process_peaks_at_the_larger_of_its_two_phases_with_the_margi
     assert memory.student_device_bytes(w) == memory.training_bytes(w, teacher_here=False) + memory.CUDA_CONTEXT
 
 
+def lora_fake(rank: int = 4) -> memory.OwnNetwork:
+    """dmd's LoRA fake score as it declares it (method.fake_score=lora, 5 updates per step)."""
+    return memory.OwnNetwork("fake score", "method.fake_score=lora", memory.ADAPTERS, rank=rank, forwards=1, trains=5)
+
+
 def test_a_lora_fake_score_counts_its_adapters_states_and_a_teacher_sized_backward_as_a_third_phase():
-    w = tiny_workload(fake_score="lora", fake_updates=5, lora_rank=4, gradient_checkpointing=True)
+    fake = lora_fake()
+    w = tiny_workload(networks=(fake,), gradient_checkpointing=True)
     d, ffn, blocks = 32, 64, TINY_TRANSFORMER["num_layers"]
     adapters = 4 * (8 * (d + d) + 2 * (d + ffn)) * blocks  # rank x (8 attention projections, 2 FFN Linears)
-    assert memory.fake_score_params(w) == adapters and memory.fake_score_params(replace(w, experts=2)) == 2 * adapters
-    assert memory.method_state_bytes(w) == adapters * 12 and memory.method_state_bytes(w, grads=True) == adapters * 16
+    assert memory.network_params(w, fake) == adapters
+    assert memory.network_params(replace(w, experts=2), fake) == 2 * adapters
+    assert memory.method_state_bytes(w) == adapters * 12 and memory.method_state_bytes(w, fake) == adapters * 16
     # The teacher's backward on a resident teacher: not checkpointed whatever the student is, no 16-bit copies of
     # its 16-bit weights; plus the adapters' own saved inputs in every block.
     as_teacher = replace(w, student_config=w.teacher_config, ema=False, gradient_checkpointing=False)
@@ -177,10 +184,10 @@ def test_a_lora_fake_score_counts_its_adapters_states_and_a_teacher_sized_backwa
     factor = memory.ACT_FACTOR["gpu_adapted"]  # fitted to a LoRA student's backward through the teacher
     lora = int(factor * blocks * per_block)
     backward = memory.student_activation_bytes(as_teacher, weight_casts=False, factor=factor) + lora
-    assert memory.fake_activation_bytes(w) == backward
+    assert memory.network_activation_bytes(w, fake) == backward
     fp32 = replace(w, teacher_dtype_bytes=4)  # under autocast: the 16-bit copies of its weights too
     assert (
-        memory.fake_activation_bytes(fp32)
+        memory.network_activation_bytes(fp32, fake)
         == memory.student_activation_bytes(as_teacher, factor=factor) + lora
         > backward
     )
@@ -190,7 +197,7 @@ def test_a_lora_fake_score_counts_its_adapters_states_and_a_teacher_sized_backwa
         memory.student_state_bytes(w, grads=False) + adapters * 16 + backward,
     ]
     assert memory.training_bytes(w) == int(max(phases) * (1 + memory.FIT_MARGIN))
-    bigger_fake = memory.training_bytes(replace(w, lora_rank=64))  # the third phase counts: its adapters' states
+    bigger_fake = memory.training_bytes(replace(w, networks=(lora_fake(64),)))  # the third phase: its adapters' states
     assert bigger_fake > memory.training_bytes(w)
 
 
@@ -203,15 +210,16 @@ def test_a_process_on_a_gpu_machine_adds_the_cuda_runtime_and_without_one_holds_
 
 def test_a_streamed_teachers_backward_keeps_each_blocks_input_and_one_blocks_activations():
     # offload and disk recompute each block in backward (streaming.Recomputed), adapters as they were in the forward
-    w = tiny_workload(fake_score="lora", fake_updates=5, lora_rank=4)
+    fake = lora_fake()
+    w = tiny_workload(networks=(fake,))
     streamed = replace(w, teacher_checkpointed=True)
     d, ffn = 32, 64
     as_teacher = replace(w, student_config=w.teacher_config, gradient_checkpointing=True)
     factor = memory.ACT_FACTOR["gpu_adapted"]
     lora = int(factor * (32 * (14 * d + 2 * ffn) + 16 * 4 * d))  # one block's adapters
     teacher = memory.student_activation_bytes(as_teacher, weight_casts=False, factor=factor)
-    assert memory.fake_activation_bytes(streamed) == teacher + lora
-    assert memory.fake_activation_bytes(streamed) < memory.fake_activation_bytes(w)
+    assert memory.network_activation_bytes(streamed, fake) == teacher + lora
+    assert memory.network_activation_bytes(streamed, fake) < memory.network_activation_bytes(w, fake)
     lora_student = replace(w, student_config=w.teacher_config, student_lora_rank=4)  # both phases adapted
     assert memory.training_bytes(replace(lora_student, teacher_checkpointed=True)) < memory.training_bytes(lora_student)
 
@@ -223,11 +231,23 @@ def test_a_lora_student_counts_its_adapters_states_and_a_backward_through_the_te
     adapters = 4 * (8 * (d + d) + 2 * (d + ffn)) * blocks
     assert memory.student_params(w) == adapters == memory.lora_params(w, 4)
     assert memory.student_state_bytes(w) == adapters * (12 + 4 + 4)  # fp32 A and B, AdamW, grads, EMA
-    fake = replace(w, student_lora_rank=0, fake_score="lora", lora_rank=4)  # the same backward as a fake score's
+    fake = replace(w, student_lora_rank=0, networks=(lora_fake(),))  # the same backward as a fake score's
     backward = memory.adapted_activation_bytes(w)
-    assert memory.student_activation_bytes(w) == backward == memory.fake_activation_bytes(fake)
+    assert memory.student_activation_bytes(w) == backward == memory.network_activation_bytes(fake, lora_fake())
     assert memory.student_activation_bytes(replace(w, teacher_checkpointed=True)) < memory.student_activation_bytes(w)
     assert memory.student_params(replace(w, experts=2)) == 2 * adapters  # a set on each expert
     student = memory.student_state_bytes(w) + memory.student_activation_bytes(w)
     teacher_phase = memory.student_state_bytes(w, grads=False) + memory.teacher_activation_bytes(w)
     assert memory.training_bytes(w) == int(max(student, teacher_phase) * (1 + memory.FIT_MARGIN))
+
+
+def test_a_student_shaped_network_of_a_lora_student_is_a_second_adapter_set_not_a_copy_of_the_teacher():
+    """dmd's `fake_score=student` beside `student=lora` is adapters of the student's rank and layers on the placed
+    teacher (DMD.bind), so the planner counts those, and their backward through the teacher, never a teacher copy."""
+    copy = memory.OwnNetwork("fake score", "method.fake_score=student", memory.STUDENT_SHAPED, forwards=1, trains=5)
+    w = tiny_workload(student_config=dict(TINY_TRANSFORMER), student_lora_rank=4, networks=(copy,))
+    assert memory.adapted(w, copy) and memory.network_params(w, copy) == memory.student_params(w)
+    assert memory.network_params(w, copy) < param_count(w.teacher_config) // 4
+    assert memory.network_activation_bytes(w, copy) == memory.adapted_activation_bytes(w)
+    own = replace(w, student_config=dict(TINY_STUDENT), student_lora_rank=0)  # a student of its own: a copy of it
+    assert not memory.adapted(own, copy) and memory.network_params(own, copy) == param_count(TINY_STUDENT)

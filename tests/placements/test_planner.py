@@ -163,10 +163,13 @@ def lora_student_workload(make_cfg, teacher: str, *extra: str, rank: int = 16, l
     dmd with a LoRA fake score, batch 1, one 480x832 frame (1560 tokens), on one 24 GiB GPU."""
     from omegaconf import OmegaConf
 
+    from wandistiller.job.checks import built_quietly
+
     cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1", *extra)
+    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a plain node: the student's keys change
     cfg.student = {"builder": "lora", "rank": rank, "alpha": None, "layers": layers}
-    found = plan.workload_of(cfg, DTYPES["bf16"])
+    found = plan.workload_of(cfg, DTYPES["bf16"], passes.networks)
     assert found is not None
     return found
 
@@ -175,7 +178,7 @@ def test_a_lora_student_is_read_from_its_config_as_the_teacher_with_adapters(mak
     w, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8)
     assert (w.student_lora_rank, w.student_config, w.tokens, w.batch_size) == (8, dict(WAN_14B), 1560, 1)
     assert memory.student_params(w) == 8 * (18 * 5120 + 2 * 13824) * 40  # adapters alone: no weights of its own
-    assert (w.fake_score, w.lora_rank) == ("lora", 16)
+    assert [(n.shape, n.rank) for n in w.networks] == [(memory.ADAPTERS, 16)]  # dmd's LoRA fake score, declared
     attention, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers="attention")
     assert memory.student_params(attention) == 8 * (16 * 5120) * 40  # 8 projections of 5120 x 5120
     named, _ = lora_student_workload(make_cfg, "wan2.1_t2v_14b", rank=8, layers=["ffn.net.2", "attn1.to_q"])
@@ -192,7 +195,7 @@ def test_a_lora_student_of_a_14b_teacher_streamed_by_offload_fits_one_24_gib_gpu
     assert bare.fits and max(bare.gpu_bytes) < 10.5 * memory.GiB
     # host: the pinned bf16 teacher (28.6 GB a expert) and the process; the GPU holds two adapter sets + states
     assert memory.teacher_weight_bytes(w) < bare.host_bytes < memory.teacher_weight_bytes(w) + 3 * memory.GiB
-    assert w.experts == experts and memory.student_params(w) == memory.fake_score_params(w)
+    assert w.experts == experts and memory.student_params(w) == memory.network_params(w, *w.networks)
     # Only placements that backpropagate through the teacher on the GPU are planned; `gpu` does not fit
     refused = {n for n, e in estimates.items() if not (e.gpu_bytes or e.host_bytes)}
     assert {"balanced", "sequential", "sharded", "gpu0", "cpu"} <= refused and not estimates["gpu"].fits
@@ -214,7 +217,7 @@ def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(m
     passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
-    planned = plan.workload_of(cfg, torch.bfloat16)
+    planned = plan.workload_of(cfg, torch.bfloat16, passes.networks)
     assert planned is not None
     report = advice.plan_report(*planned, cfg.teacher.name, passes).splitlines()
     assert "student LoRA of rank 16 on the teacher's 1 expert(s), 76.7M adapter params" in report[0]

@@ -20,9 +20,9 @@ def timed(*overrides: str, hardware: str = "40GiB"):
     cfg = compose_config(["teacher=wan2.1_t2v_14b", *FRAME, *gpus.get(hardware, HARDWARE.get(hardware, [])),
                           *overrides])  # fmt: skip
     name_the_teacher(cfg)
-    found = workload_of(cfg, torch.bfloat16)
-    assert found is not None
     passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    found = workload_of(cfg, torch.bfloat16, passes.networks)
+    assert found is not None
     return found[0], step_times(plan(*found), *found, passes)
 
 
@@ -81,7 +81,9 @@ def test_each_method_declares_its_passes_and_the_plan_names_them():
         "1 student forward + backward"
     )
     regression = methods.get("dmd").build(steps=4, regression_weight=0.5).passes(1, False)
-    assert regression.student_trains == 2 and regression.fake_trains == 5  # the jump loss's own forward + backward
+    assert (
+        regression.student_trains == 2 and regression.networks[0].trains == 5
+    )  # the jump loss's own forward + backward
 
 
 def test_adapters_on_a_streamed_teacher_stream_it_once_a_forward_and_twice_a_training_pass():
@@ -103,7 +105,7 @@ def test_adapters_on_a_streamed_teacher_stream_it_once_a_forward_and_twice_a_tra
     w = replace(w, student_config=w.teacher_config, student_lora_rank=16)  # student=lora
     hw, offload = Hardware((40 * GiB,), 256 * GiB), OffloadPlacement(resident_blocks=0)
     e = offload.estimate(w, hw)
-    passes = Passes("dmd", 1, 1, student_forwards=2, student_trains=1, fake_forwards=1, fake_trains=5)
+    passes = Passes("dmd", 1, 1, student_forwards=2, student_trains=1, networks=w.networks)  # 1 forward, 5 trains
     forward = forward_flops(w.teacher_config, w.batch_size, w.tokens, w.text_tokens) / GPU_FLOPS
     copies = streamed_copy_seconds(offload, e, w, w.batch_size)  # 40 blocks of a 14B expert from pinned RAM
     assert copies == pytest.approx(40 * memory.block_bytes(w.teacher_config, 2)[1] / 55e9)
@@ -114,3 +116,30 @@ def test_adapters_on_a_streamed_teacher_stream_it_once_a_forward_and_twice_a_tra
     # resident on a GPU: no copies, no recomputation
     gpu = GpuPlacement().estimate(w, Hardware((80 * GiB,), 256 * GiB))
     assert training_seconds(GpuPlacement(), gpu, w, hw, passes) == pytest.approx(forward * (2 + 3 + 1 + 15))
+
+
+def test_a_placement_declares_its_streams_bandwidth_and_where_its_teacher_computes_and_the_time_follows():
+    """A new placement is timed from its declarations alone (`streamed_from`, `teacher_on_cpu`), not its name."""
+    from wandistiller.placements import memory
+    from wandistiller.placements.cpu import CpuPlacement
+    from wandistiller.placements.memory import GiB, Hardware
+    from wandistiller.placements.offload import OffloadPlacement
+    from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, forward_flops, teacher_call_seconds
+
+    class Nvme(OffloadPlacement):  # blocks read straight from a fast local drive
+        name, streamed_from = "nvme", 7e9
+
+    w, _ = timed()
+    hw = Hardware((40 * GiB,), 256 * GiB)
+    nvme, e = Nvme(resident_blocks=0), OffloadPlacement(resident_blocks=0).estimate(w, hw)
+    streamed = 40 * memory.block_bytes(w.teacher_config, 2)[1] / 7e9  # every block, once per call
+    assert teacher_call_seconds(nvme, e, w, hw) == pytest.approx(streamed)  # slower than the call's compute
+
+    class Host(OffloadPlacement):  # not streamed, its teacher computed by the CPU
+        name, streamed_from, teacher_on_cpu = "host", None, True
+
+    flops = forward_flops(w.teacher_config, 2 * w.batch_size, w.tokens, w.text_tokens)
+    assert teacher_call_seconds(Host(), e, w, hw) == pytest.approx(flops / CPU_FLOPS)
+    assert teacher_call_seconds(CpuPlacement(), e, w, hw) == pytest.approx(flops / CPU_FLOPS)
+    assert teacher_call_seconds(OffloadPlacement(), e, w, hw) < teacher_call_seconds(nvme, e, w, hw)
+    assert flops / GPU_FLOPS < streamed

@@ -65,7 +65,7 @@ def workload(teacher: str, base: str, latent_frames: int) -> tuple[Workload, Pas
     cfg = compose_config(overrides(teacher, base, latent_frames))
     name_the_teacher(cfg)
     passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
-    found = workload_of(cfg, torch.bfloat16)
+    found = workload_of(cfg, torch.bfloat16, passes.networks)
     assert found is not None, "the public teachers' configs are known (core/arch.py KNOWN_TEACHERS)"
     return found[0], passes
 

@@ -43,7 +43,7 @@ from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
-from wandistiller.student.lora import check_rank, is_lora, lora_settings
+from wandistiller.student.lora import is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.finetune import absolute, with_loras
@@ -125,7 +125,7 @@ def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, met
     else:
         student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
         check_student_room(cfg, student, spec.transformer_config)
-    check_adapter_ranks(cfg, spec.transformer_config)
+    method.check_teacher(spec.transformer_config)  # its own networks against the teacher's shape (a LoRA's rank)
     check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
     check_data(cfg, spec)
     if planned is None:  # a Hub teacher: planned now that its config is here
@@ -248,10 +248,11 @@ def choose_placement(
     student = check_student(cfg.student, teacher_config)
     check_student_room(cfg, student, teacher_config, hw)
     ranks = plan.ranks_per_node(cfg, hw, world.nproc_per_node)
-    w = plan.workload(plan.RunShape.of(cfg), teacher_config, experts, student, precision.teacher_dtype, ranks)
+    passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    shape = plan.RunShape.of(cfg)
+    w = plan.workload(shape, teacher_config, experts, student, precision.teacher_dtype, ranks, passes.networks)
     configured = placement
     estimates = plan.plan(w, hw, configured)
-    passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     times = plan.step_times(estimates, w, hw, passes, configured)
     best = plan.choose(estimates, times)
     if best is None and cfg.data.latent_frames > 1:  # a clip too long for this hardware: say how long one fits
@@ -383,13 +384,6 @@ def check_lora_training(cfg: DictConfig) -> None:
             "trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
             "loss=distillation (trainer.loss.hidden_kd_weight=0) with student=lora"
         )
-
-
-def check_adapter_ranks(cfg: DictConfig, teacher: dict) -> None:
-    """dmd's LoRA fake score's rank no wider than the narrowest layer it adapts (the student's: check_student)."""
-    method = cfg.method
-    if method.get("fake_score") == "lora" and isinstance(method.get("lora_rank"), int):
-        check_rank("method.lora_rank", method.lora_rank, teacher)
 
 
 def student_identity(cfg: DictConfig) -> dict | None:

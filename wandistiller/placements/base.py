@@ -14,6 +14,8 @@ its config schema (so a key the option does not take fails when the config is co
     whole_on_one_device   whether the whole teacher sits on one device (the end-of-run evaluation runs there)
     backprop         whether a gradient can pass through its frozen teacher in the training process (a LoRA fake
                      score: method.fake_score=lora; a streamed teacher recomputes each block in backward)
+    streamed_from    bytes per second its teacher's blocks stream in at (None: they stay put): the planner's time
+    teacher_on_cpu   whether its teacher computes on the CPU even where there is a GPU (the planner's time)
     check(precision, world)            refuse early, before any weights load, naming a fix
                      (check_quantize_placement: a placement that cannot load an fp8 teacher, from `fp8`)
     estimate(workload, hardware)       bytes on each device (the planner's input)
@@ -67,6 +69,11 @@ class Placement(ABC):
     # device_map), collectives shard it (sharded), or another process holds it (gpu0's dedicated owner). An fp8
     # teacher (teacher.quantize=fp8) backpropagates too, wherever it loads (`fp8`).
     backprop: ClassVar[bool] = False
+    # Bytes per second a streamed teacher's blocks arrive at (offload, disk), for the planner's step time, which
+    # overlaps each block's copy with its compute; None: its blocks do not stream.
+    streamed_from: ClassVar[float | None] = None
+    # Its teacher computes on the CPU even where there is a GPU (cpu): the planner times its calls at the CPU's rate.
+    teacher_on_cpu: ClassVar[bool] = False
     # GPUs its `check` asks for with its default keys (`debug_cpu=true` keeps gpu0's/balanced's layout on 0).
     min_gpus: ClassVar[int] = 0
 

@@ -20,7 +20,7 @@ class CpuConfig:
 
 class CpuPlacement(Placement):
     name, speed_rank, serving, fp8 = "cpu", 70, Serving.NODE_OWNER, True
-    whole_on_one_device = backprop = True
+    whole_on_one_device = backprop = teacher_on_cpu = True
 
     def check(self, precision, world) -> None:
         if precision.teacher_dtype == torch.float16:

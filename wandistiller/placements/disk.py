@@ -40,6 +40,7 @@ class DiskPlacement(OffloadPlacement):
     name, speed_rank, fp8 = "disk", 60, True
     backprop = True  # as offload's: each block read again in backward and recomputed
     source = "disk"
+    streamed_from = 2e9  # extrapolated: an NVMe read, bytes per second (the page cache aside)
 
     def __init__(
         self, resident_blocks: Any = DiskConfig.resident_blocks, offload_dir: str | None = DiskConfig.offload_dir

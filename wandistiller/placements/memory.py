@@ -132,6 +132,37 @@ def free_gpu_bytes() -> tuple[int, ...]:
     return tuple(torch.cuda.get_device_properties(i).total_memory for i in range(count))
 
 
+# The shapes a method's own network can take (OwnNetwork.shape).
+STUDENT_SHAPED, TEACHER_SHAPED, ADAPTERS = "student", "teacher", "adapters"
+
+
+@dataclass(frozen=True)
+class OwnNetwork:
+    """A network a method trains beside the student, as the method declares it (`Method.passes`) and the planner
+    counts it, so that a new method's network is planned with no edit here:
+
+    shape     "student": a copy of the student (a LoRA student's: a second adapter set of its rank and layers on the
+              placed teacher); "teacher": teacher-shaped, on the training device (from the whole teacher there);
+              "adapters": low-rank adapters of rank `rank` on the placed teacher (a backward through it)
+    forwards  its passes without grad in one step of one rank, at the micro-batch
+    trains    its forward + backward passes in that step
+    state_bytes_per_param   its fp32 weights and its optimizer's states (AdamW: 4 + 8), grads aside
+    key       the setting that chose it, as the plan and its refusals name it (`method.fake_score=lora`)
+    """
+
+    name: str
+    key: str
+    shape: str
+    rank: int = 0
+    forwards: float = 0.0
+    trains: float = 0.0
+    state_bytes_per_param: int = 12
+
+    def __post_init__(self) -> None:
+        if self.shape not in (STUDENT_SHAPED, TEACHER_SHAPED, ADAPTERS):
+            raise ValueError(f"OwnNetwork.shape={self.shape!r}: one of student, teacher, adapters")
+
+
 @dataclass(frozen=True)
 class Workload:
     teacher_config: dict
@@ -148,12 +179,8 @@ class Workload:
     autocast: bool = True  # the student runs under bf16/fp16 autocast (false: fp32 activations)
     compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
     teacher_fp8: bool = False  # teacher.quantize=fp8: the blocks' Linear weights in 1 byte + a scale per row
-    # A network the method trains beside the student (method=dmd's fake score): "student" (student-sized),
-    # "teacher" (teacher-shaped), "lora" (adapters of rank `lora_rank` on the placed teacher itself), None (kd,
-    # trajectory); and its updates per step (each a forward + backward).
-    fake_score: str | None = None
-    fake_updates: int = 0
-    lora_rank: int = 0
+    # The networks the method trains beside the student, as it declares them (`Method.passes`: dmd's fake score).
+    networks: tuple[OwnNetwork, ...] = ()
     # student=lora: the student is the placed teacher with trainable adapters of this rank on every expert (its
     # student_config is the teacher's); 0: a network of its own.
     student_lora_rank: int = 0
@@ -282,12 +309,15 @@ def student_state_bytes(w: Workload, grads: bool = True) -> int:
     return student_params(w) * per_param
 
 
-def fake_score_config(w: Workload) -> dict | None:
-    """The shape of the network the method trains beside the student (dmd's fake score), None without one; a LoRA
-    fake score's forward and backward are the teacher's."""
-    if w.fake_score is None:
-        return None
-    return w.teacher_config if w.fake_score in ("teacher", "lora") else w.student_config
+def network_config(w: Workload, n: OwnNetwork) -> dict:
+    """The shape a method's own network computes at: the student's, or the teacher's (teacher-shaped, or adapters
+    on the placed teacher: their forward and backward are the teacher's)."""
+    return w.student_config if n.shape == STUDENT_SHAPED else w.teacher_config
+
+
+def adapted(w: Workload, n: OwnNetwork) -> bool:
+    """Whether the network is adapters on the placed teacher: adapters, or a copy of a LoRA student."""
+    return n.shape == ADAPTERS or (n.shape == STUDENT_SHAPED and w.student_lora_rank > 0)
 
 
 @functools.lru_cache(maxsize=16)
@@ -309,31 +339,30 @@ def lora_params(w: Workload, rank: int, layers: tuple[str, ...] | None = None) -
     return _adapters_per_block(config_json, rank, layers) * config["num_layers"] * w.experts
 
 
-def fake_score_params(w: Workload) -> int:
-    """The fake score's trainable parameters: a whole network's, or a LoRA fake score's adapters alone (on every
-    block of every expert: teacher/lora.py); 0 without one."""
-    config = fake_score_config(w)
-    if config is None:
-        return 0
-    return lora_params(w, w.lora_rank) if w.fake_score == "lora" else param_count(config)
+def network_params(w: Workload, n: OwnNetwork) -> int:
+    """A method's network's trainable parameters: a whole network's, or adapters alone (on every block of every
+    expert: teacher/lora.py), a LoRA student's copy at the student's rank and layers."""
+    if n.shape == ADAPTERS:
+        return lora_params(w, n.rank)
+    if n.shape == STUDENT_SHAPED:
+        return student_params(w)
+    return param_count(network_config(w, n))
 
 
-def method_state_bytes(w: Workload, grads: bool = False) -> int:
-    """The method's fake score: fp32 weights and AdamW's two moments, + its fp32 grads while it trains (its own
-    updates; set_to_none frees them before the student's); a LoRA fake score's adapters alone (the teacher's
-    weights are the placement's). 0 without one (kd, trajectory)."""
-    return fake_score_params(w) * (12 + (4 if grads else 0))
+def method_state_bytes(w: Workload, training: OwnNetwork | None = None) -> int:
+    """The method's own networks (dmd's fake score): each one's weights and optimizer states, + the fp32 grads of
+    the one `training` (its own updates; set_to_none frees them before the student's); adapters alone where they are
+    adapters (the teacher's weights are the placement's). 0 without any (kd, trajectory)."""
+    held = sum(network_params(w, n) * n.state_bytes_per_param for n in w.networks)
+    return held + (network_params(w, training) * 4 if training is not None else 0)
 
 
-def fake_activation_bytes(w: Workload, device: str = "gpu") -> int:
-    """What the fake score's forward keeps for its backward, as the student's at its shape; a LoRA fake score's is
-    a backward through the placed teacher (`adapted_activation_bytes`)."""
-    config = fake_score_config(w)
-    if config is None:
-        return 0
-    if w.fake_score == "lora":
+def network_activation_bytes(w: Workload, n: OwnNetwork, device: str = "gpu") -> int:
+    """What a method's network's forward keeps for its backward, as the student's at its shape; adapters' is a
+    backward through the placed teacher (`adapted_activation_bytes`)."""
+    if adapted(w, n):
         return adapted_activation_bytes(w, device)
-    return student_activation_bytes(dataclasses.replace(w, student_config=config, ema=False), device)
+    return student_activation_bytes(dataclasses.replace(w, student_config=network_config(w, n), ema=False), device)
 
 
 def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
@@ -391,14 +420,15 @@ def training_bytes(w: Workload, device: str = "gpu", teacher_here: bool = True) 
     """A training process's peak on `device` for the student: the larger of its two phases -- the teacher's
     transient forward (if it runs here) beside the weights and moments, or the student's forward and
     backward, with its saved activations and grads (`zero_grad(set_to_none=True)` frees grads between); with a
-    method's fake score (dmd) its weights and moments in every phase, and a third phase: its own update."""
-    fake = method_state_bytes(w)
-    student = student_state_bytes(w) + student_activation_bytes(w, device) + fake
-    teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0) + fake
+    method's own networks (dmd's fake score) their weights and optimizer states in every phase, and a phase for each
+    network's own update."""
+    own = method_state_bytes(w)
+    student = student_state_bytes(w) + student_activation_bytes(w, device) + own
+    teacher = student_state_bytes(w, grads=False) + (teacher_activation_bytes(w) if teacher_here else 0) + own
     phases = [student, teacher]
-    if fake_score_config(w) is not None:  # the fake score's forward and backward on the student's samples
+    for n in w.networks:  # each network's own update: its forward and backward on the student's samples
         phases.append(
-            student_state_bytes(w, grads=False) + method_state_bytes(w, grads=True) + fake_activation_bytes(w, device)
+            student_state_bytes(w, grads=False) + method_state_bytes(w, n) + network_activation_bytes(w, n, device)
         )
     return int(max(phases) * (1 + FIT_MARGIN))
 

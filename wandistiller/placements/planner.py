@@ -17,17 +17,21 @@ from wandistiller.core.arch import KNOWN_TEACHERS
 from wandistiller.core.errors import human_count, rate
 from wandistiller.placements import Placement, planner_candidates
 from wandistiller.placements.memory import (
+    ADAPTERS,
     FIT_ERROR_PCT,
+    TEACHER_SHAPED,
     Estimate,
     GiB,
     Hardware,
+    OwnNetwork,
     Workload,
-    fake_score_config,
-    fake_score_params,
+    adapted,
+    network_params,
     param_count,
     student_params,
 )
 from wandistiller.placements.steptime import CPU_FLOPS, GPU_FLOPS, Passes, StepTime, step_time
+from wandistiller.student.lora import is_lora
 from wandistiller.student.model import student_config
 from wandistiller.teacher.lora import TARGETS
 from wandistiller.teacher.spec import builtin_teacher
@@ -59,15 +63,15 @@ def step_times(
 
 
 def _estimate(p: Placement, w: Workload, hw: Hardware) -> Estimate:
-    # A teacher-shaped fake score (method.fake_score=teacher) starts from the teacher on the training device; a
-    # LoRA one (lora) backpropagates through the teacher there. (What else they refuse -- served ranks, an fp8
-    # teacher -- DMD.check says in its own line, for the placement this chooses.)
+    # A method's teacher-shaped network (method.fake_score=teacher) starts from the teacher on the training device;
+    # adapters on the teacher (student=lora, method.fake_score=lora) backpropagate through it there. (What else they
+    # refuse -- served ranks, an fp8 teacher -- the method's and student's own checks say, for the chosen placement.)
     on_training_device = p.on_training_device(hw)
-    if w.fake_score == "teacher" and not (p.whole_on_one_device and on_training_device):
-        return Estimate.refused(p.name, "keeps the teacher off the training device (method.fake_score=teacher)")
-    lora = [
-        k for k, on in (("student=lora", w.student_lora_rank), ("method.fake_score=lora", w.fake_score == "lora")) if on
-    ]
+    shaped = [n.key for n in w.networks if n.shape == TEACHER_SHAPED]
+    if shaped and not (p.whole_on_one_device and on_training_device):
+        return Estimate.refused(p.name, f"keeps the teacher off the training device ({', '.join(shaped)})")
+    lora = ["student=lora"] if w.student_lora_rank else []
+    lora += [n.key for n in w.networks if n.shape == ADAPTERS]
     if lora and not (p.backprop and on_training_device):
         return Estimate.refused(
             p.name, f"cannot backpropagate through its teacher on the training device ({', '.join(lora)})"
@@ -245,7 +249,7 @@ def text_encoder_line(nbytes: int | None, hw: Hardware) -> str | None:
 class RunShape:
     """What the planner reads of a run besides the two models' configs, as typed values (`RunShape.of` takes them
     from a composed config): the batch and latent grid, the trainer's memory switches, the student's adapters
-    (student=lora), the method's own network (dmd's fake score)."""
+    (student=lora). The method's own networks are its declaration (`Method.passes`), not read from its keys."""
 
     batch_size: int  # per rank, per micro-batch
     latent_grid: tuple[int, int, int]  # data.latent_frames, latent_height, latent_width
@@ -258,16 +262,11 @@ class RunShape:
     teacher_fp8: bool
     student_lora_rank: int  # student=lora's rank; 0: a student network of its own
     student_lora_layers: tuple[str, ...] | None
-    fake_score: str | None
-    fake_updates: int
-    lora_rank: int
 
     @classmethod
     def of(cls, cfg) -> RunShape:
         d, t = cfg.data, cfg.trainer
-        method = cfg.get("method") or {}  # a method that trains a fake score beside the student (dmd) names its shape
-        # student=lora (builder lora, rank r): the placed teacher with adapters, shaped as the teacher
-        lora_student = cfg.student.get("builder") == "lora"
+        lora_student = is_lora(cfg.student)  # the placed teacher with adapters of rank r, shaped as the teacher
         return cls(
             batch_size=t.batch_size,
             latent_grid=(d.latent_frames, d.latent_height, d.latent_width),
@@ -280,17 +279,21 @@ class RunShape:
             teacher_fp8=cfg.teacher.quantize == "fp8",
             student_lora_rank=int(cfg.student.rank) if lora_student else 0,
             student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
-            fake_score=method.get("fake_score"),
-            fake_updates=method.get("fake_updates") or 0,
-            lora_rank=method.get("lora_rank") or 0,
         )
 
 
 def workload(
-    shape: RunShape, teacher_config: dict, experts: int, student: dict, teacher_dtype: torch.dtype, ranks: int
+    shape: RunShape,
+    teacher_config: dict,
+    experts: int,
+    student: dict,
+    teacher_dtype: torch.dtype,
+    ranks: int,
+    networks: tuple[OwnNetwork, ...],
 ) -> Workload:
     """The planner's inputs for a run of this shape: `student` is the student's config (student.model's
-    check_student against `teacher_config`); a LoRA student (student=lora) is planned as the teacher itself."""
+    check_student against `teacher_config`); a LoRA student (student=lora) is planned as the teacher itself.
+    `networks`: the method's own, as it declares them (`Method.passes(...).networks`)."""
     pt, ph, pw = teacher_config.get("patch_size", [1, 2, 2])
     frames, height, width = shape.latent_grid
     return Workload(
@@ -310,9 +313,7 @@ def workload(
         autocast=shape.autocast,
         compiled=shape.compiled,
         teacher_fp8=shape.teacher_fp8,
-        fake_score=shape.fake_score,
-        fake_updates=shape.fake_updates,
-        lora_rank=shape.lora_rank,
+        networks=networks,
     )
 
 
@@ -326,20 +327,26 @@ def lora_layers(layers) -> tuple[str, ...] | None:
 
 
 def workload_of(
-    cfg, teacher_dtype: torch.dtype, launched: int = 1, ranks: int | None = None, hw: Hardware | None = None
+    cfg,
+    teacher_dtype: torch.dtype,
+    networks: tuple[OwnNetwork, ...],
+    launched: int = 1,
+    ranks: int | None = None,
+    hw: Hardware | None = None,
 ) -> tuple[Workload, Hardware] | None:
     """The one way from a composed config to the planner's inputs: (Workload, Hardware), the hardware detected
     (or as `hardware.*` describes it on paper), the ranks per node as the run will have them (`ranks` fixes
-    them). None while the teacher's config is not on disk (a Hub id not downloaded)."""
+    them); `networks`: the method's own (`Method.passes(...).networks`). None while the teacher's config is not
+    on disk (a Hub id not downloaded)."""
     found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return None
     teacher_config, experts = found
     hw = hw or Hardware.detect(cfg.hardware)
-    lora_student = cfg.student.get("builder") == "lora"  # planned as the teacher: its config is not read
-    student = dict(teacher_config) if lora_student else student_config(cfg.student, teacher_config)
+    # a LoRA student is planned as the teacher: its config is not read
+    student = dict(teacher_config) if is_lora(cfg.student) else student_config(cfg.student, teacher_config)
     ranks = ranks or ranks_per_node(cfg, hw, launched)
-    return workload(RunShape.of(cfg), teacher_config, experts, student, teacher_dtype, ranks), hw
+    return workload(RunShape.of(cfg), teacher_config, experts, student, teacher_dtype, ranks, networks), hw
 
 
 def ranks_per_node(cfg, hw: Hardware, launched: int = 1) -> int:
@@ -362,24 +369,22 @@ def describe_student(w: Workload) -> str:
 
 
 def method_lines(w: Workload, passes: Passes) -> list[str]:
-    """What the plan counts of the method: its own network's memory (dmd's fake score), and the passes of a step
-    that its step times count (the fake score's and few-step generations' on the training rank, under every
+    """What the plan counts of the method: each network of its own (dmd's fake score) in memory, and the passes of
+    a step that its step times count (its networks' and few-step generations' on the training rank, under every
     placement)."""
-    config = fake_score_config(w)
-    if config is not None and w.fake_score == "lora":
-        return [
-            f"fake score (LoRA of rank {w.lora_rank} on the teacher's {w.experts} expert(s), "
-            f"{human_count(fake_score_params(w))} adapter params): their weights, AdamW states and grads, and the "
-            f"activations of a teacher-sized backward (checkpointed per block where the teacher streams: offload, "
-            f"disk), counted on every training rank",
-            passes.describe(),
-        ]
-    lines = (
-        []
-        if config is None
-        else [
-            f"fake score ({w.fake_score}-shaped, {human_count(param_count(config))} params): its weights, AdamW states "
-            f"and grads counted on every training rank"
-        ]
-    )
+    lines = []
+    for n in w.networks:
+        params = human_count(network_params(w, n))
+        if adapted(w, n):
+            rank = n.rank if n.shape == ADAPTERS else w.student_lora_rank
+            lines.append(
+                f"{n.name} ({n.key}: LoRA of rank {rank} on the teacher's {w.experts} expert(s), {params} adapter "
+                f"params): their weights, optimizer states and grads, and the activations of a teacher-sized backward "
+                f"(checkpointed per block where the teacher streams: offload, disk), counted on every training rank"
+            )
+        else:
+            lines.append(
+                f"{n.name} ({n.key}: {n.shape}-shaped, {params} params): its weights, optimizer states and grads "
+                f"counted on every training rank"
+            )
     return [*lines, passes.describe()]

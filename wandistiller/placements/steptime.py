@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wandistiller.placements.base import Placement, Serving
-from wandistiller.placements.memory import Estimate, Hardware, Workload, block_bytes, fake_score_config
+from wandistiller.placements.memory import (
+    Estimate,
+    Hardware,
+    OwnNetwork,
+    Workload,
+    adapted,
+    block_bytes,
+    network_config,
+)
 
 # fitted: the effective rate that gives the one measured whole job: a 1.3B-shaped teacher into student=small, batch
 # 16 x 1560 tokens, teacher_placement=gpu, bf16 eager, 26.6 samples/s on an H200 (scripts/gpu_figures.sh step 5's
@@ -21,10 +29,6 @@ GPU_FLOPS = 2.99e14
 # measured: bf16 matmuls at a training step's row counts on the 2-core dev VM (~41 GFLOP/s: docs/PERFORMANCE.md's fp8
 # table, 1536x1536 and 1536x8960 at M=3120); a server's CPU is faster by its cores.
 CPU_FLOPS = 4.0e10
-# Where a streamed teacher's blocks come from, bytes per second. offload: measured, a 14B expert's bf16 copy floor
-# (~0.5 s per forward on an H200: docs/REAL_MODEL.md); disk: extrapolated, an NVMe read (the page cache aside).
-STREAMED_FROM = {"offload": 55e9, "disk": 2e9}
-TEACHER_ON_CPU = {"cpu"}  # placements whose teacher computes on the CPU; any other on a GPU where there is one
 
 
 def forward_flops(config: dict, batch: int, tokens: int, text_tokens: int = 512) -> float:
@@ -46,8 +50,8 @@ class Passes:
     teacher_calls: int
     student_forwards: float  # without grad
     student_trains: int
-    fake_forwards: int = 0  # the method's own network (dmd's fake score), without grad
-    fake_trains: int = 0
+    # The networks the method trains beside the student (dmd's fake score), each with its passes of this step.
+    networks: tuple[OwnNetwork, ...] = ()
 
     def describe(self) -> str:
         def n(x: float) -> str:
@@ -61,8 +65,8 @@ class Passes:
         parts.append(f"{n(self.student_trains)} student forward + backward")
         if self.student_forwards:
             parts.append(f"{n(self.student_forwards)} student forwards without grad (few-step generations)")
-        if self.fake_trains or self.fake_forwards:
-            parts.append(f"{n(self.fake_trains)} fake-score forward + backward, {n(self.fake_forwards)} without grad")
+        for net in self.networks:
+            parts.append(f"{n(net.trains)} {net.name} forward + backward, {n(net.forwards)} without grad")
         return f"a step of method={self.method}: " + ", ".join(parts)
 
 
@@ -76,10 +80,11 @@ class StepTime:
 def training_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware, passes: Passes) -> float:
     """One rank's step on its training device: the student's passes and the method's network's. A network of its
     own computes at the device's rate; adapters on the placed teacher (student=lora, method.fake_score=lora) run
-    the teacher's passes, which a streamed placement also streams: a forward once, a training pass twice (its
-    forward, then each block again for its recomputation and backward), each overlapped with that compute."""
+    the teacher's passes, which a streamed placement (`Placement.streamed_from`) also streams: a forward once, a
+    training pass twice (its forward, then each block again for its recomputation and backward), each overlapped
+    with that compute."""
     rate = GPU_FLOPS if hw.gpu_bytes else CPU_FLOPS
-    streamed = p.name in STREAMED_FROM
+    streamed = p.streamed_from is not None
 
     def network(config: dict, adapted: bool, forwards: float, trains: float) -> float:
         flops = forward_flops(config, w.batch_size, w.tokens, w.text_tokens) / rate
@@ -91,9 +96,8 @@ def training_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware, passe
         return forwards * max(flops, copies) + trains * (max(flops, copies) + max(3 * flops, copies))
 
     seconds = network(w.student_config, w.student_lora_rank > 0, passes.student_forwards, passes.student_trains)
-    fake = fake_score_config(w)
-    if fake is not None:
-        seconds += network(fake, w.fake_score == "lora", passes.fake_forwards, passes.fake_trains)
+    for n in passes.networks:
+        seconds += network(network_config(w, n), adapted(w, n), n.forwards, n.trains)
     return seconds
 
 
@@ -101,16 +105,17 @@ def streamed_copy_seconds(p: Placement, e: Estimate, w: Workload, batch: int) ->
     """A streamed teacher's copies of the blocks it does not keep, for one pass at `batch` (each expert it uses)."""
     _, block = block_bytes(w.teacher_config, w.teacher_dtype_bytes, w.teacher_fp8)
     streamed = w.teacher_config["num_layers"] - (e.resident_blocks or 0)
-    return min(w.experts, batch) * streamed * block / STREAMED_FROM[p.name]
+    assert p.streamed_from is not None  # called for streamed placements alone
+    return min(w.experts, batch) * streamed * block / p.streamed_from
 
 
 def teacher_call_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware) -> float:
     """One guided call (cond + uncond: twice the batch) where the placement computes it; a streamed teacher
     takes the longer of its compute and its copies of the blocks it does not keep (each expert the batch uses)."""
     batch = w.teacher_batch_size or w.batch_size
-    on_gpu = bool(hw.gpu_bytes) and p.name not in TEACHER_ON_CPU and not p.debug_cpu
+    on_gpu = bool(hw.gpu_bytes) and not p.teacher_on_cpu and not p.debug_cpu
     compute = forward_flops(w.teacher_config, 2 * batch, w.tokens, w.text_tokens) / (GPU_FLOPS if on_gpu else CPU_FLOPS)
-    if p.name not in STREAMED_FROM:
+    if p.streamed_from is None:
         return compute
     return max(compute, streamed_copy_seconds(p, e, w, batch))
 

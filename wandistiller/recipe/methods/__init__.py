@@ -10,7 +10,7 @@ is the interface). Each module declares `OPTION = Option("<name>", <its schema>,
 
 Adding a method: one module here (its schema dataclass with `_target_`, `name` and `steps`, its `Method` subclass,
 its `OPTION`) and one YAML `conf/method/<name>.yaml` (`defaults: [/schema/method/<name>@_here_, _self_]`); the
-loop is not edited.
+loop is not edited, nor the planner: a network it trains is declared in its `passes` (`OwnNetwork`).
 """
 
 from __future__ import annotations

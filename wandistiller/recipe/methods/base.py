@@ -17,7 +17,10 @@ folder). It declares
     uses_loss          whether it trains with trainer.loss (kd); one that does not refuses a loss set for it
     reads_x0           whether it reads the data's clean latents (kd); one that does not refuses a source that
                        samples the teacher for them (data=teacher_latents), which would be sampled for nothing
-    passes(micro_batches, whole_step)  what one step runs, in passes of each network (the planner's step time)
+    passes(micro_batches, whole_step)  what one step runs, in passes of each network, and the networks it trains
+                       beside the student (`Passes.networks`: shape, rank, optimizer states, passes): what the planner
+                       counts of it, with no method named anywhere in placements/
+    check_teacher(config)   refuse, in one line, a teacher its own networks cannot take (a LoRA wider than a layer)
     check(placement, ranks, device, teacher_cfg)   refuse, in one line, a placement (or teacher settings:
                        teacher.quantize, teacher.compile) it cannot train with
     prepare(ctx, teacher, embeddings)  before the student: what it samples from the teacher once (every rank calls it)
@@ -105,9 +108,13 @@ class Method:
         return {"name": self.name} | {key: getattr(self, key) for key in self.identity_keys}
 
     def passes(self, micro_batches: int, whole_step: bool) -> Passes:
-        """What one training step runs, in passes of each network (the planner's step time): kd's by default, one
-        teacher call per micro-batch (or one per step under trainer.teacher_whole_step) and the student's."""
+        """What one training step runs, in passes of each network (the planner's step time), with the networks it
+        trains beside the student (`networks`: the planner's memory counts them too): kd's by default, one teacher
+        call per micro-batch (or one per step under trainer.teacher_whole_step) and the student's, no other network."""
         return Passes(self.name, micro_batches, 1 if whole_step else micro_batches, 0.0, micro_batches)
+
+    def check_teacher(self, config: dict[str, Any]) -> None:
+        """Refuse a teacher (its transformer's config.json) the networks it trains cannot be shaped for."""
 
     def check(
         self, placement: Placement, ranks: int, device: torch.device, teacher_cfg: DictConfig | None = None

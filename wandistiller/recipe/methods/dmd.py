@@ -42,10 +42,12 @@ from wandistiller.core.registry import Option
 from wandistiller.data.batches import Batch, mixed_seed, shifted_sigmas
 from wandistiller.placements import names_where
 from wandistiller.placements.base import check_adapters_on_teacher
+from wandistiller.placements.memory import ADAPTERS, STUDENT_SHAPED, TEACHER_SHAPED, OwnNetwork
 from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import logged, total
 from wandistiller.recipe.methods.base import Method, Network, steps_within
 from wandistiller.recipe.methods.fewstep import FewStepConfig, OdePoints, positive, schedule_identity
+from wandistiller.student.lora import check_rank
 from wandistiller.student.model import Student
 from wandistiller.teacher.fewstep import parse_schedule, student_schedule
 from wandistiller.teacher.finetune import apply as apply_loras
@@ -53,7 +55,9 @@ from wandistiller.teacher.image import ImageCondition, denoised_frames
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters
 from wandistiller.teacher.spec import loading
 
-FAKE_SCORES = ("student", "teacher", "lora")
+# Each method.fake_score as the planner counts it (placements/memory.py's OwnNetwork shapes).
+FAKE_SHAPES = {"student": STUDENT_SHAPED, "teacher": TEACHER_SHAPED, "lora": ADAPTERS}
+FAKE_SCORES = tuple(FAKE_SHAPES)
 # The draws' own generator streams beside the data's and the ODE points' (fewstep.STREAM).
 STUDENT_STREAM, FAKE_STREAM = 2, 3
 T_RANGE = (0.02, 0.98)  # where x0 is re-noised, before the shift: DMD2's min/max step
@@ -130,6 +134,11 @@ class DMD(Method):
         mine = super().identity() | schedule_identity(self.schedule)
         return mine if self.fake_score == "lora" else {k: v for k, v in mine.items() if k != "lora_rank"}
 
+    def check_teacher(self, config: dict) -> None:
+        """A LoRA fake score's rank no wider than the narrowest layer it adapts."""
+        if self.fake_score == "lora":
+            check_rank("method.lora_rank", self.lora_rank, config)
+
     def check(self, placement, ranks: int, device: torch.device, teacher_cfg=None) -> None:
         if self.fake_score == "student":
             return
@@ -155,7 +164,15 @@ class DMD(Method):
         fake-score forward + backward."""
         trains = micro_batches * (2 if self.regression_weight else 1)
         forwards = micro_batches * (self.k - 1) / 2 + self.fake_updates * (self.k + 1) / 2
-        return Passes(self.name, micro_batches, micro_batches, forwards, trains, micro_batches, self.fake_updates)
+        fake = OwnNetwork(
+            "fake score",
+            f"method.fake_score={self.fake_score}",
+            FAKE_SHAPES[self.fake_score],
+            rank=self.lora_rank if self.fake_score == "lora" else 0,
+            forwards=micro_batches,
+            trains=self.fake_updates,
+        )
+        return Passes(self.name, micro_batches, micro_batches, forwards, trains, networks=(fake,))
 
     def prepare(self, ctx, teacher, embeddings, images=None) -> None:
 

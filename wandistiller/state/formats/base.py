@@ -33,6 +33,7 @@ from wandistiller.state.comfy import (
 from wandistiller.state.runs import load_student, recorded_teacher, student_source
 from wandistiller.state.sampling import image_scale, time_scale
 from wandistiller.state.saved import raw_value, saved_number, saved_word
+from wandistiller.student.lora import BUILDER as LORA_BUILDER
 from wandistiller.teacher.fewstep import student_schedule
 from wandistiller.teacher.spec import pipeline_name
 
@@ -136,9 +137,10 @@ def run_card(run, phrases: Mapping[str, str]) -> str:
 
 
 def is_lora_student(run) -> bool:
-    """Whether the run's student is low-rank adapters on the teacher (`student.builder: lora`), as saved."""
+    """Whether the run's student is low-rank adapters on the teacher (`student.builder: lora`), as saved (read raw:
+    a received run's odd value is no LoRA, never an error here)."""
 
-    return raw_value(run.cfg.student, "builder") == "lora"
+    return raw_value(run.cfg.student, "builder") == LORA_BUILDER
 
 
 def saved_name(node, key: str) -> str:
