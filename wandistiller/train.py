@@ -26,7 +26,6 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 
 from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core import stopping
-from wandistiller.core.context import Prepared
 from wandistiller.core.distributed import (
     Topology,
     destroy_process_group,
@@ -44,6 +43,7 @@ from wandistiller.job.failures import FAILURES, oom_report, record_failure, root
 from wandistiller.job.preflight import prepare
 from wandistiller.job.resumed import continued_config, task_overrides
 from wandistiller.job.rundir import note_missing_run_dir, release_run_dir, removed_if_refused
+from wandistiller.recipe.context import Prepared
 from wandistiller.state.checkpoint import checkpoint_step
 from wandistiller.tracking.sweep import record_failed_point, sweep_point
 

@@ -14,9 +14,9 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import FP32, metrics_steps
-from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.context import RunContext
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.outputs import millions, summarize, validation_summary, whole_run
 from wandistiller.teacher.spec import inspect_teacher

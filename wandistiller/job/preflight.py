@@ -17,7 +17,6 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from wandistiller.core.arch import Layout
-from wandistiller.core.context import Prepared
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
@@ -40,6 +39,7 @@ from wandistiller.placements import Placement, Serving, advice, names_where
 from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
+from wandistiller.recipe.context import Prepared
 from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode

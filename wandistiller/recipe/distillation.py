@@ -19,7 +19,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from wandistiller.core.context import Prepared, RunContext
 from wandistiller.core.distributed import Topology, gather, local_device, made_once, roles_for
 from wandistiller.core.errors import human_count
 from wandistiller.core.precision import Precision
@@ -29,6 +28,7 @@ from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.validation import split_prompts
 from wandistiller.recipe import hooks, outputs
+from wandistiller.recipe.context import Prepared, RunContext
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
 from wandistiller.recipe.losses import as_loss
 from wandistiller.recipe.samples import sample_grids

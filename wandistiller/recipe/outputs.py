@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from wandistiller.core.context import RunContext
 from wandistiller.core.files import replace_folder, write_in_run
 from wandistiller.core.stopping import Signalled, end_of_run_stopped
 from wandistiller.data.validation import recorded_rows, save_loss_plot
+from wandistiller.recipe.context import RunContext
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.checkpoint import teacher_digest

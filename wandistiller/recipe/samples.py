@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from wandistiller.core.context import RunContext
 from wandistiller.core.files import run_folder
 from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import PromptEmbeddings
 from wandistiller.evaluation.grids import save_clip_grid, save_grid
+from wandistiller.recipe.context import RunContext
 from wandistiller.teacher.fewstep import few_step_scheduler
 from wandistiller.teacher.lora import sampling_transformers
 from wandistiller.teacher.model import Teacher

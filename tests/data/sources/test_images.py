@@ -29,7 +29,7 @@ def test_the_source_refuses_a_folder_it_cannot_use_before_anything_loads(tmp_pat
 
 
 def context_of(data, spec=None, cache_dir=None):
-    """The parts of a run's context (wandistiller.core.context.RunContext) the image source reads."""
+    """The parts of a run's context (wandistiller.recipe.context.RunContext) the image source reads."""
     cpu, fp32 = torch.device("cpu"), SimpleNamespace(teacher_dtype=torch.float32)
     return SimpleNamespace(spec=spec, data_cfg=data, teacher_cfg=TEACHER, precision=fp32, device=cpu,
                            cache_dir=cache_dir, topo=Topology(), is_main=True)  # fmt: skip

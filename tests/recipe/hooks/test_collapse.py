@@ -15,11 +15,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.conftest import CONF, FP32, metrics_steps, refused, run_cli
-from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.core.errors import UserError
 from wandistiller.placements.base import load_teacher
 from wandistiller.placements.cpu import CpuPlacement
+from wandistiller.recipe.context import RunContext
 from wandistiller.recipe.hooks.base import HookParts
 from wandistiller.recipe.hooks.collapse import CollapseWatch
 from wandistiller.recipe.targets import LocalTargets

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from wandistiller.config import Choice
 from wandistiller.core.arch import Layout
@@ -28,13 +28,44 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.data.validation import split_prompts
 
 if TYPE_CHECKING:
+    import torch
     from omegaconf import DictConfig
 
-    from wandistiller.core.context import RunContext
+    from wandistiller.core.distributed import Topology
+    from wandistiller.core.precision import Precision
     from wandistiller.data.conditions import ImageBank
     from wandistiller.data.latents import LatentBank
     from wandistiller.data.prompts import PromptEmbeddings
     from wandistiller.teacher.model import Teacher
+    from wandistiller.teacher.spec import TeacherSpec
+
+
+class SourceContext(Protocol):
+    """What a source reads of the run's context (the recipe's `RunContext`, which sits above the data: each source
+    is given it, and names none of the recipe's types)."""
+
+    @property
+    def data_cfg(self) -> DictConfig: ...
+    @property
+    def teacher_cfg(self) -> DictConfig: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def cache_dir(self) -> str: ...
+    @property
+    def spec(self) -> TeacherSpec: ...
+    @property
+    def topo(self) -> Topology: ...
+    @property
+    def precision(self) -> Precision: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def is_main(self) -> bool: ...
+    @property
+    def makes_teacher_data(self) -> bool: ...
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]: ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +144,7 @@ class DataSource:
     @classmethod
     def make(
         cls,
-        ctx: RunContext,
+        ctx: SourceContext,
         teacher: Teacher | None,
         embeddings: PromptEmbeddings,
         val_embeddings: PromptEmbeddings,

@@ -25,8 +25,8 @@ from wandistiller.recipe.methods.base import MAX_SAMPLE_STEPS
 if TYPE_CHECKING:
     import torch
 
-    from wandistiller.core.context import RunContext
     from wandistiller.data.validation import ValSet
+    from wandistiller.recipe.context import RunContext
     from wandistiller.recipe.loop import Run
 
 

@@ -46,10 +46,10 @@ from wandistiller.placements.steptime import Passes
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from wandistiller.core.context import RunContext
     from wandistiller.data.conditions import ImageBank
     from wandistiller.data.prompts import PromptEmbeddings
     from wandistiller.placements.base import Placement
+    from wandistiller.recipe.context import RunContext
     from wandistiller.recipe.loop import Clock, Run
     from wandistiller.teacher.model import Teacher
 

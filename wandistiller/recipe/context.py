@@ -7,18 +7,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from wandistiller.core.distributed import Roles, Topology
-
-if TYPE_CHECKING:  # core/ sits below the teacher and the placements: their types only, never an import
-    from wandistiller.core.precision import Precision
-    from wandistiller.placements.base import Placement
-    from wandistiller.teacher.fewstep import Schedule
-    from wandistiller.teacher.spec import TeacherSpec
+from wandistiller.core.precision import Precision
+from wandistiller.placements.base import Placement
+from wandistiller.teacher.fewstep import Schedule
+from wandistiller.teacher.spec import TeacherSpec
 
 
 @dataclass(frozen=True)

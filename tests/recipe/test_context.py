@@ -1,4 +1,4 @@
-"""`wandistiller.core.context`: a `RunContext` built from real topologies, roles, placements and the tiny teacher's
+"""`wandistiller.recipe.context`: a `RunContext` built from real topologies, roles, placements and the tiny teacher's
 spec; which rank is main, which makes the teacher's data, the latent shape, and that it cannot be changed."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from wandistiller.core.context import RunContext
 from wandistiller.core.distributed import Topology, roles_for
 from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.placements.sharded import ShardedPlacement
+from wandistiller.recipe.context import RunContext
 from wandistiller.teacher.spec import inspect_teacher
 
 DATA = OmegaConf.create({"latent_frames": 3, "latent_height": 8, "latent_width": 12})
