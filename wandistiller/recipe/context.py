@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -15,6 +14,7 @@ from omegaconf import DictConfig
 from wandistiller.core.distributed import Roles, Topology
 from wandistiller.core.precision import Precision
 from wandistiller.placements.base import Placement
+from wandistiller.recipe.methods.base import Method
 from wandistiller.teacher.fewstep import Schedule
 from wandistiller.teacher.spec import TeacherSpec
 
@@ -29,7 +29,7 @@ class Prepared:
     placement: Placement  # built once; `auto` already resolved
     resume_from: str | None
     plan_table: str | None
-    method: Any  # recipe/methods' Method, built from `cfg.method` and checked (not yet prepared nor bound)
+    method: Method  # built from `cfg.method` and checked (not yet prepared nor bound)
     spec: TeacherSpec  # the teacher folder, inspected
     student_config: dict  # the student's WanTransformer3DModel config, checked against the teacher's (check_student)
     sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
