@@ -319,3 +319,27 @@ def workload(cfg):
 
     passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
     return workload_of(cfg, torch.bfloat16, passes.networks)
+
+
+def workflow_sigmas(workflow: dict) -> list[float] | None:
+    """The sigmas an exported workflow sets with ManualSigmas, parsed as ComfyUI's node parses its text (None: it
+    samples with KSampler's scheduler): the oracle the export tests hold the trained sigmas to."""
+    import re
+
+    for node in workflow["nodes"]:
+        if node["type"] == "ManualSigmas":
+            return [float(v) for v in re.findall(r"[-+]?(?:\d*\.*\d+)", node["widgets_values"][0])]
+    return None
+
+
+def encode_condition(
+    spec, vae, images: list, latent_frames: int, height: int, width: int, encoder=None, processor=None
+):
+    """The conditioning of `images` (one per sample) as `WanImageToVideoPipeline` computes it: teacher/image.py's
+    VAE half (`condition_latents`) and, for a teacher with an image encoder, its CLIP half (`clip_embeds`)."""
+    from wandistiller.teacher.image import ImageCondition, clip_embeds, condition_latents
+
+    with torch.no_grad():
+        latents = condition_latents(spec.layout, vae, images, latent_frames, height, width)
+        embeds = clip_embeds(encoder, processor, images) if spec.image_encoder else None
+    return ImageCondition(latents, embeds)

@@ -256,8 +256,8 @@ def test_the_workflow_samples_at_the_sigmas_the_student_was_trained_at(finished,
     """sampling.json (the file's metadata and the pipeline's), the in-process scheduler and the workflow carry the
     same K sigmas: the workflow sets them (ManualSigmas) or names the ComfyUI scheduler whose function gives them
     at its ModelSamplingSD3 shift (our port, pinned to ComfyUI's values in tests/teacher/test_fewstep.py)."""
+    from tests.conftest import workflow_sigmas
     from tests.state.test_runs import few_step_copy
-    from wandistiller.state.comfy import workflow_sigmas
     from wandistiller.state.export import sampling
     from wandistiller.state.runs import open_run, student_scheduler
     from wandistiller.teacher.fewstep import comfy_beta_sigmas, comfy_simple_sigmas
@@ -351,8 +351,8 @@ def test_a_lora_pair_in_the_lightning_layout_loads_through_wan_pipeline_as_the_s
 
 
 def test_a_few_step_lora_in_bf16_and_its_cards_lines_load_it_with_its_scheduler(make_cfg, tmp_path, tiny_path):
+    from tests.conftest import workflow_sigmas
     from tests.student.test_lora import inputs, lora_run
-    from wandistiller.state.comfy import workflow_sigmas
 
     run = tmp_path / "run"
     student = lora_run(make_cfg, run, "tiny", "method=trajectory", "method.steps=2")

@@ -230,9 +230,10 @@ def test_an_image_to_video_run_leaves_the_teachers_image_pipeline_whose_calls_ar
     from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
     from PIL import Image
 
+    from tests.conftest import encode_condition
     from tests.data.sources.test_images import given_images
     from wandistiller.core.arch import Layout
-    from wandistiller.teacher.image import encode_condition, expert_inputs, load_image_encoder
+    from wandistiller.teacher.image import expert_inputs, load_image_encoder
     from wandistiller.teacher.spec import inspect_teacher
     from wandistiller.teacher.vae import load_vae
 

@@ -9,10 +9,11 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.conftest import encode_condition
 from wandistiller.core.errors import UserError
 from wandistiller.data import conditions
 from wandistiller.data.conditions import check_given, fitted, image_bank
-from wandistiller.teacher.image import encode_condition, load_image_encoder
+from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import load_vae
 

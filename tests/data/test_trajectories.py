@@ -103,11 +103,12 @@ def test_an_image_to_video_teachers_points_end_where_its_own_pipeline_ends_from_
     prompts runs each from its own): at K = 1 its last point is what the image pipeline samples from the PIL image,
     bit for bit (TI2V: over the frames it denoises; its given first frame is replaced only after the loop). The cache
     is keyed on the images."""
+    from tests.conftest import encode_condition
     from tests.teacher.test_image import SCALES, SIDE, TEXT, an_image
     from wandistiller.data.conditions import ImageBank
     from wandistiller.data.latents import LatentBank
     from wandistiller.data.trajectories import trajectories_folder
-    from wandistiller.teacher.image import ImageCondition, denoised_frames, encode_condition, load_image_encoder
+    from wandistiller.teacher.image import ImageCondition, denoised_frames, load_image_encoder
     from wandistiller.teacher.sampler import image_pipeline
     from wandistiller.teacher.vae import load_vae
 

@@ -92,7 +92,8 @@ def test_a_lora_goes_on_the_teachers_own_file_before_the_sampler_each_expert_its
 
 
 def test_trained_sigmas_no_comfyui_scheduler_gives_are_set_exactly_and_a_pair_splits_them_at_the_boundary():
-    from wandistiller.state.comfy import MANUAL, workflow_sigmas
+    from tests.conftest import workflow_sigmas
+    from wandistiller.state.comfy import MANUAL
 
     sigmas = (1.0, 0.92820323, 0.79930055, 0.5, 0.0)  # diffusers' Euler at shift 3, K 4
     s = Sampling(4, "euler", MANUAL, 3.0, 64, 64, boundary=0.875, sigmas=sigmas)
@@ -153,7 +154,8 @@ def test_wan21_i2v_gives_its_first_frame_and_clip_tokens_through_wan_image_to_vi
 
 
 def test_an_i2v_pair_at_its_trained_sigmas_guides_both_experts_with_the_image_conditioned_prompt():
-    from wandistiller.state.comfy import MANUAL, WAN_I2V, teacher_files, workflow_sigmas
+    from tests.conftest import workflow_sigmas
+    from wandistiller.state.comfy import MANUAL, WAN_I2V, teacher_files
 
     sigmas = (1.0, 0.92820323, 0.79930055, 0.5, 0.0)
     s = Sampling(4, "euler", MANUAL, 3.0, 64, 64, 0.9, sigmas=sigmas, frames=5, image_node=WAN_I2V, first_frame=True)

@@ -14,10 +14,16 @@ from wandistiller.core.distributed import Topology
 from wandistiller.core.errors import UserError
 from wandistiller.core.precision import Precision
 from wandistiller.placements.cpu import CpuPlacement
-from wandistiller.student.model import build_student, init_from_teacher, student_config
+from wandistiller.student import prune
+from wandistiller.student.model import build_student, student_config
 from wandistiller.teacher.spec import inspect_teacher
 
 TINY_STUDENT = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)
+
+
+def init_from_teacher(student, spec, keep_blocks="even") -> dict:
+    """Fill the student with the teacher's weights, cut to its shape (evenly spaced blocks unless told)."""
+    return prune.prune_into(student.transformer, spec.path / "transformer", spec.transformer_config, keep_blocks)
 
 
 def scfg(**kw):

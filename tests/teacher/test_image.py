@@ -12,7 +12,7 @@ from diffusers import WanImageToVideoPipeline
 from omegaconf import OmegaConf
 from PIL import Image
 
-from tests.conftest import FP32
+from tests.conftest import FP32, encode_condition
 from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import Topology
 from wandistiller.data.latents import SamplerSettings, sample_latents
@@ -20,7 +20,6 @@ from wandistiller.placements.cpu import CpuPlacement
 from wandistiller.teacher.image import (
     TEXT_TOKENS,
     ImageCondition,
-    encode_condition,
     expert_inputs,
     load_image_encoder,
 )

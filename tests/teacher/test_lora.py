@@ -9,8 +9,13 @@ import torch
 from diffusers import WanTransformer3DModel
 
 from wandistiller.core.arch import TINY_TRANSFORMER
-from wandistiller.teacher.lora import TARGETS, Adapters, adapter_count, targets
+from wandistiller.teacher.lora import TARGETS, Adapters, targets
 from wandistiller.teacher.model import freeze
+
+
+def adapter_count(model, rank: int, names=TARGETS) -> int:
+    """Trainable parameters of rank-`rank` adapters on `model`, counted from its Linears' widths."""
+    return sum(rank * (m.in_features + m.out_features) for _, m in targets(model, names))
 
 
 def _wan(dtype: torch.dtype = torch.float32) -> torch.nn.Module:

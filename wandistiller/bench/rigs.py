@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,14 +42,6 @@ RUN = [
     "data.latent_height=60",
     "data.latent_width=104",
 ]
-
-
-@dataclass(frozen=True)
-class Rig:
-    teacher: str
-    base: str
-    latent_frames: int
-    gpu_gib: int
 
 
 def overrides(teacher: str, base: str, latent_frames: int) -> list[str]:

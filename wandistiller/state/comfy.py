@@ -25,7 +25,6 @@ them as an animated WEBP.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 from wandistiller.state.singlefile import expert_names
@@ -353,15 +352,6 @@ def _manual(g: _Graph, s: Sampling, models: list[int], positive: Slot, latent: S
         )
         source = (node, 0)
     return source[0]
-
-
-def workflow_sigmas(workflow: dict) -> list[float] | None:
-    """The sigmas a workflow this module wrote sets with ManualSigmas, as ComfyUI's node parses them (None: it
-    samples with KSampler's scheduler)."""
-    for node in workflow["nodes"]:
-        if node["type"] == "ManualSigmas":
-            return [float(v) for v in re.findall(r"[-+]?(?:\d*\.*\d+)", node["widgets_values"][0])]
-    return None
 
 
 def workflow_text(

@@ -364,9 +364,3 @@ def build_student(
     else:
         log.info("student: random initialisation (student.init=%s)", init)
     return cast_keeping_fp32(student, dtype)  # Wan's norms stay fp32, as from_pretrained(torch_dtype=) keeps them
-
-
-def init_from_teacher(student: Student, spec: TeacherSpec, keep_blocks="even") -> dict:
-    """Fill the student with the teacher's weights, cut to its shape (evenly spaced blocks unless told)."""
-    patch = patch_of(spec.loras, "transformer")
-    return prune.prune_into(student.transformer, spec.path / "transformer", spec.transformer_config, keep_blocks, patch)

@@ -129,30 +129,6 @@ def doubled(inputs: dict) -> dict:
 
 
 @torch.no_grad()
-def encode_condition(
-    spec: TeacherSpec,
-    vae,
-    images: list,
-    latent_frames: int,
-    height: int,
-    width: int,
-    image_encoder=None,
-    image_processor=None,
-) -> ImageCondition:
-    """The conditioning of `images` (PIL images or [3, H, W] tensors in [0, 1], one per sample) for clips of
-    `latent_frames` latent frames at height x width pixels, as `WanImageToVideoPipeline` computes it (its VAE half,
-    `condition_latents`, and its CLIP half, `clip_embeds`). A teacher with an image encoder (`spec.image_encoder`)
-    needs `image_encoder` and `image_processor`."""
-    latents = condition_latents(spec.layout, vae, images, latent_frames, height, width)
-    embeds = None
-    if spec.image_encoder:
-        if image_encoder is None or image_processor is None:
-            raise ValueError("this teacher's experts take CLIP image tokens: pass its image_encoder and processor")
-        embeds = clip_embeds(image_encoder, image_processor, images)
-    return ImageCondition(latents, embeds)
-
-
-@torch.no_grad()
 def condition_latents(layout: Layout, vae, images: list, latent_frames: int, height: int, width: int) -> torch.Tensor:
     """`ImageCondition.latents` of `images`: resized by diffusers' VideoProcessor, encoded to the posterior's mode,
     normalised as `(z - mean) * (1 / std)` (the pipeline's own arithmetic, not `/ std`: they differ in the last

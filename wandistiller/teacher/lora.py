@@ -79,11 +79,6 @@ def targets(model: nn.Module, names: Sequence[str] = TARGETS) -> list[tuple[str,
     return found
 
 
-def adapter_count(model: nn.Module, rank: int, names: Sequence[str] = TARGETS) -> int:
-    """Trainable parameters of rank-`rank` adapters on `model` (a meta skeleton will do)."""
-    return sum(rank * (m.in_features + m.out_features) for _, m in targets(model, names))
-
-
 def layer_widths(config: dict, names: Sequence[str] = TARGETS) -> dict[str, tuple[int, int]]:
     """(in, out) features of each adapted Linear of a Wan transformer, from its config.json alone."""
     inner, ffn = config["num_attention_heads"] * config["attention_head_dim"], config["ffn_dim"]

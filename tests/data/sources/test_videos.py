@@ -81,9 +81,9 @@ def test_an_image_to_video_teacher_trains_on_a_video_folder_each_clip_given_its_
 ):
     """Wan's own I2V training pairs: clip i is x0 and its first frame, fitted as the clip is, the given image (the
     teacher's VAE encodes it with black frames behind, as WanImageToVideoPipeline does)."""
+    from tests.conftest import encode_condition
     from wandistiller.data.conditions import fitted, image_bank
     from wandistiller.data.videos import ClipShape, folder_videos, read_clip
-    from wandistiller.teacher.image import encode_condition
     from wandistiller.teacher.spec import inspect_teacher
     from wandistiller.teacher.vae import load_vae
 

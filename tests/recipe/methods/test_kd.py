@@ -78,10 +78,11 @@ def test_kd_trains_cut_and_lora_students_of_image_to_video_teachers_on_the_teach
     """The real loop and method=kd at toy size on a tiny image-to-video twin, each prompt paired with an image:
     the student takes the conditioning the teacher takes, its own way in (the image channels of its patch
     embedding, Wan 2.1's image-token attention) learns, and a LoRA student starts as the teacher itself."""
+    from tests.conftest import encode_condition
     from tests.teacher.test_image import an_image
     from wandistiller.student.lora import build_lora_student
     from wandistiller.student.model import build_student
-    from wandistiller.teacher.image import encode_condition, load_image_encoder
+    from wandistiller.teacher.image import load_image_encoder
     from wandistiller.teacher.vae import load_vae
 
     spec = inspect_teacher(request.getfixturevalue(f"{twin}_path"))
