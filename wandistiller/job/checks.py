@@ -27,7 +27,8 @@ from wandistiller.core.extensions import check_signatures
 from wandistiller.core.files import folder_problem
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
-from wandistiller.recipe.losses import as_loss
+from wandistiller.recipe.losses import Loss, as_loss
+from wandistiller.recipe.methods.base import Method
 from wandistiller.state.received import looks_like_hub_id
 
 
@@ -163,10 +164,11 @@ SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for tra
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
 
 
-def check_training_parts(cfg: DictConfig):
+def check_training_parts(cfg: DictConfig) -> tuple[Method, Loss]:
     """The optimizer and LR schedule built once on a one-number parameter: their own argument checks
     (torch's "Invalid learning rate", a schedule's missing option) run now, not after the teacher loads.
-    Returns the method, built: the one the run trains with (preflight hands it down in `Prepared`)."""
+    Returns the method, built (the one the run trains with: preflight hands it down in `Prepared`) and
+    `trainer.loss` as the run builds it (`recipe.losses.as_loss`), which the later checks read."""
     from diffusers.optimization import get_scheduler
 
     t = cfg.trainer
@@ -182,10 +184,10 @@ def check_training_parts(cfg: DictConfig):
         get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
-    as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
+    loss = as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
         built_quietly(node)
-    return built_quietly(cfg.method)  # and the method its keys (method.steps=0, a fake score it has not built)
+    return built_quietly(cfg.method), loss  # and the method its keys (method.steps=0, a fake score it has not built)
 
 
 def check_numbers_by_signature(node, prefix: str) -> None:

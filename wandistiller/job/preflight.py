@@ -40,7 +40,7 @@ from wandistiller.placements import planner as plan
 from wandistiller.placements.base import check_adapters_on_teacher, check_quantize_placement
 from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.recipe.context import Prepared
-from wandistiller.recipe.losses import Loss, as_loss
+from wandistiller.recipe.losses import Loss
 from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import is_lora, lora_settings
@@ -73,14 +73,16 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_values(cfg)
     check_hooks(cfg)
     check_targets(cfg)
-    method = check_training_parts(cfg)  # the method, built once here: every later check and the run use it
+    method, loss = check_training_parts(cfg)  # built once here: every later check (and the run's method) uses them
+    if is_lora(cfg.student):
+        check_lora_training(cfg, loss)
     check_tracker(cfg)
     check_folders(cfg)
     default_ranks(cfg, topo)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
-    spec, student, placement, planned = teacher_and_student(cfg, precision, world, method)
+    spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     found = resume_candidate(cfg.trainer.resume, run_dir)
@@ -108,7 +110,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     )
 
 
-def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, method):
+def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, method, loss: Loss):
     """(the teacher's spec, the student's checked config, the placement, the plan): the teacher inspected (its
     LoRAs checked against it, no weights read), the student against it, the placement chosen on the teacher's JSON
     before any download, and their combination checked. `cfg.teacher_placement` is replaced by auto's choice."""
@@ -132,7 +134,7 @@ def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, met
         placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
     check_combination(cfg, placement, world, method)
-    check_layers(cfg, spec.transformer_config, student, placement)
+    check_layers(loss, spec.transformer_config, student, placement)
     return spec, student, placement, planned
 
 
@@ -353,7 +355,6 @@ def check_method_placement(cfg: DictConfig, placement: Placement, world: World, 
     LoRA student (student=lora), which backpropagates through the placed teacher whatever the method."""
     if is_lora(cfg.student):
         check_lora_placement(placement, world.size, local_device(Topology()), cfg.teacher)
-        check_lora_training(cfg)
     method.check(placement, world.size, local_device(Topology()), cfg.teacher)
 
 
@@ -364,7 +365,7 @@ def check_lora_placement(placement: Placement, ranks: int, device, teacher_cfg) 
     )
 
 
-def check_lora_training(cfg: DictConfig) -> None:
+def check_lora_training(cfg: DictConfig, loss: Loss) -> None:
     """What a LoRA student does not take: a compiled student (it is the teacher's own blocks: teacher.compile), and a
     hidden-state loss (its blocks are the teacher's: their outputs would be matched against themselves)."""
     if cfg.trainer.compile_student:
@@ -378,7 +379,7 @@ def check_lora_training(cfg: DictConfig) -> None:
             "the adapters switched off (they are on only inside the student's call); drop "
             "trainer.gradient_checkpointing"
         )
-    needs = run_loss(cfg).needs
+    needs = loss.needs
     if needs.teacher_hidden or needs.student_hidden:
         raise UserError(
             "trainer.loss matches hidden states, and a LoRA student's blocks are the teacher's own; use "
@@ -417,17 +418,10 @@ def check_method_loss(cfg: DictConfig, method) -> None:
     )
 
 
-def run_loss(cfg: DictConfig) -> Loss:
-    """`trainer.loss` as the run builds it (`recipe.losses.as_loss`: a loss option built with its keys, a
-    Legacy-shaped function wrapped, `needs` a Needs): every check reads it so, a bound hidden_kd_weight included."""
-    return as_loss(instantiate(cfg.trainer.loss))
-
-
-def check_layers(cfg: DictConfig, teacher: dict, student: dict, placement: Placement) -> None:
+def check_layers(loss: Loss, teacher: dict, student: dict, placement: Placement) -> None:
     """The blocks the loss matches (hidden-state KD): ones both models have (a loss that picks them from the
     depths, loss=features, is resolved on the JSON: the keep-map only moves its pairs among blocks that exist),
-    under a placement whose teacher returns hidden states (the loss as the run reads it: `run_loss`)."""
-    loss = run_loss(cfg)
+    under a placement whose teacher returns hidden states (`loss`: trainer.loss as the run builds it)."""
     resolve = getattr(loss, "resolve", None)
     if resolve is not None:
         resolve(teacher["num_layers"], student["num_layers"])
