@@ -75,6 +75,17 @@ def test_no_subpackage_imports_a_cli_or_the_composition_and_core_imports_no_othe
     assert imports_of(PACKAGE / "config.py") == set(), "config.py holds the schemas alone"
 
 
+def test_no_cli_imports_another_cli():
+    """Each CLI is a shell over the packages: what two of them share lives below both (job/run.py's `run`, which
+    train's Hydra shell and the quality comparisons call)."""
+    clis = CLIS | CLI_PACKAGES
+    for cli in sorted(clis):
+        module = PACKAGE / f"{cli}.py"
+        files = [module] if module.is_file() else sorted((PACKAGE / cli).rglob("*.py"))
+        found = set().union(*(imports_of(f) for f in files)) & (clis - {cli})
+        assert not found, f"{cli} imports the CLI(s) {sorted(found)}: move what they share into a package below"
+
+
 # docs/ARCHITECTURE.md's layer order: each subpackage imports only those before it (and the schemas, `config`).
 LAYERS = [
     "core",

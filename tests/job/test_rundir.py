@@ -127,7 +127,7 @@ def test_a_refusal_at_setup_removes_the_loggers_folders_it_made_too(tmp_path):
 
 
 def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
-    from wandistiller.train import record_failed_point
+    from wandistiller.tracking.sweep import record_failed_point
 
     run_dir = tmp_path / "r"
     (run_dir / "checkpoints").mkdir(parents=True)  # a live run's, say: no metrics.json yet

@@ -20,7 +20,7 @@ HYDRA_KEYS = frozenset({"_target_", "_partial_", "_args_", "_recursive_", "_conv
 
 # key -> (positional arguments, keyword arguments) the project adds at its call site
 CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "recipe": (("cfg", "prepared", "topology"), ()),  # train.run_recipe
+    "recipe": (("cfg", "prepared", "topology"), ()),  # job/run.py run_recipe
     "student": ((), ("spec", "dtype")),  # recipe._setup_student
     # loop.distill_step, for a Legacy-shaped function; a loss class (an option of recipe.losses.REGISTRY) is built
     # from its keys alone and its instances called with LossInputs (LOSS_CLASSES below)

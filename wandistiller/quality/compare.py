@@ -23,6 +23,7 @@ from wandistiller.core.files import read_json_in
 from wandistiller.core.hydra import compose_config
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.metrics import heldout_reference, pocket_scores
+from wandistiller.job.run import run
 from wandistiller.pocket.classifier import load_classifier
 from wandistiller.pocket.clips import video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS
@@ -34,7 +35,6 @@ from wandistiller.teacher.finetune import merge, read_lora
 from wandistiller.teacher.image import load_image_encoder
 from wandistiller.teacher.sampler import calls_per_image
 from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
-from wandistiller.train import run
 
 # (row, overrides): the same student, steps and batch; only where x0 comes from and the loss change.
 ROWS = [

@@ -1,0 +1,75 @@
+"""wandistiller/job/run.py: `run(cfg)`, one job as a plain function: it never overwrites another run's outputs, a
+finished run's resume is nothing to do (whatever its metrics.json), and what preflight built is handed down."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+
+import pytest
+
+from wandistiller.core.errors import UserError
+from wandistiller.job.run import run
+from wandistiller.teacher.spec import inspect_teacher
+
+
+def digest(folder):
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_folder_with_another_runs_outputs_is_never_overwritten(make_cfg, tmp_path):
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=2", run_dir=run_dir))
+    before = digest(run_dir)
+    with pytest.raises(UserError, match="already holds another run's outputs.*trainer.resume=auto"):
+        run(make_cfg("trainer.max_steps=4", run_dir=run_dir))
+    assert digest(run_dir) == before
+
+
+def test_resuming_a_finished_run_with_a_damaged_metrics_json_is_nothing_to_do(finished, make_cfg, tmp_path, caplog):
+    """Issue 41: `trainer.resume=auto` at the run's own trainer.max_steps read metrics.json to say "nothing to do",
+    and a damaged one was an internal error; now a warning, and the run's outputs as they were."""
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "metrics.json").write_text('{"bad')
+    before = digest(run_dir)
+    with caplog.at_level(logging.WARNING, logger="wandistiller"):
+        assert run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=run_dir)) == {}
+    assert "metrics.json is damaged" in caplog.text and "nothing was trained" in caplog.text
+    kept = lambda files: {k: v for k, v in files.items() if "log" not in k and "config_resume" not in k}
+    assert kept(digest(run_dir)) == kept(before)  # what a resume records of itself aside, the run as it was
+
+
+def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_cfg, tmp_path, monkeypatch):
+    """preflight builds and reads them once and hands them down (`Prepared`): the checks, the planner's call, the
+    recipe's setup and the end-of-run evaluation use its results."""
+    import collections
+    import sys
+
+    from wandistiller.placements.planner import planning_teacher_config
+    from wandistiller.recipe.methods import Method
+    from wandistiller.student.model import check_student
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Method, "__init__", counted("Method", Method.__init__))  # every method's __init__ calls it
+    for fn in (inspect_teacher, check_student, planning_teacher_config):
+        for module in [m for name, m in sys.modules.items() if name.startswith("wandistiller")]:
+            if getattr(module, fn.__name__, None) is fn:  # the name each module calls it by
+                monkeypatch.setattr(module, fn.__name__, counted(fn.__name__, fn))
+    evaluated = ("hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2")
+    run(make_cfg("trainer.max_steps=1", *evaluated, run_dir=tmp_path / "r"))
+    assert (tmp_path / "r" / "eval.json").is_file()
+    assert calls == {"Method": 1, "inspect_teacher": 1, "check_student": 1, "planning_teacher_config": 1}
