@@ -70,6 +70,8 @@ def test_an_export_refuses_a_file_for_out_writes_nothing_into_the_run_and_names_
         export(run_dir, tmp_path / "a_file")
     assert (tmp_path / "a_file").read_text() == "mine"
     before = (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns)
+    with refused(f"--out {run_dir / 'mine'} is inside the run folder {run_dir}; choose a folder outside it"):
+        export(run_dir, run_dir / "mine")  # as `export --out` refuses: a run folder holds what training writes
     out = export(run_dir, tmp_path / "exports" / "mine")  # its parent is made; its temporary folder is beside it
     assert (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns) == before  # a read-only run works
     assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]

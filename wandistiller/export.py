@@ -60,7 +60,7 @@ from wandistiller.state.formats.base import (
     formats,
     is_lora_student,
 )
-from wandistiller.state.runs import open_run
+from wandistiller.state.runs import check_out_of_run, open_run
 from wandistiller.state.singlefile import FP8_LAYOUTS
 
 log = logging.getLogger("wandistiller.export")
@@ -72,14 +72,7 @@ FORMATS = formats()  # by name: each a record of wandistiller/state/formats/
 def check_out(out: Path, run_dir: Path, force: bool) -> None:
     """`--out` new, or empty, or (with --force) an existing folder to replace; never inside the run folder."""
 
-    real_out, real_run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
-    if real_out == real_run or real_run in real_out.parents:
-        raise UserError(
-            f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
-            "folder holds what training writes)"
-        )
-    if real_out in real_run.parents:  # --force would remove the run with the folder it replaces
-        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
+    check_out_of_run(out, run_dir)  # --force would remove a run with the folder it replaces
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(f"--out {out} is a file or a link; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:

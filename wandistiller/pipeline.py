@@ -35,7 +35,7 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     write_pipeline,
 )
 from wandistiller.state.formats.diffusers import pipeline_folder, pipeline_student
-from wandistiller.state.runs import open_run
+from wandistiller.state.runs import check_out_of_run, open_run
 from wandistiller.student.lora import is_lora
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
             f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
             "a transformer of its own with no adapters to merge; drop --merge-lora"
         )
+    check_out_of_run(out, run_dir)
     _check_out(out)
     student = pipeline_student(run, checkpoint)  # read before any write
     try:

@@ -445,3 +445,18 @@ def test_an_image_to_video_student_is_never_drawn_by_a_text_to_video_pipeline_or
                 continue
             assert err.startswith(f"error: the student in {folder / 'student'} cannot be drawn here: ") and said in err
     assert sorted(p.name for p in folder.iterdir()) == before  # no generated/, no eval/
+
+
+def test_an_out_folder_inside_the_run_or_holding_it_is_refused_and_one_beside_it_is_not(tmp_path):
+    from tests.conftest import refused
+    from wandistiller.state.runs import check_out_of_run
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(run_dir)
+    for out in (run_dir, run_dir / "export", tmp_path / "link" / "export"):  # a link into the run counts as inside
+        with refused("is inside the run folder"):
+            check_out_of_run(out, run_dir)
+    with refused(f"--out {tmp_path / 'runs'} holds the run folder {run_dir}"):
+        check_out_of_run(tmp_path / "runs", run_dir)
+    check_out_of_run(tmp_path / "runs" / "export", run_dir)  # beside the run: fine

@@ -111,6 +111,19 @@ class RunFolder:
         return (self.spec.latent_channels, d.latent_frames, d.latent_height, d.latent_width)
 
 
+def check_out_of_run(out: Path, run_dir: Path) -> None:
+    """An export's `--out` (export, pipeline) lies outside the run folder and does not hold it: a run folder holds
+    what training writes, and a folder that holds the run would take it with it when replaced."""
+    real_out, real_run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
+    if real_out == real_run or real_run in real_out.parents:
+        raise UserError(
+            f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
+            "folder holds what training writes)"
+        )
+    if real_out in real_run.parents:
+        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
+
+
 def checked_teacher_folder(folder: Path) -> Path:
     """`--teacher-path`'s folder, every file of it checked by the guard before anything reads it: no link may lead
     out of it, except, for a Hub cache snapshot (`.../models--org--name/snapshots/<revision>`), into its own repo's
