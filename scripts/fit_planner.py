@@ -68,11 +68,14 @@ def workload(overrides: list[str]):
 
     from wandistiller.compose import register_configs
     from wandistiller.core.hydra import compose_config
+    from wandistiller.job.checks import built_quietly
     from wandistiller.placements import planner as plan
 
     register_configs()
     cfg = compose_config(overrides)
-    return plan.workload_of(cfg, torch.bfloat16, ranks=1)[0]
+    # the method's own networks (dmd's fake score) as it declares them: the gpu_adapted datum trains one
+    networks = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step).networks
+    return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1)[0]
 
 
 def tokens(overrides: list[str]) -> tuple[int, int]:

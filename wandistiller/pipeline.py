@@ -66,7 +66,7 @@ def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: 
             f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
             "a transformer of its own with no adapters to merge; drop --merge-lora"
         )
-    check_out_of_run(out, run_dir)
+    check_out_of_run(out, run.path)
     _check_out(out)
     student = pipeline_student(run, checkpoint)  # read before any write
     try:

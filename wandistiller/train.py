@@ -13,7 +13,7 @@ from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core.errors import exit_on_user_error, internal_errors_reported
 from wandistiller.core.hydra import modern_argv
 from wandistiller.core.stopping import stop_at_once
-from wandistiller.job.run import run
+from wandistiller.job.run import run as run_job
 from wandistiller.job.rundir import note_missing_run_dir, removed_if_refused
 
 # The schemas and resolvers, for Hydra's main below: registered when this module is imported because a Hydra launcher
@@ -33,6 +33,12 @@ def main(cfg: DictConfig) -> None:
     with internal_errors_reported(), exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
         with stop_at_once(then):  # the training steps catch it themselves, and stop after one with a checkpoint
             run(cfg)
+
+
+def run(cfg: DictConfig) -> dict:
+    """One training job in this process (job/run.py), its launched workers registering the options as this
+    module did on import; returns the metrics.json summary."""
+    return run_job(cfg, register_configs)
 
 
 def cli() -> None:

@@ -1,5 +1,6 @@
-"""wandistiller/job/run.py: `run(cfg)`, one job as a plain function: it never overwrites another run's outputs, a
-finished run's resume is nothing to do (whatever its metrics.json), and what preflight built is handed down."""
+"""wandistiller/job/run.py: `run(cfg, register)`, one job as a plain function: it never overwrites another run's
+outputs, a finished run's resume is nothing to do (whatever its metrics.json), what preflight built is handed down,
+and the workers it launches register the options before they read a run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import shutil
 
 import pytest
 
+from wandistiller.compose import register_configs
 from wandistiller.core.errors import UserError
-from wandistiller.job.run import run
+from wandistiller.job import run as job
 from wandistiller.teacher.spec import inspect_teacher
+
+
+def run(cfg) -> dict:
+    return job.run(cfg, register_configs)
 
 
 def digest(folder):
@@ -73,3 +79,13 @@ def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_c
     run(make_cfg("trainer.max_steps=1", *evaluated, run_dir=tmp_path / "r"))
     assert (tmp_path / "r" / "eval.json").is_file()
     assert calls == {"Method": 1, "inspect_teacher": 1, "check_student": 1, "planning_teacher_config": 1}
+
+
+@pytest.mark.slow  # two ranks in launched worker processes, and the end-of-run evaluation
+def test_launched_workers_register_the_options_before_the_end_of_run_evaluation_reads_the_run(make_cfg, tmp_path):
+    """A worker process imports job/run.py alone (not the CLI that registered the options on import): called in
+    process, with two ranks, the evaluation at the end (which vets the run's saved `_target_`s against the
+    registries) still runs and writes eval.json."""
+    evaluated = ("hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2")
+    summary = run(make_cfg("trainer.max_steps=1", "distributed.nproc_per_node=2", *evaluated, run_dir=tmp_path / "r"))
+    assert summary["status"] == "completed" and (tmp_path / "r" / "eval.json").is_file()

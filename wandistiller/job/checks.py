@@ -158,7 +158,7 @@ def check_ranges(cfg: DictConfig) -> None:
         )
 
 
-RECIPE = ("setup", "train")  # what train.py's run_recipe calls on the recipe it builds
+RECIPE = ("setup", "train")  # what job/run.py's run_recipe calls on the recipe it builds
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
 SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,8 +48,11 @@ from wandistiller.tracking.sweep import record_failed_point, sweep_point
 log = logging.getLogger("wandistiller")
 
 
-def run(cfg: DictConfig) -> dict:
-    """Distill the configured teacher into the configured student; returns the metrics.json summary."""
+def run(cfg: DictConfig, register: Callable[[], None]) -> dict:
+    """Distill the configured teacher into the configured student; returns the metrics.json summary. `register`:
+    the composition's `register_configs` (compose.py, above this layer), which each launched worker calls first: a
+    worker process imports this module, not the caller's, and reading a run (the end-of-run evaluation) needs the
+    registries."""
     check_interpolations(cfg)  # before any value is read: a bad `${…}` is one line naming its key
     drop_settings_of_unlisted_hooks(cfg)  # fresh and resumed alike: the `hooks` list decides
     topo = Topology.from_env()
@@ -75,7 +79,7 @@ def run(cfg: DictConfig) -> dict:
                 log.warning("%s/metrics.json is damaged (%s); nothing was trained", prepared.run_dir, e)
                 return {}
         if cfg.distributed.nproc_per_node * cfg.distributed.nnodes > 1 or point is not None:
-            summary = _launch_workers(cfg, prepared)
+            summary = _launch_workers(cfg, prepared, register)
         else:
             summary = run_recipe(cfg, prepared, topo)
     except UserError as e:
@@ -144,12 +148,13 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
 
 
 @record
-def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
+def worker_entry(cfg_container: dict, prepared: Prepared, register: Callable[[], None]) -> dict:
     """Entry of a worker started by the elastic launcher (`@record`: its traceback becomes the root cause)."""
     topo = Topology.from_env()
     worker_logging(topo, Path(prepared.run_dir))
     try:
         with exit_on_user_error():
+            register()  # the parent registered its options; this fresh process has not
             return run_recipe(OmegaConf.create(cfg_container), prepared, topo)
     except BaseException as e:
         # The launcher reports whichever rank it saw fail first -- often a survivor whose connection to
@@ -158,7 +163,7 @@ def worker_entry(cfg_container: dict, prepared: Prepared) -> dict:
         raise
 
 
-def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
+def _launch_workers(cfg: DictConfig, prepared: Prepared, register: Callable[[], None]) -> dict:
 
     d = cfg.distributed
     if d.nnodes > 1:  # the rendezvous blocks until every node has joined: say what it waits for
@@ -169,7 +174,8 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared) -> dict:
             d.get("rdzv_id"),
         )
     try:
-        results = launch(worker_entry, (OmegaConf.to_container(cfg, resolve=True), prepared), cfg.distributed)
+        args = (OmegaConf.to_container(cfg, resolve=True), prepared, register)
+        results = launch(worker_entry, args, cfg.distributed)
     except SignalException as e:  # the launcher passed the signal on; the workers stopped with a checkpoint
         shutil.rmtree(Path(prepared.run_dir) / FAILURES, ignore_errors=True)  # a stop is no failure
         raise launcher_stopped(e, prepared.run_dir) from None

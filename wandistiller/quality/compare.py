@@ -81,9 +81,10 @@ def prompt_set(settings: Settings) -> list[str]:
 
 
 def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: Path, cache_dir: Path) -> dict:
-    """One student through the framework's own entry point (`wandistiller.train.run`). `trainer.resume=auto`: a
-    comparison run again with the same `--work` takes the students it already finished (the video table is ~80 min
-    a seed here, so its seeds can be run one sitting at a time) and refuses one trained under other settings."""
+    """One student through the framework's own entry point (`wandistiller.job.run.run`, as `python -m
+    wandistiller.train` runs it). `trainer.resume=auto`: a comparison run again with the same `--work` takes the
+    students it already finished (the video table is ~80 min a seed here, so its seeds can be run one sitting at a
+    time) and refuses one trained under other settings."""
 
     register_configs()
 
@@ -110,7 +111,7 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
             *settings.extra,
         ]
     )
-    return run(cfg)
+    return run(cfg, register_configs)
 
 
 def sample(
