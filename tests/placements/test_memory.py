@@ -251,3 +251,8 @@ def test_a_student_shaped_network_of_a_lora_student_is_a_second_adapter_set_not_
     assert memory.network_activation_bytes(w, copy) == memory.adapted_activation_bytes(w)
     own = replace(w, student_config=dict(TINY_STUDENT), student_lora_rank=0)  # a student of its own: a copy of it
     assert not memory.adapted(own, copy) and memory.network_params(own, copy) == param_count(TINY_STUDENT)
+    # A teacher-shaped network beside the LoRA student trains every weight of its own: a whole network's backward.
+    shaped = memory.OwnNetwork("fake score", "method.fake_score=teacher", memory.TEACHER_SHAPED, trains=5)
+    whole = replace(w, student_lora_rank=0, ema=False)
+    assert memory.network_activation_bytes(w, shaped) == memory.student_activation_bytes(whole)
+    assert memory.network_params(w, shaped) == param_count(w.teacher_config)

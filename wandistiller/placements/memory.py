@@ -362,7 +362,9 @@ def network_activation_bytes(w: Workload, n: OwnNetwork, device: str = "gpu") ->
     backward through the placed teacher (`adapted_activation_bytes`)."""
     if adapted(w, n):
         return adapted_activation_bytes(w, device)
-    return student_activation_bytes(dataclasses.replace(w, student_config=network_config(w, n), ema=False), device)
+    # a network of its own (beside a LoRA student too: a teacher-shaped copy trains every weight of its own)
+    whole = dataclasses.replace(w, student_config=network_config(w, n), ema=False, student_lora_rank=0)
+    return student_activation_bytes(whole, device)
 
 
 def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
