@@ -68,13 +68,13 @@ def workload(overrides: list[str]):
 
     from wandistiller.compose import register_configs
     from wandistiller.core.hydra import compose_config
-    from wandistiller.job.checks import built_quietly
+    from wandistiller.job.checks import method_passes
     from wandistiller.placements import planner as plan
 
     register_configs()
     cfg = compose_config(overrides)
     # the method's own networks (dmd's fake score) as it declares them: the gpu_adapted datum trains one
-    networks = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step).networks
+    networks = method_passes(cfg).networks
     return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1)[0]
 
 

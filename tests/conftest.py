@@ -314,10 +314,10 @@ def choose(cfg):
 def workload(cfg):
     """The planner's workload for a composed config (bf16 teacher): (Workload, Hardware), as a run plans it (the
     method's own networks as it declares them)."""
-    from wandistiller.job.checks import built_quietly
+    from wandistiller.job.checks import method_passes
     from wandistiller.placements.planner import workload_of
 
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg)
     return workload_of(cfg, torch.bfloat16, passes.networks)
 
 

@@ -12,7 +12,7 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, check_missing, check_values, name_the_teacher
+from wandistiller.job.checks import built_quietly, check_missing, check_values, method_passes, name_the_teacher
 from wandistiller.job.preflight import check_method_config
 from wandistiller.placements import Placement
 from wandistiller.placements.advice import nothing_fits, plan_report, time_factor
@@ -55,7 +55,7 @@ def main() -> None:
         name_the_teacher(cfg)
         method = built_quietly(cfg.method)
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
-        passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+        passes = method_passes(cfg, method)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
         planned = workload_of(cfg, precision.teacher_dtype, passes.networks)

@@ -175,3 +175,16 @@ def test_a_hooks_list_drops_the_hooks_it_leaves_out_with_every_shipped_experimen
     cfg = drop_settings_of_unlisted_hooks(compose_tree("train", [f"+experiment={experiment}", "hooks=[progress]"]))
     check_hooks(cfg)
     assert list(cfg.hooks) == ["progress"]
+
+
+def test_method_passes_reads_the_trainer_batching():
+    """The planner sizes the step the trainer runs: two micro-batches make two teacher calls, unless the teacher
+    takes the whole step's batch at once; dmd's fake score is declared in them."""
+    from wandistiller.core.hydra import compose_config
+    from wandistiller.job.checks import method_passes
+
+    split = method_passes(compose_config(["trainer.grad_accum_steps=2", "trainer.teacher_whole_step=false"]))
+    whole = method_passes(compose_config(["trainer.grad_accum_steps=2", "trainer.teacher_whole_step=true"]))
+    assert (split.micro_batches, split.teacher_calls, whole.teacher_calls) == (2, 2, 1)
+    dmd = method_passes(compose_config(["method=dmd"]))
+    assert [n.key for n in dmd.networks] == ["method.fake_score=student"]

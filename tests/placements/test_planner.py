@@ -163,10 +163,10 @@ def lora_student_workload(make_cfg, teacher: str, *extra: str, rank: int = 16, l
     dmd with a LoRA fake score, batch 1, one 480x832 frame (1560 tokens), on one 24 GiB GPU."""
     from omegaconf import OmegaConf
 
-    from wandistiller.job.checks import built_quietly
+    from wandistiller.job.checks import method_passes
 
     cfg = make_cfg(f"teacher={teacher}", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1", *extra)
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a plain node: the student's keys change
     cfg.student = {"builder": "lora", "rank": rank, "alpha": None, "layers": layers}
     found = plan.workload_of(cfg, DTYPES["bf16"], passes.networks)
@@ -211,10 +211,10 @@ def test_the_plan_of_a_lora_student_names_its_adapters_and_streams_its_teacher(m
     import torch
     from omegaconf import OmegaConf
 
-    from wandistiller.job.checks import built_quietly
+    from wandistiller.job.checks import method_passes
 
     cfg = make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x24GiB"], *LORA_DMD, "trainer.batch_size=1")
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.student = {"builder": "lora", "rank": 16, "alpha": None, "layers": "all"}
     planned = plan.workload_of(cfg, torch.bfloat16, passes.networks)

@@ -13,14 +13,14 @@ def timed(*overrides: str, hardware: str = "40GiB"):
     import torch
 
     from wandistiller.core.hydra import compose_config
-    from wandistiller.job.checks import built_quietly, name_the_teacher
+    from wandistiller.job.checks import method_passes, name_the_teacher
     from wandistiller.placements.planner import plan, step_times, workload_of
 
     gpus = {"40GiB": ["hardware.gpus=1", "hardware.gpu_memory_gib=40", "hardware.host_memory_gib=256"]}
     cfg = compose_config(["teacher=wan2.1_t2v_14b", *FRAME, *gpus.get(hardware, HARDWARE.get(hardware, [])),
                           *overrides])  # fmt: skip
     name_the_teacher(cfg)
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg)
     found = workload_of(cfg, torch.bfloat16, passes.networks)
     assert found is not None
     return found[0], step_times(plan(*found), *found, passes)

@@ -35,7 +35,7 @@ from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER
 from wandistiller.core.errors import UserError
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly
+from wandistiller.job.checks import method_passes
 from wandistiller.placements import planner as plan
 from wandistiller.placements.streaming import replace_tensor
 from wandistiller.teacher.tiny import build_tiny_pipeline
@@ -98,7 +98,7 @@ def predict(overrides: list[str]) -> dict:
 
     register_configs()
     cfg = compose_config(overrides)
-    networks = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step).networks
+    networks = method_passes(cfg).networks
     dtype = Precision.from_config(auto_precision(cfg.precision)).teacher_dtype
     inputs = plan.workload_of(cfg, dtype, networks, ranks=1)
     assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"

@@ -13,7 +13,7 @@ import torch
 from wandistiller.compose import register_configs
 from wandistiller.core.errors import UserError, rate
 from wandistiller.core.hydra import compose_config
-from wandistiller.job.checks import built_quietly, name_the_teacher
+from wandistiller.job.checks import method_passes, name_the_teacher
 from wandistiller.placements.advice import largest_frames
 from wandistiller.placements.memory import GiB, Hardware, Workload
 from wandistiller.placements.offload import OffloadPlacement
@@ -55,7 +55,7 @@ def workload(teacher: str, base: str, latent_frames: int) -> tuple[Workload, Pas
     register_configs()
     cfg = compose_config(overrides(teacher, base, latent_frames))
     name_the_teacher(cfg)
-    passes = built_quietly(cfg.method).passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg)
     found = workload_of(cfg, torch.bfloat16, passes.networks)
     assert found is not None, "the public teachers' configs are known (core/arch.py KNOWN_TEACHERS)"
     return found[0], passes

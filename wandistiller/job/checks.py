@@ -27,6 +27,7 @@ from wandistiller.core.extensions import check_signatures
 from wandistiller.core.files import folder_problem
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
+from wandistiller.placements.steptime import Passes
 from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.recipe.methods.base import Method
 from wandistiller.state.received import looks_like_hub_id
@@ -230,6 +231,13 @@ def built_quietly(node):
         if isinstance(e.__cause__, UserError):
             raise e.__cause__ from None
         raise
+
+
+def method_passes(cfg, method: Method | None = None) -> Passes:
+    """What the run's method (built from `cfg.method` where not given) runs in one optimizer step, at the
+    trainer's micro-batches and teacher batching: what the planner times and sizes."""
+    method = method if method is not None else built_quietly(cfg.method)
+    return method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
 
 
 MAX_LR = 10.0  # far above any learning rate that trains a transformer: a larger one is a typo (1e4 for 1e-4)

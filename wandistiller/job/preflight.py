@@ -31,6 +31,7 @@ from wandistiller.job.checks import (
     check_tracker,
     check_training_parts,
     check_values,
+    method_passes,
     name_the_teacher,
 )
 from wandistiller.job.resumed import continuing, recorded_overrides
@@ -250,7 +251,7 @@ def choose_placement(
     student = check_student(cfg.student, teacher_config)
     check_student_room(cfg, student, teacher_config, hw)
     ranks = plan.ranks_per_node(cfg, hw, world.nproc_per_node)
-    passes = method.passes(cfg.trainer.grad_accum_steps, cfg.trainer.teacher_whole_step)
+    passes = method_passes(cfg, method)
     shape = plan.RunShape.of(cfg)
     w = plan.workload(shape, teacher_config, experts, student, precision.teacher_dtype, ranks, passes.networks)
     configured = placement

@@ -96,7 +96,7 @@ def training_seconds(p: Placement, e: Estimate, w: Workload, hw: Hardware, passe
         return forwards * max(flops, copies) + trains * (max(flops, copies) + max(3 * flops, copies))
 
     seconds = network(w.student_config, w.student_lora_rank > 0, passes.student_forwards, passes.student_trains)
-    for n in passes.networks:
+    for n in w.networks:  # the workload's: the networks its memory was planned for, timed with the same passes
         seconds += network(network_config(w, n), adapted(w, n), n.forwards, n.trains)
     return seconds
 
