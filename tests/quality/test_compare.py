@@ -47,3 +47,20 @@ def test_every_row_composes_with_the_data_and_loss_its_name_says(make_cfg):
     assert composed["blend 0.5 task + 0.5 KD, images"].trainer.loss.alpha == 0.5
     # Only where x0 comes from and the loss differ: the same student, steps and batch in every row.
     assert len({(cfg.student.builder, cfg.trainer.max_steps, cfg.trainer.batch_size) for cfg in composed.values()}) == 1
+
+
+def test_a_work_folder_trained_for_more_steps_is_refused_not_reported_as_fewer(tmp_path, cache_dir):
+    """A comparison run again with the same --work takes a finished student only at its own --steps: a shorter
+    --steps found it "already finished" and reported the longer-trained student under the shorter count."""
+    from wandistiller.core.errors import UserError
+    from wandistiller.quality.compare import train_student
+
+    two = Settings(student="tiny", seeds=(0,), max_steps=2, batch_size=2)
+    run_dir, kd = tmp_path / "seed0" / "kd", ["data=pocket_digits", "method=kd"]
+    assert train_student(two, kd, 0, run_dir, cache_dir)["final_step"] == 2
+    kept = [p for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts]  # a resume notes itself there
+    before = {p: p.read_bytes() for p in kept}
+    assert train_student(two, kd, 0, run_dir, cache_dir)["final_step"] == 2  # taken as it is
+    with pytest.raises(UserError, match=r"holds a student trained 2 steps, more than --steps 1; give --steps 2"):
+        train_student(Settings(student="tiny", seeds=(0,), max_steps=1, batch_size=2), kd, 0, run_dir, cache_dir)
+    assert {p: p.read_bytes() for p in kept} == before  # the finished run untouched

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from wandistiller.compose import register_configs
+from wandistiller.core.errors import UserError
 from wandistiller.core.files import read_json_in
 from wandistiller.core.hydra import compose_config
 from wandistiller.data.prompts import encode_prompts
@@ -84,7 +85,8 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
     """One student through the framework's own entry point (`wandistiller.job.run.run`, as `python -m
     wandistiller.train` runs it). `trainer.resume=auto`: a comparison run again with the same `--work` takes the
     students it already finished (the video table is ~80 min a seed here, so its seeds can be run one sitting at a
-    time) and refuses one trained under other settings."""
+    time) and refuses one trained under other settings, or for more steps than `settings.max_steps` (fewer: it
+    trains on)."""
 
     register_configs()
 
@@ -111,7 +113,16 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
             *settings.extra,
         ]
     )
-    return run(cfg, register_configs)
+    summary = run(cfg, register_configs)
+    # A finished run resumed at fewer steps is "nothing to do": its longer-trained student must not be reported
+    # as one of --steps.
+    trained = summary.get("final_step", settings.max_steps)
+    if trained > settings.max_steps:
+        raise UserError(
+            f"--work: {run_dir} holds a student trained {trained} steps, more than --steps {settings.max_steps}; "
+            f"give --steps {trained}, or another --work"
+        )
+    return summary
 
 
 def sample(

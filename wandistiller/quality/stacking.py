@@ -67,10 +67,10 @@ def chosen(words: list[str] | None) -> list[Row]:
 
 
 def _trained(settings: Settings, run: str, seed: int, work: Path, style: Path) -> Path:
-    """The run folder of training `run` at `seed`, trained now unless a finished one is there."""
+    """The run folder of training `run` at `seed`: trained now, or a finished one taken as it is. Always through
+    `train_student` (`trainer.resume=auto`), which refuses a folder trained under other settings in one line: a
+    `--work` from a run at other `--steps` or student settings is never sampled as if it were this one's."""
     run_dir = work / f"seed{seed}" / FOLDERS[run]
-    if (run_dir / "metrics.json").is_file() and (run_dir / "student").is_dir():
-        return run_dir
     extra = [f"teacher.lora=[{style}]"] if run == STYLED else []
     lora = dataclasses.replace(settings, student="lora")
     train_student(lora, ["data=pocket_digits", *TRAININGS[run], *extra], seed, run_dir, work / "cache")
