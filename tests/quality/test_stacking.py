@@ -13,6 +13,9 @@ def one(accuracy: float, brightness: float, kept: float | None = None) -> dict:
 
 def test_the_rows_sample_the_plain_student_at_both_schedules_and_the_three_stacks():
     assert TRAININGS["simple"][-1] == "method.schedule=simple" and "method.steps=4" in TRAININGS["plain"]
+    styled = dict(o.split("=", 1) for o in TRAININGS["styled"])  # the fine-tuned teacher's settings, each key once
+    assert len(styled) == len(TRAININGS["styled"]) and styled["student.rank"] == "16"
+    assert styled["trainer.optimizer.lr"] == "2e-3" and styled["method.steps"] == "4"
     assert [r.name for r in chosen(["simple"])] == [ROWS[1].name, ROWS[2].name]
     assert [r.name for r in chosen(["style"])] == [r.name for r in ROWS[3:]]
     assert chosen(None) == ROWS and chosen(["nothing"]) == []

@@ -187,7 +187,7 @@ def stacking_report(results: dict, settings: Settings, argv: list[str], seconds:
     return (
         written_by(argv, seconds)
         + " Every student: `student=lora` with +experiment=pocket_lora's settings (rank 6, dmd + regression 0.1, "
-        "4 steps), "
+        f"4 steps; the one distilled from the styled teacher at {' '.join(stacking.FINE_TUNED_TEACHER)}), "
         f"{settings.max_steps} steps of batch {settings.batch_size}; the teachers sample {settings.sample_steps} "
         f"UniPC steps with CFG; {settings.per_prompt} noises per prompt x {len(_prompts(settings))} prompts per seed, "
         f"the same for every row; mean ± std over seeds {list(settings.seeds)}.\n\n"
