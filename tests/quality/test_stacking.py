@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from wandistiller.quality.stacking import ROWS, STYLED_TEACHER, TEACHER, TRAININGS, chosen, targets
 
 
@@ -44,3 +46,17 @@ def test_the_targets_compare_the_schedules_and_what_the_distilled_student_keeps_
     assert lines[2].startswith("- the plain 4-step LoRA stacked with the style LoRA keeps 50% of the style at 80.0%")
     results[ROWS[5].name] = [one(0.8, 0.80, 0.94)]  # 89% of the styled teacher's accuracy
     assert targets(results)[1].endswith(": MISSED")
+
+
+@pytest.mark.slow
+def test_the_plain_teachers_row_comes_from_a_plain_run_when_only_the_styled_rows_are_chosen(tmp_path):
+    """The styled run's teacher has the style merged: sampled as "teacher, 20 steps", it reported the styled teacher
+    under the plain one's name (and no style kept could be computed)."""
+    from wandistiller.quality.compare import Settings
+    from wandistiller.quality.stacking import FOLDERS, compare_stacking
+
+    small = Settings(seeds=(0,), max_steps=2, batch_size=2, sample_steps=2, per_prompt=1, prompts=6)
+    results = compare_stacking(small, tmp_path, chosen(["LoRA distilled"]), log=lambda _: None)
+    assert (tmp_path / "seed0" / FOLDERS["plain"] / "metrics.json").is_file()
+    plain, styled = results[TEACHER][0], results[ROWS[5].name][0]
+    assert plain["style_brightness"] > styled["style_brightness"] + 0.05  # the style darkens the digits

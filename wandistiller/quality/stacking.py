@@ -108,8 +108,9 @@ def compare_stacking(
         for row in rows:
             if row.run not in runs:
                 runs[row.run] = _trained(settings, row.run, seed, work, style)
-        first = runs.get(PLAIN) or next(iter(runs.values()))
-        teacher = sample(first, None, settings, seed)
+        # The plain teacher's row samples a run of the plain teacher: the styled run's teacher has the style merged.
+        plain = next((d for run, d in runs.items() if run != STYLED), None)
+        teacher = sample(plain or _trained(settings, PLAIN, seed, work, style), None, settings, seed)
         results[TEACHER].append(_scores(teacher, teacher["latents"], judge, reference))
         seen = {TEACHER: results[TEACHER][-1]}
         for row in rows:
