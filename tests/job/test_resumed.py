@@ -300,3 +300,42 @@ def test_an_in_process_resume_of_a_precision_auto_run_takes_the_dtypes_it_resolv
     with pytest.raises(UserError, match="trainer.batch_size"):
         again = make_cfg("trainer.batch_size=3", "precision=auto", "trainer.resume=auto", run_dir=tmp_path / "run")
         continued_config(again, None)
+
+
+def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weights_are_still_refused(
+    make_cfg, tmp_path, tiny_path
+):
+    """A teacher folder or a teacher.lora file moved (or copied to another disk) between a run and its resume: the
+    resume takes the new places, its teacher named by its new folder as a first launch would be, because the
+    checkpoint's teacher check holds what they are (the weights' digest, each LoRA's sha256): other weights at the
+    new place are still one line."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller.teacher.spec import inspect_teacher
+
+    teacher, run_dir = tmp_path / "MyWan", tmp_path / "r"
+    shutil.copytree(tiny_path, teacher)
+    save_file(peft_state(inspect_teacher(teacher).transformer_config), tmp_path / "style.safetensors")
+    run(make_cfg(*FIRST, f"teacher.path={teacher}", f"teacher.lora=[{tmp_path}/style.safetensors]", run_dir=run_dir))
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")
+    shutil.rmtree(run_dir / "student")
+    (run_dir / "metrics.json").unlink()
+    (tmp_path / "loras").mkdir()
+    moved, lora = teacher.rename(tmp_path / "Wan-moved"), (tmp_path / "style.safetensors").rename(tmp_path / "loras/s.st")
+    now = ["trainer.resume=auto", f"teacher.path={moved}", f"teacher.lora=[{lora}]"]
+    cfg = continued_config(make_cfg(*now, run_dir=run_dir), now)
+    assert (cfg.teacher.path, cfg.teacher.name, list(cfg.teacher.lora)) == (str(moved), "Wan-moved", [str(lora)])
+    assert cfg.trainer.max_steps == 4 and cfg.trainer.batch_size == 2  # the rest is the run's own
+    summary = run(make_cfg(*FIRST, *now, run_dir=run_dir))  # a whole composed config takes the new places too
+    assert summary["final_step"] == 4
+
+    other = shutil.copytree(moved, tmp_path / "Other")  # the same shape, other weights
+    weights = next((other / "transformer").glob("*.safetensors"))
+    save_file({k: v * 1.01 for k, v in load_file(weights).items()}, weights)
+    longer = [*FIRST, "trainer.max_steps=6", "trainer.resume=auto", f"teacher.lora=[{lora}]"]
+    with pytest.raises(UserError, match=r"does not fit this teacher: .* the weights of the teacher at .*Other differ"):
+        run(make_cfg(*longer, f"teacher.path={other}", run_dir=run_dir))
+    save_file({k: v * 1.01 for k, v in load_file(lora).items()}, lora)  # the LoRA changed where it lies
+    with pytest.raises(UserError, match=r"does not fit this teacher: .*lora=\[s.st@1.0 .*, and this run's is teacher.lora=\[s.st@1.0"):
+        run(make_cfg(*longer, f"teacher.path={moved}", run_dir=run_dir))

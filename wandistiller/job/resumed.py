@@ -2,9 +2,10 @@
 
 `trainer.resume=auto` into a folder that holds a saved config continues *that* run. Keys given again on
 the command line must agree with it, except the keys a resume may change (how long to train, how to log,
-where the teacher lives, ...); any other disagreement is refused in one line that lists them all. A key
-not given again keeps the saved value, so `hydra.run.dir=… trainer.resume=auto` alone continues the run
-as it was started (a 1000-step run resumed without its overrides does not stop at the default's step count).
+where the teacher and its LoRAs lie: their content is held to the checkpoint's, ...); any other disagreement is
+refused in one line that lists them all. A key not given again keeps the saved value, so `hydra.run.dir=…
+trainer.resume=auto` alone continues the run as it was started (a 1000-step run resumed without its overrides does
+not stop at the default's step count).
 
 Nothing given is dropped without a word: a key given is taken (a hook removed with `~hooks.x` is removed) or
 refused; a group of whole-tree settings (`+experiment=…`, `debug=fast`) is held to the run by every key it sets.
@@ -57,11 +58,17 @@ MAY_CHANGE = (
     "distributed.timeout_min",
     "distributed.rdzv_endpoint",
     "distributed.rdzv_id",
+    # Where the teacher and its LoRAs lie, not what they are: the checkpoint's teacher check (preflight's
+    # `check_teacher`: shape, the weights' digest, each LoRA's sha256, strength and experts) refuses another teacher,
+    # so a moved folder or file, or another copy of the same one, is taken and a changed one is still refused.
+    "teacher.path",
+    "teacher.lora",
 )
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
 ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
+NAMED_BY_PATH = ("teacher.name", "teacher.builtin")  # what `name_the_teacher` derives from teacher.path
 _continuing: dict[Path, str] = {}  # run folder -> what continued_config took from this command line, until said
 
 
@@ -161,12 +168,15 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
-    current = lambda k: may_change(k) or k in ALWAYS_CURRENT
+    # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
+    moved = (given is None or "teacher.path" in given) and now.get("teacher.path") != before.get("teacher.path")
+    follows = set(NAMED_BY_PATH) if moved else set()
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT or k in follows
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         _refuse_changes(cfg, now, before, differ, wholes)
     # Exactly the keys given (logger.wandb.mode alone keeps the saved logger.wandb.project), or every changeable one.
-    taken = set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}
+    taken = (set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}) | follows
     result = saved.copy()
     for key in sorted(taken | set(ALWAYS_CURRENT)):
         _put(result, key, cfg, now)
