@@ -199,12 +199,11 @@ def teacher_trajectories(
         # With images, a call per prompt: the pipeline gives one image's CLIP tokens to its whole batch.
         calls = [slice(None)] if images is None else runs(prompts)
         given = lambda rows: None if images is None else images.select(prompts[rows][:1]).to(teacher.device)
-        made = torch.cat(
-            [
-                sample_trajectories(pipe[0], noise[r].to(teacher.device), cond[r], uncond[r], settings, steps, given(r))
-                for r in calls
-            ]
-        )
+        parts = [
+            sample_trajectories(pipe[0], noise[r].to(teacher.device), cond[r], uncond[r], settings, steps, given(r))
+            for r in calls
+        ]
+        made = parts[0] if len(parts) == 1 else torch.cat(parts)  # text to video: one call, its chunk not copied
         if not timed:  # roughly how long, said once the first chunk shows this machine's pace
             timed.append(len(items))
             left = (total - items.stop) / len(items) * (time.perf_counter() - start)
