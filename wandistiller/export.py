@@ -39,7 +39,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -60,8 +60,9 @@ from wandistiller.state.formats.base import (
     formats,
     is_lora_student,
 )
-from wandistiller.state.runs import check_out_of_run, open_run
+from wandistiller.state.runs import check_out_of_run, open_relocated
 from wandistiller.state.singlefile import FP8_LAYOUTS
+from wandistiller.state.trust import add_teacher_args
 
 log = logging.getLogger("wandistiller.export")
 
@@ -112,10 +113,12 @@ def export(
     name: str | None = None,
     fp8_layout: str | None = None,
     workflow: str | None = None,
+    teacher_path: str | None = None,
+    teacher_loras: Sequence[str] | None = None,
 ) -> Path:
     """Write the run's student to `out` in `fmt`, whole or not at all. `fp8_layout`: --dtype fp8's layout
     (comfy_quant, the default, or scaled_fp8). `workflow`: the ComfyUI workflow's kind (state/comfy.py's WORKFLOWS;
-    default the teacher's own)."""
+    default the teacher's own). `teacher_path`, `teacher_loras`: where the run's teacher and its LoRAs lie now."""
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -128,7 +131,7 @@ def export(
     if fp8_layout is not None and dtype != "fp8":
         raise UserError(f"--fp8-layout {fp8_layout} is for --dtype fp8 (single-file); drop it, or add --dtype fp8")
     register_configs()  # the registries' options, which the run's config may name
-    run = open_run(run_dir)
+    run = open_relocated(run_dir, teacher_path, teacher_loras)
     check_out(out, run.path, force)
     record = FORMATS[fmt]
     problem = record.refusal(run) or (dtype_refusal(record, dtype) if dtype is not None else None)
@@ -251,6 +254,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + "; ".join(f"{k}: {v}" for k, v in WORKFLOWS.items())
         + " (default: the teacher's own; TI2V 5B takes both)",
     )
+    add_teacher_args(parser)
     return parser.parse_args(argv)
 
 
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             args.name,
             args.fp8_layout,
             args.workflow,
+            args.teacher_path,
+            args.teacher_lora,
         )
         print(f"wrote {out}")
 

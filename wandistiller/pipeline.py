@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -35,7 +36,8 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     write_pipeline,
 )
 from wandistiller.state.formats.diffusers import pipeline_folder, pipeline_student
-from wandistiller.state.runs import check_out_of_run, open_run
+from wandistiller.state.runs import check_out_of_run, open_relocated
+from wandistiller.state.trust import add_teacher_args
 from wandistiller.student.lora import is_lora
 
 log = logging.getLogger(__name__)
@@ -53,14 +55,22 @@ __all__ = [
 ]
 
 
-def export(run_dir: Path, out: Path, checkpoint: str | None = None, merge_lora: bool = False) -> Path:
+def export(
+    run_dir: Path,
+    out: Path,
+    checkpoint: str | None = None,
+    merge_lora: bool = False,
+    teacher_path: str | None = None,
+    teacher_loras: Sequence[str] | None = None,
+) -> Path:
     """What `WanPipeline.push_to_hub` would upload, written to `out`: the pipeline's `save_pretrained`
     (every file a real copy, safetensors) and its model card. `checkpoint` (best, latest, step_N, ema) picks
     another student than the final one. Built in a temporary folder beside `out` (never inside the run, which
-    may be read-only) and renamed into place whole: a full disk, an error or a kill leaves no partial export."""
+    may be read-only) and renamed into place whole: a full disk, an error or a kill leaves no partial export.
+    `teacher_path`, `teacher_loras`: where the run's teacher and its LoRAs lie now, held to what the run recorded."""
 
     register_configs()  # the registries' options, which the run's config may name
-    run = open_run(run_dir)
+    run = open_relocated(run_dir, teacher_path, teacher_loras)
     if merge_lora and not is_lora(run.cfg.student):
         raise UserError(
             f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
@@ -112,13 +122,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a LoRA student (student=lora): its adapters "
         "merged into full teacher-sized transformers, one self-contained pipeline",
     )
+    add_teacher_args(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with tool_session(unwind_on_term=True):  # a SIGTERM unwinds: the temporary folder goes
-        out = export(Path(args.run_dir), Path(args.out), args.checkpoint, args.merge_lora)
+        out = export(
+            Path(args.run_dir), Path(args.out), args.checkpoint, args.merge_lora, args.teacher_path, args.teacher_lora
+        )
         print(f"wrote {out}; upload it with: hf upload <user>/<repo> {out}")
 
 

@@ -322,7 +322,10 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
     shutil.rmtree(run_dir / "student")
     (run_dir / "metrics.json").unlink()
     (tmp_path / "loras").mkdir()
-    moved, lora = teacher.rename(tmp_path / "Wan-moved"), (tmp_path / "style.safetensors").rename(tmp_path / "loras/s.st")
+    moved, lora = (
+        teacher.rename(tmp_path / "Wan-moved"),
+        (tmp_path / "style.safetensors").rename(tmp_path / "loras/s.st"),
+    )
     now = ["trainer.resume=auto", f"teacher.path={moved}", f"teacher.lora=[{lora}]"]
     cfg = continued_config(make_cfg(*now, run_dir=run_dir), now)
     assert (cfg.teacher.path, cfg.teacher.name, list(cfg.teacher.lora)) == (str(moved), "Wan-moved", [str(lora)])
@@ -337,5 +340,7 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
     with pytest.raises(UserError, match=r"does not fit this teacher: .* the weights of the teacher at .*Other differ"):
         run(make_cfg(*longer, f"teacher.path={other}", run_dir=run_dir))
     save_file({k: v * 1.01 for k, v in load_file(lora).items()}, lora)  # the LoRA changed where it lies
-    with pytest.raises(UserError, match=r"does not fit this teacher: .*lora=\[s.st@1.0 .*, and this run's is teacher.lora=\[s.st@1.0"):
+    with pytest.raises(
+        UserError, match=r"does not fit this teacher: .*lora=\[s.st@1.0 .*, and this run's is teacher.lora=\[s.st@1.0"
+    ):
         run(make_cfg(*longer, f"teacher.path={moved}", run_dir=run_dir))

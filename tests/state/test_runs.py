@@ -460,3 +460,49 @@ def test_an_out_folder_inside_the_run_or_holding_it_is_refused_and_one_beside_it
     with refused(f"--out {tmp_path / 'runs'} holds the run folder {run_dir}"):
         check_out_of_run(tmp_path / "runs", run_dir)
     check_out_of_run(tmp_path / "runs" / "export", run_dir)  # beside the run: fine
+
+
+def test_a_run_whose_teacher_and_lora_moved_is_read_where_they_lie_now_held_to_what_it_recorded(
+    make_cfg, tmp_path, tiny_path, capsys
+):
+    """A run moved to another machine, or its teacher moved since: every tool says in one line which flag gives
+    the new place (--teacher-path, --teacher-lora), reads the run there, and refuses other weights found there
+    (an export takes no other teacher at all: it ships the student with its teacher's parts)."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.teacher.test_finetune import peft_state
+    from wandistiller import export as export_cli
+    from wandistiller import pipeline as pipeline_cli
+
+    teacher, folder = tmp_path / "MyWan", tmp_path / "r"
+    shutil.copytree(tiny_path, teacher)
+    save_file(peft_state(inspect_teacher(teacher).transformer_config), tmp_path / "style.safetensors")
+    lora = f"teacher.lora=[{{path:{tmp_path}/style.safetensors,strength:0.8}}]"
+    run(make_cfg("trainer.max_steps=1", f"teacher.path={teacher}", lora, run_dir=folder))
+    (tmp_path / "elsewhere").mkdir()
+    moved = teacher.rename(tmp_path / "elsewhere" / "Wan")
+    style = (tmp_path / "style.safetensors").rename(tmp_path / "elsewhere" / "style.safetensors")
+    out = tmp_path / "out"
+    for cli, extra in ((pipeline_cli, ["--out", str(out)]), (export_cli, ["--out", str(out), "--format", "diffusers"]),
+                       (generate_cli, ["--prompt", "x"]), (eval_cli, ["--limit", "1"])):  # fmt: skip
+        err = one_error_line(capsys, cli, [str(folder), *extra])
+        assert f"teacher.path='{teacher}'" in err and "is not there" in err and "--teacher-path DIR" in err, err
+        err = one_error_line(capsys, cli, [str(folder), *extra, "--teacher-path", str(moved)])
+        assert f"names {tmp_path}/style.safetensors, which is not there" in err and "--teacher-lora FILE" in err, err
+        err = one_error_line(capsys, cli, [str(folder), *extra, "--teacher-path", str(moved), "--teacher-lora",
+                                           str(style), str(style)])  # fmt: skip
+        assert "--teacher-lora gives 2 file(s), and teacher.lora in" in err and "names 1 (style.safetensors)" in err
+    assert not out.exists()
+
+    opened = open_run(folder, str(moved), teacher_loras=[str(style)])
+    assert opened.spec.path == moved and [(x.path, x.strength) for x in opened.spec.loras] == [(style, 0.8)]
+    pipeline_cli.main([str(folder), "--out", str(out), "--teacher-path", str(moved), "--teacher-lora", str(style)])
+    assert (out / "model_index.json").is_file()
+
+    save_file({k: v * 1.01 for k, v in load_file(style).items()}, style)  # other weights where the LoRA lies now
+    again = ["--teacher-path", str(moved), "--teacher-lora", str(style)]
+    err = one_error_line(capsys, pipeline_cli, [str(folder), "--out", str(tmp_path / "out2"), *again])
+    assert "does not fit this teacher" in err and "an export ships the student with its teacher's parts" in err
+    assert not (tmp_path / "out2").exists()
+    err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x", *again])
+    assert "does not fit this teacher" in err and "--allow-other-teacher" in err

@@ -326,6 +326,8 @@ OTHER_TEACHER_FIX = {
     "with this one on purpose)",
     "cli": "give the teacher the run was trained with (--teacher-path DIR), or add --allow-other-teacher to use this "
     "one on purpose",
+    "export": "give the teacher the run was trained with (--teacher-path DIR, --teacher-lora FILE ...): an export "
+    "ships the student with its teacher's parts, so it takes no other",
 }
 
 

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,8 @@ from wandistiller.state.checkpoint import (
 from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
-from wandistiller.teacher.finetune import with_loras
+from wandistiller.teacher.finetune import KEY as LORA_KEY
+from wandistiller.teacher.finetune import entries, relocated, with_loras
 from wandistiller.teacher.model import Teacher
 from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, resolve_teacher_path
 from wandistiller.teacher.vae import pocket_frames_problem
@@ -207,11 +209,13 @@ def open_run(
     allow_download: bool = False,
     cache_dir: str | None = None,
     spec: TeacherSpec | None = None,
+    teacher_loras: Sequence[str] | None = None,
 ) -> RunFolder:
     """A run folder (it holds `.hydra/config.yaml`), read as data someone may have sent: its config checked
     before anything in it runs (wandistiller.state.received; `allow`: targets the user trusts), its caches in this
-    machine's cache folder, its teacher a local folder (`teacher_path` overrides it; a Hub id downloads only
-    with `allow_download`; `spec`: that teacher already inspected, by the run's own preflight, not read again)."""
+    machine's cache folder, its teacher a local folder (`teacher_path` overrides it, `teacher_loras` its
+    teacher.lora files; a Hub id downloads only with `allow_download`; `spec`: that teacher already inspected, by
+    the run's own preflight, not read again)."""
     register_resolvers()  # the ones a saved config may use
     path = Path(path).expanduser()
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
@@ -235,10 +239,39 @@ def open_run(
             f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
             "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
         )
+    moved_from(cfg, config, teacher_path is None, teacher_loras)
+    if teacher_loras is not None:
+        cfg.teacher.lora = relocated(cfg.teacher.get("lora"), teacher_loras, str(config))
     teacher = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     if spec is None or spec.path != teacher:  # the run's own teacher, with the LoRAs it was distilled from
         spec = with_loras(inspect_teacher(teacher), cfg.teacher.get("lora"))
     return RunFolder(path, cfg, spec)
+
+
+def moved_from(cfg: DictConfig, config: Path, saved_teacher: bool, teacher_loras: Sequence[str] | None) -> None:
+    """One line, naming the flag that says where it lies now, for a saved teacher folder or teacher.lora file that
+    is no longer there (a run moved to another machine, a teacher moved since)."""
+    where = Path(str(cfg.teacher.path)).expanduser()
+    if saved_teacher and cfg.teacher.get("builtin") is None and where.is_absolute() and not where.exists():
+        raise UserError(
+            f"teacher.path={str(where)!r} in {config} is not there (moved, or the run was trained on another "
+            "machine); give the teacher's folder with --teacher-path DIR"
+        )
+    gone = [path for path, _, _ in entries(cfg.teacher.get("lora")) if not Path(path).expanduser().exists()]
+    if teacher_loras is None and gone:
+        raise UserError(
+            f"{LORA_KEY} in {config} names {gone[0]}, which is not there (moved, or the run was trained on another "
+            "machine); give its files where they lie now with --teacher-lora FILE [FILE ...], in its order"
+        )
+
+
+def open_relocated(path: Path, teacher_path: str | None, teacher_loras: Sequence[str] | None) -> RunFolder:
+    """The run for an export: its teacher, or its LoRAs, where the user says they lie now held to what the run
+    recorded (other weights would be shipped under the student's name, so no flag bridges them here)."""
+    run = open_run(path, teacher_path, teacher_loras=teacher_loras)
+    if teacher_path is not None or teacher_loras is not None:
+        check_teacher_fits(run, run.path, allow_other=False, fix="export")
+    return run
 
 
 def student_source(run: RunFolder, checkpoint: str | None) -> Path:
@@ -415,16 +448,17 @@ def layout_problem(run: RunFolder, source: Path) -> str | None:
     return None
 
 
-def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool) -> None:
-    """eval and generate refuse, in one line, a teacher other than the one the student was trained against (a
-    `--teacher-path` of another shape, a saved teacher.path edited): its figures would be silently wrong. A student
-    of another layout (`layout_problem`) is refused whatever `allow_other` says: it cannot run at all."""
+def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str = "cli") -> None:
+    """eval and generate (and an export given its teacher's place) refuse, in one line ending with
+    `OTHER_TEACHER_FIX[fix]`, a teacher other than the one the student was trained against (a `--teacher-path` of
+    another shape, a saved teacher.path edited): its figures would be silently wrong. A student of another layout
+    (`layout_problem`) is refused whatever `allow_other` says: it cannot run at all."""
     layout = layout_problem(run, source)
     if layout:
         raise UserError(f"the student in {source} cannot be drawn here: {layout}")
     why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)
     if why:
-        raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX['cli']}")
+        raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX[fix]}")
 
 
 def check_frames(run: RunFolder) -> None:

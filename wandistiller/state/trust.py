@@ -3,6 +3,7 @@ flags every such CLI takes (`add_trust_args`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from wandistiller.teacher.spec import TeacherSpec
@@ -21,6 +22,7 @@ class Trust:
     other_teacher: bool = False  # a teacher other than the one the run recorded (--allow-other-teacher)
     data: bool = False  # the saved data.root / data.dataset outside the run folder may be read (--allow-data)
     spec: TeacherSpec | None = None  # the run's own end-of-run eval: `teacher_path` as its preflight inspected it
+    teacher_loras: Sequence[str] | None = None  # the run's teacher.lora files where they lie now (--teacher-lora)
 
     @classmethod
     def from_args(cls, args) -> Trust:
@@ -32,10 +34,11 @@ class Trust:
             mode,
             other_teacher=args.allow_other_teacher,
             data=getattr(args, "allow_data", False),
+            teacher_loras=args.teacher_lora,
         )
 
     def open_args(self) -> tuple:
-        return self.teacher_path, self.targets, self.allow_download, self.cache_dir, self.spec
+        return self.teacher_path, self.targets, self.allow_download, self.cache_dir, self.spec, self.teacher_loras
 
 
 def add_trust_args(parser, wandb: bool = False) -> None:
@@ -46,7 +49,7 @@ def add_trust_args(parser, wandb: bool = False) -> None:
         help="a _target_ the run's config may name besides "
         "WanDistiller's own (repeat for several); only for run folders you trust",
     )
-    parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
+    add_teacher_args(parser)
     parser.add_argument("--allow-download", action="store_true", help="let a Hub-id teacher.path download")
     parser.add_argument(
         "--allow-other-teacher",
@@ -61,3 +64,15 @@ def add_trust_args(parser, wandb: bool = False) -> None:
             default="offline",
             help="how eval adds to the run's wandb run (default offline, whatever the run says)",
         )
+
+
+def add_teacher_args(parser) -> None:
+    """Where the run's teacher lies now (every tool that reads a run: eval, generate, pipeline, export): a run
+    moved to another machine, or a teacher moved since. What is found there is held to what the run recorded."""
+    parser.add_argument("--teacher-path", help="a local teacher folder in place of the run's teacher.path")
+    parser.add_argument(
+        "--teacher-lora",
+        nargs="+",
+        metavar="FILE",
+        help="the run's teacher.lora files where they lie now, one per entry in its order (strengths kept)",
+    )

@@ -109,6 +109,22 @@ def entries(value: Any) -> list[tuple[str, Any, Any]]:
     return out
 
 
+def relocated(value: Any, files: Sequence[str], where: str) -> list[dict]:
+    """`teacher.lora` (`value`, as a run saved it in `where`) with its files where they lie now (`files`, one per
+    entry in its order: `--teacher-lora`), strengths and experts kept. One line where the counts differ."""
+    found = entries(value)
+    if len(files) != len(found):
+        named = ", ".join(Path(path).name for path, _, _ in found) or "none"
+        raise UserError(
+            f"--teacher-lora gives {len(files)} file(s), and {KEY} in {where} names {len(found)} ({named}); "
+            "give one file per entry, in its order"
+        )
+    return [
+        {"path": str(Path(file).expanduser().resolve()), "strength": strength, "expert": expert}
+        for file, (_, strength, expert) in zip(files, found)
+    ]
+
+
 def absolute(value: Any) -> Any:
     """`teacher.lora` as given, each path made absolute (from the directory the run was launched in): what the run's
     saved config keeps, so eval, generate and export launched elsewhere read the same files."""
