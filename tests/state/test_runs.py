@@ -493,6 +493,13 @@ def test_a_run_whose_teacher_and_lora_moved_is_read_where_they_lie_now_held_to_w
                                            str(style), str(style)])  # fmt: skip
         assert "--teacher-lora gives 2 file(s), and teacher.lora in" in err and "names 1 (style.safetensors)" in err
     assert not out.exists()
+    wrongs = {
+        "nowhere does not exist; give the teacher's": ["--teacher-path", str(tmp_path / "nowhere")],
+        "style.safetensors is a file; give the teacher's": ["--teacher-path", str(style)],
+        "x.st: no such file": ["--teacher-path", str(moved), "--teacher-lora", str(moved / "x.st")],
+    }
+    for said, wrong in wrongs.items():
+        assert said in one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x", *wrong])
 
     opened = open_run(folder, str(moved), teacher_loras=[str(style)])
     assert opened.spec.path == moved and [(x.path, x.strength) for x in opened.spec.loras] == [(style, 0.8)]

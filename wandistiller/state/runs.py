@@ -132,7 +132,10 @@ def checked_teacher_folder(folder: Path) -> Path:
     cache folder (a snapshot's files are links into `../../blobs`). One line naming the link otherwise."""
     folder = folder.expanduser()
     if not folder.is_dir():
-        return folder  # inspect_teacher names what is wrong with it
+        what = "is a file" if folder.exists() else "does not exist"
+        raise UserError(
+            f"--teacher-path {folder} {what}; give the teacher's diffusers-format Wan folder (model_index.json)"
+        )
     real = Path(os.path.realpath(folder))
     root = real.parent.parent if real.parent.name == "snapshots" else real
     try:
