@@ -131,7 +131,7 @@ def export(
     if fp8_layout is not None and dtype != "fp8":
         raise UserError(f"--fp8-layout {fp8_layout} is for --dtype fp8 (single-file); drop it, or add --dtype fp8")
     register_configs()  # the registries' options, which the run's config may name
-    run = open_relocated(run_dir, teacher_path, teacher_loras)
+    run = open_relocated(run_dir, teacher_path, teacher_loras, checkpoint)
     check_out(out, run.path, force)
     record = FORMATS[fmt]
     problem = record.refusal(run) or (dtype_refusal(record, dtype) if dtype is not None else None)

@@ -70,7 +70,7 @@ def export(
     `teacher_path`, `teacher_loras`: where the run's teacher and its LoRAs lie now, held to what the run recorded."""
 
     register_configs()  # the registries' options, which the run's config may name
-    run = open_relocated(run_dir, teacher_path, teacher_loras)
+    run = open_relocated(run_dir, teacher_path, teacher_loras, checkpoint)
     if merge_lora and not is_lora(run.cfg.student):
         raise UserError(
             f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "

@@ -303,12 +303,13 @@ def test_an_in_process_resume_of_a_precision_auto_run_takes_the_dtypes_it_resolv
 
 
 def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weights_are_still_refused(
-    make_cfg, tmp_path, tiny_path
+    make_cfg, tmp_path, tiny_path, monkeypatch
 ):
     """A teacher folder or a teacher.lora file moved (or copied to another disk) between a run and its resume: the
     resume takes the new places, its teacher named by its new folder as a first launch would be, because the
     checkpoint's teacher check holds what they are (the weights' digest, each LoRA's sha256): other weights at the
-    new place are still one line."""
+    new place are still one line, and with no checkpoint to hold them to, a new place is refused as before."""
+    from omegaconf import OmegaConf
     from safetensors.torch import load_file, save_file
 
     from tests.teacher.test_finetune import peft_state
@@ -317,7 +318,10 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
     teacher, run_dir = tmp_path / "MyWan", tmp_path / "r"
     shutil.copytree(tiny_path, teacher)
     save_file(peft_state(inspect_teacher(teacher).transformer_config), tmp_path / "style.safetensors")
-    run(make_cfg(*FIRST, f"teacher.path={teacher}", f"teacher.lora=[{tmp_path}/style.safetensors]", run_dir=run_dir))
+    monkeypatch.chdir(tmp_path)  # given relative, saved absolute: a tool run from elsewhere reads the same folder
+    run(make_cfg(*FIRST, "teacher.path=MyWan", "teacher.lora=[style.safetensors]", run_dir=run_dir))
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml").teacher
+    assert (saved.path, list(saved.lora)) == (str(teacher), [str(tmp_path / "style.safetensors")])
     shutil.rmtree(run_dir / "checkpoints" / "step_00000004")
     shutil.rmtree(run_dir / "student")
     (run_dir / "metrics.json").unlink()
@@ -330,8 +334,14 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
     cfg = continued_config(make_cfg(*now, run_dir=run_dir), now)
     assert (cfg.teacher.path, cfg.teacher.name, list(cfg.teacher.lora)) == (str(moved), "Wan-moved", [str(lora)])
     assert cfg.trainer.max_steps == 4 and cfg.trainer.batch_size == 2  # the rest is the run's own
-    summary = run(make_cfg(*FIRST, *now, run_dir=run_dir))  # a whole composed config takes the new places too
-    assert summary["final_step"] == 4
+    kept = shutil.move(run_dir / "checkpoints", tmp_path / "kept")  # killed before its first checkpoint
+    with pytest.raises(UserError, match=r"teacher.lora and teacher.path at a new place: no checkpoint in it records"):
+        continued_config(make_cfg(*now, run_dir=run_dir), now)
+    shutil.move(kept, run_dir / "checkpoints")
+    # A whole composed config takes the new places too; its end-of-run eval reads the teacher where it lies now.
+    evaluated = ["hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2"]
+    summary = run(make_cfg(*FIRST, *now, *evaluated, run_dir=run_dir))
+    assert summary["final_step"] == 4 and (run_dir / "eval_steps2_limit1.json").is_file()
 
     other = shutil.copytree(moved, tmp_path / "Other")  # the same shape, other weights
     weights = next((other / "transformer").glob("*.safetensors"))

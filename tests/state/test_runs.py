@@ -510,6 +510,9 @@ def test_a_run_whose_teacher_and_lora_moved_is_read_where_they_lie_now_held_to_w
     again = ["--teacher-path", str(moved), "--teacher-lora", str(style)]
     err = one_error_line(capsys, pipeline_cli, [str(folder), "--out", str(tmp_path / "out2"), *again])
     assert "does not fit this teacher" in err and "an export ships the student with its teacher's parts" in err
+    err = one_error_line(capsys, pipeline_cli, [str(folder), "--out", str(tmp_path / "out2"), *again,
+                                                "--checkpoint", "latest"])  # fmt: skip
+    assert "the student in " + str(folder / "checkpoints" / "step_00000001") + " does not fit this teacher" in err, err
     assert not (tmp_path / "out2").exists()
     err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x", *again])
     assert "does not fit this teacher" in err and "--allow-other-teacher" in err

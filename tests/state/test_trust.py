@@ -16,7 +16,7 @@ def test_trust_is_what_the_command_line_gives_and_wandb_stays_offline_unless_ask
     assert trust == Trust(("a.B", "c.D"), "/t", True, "offline")
     assert trust.open_args() == ("/t", ("a.B", "c.D"), True, None, None, None)  # no spec: inspected as received
     moved = Trust.from_args(parser.parse_args(["--teacher-path", "/t", "--teacher-lora", "/l/a.st", "/l/b.st"]))
-    assert moved.open_args() == ("/t", (), False, None, None, ["/l/a.st", "/l/b.st"])  # open_run's teacher_loras
+    assert moved.open_args() == ("/t", (), False, None, None, ("/l/a.st", "/l/b.st"))  # open_run's teacher_loras
     assert Trust.from_args(parser.parse_args(["--wandb-mode", "online"])).wandb_mode == "online"
     without = argparse.ArgumentParser()
     add_trust_args(without)  # generate: no wandb flag, and its trust is offline

@@ -203,7 +203,7 @@ def teacher_trajectories(
             sample_trajectories(pipe[0], noise[r].to(teacher.device), cond[r], uncond[r], settings, steps, given(r))
             for r in calls
         ]
-        made = parts[0] if len(parts) == 1 else torch.cat(parts)  # text to video: one call, its chunk not copied
+        made = parts[0] if len(parts) == 1 else torch.cat(parts)  # one call (text to video): not copied
         if not timed:  # roughly how long, said once the first chunk shows this machine's pace
             timed.append(len(items))
             left = (total - items.stop) / len(items) * (time.perf_counter() - start)

@@ -117,6 +117,9 @@ def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, met
     before any download, and their combination checked. `cfg.teacher_placement` is replaced by auto's choice."""
     local = Path(str(cfg.teacher.path)).expanduser()
     seen = inspect_teacher(local) if local.is_dir() else None  # a local teacher's files, before the planner reads them
+    if seen is not None and not local.is_absolute():  # saved absolute, as teacher.lora: eval, export from elsewhere
+        local = local.absolute()
+        cfg.teacher.path = str(local)
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
     path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     spec = seen if seen is not None and path == local else inspect_teacher(path)

@@ -30,7 +30,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
 from wandistiller.core.hydra import compose_option, compose_tree
 from wandistiller.job.checks import check_interpolations, name_the_teacher
-from wandistiller.state.checkpoint import recorded_method, resume_candidate
+from wandistiller.state.checkpoint import recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 
 log = logging.getLogger("wandistiller")
@@ -58,12 +58,11 @@ MAY_CHANGE = (
     "distributed.timeout_min",
     "distributed.rdzv_endpoint",
     "distributed.rdzv_id",
-    # Where the teacher and its LoRAs lie, not what they are: the checkpoint's teacher check (preflight's
-    # `check_teacher`: shape, the weights' digest, each LoRA's sha256, strength and experts) refuses another teacher,
-    # so a moved folder or file, or another copy of the same one, is taken and a changed one is still refused.
-    "teacher.path",
-    "teacher.lora",
 )
+# Where the teacher and its LoRAs lie, not what they are: taken where the checkpoint resumed records its teacher, since
+# preflight's `check_teacher` then holds what is found at the new place to that record (shape, the weights' digest,
+# each LoRA's sha256, strength and experts); refused like any other key where nothing would hold it (no checkpoint).
+PLACES = ("teacher.path", "teacher.lora")
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
@@ -168,15 +167,20 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
+    found = resume_candidate("auto", Path(str(cfg.paths.output_dir)))
+    places = set(PLACES) if found is not None and records_teacher(found) else set()
     # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
-    moved = (given is None or "teacher.path" in given) and now.get("teacher.path") != before.get("teacher.path")
+    moved = (
+        places and (given is None or "teacher.path" in given) and now.get("teacher.path") != before.get("teacher.path")
+    )
     follows = set(NAMED_BY_PATH) if moved else set()
-    current = lambda k: may_change(k) or k in ALWAYS_CURRENT or k in follows
+    current = lambda k: may_change(k) or k in ALWAYS_CURRENT or k in places or k in follows
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
     if differ:
         _refuse_changes(cfg, now, before, differ, wholes)
     # Exactly the keys given (logger.wandb.mode alone keeps the saved logger.wandb.project), or every changeable one.
-    taken = (set(MAY_CHANGE) if given is None else {g for g in given if may_change(g)}) | follows
+    taken = set(MAY_CHANGE) | places if given is None else {g for g in given if may_change(g) or g in places}
+    taken |= follows
     result = saved.copy()
     for key in sorted(taken | set(ALWAYS_CURRENT)):
         _put(result, key, cfg, now)
@@ -213,10 +217,17 @@ def _refuse_changes(cfg: DictConfig, now: dict, before: dict, differ: list[str],
             f"{'; '.join(named)[:600]} would change what it trains; drop it to continue the run, or start a new "
             "run with hydra.run.dir=<a new folder>"
         )
+    moved = [k for k in differ if k in PLACES]
+    why = (  # a new place is taken only where a checkpoint's record of the teacher holds it (PLACES)
+        f" ({' and '.join(moved)} at a new place: no checkpoint in it records the teacher to hold it to; put the "
+        "files back where the run had them)"
+        if moved
+        else ""
+    )
     raise UserError(
         f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
-        f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree; drop them to continue it, or start a "
-        "new run with hydra.run.dir=…"
+        f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree{why}; drop them to continue it, or start "
+        "a new run with hydra.run.dir=…"
     )
 
 

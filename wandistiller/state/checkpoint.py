@@ -405,6 +405,16 @@ def lora_names(records: list) -> str:
     return f"[{', '.join(shown)}]" if shown else "null"
 
 
+def records_teacher(checkpoint: Path) -> bool:
+    """Whether a checkpoint records the weights it was trained against (their digest): what lets a resume find its
+    teacher at another place (`job/resumed.py`), held to that record by `check_teacher`."""
+    try:
+        recorded = _read_state(Path(checkpoint)).get("teacher")
+    except (OSError, ValueError, AttributeError, UserError):
+        return False
+    return isinstance(recorded, dict) and isinstance(recorded.get("digest"), str)
+
+
 def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
     """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against."""
     if checkpoint is None or allow:

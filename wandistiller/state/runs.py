@@ -242,7 +242,8 @@ def open_run(
             f"teacher.path={cfg.teacher.path!r} in {config} is a Hub id, and a received run does not download "
             "what its config names: give a local copy with --teacher-path DIR, or fetch it with --allow-download"
         )
-    moved_from(cfg, config, teacher_path is None, teacher_loras)
+    if spec is None:  # the run's own end-of-run eval: its preflight found them (at the places it was given)
+        moved_from(cfg, config, teacher_path is None, teacher_loras)
     if teacher_loras is not None:
         cfg.teacher.lora = relocated(cfg.teacher.get("lora"), teacher_loras, str(config))
     teacher = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
@@ -268,12 +269,22 @@ def moved_from(cfg: DictConfig, config: Path, saved_teacher: bool, teacher_loras
         )
 
 
-def open_relocated(path: Path, teacher_path: str | None, teacher_loras: Sequence[str] | None) -> RunFolder:
-    """The run for an export: its teacher, or its LoRAs, where the user says they lie now held to what the run
-    recorded (other weights would be shipped under the student's name, so no flag bridges them here)."""
+def open_relocated(
+    path: Path, teacher_path: str | None, teacher_loras: Sequence[str] | None, checkpoint: str | None
+) -> RunFolder:
+    """The run for an export of its student at `checkpoint`: its teacher, or its LoRAs, where the user says they lie
+    now held to what that student recorded (other weights would be shipped under the student's name, so no flag
+    bridges them here, and a student that recorded nothing is not exported with a teacher given elsewhere)."""
     run = open_run(path, teacher_path, teacher_loras=teacher_loras)
-    if teacher_path is not None or teacher_loras is not None:
-        check_teacher_fits(run, run.path, allow_other=False, fix="export")
+    if teacher_path is None and teacher_loras is None:
+        return run
+    source = student_source(run, None if checkpoint == "ema" else checkpoint)
+    if recorded_teacher(run, source) is None:
+        raise UserError(
+            f"the student in {source} records no teacher to hold --teacher-path / --teacher-lora to (a run of an "
+            "earlier version); export it where its saved teacher.path and teacher.lora still lie"
+        )
+    check_teacher_fits(run, source, allow_other=False, fix="export")
     return run
 
 

@@ -34,7 +34,7 @@ class Trust:
             mode,
             other_teacher=args.allow_other_teacher,
             data=getattr(args, "allow_data", False),
-            teacher_loras=args.teacher_lora,
+            teacher_loras=tuple(args.teacher_lora) if args.teacher_lora else None,
         )
 
     def open_args(self) -> tuple:

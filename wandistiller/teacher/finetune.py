@@ -119,9 +119,10 @@ def relocated(value: Any, files: Sequence[str], where: str) -> list[dict]:
             f"--teacher-lora gives {len(files)} file(s), and {KEY} in {where} names {len(found)} ({named}); "
             "give one file per entry, in its order"
         )
-    missing = next((file for file in files if not Path(file).expanduser().is_file()), None)
+    missing = next((Path(file).expanduser() for file in files if not Path(file).expanduser().is_file()), None)
     if missing is not None:
-        raise UserError(f"--teacher-lora {missing}: no such file; give the run's LoRA files where they lie now")
+        what = "is a folder" if missing.is_dir() else "no such file"
+        raise UserError(f"--teacher-lora {missing}: {what}; give the run's LoRA files where they lie now")
     return [
         {"path": str(Path(file).expanduser().resolve()), "strength": strength, "expert": expert}
         for file, (_, strength, expert) in zip(files, found)
