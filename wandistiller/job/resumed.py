@@ -167,12 +167,10 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
-    found = resume_candidate("auto", Path(str(cfg.paths.output_dir)))
-    places = set(PLACES) if found is not None and records_teacher(found) else set()
+    places = set(PLACES) if _new_places_held(cfg, now, before) else set()
     # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
-    moved = (
-        places and (given is None or "teacher.path" in given) and now.get("teacher.path") != before.get("teacher.path")
-    )
+    moved = bool(places) and (given is None or "teacher.path" in given)
+    moved = moved and now.get("teacher.path") != before.get("teacher.path")
     follows = set(NAMED_BY_PATH) if moved else set()
     current = lambda k: may_change(k) or k in ALWAYS_CURRENT or k in places or k in follows
     differ = sorted(k for k in asked if not current(k) and _subtree(now, k) != _subtree(before, k))
@@ -203,6 +201,15 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
         + schedule_note
     )
     return merged
+
+
+def _new_places_held(cfg: DictConfig, now: dict, before: dict) -> bool:
+    """Whether this command line puts the teacher or its LoRAs at a new place (`PLACES`) that the checkpoint it
+    resumes can hold (it records its teacher); the checkpoints are looked at only where a place changed."""
+    if all(_subtree(now, k) == _subtree(before, k) for k in PLACES):
+        return False
+    found = resume_candidate("auto", Path(str(cfg.paths.output_dir)))
+    return found is not None and records_teacher(found)
 
 
 def _refuse_changes(cfg: DictConfig, now: dict, before: dict, differ: list[str], wholes: dict) -> NoReturn:

@@ -405,13 +405,19 @@ def lora_names(records: list) -> str:
     return f"[{', '.join(shown)}]" if shown else "null"
 
 
+def _recorded_teacher(checkpoint: Path):
+    """The teacher a checkpoint records (`teacher_problem`'s `recorded`); None for a state that cannot be read
+    (`problem` refuses that one)."""
+    try:
+        return _read_state(Path(checkpoint)).get("teacher")
+    except (OSError, ValueError, AttributeError, UserError):
+        return None
+
+
 def records_teacher(checkpoint: Path) -> bool:
     """Whether a checkpoint records the weights it was trained against (their digest): what lets a resume find its
     teacher at another place (`job/resumed.py`), held to that record by `check_teacher`."""
-    try:
-        recorded = _read_state(Path(checkpoint)).get("teacher")
-    except (OSError, ValueError, AttributeError, UserError):
-        return False
+    recorded = _recorded_teacher(checkpoint)
     return isinstance(recorded, dict) and isinstance(recorded.get("digest"), str)
 
 
@@ -419,11 +425,7 @@ def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
     """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against."""
     if checkpoint is None or allow:
         return
-    try:
-        recorded = _read_state(Path(checkpoint)).get("teacher")
-    except (OSError, ValueError, AttributeError, UserError):
-        return  # an unreadable state: `problem` refused it already
-    why = teacher_problem(recorded, spec)
+    why = teacher_problem(_recorded_teacher(checkpoint), spec)
     if why:
         raise UserError(
             f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "

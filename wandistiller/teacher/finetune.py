@@ -119,13 +119,14 @@ def relocated(value: Any, files: Sequence[str], where: str) -> list[dict]:
             f"--teacher-lora gives {len(files)} file(s), and {KEY} in {where} names {len(found)} ({named}); "
             "give one file per entry, in its order"
         )
-    missing = next((Path(file).expanduser() for file in files if not Path(file).expanduser().is_file()), None)
+    paths = [Path(file).expanduser() for file in files]
+    missing = next((path for path in paths if not path.is_file()), None)
     if missing is not None:
         what = "is a folder" if missing.is_dir() else "no such file"
         raise UserError(f"--teacher-lora {missing}: {what}; give the run's LoRA files where they lie now")
     return [
-        {"path": str(Path(file).expanduser().resolve()), "strength": strength, "expert": expert}
-        for file, (_, strength, expert) in zip(files, found)
+        {"path": str(path.resolve()), "strength": strength, "expert": expert}
+        for path, (_, strength, expert) in zip(paths, found)
     ]
 
 
