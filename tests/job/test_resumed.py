@@ -342,6 +342,14 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
     evaluated = ["hooks=[monitor,progress,evaluate]", "hooks.evaluate.limit=1", "hooks.evaluate.steps=2"]
     summary = run(make_cfg(*FIRST, *now, *evaluated, run_dir=run_dir))
     assert summary["final_step"] == 4 and (run_dir / "eval_steps2_limit1.json").is_file()
+    # Taken once, the new places are the run's: a later resume (and every tool: test_runs.py) finds them unasked.
+    later = ["trainer.resume=auto", "trainer.max_steps=5"]
+    cfg = continued_config(make_cfg(*later, run_dir=run_dir), later)
+    assert (cfg.teacher.path, cfg.teacher.name, list(cfg.teacher.lora)) == (str(moved), "Wan-moved", [str(lora)])
+    assert OmegaConf.load(run_dir / ".hydra" / "config.yaml").teacher.path == str(teacher)  # the first, kept as made
+    (newest,) = (run_dir / ".hydra").glob("config_resume_*.yaml")
+    shutil.copy(newest, run_dir / ".hydra" / "config_resume_1.yaml")  # an older resume's (its time 1) changes nothing
+    assert continued_config(make_cfg(*later, run_dir=run_dir), later).teacher.path == str(moved)
 
     other = shutil.copytree(moved, tmp_path / "Other")  # the same shape, other weights
     weights = next((other / "transformer").glob("*.safetensors"))

@@ -516,3 +516,23 @@ def test_a_run_whose_teacher_and_lora_moved_is_read_where_they_lie_now_held_to_w
     assert not (tmp_path / "out2").exists()
     err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x", *again])
     assert "does not fit this teacher" in err and "--allow-other-teacher" in err
+
+
+def test_a_run_resumed_where_its_teacher_lies_now_is_read_there_by_every_tool(make_cfg, tmp_path, tiny_path, capsys):
+    """Once a resume took the teacher's new place (held to its checkpoint's record), the run's tools read it there
+    without --teacher-path: the newest resume config's places, never its first's; a damaged one changes nothing."""
+    teacher, folder = tmp_path / "MyWan", tmp_path / "r"
+    shutil.copytree(tiny_path, teacher)
+    run(make_cfg("trainer.max_steps=1", f"teacher.path={teacher}", run_dir=folder))
+    moved = teacher.rename(tmp_path / "Wan-moved")
+    run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", f"teacher.path={moved}", run_dir=folder))
+    opened = open_run(folder)
+    assert opened.spec.path == moved and opened.cfg.teacher.name == "Wan-moved"
+    eval_cli.main([str(folder), "--limit", "1", "--steps", "2"])
+    (newest,) = (folder / ".hydra").glob("config_resume_*.yaml")
+    moved.rename(tmp_path / "gone")  # moved again: the line names the resume config that said where it was
+    err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x"])
+    assert f"teacher.path='{moved}' in {newest} is not there" in err and "--teacher-path DIR" in err, err
+    newest.write_text("teacher: [")  # unreadable: the first config's place, as before any resume
+    err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x"])
+    assert f"teacher.path='{teacher}' in {folder / '.hydra' / 'config.yaml'} is not there" in err, err

@@ -15,6 +15,7 @@ shorter one stops earlier along it, a longer one trains on at its last LR (said 
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import NoReturn, cast
@@ -32,6 +33,7 @@ from wandistiller.core.hydra import compose_option, compose_tree
 from wandistiller.job.checks import check_interpolations, name_the_teacher
 from wandistiller.state.checkpoint import recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
+from wandistiller.state.runs import NAMED_BY_PATH, PLACE_KEYS, PLACES, latest_places
 
 log = logging.getLogger("wandistiller")
 
@@ -59,15 +61,14 @@ MAY_CHANGE = (
     "distributed.rdzv_endpoint",
     "distributed.rdzv_id",
 )
-# Where the teacher and its LoRAs lie, not what they are: taken where the checkpoint resumed records its teacher, since
-# preflight's `check_teacher` then holds what is found at the new place to that record (shape, the weights' digest,
-# each LoRA's sha256, strength and experts); refused like any other key where nothing would hold it (no checkpoint).
-PLACES = ("teacher.path", "teacher.lora")
+# PLACES (state/runs.py), where the teacher and its LoRAs lie, not what they are: taken where the checkpoint resumed
+# records its teacher, since preflight's `check_teacher` then holds what is found at the new place to that record
+# (shape, the weights' digest, each LoRA's sha256, strength and experts); refused like any other key where nothing
+# would hold it (no checkpoint). Once taken, later resumes and tools find them there (`latest_places`).
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
 ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
-NAMED_BY_PATH = ("teacher.name", "teacher.builtin")  # what `name_the_teacher` derives from teacher.path
 _continuing: dict[Path, str] = {}  # run folder -> what continued_config took from this command line, until said
 
 
@@ -153,6 +154,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     if saved is None:
         return cfg
     before_methods = with_method_of_before(saved)
+    moved_since = _moved_since(saved, Path(str(cfg.paths.output_dir)))
     given = _given_keys(overrides) if overrides is not None else None
     wholes = _whole_tree_choices(overrides, cfg) if overrides is not None else {}
     first = set(recorded_overrides(Path(str(cfg.paths.output_dir)), "auto", with_now=False) or [])
@@ -199,8 +201,25 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
             else ""
         )
         + schedule_note
+        + (f" (the teacher where {moved_since.name} found it)" if moved_since and "teacher.path" not in taken else "")
     )
     return merged
+
+
+def _moved_since(saved: DictConfig, run_dir: Path) -> Path | None:
+    """The teacher's places (`saved`'s, replaced) as the run's newest resume took them (`latest_places`), where the
+    checkpoint resumed records its teacher: preflight's `check_teacher` holds them to that record again, as it held
+    them when that resume took them. Returns the resume config they came from, else None."""
+    moved = copy.deepcopy(saved)
+    newest = latest_places(run_dir, moved)
+    if newest is None:
+        return None
+    found = resume_candidate("auto", run_dir)
+    if found is None or not records_teacher(found):
+        return None
+    for key in PLACE_KEYS:
+        OmegaConf.update(saved, key, OmegaConf.select(moved, key), merge=False, force_add=True)
+    return newest
 
 
 def _new_places_held(cfg: DictConfig, now: dict, before: dict) -> bool:

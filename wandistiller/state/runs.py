@@ -9,6 +9,7 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import logging
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,7 +42,7 @@ from wandistiller.state.checkpoint import (
     teacher_digest,
     teacher_problem,
 )
-from wandistiller.state.received import load_json, load_received, local_cache_dir, looks_like_hub_id
+from wandistiller.state.received import load_json, load_received, load_yaml_config, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.finetune import KEY as LORA_KEY
@@ -235,6 +237,9 @@ def open_run(
             f"{getattr(e, 'full_key', None) or '?'} in {config}: {first}; fix the interpolation (or set "
             "the variable it reads)"
         ) from None
+    latest = latest_places(path, cfg)  # where a resume since found the teacher (a run moved): there, not here
+    if latest is not None:
+        config = latest
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = str(checked_teacher_folder(Path(teacher_path))), None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
@@ -250,6 +255,43 @@ def open_run(
     if spec is None or spec.path != teacher:  # the run's own teacher, with the LoRAs it was distilled from
         spec = with_loras(inspect_teacher(teacher), cfg.teacher.get("lora"))
     return RunFolder(path, cfg, spec)
+
+
+# Where a run's teacher and its LoRAs lie (a resume may change them: job/resumed.py), and the name its folder gives it.
+PLACES = ("teacher.path", "teacher.lora")
+NAMED_BY_PATH = ("teacher.name", "teacher.builtin")  # what `name_the_teacher` derives from teacher.path
+PLACE_KEYS = PLACES + NAMED_BY_PATH
+_RESUME_CONFIG = re.compile(r"config_resume_(\d+)(?:_(\d+))?\.yaml")  # job/rundir.py's save_config names them so
+
+
+def latest_places(run_dir: Path, cfg: DictConfig) -> Path | None:
+    """Puts into `cfg` (the run's first config) the teacher's places as the run's newest resume config has them
+    (`.hydra/config_resume_<time>.yaml`): a resume takes a new `teacher.path` / `teacher.lora` only where its
+    checkpoint's record held what it found there (job/resumed.py), so after a move each later resume and tool finds
+    the teacher where it lies now, with no flag given again. Returns that file where its places differ from
+    `cfg`'s, else None (`cfg` untouched; an unreadable file is passed over: the places then come from `cfg`)."""
+    hydra_dir = in_run(run_dir, ".hydra")
+    found = sorted(
+        ((int(m[1]), int(m[2] or 0)), name)
+        for name in (os.listdir(hydra_dir) if hydra_dir.is_dir() else [])
+        if (m := _RESUME_CONFIG.fullmatch(name))
+    )
+    if not found:
+        return None
+    newest = in_run(run_dir, f".hydra/{found[-1][1]}")
+    try:
+        places = {key: OmegaConf.select(load_yaml_config(newest, root=run_dir), key) for key in PLACE_KEYS}
+        before = {key: OmegaConf.select(cfg, key) for key in PLACE_KEYS}
+        if places == before or not isinstance(places["teacher.path"], str) or "${" in places["teacher.path"]:
+            return None
+        updated = copy.deepcopy(cfg)
+        for key, value in places.items():
+            OmegaConf.update(updated, key, value, merge=False, force_add=True)
+    except (UserError, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError):
+        return None
+    for key in PLACE_KEYS:  # only once every key was taken: never half the new places and half the old
+        OmegaConf.update(cfg, key, OmegaConf.select(updated, key), merge=False, force_add=True)
+    return newest
 
 
 def moved_from(cfg: DictConfig, config: Path, saved_teacher: bool, teacher_loras: Sequence[str] | None) -> None:
