@@ -75,6 +75,12 @@ def test_a_damaged_saved_config_is_one_line(make_cfg, tmp_path):
     (run_dir / ".hydra" / "config.yaml").write_text("- just\n- a list\n")
     with pytest.raises(UserError, match="config.yaml is damaged"):
         continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+    # Gone: its checkpoints are not continued with the defaults composed anew (another teacher, unsaid: an audit's
+    # find), the line names the file and a resume that says whose config it is.
+    (run_dir / ".hydra" / "config.yaml").unlink()
+    said = r"no .hydra/config.yaml, .* restore it, or continue .* via trainer.resume=.*step_0+2 hydra.run.dir="
+    with pytest.raises(UserError, match=said):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
 
 
 @pytest.mark.slow

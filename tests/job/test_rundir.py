@@ -4,6 +4,7 @@ run folder; the lock goes away with its process, however it ends."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,3 +285,38 @@ def test_resume_against_a_teacher_the_checkpoint_did_not_record_is_refused_unles
     cfg = continued_config(make_cfg("trainer.resume=auto", "trainer.allow_other_teacher=true", run_dir=folder),
                            ["trainer.resume=auto", "trainer.allow_other_teacher=true"])  # fmt: skip
     assert cfg.trainer.allow_other_teacher is True
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_without_checkpoints_is_never_trained_over_by_a_resume(make_cfg, tmp_path):
+    """A finished run whose checkpoints were deleted (to save disk): `trainer.resume=auto` has nothing to continue
+    from, and would have trained from step 0 over its student (an audit's find); refused in one line that names the
+    way on from its student, and the folder left byte for byte."""
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=run_dir))
+    shutil.rmtree(run_dir / "checkpoints")
+    before = tree(run_dir)
+    for resume in ([], ["trainer.resume=auto"]):
+        with pytest.raises(RunDirTaken, match=r"holds a finished run's outputs \(metrics.json and student\) and no "
+                           rf"checkpoint to continue it from; .* student.init={run_dir}/student") as e:  # fmt: skip
+            run(make_cfg("trainer.max_steps=2", *resume, run_dir=run_dir))
+        assert "\n" not in str(e.value) and "trainer.resume=auto to" not in str(e.value)
+        assert tree(run_dir) == before
+
+
+def test_a_resume_whose_checkpoints_are_all_damaged_is_one_line_and_writes_nothing_into_the_run(make_cfg, tmp_path):
+    """Refused before the folder is claimed: the line names the newest checkpoint's damage (no "see above"), and
+    the run's train.log and lock are as they were."""
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=2", run_dir=run_dir))
+    for tensors in (run_dir / "checkpoints").glob("step_*/tensors.safetensors"):
+        tensors.write_bytes(tensors.read_bytes()[:1000])
+    (run_dir / "train.log").write_text("the first run's log\n")
+    before = tree(run_dir)
+    with pytest.raises(UserError, match=r"none of the checkpoints in .* can be resumed from \(the newest: step_0+2: "
+                       r".*is truncated .*\); move them away") as e:  # fmt: skip
+        run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=run_dir))
+    assert "see above" not in str(e.value) and tree(run_dir) == before

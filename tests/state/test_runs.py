@@ -135,9 +135,15 @@ def test_a_damaged_student_or_run_config_is_one_line_for_the_tools(make_cfg, tmp
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(UserError, match="the student in .*too short|the student in .*truncated"):
         load_student(open_run(run_dir), run_dir / "student", torch.device("cpu"))
+    saved = (run_dir / ".hydra" / "config.yaml").read_text()
     (run_dir / ".hydra" / "config.yaml").write_text("[:")
     with pytest.raises(UserError, match="config.yaml cannot be read"):
         open_run(run_dir)
+    without_paths = "\n".join(line for line in saved.split("\npaths:")[0].splitlines())  # cut before `paths:`
+    for damaged, unset in (("", "paths"), ("seed: 0\n", "paths"), (without_paths, "paths")):
+        (run_dir / ".hydra" / "config.yaml").write_text(damaged)  # emptied or cut: an audit's traceback
+        with pytest.raises(UserError, match=rf"config.yaml is damaged \(it has no {unset}: not a run's saved"):
+            open_run(run_dir)
 
 
 def test_a_saved_config_with_a_hydra_interpolation_is_one_line_for_the_tools(run_dir):

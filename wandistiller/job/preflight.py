@@ -86,7 +86,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss)
     run_dir = Path(cfg.paths.output_dir)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
-    found = resume_candidate(cfg.trainer.resume, run_dir)
+    found = resume_candidate(cfg.trainer.resume, run_dir, refuse=True)  # refused before the folder is claimed
     check_resumed(cfg, found, spec, method)  # before the folder is claimed: a refused resume writes nothing
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)

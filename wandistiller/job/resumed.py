@@ -31,7 +31,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
 from wandistiller.core.hydra import compose_option, compose_tree
 from wandistiller.job.checks import check_interpolations, name_the_teacher
-from wandistiller.state.checkpoint import recorded_method, records_teacher, resume_candidate
+from wandistiller.state.checkpoint import list_checkpoints, recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 from wandistiller.state.runs import NAMED_BY_PATH, PLACE_KEYS, PLACES, latest_places
 
@@ -150,14 +150,21 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     if cfg.trainer.resume != "auto":
         return cfg
     name_the_teacher(cfg)  # as the saved config was named (prepare names it): teacher.name then agrees
-    saved = saved_config(Path(str(cfg.paths.output_dir)), targets_of(cfg))
+    run_dir = Path(str(cfg.paths.output_dir))
+    saved = saved_config(run_dir, targets_of(cfg))
+    if saved is None and list_checkpoints(run_dir):  # composed anew, it would be another run's config, unsaid
+        raise UserError(
+            f"trainer.resume=auto: {run_dir} holds checkpoints but no .hydra/config.yaml, the config they were "
+            "trained with; restore it, or continue them with this command line's whole config via "
+            f"trainer.resume={list_checkpoints(run_dir)[-1]} hydra.run.dir=<a new folder>"
+        )
     if saved is None:
         return cfg
     before_methods = with_method_of_before(saved)
-    moved_since = _moved_since(saved, Path(str(cfg.paths.output_dir)))
+    moved_since = _moved_since(saved, run_dir)
     given = _given_keys(overrides) if overrides is not None else None
     wholes = _whole_tree_choices(overrides, cfg) if overrides is not None else {}
-    first = set(recorded_overrides(Path(str(cfg.paths.output_dir)), "auto", with_now=False) or [])
+    first = set(recorded_overrides(run_dir, "auto", with_now=False) or [])
     wholes = {line: keys for line, keys in wholes.items() if line not in first}  # the first launch's, restated
     for keys in wholes.values():  # `+experiment=x`: held to the run, or taken, key by key as if each were given
         given = (given or set()) | keys

@@ -53,10 +53,15 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
         )
     finished = [p.name for p in (run_dir / "metrics.json", run_dir / "student") if p.exists()]
     earlier = list_checkpoints(run_dir)
-    if (earlier or finished) and resume != "auto":
-        what = f"checkpoints up to {earlier[-1].name}" if earlier else " and ".join(finished)
+    if finished and not earlier:  # nothing to continue from: resumed, it would train from step 0 over its student
         raise RunDirTaken(
-            f"the run folder {run_dir} already holds another run's outputs ({what}); "
+            f"the run folder {run_dir} holds a finished run's outputs ({' and '.join(finished)}) and no checkpoint "
+            f"to continue it from; to train on from its student, start a new run with student.init={run_dir}/student "
+            "hydra.run.dir=<a new folder>, or choose a new folder with hydra.run.dir=…"
+        )
+    if earlier and resume != "auto":
+        raise RunDirTaken(
+            f"the run folder {run_dir} already holds another run's outputs (checkpoints up to {earlier[-1].name}); "
             "add trainer.resume=auto to continue it, or choose a new folder with hydra.run.dir=…"
         )
     if resume == "auto" and (not run_dir.exists() or run_dir.resolve() in MISSING_BEFORE):

@@ -217,11 +217,12 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        found = _newest_usable(run_dir, "trainer.resume=auto")
+        found, newest_why = _newest_usable(run_dir, "trainer.resume=auto")
         if found is None and list_checkpoints(run_dir):  # starting over would replace the run's outputs
             raise UserError(
-                f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from "
-                "(see above); move them away to start this run over, or choose a new folder with hydra.run.dir=…"
+                f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from (the "
+                f"newest: {newest_why}); move them away to start this run over, or choose a new folder with "
+                "hydra.run.dir=…"
             )
         if found is None:  # right for a preempted job's first launch; said, so a mistyped folder is noticed
             log.info("trainer.resume=auto: no checkpoint in %s; starting from step 0", run_dir / CHECKPOINTS)
@@ -233,34 +234,45 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             raise UserError(f"trainer.resume={resume!r} cannot be resumed from: {why}; point it at another checkpoint")
         return path
     if list_checkpoints(path):  # a run folder: take its latest usable one
-        found = _newest_usable(path, f"trainer.resume={resume!r}")
+        found, newest_why = _newest_usable(path, f"trainer.resume={resume!r}")
         if found is not None:
             return found
-        raise UserError(f"trainer.resume={resume!r}: none of its checkpoints can be resumed from (see above)")
+        raise UserError(
+            f"trainer.resume={resume!r}: none of its checkpoints can be resumed from (the newest: {newest_why}); "
+            "point it at another checkpoint"
+        )
     raise UserError(
         f"trainer.resume={resume!r} is neither a checkpoint folder (holding {STATE_FILE}) nor a run folder with "
         "checkpoints; use trainer.resume=auto or a path under <run>/checkpoints/"
     )
 
 
-def resume_candidate(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint `resolve_resume` would pick, found without a word and without a refusal (None where it would
-    refuse or there is none): what a resume's checks read before the run folder is claimed. The resolution after
-    the claim says (and refuses) what it has to."""
+def resume_candidate(resume: str | None, run_dir: Path, refuse: bool = False) -> Path | None:
+    """The checkpoint `resolve_resume` would pick, found without a word (None where there is none): what a resume's
+    checks read before the run folder is claimed. Where it would refuse: None, or with `refuse` its one line (a
+    refused resume then writes nothing into the run, not even its lock). The resolution after the claim says what
+    it skipped."""
     with quieted(__name__, logging.CRITICAL):
         try:
             return resolve_resume(resume, run_dir)
         except UserError:
+            if refuse:
+                raise
             return None
 
 
-def _newest_usable(run_dir: Path, key: str) -> Path | None:
+def _newest_usable(run_dir: Path, key: str) -> tuple[Path | None, str]:
+    """(the newest checkpoint that can be loaded, or None; why the newest of all cannot, where it cannot). Those
+    skipped on the way are said (a line each) only where one is found: a refusal names the newest's problem."""
+    skipped = []
     for path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
-            return path
-        log.warning("%s: skipping %s: %s", key, path, why)
-    return None
+            for old, old_why in skipped:
+                log.warning("%s: skipping %s: %s", key, old, old_why)
+            return path, ""
+        skipped.append((path, why))
+    return None, f"{skipped[0][0].name}: {skipped[0][1]}" if skipped else ""
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -228,6 +228,9 @@ def open_run(
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
     refuse_live(path, "run this")
     cfg = load_received(config, allow, root=path)
+    unset = [key for key in ("paths", "teacher", "student") if key not in cfg or OmegaConf.is_missing(cfg, key)]
+    if unset:  # an emptied or cut file: every run saves these
+        raise UserError(f"{config} is damaged (it has no {unset[0]}: not a run's saved config); restore it")
     cfg.paths.cache_dir, cfg.paths.output_dir = cache_dir or local_cache_dir(), str(path)
     try:  # a `${hydra:…}` (allowed, but only a training job resolves it) or an unset variable: one line
         OmegaConf.to_container(cfg, resolve=True)
