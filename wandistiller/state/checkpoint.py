@@ -264,7 +264,7 @@ def resume_candidate(resume: str | None, run_dir: Path, refuse: bool = False) ->
 def _newest_usable(run_dir: Path, key: str) -> tuple[Path | None, str]:
     """(the newest checkpoint that can be loaded, or None; why the newest of all cannot, where it cannot). Those
     skipped on the way are said (a line each) only where one is found: a refusal names the newest's problem."""
-    skipped = []
+    skipped: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
