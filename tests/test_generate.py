@@ -184,6 +184,8 @@ def test_generate_continues_an_image_to_video_students_given_first_frame_and_ref
         (["--image", str(tmp_path / "small.png")], "--image: " + str(tmp_path / "small.png") + " is 8x8, too small"),
         (["--image", str(tmp_path / "text.png")], f"--image {tmp_path / 'text.png'}: not a readable image file"),
         (["--image", str(root / "img0.png")] * 2, "--image: 2 images for 1 prompts"),
+        (["--image", str(tmp_path / "nope.png")], f"--image {tmp_path / 'nope.png'} does not exist; give an image"),
+        (["--image", str(tmp_path)], f"--image {tmp_path} is a folder; give an image file"),
     ):
         with pytest.raises(UserError, match="^" + said.replace(".", r"\.")):
             generate_cli.run_generate(generate_cli.parse_args([*base, *extra]))

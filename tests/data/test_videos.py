@@ -84,6 +84,7 @@ def test_one_latent_frame_is_one_frame_and_a_still_gif_serves_it(tmp_path):
         (lambda r: save(clip(5), r / "c.gif"), "c.gif has 5 frame(s), fewer than the 9 a clip of 9 frames of 64x64"),
         (lambda r: save(clip(9, size=(48, 80)), r / "c.gif"), "c.gif is 48x80, smaller than the 64x64 frames"),
         (lambda r: (r / "c.txt").unlink(), "c.gif has no caption (no c.txt beside it); caption every video"),
+        (lambda r: (r / "c.txt").write_text(" "), "c.gif has no caption (c.txt beside it is empty); caption every"),
     ],
 )
 def test_a_file_it_cannot_use_is_one_line_naming_it(tmp_path, edit, message):

@@ -149,6 +149,7 @@ def test_each_bad_file_or_strength_is_one_line(spec, files, tmp_path, tiny_path)
     config, experts = spec.transformer_config, spec.experts
     cases = []
     cases.append(([str(tmp_path / "gone.safetensors")], "no such file"))
+    cases.append(([str(tmp_path)], "is a folder; give a LoRA .safetensors file"))
     (tmp_path / "notes.safetensors").write_text("not a tensor file")
     cases.append(([str(tmp_path / "notes.safetensors")], "is not a safetensors LoRA file"))
     save_file({"model.weight": torch.zeros(3, 3)}, tmp_path / "model.safetensors")

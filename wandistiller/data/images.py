@@ -99,7 +99,13 @@ def captions_of(path: Path, key: str, files: list[Path], what: str) -> tuple[lis
             txt = file.with_suffix(".txt")
             caption = _text(txt, key).strip() if txt.is_file() else None
         if not caption:
-            where = "captions.jsonl has no line for it" if from_jsonl is not None else f"no {file.stem}.txt beside it"
+            where = (
+                "captions.jsonl has no line for it"
+                if from_jsonl is not None
+                else f"{file.stem}.txt beside it is empty"
+                if file.with_suffix(".txt").is_file()
+                else f"no {file.stem}.txt beside it"
+            )
             raise UserError(f"{key}: {rel} has no caption ({where}); caption every {what}")
         captions.append(caption)
     stats = [(p.relative_to(path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
@@ -200,6 +206,15 @@ def _pixels(source: ImageSource, i: int, height: int, width: int) -> torch.Tenso
         raise UserError(f"{source.key}: image {i} ({source.captions[i][:40]!r}) is unreadable ({e})") from None
 
 
+def stills_only(frames: int) -> str:
+    """Why a text-to-video teacher's image data takes one latent frame, and what to give instead."""
+    return (
+        f"data.latent_frames={frames} with images and a text-to-video teacher: its images are one-frame latents "
+        "(stills); give an image-to-video teacher (it takes each image as a clip's first frame), or "
+        "data.latent_frames=1 to train on stills"
+    )
+
+
 def image_latents(
     spec: TeacherSpec,
     source: ImageSource,
@@ -212,7 +227,7 @@ def image_latents(
     """The images as normalised VAE latents of `latent_shape` (one frame), cached and resumable by chunk."""
     _, frames, h, w = latent_shape
     if frames != 1:
-        raise UserError(f"data.latent_frames={frames}: images make one-frame latents; set data.latent_frames=1")
+        raise UserError(stills_only(frames))
     vae_files = file_stamps(spec.path / "vae", "*.safetensors")
     vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
     key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]

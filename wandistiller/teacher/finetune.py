@@ -185,7 +185,8 @@ def read_lora(path: Path, where: str = KEY) -> dict[str, Layer]:
     """The LoRA file at `path` as its adapted layers by module name (`blocks.0.attn1.to_q`), whatever its layout;
     one line for a missing file, one that is not safetensors, or keys no converter knows."""
     if not path.is_file():
-        raise UserError(f"{where}={path}: no such file; give a LoRA .safetensors file of this teacher")
+        what = "is a folder" if path.is_dir() else "no such file"
+        raise UserError(f"{where}={path}: {what}; give a LoRA .safetensors file of this teacher")
     problem = safetensors_problem(path)
     if problem is not None:
         raise UserError(f"{where}={path} is not a safetensors LoRA file ({problem[:200]})")

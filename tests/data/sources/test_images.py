@@ -73,6 +73,13 @@ def test_a_student_trains_on_captioned_images(make_cfg, tmp_path):
         (images / f"{i}.txt").write_text(caption)
     summary = run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", run_dir=tmp_path / "r"))
     assert summary["steps_run"] == 2
+    # Clips of images, for a text-to-video teacher: said before anything is encoded, naming the teacher it needs
+    # (the fix was once "set data.latent_frames=1" alone, which an image-to-video experiment's user did not mean).
+    clips = ["data=image_folder", f"data.root={images}", "data.latent_frames=2", "trainer.max_steps=2"]
+    with pytest.raises(UserError, match=r"^data.latent_frames=2 with images and a text-to-video teacher: .* give an "
+                       r"image-to-video teacher .*, or data.latent_frames=1 to train on stills$"):  # fmt: skip
+        run(make_cfg(*clips, run_dir=tmp_path / "clips"))
+    assert not (tmp_path / "clips").exists()
 
 
 @pytest.mark.parametrize("override", ["data=image_folder"])

@@ -13,8 +13,16 @@ import torch
 from wandistiller.config import DataCommon
 from wandistiller.core.arch import Layout
 from wandistiller.core.distributed import made_once
+from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
-from wandistiller.data.images import check_given_images, held_out_images, image_data, image_pairs, image_source
+from wandistiller.data.images import (
+    check_given_images,
+    held_out_images,
+    image_data,
+    image_pairs,
+    image_source,
+    stills_only,
+)
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
 from wandistiller.data.sources.base import DataSource, Made, own_name
@@ -53,6 +61,8 @@ class Images(DataSource):
 
     @classmethod
     def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
+        if layout == Layout.t2v and data_cfg.latent_frames != 1:  # before anything is encoded
+            raise UserError(stills_only(data_cfg.latent_frames))
         if layout != Layout.t2v:  # each image is given as a first frame: large enough, opaque (a text-to-video
             check_given_images(data_cfg, vae_config)  # teacher's x0 takes any image, scaled as it must be)
 
