@@ -189,4 +189,6 @@ def test_generate_continues_an_image_to_video_students_given_first_frame_and_ref
     ):
         with pytest.raises(UserError, match="^" + said.replace(".", r"\.")):
             generate_cli.run_generate(generate_cli.parse_args([*base, *extra]))
+    with pytest.raises(UserError, match=r"too small .*; give a larger image$"):  # no data.* key: the run's frames
+        generate_cli.run_generate(generate_cli.parse_args([*base, "--image", str(tmp_path / "small.png")]))
     assert not (folder / "generated").exists()

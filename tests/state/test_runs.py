@@ -94,6 +94,12 @@ def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_pat
         student_source(folder, "step_3")
     with pytest.raises(UserError, match="no checkpoint 'best'"):
         student_source(folder, "best")
+    tensors = tmp_path / "checkpoints" / "step_00000004" / "tensors.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:20])  # damaged: said before anything samples, naming the flag
+    for asked in (None, "latest"):
+        with pytest.raises(UserError, match=r"^--checkpoint latest: .*step_00000004 cannot be read \(.*\); pick "
+                           r"another --checkpoint \(checkpoints: step_00000002, step_00000004\)$"):  # fmt: skip
+            student_source(folder, asked)
     (tmp_path / "student").mkdir()
     assert student_source(folder, None) == tmp_path / "student"
 
@@ -542,3 +548,14 @@ def test_a_run_resumed_where_its_teacher_lies_now_is_read_there_by_every_tool(ma
     newest.write_text("teacher: [")  # unreadable: the first config's place, as before any resume
     err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x"])
     assert f"teacher.path='{teacher}' in {folder / '.hydra' / 'config.yaml'} is not there" in err, err
+
+
+def test_a_clip_run_against_an_image_teacher_is_one_line_naming_the_flag_a_tool_has(tmp_path):
+    """eval and generate cannot change a run's frames: the fix they give is the teacher it was trained with."""
+    from wandistiller.pocket import TEACHER_DIR, VIDEO_TEACHER_DIR
+    from wandistiller.state.runs import check_frames
+
+    for frames, teacher in ((5, TEACHER_DIR), (1, VIDEO_TEACHER_DIR)):
+        cfg = OmegaConf.create({"data": {"latent_frames": frames, "latent_height": 8, "latent_width": 8}})
+        with pytest.raises(UserError, match=r"; use it with the teacher it was trained with \(--teacher-path .*\)$"):
+            check_frames(RunFolder(tmp_path, cfg, inspect_teacher(teacher)))

@@ -76,7 +76,11 @@ def check_given(image: Image.Image, height: int, width: int, name: str, key: str
         raise UserError(
             f"{key}: {name} is {image.width}x{image.height}, too small for the run's {width}x{height} frames (width x "
             "height; an image-to-video teacher's given image is its first frame, scaled down and cropped, never up); "
-            "give larger images or lower data.latent_height/latent_width"
+            + (
+                "give a larger image"
+                if key.startswith("--")
+                else "give larger images or lower data.latent_height/latent_width"
+            )
         )
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         if np.asarray(image.convert("RGBA").getchannel("A")).min() < 255:

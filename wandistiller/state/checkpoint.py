@@ -187,8 +187,9 @@ def clean_leftovers(run_dir: Path) -> None:
             log.info("removed %s, a checkpoint folder an interrupted cleanup left incomplete", folder)
 
 
-def problem(path: Path) -> str | None:
-    """Why the checkpoint at `path` cannot be resumed from, or None. Cheap: JSON and a header only."""
+def problem(path: Path, resumed: bool = True) -> str | None:
+    """Why the checkpoint at `path` cannot be resumed from (or, not `resumed`, its student read), or None. Cheap:
+    JSON and a header only."""
     if not (path / STATE_FILE).is_file() and (path / LEGACY_FILE).is_file():
         return (
             f"it holds only {LEGACY_FILE}, a pickle from an older WanDistiller, which training never loads because "
@@ -196,7 +197,8 @@ def problem(path: Path) -> str | None:
         )
     try:
         state = _read_state(path)
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int) or REQUIRED - state.keys():
+        whole = isinstance(state, dict) and isinstance(state.get("step"), int) and not REQUIRED - state.keys()
+        if not isinstance(state, dict) or (resumed and not whole):
             return f"{STATE_FILE} is not a checkpoint's state"
         names = safestate.check_tensors(path / TENSORS, path)
         safestate.decode(state, dict.fromkeys(names))  # every reference resolves, every value is ours

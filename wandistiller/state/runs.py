@@ -42,6 +42,9 @@ from wandistiller.state.checkpoint import (
     teacher_digest,
     teacher_problem,
 )
+from wandistiller.state.checkpoint import (
+    problem as checkpoint_problem,
+)
 from wandistiller.state.received import load_json, load_received, load_yaml_config, local_cache_dir, looks_like_hub_id
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
@@ -357,6 +360,13 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         have = ", ".join(p.name for p in checkpoints) or "none"
         what = "no student yet" if checkpoint is None else f"no checkpoint {checkpoint!r}"
         raise UserError(f"{run.path} has {what} (checkpoints: {have}); train it first or pick another --checkpoint")
+    why = None if found.name == "student" else checkpoint_problem(found, resumed=False)
+    if why is not None:  # said before anything is sampled, naming the flag that picks another (not trainer.resume)
+        have = ", ".join(p.name for p in checkpoints)
+        raise UserError(
+            f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({why[:200]}); pick another --checkpoint "
+            f"(checkpoints: {have})"
+        )
     return found
 
 
@@ -526,8 +536,8 @@ def check_frames(run: RunFolder) -> None:
     why = pocket_frames_problem(run.spec.path, int(run.latent_shape[1]))
     if why:
         raise UserError(
-            f"{why}; use it with the teacher it was trained with (--teacher-path that teacher's folder), "
-            "or set data.latent_frames to what the teacher makes"
+            f"{why}; use it with the teacher it was trained with (--teacher-path that teacher's folder: a run's "
+            "frames are fixed when it trains)"
         )
 
 
