@@ -42,6 +42,7 @@ class ImageSource:
     image: Callable[[int], Image.Image]  # image i, opened (not named `open`: the guard test reads that as a file)
     key: str
     fingerprint: str
+    files: list[str] | None = None  # a folder's images by their names in it (for errors); a dataset's are rows
 
 
 def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
@@ -80,7 +81,7 @@ def captioned_files(root: str, suffixes: tuple[str, ...], what: str, other=None)
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
     if not files:
         holds_other = other is not None and any(p.suffix.lower() in other[0] for p in path.rglob("*"))
-        hint = f"; it holds {other[1]}: use {other[2]}" if holds_other else ""
+        hint = f"; it holds {other[1]}: use {other[2]}" if holds_other else f"; give a folder of captioned {what}"
         raise UserError(f"{key} holds no {what} ({', '.join(suffixes)}){hint}")
     return path, key, files
 
@@ -120,8 +121,11 @@ def folder_source(root: str) -> ImageSource:
             with Image.open(image) as opened:
                 opened.verify()
         except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
-            raise UserError(f"{key}: {image.relative_to(path).as_posix()} is not a readable image") from None
-    return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint)
+            raise UserError(
+                f"{key}: {image.relative_to(path).as_posix()} is not a readable image; replace or remove it"
+            ) from None
+    names = [image.relative_to(path).as_posix() for image in images]
+    return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint, names)
 
 
 def _pick_column(features: dict, wanted: str | None, kind: str, key: str, fits) -> str:
@@ -140,7 +144,7 @@ def dataset_source(dataset: str, image_column: str | None = None, text_column: s
 
     key, folder = f"data.dataset={dataset!r}", Path(dataset).expanduser()
     if not folder.is_dir():
-        raise UserError(f"{key} is not a folder written by datasets' save_to_disk")
+        raise UserError(f"{key} is not a folder written by datasets' save_to_disk; give the folder it wrote")
     _dataset_files_inside(folder, key)
     try:
         ds = datasets.load_from_disk(str(folder))
@@ -203,7 +207,7 @@ def _pixels(source: ImageSource, i: int, height: int, width: int) -> torch.Tenso
     try:
         return to_pixels(source.image(i), height, width)
     except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
-        raise UserError(f"{source.key}: image {i} ({source.captions[i][:40]!r}) is unreadable ({e})") from None
+        raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e}); replace or remove it") from None
 
 
 def stills_only(frames: int) -> str:
@@ -247,7 +251,12 @@ def image_latents(
 def image_source(data_cfg) -> ImageSource:
     """The images and captions `data.root` or `data.dataset` names; refused in one line where they cannot
     serve (the preflight calls this before anything heavy)."""
-    if (data_cfg.root is None) == (data_cfg.dataset is None):
+    if data_cfg.root is not None and data_cfg.dataset is not None:  # an experiment's dataset and the user's folder
+        raise UserError(
+            f"data=image_folder: both data.root={data_cfg.root!r} and data.dataset={data_cfg.dataset!r} are set; keep "
+            "one (data.dataset=null to train on the folder)"
+        )
+    if data_cfg.root is None and data_cfg.dataset is None:
         raise UserError("data=image_folder: set one of data.root (an image folder) or data.dataset (a datasets folder)")
     if data_cfg.root is not None:
         return folder_source(data_cfg.root)
@@ -299,7 +308,7 @@ def check_given_images(data_cfg, vae_config: dict) -> None:
 
 
 def _name(source: ImageSource, i: int) -> str:
-    return f"image {i} ({source.captions[i][:40]!r})"
+    return source.files[i] if source.files else f"image {i} ({source.captions[i][:40]!r})"
 
 
 def _given(source: ImageSource) -> Callable[[int], Image.Image]:
@@ -311,6 +320,6 @@ def _given(source: ImageSource) -> Callable[[int], Image.Image]:
             image.load()
             return image
         except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
-            raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e})") from None
+            raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e}); replace or remove it") from None
 
     return opened

@@ -21,8 +21,8 @@ from wandistiller.train import run
 def test_the_source_refuses_a_folder_it_cannot_use_before_anything_loads(tmp_path):
     with pytest.raises(UserError, match="set one of data.root .* or data.dataset"):
         Images.check(data_cfg())
-    with pytest.raises(UserError, match="set one of data.root .* or data.dataset"):
-        Images.check(data_cfg(root=str(tmp_path), dataset=str(tmp_path)))
+    with pytest.raises(UserError, match=r"both data.root=.* and data.dataset=.* are set; keep one \(data.dataset=null"):
+        Images.check(data_cfg(root=str(tmp_path), dataset=str(tmp_path)))  # e.g. an experiment's dataset, a root
     with pytest.raises(UserError, match=r"data.root=.*none"):
         Images.check(data_cfg(root=str(tmp_path / "none")))
     Images.check(data_cfg(root=str(write_folder(tmp_path / "images"))))
@@ -122,8 +122,8 @@ def test_an_image_to_video_teacher_trains_on_an_image_folder_each_image_given_as
 @pytest.mark.parametrize(
     "size,clear,said",
     [
-        ((30, 56), None, "image 0 ('a red fox in snow') is 30x56, too small for the run's 32x32 frames"),
-        ((72, 56), 1, "image 1 ('a lighthouse at night') has transparent pixels (mode RGBA)"),
+        ((30, 56), None, "img0.png is 30x56, too small for the run's 32x32 frames"),
+        ((72, 56), 1, "img1.png has transparent pixels (mode RGBA)"),
     ],
 )
 def test_an_image_that_cannot_be_a_first_frame_is_one_line_before_the_run_folder(make_cfg, tmp_path, size, clear, said):
