@@ -76,7 +76,7 @@ def check_overrides(argv: list[str]) -> None:
         line = hydra_error_line(e)
         method = _resumed_method(argv, [o for o in base if o is not None])
         if method:  # a key of the method a resumed run was trained with, without `method=` that chooses it
-            line = line.split("; check its spelling")[0]
+            line = line.split("; ")[0]  # Hydra's own words: the hint after them is the method's, below
             line = f"{line}; the run was trained with method={method}: add method={method}"
         raise UserError(line) from None
 

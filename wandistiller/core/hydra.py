@@ -146,7 +146,8 @@ def hydra_error_line(error: Exception) -> str:
             "instead (key=…), or check its spelling (python -m wandistiller.train --cfg job lists every key)"
         )
     if "not in" in text and "Key '" in text:
-        return f"{text}; check its spelling (python -m wandistiller.train --cfg job lists every key)"
+        hint = _other_options_key(text) or "check its spelling"
+        return f"{text}; {hint} (python -m wandistiller.train --cfg job lists every key)"
     if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option
         return f"{text}; choose the data source with data=<option> ({' '.join(_options('data'))})"
     if "Could not find" in text:
@@ -156,6 +157,32 @@ def hydra_error_line(error: Exception) -> str:
         options = _options(missing[1])
         return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
     return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
+
+
+def _other_options_key(text: str) -> str | None:
+    """Where a key refused as unknown is one of another option of its group (`data.root` with data=static_prompts,
+    a resumed run's `data.root` without its `data=image_folder`): the options that have it, and how to choose one;
+    where an experiment set it for an option it chooses, that a choice beside it displaced."""
+    experiment = re.search(r"In '(experiment/[\w-]+)'", text)
+    if experiment:
+        return (
+            f"+{experiment[1].replace('/', '=')} sets keys of the options it chooses, and another option given "
+            "beside it lacks this one: drop that choice (e.g. data=…), or give the experiment's own"
+        )
+    override = re.search(r"Could not override '(\w+)\.(\w+)", text)
+    if not override or not _options(override[1]):
+        return None
+    group, key = override[1], override[2]
+    try:
+        holders = [o for o in _options(group) if key in compose_option(group, o)]
+    except Exception:  # only a better hint was lost: the line stands as Hydra said it
+        return None
+    if not holders:
+        return None
+    return (
+        f"{group}.{key} is a key of {', '.join(f'{group}={o}' for o in holders)}, not of the {group} option "
+        f"chosen: choose one with it (e.g. {group}={holders[0]} {group}.{key}=…; a resume, the run's own)"
+    )
 
 
 def _options(group: str) -> list[str]:
