@@ -210,11 +210,12 @@ def first_frames(args: argparse.Namespace, run) -> list[Image.Image] | None:
     height, width = frame_size(run.cfg.data, vae_config)
     pictures = []
     for path in args.image:
-        if not Path(path).expanduser().is_file():
-            what = "is a folder" if Path(path).expanduser().is_dir() else "does not exist"
+        file = Path(path).expanduser()
+        if not file.is_file():
+            what = "is a folder" if file.is_dir() else "does not exist"
             raise UserError(f"--image {path} {what}; give an image file (PNG, JPEG or WebP)")
         try:
-            with Image.open(Path(path).expanduser()) as opened:
+            with Image.open(file) as opened:
                 opened.load()
                 pictures.append(fitted(opened, height, width, path, "--image"))
         except UserError:

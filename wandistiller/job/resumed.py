@@ -15,7 +15,6 @@ shorter one stops earlier along it, a longer one trains on at its last LR (said 
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 from typing import NoReturn, cast
@@ -33,7 +32,7 @@ from wandistiller.core.hydra import compose_option, compose_tree
 from wandistiller.job.checks import check_interpolations, name_the_teacher
 from wandistiller.state.checkpoint import list_checkpoints, recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
-from wandistiller.state.runs import NAMED_BY_PATH, PLACE_KEYS, PLACES, latest_places
+from wandistiller.state.runs import NAMED_BY_PATH, PLACES, latest_places, put_places
 
 log = logging.getLogger("wandistiller")
 
@@ -176,7 +175,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
-    places = set(PLACES) if _new_places_held(cfg, now, before) else set()
+    places = set(PLACES) if _new_places_held(run_dir, now, before) else set()
     # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
     moved = bool(places) and (given is None or "teacher.path" in given)
     moved = moved and now.get("teacher.path") != before.get("teacher.path")
@@ -217,24 +216,24 @@ def _moved_since(saved: DictConfig, run_dir: Path) -> Path | None:
     """The teacher's places (`saved`'s, replaced) as the run's newest resume took them (`latest_places`), where the
     checkpoint resumed records its teacher: preflight's `check_teacher` holds them to that record again, as it held
     them when that resume took them. Returns the resume config they came from, else None."""
-    moved = copy.deepcopy(saved)
-    newest = latest_places(run_dir, moved)
-    if newest is None:
+    latest = latest_places(run_dir, saved)
+    if latest is None or not _teacher_recorded(run_dir):
         return None
-    found = resume_candidate("auto", run_dir)
-    if found is None or not records_teacher(found):
-        return None
-    for key in PLACE_KEYS:
-        OmegaConf.update(saved, key, OmegaConf.select(moved, key), merge=False, force_add=True)
-    return newest
+    put_places(saved, latest[1])
+    return latest[0]
 
 
-def _new_places_held(cfg: DictConfig, now: dict, before: dict) -> bool:
+def _new_places_held(run_dir: Path, now: dict, before: dict) -> bool:
     """Whether this command line puts the teacher or its LoRAs at a new place (`PLACES`) that the checkpoint it
     resumes can hold (it records its teacher); the checkpoints are looked at only where a place changed."""
     if all(_subtree(now, k) == _subtree(before, k) for k in PLACES):
         return False
-    found = resume_candidate("auto", Path(str(cfg.paths.output_dir)))
+    return _teacher_recorded(run_dir)
+
+
+def _teacher_recorded(run_dir: Path) -> bool:
+    """Whether the checkpoint a resume of `run_dir` continues records its teacher (to hold a new place to)."""
+    found = resume_candidate("auto", run_dir)
     return found is not None and records_teacher(found)
 
 

@@ -245,7 +245,8 @@ def open_run(
         ) from None
     latest = latest_places(path, cfg)  # where a resume since found the teacher (a run moved): there, not here
     if latest is not None:
-        config = latest
+        config = latest[0]
+        put_places(cfg, latest[1])
     if teacher_path is not None:
         cfg.teacher.path, cfg.teacher.builtin = str(checked_teacher_folder(Path(teacher_path))), None
     elif not allow_download and looks_like_hub_id(str(cfg.teacher.path)):
@@ -270,12 +271,13 @@ PLACE_KEYS = PLACES + NAMED_BY_PATH
 _RESUME_CONFIG = re.compile(r"config_resume_(\d+)(?:_(\d+))?\.yaml")  # job/rundir.py's save_config names them so
 
 
-def latest_places(run_dir: Path, cfg: DictConfig) -> Path | None:
-    """Puts into `cfg` (the run's first config) the teacher's places as the run's newest resume config has them
-    (`.hydra/config_resume_<time>.yaml`): a resume takes a new `teacher.path` / `teacher.lora` only where its
-    checkpoint's record held what it found there (job/resumed.py), so after a move each later resume and tool finds
-    the teacher where it lies now, with no flag given again. Returns that file where its places differ from
-    `cfg`'s, else None (`cfg` untouched; an unreadable file is passed over: the places then come from `cfg`)."""
+def latest_places(run_dir: Path, cfg: DictConfig) -> tuple[Path, dict] | None:
+    """The teacher's places as the run's newest resume config has them (`.hydra/config_resume_<time>.yaml`), where
+    they differ from `cfg`'s (the run's first config): (that file, {key: value} of `PLACE_KEYS`), checked to fit
+    `cfg` (`put_places`). A resume takes a new `teacher.path` / `teacher.lora` only where its checkpoint's record held
+    what it found there (job/resumed.py), so after a move each later resume and tool finds the teacher where it lies
+    now, with no flag given again. None where no resume moved them, or its file cannot be read (the places then come
+    from `cfg`)."""
     hydra_dir = in_run(run_dir, ".hydra")
     found = sorted(
         ((int(m[1]), int(m[2] or 0)), name)
@@ -287,17 +289,19 @@ def latest_places(run_dir: Path, cfg: DictConfig) -> Path | None:
     newest = in_run(run_dir, f".hydra/{found[-1][1]}")
     try:
         places = {key: OmegaConf.select(load_yaml_config(newest, root=run_dir), key) for key in PLACE_KEYS}
-        before = {key: OmegaConf.select(cfg, key) for key in PLACE_KEYS}
-        if places == before or not isinstance(places["teacher.path"], str) or "${" in places["teacher.path"]:
+        if places == {key: OmegaConf.select(cfg, key) for key in PLACE_KEYS}:
             return None
-        updated = copy.deepcopy(cfg)
-        for key, value in places.items():
-            OmegaConf.update(updated, key, value, merge=False, force_add=True)
+        if not isinstance(places["teacher.path"], str) or "${" in places["teacher.path"]:
+            return None
+        put_places(copy.deepcopy(cfg), places)  # all of them fit, or none is taken
     except (UserError, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError):
         return None
-    for key in PLACE_KEYS:  # only once every key was taken: never half the new places and half the old
-        OmegaConf.update(cfg, key, OmegaConf.select(updated, key), merge=False, force_add=True)
-    return newest
+    return newest, places
+
+
+def put_places(cfg: DictConfig, places: dict) -> None:
+    for key, value in places.items():
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def moved_from(cfg: DictConfig, config: Path, saved_teacher: bool, teacher_loras: Sequence[str] | None) -> None:
