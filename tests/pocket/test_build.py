@@ -25,9 +25,9 @@ from wandistiller.train import run
 # The shipped build draws 39 and 40 of the 40 prompts right (pocket, pocket_moe; docs/QUALITY.md), so another
 # torch build's float differences have 3 images of margin.
 PROMPT_ACCURACY_FLOOR = 0.9
-# The shipped video teacher (docs/QUALITY.md, "Video"): motion 100% and colour 99.3% of frames, the digit and colour
-# on 84.8% of frames (issue 40 asks 90%: missed); floors with a margin (one seed of 40 clips swings ~3 points).
-VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.75
+# The shipped video teachers (docs/QUALITY.md, "Video"): motion 100% and colour 99.8% of frames, the digit and colour
+# on 90.6% of frames (89.4 and 90.0% at seed 0); floors with a margin (one seed of 40 clips swings ~3 points).
+VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.85
 
 
 def pipeline(folder):
@@ -67,6 +67,7 @@ def clips(pipe, prompts, steps, seed=0):
 def test_the_shipped_video_teachers_load_through_wan_pipeline_and_make_clips(folder):
     pipe = pipeline(folder)
     assert (pipe.transformer_2 is not None) == (folder == VIDEO_MOE_TEACHER_DIR)
+    assert pipe.transformer.config.num_layers == 6  # grown from 4 (pocket/video.py): what the build makes
     assert pipe.vae.config.scale_factor_temporal == 2 and pipe.vae.config.temperal_downsample == [False, True]
     prompts = VIDEO_PROMPTS_FILE.read_text().split("\n")[:2]
     assert all(parse_video_prompt(p) for p in prompts)
@@ -137,11 +138,16 @@ def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
     # image and video: 7 model files + a judge each; image to video: 7 model files (the video judge is its judge)
     assert digests[0] == digests[1] and len(digests[0]) == 23
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
-    assert pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe").vae.config.scale_factor_temporal == 2
+    video = pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe")
+    assert video.vae.config.scale_factor_temporal == 2
+    # The video teacher grows from the image teacher's 4 blocks to 6 (VIDEO_QUICK keeps the grow phase); the
+    # image-to-video teacher starts from it, so it has 6 too.
+    assert video.transformer.config.num_layers == video.transformer_2.config.num_layers == 6
     from diffusers import WanImageToVideoPipeline
 
     pair = WanImageToVideoPipeline.from_pretrained(tmp_path / "a" / "pocket-wan-i2v-moe")
     assert pair.transformer.config.in_channels == 34 and pair.config.boundary_ratio == 0.9
+    assert pair.transformer.config.num_layers == 6
 
 
 def test_the_i2v_teacher_is_refused_in_one_line_without_the_video_teacher_it_starts_from(tmp_path, capsys):

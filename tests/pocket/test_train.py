@@ -99,3 +99,16 @@ def test_an_experts_training_sees_only_its_share_of_timesteps_and_a_tenth_of_pro
     assert timesteps.shape == (128,) and 875 <= float(timesteps.min()) and float(timesteps.max()) <= 1000
     dropped = (texts == 0).all(2).all(1).float().mean()  # the unconditional states in a prompt's place
     assert 0.03 < float(dropped) < 0.2
+
+
+def test_the_end_frames_weight_changes_training_only_where_there_are_other_frames_to_weigh_against():
+    cond, uncond = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(1)), torch.zeros(1, 8, 32)
+
+    def trained(frames: int, end_frames: float):
+        latents = torch.randn(4, 16, frames, 4, 4, generator=torch.Generator().manual_seed(0))
+        ema = train_transformer(tiny_transformer(), latents, cond, uncond, steps=1, batch=4, end_frames=end_frames)
+        return ema.state_dict()["proj_out.weight"]
+
+    # One latent frame is both ends: its weight, rescaled to a mean of 1, is 1 (the same step, to rounding).
+    assert torch.allclose(trained(1, 3.0), trained(1, 1.0), atol=1e-6)
+    assert not torch.allclose(trained(3, 3.0), trained(3, 1.0), atol=1e-6)

@@ -13,6 +13,7 @@ from wandistiller.pocket.video import (
     _unclamped_decode_clip,
     clip_latents,
     decode_clips,
+    deepened,
     video_text_encoder,
     video_tokenizer,
 )
@@ -57,3 +58,26 @@ def test_the_video_vae_makes_5_latent_frames_of_9_and_decodes_back():
     with torch.no_grad():  # the training decode is the VAE's own, less the clamp
         unclamped = _unclamped_decode_clip(vae, z)
     assert torch.equal(((unclamped.clamp(-1, 1).transpose(1, 2) + 1) / 2).clamp(0, 1), out)
+
+
+def test_a_deepened_transformer_computes_what_it_grew_from_until_training_moves_it():
+    from diffusers import WanTransformer3DModel
+
+    from wandistiller.core.arch import TINY_TRANSFORMER
+
+    torch.manual_seed(0)
+    small = WanTransformer3DModel(**TINY_TRANSFORMER).eval()
+    with torch.no_grad():  # diffusers zero-initialises nothing here, but a trained model's blocks all differ
+        for p in small.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    deep = deepened(small, after=(0, 1)).eval()
+    assert deep.config.num_layers == small.config.num_layers + 2
+    x, t = torch.randn(2, 16, 3, 4, 4), torch.tensor([700.0, 90.0])
+    text = torch.randn(2, 8, TINY_TRANSFORMER["text_dim"])
+    with torch.no_grad():
+        assert torch.equal(deep(x, t, text, return_dict=False)[0], small(x, t, text, return_dict=False)[0])
+        copy, source = deep.blocks[1], small.blocks[0]  # block 0, then its silent copy
+        assert torch.equal(copy.attn1.to_q.weight, source.attn1.to_q.weight)
+        assert not copy.ffn.net[2].weight.any() and not copy.attn2.to_out[0].bias.any()
+        copy.ffn.net[2].weight.add_(0.1)  # the copy speaks once trained
+        assert not torch.equal(deep(x, t, text, return_dict=False)[0], small(x, t, text, return_dict=False)[0])

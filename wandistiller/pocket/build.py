@@ -11,10 +11,12 @@ on the CPU, the same bytes on every run of the same torch build.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from PIL import Image as PILImage
@@ -47,6 +49,7 @@ from wandistiller.pocket.train import latent_moments, train_transformer, train_v
 from wandistiller.pocket.video import (
     POCKET_VIDEO_VAE,
     clip_latents,
+    deepened,
     train_frame_judge,
     train_video_vae,
     video_text_encoder,
@@ -59,15 +62,35 @@ log = logging.getLogger("wandistiller.pocket")
 # Steps of each part: the full build, and --quick (a smoke test of the whole path, for CI).
 STEPS = {"vae": 600, "transformer": 2400, "expert": 300, "classifier": 2000}
 QUICK = {"vae": 4, "transformer": 4, "expert": 2, "classifier": 4}
+
+
+class Phase(NamedTuple):
+    """A warm restart: a cosine phase from the last phase's EMA weights. `end_frames`: the first and last latent
+    frames' loss weight (they sampled worst); `grow`: blocks whose silent copies are added first (video.deepened)."""
+
+    steps: int
+    lr: float
+    seed: int
+    end_frames: float = 1.0
+    grow: tuple[int, ...] = ()
+
+
 # The video teacher's parts (started from the image teacher's: pocket/video.py).
 # "clips": how many of the rendered training clips are encoded (None: all of `copies` renderings of the split).
-# "tail": further cosine phases (steps, peak lr, seed), each from the last one's EMA weights (warm restarts): the
-# video transformer was still learning its digits' shapes when a phase ended (docs/QUALITY.md, "Video"), and a
-# restart at a lower peak lets the build grow by phases without retraining from the image teacher.
+# "tail": warm restarts: the video transformer was still learning its digits' shapes when a phase ended, then
+# plateaued near 88% of frames right at 4 blocks; grown to 6 it reaches 90% (docs/QUALITY.md, "Video"). A restart
+# at a lower peak lets the build grow by phases without retraining from the image teacher.
 VIDEO_STEPS: dict = dict(
     vae=300,
     transformer=4000,
-    tail=((1500, 3e-4, 5), (3000, 3e-4, 7), (3000, 3e-4, 9)),
+    tail=(
+        Phase(1500, 3e-4, 5),
+        Phase(3000, 3e-4, 7),
+        Phase(3000, 3e-4, 9),
+        Phase(3000, 3e-4, 11, end_frames=2.0),
+        Phase(4500, 3e-4, 13, end_frames=2.0),
+        Phase(3000, 3e-4, 17, end_frames=2.0, grow=(1, 3)),
+    ),
     expert=200,
     classifier=1500,
     batch=64,
@@ -75,12 +98,21 @@ VIDEO_STEPS: dict = dict(
     clips=None,
 )
 VIDEO_QUICK: dict = dict(
-    vae=2, transformer=2, tail=((1, 3e-4, 5),), expert=1, classifier=2, batch=4, copies=1, clips=32
+    vae=2,
+    transformer=2,
+    tail=(Phase(1, 3e-4, 5, end_frames=2.0, grow=(1, 3)),),
+    expert=1,
+    classifier=2,
+    batch=4,
+    copies=1,
+    clips=32,
 )
 # The image-to-video teacher's (started from the video teacher's: pocket/i2v.py): a cosine phase at the video
 # teacher's tail peak, a warm restart, then its two experts at Wan 2.2 I2V A14B's boundary. The restart bought
 # first-frame fidelity (+1.4 dB PSNR), not identity (84% either way: the VAE caps it; docs/QUALITY.md).
-I2V_STEPS: dict = dict(transformer=1500, lr=3e-4, tail=((3000, 3e-4, 5),), expert=200, batch=64, copies=3, clips=None)
+I2V_STEPS: dict = dict(
+    transformer=1500, lr=3e-4, tail=(Phase(3000, 3e-4, 5),), expert=200, batch=64, copies=3, clips=None
+)
 I2V_QUICK: dict = dict(transformer=2, lr=3e-4, expert=1, batch=4, copies=1, clips=32)
 PARTS = ("image", "video", "i2v")
 
@@ -152,39 +184,61 @@ def train_experts(
     transformer = train_transformer(
         first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
     )
-    for tail_steps, lr, seed in steps.get("tail", ()):
+    phase = Phase(0, lr, 0)
+    for phase in steps.get("tail", ()):
         # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
+        transformer = deepened(transformer, phase.grow) if phase.grow else transformer
         transformer = train_transformer(
             transformer.requires_grad_(True),
             latents,
             cond,
             uncond,
-            tail_steps,
+            phase.steps,
             batch=batch,
-            lr=lr,
-            seed=seed,
+            lr=phase.lr,
+            seed=phase.seed,
             condition=condition,
+            end_frames=phase.end_frames,
         )
+    experts = expert_pair(
+        transformer, latents, cond, uncond, steps["expert"], batch, phase.end_frames, condition, boundary_ratio
+    )
+    return transformer, experts
+
+
+def expert_pair(
+    transformer,
+    latents,
+    cond,
+    uncond,
+    steps: int,
+    batch: int,
+    end_frames: float = 1.0,
+    condition: torch.Tensor | None = None,
+    boundary_ratio: float = TINY_MOE_BOUNDARY_RATIO,
+):
+    """(high-noise expert, low-noise expert): `transformer` fine-tuned on each one's share of the timesteps, from
+    fixed seeds, with the last phase's objective (`end_frames`, `condition`: train_transformer)."""
     boundary = boundary_ratio * 1000
     experts = []
     for seed, t_range in ((3, (boundary, 1000.0)), (4, (0.0, boundary))):
-        expert = WanTransformer3DModel(**config)
-        expert.load_state_dict(transformer.state_dict())
+        expert = copy.deepcopy(transformer).requires_grad_(True)
         experts.append(
             train_transformer(
                 expert,
                 latents,
                 cond,
                 uncond,
-                steps["expert"],
+                steps,
                 t_range,
                 batch=batch,
                 lr=3e-4,
                 seed=seed,
                 condition=condition,
+                end_frames=end_frames,
             )
         )
-    return transformer, experts
+    return tuple(experts)
 
 
 def save_train_images(out: Path) -> None:
@@ -311,7 +365,7 @@ def build_i2v(out: Path, steps: dict) -> dict:
         uncond,
         start=grown_state(video.transformer.state_dict()),
         batch=steps["batch"],
-        config=POCKET_I2V_TRANSFORMER,
+        config=POCKET_I2V_TRANSFORMER | {"num_layers": video.transformer.config.num_layers},
         condition=condition,
         boundary_ratio=TINY_I2V_MOE_BOUNDARY_RATIO,
     )

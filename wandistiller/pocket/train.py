@@ -103,19 +103,26 @@ def train_transformer(
     shift: float = 3.0,
     seed: int = 0,
     condition: torch.Tensor | None = None,
+    end_frames: float = 1.0,
 ):
     """Rectified flow on normalised `latents` [N, C, F, h, w] with per-item text states `cond` [N, L, D] (and an
     image-to-video teacher's per-item `condition`: `flow_batch`): velocity noise - x0 at t = 1000 * sigma (Wan's
-    shifted schedule), limited to `t_range` (one expert's share). Returns the EMA of the weights (what samples
-    best), in eval mode."""
+    shifted schedule), limited to `t_range` (one expert's share). `end_frames`: the first and last latent frames'
+    weight in the loss against the others' 1 (the weights rescaled to a mean of 1). Returns the EMA of the weights
+    (what samples best), in eval mode."""
     g = torch.Generator().manual_seed(seed)
     ema = copy.deepcopy(transformer).requires_grad_(False)
     opt = torch.optim.AdamW(transformer.parameters(), lr, weight_decay=0.0)
     lo, hi = t_range[0] / 1000, t_range[1] / 1000
+    ends = torch.ones(latents.shape[2])
+    ends[[0, -1]] = end_frames
+    weight = None if end_frames == 1 else (ends / ends.mean()).view(1, 1, -1, 1, 1)
     transformer.train()
     for step in range(steps):
         noisy, t, text, velocity = flow_batch(latents, cond, uncond, batch, g, (lo, hi), shift, condition)
-        loss = F.mse_loss(transformer(noisy, t, text, return_dict=False)[0], velocity)
+        pred = transformer(noisy, t, text, return_dict=False)[0]
+        # Unweighted, the image teacher's own loss (its shipped bytes rebuild only through the same arithmetic).
+        loss = F.mse_loss(pred, velocity) if weight is None else ((pred - velocity) ** 2 * weight).mean()
         cosine_lr(opt, step, steps, lr)
         opt.zero_grad(set_to_none=True)
         loss.backward()
