@@ -368,3 +368,25 @@ def test_a_moved_teacher_and_lora_resume_from_where_they_lie_now_and_other_weigh
         UserError, match=r"does not fit this teacher: .*lora=\[s.st@1.0 .*, and this run's is teacher.lora=\[s.st@1.0"
     ):
         run(make_cfg(*longer, f"teacher.path={moved}", run_dir=run_dir))
+
+
+def test_a_resume_with_its_data_at_a_new_place_names_the_link_that_lets_it_read_the_data_there(make_cfg, tmp_path):
+    """No checkpoint records what the data was (its files, their captions), so a new data.root cannot be held to
+    the run's data and is refused, as before; the line now says how to continue the run with the data moved."""
+    from PIL import Image
+
+    data = tmp_path / "shots"
+    data.mkdir()
+    for i in range(4):
+        Image.new("RGB", (64, 64), (60 * i, 0, 0)).save(data / f"{i}.png")
+        (data / f"{i}.txt").write_text(f"a red square {i}")
+    run_dir = tmp_path / "run"
+    run(make_cfg(*FIRST, "data=image_folder", f"data.root={data}", run_dir=run_dir))
+    moved = data.rename(tmp_path / "moved")
+    now = ["trainer.resume=auto", f"data.root={moved}"]
+    with pytest.raises(UserError, match=rf"put it back or link the old place to the new: ln -s {moved} {data}\)"):
+        continued_config(make_cfg("data=image_folder", *now, run_dir=run_dir), ["data=image_folder", *now])
+    # The link it names lets the run continue on its own saved config.
+    data.symlink_to(moved)
+    cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+    assert cfg.data.root == str(data) and cfg.trainer.max_steps == 4

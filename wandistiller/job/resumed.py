@@ -67,6 +67,9 @@ MAY_CHANGE = (
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
+# Where a run's data lies: no checkpoint records what the data was, so a new place cannot be held to it and is
+# refused, naming the link that lets the resume read it where it is now.
+DATA_PLACES = ("data.root", "data.dataset")
 ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
 _continuing: dict[Path, str] = {}  # run folder -> what continued_config took from this command line, until said
 
@@ -256,6 +259,14 @@ def _refuse_changes(cfg: DictConfig, now: dict, before: dict, differ: list[str],
         if moved
         else ""
     )
+    same_source = now.get("data.latents") == before.get("data.latents")  # the data group's own choice key
+    data = [k for k in differ if k in DATA_PLACES and k in before and k in now and same_source]
+    if data and not moved:  # no checkpoint records the data, so its new place is refused even beside a checkpoint
+        was, now_at = _show(before, data[0]), _show(now, data[0])
+        why = (
+            f" (a resume reads the run's data where the run had it; if it moved, put it back or link the old place "
+            f"to the new: ln -s {now_at} {was})"
+        )
     raise UserError(
         f"trainer.resume=auto continues the run in {cfg.paths.output_dir} with its saved config, and "
         f"{', '.join(shown[:8])}{' …' if len(shown) > 8 else ''} disagree{why}; drop them to continue it, or start "
