@@ -390,3 +390,14 @@ def test_a_resume_with_its_data_at_a_new_place_names_the_link_that_lets_it_read_
     data.symlink_to(moved)
     cfg = continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
     assert cfg.data.root == str(data) and cfg.trainer.max_steps == 4
+
+
+def test_a_saved_config_that_lost_a_group_is_said_as_damaged_not_as_an_override_nobody_gave(make_cfg, tmp_path):
+    run_dir = tmp_path / "run"
+    interrupted_run(make_cfg, run_dir)
+    saved = run_dir / ".hydra" / "config.yaml"
+    config = yaml.safe_load(saved.read_text())
+    del config["teacher"]
+    saved.write_text(yaml.safe_dump(config))
+    with pytest.raises(UserError, match=r"config.yaml has no teacher: the run's saved config is damaged; restore it"):
+        continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])

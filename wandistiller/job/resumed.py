@@ -29,7 +29,7 @@ from wandistiller.config import TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
 from wandistiller.core.hydra import compose_option, compose_tree
-from wandistiller.job.checks import check_interpolations, name_the_teacher
+from wandistiller.job.checks import check_interpolations, check_missing, name_the_teacher
 from wandistiller.state.checkpoint import list_checkpoints, recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 from wandistiller.state.runs import NAMED_BY_PATH, PLACES, latest_places, put_places
@@ -197,10 +197,19 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     schedule_note = _keep_schedule(result, saved)
     merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(TrainConfig), result))  # a DictConfig merged in
     OmegaConf.set_struct(merged, True)
+    saved_file = Path(str(cfg.paths.output_dir)) / ".hydra" / "config.yaml"
+    try:  # a key the schema needs and the saved file lacks: what it says, not an override nobody gave (~teacher)
+        check_missing(merged)
+    except UserError as e:
+        key = str(e).split(" ", 1)[0]
+        raise UserError(
+            f"{saved_file} has no {key}: the run's saved config is damaged; restore it, or start a new run with "
+            "hydra.run.dir=<a new folder>"
+        ) from None
     try:  # the saved `${…}`s, resolved now against the schema's types (a string where a number goes)
         check_interpolations(merged)
     except UserError as e:
-        raise UserError(f"{e} (in {Path(str(cfg.paths.output_dir)) / '.hydra' / 'config.yaml'})") from None
+        raise UserError(f"{e} (in {saved_file})") from None
     # Said once preflight accepts the resume (`continuing`): a refused one appends nothing to the run's train.log.
     _continuing[_key(cfg)] = (
         (f" and {sorted(taken)}" if taken else "")
