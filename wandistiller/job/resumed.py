@@ -15,7 +15,9 @@ shorter one stops earlier along it, a longer one trains on at its last LR (said 
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, cast
 
@@ -163,7 +165,8 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     if saved is None:
         return cfg
     before_methods = with_method_of_before(saved)
-    moved_since = _moved_since(saved, run_dir)
+    recorded = functools.cache(lambda: _teacher_recorded(run_dir))  # the checkpoints read once, where needed
+    moved_since = _moved_since(saved, run_dir, recorded)
     given = _given_keys(overrides) if overrides is not None else None
     wholes = _whole_tree_choices(overrides, cfg) if overrides is not None else {}
     first = set(recorded_overrides(run_dir, "auto", with_now=False) or [])
@@ -178,7 +181,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # A group given again as the run chose it (`method=dmd` on a dmd run) restates the choice, not its defaults:
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
-    places = set(PLACES) if _new_places_held(run_dir, now, before) else set()
+    places = set(PLACES) if _new_places_held(now, before, recorded) else set()
     # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
     moved = bool(places) and (given is None or "teacher.path" in given)
     moved = moved and now.get("teacher.path") != before.get("teacher.path")
@@ -224,23 +227,23 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     return merged
 
 
-def _moved_since(saved: DictConfig, run_dir: Path) -> Path | None:
+def _moved_since(saved: DictConfig, run_dir: Path, recorded: Callable[[], bool]) -> Path | None:
     """The teacher's places (`saved`'s, replaced) as the run's newest resume took them (`latest_places`), where the
     checkpoint resumed records its teacher: preflight's `check_teacher` holds them to that record again, as it held
     them when that resume took them. Returns the resume config they came from, else None."""
     latest = latest_places(run_dir, saved)
-    if latest is None or not _teacher_recorded(run_dir):
+    if latest is None or not recorded():
         return None
     put_places(saved, latest[1])
     return latest[0]
 
 
-def _new_places_held(run_dir: Path, now: dict, before: dict) -> bool:
+def _new_places_held(now: dict, before: dict, recorded: Callable[[], bool]) -> bool:
     """Whether this command line puts the teacher or its LoRAs at a new place (`PLACES`) that the checkpoint it
     resumes can hold (it records its teacher); the checkpoints are looked at only where a place changed."""
     if all(_subtree(now, k) == _subtree(before, k) for k in PLACES):
         return False
-    return _teacher_recorded(run_dir)
+    return recorded()
 
 
 def _teacher_recorded(run_dir: Path) -> bool:
