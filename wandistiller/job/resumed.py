@@ -69,10 +69,10 @@ MAY_CHANGE = (
 # Always this launch's: the folder is the one being resumed (its saved value is `${hydra:…}` of the first job),
 # and the cache is this machine's (a folder sent from elsewhere never writes into the cache its sender named).
 # A saved config never allows another teacher on its own: only this command line does.
+ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
 # Where a run's data lies: no checkpoint records what the data was, so a new place cannot be held to it and is
 # refused, naming the link that lets the resume read it where it is now.
 DATA_PLACES = ("data.root", "data.dataset")
-ALWAYS_CURRENT = ("paths.output_dir", "paths.cache_dir", "trainer.resume", "trainer.allow_other_teacher")
 _continuing: dict[Path, str] = {}  # run folder -> what continued_config took from this command line, until said
 
 
