@@ -108,8 +108,9 @@ VIDEO_QUICK: dict = dict(
     clips=32,
 )
 # The image-to-video teacher's (started from the video teacher's: pocket/i2v.py): a cosine phase at the video
-# teacher's tail peak, a warm restart, then its two experts at Wan 2.2 I2V A14B's boundary. The restart bought
-# first-frame fidelity (+1.4 dB PSNR), not identity (84% either way: the VAE caps it; docs/QUALITY.md).
+# teacher's tail peak, a warm restart, then its two experts at Wan 2.2 I2V A14B's boundary. On the 4-block build the
+# restart bought first-frame fidelity (+1.4 dB PSNR), not identity (84% either way); grown from the 6-block video
+# teacher it holds the given digit on 87.8% of frames (docs/QUALITY.md, "Image to video").
 I2V_STEPS: dict = dict(
     transformer=1500, lr=3e-4, tail=(Phase(3000, 3e-4, 5),), expert=200, batch=64, copies=3, clips=None
 )
