@@ -252,9 +252,12 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
     pipe.text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(pipe.tokenizer), **text)).eval()
     with init_empty_weights():  # parameters on meta, buffers (rope tables) real: no slow init
         pipe.transformer = WanTransformer3DModel(**BENCH_ARCHS[arch])
-    g = torch.Generator().manual_seed(0)
+    # Drawn on the GPU where there is one: 14B draws take ~100 s on one CPU thread, a device call's budget.
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(where).manual_seed(0)
     for name, p in list(pipe.transformer.named_parameters()):
-        replace_tensor(pipe.transformer, name, (torch.randn(p.shape, generator=g) * 0.02).to(torch.bfloat16))
+        drawn = torch.randn(p.shape, generator=g, device=where) * 0.02
+        replace_tensor(pipe.transformer, name, drawn.to(torch.bfloat16).cpu())
     partial = folder.with_name(folder.name + ".partial")
     pipe.save_pretrained(partial, safe_serialization=True)
     partial.rename(folder)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The LoRA student's GPU figures that issues 40, 43 (and 42) leave to a lent card, in ONE device call (~550 s of
+# steps) on one H100/H200: each a `bench plan` point (the planner's prediction beside the measured peaks, a fresh
+# `python -m wandistiller.train` process each), LoRA dmd with a LoRA fake score, batch 1, 480x832.
+#   - the 14B shape under offload, bf16 base, planned for a 24 GiB card (the blocks it keeps: the planner's);
+#   - the 14B shape under offload, fp8 base, every block streamed;
+#   - the 1.3B shape resident, compiled (issue 43: at most 1.0 s a step; 3.9 s eager on an H100);
+#   - the 14B shape at 21 latent frames (81 frames), every block streamed, one dmd step of K=1 and one fake score
+#     update (the peak is the fake score's backward, whatever K; 230 s a step at K=4 by the planner's clock).
+# Steps run in that order against one deadline; one that would not fit is skipped and says so.
+#
+# Before the call, here, in the repository root: bash scripts/gpu_wheels.sh
+# Then: run(command="bash scripts/gpu_lora_figures.sh", carry=[".whl"], timeout_s=600)
+# Back: $OUT/figures.tar (a JSON and a log per step) and $OUT/log.txt; record them in docs/PERFORMANCE.md.
+set -uo pipefail
+OUT=${OUT:-gpu_lora_figures}
+FIG=$(mktemp -d)
+DEADLINE=${DEADLINE:-560}
+mkdir -p "$OUT"
+trap 'tar -cf "$OUT/figures.tar" -C "$FIG" . 2>/dev/null' EXIT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=disabled WANDB_ERROR_REPORTING=false HF_HUB_OFFLINE=1
+exec > >(tee -a "$OUT/log.txt") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$FIG/card.txt"
+python3 -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers', diffusers.__version__)"
+free -g | head -2; df -h /tmp | tail -1
+
+step() {  # step NAME NEEDS_S CMD...: run CMD if NEEDS_S seconds are left before the deadline, cut at the deadline
+  local name=$1 needs=$2 left=$((DEADLINE - SECONDS)); shift 2
+  if ((left < needs)); then echo "[$name] SKIPPED: ${left}s left, needs ~${needs}s"; return; fi
+  echo "[$name] start at ${SECONDS}s"
+  timeout "$left" "$@" 2>&1 | tee "$FIG/$name.log"
+  echo "[$name] done at ${SECONDS}s (exit ${PIPESTATUS[0]})"
+}
+PLAN=(python3 -m wandistiller.bench plan --student lora --batch 1 --device cuda --folder /tmp/bench_plan
+  --cache-dir /tmp/wandistiller --set method=dmd --set method.fake_score=lora)
+ON_24=(--set hardware.gpus=1 --set hardware.gpu_memory_gib=24)  # what a 24 GiB card's plan keeps resident
+
+# The 1.3B compiled point runs beside the 14B folder's writing (CPU and disk; its steps come after ~2 min of
+# compiling, the GPU its own): the log's times say whether they overlapped.
+(DEADLINE=320; step lora_1.3b_compiled 240 "${PLAN[@]}" --arch 1.3b --placements gpu --compile --steps 8 --set method.steps=4 \
+  --out "$FIG/lora_1.3b_compiled.json") &
+BESIDE=$!
+step build_14b 200 python3 -c "import time; from pathlib import Path; t = time.time()
+from wandistiller.bench.plan import ensure_random_teacher
+ensure_random_teacher('14b', Path('/tmp/bench_plan/14b')); print(f'14B folder written in {time.time() - t:.0f} s')"
+du -sh /tmp/bench_plan/14b 2>/dev/null
+wait $BESIDE
+step lora_14b_bf16 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --set method.steps=4 "${ON_24[@]}" \
+  --out "$FIG/lora_14b_bf16.json"
+step lora_14b_fp8 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --set method.steps=4 "${ON_24[@]}" \
+  --set teacher.quantize=fp8 --set teacher_placement.resident_blocks=0 --out "$FIG/lora_14b_fp8.json"
+step lora_14b_21f 120 "${PLAN[@]}" --arch 14b --placements offload --steps 1 --set data.latent_frames=21 \
+  --set method.steps=1 --set method.fake_updates=1 --set teacher_placement.resident_blocks=0 \
+  --set hardware.gpus=1 --set hardware.gpu_memory_gib=32 --out "$FIG/lora_14b_21f.json"
+echo "total ${SECONDS}s"
