@@ -77,7 +77,7 @@ def run(args) -> dict:
                     f"teacher_placement={placement}",
                     f"data.latent_height={height}",
                     f"data.latent_width={width}",
-                    *(["teacher.compile=true", "trainer.compile_student=true"] if args.compile else []),
+                    *(compiled(student) if args.compile else []),
                     *(["paths.cache_dir=" + args.cache_dir] if args.cache_dir else []),
                     *args.set,
                 ]
@@ -91,6 +91,11 @@ def run(args) -> dict:
     result |= {"date": time.strftime("%Y-%m-%d"), "card": _card(args.device), "rows": rows}
     print(format_rows(result))
     return result
+
+
+def compiled(student: str) -> list[str]:
+    """Regional compile of both models; a LoRA student is the teacher's own blocks, which teacher.compile compiles."""
+    return ["teacher.compile=true"] + ([] if student == "lora" else ["trainer.compile_student=true"])
 
 
 def predict(overrides: list[str]) -> dict:

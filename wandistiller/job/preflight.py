@@ -202,7 +202,8 @@ def _first_sweep_point(point: dict | None) -> bool:
 def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardware | None = None) -> None:
     """The student fits this machine (weights estimated from its config), and its rope table covers the latent grid."""
     hw = hw or Hardware.detect(cfg.hardware)
-    check_student_fits(student, teacher, hw.host_bytes, hw.gpu_bytes)
+    if not is_lora(cfg.student):  # a LoRA student holds adapters, not weights: the planner counts those
+        check_student_fits(student, teacher, hw.host_bytes, hw.gpu_bytes)
     d, patch = cfg.data, list(student.get("patch_size") or (1, 2, 2))
     for (key, size), p in zip(
         (("latent_frames", d.latent_frames), ("latent_height", d.latent_height), ("latent_width", d.latent_width)),
