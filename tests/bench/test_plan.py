@@ -69,3 +69,15 @@ def test_the_table_has_a_line_per_point_with_signed_errors_and_marks_failures():
     assert title == "bench plan: arch tiny on cpu (x86_64, 2 cores), compile=False" and head.startswith("student")
     assert first.split() == ["tiny", "2", "cpu", "1.10", "1.00", "+10.0", "-", "-", "extrapolated"]
     assert second.split() == ["small", "1", "disk", "failed:", "see", "the", "JSON"]
+
+
+def test_compile_compiles_a_lora_student_through_the_teachers_blocks_which_its_run_accepts(make_cfg):
+    """`bench plan --compile` once asked a LoRA student for trainer.compile_student, which its run refuses (found on
+    an H200); a cut student still gets both."""
+    from wandistiller.job.checks import check_training_parts
+    from wandistiller.job.preflight import check_lora_training
+
+    assert bench_plan.compiled("small") == ["teacher.compile=true", "trainer.compile_student=true"]
+    cfg = make_cfg("student=lora", *bench_plan.compiled("lora"))
+    assert cfg.teacher.compile and not cfg.trainer.compile_student
+    check_lora_training(cfg, check_training_parts(cfg)[1])  # the check that refused it, with the run's own loss

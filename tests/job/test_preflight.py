@@ -138,3 +138,21 @@ def test_a_teacher_with_image_tokens_and_text_not_padded_to_512_is_refused_namin
     error = refused_run(make_cfg, tmp_path, "teacher=tiny_i2v", "teacher.max_sequence_length=16")
     assert error.startswith("teacher.max_sequence_length=16: teacher=tiny_i2v attends to image tokens"), error
     assert error.endswith("use teacher.max_sequence_length=512"), error
+
+
+def test_a_lora_student_is_not_weighed_as_a_copy_of_the_teacher_but_a_cut_student_is(make_cfg, tiny_path):
+    """A LoRA student holds adapters on the teacher, no weights of its own: on a machine too small for a float32
+    copy of the teacher (a 14B teacher's 53 GiB on a 24 GiB GPU, found on an H200) it is not refused here (the
+    planner counts its adapters); a cut student of the same size is."""
+    from wandistiller.job.preflight import check_student_room
+    from wandistiller.placements.memory import Hardware
+    from wandistiller.student.model import check_student
+    from wandistiller.teacher.spec import inspect_teacher
+
+    teacher = inspect_teacher(tiny_path).transformer_config
+    small = Hardware(gpu_bytes=(64 * 1024,), host_bytes=64 * 1024)  # 64 KiB: less than the tiny teacher's weights
+    cfg = make_cfg("student=lora")
+    check_student_room(cfg, check_student(cfg.student, teacher), teacher, small)
+    cfg = make_cfg()  # the default student, cut from the teacher
+    with refused("float32 weights, more than the 0.0 GiB of host memory here"):
+        check_student_room(cfg, check_student(cfg.student, teacher), teacher, small)
