@@ -316,13 +316,15 @@ def test_a_value_train_refuses_or_an_override_that_does_not_parse_is_one_line_fr
 
 
 def test_the_plan_holds_offloads_shared_copy_to_dev_shm_and_counts_the_text_encoder_pass(monkeypatch, capsys):
-    """On paper /dev/shm is half the RAM (Linux's default): the A14B pair's 53 GiB shared pinned copy does not fit
-    64 GiB's, and the first run's umT5-XXL pass is a line of its own, with the fix where the host cannot hold it."""
+    """On paper /dev/shm is half the RAM (Linux's default): the A14B pair's 52 GiB shared pinned copy (every block
+    streamed) does not fit 64 GiB's, and the first run's umT5-XXL pass is a line of its own, with the fix where the
+    host cannot hold it."""
     paper = ["teacher=wan2.2_t2v_a14b", "hardware.gpus=2", "hardware.gpu_memory_gib=80", "distributed.nproc_per_node=2"]
+    paper += ["teacher_placement=offload", "teacher_placement.resident_blocks=0"]
     plan_main(monkeypatch, *paper, "hardware.host_memory_gib=64")
     out = capsys.readouterr().out
     offload = next(line for line in out.splitlines() if line.startswith("offload"))
-    assert "needs its shared pinned copy (53.2 GiB) in /dev/shm, which holds 32.0 GiB" in offload
+    assert "needs its shared pinned copy (52.4 GiB) in /dev/shm, which holds 32.0 GiB" in offload
     assert "teacher_placement.share_host_copy=false" in offload
     assert "text encoder: 10.6 GiB of host RAM while a first run encodes its prompts" in out
     plan_main(monkeypatch, *paper, "hardware.host_memory_gib=8")

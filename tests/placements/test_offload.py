@@ -28,11 +28,12 @@ def test_the_planner_counts_one_pinned_copy_per_node_unless_told_otherwise(make_
     common = ["teacher=wan2.1_t2v_14b", "data.latent_height=60", "data.latent_width=104", "student=small"]
     host = {}
     for share in ("true", "false"):
-        cfg = make_cfg(*common, *hardware, "teacher_placement=offload", f"teacher_placement.share_host_copy={share}")
-        w, hw = workload(cfg)
-        host[share] = OffloadPlacement(share_host_copy=share == "true").estimate(w, hw).host_bytes
-    assert host["false"] - host["true"] == pytest.approx(7 * 28.6e9, rel=0.01)  # 8 ranks: 7 copies saved
-    assert host["true"] < 2 * 28.6e9
+        placed = ["teacher_placement=offload", f"teacher_placement.share_host_copy={share}"]
+        w, hw = workload(make_cfg(*common, *hardware, *placed, "teacher_placement.resident_blocks=0"))
+        host[share] = OffloadPlacement(resident_blocks=0, share_host_copy=share == "true").estimate(w, hw).host_bytes
+    # 8 ranks: 7 copies saved of the 40 streamed blocks (28.1 GB; what is outside the blocks sits on each GPU)
+    assert host["false"] - host["true"] == pytest.approx(7 * 28.1e9, rel=0.01)
+    assert host["true"] < 2 * 28.1e9
 
 
 def test_the_planner_keeps_what_fits_of_a_streamed_teacher_resident_and_the_run_uses_its_count(make_cfg):
