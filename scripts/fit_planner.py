@@ -47,6 +47,13 @@ GPU_DATA = [
         16.7,
     ),
     ("gpu_adapted", "h100 1.3b lora dmd+lora fake score b1 gpu eager", LORA_1_3B, 8.25),
+    # one H200 (2026-11-29): docs/planner_data/gpu/h200_lora_1.3b_compiled.json
+    (
+        "gpu_adapted_compiled",
+        "h200 1.3b lora dmd+lora fake score b1 gpu compiled",
+        [*LORA_1_3B, "teacher.compile=true"],
+        7.43,
+    ),
 ]
 
 

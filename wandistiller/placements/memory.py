@@ -42,7 +42,7 @@ ACT_LORA_PER_D, ACT_LORA_PER_FFN, ACT_LORA_TEXT_PER_D = 14, 2, 4
 ACT_OUTSIDE_PER_D, ACT_LATENT_PER_VALUE = 24, 32
 # fitted (GPU): see docs/planner_fit.json. "gpu_adapted": a backward through the 16-bit teacher to adapters on it
 # (a LoRA student or fake score), whose saved tensors are 16-bit where an autocast student keeps fp32 ones.
-ACT_FACTOR = {"cpu": 1.0, "gpu": 0.95, "gpu_compiled": 0.56, "gpu_adapted": 0.61}
+ACT_FACTOR = {"cpu": 1.0, "gpu": 0.95, "gpu_compiled": 0.56, "gpu_adapted": 0.61, "gpu_adapted_compiled": 0.51}
 # fitted: bytes per image token and per text token that glibc's heap keeps on the CPU beyond the physical count
 CPU_HEAP_PER_TOKEN = (1720, 1228)
 FIT_ERROR_PCT = 13  # fitted: predictions lie 0 to this % above the measured peaks (the plan table's error bar)
@@ -382,7 +382,7 @@ def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
         compiled=False,
         gradient_checkpointing=w.teacher_checkpointed,
     )
-    factor = ACT_FACTOR["cpu" if device == "cpu" else "gpu_adapted"]
+    factor = ACT_FACTOR["cpu" if device == "cpu" else "gpu_adapted_compiled" if w.compiled else "gpu_adapted"]
     plain = student_activation_bytes(as_teacher, device, weight_casts=w.teacher_dtype_bytes > 2, factor=factor)
     live = 1 if w.teacher_checkpointed else c["num_layers"]
     d = width(c)

@@ -275,7 +275,8 @@ class RunShape:
             ema=t.ema_decay is not None,
             teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
             autocast=cfg.precision.autocast_dtype is not None,
-            compiled=t.compile_student,
+            # A LoRA student's blocks are the teacher's: teacher.compile compiles them (trainer.compile_student refused)
+            compiled=t.compile_student or (lora_student and bool(cfg.teacher.get("compile", False))),
             teacher_fp8=cfg.teacher.quantize == "fp8",
             student_lora_rank=int(cfg.student.rank) if lora_student else 0,
             student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
