@@ -71,7 +71,8 @@ def test_a_deepened_transformer_computes_what_it_grew_from_until_training_moves_
         for p in small.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     deep = deepened(small, after=(0, 1)).eval()
-    assert deep.config.num_layers == small.config.num_layers + 2
+    assert deep.config.num_layers == len(deep.blocks) == small.config.num_layers + 2
+    assert not {p.data_ptr() for p in deep.parameters()} & {p.data_ptr() for p in small.parameters()}  # copies
     x, t = torch.randn(2, 16, 3, 4, 4), torch.tensor([700.0, 90.0])
     text = torch.randn(2, 8, TINY_TRANSFORMER["text_dim"])
     with torch.no_grad():

@@ -185,8 +185,8 @@ def train_experts(
     transformer = train_transformer(
         first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
     )
-    phase = Phase(0, lr, 0)
-    for phase in steps.get("tail", ()):
+    tail = steps.get("tail", ())
+    for phase in tail:
         # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
         transformer = deepened(transformer, phase.grow) if phase.grow else transformer
         transformer = train_transformer(
@@ -201,8 +201,9 @@ def train_experts(
             condition=condition,
             end_frames=phase.end_frames,
         )
+    end_frames = tail[-1].end_frames if tail else 1.0  # the experts train as the last phase weighed the end frames
     experts = expert_pair(
-        transformer, latents, cond, uncond, steps["expert"], batch, phase.end_frames, condition, boundary_ratio
+        transformer, latents, cond, uncond, steps["expert"], batch, end_frames, condition, boundary_ratio
     )
     return transformer, experts
 

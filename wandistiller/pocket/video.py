@@ -17,11 +17,13 @@ where that saves time (a 2-core CPU builds it):
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from torch import nn
 
 from wandistiller.core.arch import POCKET_MAX_SEQUENCE_LENGTH, POCKET_VAE
 from wandistiller.pocket.classifier import DigitJudge, fit_judge
@@ -115,24 +117,19 @@ def deepened(transformer, after: tuple[int, ...]):
     attention and feed-forward output projections zeroed: each new block adds nothing to its residual stream, so the
     deeper model computes exactly what `transformer` does until training moves it (growing a trained model, rather
     than training a deeper one from the image teacher, keeps what the 4 blocks learned in 19000 steps)."""
-    from diffusers import WanTransformer3DModel
-
-    config = {k: v for k, v in transformer.config.items() if not k.startswith("_")}
-    state, order = transformer.state_dict(), []
-    for block in range(config["num_layers"]):
-        order += [(block, False)] + ([(block, True)] * (block in after))
-    grown = {k: v for k, v in state.items() if not k.startswith("blocks.")}
-    for new, (old, zeroed) in enumerate(order):
-        for key, value in state.items():
-            if key.startswith(f"blocks.{old}."):
-                name = f"blocks.{new}." + key[len(f"blocks.{old}.") :]
-                silent = zeroed and name.split(".", 2)[2].startswith(
-                    ("attn1.to_out.0.", "attn2.to_out.0.", "ffn.net.2.")
-                )
-                grown[name] = torch.zeros_like(value) if silent else value.clone()
-    model = WanTransformer3DModel(**config | {"num_layers": len(order)})
-    model.load_state_dict(grown)
-    return model
+    grown = copy.deepcopy(transformer)
+    blocks = []
+    for i, block in enumerate(transformer.blocks):
+        blocks.append(copy.deepcopy(block))
+        if i in after:
+            silent = copy.deepcopy(block)
+            for layer in (silent.attn1.to_out[0], silent.attn2.to_out[0], silent.ffn.net[2]):
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
+            blocks.append(silent)
+    grown.blocks = nn.ModuleList(blocks)
+    grown.register_to_config(num_layers=len(blocks))
+    return grown
 
 
 @torch.no_grad()
