@@ -11,6 +11,9 @@
 #
 # Before the call, here, in the repository root: bash scripts/gpu_wheels.sh
 # Then: run(command="bash scripts/gpu_lora_figures.sh", carry=[".whl"], timeout_s=600)
+# Some steps only: ONLY="build_14b lora_14b_21f" bash scripts/gpu_lora_figures.sh (an H200 measured the other
+# 14B points and the compiled 1.3B one on 2026-11-29: docs/PERFORMANCE.md; each 14B point takes ~2 min, the folder
+# ~75 s the first time).
 # Back: $OUT/figures.tar (a JSON and a log per step) and $OUT/log.txt; record them in docs/PERFORMANCE.md.
 set -uo pipefail
 OUT=${OUT:-gpu_lora_figures}
@@ -27,6 +30,7 @@ free -g | head -2; df -h /tmp | tail -1
 
 step() {  # step NAME NEEDS_S CMD...: run CMD if NEEDS_S seconds are left before the deadline, cut at the deadline
   local name=$1 needs=$2 left=$((DEADLINE - SECONDS)); shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then echo "[$name] not in ONLY"; return; fi
   if ((left < needs)); then echo "[$name] SKIPPED: ${left}s left, needs ~${needs}s"; return; fi
   echo "[$name] start at ${SECONDS}s"
   timeout "$left" "$@" 2>&1 | tee "$FIG/$name.log"
