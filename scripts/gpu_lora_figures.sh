@@ -6,12 +6,13 @@
 #   - the 14B shape under offload, fp8 base, every block streamed;
 #   - the 1.3B shape resident, compiled (issue 43: at most 1.0 s a step; 3.9 s eager on an H100);
 #   - the 14B shape at 21 latent frames (81 frames), every block streamed, one dmd step of K=1 and one fake score
-#     update (the peak is the fake score's backward, whatever K; 230 s a step at K=4 by the planner's clock).
+#     update (the peak is the fake score's backward, whatever K; 230 s a step at K=4 by the planner's clock);
+#   - the Wan 2.2 I2V A14B pair's shape at 14 latent frames (issue 42), every block streamed, K=1.
 # Steps run in that order against one deadline; one that would not fit is skipped and says so.
 #
 # Before the call, here, in the repository root: bash scripts/gpu_wheels.sh
 # Then: run(command="bash scripts/gpu_lora_figures.sh", carry=[".whl"], timeout_s=600)
-# Some steps only: ONLY="build_14b lora_14b_21f" bash scripts/gpu_lora_figures.sh (an H200 measured the other
+# Some steps only: ONLY="build_14b lora_14b_21f lora_a14b_i2v" bash scripts/gpu_lora_figures.sh (an H200 measured the other
 # 14B points and the compiled 1.3B one on 2026-11-29: docs/PERFORMANCE.md; each 14B point takes ~2 min, the folder
 # ~75 s the first time).
 # Back: $OUT/figures.tar (a JSON and a log per step) and $OUT/log.txt; record them in docs/PERFORMANCE.md.
@@ -57,4 +58,9 @@ step lora_14b_fp8 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --s
 step lora_14b_21f 120 "${PLAN[@]}" --arch 14b --placements offload --steps 1 --set data.latent_frames=21 \
   --set method.steps=1 --set method.fake_updates=1 --set teacher_placement.resident_blocks=0 \
   --set hardware.gpus=1 --set hardware.gpu_memory_gib=32 --out "$FIG/lora_14b_21f.json"
+# Issue 42: the Wan 2.2 I2V A14B pair's shape (36 channels in; its second expert hard-links the first's files), 14
+# latent frames (53 frames: the most its 24 GiB plan fits, docs/PLANNER.md), every block streamed, K=1.
+step lora_a14b_i2v 200 "${PLAN[@]}" --arch a14b_i2v --placements offload --steps 1 --set data.latent_frames=14 \
+  --set method.steps=1 --set method.fake_updates=1 --set teacher_placement.resident_blocks=0 "${ON_24[@]}" \
+  --out "$FIG/lora_a14b_i2v.json"
 echo "total ${SECONDS}s"

@@ -81,3 +81,20 @@ def test_compile_compiles_a_lora_student_through_the_teachers_blocks_which_its_r
     cfg = make_cfg("student=lora", *bench_plan.compiled("lora"))
     assert cfg.teacher.compile and not cfg.trainer.compile_student
     check_lora_training(cfg, check_training_parts(cfg)[1])  # the check that refused it, with the run's own loss
+
+
+@pytest.mark.slow  # a real training job in a fresh process
+def test_the_image_to_video_pair_shape_trains_lora_dmd_on_its_own_images(cache_dir, tmp_path):
+    """`--arch tiny_a14b_i2v`: the code path of the A14B I2V bench (`a14b_i2v`, for a GPU) on a CPU: a
+    WanImageToVideoPipeline folder whose second expert hard-links the first's files, trained on captioned images."""
+    result = bench(
+        cache_dir, arch="tiny_a14b_i2v", student="lora", batch="1", placements="cpu", folder=str(tmp_path),
+        set=["method=dmd", "method.fake_score=lora", "method.fake_updates=1"],
+    )  # fmt: skip
+    (row,) = result["rows"]
+    assert not row.get("failed"), row.get("failed")
+    assert "teacher=wan2.2_i2v_a14b" in row["overrides"] and "data=image_folder" in row["overrides"]
+    folder = tmp_path / "tiny_a14b_i2v"
+    for file in (folder / "transformer").iterdir():
+        assert (folder / "transformer_2" / file.name).samefile(file)
+    assert len(list((tmp_path / "tiny_a14b_i2v_images").glob("*.png"))) == 4

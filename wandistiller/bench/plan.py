@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,23 +29,28 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
+from PIL import Image
 
 from wandistiller.bench import CACHE, out_path
 from wandistiller.compose import register_configs
-from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER
+from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER, WAN_A14B_I2V, Layout
 from wandistiller.core.errors import UserError
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
 from wandistiller.job.checks import method_passes
 from wandistiller.placements import planner as plan
 from wandistiller.placements.streaming import replace_tensor
-from wandistiller.teacher.tiny import build_tiny_pipeline
+from wandistiller.teacher.tiny import build_tiny_pipeline, tiny_i2v_pipeline
 
 GiB = 2**30
+# Wan 2.2 I2V A14B's layout (two experts; noise, a first-frame mask and the image's latents in), and its tiny twin
+# (the same code path on a CPU). Trained on a few random captioned images, each its clip's first frame.
+I2V_ARCHS = {"a14b_i2v": WAN_A14B_I2V, "tiny_a14b_i2v": BENCH_ARCHS["tiny"] | dict(in_channels=36)}
+ARCHS = BENCH_ARCHS | I2V_ARCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", choices=sorted(BENCH_ARCHS), default="tiny")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="tiny")
     parser.add_argument("--student", default="tiny", help="comma-separated: tiny, small, base")
     parser.add_argument("--batch", default="4", help="comma-separated batch sizes")
     parser.add_argument("--placements", default="cpu,disk", help="comma-separated teacher placements")
@@ -61,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> dict:
     """Every (student, batch, placement) point: prediction, measurement, error; a table last."""
 
-    latent = args.latent or ("8x8" if args.arch == "tiny" else "60x104")
+    latent = args.latent or ("8x8" if args.arch.startswith("tiny") else "60x104")
     height, _, width = latent.partition("x")
     if not (height.isdigit() and width.isdigit()) or not all(b.strip().isdigit() for b in args.batch.split(",")):
         raise UserError(f"--latent={latent!r} / --batch={args.batch!r}: use HxW (e.g. 60x104) and sizes like 1,8")
@@ -238,25 +244,48 @@ def _teacher_overrides(args) -> list[str]:
     if args.arch == "tiny":
         return ["teacher=tiny"]
     folder = ensure_random_teacher(args.arch, Path(args.folder).expanduser() / args.arch)
-    return ["teacher=wan2.1_t2v_1.3b", f"teacher.path={folder}", "teacher.name=" + f"random_{args.arch}"]
+    named = [f"teacher.path={folder}", f"teacher.name=random_{args.arch}"]
+    if args.arch not in I2V_ARCHS:
+        return ["teacher=wan2.1_t2v_1.3b", *named]
+    images = given_images(folder.with_name(folder.name + "_images"))
+    return ["teacher=wan2.2_i2v_a14b", *named, "data=image_folder", f"data.root={images}"]
+
+
+def given_images(folder: Path, count: int = 4) -> Path:
+    """`count` captioned 832x480 images (smooth random colours), written once: an image-to-video teacher's data."""
+    if folder.is_dir():
+        return folder
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    for i in range(count):
+        corners = torch.rand(1, 3, 2, 2, generator=g)
+        pixels = torch.nn.functional.interpolate(corners, size=(480, 832), mode="bilinear", align_corners=True)
+        Image.fromarray((pixels[0].permute(1, 2, 0) * 255).byte().numpy()).save(partial / f"image{i}.png")
+        (partial / f"image{i}.txt").write_text(f"a scene, colours number {i}, slowly moving")
+    partial.rename(folder)
+    return folder
 
 
 def ensure_random_teacher(arch: str, folder: Path) -> Path:
     """A Wan folder of `arch`'s shape with random bf16 weights, written once (renamed into place when whole).
 
     Only the transformer is full-sized: the tiny teacher's tokenizer, VAE and scheduler, and a one-layer
-    text encoder of Wan's width 4096 (so the transformer's text projection keeps its real shape)."""
+    text encoder of Wan's width 4096 (so the transformer's text projection keeps its real shape). An image-to-video
+    pair (`I2V_ARCHS`): the tiny twin's WanImageToVideoPipeline folder, its second expert hard links to the first's
+    files (the same random weights: what is measured is memory and time; 28.6 GB written, not 57)."""
     if (folder / "model_index.json").is_file():
         return folder
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    pipe = build_tiny_pipeline()
-    text = TINY_TEXT_ENCODER | dict(d_model=BENCH_ARCHS[arch]["text_dim"], num_layers=1)
+    i2v = arch in I2V_ARCHS
+    pipe = tiny_i2v_pipeline(two_experts=True, layout=Layout.i2v) if i2v else build_tiny_pipeline()
+    text = TINY_TEXT_ENCODER | dict(d_model=ARCHS[arch]["text_dim"], num_layers=1)
     pipe.text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(pipe.tokenizer), **text)).eval()
     with init_empty_weights():  # parameters on meta, buffers (rope tables) real: no slow init
-        pipe.transformer = WanTransformer3DModel(**BENCH_ARCHS[arch])
+        pipe.transformer = WanTransformer3DModel(**ARCHS[arch])
     # Drawn on the GPU where there is one: 14B draws take ~100 s on one CPU thread, a device call's budget.
     where = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(where).manual_seed(0)
@@ -264,7 +293,10 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
         drawn = torch.randn(p.shape, generator=g, device=where) * 0.02
         replace_tensor(pipe.transformer, name, drawn.to(torch.bfloat16).cpu())
     partial = folder.with_name(folder.name + ".partial")
-    pipe.save_pretrained(partial, safe_serialization=True)
+    pipe.save_pretrained(partial, safe_serialization=True)  # an i2v pair's tiny second expert: replaced below
+    if i2v:
+        shutil.rmtree(partial / "transformer_2")
+        shutil.copytree(partial / "transformer", partial / "transformer_2", copy_function=os.link)
     partial.rename(folder)
     return folder
 
