@@ -331,3 +331,25 @@ def test_the_plan_holds_offloads_shared_copy_to_dev_shm_and_counts_the_text_enco
     assert "more than this host's 7.4 GiB usable: encode them once on a machine with more RAM" in (
         capsys.readouterr().out
     )
+
+
+def test_compile_lowers_only_the_activations_of_the_networks_it_compiles():
+    """teacher.compile compiles the teacher's blocks and the adapters on them (a LoRA student, a LoRA fake score:
+    `gpu_adapted_compiled`, fitted on an H200); trainer.compile_student a cut student's blocks. A network neither
+    compiles (dmd's teacher-shaped fake score beside a LoRA student) keeps its eager estimate whatever is compiled."""
+
+    def gpu_peak(*overrides: str) -> float:
+        return planned("method=dmd", *overrides)[1]["gpu"].gpu_bytes[0]
+
+    lora = ["student=lora", "method.fake_score=lora"]
+    assert gpu_peak(*lora, "teacher.compile=true") < gpu_peak(*lora)  # the adapted blocks compiled
+    own = ["student=lora", "method.fake_score=teacher"]
+    (shaped,) = [n for n in planned("method=dmd", *own)[0].networks]
+    w, _, _ = planned("method=dmd", *own, "teacher.compile=true")
+    eager, _, _ = planned("method=dmd", *own)
+    assert memory.network_activation_bytes(w, shaped) == memory.network_activation_bytes(eager, shaped)
+    cut = ["student=half", "method.fake_score=lora"]  # the cut student compiled, the teacher and its adapters eager
+    w, _, _ = planned("method=dmd", *cut, "trainer.compile_student=true")
+    eager, _, _ = planned("method=dmd", *cut)
+    (fake,) = w.networks
+    assert memory.network_activation_bytes(w, fake) == memory.network_activation_bytes(eager, fake)

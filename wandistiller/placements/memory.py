@@ -178,6 +178,8 @@ class Workload:
     teacher_batch_size: int = 0  # samples per teacher call when not batch_size (trainer.teacher_whole_step)
     autocast: bool = True  # the student runs under bf16/fp16 autocast (false: fp32 activations)
     compiled: bool = False  # trainer.compile_student: regional torch.compile of the student's blocks
+    # teacher.compile: the teacher's blocks, and so the adapters on them (a LoRA student's, a LoRA fake score's)
+    teacher_compiled: bool = False
     teacher_fp8: bool = False  # teacher.quantize=fp8: the blocks' Linear weights in 1 byte + a scale per row
     # The networks the method trains beside the student, as it declares them (`Method.passes`: dmd's fake score).
     networks: tuple[OwnNetwork, ...] = ()
@@ -382,7 +384,7 @@ def adapted_activation_bytes(w: Workload, device: str = "gpu") -> int:
         compiled=False,
         gradient_checkpointing=w.teacher_checkpointed,
     )
-    factor = ACT_FACTOR["cpu" if device == "cpu" else "gpu_adapted_compiled" if w.compiled else "gpu_adapted"]
+    factor = ACT_FACTOR["cpu" if device == "cpu" else "gpu_adapted_compiled" if w.teacher_compiled else "gpu_adapted"]
     plain = student_activation_bytes(as_teacher, device, weight_casts=w.teacher_dtype_bytes > 2, factor=factor)
     live = 1 if w.teacher_checkpointed else c["num_layers"]
     d = width(c)

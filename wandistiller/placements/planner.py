@@ -259,6 +259,7 @@ class RunShape:
     teacher_batch_size: int  # samples per teacher call (a whole step's under trainer.teacher_whole_step)
     autocast: bool
     compiled: bool
+    teacher_compiled: bool
     teacher_fp8: bool
     student_lora_rank: int  # student=lora's rank; 0: a student network of its own
     student_lora_layers: tuple[str, ...] | None
@@ -275,8 +276,8 @@ class RunShape:
             ema=t.ema_decay is not None,
             teacher_batch_size=t.batch_size * (t.grad_accum_steps if t.teacher_whole_step else 1),
             autocast=cfg.precision.autocast_dtype is not None,
-            # A LoRA student's blocks are the teacher's: teacher.compile compiles them (trainer.compile_student refused)
-            compiled=t.compile_student or (lora_student and bool(cfg.teacher.get("compile", False))),
+            compiled=t.compile_student,
+            teacher_compiled=bool(cfg.teacher.get("compile", False)),
             teacher_fp8=cfg.teacher.quantize == "fp8",
             student_lora_rank=int(cfg.student.rank) if lora_student else 0,
             student_lora_layers=lora_layers(cfg.student.get("layers")) if lora_student else None,
@@ -313,6 +314,7 @@ def workload(
         teacher_batch_size=shape.teacher_batch_size,
         autocast=shape.autocast,
         compiled=shape.compiled,
+        teacher_compiled=shape.teacher_compiled,
         teacher_fp8=shape.teacher_fp8,
         networks=networks,
     )
