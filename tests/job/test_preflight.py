@@ -156,3 +156,12 @@ def test_a_lora_student_is_not_weighed_as_a_copy_of_the_teacher_but_a_cut_studen
     cfg = make_cfg()  # the default student, cut from the teacher
     with refused("float32 weights, more than the 0.0 GiB of host memory here"):
         check_student_room(cfg, check_student(cfg.student, teacher), teacher, small)
+
+
+def test_an_absurd_fake_score_rank_is_named_before_the_planner_sizes_it(make_cfg, tmp_path):
+    """method.lora_rank=10^9 once met the planner first ("teacher_placement=cpu will not fit: it needs 44060 GiB"):
+    a local teacher's shape checks the method's own networks before any plan."""
+    with refused("method.lora_rank=1000000000 is wider than the narrowest adapted layer"):
+        run(make_cfg("student=lora", "method=dmd", "method.fake_score=lora", "method.lora_rank=1000000000",
+                     run_dir=tmp_path / "r"))  # fmt: skip
+    assert not (tmp_path / "r").exists()

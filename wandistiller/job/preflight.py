@@ -120,9 +120,13 @@ def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, met
     if seen is not None and not local.is_absolute():  # saved absolute, as teacher.lora: eval, export from elsewhere
         local = local.absolute()
         cfg.teacher.path = str(local)
+    if seen is not None:  # the method's own networks against the teacher's shape (a LoRA's rank), before the planner
+        method.check_teacher(seen.transformer_config)  # sizes them: its line names the key, the planner's would not
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
     path = resolve_teacher_path(cfg.teacher, cfg.paths.cache_dir)
     spec = seen if seen is not None and path == local else inspect_teacher(path)
+    if spec is not seen:  # a teacher read from elsewhere (a Hub id, now downloaded): checked against it here
+        method.check_teacher(spec.transformer_config)
     spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
     if spec.loras:  # saved with absolute paths: a later eval or export from another directory reads the same files
         cfg.teacher.lora = absolute(cfg.teacher.lora)
@@ -131,7 +135,6 @@ def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, met
     else:
         student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
         check_student_room(cfg, student, spec.transformer_config)
-    method.check_teacher(spec.transformer_config)  # its own networks against the teacher's shape (a LoRA's rank)
     check_latent_frames(spec.path, cfg.data.latent_frames)  # a clip the teacher's VAE can make
     check_data(cfg, spec)
     if planned is None:  # a Hub teacher: planned now that its config is here
