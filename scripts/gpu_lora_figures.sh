@@ -48,7 +48,7 @@ ON_24=(--set hardware.gpus=1 --set hardware.gpu_memory_gib=24)  # what a 24 GiB 
 BESIDE=$!
 step build_14b 200 python3 -c "import time; from pathlib import Path; t = time.time()
 from wandistiller.bench.plan import ensure_random_teacher
-ensure_random_teacher('14b', Path('/tmp/bench_plan/14b')); print(f'14B folder written in {time.time() - t:.0f} s')"
+ensure_random_teacher('14b', Path('/tmp/bench_plan/14b'), 'cuda'); print(f'14B folder written in {time.time() - t:.0f} s')"
 du -sh /tmp/bench_plan/14b 2>/dev/null
 wait $BESIDE
 step lora_14b_bf16 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --set method.steps=4 "${ON_24[@]}" \

@@ -243,7 +243,12 @@ class _AnonSampler(threading.Thread):
 def _teacher_overrides(args) -> list[str]:
     if args.arch == "tiny":
         return ["teacher=tiny"]
-    folder = ensure_random_teacher(args.arch, Path(args.folder).expanduser() / args.arch)
+    folder = Path(args.folder).expanduser() / args.arch
+    if args.device == "cuda" and not (folder / "model_index.json").is_file():  # drawn on the GPU, in a child: this
+        code = "import sys; from pathlib import Path; from wandistiller.bench.plan import ensure_random_teacher as e; "
+        code += "e(sys.argv[1], Path(sys.argv[2]), 'cuda')"  # process holds no CUDA context while the jobs plan
+        subprocess.run([sys.executable, "-c", code, args.arch, str(folder)], check=True)
+    folder = ensure_random_teacher(args.arch, folder)
     named = [f"teacher.path={folder}", f"teacher.name=random_{args.arch}"]
     if args.arch not in I2V_ARCHS:
         return ["teacher=wan2.1_t2v_1.3b", *named]
@@ -267,13 +272,14 @@ def given_images(folder: Path, count: int = 4) -> Path:
     return folder
 
 
-def ensure_random_teacher(arch: str, folder: Path) -> Path:
+def ensure_random_teacher(arch: str, folder: Path, where: str = "cpu") -> Path:
     """A Wan folder of `arch`'s shape with random bf16 weights, written once (renamed into place when whole).
 
     Only the transformer is full-sized: the tiny teacher's tokenizer, VAE and scheduler, and a one-layer
     text encoder of Wan's width 4096 (so the transformer's text projection keeps its real shape). An image-to-video
     pair (`I2V_ARCHS`): the tiny twin's WanImageToVideoPipeline folder, its second expert hard links to the first's
-    files (the same random weights: what is measured is memory and time; 28.6 GB written, not 57)."""
+    files (the same random weights: what is measured is memory and time; 28.6 GB written, not 57). `where`: the
+    device that draws the weights (a 14B's draws take ~100 s on one CPU thread, a device call's budget)."""
     if (folder / "model_index.json").is_file():
         return folder
     from accelerate import init_empty_weights
@@ -286,8 +292,6 @@ def ensure_random_teacher(arch: str, folder: Path) -> Path:
     pipe.text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(pipe.tokenizer), **text)).eval()
     with init_empty_weights():  # parameters on meta, buffers (rope tables) real: no slow init
         pipe.transformer = WanTransformer3DModel(**ARCHS[arch])
-    # Drawn on the GPU where there is one: 14B draws take ~100 s on one CPU thread, a device call's budget.
-    where = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(where).manual_seed(0)
     for name, p in list(pipe.transformer.named_parameters()):
         drawn = torch.randn(p.shape, generator=g, device=where) * 0.02
