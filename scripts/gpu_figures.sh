@@ -12,24 +12,9 @@
 # the step that measures each), and fold plan_*.json into the planner (scripts/fit_planner.py).
 set -uo pipefail
 OUT=${OUT:-gpu_figures}
-FIG=$(mktemp -d)
 DEADLINE=${DEADLINE:-530}  # seconds from the start; the call's limit (570) leaves room for install and tar
-mkdir -p "$OUT"
-trap 'tar -cf "$OUT/figures.tar" -C "$FIG" . 2>/dev/null' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=disabled WANDB_ERROR_REPORTING=false HF_HUB_OFFLINE=1
-exec > >(tee -a "$OUT/log.txt") 2>&1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$FIG/card.txt"
-python3 -c "import torch, diffusers, hydra; print('torch', torch.__version__, 'diffusers', diffusers.__version__)"
+source scripts/gpu_common.sh
 
-# step NAME NEEDS_S CMD...: run CMD if NEEDS_S seconds are left before the deadline, cut at the deadline.
-step() {
-  local name=$1 needs=$2 left=$((DEADLINE - SECONDS)); shift 2
-  if ((left < needs)); then echo "[$name] SKIPPED: ${left}s left, needs ~${needs}s"; return; fi
-  echo "[$name] start at ${SECONDS}s"
-  timeout "$left" "$@" 2>&1 | tee "$FIG/$name.log"
-  echo "[$name] done at ${SECONDS}s (exit ${PIPESTATUS[0]})"
-}
 JOB=(python3 -m wandistiller.bench job --arch 1.3b --device cuda --placement gpu --batch 16 --cache-dir /tmp/wandistiller)
 
 # 1. fp8 works on this torch and GPU: the GPU lane (fp8 scaled_mm chosen, streamed == resident, compiled runs).

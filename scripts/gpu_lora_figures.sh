@@ -18,25 +18,10 @@
 # Back: $OUT/figures.tar (a JSON and a log per step) and $OUT/log.txt; record them in docs/PERFORMANCE.md.
 set -uo pipefail
 OUT=${OUT:-gpu_lora_figures}
-FIG=$(mktemp -d)
 DEADLINE=${DEADLINE:-560}
-mkdir -p "$OUT"
-trap 'tar -cf "$OUT/figures.tar" -C "$FIG" . 2>/dev/null' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=disabled WANDB_ERROR_REPORTING=false HF_HUB_OFFLINE=1
-exec > >(tee -a "$OUT/log.txt") 2>&1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$FIG/card.txt"
-python3 -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers', diffusers.__version__)"
+source scripts/gpu_common.sh
 free -g | head -2; df -h /tmp | tail -1
 
-step() {  # step NAME NEEDS_S CMD...: run CMD if NEEDS_S seconds are left before the deadline, cut at the deadline
-  local name=$1 needs=$2 left=$((DEADLINE - SECONDS)); shift 2
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then echo "[$name] not in ONLY"; return; fi
-  if ((left < needs)); then echo "[$name] SKIPPED: ${left}s left, needs ~${needs}s"; return; fi
-  echo "[$name] start at ${SECONDS}s"
-  timeout "$left" "$@" 2>&1 | tee "$FIG/$name.log"
-  echo "[$name] done at ${SECONDS}s (exit ${PIPESTATUS[0]})"
-}
 PLAN=(python3 -m wandistiller.bench plan --student lora --batch 1 --device cuda --folder /tmp/bench_plan
   --cache-dir /tmp/wandistiller --set method=dmd --set method.fake_score=lora)
 ON_24=(--set hardware.gpus=1 --set hardware.gpu_memory_gib=24)  # what a 24 GiB card's plan keeps resident
