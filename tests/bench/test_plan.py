@@ -62,12 +62,12 @@ def test_errors_are_the_planners_excess_over_the_measured_peak_in_percent():
 def test_the_table_has_a_line_per_point_with_signed_errors_and_marks_failures():
     measured = {"student": "tiny", "batch": 2, "placement": "cpu", "predicted_host_gib": 1.1,
                 "measured_host_gib": 1.0, "host_error_pct": 10.0, "predicted_gpu_gib": [], "measured_gpu_gib": [],
-                "extrapolated": True}  # fmt: skip
+                "samples_per_s": 4.0, "extrapolated": True}  # fmt: skip
     failed = {"student": "small", "batch": 1, "placement": "disk", "failed": "killed"}
     result = {"arch": "tiny", "card": "cpu (x86_64, 2 cores)", "compile": False, "rows": [measured, failed]}
     title, head, first, second = bench_plan.format_rows(result).splitlines()
     assert title == "bench plan: arch tiny on cpu (x86_64, 2 cores), compile=False" and head.startswith("student")
-    assert first.split() == ["tiny", "2", "cpu", "1.10", "1.00", "+10.0", "-", "-", "extrapolated"]
+    assert first.split() == ["tiny", "2", "cpu", "1.10", "1.00", "+10.0", "-", "-", "0.50", "extrapolated"]
     assert second.split() == ["small", "1", "disk", "failed:", "see", "the", "JSON"]
 
 

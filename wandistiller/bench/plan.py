@@ -320,7 +320,7 @@ def _row_line(r: dict) -> str:
 
 def format_rows(result: dict) -> str:
     head = f"{'student':<8}{'batch':>6} {'placement':<10}{'host pred':>10}{'meas':>8}{'err%':>7}"
-    head += f"{'GPU pred':>10}{'meas':>8}{'err%':>7}  note"
+    head += f"{'GPU pred':>10}{'meas':>8}{'err%':>7}{'s/step':>8}  note"
     lines = [f"bench plan: arch {result['arch']} on {result['card']}, compile={result['compile']}", head]
     for r in result["rows"]:
         if r.get("failed"):
@@ -331,10 +331,13 @@ def format_rows(result: dict) -> str:
         gpu = f"{'-':>10}{'-':>8}{'':7}"
         if gpu_meas:
             gpu = f"{gpu_pred:>10.2f}{gpu_meas:>8.2f}{r['gpu_error_pct']:>+7.1f}"
+        rate = r.get("samples_per_s")  # the job's median step, in samples/s
+        step = f"{r['batch'] / rate:>8.2f}" if rate else f"{'-':>8}"
         lines.append(
             f"{r['student']:<8}{r['batch']:>6} {r['placement']:<10}{r['predicted_host_gib']:>10.2f}"
             f"{r['measured_host_gib']:>8.2f}{r['host_error_pct']:>+7.1f}"
             + gpu
+            + step
             + ("  extrapolated" if r["extrapolated"] else "")
         )
     return "\n".join(lines)
