@@ -353,3 +353,20 @@ def test_compile_lowers_only_the_activations_of_the_networks_it_compiles():
     eager, _, _ = planned("method=dmd", *cut)
     (fake,) = w.networks
     assert memory.network_activation_bytes(w, fake) == memory.network_activation_bytes(eager, fake)
+
+
+def test_the_lora_plans_measured_on_a_gpu_are_not_marked_extrapolated_and_the_rest_are():
+    """The 14B under offload and the 1.3B resident, adapters on, batch 1 x 1560 tokens, were measured on an H200
+    (docs/PERFORMANCE.md): no `*`. Longer clips, another placement or several ranks still get one."""
+    from wandistiller.placements.memory import Hardware
+    from wandistiller.placements.planner import extrapolated
+
+    one_gpu = Hardware(gpu_bytes=(24 * memory.GiB,), host_bytes=128 * memory.GiB)
+
+    def starred(placement: str, *overrides: str) -> bool:
+        w = planned("student=lora", "method=dmd", "method.fake_score=lora", "trainer.batch_size=1", *overrides)[0]
+        return extrapolated(w, one_gpu, placement)
+
+    assert not starred("offload") and not starred("offload", "teacher.quantize=fp8")
+    assert starred("offload", "data.latent_frames=21") and starred("disk") and starred("gpu")
+    assert not starred("gpu", "teacher=wan2.1_t2v_1.3b") and starred("offload", "trainer.batch_size=2")

@@ -113,11 +113,18 @@ def choose(estimates: list[Estimate], times: dict[str, StepTime] | None = None) 
 FITTED_STUDENTS = {(32, 64), (1536, 4096)}  # (width, ffn_dim)
 FITTED_CPU_TOKENS = (16384, 32768)  # image and text tokens per step, host RSS with the student on the CPU
 FITTED_GPU: dict[str, Any] = {"placements": {"gpu"}, "teacher_width": 1536, "tokens": 16 * 1560}  # the H200 datum
+# Adapters on the placed teacher (a LoRA student), batch 1 x 1560 tokens on one GPU: (teacher width, placement) as
+# measured, the 1.3B resident (an H100 and an H200) and the 14B streamed by offload, bf16 and fp8 (an H200).
+MEASURED_ADAPTED = {(1536, "gpu"), (5120, "offload")}
 
 
 def extrapolated(w: Workload, hw: Hardware, placement: str) -> bool:
     """Whether this placement's figures lie beyond the shapes and placements the model was fitted on."""
     c, teacher = w.student_config, w.teacher_config
+    if hw.gpu_bytes and w.student_lora_rank:
+        width = teacher["num_attention_heads"] * teacher["attention_head_dim"]
+        measured = (width, placement) in MEASURED_ADAPTED and w.batch_size * w.tokens <= 1560
+        return not measured or w.ranks_per_node > 1
     if (c["num_attention_heads"] * c["attention_head_dim"], c["ffn_dim"]) not in FITTED_STUDENTS:
         return True
     if hw.gpu_bytes:  # one GPU datum: a resident 1.3B-shaped teacher, b16 x 1560 tokens
