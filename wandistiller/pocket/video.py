@@ -119,8 +119,8 @@ def deepened(transformer, after: tuple[int, ...]):
     than training a deeper one from the image teacher, keeps what the 4 blocks learned in 19000 steps)."""
     grown = copy.deepcopy(transformer)
     blocks = []
-    for i, block in enumerate(transformer.blocks):
-        blocks.append(copy.deepcopy(block))
+    for i, block in enumerate(grown.blocks):
+        blocks.append(block)
         if i in after:
             silent = copy.deepcopy(block)
             for layer in (silent.attn1.to_out[0], silent.attn2.to_out[0], silent.ffn.net[2]):
