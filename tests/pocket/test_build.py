@@ -25,9 +25,9 @@ from wandistiller.train import run
 # The shipped build draws 39 and 40 of the 40 prompts right (pocket, pocket_moe; docs/QUALITY.md), so another
 # torch build's float differences have 3 images of margin.
 PROMPT_ACCURACY_FLOOR = 0.9
-# The shipped video teachers (docs/QUALITY.md, "Video"): motion 100% and colour 99.8% of frames, the digit and colour
-# on 90.6% of frames (89.4 and 90.0% at seed 0); floors with a margin (one seed of 40 clips swings ~3 points).
-VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.85
+# The shipped video teachers (docs/QUALITY.md, "Video"): motion 100% and colour 100% of frames, the digit and colour
+# on 94.0 and 93.2% of frames (93.9 and 93.3% here, seed 0, 2026-11-30); floors with a margin for another torch build.
+VIDEO_MOTION_FLOOR, VIDEO_COLOUR_FLOOR, VIDEO_FRAME_FLOOR = 0.9, 0.95, 0.89
 
 
 def pipeline(folder):

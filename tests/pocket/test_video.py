@@ -14,6 +14,7 @@ from wandistiller.pocket.video import (
     clip_latents,
     decode_clips,
     deepened,
+    train_video_decoder,
     video_text_encoder,
     video_tokenizer,
 )
@@ -58,6 +59,24 @@ def test_the_video_vae_makes_5_latent_frames_of_9_and_decodes_back():
     with torch.no_grad():  # the training decode is the VAE's own, less the clamp
         unclamped = _unclamped_decode_clip(vae, z)
     assert torch.equal(((unclamped.clamp(-1, 1).transpose(1, 2) + 1) / 2).clamp(0, 1), out)
+
+
+def test_the_decoders_fine_tune_leaves_every_latent_as_it_was():
+    """The build trains the video VAE's decoder after its encoder: the transformers, trained on the encoder's latents,
+    stay the ones shipped, and only the decoded clips change."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**POCKET_VIDEO_VAE).eval()
+    clips, *_ = rendered_clip_split("heldout", seed=0)
+    before = {k: v.clone() for k, v in vae.state_dict().items()}
+    z, decoded = clip_latents(vae, clips[:2]), decode_clips(vae, clip_latents(vae, clips[:2]))
+    trained = train_video_decoder(vae, steps=2, batch=2)
+    assert torch.equal(clip_latents(trained, clips[:2]), z)
+    assert not torch.equal(decode_clips(trained, z), decoded)
+    changed = {k for k, v in trained.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith(("decoder.", "post_quant_conv.")) for k in changed)
+    assert not trained.training and not any(p.requires_grad for p in trained.parameters())
 
 
 def test_a_deepened_transformer_computes_what_it_grew_from_until_training_moves_it():
