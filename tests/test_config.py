@@ -84,7 +84,7 @@ def test_an_enum_typo_lists_the_valid_values_in_one_line():
 
 @pytest.mark.parametrize("override, group, options", [
     ("logger=[wandb,tensorbord]", "logger", "csv none tensorboard wandb"),
-    ("hooks=[monitor,progres]", "hooks", "collapse evaluate monitor progress samples"),
+    ("hooks=[monitor,progres]", "hooks", "collapse evaluate monitor profile progress samples"),
 ])  # fmt: skip
 def test_a_typo_inside_a_list_of_options_lists_that_groups_options_in_one_line(override, group, options):
     from wandistiller.core.errors import UserError

@@ -104,6 +104,9 @@ def test_a_key_added_with_plus_that_no_schema_knows_is_refused(make_cfg, tmp_pat
     "overrides, message",
     [
         (["+hooks.mine.every=5"], r"^hooks.mine=\{'every': 5\} is not a hook; `hooks` names hooks \(.*evaluate.*\)"),
+        (["hooks=[progress,profile]", "hooks.profile.after=6", "trainer.max_steps=6"],
+         r"^hooks.profile.after=6 leaves no step to profile in trainer.max_steps=6; give hooks.profile.after=5 or"
+         r" less$"),
     ],
 )  # fmt: skip
 def test_a_hooks_list_that_would_fail_late_is_refused_before_the_run_folder(make_cfg, tmp_path, overrides, message):

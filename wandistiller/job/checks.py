@@ -28,6 +28,7 @@ from wandistiller.core.files import folder_problem
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
 from wandistiller.placements.steptime import Passes
+from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.recipe.methods.base import Method
 from wandistiller.state.received import looks_like_hub_id
@@ -186,8 +187,10 @@ def check_training_parts(cfg: DictConfig) -> tuple[Method, Loss]:
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
     loss = as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
-    for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1)
-        built_quietly(node)
+    for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1), then against the run's
+        hook = built_quietly(node)
+        if isinstance(hook, Hook):
+            hook.check(cfg)
     return built_quietly(cfg.method), loss  # and the method its keys (method.steps=0, a fake score it has not built)
 
 

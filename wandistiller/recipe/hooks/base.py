@@ -7,6 +7,7 @@ A hook is one module of this package defining `OPTION = Option("<name>", <Name>C
 under `hooks.<name>` (`hooks.monitor.val_every=25`), given to its constructor, which refuses a bad one:
 
     main_only          runs on the main training rank only (the default), or on every training rank
+    check(cfg)         before any work: a setting the rest of the config makes impossible, refused in one line
     bind(ctx, parts)   once before the loop: the run's frozen context and what setup built for hooks
     __call__(run, step)   after each step (`step` counts finished steps: 1 after the first)
     at_end(run) -> dict   once, after the last step's outputs (student, samples): figures for metrics.json
@@ -24,6 +25,7 @@ from wandistiller.recipe.methods.base import MAX_SAMPLE_STEPS
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
 
     from wandistiller.data.validation import ValSet
     from wandistiller.recipe.context import RunContext
@@ -65,6 +67,10 @@ def sample_steps(key: str, value: int) -> int:
 
 class Hook:
     main_only: ClassVar[bool] = True
+
+    def check(self, cfg: DictConfig) -> None:
+        """Before any work (the preflight): refuse, in one line, a setting the rest of the run's config makes
+        impossible (`hooks.profile.after` past `trainer.max_steps`)."""
 
     def bind(self, ctx: RunContext, parts: HookParts) -> None:
         """Take what this hook needs from the run's context and setup's parts."""
