@@ -12,7 +12,7 @@
 #
 # Before the call, here, in the repository root: bash scripts/gpu_wheels.sh
 # Then: run(command="bash scripts/gpu_lora_figures.sh", carry=[".whl"], timeout_s=600)
-# Some steps only: ONLY="build_14b lora_14b_21f lora_a14b_i2v" bash scripts/gpu_lora_figures.sh (an H200 measured the other
+# Some steps only: ONLY="build_14b lora_1.3b_profile lora_14b_21f lora_a14b_i2v" bash scripts/gpu_lora_figures.sh (an H200 measured the other
 # 14B points and the compiled 1.3B one on 2026-11-29: docs/PERFORMANCE.md; each 14B point takes ~2 min, the folder
 # ~75 s the first time).
 # Back: $OUT/figures.tar (a JSON and a log per step) and $OUT/log.txt; record them in docs/PERFORMANCE.md.
@@ -36,6 +36,15 @@ from wandistiller.bench.plan import ensure_random_teacher
 ensure_random_teacher('14b', Path('/tmp/bench_plan/14b'), 'cuda'); print(f'14B folder written in {time.time() - t:.0f} s')"
 du -sh /tmp/bench_plan/14b 2>/dev/null
 wait $BESIDE
+# Issue 43's compiled step missed 1.0 s (2.23 s on an H200): where its time goes, from `hooks.profile` on the same
+# run (2 steps after 5; the line in the log says the GPU's share in kernels and the launches a step).
+step lora_1.3b_profile 200 bash -c "python3 -c \"from pathlib import Path; from wandistiller.bench.plan import ensure_random_teacher
+ensure_random_teacher('1.3b', Path('/tmp/bench_plan/1.3b'), 'cuda')\" && python3 -m wandistiller.train teacher=wan2.1_t2v_1.3b \
+  teacher.path=/tmp/bench_plan/1.3b teacher.name=random_1.3b student=lora trainer.batch_size=1 teacher_placement=gpu \
+  data.latent_height=60 data.latent_width=104 teacher.compile=true paths.cache_dir=/tmp/wandistiller method=dmd \
+  method.fake_score=lora method.steps=4 trainer.max_steps=7 logger=none trainer.progress_bar=false \
+  'hooks=[progress,profile]' hooks.profile.after=5 hooks.profile.steps=2 hydra.run.dir=/tmp/prof_1.3b \
+  && cp /tmp/prof_1.3b/profile/ops.txt $FIG/lora_1.3b_profile_ops.txt"
 step lora_14b_bf16 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --set method.steps=4 "${ON_24[@]}" \
   --out "$FIG/lora_14b_bf16.json"
 step lora_14b_fp8 110 "${PLAN[@]}" --arch 14b --placements offload --steps 3 --set method.steps=4 "${ON_24[@]}" \
