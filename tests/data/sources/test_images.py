@@ -119,6 +119,35 @@ def test_an_image_to_video_teacher_trains_on_an_image_folder_each_image_given_as
     assert rows and all(np.isfinite(r["val/loss"]) for r in rows)
 
 
+def test_one_image_given_to_an_image_to_video_teacher_validates_on_itself(make_cfg, tmp_path):
+    """One (image, caption) pair holds nothing out: the run validates on it, its caption with its own image, as a
+    text run with one prompt does (the held-out set once took the prompts file's prompts beside the one image)."""
+    root = given_images(tmp_path / "images")
+    for extra in ("img1", "img2"):
+        (root / f"{extra}.png").unlink()
+        (root / f"{extra}.txt").unlink()
+    summary = run(make_cfg(*pairs(root, "hooks.monitor.val_every=1"), run_dir=tmp_path / "r"))
+    assert summary["steps_run"] == 2
+    assert [r for r in metrics_steps(tmp_path / "r") if np.isfinite(r.get("val/loss", np.nan))]
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        ("data.val_prompts_path={v}", "data.val_prompts_path gives prompts alone, but teacher=tiny_i2v is image-to-"),
+        ("data.latent_frames=1", "data.latent_frames=1 is the given image alone, but teacher=tiny_i2v is image-to-"),
+    ],
+)
+def test_held_out_prompts_without_images_or_stills_are_refused_for_an_image_to_video_teacher(
+    make_cfg, tmp_path, extra, said
+):
+    root = given_images(tmp_path / "images")
+    (tmp_path / "v.txt").write_text("a held-out prompt\n")
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*pairs(root, extra.format(v=tmp_path / "v.txt")), run_dir=tmp_path / "r"))
+    assert str(e.value).startswith(said) and "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     "size,clear,said",
     [

@@ -70,6 +70,19 @@ def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
             f"{key} gives prompts alone, but teacher={teacher_name} is image-to-video: its experts take an image "
             f"beside each prompt; {fix}"
         )
+    if layout != Layout.t2v and source.gives_images:  # the image-conditioned run: what it validates and draws
+        if data_cfg.get("val_prompts_path"):
+            raise UserError(
+                f"data.val_prompts_path gives prompts alone, but teacher={teacher_name} is image-to-video: it "
+                "validates on held-out images with their own captions (the last data.val_fraction of the data); "
+                "drop data.val_prompts_path"
+            )
+        if int(data_cfg.get("latent_frames") or 1) < 2:
+            raise UserError(
+                f"data.latent_frames={data_cfg.get('latent_frames')} is the given image alone, but teacher="
+                f"{teacher_name} is image-to-video and learns to continue it: give clips, e.g. data.latent_frames=21 "
+                "(81 frames through Wan's VAE; 5 for the pocket teachers' 9)"
+            )
     if layout == Layout.t2v and source.gives_images and not source.images_as_x0:
         raise UserError(
             f"{key} gives (image, prompt) pairs, but teacher={teacher_name} is text-to-video and takes no image; "

@@ -103,8 +103,10 @@ def captioned_made(ctx, val_embeddings, encoded) -> Made:
     (embeddings, bank, images), held_out = made_once(
         ctx.topo, lambda: load(ctx.device, True), lambda: load(cpu, False), makes=ctx.is_main
     )
+    if held_out is None and images is not None:  # one (image, caption) pair: validated on itself, as one prompt is
+        return Made(bank, embeddings, embeddings, images, images)
     if held_out is None:
-        return Made(bank, embeddings, val_embeddings, images, images)
+        return Made(bank, embeddings, val_embeddings)
     val_embeddings, keep = held_out
     # Item i is caption i: the held-out ones are the last, so training draws the rest. The training prompts stop
     # there too: a method that draws prompts rather than items (dmd, trajectory's ODE) never trains on a held-out one.
