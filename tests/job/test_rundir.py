@@ -320,3 +320,20 @@ def test_a_resume_whose_checkpoints_are_all_damaged_is_one_line_and_writes_nothi
                        r".*is truncated .*\); move them away") as e:  # fmt: skip
         run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=run_dir))
     assert "see above" not in str(e.value) and tree(run_dir) == before
+
+
+def test_a_lora_resume_under_a_teacher_with_other_experts_is_refused_even_when_allowed(
+    make_cfg, tmp_path, tiny_moe_path
+):
+    """trainer.allow_other_teacher takes another teacher on purpose; a LoRA student's checkpoint holds one adapter
+    set per expert, so under a teacher with another count of experts it cannot load. Refused in the preflight, in
+    one line naming the experts (it once said "another student shape ... resume with the student config", and left
+    a resume config naming the new teacher, which later evals then followed)."""
+    folder = tmp_path / "r"
+    run(make_cfg("student=lora", "trainer.max_steps=1", run_dir=folder))
+    before = tree(folder)
+    with pytest.raises(UserError) as e:
+        other = (f"teacher.path={tiny_moe_path}", "trainer.allow_other_teacher=true")
+        run(make_cfg("student=lora", *other, "trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
+    assert "holds adapters for 1 expert(s)" in str(e.value) and "has 2; resume under a teacher with 1" in str(e.value)
+    assert "\n" not in str(e.value) and tree(folder) == before

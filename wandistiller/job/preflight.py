@@ -150,7 +150,7 @@ def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec, method) -> Non
     the settings that change what it trains: `Method.identity`)."""
     if checkpoint is None:
         return
-    check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)))
+    check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)), is_lora(cfg.student))
     check_method(checkpoint, method.identity(), cfg.trainer.resume)
     check_student_identity(checkpoint, student_identity(cfg), cfg.trainer.resume)
 

@@ -435,11 +435,24 @@ def records_teacher(checkpoint: Path) -> bool:
     return isinstance(recorded, dict) and isinstance(recorded.get("digest"), str)
 
 
-def check_teacher(checkpoint: Path | None, spec, allow: bool) -> None:
-    """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against."""
-    if checkpoint is None or allow:
+def check_teacher(checkpoint: Path | None, spec, allow: bool, per_expert: bool = False) -> None:
+    """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against. `allow`
+    (trainer.allow_other_teacher) takes another teacher on purpose, but not, for a student with one part per expert
+    (`per_expert`: a LoRA student's adapter sets), another count of experts: that checkpoint cannot be loaded."""
+    if checkpoint is None:
         return
-    why = teacher_problem(_recorded_teacher(checkpoint), spec)
+    recorded = _recorded_teacher(checkpoint)
+    experts = recorded.get("experts") if isinstance(recorded, dict) else None
+    if per_expert and isinstance(experts, int) and experts != len(spec.experts):
+        raise UserError(
+            f"trainer.resume: the checkpoint {checkpoint} holds adapters for {experts} expert(s) of "
+            f"{recorded.get('name', 'its teacher')!s:.200}, and the teacher at {spec.path} has "
+            f"{len(spec.experts)}; resume under a teacher with {experts} expert(s) (the one it was trained with), "
+            "or start a new run folder"
+        )
+    if allow:
+        return
+    why = teacher_problem(recorded, spec)
     if why:
         raise UserError(
             f"trainer.resume: the checkpoint {checkpoint} does not fit this teacher: {why}; "
