@@ -337,3 +337,21 @@ def test_a_lora_resume_under_a_teacher_with_other_experts_is_refused_even_when_a
         run(make_cfg("student=lora", *other, "trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
     assert "holds adapters for 1 expert(s)" in str(e.value) and "has 2; resume under a teacher with 1" in str(e.value)
     assert "\n" not in str(e.value) and tree(folder) == before
+
+
+def test_a_resume_refused_at_setup_leaves_no_resume_config_behind(make_cfg, tmp_path, monkeypatch):
+    """A refusal only the loaded checkpoint can give (restore's) comes after the resume's config is saved: it goes
+    again, so the run's newest config is still the one that trained it (eval and generate follow that one)."""
+    from wandistiller.state import checkpoint
+
+    folder = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=1", run_dir=folder))
+    hydra = sorted(p.name for p in (folder / ".hydra").iterdir())
+
+    def refused(*args, **kwargs):
+        raise UserError("trainer.resume: this checkpoint does not load here")
+
+    monkeypatch.setattr(checkpoint, "check_compatible", refused)
+    with pytest.raises(UserError, match="does not load here"):
+        run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
+    assert sorted(p.name for p in (folder / ".hydra").iterdir()) == hydra

@@ -91,7 +91,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
         check_resumed(cfg, resume_from, spec, method)
-    save_config(run_dir, cfg, resume_from)
+    saved = save_config(run_dir, cfg, resume_from)
     continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
@@ -108,6 +108,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
         student_config=student,
         sweep_point=point,
         overrides=overrides,
+        resume_config=str(saved) if resume_from else None,
     )
 
 

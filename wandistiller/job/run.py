@@ -137,6 +137,12 @@ def run_recipe(cfg: DictConfig, prepared: Prepared, topo: Topology) -> dict:
         early = stopping.install()  # loading and compiling can take minutes: a signal exits at once
         try:
             recipe.setup()
+        except UserError:
+            # A resume refused before its first step (a checkpoint that does not load) leaves the run as it was:
+            # its newest resume config would name what was refused, and eval and generate follow it.
+            if prepared.resume_config and topo.rank == 0:
+                Path(prepared.resume_config).unlink(missing_ok=True)
+            raise
         finally:
             early.restore()
         return recipe.train()

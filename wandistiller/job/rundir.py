@@ -121,8 +121,9 @@ def release_run_dir(run_dir: Path) -> None:
         os.close(fd)
 
 
-def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
-    """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own."""
+def save_config(run_dir: Path, cfg, resume_from: Path | None) -> Path:
+    """The composed config, as Hydra would write it; a resumed run keeps the first run's and adds its own. Returns
+    the file written."""
 
     hydra_dir = run_folder(run_dir, ".hydra")
     mine = in_run(run_dir, ".hydra/config.yaml")
@@ -130,6 +131,7 @@ def save_config(run_dir: Path, cfg, resume_from: Path | None) -> None:
     OmegaConf.save(cfg, path)
     if HydraConfig.initialized() and path.name == "config.yaml":
         OmegaConf.save(HydraConfig.get().overrides.task, hydra_dir / "overrides.yaml")
+    return path
 
 
 def _new_file(folder: Path, stem: str) -> Path:

@@ -34,6 +34,7 @@ class Prepared:
     student_config: dict  # the student's WanTransformer3DModel config, checked against the teacher's (check_student)
     sweep_point: dict | None = None  # group, name, overrides, choices: when this run is one point of a sweep
     overrides: list[str] | None = None  # the command line's (a resume's added to the first run's), for metrics.json
+    resume_config: str | None = None  # a resume's own .hydra/config_resume_<time>.yaml: gone if setup refuses it
 
 
 @dataclass(frozen=True)
