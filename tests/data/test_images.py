@@ -82,6 +82,14 @@ def bad_folder(tmp_path, damage):
         (root / "img1.png").write_bytes(b"not a png at all")
     elif damage == "uncaptioned":
         (root / "img2.txt").unlink()
+    elif damage in ("a_gif", "gifs_only", "animated_webp"):
+        frames = [Image.new("RGB", (32, 32), (40 * i, 0, 0)) for i in range(3)]
+        name = "clip.webp" if damage == "animated_webp" else "clip.gif"
+        frames[0].save(root / name, save_all=True, append_images=frames[1:], duration=100)
+        (root / name).with_suffix(".txt").write_text("a clip\n")
+        if damage == "gifs_only":
+            for p in root.glob("img*"):
+                p.unlink()
     return data_cfg(root=str(root))
 
 
@@ -98,6 +106,10 @@ def bad_dataset(tmp_path, damage):
         (bad_folder, "empty", r"data.root=.* holds no images"),
         (bad_folder, "unreadable", r"data.root=.*img1.png is not a readable image"),
         (bad_folder, "uncaptioned", r"data.root=.*img2.png has no caption"),
+        # A clip among the images was dropped (a GIF) or read as its first frame (an animated WebP): named instead.
+        (bad_folder, "a_gif", r"data.root=.*: clip.gif is a video, and data=image_folder takes stills; for clips use"),
+        (bad_folder, "gifs_only", r"data.root=.* holds no images .*; it holds videos: use data=video_folder$"),
+        (bad_folder, "animated_webp", r"data.root=.*: clip.webp is animated \(3 frames\), and data=image_folder"),
         (bad_dataset, "no_image_column", r"data.dataset=.* has no image column"),
         (bad_dataset, "no_text_column", r"data.dataset=.* has no text column"),
     ],

@@ -31,6 +31,10 @@ from wandistiller.teacher.vae import encode_images, load_vae
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+# A video folder's files (data/videos.py reads them): GIF and WebP through PIL (animated), the rest through PyAV.
+PIL_SUFFIXES = (".gif", ".webp")
+AV_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v")
+VIDEO_SUFFIXES = PIL_SUFFIXES + AV_SUFFIXES
 FILE_KEYS, TEXT_KEYS = ("file_name", "file", "image"), ("text", "caption", "prompt")
 
 
@@ -114,16 +118,30 @@ def captions_of(path: Path, key: str, files: list[Path], what: str) -> tuple[lis
 
 
 def folder_source(root: str) -> ImageSource:
-    path, key, images = captioned_files(root, IMAGE_SUFFIXES, "images")
+    path, key, images = captioned_files(root, IMAGE_SUFFIXES, "images", (VIDEO_SUFFIXES, "videos", "data=video_folder"))
+    # A clip among the images would be dropped (a GIF, a video) or read as its first frame (an animated WebP):
+    # named, not trained on silently.
+    clip = next((p for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES and p not in images), None)
+    if clip is not None:
+        raise UserError(
+            f"{key}: {clip.relative_to(path).as_posix()} is a video, and data=image_folder takes stills; for clips "
+            "use data=video_folder, or move it out of the folder"
+        )
     captions, fingerprint = captions_of(path, key, images, "image")
     for image in images:  # headers only: an unreadable image is named now, not after the encoder loads
         try:
             with Image.open(image) as opened:
+                frames = getattr(opened, "n_frames", 1)
                 opened.verify()
         except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
             raise UserError(
                 f"{key}: {image.relative_to(path).as_posix()} is not a readable image; replace or remove it"
             ) from None
+        if frames > 1:
+            raise UserError(
+                f"{key}: {image.relative_to(path).as_posix()} is animated ({frames} frames), and data=image_folder "
+                "takes stills; for clips use data=video_folder, or save its first frame alone"
+            )
     names = [image.relative_to(path).as_posix() for image in images]
     return ImageSource(captions, lambda i: Image.open(images[i]), key, fingerprint, names)
 

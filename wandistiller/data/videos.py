@@ -28,15 +28,17 @@ from PIL import Image, ImageOps, ImageSequence
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
 from wandistiller.data.conditions import fitted, frame_size, image_bank
-from wandistiller.data.images import IMAGE_SUFFIXES, captioned_files, captions_of
+from wandistiller.data.images import (
+    IMAGE_SUFFIXES,
+    PIL_SUFFIXES,
+    VIDEO_SUFFIXES,
+    captioned_files,
+    captions_of,
+)
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec, read_json
 from wandistiller.teacher.vae import encode_clips, load_vae, pixel_frames
-
-PIL_SUFFIXES = (".gif", ".webp")  # animated, through PIL
-AV_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v")  # containers, through PyAV
-VIDEO_SUFFIXES = PIL_SUFFIXES + AV_SUFFIXES
 
 
 @dataclass
