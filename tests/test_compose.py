@@ -50,3 +50,17 @@ def test_an_override_that_does_not_parse_is_one_line_naming_it_and_how_to_write_
     with pytest.raises(UserError, match=re.escape(f"{override} is not an override Hydra can read (")) as e:
         check_overrides([override])
     assert "\n" not in str(e.value) and "a list closed (hooks=[monitor,progress])" in str(e.value)
+
+
+def test_a_sweep_without_multirun_and_a_hydra_key_that_does_not_parse_are_one_line_each():
+    """Hydra's own words for these were several lines and exit code 1: a path with a comma is a sweep to its parser,
+    and hydra.* overrides were left to it."""
+    with pytest.raises(UserError) as e:
+        check_overrides(["data=video_folder", "data.root=/clips/a,b"])
+    assert str(e.value) == (
+        "data.root=/clips/a,b: a comma makes it a sweep, which runs only with --multirun (-m); for one value holding "
+        "a comma, quote it: data.root='/clips/a,b'"
+    )
+    check_overrides(["-m", "trainer.max_steps=1,2"])  # a sweep, asked for
+    with pytest.raises(UserError, match=r"^hydra.run.dir=/tmp/x'5' is not an override Hydra can read \("):
+        check_overrides(["hydra.run.dir=/tmp/x'5'"])

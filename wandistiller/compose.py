@@ -60,9 +60,17 @@ def check_overrides(argv: list[str]) -> None:
         if ("=" in a or a.startswith("~")) and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")
     ]
     check_parses(given)
+    check_parses([a for a in argv if "=" in a and not a.startswith("-") and a.lstrip("+~").startswith("hydra")])
     base: list[str | None] = []
     try:
         parsed = OverridesParser.create().parse_overrides(given)
+        sweep = next((o for o in parsed if o.is_sweep_override()), None)
+        if sweep is not None and not any(a in ("-m", "--multirun") for a in argv):
+            key, value = str(sweep.input_line).split("=", 1)
+            raise UserError(
+                f"{sweep.input_line}: a comma makes it a sweep, which runs only with --multirun (-m); for one value "
+                f"holding a comma, quote it: {key}='{value}'"
+            )
         base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]
         variants = [base] + [
             base[:i] + [f"{o.get_key_element()}={v}"] + base[i + 1 :]
