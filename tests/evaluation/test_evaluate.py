@@ -438,6 +438,9 @@ def test_an_image_to_video_run_is_evaluated_from_its_held_out_first_frames(make_
     assert row["prompt"] == CAPTIONS[-1] and math.isfinite(row["first_frame_psnr"])  # the held-out caption: the last
     assert result["mean"]["student_first_frame_psnr"] == row["first_frame_psnr"]
     assert math.isfinite(result["mean"]["teacher_first_frame_psnr"]) and (folder / result["files"][0]).is_file()
+    with pytest.raises(UserError) as refused:  # its data folder lies outside it: --allow-data, never --prompts
+        evaluate(folder, EvalSettings(steps=2, limit=1))
+    assert str(refused.value).endswith("does not read its captions; --allow-data if you trust that folder")
 
     opened = open_run(folder)
     image = fitted(Image.open(root / "img2.png"), 32, 32, "img2", "data.root")  # as training fits it

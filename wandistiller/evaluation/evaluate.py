@@ -89,9 +89,11 @@ def data_readable(run: RunFolder, trusted: bool):
 
     def readable(key: str) -> None:
         if data.get(key) is not None and not trusted and not _readable_from_run(run, data[key]):
+            # An image-to-video run's held-out captions come with their first frames, which --prompts cannot give.
+            way = "" if image_conditioned(data, run.spec.layout) else "give --prompts FILE, or "
             raise UserError(
                 f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder, so eval "
-                "does not read its captions; give --prompts FILE, or --allow-data if you trust that folder"
+                f"does not read its captions; {way}--allow-data if you trust that folder"
             )
 
     return readable
