@@ -272,6 +272,19 @@ def test_the_plan_refuses_what_train_refuses_whatever_the_placement(monkeypatch,
         assert exit_.value.code == 2 and line in capsys.readouterr().err
 
 
+def test_the_plan_refuses_what_train_refuses_of_a_local_teacher_and_its_data(monkeypatch, capsys):
+    """A plan of frames the teacher's VAE cannot make, past its rope table, or of data it cannot take once said
+    "fits" (an audit's find): train's own lines now."""
+    for bad, line in [
+        (["teacher=pocket", "data.latent_frames=5"], "data.latent_frames=5: the teacher's VAE says"),
+        (["teacher=pocket_video", "student=half", "data.latent_frames=33"], "more than the student's rope_max_seq_"),
+        (["teacher=pocket_i2v", "data.latent_frames=5"], "data.latents=gaussian gives prompts alone, but teacher="),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            plan_main(monkeypatch, *bad)
+        assert exit_.value.code == 2 and line in capsys.readouterr().err
+
+
 WAN_81_FRAMES = ["data.latent_frames=21", "data.latent_height=60", "data.latent_width=104", "trainer.batch_size=1"]
 LORA_DMD = ["teacher=wan2.1_t2v_14b", "student=lora", "method=dmd", "method.fake_score=lora", "precision=bf16"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from hydra.utils import get_class, instantiate
@@ -13,10 +14,13 @@ from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
 from wandistiller.job.checks import built_quietly, check_missing, check_values, method_passes, name_the_teacher
-from wandistiller.job.preflight import check_method_config
+from wandistiller.job.preflight import check_data, check_method_config, check_rope
 from wandistiller.placements import Placement
 from wandistiller.placements.advice import nothing_fits, plan_report, time_factor
 from wandistiller.placements.planner import text_encoder_bytes, workload_of
+from wandistiller.student.model import check_student
+from wandistiller.teacher.spec import inspect_teacher
+from wandistiller.teacher.vae import check_latent_frames
 
 USAGE = """usage: python -m wandistiller.plan [OVERRIDE ...]
 
@@ -61,6 +65,12 @@ def main() -> None:
         planned = workload_of(cfg, precision.teacher_dtype, passes.networks)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
+        local = Path(str(cfg.teacher.path)).expanduser()
+        if local.is_dir():  # what train refuses of this teacher and its data on any machine, refused here too
+            spec = inspect_teacher(local)
+            check_rope(cfg, check_student(cfg.student, spec.transformer_config), spec.transformer_config)
+            check_latent_frames(spec.path, cfg.data.latent_frames)
+            check_data(cfg, spec)
         clip = (cfg.data.latent_frames, time_factor(cfg.teacher.path))
         short = nothing_fits(*planned, cfg.data.latent_frames)
         if short:  # one line, nothing printed: no override of this run's helps, only more memory

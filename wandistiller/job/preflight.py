@@ -208,6 +208,11 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
     hw = hw or Hardware.detect(cfg.hardware)
     if not is_lora(cfg.student):  # a LoRA student holds adapters, not weights: the planner counts those
         check_student_fits(student, teacher, hw.host_bytes, hw.gpu_bytes)
+    check_rope(cfg, student, teacher)
+
+
+def check_rope(cfg: DictConfig, student: dict, teacher: dict) -> None:
+    """The student's and the teacher's rope tables cover the latent grid (a plan checks it too, for any machine)."""
     d, patch = cfg.data, list(student.get("patch_size") or (1, 2, 2))
     for (key, size), p in zip(
         (("latent_frames", d.latent_frames), ("latent_height", d.latent_height), ("latent_width", d.latent_width)),
