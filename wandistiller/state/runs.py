@@ -515,7 +515,7 @@ def layout_problem(run: RunFolder, source: Path) -> str | None:
     if isinstance(given, int) and given != now:
         return (
             f"it was trained on {name:.200}, whose experts take {given} input channels, and the teacher at {spec.path} "
-            f"is a {LAYOUT_WORDS[spec.layout]} model whose experts take {now}: a student runs only on the layout it "
+            f"is {LAYOUT_WORDS[spec.layout]} (its experts take {now}): a student runs only on the layout it "
             "was trained on; give it the teacher it was trained with (--teacher-path that teacher's folder)"
         )
     return None
