@@ -77,11 +77,13 @@ def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
                 "validates on held-out images with their own captions (the last data.val_fraction of the data); "
                 "drop data.val_prompts_path"
             )
-        if int(data_cfg.get("latent_frames") or 1) < 2:
-            raise UserError(
-                f"data.latent_frames={data_cfg.get('latent_frames')} is the given image alone, but teacher="
-                f"{teacher_name} is image-to-video and learns to continue it: give clips, e.g. data.latent_frames=21 "
-                "(81 frames through Wan's VAE; 5 for the pocket teachers' 9)"
+        if int(data_cfg.get("latent_frames") or 1) < 2:  # a memory plan's one frame (bench plan) is a run too
+            log.warning(
+                "data.latent_frames=%s is the given image alone, but teacher=%s is image-to-video and learns to "
+                "continue it: give clips, e.g. data.latent_frames=21 (81 frames through Wan's VAE; 5 for the pocket "
+                "teachers' 9)",
+                data_cfg.get("latent_frames"),
+                teacher_name,
             )
     if layout == Layout.t2v and source.gives_images and not source.images_as_x0:
         raise UserError(
