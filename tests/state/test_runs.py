@@ -459,6 +459,27 @@ def test_an_image_to_video_student_is_never_drawn_by_a_text_to_video_pipeline_or
     assert sorted(p.name for p in folder.iterdir()) == before  # no generated/, no eval/
 
 
+# A LoRA student holds one adapter set per expert: on a teacher with another count of experts it cannot run (one
+# expert left unadapted, or adapters for none), so it is refused before the teacher samples, whatever
+# --allow-other-teacher says, naming the teacher to give; not "use --checkpoint latest", which holds the same sets.
+def test_a_lora_student_is_never_drawn_on_a_teacher_with_another_count_of_experts(
+    make_cfg, tmp_path, tiny_path, tiny_moe_path, capsys
+):
+    from tests.student.test_lora import lora_run
+
+    for trained_on, other, held, now in (("tiny", tiny_moe_path, 1, 2), ("tiny_moe", tiny_path, 2, 1)):
+        folder = tmp_path / trained_on
+        lora_run(make_cfg, folder, trained_on)
+        before = sorted(p.name for p in folder.iterdir())
+        for cli, argv in ((generate_cli, ["--prompt", "a fox"]), (eval_cli, ["--limit", "1"])):
+            other_teacher = ["--teacher-path", str(other), "--allow-other-teacher"]
+            err = one_error_line(capsys, cli, [str(folder), *argv, *other_teacher])
+            assert err.startswith(f"error: the student in {folder / 'student'} cannot be drawn here: ")
+            assert f"it holds adapters for {held} expert(s)" in err and f"the teacher at {other} has {now};" in err
+            assert "--teacher-path that teacher's folder" in err and "--checkpoint" not in err
+        assert sorted(p.name for p in folder.iterdir()) == before  # nothing sampled, nothing written
+
+
 def test_an_out_folder_inside_the_run_or_holding_it_is_refused_and_one_beside_it_is_not(tmp_path):
     from tests.conftest import refused
     from wandistiller.state.runs import check_out_of_run
@@ -528,6 +549,34 @@ def test_a_run_whose_teacher_and_lora_moved_is_read_where_they_lie_now_held_to_w
     assert not (tmp_path / "out2").exists()
     err = one_error_line(capsys, generate_cli, [str(folder), "--prompt", "x", *again])
     assert "does not fit this teacher" in err and "--allow-other-teacher" in err
+
+
+def test_a_saved_teacher_folder_since_filled_with_another_model_is_never_exported_beside_the_student(
+    make_cfg, tmp_path, tiny_path, tiny_moe_path, tiny_i2v_path, capsys
+):
+    """The run's teacher.path still there but holding other weights (another download, a fine-tune copied over it):
+    an export is refused in one line saying so, as a --teacher-path of other weights is; it shipped them before."""
+    from wandistiller import export as export_cli
+
+    teacher, folder, out = tmp_path / "MyWan", tmp_path / "r", tmp_path / "out"
+    shutil.copytree(tiny_path, teacher)
+    run(make_cfg("trainer.max_steps=1", f"teacher.path={teacher}", run_dir=folder))
+    swaps = {
+        tiny_moe_path: "the weights of the teacher at",  # the same shape, other weights: exported without a word
+        tiny_i2v_path: "is image-to-video (its experts take",  # said "give the run folder it was trained in"
+    }
+    for other, said in swaps.items():
+        shutil.rmtree(teacher)
+        shutil.copytree(other, teacher)
+        for extra in ([], ["--checkpoint", "latest"]):
+            err = one_error_line(capsys, export_cli, [str(folder), "--out", str(out), "--format", "diffusers", *extra])
+            assert said in err and ("its saved teacher.path now holds another model" in err or "layout" in err), err
+            assert "run folder it was trained in" not in err
+    assert not out.exists()
+    shutil.rmtree(teacher)
+    shutil.copytree(tiny_path, teacher)  # put back: it exports
+    export_cli.main([str(folder), "--out", str(out), "--format", "diffusers"])
+    assert (out / "model_index.json").is_file()
 
 
 def test_a_run_resumed_where_its_teacher_lies_now_is_read_there_by_every_tool(make_cfg, tmp_path, tiny_path, capsys):

@@ -342,6 +342,8 @@ OTHER_TEACHER_FIX = {
     "one on purpose",
     "export": "give the teacher the run was trained with (--teacher-path DIR, --teacher-lora FILE ...): an export "
     "ships the student with its teacher's parts, so it takes no other",
+    "swapped": "its saved teacher.path now holds another model; put the teacher the run was trained with back "
+    "there, or give it where it lies (--teacher-path DIR): an export ships the student with its teacher's parts",
 }
 
 

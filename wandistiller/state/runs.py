@@ -46,6 +46,7 @@ from wandistiller.state.checkpoint import (
     problem as checkpoint_problem,
 )
 from wandistiller.state.received import load_json, load_received, load_yaml_config, local_cache_dir, looks_like_hub_id
+from wandistiller.student.lora import WEIGHTS as LORA_WEIGHTS
 from wandistiller.student.lora import is_lora, is_lora_folder, merged_experts
 from wandistiller.teacher.fewstep import DEFAULT_SCHEDULE, Schedule, few_step_scheduler, parse_schedule
 from wandistiller.teacher.finetune import KEY as LORA_KEY
@@ -326,9 +327,16 @@ def open_relocated(
 ) -> RunFolder:
     """The run for an export of its student at `checkpoint`: its teacher, or its LoRAs, where the user says they lie
     now held to what that student recorded (other weights would be shipped under the student's name, so no flag
-    bridges them here, and a student that recorded nothing is not exported with a teacher given elsewhere)."""
+    bridges them here, and a student that recorded nothing is not exported with a teacher given elsewhere). Where
+    its teacher was not moved, the saved teacher.path is held to that record too: a folder since filled with another
+    model would otherwise be shipped beside the student without a word."""
     run = open_run(path, teacher_path, teacher_loras=teacher_loras)
     if teacher_path is None and teacher_loras is None:
+        try:
+            source = student_source(run, None if checkpoint == "ema" else checkpoint)
+        except UserError:
+            return run  # no student to export: said by the export itself, after its own checks
+        check_teacher_fits(run, source, allow_other=False, fix="swapped")
         return run
     source = student_source(run, None if checkpoint == "ema" else checkpoint)
     if recorded_teacher(run, source) is None:
@@ -521,14 +529,38 @@ def layout_problem(run: RunFolder, source: Path) -> str | None:
     return None
 
 
+def experts_problem(run: RunFolder, source: Path) -> str | None:
+    """Why a LoRA student cannot be drawn on this teacher, in words: it holds one adapter set per expert of the
+    teacher it was trained on (a saved folder's files, a checkpoint's record), and a teacher with another count of
+    experts would leave one unadapted or find none for another, whatever --allow-other-teacher says. None where it
+    fits, for a student that is not LoRA, or where nothing says (an older checkpoint)."""
+    if not is_lora(run.cfg.student):
+        return None
+    if is_lora_folder(source):
+        held: int | None = sum(1 for name in LORA_WEIGHTS if (source / name).is_file())
+    else:
+        recorded = recorded_teacher(run, source) or {}
+        held = recorded.get("experts") if isinstance(recorded.get("experts"), int) else None
+    now = len(run.spec.experts)
+    if held is None or held == now:
+        return None
+    return (
+        f"it holds adapters for {held} expert(s) (one set per expert of the teacher it was trained on), and the "
+        f"teacher at {run.spec.path} has {now}; give it a teacher with {held} expert(s), the one it was trained with "
+        "(--teacher-path that teacher's folder)"
+    )
+
+
 def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str = "cli") -> None:
     """eval and generate (and an export given its teacher's place) refuse, in one line ending with
     `OTHER_TEACHER_FIX[fix]`, a teacher other than the one the student was trained against (a `--teacher-path` of
     another shape, a saved teacher.path edited): its figures would be silently wrong. A student of another layout
-    (`layout_problem`) is refused whatever `allow_other` says: it cannot run at all."""
-    layout = layout_problem(run, source)
+    (`layout_problem`), or a LoRA student's adapters for another count of experts (`experts_problem`), is refused
+    whatever `allow_other` says: it cannot run at all."""
+    layout = layout_problem(run, source) or experts_problem(run, source)
     if layout:
-        raise UserError(f"the student in {source} cannot be drawn here: {layout}")
+        done = "drawn here" if fix == "cli" else "exported with this teacher"
+        raise UserError(f"the student in {source} cannot be {done}: {layout}")
     why = None if allow_other else teacher_problem(recorded_teacher(run, source), run.spec)
     if why:
         raise UserError(f"the student in {source} does not fit this teacher: {why}; {OTHER_TEACHER_FIX[fix]}")
