@@ -118,6 +118,26 @@ def test_a_clip_the_teachers_vae_cannot_make_is_one_line(make_cfg, tmp_path, tin
     assert "use data.latent_frames=1" in error
 
 
+def test_a_resume_whose_teacher_folder_now_holds_another_model_says_so_before_any_check_against_it(
+    make_cfg, tmp_path, tiny_path, tiny_moe_path
+):
+    """A clip run resumed after its teacher folder was filled with a model whose VAE makes stills: the line is the
+    checkpoint's teacher check (put the teacher back), not "use data.latent_frames=1", which would change the run."""
+    folder, run_dir = tmp_path / "teacher", tmp_path / "r"
+    shutil.copytree(tiny_path, folder)
+    clips = ["data.latent_frames=3", "trainer.max_steps=2", "trainer.checkpoint_every=2", f"teacher.path={folder}"]
+    run(make_cfg(*clips, run_dir=run_dir))
+    shutil.rmtree(folder)
+    shutil.copytree(tiny_moe_path, folder)
+    _edit_json("vae/config.json", lambda j: j | {"temperal_downsample": [False, False, False]})(folder)
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*clips, "trainer.max_steps=4", "trainer.resume=auto", run_dir=run_dir))
+    error = str(e.value)
+    assert error.startswith("trainer.resume: the checkpoint") and "does not fit this teacher" in error, error
+    assert "resume with the teacher the run was trained with" in error and "latent_frames" not in error
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]
+
+
 def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):
     # its VAE says scale_factor_temporal=4 but compresses time 2x (temperal_downsample [false, true]): trained on stills
     error = refused_run(make_cfg, tmp_path, "teacher=pocket", "data=pocket_digits", "data.latent_frames=2")

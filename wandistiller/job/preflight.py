@@ -83,10 +83,10 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)
     precision.check(local_device(topo))
-    spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss)
     run_dir = Path(cfg.paths.output_dir)
-    overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     found = resume_candidate(cfg.trainer.resume, run_dir, refuse=True)  # refused before the folder is claimed
+    spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss, found)
+    overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     check_resumed(cfg, found, spec, method)  # before the folder is claimed: a refused resume writes nothing
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
@@ -112,15 +112,23 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     )
 
 
-def teacher_and_student(cfg: DictConfig, precision: Precision, world: World, method, loss: Loss):
+def teacher_and_student(
+    cfg: DictConfig, precision: Precision, world: World, method, loss: Loss, resumed: Path | None = None
+):
     """(the teacher's spec, the student's checked config, the placement, the plan): the teacher inspected (its
     LoRAs checked against it, no weights read), the student against it, the placement chosen on the teacher's JSON
-    before any download, and their combination checked. `cfg.teacher_placement` is replaced by auto's choice."""
+    before any download, and their combination checked. `cfg.teacher_placement` is replaced by auto's choice.
+    `resumed`: the checkpoint a resume continues, whose record a local teacher is held to first."""
     local = Path(str(cfg.teacher.path)).expanduser()
     seen = inspect_teacher(local) if local.is_dir() else None  # a local teacher's files, before the planner reads them
     if seen is not None and not local.is_absolute():  # saved absolute, as teacher.lora: eval, export from elsewhere
         local = local.absolute()
         cfg.teacher.path = str(local)
+    if seen is not None and resumed is not None:
+        # A teacher folder since filled with another model is said as that, before any check of the run against it
+        # (its frames, its student, its plan) would name a key to change in a run that only needs its teacher back.
+        allow = bool(cfg.trainer.get("allow_other_teacher", False))
+        check_teacher(resumed, with_loras(seen, cfg.teacher.get("lora")), allow, is_lora(cfg.student))
     if seen is not None:  # the method's own networks against the teacher's shape (a LoRA's rank), before the planner
         method.check_teacher(seen.transformer_config)  # sizes them: its line names the key, the planner's would not
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
