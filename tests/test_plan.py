@@ -306,6 +306,22 @@ def test_a_clip_plan_says_the_largest_latent_frames_that_fits(monkeypatch, capsy
     assert last.endswith("; teacher_placement=cpu: not even 1"), last
 
 
+def test_a_clip_plan_names_no_more_frames_than_the_rope_table_covers(monkeypatch, capsys):
+    """The pocket video teacher (and its student) hold 32 rope positions in time: 1024 latent frames of 8x8 fit
+    memory, but train refuses past 32, so 32 is the largest the plan names, saying the rope table bounds it."""
+    plan_main(monkeypatch, "teacher=pocket_video", "data.latent_frames=5")
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("the largest latent_frames that fits: 32 (= 63 frames) at batch 4"), last
+    assert last.endswith(
+        ", the limit of the student's rope table (rope_max_seq_len=32), not of memory; data.latent_frames=5 fits"
+    ), last
+    plan_main(monkeypatch, "teacher=pocket_video", "data.latent_frames=32")  # the count named: train takes it
+    assert "data.latent_frames=32 fits" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # one more: refused, as train refuses it
+        plan_main(monkeypatch, "teacher=pocket_video", "data.latent_frames=33")
+    assert e.value.code == 2 and "more than the student's rope_max_seq_len=32" in capsys.readouterr().err
+
+
 def test_one_frame_plans_no_frames_line(monkeypatch, capsys):
     plan_main(monkeypatch, *LORA_DMD, "teacher_placement=offload", *HARDWARE["1x24GiB"], "trainer.batch_size=1")
     assert "latent_frames" not in capsys.readouterr().out

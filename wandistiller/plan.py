@@ -62,12 +62,13 @@ def main() -> None:
         passes = method_passes(cfg, method)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
-        planned = workload_of(cfg, precision.teacher_dtype, passes.networks)
+        local = Path(str(cfg.teacher.path)).expanduser()
+        spec = inspect_teacher(local) if local.is_dir() else None  # its folder read once, as train reads it first
+        read = (spec.transformer_config, len(spec.experts)) if spec is not None else None
+        planned = workload_of(cfg, precision.teacher_dtype, passes.networks, teacher=read)
         if planned is None:
             raise UserError(f"teacher.path={cfg.teacher.path!r}: no local config.json to plan from; download it first")
-        local = Path(str(cfg.teacher.path)).expanduser()
-        if local.is_dir():  # what train refuses of this teacher and its data on any machine, refused here too
-            spec = inspect_teacher(local)
+        if spec is not None:  # what train refuses of this teacher and its data on any machine, refused here too
             check_rope(cfg, check_student(cfg.student, spec.transformer_config), spec.transformer_config)
             check_latent_frames(spec.path, cfg.data.latent_frames)
             check_data(cfg, spec)

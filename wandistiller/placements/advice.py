@@ -140,6 +140,20 @@ def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
 
 
 MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024
+ROPE_POSITIONS = 1024  # diffusers' WanTransformer3DModel rope_max_seq_len where a config leaves it out
+
+
+def rope_frames(w: Workload) -> tuple[int, str]:
+    """The most latent frames the student's and the teacher's rope tables cover, as train checks them (job/
+    preflight.py's check_rope: rope_max_seq_len patches of the student's patch size in time), and whose table that
+    is, e.g. "the teacher's rope table (rope_max_seq_len=32)"; the student's first on a tie, as check_rope names it."""
+    p = int((w.student_config.get("patch_size") or (1, 2, 2))[0])
+    tables = [
+        (rope * p, f"the {who}'s rope table (rope_max_seq_len={rope})")
+        for who, config in (("student", w.student_config), ("teacher", w.teacher_config))
+        for rope in [int(config.get("rope_max_seq_len", ROPE_POSITIONS))]
+    ]
+    return min(tables, key=lambda t: t[0])
 
 
 def _at_frames(w: Workload, frames: int, f: int) -> Workload:
@@ -150,11 +164,13 @@ def _at_frames(w: Workload, frames: int, f: int) -> Workload:
 
 
 def largest_frames(
-    w: Workload, hw: Hardware, frames: int, configured: Placement | None = None, most: int = MOST_FRAMES
+    w: Workload, hw: Hardware, frames: int, configured: Placement | None = None, most: int | None = None
 ) -> int:
-    """The most latent frames a run of `w`'s shape fits at its height and width (`w.tokens` are `frames`' worth):
-    under `configured`, or any placement where it is None (auto); 0 where not even one frame fits. Memory grows
-    with tokens, so a bisection finds it."""
+    """The most latent frames a run of `w`'s shape fits at its height and width (`w.tokens` are `frames`' worth)
+    and train takes (no more than `most`: by default MOST_FRAMES, or fewer where the rope tables cover fewer:
+    `rope_frames`): under `configured`, or any placement where it is None (auto); 0 where not even one frame fits.
+    Memory grows with tokens, so a bisection finds it."""
+    most = most if most is not None else min(MOST_FRAMES, rope_frames(w)[0])
 
     def fits(f: int) -> bool:
         estimates = plan(_at_frames(w, frames, f), hw, configured)
@@ -191,15 +207,18 @@ def largest_frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int
 
 def frames_line(w: Workload, hw: Hardware, frames: int, time_factor: int, configured: Placement | None = None) -> str:
     """The plan's line for a clip (`frames` latent frames > 1): the largest latent_frames that fits on this hardware
-    (and under `configured`, the placement asked for, where that is less), in frames of the VAE's."""
+    and that the rope tables cover (saying so where they, not memory, are the limit), and under `configured`, the
+    placement asked for, where that is less; in frames of the VAE's."""
     n = largest_frames(w, hw, frames)
     if n == 0:
         return "the largest latent_frames that fits: none (not even 1 latent frame fits this hardware)"
     fitting = [e.placement for e in plan(_at_frames(w, frames, n), hw, configured) if e.fits]
+    rope, table = rope_frames(w)
+    bound = f", the limit of {table}, not of memory" if n == rope else ""
     verdict = "fits" if n >= frames else f"does not: use data.latent_frames<={n}"
     line = (
         f"the largest latent_frames that fits: {n} (= {(n - 1) * time_factor + 1} frames) at batch {w.batch_size} "
-        f"and this frame size ({', '.join(fitting)}); data.latent_frames={frames} {verdict}"
+        f"and this frame size ({', '.join(fitting)}){bound}; data.latent_frames={frames} {verdict}"
     )
     if configured is not None and configured.name not in fitting:
         mine = largest_frames(w, hw, frames, configured)

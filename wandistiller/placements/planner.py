@@ -343,12 +343,14 @@ def workload_of(
     launched: int = 1,
     ranks: int | None = None,
     hw: Hardware | None = None,
+    teacher: tuple[dict, int] | None = None,
 ) -> tuple[Workload, Hardware] | None:
     """The one way from a composed config to the planner's inputs: (Workload, Hardware), the hardware detected
     (or as `hardware.*` describes it on paper), the ranks per node as the run will have them (`ranks` fixes
-    them); `networks`: the method's own (`Method.passes(...).networks`). None while the teacher's config is not
+    them); `networks`: the method's own (`Method.passes(...).networks`); `teacher`: its (transformer config,
+    experts) where the caller has read its folder already, else read here. None while the teacher's config is not
     on disk (a Hub id not downloaded)."""
-    found = planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
+    found = teacher or planning_teacher_config(cfg.teacher, cfg.paths.cache_dir)
     if found is None:
         return None
     teacher_config, experts = found
