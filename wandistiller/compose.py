@@ -54,13 +54,17 @@ def check_overrides(argv: list[str]) -> None:
     other_config = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")
     if any(a.split("=", 1)[0] in other_config for a in argv):  # another primary config: Hydra checks it
         return
-    given = [
-        a
-        for a in argv
-        if ("=" in a or a.startswith("~")) and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")
-    ]
+    given: list[str] = []  # the config's overrides (`~key` alone deletes one)
+    hydra: list[str] = []  # hydra.* ones with a value: only their grammar is checked here
+    for a in argv:
+        if a.startswith("-") or not ("=" in a or a.startswith("~")):
+            continue
+        if not a.lstrip("+~").startswith("hydra"):
+            given.append(a)
+        elif "=" in a:
+            hydra.append(a)
     check_parses(given)
-    check_parses([a for a in argv if "=" in a and not a.startswith("-") and a.lstrip("+~").startswith("hydra")])
+    check_parses(hydra)
     base: list[str | None] = []
     try:
         parsed = OverridesParser.create().parse_overrides(given)
