@@ -259,6 +259,20 @@ def test_an_experiment_on_a_resume_is_held_to_the_run_never_dropped(make_cfg, tm
         continued_config(make_cfg(*other, run_dir=few), other)
 
 
+def test_an_experiments_teacher_on_a_resume_is_named_not_taken_as_the_runs_teacher_moved(make_cfg, tmp_path):
+    """A checkpoint that records its teacher lets a resume find that teacher at a new teacher.path; an experiment's
+    own teacher is not that: the line names it among what the experiment would change (it named only the method's
+    keys, as if the teacher were the run's, moved)."""
+    folder = tmp_path / "r"
+    first = ["+experiment=pocket_i2v_lora", "trainer.max_steps=2", "trainer.checkpoint_every=2", "hooks=[progress]"]
+    run(make_cfg(*first, run_dir=folder))  # its teacher node differs from pocket_video's by its place alone
+    given = ["trainer.resume=auto", "+experiment=pocket_video_lora"]
+    with pytest.raises(UserError) as e:
+        continued_config(make_cfg(*given, run_dir=folder), given)
+    assert "+experiment=pocket_video_lora (it sets " in str(e.value), e.value
+    assert "teacher=pocket_video (saved pocket_i2v)" in str(e.value), e.value
+
+
 @pytest.mark.parametrize("dropped", [["~hooks.monitor"], ["hooks=[progress]"]])
 def test_a_resume_drops_the_hooks_it_is_told_to(make_cfg, tmp_path, dropped):
     run_dir = saved_run(make_cfg, tmp_path / "r", "trainer.max_steps=4")

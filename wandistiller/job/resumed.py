@@ -168,6 +168,7 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     recorded = functools.cache(lambda: _teacher_recorded(run_dir))  # the checkpoints read once, where needed
     moved_since = _moved_since(saved, run_dir, recorded)
     given = _given_keys(overrides) if overrides is not None else None
+    typed = set(given or ())  # the keys this command line names itself
     wholes = _whole_tree_choices(overrides, cfg) if overrides is not None else {}
     first = set(recorded_overrides(run_dir, "auto", with_now=False) or [])
     wholes = {line: keys for line, keys in wholes.items() if line not in first}  # the first launch's, restated
@@ -182,8 +183,10 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     # its keys keep the saved values, each held to the command line only where given (`method.fake_updates=3`).
     asked = {k for k in asked if not (given is not None and _same_choice(now, before, k))}
     places = set(PLACES) if _new_places_held(now, before, recorded) else set()
+    # A teacher an `+experiment=x` chooses is that experiment's, another run's: not the run's own found elsewhere.
+    places -= {k for keys in wholes.values() for k in keys if k not in typed}
     # A teacher found in another folder is named by that folder, as its first launch was (`name_the_teacher`).
-    moved = bool(places) and (given is None or "teacher.path" in given)
+    moved = "teacher.path" in places and (given is None or "teacher.path" in given)
     moved = moved and now.get("teacher.path") != before.get("teacher.path")
     follows = set(NAMED_BY_PATH) if moved else set()
     current = lambda k: may_change(k) or k in ALWAYS_CURRENT or k in places or k in follows
