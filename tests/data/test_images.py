@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import datasets
 import numpy as np
@@ -11,9 +12,11 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.conftest import refused
 from wandistiller.core.errors import UserError
 from wandistiller.data import images as image_data_module
-from wandistiller.data.images import image_data, to_pixels
+from wandistiller.data.images import folder_source, image_data, to_pixels
+from wandistiller.data.videos import folder_videos
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import encode_images, load_vae
 
@@ -212,3 +215,75 @@ def _save_jpeg(image, exif) -> bytes:
     buf = io.BytesIO()
     image.save(buf, "JPEG", exif=exif, quality=95)
     return buf.getvalue()
+
+
+def linked(root, damage):
+    """A folder of captioned images with one link a walk would skip unread."""
+    if damage == "broken_image":
+        (root / "gone.png").symlink_to(root / "moved.png")
+    elif damage == "broken_jsonl":  # without it the .txt captions would be read instead, silently
+        (root / "captions.jsonl").symlink_to(root / "elsewhere.jsonl")
+    elif damage == "broken_caption":
+        (root / "img1.txt").unlink()
+        (root / "img1.txt").symlink_to(root / "moved.txt")
+    elif damage == "linked_folder":
+        write_folder(root.parent / "more")
+        (root / "more").symlink_to(root.parent / "more", target_is_directory=True)
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("broken_image", "gone.png is a broken link (to '{root}/moved.png'); point it at the file or remove it"),
+        ("broken_jsonl", "captions.jsonl is a broken link (to '{root}/elsewhere.jsonl'); point it at the file or"),
+        ("broken_caption", "img1.png has no caption (img1.txt beside it is a broken link (to '{root}/moved.txt'))"),
+        ("linked_folder", "more is a link to a folder, which is not followed; copy or move its files into data.root"),
+    ],
+)
+def test_a_link_a_walk_would_skip_is_one_line_naming_it(tmp_path, damage, message):
+    root = write_folder(tmp_path / "images")
+    folder_source(str(root))
+    linked(root, damage)
+    with refused(f"data.root='{root}': " + message.format(root=root)) as e:
+        folder_source(str(root))
+    assert "\n" not in str(e.value)
+
+
+def test_a_captions_jsonl_naming_files_the_folder_lacks_is_one_line(tmp_path):
+    root = write_folder(tmp_path / "images", jsonl=True)
+    lines = (root / "captions.jsonl").read_text()
+    extra = [{"file_name": "img9.png", "text": "a moved image"}, {"file_name": "x/img8.jpg", "text": "a typo"}]
+    (root / "captions.jsonl").write_text(lines + "".join("\n" + json.dumps(row) for row in extra))
+    with refused("captions.jsonl names 2 file(s) not in the folder, the first 'img9.png' (file_name is relative to"):
+        folder_source(str(root))
+    # There, but not an image it reads: its caption would train on nothing.
+    (root / "captions.jsonl").write_text(lines + "\n" + json.dumps({"file_name": "notes.md", "text": "notes"}))
+    (root / "notes.md").write_text("# notes")
+    with refused("captions.jsonl names 1 file(s) that are not images it reads, the first 'notes.md'; convert them"):
+        folder_source(str(root))
+
+
+def test_the_folder_is_walked_once(tmp_path, monkeypatch):
+    """One listing of each folder per source, what it finds reused (no images: the hint reads the same walk)."""
+    root = write_folder(tmp_path / "images")
+    write_folder(root / "sub")
+    listed: list[str] = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(str(path)) or scandir(path))
+    assert len(folder_source(str(root)).captions) == 6
+    assert sorted(listed) == [str(root), str(root / "sub")]
+    listed.clear()
+    with refused("holds no videos (.gif, .webp, .mp4, .mov, .mkv, .webm, .avi, .m4v); it holds images: use data=im"):
+        folder_videos(str(root))
+    assert sorted(listed) == [str(root), str(root / "sub")]
+
+
+def test_a_transparent_still_is_on_black_whatever_its_format_keeps_under_its_clear_pixels(tmp_path):
+    """x0 (a text-to-video teacher's): a PNG keeps the colour under a clear pixel, a WebP's encoder drops it; each is
+    composited onto black, as a clip's frames are (tests/data/test_videos.py)."""
+    image = Image.new("RGBA", (16, 16), (200, 120, 40, 255))
+    image.paste((200, 120, 40, 0), (0, 0, 16, 4))  # the top rows clear, their colour kept in the PNG
+    for suffix in ("png", "webp"):
+        image.save(tmp_path / f"still.{suffix}", lossless=True)
+    png, webp = (to_pixels(Image.open(tmp_path / f"still.{s}"), 16, 16) for s in ("png", "webp"))
+    assert torch.equal(png, webp) and (png[:, :4] == -1).all() and (png[:, 4:] > -1).all()

@@ -13,7 +13,17 @@ import torch
 from PIL import Image
 
 from tests.conftest import refused
-from wandistiller.data.videos import ClipShape, check_clips, clip_pixels, folder_videos, read_clip
+from wandistiller.core.arch import Layout
+from wandistiller.data.conditions import rgb
+from wandistiller.data.sources.videos import Videos
+from wandistiller.data.videos import (
+    ClipShape,
+    check_clips,
+    clip_pixels,
+    folder_videos,
+    held_out_first_frames,
+    read_clip,
+)
 
 CAPTIONS = ["a red square moving right", "a blue square moving down", "a green square moving left"]
 WAN_VAE = {"scale_factor_spatial": 8, "scale_factor_temporal": 4, "temperal_downsample": [False, True, True]}
@@ -104,3 +114,41 @@ def test_an_empty_folder_or_one_of_stills_is_one_line(tmp_path):
         folder_videos(str(tmp_path / "stills"))
     with refused("is not a folder; give a folder of videos with captions"):
         folder_videos(str(tmp_path / "none"))
+
+
+def test_a_still_among_the_clips_is_one_line_naming_it(tmp_path):
+    root = write_videos(tmp_path / "clips")
+    clip(1)[0].save(root / "poster.jpg")  # dropped unread before: named instead, as image_folder names a clip
+    with refused(
+        "poster.jpg is a still image, and data=video_folder takes clips (an image-to-video teacher's given image is "
+        "each clip's first frame); for stills use data=image_folder, or move it out of the folder"
+    ):
+        folder_videos(str(root))
+
+
+def clear_first(frames: list[Image.Image]) -> list[Image.Image]:
+    """`frames` with alpha, the first with a transparent corner (its colour kept under it)."""
+    out = [f.convert("RGBA") for f in frames]
+    out[0].putalpha(Image.fromarray(np.where(np.arange(64)[:, None] < 8, 0, 255).repeat(80, 1).astype(np.uint8)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["b.webp", "a.gif"])
+def test_a_clip_whose_first_frame_is_transparent_is_refused_as_a_given_image_and_read_as_a_still_for_x0(tmp_path, name):
+    """A transparent first frame given to an image-to-video teacher is refused as a transparent still is (it was
+    silently flattened to RGB); as x0 its RGB is what a text-to-video teacher's still gives (alpha dropped alike)."""
+    root = write_videos(tmp_path / "clips")
+    frames = clear_first(clip(9))
+    frames[0].save(root / name, save_all=True, append_images=frames[1:], duration=62, loop=0, lossless=True)
+    cfg = data_cfg(root)
+    with refused(f"{name} has transparent pixels (mode "):
+        Videos.check_with_teacher(cfg, WAN_VAE, Layout.i2v)
+    with refused(f"{name} has transparent pixels (mode ") as e:
+        held_out_first_frames(cfg, WAN_VAE, 3)  # an evaluation's given first frames, the training's too
+    assert e.value.args[0].endswith("which a first frame cannot show; flatten it onto a background (save it as RGB)")
+    Videos.check_with_teacher(cfg, WAN_VAE, Layout.t2v)  # x0 alone: taken, its clear pixels on black as a still's
+    source, shape = folder_videos(str(root)), ClipShape.of(cfg, WAN_VAE)
+    first = np.asarray(read_clip(source, ["a.gif", "b.webp", "c.gif"].index(name), shape, cfg)[0])
+    frames[0].save(tmp_path / "still.png")  # the colour stays under its clear pixels: black all the same
+    assert np.array_equal(first, np.asarray(rgb(Image.open(tmp_path / "still.png"))))
+    assert first[:8].max() == 0 and first[8:].min() > 0  # the clear rows black, the rest as drawn

@@ -82,7 +82,14 @@ def check_given(image: Image.Image, height: int, width: int, name: str, key: str
                 else "give larger images or lower data.latent_height/latent_width"
             )
         )
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+    return opaque(image, name, key)
+
+
+def opaque(image: Image.Image, name: str, key: str) -> Image.Image:
+    """`image` as it is, refused in one line where it has transparent pixels, which a first frame cannot show
+    (converting it to RGB would show whatever lies under them: often black; in a WebP, whatever its encoder left).
+    A given still and a clip's first frame (data/videos.py) alike."""
+    if _may_be_transparent(image):
         if np.asarray(image.convert("RGBA").getchannel("A")).min() < 255:
             raise UserError(
                 f"{key}: {name} has transparent pixels (mode {image.mode}), which a first frame cannot show; "
@@ -98,10 +105,21 @@ def frame_size(data_cfg, vae_config: dict) -> tuple[int, int]:
 
 
 def rgb(image: Image.Image) -> Image.Image:
-    """`image` in RGB; 16-bit greyscale scaled to 8 bits first (PIL's convert("RGB") clips it to white)."""
+    """`image` in RGB; 16-bit greyscale scaled to 8 bits first (PIL's convert("RGB") clips it to white), transparent
+    pixels composited onto black (convert("RGB") would show the colour stored under them, which differs by encoder: a
+    PNG keeps it, an animated WebP's drops it). A still's and a clip's frames alike (x0; a given image is refused
+    transparent, `opaque`)."""
     if image.mode.startswith("I"):
         image = Image.fromarray((np.asarray(image, dtype=np.float32) / 257.0).round().clip(0, 255).astype(np.uint8))
+    if _may_be_transparent(image):
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def _may_be_transparent(image: Image.Image) -> bool:
+    """Whether `image`'s mode or header allows see-through pixels (an alpha channel, or a transparent colour)."""
+    return image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info
 
 
 def image_bank(

@@ -35,6 +35,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 PIL_SUFFIXES = (".gif", ".webp")
 AV_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v")
 VIDEO_SUFFIXES = PIL_SUFFIXES + AV_SUFFIXES
+MEDIA_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES
 FILE_KEYS, TEXT_KEYS = ("file_name", "file", "image"), ("text", "caption", "prompt")
 
 
@@ -75,41 +76,81 @@ def _text(path: Path, key: str) -> str:
         raise UserError(f"{key}: {path.name} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
-def captioned_files(root: str, suffixes: tuple[str, ...], what: str, other=None) -> tuple[Path, str, list[Path]]:
-    """(the folder, its key for errors, its files with one of `suffixes`, sorted) of `data.root`, refused in one line
-    where it is not a folder or holds none; `what` names them ("images", "videos"); `other`: (the other kind's
-    suffixes, its name, the data option that reads them), named where the folder holds those instead."""
+def captioned_files(
+    root: str, suffixes: tuple[str, ...], what: str, other=None
+) -> tuple[Path, str, list[Path], list[Path]]:
+    """(the folder, its key for errors, its files with one of `suffixes`, every file in it; each sorted) of
+    `data.root`, from one walk, refused in one line where it is not a folder or holds none; `what` names them
+    ("images", "videos"); `other`: (the other kind's suffixes, its name, the data option that reads them), named
+    where the folder holds those instead. The callers check the rest of the folder on `every file`."""
     path, key = Path(root).expanduser(), f"data.root={root!r}"
     if not path.is_dir():
         raise UserError(f"{key} is not a folder; give a folder of {what} with captions")
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+    every = _folder_files(path, key)
+    files = [p for p in every if p.suffix.lower() in suffixes]
     if not files:
-        holds_other = other is not None and any(p.suffix.lower() in other[0] for p in path.rglob("*"))
+        holds_other = other is not None and any(p.suffix.lower() in other[0] for p in every)
         hint = f"; it holds {other[1]}: use {other[2]}" if holds_other else f"; give a folder of captioned {what}"
         raise UserError(f"{key} holds no {what} ({', '.join(suffixes)}){hint}")
-    return path, key, files
+    return path, key, files, every
 
 
-def captions_of(path: Path, key: str, files: list[Path], what: str) -> tuple[list[str], str]:
+def _folder_files(path: Path, key: str) -> list[Path]:
+    """Every file under `path`, sorted, in one walk. What the walk would skip unread is refused in one line: a
+    broken link named as a file a folder source reads (an image, a video, captions.jsonl), a link to a folder (not
+    followed: it could lead anywhere, itself included), a subfolder that cannot be listed."""
+
+    def unlisted(error: OSError) -> None:
+        rel = Path(error.filename).relative_to(path).as_posix() if error.filename else "."
+        where = "the folder" if rel == "." else rel
+        raise UserError(f"{key}: {where} cannot be listed ({error.strerror}); make it readable or remove it")
+
+    files = []
+    for folder, dirs, names in os.walk(path, onerror=unlisted):
+        here = Path(folder)
+        for name in dirs:
+            if (here / name).is_symlink():
+                raise UserError(
+                    f"{key}: {(here / name).relative_to(path).as_posix()} is a link to a folder, which is not "
+                    "followed; copy or move its files into data.root, or give that folder as data.root"
+                )
+        for name in names:
+            file = here / name
+            if file.is_file():
+                files.append(file)
+            elif file.is_symlink() and (file.suffix.lower() in MEDIA_SUFFIXES or name == "captions.jsonl"):
+                raise UserError(
+                    f"{key}: {file.relative_to(path).as_posix()} is a broken link (to {os.readlink(file)!r}); "
+                    "point it at the file or remove it"
+                )
+    return sorted(files)
+
+
+def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[Path]) -> tuple[list[str], str]:
     """(each file's caption: captions.jsonl's line, else the .txt beside it; a fingerprint of the files and
-    captions, for the cache), a file without one refused in one line."""
+    captions, for the cache), a file without one refused in one line, as is a captions.jsonl naming files that
+    are not among them (`every`: all of the folder's files, from the same walk)."""
     jsonl = path / "captions.jsonl"
     from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
+    if from_jsonl is not None:
+        _jsonl_names_its_files(from_jsonl, path, key, files, what, every)
     captions = []
     for file in files:
         rel = file.relative_to(path).as_posix()
+        txt = file.with_suffix(".txt")
         if from_jsonl is not None:
             caption = from_jsonl.get(rel)
         else:
-            txt = file.with_suffix(".txt")
             caption = _text(txt, key).strip() if txt.is_file() else None
         if not caption:
             where = (
                 "captions.jsonl has no line for it"
                 if from_jsonl is not None
-                else f"{file.stem}.txt beside it is empty"
-                if file.with_suffix(".txt").is_file()
-                else f"no {file.stem}.txt beside it"
+                else f"{txt.name} beside it is empty"
+                if txt.is_file()
+                else f"{txt.name} beside it is a broken link (to {os.readlink(txt)!r})"
+                if txt.is_symlink()
+                else f"no {txt.name} beside it"
             )
             raise UserError(f"{key}: {rel} has no caption ({where}); caption every {what}")
         captions.append(caption)
@@ -117,17 +158,42 @@ def captions_of(path: Path, key: str, files: list[Path], what: str) -> tuple[lis
     return captions, hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
 
 
+def _jsonl_names_its_files(
+    captions: dict[str, str], path: Path, key: str, files: list[Path], what: str, every: list[Path]
+) -> None:
+    """captions.jsonl captions files of the folder only, each one it reads: a line for a file that is not there (a
+    typo, a file moved out) or that is not one of its `what`s would be a caption trained on nothing."""
+    read = {p.relative_to(path).as_posix() for p in files}
+    present = {p.relative_to(path).as_posix() for p in every}
+    missing = [name for name in captions if name not in present]
+    if missing:
+        raise UserError(
+            f"{key}: captions.jsonl names {len(missing)} file(s) not in the folder, the first {missing[0]!r} "
+            "(file_name is relative to data.root); add the files or remove their lines"
+        )
+    unread = [name for name in captions if name not in read]
+    if unread:
+        raise UserError(
+            f"{key}: captions.jsonl names {len(unread)} file(s) that are not {what}s it reads, the first "
+            f"{unread[0]!r}; convert them or remove their lines"
+        )
+
+
 def folder_source(root: str) -> ImageSource:
-    path, key, images = captioned_files(root, IMAGE_SUFFIXES, "images", (VIDEO_SUFFIXES, "videos", "data=video_folder"))
+    path, key, images, every = captioned_files(
+        root, IMAGE_SUFFIXES, "images", (VIDEO_SUFFIXES, "videos", "data=video_folder")
+    )
     # A clip among the images would be dropped (a GIF, a video) or read as its first frame (an animated WebP):
     # named, not trained on silently.
-    clip = next((p for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES and p not in images), None)
+    clip = next(
+        (p for p in every if p.suffix.lower() in VIDEO_SUFFIXES and p.suffix.lower() not in IMAGE_SUFFIXES), None
+    )
     if clip is not None:
         raise UserError(
             f"{key}: {clip.relative_to(path).as_posix()} is a video, and data=image_folder takes stills; for clips "
             "use data=video_folder, or move it out of the folder"
         )
-    captions, fingerprint = captions_of(path, key, images, "image")
+    captions, fingerprint = captions_of(path, key, images, "image", every)
     for image in images:  # headers only: an unreadable image is named now, not after the encoder loads
         try:
             with Image.open(image) as opened:

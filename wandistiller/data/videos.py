@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
-from wandistiller.data.conditions import fitted, frame_size, image_bank
+from wandistiller.data.conditions import fitted, frame_size, image_bank, opaque, rgb
 from wandistiller.data.images import (
     IMAGE_SUFFIXES,
     PIL_SUFFIXES,
@@ -86,8 +86,20 @@ class ClipShape:
 def folder_videos(root: str) -> VideoSource:
     """The videos and captions of `data.root`, refused in one line where they cannot serve (no folder, no videos,
     an uncaptioned one); the frames are checked by `check_clips`."""
-    path, key, files = captioned_files(root, VIDEO_SUFFIXES, "videos", (IMAGE_SUFFIXES, "images", "data=image_folder"))
-    captions, fingerprint = captions_of(path, key, files, "video")
+    path, key, files, every = captioned_files(
+        root, VIDEO_SUFFIXES, "videos", (IMAGE_SUFFIXES, "images", "data=image_folder")
+    )
+    # A still among the clips would be dropped unread: named, as image_folder names a clip among its stills.
+    still = next(
+        (p for p in every if p.suffix.lower() in IMAGE_SUFFIXES and p.suffix.lower() not in VIDEO_SUFFIXES), None
+    )
+    if still is not None:
+        raise UserError(
+            f"{key}: {still.relative_to(path).as_posix()} is a still image, and data=video_folder takes clips (an "
+            "image-to-video teacher's given image is each clip's first frame); for stills use data=image_folder, "
+            "or move it out of the folder"
+        )
+    captions, fingerprint = captions_of(path, key, files, "video", every)
     return VideoSource(captions, files, path, key, fingerprint)
 
 
@@ -97,7 +109,9 @@ def _pil_frames(path: Path, count: int) -> tuple[list[Image.Image], tuple[int, i
         if video.format not in ("GIF", "WEBP"):
             raise ValueError(f"a {video.format} image, not an animated GIF or WebP")
         for frame in ImageSequence.Iterator(video):
-            frames.append(frame.convert("RGB"))  # a copy: each frame is decoded in full here (truncated: raises)
+            # A copy, decoded in full here (truncated: raises), its alpha kept: a transparent first frame is refused
+            # as a given image, as a transparent still is (conditions.opaque).
+            frames.append(frame.copy())
             if len(frames) == count:
                 break
         return frames, video.size
@@ -123,9 +137,10 @@ def _av_frames(path: Path, count: int, key: str) -> tuple[list[Image.Image], tup
     return frames, size
 
 
-def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> list[Image.Image]:
-    """Video i's first `shape.frames` frames (every `shape.step`-th), refused in one line where it does not decode,
-    is too short, or is smaller than the frame size."""
+def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool = False) -> list[Image.Image]:
+    """Video i's first `shape.frames` frames (every `shape.step`-th) in RGB, transparent pixels on black as a still's
+    (`conditions.rgb`; `decoded`: as decoded, alpha kept), refused in one line where it does not decode, is too
+    short, or is smaller than the frame size."""
     path, name = source.files[i], source.name(i)
     needed = (shape.frames - 1) * shape.step + 1
     try:
@@ -155,7 +170,8 @@ def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> list[I
             f"{shape.what(data_cfg)} (videos are scaled down and cropped, never up); give larger videos or "
             "lower data.latent_height/latent_width"
         )
-    return frames[:: shape.step]
+    frames = frames[:: shape.step]
+    return frames if decoded else [rgb(frame) for frame in frames]
 
 
 def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
@@ -165,13 +181,16 @@ def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
     return torch.from_numpy(array / 127.5 - 1.0).permute(3, 0, 1, 2)
 
 
-def check_clips(data_cfg, vae_config: dict) -> VideoSource:
-    """Every video decodes into a whole clip of the run's shape (the preflight calls this before anything
-    heavy, once the teacher's VAE config is known)."""
+def check_clips(data_cfg, vae_config: dict, given: bool = False) -> VideoSource:
+    """Every video decodes into a whole clip of the run's shape, and (`given`: an image-to-video teacher's) its first
+    frame can be a given image, opaque as a given still must be (the preflight calls this before anything heavy,
+    once the teacher's VAE config is known)."""
     source = folder_videos(data_cfg.root)
     shape = ClipShape.of(data_cfg, vae_config)
     for i in range(len(source.files)):
-        read_clip(source, i, shape, data_cfg)
+        frames = read_clip(source, i, shape, data_cfg, decoded=given)
+        if given:
+            opaque(frames[0], source.name(i), source.key)
     return source
 
 
@@ -241,6 +260,7 @@ def held_out_first_frames(data_cfg, vae_config: dict, held: int) -> list[Image.I
 
 
 def _first_frame(source: VideoSource, i: int, shape: ClipShape, data_cfg) -> Image.Image:
-    """Clip i's first frame as decoded (`image_bank` fits it as `clip_pixels` fits the clip); the clip is read whole,
-    so a video refused for training is refused here the same way."""
-    return read_clip(source, i, shape, data_cfg)[0]
+    """Clip i's first frame as decoded, alpha kept (`image_bank` fits it as `clip_pixels` fits the clip, and refuses
+    it transparent as it refuses a still); the clip is read whole, so a video refused for training is refused here the
+    same way."""
+    return read_clip(source, i, shape, data_cfg, decoded=True)[0]

@@ -52,9 +52,8 @@ class Videos(DataSource):
 
     @classmethod
     def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
-        # A clip's first frame, an image-to-video teacher's given image, is as large as the clip: no check of its own.
-
-        check_clips(data_cfg, vae_config)
+        # A clip's first frame, an image-to-video teacher's given image, is as large as the clip; opaque, as a still.
+        check_clips(data_cfg, vae_config, given=layout != Layout.t2v)
 
     @classmethod
     def held_out_prompts(cls, data_cfg, readable) -> list[str]:
