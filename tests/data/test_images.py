@@ -263,6 +263,16 @@ def test_a_captions_jsonl_naming_files_the_folder_lacks_is_one_line(tmp_path):
         folder_source(str(root))
 
 
+def test_a_file_captioned_twice_in_captions_jsonl_is_one_line_and_dot_slash_names_the_same_file(tmp_path):
+    root = write_folder(tmp_path / "images", jsonl=True)
+    lines = (root / "captions.jsonl").read_text()
+    (root / "captions.jsonl").write_text(lines + "\n" + json.dumps({"file_name": "./img1.png", "text": "another"}))
+    with refused("captions.jsonl captions 'img1.png' twice (lines 2 and 4), and only one would be trained on; keep"):
+        folder_source(str(root))
+    (root / "captions.jsonl").write_text(lines.replace('"img0.png"', '"./img0.png"'))
+    assert folder_source(str(root)).captions == CAPTIONS  # ./img0.png is img0.png
+
+
 def test_the_folder_is_walked_once(tmp_path, monkeypatch):
     """One listing of each folder per source, what it finds reused (no images: the hint reads the same walk)."""
     root = write_folder(tmp_path / "images")

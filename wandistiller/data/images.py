@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,21 +52,30 @@ class ImageSource:
 
 
 def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
-    captions = {}
+    """file name (relative to the folder, `./` and `a/../` spelled out) -> its caption, one line each: a line that is
+    not one, or a second line for a file (only one of the two would be trained on), refused in one line."""
+    captions, lines = {}, {}
     for n, line in enumerate(_text(path, key).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             name = next(row[k] for k in FILE_KEYS if k in row)
-            captions[name] = next(row[k] for k in TEXT_KEYS if k in row)
-            if not isinstance(captions[name], str) or not isinstance(name, str):
+            caption = next(row[k] for k in TEXT_KEYS if k in row)
+            if not isinstance(caption, str) or not isinstance(name, str):
                 raise TypeError
-        except (json.JSONDecodeError, StopIteration, TypeError):
+        except (json.JSONDecodeError, StopIteration, TypeError, AttributeError):
             raise UserError(
                 f"{key}: {path.name} line {n} is not a JSON object with file_name and text; "
                 'write one {"file_name": "a.png", "text": "a caption"} per line'
             ) from None
+        name = posixpath.normpath(name)
+        if name in lines:
+            raise UserError(
+                f"{key}: {path.name} captions {name!r} twice (lines {lines[name]} and {n}), and only one would be "
+                "trained on; keep one line per file"
+            )
+        captions[name], lines[name] = caption, n
     return captions
 
 
