@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import datasets
@@ -271,6 +272,20 @@ def test_a_file_captioned_twice_in_captions_jsonl_is_one_line_and_dot_slash_name
         folder_source(str(root))
     (root / "captions.jsonl").write_text(lines.replace('"img0.png"', '"./img0.png"'))
     assert folder_source(str(root)).captions == CAPTIONS  # ./img0.png is img0.png
+
+
+def test_txt_captions_beside_a_captions_jsonl_are_said_to_be_unread(tmp_path, caplog):
+    root = write_folder(tmp_path / "images", jsonl=True)
+    with caplog.at_level(logging.WARNING):
+        folder_source(str(root))
+    assert not caplog.records  # one set of captions: nothing to say
+    for i in range(2):
+        (root / f"img{i}.txt").write_text("another caption")
+    with caplog.at_level(logging.WARNING):
+        assert folder_source(str(root)).captions == CAPTIONS  # captions.jsonl's, as before
+        folder_source(str(root))  # read again in the same run: said once
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "captions.jsonl captions the images; the 2 .txt caption(s) beside them are not read" in line
 
 
 def test_the_folder_is_walked_once(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ from wandistiller.teacher.spec import TeacherSpec
 from wandistiller.teacher.vae import encode_images, load_vae
 
 log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # folders whose unread .txt captions were said, once a process (a run reads them often)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 # A video folder's files (data/videos.py reads them): GIF and WebP through PIL (animated), the rest through PyAV.
@@ -54,7 +55,8 @@ class ImageSource:
 def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
     """file name (relative to the folder, `./` and `a/../` spelled out) -> its caption, one line each: a line that is
     not one, or a second line for a file (only one of the two would be trained on), refused in one line."""
-    captions, lines = {}, {}
+    captions: dict[str, str] = {}
+    lines: dict[str, int] = {}
     for n, line in enumerate(_text(path, key).splitlines(), 1):
         if not line.strip():
             continue
@@ -144,6 +146,17 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
     from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
     if from_jsonl is not None:
         _jsonl_names_its_files(from_jsonl, path, key, files, what, every)
+        present = set(every)
+        beside = sum(1 for f in files if f.with_suffix(".txt") in present)
+        if beside and key not in _SAID:  # two sets of captions: which one trains is said (once), not guessed
+            _SAID.add(key)
+            log.warning(
+                "%s: captions.jsonl captions the %ss; the %d .txt caption(s) beside them are not read (remove "
+                "captions.jsonl to train on those)",
+                key,
+                what,
+                beside,
+            )
     captions = []
     for file in files:
         rel = file.relative_to(path).as_posix()
