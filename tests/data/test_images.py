@@ -250,6 +250,33 @@ def test_a_link_a_walk_would_skip_is_one_line_naming_it(tmp_path, damage, messag
     assert "\n" not in str(e.value)
 
 
+def test_a_subfolder_it_may_not_list_is_left_out_with_a_warning_and_an_unlistable_root_is_one_line(
+    tmp_path, monkeypatch, caplog
+):
+    """data.root on a disk's mount point holds lost+found, which only root lists: its images (none) are left out,
+    said in a warning, not a refusal no one can act on; data.root itself unlistable is refused."""
+    root = write_folder(tmp_path / "images")
+    (root / "lost+found").mkdir()
+    (root / "sub").mkdir()
+    (root / "sub" / "captions.jsonl").symlink_to(root / "gone.jsonl")  # not the one it reads: no matter
+    scandir, shut = os.scandir, {str(root / "lost+found")}
+
+    def guarded(path="."):
+        if str(path) in shut:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", guarded)
+    with caplog.at_level(logging.WARNING):
+        assert folder_source(str(root)).captions == CAPTIONS
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.root='{root}': lost+found cannot be listed (Permission denied); its files, if any, are left out"
+    ]
+    shut.add(str(root))
+    with refused(f"data.root='{root}': the folder cannot be listed (Permission denied); make it readable"):
+        folder_source(str(root))
+
+
 def test_a_captions_jsonl_naming_files_the_folder_lacks_is_one_line(tmp_path):
     root = write_folder(tmp_path / "images", jsonl=True)
     lines = (root / "captions.jsonl").read_text()
@@ -272,6 +299,10 @@ def test_a_file_captioned_twice_in_captions_jsonl_is_one_line_and_dot_slash_name
         folder_source(str(root))
     (root / "captions.jsonl").write_text(lines.replace('"img0.png"', '"./img0.png"'))
     assert folder_source(str(root)).captions == CAPTIONS  # ./img0.png is img0.png
+    (root / "sub").mkdir()
+    (root / "img2.png").rename(root / "sub" / "img2.png")
+    (root / "captions.jsonl").write_text(lines.replace('"img2.png"', '"sub\\\\img2.png"'))  # written on Windows
+    assert folder_source(str(root)).captions == CAPTIONS  # sub\img2.png is sub/img2.png
 
 
 def test_txt_captions_beside_a_captions_jsonl_are_said_to_be_unread(tmp_path, caplog):

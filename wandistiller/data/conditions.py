@@ -104,6 +104,11 @@ def frame_size(data_cfg, vae_config: dict) -> tuple[int, int]:
     return data_cfg.latent_height * scale, data_cfg.latent_width * scale
 
 
+# How `rgb` makes pixels, in the x0 latent caches' keys: a cache made before transparent pixels went on black is
+# made again (the same latents for opaque images: the VAE's mode is a function of the pixels alone).
+PIXELS = "rgb, alpha on black"
+
+
 def rgb(image: Image.Image) -> Image.Image:
     """`image` in RGB; 16-bit greyscale scaled to 8 bits first (PIL's convert("RGB") clips it to white), transparent
     pixels composited onto black (convert("RGB") would show the colour stored under them, which differs by encoder: a

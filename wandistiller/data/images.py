@@ -23,7 +23,7 @@ from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
-from wandistiller.data.conditions import check_given, fitted, frame_size, image_bank, rgb
+from wandistiller.data.conditions import PIXELS, check_given, fitted, frame_size, image_bank, rgb
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec
@@ -53,8 +53,8 @@ class ImageSource:
 
 
 def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
-    """file name (relative to the folder, `./` and `a/../` spelled out) -> its caption, one line each: a line that is
-    not one, or a second line for a file (only one of the two would be trained on), refused in one line."""
+    """file name (relative to the folder; `./`, `a/../` and Windows' `\\` spelled out) -> its caption, one line
+    each: a line that is not one, or a second line for a file (only one would be trained on), refused in one line."""
     captions: dict[str, str] = {}
     lines: dict[str, int] = {}
     for n, line in enumerate(_text(path, key).splitlines(), 1):
@@ -66,12 +66,12 @@ def _jsonl_captions(path: Path, key: str) -> dict[str, str]:
             caption = next(row[k] for k in TEXT_KEYS if k in row)
             if not isinstance(caption, str) or not isinstance(name, str):
                 raise TypeError
-        except (json.JSONDecodeError, StopIteration, TypeError, AttributeError):
+        except (json.JSONDecodeError, StopIteration, TypeError):
             raise UserError(
                 f"{key}: {path.name} line {n} is not a JSON object with file_name and text; "
                 'write one {"file_name": "a.png", "text": "a caption"} per line'
             ) from None
-        name = posixpath.normpath(name)
+        name = posixpath.normpath(name.replace("\\", "/"))  # a list written on Windows names sub\\a.png
         if name in lines:
             raise UserError(
                 f"{key}: {path.name} captions {name!r} twice (lines {lines[name]} and {n}), and only one would be "
@@ -107,15 +107,24 @@ def captioned_files(
     return path, key, files, every
 
 
+def first_only(files: list[Path], kind: tuple[str, ...], other: tuple[str, ...]) -> Path | None:
+    """The first of `files` that is of `kind` alone (by suffix; a WebP is both a still and a clip), else None: a
+    clip among an image folder's stills, or a still among a video folder's clips."""
+    return next((p for p in files if p.suffix.lower() in kind and p.suffix.lower() not in other), None)
+
+
 def _folder_files(path: Path, key: str) -> list[Path]:
     """Every file under `path`, sorted, in one walk. What the walk would skip unread is refused in one line: a
     broken link named as a file a folder source reads (an image, a video, captions.jsonl), a link to a folder (not
-    followed: it could lead anywhere, itself included), a subfolder that cannot be listed."""
+    followed: it could lead anywhere, itself included); a subfolder that cannot be listed is left out with a
+    warning (a disk's lost+found), data.root itself refused."""
 
     def unlisted(error: OSError) -> None:
         rel = Path(error.filename).relative_to(path).as_posix() if error.filename else "."
-        where = "the folder" if rel == "." else rel
-        raise UserError(f"{key}: {where} cannot be listed ({error.strerror}); make it readable or remove it")
+        if rel == ".":
+            raise UserError(f"{key}: the folder cannot be listed ({error.strerror}); make it readable")
+        # A subfolder it may not read (a disk's lost+found, another user's): said, and its files left out.
+        log.warning("%s: %s cannot be listed (%s); its files, if any, are left out", key, rel, error.strerror)
 
     files = []
     for folder, dirs, names in os.walk(path, onerror=unlisted):
@@ -130,7 +139,7 @@ def _folder_files(path: Path, key: str) -> list[Path]:
             file = here / name
             if file.is_file():
                 files.append(file)
-            elif file.is_symlink() and (file.suffix.lower() in MEDIA_SUFFIXES or name == "captions.jsonl"):
+            elif file.is_symlink() and (file.suffix.lower() in MEDIA_SUFFIXES or file == path / "captions.jsonl"):
                 raise UserError(
                     f"{key}: {file.relative_to(path).as_posix()} is a broken link (to {os.readlink(file)!r}); "
                     "point it at the file or remove it"
@@ -208,9 +217,7 @@ def folder_source(root: str) -> ImageSource:
     )
     # A clip among the images would be dropped (a GIF, a video) or read as its first frame (an animated WebP):
     # named, not trained on silently.
-    clip = next(
-        (p for p in every if p.suffix.lower() in VIDEO_SUFFIXES and p.suffix.lower() not in IMAGE_SUFFIXES), None
-    )
+    clip = first_only(every, VIDEO_SUFFIXES, IMAGE_SUFFIXES)
     if clip is not None:
         raise UserError(
             f"{key}: {clip.relative_to(path).as_posix()} is a video, and data=image_folder takes stills; for clips "
@@ -341,7 +348,8 @@ def image_latents(
         raise UserError(stills_only(frames))
     vae_files = file_stamps(spec.path / "vae", "*.safetensors")
     vae_id = [str(spec.path.resolve()), (spec.path / "vae" / "config.json").read_text(), vae_files]
-    key = hashlib.sha256(json.dumps([vae_id, source.fingerprint, list(latent_shape)]).encode()).hexdigest()[:20]
+    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), PIXELS])
+    key = hashlib.sha256(blob.encode()).hexdigest()[:20]
     vae: list = []  # loaded only when a chunk is missing
 
     def make_chunk(items: range) -> torch.Tensor:

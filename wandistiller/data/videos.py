@@ -27,13 +27,14 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
-from wandistiller.data.conditions import fitted, frame_size, image_bank, opaque, rgb
+from wandistiller.data.conditions import PIXELS, fitted, frame_size, image_bank, opaque, rgb
 from wandistiller.data.images import (
     IMAGE_SUFFIXES,
     PIL_SUFFIXES,
     VIDEO_SUFFIXES,
     captioned_files,
     captions_of,
+    first_only,
 )
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
@@ -90,9 +91,7 @@ def folder_videos(root: str) -> VideoSource:
         root, VIDEO_SUFFIXES, "videos", (IMAGE_SUFFIXES, "images", "data=image_folder")
     )
     # A still among the clips would be dropped unread: named, as image_folder names a clip among its stills.
-    still = next(
-        (p for p in every if p.suffix.lower() in IMAGE_SUFFIXES and p.suffix.lower() not in VIDEO_SUFFIXES), None
-    )
+    still = first_only(every, IMAGE_SUFFIXES, VIDEO_SUFFIXES)
     if still is not None:
         raise UserError(
             f"{key}: {still.relative_to(path).as_posix()} is a still image, and data=video_folder takes clips (an "
@@ -208,7 +207,7 @@ def video_latents(
     vae_config = read_json(spec.path / "vae" / "config.json", "teacher.path")
     shape = ClipShape.of(data_cfg, vae_config)
     vae_id = [str(spec.path.resolve()), vae_config, file_stamps(spec.path / "vae", "*.safetensors")]
-    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), shape.step], sort_keys=True)
+    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), shape.step, PIXELS], sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:20]
     vae: list = []  # loaded only when a chunk is missing
 
