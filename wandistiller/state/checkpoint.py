@@ -342,8 +342,9 @@ OTHER_TEACHER_FIX = {
     "one on purpose",
     "export": "give the teacher the run was trained with (--teacher-path DIR, --teacher-lora FILE ...): an export "
     "ships the student with its teacher's parts, so it takes no other",
-    "swapped": "its saved teacher.path now holds another model; put the teacher the run was trained with back "
-    "there, or give it where it lies (--teacher-path DIR): an export ships the student with its teacher's parts",
+    "swapped": "its saved teacher.path or teacher.lora now hold other weights; put the teacher the run was trained "
+    "with back there, or give it where it lies (--teacher-path DIR, --teacher-lora FILE ...): an export ships the "
+    "student with its teacher's parts",
 }
 
 
@@ -402,10 +403,11 @@ def teacher_problem(recorded: dict | None, spec) -> str | None:
             f"{lora_names(loras)}, and this run's is teacher.lora={lora_names(now_loras)}"
         )
     digest = recorded.get("digest")
-    if isinstance(digest, str) and digest != teacher_digest(spec):
+    now_digest = teacher_digest(spec) if isinstance(digest, str) else None
+    if isinstance(digest, str) and digest != now_digest:
         return (
             f"it was trained against {recorded.get('name', 'a teacher')!s:.200}, and the weights of the "
-            f"teacher at {spec.path} differ (digest {teacher_digest(spec)[:12]}, recorded {digest:.12})"
+            f"teacher at {spec.path} differ (digest {str(now_digest)[:12]}, recorded {digest:.12})"
         )
     return None
 

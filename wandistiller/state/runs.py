@@ -332,11 +332,16 @@ def open_relocated(
     model would otherwise be shipped beside the student without a word."""
     run = open_run(path, teacher_path, teacher_loras=teacher_loras)
     if teacher_path is None and teacher_loras is None:
-        try:
-            source = student_source(run, None if checkpoint == "ema" else checkpoint)
-        except UserError:
-            return run  # no student to export: said by the export itself, after its own checks
-        check_teacher_fits(run, source, allow_other=False, fix="swapped")
+        # The student the export writes (the final one, or a checkpoint named); none yet is said by the export itself.
+        final = checkpoint in (None, "ema")
+        source = run.path / "student" if final else None
+        if not final:
+            try:
+                source = student_source(run, checkpoint)
+            except UserError:
+                return run
+        if source is not None and source.is_dir():
+            check_teacher_fits(run, source, allow_other=False, fix="swapped")
         return run
     source = student_source(run, None if checkpoint == "ema" else checkpoint)
     if recorded_teacher(run, source) is None:
