@@ -205,6 +205,7 @@ def wan_config_problem(config: object) -> str | None:
 
 QK_NORMS = ("rms_norm_across_heads",)
 MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables are max_seq_len x head_dim floats)
+ROPE_POSITIONS = 1024  # diffusers' WanTransformer3DModel rope_max_seq_len where a config leaves it out
 
 
 def estimate_params(c: dict) -> int:

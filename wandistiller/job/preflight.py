@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.core.arch import Layout
+from wandistiller.core.arch import ROPE_POSITIONS, Layout
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
@@ -124,11 +124,12 @@ def teacher_and_student(
     if seen is not None and not local.is_absolute():  # saved absolute, as teacher.lora: eval, export from elsewhere
         local = local.absolute()
         cfg.teacher.path = str(local)
+    held = None  # `seen` with its LoRAs, where a resume needed them first
     if seen is not None and resumed is not None:
         # A teacher folder since filled with another model is said as that, before any check of the run against it
         # (its frames, its student, its plan) would name a key to change in a run that only needs its teacher back.
-        allow = bool(cfg.trainer.get("allow_other_teacher", False))
-        check_teacher(resumed, with_loras(seen, cfg.teacher.get("lora")), allow, is_lora(cfg.student))
+        held = with_loras(seen, cfg.teacher.get("lora"))
+        check_teacher(resumed, held, bool(cfg.trainer.get("allow_other_teacher", False)), is_lora(cfg.student))
     if seen is not None:  # the method's own networks against the teacher's shape (a LoRA's rank), before the planner
         method.check_teacher(seen.transformer_config)  # sizes them: its line names the key, the planner's would not
     placement, planned = choose_placement(cfg, precision, world, method)  # on the teacher's JSON, before any download
@@ -136,7 +137,8 @@ def teacher_and_student(
     spec = seen if seen is not None and path == local else inspect_teacher(path)
     if spec is not seen:  # a teacher read from elsewhere (a Hub id, now downloaded): checked against it here
         method.check_teacher(spec.transformer_config)
-    spec = with_loras(spec, cfg.teacher.get("lora"))  # a fine-tuned teacher: its LoRAs checked against it, no weights
+    # A fine-tuned teacher: its LoRAs checked against it, no weights (read once: a resume's were read above).
+    spec = held if held is not None and spec is seen else with_loras(spec, cfg.teacher.get("lora"))
     if spec.loras:  # saved with absolute paths: a later eval or export from another directory reads the same files
         cfg.teacher.lora = absolute(cfg.teacher.lora)
     if planned is not None and planned.teacher_config == spec.transformer_config:
@@ -227,7 +229,7 @@ def check_rope(cfg: DictConfig, student: dict, teacher: dict) -> None:
         patch,
     ):
         for who, config in (("student", student), ("teacher", teacher)):
-            rope = config.get("rope_max_seq_len", 1024)
+            rope = config.get("rope_max_seq_len", ROPE_POSITIONS)
             if size // p > rope:
                 raise UserError(
                     f"data.{key}={size} is {size // p} patches, more than the {who}'s rope_max_seq_len={rope}; "

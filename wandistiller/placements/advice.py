@@ -7,6 +7,7 @@ import copy
 import dataclasses
 from pathlib import Path
 
+from wandistiller.core.arch import ROPE_POSITIONS
 from wandistiller.placements import Placement
 from wandistiller.placements.memory import (
     GiB,
@@ -140,7 +141,6 @@ def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
 
 
 MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT): Wan's rope table covers 1024
-ROPE_POSITIONS = 1024  # diffusers' WanTransformer3DModel rope_max_seq_len where a config leaves it out
 
 
 def rope_frames(w: Workload) -> tuple[int, str]:

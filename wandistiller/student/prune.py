@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from wandistiller.core.arch import estimate_params
+from wandistiller.core.arch import ROPE_POSITIONS, estimate_params
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import OutsideRunFolder, check_tree, opened, read_json_in, write_in_run
 from wandistiller.core.tensor_files import safetensors_problem
@@ -194,7 +194,7 @@ def calibration_inputs(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.
     """Seeded x_t, timesteps and text states shaped for this transformer."""
     c, g = CALIBRATION, torch.Generator().manual_seed(CALIBRATION["seed"])
     p_t, p_h, p_w = config.get("patch_size") or (1, 2, 2)
-    rope = config.get("rope_max_seq_len", 1024)
+    rope = config.get("rope_max_seq_len", ROPE_POSITIONS)
     h, w = min(c["latent"], rope * p_h), min(c["latent"], rope * p_w)
     x = torch.randn(c["batch"], config["in_channels"], p_t, h, w, generator=g)
     t = torch.linspace(1.0, 999.0, c["batch"])
