@@ -129,3 +129,12 @@ def test_a_rate_keeps_three_significant_figures_and_never_reads_zero_for_a_slow_
     assert [rate(x) for x in (0.0123, 0.04, 41.27, 999.7, 1234.5, 0.0, None)] == [
         "0.0123", "0.04", "41.3", "1000", "1234", "0", "0"
     ]  # fmt: skip
+
+
+def test_a_long_reason_is_clipped_in_its_middle_keeping_what_it_ends_with():
+    from wandistiller.core.errors import clipped
+
+    assert clipped("short") == "short"
+    long = "/tmp/" + "d" * 1000 + "/tensors.safetensors leads out of the run folder"
+    kept = clipped(long)
+    assert len(kept) == 801 and kept.startswith("/tmp/ddd") and kept.endswith("leads out of the run folder")

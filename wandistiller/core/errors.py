@@ -114,6 +114,15 @@ def description(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
+def clipped(text: str, most: int = 800) -> str:
+    """`text` of at most about `most` characters for a one-line message: a long one keeps its start and its end (a
+    reason after a long path: "... leads out of the run folder"), its middle elided."""
+    if len(text) <= most:
+        return text
+    half = most // 2
+    return f"{text[:half]}…{text[-half:]}"
+
+
 def human_count(n: int) -> str:
     """A parameter count a person reads at a glance: 41888 -> "41.9K", 213_000_000 -> "213M", 1.3e9 -> "1.3B"."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):

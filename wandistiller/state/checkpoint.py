@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from wandistiller.core import leftovers
-from wandistiller.core.errors import UserError, quieted
+from wandistiller.core.errors import UserError, clipped, quieted
 from wandistiller.core.files import in_run, run_folder, write_in_run
 from wandistiller.state import safestate
 from wandistiller.state.received import load_json
@@ -205,7 +205,7 @@ def problem(path: Path, resumed: bool = True) -> str | None:
     except FileNotFoundError as e:
         return f"{Path(e.filename).name} is missing"
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, UserError) as e:
-        what = f"lacks {e}" if isinstance(e, KeyError) else str(e)[:200] or type(e).__name__
+        what = f"lacks {e}" if isinstance(e, KeyError) else clipped(str(e)) or type(e).__name__
         return f"{STATE_FILE} or {TENSORS} is damaged ({what})"
     return None
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from wandistiller.core import leftovers
 from wandistiller.core.arch import Layout
-from wandistiller.core.errors import UserError, quieted
+from wandistiller.core.errors import UserError, clipped, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in
 from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
@@ -381,8 +381,8 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
     if why is not None:  # said before anything is sampled, naming the flag that picks another (not trainer.resume)
         have = ", ".join(p.name for p in checkpoints)
         raise UserError(
-            f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({why[:200]}); pick another --checkpoint "
-            f"(checkpoints: {have})"
+            f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({clipped(why)}); pick another "
+            f"--checkpoint (checkpoints: {have})"
         )
     return found
 
