@@ -136,6 +136,13 @@ def test_a_resume_whose_teacher_folder_now_holds_another_model_says_so_before_an
     assert error.startswith("trainer.resume: the checkpoint") and "does not fit this teacher" in error, error
     assert "resume with the teacher the run was trained with" in error and "latent_frames" not in error
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]
+    # Another teacher allowed on purpose: its VAE still cannot make the run's clips, which a resume keeps.
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*clips, "trainer.max_steps=4", "trainer.resume=auto", "trainer.allow_other_teacher=true",
+                     run_dir=run_dir))  # fmt: skip
+    assert str(e.value).startswith("data.latent_frames=3: the teacher's VAE does not compress time"), e.value
+    assert str(e.value).endswith("a resume keeps the run's data.latent_frames: resume with the video teacher it was "
+                                 "trained with")  # fmt: skip
 
 
 def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):

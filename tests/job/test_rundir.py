@@ -335,8 +335,20 @@ def test_a_lora_resume_under_a_teacher_with_other_experts_is_refused_even_when_a
     with pytest.raises(UserError) as e:
         other = (f"teacher.path={tiny_moe_path}", "trainer.allow_other_teacher=true")
         run(make_cfg("student=lora", *other, "trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
-    assert "holds adapters for 1 expert(s)" in str(e.value) and "has 2; resume under a teacher with 1" in str(e.value)
+    assert "holds adapters for 1 expert(s)" in str(e.value) and "has 2; resume under the teacher it was" in str(e.value)
     assert "\n" not in str(e.value) and tree(folder) == before
+    # Nor a teacher of another shape: its layers are not the ones the adapters were made for (it said "another
+    # student shape ... resume with the student config", after encoding the data).
+    from wandistiller.core.arch import TINY_TRANSFORMER
+    from wandistiller.teacher.tiny import build_tiny_pipeline
+
+    fewer = tmp_path / "fewer"
+    build_tiny_pipeline(transformer_config={"num_layers": TINY_TRANSFORMER["num_layers"] - 1}).save_pretrained(fewer)
+    with pytest.raises(UserError) as e:
+        other = (f"teacher.path={fewer}", "trainer.allow_other_teacher=true")
+        run(make_cfg("student=lora", *other, "trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
+    assert "its adapters were trained on a teacher with num_layers=" in str(e.value), e.value
+    assert "allow_other_teacher" not in str(e.value) and tree(folder) == before
 
 
 def test_a_resume_refused_at_setup_leaves_no_resume_config_behind(make_cfg, tmp_path, monkeypatch):

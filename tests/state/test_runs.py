@@ -478,6 +478,18 @@ def test_a_lora_student_is_never_drawn_on_a_teacher_with_another_count_of_expert
             assert f"it holds adapters for {held} expert(s)" in err and f"the teacher at {other} has {now};" in err
             assert "--teacher-path that teacher's folder" in err and "--checkpoint" not in err
         assert sorted(p.name for p in folder.iterdir()) == before  # nothing sampled, nothing written
+    # A teacher of another shape: the adapters' layers are not its layers (the run's record says which).
+    from wandistiller.core.arch import TINY_TRANSFORMER
+    from wandistiller.teacher.tiny import build_tiny_pipeline
+
+    fewer, folder = tmp_path / "fewer", tmp_path / "trained"
+    build_tiny_pipeline(transformer_config={"num_layers": TINY_TRANSFORMER["num_layers"] - 1}).save_pretrained(fewer)
+    run(make_cfg("student=lora", "trainer.max_steps=1", run_dir=folder))
+    capsys.readouterr()
+    for checkpoint in ([], ["--checkpoint", "latest"]):
+        other_teacher = ["--teacher-path", str(fewer), "--allow-other-teacher", *checkpoint]
+        err = one_error_line(capsys, eval_cli, [str(folder), "--limit", "1", *other_teacher])
+        assert "cannot be drawn here: its adapters were trained on a teacher with num_layers=" in err, err
 
 
 def test_an_out_folder_inside_the_run_or_holding_it_is_refused_and_one_beside_it_is_not(tmp_path):

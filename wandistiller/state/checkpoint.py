@@ -394,7 +394,7 @@ def teacher_problem(recorded: dict | None, spec) -> str | None:
         k = next(k for k in TEACHER_SHAPE if shape.get(k) != now[k])
         return (
             f"it was trained against {recorded.get('name', 'a teacher')!s:.200} with {k}={shape.get(k)}, this "
-            f"teacher at {spec.path} has {k}={now[k]}"
+            f"teacher at {spec.path} has {k}={now.get(k)}"
         )
     loras, now_loras = recorded.get("loras") or [], lora_records(spec.loras)
     if isinstance(loras, list) and stamp_of(loras) != stamp_of(now_loras):
@@ -439,21 +439,39 @@ def records_teacher(checkpoint: Path) -> bool:
     return isinstance(recorded, dict) and isinstance(recorded.get("digest"), str)
 
 
+def adapters_problem(experts: int | None, shape, spec) -> str | None:
+    """Why adapters trained on a teacher of `experts` experts and `shape` (its TEACHER_SHAPE record; None: not
+    recorded) cannot go on the teacher `spec`, in words: one set per expert, each shaped by its layers, so another
+    count of experts or another shape leaves layers without adapters or adapters without layers, whatever other
+    weights may be allowed. None where they fit."""
+    now, path = spec.transformer_config, spec.path
+    if isinstance(experts, int) and experts != len(spec.experts):
+        return f"it holds adapters for {experts} expert(s) (one set per expert), and the teacher at {path} has " + str(
+            len(spec.experts)
+        )
+    differ = [k for k in TEACHER_SHAPE if k != "in_channels" and isinstance(shape, dict) and shape.get(k) != now.get(k)]
+    if differ:
+        k = differ[0]
+        trained, here = shape[k], now.get(k)
+        return f"its adapters were trained on a teacher with {k}={trained}, and the teacher at {path} has {k}={here}"
+    return None
+
+
 def check_teacher(checkpoint: Path | None, spec, allow: bool, per_expert: bool = False) -> None:
     """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against. `allow`
     (trainer.allow_other_teacher) takes another teacher on purpose, but not, for a student with one part per expert
-    (`per_expert`: a LoRA student's adapter sets), another count of experts: that checkpoint cannot be loaded."""
+    (`per_expert`: a LoRA student's adapter sets), another count of experts or another shape (`adapters_problem`):
+    that checkpoint cannot be loaded, so the line offers no flag."""
     if checkpoint is None:
         return
     recorded = _recorded_teacher(checkpoint)
-    experts = recorded.get("experts") if isinstance(recorded, dict) else None
-    if per_expert and isinstance(experts, int) and experts != len(spec.experts):
-        raise UserError(
-            f"trainer.resume: the checkpoint {checkpoint} holds adapters for {experts} expert(s) of "
-            f"{recorded.get('name', 'its teacher')!s:.200}, and the teacher at {spec.path} has "
-            f"{len(spec.experts)}; resume under a teacher with {experts} expert(s) (the one it was trained with), "
-            "or start a new run folder"
-        )
+    if per_expert and isinstance(recorded, dict):
+        why = adapters_problem(recorded.get("experts"), recorded.get("shape"), spec)
+        if why:
+            raise UserError(
+                f"trainer.resume: the checkpoint {checkpoint} cannot go on this teacher: {why}; resume under the "
+                f"teacher it was trained with ({recorded.get('name', 'its teacher')!s:.200}), or start a new run folder"
+            )
     if allow:
         return
     why = teacher_problem(recorded, spec)

@@ -35,6 +35,7 @@ from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.state.checkpoint import (
     OTHER_TEACHER_FIX,
     STATE_FILE,
+    adapters_problem,
     check_compatible,
     checkpoint_dir,
     list_checkpoints,
@@ -536,24 +537,19 @@ def layout_problem(run: RunFolder, source: Path) -> str | None:
 
 def experts_problem(run: RunFolder, source: Path) -> str | None:
     """Why a LoRA student cannot be drawn on this teacher, in words: it holds one adapter set per expert of the
-    teacher it was trained on (a saved folder's files, a checkpoint's record), and a teacher with another count of
-    experts would leave one unadapted or find none for another, whatever --allow-other-teacher says. None where it
-    fits, for a student that is not LoRA, or where nothing says (an older checkpoint)."""
+    teacher it was trained on (a saved folder's files, a checkpoint's record), each shaped by that teacher's layers,
+    and a teacher with another count of experts or another shape (`adapters_problem`) cannot take them, whatever
+    --allow-other-teacher says. None where they fit, for a student that is not LoRA, or where nothing says."""
     if not is_lora(run.cfg.student):
         return None
+    recorded = recorded_teacher(run, source) or {}
+    held = recorded.get("experts") if isinstance(recorded.get("experts"), int) else None
     if is_lora_folder(source):
-        held: int | None = sum(1 for name in LORA_WEIGHTS if (source / name).is_file())
-    else:
-        recorded = recorded_teacher(run, source) or {}
-        held = recorded.get("experts") if isinstance(recorded.get("experts"), int) else None
-    now = len(run.spec.experts)
-    if held is None or held == now:
+        held = sum(1 for name in LORA_WEIGHTS if (source / name).is_file())
+    why = adapters_problem(held, recorded.get("shape"), run.spec)
+    if why is None:
         return None
-    return (
-        f"it holds adapters for {held} expert(s) (one set per expert of the teacher it was trained on), and the "
-        f"teacher at {run.spec.path} has {now}; give it a teacher with {held} expert(s), the one it was trained with "
-        "(--teacher-path that teacher's folder)"
-    )
+    return f"{why}; give it the teacher it was trained with (--teacher-path that teacher's folder)"
 
 
 def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str = "cli") -> None:

@@ -46,10 +46,15 @@ def pixel_frames(latent_frames: int, vae_config: dict) -> int:
     return (latent_frames - 1) * int(vae_config.get("scale_factor_temporal", 4)) + 1
 
 
-def frames_problem(vae_config: dict, latent_frames: int) -> str | None:
-    """Why this VAE cannot make `latent_frames` latent frames (None where it can). One frame always works; a clip
-    needs a VAE that compresses time, by the factor its config says (WanPipeline and the decoder read
-    `scale_factor_temporal`; the layers do `temperal_downsample`)."""
+STILLS_FIX = "use data.latent_frames=1, or a video teacher (e.g. teacher=pocket_video)"
+# A resumed clip run keeps its frames: what it needs is the teacher it was trained with.
+RESUMED_FIX = "a resume keeps the run's data.latent_frames: resume with the video teacher it was trained with"
+
+
+def frames_problem(vae_config: dict, latent_frames: int, fix: str = STILLS_FIX) -> str | None:
+    """Why this VAE cannot make `latent_frames` latent frames (None where it can), ending with `fix`. One frame
+    always works; a clip needs a VAE that compresses time, by the factor its config says (WanPipeline and the
+    decoder read `scale_factor_temporal`; the layers do `temperal_downsample`)."""
     if latent_frames <= 1:
         return None
     told, made = int(vae_config.get("scale_factor_temporal", 4)), time_compression(vae_config)
@@ -57,23 +62,24 @@ def frames_problem(vae_config: dict, latent_frames: int) -> str | None:
     key = f"data.latent_frames={latent_frames}"
     if made == 1:
         return (
-            f"{key}: the teacher's VAE does not compress time (temperal_downsample={stages}), a VAE for stills; "
-            "use data.latent_frames=1, or a video teacher (e.g. teacher=pocket_video)"
+            f"{key}: the teacher's VAE does not compress time (temperal_downsample={stages}), a VAE for stills; " + fix
         )
     if made != told:
         return (
             f"{key}: the teacher's VAE says scale_factor_temporal={told} but compresses time {made}x "
             f"(temperal_downsample={stages}), so its clips would not decode as they were sampled (a VAE trained on "
-            "stills); use data.latent_frames=1, or a video teacher (e.g. teacher=pocket_video)"
+            "stills); " + fix
         )
     return None
 
 
-def check_latent_frames(teacher_path: Path, latent_frames: int) -> None:
-    """Refuse, in one line, a `data.latent_frames` the teacher's VAE cannot make (before anything loads)."""
+def check_latent_frames(teacher_path: Path, latent_frames: int, resumed: bool = False) -> None:
+    """Refuse, in one line, a `data.latent_frames` the teacher's VAE cannot make (before anything loads); a resumed
+    run (`resumed`) is told to bring back its teacher, not to change its frames."""
     if latent_frames <= 1:
         return
-    problem = frames_problem(read_json(Path(teacher_path) / "vae" / "config.json", "teacher.path"), latent_frames)
+    vae_config = read_json(Path(teacher_path) / "vae" / "config.json", "teacher.path")
+    problem = frames_problem(vae_config, latent_frames, RESUMED_FIX if resumed else STILLS_FIX)
     if problem:
         raise UserError(problem)
 
