@@ -319,6 +319,24 @@ def test_txt_captions_beside_a_captions_jsonl_are_said_to_be_unread(tmp_path, ca
     assert "captions.jsonl captions the images; the 2 .txt caption(s) beside them are not read" in line
 
 
+def test_a_blank_caption_line_a_broken_link_to_a_folder_and_a_one_frame_gif_are_each_one_line(tmp_path):
+    root = write_folder(tmp_path / "images", jsonl=True)
+    lines = (root / "captions.jsonl").read_text()
+    for text in ("", "   "):  # a blank line trained img0 on an empty prompt; "" said it had no line
+        (root / "captions.jsonl").write_text(lines.replace(CAPTIONS[0], text))
+        with refused("img0.png has no caption (its captions.jsonl line's text is empty); caption every image"):
+            folder_source(str(root))
+    (root / "captions.jsonl").write_text(lines)
+    (root / "batch2").symlink_to(tmp_path / "gone", target_is_directory=True)  # a folder of images, since deleted
+    with refused("batch2 is a broken link (to "):
+        folder_source(str(root))
+    (root / "batch2").unlink()
+    (root / ".cache").symlink_to(tmp_path / "gone")  # hidden: not data
+    images()[0].save(root / "still.gif")
+    with refused("still.gif is a GIF of one frame, which data=image_folder does not read (.png, .jpg"):
+        folder_source(str(root))
+
+
 def test_the_folder_is_walked_once(tmp_path, monkeypatch):
     """One listing of each folder per source, what it finds reused (no images: the hint reads the same walk)."""
     root = write_folder(tmp_path / "images")

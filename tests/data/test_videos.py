@@ -126,6 +126,15 @@ def test_a_still_among_the_clips_is_one_line_naming_it(tmp_path):
         folder_videos(str(root))
 
 
+@pytest.mark.parametrize("name", ["d.gif", "d.webp"])
+def test_a_clip_of_one_frame_is_named_a_still_not_a_short_clip(tmp_path, name):
+    """A still saved as a GIF or WebP among the clips: "lower data.latent_frames" would make the whole run stills."""
+    root = write_videos(tmp_path / "clips")
+    save(clip(1), root / name, "a still")
+    with refused(f"{name} has one frame, a still, and data=video_folder takes clips; move it out of the folder"):
+        check_clips(data_cfg(root), WAN_VAE)
+
+
 def clear_first(frames: list[Image.Image]) -> list[Image.Image]:
     """`frames` with alpha, the first with a transparent corner (its colour kept under it)."""
     out = [f.convert("RGBA") for f in frames]

@@ -139,7 +139,11 @@ def _folder_files(path: Path, key: str) -> list[Path]:
             file = here / name
             if file.is_file():
                 files.append(file)
-            elif file.is_symlink() and (file.suffix.lower() in MEDIA_SUFFIXES or file == path / "captions.jsonl"):
+            elif file.is_symlink() and (
+                file.suffix.lower() in MEDIA_SUFFIXES
+                or file == path / "captions.jsonl"
+                or (not file.suffix and not name.startswith("."))
+            ):  # an image, a clip, the captions it reads, or what may have been a folder of them
                 raise UserError(
                     f"{key}: {file.relative_to(path).as_posix()} is a broken link (to {os.readlink(file)!r}); "
                     "point it at the file or remove it"
@@ -172,11 +176,14 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
         txt = file.with_suffix(".txt")
         if from_jsonl is not None:
             caption = from_jsonl.get(rel)
+            caption = caption.strip() if caption is not None else None  # blank is none, as a .txt's is
         else:
             caption = _text(txt, key).strip() if txt.is_file() else None
         if not caption:
             where = (
-                "captions.jsonl has no line for it"
+                "its captions.jsonl line's text is empty"
+                if from_jsonl is not None and rel in from_jsonl
+                else "captions.jsonl has no line for it"
                 if from_jsonl is not None
                 else f"{txt.name} beside it is empty"
                 if txt.is_file()
@@ -211,6 +218,17 @@ def _jsonl_names_its_files(
         )
 
 
+def _one_frame_gif(file: Path) -> bool:
+    """Whether `file` is a GIF holding a single frame (a still in a format the image folder does not read)."""
+    if file.suffix.lower() != ".gif":
+        return False
+    try:
+        with Image.open(file) as opened:
+            return getattr(opened, "n_frames", 1) == 1
+    except Exception:  # unreadable: named as what its name says
+        return False
+
+
 def folder_source(root: str) -> ImageSource:
     path, key, images, every = captioned_files(
         root, IMAGE_SUFFIXES, "images", (VIDEO_SUFFIXES, "videos", "data=video_folder")
@@ -218,6 +236,11 @@ def folder_source(root: str) -> ImageSource:
     # A clip among the images would be dropped (a GIF, a video) or read as its first frame (an animated WebP):
     # named, not trained on silently.
     clip = first_only(every, VIDEO_SUFFIXES, IMAGE_SUFFIXES)
+    if clip is not None and _one_frame_gif(clip):
+        raise UserError(
+            f"{key}: {clip.relative_to(path).as_posix()} is a GIF of one frame, which data=image_folder does not "
+            f"read ({', '.join(IMAGE_SUFFIXES)}); save it as a PNG, or move it out of the folder"
+        )
     if clip is not None:
         raise UserError(
             f"{key}: {clip.relative_to(path).as_posix()} is a video, and data=image_folder takes stills; for clips "

@@ -155,6 +155,11 @@ def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: 
             f"{source.key}: {name} is not a readable video (truncated or not a video: {reason[:120]}); "
             "replace or remove it"
         ) from None
+    if len(frames) == 1 and needed > 1:  # a still saved as a GIF or WebP: not a short clip
+        raise UserError(
+            f"{source.key}: {name} has one frame, a still, and data=video_folder takes clips; move it out of the "
+            "folder (stills train with data=image_folder)"
+        )
     if len(frames) < needed:
         raise UserError(
             f"{source.key}: {name} has {len(frames)} frame(s), fewer than the {needed} a clip of "
