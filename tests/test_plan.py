@@ -313,13 +313,16 @@ def test_a_clip_plan_names_no_more_frames_than_the_rope_table_covers(monkeypatch
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("the largest latent_frames that fits: 32 (= 63 frames) at batch 4"), last
     assert last.endswith(
-        ", the limit of the student's rope table (rope_max_seq_len=32), not of memory; data.latent_frames=5 fits"
+        ", the limit of the teacher's rope table (rope_max_seq_len=32), not of memory; data.latent_frames=5 fits"
     ), last
     plan_main(monkeypatch, "teacher=pocket_video", "data.latent_frames=32")  # the count named: train takes it
     assert "data.latent_frames=32 fits" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:  # one more: refused, as train refuses it
         plan_main(monkeypatch, "teacher=pocket_video", "data.latent_frames=33")
-    assert e.value.code == 2 and "more than the student's rope_max_seq_len=32" in capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and "more than the teacher's rope_max_seq_len=32; use data.latent_frames<=32" in capsys.readouterr().err
+    )
 
 
 def test_one_frame_plans_no_frames_line(monkeypatch, capsys):

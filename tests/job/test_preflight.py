@@ -64,6 +64,8 @@ def test_a_latent_grid_past_the_rope_table_is_refused_naming_the_data_key(make_c
     # the tiny teacher's rope_max_seq_len is 32: 80 rows are 40 patches, which would fail inside the first forward
     error = refused_run(make_cfg, tmp_path, "data.latent_height=80")
     assert error.startswith("data.latent_height=80 is 40 patches") and "rope_max_seq_len=32" in error, error
+    # The student shares the teacher's table: the line names the teacher's, which no student setting lifts.
+    assert error.endswith("more than the teacher's rope_max_seq_len=32; use data.latent_height<=64"), error
 
 
 def test_a_student_too_big_for_the_host_names_the_key(make_cfg, tmp_path):

@@ -228,12 +228,15 @@ def check_rope(cfg: DictConfig, student: dict, teacher: dict) -> None:
         (("latent_frames", d.latent_frames), ("latent_height", d.latent_height), ("latent_width", d.latent_width)),
         patch,
     ):
-        for who, config in (("student", student), ("teacher", teacher)):
+        # The teacher's table first: one the student shares (a LoRA student is the teacher; a cut one inherits it)
+        # is the teacher's limit, which no student setting lifts.
+        for who, config in (("teacher", teacher), ("student", student)):
             rope = config.get("rope_max_seq_len", ROPE_POSITIONS)
             if size // p > rope:
+                other = "" if who == "teacher" else " (or a student with a larger rope_max_seq_len)"
                 raise UserError(
                     f"data.{key}={size} is {size // p} patches, more than the {who}'s rope_max_seq_len={rope}; "
-                    f"use data.{key}<={rope * p} (or a {who} with a larger rope_max_seq_len)"
+                    f"use data.{key}<={rope * p}{other}"
                 )
 
 

@@ -146,11 +146,11 @@ MOST_FRAMES = 1024  # latent frames searched at most (job/checks.py's MAX_LATENT
 def rope_frames(w: Workload) -> tuple[int, str]:
     """The most latent frames the student's and the teacher's rope tables cover, as train checks them (job/
     preflight.py's check_rope: rope_max_seq_len patches of the student's patch size in time), and whose table that
-    is, e.g. "the teacher's rope table (rope_max_seq_len=32)"; the student's first on a tie, as check_rope names it."""
+    is, e.g. "the teacher's rope table (rope_max_seq_len=32)"; the teacher's on a tie, as check_rope names it."""
     p = int((w.student_config.get("patch_size") or (1, 2, 2))[0])
     tables = [
         (rope * p, f"the {who}'s rope table (rope_max_seq_len={rope})")
-        for who, config in (("student", w.student_config), ("teacher", w.teacher_config))
+        for who, config in (("teacher", w.teacher_config), ("student", w.student_config))
         for rope in [int(config.get("rope_max_seq_len", ROPE_POSITIONS))]
     ]
     return min(tables, key=lambda t: t[0])

@@ -272,6 +272,14 @@ def folder_layout(path: Path, index: dict, config: dict, key: str) -> Layout:
     return layout
 
 
+def _a(name) -> str:
+    """`name` with its article: "a WanPipeline", "an AutoencoderKL", "no known model" as it is."""
+    text = str(name)[:100]
+    if text.startswith("no "):
+        return text
+    return f"{'an' if text[:1].lower() in 'aeiou' else 'a'} {text}"
+
+
 def inspect_teacher(path: Path) -> TeacherSpec:
     """Check that `path` is a Wan text- or image-to-video diffusers folder and read its shape, without weights."""
     key = f"teacher.path={str(path)!r}"
@@ -281,8 +289,8 @@ def inspect_teacher(path: Path) -> TeacherSpec:
     experts = tuple(name for name in ("transformer", "transformer_2") if _component(index, name, key))
     if not experts or _component(index, "transformer", key) != "WanTransformer3DModel":
         raise UserError(
-            f"{key} is a {index.get('_class_name', 'unknown')} folder without a WanTransformer3DModel 'transformer'; "
-            "point it at a Wan diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
+            f"{key} holds {_a(index.get('_class_name', 'no known model'))} without a WanTransformer3DModel "
+            "'transformer'; point it at a Wan diffusers folder (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers)"
         )
     for name in experts + ("text_encoder",):
         _require_safetensors(path / name, key)

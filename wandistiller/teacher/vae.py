@@ -165,7 +165,7 @@ def pocket_frames_problem(teacher_path, latent_frames: int) -> str | None:
         )
     if kind == "clips" and latent_frames == 1:
         return (
-            f"the run makes single frames (data.latent_frames=1) but the teacher at {teacher_path} is the pocket "
-            "video teacher (clips)"
+            f"the run makes single frames (data.latent_frames=1) but the teacher at {teacher_path} makes clips (its "
+            "VAE is the pocket video and image-to-video teachers')"
         )
     return None
