@@ -370,7 +370,9 @@ def test_a_checkpoint_records_its_teacher_and_another_one_is_refused_unless_aske
     checkpoint.check_teacher(step, spec, allow=False)  # the same teacher: fine
     wider = recorded | {"shape": recorded["shape"] | {"num_layers": 40}}
     assert "with num_layers=40, this teacher at" in checkpoint.teacher_problem(wider, spec)
-    other = recorded | {"digest": "0" * 32}  # the same shape, other weights (a fine-tune, another dtype)
+    other = recorded | {"tensors_digest": "0" * 32}  # the same shape, other weights (a fine-tune, another dtype)
+    older = {k: v for k, v in recorded.items() if k != "tensors_digest"} | {"digest": "0" * 32}  # an older record
+    assert "the weights of the teacher at" in checkpoint.teacher_problem(older, spec)
     assert "the weights of the teacher at" in checkpoint.teacher_problem(other, spec)
     copy = tmp_path / "step"
     shutil.copytree(step, copy)
@@ -419,6 +421,32 @@ def test_the_teacher_digest_follows_the_weights_not_the_folder(tiny_path, tmp_pa
     raw[-1] ^= 0xFF  # one byte of the last weights changed
     weights.write_bytes(bytes(raw))
     assert checkpoint.teacher_digest(inspect_teacher(moved)) != checkpoint.teacher_digest(inspect_teacher(tiny_path))
+
+
+def test_the_tensors_digest_sees_a_fine_tune_of_one_layer_that_the_sampled_digest_misses(tmp_path):
+    """A teacher folder filled with a fine-tune of a few layers: `teacher_digest` samples 8 chunks a file and can
+    miss it; `tensors_digest` samples every tensor. A record holding it is compared by it, an older one by the
+    coarse digest."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "teacher"
+    (folder / "transformer").mkdir(parents=True)
+    layers = {f"blocks.{i:02d}.weight": torch.full((64, 64), float(i)) for i in range(64)}  # 16 KB each
+    save_file(layers, folder / "transformer" / "model.safetensors")
+    spec = SimpleNamespace(path=folder, experts=("transformer",), loras=(), transformer_config={})
+    coarse, fine = checkpoint.teacher_digest(spec), checkpoint.tensors_digest(spec)
+    recorded = {"name": "mine", "digest": coarse, "tensors_digest": fine}
+    assert checkpoint.teacher_problem(recorded, spec) is None
+    save_file(
+        layers | {"blocks.37.weight": layers["blocks.37.weight"] * 1.01}, folder / "transformer" / "model.safetensors"
+    )
+    assert checkpoint.teacher_digest(spec) == coarse  # missed: none of its 8 samples falls in block 37
+    assert checkpoint.tensors_digest(spec) != fine
+    assert "the weights of the teacher at" in str(checkpoint.teacher_problem(recorded, spec))
+    older = {"name": "mine", "digest": coarse}  # a record of an earlier version: the coarse digest, as before
+    assert checkpoint.teacher_problem(older, spec) is None
 
 
 def test_a_checkpoint_records_its_method_and_another_name_or_setting_is_said_in_words(finished, tmp_path):

@@ -3,7 +3,8 @@
 `teacher=pocket` (one transformer) and `teacher=pocket_moe` (two experts at Wan 2.2's boundary) are complete
 diffusers Wan folders under `wandistiller/assets/pocket/`, loaded through the same `from_pretrained` path as a
 downloaded Wan model. `python -m wandistiller.pocket.build` rebuilds them (and the judge classifier and the
-training images) from the shipped digits, reproducibly.
+training images) from the shipped digits, reproducibly on one kind of CPU: the float kernels torch picks differ
+by instruction set (AVX-512, AVX2), so another CPU trains a teacher as good, not the same bytes (docs/QUALITY.md).
 """
 
 from pathlib import Path

@@ -6,7 +6,9 @@ rectified flow with CFG dropout) on a random tiny UMT5 text encoder's states (ke
 tokenizer already makes every prompt distinct), the two experts of `pocket_moe` (the transformer fine-tuned
 on t >= 875 and on t < 875), and the judge classifier; then writes both diffusers folders, the classifier and
 the training images (a `datasets` folder) under `--out` (default: the package's assets/pocket/). Single-threaded
-on the CPU, the same bytes on every run of the same torch build.
+on the CPU, the same bytes on every run of the same torch build on the same kind of CPU (the float kernels torch
+and oneDNN pick differ by instruction set: the shipped image teacher's VAE is matched neither under AVX-512 nor
+forced to AVX2 or to no SIMD, docs/QUALITY.md).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from wandistiller.data.validation import recorded_rows, save_loss_plot
 from wandistiller.recipe.context import RunContext
 from wandistiller.recipe.hooks.base import Hook
 from wandistiller.recipe.methods import card_phrases
-from wandistiller.state.checkpoint import teacher_digest
+from wandistiller.state.checkpoint import teacher_digest, tensors_digest
 from wandistiller.state.export import run_pipeline
 
 log = logging.getLogger("wandistiller")
@@ -103,6 +103,7 @@ def teacher_identity(ctx: RunContext) -> dict:
         "teacher_experts": len(spec.experts),
         "teacher_shape": {k: config.get(k) for k in keys},
         "teacher_digest": teacher_digest(spec),  # eval and generate compare the teacher they are given with it
+        "teacher_tensors_digest": tensors_digest(spec),  # every tensor sampled: compared first where recorded
     } | ({"teacher_loras": [lora.record() for lora in spec.loras]} if spec.loras else {})  # a fine-tuned teacher
 
 

@@ -509,6 +509,8 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
             "name": m.get("teacher"),
             "shape": m.get("teacher_shape"),
             "digest": m.get("teacher_digest"),
+            "tensors_digest": m.get("teacher_tensors_digest"),
+            "experts": m.get("teacher_experts"),
             "loras": m.get("teacher_loras") or [],  # a fine-tuned teacher's (teacher.lora); none recorded: none
         }
     except (OSError, ValueError, AttributeError, UserError):
