@@ -277,7 +277,7 @@ def test_the_plan_refuses_what_train_refuses_of_a_local_teacher_and_its_data(mon
     "fits" (an audit's find): train's own lines now."""
     for bad, line in [
         (["teacher=pocket", "data.latent_frames=5"], "data.latent_frames=5: the teacher's VAE says"),
-        (["teacher=pocket_video", "student=half", "data.latent_frames=33"], "more than the student's rope_max_seq_"),
+        (["teacher=pocket_video", "student=half", "data.latent_frames=33"], "more than the teacher's rope_max_seq_"),
         (["teacher=pocket_i2v", "data.latent_frames=5"], "data.latents=gaussian gives prompts alone, but teacher="),
     ]:
         with pytest.raises(SystemExit) as exit_:
