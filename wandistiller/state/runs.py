@@ -558,8 +558,8 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str
     """eval and generate (and an export given its teacher's place) refuse, in one line ending with
     `OTHER_TEACHER_FIX[fix]`, a teacher other than the one the student was trained against (a `--teacher-path` of
     another shape, a saved teacher.path edited): its figures would be silently wrong. A student of another layout
-    (`layout_problem`), or a LoRA student's adapters for another count of experts (`experts_problem`), is refused
-    whatever `allow_other` says: it cannot run at all."""
+    (`layout_problem`), or a LoRA student's adapters on a teacher of another count of experts or another shape
+    (`experts_problem`), is refused whatever `allow_other` says: it cannot run at all."""
     layout = layout_problem(run, source) or experts_problem(run, source)
     if layout:
         done = "drawn here" if fix == "cli" else "exported with this teacher"
