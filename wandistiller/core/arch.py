@@ -208,6 +208,17 @@ MAX_ROPE_SEQ_LEN = 65536  # positions per axis; Wan uses 1024 (the rope tables a
 ROPE_POSITIONS = 1024  # diffusers' WanTransformer3DModel rope_max_seq_len where a config leaves it out
 
 
+def rope_table(student: dict, teacher: dict) -> tuple[str, int]:
+    """(whose, rope_max_seq_len) of the smaller of the student's and the teacher's rope tables: the positions per axis
+    a run's latent grid may span (in the student's patches). The teacher's on a tie: a table the student shares (a
+    LoRA student is the teacher; a cut one inherits it) is the teacher's limit, which no student setting lifts."""
+    tables = [
+        (int(c.get("rope_max_seq_len", ROPE_POSITIONS)), who) for who, c in (("teacher", teacher), ("student", student))
+    ]
+    rope, who = min(tables, key=lambda t: t[0])
+    return who, rope
+
+
 def estimate_params(c: dict) -> int:
     """WanTransformer3DModel's parameter count, by arithmetic (no module built: a huge config takes no time);
     exact for text- and image-to-video configs (tests/core/test_arch.py compares it with the model diffusers

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from wandistiller.core.arch import ROPE_POSITIONS, Layout
+from wandistiller.core.arch import Layout, rope_table
 from wandistiller.core.distributed import Topology, World, local_device
 from wandistiller.core.errors import UserError, write_to_log_files
 from wandistiller.core.hydra import compose_config, compose_option, resolve_precision
@@ -224,20 +224,17 @@ def check_student_room(cfg: DictConfig, student: dict, teacher: dict, hw: Hardwa
 def check_rope(cfg: DictConfig, student: dict, teacher: dict) -> None:
     """The student's and the teacher's rope tables cover the latent grid (a plan checks it too, for any machine)."""
     d, patch = cfg.data, list(student.get("patch_size") or (1, 2, 2))
+    who, rope = rope_table(student, teacher)
+    other = "" if who == "teacher" else " (or a student with a larger rope_max_seq_len)"
     for (key, size), p in zip(
         (("latent_frames", d.latent_frames), ("latent_height", d.latent_height), ("latent_width", d.latent_width)),
         patch,
     ):
-        # The teacher's table first: one the student shares (a LoRA student is the teacher; a cut one inherits it)
-        # is the teacher's limit, which no student setting lifts.
-        for who, config in (("teacher", teacher), ("student", student)):
-            rope = config.get("rope_max_seq_len", ROPE_POSITIONS)
-            if size // p > rope:
-                other = "" if who == "teacher" else " (or a student with a larger rope_max_seq_len)"
-                raise UserError(
-                    f"data.{key}={size} is {size // p} patches, more than the {who}'s rope_max_seq_len={rope}; "
-                    f"use data.{key}<={rope * p}{other}"
-                )
+        if size // p > rope:
+            raise UserError(
+                f"data.{key}={size} is {size // p} patches, more than the {who}'s rope_max_seq_len={rope}; "
+                f"use data.{key}<={rope * p}{other}"
+            )
 
 
 def check_data(cfg: DictConfig, spec: TeacherSpec | None = None) -> None:

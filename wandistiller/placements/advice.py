@@ -7,7 +7,7 @@ import copy
 import dataclasses
 from pathlib import Path
 
-from wandistiller.core.arch import ROPE_POSITIONS
+from wandistiller.core.arch import rope_table
 from wandistiller.placements import Placement
 from wandistiller.placements.memory import (
     GiB,
@@ -148,12 +148,8 @@ def rope_frames(w: Workload) -> tuple[int, str]:
     preflight.py's check_rope: rope_max_seq_len patches of the student's patch size in time), and whose table that
     is, e.g. "the teacher's rope table (rope_max_seq_len=32)"; the teacher's on a tie, as check_rope names it."""
     p = int((w.student_config.get("patch_size") or (1, 2, 2))[0])
-    tables = [
-        (rope * p, f"the {who}'s rope table (rope_max_seq_len={rope})")
-        for who, config in (("teacher", w.teacher_config), ("student", w.student_config))
-        for rope in [int(config.get("rope_max_seq_len", ROPE_POSITIONS))]
-    ]
-    return min(tables, key=lambda t: t[0])
+    who, rope = rope_table(w.student_config, w.teacher_config)
+    return rope * p, f"the {who}'s rope table (rope_max_seq_len={rope})"
 
 
 def _at_frames(w: Workload, frames: int, f: int) -> Workload:
