@@ -368,20 +368,28 @@ def teacher_digest(spec, samples: int = 8, chunk: int = 4096) -> str:
     Two downloads of one model agree; another model, dtype or fine-tune differs. A moved folder keeps it."""
 
     h = hashlib.sha256()
+    for f, size, n, _ in _weights_files(spec, h):
+        start, data = 8 + n, size - 8 - n
+        for i in range(samples):
+            f.seek(start + max(data - chunk, 0) * i // (samples - 1))
+            h.update(f.read(chunk))
+    if spec.loras:  # a fine-tuned teacher (teacher.lora) is another teacher; a plain one's digest is as before
+        h.update(json.dumps(stamp(spec.loras)).encode())
+    return h.hexdigest()[:32]
+
+
+def _weights_files(spec, h):
+    """Each expert's safetensors file of `spec`, in order, open: (the file, its size, its header's length, the
+    header's bytes: at most 100 MB), its name, size and header fed to `h` first (both digests start so)."""
     for expert in spec.experts:
         for file in sorted((Path(spec.path) / expert).glob("*.safetensors")):
             size = file.stat().st_size
             h.update(f"{expert}/{file.name}:{size}:".encode())
             with open(file, "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
-                h.update(f.read(min(n, 100 * 2**20)))
-                start, data = 8 + n, size - 8 - n
-                for i in range(samples):
-                    f.seek(start + max(data - chunk, 0) * i // (samples - 1))
-                    h.update(f.read(chunk))
-    if spec.loras:  # a fine-tuned teacher (teacher.lora) is another teacher; a plain one's digest is as before
-        h.update(json.dumps(stamp(spec.loras)).encode())
-    return h.hexdigest()[:32]
+                header = f.read(min(n, 100 * 2**20))
+                h.update(header)
+                yield f, size, n, header
 
 
 def tensors_digest(spec, chunk: int = 4096) -> str:
@@ -391,24 +399,18 @@ def tensors_digest(spec, chunk: int = 4096) -> str:
     (`tensors_digest`), and compared where a record holds it (runs of earlier versions hold `digest` alone)."""
 
     h = hashlib.sha256()
-    for expert in spec.experts:
-        for file in sorted((Path(spec.path) / expert).glob("*.safetensors")):
-            h.update(f"{expert}/{file.name}:{file.stat().st_size}:".encode())
-            with open(file, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                raw = f.read(min(n, 100 * 2**20))
-                h.update(raw)
-                try:
-                    header = json.loads(raw)
-                except ValueError:  # not a safetensors header: its bytes, hashed above, are what it is
-                    continue
-                for name in sorted(k for k in header if k != "__metadata__"):
-                    begin, end = (8 + n + int(o) for o in header[name]["data_offsets"])
-                    size = end - begin
-                    at = [begin] if size <= 3 * chunk else [begin, begin + (size - chunk) // 2, end - chunk]
-                    for offset in at:
-                        f.seek(offset)
-                        h.update(f.read(min(size, chunk) if size > 3 * chunk else size))
+    for f, _, n, raw in _weights_files(spec, h):
+        try:
+            header = json.loads(raw)
+        except ValueError:  # not a safetensors header: its bytes, hashed above, are what it is
+            continue
+        for name in sorted(k for k in header if k != "__metadata__"):
+            begin, end = (8 + n + int(o) for o in header[name]["data_offsets"])
+            size = end - begin
+            at = [begin] if size <= 3 * chunk else [begin, begin + (size - chunk) // 2, end - chunk]
+            for offset in at:
+                f.seek(offset)
+                h.update(f.read(min(size, chunk) if size > 3 * chunk else size))
     if spec.loras:
         h.update(json.dumps(stamp(spec.loras)).encode())
     return h.hexdigest()[:32]
@@ -477,17 +479,16 @@ def adapters_problem(experts: int | None, shape, spec) -> str | None:
     recorded) cannot go on the teacher `spec`, in words: one set per expert, each shaped by its layers, so another
     count of experts or another shape leaves layers without adapters or adapters without layers, whatever other
     weights may be allowed. None where they fit."""
-    now, path = spec.transformer_config, spec.path
-    if isinstance(experts, int) and experts != len(spec.experts):
-        return f"it holds adapters for {experts} expert(s) (one set per expert), and the teacher at {path} has " + str(
-            len(spec.experts)
-        )
-    differ = [k for k in TEACHER_SHAPE if k != "in_channels" and isinstance(shape, dict) and shape.get(k) != now.get(k)]
-    if differ:
-        k = differ[0]
-        trained, here = shape[k], now.get(k)
-        return f"its adapters were trained on a teacher with {k}={trained}, and the teacher at {path} has {k}={here}"
-    return None
+    now, path, here = spec.transformer_config, spec.path, len(spec.experts)
+    if isinstance(experts, int) and experts != here:
+        return f"it holds adapters for {experts} expert(s) (one set per expert), and the teacher at {path} has {here}"
+    if not isinstance(shape, dict):
+        return None
+    # in_channels is the layout's (state/runs.py layout_problem): adapters sit in the blocks, not the patch embedding
+    k = next((k for k in TEACHER_SHAPE if k != "in_channels" and shape.get(k) != now.get(k)), None)
+    if k is None:
+        return None
+    return f"its adapters were trained on a teacher with {k}={shape[k]}, and the teacher at {path} has {k}={now.get(k)}"
 
 
 def check_teacher(checkpoint: Path | None, spec, allow: bool, per_expert: bool = False) -> None:
