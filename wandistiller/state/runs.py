@@ -334,14 +334,14 @@ def open_relocated(
     run = open_run(path, teacher_path, teacher_loras=teacher_loras)
     if teacher_path is None and teacher_loras is None:
         # The student the export writes (the final one, or a checkpoint named); none yet is said by the export itself.
-        final = checkpoint in (None, "ema")
-        source = run.path / "student" if final else None
-        if not final:
+        if checkpoint in (None, "ema"):
+            source = run.path / "student"
+        else:
             try:
                 source = student_source(run, checkpoint)
             except UserError:
                 return run
-        if source is not None and source.is_dir():
+        if source.is_dir():
             check_teacher_fits(run, source, allow_other=False, fix="swapped")
         return run
     source = student_source(run, None if checkpoint == "ema" else checkpoint)
@@ -537,7 +537,7 @@ def layout_problem(run: RunFolder, source: Path) -> str | None:
     return None
 
 
-def experts_problem(run: RunFolder, source: Path) -> str | None:
+def lora_teacher_problem(run: RunFolder, source: Path) -> str | None:
     """Why a LoRA student cannot be drawn on this teacher, in words: it holds one adapter set per expert of the
     teacher it was trained on (a saved folder's files, a checkpoint's record), each shaped by that teacher's layers,
     and a teacher with another count of experts or another shape (`adapters_problem`) cannot take them, whatever
@@ -559,8 +559,8 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str
     `OTHER_TEACHER_FIX[fix]`, a teacher other than the one the student was trained against (a `--teacher-path` of
     another shape, a saved teacher.path edited): its figures would be silently wrong. A student of another layout
     (`layout_problem`), or a LoRA student's adapters on a teacher of another count of experts or another shape
-    (`experts_problem`), is refused whatever `allow_other` says: it cannot run at all."""
-    layout = layout_problem(run, source) or experts_problem(run, source)
+    (`lora_teacher_problem`), is refused whatever `allow_other` says: it cannot run at all."""
+    layout = layout_problem(run, source) or lora_teacher_problem(run, source)
     if layout:
         done = "drawn here" if fix == "cli" else "exported with this teacher"
         raise UserError(f"the student in {source} cannot be {done}: {layout}")
