@@ -158,18 +158,7 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
     jsonl = path / "captions.jsonl"
     from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
     if from_jsonl is not None:
-        _jsonl_names_its_files(from_jsonl, path, key, files, what, every)
-        present = set(every)
-        beside = sum(1 for f in files if f.with_suffix(".txt") in present)
-        if beside and key not in _SAID:  # two sets of captions: which one trains is said (once), not guessed
-            _SAID.add(key)
-            log.warning(
-                "%s: captions.jsonl captions the %ss; the %d .txt caption(s) beside them are not read (remove "
-                "captions.jsonl to train on those)",
-                key,
-                what,
-                beside,
-            )
+        _check_jsonl(from_jsonl, path, key, files, what, every)
     captions = []
     for file in files:
         rel = file.relative_to(path).as_posix()
@@ -197,11 +186,12 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
     return captions, hashlib.sha256(json.dumps([str(path.resolve()), stats, captions]).encode()).hexdigest()
 
 
-def _jsonl_names_its_files(
+def _check_jsonl(
     captions: dict[str, str], path: Path, key: str, files: list[Path], what: str, every: list[Path]
 ) -> None:
     """captions.jsonl captions files of the folder only, each one it reads: a line for a file that is not there (a
-    typo, a file moved out) or that is not one of its `what`s would be a caption trained on nothing."""
+    typo, a file moved out) or that is not one of its `what`s would be a caption trained on nothing. The .txt
+    captions beside them, which it is read instead of, are said (once a process)."""
     read = {p.relative_to(path).as_posix() for p in files}
     present = {p.relative_to(path).as_posix() for p in every}
     missing = [name for name in captions if name not in present]
@@ -215,6 +205,16 @@ def _jsonl_names_its_files(
         raise UserError(
             f"{key}: captions.jsonl names {len(unread)} file(s) that are not {what}s it reads, the first "
             f"{unread[0]!r}; convert them or remove their lines"
+        )
+    beside = sum(1 for name in read if posixpath.splitext(name)[0] + ".txt" in present)
+    if beside and key not in _SAID:  # two sets of captions: which one trains is said, not guessed
+        _SAID.add(key)
+        log.warning(
+            "%s: captions.jsonl captions the %ss; the %d .txt caption(s) beside them are not read (remove "
+            "captions.jsonl to train on those)",
+            key,
+            what,
+            beside,
         )
 
 
