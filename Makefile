@@ -27,9 +27,9 @@ train: setup          ## distill the pocket teacher into a student that draws it
 # One thread per process: the tests' tiny models gain nothing from more, and their 2-3 rank runs share 2 cores.
 TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
-# The default lane on every core (pytest-xdist: one worker a core, its tests' own processes beside it): 5.8 min
-# on the 2-core VM against 7.9 in one process (docs/PERFORMANCE.md, "Test lanes"). The slow lane stays in one: its
-# runs time themselves against their own limits.
+# The default lane on every core (pytest-xdist: one worker a core, its tests' own processes beside it): 5 min 43 s
+# on the 2-core VM against 7 min 47 s in one process (docs/PERFORMANCE.md, "Test lanes"). The slow lane stays in
+# one: its runs time themselves against their own limits.
 test: setup           ## the default lane: everything but the slow end-to-end runs (CI runs it first)
 	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" -n auto $(ARGS)
 
