@@ -361,3 +361,30 @@ def test_a_transparent_still_is_on_black_whatever_its_format_keeps_under_its_cle
         image.save(tmp_path / f"still.{suffix}", lossless=True)
     png, webp = (to_pixels(Image.open(tmp_path / f"still.{s}"), 16, 16) for s in ("png", "webp"))
     assert torch.equal(png, webp) and (png[:, :4] == -1).all() and (png[:, 4:] > -1).all()
+
+
+def test_a_captioned_file_it_does_not_read_is_one_line_and_a_caption_of_nothing_is_said(tmp_path, caplog):
+    """a.tiff beside a.txt was dropped unread, its caption with it; a .txt beside no file (its image renamed or
+    moved out) is said once, as a folder may hold notes."""
+    root = write_folder(tmp_path / "images")
+    images()[0].save(root / "img3.tiff")
+    (root / "img3.txt").write_text("a fourth image")
+    with refused("img3.tiff has a caption (img3.txt) but is not among the images it reads (.png, .jpg, .jpeg, .webp"):
+        folder_source(str(root))
+    (root / "img3.tiff").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert folder_source(str(root)).captions == CAPTIONS
+        folder_source(str(root))  # read again in the same run: said once
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "1 .txt file(s) caption no image in the folder, the first 'img3.txt' (is its image renamed or moved" in line
+
+
+def test_a_named_pipe_named_as_an_image_is_one_line_not_a_skip_or_a_hang(tmp_path):
+    root = write_folder(tmp_path / "images")
+    os.mkfifo(root / "img3.png")  # opened, it would wait for a writer forever
+    with refused(f"data.root='{root}': img3.png is not a regular file (a pipe, socket or device); put the file"):
+        folder_source(str(root))
+    (root / "img3.png").unlink()
+    (root / "img3.png").symlink_to("/dev/null")  # a link to a device: not a broken link
+    with refused("img3.png is not a regular file"):
+        folder_source(str(root))

@@ -4,6 +4,7 @@ into [3, F, H, W] pixels in [-1, 1]; each file it cannot use is one line naming 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -161,3 +162,69 @@ def test_a_clip_whose_first_frame_is_transparent_is_refused_as_a_given_image_and
     frames[0].save(tmp_path / "still.png")  # the colour stays under its clear pixels: black all the same
     assert np.array_equal(first, np.asarray(rgb(Image.open(tmp_path / "still.png"))))
     assert first[:8].max() == 0 and first[8:].min() > 0  # the clear rows black, the rest as drawn
+
+
+def save_av(frames: list[Image.Image], path: Path, caption: str, codec="mpeg4", pix_fmt="yuv420p") -> Path:
+    """`frames` written by PyAV (FFmpeg's encoders), as a camera or an editor writes MP4 / MOV."""
+    av = pytest.importorskip("av")  # a dev dependency; optional for users
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=16)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, pix_fmt
+        for frame in frames:
+            image = frame if frame.mode in ("RGB", "RGBA") else frame.convert("RGB")
+            pixels = av.VideoFrame.from_ndarray(np.asarray(image), format={"RGB": "rgb24", "RGBA": "rgba"}[image.mode])
+            out.mux(stream.encode(pixels))
+        out.mux(stream.encode())
+    path.with_suffix(".txt").write_text(caption)
+    return path
+
+
+def held_sideways(path: Path) -> None:
+    """`path`'s track matrix set as a phone sets it for a portrait clip: shown turned a quarter clockwise."""
+    data = bytearray(path.read_bytes())
+    at = data.find(b"tkhd") + 4 + 4 + 20 + 8 + 8  # version 0: flags, times, track id, duration; reserved, layer...
+    assert struct.unpack(">9i", data[at : at + 36]) == (1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 30)  # identity
+    height = struct.unpack(">I", data[at + 40 : at + 44])[0] >> 16
+    data[at : at + 36] = struct.pack(">9i", 0, 1 << 16, 0, -(1 << 16), 0, 0, height << 16, 0, 1 << 30)
+    path.write_bytes(data)
+
+
+def test_an_mp4_reads_as_its_frames_and_a_phones_portrait_clip_upright(tmp_path):
+    """The PyAV path, which most users' videos take: the frames as drawn (within the codec's loss), and a clip a
+    phone recorded held upright (its frames stored lying down, a display matrix saying so) read upright, as a
+    player shows it and as a still's EXIF orientation is read; it was read lying down and cropped so."""
+    root = write_videos(tmp_path / "clips")
+    save_av(clip(9), root / "d.mp4", "a red square moving right")
+    cfg = data_cfg(root)
+    source, shape = check_clips(cfg, WAN_VAE), ClipShape.of(cfg, WAN_VAE)
+    frames = read_clip(source, source.files.index(root / "d.mp4"), shape, cfg)
+    drawn = [np.asarray(f, np.float32) for f in clip(9)]
+    assert len(frames) == 9 and all(np.abs(np.asarray(f, np.float32) - d).mean() < 4 for f, d in zip(frames, drawn))
+    tall = [Image.fromarray(np.asarray(f)[:, 8:72]) for f in clip(9, dx=0, dy=3)]  # 64 wide, 64 high: turned below
+    tall = [Image.fromarray(np.concatenate([np.asarray(f), np.full((16, 64, 3), 250, np.uint8)])) for f in tall]
+    held_sideways(save_av([f.rotate(90, expand=True) for f in tall], root / "e.mp4", "a red square moving down"))
+    frames = read_clip(check_clips(cfg, WAN_VAE), 4, shape, cfg, decoded=True)  # a, b, c, d, e
+    assert frames[0].size == (64, 80)  # upright: portrait, as recorded
+    assert np.abs(np.asarray(frames[0], np.float32) - np.asarray(tall[0], np.float32)).mean() < 4
+
+
+@pytest.mark.parametrize("codec,pix_fmt", [("qtrle", "argb"), ("prores_ks", "yuva444p10le")])
+def test_a_mov_with_alpha_is_read_as_a_transparent_gif_is(tmp_path, codec, pix_fmt):
+    """An editor's clip with alpha (QuickTime RLE, ProRes 4444): its clear pixels on black as a GIF's, and a clear
+    first frame refused as a given image; PyAV's to_image() dropped the alpha, showing the colour under it."""
+    root = write_videos(tmp_path / "clips")
+    save_av(clear_first(clip(9)), root / "d.mov", "a red square moving right", codec, pix_fmt)
+    cfg = data_cfg(root)
+    with refused("d.mov has transparent pixels (mode "):
+        Videos.check_with_teacher(cfg, WAN_VAE, Layout.i2v)
+    Videos.check_with_teacher(cfg, WAN_VAE, Layout.t2v)
+    first = np.asarray(read_clip(folder_videos(str(root)), 3, ClipShape.of(cfg, WAN_VAE), cfg)[0], np.float32)
+    assert first[:8].max() < 4 and first[8:].min() > 25  # the clear rows black, the rest as drawn
+
+
+def test_a_damaged_mp4_is_one_line_naming_it(tmp_path):
+    root = write_videos(tmp_path / "clips")
+    path = save_av(clip(9), root / "d.mp4", "a red square moving right")
+    path.write_bytes(path.read_bytes()[:600])  # cut short in a copy
+    with refused("d.mp4 is not a readable video (truncated or not a video"):
+        check_clips(data_cfg(root), WAN_VAE)

@@ -137,16 +137,19 @@ def _folder_files(path: Path, key: str) -> list[Path]:
                 )
         for name in names:
             file = here / name
+            read = file.suffix.lower() in MEDIA_SUFFIXES or file == path / "captions.jsonl"
             if file.is_file():
                 files.append(file)
-            elif file.is_symlink() and (
-                file.suffix.lower() in MEDIA_SUFFIXES
-                or file == path / "captions.jsonl"
-                or (not file.suffix and not name.startswith("."))
-            ):  # an image, a clip, the captions it reads, or what may have been a folder of them
+            elif file.is_symlink() and not file.exists() and (read or (not file.suffix and not name.startswith("."))):
+                # an image, a clip, the captions it reads, or what may have been a folder of them
                 raise UserError(
                     f"{key}: {file.relative_to(path).as_posix()} is a broken link (to {os.readlink(file)!r}); "
                     "point it at the file or remove it"
+                )
+            elif read:  # a named pipe, socket or device: skipped, it was dropped; opened, a pipe waits forever
+                raise UserError(
+                    f"{key}: {file.relative_to(path).as_posix()} is not a regular file (a pipe, socket or device); "
+                    "put the file itself there or remove it"
                 )
     return sorted(files)
 
@@ -159,6 +162,8 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
     from_jsonl = _jsonl_captions(jsonl, key) if jsonl.is_file() else None
     if from_jsonl is not None:
         _check_jsonl(from_jsonl, path, key, files, what, every)
+    else:
+        _check_txt(path, key, files, what, every)
     captions = []
     for file in files:
         rel = file.relative_to(path).as_posix()
@@ -215,6 +220,40 @@ def _check_jsonl(
             key,
             what,
             beside,
+        )
+
+
+def _check_txt(path: Path, key: str, files: list[Path], what: str, every: list[Path]) -> None:
+    """Each .txt caption captions a file it reads: one beside a file in a format it does not read (a.tiff, a.heic
+    beside a.txt) is refused, since that captioned file was dropped unread; one beside no file at all (its file
+    renamed or moved out) is said, once a process (a folder may hold notes)."""
+    read = set(files)
+    stems: dict[Path, list[Path]] = {}
+    for file in every:
+        if file.suffix != ".txt":
+            stems.setdefault(file.with_suffix(""), []).append(file)
+    alone = []
+    for txt in (file for file in every if file.suffix == ".txt"):
+        others = stems.get(txt.with_suffix(""), [])
+        if any(other in read for other in others):
+            continue
+        if others:
+            suffixes = IMAGE_SUFFIXES if what == "image" else VIDEO_SUFFIXES
+            raise UserError(
+                f"{key}: {others[0].relative_to(path).as_posix()} has a caption ({txt.name}) but is not among the "
+                f"{what}s it reads ({', '.join(suffixes)}); convert it to one of those, or remove it and its caption"
+            )
+        alone.append(txt.relative_to(path).as_posix())
+    if alone and f"{key} alone" not in _SAID:
+        _SAID.add(f"{key} alone")
+        log.warning(
+            "%s: %d .txt file(s) caption no %s in the folder, the first %r (is its %s renamed or moved out?); they "
+            "are not read",
+            key,
+            len(alone),
+            what,
+            alone[0],
+            what,
         )
 
 

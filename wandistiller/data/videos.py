@@ -129,11 +129,22 @@ def _av_frames(path: Path, count: int, key: str) -> tuple[list[Image.Image], tup
         if not container.streams.video:
             raise ValueError("no video stream")
         for frame in container.decode(video=0):
-            frames.append(frame.to_image())
+            frames.append(_av_image(frame))
             if len(frames) == count:
                 break
     size = frames[0].size if frames else (0, 0)
     return frames, size
+
+
+def _av_image(frame) -> Image.Image:
+    """A decoded frame as a player shows it: upright, by the display matrix a phone writes for a video held sideways
+    (PyAV decodes the sensor's orientation: a portrait clip came out lying down, and was cropped so), and its alpha
+    kept where it has one (a ProRes 4444 or PNG MOV), so that clear pixels go on black as a GIF's do
+    (`conditions.rgb`) and a clear first frame is refused as a given image (`conditions.opaque`); to_image() dropped
+    it, leaving whatever colour the encoder stored under them."""
+    alpha = any(component.is_alpha for component in frame.format.components)
+    image = Image.fromarray(frame.to_ndarray(format="rgba"), "RGBA") if alpha else frame.to_image()
+    return image.rotate(frame.rotation, expand=True) if frame.rotation else image  # a quarter turn: exact
 
 
 def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool = False) -> list[Image.Image]:
