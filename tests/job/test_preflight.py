@@ -147,6 +147,28 @@ def test_a_resume_whose_teacher_folder_now_holds_another_model_says_so_before_an
                                  "trained with")  # fmt: skip
 
 
+@pytest.mark.parametrize("student", ["student=half", "student=lora"])
+def test_a_resume_on_a_teacher_of_another_layout_is_refused_with_or_without_another_teacher_allowed(
+    make_cfg, tmp_path, tiny_i2v_path, student
+):
+    """A text-to-video run resumed on an image-to-video teacher: no allowed other teacher bridges a layout (the
+    student's inputs, the run's data source). The line offered trainer.allow_other_teacher, which then met the data
+    source's refusal, whose fix (a source of image pairs) a resume cannot take."""
+    run_dir = tmp_path / "r"
+    run(make_cfg(student, "trainer.max_steps=2", "trainer.checkpoint_every=2", run_dir=run_dir))
+    resume = (student, "trainer.max_steps=4", "trainer.resume=auto", f"teacher.path={tiny_i2v_path}")
+    for allowed in ((), ("trainer.allow_other_teacher=true",)):
+        with pytest.raises(UserError) as e:
+            run(make_cfg(*resume, *allowed, run_dir=run_dir))
+        error = str(e.value)
+        assert error.startswith("trainer.resume: the checkpoint") and "cannot go on this teacher" in error, error
+        assert f"the teacher at {tiny_i2v_path} is image-to-video (its experts take 36)" in error, error
+        assert error.endswith("resume under the teacher it was trained with, or start a new run folder to distil "
+                              "this one"), error  # fmt: skip
+        assert "allow_other_teacher" not in error and "data.latents" not in error
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]
+
+
 def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):
     # its VAE says scale_factor_temporal=4 but compresses time 2x (temperal_downsample [false, true]): trained on stills
     error = refused_run(make_cfg, tmp_path, "teacher=pocket", "data=pocket_digits", "data.latent_frames=2")

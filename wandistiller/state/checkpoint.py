@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from wandistiller.core import leftovers
+from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError, clipped, quieted
 from wandistiller.core.files import in_run, run_folder, write_in_run
 from wandistiller.state import safestate
@@ -491,14 +492,41 @@ def adapters_problem(experts: int | None, shape, spec) -> str | None:
     return f"its adapters were trained on a teacher with {k}={shape[k]}, and the teacher at {path} has {k}={now.get(k)}"
 
 
+LAYOUT_WORDS = {Layout.t2v: "text-to-video", Layout.i2v: "image-to-video", Layout.ti2v: "TI2V"}
+
+
+def layout_problem(recorded: dict | None, spec) -> str | None:
+    """How the teacher `spec`'s layout (its experts' input channels: the noise alone, or with a mask and the image's
+    latents) differs from the one a student was trained on (`recorded`: a checkpoint's or a run's teacher record),
+    in words: a student runs only on its own, which no allowed other teacher bridges. None where it is the same or
+    nothing was recorded."""
+    shape = recorded.get("shape") if isinstance(recorded, dict) else None
+    given, now = (shape.get("in_channels") if isinstance(shape, dict) else None), spec.transformer_config["in_channels"]
+    if not isinstance(given, int) or given == now:
+        return None
+    name = recorded.get("name") if isinstance(recorded, dict) and isinstance(recorded.get("name"), str) else None
+    return (
+        f"it was trained on {name or 'its teacher'!s:.200}, whose experts take {given} input channels, and the teacher "
+        f"at {spec.path} is {LAYOUT_WORDS[spec.layout]} (its experts take {now}): a student runs only on the layout it "
+        "was trained on"
+    )
+
+
 def check_teacher(checkpoint: Path | None, spec, allow: bool, per_expert: bool = False) -> None:
     """A resume refuses, in one line, a teacher other than the one its checkpoint was trained against. `allow`
-    (trainer.allow_other_teacher) takes another teacher on purpose, but not, for a student with one part per expert
+    (trainer.allow_other_teacher) takes another teacher on purpose, but not one of another layout (`layout_problem`:
+    the student's inputs, and the run's data source, are its layout's), nor, for a student with one part per expert
     (`per_expert`: a LoRA student's adapter sets), another count of experts or another shape (`adapters_problem`):
-    that checkpoint cannot be loaded, so the line offers no flag."""
+    that checkpoint cannot be loaded, so those lines offer no flag."""
     if checkpoint is None:
         return
     recorded = _recorded_teacher(checkpoint)
+    why = layout_problem(recorded, spec)
+    if why:  # the flag would only meet the data source's refusal, whose fix (another source) a resume cannot take
+        raise UserError(
+            f"trainer.resume: the checkpoint {checkpoint} cannot go on this teacher: {why}; resume under the teacher "
+            "it was trained with, or start a new run folder to distil this one"
+        )
     if per_expert and isinstance(recorded, dict):
         why = adapters_problem(recorded.get("experts"), recorded.get("shape"), spec)
         if why:

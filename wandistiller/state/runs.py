@@ -26,7 +26,6 @@ from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 
 from wandistiller.core import leftovers
-from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError, clipped, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in
 from wandistiller.core.hydra import register_resolvers
@@ -38,6 +37,7 @@ from wandistiller.state.checkpoint import (
     adapters_problem,
     check_compatible,
     checkpoint_dir,
+    layout_problem,
     list_checkpoints,
     load_checkpoint,
     teacher_digest,
@@ -517,24 +517,11 @@ def recorded_teacher(run: RunFolder, source: Path) -> dict | None:
         return None
 
 
-LAYOUT_WORDS = {Layout.t2v: "text-to-video", Layout.i2v: "image-to-video", Layout.ti2v: "TI2V"}
-
-
-def layout_problem(run: RunFolder, source: Path) -> str | None:
+def run_layout_problem(run: RunFolder, source: Path) -> str | None:
     """Why eval and generate cannot draw this student, in words: a student runs only on the layout it was trained on
-    (its experts' input channels: the noise alone, or with a mask and the image's latents), which no
-    --allow-other-teacher bridges. None where it fits."""
-    spec, recorded = run.spec, recorded_teacher(run, source) or {}
-    shape = recorded.get("shape") if isinstance(recorded, dict) else None
-    given, now = (shape.get("in_channels") if isinstance(shape, dict) else None), spec.transformer_config["in_channels"]
-    name = recorded.get("name") if isinstance(recorded.get("name"), str) else "its teacher"
-    if isinstance(given, int) and given != now:
-        return (
-            f"it was trained on {name:.200}, whose experts take {given} input channels, and the teacher at {spec.path} "
-            f"is {LAYOUT_WORDS[spec.layout]} (its experts take {now}): a student runs only on the layout it "
-            "was trained on; give it the teacher it was trained with (--teacher-path that teacher's folder)"
-        )
-    return None
+    (`checkpoint.layout_problem`), which no --allow-other-teacher bridges. None where it fits."""
+    why = layout_problem(recorded_teacher(run, source), run.spec)
+    return f"{why}; give it the teacher it was trained with (--teacher-path that teacher's folder)" if why else None
 
 
 def lora_teacher_problem(run: RunFolder, source: Path) -> str | None:
@@ -558,9 +545,9 @@ def check_teacher_fits(run: RunFolder, source: Path, allow_other: bool, fix: str
     """eval and generate (and an export given its teacher's place) refuse, in one line ending with
     `OTHER_TEACHER_FIX[fix]`, a teacher other than the one the student was trained against (a `--teacher-path` of
     another shape, a saved teacher.path edited): its figures would be silently wrong. A student of another layout
-    (`layout_problem`), or a LoRA student's adapters on a teacher of another count of experts or another shape
+    (`run_layout_problem`), or a LoRA student's adapters on a teacher of another count of experts or another shape
     (`lora_teacher_problem`), is refused whatever `allow_other` says: it cannot run at all."""
-    layout = layout_problem(run, source) or lora_teacher_problem(run, source)
+    layout = run_layout_problem(run, source) or lora_teacher_problem(run, source)
     if layout:
         done = "drawn here" if fix == "cli" else "exported with this teacher"
         raise UserError(f"the student in {source} cannot be {done}: {layout}")
