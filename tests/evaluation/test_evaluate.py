@@ -381,9 +381,10 @@ def other_weights(tiny_path, tmp_path):
 
 
 def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, tiny_path):
-    """--allow-other-teacher: the result goes to its own file, named for that teacher's weights digest (and carries
-    the teacher, path and digest: the slow test below)."""
-    from wandistiller.state.checkpoint import teacher_digest
+    """--allow-other-teacher: the result goes to its own file, named for that teacher's weights (every tensor's
+    digest: two fine-tunes of a few layers can share the coarse one), and carries the teacher, path and digests (the
+    slow test below)."""
+    from wandistiller.state.checkpoint import tensors_digest
     from wandistiller.state.runs import open_run, other_teacher_tag
     from wandistiller.state.trust import Trust
     from wandistiller.teacher.spec import inspect_teacher
@@ -391,7 +392,7 @@ def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, ti
     folder, other = copied(finished, tmp_path), other_weights(tiny_path, tmp_path)
     with pytest.raises(UserError, match="does not fit this teacher: .* weights of the teacher at .* differ"):
         evaluate(folder, EvalSettings(steps=1, limit=1, trust=Trust(teacher_path=str(other))))
-    digest = teacher_digest(inspect_teacher(other))
+    digest = tensors_digest(inspect_teacher(other))
     run = open_run(folder, str(other))
     assert other_teacher_tag(run, folder / "student", True) == f"teacher-{digest[:12]}"
     assert other_teacher_tag(open_run(folder), folder / "student", True) is None  # the recorded one: its own name
@@ -400,7 +401,7 @@ def test_a_result_against_another_teacher_is_named_for_it(finished, tmp_path, ti
 
 @pytest.mark.slow  # a whole evaluation (~3 s): the default lane checks the names above
 def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_teacher(finished, tmp_path, tiny_path):
-    from wandistiller.state.checkpoint import teacher_digest
+    from wandistiller.state.checkpoint import teacher_digest, tensors_digest
     from wandistiller.state.trust import Trust
     from wandistiller.teacher.spec import inspect_teacher
 
@@ -408,11 +409,12 @@ def test_a_result_against_another_teacher_goes_to_its_own_file_and_carries_the_t
     own = folder / "eval.json"
     own.write_text('{"judged": "against its own teacher"}')
     os.utime(own, ns=(10**18, 10**18))
-    digest = teacher_digest(inspect_teacher(other))
+    spec = inspect_teacher(other)
+    digest, fine = teacher_digest(spec), tensors_digest(spec)
     result = evaluate(folder, EvalSettings(steps=1, limit=1, trust=Trust(teacher_path=str(other), other_teacher=True)))
-    assert result["files"][0].endswith(f"_teacher-{digest[:12]}.json") and result["files"][0].startswith("eval_")
+    assert result["files"][0].endswith(f"_teacher-{fine[:12]}.json") and result["files"][0].startswith("eval_")
     saved = json.loads((folder / result["files"][0]).read_text())
-    assert saved["teacher"] == {"path": str(other), "digest": digest, "recorded": False}
+    assert saved["teacher"] == {"path": str(other), "digest": digest, "tensors_digest": fine, "recorded": False}
     assert own.read_text() == '{"judged": "against its own teacher"}' and own.stat().st_mtime_ns == 10**18
 
 

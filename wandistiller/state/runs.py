@@ -42,6 +42,7 @@ from wandistiller.state.checkpoint import (
     load_checkpoint,
     teacher_digest,
     teacher_problem,
+    tensors_digest,
 )
 from wandistiller.state.checkpoint import (
     problem as checkpoint_problem,
@@ -568,9 +569,10 @@ def check_frames(run: RunFolder) -> None:
 
 
 def teacher_identity(spec: TeacherSpec) -> dict:
-    """The teacher a result was judged against, as checkpoints record it: its folder and its weights' digest."""
+    """The teacher a result was judged against, as checkpoints record it: its folder and its weights' digests (the
+    coarse one, and every tensor's, which tells apart fine-tunes the coarse one can miss)."""
 
-    return {"path": str(spec.path), "digest": teacher_digest(spec)}
+    return {"path": str(spec.path), "digest": teacher_digest(spec), "tensors_digest": tensors_digest(spec)}
 
 
 def other_teacher_tag(run: RunFolder, source: Path, allow_other: bool) -> str | None:
@@ -583,7 +585,8 @@ def other_teacher_tag(run: RunFolder, source: Path, allow_other: bool) -> str | 
     if isinstance(recorded, dict) and isinstance(recorded.get("digest"), str):
         if teacher_problem(recorded, run.spec) is None:
             return None
-    return f"teacher-{teacher_identity(run.spec)['digest'][:12]}"
+    # Every tensor's digest: two fine-tunes of a few layers can share the coarse one, and would share one file.
+    return f"teacher-{tensors_digest(run.spec)[:12]}"
 
 
 def as_sampler(spec: TeacherSpec, transformer, device: torch.device) -> Teacher:
