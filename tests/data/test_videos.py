@@ -4,6 +4,7 @@ into [3, F, H, W] pixels in [-1, 1]; each file it cannot use is one line naming 
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 from types import SimpleNamespace
@@ -164,11 +165,11 @@ def test_a_clip_whose_first_frame_is_transparent_is_refused_as_a_given_image_and
     assert first[:8].max() == 0 and first[8:].min() > 0  # the clear rows black, the rest as drawn
 
 
-def save_av(frames: list[Image.Image], path: Path, caption: str, codec="mpeg4", pix_fmt="yuv420p") -> Path:
-    """`frames` written by PyAV (FFmpeg's encoders), as a camera or an editor writes MP4 / MOV."""
+def save_av(frames: list[Image.Image], path: Path, caption: str, codec="mpeg4", pix_fmt="yuv420p", rate=16) -> Path:
+    """`frames` written by PyAV (FFmpeg's encoders) at `rate` fps, as a camera or an editor writes MP4 / MOV."""
     av = pytest.importorskip("av")  # a dev dependency; optional for users
     with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=16)
+        stream = out.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, pix_fmt
         for frame in frames:
             image = frame if frame.mode in ("RGB", "RGBA") else frame.convert("RGB")
@@ -228,3 +229,58 @@ def test_a_damaged_mp4_is_one_line_naming_it(tmp_path):
     path.write_bytes(path.read_bytes()[:600])  # cut short in a copy
     with refused("d.mp4 is not a readable video (truncated or not a video"):
         check_clips(data_cfg(root), WAN_VAE)
+
+
+def at_fps(root: Path, fps: float | None, latent_frames: int = 3) -> SimpleNamespace:
+    cfg = data_cfg(root, latent_frames)
+    cfg.fps = fps
+    return cfg
+
+
+def test_data_fps_samples_each_file_at_one_rate_whatever_it_is_stored_at(tmp_path):
+    """A 32 fps MP4 beside 16 fps GIFs: at data.fps=16 its clip is every other frame, spanning the same half second
+    as theirs (frame by frame it spanned a quarter, moving twice as fast); the GIFs' clips are their frames."""
+    root = write_videos(tmp_path / "clips")
+    save_av(clip(17, dx=2), root / "d.mp4", "a red square moving right", rate=32)
+    cfg = at_fps(root, 16)
+    source, shape = check_clips(cfg, WAN_VAE), ClipShape.of(cfg, WAN_VAE)
+    gif = read_clip(source, 0, shape, cfg)
+    assert all(np.array_equal(np.asarray(f), np.asarray(d.convert("RGB"))) for f, d in zip(gif, clip(9)))
+    mp4 = [np.asarray(f, np.float32) for f in read_clip(source, 3, shape, cfg)]
+    assert len(mp4) == 9 and all(
+        np.abs(f - np.asarray(d, np.float32)).mean() < 4 for f, d in zip(mp4, clip(17, dx=2)[::2])
+    )
+    assert "at data.fps=16" in shape.what(cfg)
+
+
+def test_mixed_frame_rates_taken_frame_by_frame_are_said_once(tmp_path, caplog):
+    root = write_videos(tmp_path / "clips")
+    with caplog.at_level(logging.WARNING):
+        check_clips(data_cfg(root), WAN_VAE)
+    assert not caplog.records  # one rate: nothing to say
+    save_av(clip(17), root / "d.mp4", "a red square moving right", rate=32)
+    with caplog.at_level(logging.WARNING):
+        check_clips(data_cfg(root), WAN_VAE)
+        check_clips(data_cfg(root), WAN_VAE)  # read again in the same run: said once
+        check_clips(at_fps(root, 16), WAN_VAE)  # one rate asked for: nothing to say
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "its videos are stored at different frame rates (b.webp at 16.1 fps, d.mp4 at 32 fps)" in line, line
+    assert line.endswith("set data.fps (e.g. 16, as Wan 2.1/2.2 were trained) to sample each at one rate")
+
+
+@pytest.mark.parametrize(
+    "fps,edit,message",
+    [
+        (32, None, "a.gif is stored at 16.7 fps, fewer than data.fps=32: 4 of its frames would show twice (none are"),
+        (8, None, "a.gif's 9 frames span 0.48 s, less than the 1.00 s a clip of 9 frames of 64x64 (data.latent_frames"),
+        (16, lambda r: clip(9)[0].save(r / "a.gif", save_all=True, append_images=clip(9)[1:], duration=0),
+         "a.gif gives its frames no times (a GIF without durations, a stream without timestamps), which data.fps"),
+    ],
+)  # fmt: skip
+def test_a_file_data_fps_cannot_sample_is_one_line_naming_it(tmp_path, fps, edit, message):
+    """Slower than data.fps: its frames would repeat (a clip that stutters), as a small video is never scaled up."""
+    root = write_videos(tmp_path / "clips")
+    if edit is not None:
+        edit(root)
+    with refused(message):
+        check_clips(at_fps(root, fps), WAN_VAE)

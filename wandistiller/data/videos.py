@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,9 @@ from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec, read_json
 from wandistiller.teacher.vae import encode_clips, load_vae, pixel_frames
 
+log = logging.getLogger(__name__)
+_SAID_RATES: set[str] = set()  # folders whose mixed frame rates were said, once a process
+
 
 @dataclass
 class VideoSource:
@@ -58,21 +63,25 @@ class VideoSource:
 
 @dataclass(frozen=True)
 class ClipShape:
-    """What a clip must be: its frames (of the file, every `step`-th) and the frame size, in pixels."""
+    """What a clip must be: its frames (of the file, every `step`-th; or with `fps`, the frame shown at each
+    1 / fps seconds) and the frame size, in pixels."""
 
     frames: int
     step: int
     height: int
     width: int
+    fps: float | None = None
 
     @classmethod
     def of(cls, data_cfg, vae_config: dict) -> ClipShape:
         scale = int(vae_config.get("scale_factor_spatial", 8))
+        fps = getattr(data_cfg, "fps", None)  # a run saved before data.fps has none: every frame_step-th frame
         return cls(
             pixel_frames(data_cfg.latent_frames, vae_config),
             int(data_cfg.frame_step),
             data_cfg.latent_height * scale,
             data_cfg.latent_width * scale,
+            float(fps) if fps is not None else None,
         )
 
     def what(self, data_cfg) -> str:
@@ -80,6 +89,7 @@ class ClipShape:
             f"{self.frames} frames of {self.width}x{self.height} (data.latent_frames={data_cfg.latent_frames}, "
             f"latent {data_cfg.latent_width}x{data_cfg.latent_height}"
             + (f", every {self.step}th frame" if self.step > 1 else "")
+            + (f", at data.fps={self.fps:g}" if self.fps else "")
             + ")"
         )
 
@@ -102,21 +112,21 @@ def folder_videos(root: str) -> VideoSource:
     return VideoSource(captions, files, path, key, fingerprint)
 
 
-def _pil_frames(path: Path, count: int) -> tuple[list[Image.Image], tuple[int, int]]:
-    frames = []
+def _pil_frames(path: Path) -> Iterator[tuple[Image.Image, float]]:
+    """An animated GIF's or WebP's frames, each with the time it is shown at (seconds, from its durations)."""
     with Image.open(path) as video:
         if video.format not in ("GIF", "WEBP"):
             raise ValueError(f"a {video.format} image, not an animated GIF or WebP")
+        time = 0.0
         for frame in ImageSequence.Iterator(video):
             # A copy, decoded in full here (truncated: raises), its alpha kept: a transparent first frame is refused
             # as a given image, as a transparent still is (conditions.opaque).
-            frames.append(frame.copy())
-            if len(frames) == count:
-                break
-        return frames, video.size
+            yield frame.copy(), time
+            time += (frame.info.get("duration") or 0) / 1000
 
 
-def _av_frames(path: Path, count: int, key: str) -> tuple[list[Image.Image], tuple[int, int]]:
+def _av_frames(path: Path, key: str) -> Iterator[tuple[Image.Image, float]]:
+    """A video's frames through PyAV, each with its presentation time (seconds)."""
     try:
         import av  # optional: MP4 and other containers
     except ImportError:
@@ -124,16 +134,11 @@ def _av_frames(path: Path, count: int, key: str) -> tuple[list[Image.Image], tup
             f"{key}: {path.name} is a {path.suffix} video, which needs PyAV to decode; pip install av "
             f"(or give animated GIF or WebP files)"
         ) from None
-    frames: list[Image.Image] = []
     with av.open(str(path)) as container:
         if not container.streams.video:
             raise ValueError("no video stream")
         for frame in container.decode(video=0):
-            frames.append(_av_image(frame))
-            if len(frames) == count:
-                break
-    size = frames[0].size if frames else (0, 0)
-    return frames, size
+            yield _av_image(frame), frame.time or 0.0  # a stream without timestamps: no times (data.fps refuses it)
 
 
 def _av_image(frame) -> Image.Image:
@@ -147,17 +152,60 @@ def _av_image(frame) -> Image.Image:
     return image.rotate(frame.rotation, expand=True) if frame.rotation else image  # a quarter turn: exact
 
 
+@dataclass
+class _Picked:
+    """A clip's frames as picked from a file, and what the refusals say of the file: the frames decoded, the last
+    one's time from the first's (seconds), and each frame picked more than once (at a data.fps above its rate)."""
+
+    frames: list[Image.Image]
+    decoded: int
+    last: float
+    repeated: int
+
+    @property
+    def rate(self) -> float | None:
+        """Frames a second, from the decoded frames' times (None where they carry none: a GIF without durations)."""
+        return (self.decoded - 1) / self.last if self.last > 0 else None
+
+
+def _pick(timed: Iterator[tuple[Image.Image, float]], shape: ClipShape) -> _Picked:
+    """The clip's frames from a file's (frame, time)s, decoding no further than the clip: every `shape.step`-th
+    frame from the first; or (`shape.fps`) at each k / fps seconds the frame shown then (the last to start by it),
+    so files stored at 24, 30 or 60 fps give clips that move alike."""
+    frames: list[Image.Image] = []
+    decoded, start, time, shown = 0, 0.0, 0.0, None
+    tolerance = 1e-3 if shape.fps is None else 0.25 / shape.fps  # container times are rounded (a GIF's to 10 ms)
+    for image, at in timed:
+        start = at if decoded == 0 else start
+        time = at - start
+        if shape.fps is None:
+            if decoded % shape.step == 0:
+                frames.append(image)
+        else:  # the times passed before this frame starts show the one before it
+            while shown is not None and len(frames) < shape.frames and time > len(frames) / shape.fps + tolerance:
+                frames.append(shown)
+            shown = image
+        decoded += 1
+        if len(frames) == shape.frames:
+            break
+    if shape.fps is not None:  # the last frame stays on screen until the file ends: at least half a frame of ours
+        while shown is not None and len(frames) < shape.frames and len(frames) / shape.fps <= time + 0.5 / shape.fps:
+            frames.append(shown)
+    return _Picked(frames, decoded, time, len(frames) - len({id(f) for f in frames}))
+
+
 def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool = False) -> list[Image.Image]:
-    """Video i's first `shape.frames` frames (every `shape.step`-th) in RGB, transparent pixels on black as a still's
-    (`conditions.rgb`; `decoded`: as decoded, alpha kept), refused in one line where it does not decode, is too
-    short, or is smaller than the frame size."""
+    """Video i's clip (`_pick`) in RGB, transparent pixels on black as a still's (`conditions.rgb`; `decoded`: as
+    decoded, alpha kept), refused in one line where it does not decode, is too short, is smaller than the frame
+    size, or (at data.fps) is stored at a lower rate."""
+    return _read(source, i, shape, data_cfg, decoded).frames
+
+
+def _read(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool = False) -> _Picked:
     path, name = source.files[i], source.name(i)
-    needed = (shape.frames - 1) * shape.step + 1
     try:
-        if path.suffix.lower() in PIL_SUFFIXES:
-            frames, size = _pil_frames(path, needed)
-        else:
-            frames, size = _av_frames(path, needed, source.key)
+        timed = _pil_frames(path) if path.suffix.lower() in PIL_SUFFIXES else _av_frames(path, source.key)
+        picked = _pick(timed, shape)
     except UserError:
         raise
     except Exception as e:  # PIL and PyAV raise many types for a damaged or foreign file; all mean the same here
@@ -166,27 +214,44 @@ def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: 
             f"{source.key}: {name} is not a readable video (truncated or not a video: {reason[:120]}); "
             "replace or remove it"
         ) from None
-    if len(frames) == 1 and needed > 1:  # a still saved as a GIF or WebP: not a short clip
+    frames, fps = picked.frames, shape.fps
+    if picked.decoded == 1 and shape.frames > 1:  # a still saved as a GIF or WebP: not a short clip
         raise UserError(
             f"{source.key}: {name} has one frame, a still, and data=video_folder takes clips; move it out of the "
             "folder (stills train with data=image_folder)"
         )
-    if len(frames) < needed:
+    if fps is not None and picked.rate is None and shape.frames > 1:
         raise UserError(
-            f"{source.key}: {name} has {len(frames)} frame(s), fewer than the {needed} a clip of "
+            f"{source.key}: {name} gives its frames no times (a GIF without durations, a stream without "
+            "timestamps), which data.fps needs; give it them, or use data.frame_step instead of data.fps"
+        )
+    if len(frames) < shape.frames and fps is None:
+        needed = (shape.frames - 1) * shape.step + 1
+        raise UserError(
+            f"{source.key}: {name} has {picked.decoded} frame(s), fewer than the {needed} a clip of "
             f"{shape.what(data_cfg)} takes; lower data.latent_frames"
             + (" or data.frame_step" if shape.step > 1 else "")
             + " or remove it"
         )
-    width, height = size
+    if len(frames) < shape.frames and fps is not None:
+        raise UserError(
+            f"{source.key}: {name}'s {picked.decoded} frames span {picked.last:.2f} s, less than the "
+            f"{(shape.frames - 1) / fps:.2f} s a clip of {shape.what(data_cfg)} takes; lower data.latent_frames or "
+            "data.fps, or remove it"
+        )
+    if picked.repeated:
+        raise UserError(
+            f"{source.key}: {name} is stored at {picked.rate:.3g} fps, fewer than data.fps={fps:g}: {picked.repeated} "
+            "of its frames would show twice (none are made up); lower data.fps, or remove it"
+        )
+    width, height = frames[0].size
     if width < shape.width or height < shape.height:
         raise UserError(
             f"{source.key}: {name} is {width}x{height}, smaller than the {shape.width}x{shape.height} frames of "
             f"{shape.what(data_cfg)} (videos are scaled down and cropped, never up); give larger videos or "
             "lower data.latent_height/latent_width"
         )
-    frames = frames[:: shape.step]
-    return frames if decoded else [rgb(frame) for frame in frames]
+    return picked if decoded else _Picked([rgb(f) for f in frames], picked.decoded, picked.last, picked.repeated)
 
 
 def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
@@ -199,14 +264,38 @@ def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
 def check_clips(data_cfg, vae_config: dict, given: bool = False) -> VideoSource:
     """Every video decodes into a whole clip of the run's shape, and (`given`: an image-to-video teacher's) its first
     frame can be a given image, opaque as a given still must be (the preflight calls this before anything heavy,
-    once the teacher's VAE config is known)."""
+    once the teacher's VAE config is known). Files stored at different rates, taken frame by frame, are said."""
     source = folder_videos(data_cfg.root)
     shape = ClipShape.of(data_cfg, vae_config)
+    rates = {}
     for i in range(len(source.files)):
-        frames = read_clip(source, i, shape, data_cfg, decoded=given)
+        picked = _read(source, i, shape, data_cfg, decoded=given)
         if given:
-            opaque(frames[0], source.name(i), source.key)
+            opaque(picked.frames[0], source.name(i), source.key)
+        if picked.rate is not None:
+            rates[source.name(i)] = picked.rate
+    _said_rates(source.key, rates, shape)
     return source
+
+
+def _said_rates(key: str, rates: dict[str, float], shape: ClipShape) -> None:
+    """A warning, once a process, where files stored at rates more than 10% apart are taken frame by frame (no
+    data.fps): their clips move at different speeds, which a student learns as one motion."""
+    if shape.fps is not None or shape.frames < 2 or len(rates) < 2 or key in _SAID_RATES:
+        return
+    slow, fast = min(rates, key=rates.__getitem__), max(rates, key=rates.__getitem__)
+    if rates[fast] > 1.1 * rates[slow]:
+        _SAID_RATES.add(key)
+        log.warning(
+            "%s: its videos are stored at different frame rates (%s at %.3g fps, %s at %.3g fps), and taken frame by "
+            "frame their clips move at different speeds; set data.fps (e.g. 16, as Wan 2.1/2.2 were trained) to "
+            "sample each at one rate",
+            key,
+            slow,
+            rates[slow],
+            fast,
+            rates[fast],
+        )
 
 
 def video_latents(
@@ -223,7 +312,8 @@ def video_latents(
     vae_config = read_json(spec.path / "vae" / "config.json", "teacher.path")
     shape = ClipShape.of(data_cfg, vae_config)
     vae_id = [str(spec.path.resolve()), vae_config, file_stamps(spec.path / "vae", "*.safetensors")]
-    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), shape.step, PIXELS], sort_keys=True)
+    picked = [shape.step] + ([shape.fps] if shape.fps else [])  # without data.fps: the keys of before it
+    blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), *picked, PIXELS], sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:20]
     vae: list = []  # loaded only when a chunk is missing
 

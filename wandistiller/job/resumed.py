@@ -175,6 +175,8 @@ def continued_config(cfg: DictConfig, overrides: list[str] | None) -> DictConfig
     for keys in wholes.values():  # `+experiment=x`: held to the run, or taken, key by key as if each were given
         given = (given or set()) | keys
     now, before = _flat(cfg), _flat(saved)
+    # A key the schema gained since the run was saved (data.fps), at its off value, is how the run trained: the same.
+    before |= {k: None for k, v in now.items() if v is None and k not in before}
     # A whole composed config is held to the run key by key, its schedule's length aside: always the run's own.
     asked = given if given is not None else {k for k in now.keys() | before.keys() if not may_change(k)} - {SCHEDULE}
     if given is None and now.get("precision.name") == "auto":  # a whole config (in-process): auto is the run's own

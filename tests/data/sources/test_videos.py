@@ -55,6 +55,26 @@ def test_too_few_frames_for_the_teachers_vae_is_one_line_before_the_run_folder(m
     assert "set data.root" in refused_run(make_cfg, tmp_path, "null")
 
 
+def test_data_fps_out_of_range_or_beside_a_frame_step_is_one_line_before_the_run_folder(make_cfg, tmp_path):
+    root = write_videos(tmp_path / "clips")
+    assert "data.fps=0" in refused_run(make_cfg, tmp_path, root, "data.fps=0")
+    error = refused_run(make_cfg, tmp_path, root, "data.fps=16", "data.frame_step=2")
+    assert error.startswith("data.fps=16 and data.frame_step=2 both pick a clip's frames; set one of them"), error
+    error = refused_run(make_cfg, tmp_path, root, "data.fps=24")  # the 16 fps GIFs: their frames would repeat
+    assert "a.gif is stored at 16.7 fps, fewer than data.fps=24" in error, error
+
+
+def test_a_run_saved_before_data_fps_resumes_as_it_trained(make_cfg, tmp_path):
+    """Its saved config has no data.fps: the whole config of now (data.fps=None) is the same run, not a change."""
+    root, folder = write_videos(tmp_path / "clips"), tmp_path / "run"
+    run(make_cfg(*videos(root, "trainer.checkpoint_every=2"), run_dir=folder))
+    saved = OmegaConf.load(folder / ".hydra" / "config.yaml")
+    del saved.data["fps"]
+    OmegaConf.save(saved, folder / ".hydra" / "config.yaml")
+    run(make_cfg(*videos(root, "trainer.max_steps=4", "trainer.resume=auto"), run_dir=folder))
+    assert max(r["step"] for r in metrics_steps(folder) if "loss" in r) == 4
+
+
 def test_an_mp4_without_pyav_names_the_package(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)  # as where it is not installed (the dev install brings it)
     root = write_videos(tmp_path / "clips")

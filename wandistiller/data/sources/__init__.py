@@ -33,8 +33,9 @@ def sources() -> dict[str, type[DataSource]]:
 
 
 def range_checks(data_cfg) -> list[tuple[str, Any, Callable[[Any], bool], str]]:
-    """(key, value, ok, what) of the chosen source's own keys, in its order."""
-    return [(key, data_cfg[key.split(".", 1)[1]], ok, what) for key, ok, what in source_of(data_cfg).ranges]
+    """(key, value, ok, what) of the chosen source's own keys, in its order (a key a run saved before it existed, as
+    data.fps, is its default: None)."""
+    return [(key, data_cfg.get(key.split(".", 1)[1]), ok, what) for key, ok, what in source_of(data_cfg).ranges]
 
 
 def source_of(data_cfg) -> type[DataSource]:

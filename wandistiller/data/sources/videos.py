@@ -6,6 +6,7 @@ held out for validation with their captions, as the images source holds out imag
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from wandistiller.config import DataCommon
@@ -29,6 +30,10 @@ class VideosConfig(DataCommon):
     root: str | None = None
     # Every frame_step-th frame of the file makes the clip (2 halves a 30 fps video's rate); from its start.
     frame_step: int = 1
+    # Or the clip's frame rate: each file sampled at it by its frames' times (the frame shown at each 1/fps s), so
+    # files stored at 24, 30 or 60 fps give clips that move alike. Wan 2.1/2.2 were trained at 16, TI2V 5B at 24.
+    # Never above a file's own rate (no frame is shown twice). null: every frame_step-th frame, as stored.
+    fps: float | None = None
     # Clips encoded per cache chunk: an interrupted run keeps its finished chunks.
     latent_chunk: int = 16
 
@@ -40,6 +45,7 @@ class Videos(DataSource):
     images_as_x0 = True  # a text-to-video teacher takes the clips alone
     ranges = (
         ("data.frame_step", lambda v: v > 0, "a positive integer"),
+        ("data.fps", lambda v: v is None or 0 < v < math.inf, "a positive, finite number of frames a second, or null"),
         ("data.latent_chunk", lambda v: v > 0, "a positive integer"),
     )
 
@@ -48,6 +54,11 @@ class Videos(DataSource):
 
         if data_cfg.root is None:
             raise UserError("data=video_folder: set data.root (a folder of videos with captions)")
+        if data_cfg.get("fps") is not None and data_cfg.frame_step != 1:
+            raise UserError(
+                f"data.fps={data_cfg.fps:g} and data.frame_step={data_cfg.frame_step} both pick a clip's frames; "
+                "set one of them (data.fps samples each file at one rate, whatever it is stored at)"
+            )
         folder_videos(data_cfg.root)
 
     @classmethod
