@@ -153,6 +153,22 @@ def test_fp8_and_bf16_single_files_and_a_bf16_diffusers_folder(finished, tmp_pat
     assert "## Files" in (folder / "README.md").read_text()
 
 
+def test_out_is_never_the_teacher_folder_it_reads_nor_in_it_nor_holding_it(finished, tmp_path, tiny_path):
+    """--force replaced the folder --out names: given the teacher's own folder, it deleted the teacher (with a real
+    Wan model, tens of GB of a download); refused with or without --force, in both export and pipeline."""
+    from wandistiller.pipeline import export as export_pipeline
+
+    teacher = tmp_path / "teachers" / "tiny"
+    shutil.copytree(tiny_path, teacher)
+    before = sorted(p.relative_to(teacher) for p in teacher.rglob("*"))
+    for out, where in ((teacher, "is"), (teacher / "transformer", "is inside"), (tmp_path / "teachers", "holds")):
+        with refused(f"--out {out} {where} the teacher's folder {teacher}, which the export reads; choose a folder"):
+            export(finished, out, "single-file", force=True, teacher_path=str(teacher))
+        with refused(f"--out {out} {where} the teacher's folder {teacher}"):
+            export_pipeline(finished, out, teacher_path=str(teacher))
+    assert sorted(p.relative_to(teacher) for p in teacher.rglob("*")) == before
+
+
 def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path):
     from wandistiller.core.errors import UserError
 

@@ -149,6 +149,21 @@ def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp
     assert "\n" not in str(e.value) and not (folder / "generated").exists()  # nothing written into the run
 
 
+@pytest.mark.parametrize("inside", ["student", "checkpoints/step_00000001", "teacher"])
+def test_generate_never_writes_among_what_the_run_is_read_from(finished, tmp_path, tiny_path, inside, monkeypatch):
+    """--out in the teacher's folder wrote pictures into a model folder (the package's own pocket teacher, once)."""
+    import shutil
+
+    folder = tmp_path / "received"
+    shutil.copytree(finished, folder)
+    out = tiny_path / "pictures" if inside == "teacher" else folder / inside
+    monkeypatch.setattr(generate_cli, "encode_prompts", lambda *a, **k: pytest.fail("work began before the checks"))
+    what = {"teacher": "the teacher's folder", "student": "the run's student"}.get(inside, "the run's checkpoints")
+    with pytest.raises(UserError, match=f"--out: {out} is {what} or inside it"):
+        generate_cli.run_generate(generate_cli.parse_args([str(folder), "--prompt", "a fox", "--out", str(out)]))
+    assert not (tiny_path / "pictures").exists()
+
+
 def test_an_image_drawn_against_another_teacher_is_named_for_it():
     assert generate_cli.drawn_by("student", 4, 4, None, None, "teacher-0123456789ab") == "student_teacher-0123456789ab"
     assert generate_cli.drawn_by("teacher", 20, 20) == "teacher"

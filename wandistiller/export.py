@@ -60,7 +60,7 @@ from wandistiller.state.formats.base import (
     formats,
     is_lora_student,
 )
-from wandistiller.state.runs import check_out_of_run, open_relocated
+from wandistiller.state.runs import RunFolder, check_out_of_inputs, open_relocated
 from wandistiller.state.singlefile import FP8_LAYOUTS
 from wandistiller.state.trust import add_teacher_args
 
@@ -70,10 +70,11 @@ FORMATS = formats()  # by name: each a record of wandistiller/state/formats/
 
 
 # -- checks before anything is read or written ---------------------------------------------------------------------
-def check_out(out: Path, run_dir: Path, force: bool) -> None:
-    """`--out` new, or empty, or (with --force) an existing folder to replace; never inside the run folder."""
+def check_out(out: Path, run: RunFolder, force: bool) -> None:
+    """`--out` new, or empty, or (with --force) an existing folder to replace; never inside the run folder, nor
+    the teacher's."""
 
-    check_out_of_run(out, run_dir)  # --force would remove a run with the folder it replaces
+    check_out_of_inputs(out, run)  # --force would remove a run, or its teacher, with the folder it replaces
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(f"--out {out} is a file or a link; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -132,7 +133,7 @@ def export(
         raise UserError(f"--fp8-layout {fp8_layout} is for --dtype fp8 (single-file); drop it, or add --dtype fp8")
     register_configs()  # the registries' options, which the run's config may name
     run = open_relocated(run_dir, teacher_path, teacher_loras, checkpoint)
-    check_out(out, run.path, force)
+    check_out(out, run, force)
     record = FORMATS[fmt]
     problem = record.refusal(run) or (dtype_refusal(record, dtype) if dtype is not None else None)
     if problem:

@@ -16,6 +16,7 @@ through the model's own WanImageToVideoPipeline (TI2V 5B's may go without: it is
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -67,6 +68,17 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
         return run, path_
     run = open_run(path_, *opened)
     return run, student_source(run, checkpoint)
+
+
+def _among_inputs(out: Path, run) -> str | None:
+    """Why `--out` would write pictures among what a run is read from, in words: the teacher's folder (a model
+    folder, or the package's own pocket teacher), the run's student or checkpoints; None where it does not."""
+    real = Path(os.path.realpath(out))
+    places = (("the teacher's folder", Path(run.spec.path)), ("the run's student", run.path / "student"))
+    for what, place in (*places, ("the run's checkpoints", run.path / "checkpoints")):
+        if real == Path(os.path.realpath(place)) or Path(os.path.realpath(place)) in real.parents:
+            return f"{out} is {what} or inside it ({place}), which are read, not written to"
+    return None
 
 
 def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
@@ -151,7 +163,7 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         f"{len(args.prompt)} prompts",
     )
     idx, out = list(range(len(args.prompt))), Path(args.out) if args.out else in_run(run.path, "generated")
-    problem = output_problem(out) if args.out else output_problem(run.path, "generated")  # tried: a file made there
+    problem = (output_problem(out) or _among_inputs(out, run)) if args.out else output_problem(run.path, "generated")
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
         raise UserError(f"--out: {problem}; choose another folder")
     t_cfg = run.cfg.teacher

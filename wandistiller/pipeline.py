@@ -36,7 +36,7 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     write_pipeline,
 )
 from wandistiller.state.formats.diffusers import pipeline_folder, pipeline_student
-from wandistiller.state.runs import check_out_of_run, open_relocated
+from wandistiller.state.runs import check_out_of_inputs, open_relocated
 from wandistiller.state.trust import add_teacher_args
 from wandistiller.student.lora import is_lora
 
@@ -76,7 +76,7 @@ def export(
             f"--merge-lora: {run_dir} trained student={run.cfg.student.get('builder') or 'from_json'}, "
             "a transformer of its own with no adapters to merge; drop --merge-lora"
         )
-    check_out_of_run(out, run.path)
+    check_out_of_inputs(out, run)
     _check_out(out)
     student = pipeline_student(run, checkpoint)  # read before any write
     try:

@@ -134,6 +134,21 @@ def check_out_of_run(out: Path, run_dir: Path) -> None:
         raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
 
 
+def check_out_of_inputs(out: Path, run: RunFolder) -> None:
+    """`check_out_of_run`, and `--out` neither is, holds, nor lies in the teacher's folder or one of its LoRAs'
+    files, which the export reads: --force replaced the folder it names, and so deleted a teacher (tens of GB of a
+    download) given as --out."""
+    check_out_of_run(out, run.path)
+    real_out = Path(os.path.realpath(out))
+    inputs = [("the teacher's folder", Path(run.spec.path))]
+    inputs += [("the teacher's LoRA", Path(lora.path)) for lora in run.spec.loras]
+    for what, place in inputs:
+        real = Path(os.path.realpath(place))
+        if real_out == real or real_out in real.parents or real in real_out.parents:
+            where = "is" if real_out == real else "holds" if real_out in real.parents else "is inside"
+            raise UserError(f"--out {out} {where} {what} {place}, which the export reads; choose a folder outside it")
+
+
 def checked_teacher_folder(folder: Path) -> Path:
     """`--teacher-path`'s folder, every file of it checked by the guard before anything reads it: no link may lead
     out of it, except, for a Hub cache snapshot (`.../models--org--name/snapshots/<revision>`), into its own repo's
