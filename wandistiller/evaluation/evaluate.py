@@ -28,7 +28,7 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import check_appended, output_problem, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.data.prompts import encode_prompts, read_prompts
-from wandistiller.data.sources import image_conditioned, source_of
+from wandistiller.data.sources import contents_problem, image_conditioned, source_of
 from wandistiller.evaluation.clips import (
     FD_WITHHELD,
     eval_clip_quality,
@@ -88,12 +88,20 @@ def data_readable(run: RunFolder, trusted: bool):
     data = run.cfg.data
 
     def readable(key: str) -> None:
-        if data.get(key) is not None and not trusted and not _readable_from_run(run, data[key]):
-            # An image-to-video run's held-out captions come with their first frames, which --prompts cannot give.
-            way = "" if image_conditioned(data, run.spec.layout) else "give --prompts FILE, or "
+        if data.get(key) is None:
+            return
+        # An image-to-video run's held-out captions come with their first frames, which --prompts cannot give.
+        way = "" if image_conditioned(data, run.spec.layout) else "give --prompts FILE, or "
+        if not trusted and not _readable_from_run(run, data[key]):
             raise UserError(
                 f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder, so eval "
                 f"does not read its captions; {way}--allow-data if you trust that folder"
+            )
+        problem = contents_problem(run.path, data)  # files added since: the last val_fraction are others
+        if problem:
+            raise UserError(
+                f"{problem}: its held-out items would be others, some of them trained on; {way}restore the folder as "
+                "the run had it"
             )
 
     return readable

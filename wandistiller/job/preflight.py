@@ -23,6 +23,7 @@ from wandistiller.core.hydra import compose_config, compose_option, resolve_prec
 from wandistiller.core.precision import Precision
 from wandistiller.core.registry import registered
 from wandistiller.data import sources as data_sources
+from wandistiller.data.sources import contents_problem, record_contents
 from wandistiller.job.checks import (
     check_folders,
     check_hooks,
@@ -88,10 +89,13 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss, found)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     check_resumed(cfg, found, spec, method)  # before the folder is claimed: a refused resume writes nothing
+    check_data_kept(run_dir, cfg, found)
     resume_from = claim_run_dir(run_dir, cfg.trainer.resume)
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
         check_resumed(cfg, resume_from, spec, method)
     saved = save_config(run_dir, cfg, resume_from)
+    if resume_from is None:  # what its data files hold now: a resume and a later eval are held to it
+        record_contents(run_dir, cfg.data)
     continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
@@ -154,6 +158,19 @@ def teacher_and_student(
     check_combination(cfg, placement, world, method)
     check_layers(loss, spec.transformer_config, student, placement)
     return spec, student, placement, planned
+
+
+def check_data_kept(run_dir: Path, cfg: DictConfig, checkpoint: Path | None) -> None:
+    """A resume in its run folder refuses, in one line, data files changed since the run's first launch (files
+    added, removed, recaptioned): its held-out split would be another, and what it held out would be trained on."""
+    if checkpoint is None:
+        return
+    problem = contents_problem(run_dir, cfg.data)
+    if problem:
+        raise UserError(
+            f"trainer.resume: {problem}, and some of what it held out would be trained on; restore the folder as the "
+            "run had it, or start a new run folder"
+        )
 
 
 def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec, method) -> None:

@@ -5,6 +5,7 @@ VAE is known and before the run folder is claimed; from the CLI exit 2 with no t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,33 @@ def test_a_run_saved_before_data_fps_resumes_as_it_trained(make_cfg, tmp_path):
     del saved.data["fps"]
     OmegaConf.save(saved, folder / ".hydra" / "config.yaml")
     run(make_cfg(*videos(root, "trainer.max_steps=4", "trainer.resume=auto"), run_dir=folder))
+    assert max(r["step"] for r in metrics_steps(folder) if "loss" in r) == 4
+
+
+def test_a_folder_changed_since_the_run_began_is_refused_by_its_resume_and_its_eval(make_cfg, tmp_path):
+    """A clip added to the folder: the last data.val_fraction are others, so the eval judged a clip it trained on
+    (and replaced eval.json with it), and a resume trained on one it held out. Both refused; restored, both go on."""
+    from tests.data.test_videos import clip, save
+    from wandistiller.evaluation.evaluate import EvalSettings, evaluate
+    from wandistiller.state.trust import Trust
+
+    root, folder = write_videos(tmp_path / "clips"), tmp_path / "run"
+    run(make_cfg(*videos(root, "trainer.checkpoint_every=2"), run_dir=folder))  # no end-of-run eval
+    assert json.loads((folder / ".hydra" / "data.json").read_text())["items"] == 3
+    save(clip(9), root / "d.gif", "a red square moving right, again")
+    resume = videos(root, "trainer.max_steps=4", "trainer.resume=auto")
+    with pytest.raises(UserError) as e:
+        run(make_cfg(*resume, run_dir=folder))
+    assert str(e.value).startswith(f"trainer.resume: data.root='{root}' changed since the run first read it (3 videos "
+                                   "then, 4 now, or their names, sizes or captions differ)"), e.value  # fmt: skip
+    settings = EvalSettings(steps=1, limit=1, trust=Trust(data=True))
+    with pytest.raises(UserError, match="its held-out items would be others, some of them trained on; give --prompts"):
+        evaluate(folder, settings)
+    assert not (folder / "eval.json").exists()
+    (root / "d.gif").unlink()
+    (root / "d.txt").unlink()
+    evaluate(folder, settings)
+    run(make_cfg(*resume, run_dir=folder))
     assert max(r["step"] for r in metrics_steps(folder) if "loss" in r) == 4
 
 

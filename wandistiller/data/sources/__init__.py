@@ -9,14 +9,17 @@ defaults name `/schema/data/<source>@_here_`), no other edit.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError
+from wandistiller.core.files import read_json_in, write_in_run
 from wandistiller.core.registry import Registry
 from wandistiller.data.prompts import read_prompts
 from wandistiller.data.sources.base import DataSource, Made
@@ -52,6 +55,39 @@ def check(data_cfg, vae_config: dict | None = None, layout: Layout = Layout.t2v)
     source_of(data_cfg).check(data_cfg)
     if vae_config is not None:
         source_of(data_cfg).check_with_teacher(data_cfg, vae_config, layout)
+
+
+# What a run's data files held at its first launch (`DataSource.contents`), beside its saved config.
+CONTENTS = ".hydra/data.json"
+
+
+def record_contents(run_dir: Path, data_cfg) -> None:
+    """At a run's first launch: what its data files hold, which a resume and a later evaluation are held to."""
+    contents = source_of(data_cfg).contents(data_cfg)
+    if contents is not None:
+        write_in_run(run_dir, CONTENTS, json.dumps(contents) + "\n")
+
+
+def contents_problem(run_dir: Path, data_cfg) -> str | None:
+    """How the run's data files differ from what they held at its first launch, in words (its held-out split is
+    then another); None where they are the same, or where nothing was recorded (a run of an earlier version)."""
+    try:
+        recorded = (
+            read_json_in(run_dir, CONTENTS, what="record of the run's data") if (run_dir / CONTENTS).is_file() else None
+        )
+    except ValueError:  # not JSON: a damaged record holds nothing to compare
+        recorded = None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("digest"), str):
+        return None
+    now = source_of(data_cfg).contents(data_cfg)
+    if now is None or now["digest"] == recorded["digest"]:
+        return None
+    key = "data.root" if data_cfg.get("root") is not None else "data.dataset"
+    count = recorded.get("items") if isinstance(recorded.get("items"), int) else "?"
+    return (
+        f"{key}={str(data_cfg.get(key.split('.')[1]))!r} changed since the run first read it ({count} {now['what']} "
+        f"then, {now['items']} now, or their names, sizes or captions differ), so its held-out split is another"
+    )
 
 
 def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:

@@ -18,8 +18,11 @@ and adds its value checks to preflight. So a new source is that module plus a YA
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from wandistiller.config import Choice
@@ -113,6 +116,13 @@ class DataSource:
         once its config is known and before the run folder is claimed."""
 
     @classmethod
+    def contents(cls, data_cfg: DictConfig) -> dict[str, Any] | None:
+        """What the user's data files held when read (`contents_record`), which a resume and a later evaluation are
+        held to: files added, removed or recaptioned since make another held-out split. None for a source of no
+        files of the user's (prompts alone, the teacher's own samples)."""
+        return None
+
+    @classmethod
     def held_out_prompts(cls, data_cfg: DictConfig, readable: Callable[[str], None]) -> list[str]:
         """The prompts validation holds out (never trained on), for an evaluation of the run: the last
         `data.val_fraction` of the prompts file, or `data.val_prompts_path`'s. `readable(key)` refuses a data
@@ -151,3 +161,12 @@ class DataSource:
     ) -> Made:
         """The training latents, built where the run's context says (every rank calls it)."""
         return Made(None, embeddings, val_embeddings)
+
+
+def contents_record(captions: list[str], names: list[str] | None, root: Path | None, what: str) -> dict[str, Any]:
+    """{"items": how many, "what": their kind ("images"), "digest": of their names, sizes and captions} (a
+    dataset's rows: captions alone): what a run's data held, whatever folder it lies in now (a moved or copied
+    folder keeps it)."""
+    sizes = [(root / name).stat().st_size for name in names] if names is not None and root is not None else None
+    digest = hashlib.sha256(json.dumps([names, sizes, captions]).encode()).hexdigest()[:16]
+    return {"items": len(captions), "what": what, "digest": digest}

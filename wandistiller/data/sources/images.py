@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,7 @@ from wandistiller.data.images import (
 )
 from wandistiller.data.latents import LatentBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
-from wandistiller.data.sources.base import DataSource, Made, own_name
+from wandistiller.data.sources.base import DataSource, Made, contents_record, own_name
 from wandistiller.data.validation import split_prompts
 
 log = logging.getLogger("wandistiller")
@@ -65,6 +66,12 @@ class Images(DataSource):
             raise UserError(stills_only(data_cfg.latent_frames))
         if layout != Layout.t2v:  # each image is given as a first frame: large enough, opaque (a text-to-video
             check_given_images(data_cfg, vae_config)  # teacher's x0 takes any image, scaled as it must be)
+
+    @classmethod
+    def contents(cls, data_cfg) -> dict:
+        source = image_source(data_cfg)
+        root = Path(data_cfg.root).expanduser() if data_cfg.root is not None else None
+        return contents_record(source.captions, source.files, root, "images")
 
     @classmethod
     def held_out_prompts(cls, data_cfg, readable) -> list[str]:

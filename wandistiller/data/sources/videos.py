@@ -14,7 +14,7 @@ from wandistiller.core.arch import Layout
 from wandistiller.core.errors import UserError
 from wandistiller.core.registry import Option
 from wandistiller.data.prompts import read_prompts
-from wandistiller.data.sources.base import DataSource, Made, own_name
+from wandistiller.data.sources.base import DataSource, Made, contents_record, own_name
 from wandistiller.data.sources.images import captioned_made
 from wandistiller.data.validation import split_prompts
 from wandistiller.data.videos import check_clips, folder_videos, held_out_first_frames, video_data, video_pairs
@@ -65,6 +65,12 @@ class Videos(DataSource):
     def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
         # A clip's first frame, an image-to-video teacher's given image, is as large as the clip; opaque, as a still.
         check_clips(data_cfg, vae_config, given=layout != Layout.t2v)
+
+    @classmethod
+    def contents(cls, data_cfg) -> dict:
+        source = folder_videos(data_cfg.root)
+        names = [source.name(i) for i in range(len(source.files))]
+        return contents_record(source.captions, names, source.root, "videos")
 
     @classmethod
     def held_out_prompts(cls, data_cfg, readable) -> list[str]:
