@@ -65,6 +65,15 @@ def test_an_image_to_video_teacher_is_refused_in_one_line(tiny_i2v_path, cache_d
     assert not (tmp_path / "g.json").exists()
 
 
+@pytest.mark.parametrize("kept", ["4", "999"])
+def test_every_block_resident_is_refused_since_nothing_would_be_streamed(cache_dir, tmp_path, kept):
+    """The tiny teacher has 4 blocks: keeping them all resident streams nothing, and its PASS checked nothing."""
+    args = _args(cache_dir, tmp_path, "--resident-blocks", kept)
+    with pytest.raises(UserError, match=f"--resident-blocks={kept} keeps all 4 blocks of teacher tiny resident, so"):
+        gradcheck.run(args)
+    assert not (tmp_path / "g.json").exists()
+
+
 def test_a_fail_exits_1_after_writing_its_numbers(monkeypatch, tmp_path):
     out = tmp_path / "g.json"
     monkeypatch.setattr(gradcheck, "run", lambda args: {"ok": False, "verdict": "grad-check: FAIL: ..."})
@@ -82,6 +91,10 @@ def test_a_fail_exits_1_after_writing_its_numbers(monkeypatch, tmp_path):
         (["--steps", "0"], "--steps=0 must be 1 or more"),
         (["teacher.quantize=int3"], "teacher.quantize=int3 is unknown"),
         (["trainer..max_steps=3"], "trainer..max_steps=3"),
+        # A run's overrides it does not read: dropped without a word, the verdict was of another check.
+        (["student=lora", "student.rank=16"], "grad-check: student=lora is not read: it takes the teacher's overrides"),
+        (["teacher_placement=offload"], "and its placements are fixed (the resident teacher vs offload and disk"),
+        (["+data.latent_height=4"], "its latents' size is --latent-height / --latent-width"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(monkeypatch, tmp_path, capsys, extra, said):

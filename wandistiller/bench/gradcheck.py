@@ -146,8 +146,33 @@ def verdict(found: dict[str, dict], reference: str, tensors: int, steps: int, ke
     return True, f"grad-check: CLOSE: {what}: not bit for bit, every gradient within cosine {worst:.6f} (>= {CLOSE})"
 
 
+# The overrides grad-check reads (the teacher as a run loads it); the rest of a run's it sets by its own flags.
+USED = ("teacher", "precision", "paths")
+FLAGS = {
+    "teacher_placement": "its placements are fixed (the resident teacher vs offload and disk: --resident-blocks N)",
+    "student": "its adapters' rank is --rank N",
+    "data": "its latents' size is --latent-height / --latent-width",
+    "trainer": "its steps are --steps N",
+}
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Only the overrides it reads, each other one refused in one line naming its flag: a `student.rank=16` or
+    `teacher_placement.resident_blocks=0` was dropped without a word, and the verdict was of another check."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        group = key.split(".", 1)[0].split("@", 1)[0]
+        if group not in USED:
+            how = FLAGS.get(group, "it loads the teacher alone")
+            raise UserError(
+                f"grad-check: {override} is not read: it takes the teacher's overrides alone (teacher=..., "
+                f"teacher.*, precision=..., paths.cache_dir=...), and {how}"
+            )
+
+
 def run(args: argparse.Namespace) -> dict:
     register_configs()
+    check_overrides(list(args.overrides))
     cfg = compose_config(list(args.overrides))
     name_the_teacher(cfg)
     device = local_device(Topology())
@@ -158,6 +183,13 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(
             f"grad-check: teacher {cfg.teacher.name} is an image-to-video model, and grad-check feeds text-to-video "
             "inputs; check the streaming on a text-to-video teacher of the same size and placement instead"
+        )
+    blocks = int(spec.transformer_config["num_layers"])
+    if args.resident_blocks >= blocks:  # nothing streamed: a PASS would check nothing
+        raise UserError(
+            f"grad-check: --resident-blocks={args.resident_blocks} keeps all {blocks} blocks of teacher "
+            f"{cfg.teacher.name} resident, so nothing is streamed and nothing checked; give --resident-blocks below "
+            f"{blocks} (0: every block streamed)"
         )
     resident = GpuPlacement() if device.type == "cuda" else CpuPlacement()
     reference_name = "gpu" if device.type == "cuda" else "cpu"
