@@ -169,6 +169,16 @@ def test_a_resume_on_a_teacher_of_another_layout_is_refused_with_or_without_anot
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]
 
 
+def test_one_frame_on_a_pocket_video_teacher_is_refused_before_training_not_after(make_cfg, tmp_path):
+    """It trained every step, then its end-of-run evaluation refused it (naming a --teacher-path train has not), and
+    eval and generate refused the run for good."""
+    for teacher in ("pocket_video", "pocket_i2v"):
+        error = refused_run(make_cfg, tmp_path, f"teacher={teacher}", "data.latent_height=4", "data.latent_width=4")
+        assert error.startswith("data.latent_frames=1 makes single frames, but the teacher at "), error
+        assert error.endswith("is a pocket video teacher, trained and judged on clips of 9 frames: set "
+                              "data.latent_frames=5 (as +experiment=pocket_video does)"), error  # fmt: skip
+
+
 def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):
     # its VAE says scale_factor_temporal=4 but compresses time 2x (temperal_downsample [false, true]): trained on stills
     error = refused_run(make_cfg, tmp_path, "teacher=pocket", "data=pocket_digits", "data.latent_frames=2")

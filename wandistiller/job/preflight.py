@@ -150,7 +150,9 @@ def teacher_and_student(
     else:
         student = check_student(cfg.student, spec.transformer_config)  # the student against the teacher, JSON alone
         check_student_room(cfg, student, spec.transformer_config)
-    check_latent_frames(spec.path, cfg.data.latent_frames, resumed is not None)  # a clip the teacher's VAE can make
+    # A clip the teacher's VAE can make; a resume into its own saved config (auto) keeps its frames, one of a
+    # checkpoint named by path takes this command line's.
+    check_latent_frames(spec.path, cfg.data.latent_frames, resumed is not None and cfg.trainer.resume == "auto")
     check_data(cfg, spec)
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)

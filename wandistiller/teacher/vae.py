@@ -75,7 +75,18 @@ def frames_problem(vae_config: dict, latent_frames: int, fix: str = STILLS_FIX) 
 
 def check_latent_frames(teacher_path: Path, latent_frames: int, resumed: bool = False) -> None:
     """Refuse, in one line, a `data.latent_frames` the teacher's VAE cannot make (before anything loads); a resumed
-    run (`resumed`) is told to bring back its teacher, not to change its frames."""
+    run (`resumed`) is told to bring back its teacher, not to change its frames. One frame on a pocket video
+    teacher is refused too: it is judged on its clips alone, so such a run trained, then its evaluation refused it."""
+    if latent_frames <= 1 and pocket_frames(teacher_path) == "clips":
+        raise UserError(
+            f"data.latent_frames={latent_frames} makes single frames, but the teacher at {teacher_path} is a pocket "
+            "video teacher, trained and judged on clips of 9 frames: "
+            + (
+                "a resume keeps the run's data.latent_frames: resume with the teacher it was trained with"
+                if resumed
+                else "set data.latent_frames=5 (as +experiment=pocket_video does)"
+            )
+        )
     if latent_frames <= 1:
         return
     vae_config = read_json(Path(teacher_path) / "vae" / "config.json", "teacher.path")
