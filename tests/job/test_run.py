@@ -9,6 +9,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 
 from wandistiller.compose import register_configs
 from wandistiller.core.errors import UserError
@@ -49,6 +50,22 @@ def test_resuming_a_finished_run_with_a_damaged_metrics_json_is_nothing_to_do(fi
     assert "metrics.json is damaged" in caplog.text and "nothing was trained" in caplog.text
     kept = lambda files: {k: v for k, v in files.items() if "log" not in k and "config_resume" not in k}
     assert kept(digest(run_dir)) == kept(before)  # what a resume records of itself aside, the run as it was
+
+
+def test_resuming_a_finished_run_whose_student_is_gone_writes_it_again(finished, make_cfg, tmp_path):
+    """export's line for a run without student/ says "finish it (trainer.resume=auto)": at trainer.max_steps that
+    was "nothing to do", and no student/ came back; now its checkpoint at max_steps writes the final outputs."""
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished, run_dir)
+    weights = {p.name: load_file(p) for p in (run_dir / "student").glob("*.safetensors")}
+    shutil.rmtree(run_dir / "student")
+    run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=run_dir))
+    again = {p.name: load_file(p) for p in (run_dir / "student").glob("*.safetensors")}
+    assert again.keys() == weights.keys() and all(
+        torch.equal(again[f][k], t) for f, tensors in weights.items() for k, t in tensors.items()
+    )
 
 
 def test_one_run_builds_the_method_and_reads_the_teacher_and_student_once(make_cfg, tmp_path, monkeypatch):

@@ -192,6 +192,9 @@ def _launch_workers(cfg: DictConfig, prepared: Prepared, register: Callable[[], 
 
 
 def _finished(prepared: Prepared, cfg: DictConfig) -> bool:
-    if prepared.resume_from is None or not (Path(prepared.run_dir) / "metrics.json").is_file():
+    """Whether a resume has nothing to do: its checkpoint at trainer.max_steps and the run's final outputs written
+    (without its student/, lost or moved, it writes them again from that checkpoint, as export's line says)."""
+    run_dir = Path(prepared.run_dir)
+    if prepared.resume_from is None or not (run_dir / "metrics.json").is_file() or not (run_dir / "student").is_dir():
         return False
     return checkpoint_step(Path(prepared.resume_from)) >= cfg.trainer.max_steps
