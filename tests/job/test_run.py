@@ -35,6 +35,11 @@ def test_a_folder_with_another_runs_outputs_is_never_overwritten(make_cfg, tmp_p
     before = digest(run_dir)
     with pytest.raises(UserError, match="already holds another run's outputs.*trainer.resume=auto"):
         run(make_cfg("trainer.max_steps=4", run_dir=run_dir))
+    # Its own checkpoint named by path: said first, not after checks against this command line's config (whose
+    # default teacher's line offered trainer.allow_other_teacher, which then met the claim's refusal).
+    own = f"trainer.resume={run_dir}/checkpoints/step_00000002"
+    with pytest.raises(UserError, match="already holds checkpoints .up to step_00000002., and a checkpoint named by"):
+        run(make_cfg("trainer.max_steps=4", own, "teacher=tiny_moe", run_dir=run_dir))
     assert digest(run_dir) == before
 
 

@@ -43,7 +43,13 @@ from wandistiller.placements.base import check_adapters_on_teacher, check_quanti
 from wandistiller.placements.memory import Estimate, GiB, Hardware
 from wandistiller.recipe.context import Prepared
 from wandistiller.recipe.losses import Loss
-from wandistiller.state.checkpoint import check_method, check_student_identity, check_teacher, resume_candidate
+from wandistiller.state.checkpoint import (
+    check_method,
+    check_student_identity,
+    check_teacher,
+    list_checkpoints,
+    resume_candidate,
+)
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
@@ -86,6 +92,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     precision.check(local_device(topo))
     run_dir = Path(cfg.paths.output_dir)
     found = resume_candidate(cfg.trainer.resume, run_dir, refuse=True)  # refused before the folder is claimed
+    check_named_resume(run_dir, cfg.trainer.resume)
     spec, student, placement, planned = teacher_and_student(cfg, precision, world, method, loss, found)
     overrides = recorded_overrides(run_dir, cfg.trainer.resume)
     check_resumed(cfg, found, spec, method)  # before the folder is claimed: a refused resume writes nothing
@@ -160,6 +167,23 @@ def teacher_and_student(
     check_combination(cfg, placement, world, method)
     check_layers(loss, spec.transformer_config, student, placement)
     return spec, student, placement, planned
+
+
+def check_named_resume(run_dir: Path, resume: str | None) -> None:
+    """A checkpoint named by path (not `auto`) starts a run folder of its own with this command line's config; into
+    a folder that already holds checkpoints (its own run's, say) the claim refuses it, but only after the teacher
+    and student were checked against this command line's config, not the run's (the default teacher's line offered
+    trainer.allow_other_teacher). Said first, with both ways on."""
+    if resume in (None, "auto"):
+        return
+    earlier = list_checkpoints(run_dir)
+    if earlier:
+        raise UserError(
+            f"trainer.resume={resume}: the run folder {run_dir} already holds checkpoints (up to {earlier[-1].name}), "
+            "and a checkpoint named by path continues in a new run folder with this command line's config; continue "
+            "this run with its saved config by trainer.resume=auto, or that checkpoint in a new folder with "
+            "hydra.run.dir=…"
+        )
 
 
 def check_data_kept(run_dir: Path, cfg: DictConfig, checkpoint: Path | None) -> None:
