@@ -169,6 +169,16 @@ def test_out_is_never_the_teacher_folder_it_reads_nor_in_it_nor_holding_it(finis
     assert sorted(p.relative_to(teacher) for p in teacher.rglob("*")) == before
 
 
+def test_a_student_folder_whose_config_json_is_gone_is_said_so(finished, tmp_path):
+    """It was read as a checkpoint: the line named trainer.resume and a tensors.safetensors it never held."""
+    run_dir = tmp_path / "r"
+    shutil.copytree(finished, run_dir)
+    (run_dir / "student" / "config.json").unlink()
+    with refused(f"the student in {run_dir / 'student'} has no config.json (its weights without their shape) and is"):
+        export(run_dir, tmp_path / "out", "single-file")
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path):
     from wandistiller.core.errors import UserError
 

@@ -32,6 +32,7 @@ from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.state.checkpoint import (
+    LEGACY_FILE,
     OTHER_TEACHER_FIX,
     STATE_FILE,
     adapters_problem,
@@ -435,7 +436,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
         # The student's shape alone (init=random: nothing is cut or copied, the weights are the checkpoint's), and of
         # its state the transformer: a hidden-state loss's projections are training parts, not the student.
         transformer = _shell(run).transformer
-        state = load_checkpoint(source)  # safetensors + JSON: never unpickles
+        state = load_checkpoint(_checkpoint_folder(source))  # safetensors + JSON: never unpickles
         state["student"] = {
             k[len("transformer.") :]: v for k, v in state["student"].items() if k.startswith("transformer.")
         }
@@ -499,6 +500,17 @@ def _from_opened(model_class, source: Path, dtype: torch.dtype):
     return cast_keeping_fp32(model, dtype)
 
 
+def _checkpoint_folder(source: Path) -> Path:
+    """`source`, a checkpoint (its state.json), or refused in one line: a saved student folder whose config.json is
+    gone was read as a checkpoint, and its line named trainer.resume and a tensors.safetensors it never held."""
+    if not (source / STATE_FILE).is_file() and not (source / LEGACY_FILE).is_file():
+        raise UserError(
+            f"the student in {source} has no config.json (its weights without their shape) and is not a checkpoint; "
+            "restore its config.json, or use --checkpoint latest (or another)"
+        )
+    return source
+
+
 def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Teacher:
     """The run's student at `source` as a sampler without CFG: its transformer in the teacher's place, or a LoRA
     student's (student=lora) teacher experts, loaded afresh, with its adapters merged in (both of a two-expert
@@ -507,7 +519,7 @@ def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: t
     if not is_lora(run.cfg.student):
         return as_sampler(run.spec, load_student(run, source, device, dtype), device)
     in_run(run.path, source)  # never a received folder's link to a student elsewhere
-    checkpoint = None if is_lora_folder(source) else load_checkpoint(source)["student"]
+    checkpoint = None if is_lora_folder(source) else load_checkpoint(_checkpoint_folder(source))["student"]
     experts = merged_experts(run.spec, source, run.cfg.student, dtype, device, checkpoint)
     return Teacher(run.spec, experts, [1.0] * len(experts), device)
 
