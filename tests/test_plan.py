@@ -89,8 +89,9 @@ def test_every_hardware_number_out_of_its_range_is_one_line_naming_the_key(monke
     "args,line",
     [  # issue 41: a traceback, and flags read as overrides whose fix was "a sweep as key=a,b with -m"
         (["~teacher"], "teacher has no value: an override removed it (~teacher?); drop the ~ override"),
-        (["-m", "teacher_placement=cpu,gpu"], "-m is a flag of python -m wandistiller.train; the planner takes"),
-        (["--cfg", "job"], "--cfg is a flag of python -m wandistiller.train; the planner takes overrides alone"),
+        (["-m", "teacher_placement=cpu,gpu"], "-m is not a planner option: it takes train's overrides alone"),
+        (["--cfg", "job"], "--cfg is not a planner option: it takes train's overrides alone (key=value), --rigs"),
+        (["--write"], "--write is not a planner option"),
     ],
 )
 def test_a_removed_group_or_a_flag_of_trains_is_one_line(monkeypatch, capsys, args, line):

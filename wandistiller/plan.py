@@ -47,8 +47,8 @@ def main() -> None:
         flags = [a for a in sys.argv[1:] if a.startswith("-")]
         if flags:  # train's Hydra flags (-m, --cfg job, --multirun) plan nothing: not an override to fix
             raise UserError(
-                f"{flags[0]} is a flag of python -m wandistiller.train; the planner takes overrides alone (key=value): "
-                "drop it (a sweep: plan each point on its own)"
+                f"{flags[0]} is not a planner option: it takes train's overrides alone (key=value), --rigs and --help; "
+                "drop it (train's -m / --multirun sweep: plan each point on its own)"
             )
         cfg = compose_config(sys.argv[1:])
         check_missing(cfg)  # as train: `~teacher` is one line, not a traceback from the first read of it

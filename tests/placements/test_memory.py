@@ -102,6 +102,9 @@ def test_hardware_on_paper_is_what_the_keys_say():
         ({"gpus": 4}, "hardware.gpu_memory_gib"),
         ({"gpus": 0, "host_memory_gib": 8, "headroom_fraction": 1.0}, "hardware.headroom_fraction=1.0"),
         ({"gpus": 0, "host_memory_gib": 8, "headroom_gib": -1}, "hardware.headroom_gib=-1"),
+        # A GPU's size beside no GPU count, or none: this machine was planned, without a word that it was.
+        ({"gpus": 0, "gpu_memory_gib": 40}, "hardware.gpu_memory_gib=40 is one GPU's memory, but hardware.gpus=0"),
+        ({"gpu_memory_gib": 40}, "hardware.gpu_memory_gib=40 plans GPUs on paper, and needs their count too"),
     ],
 )
 def test_hardware_keys_that_plan_nothing_are_refused_in_one_line_naming_the_key(keys, named):

@@ -72,9 +72,19 @@ class Hardware:
                     f"hardware.gpus={hardware_cfg.gpus} plans on paper and needs the memory of each GPU too: "
                     "add hardware.gpu_memory_gib=<GiB per GPU> (e.g. 80)"
                 )
+            if hardware_cfg.gpus == 0 and hardware_cfg.gpu_memory_gib:
+                raise UserError(
+                    f"hardware.gpu_memory_gib={hardware_cfg.gpu_memory_gib:g} is one GPU's memory, but "
+                    "hardware.gpus=0 plans no GPU; set hardware.gpus=1 (or more) to plan with it, or drop it"
+                )
             gpus = (int((hardware_cfg.gpu_memory_gib or 0) * GiB),) * hardware_cfg.gpus
         else:
             gpus = free_gpu_bytes()
+            if hardware_cfg.gpu_memory_gib is not None:  # this machine's GPUs, with another size: not a plan of either
+                raise UserError(
+                    f"hardware.gpu_memory_gib={hardware_cfg.gpu_memory_gib:g} plans GPUs on paper, and needs their "
+                    f"count too (this machine has {len(gpus)}): add hardware.gpus=<GPUs per node> (e.g. 1)"
+                )
         if hardware_cfg.host_memory_gib is not None:
             host = int(hardware_cfg.host_memory_gib * GiB)
         else:

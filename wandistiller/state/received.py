@@ -126,9 +126,9 @@ def load_received(file: Path, trusted: Iterable[str] = (), root: Path | None = N
     except UserError:
         raise
     except Exception as e:  # YAML's own errors, an unreadable file: the run folder is damaged either way
-        raise UserError(f"{file} cannot be read ({type(e).__name__}); restore it from the run's backup") from None
+        raise UserError(f"{file} cannot be read ({type(e).__name__}); restore it from a copy of the run") from None
     if not isinstance(raw, DictConfig):
-        raise UserError(f"{file} is damaged (not a saved config); restore it from the run's backup")
+        raise UserError(f"{file} is damaged (not a saved config); restore it from a copy of the run")
     return check_received(raw, file, trusted)
 
 
@@ -319,7 +319,7 @@ def load_yaml_config(path: Path, what: str = "saved config", root: Path | None =
     text = bounded_text(path, MAX_CONFIG_BYTES, what, root)
     problem = yaml_size_problem(text)
     if problem:
-        raise UserError(f"{path} {problem}, which no {what} does; restore it from the run's backup")
+        raise UserError(f"{path} {problem}, which no {what} does; restore it from a copy of the run")
     return OmegaConf.load(io.StringIO(text))
 
 

@@ -397,11 +397,9 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         raise UserError(f"{run.path} has {what} (checkpoints: {have}); train it first or pick another --checkpoint")
     why = None if found.name == "student" else checkpoint_problem(found, resumed=False)
     if why is not None:  # said before anything is sampled, naming the flag that picks another (not trainer.resume)
-        have = ", ".join(p.name for p in checkpoints)
-        raise UserError(
-            f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({clipped(why)}); pick another "
-            f"--checkpoint (checkpoints: {have})"
-        )
+        others = [p.name for p in checkpoints if p != found]
+        pick = f"pick another --checkpoint ({', '.join(others)})" if others else "the run holds no other checkpoint"
+        raise UserError(f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({clipped(why)}); {pick}")
     return found
 
 

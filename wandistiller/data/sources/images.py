@@ -135,8 +135,9 @@ def held_out_captions(ctx, embeddings, device):
         return None
     train, held = split_prompts(captions, None, d.val_fraction)  # the split Images.held_out_prompts names
     if ctx.is_main:
-        log.info(
-            "image data: the last %d of %d images and their captions are held out for validation",
+        log.info(  # a video folder's clips come this way too: named by what the source holds
+            "%s: the last %d of %d and their captions are held out for validation",
+            "video clips" if str(d.latents) == "videos" else "images",
             len(held),
             len(captions),
         )

@@ -62,7 +62,7 @@ def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
             )
         problem = safetensors_problem(source / name, root=run.path)
         if problem:
-            raise UserError(f"the LoRA student in {source}: {problem}; restore it from the run's backup")
+            raise UserError(f"the LoRA student in {source}: {problem}; restore it from a copy of the run")
         with opened(run.path, source / name) as path, safe_open(path, "pt") as f:
             meta = f.metadata() or {}
             state = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
@@ -171,7 +171,7 @@ def _write_adapters(out: Path, adapters: list, files: list[str], source: Path, d
             alpha = float(config.get("lora_alpha") or rank)
             tensors = lightning_tensors(state, alpha, dtype)
         except (ValueError, TypeError) as e:
-            raise UserError(f"the LoRA student in {source}: {e}; restore it from the run's backup") from None
+            raise UserError(f"the LoRA student in {source}: {e}; restore it from a copy of the run") from None
         expert = (
             {"expert": ("high_noise", "low_noise")[i], "boundary_ratio": teacher["boundary_ratio"]}
             if len(files) == 2
