@@ -54,6 +54,10 @@ def test_the_named_placement_is_planned_with_its_own_settings(monkeypatch, capsy
     with pytest.raises(SystemExit) as stop:
         plan_main(monkeypatch, *on_paper, "teacher_placement=offload", "teacher_placement.resident_blocks=many")
     assert stop.value.code == 2 and "teacher_placement.resident_blocks='many'" in capsys.readouterr().err
+    # The run's row and auto's are each marked as what they are: "<- chosen" was auto's, beside the one asked for.
+    plan_main(monkeypatch, *on_paper, "teacher_placement=disk")
+    marks = {line.split()[0]: line.split("<- ")[1] for line in capsys.readouterr().out.splitlines() if "<- " in line}
+    assert marks == {"gpu": "auto would choose", "disk": "the run's"}, marks
 
 
 def test_precision_auto_plans_for_the_planned_hardware_not_this_machine(monkeypatch, capsys):

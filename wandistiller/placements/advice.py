@@ -52,7 +52,8 @@ def plan_report(
         f"student {describe_student(w)}; batch {w.batch_size} x {w.tokens} tokens"
     )
     tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
-    table = format_table(estimates, hw, best.placement if best else None, w, times)
+    asked = configured.name if configured is not None else None
+    table = format_table(estimates, hw, best.placement if best else None, w, times, asked)
     fix = fixes_line(w, hw, configured)
     frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
     encoder = text_encoder_line(text_encoder, hw)

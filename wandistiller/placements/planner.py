@@ -141,8 +141,11 @@ def format_table(
     chosen: str | None = None,
     w: Workload | None = None,
     times: dict[str, StepTime] | None = None,
+    asked: str | None = None,
 ) -> str:
-    """The plan's table: each placement's fit and peaks, and with `times` its step time and samples/s per node."""
+    """The plan's table: each placement's fit and peaks, and with `times` its step time and samples/s per node.
+    `chosen` is marked; `asked` (plan's teacher_placement, where `chosen` is auto's) as the run's, so the row auto
+    would take is not read as the one the run takes."""
     rows = [
         f"hardware: {hw.describe()}; {hw.describe_headroom()}",
         f"predictions: 0 to +{FIT_ERROR_PCT}% over the measured peaks where fitted (docs/PLANNER.md); "
@@ -162,12 +165,21 @@ def format_table(
         gpu = ", ".join(f"{b / GiB:.1f}" for b in e.gpu_bytes) or "-"
         gpu = (gpu if len(gpu) <= 31 else gpu[:28] + "...") + (star if e.gpu_bytes else "")
         host = f"{e.host_bytes / GiB:.1f}" + ("*" if star or (planned and hw.gpu_bytes) else "")  # HOST_CUDA
-        mark = " <- chosen" if e.placement == chosen else ""
+        mark = _mark(e.placement, chosen, asked)
         why = f" (headroom: {e.headroom_excludes})" if e.headroom_excludes else shortfall(e, hw)
         t = (times or {}).get(e.placement)
         speed = "" if times is None else f"{rate(t.seconds) if t else '-':>7} {rate(t.samples_per_s) if t else '-':>9} "
         rows.append(f"{e.placement:<11} {'yes' if e.fits else 'no':<5} {gpu:<34} {host:<9} {speed}{e.note}{why}{mark}")
     return "\n".join(rows)
+
+
+def _mark(placement: str, chosen: str | None, asked: str | None) -> str:
+    """A row's mark: the run's placement (`asked`), auto's choice (`chosen`), or both; `chosen` alone: chosen."""
+    if asked is None:
+        return " <- chosen" if placement == chosen else ""
+    if placement == asked:
+        return " <- the run's (auto's too)" if placement == chosen else " <- the run's"
+    return " <- auto would choose" if placement == chosen else ""
 
 
 def shortfall(e: Estimate, hw: Hardware) -> str:
