@@ -179,6 +179,12 @@ def test_a_student_folder_whose_config_json_is_gone_is_said_so(finished, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def test_a_name_for_a_diffusers_folder_is_refused_not_dropped(finished, tmp_path):
+    with refused("--name is for --format single-file or lora (a diffusers export keeps diffusers' own file names)"):
+        export(finished, tmp_path / "out", "diffusers", name="mine")
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path):
     from wandistiller.core.errors import UserError
 

@@ -54,6 +54,7 @@ from wandistiller.state.comfy import WORKFLOWS
 from wandistiller.state.formats.base import (
     DTYPES,
     Request,
+    check_name,
     check_workflow,
     dtype_refusal,
     final_student,
@@ -139,6 +140,7 @@ def export(
     if problem:
         raise UserError(problem)
     check_workflow(run, record, workflow)
+    check_name(record, name)
     if is_lora_student(run) and checkpoint is not None:
         raise UserError(
             f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "

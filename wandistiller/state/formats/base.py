@@ -72,6 +72,7 @@ class ExportFormat:
     # merged single file: its teacher's weights); it raises its one line.
     ready: Callable[[Any], None] = lambda run: None
     order: int = 100  # where it is listed (--format's choices, the help, the refusals): lowest first
+    named: bool = True  # its files take --name (a diffusers folder's are diffusers' own)
 
 
 def formats() -> dict[str, ExportFormat]:
@@ -229,6 +230,15 @@ def comfy_sampling(run, facts: dict, experts: int, wanted: str | None = None):
         sigmas,
         **given,
     )
+
+
+def check_name(fmt: ExportFormat, name: str | None) -> None:
+    """`--name` for a format whose files take it: a diffusers folder ignored it without a word."""
+    if name is not None and not fmt.named:
+        takes = " or ".join(f.name for f in formats().values() if f.named)
+        raise UserError(
+            f"--name is for --format {takes} (a {fmt.name} export keeps diffusers' own file names); drop it"
+        )
 
 
 def check_workflow(run, fmt: ExportFormat, wanted: str | None) -> None:

@@ -173,4 +173,5 @@ FORMAT = ExportFormat(
     refusal,
     write_diffusers,
     order=0,
+    named=False,
 )
