@@ -189,7 +189,8 @@ def test_generate_continues_an_image_to_video_students_given_first_frame_and_ref
         args = generate_cli.parse_args([*base, "--image", str(root / f"{name}.png"), "--teacher"])
         args.out = str(tmp_path / name)
         paths = generate_cli.run_generate(args)
-        names = [f"a-fox_seed0_{who}2.{ext}" for who in ("student", "teacher") for ext in ("gif", "png")]
+        # each image's clips under its own names: the other image's were written over them
+        names = [f"a-fox_{name}_seed0_{who}2.{ext}" for who in ("student", "teacher") for ext in ("gif", "png")]
         assert [p.name for p in paths] == names
         drawn[name] = np.asarray(Image.open(paths[1]))
     assert not np.array_equal(drawn["img0"], drawn["img1"])  # the frame given is the clip's start

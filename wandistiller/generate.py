@@ -81,13 +81,17 @@ def _among_inputs(out: Path, run) -> str | None:
     return None
 
 
-def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
-    """One PNG per prompt; for a clip run (latents of more than one frame) a GIF each and its still strip PNG."""
+def write_images(
+    latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int, given: list[str] | None = None
+) -> list[Path]:
+    """One PNG per prompt; for a clip run (latents of more than one frame) a GIF each and its still strip PNG.
+    `given`: each prompt's --image, named in its file (`<slug>_<image>_seed…`): another first frame for the same
+    prompt was written over the first one's clip."""
     if latents.shape[2] > 1:
-        return write_clips(latents, vae, prompts, out, who, seed)
+        return write_clips(latents, vae, prompts, out, who, seed, given)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for img, slug in zip(decode_latents(vae, latents), prompt_slugs(prompts)):
+    for img, slug in zip(decode_latents(vae, latents), prompt_slugs(prompts, given)):
         image = Image.fromarray((img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
         # written whole: a link in its place (a received run's generated/x.png -> a file of yours) is replaced
         name = image_name(slug, seed, who)
@@ -95,23 +99,27 @@ def write_images(latents: torch.Tensor, vae, prompts: list[str], out: Path, who:
     return paths
 
 
-def write_clips(latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int) -> list[Path]:
+def write_clips(
+    latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int, given: list[str] | None = None
+) -> list[Path]:
     """`<slug>_seed<seed>_<who>.gif` (the clip, its prompt above) and `.png` (its frames in a row) per prompt."""
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    for clip, prompt, slug in zip(decode_clips(vae, latents), prompts, prompt_slugs(prompts)):
+    for clip, prompt, slug in zip(decode_clips(vae, latents), prompts, prompt_slugs(prompts, given)):
         name = Path(image_name(slug, seed, who)).with_suffix(".gif")
         paths += save_clip(clip.permute(0, 2, 3, 1).numpy(), prompt, name, out)
     return paths
 
 
-def prompt_slugs(prompts: list[str]) -> list[str]:
+def prompt_slugs(prompts: list[str], given: list[str] | None = None) -> list[str]:
     """Each prompt's short name: at most 48 letters and digits of it, joined by `-`. Prompts that read the same so
     (`a fox`, `A fox!`, or one prompt given twice: each drawn from its own noise) get `-2`, `-3`, ... after the
-    first, so no image of a call replaces another."""
+    first, so no image of a call replaces another. `given`: each prompt's --image, its name's after the prompt's."""
     slugs: list[str] = []
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+        if given is not None:
+            slug += "_" + (re.sub(r"[^a-z0-9]+", "-", Path(given[i]).stem.lower()).strip("-")[:32] or "image")
         name, n = slug, 1
         while name in slugs:
             n += 1
@@ -190,12 +198,13 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         images=images,
     )
     who = drawn_by("student", steps, trained or STEPS, source, other, judged)
-    paths = write_images(latents, vae, args.prompt, out, who, args.seed)
+    given = None if pictures is None else [args.image[0 if len(args.image) == 1 else i] for i in idx]
+    paths = write_images(latents, vae, args.prompt, out, who, args.seed, given)
     if args.teacher:
         teacher = load_teacher(run, device, dtype)
         latents, _ = generate(teacher, emb, idx, args.seed, args.steps, run.latent_shape, images=images)
         who = drawn_by("teacher", args.steps, STEPS, None, other, judged)
-        paths += write_images(latents, vae, args.prompt, out, who, args.seed)
+        paths += write_images(latents, vae, args.prompt, out, who, args.seed, given)
     return paths
 
 
