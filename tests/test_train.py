@@ -308,7 +308,7 @@ def test_an_image_folder_run_validates_on_held_out_captions_of_its_own(make_cfg,
     with caplog.at_level(logging.INFO):
         run(make_cfg("data=image_folder", f"data.root={images}", "trainer.max_steps=2", "hooks.monitor.val_every=2",
                      run_dir=tmp_path / "run"))  # fmt: skip
-    assert "the last 1 of 10 images and their captions are held out for validation" in caplog.text
+    assert "images: the last 1 of 10 and their captions are held out for validation" in caplog.text
     rows = (tmp_path / "run" / "metrics_steps.jsonl").read_text()
     assert '"val/loss"' in rows
 
