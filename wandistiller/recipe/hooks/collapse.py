@@ -376,7 +376,8 @@ class CollapseWatch(Hook):
             tries.append("fewer steps (no check has looked healthy yet)")
         else:
             kept = [p for p in list_checkpoints(Path(run.run_dir)) if 0 < checkpoint_step(p) <= self.last_healthy]
-            since = f"trainer.resume={kept[-1]}" if kept else "no checkpoint of then is kept"
+            # a checkpoint named by path continues in a new run folder (this one holds checkpoints)
+            since = f"trainer.resume={kept[-1]} hydra.run.dir=<a new folder>" if kept else "no checkpoint of then is kept"
             tries.append(f"fewer steps since step {self.last_healthy}, the last check that looked healthy ({since})")
         return "try " + ", or ".join(tries)
 
