@@ -377,7 +377,9 @@ class CollapseWatch(Hook):
         else:
             kept = [p for p in list_checkpoints(Path(run.run_dir)) if 0 < checkpoint_step(p) <= self.last_healthy]
             # a checkpoint named by path continues in a new run folder (this one holds checkpoints)
-            since = f"trainer.resume={kept[-1]} hydra.run.dir=<a new folder>" if kept else "no checkpoint of then is kept"
+            since = "no checkpoint of then is kept"
+            if kept:
+                since = f"trainer.resume={kept[-1]} hydra.run.dir=<a new folder>"
             tries.append(f"fewer steps since step {self.last_healthy}, the last check that looked healthy ({since})")
         return "try " + ", or ".join(tries)
 
