@@ -137,7 +137,7 @@ def held_out_captions(ctx, embeddings, device):
     if ctx.is_main:
         log.info(  # a video folder's clips come this way too: named by what the source holds
             "%s: the last %d of %d and their captions are held out for validation",
-            "video clips" if str(d.latents) == "videos" else "images",
+            "video clips" if str(d.get("latents")) == "videos" else "images",
             len(held),
             len(captions),
         )
