@@ -209,14 +209,18 @@ def test_an_mp4_reads_as_its_frames_and_a_phones_portrait_clip_upright(tmp_path)
     assert np.abs(np.asarray(frames[0], np.float32) - np.asarray(tall[0], np.float32)).mean() < 4
 
 
-@pytest.mark.parametrize("codec,pix_fmt", [("qtrle", "argb"), ("prores_ks", "yuva444p10le")])
-def test_a_mov_with_alpha_is_read_as_a_transparent_gif_is(tmp_path, codec, pix_fmt):
-    """An editor's clip with alpha (QuickTime RLE, ProRes 4444): its clear pixels on black as a GIF's, and a clear
-    first frame refused as a given image; PyAV's to_image() dropped the alpha, showing the colour under it."""
+@pytest.mark.parametrize(
+    "codec,pix_fmt,name",
+    [("qtrle", "argb", "d.mov"), ("prores_ks", "yuva444p10le", "d.mov"), ("libvpx-vp9", "yuva420p", "d.webm")],
+)
+def test_a_clip_with_alpha_is_read_as_a_transparent_gif_is(tmp_path, codec, pix_fmt, name):
+    """An editor's clip with alpha (QuickTime RLE, ProRes 4444, VP9 WebM): its clear pixels on black as a GIF's,
+    and a clear first frame refused as a given image; PyAV's to_image() dropped the alpha, showing the colour under
+    it, and FFmpeg's own VP9 decoder reads a WebM's colour alone."""
     root = write_videos(tmp_path / "clips")
-    save_av(clear_first(clip(9)), root / "d.mov", "a red square moving right", codec, pix_fmt)
+    save_av(clear_first(clip(9)), root / name, "a red square moving right", codec, pix_fmt)
     cfg = data_cfg(root)
-    with refused("d.mov has transparent pixels (mode "):
+    with refused(f"{name} has transparent pixels (mode "):
         Videos.check_with_teacher(cfg, WAN_VAE, Layout.i2v)
     Videos.check_with_teacher(cfg, WAN_VAE, Layout.t2v)
     first = np.asarray(read_clip(folder_videos(str(root)), 3, ClipShape.of(cfg, WAN_VAE), cfg)[0], np.float32)
@@ -284,3 +288,52 @@ def test_a_file_data_fps_cannot_sample_is_one_line_naming_it(tmp_path, fps, edit
         edit(root)
     with refused(message):
         check_clips(at_fps(root, fps), WAN_VAE)
+
+
+def test_a_mirrored_display_matrix_mirrors_the_clip(tmp_path):
+    """A front camera's or an editor's mirrored clip: PyAV says rotation -180 for it, and turning it so put it upside
+    down; ffmpeg's autorotate (and a player) mirrors it."""
+    root = write_videos(tmp_path / "clips")
+    path = save_av(clip(9), root / "d.mp4", "a red square moving right")
+    data = bytearray(path.read_bytes())
+    at = data.find(b"tkhd") + 4 + 4 + 20 + 8 + 8
+    data[at : at + 36] = struct.pack(">9i", -(1 << 16), 0, 0, 0, 1 << 16, 0, 80 << 16, 0, 1 << 30)
+    path.write_bytes(data)
+    cfg = data_cfg(root)
+    first = np.asarray(read_clip(check_clips(cfg, WAN_VAE), 3, ClipShape.of(cfg, WAN_VAE), cfg)[0], np.float32)
+    mirrored = np.asarray(clip(9)[0], np.float32)[:, ::-1]
+    assert np.abs(first - mirrored).mean() < 4
+
+
+def test_data_fps_takes_a_gap_in_a_variable_rate_clip_and_a_clip_of_just_the_span(tmp_path):
+    """A phone's 30 fps clip with one 100 ms gap was refused as "stored at 24.5 fps, fewer than data.fps=24"; a
+    30 fps clip of exactly 2 s, whose last frame starts at 1.967 s, as "less than the 2.00 s" it spans."""
+    av = pytest.importorskip("av")
+    root = tmp_path / "clips"
+    root.mkdir()
+    with av.open(str(root / "gap.mp4"), "w") as out:
+        stream = out.add_stream("mpeg4", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 80, 64, "yuv420p"
+        for k, frame in enumerate(clip(20)):
+            picture = av.VideoFrame.from_ndarray(np.asarray(frame), format="rgb24")
+            picture.pts = k + (3 if k >= 6 else 0)  # frames 6.. start 100 ms late: a dropped stretch
+            out.mux(stream.encode(picture))
+        out.mux(stream.encode())
+    (root / "gap.txt").write_text("a red square moving right")
+    cfg = at_fps(root, 24)  # 9 frames over a third of a second: one of them the frame held over the gap
+    assert len(read_clip(check_clips(cfg, WAN_VAE), 0, ClipShape.of(cfg, WAN_VAE), cfg)) == 9
+    save_av(clip(60), root / "two.mp4", "a red square moving right", rate=30)
+    (root / "gap.mp4").unlink()
+    (root / "gap.txt").unlink()
+    cfg = at_fps(root, 16, latent_frames=9)  # 33 frames at 16 fps: 2 s, the file's whole length
+    assert len(read_clip(check_clips(cfg, WAN_VAE), 0, ClipShape.of(cfg, WAN_VAE), cfg)) == 33
+
+
+def test_the_mixed_rates_warning_suggests_a_rate_every_file_reaches(tmp_path, caplog):
+    root = tmp_path / "clips"
+    save_av(clip(9), (root / "slow.mp4") if root.mkdir() is None else root, "a red square", rate=10)
+    save_av(clip(9), root / "fast.mp4", "a red square", rate=30)
+    with caplog.at_level(logging.WARNING):
+        check_clips(data_cfg(root), WAN_VAE)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "set data.fps (e.g. 10, the slowest's) to sample each at one rate" in line, line

@@ -15,10 +15,13 @@ empty folder: each in one line before the run folder is claimed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,35 +140,87 @@ def _av_frames(path: Path, key: str) -> Iterator[tuple[Image.Image, float]]:
     with av.open(str(path)) as container:
         if not container.streams.video:
             raise ValueError("no video stream")
-        for frame in container.decode(video=0):
+        for frame in _decoded(av, container):
             yield _av_image(frame), frame.time or 0.0  # a stream without timestamps: no times (data.fps refuses it)
 
 
+def _decoded(av, container) -> Iterator:
+    """The first video stream's frames. A VP9 WebM with alpha (`alpha_mode` 1) through libvpx's decoder: FFmpeg's
+    own reads the colour alone and drops the alpha stored beside each frame."""
+    stream = container.streams.video[0]
+    if stream.codec_context.name == "vp9" and stream.metadata.get("alpha_mode") == "1":
+        try:
+            decoder = av.CodecContext.create("libvpx-vp9", "r")
+        except Exception:  # a PyAV built without libvpx: the colour, as before
+            decoder = None
+        if decoder is not None:
+            return (frame for packet in container.demux(stream) for frame in decoder.decode(packet))
+    return container.decode(stream)
+
+
+# FFmpeg's transpose filter's modes as PIL's (fftools turns a display matrix into these: ffmpeg_filter.c)
+_TRANSPOSE = {
+    "clock": Image.Transpose.ROTATE_270,
+    "cclock": Image.Transpose.ROTATE_90,
+    "cclock_flip": Image.Transpose.TRANSPOSE,
+    "clock_flip": Image.Transpose.TRANSVERSE,
+}
+
+
 def _av_image(frame) -> Image.Image:
-    """A decoded frame as a player shows it: upright, by the display matrix a phone writes for a video held sideways
-    (PyAV decodes the sensor's orientation: a portrait clip came out lying down, and was cropped so), and its alpha
-    kept where it has one (a ProRes 4444 or PNG MOV), so that clear pixels go on black as a GIF's do
+    """A decoded frame as a player shows it: upright and unmirrored by the display matrix a phone writes (PyAV
+    decodes the sensor's orientation: a portrait clip came out lying down, and was cropped so), and its alpha kept
+    where it has one (a ProRes 4444 or PNG MOV, a VP9 WebM), so that clear pixels go on black as a GIF's do
     (`conditions.rgb`) and a clear first frame is refused as a given image (`conditions.opaque`); to_image() dropped
     it, leaving whatever colour the encoder stored under them."""
     alpha = any(component.is_alpha for component in frame.format.components)
     image = Image.fromarray(frame.to_ndarray(format="rgba"), "RGBA") if alpha else frame.to_image()
-    return image.rotate(frame.rotation, expand=True) if frame.rotation else image  # a quarter turn: exact
+    for step in _display_steps(frame):
+        image = image.transpose(step) if isinstance(step, Image.Transpose) else image.rotate(step, expand=True)
+    return image
+
+
+def _display_steps(frame) -> list:
+    """What turns a frame as its display matrix says, as ffmpeg's autorotate does (`theta` clockwise): a transpose
+    or flips (PIL's), or an angle to rotate by (counterclockwise, PIL's). None without a matrix."""
+    matrix = next((bytes(d) for d in frame.side_data if getattr(d.type, "name", "") == "DISPLAYMATRIX"), None)
+    if matrix is None or len(matrix) != 36:
+        return []
+    m = struct.unpack("=9i", matrix)
+    theta = -round(float(getattr(frame, "rotation", 0) or 0))
+    theta -= 360 * math.floor(theta / 360 + 0.9 / 360)
+    if abs(theta - 90) < 1:
+        return [_TRANSPOSE["cclock_flip" if m[3] > 0 else "clock"]]
+    if abs(theta - 180) < 1:
+        return [
+            t
+            for t, flipped in ((Image.Transpose.FLIP_LEFT_RIGHT, m[0] < 0), (Image.Transpose.FLIP_TOP_BOTTOM, m[4] < 0))
+            if flipped
+        ]
+    if abs(theta - 270) < 1:
+        return [_TRANSPOSE["clock_flip" if m[3] < 0 else "cclock"]]
+    if abs(theta) > 1:
+        return [-theta]
+    return [Image.Transpose.FLIP_TOP_BOTTOM] if m[4] < 0 else []
 
 
 @dataclass
 class _Picked:
     """A clip's frames as picked from a file, and what the refusals say of the file: the frames decoded, the last
-    one's time from the first's (seconds), and each frame picked more than once (at a data.fps above its rate)."""
+    one's time from the first's (seconds), its usual interval between frames, and each frame picked more than once
+    (at a data.fps above its rate, or across a gap in a variable-rate file)."""
 
     frames: list[Image.Image]
     decoded: int
     last: float
+    interval: float  # the median interval between its frames (seconds); 0: no times
     repeated: int
 
     @property
     def rate(self) -> float | None:
-        """Frames a second, from the decoded frames' times (None where they carry none: a GIF without durations)."""
-        return (self.decoded - 1) / self.last if self.last > 0 else None
+        """Frames a second as it is stored: its usual interval's (a single gap in a phone's variable-rate clip aside);
+        None where its frames carry no times (a GIF without durations)."""
+        return 1 / self.interval if self.interval > 0 and self.last > 0 else None
 
 
 def _pick(timed: Iterator[tuple[Image.Image, float]], shape: ClipShape) -> _Picked:
@@ -173,25 +228,29 @@ def _pick(timed: Iterator[tuple[Image.Image, float]], shape: ClipShape) -> _Pick
     frame from the first; or (`shape.fps`) at each k / fps seconds the frame shown then (the last to start by it),
     so files stored at 24, 30 or 60 fps give clips that move alike."""
     frames: list[Image.Image] = []
-    decoded, start, time, shown = 0, 0.0, 0.0, None
+    times: list[float] = []
+    shown, start = None, 0.0
     tolerance = 1e-3 if shape.fps is None else 0.25 / shape.fps  # container times are rounded (a GIF's to 10 ms)
     for image, at in timed:
-        start = at if decoded == 0 else start
+        start = at if not times else start  # a file's first time need not be 0
         time = at - start
+        times.append(time)
         if shape.fps is None:
-            if decoded % shape.step == 0:
+            if (len(times) - 1) % shape.step == 0:
                 frames.append(image)
         else:  # the times passed before this frame starts show the one before it
             while shown is not None and len(frames) < shape.frames and time > len(frames) / shape.fps + tolerance:
                 frames.append(shown)
             shown = image
-        decoded += 1
         if len(frames) == shape.frames:
             break
-    if shape.fps is not None:  # the last frame stays on screen until the file ends: at least half a frame of ours
-        while shown is not None and len(frames) < shape.frames and len(frames) / shape.fps <= time + 0.5 / shape.fps:
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    interval = gaps[len(gaps) // 2] if gaps else 0.0
+    last = times[-1] if times else 0.0
+    if shape.fps is not None:  # the last frame stays on screen one interval of the file's own, until it ends
+        while shown is not None and len(frames) < shape.frames and len(frames) / shape.fps <= last + interval + 1e-3:
             frames.append(shown)
-    return _Picked(frames, decoded, time, len(frames) - len({id(f) for f in frames}))
+    return _Picked(frames, len(times), last, interval, len(frames) - len({id(f) for f in frames}))
 
 
 def read_clip(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool = False) -> list[Image.Image]:
@@ -239,7 +298,9 @@ def _read(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool
             f"{(shape.frames - 1) / fps:.2f} s a clip of {shape.what(data_cfg)} takes; lower data.latent_frames or "
             "data.fps, or remove it"
         )
-    if picked.repeated:
+    # Slower than data.fps as stored (its usual interval): its frames repeat throughout. A gap in a phone's
+    # variable-rate clip repeats one, as a player holds it: taken.
+    if fps is not None and picked.repeated and picked.rate is not None and picked.rate < fps * 0.99:
         raise UserError(
             f"{source.key}: {name} is stored at {picked.rate:.3g} fps, fewer than data.fps={fps:g}: {picked.repeated} "
             "of its frames would show twice (none are made up); lower data.fps, or remove it"
@@ -251,7 +312,7 @@ def _read(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool
             f"{shape.what(data_cfg)} (videos are scaled down and cropped, never up); give larger videos or "
             "lower data.latent_height/latent_width"
         )
-    return picked if decoded else _Picked([rgb(f) for f in frames], picked.decoded, picked.last, picked.repeated)
+    return picked if decoded else dataclasses.replace(picked, frames=[rgb(f) for f in frames])
 
 
 def clip_pixels(frames: list[Image.Image], shape: ClipShape) -> torch.Tensor:
@@ -286,15 +347,17 @@ def _said_rates(key: str, rates: dict[str, float], shape: ClipShape) -> None:
     slow, fast = min(rates, key=rates.__getitem__), max(rates, key=rates.__getitem__)
     if rates[fast] > 1.1 * rates[slow]:
         _SAID_RATES.add(key)
+        # A rate every file reaches (none shown twice): Wan 2.1/2.2's 16 where the slowest file has it.
+        fps = "16, as Wan 2.1/2.2 were trained" if rates[slow] >= 16 else f"{math.floor(rates[slow])}, the slowest's"
         log.warning(
             "%s: its videos are stored at different frame rates (%s at %.3g fps, %s at %.3g fps), and taken frame by "
-            "frame their clips move at different speeds; set data.fps (e.g. 16, as Wan 2.1/2.2 were trained) to "
-            "sample each at one rate",
+            "frame their clips move at different speeds; set data.fps (e.g. %s) to sample each at one rate",
             key,
             slow,
             rates[slow],
             fast,
             rates[fast],
+            fps,
         )
 
 
