@@ -100,8 +100,8 @@ def data_readable(run: RunFolder, trusted: bool):
         problem = contents_problem(run.path, data)  # files added since: the last val_fraction are others
         if problem:
             raise UserError(
-                f"{problem}: its held-out items would be others, some of them trained on; {way}restore the folder as "
-                "the run had it"
+                f"{problem}, so its held-out items would be others, some of them trained on; {way}restore the folder "
+                "as the run had it"
             )
 
     return readable

@@ -23,7 +23,7 @@ from wandistiller.core.hydra import compose_config, compose_option, resolve_prec
 from wandistiller.core.precision import Precision
 from wandistiller.core.registry import registered
 from wandistiller.data import sources as data_sources
-from wandistiller.data.sources import contents_problem, record_contents
+from wandistiller.data.sources import CONTENTS, contents_problem, record_contents
 from wandistiller.job.checks import (
     check_folders,
     check_hooks,
@@ -101,8 +101,8 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     if resume_from != found:  # what another process left meanwhile (the folder is locked now)
         check_resumed(cfg, resume_from, spec, method)
     saved = save_config(run_dir, cfg, resume_from)
-    if resume_from is None:  # what its data files hold now: a resume and a later eval are held to it
-        record_contents(run_dir, cfg.data)
+    if not (run_dir / CONTENTS).is_file():  # its first launch here (a new run, or a checkpoint named by path): what
+        record_contents(run_dir, cfg.data)  # its data files hold now, which a resume and a later eval are held to
     continuing(run_dir)  # the resume is accepted: "continuing with the run's saved config", now
     if planned:
         show_plan(planned, cfg.hardware.show_plan or _first_sweep_point(point))
@@ -189,13 +189,13 @@ def check_named_resume(run_dir: Path, resume: str | None) -> None:
 def check_data_kept(run_dir: Path, cfg: DictConfig, checkpoint: Path | None) -> None:
     """A resume in its run folder refuses, in one line, data files changed since the run's first launch (files
     added, removed, recaptioned): its held-out split would be another, and what it held out would be trained on."""
-    if checkpoint is None:
+    if checkpoint is None or cfg.data.get("val_prompts_path"):  # prompts of the user's own held out: none of its
         return
     problem = contents_problem(run_dir, cfg.data)
     if problem:
         raise UserError(
-            f"trainer.resume: {problem}, and some of what it held out would be trained on; restore the folder as the "
-            "run had it, or start a new run folder"
+            f"trainer.resume: {problem}, so its held-out split would be another, and some of what it held out would "
+            "be trained on; restore the folder as the run had it, or start a new run folder"
         )
 
 

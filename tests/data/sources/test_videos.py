@@ -103,6 +103,24 @@ def test_a_folder_changed_since_the_run_began_is_refused_by_its_resume_and_its_e
     assert max(r["step"] for r in metrics_steps(folder) if "loss" in r) == 4
 
 
+def test_the_data_record_is_made_at_a_folders_first_launch_and_is_no_bar_where_nothing_of_it_was_held_out(
+    make_cfg, tmp_path
+):
+    """A checkpoint named by path into a new folder records it too (its eval judged a changed folder unsaid); a run
+    that held out prompts of the user's own (data.val_prompts_path) resumes on a folder that gained a clip."""
+    from tests.data.test_videos import clip, save
+
+    root, first, second = write_videos(tmp_path / "clips"), tmp_path / "first", tmp_path / "second"
+    (tmp_path / "val.txt").write_text("a red square moving up\n")
+    own = ("trainer.checkpoint_every=2", f"data.val_prompts_path={tmp_path / 'val.txt'}")
+    run(make_cfg(*videos(root, *own), run_dir=first))
+    step = first / "checkpoints" / "step_00000002"
+    run(make_cfg(*videos(root, *own, "trainer.max_steps=3", f"trainer.resume={step}"), run_dir=second))
+    assert json.loads((second / ".hydra" / "data.json").read_text())["items"] == 3
+    save(clip(9), root / "d.gif", "a red square moving right, again")
+    run(make_cfg(*videos(root, *own, "trainer.max_steps=4", "trainer.resume=auto"), run_dir=first))  # none held out
+
+
 def test_an_mp4_without_pyav_names_the_package(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)  # as where it is not installed (the dev install brings it)
     root = write_videos(tmp_path / "clips")

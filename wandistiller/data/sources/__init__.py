@@ -70,14 +70,19 @@ def record_contents(run_dir: Path, data_cfg) -> None:
 
 def contents_problem(run_dir: Path, data_cfg) -> str | None:
     """How the run's data files differ from what they held at its first launch, in words (its held-out split is
-    then another); None where they are the same, or where nothing was recorded (a run of an earlier version)."""
+    then another); None where they are the same, where nothing was recorded (a run of an earlier version), or where
+    the run held out prompts of the user's own (data.val_prompts_path), none of the folder's."""
     try:
         recorded = (
             read_json_in(run_dir, CONTENTS, what="record of the run's data") if (run_dir / CONTENTS).is_file() else None
         )
     except ValueError:  # not JSON: a damaged record holds nothing to compare
         recorded = None
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("digest"), str):
+    if (
+        not isinstance(recorded, dict)
+        or not isinstance(recorded.get("digest"), str)
+        or data_cfg.get("val_prompts_path")
+    ):
         return None
     now = source_of(data_cfg).contents(data_cfg)
     if now is None or now["digest"] == recorded["digest"]:
@@ -86,7 +91,7 @@ def contents_problem(run_dir: Path, data_cfg) -> str | None:
     count = recorded.get("items") if isinstance(recorded.get("items"), int) else "?"
     return (
         f"{key}={str(data_cfg.get(key.split('.')[1]))!r} changed since the run first read it ({count} {now['what']} "
-        f"then, {now['items']} now, or their names, sizes or captions differ), so its held-out split is another"
+        f"then, {now['items']} now, or their names, sizes or captions differ)"
     )
 
 
