@@ -372,11 +372,14 @@ def test_a_captioned_file_it_does_not_read_is_one_line_and_a_caption_of_nothing_
     with refused("img3.tiff has a caption (img3.txt) but is not among the images it reads (.png, .jpg, .jpeg, .webp"):
         folder_source(str(root))
     (root / "img3.tiff").unlink()
+    (root / "README.md").write_text("# my images")  # a note beside a note: not a picture dropped
+    (root / "README.txt").write_text("see README.md")
+    (root / "notes.txt").unlink(missing_ok=True)
     with caplog.at_level(logging.WARNING):
         assert folder_source(str(root)).captions == CAPTIONS
         folder_source(str(root))  # read again in the same run: said once
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "1 .txt file(s) caption no image in the folder, the first 'img3.txt' (is its image renamed or moved" in line
+    assert "2 .txt file(s) caption no image in the folder, the first 'README.txt' (is its image renamed or moved" in line
 
 
 def test_a_named_pipe_named_as_an_image_is_one_line_not_a_skip_or_a_hang(tmp_path):
@@ -387,4 +390,9 @@ def test_a_named_pipe_named_as_an_image_is_one_line_not_a_skip_or_a_hang(tmp_pat
     (root / "img3.png").unlink()
     (root / "img3.png").symlink_to("/dev/null")  # a link to a device: not a broken link
     with refused("img3.png is not a regular file"):
+        folder_source(str(root))
+    (root / "img3.png").unlink()
+    (root / "img2.txt").unlink()
+    os.mkfifo(root / "img2.txt")  # a caption that is a pipe: there, not "no img2.txt beside it"
+    with refused("img2.png has no caption (img2.txt beside it is not a regular file (a pipe, socket or device))"):
         folder_source(str(root))

@@ -38,6 +38,13 @@ PIL_SUFFIXES = (".gif", ".webp")
 AV_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v")
 VIDEO_SUFFIXES = PIL_SUFFIXES + AV_SUFFIXES
 MEDIA_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES
+# Pictures and clips in formats a folder source does not read: one captioned beside its .txt is refused (dropped
+# unread, its caption with it); any other file beside a .txt (README.md, a trainer's .npz cache) is not a picture.
+UNREAD_MEDIA = (
+    ".tif", ".tiff", ".heic", ".heif", ".avif", ".jxl", ".jp2", ".j2k", ".ppm", ".pgm", ".pbm", ".tga", ".dng",
+    ".cr2", ".cr3", ".nef", ".arw", ".raw", ".exr", ".hdr", ".psd", ".svg", ".ico", ".jfif", ".mpg", ".mpeg",
+    ".wmv", ".flv", ".3gp", ".ts", ".mts", ".m2ts", ".ogv", ".vob", ".mxf", ".dv", ".y4m", ".f4v", ".hevc", ".h264",
+)  # fmt: skip
 FILE_KEYS, TEXT_KEYS = ("file_name", "file", "image"), ("text", "caption", "prompt")
 
 
@@ -182,7 +189,9 @@ def captions_of(path: Path, key: str, files: list[Path], what: str, every: list[
                 else f"{txt.name} beside it is empty"
                 if txt.is_file()
                 else f"{txt.name} beside it is a broken link (to {os.readlink(txt)!r})"
-                if txt.is_symlink()
+                if txt.is_symlink() and not txt.exists()
+                else f"{txt.name} beside it is not a regular file (a pipe, socket or device)"
+                if txt.exists()
                 else f"no {txt.name} beside it"
             )
             raise UserError(f"{key}: {rel} has no caption ({where}); caption every {what}")
@@ -237,6 +246,7 @@ def _check_txt(path: Path, key: str, files: list[Path], what: str, every: list[P
         others = stems.get(txt.with_suffix(""), [])
         if any(other in read for other in others):
             continue
+        others = [other for other in others if other.suffix.lower() in UNREAD_MEDIA]  # README.md: a note's
         if others:
             suffixes = IMAGE_SUFFIXES if what == "image" else VIDEO_SUFFIXES
             raise UserError(

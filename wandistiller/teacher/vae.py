@@ -82,7 +82,8 @@ def check_latent_frames(teacher_path: Path, latent_frames: int, resumed: bool = 
             f"data.latent_frames={latent_frames} makes single frames, but the teacher at {teacher_path} is a pocket "
             "video teacher, trained and judged on clips of 9 frames: "
             + (
-                "a resume keeps the run's data.latent_frames: resume with the teacher it was trained with"
+                "a resume keeps the run's data.latent_frames, so this run cannot go on on it (a run of an earlier "
+                "version): start a new run folder with data.latent_frames=5"
                 if resumed
                 else "set data.latent_frames=5 (as +experiment=pocket_video does)"
             )
