@@ -9,6 +9,7 @@ from PIL import Image
 
 from wandistiller import generate as generate_cli
 from wandistiller.core.errors import UserError
+from wandistiller.state.runs import open_run
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import load_vae
 
@@ -189,8 +190,11 @@ def test_generate_continues_an_image_to_video_students_given_first_frame_and_ref
         args = generate_cli.parse_args([*base, "--image", str(root / f"{name}.png"), "--teacher"])
         args.out = str(tmp_path / name)
         paths = generate_cli.run_generate(args)
-        # each image's clips under its own names: the other image's were written over them
-        names = [f"a-fox_{name}_seed0_{who}2.{ext}" for who in ("student", "teacher") for ext in ("gif", "png")]
+        # each image's clips under its own names (its file's and a digest of its frame): the other image's were
+        # written over them, and so were those of an image of the same name in another folder
+        tag = generate_cli.image_tag(str(root / f"{name}.png"), generate_cli.first_frames(args, open_run(folder))[0])
+        assert tag.startswith(f"{name}-") and len(tag) == len(name) + 9
+        names = [f"a-fox_{tag}_seed0_{who}2.{ext}" for who in ("student", "teacher") for ext in ("gif", "png")]
         assert [p.name for p in paths] == names
         drawn[name] = np.asarray(Image.open(paths[1]))
     assert not np.array_equal(drawn["img0"], drawn["img1"])  # the frame given is the clip's start

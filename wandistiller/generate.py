@@ -16,6 +16,7 @@ through the model's own WanImageToVideoPipeline (TI2V 5B's may go without: it is
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -85,8 +86,8 @@ def write_images(
     latents: torch.Tensor, vae, prompts: list[str], out: Path, who: str, seed: int, given: list[str] | None = None
 ) -> list[Path]:
     """One PNG per prompt; for a clip run (latents of more than one frame) a GIF each and its still strip PNG.
-    `given`: each prompt's --image, named in its file (`<slug>_<image>_seed…`): another first frame for the same
-    prompt was written over the first one's clip."""
+    `given`: each prompt's --image's `image_tag`, named in its file (`<slug>_<image>_seed…`): another first frame
+    for the same prompt was written over the first one's clip."""
     if latents.shape[2] > 1:
         return write_clips(latents, vae, prompts, out, who, seed, given)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,18 +115,25 @@ def write_clips(
 def prompt_slugs(prompts: list[str], given: list[str] | None = None) -> list[str]:
     """Each prompt's short name: at most 48 letters and digits of it, joined by `-`. Prompts that read the same so
     (`a fox`, `A fox!`, or one prompt given twice: each drawn from its own noise) get `-2`, `-3`, ... after the
-    first, so no image of a call replaces another. `given`: each prompt's --image, its name's after the prompt's."""
+    first, so no image of a call replaces another. `given`: each prompt's `image_tag`, after the prompt's."""
     slugs: list[str] = []
     for i, prompt in enumerate(prompts):
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
         if given is not None:
-            slug += "_" + (re.sub(r"[^a-z0-9]+", "-", Path(given[i]).stem.lower()).strip("-")[:32] or "image")
+            slug += "_" + given[i]
         name, n = slug, 1
         while name in slugs:
             n += 1
             name = f"{slug}-{n}"
         slugs.append(name)
     return slugs
+
+
+def image_tag(path: str, picture: Image.Image) -> str:
+    """A given first frame's part of a file name: its file's name and a digest of the frame it gives, so that
+    another image of the same name (x.png of another folder, a name of letters a slug drops) never replaces it."""
+    stem = re.sub(r"[^a-z0-9]+", "-", Path(path).stem.lower()).strip("-")[:32] or "image"
+    return f"{stem}-{hashlib.sha256(picture.tobytes()).hexdigest()[:8]}"
 
 
 STEPS = 20  # --steps unasked: the teacher's, and a KD student's
@@ -198,7 +206,8 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
         images=images,
     )
     who = drawn_by("student", steps, trained or STEPS, source, other, judged)
-    given = None if pictures is None else [args.image[0 if len(args.image) == 1 else i] for i in idx]
+    given = None if pictures is None else [image_tag(args.image[0 if len(args.image) == 1 else i], p) for i, p in
+                                           zip(idx, pictures)]  # fmt: skip
     paths = write_images(latents, vae, args.prompt, out, who, args.seed, given)
     if args.teacher:
         teacher = load_teacher(run, device, dtype)

@@ -379,7 +379,9 @@ def test_a_captioned_file_it_does_not_read_is_one_line_and_a_caption_of_nothing_
         assert folder_source(str(root)).captions == CAPTIONS
         folder_source(str(root))  # read again in the same run: said once
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "2 .txt file(s) caption no image in the folder, the first 'README.txt' (is its image renamed or moved" in line
+    assert (
+        "2 .txt file(s) caption no image in the folder, the first 'README.txt' (is its image renamed or moved" in line
+    )
 
 
 def test_a_named_pipe_named_as_an_image_is_one_line_not_a_skip_or_a_hang(tmp_path):
