@@ -370,6 +370,11 @@ def test_a_teacher_path_whose_files_link_out_of_it_is_one_line_and_a_hub_snapsho
     shutil.move(snapshot / "transformer" / weights.name, blob)
     (snapshot / "transformer" / weights.name).symlink_to(Path("../../../blobs/0123"))
     assert open_run(finished, teacher_path=str(snapshot)).spec.path.samefile(snapshot)
+    # An export's --out of its blobs/ (with --force: replaced) would break the snapshot's links: refused.
+    from wandistiller.state.runs import check_out_of_inputs
+
+    with pytest.raises(UserError, match="is the folder the teacher's files link into .*, which the export reads"):
+        check_out_of_inputs(repo / "blobs", open_run(finished, teacher_path=str(snapshot)))
 
 
 def test_a_live_run_is_never_read_as_a_finished_one(finished, tmp_path, capsys):

@@ -141,8 +141,12 @@ def check_out_of_inputs(out: Path, run: RunFolder) -> None:
     download) given as --out."""
     check_out_of_run(out, run.path)
     real_out = Path(os.path.realpath(out))
-    inputs = [("the teacher's folder", Path(run.spec.path))]
+    teacher = Path(run.spec.path)
+    inputs = [("the teacher's folder", teacher)]
     inputs += [("the teacher's LoRA", Path(lora.path)) for lora in run.spec.loras]
+    # Where its files' links lead (a Hub cache snapshot's into ../../blobs): replaced, they break the teacher too.
+    linked = sorted({Path(os.path.realpath(f)).parent for f in teacher.rglob("*") if f.is_symlink() and f.is_file()})
+    inputs += [("the folder the teacher's files link into", place) for place in linked]
     for what, place in inputs:
         real = Path(os.path.realpath(place))
         if real_out == real or real_out in real.parents or real in real_out.parents:
