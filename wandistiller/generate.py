@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from wandistiller.core.errors import (
     description,
     whole_number,
 )
-from wandistiller.core.files import in_run, output_problem, write_in_run
+from wandistiller.core.files import in_run, output_problem, overlap, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.core.stopping import tool_session
 from wandistiller.data.conditions import fitted, frame_size
@@ -74,10 +73,9 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
 def _among_inputs(out: Path, run) -> str | None:
     """Why `--out` would write pictures among what a run is read from, in words: the teacher's folder (a model
     folder, or the package's own pocket teacher), the run's student or checkpoints; None where it does not."""
-    real = Path(os.path.realpath(out))
     places = (("the teacher's folder", Path(run.spec.path)), ("the run's student", run.path / "student"))
     for what, place in (*places, ("the run's checkpoints", run.path / "checkpoints")):
-        if real == Path(os.path.realpath(place)) or Path(os.path.realpath(place)) in real.parents:
+        if overlap(out, place) in ("is", "is inside"):  # a folder holding them is written beside them, not in
             return f"{out} is {what} or inside it ({place}), which are read, not written to"
     return None
 

@@ -87,6 +87,17 @@ def output_problem(folder: Path, name: str | Path | None = None) -> str | None:
     return None
 
 
+def overlap(out: Path, place: Path) -> str | None:
+    """How `out` meets `place`, links followed: "is", "holds" (place lies inside out), "is inside", or None where
+    neither lies in the other. The one test behind every `--out` that must keep off what a command reads."""
+    real_out, real = Path(os.path.realpath(out)), Path(os.path.realpath(place))
+    if real_out == real:
+        return "is"
+    if real_out in real.parents:
+        return "holds"
+    return "is inside" if real in real_out.parents else None
+
+
 def _read_only(path: Path) -> bool:
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError, clipped, quieted
-from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, read_json_in
+from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, overlap, read_json_in
 from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.core.tensor_files import safetensors_problem
@@ -125,14 +125,14 @@ class RunFolder:
 def check_out_of_run(out: Path, run_dir: Path) -> None:
     """An export's `--out` (export, pipeline) lies outside the run folder and does not hold it: a run folder holds
     what training writes, and a folder that holds the run would take it with it when replaced."""
-    real_out, real_run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
-    if real_out == real_run or real_run in real_out.parents:
+    where = overlap(out, run_dir)
+    if where == "holds":
+        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
+    if where:
         raise UserError(
             f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
             "folder holds what training writes)"
         )
-    if real_out in real_run.parents:
-        raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
 
 
 def check_out_of_inputs(out: Path, run: RunFolder) -> None:
@@ -140,7 +140,6 @@ def check_out_of_inputs(out: Path, run: RunFolder) -> None:
     files, which the export reads: --force replaced the folder it names, and so deleted a teacher (tens of GB of a
     download) given as --out."""
     check_out_of_run(out, run.path)
-    real_out = Path(os.path.realpath(out))
     teacher = Path(run.spec.path)
     inputs = [("the teacher's folder", teacher)]
     inputs += [("the teacher's LoRA", Path(lora.path)) for lora in run.spec.loras]
@@ -148,9 +147,7 @@ def check_out_of_inputs(out: Path, run: RunFolder) -> None:
     linked = sorted({Path(os.path.realpath(f)).parent for f in teacher.rglob("*") if f.is_symlink() and f.is_file()})
     inputs += [("the folder the teacher's files link into", place) for place in linked]
     for what, place in inputs:
-        real = Path(os.path.realpath(place))
-        if real_out == real or real_out in real.parents or real in real_out.parents:
-            where = "is" if real_out == real else "holds" if real_out in real.parents else "is inside"
+        if where := overlap(out, place):
             raise UserError(f"--out {out} {where} {what} {place}, which the export reads; choose a folder outside it")
 
 
