@@ -127,16 +127,42 @@ def test_guided_samples_show_what_was_asked(folder):
     assert scores["prompt_accuracy"] >= PROMPT_ACCURACY_FLOOR
 
 
+# A build stopped as its video part began a warm restart (its image part written, the video VAE and first phase
+# saved as stages): python -m wandistiller.pocket.build as a user runs it, stopped where a kill would stop it.
+STOPPED_BUILD = """
+import sys
+from wandistiller.pocket import build, stages
+
+made = stages.Stages.__call__
+
+def stopped(self, name, *rest):
+    if self.folder.name == "video" and name == "phase1":
+        raise SystemExit(9)
+    return made(self, name, *rest)
+
+stages.Stages.__call__ = stopped
+build.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
-def test_the_build_is_reproducible_and_writes_wan_folders(tmp_path):
-    digests = []
-    for out in (tmp_path / "a", tmp_path / "b"):
-        cmd = [sys.executable, "-m", "wandistiller.pocket.build", "--quick", "--out", str(out)]
-        assert subprocess.run(cmd, capture_output=True, timeout=600).returncode == 0
-        files = sorted(out.rglob("*.safetensors"))
-        digests.append([(f.relative_to(out), f.read_bytes()) for f in files])
+def test_the_build_is_reproducible_goes_on_from_where_it_stopped_and_writes_wan_folders(tmp_path):
+    """Two builds write the same bytes, one of them stopped in its video part and run again: it goes on from its
+    saved stages (the video teacher's build is ~5 h) and clears them. The folders' configs hold no path of the
+    build's (the I2V teachers' VAE config held the --out they were built in)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    build = [sys.executable, "-m", "wandistiller.pocket.build", "--quick", "--out"]
+    assert subprocess.run([*build, str(a)], capture_output=True, timeout=600).returncode == 0
+    stopped = subprocess.run([sys.executable, "-c", STOPPED_BUILD, "--quick", "--out", str(b)], capture_output=True)
+    assert stopped.returncode == 9 and (b / ".stages" / "video").is_dir()
+    again = subprocess.run([*build, str(b)], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "stage video_vae: resumed" in again.stderr, again.stderr[-2000:]
+    assert "stage phase1: resumed" not in again.stderr and not (b / ".stages").exists()
+    digests = [sorted((f.relative_to(out), f.read_bytes()) for f in out.rglob("*.safetensors")) for out in (a, b)]
     # image and video: 7 model files + a judge each; image to video: 7 model files (the video judge is its judge)
     assert digests[0] == digests[1] and len(digests[0]) == 23
+    configs = [sorted((f.relative_to(out), f.read_text()) for f in out.glob("pocket-*/*/*.json")) for out in (a, b)]
+    assert configs[0] == configs[1] and not any(str(tmp_path) in text for _, text in configs[0])
     assert pipeline(tmp_path / "a" / "pocket-wan-t2v-moe").transformer_2 is not None
     video = pipeline(tmp_path / "a" / "pocket-wan-t2v-video-moe")
     assert video.vae.config.scale_factor_temporal == 2

@@ -17,6 +17,7 @@ import copy
 import logging
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,6 +48,7 @@ from wandistiller.pocket.classifier import save_classifier, train_classifier
 from wandistiller.pocket.clips import VIDEO_PROMPTS, rendered_clip_split, video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS, prompt_file_order, rendered_split
 from wandistiller.pocket.i2v import POCKET_I2V_TRANSFORMER, clips_for, first_frame_conditions, grown_state
+from wandistiller.pocket.stages import Stages, clear_stages, folder_digest, loader, read_model
 from wandistiller.pocket.train import latent_moments, train_transformer, train_vae
 from wandistiller.pocket.video import (
     POCKET_VIDEO_VAE,
@@ -131,7 +133,7 @@ def build_tokenizer():
     return word_tokenizer({"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}})
 
 
-def base_pipeline(vae_steps: int, images: torch.Tensor):
+def base_pipeline(vae_steps: int, images: torch.Tensor, stages: Stages):
     """WanPipeline with tokenizer, text encoder, trained VAE (its latent statistics set) and scheduler."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
     from transformers import UMT5Config, UMT5EncoderModel
@@ -139,8 +141,12 @@ def base_pipeline(vae_steps: int, images: torch.Tensor):
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **POCKET_TEXT_ENCODER)).eval()
-    torch.manual_seed(1)
-    vae = train_vae(AutoencoderKLWan(**POCKET_VAE), images, vae_steps)
+
+    def make_vae():
+        torch.manual_seed(1)
+        return train_vae(AutoencoderKLWan(**POCKET_VAE), images, vae_steps)
+
+    vae = stages("vae", (vae_steps, POCKET_VAE), make_vae, loader(AutoencoderKLWan))
     z = latent_moments(vae, images)
     # One std for all channels (Wan's VAE has one per channel): a channel the digits hardly use then stays
     # near zero instead of being blown up to unit variance, and the transformer need not model its noise.
@@ -173,6 +179,7 @@ def train_experts(
     latents,
     cond,
     uncond,
+    stages: Stages,
     start: dict | None = None,
     batch: int = 128,
     config: dict = POCKET_TRANSFORMER,
@@ -181,22 +188,23 @@ def train_experts(
 ):
     """(transformer, (high-noise expert, low-noise expert)), each from fixed seeds; the transformer from
     `start`'s weights where given (the video teacher starts from the image teacher's, the I2V teacher from the
-    video teacher's); `condition`: an image-to-video teacher's per-clip conditioning (train.flow_batch)."""
+    video teacher's); `condition`: an image-to-video teacher's per-clip conditioning (train.flow_batch). The first
+    phase, each warm restart and each expert is one of `stages`."""
     from diffusers import WanTransformer3DModel
 
-    torch.manual_seed(2)
-    first = WanTransformer3DModel(**config)
-    if start is not None:
-        first.load_state_dict(start)
-    lr = steps.get("lr", 1e-3)
-    transformer = train_transformer(
-        first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
-    )
-    tail = steps.get("tail", ())
-    for phase in tail:
+    def first_phase():
+        torch.manual_seed(2)
+        first = WanTransformer3DModel(**config)
+        if start is not None:
+            first.load_state_dict(start)
+        return train_transformer(
+            first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
+        )
+
+    def restart(phase: Phase, transformer):
         # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
         transformer = deepened(transformer, phase.grow) if phase.grow else transformer
-        transformer = train_transformer(
+        return train_transformer(
             transformer.requires_grad_(True),
             latents,
             cond,
@@ -208,9 +216,17 @@ def train_experts(
             condition=condition,
             end_frames=phase.end_frames,
         )
+
+    load, lr = loader(WanTransformer3DModel), steps.get("lr", 1e-3)
+    started = None if start is None else torch.cat([v.flatten() for v in start.values()])
+    stages.feed(latents, cond, uncond, condition, started)
+    transformer = stages("transformer", (steps["transformer"], batch, lr, config), first_phase, load)
+    tail = steps.get("tail", ())
+    for i, phase in enumerate(tail, 1):
+        transformer = stages(f"phase{i}", (phase, batch), partial(restart, phase, transformer), load)
     end_frames = tail[-1].end_frames if tail else 1.0  # the experts train as the last phase weighed the end frames
     experts = expert_pair(
-        transformer, latents, cond, uncond, steps["expert"], batch, end_frames, condition, boundary_ratio
+        transformer, latents, cond, uncond, steps["expert"], batch, stages, end_frames, condition, boundary_ratio
     )
     return transformer, experts
 
@@ -222,31 +238,37 @@ def expert_pair(
     uncond,
     steps: int,
     batch: int,
+    stages: Stages,
     end_frames: float = 1.0,
     condition: torch.Tensor | None = None,
     boundary_ratio: float = TINY_MOE_BOUNDARY_RATIO,
 ):
     """(high-noise expert, low-noise expert): `transformer` fine-tuned on each one's share of the timesteps, from
-    fixed seeds, with the last phase's objective (`end_frames`, `condition`: train_transformer)."""
-    boundary = boundary_ratio * 1000
-    experts = []
-    for seed, t_range in ((3, (boundary, 1000.0)), (4, (0.0, boundary))):
+    fixed seeds, with the last phase's objective (`end_frames`, `condition`: train_transformer); each one of
+    `stages`."""
+    from diffusers import WanTransformer3DModel
+
+    def fine_tuned(seed: int, t_range: tuple[float, float]):
         expert = copy.deepcopy(transformer).requires_grad_(True)
-        experts.append(
-            train_transformer(
-                expert,
-                latents,
-                cond,
-                uncond,
-                steps,
-                t_range,
-                batch=batch,
-                lr=3e-4,
-                seed=seed,
-                condition=condition,
-                end_frames=end_frames,
-            )
+        return train_transformer(
+            expert,
+            latents,
+            cond,
+            uncond,
+            steps,
+            t_range,
+            batch=batch,
+            lr=3e-4,
+            seed=seed,
+            condition=condition,
+            end_frames=end_frames,
         )
+
+    boundary, load = boundary_ratio * 1000, loader(WanTransformer3DModel)
+    experts = []
+    for name, seed, t_range in (("expert_high", 3, (boundary, 1000.0)), ("expert_low", 4, (0.0, boundary))):
+        settings = (steps, batch, seed, t_range, end_frames)
+        experts.append(stages(name, settings, partial(fine_tuned, seed, t_range), load))
     return tuple(experts)
 
 
@@ -268,14 +290,15 @@ def build(out: Path, steps: dict) -> dict:
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     clock, times = time.perf_counter(), {}
+    stages = Stages(out, "image")
     images, *_, prompts = rendered_split("train", copies=4, seed=1)
-    pipe = base_pipeline(steps["vae"], images)
+    pipe = base_pipeline(steps["vae"], images, stages)
     times["vae_s"] = time.perf_counter() - clock
     latents = normalised_latents(pipe.vae, images)
     table = text_states(pipe, PROMPTS)
     cond = table[torch.tensor([PROMPTS.index(p) for p in prompts])]
     uncond = text_states(pipe, [""])
-    transformer, (high, low) = train_experts(steps, latents, cond, uncond)
+    transformer, (high, low) = train_experts(steps, latents, cond, uncond, stages)
     times["transformers_s"] = time.perf_counter() - clock - times["vae_s"]
     parts = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler)
     for name, kwargs in (
@@ -297,14 +320,21 @@ def build_video(out: Path, steps: dict) -> dict:
 
     torch.set_num_threads(1)
     clock, times = time.perf_counter(), {}
+    stages = Stages(out, "video", folder_digest(out / "pocket-wan-t2v"))
     image = WanPipeline.from_pretrained(out / "pocket-wan-t2v")
     tokenizer = video_tokenizer(image.tokenizer)
     text_encoder = video_text_encoder(image.text_encoder, len(tokenizer))
-    torch.manual_seed(6)
-    vae = AutoencoderKLWan(**POCKET_VIDEO_VAE)
-    vae.load_state_dict(image.vae.state_dict())  # the same layout: the image VAE's weights, all of them
-    vae = train_video_vae(vae, steps["vae"])
-    vae = train_video_decoder(vae, steps["decoder"])  # the encoder frozen: the latents below are the same
+
+    def video_vae():
+        torch.manual_seed(6)
+        vae = AutoencoderKLWan(**POCKET_VIDEO_VAE)
+        vae.load_state_dict(image.vae.state_dict())  # the same layout: the image VAE's weights, all of them
+        return train_video_vae(vae, steps["vae"])
+
+    load = loader(AutoencoderKLWan)
+    vae = stages("video_vae", (steps["vae"], POCKET_VIDEO_VAE), video_vae, load)
+    # its decoder alone, the encoder frozen: the latents below are the same
+    vae = stages("video_decoder", steps["decoder"], lambda: train_video_decoder(vae, steps["decoder"]), load)
     times["video_vae_s"] = time.perf_counter() - clock
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
     clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]
@@ -323,7 +353,7 @@ def build_video(out: Path, steps: dict) -> dict:
     cond = table[torch.tensor([VIDEO_PROMPTS.index(p) for p in prompts])]
     uncond = text_states(pipe, [""])
     transformer, (high, low) = train_experts(
-        steps, latents, cond, uncond, start=image.transformer.state_dict(), batch=steps["batch"]
+        steps, latents, cond, uncond, stages, start=image.transformer.state_dict(), batch=steps["batch"]
     )
     times["video_transformers_s"] = time.perf_counter() - clock - times["video_vae_s"]
     parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=image.scheduler)
@@ -354,11 +384,13 @@ def save_i2v_pairs(out: Path) -> None:
 
 def build_i2v(out: Path, steps: dict) -> dict:
     """The image-to-video teacher and its A14B-layout pair from the video teacher under `out` (built first)."""
-    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from diffusers import AutoencoderKLWan, WanImageToVideoPipeline, WanPipeline
 
     torch.set_num_threads(1)
     clock, times = time.perf_counter(), {}
+    stages = Stages(out, "i2v", folder_digest(out / VIDEO_TEACHER_DIR.name))
     video = WanPipeline.from_pretrained(out / VIDEO_TEACHER_DIR.name)
+    video.vae = read_model(AutoencoderKLWan, out / VIDEO_TEACHER_DIR.name / "vae")  # saved below: no path in its config
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
     clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]
     lat_mean, lat_std = latent_stats(video.vae)
@@ -373,6 +405,7 @@ def build_i2v(out: Path, steps: dict) -> dict:
         latents,
         cond,
         uncond,
+        stages,
         start=grown_state(video.transformer.state_dict()),
         batch=steps["batch"],
         config=POCKET_I2V_TRANSFORMER | {"num_layers": video.transformer.config.num_layers},
@@ -424,6 +457,8 @@ def main(argv: list[str] | None = None) -> None:
         times |= build_video(args.out, VIDEO_QUICK if args.quick else VIDEO_STEPS)
     if args.only in (None, "i2v"):
         times |= build_i2v(args.out, I2V_QUICK if args.quick else I2V_STEPS)
+    # Kept until every part asked for is written: a build stopped in its video part went on from its image stages.
+    clear_stages(args.out)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
 
 

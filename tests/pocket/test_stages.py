@@ -1,0 +1,79 @@
+"""A pocket build's saved stages: taken back only where everything before them is the same, exactly as made."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wandistiller.core.arch import TINY_TRANSFORMER
+from wandistiller.pocket.stages import STAGES_DIR, Stages, clear_stages, loader
+
+
+def trained(seed: int):
+    """A stand-in for a training stage: a tiny Wan transformer whose weights follow from `seed` alone."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(**TINY_TRANSFORMER).eval().requires_grad_(False)
+
+
+@pytest.fixture
+def load():
+    from diffusers import WanTransformer3DModel
+
+    return loader(WanTransformer3DModel)
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_a_stage_saved_is_taken_back_as_made_and_what_follows_it_is_made(tmp_path, load):
+    made = []
+
+    def make(seed):
+        made.append(seed)
+        return trained(seed)
+
+    first = Stages(tmp_path, "video", origin="image teacher A")
+    a = first("transformer", (100, 64), lambda: make(1), load)
+    b = first("phase1", (50, 64), lambda: make(2), load)
+    again = Stages(tmp_path, "video", origin="image teacher A")
+    a2 = again("transformer", (100, 64), lambda: pytest.fail("a saved stage was trained again"), load)
+    b2 = again("phase1", (50, 64), lambda: pytest.fail("a saved stage was trained again"), load)
+    assert same(a, a2) and same(b, b2) and made == [1, 2] and again.resumed == ["transformer", "phase1"]
+    assert not a2.training and not any(p.requires_grad for p in a2.parameters())  # as the training functions return
+
+
+@pytest.mark.parametrize(
+    "changed",
+    ["origin", "first settings", "data"],
+)
+def test_a_stage_after_any_change_before_it_is_made_again(tmp_path, load, changed):
+    """Another teacher to start from, other settings of an earlier stage, other training data: the later stages
+    saved under the old ones are not taken, though their own names and settings are the same."""
+
+    def run(origin, settings, data):
+        stages = Stages(tmp_path, "video", origin=origin)
+        stages("transformer", settings, lambda: trained(1), load)
+        stages.feed(data)
+        made = []
+        stages("phase1", (50, 64), lambda: made.append(1) or trained(2), load)
+        return made
+
+    assert run("A", (100, 64), torch.zeros(3)) == [1]
+    args = {"origin": ("B", (100, 64), torch.zeros(3)), "first settings": ("A", (200, 64), torch.zeros(3))}
+    assert run(*args.get(changed, ("A", (100, 64), torch.ones(3)))) == [1]
+    assert run("A", (100, 64), torch.zeros(3)) == []  # the first one's still there
+
+
+def test_a_stage_left_half_saved_is_made_again_and_the_build_clears_its_stages(tmp_path, load):
+    stages = Stages(tmp_path, "image")
+    stages("vae", 1, lambda: trained(1), load)
+    saved = next((tmp_path / STAGES_DIR / "image").iterdir())
+    (saved / "config.json").unlink()  # as a copy stopped midway would leave it
+    again = Stages(tmp_path, "image")
+    again("vae", 1, lambda: trained(1), load)
+    assert again.resumed == [] and (saved / "config.json").is_file()
+    clear_stages(tmp_path)
+    assert not (tmp_path / STAGES_DIR).exists()
