@@ -197,3 +197,22 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_training(tmp_path
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"error: --out {tmp_path / where}: ") and err.count("\n") == 1
     assert "choose another folder" in err and (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_a_second_build_into_the_same_folder_is_one_line_while_the_first_runs(tmp_path, capsys):
+    """Two builds in one --out trained over each other's stages and replaced each other's folders, unseen."""
+    import fcntl
+    import os
+
+    from wandistiller.pocket.build import main
+
+    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # as the first build holds it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as e:
+            main(["--quick", "--out", str(tmp_path)])
+    finally:
+        os.close(held)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "another build is writing there" in err
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,9 @@ forced to AVX2 or to no SIMD, docs/QUALITY.md).
 from __future__ import annotations
 
 import copy
+import fcntl
 import logging
+import os
 import shutil
 import time
 from functools import partial
@@ -146,7 +148,8 @@ def base_pipeline(vae_steps: int, images: torch.Tensor, stages: Stages):
         torch.manual_seed(1)
         return train_vae(AutoencoderKLWan(**POCKET_VAE), images, vae_steps)
 
-    vae = stages("vae", (vae_steps, POCKET_VAE), make_vae, loader(AutoencoderKLWan))
+    stages.feed(images)
+    vae = stages("vae", (vae_steps, POCKET_VAE, "seed 1"), make_vae, loader(AutoencoderKLWan))
     z = latent_moments(vae, images)
     # One std for all channels (Wan's VAE has one per channel): a channel the digits hardly use then stays
     # near zero instead of being blown up to unit variance, and the transformer need not model its noise.
@@ -220,7 +223,7 @@ def train_experts(
     load, lr = loader(WanTransformer3DModel), steps.get("lr", 1e-3)
     started = None if start is None else torch.cat([v.flatten() for v in start.values()])
     stages.feed(latents, cond, uncond, condition, started)
-    transformer = stages("transformer", (steps["transformer"], batch, lr, config), first_phase, load)
+    transformer = stages("transformer", (steps["transformer"], batch, lr, config, "seed 2"), first_phase, load)
     tail = steps.get("tail", ())
     for i, phase in enumerate(tail, 1):
         transformer = stages(f"phase{i}", (phase, batch), partial(restart, phase, transformer), load)
@@ -229,6 +232,9 @@ def train_experts(
         transformer, latents, cond, uncond, steps["expert"], batch, stages, end_frames, condition, boundary_ratio
     )
     return transformer, experts
+
+
+EXPERT_LR = 3e-4  # each expert's fine-tune's peak
 
 
 def expert_pair(
@@ -258,7 +264,7 @@ def expert_pair(
             steps,
             t_range,
             batch=batch,
-            lr=3e-4,
+            lr=EXPERT_LR,
             seed=seed,
             condition=condition,
             end_frames=end_frames,
@@ -267,7 +273,7 @@ def expert_pair(
     boundary, load = boundary_ratio * 1000, loader(WanTransformer3DModel)
     experts = []
     for name, seed, t_range in (("expert_high", 3, (boundary, 1000.0)), ("expert_low", 4, (0.0, boundary))):
-        settings = (steps, batch, seed, t_range, end_frames)
+        settings = (steps, batch, EXPERT_LR, seed, t_range, end_frames)
         experts.append(stages(name, settings, partial(fine_tuned, seed, t_range), load))
     return tuple(experts)
 
@@ -332,7 +338,7 @@ def build_video(out: Path, steps: dict) -> dict:
         return train_video_vae(vae, steps["vae"])
 
     load = loader(AutoencoderKLWan)
-    vae = stages("video_vae", (steps["vae"], POCKET_VIDEO_VAE), video_vae, load)
+    vae = stages("video_vae", (steps["vae"], POCKET_VIDEO_VAE, "seed 6"), video_vae, load)
     # its decoder alone, the encoder frozen: the latents below are the same
     vae = stages("video_decoder", steps["decoder"], lambda: train_video_decoder(vae, steps["decoder"]), load)
     times["video_vae_s"] = time.perf_counter() - clock
@@ -450,16 +456,31 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--only i2v: no video teacher under {args.out}/{VIDEO_TEACHER_DIR.name}; build it first (--only video)"
         )
-    times: dict[str, float] = {}
-    if args.only in (None, "image"):
-        times |= build(args.out, QUICK if args.quick else STEPS)
-    if args.only in (None, "video"):
-        times |= build_video(args.out, VIDEO_QUICK if args.quick else VIDEO_STEPS)
-    if args.only in (None, "i2v"):
-        times |= build_i2v(args.out, I2V_QUICK if args.quick else I2V_STEPS)
-    # Kept until every part asked for is written: a build stopped in its video part went on from its image stages.
-    clear_stages(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    held = os.open(args.out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go when the build ends, or its process dies
+        except BlockingIOError:  # two builds would train over each other's stages and replace each other's folders
+            parser.error(f"--out {args.out}: another build is writing there; wait for it, or choose another folder")
+        times = build_parts(args.out, args.only, args.quick)
+    finally:
+        os.close(held)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
+
+
+def build_parts(out: Path, only: str | None, quick: bool) -> dict[str, float]:
+    """The parts asked for, in order (each starts from the one before it under `out`); seconds per part."""
+    times: dict[str, float] = {}
+    if only in (None, "image"):
+        times |= build(out, QUICK if quick else STEPS)
+    if only in (None, "video"):
+        times |= build_video(out, VIDEO_QUICK if quick else VIDEO_STEPS)
+    if only in (None, "i2v"):
+        times |= build_i2v(out, I2V_QUICK if quick else I2V_STEPS)
+    # Kept until every part asked for is written: a build stopped in its video part went on from its image stages.
+    clear_stages(out)
+    return times
 
 
 if __name__ == "__main__":

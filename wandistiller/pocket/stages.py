@@ -2,9 +2,10 @@
 teacher's is about 5 h on two cores) goes on from the stage it was in, and makes the same bytes as one unbroken.
 
 Every stage seeds its own generators and starts from the weights the last one returned, so what a stage makes is
-a function of those weights and its settings alone: saved (fp32 safetensors, exact) and read back, they are what
-the unbroken build would hold. Each stage's folder is named for a digest of everything before it: the build's own
-source and library versions, the weights it started from, its training data, and every earlier stage's settings.
+a function of those weights, its inputs and its settings alone: saved (fp32 safetensors, exact) and read back, they
+are what the unbroken build would hold. Each stage's folder is named for a digest of everything before it: the
+training code and library versions, the weights the part started from, its training data, and every earlier stage's
+settings (its steps, seeds, learning rates, shapes).
 A stage saved under other code, data or settings is never taken; it is remade. The stages are removed once every
 part the build was asked for is written.
 """
@@ -25,9 +26,21 @@ from safetensors.torch import load_file
 
 log = logging.getLogger("wandistiller.pocket")
 STAGES_DIR = ".stages"
-# What a stage's weights follow from besides its settings: the package's training code (these modules and what
-# they import from the package for the objective: its sigma shift, the model shapes).
-_SOURCES = ("pocket/*.py", "data/batches.py", "core/arch.py", "teacher/vae.py", "teacher/image.py")
+# What a stage's weights follow from besides its settings and inputs: the package's training arithmetic (these
+# modules: the objectives, the rendered clips the VAE trains on, the sigma shift, the shapes, the I2V conditioning).
+# Not pocket/build.py, whose every number a stage's weights follow from goes into that stage's settings: an edit
+# of the build's command line leaves a 5-hour build's stages good.
+_SOURCES = (
+    "pocket/train.py",
+    "pocket/video.py",
+    "pocket/clips.py",
+    "pocket/digits.py",
+    "pocket/i2v.py",
+    "data/batches.py",
+    "core/arch.py",
+    "teacher/vae.py",
+    "teacher/image.py",
+)
 
 Model = TypeVar("Model")
 
