@@ -77,3 +77,12 @@ def test_a_stage_left_half_saved_is_made_again_and_the_build_clears_its_stages(t
     assert again.resumed == [] and (saved / "config.json").is_file()
     clear_stages(tmp_path)
     assert not (tmp_path / STAGES_DIR).exists()
+
+
+def test_a_damaged_stage_is_trained_again(tmp_path, load):
+    Stages(tmp_path, "image")("vae", 1, lambda: trained(1), load)
+    weights = next((tmp_path / STAGES_DIR / "image").glob("*/diffusion_pytorch_model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    again = Stages(tmp_path, "image")
+    assert same(again("vae", 1, lambda: trained(1), load), trained(1)) and again.resumed == []
+    assert Stages(tmp_path, "image")("vae", 1, lambda: pytest.fail("the stage was not saved again"), load)

@@ -95,9 +95,14 @@ class Stages:
         self._key = self._next(self._key, name, settings)
         path = self.folder / f"{name}-{self._key[:16]}"
         if (path / "config.json").is_file():
-            log.info("stage %s: resumed from %s", name, path)
-            self.resumed.append(name)
-            return load(path)
+            try:
+                model = load(path)
+            except Exception as e:  # a damaged stage (a disk's fault: they are written whole) is trained again
+                log.warning("stage %s: %s unreadable (%s); training it again", name, path, str(e).splitlines()[0])
+            else:
+                log.info("stage %s: resumed from %s", name, path)
+                self.resumed.append(name)
+                return model
         model = make()
         partial = path.with_name(path.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
