@@ -75,3 +75,19 @@ def test_overhead_takes_the_lora_student_and_no_other():
     assert parser().parse_args(["overhead"]).student is None  # the default: the KD loop's tiny student
     with pytest.raises(SystemExit):  # argparse's one line, exit 2
         parser().parse_args(["overhead", "--student", "half"])
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["grad-check", "--steps", "x"], "argument --steps: invalid int value: 'x'; python -m wandistiller.bench grad"),
+        (["overhead", "--bogus"], "unrecognized arguments: --bogus"),
+        (["nope"], "argument bench: invalid choice: 'nope'"),
+    ],
+)
+def test_a_flag_mistake_is_one_line_not_the_usage_block(capsys, argv, said):
+    """The bench printed argparse's usage block where every other command prints one `error:` line."""
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and said in err, err

@@ -42,3 +42,10 @@ def test_a_target_with_the_wrong_signature_is_one_line(make_cfg, tmp_path, overr
 def test_an_interpolation_that_cannot_resolve_names_its_own_key(make_cfg, override, message):
     with pytest.raises(UserError, match=message):
         run(make_cfg(override))
+
+
+def test_a_target_that_cannot_be_imported_is_one_line_and_hydra_logs_none_of_its_own(make_cfg, caplog):
+    """Hydra's lookup logged three lines of its own (`[hydra.utils][ERROR] ... ModuleNotFoundError(...)`) above it."""
+    with pytest.raises(UserError, match=r"trainer.optimizer._target_='torch.optim.Foo' cannot be imported"):
+        run(make_cfg("trainer.optimizer._target_=torch.optim.Foo"))
+    assert not [r for r in caplog.records if r.name.startswith("hydra")]

@@ -84,3 +84,20 @@ def test_a_shipped_asset_stays_inside_the_packages_assets():
     for outside in ("../config.py", "/etc/passwd"):
         with pytest.raises(ValueError, match="leaves the package's assets"):
             shipped_asset(outside)
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["-m", "precision=bf16,fp32", "--cfg", "job"], "--multirun with --cfg: Hydra takes one of"),
+        (["--info", "--cfg=job"], "--info with --cfg: Hydra takes one of --run, --multirun, --cfg and --info"),
+    ],
+)
+def test_two_hydra_modes_are_one_line_not_hydras_traceback(argv, line):
+    """`-m … --cfg job` (to see a sweep's config) was Hydra's ValueError traceback, exit code 1."""
+    from wandistiller.core.hydra import check_modes
+
+    with pytest.raises(UserError, match=line) as e:
+        check_modes(argv)
+    assert ("drop -m" in str(e.value)) == ("-m" in argv)
+    check_modes(["--cfg", "job", "data.root=-m"])  # one mode; a value that looks like a flag is a value

@@ -11,14 +11,14 @@ import torch
 import wandistiller.bench as package
 from wandistiller.bench import CACHE, gradcheck, job, load, lora_overhead, out_path, overhead, plan, teacher
 from wandistiller.bench.models import ARCHS
-from wandistiller.core.errors import UserError, exit_on_user_error
+from wandistiller.core.errors import OneLineParser, UserError, exit_on_user_error
 from wandistiller.core.files import folder_problem
 from wandistiller.student.lora import BUILDER
 from wandistiller.teacher.model import compile_unavailable
 
 
 def parser() -> argparse.ArgumentParser:
-    main_parser = argparse.ArgumentParser(
+    main_parser = OneLineParser(
         prog="python -m wandistiller.bench",
         description=package.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -217,3 +217,21 @@ def modern_argv(argv: list[str]) -> list[str]:
     except Exception:  # the command line has another mistake: composing it again says which, in one line
         return rewritten
     return [a for a in rewritten if a not in settings or a.split(".")[1] in present]
+
+
+# Hydra's modes, of which it takes one a command (its own check is a ValueError traceback): flag -> its long name.
+_MODES = {"-r": "--run", "-m": "--multirun", "-c": "--cfg", "-i": "--info", "-sc": "--shell-completion"}
+_MODES |= {long: long for long in _MODES.values()}
+
+
+def check_modes(argv: list[str]) -> None:
+    """One line where a command line gives Hydra two modes (`-m … --cfg job`: a sweep's config printed)."""
+    given = list(dict.fromkeys(_MODES[a.split("=", 1)[0]] for a in argv if a.split("=", 1)[0] in _MODES))
+    if len(given) < 2:
+        return
+    hint = (
+        "; to see one sweep point's config, drop -m and give each swept key one value"
+        if {"--multirun", "--cfg"} <= set(given)
+        else ""
+    )
+    raise UserError(f"{' with '.join(given)}: Hydra takes one of --run, --multirun, --cfg and --info at a time{hint}")

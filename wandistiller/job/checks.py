@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import math
 import re
 import typing
@@ -314,12 +315,17 @@ def check_targets(cfg: DictConfig) -> None:
     ]
     for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
+        hydra_log = logging.getLogger("hydra.utils")  # it logs three lines of its own before raising: ours is one
+        level = hydra_log.level
+        hydra_log.setLevel(logging.CRITICAL)
         try:
             found = get_object(target)
         except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
+        finally:
+            hydra_log.setLevel(level)
         if key == "recipe" and not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in RECIPE)):
             raise UserError(  # else an internal error once the run folder was made: `print(...)` has no setup()
                 f"recipe._target_={target!r} is not a recipe (a class with setup() and train()); name a subclass of "
