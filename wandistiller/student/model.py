@@ -78,8 +78,9 @@ def student_config(student_cfg, teacher: dict) -> dict:
         source = f"student.config_path={str(path)!r}"
         own = _read_student_json(path, source)
     else:
+        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS, lora.BUILDER]
         raise UserError(
-            "student: set student.builder (tiny, small, base, half) or use student=from_json student.config_path=…"
+            f"student: set student.builder ({', '.join(names)}) or use student=from_json student.config_path=…"
         )
 
     config = {k: teacher[k] for k in INHERITED if k in teacher} | own
