@@ -206,7 +206,7 @@ def test_a_second_build_into_the_same_folder_is_one_line_while_the_first_runs(tm
 
     from wandistiller.pocket.build import main
 
-    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # as the first build holds it
+    held = os.open(tmp_path / ".build.lock", os.O_RDWR | os.O_CREAT)  # as the first build holds it
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(SystemExit) as e:
@@ -215,4 +215,4 @@ def test_a_second_build_into_the_same_folder_is_one_line_while_the_first_runs(tm
         os.close(held)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "another build is writing there" in err
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".build.lock"]

@@ -75,7 +75,7 @@ def test_a_stage_left_half_saved_is_made_again_and_the_build_clears_its_stages(t
     again = Stages(tmp_path, "image")
     again("vae", 1, lambda: trained(1), load)
     assert again.resumed == [] and (saved / "config.json").is_file()
-    clear_stages(tmp_path)
+    clear_stages(tmp_path, ["image"])
     assert not (tmp_path / STAGES_DIR).exists()
 
 
@@ -86,3 +86,33 @@ def test_a_damaged_stage_is_trained_again(tmp_path, load):
     again = Stages(tmp_path, "image")
     assert same(again("vae", 1, lambda: trained(1), load), trained(1)) and again.resumed == []
     assert Stages(tmp_path, "image")("vae", 1, lambda: pytest.fail("the stage was not saved again"), load)
+
+
+def test_a_stage_made_on_other_float_kernels_is_trained_again(tmp_path, load, monkeypatch):
+    """The same stage trains other bytes under another instruction set (docs/QUALITY.md): a shared --out resumed on
+    another kind of CPU, or under a kernel setting, would have mixed two machines' weights into one build."""
+    Stages(tmp_path, "image")("vae", 1, lambda: trained(1), load)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    again = Stages(tmp_path, "image")
+    again("vae", 1, lambda: trained(1), load)
+    assert again.resumed == []
+
+
+def test_a_finished_part_clears_its_own_stages_only(tmp_path, load):
+    """An --only image build into a folder holding a stopped video build's stages left hours of them in place."""
+    for part in ("image", "video"):
+        Stages(tmp_path, part)("vae", 1, lambda: trained(1), load)
+    clear_stages(tmp_path, ["image"])
+    assert [p.name for p in (tmp_path / STAGES_DIR).iterdir()] == ["video"]
+    clear_stages(tmp_path, ["video"])
+    assert not (tmp_path / STAGES_DIR).exists()
+
+
+def test_every_source_a_stage_follows_from_exists():
+    """A misspelt entry would leave that source out of every key unseen."""
+    from pathlib import Path
+
+    from wandistiller.pocket import stages
+
+    root = Path(stages.__file__).resolve().parents[1]
+    assert all(list(root.glob(pattern)) for pattern in stages.SOURCES)

@@ -13,8 +13,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser  # Hydra's own: what it accepts is what check_modes counts
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -219,14 +221,28 @@ def modern_argv(argv: list[str]) -> list[str]:
     return [a for a in rewritten if a not in settings or a.split(".")[1] in present]
 
 
-# Hydra's modes, of which it takes one a command (its own check is a ValueError traceback): flag -> its long name.
-_MODES = {"-r": "--run", "-m": "--multirun", "-c": "--cfg", "-i": "--info", "-sc": "--shell-completion"}
-_MODES |= {long: long for long in _MODES.values()}
-
-
 def check_modes(argv: list[str]) -> None:
-    """One line where a command line gives Hydra two modes (`-m … --cfg job`: a sweep's config printed)."""
-    given = list(dict.fromkeys(_MODES[a.split("=", 1)[0]] for a in argv if a.split("=", 1)[0] in _MODES))
+    """One line where a command line gives Hydra two modes (`-m … --cfg job`: a sweep's config printed), counted as
+    Hydra counts them (its own parser: abbreviations such as `--mult`, joined flags such as `-cjob`), where its own
+    check is a ValueError traceback."""
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:  # a flag Hydra cannot parse: its usage block twice, then its line
+        raise UserError(f"{message}; python -m wandistiller.train --help lists Hydra's flags")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args, _ = parser.parse_known_args(argv)
+    given = [
+        name
+        for name, on in (
+            ("--run", args.run),
+            ("--multirun", args.multirun),
+            ("--cfg", args.cfg is not None),
+            ("--info", args.info is not None),
+            ("--shell-completion", args.shell_completion),
+        )
+        if on
+    ]
     if len(given) < 2:
         return
     hint = (

@@ -127,6 +127,7 @@ I2V_STEPS: dict = dict(
 )
 I2V_QUICK: dict = dict(transformer=2, lr=3e-4, expert=1, batch=4, copies=1, clips=32)
 PARTS = ("image", "video", "i2v")
+LOCK_FILE = ".build.lock"
 
 
 def build_tokenizer():
@@ -457,21 +458,41 @@ def main(argv: list[str] | None = None) -> None:
             f"--only i2v: no video teacher under {args.out}/{VIDEO_TEACHER_DIR.name}; build it first (--only video)"
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    held = os.open(args.out, os.O_RDONLY | os.O_DIRECTORY)
+    held = _build_lock(args.out, parser)
     try:
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go when the build ends, or its process dies
-        except BlockingIOError:  # two builds would train over each other's stages and replace each other's folders
-            parser.error(f"--out {args.out}: another build is writing there; wait for it, or choose another folder")
         times = build_parts(args.out, args.only, args.quick)
     finally:
-        os.close(held)
+        if held is not None:
+            os.close(held)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
+
+
+def _build_lock(out: Path, parser: OneLineParser) -> int | None:
+    """The build's hold on `out` (its `.build.lock`, kept: removing it could let two builds lock two files), let go
+    when the build ends or its process dies; one line where another build holds it (the two would train over each
+    other's stages and replace each other's folders). A file system without locks (some network mounts) builds
+    unguarded, and says so."""
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        log.warning("--out %s cannot be locked (%s): a second build into it at the same time is not refused", out, e)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        parser.error(f"--out {out}: another build is writing there; wait for it, or choose another folder")
+    except OSError as e:
+        os.close(fd)
+        log.warning("--out %s cannot be locked (%s): a second build into it at the same time is not refused", out, e)
+        return None
 
 
 def build_parts(out: Path, only: str | None, quick: bool) -> dict[str, float]:
     """The parts asked for, in order (each starts from the one before it under `out`); seconds per part."""
     times: dict[str, float] = {}
+    parts = [part for part in PARTS if only in (None, part)]
     if only in (None, "image"):
         times |= build(out, QUICK if quick else STEPS)
     if only in (None, "video"):
@@ -479,7 +500,7 @@ def build_parts(out: Path, only: str | None, quick: bool) -> dict[str, float]:
     if only in (None, "i2v"):
         times |= build_i2v(out, I2V_QUICK if quick else I2V_STEPS)
     # Kept until every part asked for is written: a build stopped in its video part went on from its image stages.
-    clear_stages(out)
+    clear_stages(out, parts)
     return times
 
 

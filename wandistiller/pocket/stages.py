@@ -12,9 +12,11 @@ part the build was asked for is written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import platform
 import shutil
 from collections.abc import Callable
 from functools import partial
@@ -27,10 +29,11 @@ from safetensors.torch import load_file
 log = logging.getLogger("wandistiller.pocket")
 STAGES_DIR = ".stages"
 # What a stage's weights follow from besides its settings and inputs: the package's training arithmetic (these
-# modules: the objectives, the rendered clips the VAE trains on, the sigma shift, the shapes, the I2V conditioning).
+# modules: the objectives, the rendered clips the VAE trains on, the sigma shift, the shapes, the I2V conditioning)
+# and the digits it renders.
 # Not pocket/build.py, whose every number a stage's weights follow from goes into that stage's settings: an edit
 # of the build's command line leaves a 5-hour build's stages good.
-_SOURCES = (
+SOURCES = (
     "pocket/train.py",
     "pocket/video.py",
     "pocket/clips.py",
@@ -40,15 +43,32 @@ _SOURCES = (
     "core/arch.py",
     "teacher/vae.py",
     "teacher/image.py",
+    "assets/pocket/digits.csv.gz",  # the digits every clip and image is rendered from (the VAE stages render their own)
 )
+# The float kernels a stage's arithmetic ran on: torch and oneDNN pick them by instruction set (and these variables),
+# and the same stage trains other bytes under each (docs/QUALITY.md). A stage made on another kind of CPU, or a shared
+# --out resumed on another host, is trained again rather than mixed into this one's build.
+_KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA")
 
 Model = TypeVar("Model")
 
 
-def _code_digest() -> str:
+def _cpu() -> str:
+    """The CPU's model name, its instruction set as torch uses it, and the variables that change the kernels."""
+    try:
+        model = next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), ""
+        )
+    except OSError:  # not Linux
+        model = platform.processor()
+    settings = {name: os.environ.get(name) for name in _KERNEL_SETTINGS}
+    return f"{model}|{torch.backends.cpu.get_cpu_capability()}|{settings}"
+
+
+def _sources_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for pattern in _SOURCES:
+    for pattern in SOURCES:
         for path in sorted(root.glob(pattern)):
             digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
@@ -71,7 +91,8 @@ class Stages:
 
         self.folder = out / STAGES_DIR / part
         self.resumed: list[str] = []
-        self._key = self._next("", part, origin, _code_digest(), torch.__version__, diffusers.__version__)
+        versions = (torch.__version__, diffusers.__version__)
+        self._key = self._next("", part, origin, _sources_digest(), *versions, _cpu(), torch.get_num_threads())
 
     @staticmethod
     def _next(key: str, *parts: object) -> str:
@@ -107,14 +128,29 @@ class Stages:
         partial = path.with_name(path.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, safe_serialization=True)  # type: ignore[attr-defined]
+        _synced(partial)  # on disk before it is named a stage: a stage kept across a power cut is whole
         shutil.rmtree(path, ignore_errors=True)  # a folder of this name without its config: not a saved stage
         os.replace(partial, path)
+        _synced(path.parent)
         return model
 
 
-def clear_stages(out: Path) -> None:
-    """The build's folders are written: its stages go."""
-    shutil.rmtree(out / STAGES_DIR, ignore_errors=True)
+def _synced(folder: Path) -> None:
+    """`folder`'s files and its entries flushed to disk."""
+    for path in [*(p for p in folder.iterdir() if p.is_file()), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def clear_stages(out: Path, parts: list[str]) -> None:
+    """The parts' folders are written: their stages go (another part's, a build stopped earlier, are kept)."""
+    for part in parts:
+        shutil.rmtree(out / STAGES_DIR / part, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: another part's stages
+        (out / STAGES_DIR).rmdir()
 
 
 def read_model(cls, folder: Path):

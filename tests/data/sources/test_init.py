@@ -96,3 +96,14 @@ def test_a_text_to_video_teacher_on_image_prompt_pairs_is_one_line_and_nothing_i
 def test_ti2v_without_images_trains_on_prompts_as_a_text_to_video_teacher(make_cfg, tmp_path):
     summary = run(make_cfg("teacher=tiny_ti2v", "trainer.max_steps=2", "data.latent_height=4", "data.latent_width=4"))
     assert summary is not None and (tmp_path / "run" / "student").is_dir()
+
+
+def test_a_run_that_held_out_prompts_of_its_own_never_reads_its_data_record(tmp_path):
+    """Nothing of the folder was held out, so nothing of it is compared: its record is not read either (a damaged
+    one, or a link out of the run folder, stopped such a resume, which had never looked at it)."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "data.json").symlink_to("/etc/hostname")  # read, a guarded read refuses it
+    data = OmegaConf.create({"_target_": "x", "root": str(tmp_path / "clips"), "val_prompts_path": "val.txt"})
+    assert sources.contents_problem(tmp_path, data) is None
+    with pytest.raises(UserError):
+        sources.contents_problem(tmp_path, OmegaConf.merge(data, {"val_prompts_path": None}))

@@ -72,17 +72,15 @@ def contents_problem(run_dir: Path, data_cfg) -> str | None:
     """How the run's data files differ from what they held at its first launch, in words (its held-out split is
     then another); None where they are the same, where nothing was recorded (a run of an earlier version), or where
     the run held out prompts of the user's own (data.val_prompts_path), none of the folder's."""
+    if data_cfg.get("val_prompts_path"):  # none of the folder's held out: nothing of it to hold the run to
+        return None
     try:
         recorded = (
             read_json_in(run_dir, CONTENTS, what="record of the run's data") if (run_dir / CONTENTS).is_file() else None
         )
     except ValueError:  # not JSON: a damaged record holds nothing to compare
         recorded = None
-    if (
-        not isinstance(recorded, dict)
-        or not isinstance(recorded.get("digest"), str)
-        or data_cfg.get("val_prompts_path")
-    ):
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("digest"), str):
         return None
     now = source_of(data_cfg).contents(data_cfg)
     if now is None or now["digest"] == recorded["digest"]:
