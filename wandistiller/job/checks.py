@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.config import CONF_DIR, TrainConfig, hardware_problem
 from wandistiller.core.distributed import under_torchrun
-from wandistiller.core.errors import UserError
+from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.extensions import check_signatures
 from wandistiller.core.files import folder_problem
 from wandistiller.core.plugins import conf_options
@@ -315,17 +315,13 @@ def check_targets(cfg: DictConfig) -> None:
     ]
     for key in ("recipe", "student", "trainer.loss", "trainer.optimizer", *listed, "teacher_placement", "method"):
         target = OmegaConf.select(cfg, f"{key}._target_")
-        hydra_log = logging.getLogger("hydra.utils")  # it logs three lines of its own before raising: ours is one
-        level = hydra_log.level
-        hydra_log.setLevel(logging.CRITICAL)
         try:
-            found = get_object(target)
+            with quieted("hydra.utils", logging.CRITICAL):  # it logs three lines of its own before raising: ours is one
+                found = get_object(target)
         except Exception:  # ImportError, AttributeError, ValueError: all "cannot find it"
             raise UserError(
                 f"{key}._target_={target!r} cannot be imported; name a class or function as module.name (on PYTHONPATH)"
             ) from None
-        finally:
-            hydra_log.setLevel(level)
         if key == "recipe" and not (isinstance(found, type) and all(callable(getattr(found, m, None)) for m in RECIPE)):
             raise UserError(  # else an internal error once the run folder was made: `print(...)` has no setup()
                 f"recipe._target_={target!r} is not a recipe (a class with setup() and train()); name a subclass of "

@@ -189,8 +189,9 @@ def check_named_resume(run_dir: Path, resume: str | None) -> None:
 def check_data_kept(run_dir: Path, cfg: DictConfig, checkpoint: Path | None) -> None:
     """A resume in its run folder refuses, in one line, data files changed since the run's first launch (files
     added, removed, recaptioned): its held-out split would be another, and what it held out would be trained on."""
-    # (contents_problem has nothing to say of a run that held out prompts of its own: data.val_prompts_path)
-    problem = contents_problem(run_dir, cfg.data) if checkpoint is not None else None
+    if checkpoint is None:
+        return
+    problem = contents_problem(run_dir, cfg.data)  # None for a run that held out prompts of its own
     if problem:
         raise UserError(
             f"trainer.resume: {problem}, so its held-out split would be another, and some of what it held out would "

@@ -493,11 +493,11 @@ def build_parts(out: Path, only: str | None, quick: bool) -> dict[str, float]:
     """The parts asked for, in order (each starts from the one before it under `out`); seconds per part."""
     times: dict[str, float] = {}
     parts = [part for part in PARTS if only in (None, part)]
-    if only in (None, "image"):
+    if "image" in parts:
         times |= build(out, QUICK if quick else STEPS)
-    if only in (None, "video"):
+    if "video" in parts:
         times |= build_video(out, VIDEO_QUICK if quick else VIDEO_STEPS)
-    if only in (None, "i2v"):
+    if "i2v" in parts:
         times |= build_i2v(out, I2V_QUICK if quick else I2V_STEPS)
     # Kept until every part asked for is written: a build stopped in its video part went on from its image stages.
     clear_stages(out, parts)

@@ -5,9 +5,9 @@ Every stage seeds its own generators and starts from the weights the last one re
 a function of those weights, its inputs and its settings alone: saved (fp32 safetensors, exact) and read back, they
 are what the unbroken build would hold. Each stage's folder is named for a digest of everything before it: the
 training code and library versions, the weights the part started from, its training data, and every earlier stage's
-settings (its steps, seeds, learning rates, shapes).
-A stage saved under other code, data or settings is never taken; it is remade. The stages are removed once every
-part the build was asked for is written.
+settings (its steps, seeds, learning rates, shapes), and the kind of CPU it ran on.
+A stage saved under other code, data, settings or CPU is never taken; it is remade. A part's stages are removed once
+a build that asked for it has written it.
 """
 
 from __future__ import annotations
@@ -65,21 +65,22 @@ def _cpu() -> str:
     return f"{model}|{torch.backends.cpu.get_cpu_capability()}|{settings}"
 
 
+def _files_digest(root: Path, paths) -> str:
+    """The files' names (from `root`) and bytes, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _sources_digest() -> str:
     root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for pattern in SOURCES:
-        for path in sorted(root.glob(pattern)):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return _files_digest(root, (path for pattern in SOURCES for path in sorted(root.glob(pattern))))
 
 
 def folder_digest(folder: Path) -> str:
     """Every file of a built folder (the teacher a part starts from), names and bytes."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return _files_digest(folder, sorted(p for p in folder.rglob("*") if p.is_file()))
 
 
 class Stages:
@@ -125,12 +126,12 @@ class Stages:
                 self.resumed.append(name)
                 return model
         model = make()
-        partial = path.with_name(path.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(partial, safe_serialization=True)  # type: ignore[attr-defined]
-        _synced(partial)  # on disk before it is named a stage: a stage kept across a power cut is whole
+        unfinished = path.with_name(path.name + ".partial")
+        shutil.rmtree(unfinished, ignore_errors=True)
+        model.save_pretrained(unfinished, safe_serialization=True)  # type: ignore[attr-defined]
+        _synced(unfinished)  # on disk before it is named a stage: a stage kept across a power cut is whole
         shutil.rmtree(path, ignore_errors=True)  # a folder of this name without its config: not a saved stage
-        os.replace(partial, path)
+        os.replace(unfinished, path)
         _synced(path.parent)
         return model
 

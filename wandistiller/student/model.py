@@ -65,8 +65,8 @@ def student_config(student_cfg, teacher: dict) -> dict:
         lora.check_lora_student(student_cfg, teacher)
         return teacher_shape(teacher)
     lora.check_not_lora_keys(student_cfg)
+    names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS, lora.BUILDER]
     if student_cfg.builder is not None:
-        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS, lora.BUILDER]
         if student_cfg.builder not in names:
             raise UserError(
                 f"student.builder={student_cfg.builder!r} is unknown; use one of {', '.join(names)} "
@@ -78,7 +78,6 @@ def student_config(student_cfg, teacher: dict) -> dict:
         source = f"student.config_path={str(path)!r}"
         own = _read_student_json(path, source)
     else:
-        names = [*STUDENT_BUILDERS, *TEACHER_SHAPED_STUDENTS, *PRUNED_STUDENTS, lora.BUILDER]
         raise UserError(
             f"student: set student.builder ({', '.join(names)}) or use student=from_json student.config_path=…"
         )
