@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -88,14 +90,40 @@ def test_a_damaged_stage_is_trained_again(tmp_path, load):
     assert Stages(tmp_path, "image")("vae", 1, lambda: pytest.fail("the stage was not saved again"), load)
 
 
-def test_a_stage_made_on_other_float_kernels_is_trained_again(tmp_path, load, monkeypatch):
+@pytest.mark.parametrize("other", ["instruction set", "kernel setting"])
+def test_a_stage_made_on_other_float_kernels_is_trained_again(tmp_path, load, monkeypatch, other):
     """The same stage trains other bytes under another instruction set (docs/QUALITY.md): a shared --out resumed on
     another kind of CPU, or under a kernel setting, would have mixed two machines' weights into one build."""
     Stages(tmp_path, "image")("vae", 1, lambda: trained(1), load)
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    if other == "instruction set":
+        now = torch.backends.cpu.get_cpu_capability()
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: f"not {now}")
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", os.environ.get("ONEDNN_MAX_CPU_ISA", "") + "_OTHER")
     again = Stages(tmp_path, "image")
     again("vae", 1, lambda: trained(1), load)
     assert again.resumed == []
+
+
+def test_a_stage_is_kept_where_the_file_system_cannot_flush_a_folder(tmp_path, load, monkeypatch):
+    """SMB/CIFS and some FUSE mounts answer a folder's fsync with EINVAL: every stage was trained, then lost to a
+    traceback, on every rerun. Its files are still flushed; another error still stops the build."""
+    import errno
+    import stat
+
+    flush = os.fsync
+
+    def no_folder_fsync(fd, error=errno.EINVAL):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(error, os.strerror(error))
+        flush(fd)
+
+    monkeypatch.setattr(os, "fsync", no_folder_fsync)
+    Stages(tmp_path, "image")("vae", 1, lambda: trained(1), load)
+    assert Stages(tmp_path, "image")("vae", 1, lambda: pytest.fail("the stage was not kept"), load)
+    monkeypatch.setattr(os, "fsync", lambda fd: no_folder_fsync(fd, errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        Stages(tmp_path, "image")("transformer", 1, lambda: trained(2), load)
 
 
 def test_a_finished_part_clears_its_own_stages_only(tmp_path, load):

@@ -13,6 +13,7 @@ a build that asked for it has written it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -136,12 +137,20 @@ class Stages:
         return model
 
 
+# What a file system that cannot flush a folder's entries answers (SMB/CIFS, some FUSE and Ceph mounts): its files
+# are still flushed, and a build there must still be able to keep its stages.
+NO_FOLDER_FSYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
 def _synced(folder: Path) -> None:
-    """`folder`'s files and its entries flushed to disk."""
+    """`folder`'s files and its entries flushed to disk (the entries where the file system can)."""
     for path in [*(p for p in folder.iterdir() if p.is_file()), folder]:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
+        except OSError as e:
+            if path is not folder or e.errno not in NO_FOLDER_FSYNC:
+                raise
         finally:
             os.close(fd)
 
