@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -202,7 +203,6 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_training(tmp_path
 def test_a_second_build_into_the_same_folder_is_one_line_while_the_first_runs(tmp_path, capsys):
     """Two builds in one --out trained over each other's stages and replaced each other's folders, unseen."""
     import fcntl
-    import os
 
     from wandistiller.pocket.build import main
 
@@ -216,3 +216,44 @@ def test_a_second_build_into_the_same_folder_is_one_line_while_the_first_runs(tm
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "another build is writing there" in err
     assert [p.name for p in tmp_path.iterdir()] == [".build.lock"]
+
+
+@pytest.mark.parametrize("in_its_place", ["folder", "link"])
+def test_a_lock_file_that_cannot_be_opened_is_one_line_not_a_build_left_unguarded(tmp_path, capsys, in_its_place):
+    """Any failure to open .build.lock was a warning, and the build went on with no lock at all."""
+    from wandistiller.pocket.build import main
+
+    lock = tmp_path / ".build.lock"
+    if in_its_place == "folder":
+        lock.mkdir()
+    else:
+        (tmp_path / "mine").write_text("mine")
+        lock.symlink_to(tmp_path / "mine")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "its lock file .build.lock cannot be opened" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".build.lock", *(["mine"] if in_its_place == "link" else [])]
+    )
+
+
+def test_a_file_system_without_locks_builds_unguarded_and_says_so(tmp_path, monkeypatch, caplog):
+    """A mount whose flock answers ENOLCK still builds (the lock guards, it does not forbid); another error is one
+    line."""
+    import errno
+    import fcntl
+
+    from wandistiller.pocket import build
+
+    def no_locks(fd, op, error=errno.ENOLCK):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(build, "build_parts", lambda out, only, quick: {"image": 0.0})
+    build.main(["--quick", "--out", str(tmp_path)])
+    assert "a second build into it at the same time is not refused" in caplog.text
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: no_locks(fd, op, errno.EBADF))
+    with pytest.raises(SystemExit) as e:
+        build.main(["--quick", "--out", str(tmp_path)])
+    assert e.value.code == 2

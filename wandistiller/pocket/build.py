@@ -1,4 +1,4 @@
-"""`python -m wandistiller.pocket.build [--out DIR] [--quick] [--only image|video]`: rebuild the pocket teachers.
+"""`python -m wandistiller.pocket.build [--out DIR] [--quick] [--only image|video|i2v]`: rebuild the pocket teachers.
 
 Trains, in order and from fixed seeds: the VAE (AutoencoderKLWan, 32x32 -> 16x8x8), its latent statistics
 (`latents_mean` / `latents_std`, as Wan's VAE config carries them), the transformer (WanTransformer3DModel,
@@ -8,12 +8,19 @@ on t >= 875 and on t < 875), and the judge classifier; then writes both diffuser
 the training images (a `datasets` folder) under `--out` (default: the package's assets/pocket/). Single-threaded
 on the CPU, the same bytes on every run of the same torch build on the same kind of CPU (the float kernels torch
 and oneDNN pick differ by instruction set: the shipped image teacher's VAE is matched neither under AVX-512 nor
-forced to AVX2 or to no SIMD, docs/QUALITY.md).
+forced to AVX2 or to no SIMD, docs/QUALITY.md). The video part (`--only video`: pocket_video and its pair, clips of
+the digits moving) starts from the image teacher under `--out`; the image-to-video part (`--only i2v`) from the video
+teacher.
+
+A stopped build resumes: the same command again takes back each stage it finished (kept under `--out/.stages/`,
+pocket/stages.py) and gives the bytes an unbroken build gives. One build at a time writes into `--out`: a second is
+one line.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import fcntl
 import logging
 import os
@@ -128,6 +135,8 @@ I2V_STEPS: dict = dict(
 I2V_QUICK: dict = dict(transformer=2, lr=3e-4, expert=1, batch=4, copies=1, clips=32)
 PARTS = ("image", "video", "i2v")
 LOCK_FILE = ".build.lock"
+# What flock answers on a file system without locks (some network mounts): the build goes on, unguarded.
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
 
 
 def build_tokenizer():
@@ -341,7 +350,7 @@ def build_video(out: Path, steps: dict) -> dict:
     load = loader(AutoencoderKLWan)
     vae = stages("video_vae", (steps["vae"], POCKET_VIDEO_VAE, "seed 6"), video_vae, load)
     # its decoder alone, the encoder frozen: the latents below are the same
-    vae = stages("video_decoder", steps["decoder"], lambda: train_video_decoder(vae, steps["decoder"]), load)
+    vae = stages("video_decoder", steps["decoder"], partial(train_video_decoder, vae, steps["decoder"]), load)
     times["video_vae_s"] = time.perf_counter() - clock
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
     clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]
@@ -437,7 +446,13 @@ def build_i2v(out: Path, steps: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(prog="python -m wandistiller.pocket.build", description=description(__doc__))
-    parser.add_argument("--out", type=Path, default=POCKET_DIR, help="where to write (default: the package's)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=POCKET_DIR,
+        help="where to write (default: the package's); the same command again resumes a stopped build from the stages "
+        "it kept there",
+    )
     parser.add_argument("--quick", action="store_true", help="a few steps of each part (a smoke test)")
     parser.add_argument(
         "--only",
@@ -470,13 +485,14 @@ def main(argv: list[str] | None = None) -> None:
 def _build_lock(out: Path, parser: OneLineParser) -> int | None:
     """The build's hold on `out` (its `.build.lock`, kept: removing it could let two builds lock two files), let go
     when the build ends or its process dies; one line where another build holds it (the two would train over each
-    other's stages and replace each other's folders). A file system without locks (some network mounts) builds
-    unguarded, and says so."""
+    other's stages and replace each other's folders). Opened read-only: another user's lock file locks as well. A
+    file system without locks (some network mounts) builds unguarded, and says so; a lock file that cannot be
+    opened (a folder or a link in its place) is one line, never a build left unguarded."""
+    lock = out / LOCK_FILE
     try:
-        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        log.warning("--out %s cannot be locked (%s): a second build into it at the same time is not refused", out, e)
-        return None
+        parser.error(f"--out {out}: its lock file {LOCK_FILE} cannot be opened ({e.strerror}); remove {lock}")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return fd
@@ -485,6 +501,8 @@ def _build_lock(out: Path, parser: OneLineParser) -> int | None:
         parser.error(f"--out {out}: another build is writing there; wait for it, or choose another folder")
     except OSError as e:
         os.close(fd)
+        if e.errno not in NO_LOCKS:
+            parser.error(f"--out {out}: its lock file {LOCK_FILE} cannot be locked ({e.strerror})")
         log.warning("--out %s cannot be locked (%s): a second build into it at the same time is not refused", out, e)
         return None
 
