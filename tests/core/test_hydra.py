@@ -90,7 +90,8 @@ def test_a_shipped_asset_stays_inside_the_packages_assets():
     "argv, line",
     [
         (["-m", "precision=bf16,fp32", "--cfg", "job"], "--multirun with --cfg: Hydra takes one of"),
-        (["--info", "--cfg=job"], "--cfg with --info: Hydra takes one of --run, --multirun, --cfg and --info"),
+        (["--info", "--cfg=job"], "--cfg with --info: Hydra takes one of --run, --multirun, --cfg, --info, --shell-c"),
+        (["-sc", "-m"], "--multirun with --shell-completion: Hydra takes one of .*--shell-completion at a time$"),
         (["--mult", "--cfg", "job"], "--multirun with --cfg"),  # as Hydra's parser reads them: abbreviated,
         (["-mcjob"], "--multirun with --cfg"),  # and joined
         (["--cfg", "bogus"], r"argument --cfg/-c: invalid choice: 'bogus' .*; python -m wandistiller.train --help"),
@@ -105,3 +106,24 @@ def test_two_hydra_modes_are_one_line_not_hydras_traceback(argv, line):
     assert ("drop -m" in str(e.value)) == ("with --cfg" in line and "--multirun" in line)
     # one mode; a value that looks like a flag is a value
     check_modes(["--cfg", "job", "data.root=-m", "seed=-1", "~hooks.evaluate", "+experiment=pocket"])
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--resolve"], "--resolve resolves the config that --cfg prints: give it with --cfg job"),
+        (["--config-dir", "/no/such/conf"], "--config-dir /no/such/conf: no such folder"),
+        (["--config-name", "nope"], "--config-name nope: no such config .*the training config is train"),
+    ],
+)
+def test_hydras_other_flag_mistakes_are_one_line_and_help_still_goes_first(argv, line, tmp_path):
+    """Each was Hydra's traceback or a block of lines ending in HYDRA_FULL_ERROR, exit code 1."""
+    from wandistiller.core.hydra import check_modes
+
+    with pytest.raises(UserError, match=line):
+        check_modes(argv)
+    (tmp_path / "mine.yaml").write_text("seed: 1\n")
+    for fine in (["--cfg", "job", "--resolve"], ["--config-name", "train"], ["--config-name", "train.yaml"],
+                 ["--config-dir", str(tmp_path), "--config-name", "mine"], ["-m", "--cfg", "job", "--help"],
+                 ["--config-name", "nope", "--hydra-help"]):  # fmt: skip
+        check_modes(fine)  # Hydra prints its help before it counts modes

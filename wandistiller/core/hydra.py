@@ -222,9 +222,10 @@ def modern_argv(argv: list[str]) -> list[str]:
 
 
 def check_modes(argv: list[str]) -> None:
-    """One line where a command line gives Hydra two modes (`-m … --cfg job`: a sweep's config printed), counted as
-    Hydra counts them (its own parser: abbreviations such as `--mult`, joined flags such as `-cjob`), where its own
-    check is a ValueError traceback."""
+    """Hydra's own flags checked where Hydra's refusal is a traceback or a block of lines, read as Hydra reads them
+    (its own parser: abbreviations such as `--mult`, joined flags such as `-cjob`): two modes at once (`-m … --cfg
+    job`: a sweep's config printed), `--resolve` without `--cfg`, a `--config-dir` or `--config-name` that is not
+    there. `--help` goes first, as in Hydra."""
     parser = get_args_parser()
 
     def refuse(message: str) -> NoReturn:  # a flag Hydra cannot parse: its usage block twice, then its line
@@ -232,22 +233,33 @@ def check_modes(argv: list[str]) -> None:
 
     parser.error = refuse  # type: ignore[method-assign]
     args, _ = parser.parse_known_args(argv)
-    given = [
-        name
-        for name, on in (
-            ("--run", args.run),
-            ("--multirun", args.multirun),
-            ("--cfg", args.cfg is not None),
-            ("--info", args.info is not None),
-            ("--shell-completion", args.shell_completion),
-        )
-        if on
-    ]
-    if len(given) < 2:
+    if args.help or args.hydra_help:
         return
-    hint = (
-        "; to see one sweep point's config, drop -m and give each swept key one value"
-        if {"--multirun", "--cfg"} <= set(given)
-        else ""
-    )
-    raise UserError(f"{' with '.join(given)}: Hydra takes one of --run, --multirun, --cfg and --info at a time{hint}")
+    modes = {
+        "--run": args.run,
+        "--multirun": args.multirun,
+        "--cfg": args.cfg is not None,
+        "--info": args.info is not None,
+        "--shell-completion": args.shell_completion,
+    }
+    given = [name for name, on in modes.items() if on]
+    if len(given) > 1:
+        hint = (
+            "; to see one sweep point's config, drop -m and give each swept key one value"
+            if {"--multirun", "--cfg"} <= set(given)
+            else ""
+        )
+        raise UserError(f"{' with '.join(given)}: Hydra takes one of {', '.join(modes)} at a time{hint}")
+    if args.resolve and args.cfg is None:
+        raise UserError("--resolve resolves the config that --cfg prints: give it with --cfg job, or drop it")
+    config_dir = Path(os.path.abspath(args.config_dir)) if args.config_dir is not None else None  # as Hydra reads it
+    if config_dir is not None and not config_dir.is_dir():
+        raise UserError(f"--config-dir {args.config_dir}: no such folder; give a folder of config files, or drop it")
+    if args.config_name is not None:
+        file = args.config_name.removesuffix(".yaml") + ".yaml"
+        folders = [CONF_DIR, *([config_dir] if config_dir is not None else [])]
+        if not any((folder / file).is_file() for folder in folders) and file not in ConfigStore.instance().repo:
+            raise UserError(
+                f"--config-name {args.config_name}: no such config (the training config is train, the default; "
+                "--config-dir adds a folder of your own)"
+            )
