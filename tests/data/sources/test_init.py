@@ -101,9 +101,11 @@ def test_ti2v_without_images_trains_on_prompts_as_a_text_to_video_teacher(make_c
 def test_a_run_that_held_out_prompts_of_its_own_never_reads_its_data_record(tmp_path):
     """Nothing of the folder was held out, so nothing of it is compared: its record is not read either (a damaged
     one, or a link out of the run folder, stopped such a resume, which had never looked at it)."""
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "data.json").symlink_to("/etc/hostname")  # read, a guarded read refuses it
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (tmp_path / "elsewhere.json").write_text("{}")  # a file out of the run folder
+    (run_dir / ".hydra" / "data.json").symlink_to(tmp_path / "elsewhere.json")  # read, a guarded read refuses it
     data = OmegaConf.create({"_target_": "x", "root": str(tmp_path / "clips"), "val_prompts_path": "val.txt"})
-    assert sources.contents_problem(tmp_path, data) is None
+    assert sources.contents_problem(run_dir, data) is None
     with pytest.raises(UserError):
-        sources.contents_problem(tmp_path, OmegaConf.merge(data, {"val_prompts_path": None}))
+        sources.contents_problem(run_dir, OmegaConf.merge(data, {"val_prompts_path": None}))
