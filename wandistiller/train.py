@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core.errors import exit_on_user_error, internal_errors_reported
-from wandistiller.core.hydra import check_modes, modern_argv
+from wandistiller.core.hydra import check_hydra_flags, modern_argv
 from wandistiller.core.stopping import stop_at_once
 from wandistiller.job.run import run as run_job
 from wandistiller.job.rundir import note_missing_run_dir, removed_if_refused
@@ -46,7 +46,7 @@ def cli() -> None:
     Hydra's main."""
 
     with exit_on_user_error():
-        check_modes(sys.argv[1:])
+        check_hydra_flags(sys.argv[1:])
         sys.argv[1:] = modern_argv(sys.argv[1:])  # Hydra reads sys.argv itself: an older key is rewritten for it too
         check_overrides(sys.argv[1:])
     note_missing_run_dir(sys.argv[1:])

@@ -99,13 +99,13 @@ def test_a_shipped_asset_stays_inside_the_packages_assets():
 )
 def test_two_hydra_modes_are_one_line_not_hydras_traceback(argv, line):
     """`-m … --cfg job` (to see a sweep's config) was Hydra's ValueError traceback, exit code 1."""
-    from wandistiller.core.hydra import check_modes
+    from wandistiller.core.hydra import check_hydra_flags
 
     with pytest.raises(UserError, match=line) as e:
-        check_modes(argv)
+        check_hydra_flags(argv)
     assert ("drop -m" in str(e.value)) == ("with --cfg" in line and "--multirun" in line)
     # one mode; a value that looks like a flag is a value
-    check_modes(["--cfg", "job", "data.root=-m", "seed=-1", "~hooks.evaluate", "+experiment=pocket"])
+    check_hydra_flags(["--cfg", "job", "data.root=-m", "seed=-1", "~hooks.evaluate", "+experiment=pocket"])
 
 
 @pytest.mark.parametrize(
@@ -114,16 +114,19 @@ def test_two_hydra_modes_are_one_line_not_hydras_traceback(argv, line):
         (["--resolve"], "--resolve resolves the config that --cfg prints: give it with --cfg job"),
         (["--config-dir", "/no/such/conf"], "--config-dir /no/such/conf: no such folder"),
         (["--config-name", "nope"], "--config-name nope: no such config .*the training config is train"),
+        (["-cp", "/no/such/conf"], "--config-path /no/such/conf: no such folder"),
+        (["--experimental-rerun", "x.pickle"], "no run here leaves the pickle Hydra reruns; continue a run with"),
     ],
 )
 def test_hydras_other_flag_mistakes_are_one_line_and_help_still_goes_first(argv, line, tmp_path):
     """Each was Hydra's traceback or a block of lines ending in HYDRA_FULL_ERROR, exit code 1."""
-    from wandistiller.core.hydra import check_modes
+    from wandistiller.core.hydra import check_hydra_flags
 
     with pytest.raises(UserError, match=line):
-        check_modes(argv)
+        check_hydra_flags(argv)
     (tmp_path / "mine.yaml").write_text("seed: 1\n")
     for fine in (["--cfg", "job", "--resolve"], ["--config-name", "train"], ["--config-name", "train.yaml"],
-                 ["--config-dir", str(tmp_path), "--config-name", "mine"], ["-m", "--cfg", "job", "--help"],
+                 ["--config-dir", str(tmp_path), "--config-name", "mine"], ["-cp", "conf"],
+                 ["-cp", str(tmp_path), "-cn", "mine"], ["-m", "--cfg", "job", "--help"],
                  ["--config-name", "nope", "--hydra-help"]):  # fmt: skip
-        check_modes(fine)  # Hydra prints its help before it counts modes
+        check_hydra_flags(fine)  # Hydra prints its help before it counts modes

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.utils import get_args_parser  # Hydra's own: what it accepts is what check_modes counts
+from hydra._internal.utils import get_args_parser  # Hydra's own: what it accepts is what check_hydra_flags reads
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -221,11 +221,12 @@ def modern_argv(argv: list[str]) -> list[str]:
     return [a for a in rewritten if a not in settings or a.split(".")[1] in present]
 
 
-def check_modes(argv: list[str]) -> None:
+def check_hydra_flags(argv: list[str]) -> None:
     """Hydra's own flags checked where Hydra's refusal is a traceback or a block of lines, read as Hydra reads them
     (its own parser: abbreviations such as `--mult`, joined flags such as `-cjob`): two modes at once (`-m … --cfg
     job`: a sweep's config printed), `--resolve` without `--cfg`, a `--config-dir` or `--config-name` that is not
-    there. `--help` goes first, as in Hydra."""
+    there, `--config-path` not a folder, Hydra's `--experimental-rerun` (a pickle no run here writes). `--help` goes
+    first, as in Hydra."""
     parser = get_args_parser()
 
     def refuse(message: str) -> NoReturn:  # a flag Hydra cannot parse: its usage block twice, then its line
@@ -252,12 +253,22 @@ def check_modes(argv: list[str]) -> None:
         raise UserError(f"{' with '.join(given)}: Hydra takes one of {', '.join(modes)} at a time{hint}")
     if args.resolve and args.cfg is None:
         raise UserError("--resolve resolves the config that --cfg prints: give it with --cfg job, or drop it")
+    if args.experimental_rerun is not None:
+        raise UserError(
+            "--experimental-rerun: no run here leaves the pickle Hydra reruns; continue a run with "
+            "hydra.run.dir=<its folder> trainer.resume=auto"
+        )
+    primary = CONF_DIR
+    if args.config_path is not None and not args.config_path.startswith("pkg://"):
+        primary = CONF_DIR.parent / args.config_path  # as Hydra reads it: from the main module's folder
+        if not primary.is_dir():
+            raise UserError(f"--config-path {args.config_path}: no such folder (the default is the package's conf/)")
     config_dir = Path(os.path.abspath(args.config_dir)) if args.config_dir is not None else None  # as Hydra reads it
     if config_dir is not None and not config_dir.is_dir():
         raise UserError(f"--config-dir {args.config_dir}: no such folder; give a folder of config files, or drop it")
     if args.config_name is not None:
         file = args.config_name.removesuffix(".yaml") + ".yaml"
-        folders = [CONF_DIR, *([config_dir] if config_dir is not None else [])]
+        folders = [primary, *([config_dir] if config_dir is not None else [])]
         if not any((folder / file).is_file() for folder in folders) and file not in ConfigStore.instance().repo:
             raise UserError(
                 f"--config-name {args.config_name}: no such config (the training config is train, the default; "
