@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,6 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from wandistiller.compose import register_configs
 from wandistiller.config import CONF_DIR
+from wandistiller.core.atomic import atomic_write
 from wandistiller.core.hydra import auto_precision
 from wandistiller.core.precision import Precision
 
@@ -33,14 +37,76 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+def shared_folder(request) -> Path | None:
+    """The folder the xdist workers of this session share (None outside xdist: one process, nothing to share)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return None
+    return request.getfixturevalue("tmp_path_factory").getbasetemp().parent
+
+
+class SharedResult:
+    """What another xdist worker of this session computes for all of them, read once it has written it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def result(self, timeout: float = 1200):
+        deadline = time.monotonic() + timeout
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.path} was never written: the worker computing it stopped")
+            time.sleep(0.2)
+        ok, value = pickle.loads(self.path.read_bytes())
+        if not ok:
+            raise RuntimeError(f"the worker computing it failed:\n{value}")
+        return value
+
+
+def once_per_session(request, name: str, submit: Callable[..., Future]) -> Callable[..., Future | SharedResult]:
+    """`submit(fn, *args)` for work the whole session needs once (a 2-rank launch): under xdist the first worker to
+    ask runs it and leaves its result (pickled, paths and all) for the others, which read it, instead of every
+    worker running it again. The result must hold nothing of the worker that made it but files on this machine."""
+
+    def submit_once(fn: Callable, *args) -> Future | SharedResult:
+        shared = shared_folder(request)
+        if shared is None:
+            return submit(fn, *args)
+        result = shared / f"{name}.pickle"
+        try:
+            os.close(os.open(shared / f"{name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return SharedResult(result)
+
+        def run_and_share():
+            try:
+                value = fn(*args)
+            except BaseException as e:
+                atomic_write(result, pickle.dumps((False, "".join(traceback.format_exception(e)))))
+                raise
+            atomic_write(result, pickle.dumps((True, value)))
+            return value
+
+        return submit(run_and_share)
+
+    return submit_once
+
+
+def _now(fn: Callable, *args) -> Future:
+    """`fn(*args)` run here and now, as a done Future."""
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
+
+
 # Long multi-process jobs a test module registers (`@background_job("<fixture name>")`), by that fixture's name.
 BACKGROUND_JOBS: dict[str, Callable] = {}
 
 
 def background_job(fixture: str):
-    """Registers `start(request, pool) -> Future` as the background job behind the fixture named `fixture`: it
+    """Registers `start(request, submit) -> Future` as the background job behind the fixture named `fixture`: it
     starts with the session when a selected test uses that fixture (directly or through another), and the
-    fixture returns its result (`job_result`)."""
+    fixture returns its result (`job_result`). `start` runs its job with `submit(fn, *args)`: once per session,
+    however many xdist workers there are."""
 
     def register(start: Callable) -> Callable:
         BACKGROUND_JOBS[fixture] = start
@@ -50,17 +116,21 @@ def background_job(fixture: str):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_jobs(request) -> dict[str, Future]:
+def session_jobs(request) -> dict[str, Future | SharedResult]:
     """Long multi-process jobs, started in the background as the session starts, that a module's tests wait
     for: they overlap the in-process tests (one pytest thread, one core) instead of holding that thread. A job
     starts only where a selected test uses its fixture; it copies the environment when it starts."""
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="session-job")
     request.addfinalizer(pool.shutdown)  # the session's end waits for every one: none is left running
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    return {name: start(request, pool) for name, start in BACKGROUND_JOBS.items() if name in wanted}
+    return {
+        name: start(request, once_per_session(request, name, pool.submit))
+        for name, start in BACKGROUND_JOBS.items()
+        if name in wanted
+    }
 
 
-def job_result(session_jobs: dict[str, Future], fixture: str):
+def job_result(session_jobs: dict[str, Future | SharedResult], fixture: str):
     """What the background job behind `fixture` returned (waiting for it)."""
     return session_jobs[fixture].result()
 
@@ -286,7 +356,7 @@ def _two_rank_checks(paths: dict) -> dict:
 
 
 @pytest.fixture(scope="session")
-def two_ranks(tiny_path, tiny_moe_path, tiny_i2v_path, cache_dir) -> list[dict]:
+def two_ranks(request, tiny_path, tiny_moe_path, tiny_i2v_path, cache_dir) -> list[dict]:
     """Each rank's results of every TWO_RANK_CHECKS function, from one launch of two workers (the launcher
     a run uses) that the tests of several modules read: each spawn costs two fresh processes' imports."""
     from omegaconf import OmegaConf
@@ -295,7 +365,7 @@ def two_ranks(tiny_path, tiny_moe_path, tiny_i2v_path, cache_dir) -> list[dict]:
 
     paths = {"tiny": str(tiny_path), "moe": str(tiny_moe_path), "i2v": str(tiny_i2v_path), "cache": str(cache_dir)}
     cfg = OmegaConf.create({"nnodes": 1, "nproc_per_node": 2, "rdzv_endpoint": None, "rdzv_id": None})
-    return launch(_two_rank_checks, (paths,), cfg)
+    return once_per_session(request, "two_ranks", _now)(launch, _two_rank_checks, (paths,), cfg).result()
 
 
 def choose(cfg):

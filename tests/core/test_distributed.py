@@ -87,13 +87,13 @@ def _fail_then_resume(run_dir, aside, cache_dir, env: dict) -> dict:
 
 
 @background_job("failed_then_resumed")
-def _start_failed_then_resumed(request, pool):
+def _start_failed_then_resumed(request, submit):
     """This module's long job, started with the session (conftest.session_jobs) when a test that reads it runs."""
     cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
     request.getfixturevalue("tiny_path")
     run_dir, aside = factory.mktemp("two_rank_job") / "r", factory.mktemp("two_rank_job_checkpoint")
     env = session_env(request)  # copied now: a test's monkeypatching never leaks in
-    return pool.submit(_fail_then_resume, run_dir, aside, cache_dir, env)
+    return submit(_fail_then_resume, run_dir, aside, cache_dir, env)
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def test_a_random_student_matches_blocks_spread_evenly_over_the_teacher(make_cfg
 
 
 @background_job("features_served")
-def _start_features_served(request, pool):
+def _start_features_served(request, submit):
     """The run below with its teacher on a dedicated owner (rank 0 serves rank 1 over gloo), started early."""
     import subprocess
 
@@ -111,7 +111,7 @@ def _start_features_served(request, pool):
     args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *FEATURES, "teacher_placement=gpu0",
                "teacher_placement.debug_cpu=true", "distributed.nproc_per_node=2")  # fmt: skip
     env = session_env(request)
-    return pool.submit(lambda: (subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600),
+    return submit(lambda: (subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600),
                                 run_dir))  # fmt: skip
 
 

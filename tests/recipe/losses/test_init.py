@@ -67,14 +67,14 @@ def _train(run_dir, args: list[str], env: dict):
 
 
 @background_job("task_loss_two_ranks")
-def _start_task_loss_two_ranks(request, pool):
+def _start_task_loss_two_ranks(request, submit):
     """The 2-rank run below, started with the session (conftest.session_jobs) when its test is selected."""
     cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
     request.getfixturevalue("tiny_path")
     run_dir = factory.mktemp("task_loss_two_ranks") / "r"
     args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *TASK_ON_TWO_RANKS)
     env = session_env(request)  # copied now: a test's monkeypatching never leaks in
-    return pool.submit(_train, run_dir, args, env)
+    return submit(_train, run_dir, args, env)
 
 
 @pytest.fixture
