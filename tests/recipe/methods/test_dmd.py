@@ -50,15 +50,15 @@ SERVED = {
 
 
 def _start(name: str):
-    def start(request, pool):
+    def start(request, submit):
         """The dmd run of `SERVED[name]` in two fresh processes over gloo, started with the session."""
         cache_dir, factory = request.getfixturevalue("cache_dir"), request.getfixturevalue("tmp_path_factory")
         request.getfixturevalue("tiny_path")
         run_dir = factory.mktemp(name) / "r"
         args = cli(f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", *CLI, *SERVED[name])
         env = session_env(request)
-        return pool.submit(lambda: (subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
-                                                   timeout=600), run_dir))  # fmt: skip
+        return submit(lambda: (subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
+                                          timeout=600), run_dir))  # fmt: skip
 
     return start
 
