@@ -6,8 +6,8 @@ a function of those weights, its inputs and its settings alone: saved (fp32 safe
 are what the unbroken build would hold. Each stage's folder is named for a digest of everything before it: the
 training code and library versions, the weights the part started from, its training data, and every earlier stage's
 settings (its steps, seeds, learning rates, shapes), and the kind of CPU it ran on.
-A stage saved under other code, data, settings or CPU is never taken; it is remade. A part's stages are removed once
-a build that asked for it has written it.
+A stage saved under other code, data, settings or CPU is never taken; it is remade. A build's stages are removed when
+it ends with every part it asked for written (pocket/build.build_parts).
 """
 
 from __future__ import annotations
