@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wandistiller.bench.plan import predict  # noqa: E402
+from wandistiller.bench.plan import predict, shape_of  # noqa: E402
 from wandistiller.placements import memory  # noqa: E402
 
 H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
@@ -60,17 +60,21 @@ GPU_DATA = [
 def cpu_points(files: list[str]) -> list[dict]:
     points = []
     for f in files:
-        for r in json.loads(Path(f).read_text())["rows"]:
+        result = json.loads(Path(f).read_text())
+        # a random-weight teacher's folder is not recorded (nor at hand here): its shape comes from the arch
+        teacher = None if result["arch"] == "tiny" else shape_of(result["arch"])
+        for r in result["rows"]:
             if r.get("measured_host_gib"):
                 shape = " ".join(
                     o.split("=")[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in r["overrides"][4:]
                 )
                 name = f"cpu {r['student']} b{r['batch']} {r['placement']} {shape}"
-                points.append({"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]})
+                point = {"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]}
+                points.append(point | {"teacher": teacher})
     return points
 
 
-def workload(overrides: list[str]):
+def workload(overrides: list[str], teacher: tuple[dict, int] | None = None):
     import torch
 
     from wandistiller.compose import register_configs
@@ -82,12 +86,12 @@ def workload(overrides: list[str]):
     cfg = compose_config(overrides)
     # the method's own networks (dmd's fake score) as it declares them: the gpu_adapted datum trains one
     networks = method_passes(cfg).networks
-    return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1)[0]
+    return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1, teacher=teacher)[0]
 
 
-def tokens(overrides: list[str]) -> tuple[int, int]:
+def tokens(overrides: list[str], teacher: tuple[dict, int] | None = None) -> tuple[int, int]:
     """(image tokens, text tokens) per step of a point."""
-    w = workload(overrides)
+    w = workload(overrides, teacher)
     return w.batch_size * w.tokens, w.batch_size * w.text_tokens
 
 
@@ -109,8 +113,8 @@ def fit_cpu(points: list[dict]) -> tuple[int, int]:
     memory.CPU_HEAP_PER_TOKEN = (0, 0)
     rows, residual = [], []
     for p in points:
-        rows.append(tokens(p["overrides"]))
-        residual.append((p["measured_gib"] - predict(p["overrides"])["predicted_host_gib"]) * memory.GiB)
+        rows.append(tokens(p["overrides"], p["teacher"]))
+        residual.append((p["measured_gib"] - predict(p["overrides"], p["teacher"])["predicted_host_gib"]) * memory.GiB)
     (img, txt), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(residual), rcond=None)
     memory.CPU_HEAP_PER_TOKEN = (max(int(img), 0), max(int(txt), 0))
     return memory.CPU_HEAP_PER_TOKEN
@@ -119,7 +123,7 @@ def fit_cpu(points: list[dict]) -> tuple[int, int]:
 def residuals(points: list[dict]) -> list[dict]:
     out = []
     for p in points:
-        pred = predict(p["overrides"])
+        pred = predict(p["overrides"], p.get("teacher"))
         got = max(pred["predicted_gpu_gib"]) if p.get("gpu") else pred["predicted_host_gib"]
         out.append(p | {"predicted_gib": round(got, 3), "error_pct": round(100 * (got / p["measured_gib"] - 1), 1)})
     return out

@@ -5,6 +5,8 @@ target: 0 to +15%, never under by more than 5%)."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +97,39 @@ def test_the_image_to_video_pair_shape_trains_lora_dmd_on_its_own_images(cache_d
     assert not row.get("failed"), row.get("failed")
     assert "teacher=wan2.2_i2v_a14b" in row["overrides"] and "data=image_folder" in row["overrides"]
     folder = tmp_path / "tiny_a14b_i2v"
+    written = json.loads((folder / "transformer" / "config.json").read_text())
+    assert bench_plan.shape_of("tiny_a14b_i2v") == ({k: v for k, v in written.items() if k[0] != "_"}, 2)
+    assert not any(o.startswith(bench_plan.MACHINE_PATHS) for o in row["overrides"])  # replays with shape_of
     for file in (folder / "transformer").iterdir():
         assert (folder / "transformer_2" / file.name).samefile(file)
     assert len(list((tmp_path / "tiny_a14b_i2v_images").glob("*.png"))) == 4
+
+
+RECORDS = sorted((Path(__file__).parents[2] / "docs" / "planner_data").rglob("*.json"))
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda p: p.stem)
+def test_a_recorded_result_names_no_machines_folder_and_pins_what_auto_and_detection_chose(record):
+    result = json.loads(record.read_text())
+    for row in result["rows"]:
+        assert not [o for o in row["overrides"] if o.split("=", 1)[1].startswith(("/", "~"))]
+        if result["arch"] != "tiny":  # the tiny grid's: fp32 on every CPU, and hardware only decides what fits
+            assert any(o.startswith("precision=") for o in row["overrides"])
+            assert any(o.startswith("hardware.gpus=") for o in row["overrides"])
+
+
+def test_the_out_of_fit_check_replays_its_prediction_without_its_folder():
+    """docs/PLANNER.md's out-of-fit check: its 1.3B-shaped random teacher's folder is gone; the record's shape
+    (its arch) plans it again, to the numbers the document quotes."""
+    result = json.loads((Path(__file__).parents[2] / "docs/planner_data/validation/cpu_1.3b.json").read_text())
+    for row in result["rows"]:
+        again = bench_plan.predict(row["overrides"], bench_plan.shape_of(result["arch"]))
+        assert again["predicted_host_gib"] == pytest.approx(row["predicted_host_gib"], rel=1e-5)
+
+
+def test_a_result_records_the_run_without_its_folders_and_with_what_this_machine_chose():
+    overrides = ["teacher=tiny", "teacher.path=/data/wan", "paths.cache_dir=/scratch/c", "student=tiny"]
+    assert bench_plan.recorded(overrides) == ["teacher=tiny", "student=tiny"]
+    facts = bench_plan.pinned(["teacher=tiny", "student=tiny"])
+    assert facts[:2] == ["precision=fp32", "hardware.gpus=0"] and facts[2].startswith("hardware.host_memory_gib=")
+    assert bench_plan.pinned(["teacher=tiny", "precision=bf16", "hardware.gpus=0", "hardware.host_memory_gib=64"]) == []

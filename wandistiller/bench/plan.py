@@ -39,6 +39,7 @@ from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
 from wandistiller.job.checks import method_passes
 from wandistiller.placements import planner as plan
+from wandistiller.placements.memory import Hardware
 from wandistiller.placements.streaming import replace_tensor
 from wandistiller.teacher.tiny import build_tiny_pipeline, tiny_i2v_pipeline
 
@@ -87,8 +88,9 @@ def run(args) -> dict:
                     *(["paths.cache_dir=" + args.cache_dir] if args.cache_dir else []),
                     *args.set,
                 ]
-                row = {"student": student, "batch": batch, "placement": placement, "overrides": overrides}
-                row |= predict(overrides)
+                planned = overrides + pinned(overrides)  # the job runs as detected; its plan records what was
+                row = {"student": student, "batch": batch, "placement": placement, "overrides": recorded(planned)}
+                row |= predict(planned)
                 cache_embeddings(overrides)
                 row |= measure(overrides, args.steps, args.device)
                 rows.append(row | errors(row))
@@ -104,14 +106,52 @@ def compiled(student: str) -> list[str]:
     return ["teacher.compile=true"] + ([] if student == "lora" else ["trainer.compile_student=true"])
 
 
-def predict(overrides: list[str]) -> dict:
-    """The planner's per-device prediction for the placement these overrides name, on this machine."""
+# Overrides that name this machine's folders: a result records the run without them (`recorded`), and its shape
+# comes back from its `arch` (`shape_of`), so a record replays on any machine, no folder at hand.
+MACHINE_PATHS = ("teacher.path=", "paths.cache_dir=", "data.root=")
+
+
+def recorded(overrides: list[str]) -> list[str]:
+    """The overrides as a result records them: without this machine's folders (`teacher.name` says the teacher)."""
+    return [o for o in overrides if not o.startswith(MACHINE_PATHS)]
+
+
+def pinned(overrides: list[str]) -> list[str]:
+    """What precision=auto and the hardware detection chose here, as overrides: a record plans as it ran, anywhere."""
+    register_configs()
+    cfg = compose_config(overrides)
+    facts = [f"precision={auto_precision(cfg.precision).name}"] if cfg.precision.name == "auto" else []
+    if cfg.hardware.gpus is None or cfg.hardware.host_memory_gib is None:
+        hw = Hardware.detect(cfg.hardware)
+        if cfg.hardware.gpus is None:
+            facts.append(f"hardware.gpus={len(hw.gpu_bytes)}")
+            facts += [f"hardware.gpu_memory_gib={min(hw.gpu_bytes) / GiB}"] if hw.gpu_bytes else []
+        if cfg.hardware.host_memory_gib is None:
+            facts.append(f"hardware.host_memory_gib={hw.host_bytes / GiB}")
+    return facts
+
+
+def shape_of(arch: str) -> tuple[dict, int]:
+    """(transformer config, experts) of `arch`'s random-weight teacher, as its folder's config.json holds them."""
+    from accelerate import init_empty_weights
+    from diffusers import WanTransformer3DModel
+
+    with init_empty_weights():
+        config = dict(WanTransformer3DModel(**ARCHS[arch]).config)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items() if not k.startswith("_")}, (
+        2 if arch in I2V_ARCHS else 1
+    )
+
+
+def predict(overrides: list[str], teacher: tuple[dict, int] | None = None) -> dict:
+    """The planner's per-device prediction for the placement these overrides name, on this machine; `teacher`:
+    (transformer config, experts) where the overrides name no folder to read (a recorded run: `shape_of`)."""
 
     register_configs()
     cfg = compose_config(overrides)
     networks = method_passes(cfg).networks
     dtype = Precision.from_config(auto_precision(cfg.precision)).teacher_dtype
-    inputs = plan.workload_of(cfg, dtype, networks, ranks=1)
+    inputs = plan.workload_of(cfg, dtype, networks, ranks=1, teacher=teacher)
     assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"
     w, hw = inputs
 
