@@ -554,6 +554,17 @@ def test_out_is_claimed_once_and_checked_again_before_the_final_rename(finished,
     assert not (tmp_path / "new").exists()
 
 
+def test_an_export_onto_a_file_system_without_locks_is_written_unguarded_and_says_so(
+    finished, tmp_path, monkeypatch, caplog
+):
+    from tests.core.test_atomic import no_locks
+
+    no_locks(monkeypatch)
+    export(finished, tmp_path / "out", "single-file")
+    assert any(p.suffix == ".safetensors" for p in (tmp_path / "out").iterdir())
+    assert f"--out {tmp_path / 'out'} cannot be locked" in caplog.text
+
+
 @pytest.mark.parametrize("teacher", ["tiny", pytest.param("tiny_moe", marks=pytest.mark.slow)])
 def test_a_lora_students_single_file_is_its_teacher_with_the_adapters_merged_as_pipeline_merge_lora_writes(
     make_cfg, tmp_path, teacher

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -45,7 +44,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from wandistiller.compose import register_configs
-from wandistiller.core.atomic import umask
+from wandistiller.core.atomic import flocked, umask
 from wandistiller.core.errors import OneLineParser, UserError, description
 from wandistiller.core.files import folder_problem
 from wandistiller.core.stopping import tool_session
@@ -185,12 +184,15 @@ def claimed(out: Path) -> Iterator[Callable[[], None]]:
     except OSError as e:
         raise UserError(f"--out {out} cannot be opened as a folder ({e.strerror}); choose a new folder") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        free = flocked(fd, f"--out {out}")
+    except UserError:
+        os.close(fd)
+        raise
+    if not free:
         os.close(fd)
         raise UserError(
             f"--out {out} is being written by another export; wait for it to finish, or choose another folder"
-        ) from None
+        )
     inode, entries = os.fstat(fd).st_ino, sorted(os.listdir(fd))
 
     def unchanged() -> None:

@@ -3,6 +3,8 @@ open() would give them, a killed writer's temporary swept, and one holder of a l
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wandistiller.core.atomic import atomic_write, save_tensors
+from wandistiller.core.atomic import atomic_write, flocked, held_exclusively, save_tensors
 from wandistiller.core.errors import UserError
 
 
@@ -113,3 +115,32 @@ def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def no_locks(monkeypatch, error: int = errno.ENOLCK) -> None:
+    """flock as a file system without locks answers it (some NFS and FUSE mounts)."""
+
+    def refuse(fd, op):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+
+
+@pytest.mark.parametrize("error", [errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS])
+def test_every_lock_on_a_file_system_without_locks_goes_on_unguarded_and_says_what(
+    tmp_path, monkeypatch, caplog, error
+):
+    """One answer for every lock in the package (run folder, export, build, cache writers): the work goes on, with a
+    warning naming what is no longer guarded; another failure is one line."""
+    no_locks(monkeypatch, error)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        assert flocked(fd, "the thing") is True
+        assert "the thing cannot be locked" in caplog.text and "not refused" in caplog.text
+        with held_exclusively(tmp_path / "cache.lock"):  # a cache writer waits on none
+            pass
+        no_locks(monkeypatch, errno.EBADF)
+        with pytest.raises(UserError, match=r"^the thing cannot be locked \(Bad file descriptor\)$"):
+            flocked(fd, "the thing")
+    finally:
+        os.close(fd)

@@ -53,6 +53,17 @@ def test_a_second_run_into_a_live_runs_folder_is_refused_in_one_line(make_cfg, t
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock"]  # nothing of ours was written
 
 
+def test_a_run_folder_on_a_file_system_without_locks_trains_unguarded_and_says_so(
+    make_cfg, tmp_path, monkeypatch, caplog
+):
+    from tests.core.test_atomic import no_locks
+
+    no_locks(monkeypatch)
+    run(make_cfg("trainer.max_steps=1", run_dir=tmp_path / "r"))
+    assert (tmp_path / "r" / "student").is_dir()
+    assert f"the run folder {tmp_path / 'r'} cannot be locked" in caplog.text
+
+
 def test_the_lock_is_released_when_its_holder_is_killed(tmp_path, holder):
     holder.send_signal(signal.SIGKILL)
     holder.wait()

@@ -252,7 +252,7 @@ def test_a_file_system_without_locks_builds_unguarded_and_says_so(tmp_path, monk
     monkeypatch.setattr(fcntl, "flock", no_locks)
     monkeypatch.setattr(build, "build_parts", lambda out, only, quick: {"image": 0.0})
     build.main(["--quick", "--out", str(tmp_path)])
-    assert "a second build into it at the same time is not refused" in caplog.text
+    assert "a second writer there at the same time is not refused" in caplog.text
     monkeypatch.setattr(fcntl, "flock", lambda fd, op: no_locks(fd, op, errno.EBADF))
     with pytest.raises(SystemExit) as e:
         build.main(["--quick", "--out", str(tmp_path)])

@@ -8,7 +8,9 @@ is replaced, never written through. A dead writer's temporary is swept by the ne
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,27 @@ import torch
 
 from wandistiller.core import leftovers
 from wandistiller.core.errors import UserError
+
+log = logging.getLogger(__name__)
+# flock's answers on a file system that has no locks (some network and FUSE mounts): the work goes on unguarded.
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
+
+
+def flocked(fd: int, what: str, *, shared: bool = False, wait: bool = False) -> bool:
+    """`fd` locked (exclusive, or `shared`); False where another process holds it (never when `wait`ing for it).
+    Every lock in the package takes it, so each answers a lockless mount the same way: a warning naming `what` is
+    no longer guarded, and True (the lock guards against a second writer, it does not forbid the work). Any other
+    failure is one line naming `what`."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            raise UserError(f"{what} cannot be locked ({e.strerror})") from None
+        log.warning("%s cannot be locked (%s): a second writer there at the same time is not refused", what, e.strerror)
+        return True
 
 
 @contextlib.contextmanager
@@ -28,7 +51,7 @@ def held_exclusively(lock_file: Path) -> Iterator[None]:
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flocked(fd, str(lock_file), wait=True)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

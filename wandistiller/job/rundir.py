@@ -9,7 +9,6 @@ refused with one line.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, read_write
 
 from wandistiller.core import leftovers
+from wandistiller.core.atomic import flocked
 from wandistiller.core.errors import RunDirTaken, UserError, exit_on_user_error
 from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, folder_problem, in_run, run_folder
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
@@ -101,8 +101,11 @@ def lock_run_dir(run_dir: Path) -> None:
             f"the run folder {run_dir} cannot be written ({e.strerror}); choose another with hydra.run.dir=…"
         ) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        free = flocked(fd, f"the run folder {run_dir}")
+    except UserError:
+        os.close(fd)
+        raise
+    if not free:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
         raise RunDirTaken(

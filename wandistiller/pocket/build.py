@@ -20,8 +20,6 @@ one line.
 from __future__ import annotations
 
 import copy
-import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -41,7 +39,8 @@ from wandistiller.core.arch import (
     TINY_I2V_MOE_BOUNDARY_RATIO,
     TINY_MOE_BOUNDARY_RATIO,
 )
-from wandistiller.core.errors import OneLineParser, description
+from wandistiller.core.atomic import flocked
+from wandistiller.core.errors import OneLineParser, UserError, description
 from wandistiller.core.files import folder_problem, output_problem
 from wandistiller.pocket import (
     FRAME_CLASSIFIER_FILE,
@@ -135,8 +134,6 @@ I2V_STEPS: dict = dict(
 I2V_QUICK: dict = dict(transformer=2, lr=3e-4, expert=1, batch=4, copies=1, clips=32)
 PARTS = ("image", "video", "i2v")
 LOCK_FILE = ".build.lock"
-# What flock answers on a file system without locks (some network mounts): the build goes on, unguarded.
-NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
 
 
 def build_tokenizer():
@@ -477,12 +474,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         times = build_parts(args.out, args.only, args.quick)
     finally:
-        if held is not None:
-            os.close(held)
+        os.close(held)
     print(" ".join(f"{k}={v:.0f}" for k, v in times.items()), f"-> {args.out}")
 
 
-def _build_lock(out: Path, parser: OneLineParser) -> int | None:
+def _build_lock(out: Path, parser: OneLineParser) -> int:
     """The build's hold on `out` (its `.build.lock`, kept: removing it could let two builds lock two files), let go
     when the build ends or its process dies; one line where another build holds it (the two would train over each
     other's stages and replace each other's folders). Opened read-only: another user's lock file locks as well. A
@@ -494,17 +490,14 @@ def _build_lock(out: Path, parser: OneLineParser) -> int | None:
     except OSError as e:
         parser.error(f"--out {out}: its lock file {LOCK_FILE} cannot be opened ({e.strerror}); remove {lock}")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except BlockingIOError:
+        free = flocked(fd, f"--out {out}: its lock file {LOCK_FILE}")
+    except UserError as e:
+        os.close(fd)
+        parser.error(str(e))
+    if not free:
         os.close(fd)
         parser.error(f"--out {out}: another build is writing there; wait for it, or choose another folder")
-    except OSError as e:
-        os.close(fd)
-        if e.errno not in NO_LOCKS:
-            parser.error(f"--out {out}: its lock file {LOCK_FILE} cannot be locked ({e.strerror})")
-        log.warning("--out %s cannot be locked (%s): a second build into it at the same time is not refused", out, e)
-        return None
+    return fd
 
 
 def build_parts(out: Path, only: str | None, quick: bool) -> dict[str, float]:
