@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wandistiller.bench.plan import predict, shape_of  # noqa: E402
+from wandistiller.bench.plan import predict, recorded_teacher  # noqa: E402
 from wandistiller.placements import memory  # noqa: E402
 
 H200 = ["hardware.gpus=1", "hardware.gpu_memory_gib=139", "hardware.host_memory_gib=1000"]
@@ -60,21 +60,18 @@ GPU_DATA = [
 def cpu_points(files: list[str]) -> list[dict]:
     points = []
     for f in files:
-        result = json.loads(Path(f).read_text())
-        # a random-weight teacher's folder is not recorded (nor at hand here): its shape comes from the arch
-        teacher = None if result["arch"] == "tiny" else shape_of(result["arch"])
-        for r in result["rows"]:
+        for r in json.loads(Path(f).read_text())["rows"]:
             if r.get("measured_host_gib"):
-                shape = " ".join(
-                    o.split("=")[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in r["overrides"][4:]
-                )
+                # named by what the name's head does not say (the teacher, the student, batch, placement, hardware)
+                said = ("teacher=", "teacher.", "teacher_placement=", "student=", "trainer.batch_size=", "hardware.")
+                rest = [o.partition("=") for o in r["overrides"] if not o.startswith(said)]
+                shape = " ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in rest)
                 name = f"cpu {r['student']} b{r['batch']} {r['placement']} {shape}"
-                point = {"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]}
-                points.append(point | {"teacher": teacher})
+                points.append({"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]})
     return points
 
 
-def workload(overrides: list[str], teacher: tuple[dict, int] | None = None):
+def workload(overrides: list[str]):
     import torch
 
     from wandistiller.compose import register_configs
@@ -86,12 +83,12 @@ def workload(overrides: list[str], teacher: tuple[dict, int] | None = None):
     cfg = compose_config(overrides)
     # the method's own networks (dmd's fake score) as it declares them: the gpu_adapted datum trains one
     networks = method_passes(cfg).networks
-    return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1, teacher=teacher)[0]
+    return plan.workload_of(cfg, torch.bfloat16, networks, ranks=1, teacher=recorded_teacher(overrides))[0]
 
 
-def tokens(overrides: list[str], teacher: tuple[dict, int] | None = None) -> tuple[int, int]:
+def tokens(overrides: list[str]) -> tuple[int, int]:
     """(image tokens, text tokens) per step of a point."""
-    w = workload(overrides, teacher)
+    w = workload(overrides)
     return w.batch_size * w.tokens, w.batch_size * w.text_tokens
 
 
@@ -113,8 +110,8 @@ def fit_cpu(points: list[dict]) -> tuple[int, int]:
     memory.CPU_HEAP_PER_TOKEN = (0, 0)
     rows, residual = [], []
     for p in points:
-        rows.append(tokens(p["overrides"], p["teacher"]))
-        residual.append((p["measured_gib"] - predict(p["overrides"], p["teacher"])["predicted_host_gib"]) * memory.GiB)
+        rows.append(tokens(p["overrides"]))
+        residual.append((p["measured_gib"] - predict(p["overrides"])["predicted_host_gib"]) * memory.GiB)
     (img, txt), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(residual), rcond=None)
     memory.CPU_HEAP_PER_TOKEN = (max(int(img), 0), max(int(txt), 0))
     return memory.CPU_HEAP_PER_TOKEN
@@ -123,7 +120,7 @@ def fit_cpu(points: list[dict]) -> tuple[int, int]:
 def residuals(points: list[dict]) -> list[dict]:
     out = []
     for p in points:
-        pred = predict(p["overrides"], p.get("teacher"))
+        pred = predict(p["overrides"])
         got = max(pred["predicted_gpu_gib"]) if p.get("gpu") else pred["predicted_host_gib"]
         out.append(p | {"predicted_gib": round(got, 3), "error_pct": round(100 * (got / p["measured_gib"] - 1), 1)})
     return out

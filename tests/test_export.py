@@ -4,6 +4,7 @@ folder, read back by diffusers' own loaders; every refusal one line, nothing lef
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import shutil
 import subprocess
@@ -563,6 +564,10 @@ def test_an_export_onto_a_file_system_without_locks_is_written_unguarded_and_say
     export(finished, tmp_path / "out", "single-file")
     assert any(p.suffix == ".safetensors" for p in (tmp_path / "out").iterdir())
     assert f"--out {tmp_path / 'out'} cannot be locked" in caplog.text
+    no_locks(monkeypatch, errno.EIO)
+    with refused(f"--out {tmp_path / 'new'} cannot be locked (Input/output error)"):
+        export(finished, tmp_path / "new", "single-file")
+    assert not (tmp_path / "new").exists()  # the folder it made, gone again
 
 
 @pytest.mark.parametrize("teacher", ["tiny", pytest.param("tiny_moe", marks=pytest.mark.slow)])

@@ -182,11 +182,13 @@ def claimed(out: Path) -> Iterator[Callable[[], None]]:
     try:
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
+        _unmade(out, made)
         raise UserError(f"--out {out} cannot be opened as a folder ({e.strerror}); choose a new folder") from None
     try:
         free = flocked(fd, f"--out {out}")
     except UserError:
         os.close(fd)
+        _unmade(out, made)
         raise
     if not free:
         os.close(fd)
@@ -211,12 +213,17 @@ def claimed(out: Path) -> Iterator[Callable[[], None]]:
     try:
         yield unchanged
     except BaseException:
-        if made:
-            with contextlib.suppress(OSError):
-                out.rmdir()  # only while still empty: whatever another process put there stays
+        _unmade(out, made)
         raise
     finally:
         os.close(fd)
+
+
+def _unmade(out: Path, made: bool) -> None:
+    """The --out this export made, gone again: only while still empty (whatever another process put there stays)."""
+    if made:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def _replace(out: Path, built: Path, tmp: Path) -> None:

@@ -98,8 +98,7 @@ def test_the_image_to_video_pair_shape_trains_lora_dmd_on_its_own_images(cache_d
     assert "teacher=wan2.2_i2v_a14b" in row["overrides"] and "data=image_folder" in row["overrides"]
     folder = tmp_path / "tiny_a14b_i2v"
     written = json.loads((folder / "transformer" / "config.json").read_text())
-    assert bench_plan.shape_of("tiny_a14b_i2v") == ({k: v for k, v in written.items() if k[0] != "_"}, 2)
-    assert not any(o.startswith(bench_plan.MACHINE_PATHS) for o in row["overrides"])  # replays with shape_of
+    assert bench_plan.recorded_teacher(row["overrides"]) == ({k: v for k, v in written.items() if k[0] != "_"}, 2)
     for file in (folder / "transformer").iterdir():
         assert (folder / "transformer_2" / file.name).samefile(file)
     assert len(list((tmp_path / "tiny_a14b_i2v_images").glob("*.png"))) == 4
@@ -112,24 +111,39 @@ RECORDS = sorted((Path(__file__).parents[2] / "docs" / "planner_data").rglob("*.
 def test_a_recorded_result_names_no_machines_folder_and_pins_what_auto_and_detection_chose(record):
     result = json.loads(record.read_text())
     for row in result["rows"]:
-        assert not [o for o in row["overrides"] if o.split("=", 1)[1].startswith(("/", "~"))]
+        assert not [o for o in row["overrides"] if o.partition("=")[2].startswith(("/", "~"))]
         if result["arch"] != "tiny":  # the tiny grid's: fp32 on every CPU, and hardware only decides what fits
             assert any(o.startswith("precision=") for o in row["overrides"])
             assert any(o.startswith("hardware.gpus=") for o in row["overrides"])
+            assert bench_plan.recorded_teacher(row["overrides"]) == bench_plan.shape_of(result["arch"])
 
 
-def test_the_out_of_fit_check_replays_its_prediction_without_its_folder():
-    """docs/PLANNER.md's out-of-fit check: its 1.3B-shaped random teacher's folder is gone; the record's shape
-    (its arch) plans it again, to the numbers the document quotes."""
-    result = json.loads((Path(__file__).parents[2] / "docs/planner_data/validation/cpu_1.3b.json").read_text())
+def test_a_record_plans_its_own_teachers_shape_without_its_folder():
+    """docs/PLANNER.md's out-of-fit check (its 1.3B-shaped random teacher's folder is gone) plans again to the numbers
+    the document quotes; a 14B record, whose config group is the 1.3B's, plans as the 14B it ran (its name's shape)."""
+    data = Path(__file__).parents[2] / "docs" / "planner_data"
+    result = json.loads((data / "validation" / "cpu_1.3b.json").read_text())
     for row in result["rows"]:
-        again = bench_plan.predict(row["overrides"], bench_plan.shape_of(result["arch"]))
+        again = bench_plan.predict(row["overrides"])
         assert again["predicted_host_gib"] == pytest.approx(row["predicted_host_gib"], rel=1e-5)
+    (row,) = json.loads((data / "gpu" / "h200_lora_14b_bf16.json").read_text())["rows"]
+    assert "teacher=wan2.1_t2v_1.3b" in row["overrides"]
+    assert max(bench_plan.predict(row["overrides"])["predicted_gpu_gib"]) > 20  # the 1.3B's plan would be ~4.3
 
 
 def test_a_result_records_the_run_without_its_folders_and_with_what_this_machine_chose():
-    overrides = ["teacher=tiny", "teacher.path=/data/wan", "paths.cache_dir=/scratch/c", "student=tiny"]
+    overrides = [
+        "teacher=tiny",
+        "teacher.path=/data/wan",
+        "++paths.cache_dir=/scratch/c",
+        "+data.root=/d",
+        "student=tiny",
+    ]
     assert bench_plan.recorded(overrides) == ["teacher=tiny", "student=tiny"]
     facts = bench_plan.pinned(["teacher=tiny", "student=tiny"])
-    assert facts[:2] == ["precision=fp32", "hardware.gpus=0"] and facts[2].startswith("hardware.host_memory_gib=")
+    assert [f.partition("=")[0] for f in facts if not f.startswith("hardware.gpu_memory_gib=")] == [
+        "precision", "hardware.gpus", "hardware.host_memory_gib"
+    ]  # fmt: skip
     assert bench_plan.pinned(["teacher=tiny", "precision=bf16", "hardware.gpus=0", "hardware.host_memory_gib=64"]) == []
+    assert bench_plan.recorded_teacher(["teacher=tiny"]) is None
+    assert bench_plan.recorded_teacher(["teacher.name=random_nope"]) is None

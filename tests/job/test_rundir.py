@@ -3,6 +3,7 @@ run folder; the lock goes away with its process, however it ends."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -62,6 +63,9 @@ def test_a_run_folder_on_a_file_system_without_locks_trains_unguarded_and_says_s
     run(make_cfg("trainer.max_steps=1", run_dir=tmp_path / "r"))
     assert (tmp_path / "r" / "student").is_dir()
     assert f"the run folder {tmp_path / 'r'} cannot be locked" in caplog.text
+    no_locks(monkeypatch, errno.EIO)  # its owner cannot be checked: not ours (a sweep records nothing there)
+    with pytest.raises(RunDirTaken, match=r"cannot be locked \(Input/output error\); choose another folder"):
+        claim_run_dir(tmp_path / "other", None)
 
 
 def test_the_lock_is_released_when_its_holder_is_killed(tmp_path, holder):

@@ -415,6 +415,31 @@ def test_a_live_run_is_never_read_as_a_finished_one(finished, tmp_path, capsys):
     assert live_holder(folder) is None and open_run(folder).path == folder
 
 
+def test_on_a_file_system_without_locks_a_run_is_live_while_the_process_its_lock_names_lives_here(
+    tmp_path, monkeypatch
+):
+    """No lock to try there: the holder the run wrote into its .lock, while that process of this host lives (another
+    host's cannot be known: not held live, as before the lock existed)."""
+    import subprocess
+    import sys
+
+    from tests.core.test_atomic import no_locks
+    from wandistiller.core.leftovers import HOST
+
+    no_locks(monkeypatch)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".lock").write_text(f"pid {sleeper.pid} on {HOST}\n")
+        assert live_holder(tmp_path) == f"pid {sleeper.pid} on {HOST}"
+        (tmp_path / ".lock").write_text(f"pid {sleeper.pid} on another-host\n")
+        assert live_holder(tmp_path) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    (tmp_path / ".lock").write_text(f"pid {sleeper.pid} on {HOST}\n")
+    assert live_holder(tmp_path) is None  # ended
+
+
 def test_a_run_of_a_fine_tuned_teacher_reopens_with_its_loras_and_its_student_fits_only_that_teacher(
     make_cfg, tmp_path, tiny_path, cache_dir
 ):

@@ -106,14 +106,24 @@ def compiled(student: str) -> list[str]:
     return ["teacher.compile=true"] + ([] if student == "lora" else ["trainer.compile_student=true"])
 
 
-# Overrides that name this machine's folders: a result records the run without them (`recorded`), and its shape
-# comes back from its `arch` (`shape_of`), so a record replays on any machine, no folder at hand.
-MACHINE_PATHS = ("teacher.path=", "paths.cache_dir=", "data.root=")
+# Overrides that name this machine's folders: a result records the run without them (`recorded`); its random
+# teacher's shape comes back from its name (`teacher.name=random_<arch>`: `recorded_teacher`), so a record plans
+# again on any machine, no folder at hand.
+MACHINE_PATHS = ("teacher.path", "paths.cache_dir", "data.root")
+RANDOM = "random_"  # the random-weight teachers' names: random_<arch>
 
 
 def recorded(overrides: list[str]) -> list[str]:
-    """The overrides as a result records them: without this machine's folders (`teacher.name` says the teacher)."""
-    return [o for o in overrides if not o.startswith(MACHINE_PATHS)]
+    """The overrides as a result records them: without this machine's folders (however added: +, ++)."""
+    return [o for o in overrides if o.lstrip("+").partition("=")[0] not in MACHINE_PATHS]
+
+
+def recorded_teacher(overrides: list[str]) -> tuple[dict, int] | None:
+    """(transformer config, experts) of the random teacher the overrides name (`teacher.name=random_<arch>`), else
+    None (a teacher its config names, or a folder the planner reads)."""
+    names = [o.partition("=")[2] for o in overrides if o.lstrip("+").startswith("teacher.name=")]
+    arch = names[-1].removeprefix(RANDOM) if names and names[-1].startswith(RANDOM) else None
+    return shape_of(arch) if arch in ARCHS else None
 
 
 def pinned(overrides: list[str]) -> list[str]:
@@ -125,9 +135,9 @@ def pinned(overrides: list[str]) -> list[str]:
         hw = Hardware.detect(cfg.hardware)
         if cfg.hardware.gpus is None:
             facts.append(f"hardware.gpus={len(hw.gpu_bytes)}")
-            facts += [f"hardware.gpu_memory_gib={min(hw.gpu_bytes) / GiB}"] if hw.gpu_bytes else []
-        if cfg.hardware.host_memory_gib is None:
-            facts.append(f"hardware.host_memory_gib={hw.host_bytes / GiB}")
+            facts += [f"hardware.gpu_memory_gib={min(hw.gpu_bytes) / GiB:.4g}"] if hw.gpu_bytes else []
+        if cfg.hardware.host_memory_gib is None:  # the planner's floor (0.5 GiB): a busy host's figure may be below
+            facts.append(f"hardware.host_memory_gib={max(hw.host_bytes / GiB, 0.5):.4g}")
     return facts
 
 
@@ -143,15 +153,15 @@ def shape_of(arch: str) -> tuple[dict, int]:
     )
 
 
-def predict(overrides: list[str], teacher: tuple[dict, int] | None = None) -> dict:
-    """The planner's per-device prediction for the placement these overrides name, on this machine; `teacher`:
-    (transformer config, experts) where the overrides name no folder to read (a recorded run: `shape_of`)."""
+def predict(overrides: list[str]) -> dict:
+    """The planner's per-device prediction for the placement these overrides name, on this machine (a random
+    teacher planned from its name's shape: the same as its folder's, and a record has no folder)."""
 
     register_configs()
     cfg = compose_config(overrides)
     networks = method_passes(cfg).networks
     dtype = Precision.from_config(auto_precision(cfg.precision)).teacher_dtype
-    inputs = plan.workload_of(cfg, dtype, networks, ranks=1, teacher=teacher)
+    inputs = plan.workload_of(cfg, dtype, networks, ranks=1, teacher=recorded_teacher(overrides))
     assert inputs is not None, "the benchmarks' teachers are built in or known: their configs are at hand"
     w, hw = inputs
 
@@ -289,7 +299,7 @@ def _teacher_overrides(args) -> list[str]:
         code += "e(sys.argv[1], Path(sys.argv[2]), 'cuda')"  # process holds no CUDA context while the jobs plan
         subprocess.run([sys.executable, "-c", code, args.arch, str(folder)], check=True)
     folder = ensure_random_teacher(args.arch, folder)
-    named = [f"teacher.path={folder}", f"teacher.name=random_{args.arch}"]
+    named = [f"teacher.path={folder}", f"teacher.name={RANDOM}{args.arch}"]
     if args.arch not in I2V_ARCHS:
         return ["teacher=wan2.1_t2v_1.3b", *named]
     images = given_images(folder.with_name(folder.name + "_images"))

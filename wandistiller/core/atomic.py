@@ -38,8 +38,16 @@ def flocked(fd: int, what: str, *, shared: bool = False, wait: bool = False) -> 
     except OSError as e:
         if e.errno not in NO_LOCKS:
             raise UserError(f"{what} cannot be locked ({e.strerror})") from None
-        log.warning("%s cannot be locked (%s): a second writer there at the same time is not refused", what, e.strerror)
+        device = os.fstat(fd).st_dev
+        if device not in _UNLOCKED_DEVICES:  # once a file system: a cache lock is taken at every cache miss
+            _UNLOCKED_DEVICES.add(device)
+            log.warning(
+                "%s cannot be locked (%s): not guarded against a second writer at the same time", what, e.strerror
+            )
         return True
+
+
+_UNLOCKED_DEVICES: set[int] = set()  # the file systems flocked has warned about
 
 
 @contextlib.contextmanager

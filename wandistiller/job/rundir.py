@@ -102,9 +102,9 @@ def lock_run_dir(run_dir: Path) -> None:
         ) from None
     try:
         free = flocked(fd, f"the run folder {run_dir}")
-    except UserError:
+    except UserError as e:  # its owner cannot be checked: not ours to write into (a sweep records nothing there)
         os.close(fd)
-        raise
+        raise RunDirTaken(f"{e}; choose another folder with hydra.run.dir=…") from None
     if not free:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 
 from wandistiller.core import leftovers
+from wandistiller.core.atomic import NO_LOCKS
 from wandistiller.core.errors import UserError, clipped, quieted
 from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, overlap, read_json_in
 from wandistiller.core.hydra import register_resolvers
@@ -181,7 +182,8 @@ LOCK_FILE = ".lock"
 def live_holder(path: Path) -> str | None:
     """Who holds the run folder's lock (`pid N on HOST`): a run still training, or in its end-of-run work, whose
     folder is not finished yet; None for a finished (or killed) run, and for this process's own run or its parent's
-    (the run's own end-of-run eval and export). Only read: a shared lock tried and let go at once."""
+    (the run's own end-of-run eval and export). Only read: a shared lock tried and let go at once. On a file system
+    without locks, the holder the run wrote there, where it is a live process of this host."""
     try:
         fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # no lock file (a run never started here, a copied folder), or a link in its place
@@ -191,8 +193,13 @@ def live_holder(path: Path) -> str | None:
         return None
     except BlockingIOError:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-    except OSError:
-        return None
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            return None
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        written = re.fullmatch(r"pid (\d+) on (\S+)", holder)  # another host's: not known, as before the lock
+        if not written or written[2] != leftovers.HOST or not leftovers.alive(written[2], int(written[1])):
+            return None
     finally:
         os.close(fd)
     found = re.fullmatch(r"pid (\d+) on (\S+)", holder)
