@@ -142,6 +142,79 @@ def build_tokenizer():
     return word_tokenizer({"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}})
 
 
+# Each stage of a build is one of these functions called with every argument it follows from (pocket/stages.py keys
+# the stage by them and by the function's source): nothing a stage's weights depend on is set outside the call.
+
+
+def new_vae(images: torch.Tensor, steps: int, config: dict = POCKET_VAE, seed: int = 1):
+    """The image teacher's VAE, trained from scratch on `images`."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    return train_vae(AutoencoderKLWan(**config), images, steps)
+
+
+def video_vae(image_vae, steps: int, config: dict = POCKET_VIDEO_VAE, seed: int = 6):
+    """The video VAE: the image VAE's weights (the same layout, all of them) fine-tuned on clips."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(**config)
+    vae.load_state_dict(image_vae.state_dict())
+    return train_video_vae(vae, steps)
+
+
+def first_phase(
+    config: dict, start: dict | None, latents, cond, uncond, steps: int, batch: int, lr: float, condition, seed: int = 2
+):
+    """A teacher's first training phase: a transformer of `config` (from `start`'s weights where given)."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    first = WanTransformer3DModel(**config)
+    if start is not None:
+        first.load_state_dict(start)
+    return train_transformer(first, latents, cond, uncond, steps, batch=batch, lr=lr, condition=condition)
+
+
+def restart(phase: Phase, transformer, latents, cond, uncond, batch: int, condition):
+    """A warm restart: the last phase's EMA weights (grown first where the phase says) go on training with their own
+    fresh optimiser and EMA, as a run resumed from them would."""
+    transformer = deepened(transformer, phase.grow) if phase.grow else transformer
+    return train_transformer(
+        transformer.requires_grad_(True),
+        latents,
+        cond,
+        uncond,
+        phase.steps,
+        batch=batch,
+        lr=phase.lr,
+        seed=phase.seed,
+        condition=condition,
+        end_frames=phase.end_frames,
+    )
+
+
+def fine_tuned(
+    transformer, latents, cond, uncond, steps: int, t_range, batch: int, lr: float, seed: int, condition, end_frames
+):
+    """An expert: `transformer` fine-tuned on its share of the timesteps (`t_range`)."""
+    expert = copy.deepcopy(transformer).requires_grad_(True)
+    return train_transformer(
+        expert,
+        latents,
+        cond,
+        uncond,
+        steps,
+        t_range,
+        batch=batch,
+        lr=lr,
+        seed=seed,
+        condition=condition,
+        end_frames=end_frames,
+    )
+
+
 def base_pipeline(vae_steps: int, images: torch.Tensor, stages: Stages):
     """WanPipeline with tokenizer, text encoder, trained VAE (its latent statistics set) and scheduler."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
@@ -151,12 +224,7 @@ def base_pipeline(vae_steps: int, images: torch.Tensor, stages: Stages):
     torch.manual_seed(0)
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **POCKET_TEXT_ENCODER)).eval()
 
-    def make_vae():
-        torch.manual_seed(1)
-        return train_vae(AutoencoderKLWan(**POCKET_VAE), images, vae_steps)
-
-    stages.feed(images)
-    vae = stages("vae", (vae_steps, POCKET_VAE, "seed 1"), make_vae, loader(AutoencoderKLWan))
+    vae = stages("vae", partial(new_vae, images, vae_steps), loader(AutoencoderKLWan))
     z = latent_moments(vae, images)
     # One std for all channels (Wan's VAE has one per channel): a channel the digits hardly use then stays
     # near zero instead of being blown up to unit variance, and the transformer need not model its noise.
@@ -202,38 +270,13 @@ def train_experts(
     phase, each warm restart and each expert is one of `stages`."""
     from diffusers import WanTransformer3DModel
 
-    def first_phase():
-        torch.manual_seed(2)
-        first = WanTransformer3DModel(**config)
-        if start is not None:
-            first.load_state_dict(start)
-        return train_transformer(
-            first, latents, cond, uncond, steps["transformer"], batch=batch, lr=lr, condition=condition
-        )
-
-    def restart(phase: Phase, transformer):
-        # The EMA weights go on training (their own fresh optimiser and EMA), as a run resumed from them would.
-        transformer = deepened(transformer, phase.grow) if phase.grow else transformer
-        return train_transformer(
-            transformer.requires_grad_(True),
-            latents,
-            cond,
-            uncond,
-            phase.steps,
-            batch=batch,
-            lr=phase.lr,
-            seed=phase.seed,
-            condition=condition,
-            end_frames=phase.end_frames,
-        )
-
     load, lr = loader(WanTransformer3DModel), steps.get("lr", 1e-3)
-    started = None if start is None else torch.cat([v.flatten() for v in start.values()])
-    stages.feed(latents, cond, uncond, condition, started)
-    transformer = stages("transformer", (steps["transformer"], batch, lr, config, "seed 2"), first_phase, load)
+    data = (latents, cond, uncond)
+    first = partial(first_phase, config, start, *data, steps["transformer"], batch, lr, condition)
+    transformer = stages("transformer", first, load)
     tail = steps.get("tail", ())
     for i, phase in enumerate(tail, 1):
-        transformer = stages(f"phase{i}", (phase, batch), partial(restart, phase, transformer), load)
+        transformer = stages(f"phase{i}", partial(restart, phase, transformer, *data, batch, condition), load)
     end_frames = tail[-1].end_frames if tail else 1.0  # the experts train as the last phase weighed the end frames
     experts = expert_pair(
         transformer, latents, cond, uncond, steps["expert"], batch, stages, end_frames, condition, boundary_ratio
@@ -261,27 +304,11 @@ def expert_pair(
     `stages`."""
     from diffusers import WanTransformer3DModel
 
-    def fine_tuned(seed: int, t_range: tuple[float, float]):
-        expert = copy.deepcopy(transformer).requires_grad_(True)
-        return train_transformer(
-            expert,
-            latents,
-            cond,
-            uncond,
-            steps,
-            t_range,
-            batch=batch,
-            lr=EXPERT_LR,
-            seed=seed,
-            condition=condition,
-            end_frames=end_frames,
-        )
-
     boundary, load = boundary_ratio * 1000, loader(WanTransformer3DModel)
     experts = []
     for name, seed, t_range in (("expert_high", 3, (boundary, 1000.0)), ("expert_low", 4, (0.0, boundary))):
-        settings = (steps, batch, EXPERT_LR, seed, t_range, end_frames)
-        experts.append(stages(name, settings, partial(fine_tuned, seed, t_range), load))
+        args = (transformer, latents, cond, uncond, steps, t_range, batch, EXPERT_LR, seed, condition, end_frames)
+        experts.append(stages(name, partial(fine_tuned, *args), load))
     return tuple(experts)
 
 
@@ -338,16 +365,10 @@ def build_video(out: Path, steps: dict) -> dict:
     tokenizer = video_tokenizer(image.tokenizer)
     text_encoder = video_text_encoder(image.text_encoder, len(tokenizer))
 
-    def video_vae():
-        torch.manual_seed(6)
-        vae = AutoencoderKLWan(**POCKET_VIDEO_VAE)
-        vae.load_state_dict(image.vae.state_dict())  # the same layout: the image VAE's weights, all of them
-        return train_video_vae(vae, steps["vae"])
-
     load = loader(AutoencoderKLWan)
-    vae = stages("video_vae", (steps["vae"], POCKET_VIDEO_VAE, "seed 6"), video_vae, load)
+    vae = stages("video_vae", partial(video_vae, image.vae, steps["vae"]), load)
     # its decoder alone, the encoder frozen: the latents below are the same
-    vae = stages("video_decoder", steps["decoder"], partial(train_video_decoder, vae, steps["decoder"]), load)
+    vae = stages("video_decoder", partial(train_video_decoder, vae, steps["decoder"]), load)
     times["video_vae_s"] = time.perf_counter() - clock
     clips, _, prompts = rendered_clip_split("train", copies=steps["copies"], seed=1)
     clips, prompts = clips[: steps["clips"]], prompts[: steps["clips"]]

@@ -1,13 +1,15 @@
 """A pocket build's finished stages, kept under `--out`'s `.stages/` so a build stopped after hours (the video
 teacher's is about 5 h on two cores) goes on from the stage it was in, and makes the same bytes as one unbroken.
 
-Every stage seeds its own generators and starts from the weights the last one returned, so what a stage makes is
-a function of those weights, its inputs and its settings alone: saved (fp32 safetensors, exact) and read back, they
-are what the unbroken build would hold. Each stage's folder is named for a digest of everything before it: the
-training code and library versions, the weights the part started from, its training data, and every earlier stage's
-settings (its steps, seeds, learning rates, shapes), and the kind of CPU it ran on.
-A stage saved under other code, data, settings or CPU is never taken; it is remade. A build's stages are removed when
-it ends with every part it asked for written (pocket/build.build_parts).
+Every stage is one call, `make = partial(function, *arguments)`, that seeds its own generators: what it makes is a
+function of its arguments (the weights it starts from, its training data, its steps, seeds, learning rates and
+shapes) and of the code alone. Saved (fp32 safetensors, exact) and read back, its weights are what the unbroken build
+would hold. Each stage's folder is named for a digest of everything before it and of the call itself: the training
+code (SOURCES, and the stage function's own source) and library versions, the part's origin, every earlier stage's
+call, this one's arguments as the function receives them (its defaults included, tensors and models by their
+bytes), and the kind of CPU it ran on. So no setting is copied beside the code that uses it: a stage saved under
+other code, data, settings or CPU is never taken; it is remade. A build's stages are removed when it ends with every
+part it asked for written (pocket/build.build_parts).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import inspect
+import json
 import logging
 import os
 import platform
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -32,8 +36,8 @@ STAGES_DIR = ".stages"
 # What a stage's weights follow from besides its settings and inputs: the package's training arithmetic (these
 # modules: the objectives, the rendered clips the VAE trains on, the sigma shift, the shapes, the I2V conditioning)
 # and the digits it renders.
-# Not pocket/build.py, whose every number a stage's weights follow from goes into that stage's settings: an edit
-# of the build's command line leaves a 5-hour build's stages good.
+# Not pocket/build.py, whose stage functions' sources and arguments go into each stage's key (`Stages.__call__`): an
+# edit elsewhere in it (its command line) leaves a 5-hour build's stages good.
 SOURCES = (
     "pocket/train.py",
     "pocket/video.py",
@@ -100,22 +104,14 @@ class Stages:
     def _next(key: str, *parts: object) -> str:
         digest = hashlib.sha256(key.encode())
         for part in parts:
-            if isinstance(part, torch.Tensor):
-                part = part.detach().contiguous()
-                digest.update(f"{part.dtype}{tuple(part.shape)}".encode() + part.view(torch.uint8).numpy().tobytes())
-            else:
-                digest.update(repr(part).encode())
+            _digest_into(digest, part)
             digest.update(b"\0")
         return digest.hexdigest()
 
-    def feed(self, *tensors: torch.Tensor | None) -> None:
-        """Mix what the following stages train on into the chain (latents, text states, an I2V condition)."""
-        self._key = self._next(self._key, *(t if t is not None else "none" for t in tensors))
-
-    def __call__(self, name: str, settings: object, make: Callable[[], Model], load: Callable[[Path], Model]) -> Model:
-        """The stage's weights: read back where this very stage was saved, else made by `make()` and saved (whole or
+    def __call__(self, name: str, make: partial[Model], load: Callable[[Path], Model]) -> Model:
+        """The stage's weights: read back where this very call was saved, else made by `make()` and saved (whole or
         not at all: a build killed while saving leaves no stage to resume from). `load` reads a saved one."""
-        self._key = self._next(self._key, name, settings)
+        self._key = self._next(self._key, name, *_call(make))
         path = self.folder / f"{name}-{self._key[:16]}"
         if (path / "config.json").is_file():
             try:
@@ -135,6 +131,38 @@ class Stages:
         os.replace(unfinished, path)
         _synced(path.parent)
         return model
+
+
+def _call(make: partial) -> tuple:
+    """What a stage's weights follow from besides SOURCES: its function's name and source, and every argument as the
+    function receives it (its defaults too, so an unchanged call to a function whose default changed is a new one)."""
+    function = make.func
+    bound = inspect.signature(function).bind(*make.args, **make.keywords)
+    bound.apply_defaults()
+    # not its __module__: `python -m wandistiller.pocket.build` runs the build's own functions as __main__'s
+    return (function.__qualname__, inspect.getsource(function), *bound.arguments.items())
+
+
+def _digest_into(digest, part: object) -> None:
+    """`part` into `digest`: a tensor by its bytes, a model by its class, config and weights, a mapping or a sequence
+    part by part, anything else by its repr (numbers, strings, shapes, settings tuples)."""
+    if isinstance(part, torch.Tensor):
+        part = part.detach().contiguous()
+        digest.update(f"{part.dtype}{tuple(part.shape)}".encode() + part.view(torch.uint8).numpy().tobytes())
+    elif isinstance(part, torch.nn.Module):
+        # as its config.json holds it (a tuple read back is a list), without the keys that name a path or version
+        config = {k: v for k, v in dict(getattr(part, "config", {})).items() if not k.startswith("_")}
+        digest.update(type(part).__qualname__.encode() + json.dumps(config, sort_keys=True, default=str).encode())
+        _digest_into(digest, part.state_dict())
+    elif isinstance(part, Mapping):
+        for key, value in part.items():
+            _digest_into(digest, (key, value))
+    elif isinstance(part, (list, tuple)) and any(isinstance(p, (torch.Tensor, torch.nn.Module, Mapping)) for p in part):
+        for value in part:
+            _digest_into(digest, value)
+    else:
+        digest.update(repr(part).encode())
+    digest.update(b"\1")
 
 
 # What a file system that cannot flush a folder's entries answers (SMB/CIFS, some FUSE and Ceph mounts): its files
