@@ -24,6 +24,14 @@ def trained(seed: int, steps: int = 100, data: torch.Tensor | None = None):
     return WanTransformer3DModel(**TINY_TRANSFORMER).eval().requires_grad_(False)
 
 
+def trained_otherwise(seed: int, steps: int = 100, data: torch.Tensor | None = None):
+    """`trained` edited: the same name and call, another body."""
+    return trained(seed + 0)
+
+
+trained_otherwise.__qualname__ = "trained"
+
+
 def trained_after(previous, seed: int):
     """A stage that goes on from the last one's weights (a warm restart)."""
     return trained(seed)
@@ -90,6 +98,14 @@ def test_a_stage_is_keyed_by_its_call_its_defaults_included_not_by_settings_copi
     stages()("phase1", partial(trained_after, b, 5), load)
     stages()("phase1", partial(trained_after, a, 5), load)
     assert made == [5, 5]
+    made.clear()
+    stages()("vae", partial(trained_otherwise, 1), load)  # its code changed: made again
+    long = torch.zeros(5000)
+    stages()("vae", partial(trained, 1, data=[(long, 1)]), load)
+    long[2500] = 1  # deep in a list, in the middle of a long tensor (whose repr would elide it)
+    stages()("vae", partial(trained, 1, data=[(long, 1)]), load)
+    stages()("vae", partial(trained, 1, data=torch.tensor(0.5)), load)  # a 0-dim tensor keys too
+    assert made == [1, 1, 1, 1]
 
 
 def test_a_stage_left_half_saved_is_made_again_and_the_build_clears_its_stages(tmp_path, load):

@@ -143,7 +143,7 @@ def build_tokenizer():
 
 
 # Each stage of a build is one of these functions called with every argument it follows from (pocket/stages.py keys
-# the stage by them and by the function's source): nothing a stage's weights depend on is set outside the call.
+# the stage by them and by the function's code): nothing a stage's weights depend on is set outside the call.
 
 
 def new_vae(images: torch.Tensor, steps: int, config: dict = POCKET_VAE, seed: int = 1):

@@ -2,20 +2,21 @@
 teacher's is about 5 h on two cores) goes on from the stage it was in, and makes the same bytes as one unbroken.
 
 Every stage is one call, `make = partial(function, *arguments)`, that seeds its own generators: what it makes is a
-function of its arguments (the weights it starts from, its training data, its steps, seeds, learning rates and
-shapes) and of the code alone. Saved (fp32 safetensors, exact) and read back, its weights are what the unbroken build
-would hold. Each stage's folder is named for a digest of everything before it and of the call itself: the training
-code (SOURCES, and the stage function's own source) and library versions, the part's origin, every earlier stage's
-call, this one's arguments as the function receives them (its defaults included, tensors and models by their
-bytes), and the kind of CPU it ran on. So no setting is copied beside the code that uses it: a stage saved under
-other code, data, settings or CPU is never taken; it is remade. A build's stages are removed when it ends with every
-part it asked for written (pocket/build.build_parts).
+function of its arguments (the weights it starts from, its training data, its steps, seeds, learning rates and shapes)
+and of the code alone. Saved (fp32 safetensors, exact) and read back, its weights are what the unbroken build would
+hold. Each stage's folder is named for a digest of everything before it and of the call itself: the training code
+(SOURCES, read as the build starts, and the stage function's running code) and library versions, the part's origin,
+every earlier stage's call, this one's arguments as the function receives them (its defaults included, tensors and
+models by their bytes), and the kind of CPU it ran on. So no setting is copied beside the code that uses it: a stage
+saved under other code, data, settings or CPU is never taken; it is remade. A build's stages are removed when it ends
+with every part it asked for written (pocket/build.build_parts).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import inspect
 import json
@@ -23,6 +24,7 @@ import logging
 import os
 import platform
 import shutil
+import types
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -78,7 +80,10 @@ def _files_digest(root: Path, paths) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
 def _sources_digest() -> str:
+    """Read once a process, at the build's start (`Stages` of its first part): a file edited while a build runs hours
+    later keys its later stages as the code that trained them, not as the edit."""
     root = Path(__file__).resolve().parents[1]
     return _files_digest(root, (path for pattern in SOURCES for path in sorted(root.glob(pattern))))
 
@@ -134,21 +139,35 @@ class Stages:
 
 
 def _call(make: partial) -> tuple:
-    """What a stage's weights follow from besides SOURCES: its function's name and source, and every argument as the
-    function receives it (its defaults too, so an unchanged call to a function whose default changed is a new one)."""
+    """What a stage's weights follow from besides SOURCES: its function's name and running code, and every argument as
+    the function receives it (its defaults too, so an unchanged call to a function whose default changed is a new
+    one)."""
     function = make.func
     bound = inspect.signature(function).bind(*make.args, **make.keywords)
     bound.apply_defaults()
     # not its __module__: `python -m wandistiller.pocket.build` runs the build's own functions as __main__'s
-    return (function.__qualname__, inspect.getsource(function), *bound.arguments.items())
+    return (function.__qualname__, _code(function.__code__, function.__doc__), *bound.arguments.items())
+
+
+def _code(code: types.CodeType, doc: str | None = None) -> tuple:
+    """A function's code as it runs: its bytecode, the names it reads and its constants (nested functions' too), not
+    its docstring or line numbers. Not its file, which may have been edited since the build started hours ago."""
+    consts = [c for c in code.co_consts if not (doc is not None and c is doc)]
+    return (
+        code.co_code,
+        code.co_names,
+        tuple(_code(c) if isinstance(c, types.CodeType) else sorted(map(repr, c)) if isinstance(c, frozenset) else c
+              for c in consts),
+    )  # fmt: skip
 
 
 def _digest_into(digest, part: object) -> None:
     """`part` into `digest`: a tensor by its bytes, a model by its class, config and weights, a mapping or a sequence
-    part by part, anything else by its repr (numbers, strings, shapes, settings tuples)."""
+    part by part, anything else by its repr (numbers, strings, bytes)."""
     if isinstance(part, torch.Tensor):
-        part = part.detach().contiguous()
-        digest.update(f"{part.dtype}{tuple(part.shape)}".encode() + part.view(torch.uint8).numpy().tobytes())
+        part = part.detach().contiguous().reshape(-1)  # a 0-dim tensor has no byte view of its own
+        digest.update(f"{part.dtype}{tuple(part.shape)}".encode())
+        digest.update(part.view(torch.uint8).numpy())
     elif isinstance(part, torch.nn.Module):
         # as its config.json holds it (a tuple read back is a list), without the keys that name a path or version
         config = {k: v for k, v in dict(getattr(part, "config", {})).items() if not k.startswith("_")}
@@ -157,7 +176,8 @@ def _digest_into(digest, part: object) -> None:
     elif isinstance(part, Mapping):
         for key, value in part.items():
             _digest_into(digest, (key, value))
-    elif isinstance(part, (list, tuple)) and any(isinstance(p, (torch.Tensor, torch.nn.Module, Mapping)) for p in part):
+    elif isinstance(part, (list, tuple)):  # part by part, however deep (a repr would shorten a long tensor)
+        digest.update(type(part).__name__.encode())
         for value in part:
             _digest_into(digest, value)
     else:
