@@ -57,14 +57,17 @@ GPU_DATA = [
 ]
 
 
+# What a CPU point's name says in its head (the student, batch, placement) or leaves out (the teacher, hardware): its
+# other overrides name the rest.
+SAID_IN_NAME = ("teacher=", "teacher.", "teacher_placement=", "student=", "trainer.batch_size=", "hardware.")
+
+
 def cpu_points(files: list[str]) -> list[dict]:
     points = []
     for f in files:
         for r in json.loads(Path(f).read_text())["rows"]:
             if r.get("measured_host_gib"):
-                # named by what the name's head does not say (the teacher, the student, batch, placement, hardware)
-                said = ("teacher=", "teacher.", "teacher_placement=", "student=", "trainer.batch_size=", "hardware.")
-                rest = [o.partition("=") for o in r["overrides"] if not o.startswith(said)]
+                rest = [o.partition("=") for o in r["overrides"] if not o.startswith(SAID_IN_NAME)]
                 shape = " ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, _, value in rest)
                 name = f"cpu {r['student']} b{r['batch']} {r['placement']} {shape}"
                 points.append({"name": name, "overrides": r["overrides"], "measured_gib": r["measured_host_gib"]})

@@ -38,8 +38,8 @@ STAGES_DIR = ".stages"
 # What a stage's weights follow from besides its settings and inputs: the package's training arithmetic (these
 # modules: the objectives, the rendered clips the VAE trains on, the sigma shift, the shapes, the I2V conditioning)
 # and the digits it renders.
-# Not pocket/build.py, whose stage functions' sources and arguments go into each stage's key (`Stages.__call__`): an
-# edit elsewhere in it (its command line) leaves a 5-hour build's stages good.
+# Not pocket/build.py, whose stage functions' running code and arguments go into each stage's key (`_call`): an edit
+# elsewhere in it (its command line) leaves a 5-hour build's stages good.
 SOURCES = (
     "pocket/train.py",
     "pocket/video.py",

@@ -189,23 +189,25 @@ def live_holder(path: Path) -> str | None:
     except OSError:  # no lock file (a run never started here, a copied folder), or a link in its place
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-    except OSError as e:
-        if e.errno not in NO_LOCKS:
-            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # no one holds it (the shared lock just taken goes as the file closes)
+        except BlockingIOError:
+            locked = True
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                return None
+            locked = False
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-        written = re.fullmatch(r"pid (\d+) on (\S+)", holder)  # another host's: not known, as before the lock
-        if not written or written[2] != leftovers.HOST or not leftovers.alive(written[2], int(written[1])):
-            return None
     finally:
         os.close(fd)
     found = re.fullmatch(r"pid (\d+) on (\S+)", holder)
-    if found and found[2] == leftovers.HOST and int(found[1]) in _this_process_and_parents():
+    pid = int(found[1]) if found and found[2] == leftovers.HOST else None  # another host's is not known
+    if not locked and (pid is None or not leftovers.alive(leftovers.HOST, pid)):
+        return None  # without locks, only a live process of this host is known to hold it
+    if pid in _this_process_and_parents():
         return None
-    return holder
+    return holder or "another process"
 
 
 def _this_process_and_parents() -> set[int]:
