@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -45,6 +46,23 @@ def test_embeddings_are_computed_once_then_cached(tiny_path, tmp_path):
     assert first.padded(torch.tensor([1, 0])).shape == (2, 512, 32)
     encode_prompts(spec, ["another prompt"], "", 512, torch.float32, torch.device("cpu"), tmp_path)
     assert len(list((tmp_path / "embeddings").glob("*.pt"))) == 2  # the key covers the prompts
+
+
+def test_the_text_encoder_is_gone_when_the_embeddings_return(tiny_path, tmp_path):
+    """A real teacher's text encoder is ~11 GB: it must be freed before the teacher loads, with or without a
+    garbage-collector pass (gc off here, so a reference left behind shows)."""
+    from transformers import PreTrainedModel
+
+    def encoders() -> int:
+        return sum(isinstance(o, PreTrainedModel) for o in gc.get_objects())
+
+    spec, before = inspect_teacher(tiny_path), encoders()
+    gc.disable()
+    try:
+        encode_prompts(spec, ["a fox"], "", 16, torch.float32, torch.device("cpu"), tmp_path)
+        assert encoders() == before
+    finally:
+        gc.enable()
 
 
 def test_a_damaged_embeddings_cache_is_encoded_again(tiny_path, tmp_path, caplog):

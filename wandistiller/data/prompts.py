@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,8 +158,10 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
             )
             embeds += part
         negative = _encode_part(pipe, [negative_prompt], max_sequence_length, device)[0]
+    encoder = weakref.ref(pipe.text_encoder)
     del pipe
-    gc.collect()
+    if encoder() is not None:  # a reference cycle holds it: freed before the teacher loads all the same (a whole-heap
+        gc.collect()  # pass, ~0.3 s in a long-lived process such as a sweep's, is paid only then)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = PromptEmbeddings(prompts, embeds, negative, max_sequence_length)
