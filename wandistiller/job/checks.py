@@ -6,6 +6,7 @@ line naming the key and the fix; `preflight.prepare` runs them first, in its ord
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -73,11 +74,18 @@ def name_the_teacher(cfg: DictConfig) -> None:
         cfg.teacher.builtin = None
 
 
+@functools.cache
+def _type_hints(schema: type) -> dict:
+    """A dataclass's field types: its string annotations (`from __future__ import annotations`) evaluated once, not
+    once for each key a check walks (63,000 evaluations in the test suite's runs)."""
+    return typing.get_type_hints(schema)
+
+
 def _schema_of(schema, key: str, node=None):
     """The dataclass that types `schema.key`: its field's, or for an untyped (Any) node the option schema it was
     composed with (a placement's, a data source's, a loss's); None for a node of no schema."""
 
-    hint = typing.get_type_hints(schema).get(key)
+    hint = _type_hints(schema).get(key)
     if dataclasses.is_dataclass(hint):
         return hint
     composed = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None

@@ -8,6 +8,7 @@ through the planner, builds the placement once, and hands the workers a picklabl
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -467,9 +468,9 @@ def check_method_loss(cfg: DictConfig, method) -> None:
     shipped tree's, or a key of that one changed -- is refused, not dropped."""
     if method.uses_loss:
         return
-    default = OmegaConf.to_container(compose_config([]).trainer.loss, resolve=False)
+    default = _shipped_loss()
     given = OmegaConf.to_container(cfg.trainer.loss, resolve=False)
-    assert isinstance(default, dict) and isinstance(given, dict)
+    assert isinstance(given, dict)
     if given == default:
         return
     losses = next(r for r in registered() if r.group == "loss")
@@ -483,6 +484,13 @@ def check_method_loss(cfg: DictConfig, method) -> None:
         f"method={method.name} trains with its own loss and ignores trainer.loss, which sets {what}; drop it "
         f"(loss={name(default)} as it ships), or train with method=kd"
     )
+
+
+@functools.cache  # the shipped tree, composed once a process (a sweep's points, a test worker's runs), only read
+def _shipped_loss() -> dict:
+    loss = OmegaConf.to_container(compose_config([]).trainer.loss, resolve=False)
+    assert isinstance(loss, dict)  # a loss node is a mapping
+    return loss
 
 
 def check_layers(loss: Loss, teacher: dict, student: dict, placement: Placement) -> None:
