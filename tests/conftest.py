@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import pickle
 import subprocess
@@ -17,8 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
 
 from wandistiller.compose import register_configs
 from wandistiller.config import CONF_DIR
@@ -200,33 +197,10 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
         key = lambda b: b.split("=", 1)[0]
         # A test's own value wins, and its own list of hooks drops the base's settings of them.
         base = [b for b in base if key(b) not in given and not any(key(b).startswith(f"{g}.") for g in given)]
-        output_dir = next((b for b in base if key(b) == "paths.output_dir"), None)
-        cfg = composed(tuple(b for b in base if b is not output_dir) + overrides)
-        if output_dir is not None:  # each test's own folder, set as its override would have set it
-            cfg.paths.output_dir = output_dir.split("=", 1)[1]
-        return cfg
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            return compose("train", overrides=base + list(overrides))
 
     return _make
-
-
-# Hydra composes a tree in ~0.2 s here, and the default lane composes the same few hundred trees again and again
-# (about a third of its time). So each tree is composed by Hydra once a process, and each test gets its own copy:
-# the same tree, at 1/50 the cost. Keyed by the overrides and by what is registered (a test that registers a
-# plugin's options composes anew); the registered nodes are kept so that no id in a key is reused.
-_COMPOSED: dict[tuple, tuple[list, DictConfig]] = {}
-
-
-def composed(overrides: tuple[str, ...]) -> DictConfig:
-    nodes = _registered_nodes(ConfigStore.instance().repo)
-    key = (overrides, tuple(map(id, nodes)))
-    if key not in _COMPOSED:
-        with initialize_config_dir(config_dir=str(CONF), version_base=None):
-            _COMPOSED[key] = (nodes, compose("train", overrides=list(overrides)))
-    return copy.deepcopy(_COMPOSED[key][1])
-
-
-def _registered_nodes(repo: dict) -> list:
-    return [n for v in repo.values() for n in (_registered_nodes(v) if isinstance(v, dict) else [v])]
 
 
 @pytest.fixture
