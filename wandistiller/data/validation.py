@@ -179,8 +179,7 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: Sequence[dict] = ()) 
     rows = list(extra_rows)
     rows = recorded_rows(run_dir) + rows  # a torn line skipped
     fig = Figure(figsize=(7, 4), dpi=100)
-    # Fixed margins that fit the log axis' labels: tight_layout would draw the figure once more (half the cost).
-    ax = fig.subplots(gridspec_kw=dict(left=0.1, right=0.97, bottom=0.12, top=0.92))
+    ax = fig.subplots()
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     if train:
         ax.plot(*zip(*train), lw=1, alpha=0.6, label="train loss")
@@ -194,6 +193,7 @@ def save_loss_plot(run_dir: str | os.PathLike, extra_rows: Sequence[dict] = ()) 
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)
+    fig.tight_layout()
     out = run_dir / "loss.png"
     write_in_run(run_dir, "loss.png", write=lambda f: fig.savefig(f, format="png"), fsync=False)
     return out
