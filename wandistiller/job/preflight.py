@@ -57,7 +57,13 @@ from wandistiller.student.model import check_student, check_student_fits
 from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.finetune import absolute, with_loras
 from wandistiller.teacher.image import TEXT_TOKENS
-from wandistiller.teacher.spec import TeacherSpec, inspect_teacher, read_json, resolve_teacher_path
+from wandistiller.teacher.spec import (
+    TeacherSpec,
+    check_teacher_path,
+    inspect_teacher,
+    read_json,
+    resolve_teacher_path,
+)
 from wandistiller.teacher.vae import check_latent_frames
 
 log = logging.getLogger("wandistiller")
@@ -82,6 +88,7 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_values(cfg)
     check_hooks(cfg)
     check_targets(cfg)
+    check_teacher_path(cfg.teacher, cfg.paths.cache_dir)  # before the imports of the checks below
     method, loss = check_training_parts(cfg)  # built once here: every later check (and the run's method) uses them
     if is_lora(cfg.student):
         check_lora_training(cfg, loss)

@@ -70,12 +70,15 @@ def builtin_teacher(teacher_cfg, cache_dir) -> str | None:
     return str(teacher_cfg.builtin) if inside else None
 
 
-def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
-    """A local folder as is; the embedded teachers built on first use; a Hub id fetched by diffusers."""
+def check_teacher_path(teacher_cfg, cache_dir) -> None:
+    """resolve_teacher_path's refusals of `teacher.path`, without building, downloading or importing diffusers: a
+    run's preflight says a mistyped folder first, in a second, not after its other checks' imports (4 s)."""
+    if builtin_teacher(teacher_cfg, cache_dir) is None:
+        local_teacher_folder(teacher_cfg)
 
-    builtin = builtin_teacher(teacher_cfg, cache_dir)
-    if builtin is not None:
-        return ensure_tiny_teacher(teacher_cfg.path, **BUILTINS[builtin])
+
+def local_teacher_folder(teacher_cfg) -> Path | None:
+    """`teacher.path` as a local folder, or None for a Hub id to download; anything else is one line."""
     path = Path(teacher_cfg.path).expanduser()
     key = f"teacher.path={teacher_cfg.path!r}"
     if path.is_dir():
@@ -87,6 +90,18 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
     hub_shaped = teacher_cfg.path.count("/") == 1 and not teacher_cfg.path.startswith((".", "/", "~"))
     if not hub_shaped or path.parent.is_dir():  # models/Wan2.1-… in an existing models/: a folder, not a Hub id
         raise UserError(f"{key} does not exist; point it at a diffusers-format Wan folder")
+    return None
+
+
+def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
+    """A local folder as is; the embedded teachers built on first use; a Hub id fetched by diffusers."""
+
+    builtin = builtin_teacher(teacher_cfg, cache_dir)
+    if builtin is not None:
+        return ensure_tiny_teacher(teacher_cfg.path, **BUILTINS[builtin])
+    local = local_teacher_folder(teacher_cfg)
+    if local is not None:
+        return local
     from diffusers import DiffusionPipeline
 
     try:
@@ -94,8 +109,9 @@ def resolve_teacher_path(teacher_cfg, cache_dir) -> Path:
             return Path(DiffusionPipeline.download(teacher_cfg.path, use_safetensors=True))
     except Exception as e:  # offline, unknown repo, gated repo: all the same to the user
         raise UserError(
-            f"{key} is not a local folder and could not be fetched from the Hub ({type(e).__name__}); download "
-            f"it (hf download {teacher_cfg.path} --local-dir DIR) and set teacher.path=DIR"
+            f"teacher.path={teacher_cfg.path!r} is not a local folder and could not be fetched from the Hub "
+            f"({type(e).__name__}); download it (hf download {teacher_cfg.path} --local-dir DIR) and set "
+            "teacher.path=DIR"
         ) from None
 
 
