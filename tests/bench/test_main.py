@@ -56,6 +56,8 @@ def test_bench_teacher_writes_under_outputs_and_names_its_device(tmp_path):
         (["load", "--device", "nonsense"], "--device='nonsense' is not a device"),
         (["overhead", "--out", "/"], "--out /: it is a folder"),
         (["overhead", "--compile"], "overhead --compile compares compiled LoRA steps; add --student lora"),
+        (["plan", "--placements", "cpu,nope"], "--placements='nope' is not a teacher_placement option; pick from au"),
+        (["plan", "--student", "tiny,huge"], "--student='huge' is not a student option; pick from base, from_json,"),
     ],
 )
 def test_bench_flags_are_one_line_before_any_setup(argv, message):

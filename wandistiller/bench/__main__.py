@@ -117,6 +117,8 @@ def check_args(args: argparse.Namespace) -> None:
                 raise UserError(f"--{name.replace('_', '-')}={value} must be {what}")
     if args.bench == "grad-check":
         gradcheck.check(args)
+    if args.bench == "plan":
+        plan.check(args)
     if args.bench == "overhead" and args.compile:
         if not args.student:
             raise UserError("overhead --compile compares compiled LoRA steps; add --student lora")

@@ -36,6 +36,7 @@ from wandistiller.compose import register_configs
 from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER, WAN_A14B_I2V, Layout
 from wandistiller.core.errors import UserError
 from wandistiller.core.hydra import auto_precision, compose_config
+from wandistiller.core.plugins import conf_options
 from wandistiller.core.precision import Precision
 from wandistiller.job.checks import method_passes
 from wandistiller.placements import planner as plan
@@ -63,6 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="paths.cache_dir for the runs (default: the usual)")
     parser.add_argument("--set", action="append", default=[], help="one more override for every run")
     parser.add_argument("--out", default=out_path("plan"))
+
+
+def check(args) -> None:
+    """The options each point composes, named with their flag (not as a composition error of train's), before any
+    teacher is built."""
+    for flag, group in (("--student", "student"), ("--placements", "teacher_placement")):
+        options = conf_options(group)
+        unknown = [g for g in getattr(args, flag[2:]).split(",") if g not in options]
+        if unknown:
+            raise UserError(f"{flag}={unknown[0]!r} is not a {group} option; pick from {', '.join(options)}")
 
 
 def run(args) -> dict:
