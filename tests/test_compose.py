@@ -64,3 +64,13 @@ def test_a_sweep_without_multirun_and_a_hydra_key_that_does_not_parse_are_one_li
     check_overrides(["-m", "trainer.max_steps=1,2"])  # a sweep, asked for
     with pytest.raises(UserError, match=r"^hydra.run.dir=/tmp/x'5' is not an override Hydra can read \("):
         check_overrides(["hydra.run.dir=/tmp/x'5'"])
+    with pytest.raises(UserError, match=r"^hydra.run.dir=/runs/a,b: a comma makes it a sweep, which runs only with"):
+        check_overrides(["hydra.run.dir=/runs/a,b"])  # Hydra's "Ambiguous value" was six lines and exit code 1
+
+
+@pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir=''", "paths.cache_dir= ", "hydra.sweep.dir="])
+def test_an_empty_folder_is_refused_not_read_as_the_current_directory(override):
+    # `hydra.run.dir=$OUT` with OUT unset trained into the current directory (a checkout's root, say).
+    key = override.split("=")[0]
+    with pytest.raises(UserError, match=rf"^{re.escape(key)} is empty \(an unset variable\?\); give it a folder, e.g."):
+        check_overrides(["trainer.max_steps=1", override])

@@ -119,6 +119,7 @@ def test_two_experts_ema_accumulation_checkpointing_and_hidden_kd_together(make_
         ("teacher.path=/no/such/teacher", "teacher.path='/no/such/teacher' does not exist"),
         ("teacher=wan2.1_t2v_1.3b", "could not be fetched from the Hub"),
         ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
+        ("paths.cache_dir=", "paths.cache_dir is empty; give it a folder, e.g. paths.cache_dir=~/.cache/wandistiller"),
     ],
 )
 def test_bad_input_is_refused_before_training(make_cfg, tmp_path, override, message, monkeypatch):

@@ -21,7 +21,7 @@ from wandistiller.core.hydra import check_parses, compose_tree, hydra_error_line
 from wandistiller.core.plugins import store_plugin_yamls
 from wandistiller.core.registry import Registry
 from wandistiller.data.sources import REGISTRY as DATA_SOURCES
-from wandistiller.job.checks import check_missing
+from wandistiller.job.checks import FOLDER_KEYS, check_missing
 from wandistiller.job.resumed import trained_method
 from wandistiller.placements import REGISTRY as PLACEMENTS
 from wandistiller.recipe.hooks import REGISTRY as HOOKS
@@ -68,7 +68,9 @@ def check_overrides(argv: list[str]) -> None:
     base: list[str | None] = []
     try:
         parsed = OverridesParser.create().parse_overrides(given)
-        sweep = next((o for o in parsed if o.is_sweep_override()), None)
+        hydra_parsed = OverridesParser.create().parse_overrides(hydra)
+        check_folder_values(parsed + hydra_parsed)
+        sweep = next((o for o in parsed + hydra_parsed if o.is_sweep_override()), None)
         if sweep is not None and not any(a in ("-m", "--multirun") for a in argv):
             key, value = str(sweep.input_line).split("=", 1)
             raise UserError(
@@ -91,6 +93,15 @@ def check_overrides(argv: list[str]) -> None:
             line = line.split("; ")[0]  # Hydra's own words: the hint after them is the method's, below
             line = f"{line}; the run was trained with method={method}: add method={method}"
         raise UserError(line) from None
+
+
+def check_folder_values(parsed) -> None:
+    """A folder key given an empty value (`hydra.run.dir=$OUT` with OUT unset) is refused: Hydra reads it as the
+    current directory, and a run there writes its checkpoints, student and logs among whatever that holds."""
+    for override in parsed:
+        key = override.get_key_element().lstrip("+~")
+        if key in FOLDER_KEYS and not override.is_sweep_override() and not str(override.value()).strip():
+            raise UserError(f"{key} is empty (an unset variable?); give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
 
 
 def _resumed_method(argv: list[str], overrides: list[str]) -> str | None:

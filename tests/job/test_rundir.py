@@ -142,6 +142,26 @@ def test_a_refusal_at_setup_removes_the_loggers_folders_it_made_too(tmp_path):
     assert not run_dir.exists()
 
 
+def test_a_run_folder_refused_inside_another_run_leaves_no_empty_log_in_that_run(tmp_path, monkeypatch):
+    from wandistiller.job import rundir
+
+    earlier = tmp_path / "earlier"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    monkeypatch.setattr(rundir, "MISSING_BEFORE", set())
+    rundir.note_missing_run_dir([f"hydra.run.dir={earlier / 'sub'}"])
+    (earlier / "sub").mkdir()
+    (earlier / "sub" / "train.log").write_text("")  # what Hydra makes before the job
+    with pytest.raises(RunDirTaken, match="lies inside the run folder"), removed_if_refused(earlier / "sub"):
+        claim_run_dir(earlier / "sub", None)
+    assert sorted(p.name for p in earlier.iterdir()) == [".hydra"]
+    (earlier / "own").mkdir()  # a folder that was there before this command: never removed
+    (earlier / "own" / "train.log").write_text("")
+    with pytest.raises(RunDirTaken), removed_if_refused(earlier / "own"):
+        claim_run_dir(earlier / "own", None)
+    assert (earlier / "own" / "train.log").is_file()
+
+
 def test_a_sweep_point_refused_for_its_folder_writes_nothing_there(make_cfg, tmp_path):
     from wandistiller.tracking.sweep import record_failed_point
 

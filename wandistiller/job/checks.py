@@ -260,10 +260,20 @@ def _first_line(error: Exception) -> str:
     return words[0] if words else type(error).__name__
 
 
+FOLDER_KEYS = {  # and an example of each
+    "hydra.run.dir": "outputs/my_run",
+    "hydra.sweep.dir": "multirun/my_sweep",
+    "paths.output_dir": "outputs/my_run",
+    "paths.cache_dir": "~/.cache/wandistiller",
+}
+
+
 def check_folders(cfg: DictConfig) -> None:
     """The run folder and the cache can be created and written: checked before either is touched."""
 
     for key, folder in (("hydra.run.dir", cfg.paths.output_dir), ("paths.cache_dir", cfg.paths.cache_dir)):
+        if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
+            raise UserError(f"{key} is empty; give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
         problem = folder_problem(Path(str(folder)))
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")

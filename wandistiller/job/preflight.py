@@ -88,12 +88,12 @@ def prepare(cfg: DictConfig, topo: Topology, point: dict | None = None) -> Prepa
     check_values(cfg)
     check_hooks(cfg)
     check_targets(cfg)
+    check_folders(cfg)  # the cache first: the embedded teachers' paths lie in it
     check_teacher_path(cfg.teacher, cfg.paths.cache_dir)  # before the imports of the checks below
     method, loss = check_training_parts(cfg)  # built once here: every later check (and the run's method) uses them
     if is_lora(cfg.student):
         check_lora_training(cfg, loss)
     check_tracker(cfg)
-    check_folders(cfg)
     default_ranks(cfg, topo)
     world = World.of(cfg.distributed, topo)
     precision = Precision.from_config(cfg.precision)

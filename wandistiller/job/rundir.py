@@ -169,7 +169,9 @@ def removed_if_refused(run_dir: Path) -> Iterator[None]:
         yield
     except UserError as e:
         if before <= _logs(before) and _contents(run_dir) <= _logs(_contents(run_dir)) | _OURS_IF_REFUSED:
-            if not isinstance(e, RunDirTaken):
+            # A folder taken by another run is left, unless Hydra made it for this command and it holds only its
+            # empty log (a run folder named inside another run's: the empty log was left in that run).
+            if not isinstance(e, RunDirTaken) or _only_this_commands_empty_log(run_dir):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 _remove_if_an_empty_date_folder(run_dir.parent)
         elif not (run_dir / LOCK_FILE).exists():  # never a run's folder (an export's): Hydra's empty log goes
@@ -198,6 +200,14 @@ def _exported(folder: Path) -> list[str]:
         return []
     names = (p.name for p in folder.iterdir())
     return sorted(n for n in names if n in ("model_index.json", "config.json") or n.endswith(".workflow.json"))
+
+
+def _only_this_commands_empty_log(run_dir: Path) -> bool:
+    """Whether `run_dir` did not exist before this command (MISSING_BEFORE) and holds nothing but empty logs."""
+    if run_dir.resolve() not in MISSING_BEFORE:
+        return False
+    contents = _contents(run_dir)
+    return contents <= _logs(contents) and all((run_dir / n).stat().st_size == 0 for n in contents)
 
 
 def _contents(run_dir: Path) -> set[str]:
