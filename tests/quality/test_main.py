@@ -98,16 +98,26 @@ def test_a_bad_out_is_refused_before_the_work_and_small_never_writes_the_shipped
     assert report_path(parse_args(["--small"])) == SMALL_OUT and report_path(parse_args([])).name == "QUALITY.md"
     shipped = SHIPPED_REPORT.read_bytes()
     (tmp_path / "a_file").write_text("mine")
+    (tmp_path / "weights.safetensors").write_bytes(b"\x80\xff" * 8)
+    run = tmp_path / "run"  # an audit's --out run/metrics.json: appended to, then read as damaged by the run's tools
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.json").write_text("{}")
     for out, message in [
         (SHIPPED_REPORT, "--small's numbers mean nothing and would replace the shipped report"),
         (tmp_path, "is a folder; choose another file"),
         (tmp_path / "a_file" / "QUALITY.md", "a_file is a file; choose another file"),
+        (run / "metrics.json", f"lies in the run folder {run}, whose files are the run's; choose a file outside it"),
+        (run / "student" / "q.md", f"lies in the run folder {run}"),
+        (tmp_path / "a_file", "a_file is a file no quality run wrote (it holds no '<!-- quality:…' section)"),
+        (tmp_path / "weights.safetensors", "weights.safetensors is a file no quality run wrote"),
     ]:
         with pytest.raises(SystemExit) as e:  # at once: compare() would train for minutes first
             main(["--small", "--work", str(tmp_path / "work"), "--out", str(out)])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
     assert SHIPPED_REPORT.read_bytes() == shipped and not (tmp_path / "work").exists()
+    assert (run / "metrics.json").read_text() == "{}" and (tmp_path / "a_file").read_text() == "mine"
 
 
 @pytest.mark.parametrize(

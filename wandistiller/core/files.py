@@ -162,6 +162,14 @@ def _joined(root: Path, name: str | Path) -> Path:
     return root / name
 
 
+def enclosing_run(path: Path) -> Path | None:
+    """The run folder (one holding `.hydra/config.yaml`) that `path` lies inside, `path` itself not counted; None
+    where it lies in none."""
+    return next(
+        (p for p in Path(path).expanduser().absolute().parents if (p / ".hydra" / "config.yaml").is_file()), None
+    )
+
+
 def run_folder(root: Path, name: str | Path) -> Path:
     """The folder `root / name`, made if needed, when it lies inside the run folder (see `in_run`)."""
     path = in_run(root, name)

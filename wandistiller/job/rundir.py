@@ -24,7 +24,15 @@ from omegaconf import OmegaConf, read_write
 from wandistiller.core import leftovers
 from wandistiller.core.atomic import flocked
 from wandistiller.core.errors import RunDirTaken, UserError, exit_on_user_error
-from wandistiller.core.files import appendable, check_appended, clean_run_leftovers, folder_problem, in_run, run_folder
+from wandistiller.core.files import (
+    appendable,
+    check_appended,
+    clean_run_leftovers,
+    enclosing_run,
+    folder_problem,
+    in_run,
+    run_folder,
+)
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
 LOCK_FILE = ".lock"
@@ -39,7 +47,7 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
     Outputs are checked before anything is created, so a refused run leaves no folder behind. Once the
     lock is held, what killed processes left in the folder is cleaned up.
     """
-    outer = next((p for p in run_dir.absolute().parents if (p / ".hydra" / "config.yaml").is_file()), None)
+    outer = enclosing_run(run_dir)
     if outer is not None:  # its student/, checkpoints/ or pipeline/ would take a run's files
         raise RunDirTaken(
             f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "

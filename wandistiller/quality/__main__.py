@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
-from wandistiller.core.files import output_problem, read_text_in, write_in_run
+from wandistiller.core.files import enclosing_run, output_problem, read_in, read_text_in, write_in_run
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
 from wandistiller.quality.compare import COLUMNS, Settings, compare, prompt_set
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
+START = "<!-- quality:"  # how each section of a report begins (write_section): what marks a file as a report
 FORMATS = {
     "prompt_accuracy": "{:.1%}",
     "fid": "{:.2f}",
@@ -201,7 +202,7 @@ def stacking_report(results: dict, settings: Settings, argv: list[str], seconds:
 def write_section(out: Path, key: str, text: str) -> None:
     """`text` as the section `key` of `out`, between its markers: replaced where the file has them, appended
     where it does not; the rest of the file (other sections, hand-written notes) stays as it is."""
-    start, end = f"<!-- quality:{key} -->", f"<!-- /quality:{key} -->"
+    start, end = f"{START}{key} -->", f"<!-- /quality:{key} -->"
     section = f"{start}\n{text.rstrip()}\n{end}"
     old = read_text_in(out.parent, out.name) if out.is_file() else "# Student quality on the pocket teacher\n"
     if start in old and end in old:
@@ -352,6 +353,16 @@ def report_path(args: argparse.Namespace) -> Path:
     problem = f"{out} is a folder" if out.is_dir() else output_problem(out.parent)  # tried, before the work
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another file")
+    run = enclosing_run(out)
+    if run is not None:  # its metrics.json, say, appended to: the run's tools then read it as damaged
+        raise UserError(
+            f"--out {out} lies in the run folder {run}, whose files are the run's; choose a file outside it"
+        )
+    if out.is_file() and START.encode() not in read_in(out.parent, out.name, what="quality report"):
+        raise UserError(
+            f"--out {out} is a file no quality run wrote (it holds no '{START}…' section), which the report would "
+            "be added to; choose a new file, or a report written before"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -436,7 +447,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    write_report(args, out, results, settings, budgets, argv, time.perf_counter() - start)
+    with exit_on_user_error():  # checked before the work; one line all the same if the file changed meanwhile
+        write_report(args, out, results, settings, budgets, argv, time.perf_counter() - start)
     print(f"wrote {out}")
 
 
