@@ -52,6 +52,34 @@ def test_a_two_point_sweep_reports_both_points_and_records_the_refused_one(tmp_p
     assert compared.returncode == 0 and "| teacher_placement=cpu | " in compared.stdout and "1.00x" in compared.stdout
 
 
+@pytest.mark.parametrize(
+    "statuses,said",
+    [
+        (["completed", "refused"], None),  # gpu0 refused on a one-GPU machine: a finding, not a failed sweep
+        (["refused", "refused"], "error: no point trained (each refused); the report above says why (exit code 1)"),
+        (["completed", "failed"], "error: 1 point(s) failed: seed=1; the report above says why"),
+    ],
+)
+def test_the_sweeps_exit_code_fails_on_a_crashed_point_or_when_none_trained(tmp_path, capsys, statuses, said):
+    from omegaconf import OmegaConf
+
+    from wandistiller.tracking.sweep import SweepReport
+
+    for i, status in enumerate(statuses):
+        (tmp_path / str(i) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(i) / ".hydra" / "overrides.yaml").write_text(f"- seed={i}\n")
+        (tmp_path / str(i) / "metrics.json").write_text(json.dumps({"status": status, "reason": "r"}))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    if said is None:
+        SweepReport(loggers=False).on_multirun_end(config)
+    else:
+        with pytest.raises(SystemExit) as e:
+            SweepReport(loggers=False).on_multirun_end(config)
+        assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip().startswith(said) if said else err == ""
+
+
 def test_a_point_that_died_without_metrics_is_reported_as_failed(tmp_path):
     for i, placement in enumerate(["cpu", "gpu"]):
         (tmp_path / str(i) / ".hydra").mkdir(parents=True)

@@ -233,9 +233,19 @@ class SweepReport(Callback):
             return
         md, png, table = write_report(sweep_dir)
         print(f"\nsweep report: {md}\n{table}\n", flush=True)
+        points = load_points(sweep_dir)
         if self.loggers:  # the report through every logger of the sweep: a wandb Table, tensorboard text, a csv
-            rows = table_rows(load_points(sweep_dir))
+            rows = table_rows(points)
             loggers.build(config.logger).report(sweep_dir, COLUMNS, rows, png, sweep_group(sweep_dir))
+        # The exit code a script reads: a point that crashed, or none that trained, is a failed sweep; a point refused
+        # beside ones that trained (gpu0 on a one-GPU machine) is one of its findings.
+        failed = [p.label for p in points if p.metrics.get("status") == "failed"]
+        if failed or not any(p.ok for p in points):
+            what = (
+                f"{len(failed)} point(s) failed: {', '.join(failed)}" if failed else "no point trained (each refused)"
+            )
+            print(f"error: {what}; the report above says why (exit code 1)", file=sys.stderr, flush=True)
+            sys.exit(1)
 
 
 def sweep_group(sweep_dir: Path) -> str:
