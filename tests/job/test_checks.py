@@ -58,6 +58,17 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         # issue 41: accepted, then trained at the scale and sampled without it (WanPipeline: CFG above 1 alone)
         ("teacher.guidance_scale=0.5", "teacher.guidance_scale=0.5 must be a finite number of 1 or more (1: no CFG"),
         ("teacher=tiny_moe teacher.guidance_scale=1", "teacher.guidance_scale_2=3.0 with teacher.guidance_scale=1: "),
+        # an audit's: accepted, and the low-noise expert's targets guided at -5 (inverted) or 0.5
+        (
+            "teacher=tiny_moe teacher.guidance_scale_2=-5",
+            "teacher.guidance_scale_2=-5.0 must be a finite number of 1 o",
+        ),
+        ("teacher=tiny_moe teacher.guidance_scale_2=0.5", "teacher.guidance_scale_2=0.5 must be a finite number of 1"),
+        # and on one expert, ignored without a word
+        (
+            "teacher.guidance_scale_2=3",
+            "teacher.guidance_scale_2=3.0 is the low-noise (second) expert's CFG scale, and",
+        ),
         # issue 41: 0 was read as unset, a negative length made a schedule whose LR grew without end
         ("trainer.schedule_steps=0", "trainer.schedule_steps=0 must be a positive integer (the LR schedule's length)"),
         ("trainer.schedule_steps=-10", "trainer.schedule_steps=-10 must be a positive integer"),

@@ -151,7 +151,7 @@ def check_ranges(cfg: DictConfig) -> None:
         # WanPipeline, which draws the teacher's samples, latents and evaluation, runs CFG only where the (first)
         # scale is above 1: below 1 the targets would be guided at it and every sample drawn without it.
         ("teacher.guidance_scale", teacher.guidance_scale, lambda v: 1 <= v < math.inf, NO_CFG_BELOW_1),
-        ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or math.isfinite(v), "finite"),
+        ("teacher.guidance_scale_2", teacher.guidance_scale_2, lambda v: v is None or 1 <= v < math.inf, SECOND_SCALE),
         ("trainer.schedule_steps", t.schedule_steps, lambda v: v is None or v > 0, SCHEDULE_STEPS),
         ("distributed.timeout_min", cfg.distributed.timeout_min, lambda v: v > 0, "positive (minutes)"),
     ]
@@ -171,8 +171,20 @@ def check_ranges(cfg: DictConfig) -> None:
 
 RECIPE = ("setup", "train")  # what job/run.py's run_recipe calls on the recipe it builds
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
+SECOND_SCALE = "a finite number of 1 or more (the low-noise expert's CFG scale), or null for teacher.guidance_scale"
 SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
+
+
+def check_second_scale(teacher: DictConfig, experts: int) -> None:
+    """`teacher.guidance_scale_2` scales a two-expert teacher's low-noise expert: on one expert it would be ignored
+    without a word (a two-expert teacher's config pointed at a one-expert folder, say)."""
+    if experts == 1 and teacher.get("guidance_scale_2") is not None:
+        raise UserError(
+            f"teacher.guidance_scale_2={teacher.guidance_scale_2} is the low-noise (second) expert's CFG scale, and "
+            f"the teacher {teacher.path} has one expert; drop it with teacher.guidance_scale_2=null (its scale is "
+            "teacher.guidance_scale)"
+        )
 
 
 def check_training_parts(cfg: DictConfig) -> tuple[Method, Loss]:

@@ -29,6 +29,7 @@ from wandistiller.job.checks import (
     check_folders,
     check_hooks,
     check_known_keys,
+    check_second_scale,
     check_targets,
     check_tracker,
     check_training_parts,
@@ -169,6 +170,7 @@ def teacher_and_student(
     # checkpoint named by path takes this command line's.
     check_latent_frames(spec.path, cfg.data.latent_frames, resumed is not None and cfg.trainer.resume == "auto")
     check_data(cfg, spec)
+    check_second_scale(cfg.teacher, len(spec.experts))
     if planned is None:  # a Hub teacher: planned now that its config is here
         placement, planned = choose_placement(cfg, precision, world, method)
     assert placement is not None  # the teacher's config is here now: named or chosen
