@@ -26,3 +26,22 @@ def test_what_a_source_made_cannot_be_changed_afterwards():
     made = Made(None, "embeddings", "held-out embeddings")
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.bank = "another bank"
+
+
+def test_a_prompts_file_edited_since_the_run_began_is_refused_by_its_resume(make_cfg, tmp_path):
+    """An audit's: a resume after the prompts file was rewritten trained on the new prompts and held out others,
+    without a word (a folder of images or clips was held to its record; a prompts file was not)."""
+    from tests.conftest import refused
+    from wandistiller.train import run
+
+    prompts, folder = tmp_path / "prompts.txt", tmp_path / "run"
+    prompts.write_text("".join(f"a red {d}\n" for d in range(6)))
+    given = (f"data.prompts_path={prompts}", "trainer.max_steps=2", "trainer.checkpoint_every=1")
+    run(make_cfg(*given, run_dir=folder))
+    prompts.write_text("".join(f"a blue {d}\n" for d in range(6)))
+    resume = (*given[:1], "trainer.max_steps=3", "trainer.resume=auto")
+    said = f"trainer.resume: data.prompts_path='{prompts}' changed since the run first read it (6 prompts then, "
+    with refused(said + "6 now, or their text differs), so its held-out split would be another"):
+        run(make_cfg(*resume, run_dir=folder))
+    prompts.write_text("".join(f"a red {d}\n" for d in range(6)))
+    assert run(make_cfg(*resume, run_dir=folder))["final_step"] == 3

@@ -85,11 +85,12 @@ def contents_problem(run_dir: Path, data_cfg) -> str | None:
     now = source_of(data_cfg).contents(data_cfg)
     if now is None or now["digest"] == recorded["digest"]:
         return None
-    key = "data.root" if data_cfg.get("root") is not None else "data.dataset"
+    key = next(f"data.{k}" for k in ("root", "dataset", "prompts_path") if data_cfg.get(k) is not None)
     count = recorded.get("items") if isinstance(recorded.get("items"), int) else "?"
+    differ = "their text differs" if key == "data.prompts_path" else "their names, sizes or captions differ"
     return (
         f"{key}={str(data_cfg.get(key.split('.')[1]))!r} changed since the run first read it ({count} {now['what']} "
-        f"then, {now['items']} now, or their names, sizes or captions differ)"
+        f"then, {now['items']} now, or {differ})"
     )
 
 

@@ -118,9 +118,10 @@ class DataSource:
     @classmethod
     def contents(cls, data_cfg: DictConfig) -> dict[str, Any] | None:
         """What the user's data files held when read (`contents_record`), which a resume and a later evaluation are
-        held to: files added, removed or recaptioned since make another held-out split. None for a source of no
-        files of the user's (prompts alone, the teacher's own samples)."""
-        return None
+        held to: files added, removed or recaptioned since make another held-out split. Here, for a source of
+        prompts alone (the teacher's own samples, Gaussian x0): the prompts file's lines (a resume after it was
+        edited trained on other prompts and held out others, without a word)."""
+        return contents_record(read_prompts(data_cfg.prompts_path), None, None, "prompts")
 
     @classmethod
     def held_out_prompts(cls, data_cfg: DictConfig, readable: Callable[[str], None]) -> list[str]:
