@@ -139,6 +139,22 @@ def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, b
     assert not list(finished.glob("eval*"))
 
 
+def test_online_wandb_without_a_login_is_one_line_before_anything_samples(finished, tmp_path, capsys, monkeypatch):
+    # An audit's: wandb's own UsageError, as an internal error, after the teacher and student had sampled.
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main([str(finished), "--wandb-mode", "online", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert (
+        err.startswith("error: --wandb-mode online: no wandb login for https://api.wandb.ai") and "drop the flag" in err
+    )
+    assert not list(finished.glob("eval*"))
+
+
 # Where eval's result files are named for users: each name there must be one a test below sees eval write.
 DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "wandistiller" / "eval.py",
               ROOT / "wandistiller" / "evaluation" / "evaluate.py"]  # fmt: skip

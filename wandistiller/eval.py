@@ -32,6 +32,7 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run
 from wandistiller.state.trust import Trust, add_trust_args
+from wandistiller.tracking.loggers.wandb import WandbTracker
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         trust, counts = Trust.from_args(args), args.student_counts
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
             read_prompts(args.prompts, "--prompts")
+        login = WandbTracker.login_problem(args.wandb_mode)  # said now, not after the teacher sampled
+        if login:
+            raise UserError(f"--wandb-mode online: {login}; run `wandb login` (or set WANDB_API_KEY), or drop the flag")
         register_configs()  # the registries' options, which the run's config may name
         asked = EvalSettings(
             checkpoint=args.checkpoint,
