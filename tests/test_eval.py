@@ -141,6 +141,7 @@ def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, b
 
 def test_online_wandb_without_a_login_is_one_line_before_anything_samples(finished, tmp_path, capsys, monkeypatch):
     # An audit's: wandb's own UsageError, as an internal error, after the teacher and student had sampled.
+    monkeypatch.setattr(eval_cli, "evaluate", lambda *_: pytest.fail("sampled first"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
@@ -152,6 +153,15 @@ def test_online_wandb_without_a_login_is_one_line_before_anything_samples(finish
     assert (
         err.startswith("error: --wandb-mode online: no wandb login for https://api.wandb.ai") and "drop the flag" in err
     )
+    assert not list(finished.glob("eval*"))
+
+
+def test_a_clip_model_that_cannot_be_had_is_one_line_before_anything_samples(finished, capsys, monkeypatch):
+    monkeypatch.setattr(eval_cli, "evaluate", lambda *_: pytest.fail("sampled first"))  # it was said after the samples
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main([str(finished), "--clip-model", "/nowhere/clip", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: --clip-model='/nowhere/clip' cannot be loaded"), err
     assert not list(finished.glob("eval*"))
 
 

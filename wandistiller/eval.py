@@ -31,6 +31,7 @@ from wandistiller.core.stopping import tool_session
 from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run
+from wandistiller.evaluation.metrics import check_real_metrics
 from wandistiller.state.trust import Trust, add_trust_args
 from wandistiller.tracking.loggers.wandb import WandbTracker
 
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         login = WandbTracker.login_problem(args.wandb_mode)  # said now, not after the teacher sampled
         if login:
             raise UserError(f"--wandb-mode online: {login}; run `wandb login` (or set WANDB_API_KEY), or drop the flag")
+        check_real_metrics(args.clip_model, args.fid_reference)
         register_configs()  # the registries' options, which the run's config may name
         asked = EvalSettings(
             checkpoint=args.checkpoint,

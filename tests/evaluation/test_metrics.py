@@ -66,6 +66,16 @@ def test_real_wan_options_refuse_in_one_line_where_their_weights_cannot_be_had(t
         clip_score(torch.rand(2, 3, 32, 32), ["a", "b"], "/nowhere/clip")
     with pytest.raises(UserError, match="--fid-reference=.*fewer than 2 images"):
         inception_fid(torch.rand(2, 3, 32, 32), str(tmp_path))
+    from PIL import Image
+
+    from wandistiller.evaluation.metrics import check_real_metrics
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    (tmp_path / "b.png").write_text("not an image")  # an audit's: PIL's UnidentifiedImageError, an internal error
+    with pytest.raises(UserError, match=r"^--fid-reference='.*': b.png is not an image PIL can read \(Unidentified"):
+        check_real_metrics(None, str(tmp_path))
+    with pytest.raises(UserError, match="--clip-model='/nowhere/clip' cannot be loaded"):
+        check_real_metrics("/nowhere/clip", None)
 
 
 def test_diversity_is_zero_for_identical_images_positive_otherwise_and_withheld_at_one_image_a_prompt():

@@ -121,23 +121,43 @@ def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | 
     return scores | fid_kid(reference, images, judge)  # no fid/kid from too few samples
 
 
+def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> None:
+    """The real-Wan options' models and files had now, each failure one line, before anything samples (they were
+    found wanting after the teacher's and the student's samples)."""
+    if clip_model is not None:
+        _clip_metric(clip_model)
+    if fid_reference is not None:
+        _fid_metric(fid_reference)
+
+
 def clip_score(images: torch.Tensor, prompts: list[str], model: str) -> float:
     """torchmetrics' CLIP score (0-100) with `model` (a Hub id or a local folder)."""
+    metric = _clip_metric(model)
+    metric.update((images.clamp(0, 1) * 255).to(torch.uint8), prompts)
+    return float(metric.compute())
+
+
+def _clip_metric(model: str):
     from torchmetrics.multimodal.clip_score import CLIPScore
 
     try:
-        metric = CLIPScore(model_name_or_path=model)  # type: ignore[arg-type]  # its Literal omits local folders
+        return CLIPScore(model_name_or_path=model)  # type: ignore[arg-type]  # its Literal omits local folders
     except Exception as e:  # offline, unknown id, a folder that is not CLIP: all "cannot have it"
         raise UserError(
             f"--clip-model={model!r} cannot be loaded ({type(e).__name__}); give a local CLIP folder "
             "(hf download openai/clip-vit-base-patch16 --local-dir DIR) or leave --clip-model out"
         ) from None
-    metric.update((images.clamp(0, 1) * 255).to(torch.uint8), prompts)
-    return float(metric.compute())
 
 
 def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
     """FID with the standard Inception-v3 features against the images of a folder (torch-fidelity weights)."""
+    fid = _fid_metric(reference_dir)
+    fid.update(images.float().clamp(0, 1), real=False)
+    return float(fid.compute())
+
+
+def _fid_metric(reference_dir: str):
+    """torchmetrics' FID, the folder's images given as the real ones."""
     from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
 
     key = f"--fid-reference={reference_dir!r}"
@@ -157,8 +177,7 @@ def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
             "or leave --fid-reference out"
         ) from None
     fid.update(reference, real=True)
-    fid.update(images.float().clamp(0, 1), real=False)
-    return float(fid.compute())
+    return fid
 
 
 def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
@@ -166,7 +185,15 @@ def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
     files = sorted(p for p in folder.glob("*") if p.suffix.lower() in {".png", ".jpg", ".jpeg", ".webp"})
     if not folder.is_dir() or len(files) < 2:
         raise UserError(f"{key} holds fewer than 2 images (.png/.jpg/.webp); give a folder of reference images")
-    rows = [np.asarray(Image.open(f).convert("RGB").resize((size, size)), dtype=np.float32) / 255 for f in files]
+    rows = []
+    for file in files:
+        try:
+            with Image.open(file) as image:
+                rows.append(np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:  # not an image, truncated, a folder
+            raise UserError(
+                f"{key}: {file.name} is not an image PIL can read ({type(e).__name__}); remove it"
+            ) from None
     return torch.from_numpy(np.stack(rows)).permute(0, 3, 1, 2)
 
 
