@@ -3,6 +3,7 @@ folder, read back by diffusers' own loaders; every refusal one line, nothing lef
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +202,11 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     with refused(f"--out {full} is not empty; choose a new folder, or add --force"):
         export(finished, full, "single-file")
     assert (full / "mine.txt").read_text() == "mine"
+    here = tmp_path / "here"  # an audit's --out . (or ""): "changed while this export ran", its own staging folder
+    here.mkdir()
+    with contextlib.chdir(here), refused("--out . is the current folder or holds it (an empty --out is the current"):
+        export(finished, Path(""), "diffusers")
+    assert not list(here.iterdir())
     with refused("--format lora: the student of"):
         export(finished, tmp_path / "lora", "lora")
     lora = tmp_path / "lora_run"

@@ -141,6 +141,12 @@ def check_out_of_inputs(out: Path, run: RunFolder) -> None:
     files, which the export reads: --force replaced the folder it names, and so deleted a teacher (tens of GB of a
     download) given as --out."""
     check_out_of_run(out, run.path)
+    here = Path.cwd().resolve()
+    if out.expanduser().resolve() in (here, *here.parents):  # renamed aside whole, under the shell that is in it
+        raise UserError(
+            f"--out {out} is the current folder or holds it (an empty --out is the current folder), which an export "
+            "replaces as a whole; choose a new folder, e.g. --out exported"
+        )
     teacher = Path(run.spec.path)
     inputs = [("the teacher's folder", teacher)]
     inputs += [("the teacher's LoRA", Path(lora.path)) for lora in run.spec.loras]
