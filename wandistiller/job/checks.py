@@ -138,7 +138,7 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         *data_sources.range_checks(d),  # each source's own keys (wandistiller/data/sources/)
-        ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("data.val_fraction", d.val_fraction, lambda v: 0 < v < 1, HELD_OUT),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
         ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
         (
@@ -171,6 +171,8 @@ def check_ranges(cfg: DictConfig) -> None:
 
 RECIPE = ("setup", "train")  # what job/run.py's run_recipe calls on the recipe it builds
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
+# 0 held out one prompt all the same (split_prompts: at least one, which the validation loss and the eval need).
+HELD_OUT = "in (0, 1): the share of prompts held out, at least one (e.g. 0.1); data.val_prompts_path names them instead"
 SECOND_SCALE = "a finite number of 1 or more (the low-noise expert's CFG scale), or null for teacher.guidance_scale"
 SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
