@@ -37,6 +37,20 @@ def step(n: int, loss: float, **more) -> dict:
     return {"step": n, "loss": loss} | more
 
 
+def test_a_resume_without_the_end_of_run_hooks_leaves_no_grid_of_the_student_it_replaced(make_cfg, tmp_path):
+    # An audit's: `~hooks.evaluate hooks.samples.prompts=0` on a resume left step 2's samples.png (and eval.json,
+    # which names no step) beside step 3's student.
+    run_dir = tmp_path / "r"
+    drawn = ("hooks=[monitor,progress,samples]", "hooks.samples.prompts=1", "hooks.samples.steps=2")
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", *drawn, run_dir=run_dir))
+    assert (run_dir / "samples.png").is_file()
+    (run_dir / "eval.json").write_text("{}")  # as `eval RUN` leaves it
+    run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", "hooks=[monitor,progress]", run_dir=run_dir))
+    assert not (run_dir / "samples.png").exists() and not (run_dir / "eval.json").exists()
+    run(make_cfg("trainer.max_steps=4", "trainer.resume=auto", *drawn, run_dir=run_dir))
+    assert (run_dir / "samples.png").is_file()  # the hook that runs writes the new student's
+
+
 def test_the_whole_run_is_every_steps_last_record_up_to_this_segments_last_step():
     recorded = [step(1, 0.9), step(2, 0.8), step(3, 0.7), {"step": 2, "val/loss": 0.5}, step(4, 0.6)]
     # Resumed from step 2's checkpoint: steps 3 and 4 measured by the killed segment, step 3 redone, 4 not yet.

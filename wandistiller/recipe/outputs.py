@@ -33,6 +33,7 @@ def millions(module: torch.nn.Module) -> float:
 def finish(ctx: RunContext, run, history: list[dict], ranks: list[dict]) -> dict:
     """The main rank's last step: the outputs written, the run's summary returned."""
     save_student(run)
+    drop_earlier_judgements(ctx.run_dir)  # before the hooks below write this student's
     rows = recorded_rows(ctx.run_dir)  # what the monitor appended, every segment of the run
     save_loss_plot(ctx.run_dir)  # also for a run too short to validate: every run leaves its curve
     summary = summarize(ctx, run, whole_run(rows, history), ranks, segment=history)
@@ -70,6 +71,25 @@ def save_student(run) -> None:
     if run.ema is not None:
         run.ema.copy_to(p for p in run.student.parameters() if p.requires_grad)
         replace_folder(run.run_dir, "student_ema", save)
+
+
+# What describes the run's final student at its top (the end-of-run grid, the evaluation at its own settings), each
+# written by a hook at the end (or `eval RUN`); a checkpoint's results are named by its step and stay.
+OF_THE_STUDENT = ("eval.json", "eval.png", "eval.gif", "samples.png", "samples.gif")
+
+
+def drop_earlier_judgements(run_dir: str | os.PathLike) -> None:
+    """An earlier launch's figures and grids of the student this launch replaced: gone with it (a resume without
+    the hooks, `~hooks.evaluate`, left step 3's eval.json beside step 5's student, naming no step)."""
+    dropped = []
+    for name in OF_THE_STUDENT:
+        try:
+            os.unlink(Path(run_dir) / name)  # a link: the link alone
+            dropped.append(name)
+        except FileNotFoundError:
+            continue
+    if dropped:
+        log.info("removed %s: they judged the student this launch replaced", ", ".join(dropped))
 
 
 def whole_run(rows: list[dict], history: list[dict]) -> list[dict]:
