@@ -288,6 +288,16 @@ def test_a_resumed_runs_wandb_sync_hint_names_every_segment(make_cfg, tmp_path, 
     assert all(str(p) in hint for p in segments)
 
 
+def test_a_checkpoint_continued_in_a_new_folder_is_a_wandb_run_of_its_own(make_cfg, tmp_path):
+    # An audit's: the fork logged under the original run's id, so once both were synced its steps went into that run.
+    first, fork = tmp_path / "run", tmp_path / "fork"
+    run(make_cfg("trainer.max_steps=2", "trainer.checkpoint_every=1", "logger=wandb", run_dir=first))
+    checkpoint = first / "checkpoints" / "step_00000002"
+    run(make_cfg("trainer.max_steps=3", f"trainer.resume={checkpoint}", "logger=wandb", run_dir=fork))
+    ids = [{p.name.split("-")[3] for p in (folder / "wandb").glob("offline-run-*")} for folder in (first, fork)]
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
+
+
 def test_gpu0_without_gpus_names_the_gpus_not_the_process_count(make_cfg):
     from wandistiller.core.distributed import Topology
     from wandistiller.job.preflight import prepare

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from wandistiller.core.distributed import Topology, gather, local_device, made_once, roles_for
 from wandistiller.core.errors import human_count
+from wandistiller.core.files import enclosing_run
 from wandistiller.core.precision import Precision
 from wandistiller.data import sources as data_sources
 from wandistiller.data.batches import BatchSettings, batch_source
@@ -314,6 +315,9 @@ class DistillationRecipe:
             "teacher_placement": self.ctx.placement.name
         }
         run_id = state.get("tracker_run_id") if state else None
+        of_run = enclosing_run(Path(self.prepared.resume_from)) if self.prepared.resume_from else None
+        if of_run is not None and of_run.resolve() != Path(self.ctx.run_dir).resolve():
+            run_id = None  # another run's checkpoint continued in a folder of its own: a tracker run of its own
         tracker.start(
             self.ctx.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step
         )
