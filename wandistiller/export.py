@@ -46,7 +46,7 @@ from safetensors import SafetensorError
 from wandistiller.compose import register_configs
 from wandistiller.core.atomic import flocked, umask
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import folder_problem, held_run
 from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.comfy import WORKFLOWS
@@ -88,20 +88,6 @@ def check_out(out: Path, run: RunFolder, force: bool) -> None:
     problem = folder_problem(out)
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another folder")
-
-
-def held_run(folder: Path, depth: int = 3) -> Path | None:
-    """A run folder (one with `.hydra/config.yaml`) at `folder` or up to `depth` folders below it (a run's
-    `outputs/<date>/<time>`), without following links; None if there is none."""
-    if (folder / ".hydra" / "config.yaml").is_file():
-        return folder
-    if depth == 0:
-        return None
-    try:
-        children = [c for c in folder.iterdir() if c.is_dir() and not c.is_symlink()]
-    except OSError:
-        return None
-    return next((found for c in children if (found := held_run(c, depth - 1)) is not None), None)
 
 
 def export(

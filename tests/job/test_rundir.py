@@ -142,6 +142,18 @@ def test_a_refusal_at_setup_removes_the_loggers_folders_it_made_too(tmp_path):
     assert not run_dir.exists()
 
 
+def test_a_folder_holding_other_runs_is_refused_as_a_run_folder(make_cfg, tmp_path):
+    # An audit's hydra.run.dir=outputs: the run's student/ and checkpoints/ among the runs' folders there.
+    outputs = tmp_path / "outputs"
+    (outputs / "2026-11-30" / "10-00-00" / ".hydra").mkdir(parents=True)
+    (outputs / "2026-11-30" / "10-00-00" / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    with refused(f"the folder {outputs} holds the run folder {outputs / '2026-11-30' / '10-00-00'}, and a run's"):
+        run(make_cfg(run_dir=outputs))
+    assert sorted(p.name for p in outputs.iterdir()) == ["2026-11-30"]
+    with refused(f"paths.cache_dir: it is or lies in the run folder {outputs / '2026-11-30' / '10-00-00'}, whose"):
+        run(make_cfg(f"paths.cache_dir={outputs / '2026-11-30' / '10-00-00' / 'cache'}", run_dir=tmp_path / "r"))
+
+
 def test_a_run_folder_refused_inside_another_run_leaves_no_empty_log_in_that_run(tmp_path, monkeypatch):
     from wandistiller.job import rundir
 

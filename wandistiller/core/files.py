@@ -170,6 +170,20 @@ def enclosing_run(path: Path) -> Path | None:
     )
 
 
+def held_run(folder: Path, depth: int = 3) -> Path | None:
+    """A run folder (one with `.hydra/config.yaml`) at `folder` or up to `depth` folders below it (a run's
+    `outputs/<date>/<time>`), without following links; None if there is none."""
+    if (folder / ".hydra" / "config.yaml").is_file():
+        return folder
+    if depth == 0:
+        return None
+    try:
+        children = [c for c in folder.iterdir() if c.is_dir() and not c.is_symlink()]
+    except OSError:
+        return None
+    return next((found for c in children if (found := held_run(c, depth - 1)) is not None), None)
+
+
 def run_folder(root: Path, name: str | Path) -> Path:
     """The folder `root / name`, made if needed, when it lies inside the run folder (see `in_run`)."""
     path = in_run(root, name)

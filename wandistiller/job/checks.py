@@ -26,7 +26,7 @@ from wandistiller.config import CONF_DIR, TrainConfig, hardware_problem
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.extensions import check_signatures
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import enclosing_run, folder_problem, held_run
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
 from wandistiller.placements.steptime import Passes
@@ -289,6 +289,9 @@ def check_folders(cfg: DictConfig) -> None:
         if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
             raise UserError(f"{key} is empty; give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
         problem = folder_problem(Path(str(folder)))
+        cache = Path(str(folder)).expanduser()
+        run = (held_run(cache, depth=0) or enclosing_run(cache)) if key == "paths.cache_dir" else None
+        problem = problem or (run and f"it is or lies in the run folder {run}, whose files are that run's")
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
 

@@ -30,6 +30,7 @@ from wandistiller.core.files import (
     clean_run_leftovers,
     enclosing_run,
     folder_problem,
+    held_run,
     in_run,
     run_folder,
 )
@@ -52,6 +53,12 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
         raise RunDirTaken(
             f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "
             "choose a folder outside it with hydra.run.dir=…"
+        )
+    below = held_run(run_dir) if run_dir.is_dir() and not (run_dir / ".hydra" / "config.yaml").is_file() else None
+    if below is not None:  # outputs/, say: the run's student/ and checkpoints/ among other runs' folders
+        raise RunDirTaken(
+            f"the folder {run_dir} holds the run folder {below}, and a run's folder holds that run alone; choose a "
+            "new folder with hydra.run.dir=…"
         )
     exported = _exported(run_dir)
     if exported:  # a run never writes these at its top: resumed or fresh, it would mix its files into a model's
