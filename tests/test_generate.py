@@ -150,7 +150,9 @@ def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp
     assert "\n" not in str(e.value) and not (folder / "generated").exists()  # nothing written into the run
 
 
-@pytest.mark.parametrize("inside", ["student", "checkpoints/step_00000001", "teacher"])
+@pytest.mark.parametrize(
+    "inside", ["student", "checkpoints/step_00000001", "teacher", ".hydra", "pipeline/transformer"]
+)
 def test_generate_never_writes_among_what_the_run_is_read_from(finished, tmp_path, tiny_path, inside, monkeypatch):
     """--out in the teacher's folder wrote pictures into a model folder (the package's own pocket teacher, once)."""
     import shutil
@@ -159,7 +161,7 @@ def test_generate_never_writes_among_what_the_run_is_read_from(finished, tmp_pat
     shutil.copytree(finished, folder)
     out = tiny_path / "pictures" if inside == "teacher" else folder / inside
     monkeypatch.setattr(generate_cli, "encode_prompts", lambda *a, **k: pytest.fail("work began before the checks"))
-    what = {"teacher": "the teacher's folder", "student": "the run's student"}.get(inside, "the run's checkpoints")
+    what = generate_cli.RUNS_OWN.get(inside.split("/")[0], "the teacher's folder")
     with pytest.raises(UserError, match=f"--out: {out} is {what} or inside it"):
         generate_cli.run_generate(generate_cli.parse_args([str(folder), "--prompt", "a fox", "--out", str(out)]))
     assert not (tiny_path / "pictures").exists()

@@ -70,11 +70,25 @@ def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     return run, student_source(run, checkpoint)
 
 
+# The run's own folders, each written by training and read by the tools (an audit wrote pictures into .hydra/ and
+# pipeline/transformer/): --out is refused in them. Its default, generated/, and a folder of the user's may hold them.
+RUNS_OWN = {
+    "student": "the run's student",
+    "student_ema": "the run's EMA student",
+    "checkpoints": "the run's checkpoints",
+    "pipeline": "the run's pipeline",
+    ".hydra": "the run's saved config",
+    "samples": "the run's sample grids",
+    "wandb": "the run's wandb folder",
+    "tensorboard": "the run's tensorboard folder",
+}
+
+
 def _among_inputs(out: Path, run) -> str | None:
     """Why `--out` would write pictures among what a run is read from, in words: the teacher's folder (a model
-    folder, or the package's own pocket teacher), the run's student or checkpoints; None where it does not."""
-    places = (("the teacher's folder", Path(run.spec.path)), ("the run's student", run.path / "student"))
-    for what, place in (*places, ("the run's checkpoints", run.path / "checkpoints")):
+    folder, or the package's own pocket teacher), one of the run's own folders; None where it does not."""
+    places = [("the teacher's folder", Path(run.spec.path))] + [(w, run.path / n) for n, w in RUNS_OWN.items()]
+    for what, place in places:
         if overlap(out, place) in ("is", "is inside"):  # a folder holding them is written beside them, not in
             return f"{out} is {what} or inside it ({place}), which are read, not written to"
     return None
