@@ -55,7 +55,7 @@ from wandistiller.state.checkpoint import (
 from wandistiller.student.compile import check_compile_mode
 from wandistiller.student.lora import is_lora, lora_settings
 from wandistiller.student.model import check_student, check_student_fits
-from wandistiller.teacher.fastpaths import check_quantize
+from wandistiller.teacher.fastpaths import check_attention_backend, check_quantize
 from wandistiller.teacher.finetune import absolute, with_loras
 from wandistiller.teacher.image import TEXT_TOKENS
 from wandistiller.teacher.spec import (
@@ -389,6 +389,7 @@ def check_combination(cfg: DictConfig, placement: Placement, world: World, metho
     """Options that each work, but not together (`method`: the run's, built)."""
     teacher_dtype = Precision.from_config(cfg.precision).teacher_dtype
     check_quantize(cfg.teacher.quantize, placement.teacher_device(Topology()), teacher_dtype)
+    check_attention_backend(cfg.teacher.get("attention_backend"))
     check_compile_mode(cfg.trainer.compile_mode, cfg.trainer.compile_student)
     if cfg.teacher.compile and not placement.compilable:
         able = ", ".join(names_where(lambda cls: cls.compilable))

@@ -74,6 +74,18 @@ def quantize_expert(
     return expert
 
 
+def check_attention_backend(backend: str | None) -> None:
+    """A name diffusers has no attention backend of, refused before the teacher loads (it was said after, with
+    diffusers' list of every backend in the line); a known one's package or kernel is tried as the teacher loads."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    if backend is not None and backend not in {b.value for b in AttentionBackendName}:
+        raise UserError(
+            f"teacher.attention_backend={backend} is not one of diffusers' attention backends; use e.g. flash, sage, "
+            "_native_cudnn or native, or null for the default (the list: diffusers' AttentionBackendName)"
+        )
+
+
 def use_attention_backend(teacher, backend: str | None) -> None:
     """Every expert of `teacher` computes attention with diffusers' `backend` (None: leave the default)."""
     if backend is None:
