@@ -60,7 +60,7 @@ from wandistiller.state.formats.base import (
     formats,
     is_lora_student,
 )
-from wandistiller.state.runs import RunFolder, check_out_of_inputs, open_relocated
+from wandistiller.state.runs import RunFolder, check_out_of_inputs, open_relocated, run_folder_arg
 from wandistiller.state.singlefile import FP8_LAYOUTS
 from wandistiller.state.trust import add_teacher_args
 
@@ -226,7 +226,7 @@ def _replace(out: Path, built: Path, tmp: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m wandistiller.export", description=description(__doc__))
-    parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
+    parser.add_argument("run_dir", type=run_folder_arg, help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt", help="what to write")
     defaults = ", ".join(f"{f.default_dtype or 'as saved (fp32)'} for {f.name}" for f in FORMATS.values())
     fp8 = " or ".join(f.name for f in FORMATS.values() if "fp8" in f.dtypes)

@@ -41,6 +41,7 @@ from wandistiller.evaluation.grids import save_clip
 from wandistiller.state.runs import (
     check_frames,
     check_teacher_fits,
+    given_run_folder,
     open_run,
     other_teacher_tag,
     student_sampler,
@@ -57,7 +58,7 @@ from wandistiller.teacher.vae import decode_clips, decode_latents, load_vae
 
 def locate(path: str, checkpoint: str | None, trust: Trust | None = None):
     """(run folder, student source): a run folder, or a saved student folder inside one (`<run>/student`)."""
-    path_, opened = Path(path).expanduser(), (trust or Trust()).open_args()
+    path_, opened = given_run_folder(path), (trust or Trust()).open_args()
     register_configs()  # the registries' options, which the run's config may name
 
     # (a LoRA student's folder holds its adapters, no config.json)
@@ -242,7 +243,7 @@ def first_frames(args: argparse.Namespace, run) -> list[Image.Image] | None:
             )
         return None
     if layout == Layout.t2v:
-        raise UserError("--image: this run's teacher is text-to-video and takes no image; drop --image")
+        raise UserError("--image: this run's teacher is conditioned on its prompt alone, not an image; drop --image")
     if len(args.image) not in (1, len(args.prompt)):
         raise UserError(
             f"--image: {len(args.image)} images for {len(args.prompt)} prompts; give one for every prompt, or one "

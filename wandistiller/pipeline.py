@@ -36,7 +36,7 @@ from wandistiller.state.export import (  # the folder is made there (every run's
     write_pipeline,
 )
 from wandistiller.state.formats.diffusers import pipeline_folder, pipeline_student
-from wandistiller.state.runs import check_out_of_inputs, open_relocated
+from wandistiller.state.runs import check_out_of_inputs, open_relocated, run_folder_arg
 from wandistiller.state.trust import add_teacher_args
 from wandistiller.student.lora import is_lora
 
@@ -109,7 +109,7 @@ def _check_out(out: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m wandistiller.pipeline", description=description(__doc__))
-    parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
+    parser.add_argument("run_dir", type=run_folder_arg, help="a run folder (outputs/<date>/<time>)")
     parser.add_argument("--out", required=True, help="a new folder: what push_to_hub would upload")
     parser.add_argument(
         "--checkpoint",

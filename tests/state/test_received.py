@@ -13,6 +13,7 @@ from wandistiller import eval as eval_cli
 from wandistiller import generate as generate_cli
 from wandistiller.core import registry
 from wandistiller.core.errors import UserError
+from wandistiller.data.prompts import read_prompts
 from wandistiller.job.resumed import continued_config
 from wandistiller.state.received import allow_targets, allowed_targets, check_received
 
@@ -150,6 +151,20 @@ def test_a_config_that_is_not_a_regular_file_is_not_read(finished, tmp_path, cap
     os.mkfifo(file)  # a FIFO would block the reader forever
     err = one_error_line(capsys, eval_cli, [str(folder), "--steps", "1", "--limit", "1"])  # at once, not blocked
     assert "is not a run folder (no .hydra/config.yaml)" in err
+
+
+def test_an_empty_run_folder_argument_is_said_empty_not_read_as_the_current_folder(capsys):
+    # An audit's `eval ""` (an unset variable) was "'.' is not a run folder".
+    from wandistiller import export as export_cli
+    from wandistiller import pipeline as pipeline_cli
+
+    for cli, extra in ((eval_cli, []), (generate_cli, ["--prompt", "x"])):
+        err = one_error_line(capsys, cli, ["", *extra])
+        assert err == "error: the run folder given is empty (an unset variable?); give an outputs/<date>/<time> folder"
+    for cli, extra in ((export_cli, ["--format", "diffusers", "--out", "x"]), (pipeline_cli, ["--out", "x"])):
+        assert "run_dir: it is empty (an unset variable?)" in one_error_line(capsys, cli, ["", *extra])
+    with pytest.raises(UserError, match=r"^--prompts is empty \(an unset variable\?\); give a text file"):
+        read_prompts("", "--prompts")
 
 
 def test_a_json_file_too_large_or_too_deep_is_one_line(tmp_path):

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 def read_prompts(prompts_path: str | None, key: str = "data.prompts_path") -> list[str]:
     """The prompts of a text file, one a line; a UTF-8 byte-order mark (Windows editors add one) is dropped."""
+    if prompts_path is not None and not str(prompts_path).strip():  # Path("") is the current folder: said as '.'
+        raise UserError(f"{key} is empty (an unset variable?); give a text file with one prompt per line")
     path = DEFAULT_PROMPTS if prompts_path is None else Path(prompts_path).expanduser()
     key = f"{key}={str(path)!r}"
     if path.is_dir():

@@ -291,7 +291,8 @@ def check_folders(cfg: DictConfig) -> None:
         problem = folder_problem(Path(str(folder)))
         cache = Path(str(folder)).expanduser()
         run = (held_run(cache, depth=0) or enclosing_run(cache)) if key == "paths.cache_dir" else None
-        problem = problem or (run and f"it is or lies in the run folder {run}, whose files are that run's")
+        if not problem and run is not None:
+            problem = f"it is or lies in the run folder {run}, whose files are that run's"
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
 

@@ -9,6 +9,7 @@ scheduler (teacher/fewstep.py), at K steps unless told otherwise.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import fcntl
 import logging
@@ -245,6 +246,20 @@ def refuse_live(path: Path, what: str) -> None:
         )
 
 
+def given_run_folder(path: str | Path) -> Path:
+    """A tool's run folder as given; an empty one (an unset variable) refused, not read as the current folder."""
+    if not str(path).strip():  # Path("") is the current folder, said as '.'
+        raise UserError("the run folder given is empty (an unset variable?); give an outputs/<date>/<time> folder")
+    return Path(path).expanduser()
+
+
+def run_folder_arg(text: str) -> Path:
+    """A tool's run folder argument as a Path; an empty one (an unset variable) refused, not read as '.'."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("it is empty (an unset variable?); give an outputs/<date>/<time> folder")
+    return Path(text)
+
+
 def open_run(
     path: str | Path,
     teacher_path: str | None = None,
@@ -260,7 +275,7 @@ def open_run(
     teacher.lora files; a Hub id downloads only with `allow_download`; `spec`: that teacher already inspected, by
     the run's own preflight, not read again)."""
     register_resolvers()  # the ones a saved config may use
-    path = Path(path).expanduser()
+    path = given_run_folder(path)
     config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
     if not config.is_file():
         raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
