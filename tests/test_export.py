@@ -254,7 +254,7 @@ def test_force_never_replaces_a_run_and_a_run_without_a_checkpoint_is_told_to_tr
     other = tmp_path / "outputs" / "2026-01-01" / "12-00-00"
     shutil.copytree(finished, other)
     for out in (other, tmp_path / "outputs"):
-        with refused(f"--out {out} holds the run folder {other}; --force replaces an earlier export, never a run"):
+        with refused(f"--out {out} holds the run folder {other}; --force replaces the folder --out names (its files"):
             export(finished, out, "single-file", force=True)
         assert (other / "student").is_dir() and (other / "checkpoints").is_dir() and (other / ".hydra").is_dir()
     fresh = tmp_path / "fresh"

@@ -80,10 +80,10 @@ def check_out(out: Path, run: RunFolder, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"--out {out} is not empty; choose a new folder, or add --force to replace it")
     run_inside = held_run(out) if force and out.is_dir() else None
-    if run_inside is not None:  # --force replaces an earlier export, never a training run's outputs
+    if run_inside is not None:  # --force replaces the folder whole, never a training run's outputs
         raise UserError(
-            f"--out {out} holds the run folder {run_inside}; --force replaces an earlier export, never a run: "
-            "choose another folder"
+            f"--out {out} holds the run folder {run_inside}; --force replaces the folder --out names (its files "
+            "gone), never one holding a run: choose another folder"
         )
     problem = folder_problem(out)
     if problem:
