@@ -66,6 +66,17 @@ def test_a_captioned_folder_is_encoded_once_with_the_teachers_vae(jsonl, tiny_pa
     load(spec, data_cfg(root=str(root)), tmp_path / "cache")
 
 
+def test_images_smaller_than_the_frame_are_said_to_train_blurred(tiny_path, tmp_path, caplog):
+    # An audit's: 32x32 images trained at a larger frame, scaled up without a word (clips and first frames refuse).
+    root = write_folder(tmp_path / "images")
+    images()[1].resize((40, 30)).save(root / "img1.png")  # under the tiny teacher's 64x64 frame
+    with caplog.at_level(logging.WARNING):
+        load(inspect_teacher(tiny_path), data_cfg(root=str(root)), tmp_path / "cache")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    told = f"data.root={str(root)!r}: 1 of the images encoded (img1.png) are smaller than the frame and were scaled up"
+    assert said == [told + ", so they train blurred; give larger images, or lower data.latent_height/latent_width"]
+
+
 def test_a_datasets_folder_is_read_offline_and_matches_the_same_images_in_a_folder(tiny_path, tmp_path):
     spec = inspect_teacher(tiny_path)
     features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string")})

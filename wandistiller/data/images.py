@@ -389,9 +389,13 @@ def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(fitted, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
 
 
-def _pixels(source: ImageSource, i: int, height: int, width: int) -> torch.Tensor:
+def _pixels(source: ImageSource, i: int, height: int, width: int, small: list[str]) -> torch.Tensor:
+    """Image i's pixels; its name added to `small` where it is scaled up to cover the frame (blurred)."""
     try:
-        return to_pixels(source.image(i), height, width)
+        image = ImageOps.exif_transpose(source.image(i))  # upright: its size as the frame sees it
+        if image.width < width or image.height < height:
+            small.append(_name(source, i))
+        return to_pixels(image, height, width)
     except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
         raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e}); replace or remove it") from None
 
@@ -423,16 +427,24 @@ def image_latents(
     blob = json.dumps([vae_id, source.fingerprint, list(latent_shape), PIXELS])
     key = hashlib.sha256(blob.encode()).hexdigest()[:20]
     vae: list = []  # loaded only when a chunk is missing
+    small: list[str] = []  # images scaled up to the frame: a text-to-video teacher's x0 takes them, blurred
 
     def make_chunk(items: range) -> torch.Tensor:
         if not vae:
             vae.append(load_vae(spec, device))
         scale = vae[0].config.scale_factor_spatial
-        pixels = torch.stack([_pixels(source, i, h * scale, w * scale) for i in items])
+        pixels = torch.stack([_pixels(source, i, h * scale, w * scale, small) for i in items])
         return encode_images(vae[0], pixels)
 
     folder = Path(cache_dir).expanduser() / "image_latents" / key
-    return cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress, latent_shape)
+    bank = cached_bank(folder, len(source.captions), chunk_size, 1, make_chunk, "image latents", progress, latent_shape)
+    if small:  # said as they are encoded (a cached bank is not opened again)
+        log.warning(
+            "%s: %d of the images encoded (%s%s) are smaller than the frame and were scaled up, so they train "
+            "blurred; give larger images, or lower data.latent_height/latent_width",
+            source.key, len(small), ", ".join(small[:3]), ", …" if len(small) > 3 else "",
+        )  # fmt: skip
+    return bank
 
 
 def image_source(data_cfg) -> ImageSource:
