@@ -120,6 +120,19 @@ def test_a_bad_out_is_refused_before_the_work_and_small_never_writes_the_shipped
     assert (run / "metrics.json").read_text() == "{}" and (tmp_path / "a_file").read_text() == "mine"
 
 
+def test_a_style_that_is_no_lora_of_the_teacher_is_refused_before_the_work(tmp_path, capsys):
+    from wandistiller.quality.__main__ import main
+
+    (tmp_path / "style.safetensors").write_bytes(b"{}")  # an audit's: refused after the teacher's ODE points
+    with pytest.raises(SystemExit) as e:
+        main(["--stacking", "--small", "--style", str(tmp_path / "style.safetensors"), "--out", str(tmp_path / "q.md")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --style: "), err
+    assert "is not a safetensors LoRA file" in err and sorted(p.name for p in tmp_path.iterdir()) == [
+        "style.safetensors"
+    ]
+
+
 @pytest.mark.parametrize(
     "args,line",
     [  # issue 41: 0 read as unset (the defaults ran in its place); a bad seed was refused minutes in, as `seed=`

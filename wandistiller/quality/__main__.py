@@ -25,9 +25,12 @@ from typing import Any
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import enclosing_run, output_problem, read_in, read_text_in, write_in_run
+from wandistiller.core.hydra import shipped_asset
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
 from wandistiller.quality.compare import COLUMNS, Settings, compare, prompt_set
+from wandistiller.teacher.finetune import with_loras
+from wandistiller.teacher.spec import inspect_teacher
 
 SHIPPED_REPORT = Path(__file__).resolve().parents[2] / "docs" / "QUALITY.md"  # in a clone of the project
 SMALL_OUT = Path("outputs/quality-small.md")  # outputs/ is git-ignored
@@ -382,6 +385,12 @@ def check_reports(args) -> None:
             raise UserError("--stacking measures the image teacher's LoRA student; drop --teacher or give pocket")
         if not stacking.chosen(args.rows):
             raise UserError(f"--rows {' '.join(args.rows)} names no --stacking row; e.g. --rows simple style")
+        if args.style is not None:  # read against the teacher now: it was refused after the teacher's ODE points
+            teacher = inspect_teacher(Path(shipped_asset("pocket/pocket-wan-t2v")))
+            try:
+                with_loras(teacher, str(args.style.expanduser().absolute()))
+            except UserError as e:
+                raise UserError(f"--style: {str(e).split('=', 1)[-1]}") from None
     elif args.teacher in i2v.I2V_TEACHERS:
         i2v.chosen(args.rows)
     else:
