@@ -156,6 +156,30 @@ def test_online_wandb_without_a_login_is_one_line_before_anything_samples(finish
     assert not list(finished.glob("eval*"))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "no config.json"])
+def test_a_damaged_final_student_is_one_line_before_the_teacher_samples(
+    finished, tmp_path, capsys, monkeypatch, damage
+):
+    # An audit's: said once the teacher had sampled (minutes of a real teacher), by eval and by generate.
+    import wandistiller.evaluation.evaluate as evaluate_module
+
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder)
+    weights = folder / "student" / "diffusion_pytorch_model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (folder / "student" / "config.json").unlink()
+    monkeypatch.setattr(evaluate_module, "load_teacher", lambda *_: pytest.fail("the teacher loaded first"))
+    monkeypatch.setattr(generate_cli, "encode_prompts", lambda *a, **k: pytest.fail("the prompts encoded first"))
+    said = "truncated or damaged" if damage == "truncated" else "has no config.json"
+    for cli, extra in ((eval_cli, ["--limit", "1"]), (generate_cli, ["--prompt", "a red 3"])):
+        with pytest.raises(SystemExit) as e:
+            cli.main([str(folder), *extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: the student in {folder / 'student'}") and said in err
+
+
 def test_a_clip_model_that_cannot_be_had_is_one_line_before_anything_samples(finished, capsys, monkeypatch):
     monkeypatch.setattr(eval_cli, "evaluate", lambda *_: pytest.fail("sampled first"))  # it was said after the samples
     with pytest.raises(SystemExit) as e:

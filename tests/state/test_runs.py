@@ -104,6 +104,9 @@ def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_pat
         ):  # fmt: skip (the others: not the damaged one)
             student_source(folder, asked)
     (tmp_path / "student").mkdir()
+    with pytest.raises(UserError, match="student has no config.json .* and is not a checkpoint"):  # before sampling
+        student_source(folder, None)
+    (tmp_path / "student" / "config.json").write_text("{}")
     assert student_source(folder, None) == tmp_path / "student"
 
 

@@ -426,12 +426,27 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         have = ", ".join(p.name for p in checkpoints) or "none"
         what = "no student yet" if checkpoint is None else f"no checkpoint {checkpoint!r}"
         raise UserError(f"{run.path} has {what} (checkpoints: {have}); train it first or pick another --checkpoint")
+    if found.name == "student":
+        check_saved_student(run, found)  # before anything is sampled, as a checkpoint's problem is
     why = None if found.name == "student" else checkpoint_problem(found, resumed=False)
     if why is not None:  # said before anything is sampled, naming the flag that picks another (not trainer.resume)
         others = [p.name for p in checkpoints if p != found]
         pick = f"pick another --checkpoint ({', '.join(others)})" if others else "the run holds no other checkpoint"
         raise UserError(f"--checkpoint {checkpoint or 'latest'}: {found} cannot be read ({clipped(why)}); {pick}")
     return found
+
+
+def check_saved_student(run: RunFolder, source: Path) -> None:
+    """A saved student folder's weights (a transformer's with its config.json, or a LoRA student's adapters): each
+    file whole, none through a link out of the run; a damaged one is one line, not diffusers' traceback."""
+    if (source / "config.json").is_file():
+        check_tree(run.path, source)  # every file from_pretrained opens, at any depth: none through a link out
+    for file in sorted(source.glob("*.safetensors")):
+        problem = safetensors_problem(file, root=run.path)
+        if problem:
+            raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
+    if not (source / "config.json").is_file() and not is_lora_folder(source):
+        _checkpoint_folder(source)  # its config.json gone: said now, not once the teacher has sampled
 
 
 def _shell(run: RunFolder):
@@ -449,11 +464,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
 
     in_run(run.path, source)  # never a received folder's link to a student elsewhere
     if (source / "config.json").is_file():
-        check_tree(run.path, source)  # every file from_pretrained opens, at any depth: none through a link out
-        for file in sorted(source.glob("*.safetensors")):  # a damaged file is one line, not diffusers' traceback
-            problem = safetensors_problem(file, root=run.path)
-            if problem:
-                raise UserError(f"the student in {source}: {problem}; use --checkpoint latest (or another)")
+        check_saved_student(run, source)
         try:
             transformer = _from_opened(WanTransformer3DModel, source, dtype)
         except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
