@@ -139,21 +139,23 @@ def test_bad_student_steps_are_one_line_and_exit_2(finished, tmp_path, capsys, b
     assert not list(finished.glob("eval*"))
 
 
-def test_online_wandb_without_a_login_is_one_line_before_anything_samples(finished, tmp_path, capsys, monkeypatch):
+def test_online_wandb_without_a_login_is_one_line_before_anything_samples(make_cfg, tmp_path, capsys, monkeypatch):
     # An audit's: wandb's own UsageError, as an internal error, after the teacher and student had sampled.
+    folder = tmp_path / "run"
+    run(make_cfg("trainer.max_steps=1", "logger=wandb", run_dir=folder))
     monkeypatch.setattr(eval_cli, "evaluate", lambda *_: pytest.fail("sampled first"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     with pytest.raises(SystemExit) as e:
-        eval_cli.main([str(finished), "--wandb-mode", "online", "--limit", "1"])
+        eval_cli.main([str(folder), "--wandb-mode", "online", "--limit", "1"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert (
         err.startswith("error: --wandb-mode online: no wandb login for https://api.wandb.ai") and "drop the flag" in err
     )
-    assert not list(finished.glob("eval*"))
+    assert not list(folder.glob("eval*"))
 
 
 @pytest.mark.parametrize("damage", ["truncated", "no config.json"])

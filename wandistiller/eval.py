@@ -30,10 +30,10 @@ from wandistiller.core.errors import (
 from wandistiller.core.stopping import tool_session
 from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
-from wandistiller.evaluation.logged import log_to_run
+from wandistiller.evaluation.logged import log_to_run, login_problem
 from wandistiller.evaluation.metrics import check_real_metrics
+from wandistiller.state.runs import given_run_folder
 from wandistiller.state.trust import Trust, add_trust_args
-from wandistiller.tracking.loggers.wandb import WandbTracker
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,11 @@ def main(argv: list[str] | None = None) -> None:
         trust, counts = Trust.from_args(args), args.student_counts
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
             read_prompts(args.prompts, "--prompts")
-        login = WandbTracker.login_problem(args.wandb_mode)  # said now, not after the teacher sampled
-        if login:
-            raise UserError(f"--wandb-mode online: {login}; run `wandb login` (or set WANDB_API_KEY), or drop the flag")
         check_real_metrics(args.clip_model, args.fid_reference)
         register_configs()  # the registries' options, which the run's config may name
+        login = login_problem(given_run_folder(args.run_dir), trust) if args.wandb_mode == "online" else None
+        if login:  # said now, not after the teacher sampled
+            raise UserError(f"--wandb-mode online: {login}; log in first, or drop the flag")
         asked = EvalSettings(
             checkpoint=args.checkpoint,
             prompts_path=args.prompts,

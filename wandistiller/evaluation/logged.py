@@ -25,15 +25,7 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     whatever the saved config says, unless `--wandb-mode online` is given here."""
 
     trust = trust or Trust()
-    checkpoints = list_checkpoints(run_dir)
-    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets, root=run_dir)  # its `_target_`s vetted
-    run_id = load_json(checkpoints[-1] / STATE_FILE, root=run_dir).get("tracker_run_id") if checkpoints else None
-    nodes = {}
-    for key, node in loggers.entries(saved.logger):  # each logger says how a later process reopens it
-        reopened = getattr(get_class(current_target(str(node._target_))), "reopened", None)
-        node = reopened(node, run_id, trust.wandb_mode) if reopened else node
-        if node is not None:  # None: it would start a stray run (wandb without the run's id)
-            nodes[key] = node
+    nodes, run_id = _reopened(run_dir, trust)
     if not nodes:
         return
     tracker = loggers.build(OmegaConf.create(nodes))
@@ -55,6 +47,34 @@ def log_to_run(run_dir: Path, result: dict, trust: Trust | None = None) -> None:
     if tracker.run_id:
         print(f"logged to the run's wandb run {tracker.run_id}")
     print(f"logged to the run's loggers: {', '.join(nodes)}")
+
+
+def _reopened(run_dir: Path, trust: Trust) -> tuple[dict, str | None]:
+    """({key: logger node as reopened here}, the run's tracker id): each logger of the run's saved config as its
+    class reopens it in a later process (`reopened`), none that would start a stray run."""
+    checkpoints = list_checkpoints(run_dir)
+    saved = load_received(in_run(run_dir, ".hydra/config.yaml"), trust.targets, root=run_dir)  # its `_target_`s vetted
+    run_id = load_json(checkpoints[-1] / STATE_FILE, root=run_dir).get("tracker_run_id") if checkpoints else None
+    nodes = {}
+    for key, node in loggers.entries(saved.logger):  # each logger says how a later process reopens it
+        reopened = getattr(get_class(current_target(str(node._target_))), "reopened", None)
+        node = reopened(node, run_id, trust.wandb_mode) if reopened else node
+        if node is not None:  # None: it would start a stray run (wandb without the run's id)
+            nodes[key] = node
+    return nodes, run_id
+
+
+def login_problem(run_dir: Path, trust: Trust) -> str | None:
+    """Why a logger the evaluation would reopen cannot log in (its class's `login_problem`: online without a key),
+    asked before anything samples; None where each can, or none is reopened."""
+    if not (Path(run_dir) / ".hydra" / "config.yaml").is_file():  # no run: the evaluation says what it is
+        return None
+    for node in _reopened(Path(run_dir), trust)[0].values():
+        ask = getattr(get_class(current_target(str(node._target_))), "login_problem", None)
+        problem = ask(node.get("mode")) if callable(ask) else None
+        if problem:
+            return problem
+    return None
 
 
 def evaluated_step(run_dir: Path, student: Path) -> int | None:
