@@ -47,6 +47,17 @@ def test_overrides_given_again_must_agree_and_all_differences_are_one_line(make_
         run(make_cfg("trainer.resume=auto", "trainer.max_steps=4", run_dir=run_dir))
 
 
+def test_another_data_source_or_student_on_a_resume_is_named_by_its_choice_key_alone(make_cfg, tmp_path):
+    # An audit's: data=<another source> listed each key of both sources, "data.root=unset (saved None)" among them.
+    run_dir = tmp_path / "r"
+    interrupted_run(make_cfg, run_dir)
+    for given, said in (("data=teacher_latents", "data.latents=teacher (saved gaussian)"),
+                        ("student=small", "student.builder=small (saved tiny)")):  # fmt: skip
+        with pytest.raises(UserError) as e:
+            continued_config(make_cfg("trainer.resume=auto", given, run_dir=run_dir), ["trainer.resume=auto", given])
+        assert f"with its saved config, and {said} disagree; drop them" in str(e.value), e.value
+
+
 def test_a_saved_interpolation_that_cannot_resolve_to_its_type_is_one_line(make_cfg, tmp_path):
     from omegaconf import OmegaConf
 

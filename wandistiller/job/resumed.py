@@ -409,6 +409,11 @@ def _same_choice(now: dict, before: dict, key: str) -> bool:
     return name in now and name in before and now[name] == before[name]
 
 
+# The key a group's options differ by where no `name` or `_target_` does: data's source, student's builder (a data
+# source chosen otherwise was six keys "unset (saved …)", data.root=unset (saved None) among them).
+CHOICE_KEYS = ("latents", "builder")
+
+
 def _differences(now: dict, before: dict, key: str) -> list[str]:
     """`key=<now> (saved <before>)` for what differs under `key`: a leaf itself; a group chosen otherwise (its `name`
     or `_target_` differs) as that choice (`method=kd (saved dmd)`); else each of its leaves that differs, not the
@@ -420,6 +425,10 @@ def _differences(now: dict, before: dict, key: str) -> list[str]:
         leaf = f"{key}.{field}"
         if (leaf in sub_now or leaf in sub_before) and sub_now.get(leaf) != sub_before.get(leaf):
             return [f"{key}={_show(now, leaf)} (saved {_show(before, leaf)})"]
+    for field in CHOICE_KEYS:  # a group whose choice is a key of its own: that key alone, not every key it brings
+        leaf = f"{key}.{field}"
+        if leaf in sub_now and leaf in sub_before and sub_now[leaf] != sub_before[leaf]:
+            return [f"{leaf}={_show(now, leaf)} (saved {_show(before, leaf)})"]
     unset = object()
     leaves = sorted(k for k in sub_now.keys() | sub_before.keys() if sub_now.get(k, unset) != sub_before.get(k, unset))
     return [f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in leaves]
