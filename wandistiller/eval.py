@@ -32,7 +32,7 @@ from wandistiller.data.prompts import read_prompts
 from wandistiller.evaluation.evaluate import DEFAULTS, EvalSettings, evaluate
 from wandistiller.evaluation.logged import log_to_run, login_problem
 from wandistiller.evaluation.metrics import check_real_metrics
-from wandistiller.state.runs import given_run_folder
+from wandistiller.state.runs import given_run_folder, run_config_file
 from wandistiller.state.trust import Trust, add_trust_args
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         trust, counts = Trust.from_args(args), args.student_counts
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
             read_prompts(args.prompts, "--prompts")
+        run_config_file(given_run_folder(args.run_dir))  # a mistyped folder first, before a model loads
         check_real_metrics(args.clip_model, args.fid_reference)
         register_configs()  # the registries' options, which the run's config may name
         login = login_problem(given_run_folder(args.run_dir), trust) if args.wandb_mode == "online" else None

@@ -15,6 +15,7 @@ from wandistiller.core.hydra import check_hydra_flags, modern_argv
 from wandistiller.core.stopping import stop_at_once
 from wandistiller.job.run import run as run_job
 from wandistiller.job.rundir import note_missing_run_dir, removed_if_refused
+from wandistiller.tracking.sweep import FAILED_SWEEP
 
 # The schemas and resolvers, for Hydra's main below: registered when this module is imported because a Hydra launcher
 # that runs jobs in other processes (submitit) resolves `${wd_now:}` and `${wd_rank_suffix:}` there, before the task
@@ -51,6 +52,8 @@ def cli() -> None:
         check_overrides(sys.argv[1:])
     note_missing_run_dir(sys.argv[1:])
     main()
+    if FAILED_SWEEP:  # the sweep report said which points, and every callback of the sweep has run
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ real Hydra compose and the tiny teacher."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tests.conftest import refused
@@ -48,8 +50,7 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints=-1 must be 0 or more"),
         ("hooks=[monitor,samples,evaluate] hooks.samples.prompts=-1", "hooks.samples.prompts=-1 must be 0 or more"),
         ("trainer.max_grad_norm=0", "trainer.max_grad_norm=0.0 must be positive, or null"),
-        ("data.val_fraction=1.5", "data.val_fraction=1.5 must be in (0, 1): the share of prompts held out, at least"),
-        ("data.val_fraction=0", "data.val_fraction=0.0 must be in (0, 1)"),  # held out one prompt without a word
+        ("data.val_fraction=1.5", "data.val_fraction=1.5 must be in [0, 1): the share of prompts held out, at least"),
         ("data=teacher_latents data.latents_per_prompt=0", "data.latents_per_prompt=0 must be a positive integer"),
         ("data=teacher_latents data.sample_steps=0", "data.sample_steps=0 must be a positive integer"),
         ("data=teacher_latents data.latent_chunk=0", "data.latent_chunk=0 must be a positive integer"),
@@ -89,6 +90,19 @@ def test_trainer_values_out_of_range_are_refused_before_the_run_folder(make_cfg,
         run(make_cfg(*override.split(), run_dir=tmp_path / "r"))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "r").exists()
+
+
+def test_no_share_held_out_is_said_to_hold_out_one_prompt_all_the_same(make_cfg, tmp_path, caplog):
+    # An audit's: data.val_fraction=0 held out one prompt without a word; with prompts of the user's own, 0 is moot.
+    from wandistiller.job.checks import check_values
+
+    with caplog.at_level(logging.WARNING):
+        check_values(make_cfg("data.val_fraction=0"))
+        assert "data.val_fraction=0 holds out one prompt all the same" in caplog.text
+        caplog.clear()
+        (tmp_path / "val.txt").write_text("a red 3\n")
+        check_values(make_cfg("data.val_fraction=0", f"data.val_prompts_path={tmp_path / 'val.txt'}"))
+        assert "holds out one prompt" not in caplog.text
 
 
 def test_folders_that_cannot_be_written_are_named(make_cfg, tmp_path):

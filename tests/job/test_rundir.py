@@ -152,6 +152,10 @@ def test_a_folder_holding_other_runs_is_refused_as_a_run_folder(make_cfg, tmp_pa
     assert sorted(p.name for p in outputs.iterdir()) == ["2026-11-30"]
     with refused(f"paths.cache_dir: it is or lies in the run folder {outputs / '2026-11-30' / '10-00-00'}, whose"):
         run(make_cfg(f"paths.cache_dir={outputs / '2026-11-30' / '10-00-00' / 'cache'}", run_dir=tmp_path / "r"))
+    own = tmp_path / "own"  # its own folder's cache (paths.cache_dir=${hydra:runtime.output_dir}/cache): its own
+    cache = (f"paths.cache_dir={own / 'cache'}", "trainer.checkpoint_every=1")
+    run(make_cfg("trainer.max_steps=1", *cache, run_dir=own))
+    assert run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", *cache, run_dir=own))["final_step"] == 2
 
 
 def test_a_run_folder_refused_inside_another_run_leaves_no_empty_log_in_that_run(tmp_path, monkeypatch):

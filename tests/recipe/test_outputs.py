@@ -51,6 +51,14 @@ def test_a_resume_without_the_end_of_run_hooks_leaves_no_grid_of_the_student_it_
     assert (run_dir / "samples.png").is_file()  # the hook that runs writes the new student's
 
 
+def test_the_files_judging_the_final_student_are_told_from_a_checkpoints():
+    from wandistiller.recipe.outputs import of_the_final_student
+
+    ours = ["eval.json", "eval.png", "eval.gif", "samples.png", "eval_steps20.json", "eval_student1_limit1.png"]
+    others = ["eval_best.json", "eval_step_00000050.png", "eval_best_steps20.json", "metrics.json", "loss.png", "x.txt"]
+    assert [of_the_final_student(n) for n in ours + others] == [True] * len(ours) + [False] * len(others)
+
+
 def test_the_whole_run_is_every_steps_last_record_up_to_this_segments_last_step():
     recorded = [step(1, 0.9), step(2, 0.8), step(3, 0.7), {"step": 2, "val/loss": 0.5}, step(4, 0.6)]
     # Resumed from step 2's checkpoint: steps 3 and 4 measured by the killed segment, step 3 redone, 4 not yet.

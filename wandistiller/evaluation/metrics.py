@@ -126,8 +126,17 @@ def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> Non
     found wanting after the teacher's and the student's samples)."""
     if clip_model is not None:
         _clip_metric(clip_model)
-    if fid_reference is not None:
-        _fid_metric(fid_reference)
+    if fid_reference is not None:  # each image opened, none decoded: the metric reads them once, after the samples
+        key = f"--fid-reference={fid_reference!r}"
+        for file in _reference_files(Path(fid_reference).expanduser(), key):
+            try:
+                with Image.open(file) as image:
+                    image.verify()
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+                raise UserError(
+                    f"{key}: {file.name} is not an image PIL can read ({type(e).__name__}); remove it"
+                ) from None
+        _fid_metric(fid_reference, with_reference=False)
 
 
 def clip_score(images: torch.Tensor, prompts: list[str], model: str) -> float:
@@ -156,12 +165,12 @@ def inception_fid(images: torch.Tensor, reference_dir: str) -> float:
     return float(fid.compute())
 
 
-def _fid_metric(reference_dir: str):
-    """torchmetrics' FID, the folder's images given as the real ones."""
+def _fid_metric(reference_dir: str, with_reference: bool = True):
+    """torchmetrics' FID, the folder's images given as the real ones (`with_reference`)."""
     from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
 
     key = f"--fid-reference={reference_dir!r}"
-    reference = _folder_images(Path(reference_dir).expanduser(), key)
+    reference = _folder_images(Path(reference_dir).expanduser(), key) if with_reference else None
     if not _TORCH_FIDELITY_AVAILABLE:
         raise UserError(
             f"{key}: Inception FID needs torch-fidelity (pip install torch-fidelity, online once for "
@@ -176,17 +185,21 @@ def _fid_metric(reference_dir: str):
             f"{key}: the Inception weights cannot be had ({type(e).__name__}); run once online "
             "or leave --fid-reference out"
         ) from None
-    fid.update(reference, real=True)
+    if reference is not None:
+        fid.update(reference, real=True)
     return fid
 
 
-def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
-
+def _reference_files(folder: Path, key: str) -> list[Path]:
     files = sorted(p for p in folder.glob("*") if p.suffix.lower() in {".png", ".jpg", ".jpeg", ".webp"})
     if not folder.is_dir() or len(files) < 2:
         raise UserError(f"{key} holds fewer than 2 images (.png/.jpg/.webp); give a folder of reference images")
+    return files
+
+
+def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
     rows = []
-    for file in files:
+    for file in _reference_files(folder, key):
         try:
             with Image.open(file) as image:
                 rows.append(np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255)

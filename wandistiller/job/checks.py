@@ -35,6 +35,8 @@ from wandistiller.recipe.losses import Loss, as_loss
 from wandistiller.recipe.methods.base import Method
 from wandistiller.state.received import looks_like_hub_id
 
+log = logging.getLogger("wandistiller")
+
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Hydra's `+key=value` adds a key the schema does not know, so `+trainer.bacth_size=2` would be
@@ -138,7 +140,7 @@ def check_ranges(cfg: DictConfig) -> None:
         ("data.latent_height", d.latent_height, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         ("data.latent_width", d.latent_width, lambda v: v <= MAX_LATENT, f"at most {MAX_LATENT}"),
         *data_sources.range_checks(d),  # each source's own keys (wandistiller/data/sources/)
-        ("data.val_fraction", d.val_fraction, lambda v: 0 < v < 1, HELD_OUT),
+        ("data.val_fraction", d.val_fraction, lambda v: 0 <= v < 1, HELD_OUT),
         ("trainer.ema_decay", t.ema_decay, lambda v: v is None or 0 <= v < 1, "in [0, 1), or null for no EMA"),
         ("trainer.max_grad_norm", t.max_grad_norm, lambda v: v is None or v > 0, "positive, or null for no clipping"),
         (
@@ -161,6 +163,11 @@ def check_ranges(cfg: DictConfig) -> None:
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
             raise UserError(f"{key}={value} must be {what}")
+    if d.val_fraction == 0 and d.get("val_prompts_path") is None:  # split_prompts holds out one all the same
+        log.warning(
+            "data.val_fraction=0 holds out one prompt all the same (validation and the evaluation need one); "
+            "data.val_prompts_path names held-out prompts of your own"
+        )
     if teacher.guidance_scale == 1 and teacher.guidance_scale_2 not in (None, 1):
         raise UserError(
             f"teacher.guidance_scale_2={teacher.guidance_scale_2} with teacher.guidance_scale=1: WanPipeline runs CFG "
@@ -171,8 +178,7 @@ def check_ranges(cfg: DictConfig) -> None:
 
 RECIPE = ("setup", "train")  # what job/run.py's run_recipe calls on the recipe it builds
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
-# 0 held out one prompt all the same (split_prompts: at least one, which the validation loss and the eval need).
-HELD_OUT = "in (0, 1): the share of prompts held out, at least one (e.g. 0.1); data.val_prompts_path names them instead"
+HELD_OUT = "in [0, 1): the share of prompts held out, at least one (e.g. 0.1); data.val_prompts_path names them instead"
 SECOND_SCALE = "a finite number of 1 or more (the low-noise expert's CFG scale), or null for teacher.guidance_scale"
 SCHEDULE_STEPS = "a positive integer (the LR schedule's length), or null for trainer.max_steps"
 MAX_LATENT = 1024  # latent frames/rows/columns: Wan's 720p x 81 frames is 21 x 90 x 160
@@ -291,7 +297,8 @@ def check_folders(cfg: DictConfig) -> None:
         problem = folder_problem(Path(str(folder)))
         cache = Path(str(folder)).expanduser()
         run = (held_run(cache, depth=0) or enclosing_run(cache)) if key == "paths.cache_dir" else None
-        if not problem and run is not None:
+        own = Path(str(cfg.paths.output_dir)).expanduser().resolve()
+        if not problem and run is not None and run.resolve() != own:  # its own run folder's cache/ is its own
             problem = f"it is or lies in the run folder {run}, whose files are that run's"
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")

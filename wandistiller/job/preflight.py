@@ -205,7 +205,8 @@ def check_data_kept(run_dir: Path, cfg: DictConfig, checkpoint: Path | None) -> 
     if problem:
         raise UserError(
             f"trainer.resume: {problem}, so its held-out split would be another, and some of what it held out would "
-            "be trained on; restore the data as the run had it, or start a new run folder"
+            "be trained on; restore the data as the run had it, or continue its latest checkpoint in a new folder "
+            "(trainer.resume=<run>/checkpoints/step_… hydra.run.dir=<a new folder>)"
         )
 
 

@@ -361,7 +361,8 @@ def report_path(args: argparse.Namespace) -> Path:
         raise UserError(
             f"--out {out} lies in the run folder {run}, whose files are the run's; choose a file outside it"
         )
-    if out.is_file() and START.encode() not in read_in(out.parent, out.name, what="quality report"):
+    report = read_in(out.parent, out.name, what="quality report") if out.is_file() else b""
+    if report.strip() and START.encode() not in report:  # an empty file (`touch`ed for it) is a new report
         raise UserError(
             f"--out {out} is a file no quality run wrote (it holds no '{START}…' section), which the report would "
             "be added to; choose a new file, or a report written before"
@@ -389,8 +390,8 @@ def check_reports(args) -> None:
             teacher = inspect_teacher(Path(shipped_asset("pocket/pocket-wan-t2v")))
             try:
                 with_loras(teacher, str(args.style.expanduser().absolute()))
-            except UserError as e:
-                raise UserError(f"--style: {str(e).split('=', 1)[-1]}") from None
+            except UserError as e:  # its words name teacher.lora, which --style gives
+                raise UserError(f"--style: {str(e).split('=', 1)[-1].replace('teacher.lora', '--style')}") from None
     elif args.teacher in i2v.I2V_TEACHERS:
         i2v.chosen(args.rows)
     else:

@@ -315,9 +315,10 @@ class DistillationRecipe:
             "teacher_placement": self.ctx.placement.name
         }
         run_id = state.get("tracker_run_id") if state else None
-        of_run = enclosing_run(Path(self.prepared.resume_from)) if self.prepared.resume_from else None
-        if of_run is not None and of_run.resolve() != Path(self.ctx.run_dir).resolve():
-            run_id = None  # another run's checkpoint continued in a folder of its own: a tracker run of its own
+        if self.prepared.resume_from:  # a checkpoint of another folder (a run's, or copied out of one) continued
+            of_run = enclosing_run(Path(self.prepared.resume_from))  # here: a tracker run of its own
+            if of_run is None or of_run.resolve() != Path(self.ctx.run_dir).resolve():
+                run_id = None
         tracker.start(
             self.ctx.run_dir, config, run_id, point.get("group"), point.get("name"), start_step=self.start_step
         )

@@ -73,21 +73,27 @@ def save_student(run) -> None:
         replace_folder(run.run_dir, "student_ema", save)
 
 
-# What describes the run's final student at its top (the end-of-run grid, the evaluation at its own settings), each
-# written by a hook at the end (or `eval RUN`); a checkpoint's results are named by its step and stay.
-OF_THE_STUDENT = ("eval.json", "eval.png", "eval.gif", "samples.png", "samples.gif")
+def of_the_final_student(name: str) -> bool:
+    """Whether a file at a run's top judges its final student: the end-of-run grid (`samples.png`/`.gif`), its
+    evaluation at the run's own settings (`eval.json`/`.png`/`.gif`) or at others (`eval_steps20.json`, …:
+    evaluate.result_stem); a checkpoint's (`eval_best…`, `eval_step_…`) judges that checkpoint, which stays."""
+    stem, _, ext = name.rpartition(".")
+    if ext not in ("json", "png", "gif"):
+        return False
+    if stem == "samples":
+        return True
+    first = stem.split("_")[1] if stem.startswith("eval_") else None
+    return stem == "eval" or (first is not None and first not in ("best", "step"))
 
 
 def drop_earlier_judgements(run_dir: str | os.PathLike) -> None:
     """An earlier launch's figures and grids of the student this launch replaced: gone with it (a resume without
     the hooks, `~hooks.evaluate`, left step 3's eval.json beside step 5's student, naming no step)."""
     dropped = []
-    for name in OF_THE_STUDENT:
-        try:
-            os.unlink(Path(run_dir) / name)  # a link: the link alone
-            dropped.append(name)
-        except FileNotFoundError:
-            continue
+    for path in sorted(Path(run_dir).iterdir()):
+        if of_the_final_student(path.name) and not path.is_dir():
+            path.unlink()  # a link: the link alone
+            dropped.append(path.name)
     if dropped:
         log.info("removed %s: they judged the student this launch replaced", ", ".join(dropped))
 

@@ -253,6 +253,14 @@ def given_run_folder(path: str | Path) -> Path:
     return Path(path).expanduser()
 
 
+def run_config_file(path: Path) -> Path:
+    """A run folder's `.hydra/config.yaml`; a folder without one (a mistyped path) is one line."""
+    config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
+    if not config.is_file():
+        raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
+    return config
+
+
 def run_folder_arg(text: str) -> Path:
     """A tool's run folder argument as a Path; an empty one (an unset variable) refused, not read as '.'."""
     if not text.strip():
@@ -276,9 +284,7 @@ def open_run(
     the run's own preflight, not read again)."""
     register_resolvers()  # the ones a saved config may use
     path = given_run_folder(path)
-    config = in_run(path, ".hydra/config.yaml")  # a received folder's link to a config elsewhere is refused
-    if not config.is_file():
-        raise UserError(f"{path} is not a run folder (no .hydra/config.yaml); give an outputs/<date>/<time> folder")
+    config = run_config_file(path)
     refuse_live(path, "run this")
     cfg = load_received(config, allow, root=path)
     unset = [key for key in ("paths", "teacher", "student") if key not in cfg or OmegaConf.is_missing(cfg, key)]

@@ -77,9 +77,11 @@ def quantize_expert(
 def check_attention_backend(backend: str | None) -> None:
     """A name diffusers has no attention backend of, refused before the teacher loads (it was said after, with
     diffusers' list of every backend in the line); a known one's package or kernel is tried as the teacher loads."""
+    if backend is None:
+        return
     from diffusers.models.attention_dispatch import AttentionBackendName
 
-    if backend is not None and backend not in {b.value for b in AttentionBackendName}:
+    if str(backend).lower() not in {b.value for b in AttentionBackendName}:  # diffusers lowercases it too
         raise UserError(
             f"teacher.attention_backend={backend} is not one of diffusers' attention backends; use e.g. flash, sage, "
             "_native_cudnn or native, or null for the default (the list: diffusers' AttentionBackendName)"

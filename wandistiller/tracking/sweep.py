@@ -220,6 +220,9 @@ class LauncherCheck(Callback):
                 )
 
 
+FAILED_SWEEP: list[str] = []  # sweeps of this process that failed (a crashed point, or none trained): exit code 1
+
+
 class SweepReport(Callback):
     """Hydra callback: the report when a multirun ends (single runs are left alone); `loggers=false` keeps it
     out of the sweep's loggers (`wandb=`: the same flag's pre-release name)."""
@@ -239,13 +242,14 @@ class SweepReport(Callback):
             loggers.build(config.logger).report(sweep_dir, COLUMNS, rows, png, sweep_group(sweep_dir))
         # The exit code a script reads: a point that crashed, or none that trained, is a failed sweep; a point refused
         # beside ones that trained (gpu0 on a one-GPU machine) is one of its findings.
+        # Said here; the exit code is the CLI's once Hydra has run every callback of the sweep (train.cli).
         failed = [p.label for p in points if p.metrics.get("status") == "failed"]
         if failed or not any(p.ok for p in points):
             what = (
                 f"{len(failed)} point(s) failed: {', '.join(failed)}" if failed else "no point trained (each refused)"
             )
             print(f"error: {what}; the report above says why (exit code 1)", file=sys.stderr, flush=True)
-            sys.exit(1)
+            FAILED_SWEEP.append(str(sweep_dir))
 
 
 def sweep_group(sweep_dir: Path) -> str:

@@ -45,3 +45,19 @@ def test_a_prompts_file_edited_since_the_run_began_is_refused_by_its_resume(make
         run(make_cfg(*resume, run_dir=folder))
     prompts.write_text("".join(f"a red {d}\n" for d in range(6)))
     assert run(make_cfg(*resume, run_dir=folder))["final_step"] == 3
+
+
+def test_the_shipped_prompts_changed_since_a_run_began_are_named_as_such(tmp_path):
+    # The review's: with data.prompts_path null (the shipped prompts) a changed digest was a StopIteration.
+    import json
+
+    from omegaconf import OmegaConf
+
+    from wandistiller.data.sources import CONTENTS, contents_problem
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / CONTENTS).write_text(json.dumps({"items": 3, "what": "prompts", "digest": "0" * 16}))
+    data = OmegaConf.create({"latents": "teacher", "prompts_path": None, "val_prompts_path": None})
+    assert contents_problem(tmp_path, data).startswith(
+        "the shipped prompts (data.prompts_path=null) changed since the run first read it (3 prompts then, "
+    )

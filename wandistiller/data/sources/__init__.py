@@ -85,13 +85,13 @@ def contents_problem(run_dir: Path, data_cfg) -> str | None:
     now = source_of(data_cfg).contents(data_cfg)
     if now is None or now["digest"] == recorded["digest"]:
         return None
-    key = next(f"data.{k}" for k in ("root", "dataset", "prompts_path") if data_cfg.get(k) is not None)
+    # prompts_path null: the shipped prompts (a package update that edits them changes them too)
+    key = next((f"data.{k}" for k in ("root", "dataset") if data_cfg.get(k) is not None), "data.prompts_path")
     count = recorded.get("items") if isinstance(recorded.get("items"), int) else "?"
     differ = "their text differs" if key == "data.prompts_path" else "their names, sizes or captions differ"
-    return (
-        f"{key}={str(data_cfg.get(key.split('.')[1]))!r} changed since the run first read it ({count} {now['what']} "
-        f"then, {now['items']} now, or {differ})"
-    )
+    given = data_cfg.get(key.split(".")[1])
+    named = f"{key}={str(given)!r}" if given is not None else "the shipped prompts (data.prompts_path=null)"
+    return f"{named} changed since the run first read it ({count} {now['what']} then, {now['items']} now, or {differ})"
 
 
 def check_layout(data_cfg, layout: Layout, teacher_name: str) -> None:
