@@ -116,10 +116,11 @@ def main(argv: list[str] | None = None) -> None:
         trust, counts = Trust.from_args(args), args.student_counts
         if args.prompts is not None:  # named by its flag (evaluate reads it as a data.prompts_path would be)
             read_prompts(args.prompts, "--prompts")
-        run_config_file(given_run_folder(args.run_dir))  # a mistyped folder first, before a model loads
+        run_dir = given_run_folder(args.run_dir)
+        run_config_file(run_dir)  # a mistyped folder first, before a model loads
         check_real_metrics(args.clip_model, args.fid_reference)
         register_configs()  # the registries' options, which the run's config may name
-        login = login_problem(given_run_folder(args.run_dir), trust) if args.wandb_mode == "online" else None
+        login = login_problem(run_dir, trust) if args.wandb_mode == "online" else None
         if login:  # said now, not after the teacher sampled
             raise UserError(f"--wandb-mode online: {login}; log in first, or drop the flag")
         asked = EvalSettings(

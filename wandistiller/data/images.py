@@ -385,7 +385,12 @@ def _dataset_files_inside(folder: Path, key: str) -> None:
 
 def to_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
     """Upright (EXIF orientation), resized to cover (height, width), center-cropped, scaled to [-1, 1]: [3, H, W]."""
-    fitted = ImageOps.fit(rgb(ImageOps.exif_transpose(image)), (width, height), method=Image.Resampling.BICUBIC)
+    return _upright_pixels(ImageOps.exif_transpose(image), height, width)
+
+
+def _upright_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """`to_pixels` of an image already upright (exif_transpose copies even an image it leaves as it is)."""
+    fitted = ImageOps.fit(rgb(image), (width, height), method=Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(fitted, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
 
 
@@ -395,7 +400,7 @@ def _pixels(source: ImageSource, i: int, height: int, width: int, small: list[st
         image = ImageOps.exif_transpose(source.image(i))  # upright: its size as the frame sees it
         if image.width < width or image.height < height:
             small.append(_name(source, i))
-        return to_pixels(image, height, width)
+        return _upright_pixels(image, height, width)
     except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on a corrupt or truncated file
         raise UserError(f"{source.key}: {_name(source, i)} is unreadable ({e}); replace or remove it") from None
 

@@ -66,9 +66,8 @@ def _reopened(run_dir: Path, trust: Trust) -> tuple[dict, str | None]:
 
 def login_problem(run_dir: Path, trust: Trust) -> str | None:
     """Why a logger the evaluation would reopen cannot log in (its class's `login_problem`: online without a key),
-    asked before anything samples; None where each can, or none is reopened."""
-    if not (Path(run_dir) / ".hydra" / "config.yaml").is_file():  # no run: the evaluation says what it is
-        return None
+    asked before anything samples, of a run folder (state/runs.run_config_file); None where each can, or none is
+    reopened."""
     for node in _reopened(Path(run_dir), trust)[0].values():
         ask = getattr(get_class(current_target(str(node._target_))), "login_problem", None)
         problem = ask(node.get("mode")) if callable(ask) else None

@@ -121,6 +121,14 @@ def pocket_scores(images: torch.Tensor, prompts: list[str], judge: DigitJudge | 
     return scores | fid_kid(reference, images, judge)  # no fid/kid from too few samples
 
 
+# What PIL raises on a file that is not an image, is truncated, is a folder, or is too large to decode.
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def _unreadable(key: str, file: Path, error: Exception) -> UserError:
+    return UserError(f"{key}: {file.name} is not an image PIL can read ({type(error).__name__}); remove it")
+
+
 def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> None:
     """The real-Wan options' models and files had now, each failure one line, before anything samples (they were
     found wanting after the teacher's and the student's samples)."""
@@ -132,10 +140,8 @@ def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> Non
             try:
                 with Image.open(file) as image:
                     image.verify()
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-                raise UserError(
-                    f"{key}: {file.name} is not an image PIL can read ({type(e).__name__}); remove it"
-                ) from None
+            except UNREADABLE as e:
+                raise _unreadable(key, file, e) from None
         _fid_metric(fid_reference, with_reference=False)
 
 
@@ -203,10 +209,8 @@ def _folder_images(folder: Path, key: str, size: int = 299) -> torch.Tensor:
         try:
             with Image.open(file) as image:
                 rows.append(np.asarray(image.convert("RGB").resize((size, size)), dtype=np.float32) / 255)
-        except (OSError, ValueError, Image.DecompressionBombError) as e:  # not an image, truncated, a folder
-            raise UserError(
-                f"{key}: {file.name} is not an image PIL can read ({type(e).__name__}); remove it"
-            ) from None
+        except UNREADABLE as e:
+            raise _unreadable(key, file, e) from None
     return torch.from_numpy(np.stack(rows)).permute(0, 3, 1, 2)
 
 

@@ -295,13 +295,15 @@ def check_folders(cfg: DictConfig) -> None:
         if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
             raise UserError(f"{key} is empty; give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
         problem = folder_problem(Path(str(folder)))
-        cache = Path(str(folder)).expanduser()
-        run = (held_run(cache, depth=0) or enclosing_run(cache)) if key == "paths.cache_dir" else None
-        own = Path(str(cfg.paths.output_dir)).expanduser().resolve()
-        if not problem and run is not None and run.resolve() != own:  # its own run folder's cache/ is its own
-            problem = f"it is or lies in the run folder {run}, whose files are that run's"
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
+    cache = Path(str(cfg.paths.cache_dir)).expanduser()
+    run = held_run(cache, depth=0) or enclosing_run(cache)
+    if run is not None and run.resolve() != Path(str(cfg.paths.output_dir)).expanduser().resolve():  # its own: ok
+        raise UserError(
+            f"paths.cache_dir: it is or lies in the run folder {run}, whose files are that run's; choose another "
+            "folder with paths.cache_dir=…"
+        )
 
 
 def check_tracker(cfg: DictConfig) -> None:

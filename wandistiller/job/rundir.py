@@ -54,8 +54,8 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
             f"the run folder {run_dir} lies inside the run folder {outer}, whose outputs it would mix with its own; "
             "choose a folder outside it with hydra.run.dir=…"
         )
-    below = held_run(run_dir) if run_dir.is_dir() and not (run_dir / ".hydra" / "config.yaml").is_file() else None
-    if below is not None:  # outputs/, say: the run's student/ and checkpoints/ among other runs' folders
+    below = held_run(run_dir)  # itself where it is a run (a resume)
+    if below is not None and below != run_dir:  # outputs/, say: the run's student/ and checkpoints/ among others
         raise RunDirTaken(
             f"the folder {run_dir} holds the run folder {below}, and a run's folder holds that run alone; choose a "
             "new folder with hydra.run.dir=…"

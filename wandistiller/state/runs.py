@@ -246,10 +246,14 @@ def refuse_live(path: Path, what: str) -> None:
         )
 
 
+# A tool's run folder given empty (an unset variable): Path("") is the current folder, said as '.'.
+EMPTY_RUN_FOLDER = "empty (an unset variable?); give an outputs/<date>/<time> folder"
+
+
 def given_run_folder(path: str | Path) -> Path:
-    """A tool's run folder as given; an empty one (an unset variable) refused, not read as the current folder."""
-    if not str(path).strip():  # Path("") is the current folder, said as '.'
-        raise UserError("the run folder given is empty (an unset variable?); give an outputs/<date>/<time> folder")
+    """A tool's run folder as given; an empty one refused, not read as the current folder."""
+    if not str(path).strip():
+        raise UserError(f"the run folder given is {EMPTY_RUN_FOLDER}")
     return Path(path).expanduser()
 
 
@@ -262,9 +266,9 @@ def run_config_file(path: Path) -> Path:
 
 
 def run_folder_arg(text: str) -> Path:
-    """A tool's run folder argument as a Path; an empty one (an unset variable) refused, not read as '.'."""
+    """A tool's run folder argument as a Path (argparse's `type`): `given_run_folder`'s refusal, as argparse's."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("it is empty (an unset variable?); give an outputs/<date>/<time> folder")
+        raise argparse.ArgumentTypeError(f"it is {EMPTY_RUN_FOLDER}")
     return Path(text)
 
 
