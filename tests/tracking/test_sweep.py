@@ -80,6 +80,17 @@ def test_the_sweeps_exit_code_fails_on_a_crashed_point_or_when_none_trained(
     assert err.strip().startswith(said) if said else err == ""
 
 
+@pytest.mark.slow  # a multirun in a fresh process
+def test_a_sweep_whose_every_point_is_refused_exits_1_after_its_report(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "trainer.max_steps=-2,-1", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "| trainer.max_steps=-2 | refused |" in result.stdout and (sweep / "sweep_report.md").is_file()
+    assert result.stderr.strip().endswith(
+        "error: no point trained (each refused); the report above says why (exit code 1)"
+    )
+
+
 def test_a_point_that_died_without_metrics_is_reported_as_failed(tmp_path):
     for i, placement in enumerate(["cpu", "gpu"]):
         (tmp_path / str(i) / ".hydra").mkdir(parents=True)
