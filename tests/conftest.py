@@ -179,6 +179,31 @@ def tiny_ti2v_path(cache_dir) -> Path:
     return _tiny_twin(cache_dir, "tiny_ti2v")
 
 
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory) -> Path:
+    """A random-weight CLIP folder (model, processor, a character vocabulary) as `hf download` of a real one lays it
+    out: what `--clip-model DIR` reads."""
+    import json
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    folder = tmp_path_factory.mktemp("clip-vit-tiny")
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in "abcdefghijklmnopqrstuvwxyz0123456789":
+        vocab |= {c: len(vocab)} | {f"{c}</w>": len(vocab) + 1}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    size = {"shortest_edge": 32}, {"height": 32, "width": 32}
+    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    CLIPProcessor(CLIPImageProcessor(size=size[0], crop_size=size[1]), tokenizer).save_pretrained(folder)
+    layers = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    torch.manual_seed(0)
+    config = CLIPConfig(text_config=dict(vocab_size=len(vocab), **layers),
+                        vision_config=dict(image_size=32, patch_size=8, **layers), projection_dim=8)  # fmt: skip
+    CLIPModel(config).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
     """Compose the real config tree as `python -m wandistiller.train` would, with test-sized defaults."""

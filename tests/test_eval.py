@@ -191,6 +191,17 @@ def test_a_clip_model_that_cannot_be_had_is_one_line_before_anything_samples(fin
     assert not list(finished.glob("eval*"))
 
 
+def test_a_local_clip_folder_scores_teacher_and_student(finished, tiny_clip, tmp_path, capsys):
+    # --clip-model DIR was refused as "cannot be loaded (ValueError)": torchmetrics' loader took five Hub ids alone,
+    # and its score could not read transformers 5's outputs; no test had given a CLIP model that exists.
+    folder = tmp_path / "run"
+    shutil.copytree(finished, folder)
+    eval_cli.main([str(folder), "--clip-model", str(tiny_clip), "--limit", "1", "--steps", "2"])
+    (written,) = folder.glob("eval*clip*.json")
+    mean = json.loads(written.read_text())["mean"]
+    assert 0 <= mean["teacher_clip_score"] <= 100 and 0 <= mean["student_clip_score"] <= 100, mean
+
+
 # Where eval's result files are named for users: each name there must be one a test below sees eval write.
 DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "wandistiller" / "eval.py",
               ROOT / "wandistiller" / "evaluation" / "evaluate.py"]  # fmt: skip

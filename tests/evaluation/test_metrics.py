@@ -106,3 +106,20 @@ def test_pocket_scores_and_eval_quality_give_diversity_only_for_several_images_a
     both = eval_quality(prompts[:2] * 2, {"teacher": other, "student": torch.cat([images[:2]] * 2)})
     assert both["student_diversity"] == 0.0 and both["teacher_diversity"] > 0 and both["diversity_ratio"] == 0.0
     assert "diversity_ratio" not in eval_quality(prompts[:4], {"teacher": images[:4], "student": images[:4]})
+
+
+def test_clip_score_reads_a_local_clip_folder_once_and_scores_each_call_alone(tiny_clip, monkeypatch):
+    # torchmetrics' own loader takes five Hub ids alone: a downloaded folder (the refusal's own advice) was refused.
+    from transformers import CLIPModel
+
+    loads = []
+    real = CLIPModel.from_pretrained.__func__
+    monkeypatch.setattr(
+        CLIPModel, "from_pretrained", classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k))
+    )
+    torch.manual_seed(0)
+    images = torch.rand(2, 3, 32, 32)
+    first = clip_score(images, ["a red 3", "a blue 4"], str(tiny_clip))
+    clip_score(torch.rand(2, 3, 32, 32), ["a green 5", "a red 7"], str(tiny_clip))
+    assert 0 <= first <= 100 and clip_score(images, ["a red 3", "a blue 4"], str(tiny_clip)) == pytest.approx(first)
+    assert len(loads) == 1

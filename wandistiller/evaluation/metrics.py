@@ -14,6 +14,7 @@ Images are [N, 3, H, W] floats in [0, 1] throughout.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,7 +134,7 @@ def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> Non
     """The real-Wan options' models and files had now, each failure one line, before anything samples (they were
     found wanting after the teacher's and the student's samples)."""
     if clip_model is not None:
-        _clip_metric(clip_model)
+        _clip_model(clip_model)
     if fid_reference is not None:  # each image opened, none decoded: the metric reads them once, after the samples
         key = f"--fid-reference={fid_reference!r}"
         for file in _reference_files(Path(fid_reference).expanduser(), key):
@@ -145,18 +146,30 @@ def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> Non
         _fid_metric(fid_reference, with_reference=False)
 
 
-def clip_score(images: torch.Tensor, prompts: list[str], model: str) -> float:
-    """torchmetrics' CLIP score (0-100) with `model` (a Hub id or a local folder)."""
-    metric = _clip_metric(model)
-    metric.update((images.clamp(0, 1) * 255).to(torch.uint8), prompts)
-    return float(metric.compute())
+def clip_score(images: torch.Tensor, prompts: list[str], model: str, chunk: int = 64) -> float:
+    """CLIP score (0-100) with `model` (a Hub id or a local folder): 100 x the cosine of each image's CLIP embedding
+    with its prompt's, floored at 0, averaged; torchmetrics' definition. Its CLIPScore reads embeddings as
+    transformers 4 returned them and fails on transformers 5's outputs, so the score is computed here."""
+    clip, processor = _clip_model(model)
+    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    scores = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), chunk):
+            inputs = processor(text=prompts[start : start + chunk], images=list(pixels[start : start + chunk]),
+                               return_tensors="pt", padding=True, truncation=True)  # fmt: skip
+            out = clip(**inputs)  # image_embeds and text_embeds: projected and unit-normalised
+            scores.append(100 * (out.image_embeds * out.text_embeds).sum(-1).clamp(min=0))
+    return float(torch.cat(scores).mean())
 
 
-def _clip_metric(model: str):
-    from torchmetrics.multimodal.clip_score import CLIPScore
+# Loaded once, at the check before sampling, then used for the teacher's and the student's images (it was loaded
+# three times).
+@functools.lru_cache(maxsize=1)
+def _clip_model(model: str):
+    from transformers import CLIPModel, CLIPProcessor
 
     try:
-        return CLIPScore(model_name_or_path=model)  # type: ignore[arg-type]  # its Literal omits local folders
+        return CLIPModel.from_pretrained(model).eval(), CLIPProcessor.from_pretrained(model)
     except Exception as e:  # offline, unknown id, a folder that is not CLIP: all "cannot have it"
         raise UserError(
             f"--clip-model={model!r} cannot be loaded ({type(e).__name__}); give a local CLIP folder "
