@@ -217,3 +217,15 @@ def test_method_passes_reads_the_trainer_batching():
     assert (split.micro_batches, split.teacher_calls, whole.teacher_calls) == (2, 2, 1)
     dmd = method_passes(compose_config(["method=dmd"]))
     assert [n.key for n in dmd.networks] == ["method.fake_score=student"]
+
+
+def test_a_cfg_scale_far_above_wans_is_warned_of_and_wans_own_are_not(make_cfg, caplog):
+    # An audit's: teacher.guidance_scale=1e9 (a slip for 9) trained on saturated targets without a word.
+    from wandistiller.job.checks import check_values
+
+    with caplog.at_level(logging.WARNING):
+        check_values(make_cfg("teacher.guidance_scale=1e9"))
+        assert "teacher.guidance_scale=1000000000.0 is far above the 3-7" in caplog.text
+        caplog.clear()
+        check_values(make_cfg("teacher.guidance_scale=7.5"))
+        assert "far above" not in caplog.text

@@ -163,6 +163,13 @@ def check_ranges(cfg: DictConfig) -> None:
     for key, value, ok, what in checks:
         if not ok(value) or (isinstance(value, float) and math.isnan(value)):
             raise UserError(f"{key}={value} must be {what}")
+    for key in ("guidance_scale", "guidance_scale_2"):  # legal, and likely a slip (1e9 for 9): the targets saturate
+        scale = teacher.get(key)
+        if scale is not None and scale > HIGH_CFG:
+            log.warning(
+                f"teacher.{key}={scale} is far above the 3-7 Wan's pipelines guide with (5 by default): the "
+                "teacher's targets and samples will be oversaturated; was a smaller scale meant?"
+            )
     if d.val_fraction == 0 and d.get("val_prompts_path") is None:  # split_prompts holds out one all the same
         log.warning(
             "data.val_fraction=0 holds out one prompt all the same (validation and the evaluation need one); "
@@ -177,6 +184,8 @@ def check_ranges(cfg: DictConfig) -> None:
 
 
 RECIPE = ("setup", "train")  # what job/run.py's run_recipe calls on the recipe it builds
+# A CFG scale above which a warning asks whether it was meant: Wan guides with 3-7, few go past 15.
+HIGH_CFG = 20
 NO_CFG_BELOW_1 = "a finite number of 1 or more (1: no CFG; WanPipeline ignores a scale below 1)"
 HELD_OUT = "in [0, 1): the share of prompts held out, at least one (e.g. 0.1); data.val_prompts_path names them instead"
 SECOND_SCALE = "a finite number of 1 or more (the low-noise expert's CFG scale), or null for teacher.guidance_scale"
