@@ -30,7 +30,8 @@ TEST_ENV := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 # The default lane on every core (pytest-xdist: one worker a core, its tests' own processes beside it), a module's
 # tests on one worker (loadscope: a module's shared fixtures and fresh processes run once, not once a worker; the
 # session's 2-rank jobs run once too, tests/conftest.once_per_session): 4 min 33 s on the 2-core VM, against 6 min
-# 11 s to 6 min 46 s test by test, and 7 min 47 s in one process (docs/PERFORMANCE.md, "Test lanes"). The slow lane
+# 11 s to 6 min 46 s test by test, and 7 min 47 s in one process, all on 2026-11-30; 3 min 36 s on 2026-12-01
+# (docs/PERFORMANCE.md, "Test lanes"). The slow lane
 # stays in one: its runs time themselves against their own limits.
 test: setup           ## the default lane: everything but the slow end-to-end runs (CI runs it first)
 	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" -n auto --dist loadscope $(ARGS)
