@@ -48,6 +48,23 @@ def test_embeddings_are_computed_once_then_cached(tiny_path, tmp_path):
     assert len(list((tmp_path / "embeddings").glob("*.pt"))) == 2  # the key covers the prompts
 
 
+def test_words_the_teachers_tokenizer_does_not_know_are_said_once_with_an_example(tiny_path, tmp_path, caplog):
+    # A newcomer's: `generate --prompt "a fox in the snow"` on the pocket run drew a digit-like blob without a word.
+    spec = inspect_teacher(tiny_path)
+    asked = ["a red fox", "a red zzqx on a Qwoob."]
+    with caplog.at_level(logging.WARNING):
+        encode_prompts(spec, asked, "", 512, torch.float32, torch.device("cpu"), tmp_path)
+    assert "1 of 2 prompts hold words the teacher's tokenizer does not know (zzqx, Qwoob in 'a red zzqx on" in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        encode_prompts(
+            spec, ["a red fox", "a lighthouse at night"], "", 512, torch.float32, torch.device("cpu"), tmp_path
+        )
+    assert "does not know" not in caplog.text
+
+
 def test_the_text_encoder_is_gone_when_the_embeddings_return(tiny_path, tmp_path):
     """A real teacher's text encoder is ~11 GB: it must be freed before the teacher loads, with or without a
     garbage-collector pass (gc off here, so a reference left behind shows)."""
@@ -94,7 +111,7 @@ def test_encoding_embeddings_resumes_by_part_after_a_kill(tiny_path, tmp_path, c
     import wandistiller.data.prompts as data
 
     spec, cache = inspect_teacher(tiny_path), tmp_path / "cache"
-    prompts = [f"prompt number {i}" for i in range(5)]
+    prompts = read_prompts(None)[:5]  # the shipped prompts: every word known to the tiny teacher
     args = (prompts, "", 16, torch.float32, torch.device("cpu"), cache)
     whole = encode_prompts(spec, *args)
     shutil.rmtree(cache)

@@ -147,6 +147,15 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
         pipe = WanPipeline.from_pretrained(
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
         ).to(device)
+    new = [p for c, s in enumerate(starts) if found[c] is None for p in prompts[s : s + EMBED_CHUNK]]
+    unknown = unknown_words(pipe.tokenizer, new)
+    if unknown:  # a pocket teacher asked for "a fox in the snow" drew a digit-like blob without a word
+        prompt, words = next(iter(unknown.items()))
+        log.warning(
+            "text embeddings: %d of %d prompts hold words the teacher's tokenizer does not know (%s in %r); it reads "
+            "each as one unknown token, so the teacher draws only what its known words ask for",
+            len(unknown), len(new), ", ".join(words[:5]), prompt,
+        )  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
     embeds: list[torch.Tensor] = []
     with torch.no_grad():
@@ -170,6 +179,29 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
     save_tensors(vars(result), cache)
     shutil.rmtree(parts, ignore_errors=True)  # the whole file now holds them
     return result
+
+
+def unknown_words(tokenizer, prompts: list[str]) -> dict[str, list[str]]:
+    """Each prompt's words that `tokenizer` reads as its unknown token, as the pipeline cleans the prompt: a
+    word-level vocabulary's (the pocket and tiny teachers') misses, punctuation aside; T5's sentencepiece has next
+    to none. {} where
+    the tokenizer has no unknown token or cannot map tokens back to the text (a slow one)."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not prompts:
+        return {}
+    texts = [prompt_clean(p) for p in prompts]
+    try:
+        found = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:  # a slow tokenizer: no offsets
+        return {}
+    out = {}
+    for prompt, text, ids, offsets in zip(prompts, texts, found["input_ids"], found["offset_mapping"]):
+        words = [text[a:b] for i, (a, b) in zip(ids, offsets) if i == unk and any(c.isalnum() for c in text[a:b])]
+        if words:
+            out[prompt] = words
+    return out
 
 
 EMBED_CHUNK = 1024  # prompts per resumable part file (18,000 prompts: 18 parts of ~15 s each)
