@@ -248,8 +248,8 @@ def test_resume_auto_into_a_folder_that_did_not_exist_is_told_apart_from_an_empt
             assert rundir.claim_run_dir(tmp_path / name, "auto") is None
             rundir.release_run_dir(tmp_path / name)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert [m.split(" did not exist")[0] for m in warned] == [
-        f"trainer.resume=auto: the run folder {tmp_path / n}" for n in ("typo", "new_in_process")
+    assert [m.split(" yet, so a new one")[0] for m in warned] == [
+        f"trainer.resume=auto: no run in {tmp_path / n}" for n in ("typo", "new_in_process")
     ]
 
 

@@ -328,6 +328,7 @@ def _given_keys(overrides: list[str]) -> set[str]:
 SCHEDULE = "trainer.schedule_steps"  # a resume's is its first launch's (`_keep_schedule`); given again, held to it
 # Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
 ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
+ENDS_AT_ZERO = ("linear", "cosine", "cosine_with_restarts")  # diffusers' get_scheduler: their LR at the end
 
 
 def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
@@ -344,9 +345,11 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     if not isinstance(steps, int) or steps <= horizon or schedule in ENDLESS_SCHEDULES:
         return ""
     past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
+    # A newcomer's: "at its last LR" hid that a cosine run extended trained at 0, its steps changing nothing.
+    last = "at LR 0, where it ends: they change nothing" if schedule in ENDS_AT_ZERO else "at its last LR"
     return (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
-        f"was made), so {past} at its last LR; to train on at a real LR, start a new run "
+        f"was made), so {past} {last}; to train on at a real LR, start a new run "
         f"from its student: student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
     )
 

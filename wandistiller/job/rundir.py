@@ -81,8 +81,8 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> Path | None:
         )
     if resume == "auto" and (not run_dir.exists() or run_dir.resolve() in MISSING_BEFORE):
         log.warning(
-            "trainer.resume=auto: the run folder %s did not exist, so this is a new run; to continue "
-            "a run, check the folder's name (hydra.run.dir=…)",
+            "trainer.resume=auto: no run in %s yet, so a new one starts there (normal for a first launch; if you "
+            "meant to continue a run, check its folder's name: hydra.run.dir=…)",
             run_dir,
         )
     run_dir.mkdir(parents=True, exist_ok=True)
