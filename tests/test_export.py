@@ -61,6 +61,9 @@ def test_single_file_export_loads_in_diffusers_as_the_student_and_its_card_lists
     for name in names[1:]:
         assert f"`{name}`" in card, name
     assert "from_single_file" in card and "models/diffusion_models" in card and "**Note:** ComfyUI" in card
+    # First in its ComfyUI section, and why no student of this teacher loads there (a newcomer's student=half did not)
+    comfy = card.split("## In ComfyUI", 1)[1].lstrip()
+    assert comfy.startswith("**Note:** ComfyUI") and "none of its students loads in ComfyUI" in comfy.split("\n")[0]
     # The card's lines load it (its placeholders filled in) into the teacher's pipeline.
     code = textwrap.dedent(card.split("```python")[-1].split("```")[0]).replace("PATH_TO_THIS_FOLDER", str(out))
     scope = {"torch": torch}

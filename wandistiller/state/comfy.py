@@ -407,7 +407,7 @@ def _section(
         if s.boundary is not None
         else ""
     )
-    caution = f"\n**Note:** {warning}\n" if warning else ""
+    caution = f"\n**Note:** {warning}\n" if warning else ""  # first: it can undo the rest
     text_dir, vae_dir = FOLDERS["text_encoder"], FOLDERS["vae"]
     schedule = (
         "the trained sigmas set by ManualSigmas (SamplerCustomAdvanced, BasicGuider)"
@@ -432,7 +432,7 @@ def _section(
     elif s.image_node is not None:
         given = f"No first frame: {s.image_node} without a start image makes the clip from the prompt alone.\n"
     return f"""## In ComfyUI
-
+{caution}
 Put the files where ComfyUI looks for them, then drop `{workflow_file}` on ComfyUI's canvas:
 
 | file | from | into |
@@ -444,4 +444,4 @@ Put the files where ComfyUI looks for them, then drop `{workflow_file}` on Comfy
 {intro}{given}Sampler settings: **{s.steps} steps, cfg 1** (the student was distilled from guided targets: no CFG),
 sampler `{s.sampler}`, {schedule}, {s.width}x{s.height}, {frames}.
 {exact}
-{pair}{caution}"""
+{pair}"""

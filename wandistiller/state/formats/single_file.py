@@ -62,13 +62,17 @@ def shape_warning(config: dict, tensors: dict, teacher_config: dict | None = Non
     broken = loader_assumptions_broken(config, tensors)
     if not broken:
         return None
-    keeps = KEEPS_WAN_SHAPE
-    if teacher_config is not None and loader_assumptions_broken(teacher_config, {}):
-        keeps += " (this teacher's own shape breaks them too: only a Wan teacher's students keep them)"
-    return (
+    said = (
         f"ComfyUI (and any loader that guesses a Wan model's shape from its weights) would build this student "
-        f"wrong: {'; '.join(broken)}; diffusers with config= loads it. The shapes that keep those guesses: {keeps}"
+        f"wrong: {'; '.join(broken)}; diffusers with config= loads it."
     )
+    if teacher_config is not None and loader_assumptions_broken(teacher_config, {}):  # the pocket and tiny teachers
+        # A newcomer's make-train run is student=half already: "the shapes that keep them" alone did not say why.
+        return (
+            f"{said} This teacher's own shape breaks those guesses too, so none of its students loads in ComfyUI: "
+            "only the students of a real Wan teacher do (docs/REAL_MODEL.md)"
+        )
+    return f"{said} The shapes that keep those guesses: {KEEPS_WAN_SHAPE}"
 
 
 def ffn_weights(model) -> dict:
