@@ -52,7 +52,7 @@ def test_another_data_source_or_student_on_a_resume_is_named_by_its_choice_key_a
     run_dir = tmp_path / "r"
     interrupted_run(make_cfg, run_dir)
     for given, said in (("data=teacher_latents", "data.latents=teacher (saved gaussian)"),
-                        ("student=small", "student.builder=small (saved tiny)")):  # fmt: skip
+                        ("student=small", "student=small (saved tiny)")):  # fmt: skip
         with pytest.raises(UserError) as e:
             continued_config(make_cfg("trainer.resume=auto", given, run_dir=run_dir), ["trainer.resume=auto", given])
         assert f"with its saved config, and {said} disagree; drop them" in str(e.value), e.value

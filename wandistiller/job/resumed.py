@@ -27,7 +27,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from wandistiller.config import TrainConfig
+from wandistiller.config import CONF_DIR, TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
 from wandistiller.core.hydra import compose_option, compose_tree
@@ -431,10 +431,18 @@ def _differences(now: dict, before: dict, key: str) -> list[str]:
     for field in CHOICE_KEYS:  # a group whose choice is a key of its own: that key alone, not every key it brings
         leaf = f"{key}.{field}"
         if leaf in sub_now and leaf in sub_before and sub_now[leaf] != sub_before[leaf]:
-            return [f"{leaf}={_show(now, leaf)} (saved {_show(before, leaf)})"]
+            shown = (_show(now, leaf), _show(before, leaf))
+            if field == "builder" and all(_is_option(key, v) for v in shown):  # a student option is its builder's name
+                return [f"{key}={shown[0]} (saved {shown[1]})"]
+            return [f"{leaf}={shown[0]} (saved {shown[1]})"]
     unset = object()
     leaves = sorted(k for k in sub_now.keys() | sub_before.keys() if sub_now.get(k, unset) != sub_before.get(k, unset))
     return [f"{k}={_show(now, k)} (saved {_show(before, k)})" for k in leaves]
+
+
+def _is_option(group: str, name: str) -> bool:
+    """Whether `name` is one of the shipped options of config group `group` (conf/<group>/<name>.yaml)."""
+    return (CONF_DIR / group / f"{name}.yaml").is_file()
 
 
 def _said(now: dict, before: dict, keys: list[str], most: int = 4) -> str:
