@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -58,11 +59,39 @@ def test_bench_teacher_writes_under_outputs_and_names_its_device(tmp_path):
         (["overhead", "--compile"], "overhead --compile compares compiled LoRA steps; add --student lora"),
         (["plan", "--placements", "cpu,nope"], "--placements='nope' is not a teacher_placement option; pick from au"),
         (["plan", "--student", "tiny,huge"], "--student='huge' is not a student option; pick from base, from_json,"),
+        # An audit's: a huge size was a reshape traceback, an odd one a PASS of a shape train refuses
+        (["grad-check", "--latent-height", "100000"], r"--latent-height=100000 must be even \(Wan patches 2x2\)"),
+        (["grad-check", "--latent-width", "3"], "--latent-width=3 must be even"),
+        (["plan", "--latent", "0x8"], "--latent=0x8: each side=0 must be even"),  # every row "failed: see the JSON"
     ],
 )
 def test_bench_flags_are_one_line_before_any_setup(argv, message):
     with pytest.raises(UserError, match=message):
         check_args(parser().parse_args(argv))
+
+
+def test_bench_never_writes_into_a_run_folder_or_over_a_file_no_benchmark_wrote(tmp_path):
+    # An audit's: grad-check --out <run>/metrics.json replaced a finished run's metrics; overhead --cache-dir <run>
+    # wrote embeddings/ and teachers/ into it.
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.json").write_text('{"loss": 1}')
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "earlier.json").write_text('{"device": "cpu"}')
+    for argv, said in (
+        (
+            ["grad-check", "--out", str(run / "metrics.json")],
+            f"lies in the run folder {run}, whose files are the run's",
+        ),
+        (["grad-check", "--out", str(tmp_path / "notes.txt")], "holds something other than a benchmark's JSON"),
+        (["overhead", "--cache-dir", str(run)], f"--cache-dir {run} is or lies in the run folder {run}"),
+        (["overhead", "--cache-dir", str(run / "cache")], "is or lies in the run folder"),
+    ):
+        with pytest.raises(UserError, match=re.escape(said)):
+            check_args(parser().parse_args(argv))
+    check_args(parser().parse_args(["overhead", "--out", str(tmp_path / "earlier.json")]))  # a result: replaced
+    assert (run / "metrics.json").read_text() == '{"loss": 1}'
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -13,8 +13,17 @@ beside the runs, never the repository root). Built teachers go under WANDISTILLE
 
 import os
 
+from wandistiller.core.errors import UserError
+from wandistiller.job.checks import MAX_LATENT
+
 CACHE = os.environ.get("WANDISTILLER_CACHE", "~/.cache/wandistiller")  # the train job's paths.cache_dir default
 
 
 def out_path(name: str) -> str:
     return f"outputs/bench/{name}.json"
+
+
+def check_latent(flag: str, value: int | None) -> None:
+    """A latent height or width as train's `data.latent_*` takes it: even (Wan patches 2x2), at most MAX_LATENT."""
+    if value is not None and (value % 2 or not 0 < value <= MAX_LATENT):
+        raise UserError(f"{flag}={value} must be even (Wan patches 2x2), from 2 to {MAX_LATENT}")

@@ -9,10 +9,21 @@ from pathlib import Path
 import torch
 
 import wandistiller.bench as package
-from wandistiller.bench import CACHE, gradcheck, job, load, lora_overhead, out_path, overhead, plan, teacher
+from wandistiller.bench import (
+    CACHE,
+    check_latent,
+    gradcheck,
+    job,
+    load,
+    lora_overhead,
+    out_path,
+    overhead,
+    plan,
+    teacher,
+)
 from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import OneLineParser, UserError, exit_on_user_error
-from wandistiller.core.files import folder_problem
+from wandistiller.core.files import enclosing_run, folder_problem, held_run, read_in
 from wandistiller.student.lora import BUILDER
 from wandistiller.teacher.model import compile_unavailable
 
@@ -138,10 +149,38 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.bench in ("teacher", "job") and kind == "cpu" and args.arch != "tiny":
         raise UserError(f"--arch {args.arch} on the CPU would take hours; run it on a GPU, or use --arch tiny here")
-    out = Path(args.out).expanduser()
+    for flag in ("latent_height", "latent_width"):  # what train's data.latent_* take: a huge one was a traceback
+        check_latent(f"--{flag.replace('_', '-')}", getattr(args, flag, None))
+    check_out(args.out)
+    cache = getattr(args, "cache_dir", None)
+    run = cache and (enclosing_run(Path(cache)) or held_run(Path(cache).expanduser(), depth=0))
+    if run:  # its embeddings/ and teachers/ were written into a finished run, which train's paths.cache_dir refuses
+        raise UserError(f"--cache-dir {cache} is or lies in the run folder {run}; choose a cache folder outside runs")
+
+
+RESULT_BYTES = 16 << 20
+
+
+def check_out(given: str) -> None:
+    """`--out`: a file that can be written, outside any run folder, new or a result a benchmark wrote (JSON); a
+    finished run's metrics.json was replaced by a grad-check's result."""
+    out = Path(given).expanduser()
     problem = "it is a folder" if out.is_dir() else folder_problem(out.parent if str(out.parent) else Path("."))
     if problem:
-        raise UserError(f"--out {args.out}: {problem}; choose another file")
+        raise UserError(f"--out {given}: {problem}; choose another file")
+    run = enclosing_run(out)
+    if run is not None:
+        raise UserError(
+            f"--out {given} lies in the run folder {run}, whose files are the run's; choose a file elsewhere"
+        )
+    if out.is_file():
+        try:  # a result is kilobytes: a larger file is not one
+            json.loads(read_in(out.parent, out.name, limit=RESULT_BYTES, what="benchmark result") or b"null")
+        except (ValueError, UserError):
+            raise UserError(
+                f"--out {given} holds something other than a benchmark's JSON, which the result would replace; "
+                "choose a new file"
+            ) from None
 
 
 if __name__ == "__main__":

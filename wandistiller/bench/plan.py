@@ -31,7 +31,7 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from wandistiller.bench import CACHE, out_path
+from wandistiller.bench import CACHE, check_latent, out_path
 from wandistiller.compose import register_configs
 from wandistiller.core.arch import BENCH_ARCHS, TINY_TEXT_ENCODER, WAN_A14B_I2V, Layout
 from wandistiller.core.errors import UserError
@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args) -> None:
     """The options each point composes, named with their flag (not as a composition error of train's), before any
     teacher is built."""
+    if args.latent is not None:  # `0x8` made every row "failed: see the JSON"
+        height, _, width = args.latent.partition("x")
+        if not (height.isdigit() and width.isdigit()):
+            raise UserError(f"--latent={args.latent!r}: use HxW (e.g. 60x104)")
+        for side in (height, width):
+            check_latent(f"--latent={args.latent}: each side", int(side))
     for flag, group in (("--student", "student"), ("--placements", "teacher_placement")):
         options = conf_options(group)
         unknown = [g for g in getattr(args, flag[2:]).split(",") if g not in options]
