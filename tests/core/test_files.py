@@ -402,6 +402,7 @@ ALLOWED_CALLS = {
     ("data/videos.py", "_av_frames"): "the user's data folder, as above",
     ("evaluation/metrics.py", "_folder_images"): "the user's --fid-reference folder",
     ("evaluation/metrics.py", "check_real_metrics"): "the user's --fid-reference folder",
+    ("evaluation/metrics.py", "_clip_model"): "the user's --clip-model folder or Hub id",
     ("generate.py", "first_frames"): "the images the user names on the command line (--image)",
     ("student/model.py", "_read_student_json"): "student.config_path, a file the user names",
     ("state/formats/diffusers.py", "_build"): "a folder this process assembled: the student checked (check_tree) "

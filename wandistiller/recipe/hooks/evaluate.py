@@ -83,9 +83,11 @@ class EvaluateAtEnd(Hook):
         pace = sorted(h["teacher_ms"] / ctx.trainer_cfg.batch_size for h in run.history[1:] if h.get("teacher_ms"))
         # The teacher's and the student's sampling (a KD student at the teacher's steps): loading, decoding and
         # judging aside, which on the pocket teachers take longer (make train: ~1 s of sampling in a ~6 s eval).
-        seconds = 2 * images * self.steps * pace[len(pace) // 2] / 1e3 if pace else None
-        said = "under 1 s" if seconds is not None and seconds < 1 else f"roughly {seconds:.0f} s"
-        guess = f", its sampling {said} (loading and judging aside)" if seconds is not None else ""
+        guess = ""
+        if pace:
+            seconds = 2 * images * self.steps * pace[len(pace) // 2] / 1e3
+            said = "under 1 s" if seconds < 1 else f"roughly {seconds:.0f} s"
+            guess = f", its sampling {said} (loading and judging aside)"
         log.info(  # what it costs, said before it is paid, and how not to pay it
             "hooks.evaluate: the student against its teacher on up to %d held-out prompt(s) x %d image(s), the teacher "
             "at %d steps with CFG%s at the training's teacher pace; ~hooks.evaluate skips it (python -m "
