@@ -89,11 +89,13 @@ def test_a_lora_students_config_is_the_teachers_and_its_bad_keys_are_one_line_ea
         "config_path": ("x.json", "student.config_path=x.json with student=lora"),
         "keep_blocks": ([0, 1], "student.keep_blocks=[0, 1] with student=lora"),
         "layers": ("mlp", "student.layers=mlp: 'mlp' is not one of all, attention, ffn"),
-        "alpha": (-1.0, "student.alpha=-1.0 must be a positive number"),
+        "alpha": (-1.0, "student.alpha=-1.0 must be a positive finite number"),
     }
     for key, (value, said) in bad.items():
         with refused(said):
             student_config(OmegaConf.create(LORA | {key: value}), teacher)
+    with refused("student.alpha=inf must be a positive finite number"):  # an audit's: it reached the first step
+        student_config(OmegaConf.create(LORA | {"alpha": float("inf")}), teacher)
     with refused("student.rank=-2 must be a positive integer"):
         student_config(OmegaConf.create(LORA | {"rank": -2}), teacher)
     with refused(

@@ -19,6 +19,7 @@ own frozen experts, the teacher's calls (targets, the real score) run the same m
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,8 +54,9 @@ def lora_settings(student_cfg) -> tuple[int, float | None, tuple[str, ...]]:
     rank, alpha, layers = _get(student_cfg, "rank"), _get(student_cfg, "alpha"), _get(student_cfg, "layers")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"student.rank={rank} must be a positive integer (the adapters' rank); e.g. student.rank=16")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0):
-        raise UserError(f"student.alpha={alpha} must be a positive number, or null (alpha = rank: a scale of 1)")
+    # inf passed (nan did not), and the run went non-finite at its first step, blamed on the LR
+    if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < math.inf):
+        raise UserError(f"student.alpha={alpha} must be a positive finite number, or null (alpha = rank: a scale of 1)")
     try:
         names = layer_names(_plain(layers))
     except ValueError as e:
