@@ -229,3 +229,18 @@ def test_a_cfg_scale_far_above_wans_is_warned_of_and_wans_own_are_not(make_cfg, 
         caplog.clear()
         check_values(make_cfg("teacher.guidance_scale=7.5"))
         assert "far above" not in caplog.text
+
+
+def test_a_run_whose_student_cannot_move_is_warned_of(make_cfg, caplog):
+    # An audit's: trainer.warmup_steps=1000000000 completed a run whose loss never moved, without a word.
+    from wandistiller.job.checks import check_training_parts
+
+    with caplog.at_level(logging.WARNING):
+        check_training_parts(make_cfg("trainer.warmup_steps=1000000000", "trainer.max_steps=30"))
+        assert "trainer.warmup_steps=1000000000 spans the whole 30-step schedule" in caplog.text
+        caplog.clear()
+        check_training_parts(make_cfg("trainer.optimizer.lr=0"))
+        assert "trainer.optimizer.lr=0: the student's weights never change" in caplog.text
+        caplog.clear()
+        check_training_parts(make_cfg("trainer.warmup_steps=10", "trainer.max_steps=3"))  # a short try: 30% of it
+        assert "never" not in caplog.text

@@ -224,12 +224,28 @@ def check_training_parts(cfg: DictConfig) -> tuple[Method, Loss]:
         get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
+    warn_of_a_still_student(t, lr)
     loss = as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1), then against the run's
         hook = built_quietly(node)
         if isinstance(hook, Hook):
             hook.check(cfg)
     return built_quietly(cfg.method), loss  # and the method its keys (method.steps=0, a fake score it has not built)
+
+
+def warn_of_a_still_student(t: DictConfig, lr) -> None:
+    """Legal settings under which the student barely moves, each said once (an audit's: a warm-up of 1e9 steps
+    completed a run whose loss never moved, without a word)."""
+    if lr == 0:
+        log.warning("trainer.optimizer.lr=0: the student's weights never change; was a learning rate meant (1e-4)?")
+    length = t.get("schedule_steps") or t.max_steps
+    # Past 10x the schedule: its LR stays under a tenth of the asked one (a short try of the default warm-up of 10
+    # steps, trainer.max_steps=3, still reaches 30%: not worth a line)
+    if str(t.lr_scheduler) != "constant" and isinstance(t.warmup_steps, int) and t.warmup_steps > 10 * length > 0:
+        log.warning(
+            f"trainer.warmup_steps={t.warmup_steps} spans the whole {length}-step schedule: the LR never reaches "
+            f"a tenth of trainer.optimizer.lr (at most {length / t.warmup_steps:.2g} of it); shorten the warm-up"
+        )
 
 
 def check_numbers_by_signature(node, prefix: str) -> None:
