@@ -257,6 +257,14 @@ def test_a_bad_headroom_is_one_line_naming_the_keys(plans):
 
 
 @pytest.mark.slow  # a whole run: the default lane keeps its 4 minutes
+def test_a_rig_short_by_its_own_headroom_is_told_to_lower_it(monkeypatch, capsys):
+    # An audit's: hardware.headroom_gib=100 on an 80 GiB GPU was told only to use a GPU with more memory.
+    with pytest.raises(SystemExit) as e:
+        plan_main(monkeypatch, *HARDWARE["1x80GiB"], "hardware.headroom_gib=100")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "; lower hardware.headroom_gib=100 (memory left free), or use a GPU" in err, err
+
+
 def test_the_table_shows_its_error_bar_and_marks_extrapolated_figures(plans):
     result = plans["1x80"].result()
     assert result.returncode == 0, result.stderr
@@ -341,6 +349,9 @@ def test_one_frame_plans_no_frames_line(monkeypatch, capsys):
         ("trainer.batch_size=0", "error: trainer.batch_size=0 must be a positive integer"),
         ("trainer..batch_size=2", "error: trainer..batch_size=2 is not an override Hydra can read"),
         ("hooks=[monitor", "error: hooks=[monitor is not an override Hydra can read"),
+        # An audit's: a table was planned for each, where train refuses them
+        ("teacher.quantize=int4", "error: teacher.quantize=int4 is unknown; use fp8 or null"),
+        ("trainer.optimizer.lr=nan", "error: trainer.optimizer.lr=nan must be a finite number"),
     ],
 )
 def test_a_value_train_refuses_or_an_override_that_does_not_parse_is_one_line_from_plan(

@@ -13,12 +13,19 @@ from wandistiller.config import hardware_problem
 from wandistiller.core.errors import UserError, exit_on_user_error
 from wandistiller.core.hydra import auto_precision, compose_config
 from wandistiller.core.precision import Precision
-from wandistiller.job.checks import built_quietly, check_missing, check_values, method_passes, name_the_teacher
+from wandistiller.job.checks import (
+    check_missing,
+    check_training_parts,
+    check_values,
+    method_passes,
+    name_the_teacher,
+)
 from wandistiller.job.preflight import check_data, check_method_config, check_rope
 from wandistiller.placements import Placement
 from wandistiller.placements.advice import nothing_fits, plan_report, time_factor
 from wandistiller.placements.planner import text_encoder_bytes, workload_of
 from wandistiller.student.model import check_student
+from wandistiller.teacher.fastpaths import check_quantize
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import check_latent_frames
 
@@ -57,11 +64,14 @@ def main() -> None:
             raise UserError(hardware)
         check_values(cfg)  # what train refuses before planning (trainer.batch_size=0), refused here too
         name_the_teacher(cfg)
-        method = built_quietly(cfg.method)
+        method, _ = check_training_parts(cfg)  # the optimizer's and the method's own checks (lr=nan), as train's
         check_method_config(cfg, method)  # what train refuses whatever the placement, refused here too
         passes = method_passes(cfg, method)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
+        # On paper: a CUDA device of the planned rig, whose build and capability this machine cannot say (int4 planned
+        # a bf16 table where train refuses it)
+        check_quantize(cfg.teacher.quantize, torch.device("cuda"), precision.teacher_dtype)
         local = Path(str(cfg.teacher.path)).expanduser()
         spec = inspect_teacher(local) if local.is_dir() else None  # its folder read once, as train reads it first
         read = (spec.transformer_config, len(spec.experts)) if spec is not None else None

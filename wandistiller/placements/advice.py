@@ -133,11 +133,18 @@ def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
     short = {e.placement: shortages(e, hw) for e in estimates}
     name = min(short, key=lambda n: sum(m for _, m, _ in short[n]))
     missing = " and ".join(f"{m / GiB:.1f} GiB of {d} ({u / GiB:.1f} usable)" for d, m, u in short[name])
+    # The headroom left free is the user's setting: where it is what is short, lowering it is the fix (an audit's
+    # hardware.headroom_gib=100 on an 80 GiB GPU was told to buy more memory)
+    kept = any(hw.headroom_gib > 0 and hw.headroom_gib * GiB >= m for _, m, _ in short[name])
+    fix = (
+        f"lower hardware.headroom_gib={hw.headroom_gib:g} (memory left free), or use a GPU or host with more memory"
+        if kept
+        else "use a GPU or host with that much more memory"
+    )
     return (
         f"no setting fits {hw.describe()}, not even trainer.batch_size=1 data.latent_frames=1"
         + (" teacher.quantize=fp8" if least.teacher_fp8 else "")
-        + f": the closest, teacher_placement={name}, is short of {missing}; use a GPU or host with that much more"
-        " memory"
+        + f": the closest, teacher_placement={name}, is short of {missing}; {fix}"
     )
 
 
