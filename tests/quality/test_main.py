@@ -141,6 +141,10 @@ def test_a_style_that_is_no_lora_of_the_teacher_is_refused_before_the_work(tmp_p
         (["--steps", "-5"], "--steps -5 is not 1 or more"),
         (["--jobs", "0"], "--jobs 0 is not 1 or more"),
         (["--seeds", "0", "-1"], "--seeds -1 is not in [0, 2**63); give whole numbers of 0 or more"),
+        # An audit's: "± 0.0" over one seed twice; flags of another report dropped without a word
+        (["--seeds", "0", "1", "0"], "--seeds repeats 0: each seed is one sample of the mean"),
+        (["--style", "nope.safetensors"], "--style is --stacking's style LoRA; add --stacking, or drop --style"),
+        (["--jobs", "3"], "--jobs 3 trains --compression's sizes at once; add --compression, or drop --jobs"),
     ],
 )
 def test_a_count_out_of_range_is_named_by_its_flag_before_the_work(tmp_path, capsys, args, line):
@@ -151,6 +155,24 @@ def test_a_count_out_of_range_is_named_by_its_flag_before_the_work(tmp_path, cap
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"error: {line}") and not list(tmp_path.iterdir())  # nothing made, no report
+
+
+def test_a_work_folder_in_a_run_or_a_file_is_named_by_its_flag(tmp_path, capsys):
+    # An audit's: refused as paths.cache_dir=… or hydra.run.dir=…, words the user never typed
+    from wandistiller.quality.__main__ import main
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (tmp_path / "a_file").write_text("mine")
+    for work, said in ((run, f"--work {run} is or lies in the run folder {run}"),
+                       (run / "work", f"--work {run / 'work'} is or lies in the run folder {run}"),
+                       (tmp_path / "a_file", f"--work {tmp_path / 'a_file'} is a file")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main(["--small", "--work", str(work), "--out", str(tmp_path / "q.md")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {said}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "run"]
 
 
 def test_a_section_is_replaced_between_its_markers_and_the_rest_of_the_report_is_kept(tmp_path):

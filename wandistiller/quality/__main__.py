@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
-from wandistiller.core.files import enclosing_run, output_problem, read_in, read_text_in, write_in_run
+from wandistiller.core.files import enclosing_run, held_run, output_problem, read_in, read_text_in, write_in_run
 from wandistiller.core.hydra import shipped_asset
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
@@ -342,6 +342,20 @@ def check_counts(args: argparse.Namespace) -> None:
     bad = [seed for seed in args.seeds or () if not 0 <= seed < 2**63]
     if bad:
         raise UserError(f"--seeds {bad[0]} is not in [0, 2**63); give whole numbers of 0 or more, e.g. --seeds 0 1 2")
+    repeated = [seed for i, seed in enumerate(args.seeds or ()) if seed in args.seeds[:i]]
+    if repeated:  # `--seeds 0 0` reported "± 0.0" over one seed's numbers twice
+        raise UserError(f"--seeds repeats {repeated[0]}: each seed is one sample of the mean; give distinct seeds")
+    # Flags of one report given to another were dropped without a word (an audit's --style without --stacking)
+    if args.style is not None and not args.stacking:
+        raise UserError("--style is --stacking's style LoRA; add --stacking, or drop --style")
+    if args.jobs != 1 and not args.compression:
+        raise UserError(f"--jobs {args.jobs} trains --compression's sizes at once; add --compression, or drop --jobs")
+    work = args.work.expanduser() if args.work is not None else None
+    if work is not None and work.exists() and not work.is_dir():
+        raise UserError(f"--work {args.work} is a file; give a folder for the run folders and caches")
+    run = work is not None and (enclosing_run(work) or held_run(work, depth=0))
+    if run:  # its refusal named paths.cache_dir or hydra.run.dir, not the flag typed
+        raise UserError(f"--work {args.work} is or lies in the run folder {run}; give a folder outside runs")
 
 
 def report_path(args: argparse.Namespace) -> Path:
