@@ -35,7 +35,7 @@ from wandistiller.core.errors import (
 from wandistiller.core.files import in_run, output_problem, overlap, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.core.stopping import tool_session
-from wandistiller.data.conditions import fitted, frame_size
+from wandistiller.data.conditions import fitted, frame_size, unreadable
 from wandistiller.data.prompts import encode_prompts
 from wandistiller.evaluation.grids import save_clip
 from wandistiller.state.runs import (
@@ -263,7 +263,9 @@ def first_frames(args: argparse.Namespace, run) -> list[Image.Image] | None:
                 pictures.append(fitted(opened, height, width, path, "--image"))
         except UserError:
             raise
-        except Exception:  # PIL raises many types for a missing or damaged file; all mean the same to the user
+        except Exception as e:  # PIL raises many types for a missing or damaged file; all mean the same to the user
+            if isinstance(e, Image.DecompressionBombError):  # a large valid image: not "not readable"
+                raise UserError(f"--image {path} {unreadable(e)}") from None
             raise UserError(f"--image {path}: not a readable image file; give a PNG, JPEG or WebP") from None
     return pictures * len(args.prompt) if len(pictures) == 1 else pictures
 

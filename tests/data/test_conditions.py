@@ -3,6 +3,8 @@ the teacher's own VAE (and CLIP) exactly as teacher/image.py encodes it, cached;
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -70,3 +72,23 @@ def test_the_bank_holds_what_the_pipelines_encoding_gives_each_fitted_image_cach
     monkeypatch.setattr(conditions, "load_image_encoder", lambda *a: pytest.fail("a complete cache encodes nothing"))
     again = image_bank(spec, opened, names, 3, "fingerprint", data(), tmp_path, cpu, "k", progress=False)
     assert torch.equal(again.select(torch.arange(3)).latents, bank.select(torch.arange(3)).latents)
+
+
+def test_a_float_image_and_one_too_large_for_pil_are_named_for_what_they_are(monkeypatch):
+    # An audit's: a mode-F TIFF of 0..1 became an all-black first frame; a 20000x20000 PNG was "not readable".
+    floats = Image.fromarray(np.full((64, 64), 0.5, dtype=np.float32))
+    with pytest.raises(UserError, match=r"^--image: z.tiff holds floating-point pixels \(mode F\), whose range"):
+        fitted(floats, 32, 32, "z.tiff", "--image")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL's guard at 2x: a 64x64 image is over it
+    with pytest.raises(Image.DecompressionBombError) as bomb:
+        Image.open(io.BytesIO(_png(64)))
+    said = conditions.unreadable(bomb.value)
+    assert said.startswith("is too large for PIL to decode (Image size (4096 pixels) exceeds limit of 200 pixels")
+    assert said.endswith("; scale it down")
+    assert conditions.unreadable(OSError("truncated")) == "is not a readable image"
+
+
+def _png(side: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((side, side, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()

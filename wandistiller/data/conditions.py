@@ -68,10 +68,26 @@ def fitted(image: Image.Image, height: int, width: int, name: str, key: str) -> 
     return ImageOps.fit(rgb(image), (width, height), method=Image.Resampling.BICUBIC)
 
 
+def unreadable(error: Exception) -> str:
+    """Why PIL could not read an image, where the reason is the user's to act on: PIL's decompression-bomb guard
+    refuses a large valid image (20000x20000) in words that read as a damaged file's; else the damaged file's."""
+    if isinstance(error, Image.DecompressionBombError):
+        return (
+            f"is too large for PIL to decode ({str(error).split(',')[0]}, a guard against decompression bombs); "
+            "scale it down"
+        )
+    return "is not a readable image"
+
+
 def check_given(image: Image.Image, height: int, width: int, name: str, key: str) -> Image.Image:
     """`image` (upright) as it is, refused in one line where it cannot be a clip's first frame: smaller than
     height x width (scaling up would give the student a blurred first frame to keep), or with transparent pixels
     (converting to RGB would paint them black, a first frame nobody meant)."""
+    if image.mode == "F":  # floating-point pixels (a TIFF's): no range PIL can know; 0..1 became a black frame
+        raise UserError(
+            f"{key}: {name} holds floating-point pixels (mode F), whose range is unknown; save it as an 8- or 16-bit "
+            "PNG"
+        )
     if image.width < width or image.height < height:
         raise UserError(
             f"{key}: {name} is {image.width}x{image.height}, too small for the run's {width}x{height} frames (width x "

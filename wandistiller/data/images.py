@@ -23,7 +23,7 @@ from PIL import Image, ImageOps
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
-from wandistiller.data.conditions import PIXELS, check_given, fitted, frame_size, image_bank, rgb
+from wandistiller.data.conditions import PIXELS, check_given, fitted, frame_size, image_bank, rgb, unreadable
 from wandistiller.data.latents import LatentBank, cached_bank
 from wandistiller.data.prompts import PromptEmbeddings, encode_prompts
 from wandistiller.teacher.spec import TeacherSpec
@@ -301,10 +301,10 @@ def folder_source(root: str) -> ImageSource:
             with Image.open(image) as opened:
                 frames = getattr(opened, "n_frames", 1)
                 opened.verify()
-        except Exception:  # PIL raises many types for a damaged file; all mean the same to the user
-            raise UserError(
-                f"{key}: {image.relative_to(path).as_posix()} is not a readable image; replace or remove it"
-            ) from None
+        except Exception as e:  # PIL raises many types for a damaged file; all mean the same to the user
+            why = unreadable(e)
+            fix = "" if why.endswith("scale it down") else "; replace or remove it"
+            raise UserError(f"{key}: {image.relative_to(path).as_posix()} {why}{fix}") from None
         if frames > 1:
             raise UserError(
                 f"{key}: {image.relative_to(path).as_posix()} is animated ({frames} frames), and data=image_folder "
