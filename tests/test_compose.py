@@ -74,3 +74,9 @@ def test_an_empty_folder_is_refused_not_read_as_the_current_directory(override):
     key = override.split("=")[0]
     with pytest.raises(UserError, match=rf"^{re.escape(key)} is empty \(an unset variable\?\); give it a folder, e.g."):
         check_overrides(["trainer.max_steps=1", override])
+
+
+def test_a_value_that_is_no_bool_is_told_what_a_bool_key_takes():
+    # An audit's: hardware.show_plan=maybe gave Hydra's words and no fix
+    with pytest.raises(UserError, match=r"show_plan=maybe .*'maybe' is not a valid bool .*; use true or false$"):
+        check_overrides(["hardware.show_plan=maybe"])

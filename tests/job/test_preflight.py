@@ -175,8 +175,8 @@ def test_one_frame_on_a_pocket_video_teacher_is_refused_before_training_not_afte
     for teacher in ("pocket_video", "pocket_i2v"):
         error = refused_run(make_cfg, tmp_path, f"teacher={teacher}", "data.latent_height=4", "data.latent_width=4")
         assert error.startswith("data.latent_frames=1 makes single frames, but the teacher at "), error
-        assert error.endswith("is a pocket video teacher, trained and judged on clips of 9 frames: set "
-                              "data.latent_frames=5 (as +experiment=pocket_video does)"), error  # fmt: skip
+        fix = "set data.latent_frames=5 (as its experiments do: +experiment=pocket_video, pocket_i2v_lora, …)"
+        assert error.endswith(f"is a pocket video teacher, trained and judged on clips of 9 frames: {fix}"), error
 
 
 def test_the_image_pocket_teacher_is_refused_clips_and_trains_stills(make_cfg, tmp_path):

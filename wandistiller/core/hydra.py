@@ -158,6 +158,8 @@ def hydra_error_line(error: Exception) -> str:
     if missing and _options(missing[1]):
         options = _options(missing[1])
         return f"{text} Available options in '{missing[1]}': {' '.join(options)}; pick one of those options"
+    if "is not a valid bool" in text:  # hardware.show_plan=maybe: Hydra's words named no value it takes
+        return f"{text}; use true or false"
     return f"{text}; fix the value" if "could not be converted" in text or "Invalid value" in text else text
 
 

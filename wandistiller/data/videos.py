@@ -91,7 +91,7 @@ class ClipShape:
         return (
             f"{self.frames} frames of {self.width}x{self.height} (data.latent_frames={data_cfg.latent_frames}, "
             f"latent {data_cfg.latent_width}x{data_cfg.latent_height}"
-            + (f", every {self.step}th frame" if self.step > 1 else "")
+            + (f", 1 frame in {self.step}" if self.step > 1 else "")  # "every 2th frame" read wrong
             + (f", at data.fps={self.fps:g}" if self.fps else "")
             + ")"
         )

@@ -85,7 +85,7 @@ def check_latent_frames(teacher_path: Path, latent_frames: int, resumed: bool = 
                 "a resume keeps the run's data.latent_frames, so this run cannot go on on it (a run of an earlier "
                 "version): start a new run folder with data.latent_frames=5"
                 if resumed
-                else "set data.latent_frames=5 (as +experiment=pocket_video does)"
+                else "set data.latent_frames=5 (as its experiments do: +experiment=pocket_video, pocket_i2v_lora, …)"
             )
         )
     if latent_frames <= 1:
