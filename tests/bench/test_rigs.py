@@ -68,7 +68,7 @@ def test_a_run_that_fits_nothing_alone_is_told_the_overrides_that_fit_together(m
     lines = capsys.readouterr().out.splitlines()
     line = ("teacher_placement=offload would fit with all of: teacher_placement.resident_blocks=0 trainer.batch_size=1 "
             "teacher.quantize=fp8")  # fp8: a LoRA run takes an fp8 base  # fmt: skip
-    assert line in lines and lines[-1] == "nothing fits: use smaller dtypes or more memory"  # at batch 3
+    assert line in lines and lines[-1] == "nothing fits as asked: see what would, above"  # at batch 3
 
 
 def test_a_student_network_that_does_not_fit_is_told_fp8_would(monkeypatch, capsys):

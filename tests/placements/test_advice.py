@@ -31,6 +31,16 @@ def test_the_most_frames_that_fit_is_the_edge_between_fitting_and_not(make_cfg):
     assert not any(e.fits for e in plan(advice._at_frames(w, 1, most + 1), hw))
 
 
+def test_the_largest_batch_that_fits_is_the_edge_between_fitting_and_not_found_by_bisection(make_cfg):
+    # Counted down one by one, trainer.batch_size=100000 planned for 16 s and 1e8 for hours.
+    w, hw = workload(make_cfg("teacher=wan2.1_t2v_14b", *FRAME, *HARDWARE["1x80GiB"], "trainer.batch_size=100000000"))
+    most = advice.largest_batch(w, hw)
+    assert most is not None and 1 < most < 100000000
+    assert any(e.fits for e in plan(advice._at_batch(w, most), hw))
+    assert not any(e.fits for e in plan(advice._at_batch(w, most + 1), hw))
+    assert f"trainer.batch_size={most}" in advice.fixes(w, hw)
+
+
 def test_hardware_nothing_fits_on_is_one_line_naming_the_closest_placement(make_cfg):
     w, hw = workload(make_cfg("teacher=wan2.1_t2v_14b", *FRAME, "hardware.gpus=1", "hardware.gpu_memory_gib=1",
                               "hardware.host_memory_gib=2"))  # fmt: skip

@@ -344,7 +344,10 @@ def choose_placement(
     assert placement is not None  # named, or chosen by the planner just above
     mine = next(e for e in estimates if e.placement == placement.name)
     if not mine.fits and not placement.debug_cpu:
+        # trainer.batch_size=100000000 was told to add memory, where a batch this machine holds would do
+        fits_with = advice.fixes(w, hw) if best is None else []
         other = f"use teacher_placement={best.placement}" if best else "no placement fits; add memory"
+        other = f"no placement fits as asked; it would with {' or '.join(fits_with)}" if fits_with else other
         raise UserError(
             f"teacher_placement={placement.name} will not fit: it needs {mine.need()} and this machine has "
             f"{hw.describe()}; {other} (python -m wandistiller.plan shows the table)"

@@ -10,6 +10,7 @@ from pathlib import Path
 from wandistiller.core.arch import rope_table
 from wandistiller.placements import Placement
 from wandistiller.placements.memory import (
+    DEFAULT_HEADROOM_FRACTION,
     GiB,
     Hardware,
     Workload,
@@ -51,11 +52,13 @@ def plan_report(
         f"teacher {teacher}: {w.experts} expert(s), {teacher_weight_bytes(w) / GiB:.1f} GiB of weights; "
         f"student {describe_student(w)}; batch {w.batch_size} x {w.tokens} tokens"
     )
-    tail = f"auto would choose: {best.placement}" if best else "nothing fits: use smaller dtypes or more memory"
     asked = configured.name if configured is not None else None
     table = format_table(estimates, hw, best.placement if best else None, w, times, asked)
     fix = fixes_line(w, hw, configured)
     frames = [frames_line(w, hw, *clip, configured)] if clip and clip[0] > 1 else []
+    # "use more memory" where a smaller batch or fewer frames fit contradicted the lines beside it
+    what = "see what would, above" if fix else "see the frames that would, below" if frames else ""
+    tail = f"auto would choose: {best.placement}" if best else f"nothing fits as asked: {what or 'use more memory'}"
     encoder = text_encoder_line(text_encoder, hw)
     lines = [head, *method_lines(w, passes), *([precision] if precision else []), table, *fix]
     return "\n".join([*lines, *([encoder] if encoder else []), tail, *frames])
@@ -87,7 +90,7 @@ def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> lis
             if _fits(w, hw, fewer):
                 found.append(f"teacher_placement.resident_blocks={k}")
                 break
-    smaller = next((b for b in range(w.batch_size - 1, 0, -1) if _fits(_at_batch(w, b), hw, configured)), None)
+    smaller = largest_batch(w, hw, configured)
     if smaller:
         found.append(f"trainer.batch_size={smaller}")
     if not w.teacher_fp8 and _fits(dataclasses.replace(w, teacher_fp8=True), hw, configured):
@@ -103,6 +106,18 @@ def fixes(w: Workload, hw: Hardware, configured: Placement | None = None) -> lis
     if not w.teacher_fp8:
         least, together = dataclasses.replace(least, teacher_fp8=True), [*together, "teacher.quantize=fp8"]
     return [" ".join(together)] if len(together) > 1 and _fits(least, hw, configured) else []
+
+
+def largest_batch(w: Workload, hw: Hardware, configured: Placement | None = None) -> int | None:
+    """The largest trainer.batch_size under `w`'s that fits (memory grows with the batch: a bisection, where counting
+    down from trainer.batch_size=100000 planned for 16 s, and from 1e8 for hours); None where batch 1 does not."""
+    if w.batch_size <= 1 or not _fits(_at_batch(w, 1), hw, configured):
+        return None
+    fits, too_big = 1, w.batch_size
+    while too_big - fits > 1:
+        middle = (fits + too_big) // 2
+        fits, too_big = (middle, too_big) if _fits(_at_batch(w, middle), hw, configured) else (fits, middle)
+    return fits
 
 
 def _at_batch(w: Workload, batch: int) -> Workload:
@@ -134,11 +149,14 @@ def nothing_fits(w: Workload, hw: Hardware, frames: int) -> str | None:
     name = min(short, key=lambda n: sum(m for _, m, _ in short[n]))
     missing = " and ".join(f"{m / GiB:.1f} GiB of {d} ({u / GiB:.1f} usable)" for d, m, u in short[name])
     # The headroom left free is the user's setting: where it is what is short, lowering it is the fix (an audit's
-    # hardware.headroom_gib=100 on an 80 GiB GPU was told to buy more memory)
-    kept = any(hw.headroom_gib > 0 and hw.headroom_gib * GiB >= m for _, m, _ in short[name])
+    # hardware.headroom_gib=100 on an 80 GiB GPU was told to buy more memory). Said where the defaults would fit.
+    raised = [f"hardware.headroom_gib={hw.headroom_gib:g}"] if hw.headroom_gib > 0 else []
+    if hw.headroom_fraction > DEFAULT_HEADROOM_FRACTION:
+        raised.append(f"hardware.headroom_fraction={hw.headroom_fraction:g}")
+    defaults = dataclasses.replace(hw, headroom_gib=0.0, headroom_fraction=DEFAULT_HEADROOM_FRACTION)
     fix = (
-        f"lower hardware.headroom_gib={hw.headroom_gib:g} (memory left free), or use a GPU or host with more memory"
-        if kept
+        f"lower {' and '.join(raised)} (memory left free), or use a GPU or host with more memory"
+        if raised and any(e.fits for e in plan(least, defaults))
         else "use a GPU or host with that much more memory"
     )
     return (
