@@ -25,7 +25,7 @@ from wandistiller.placements import Placement
 from wandistiller.placements.advice import nothing_fits, plan_report, time_factor
 from wandistiller.placements.planner import text_encoder_bytes, workload_of
 from wandistiller.student.model import check_student
-from wandistiller.teacher.fastpaths import check_quantize
+from wandistiller.teacher.fastpaths import check_quantize_setting
 from wandistiller.teacher.spec import inspect_teacher
 from wandistiller.teacher.vae import check_latent_frames
 
@@ -69,9 +69,9 @@ def main() -> None:
         passes = method_passes(cfg, method)
         # precision=auto as a run on the planned hardware would take it, not as this machine would
         precision = Precision.from_config(auto_precision(cfg.precision, cfg.hardware.gpus))
-        # On paper: a CUDA device of the planned rig, whose build and capability this machine cannot say (int4 planned
-        # a bf16 table where train refuses it)
-        check_quantize(cfg.teacher.quantize, torch.device("cuda"), precision.teacher_dtype)
+        # The setting alone (int4 planned a bf16 table where train refuses it): the planned rig's GPU is on paper, and
+        # this machine's build and capability cannot stand for it
+        check_quantize_setting(cfg.teacher.quantize, precision.teacher_dtype)
         local = Path(str(cfg.teacher.path)).expanduser()
         spec = inspect_teacher(local) if local.is_dir() else None  # its folder read once, as train reads it first
         read = (spec.transformer_config, len(spec.experts)) if spec is not None else None

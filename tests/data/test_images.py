@@ -409,3 +409,11 @@ def test_a_named_pipe_named_as_an_image_is_one_line_not_a_skip_or_a_hang(tmp_pat
     os.mkfifo(root / "img2.txt")  # a caption that is a pipe: there, not "no img2.txt beside it"
     with refused("img2.png has no caption (img2.txt beside it is not a regular file (a pipe, socket or device))"):
         folder_source(str(root))
+
+
+def test_a_float_image_in_a_dataset_is_refused_not_trained_on_as_black(tiny_path, tmp_path):
+    # A review's: a mode-F image of 0..1 became an all-black still (a first frame of one was refused already).
+    floats = [Image.fromarray(np.full((80, 100), 0.5, dtype=np.float32)) for _ in CAPTIONS]
+    folder = saved_dataset(tmp_path, {"image": floats, "caption": CAPTIONS})
+    with pytest.raises(UserError, match=r"data.dataset=.* holds floating-point pixels \(mode F\)"):
+        load(inspect_teacher(tiny_path), data_cfg(dataset=str(folder)), tmp_path / "cache")

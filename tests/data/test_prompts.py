@@ -153,3 +153,12 @@ def test_a_folder_as_prompts_path_is_named_a_folder_and_a_bom_is_dropped(tmp_pat
         read_prompts(str(path))
     with refused("is not a regular file (a pipe or a device)"):
         read_prompts("/dev/null")
+
+
+def test_a_slow_tokenizer_is_not_checked_for_unknown_words():
+    # A review's: transformers 5's slow tokenizers ignore return_offsets_mapping; the check raised KeyError.
+    from transformers import ByT5Tokenizer
+
+    from wandistiller.data.prompts import unknown_words
+
+    assert unknown_words(ByT5Tokenizer(), ["a red fox"]) == {}

@@ -108,18 +108,31 @@ def test_pocket_scores_and_eval_quality_give_diversity_only_for_several_images_a
     assert "diversity_ratio" not in eval_quality(prompts[:4], {"teacher": images[:4], "student": images[:4]})
 
 
-def test_clip_score_reads_a_local_clip_folder_once_and_scores_each_call_alone(tiny_clip, monkeypatch):
+def test_clip_score_reads_a_local_clip_folder_once_and_is_the_mean_cosine_x_100(tiny_clip, monkeypatch):
     # torchmetrics' own loader takes five Hub ids alone: a downloaded folder (the refusal's own advice) was refused.
-    from transformers import CLIPModel
+    import torch.nn.functional as F
+    from transformers import CLIPModel, CLIPProcessor
 
+    from wandistiller.evaluation import metrics
+
+    metrics._clip_model.cache_clear()  # another test of this process may have loaded it
     loads = []
     real = CLIPModel.from_pretrained.__func__
     monkeypatch.setattr(
         CLIPModel, "from_pretrained", classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k))
     )
     torch.manual_seed(0)
-    images = torch.rand(2, 3, 32, 32)
-    first = clip_score(images, ["a red 3", "a blue 4"], str(tiny_clip))
+    images, prompts = torch.rand(3, 3, 32, 32), ["a red 3", "a blue 4", "a long prompt " * 40]  # past 77 tokens
+    score = clip_score(images, prompts, str(tiny_clip))
     clip_score(torch.rand(2, 3, 32, 32), ["a green 5", "a red 7"], str(tiny_clip))
-    assert 0 <= first <= 100 and clip_score(images, ["a red 3", "a blue 4"], str(tiny_clip)) == pytest.approx(first)
     assert len(loads) == 1
+    # By hand, through the towers and projections: torchmetrics' mean of 100 x cosine, floored at 0 after the mean
+    model, processor = real(CLIPModel, str(tiny_clip)), CLIPProcessor.from_pretrained(str(tiny_clip))
+    pixels = processor(images=list((images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()),
+                       return_tensors="pt").pixel_values  # fmt: skip
+    text = processor(text=prompts, return_tensors="pt", padding=True, truncation=True, max_length=77)
+    with torch.no_grad():
+        seen = model.visual_projection(model.vision_model(pixel_values=pixels).pooler_output)
+        read = model.text_projection(model.text_model(**text).pooler_output)
+    expected = float(100 * F.cosine_similarity(seen, read).mean())
+    assert expected > 0 and score == pytest.approx(expected, abs=1e-4)  # this folder's seed: a positive mean

@@ -301,7 +301,7 @@ def test_a_resume_keeps_the_lr_schedule_the_run_was_made_with(make_cfg, tmp_path
     from wandistiller.job.resumed import continuing
     from wandistiller.recipe.distillation import held_after
 
-    run_dir = saved_run(make_cfg, tmp_path / "r", "trainer.max_steps=4")
+    run_dir = saved_run(make_cfg, tmp_path / "r", "trainer.max_steps=4", "trainer.warmup_steps=1")
     shorter = ["trainer.resume=auto", "trainer.max_steps=3"]
     cfg = continued_config(make_cfg(*shorter, run_dir=run_dir), shorter)
     assert (cfg.trainer.max_steps, cfg.trainer.schedule_steps) == (3, 4)
@@ -317,6 +317,15 @@ def test_a_resume_keeps_the_lr_schedule_the_run_was_made_with(make_cfg, tmp_path
     schedule = get_scheduler("cosine", optimizer, num_warmup_steps=1, num_training_steps=4)
     factor = schedule.lr_lambdas[0]
     assert [held_after(factor, 4)(s) for s in (3, 4, 6)] == [factor(3), 0, 0] and factor(6) > 0
+    # Still warming up where its schedule ends (the default warm-up of 10 steps, 4 steps run): not 0, said so
+    warming = saved_run(make_cfg, tmp_path / "w", "trainer.max_steps=4")
+    continued_config(make_cfg(*longer, run_dir=warming), longer)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="wandistiller"):
+        continuing(warming)
+    assert "steps 5-8 train at its last LR" in caplog.text and "LR 0" not in caplog.text
+    warm = get_scheduler("cosine", optimizer, num_warmup_steps=10, num_training_steps=4).lr_lambdas[0]
+    assert held_after(warm, 4)(6) == warm(4) == 0.4
 
 
 def test_an_in_process_resume_of_a_precision_auto_run_takes_the_dtypes_it_resolved(make_cfg, tmp_path):

@@ -26,4 +26,4 @@ def out_path(name: str) -> str:
 def check_latent(flag: str, value: int | None) -> None:
     """A latent height or width as train's `data.latent_*` takes it: even (Wan patches 2x2), at most MAX_LATENT."""
     if value is not None and (value % 2 or not 0 < value <= MAX_LATENT):
-        raise UserError(f"{flag}={value} must be even (Wan patches 2x2), from 2 to {MAX_LATENT}")
+        raise UserError(f"{flag}={value} must be an even number from 2 to {MAX_LATENT} (Wan patches 2x2)")

@@ -398,6 +398,11 @@ def _pixels(source: ImageSource, i: int, height: int, width: int, small: list[st
     """Image i's pixels; its name added to `small` where it is scaled up to cover the frame (blurred)."""
     try:
         image = ImageOps.exif_transpose(source.image(i))  # upright: its size as the frame sees it
+        if image.mode == "F":  # a saved dataset's float image: 0..1 became a black still (data.root takes no TIFF)
+            raise UserError(
+                f"{source.key}: {_name(source, i)} holds floating-point pixels (mode F), whose range is unknown; "
+                "save it as an 8- or 16-bit image"
+            )
         if image.width < width or image.height < height:
             small.append(_name(source, i))
         return _upright_pixels(image, height, width)

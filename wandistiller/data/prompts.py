@@ -189,12 +189,11 @@ def unknown_words(tokenizer, prompts: list[str]) -> dict[str, list[str]]:
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
     unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not prompts:
+    if unk is None or not prompts or not getattr(tokenizer, "is_fast", False):  # a slow one maps no offsets
         return {}
     texts = [prompt_clean(p) for p in prompts]
-    try:
-        found = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    except NotImplementedError:  # a slow tokenizer: no offsets
+    found = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    if "offset_mapping" not in found:
         return {}
     out = {}
     for prompt, text, ids, offsets in zip(prompts, texts, found["input_ids"], found["offset_mapping"]):

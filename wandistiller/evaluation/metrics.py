@@ -147,19 +147,21 @@ def check_real_metrics(clip_model: str | None, fid_reference: str | None) -> Non
 
 
 def clip_score(images: torch.Tensor, prompts: list[str], model: str, chunk: int = 64) -> float:
-    """CLIP score (0-100) with `model` (a Hub id or a local folder): 100 x the cosine of each image's CLIP embedding
-    with its prompt's, floored at 0, averaged; torchmetrics' definition. Its CLIPScore reads embeddings as
-    transformers 4 returned them and fails on transformers 5's outputs, so the score is computed here."""
+    """CLIP score (0-100) with `model` (a Hub id or a local folder) as torchmetrics' CLIPScore computes it: 100 x the
+    cosine of each image's CLIP embedding with its prompt's, averaged, then floored at 0. Its CLIPScore reads
+    embeddings as transformers 4 returned them and fails on transformers 5's outputs, so the score is computed here.
+    Prompts are cut to the text encoder's positions (77), as its tokenizer's own limit may be unset."""
     clip, processor = _clip_model(model)
     pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    longest = clip.config.text_config.max_position_embeddings
     scores = []
     with torch.inference_mode():
         for start in range(0, len(prompts), chunk):
             inputs = processor(text=prompts[start : start + chunk], images=list(pixels[start : start + chunk]),
-                               return_tensors="pt", padding=True, truncation=True)  # fmt: skip
+                               return_tensors="pt", padding=True, truncation=True, max_length=longest)  # fmt: skip
             out = clip(**inputs)  # image_embeds and text_embeds: projected and unit-normalised
-            scores.append(100 * (out.image_embeds * out.text_embeds).sum(-1).clamp(min=0))
-    return float(torch.cat(scores).mean())
+            scores.append(100 * (out.image_embeds * out.text_embeds).sum(-1))
+    return max(float(torch.cat(scores).mean()), 0.0)
 
 
 # Loaded once, at the check before sampling, then used for the teacher's and the student's images (it was loaded

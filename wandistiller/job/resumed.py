@@ -346,7 +346,10 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
         return ""
     past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
     # A newcomer's: "at its last LR" hid that a cosine run extended trained at 0, its steps changing nothing.
-    last = "at LR 0, where it ends: they change nothing" if schedule in ENDS_AT_ZERO else "at its last LR"
+    # Still warming up at its end (a first launch no longer than trainer.warmup_steps), it holds a share of the LR.
+    warmed = (OmegaConf.select(result, "trainer.warmup_steps") or 0) < horizon
+    ends_at_zero = schedule in ENDS_AT_ZERO and warmed
+    last = "at LR 0, where it ends: they change nothing" if ends_at_zero else "at its last LR"
     return (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
         f"was made), so {past} {last}; to train on at a real LR, start a new run "

@@ -28,8 +28,8 @@ MODES = ("fp8",)
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper (H100/H200) and newer have fp8 tensor cores
 
 
-def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.dtype = torch.bfloat16) -> None:
-    """Refuse `teacher.quantize=MODE` before anything loads, where it cannot run on `device`."""
+def check_quantize_setting(mode: str | None, teacher_dtype: torch.dtype) -> None:
+    """The setting alone, on any machine (a plan on paper, whose GPU this machine's cannot stand for)."""
     if mode is None:
         return
     key = f"teacher.quantize={mode}"
@@ -37,6 +37,14 @@ def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.
         raise UserError(f"{key} is unknown; use fp8 or null")
     if teacher_dtype != torch.bfloat16:
         raise UserError(f"{key} computes with a bf16 teacher and this one is {teacher_dtype}; use precision=bf16")
+
+
+def check_quantize(mode: str | None, device: torch.device, teacher_dtype: torch.dtype = torch.bfloat16) -> None:
+    """Refuse `teacher.quantize=MODE` before anything loads, where it cannot run on `device`."""
+    if mode is None:
+        return
+    key = f"teacher.quantize={mode}"
+    check_quantize_setting(mode, teacher_dtype)
     if device.type != "cuda" or torch.cuda.is_available():  # (planning on paper: no GPU here to ask)
         problem = build_problem(str(device))
         if problem:
