@@ -159,3 +159,15 @@ def test_a_key_of_the_old_flat_logger_names_the_new_place(make_cfg):
 
     with pytest.raises(UserError, match=r"logger.wandb.mode=online"):
         compose_config(["logger.mode=online"])
+
+
+def test_the_cache_resolves_without_home_where_wandistiller_cache_is_set(monkeypatch, tmp_path):
+    # An audit's: HOME unset (cron, a container) was refused though WANDISTILLER_CACHE named the cache: the fallback
+    # inside the interpolation was resolved first.
+    from wandistiller.core.hydra import compose_config
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setenv("WANDISTILLER_CACHE", str(tmp_path / "cache"))
+    assert compose_config([]).paths.cache_dir == str(tmp_path / "cache")
+    monkeypatch.delenv("WANDISTILLER_CACHE")
+    assert compose_config([]).paths.cache_dir == "~/.cache/wandistiller"  # the user's home, expanded where it is used

@@ -418,3 +418,25 @@ def test_a_resume_refused_at_setup_leaves_no_resume_config_behind(make_cfg, tmp_
     with pytest.raises(UserError, match="does not load here"):
         run(make_cfg("trainer.max_steps=2", "trainer.resume=auto", run_dir=folder))
     assert sorted(p.name for p in (folder / ".hydra").iterdir()) == hydra
+
+
+def test_a_sweep_into_a_run_or_an_earlier_sweep_is_refused_unless_it_continues_it(tmp_path):
+    # An audit's: a sweep into a finished run wrote its report and points into it; one into an earlier sweep
+    # reported the old sweep's numbers as its own and exited 0.
+    from wandistiller.job.rundir import check_sweep_folder
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    for folder in (run, run / "sweep"):
+        with pytest.raises(UserError, match=f"hydra.sweep.dir={folder} is or lies in the run folder {run}; choose"):
+            check_sweep_folder(folder, ["precision=fp32,bf16"])
+    sweep = tmp_path / "sweep"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match="holds an earlier sweep; add trainer.resume=auto to continue its points"):
+        check_sweep_folder(sweep, ["precision=fp32,bf16"])
+    check_sweep_folder(sweep, ["precision=fp32,bf16", "trainer.resume=auto"])
+    check_sweep_folder(tmp_path / "new", ["precision=fp32,bf16"])
+    (tmp_path / "empty").mkdir()
+    check_sweep_folder(tmp_path / "empty", ["precision=fp32,bf16"])

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from wandistiller.core.errors import Stopped, exit_on_user_error, internal_errors_reported
 
@@ -117,12 +119,18 @@ class Stop:
         """Raise Stopped, whose one line (main rank only) says how to continue; call after the checkpoint."""
         self.restore()
         name = signal.Signals(self.signum).name if self.signum else "a signal on another rank"
-        message = (
-            f"stopped by {name} after step {step}, with a checkpoint; to continue, run the same command with "
-            f"trainer.resume=auto hydra.run.dir={run_dir}"
-        )
+        message = f"stopped by {name} after step {step}, with a checkpoint; to continue, {how_to_continue(run_dir)}"
         said_by_launcher = os.environ.get(LAUNCHED) == "1"
         raise Stopped(message if is_main and not said_by_launcher else "", 128 + (self.signum or signal.SIGTERM))
+
+
+def how_to_continue(run_dir) -> str:
+    """The command that continues a stopped run: a sweep's point is continued by its sweep (Hydra's -m ignores
+    hydra.run.dir, so "the same command with hydra.run.dir=<point>" started a new sweep from step 0)."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep = HydraConfig.get().sweep.dir
+        return f"run the same sweep (-m) with trainer.resume=auto hydra.sweep.dir={sweep}"
+    return f"run the same command with trainer.resume=auto hydra.run.dir={run_dir}"
 
 
 def launcher_stopped(error, run_dir) -> Stopped:
@@ -130,7 +138,7 @@ def launcher_stopped(error, run_dir) -> Stopped:
     checkpoint and said nothing, so that the user reads one line, not one per process."""
     return Stopped(
         f"stopped by {signal.Signals(error.sigval).name}; the workers saved a checkpoint at their last step; to "
-        f"continue, run the same command with trainer.resume=auto hydra.run.dir={run_dir}",
+        f"continue, {how_to_continue(run_dir)}",
         128 + error.sigval,
     )
 

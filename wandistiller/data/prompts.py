@@ -109,8 +109,10 @@ def encode_prompts(
     dtype: torch.dtype,
     device: torch.device,
     cache_dir: str | os.PathLike,
+    warn_unknown: bool = True,
 ) -> PromptEmbeddings:
-    """Text embeddings from the teacher's own encoder, computed once and cached on disk.
+    """Text embeddings from the teacher's own encoder, computed once and cached on disk. `warn_unknown`: say where
+    the teacher's tokenizer does not know a prompt's words (`unknown_words`).
 
     Uses WanPipeline.encode_prompt (the pipeline's tokenization, cleaning and padding), then frees the
     encoder: it is never resident during training.
@@ -124,11 +126,11 @@ def encode_prompts(
     # theirs in common, and the one that finishes removes it under a writer's feet. The others then read the file.
     with held_exclusively(cache.with_suffix(".lock")):
         return _cached_embeddings(cache, prompts, max_sequence_length) or _encode_and_cache(
-            spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache
+            spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache, warn_unknown
         )
 
 
-def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path):
+def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype, device, cache: Path, warn_unknown):
     from diffusers import WanPipeline
 
     parts = cache.with_suffix(".parts")  # one file per EMBED_CHUNK prompts: a kill keeps the finished ones
@@ -148,7 +150,7 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
         ).to(device)
     new = [p for c, s in enumerate(starts) if found[c] is None for p in prompts[s : s + EMBED_CHUNK]]
-    unknown = unknown_words(pipe.tokenizer, new)
+    unknown = unknown_words(pipe.tokenizer, new) if warn_unknown else {}
     if unknown:  # a pocket teacher asked for "a fox in the snow" drew a digit-like blob without a word
         prompt, words = next(iter(unknown.items()))
         log.warning(

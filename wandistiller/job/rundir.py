@@ -250,6 +250,24 @@ def unique_folder(folder: Path) -> Path:
     return folder
 
 
+def check_sweep_folder(folder: Path, overrides: list[str]) -> None:
+    """A sweep's folder holds no run's outputs, and no earlier sweep unless this one continues it (an audit's: a sweep
+    into a finished run wrote its report and points into it, and one into an earlier sweep reported the old sweep's
+    numbers as its own, exit 0)."""
+    run = enclosing_run(folder) or held_run(folder, depth=0)
+    if run is not None:
+        raise UserError(
+            f"hydra.sweep.dir={folder} is or lies in the run folder {run}; choose a new folder with hydra.sweep.dir=…"
+        )
+    continues = "trainer.resume=auto" in overrides
+    earlier = folder.is_dir() and ((folder / "multirun.yaml").is_file() or held_run(folder, depth=2) is not None)
+    if earlier and not continues:
+        raise UserError(
+            f"hydra.sweep.dir={folder} holds an earlier sweep; add trainer.resume=auto to continue its points, or "
+            "choose a new folder with hydra.sweep.dir=…"
+        )
+
+
 class RunDirCheck(Callback):
     """A Hydra callback: the run (or sweep) folder can be created and written, checked before Hydra
     creates it for its log -- otherwise Hydra's own mkdir fails with a traceback before any of our code."""
@@ -264,6 +282,8 @@ class RunDirCheck(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self._check(config.hydra.sweep.dir, "hydra.sweep.dir")
+        with exit_on_user_error():
+            check_sweep_folder(Path(str(config.hydra.sweep.dir)), list(config.hydra.overrides.task))
 
     @staticmethod
     def _check(folder: str, key: str) -> None:

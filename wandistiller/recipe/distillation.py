@@ -141,6 +141,9 @@ class DistillationRecipe:
             max_sequence_length=cfg.teacher.max_sequence_length,
             dtype=ctx.precision.teacher_dtype,
             cache_dir=ctx.cache_dir,
+            # The shipped prompts, read where data.prompts_path is unset (an image or video source's run, which
+            # trains on its captions): generic words a pocket teacher does not know, said of no file the user gave
+            warn_unknown=cfg.data.prompts_path is not None,
         )
         where = ctx.placement.teacher_device(self.topo) if ctx.roles.has_teacher else ctx.device
         cpu = torch.device("cpu")
