@@ -244,3 +244,21 @@ def test_a_run_whose_student_cannot_move_is_warned_of(make_cfg, caplog):
         caplog.clear()
         check_training_parts(make_cfg("trainer.warmup_steps=10", "trainer.max_steps=3"))  # a short try: 30% of it
         assert "never" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "endpoint, said",
+    [
+        ("localhost:99999", "the port '99999' is not a number from 1 to 65535"),
+        ("garbage::::", "not a host name"),
+        (":29500", "no host name before the port"),
+    ],  # fmt: skip
+)
+def test_a_rendezvous_endpoint_torch_cannot_use_is_one_line(make_cfg, tmp_path, endpoint, said):
+    # An audit's: torch's ValueError was an internal error, and the run folder was left behind.
+    with refused(f"distributed.rdzv_endpoint={endpoint}: {said}; give HOST:PORT"):
+        run(make_cfg("distributed=multi_node", f"distributed.rdzv_endpoint={endpoint}", run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()
+    from wandistiller.job.checks import endpoint_problem
+
+    assert endpoint_problem("[::1]:29500") is None and endpoint_problem("node0") is None

@@ -121,6 +121,23 @@ def check_values(cfg: DictConfig) -> None:
         )
     if cfg.distributed.nnodes > 1 and not cfg.distributed.rdzv_endpoint and not under_torchrun():
         raise UserError("distributed.nnodes>1 needs distributed.rdzv_endpoint=HOST:PORT of the first node")
+    endpoint = cfg.distributed.rdzv_endpoint
+    if endpoint and endpoint_problem(str(endpoint)):  # torch's ValueError was an internal error, its folder left
+        raise UserError(
+            f"distributed.rdzv_endpoint={endpoint}: {endpoint_problem(str(endpoint))}; give HOST:PORT of the first "
+            "node, e.g. node0:29500"
+        )
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a rendezvous HOST:PORT (a bare HOST takes torchrun's default port), else None."""
+    host, colon, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    bracketed = host.startswith("[") and host.endswith("]")  # an IPv6 address: [::1]:29500
+    if not host or any(c.isspace() for c in host) or (":" in host and not bracketed):
+        return "no host name before the port" if not host else "not a host name"
+    if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"the port {port!r} is not a number from 1 to 65535"
+    return None
 
 
 def _at_least_zero(cfg: DictConfig) -> list[tuple[str, float]]:

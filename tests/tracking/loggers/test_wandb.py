@@ -76,6 +76,16 @@ def test_the_check_names_the_key_it_was_given_and_passes_a_good_project(no_login
         WandbTracker.check(node | {"mode": "online"}, "logger.mine")
 
 
+def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_line_before_the_teacher(monkeypatch):
+    # An audit's: WANDB_MODE=garbage was an internal error at wandb.init, once the teacher had loaded.
+    node = {"project": "wandistiller", "mode": "offline"}
+    monkeypatch.setenv("WANDB_MODE", "garbage")
+    with pytest.raises(UserError, match=r"^logger.wandb: the environment's WANDB_MODE='garbage' is not a wandb mode"):
+        WandbTracker.check(node, "logger.wandb")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    WandbTracker.check(node, "logger.wandb")
+
+
 def test_offline_segments_are_every_folder_of_that_run_id_oldest_first(tmp_path):
     names = ["offline-run-20261126_101500-abc", "offline-run-20261126_101500-abc-1", "offline-run-20261126_090000-abc",
              "offline-run-20261126_091000-abcd", "offline-run-20261126_092000-xyz",

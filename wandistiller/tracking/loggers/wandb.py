@@ -27,6 +27,10 @@ class LoggerMode(Choice):
     disabled = "disabled"
 
 
+# What wandb.Settings takes as WANDB_MODE (wandb 0.2x): another value failed wandb.init after the teacher loaded.
+ENV_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
+
+
 @dataclass
 class WandbConfig:
     _target_: str = "wandistiller.tracking.loggers.wandb.WandbTracker"
@@ -66,6 +70,12 @@ class WandbTracker(Logger):
             raise UserError(
                 f"{key}.project={node.get('project')!r}: a wandb project name {problem}; use e.g. "
                 f"{key}.project=wandistiller"
+            )
+        mode = os.environ.get("WANDB_MODE")
+        if mode is not None and mode not in ENV_MODES:  # wandb.init refused it once the teacher had loaded
+            raise UserError(
+                f"{key}: the environment's WANDB_MODE={mode!r} is not a wandb mode ({', '.join(ENV_MODES)}); unset "
+                "it (the run's own mode is logger.wandb.mode), or set it to one of those"
             )
         if problem := cls.login_problem(node.get("mode")):
             raise UserError(
