@@ -259,3 +259,17 @@ def test_a_file_system_without_locks_builds_unguarded_and_says_so(tmp_path, monk
     with pytest.raises(SystemExit) as e:
         build.main(["--quick", "--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("where", ["run", "run/pocket"])
+def test_an_out_in_a_run_folder_is_refused_before_any_training(tmp_path, capsys, where):
+    # An audit's: `--out <a finished run>` wrote the pocket teachers, their data and a lock into it.
+    from wandistiller.pocket.build import main
+
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    (tmp_path / "run" / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--out", str(tmp_path / where)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"is or lies in the run folder {tmp_path / 'run'}" in err and err.count("\n") == 1
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra"]

@@ -38,9 +38,10 @@ def test_an_event_is_on_disk_within_the_flush_period_without_a_close(tmp_path, m
     logger.close()  # twice is fine: however the run ended, close is called again
 
 
-@pytest.mark.parametrize("folder", ["/tmp/tb", "../tb", "logs/../../tb"])
-def test_a_folder_outside_the_run_folder_is_refused_naming_the_key(folder):
-    with pytest.raises(UserError, match=rf"^logger.tb.folder='{folder}' must be a folder inside the run folder"):
+# An audit's: the run root, student/ and pipeline/ (the folders that get uploaded) took event files
+@pytest.mark.parametrize("folder", ["/tmp/tb", "../tb", "logs/../../tb", "", ".", "student", "pipeline/tb", ".hydra"])
+def test_a_folder_outside_the_run_folder_or_another_writers_is_refused_naming_the_key(folder):
+    with pytest.raises(UserError, match=rf"^logger.tb.folder='{folder}' must be a folder of its own inside the run"):
         tensorboard.TensorboardLogger.check({"folder": folder}, "logger.tb")
     tensorboard.TensorboardLogger.check({"folder": "logs/tb"}, "logger.tb")  # a subfolder is fine
 

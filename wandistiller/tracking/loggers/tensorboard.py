@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 FLUSH_SECS = 5
 
 
+# The run folder's own folders, each another writer's: event files never go into them.
+OTHERS_FOLDERS = ("student", "student_ema", "checkpoints", "pipeline", ".hydra", "samples", "wandb", "cache")
+
+
 @dataclass
 class TensorboardConfig:
     _target_: str = "wandistiller.tracking.loggers.tensorboard.TensorboardLogger"
@@ -51,10 +55,14 @@ class TensorboardLogger(Logger):
                 f"{key}: the tensorboard package is not installed; `pip install tensorboard` (make "
                 "setup installs it), or drop tensorboard from logger"
             ) from None
-        if Path(str(node.get("folder"))).is_absolute() or ".." in Path(str(node.get("folder"))).parts:
+        folder = Path(str(node.get("folder")))
+        # The run root, or a folder the run writes its models or config to (an audit's: event files landed in
+        # student/ and pipeline/, the folders that get uploaded)
+        theirs = not folder.parts or folder.parts[0] in OTHERS_FOLDERS
+        if folder.is_absolute() or ".." in folder.parts or theirs:
             raise UserError(
-                f"{key}.folder={node.get('folder')!r} must be a folder inside the run folder; use e.g. "
-                f"{key}.folder=tensorboard"
+                f"{key}.folder={node.get('folder')!r} must be a folder of its own inside the run folder (not its root "
+                f"nor {', '.join(OTHERS_FOLDERS)}); use e.g. {key}.folder=tensorboard"
             )
 
     def _writer(self, folder: Path, start_step: int | None = None):
