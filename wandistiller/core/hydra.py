@@ -223,6 +223,22 @@ def modern_argv(argv: list[str]) -> list[str]:
     return [a for a in rewritten if a not in settings or a.split(".")[1] in present]
 
 
+# The old train_distillation.py's flags and the override each became (docs/USAGE.md's table).
+LEGACY_FLAGS = {
+    "--teacher_path": "teacher.path=P",
+    "--teacher_on_cpu": "teacher_placement=cpu",
+    "--teacher_device_strategy": "teacher_placement=S",
+    "--teacher_dtype": "precision=bf16 (or precision.teacher_dtype=…)",
+    "--mixed_precision": "precision=bf16",
+    "--gradient_checkpointing": "trainer.gradient_checkpointing=true",
+    "--batch_size": "trainer.batch_size=N",
+    "--student_config": "student=from_json student.config_path=F",
+    "--data_path": "data.prompts_path=F",
+    "--output_dir": "hydra.run.dir=D",
+    "--distributed": "distributed.nproc_per_node=N",
+}
+
+
 def check_hydra_flags(argv: list[str]) -> None:
     """Hydra's own flags checked where Hydra's refusal is a traceback or a block of lines, read as Hydra reads them
     (its own parser: abbreviations such as `--mult`, joined flags such as `-cjob`): two modes at once (`-m … --cfg
@@ -235,9 +251,15 @@ def check_hydra_flags(argv: list[str]) -> None:
         raise UserError(f"{message}; python -m wandistiller.train --help lists Hydra's flags")
 
     parser.error = refuse  # type: ignore[method-assign]
-    args, _ = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     if args.help or args.hydra_help:
         return
+    old = next((a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in LEGACY_FLAGS), None)
+    if old is not None:  # Hydra's usage block and "unrecognized arguments" named no override to write instead
+        raise UserError(
+            f"{old} is the old train_distillation.py's flag; write {LEGACY_FLAGS[old]} instead (docs/USAGE.md, "
+            "'From the old train_distillation.py', maps each)"
+        )
     modes = {
         "--run": args.run,
         "--multirun": args.multirun,
