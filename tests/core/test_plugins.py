@@ -234,3 +234,37 @@ def test_a_plugin_module_that_fails_on_import_is_one_line_naming_it(monkeypatch,
         monkeypatch.delenv(ENV)
         forget_options()
         sys.modules.pop("broken.hooks.mine", None)
+
+
+@pytest.mark.parametrize(
+    "package, files, said",
+    [  # an audit's three tracebacks
+        ("badopt", {"hooks/mine.py": "OPTION = 'mine'\n"}, "badopt.hooks.mine.OPTION must be Option('mine', schema"),
+        ("badparent.sub", {"__init__.py": "raise RuntimeError('boom')\n", "sub/__init__.py": ""},
+         "names 'badparent.sub', whose parent package fails on import (RuntimeError: boom)"),
+        ("badschema", {"hooks/mine.py": "from dataclasses import dataclass\nfrom wandistiller.core.registry import "
+                       "Option\nclass Foo:\n    pass\n@dataclass\nclass MineConfig:\n    x: Foo = None\nclass Mine:\n"
+                       "    pass\nOPTION = Option('mine', MineConfig, Mine)\n"},
+         "hooks=mine's schema badschema.hooks.mine.MineConfig is not one OmegaConf can hold"),
+    ],
+)  # fmt: skip
+def test_a_plugin_whose_option_or_package_is_wrong_is_one_line(monkeypatch, tmp_path, capsys, package, files, said):
+    root = tmp_path / package.split(".")[0]
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "__init__.py").exists() or (root / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, package)
+    forget_options()
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    try:
+        with pytest.raises(SystemExit) as e:
+            plan.main()
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and "\n" not in err and said in err, err
+    finally:
+        monkeypatch.delenv(ENV)
+        forget_options()
+        for name in [m for m in sys.modules if m.split(".")[0] == package.split(".")[0]]:
+            del sys.modules[name]

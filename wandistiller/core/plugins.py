@@ -46,6 +46,11 @@ def plugin_folders() -> list[tuple[str, Path]]:
             spec = importlib.util.find_spec(package)
         except (ImportError, ValueError):
             spec = None
+        except Exception as e:  # `pkg.sub` imports pkg, whose own code failed: a traceback of theirs, said in a line
+            raise UserError(
+                f"{ENV} names {package!r}, whose parent package fails on import ({type(e).__name__}: {e}); fix it, "
+                f"or drop it from {ENV}"
+            ) from None
         locations = list(spec.submodule_search_locations or []) if spec else []
         if not locations:
             raise UserError(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import MISSING
+from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.plugins import plugin_modules
@@ -87,7 +88,12 @@ class Registry:
             if option is None:
                 continue
             if not isinstance(option, Option) or option.name != name:
-                raise TypeError(f"{path}.OPTION must be Option({name!r}, schema, class)")
+                if path in shipped_paths:
+                    raise TypeError(f"{path}.OPTION must be Option({name!r}, schema, class)")
+                raise UserError(  # a plugin's: one line, as its import's failure is
+                    f"WANDISTILLER_PLUGINS: {path}.OPTION must be Option({name!r}, schema, class), the option named as "
+                    "its module is; fix it, or drop its package from WANDISTILLER_PLUGINS"
+                )
             if name in found:  # a plugin's option (core/plugins.py) under a name already taken
                 raise UserError(f"{path}: {self.group}={name} is already {path_of(found[name].cls)}; rename one")
             found[name] = option
@@ -119,7 +125,14 @@ class Registry:
     def register_schemas(self, store: Any) -> None:
         """Each option's schema as `schema/<group>/<name>` (the YAMLs of plugins are stored by core/plugins.py)."""
         for name, option in self.options.items():
-            store.store(group=f"schema/{self.group}", name=name, node=option.schema)
+            try:
+                store.store(group=f"schema/{self.group}", name=name, node=option.schema)
+            except OmegaConfBaseException as e:  # a plugin's schema with a field OmegaConf cannot type (a shipped
+                first = str(e).strip().splitlines()[0][:200]  # one is tested)
+                raise UserError(
+                    f"WANDISTILLER_PLUGINS: {self.group}={name}'s schema {path_of(option.schema)} is not one "
+                    f"OmegaConf can hold ({first}); give its fields int, float, str, bool, lists or dataclasses"
+                ) from None
         _registered[self.group] = self
 
 
