@@ -108,6 +108,16 @@ def test_a_point_that_died_without_metrics_is_reported_as_failed(tmp_path):
     assert md.stat().st_mode & 0o777 == 0o644  # written whole, and as readable as open() made it
 
 
+def test_points_under_a_named_subdir_are_read_too(tmp_path):
+    # An audit's: hydra.sweep.subdir=${hydra.job.override_dirname} trained both points, and the report read none
+    for name in ("precision=fp32", "precision=bf16"):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- {name}\n")
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"status": "completed"}))
+    (tmp_path / "wandb").mkdir()  # the sweep's own report run: no point
+    assert [p.label for p in load_points(tmp_path)] == ["precision=bf16", "precision=fp32"]
+
+
 def test_a_killed_point_is_read_from_its_metrics_csv(tmp_path):
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "metrics.csv").write_text("step,loss,val/loss\n1,0.5,\n2,0.4,0.45\n3,0.3,\n")

@@ -67,9 +67,13 @@ class Point:
 
 
 def load_points(sweep_dir: Path) -> list[Point]:
-    """Every job folder of a sweep (the numbered subfolders Hydra made), in job order, labelled by the
-    overrides that differ between points (the ones the sweep varies)."""
-    folders = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    """Every job folder of a sweep (the numbered subfolders Hydra made, in job order; or, under another
+    hydra.sweep.subdir such as ${hydra.job.override_dirname}, each subfolder holding a job's .hydra/, by name),
+    labelled by the overrides that differ between points (the ones the sweep varies)."""
+    folders = sorted(
+        (p for p in sweep_dir.iterdir() if p.is_dir() and (p.name.isdigit() or (p / ".hydra").is_dir())),
+        key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name),
+    )
     overrides = []
     for folder in folders:
         file = folder / ".hydra" / "overrides.yaml"
