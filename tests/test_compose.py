@@ -80,3 +80,10 @@ def test_a_value_that_is_no_bool_is_told_what_a_bool_key_takes():
     # An audit's: hardware.show_plan=maybe gave Hydra's words and no fix
     with pytest.raises(UserError, match=r"show_plan=maybe .*'maybe' is not a valid bool .*; use true or false$"):
         check_overrides(["hardware.show_plan=maybe"])
+
+
+def test_a_value_beyond_ascii_is_told_to_be_quoted():
+    # An audit's: data.prompts_path=/tmp/prömpts.txt was told to write key=value with one dot
+    with pytest.raises(UserError, match=r"goes in quotes, 'data.prompts_path=\"/tmp/prömpts.txt\"'"):
+        check_overrides(["data.prompts_path=/tmp/prömpts.txt"])
+    check_overrides(['data.prompts_path="/tmp/prömpts.txt"'])

@@ -101,7 +101,13 @@ def whole_number(text: str, option: str, least: int | None = 1, example: int = 4
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose refusals (an unknown option, a missing argument, a value not among the choices) are one
-    `error:` line and exit 2, as every other mistake is, not its usage block; `--help` is as before."""
+    `error:` line and exit 2, as every other mistake is, not its usage block; `--help` is as before. A flag is
+    its whole name: an abbreviation (`--ou` for `--out`) was taken silently, its value given to another flag than
+    meant where two share a start."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}; {self.prog} --help lists the options", file=sys.stderr, flush=True)

@@ -100,6 +100,12 @@ def check_parses(overrides: list[str]) -> None:
             OverridesParser.create().parse_overrides([one])
         except HydraException as e:
             words = " ".join(str(e).split()).split(" See https")[0][:160]
+            key, _, value = one.partition("=")
+            if not value.isascii():  # Hydra's grammar takes letters beyond ASCII only quoted (a path, a project name)
+                raise UserError(
+                    f"{one} is not an override Hydra can read ({words}): a value with characters beyond ASCII goes in "
+                    f"quotes, '{key}=\"{value}\"' (the outer quotes for the shell)"
+                ) from None
             raise UserError(
                 f"{one} is not an override Hydra can read ({words}); write key=value with one dot between keys "
                 "(trainer.max_steps=3), a list closed (hooks=[monitor,progress]), a sweep as key=a,b with -m"
