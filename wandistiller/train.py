@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from wandistiller.compose import check_overrides, register_configs
 from wandistiller.core.errors import exit_on_user_error, internal_errors_reported
 from wandistiller.core.hydra import check_hydra_flags, modern_argv
-from wandistiller.core.stopping import stop_at_once
+from wandistiller.core.stopping import how_to_continue, stop_at_once
 from wandistiller.job.run import run as run_job
 from wandistiller.job.rundir import note_missing_run_dir, removed_if_refused
 from wandistiller.tracking.sweep import FAILED_SWEEP
@@ -28,8 +28,8 @@ with exit_on_user_error():
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     then = (
-        "what was saved is kept (checkpoints, finished cache chunks); run the same command again, with "
-        f"trainer.resume=auto hydra.run.dir={cfg.paths.output_dir} to continue from its checkpoints"
+        f"what was saved is kept (checkpoints, finished cache chunks); to continue from its checkpoints, "
+        f"{how_to_continue(cfg.paths.output_dir)}"
     )
     with internal_errors_reported(), exit_on_user_error(), removed_if_refused(Path(cfg.paths.output_dir)):
         with stop_at_once(then):  # the training steps catch it themselves, and stop after one with a checkpoint

@@ -246,3 +246,29 @@ def test_a_tools_session_makes_a_mistake_one_line_and_a_sigterm_one_line_saying_
     err = capsys.readouterr().err
     assert done.value.code == 128 + signal.SIGTERM and err.count("\n") == 1 and "nothing was written" in err
     assert signal.getsignal(signal.SIGTERM) is before  # restored: the tool's handler is gone
+
+
+def test_a_stopped_sweep_point_is_told_to_continue_through_its_sweep(tmp_path):
+    # An audit's: "the same command with hydra.run.dir=<point>" under -m started a new sweep from step 0.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from wandistiller.config import CONF_DIR
+    from wandistiller.core.stopping import how_to_continue
+
+    assert (
+        how_to_continue(tmp_path / "run")
+        == f"run the same command with trainer.resume=auto hydra.run.dir={tmp_path}/run"
+    )
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("train", [f"hydra.sweep.dir={tmp_path / 'sweep'}"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+    HydraConfig.instance().set_config(cfg)
+    try:
+        said = how_to_continue(tmp_path / "sweep" / "0")
+    finally:
+        HydraConfig.instance().cfg = None
+    assert said == f"run the same sweep (-m) with trainer.resume=auto hydra.sweep.dir={tmp_path / 'sweep'}"
