@@ -219,8 +219,15 @@ def test_a_plugin_module_that_fails_on_import_is_one_line_naming_it(monkeypatch,
     (tmp_path / "broken" / "hooks").mkdir(parents=True)
     (tmp_path / "broken" / "__init__.py").write_text("")
     (tmp_path / "broken" / "hooks" / "mine.py").write_text("raise RuntimeError('boom in the plugin')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv(ENV, "broken")
+    err = plans_refusal(monkeypatch, capsys, tmp_path, "broken")
+    assert err.startswith("error: WANDISTILLER_PLUGINS: the plugin module broken.hooks.mine (hooks=mine) fails")
+    assert "RuntimeError: boom in the plugin" in err and "drop its package from WANDISTILLER_PLUGINS" in err
+
+
+def plans_refusal(monkeypatch, capsys, folder: Path, package: str) -> str:
+    """`plan`'s one error line (exit 2) with the plugin `package` found in `folder`; afterwards no trace of it."""
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv(ENV, package)
     forget_options()
     monkeypatch.setattr(sys, "argv", ["plan"])
     try:
@@ -228,12 +235,12 @@ def test_a_plugin_module_that_fails_on_import_is_one_line_naming_it(monkeypatch,
             plan.main()
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and "\n" not in err, err
-        assert err.startswith("error: WANDISTILLER_PLUGINS: the plugin module broken.hooks.mine (hooks=mine) fails")
-        assert "RuntimeError: boom in the plugin" in err and "drop its package from WANDISTILLER_PLUGINS" in err
+        return err
     finally:
         monkeypatch.delenv(ENV)
         forget_options()
-        sys.modules.pop("broken.hooks.mine", None)
+        for name in [m for m in sys.modules if m.split(".")[0] == package.split(".")[0]]:
+            del sys.modules[name]
 
 
 @pytest.mark.parametrize(
@@ -254,17 +261,4 @@ def test_a_plugin_whose_option_or_package_is_wrong_is_one_line(monkeypatch, tmp_
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     (root / "__init__.py").exists() or (root / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv(ENV, package)
-    forget_options()
-    monkeypatch.setattr(sys, "argv", ["plan"])
-    try:
-        with pytest.raises(SystemExit) as e:
-            plan.main()
-        err = capsys.readouterr().err.strip()
-        assert e.value.code == 2 and "\n" not in err and said in err, err
-    finally:
-        monkeypatch.delenv(ENV)
-        forget_options()
-        for name in [m for m in sys.modules if m.split(".")[0] == package.split(".")[0]]:
-            del sys.modules[name]
+    assert said in plans_refusal(monkeypatch, capsys, tmp_path, package)
