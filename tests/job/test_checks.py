@@ -76,7 +76,8 @@ def test_huge_sizes_seeds_and_rates_are_refused_before_the_run_folder(make_cfg, 
         ("trainer.schedule_steps=-10", "trainer.schedule_steps=-10 must be a positive integer"),
         # issue 41: importable, so accepted, then an internal error once the run folder was made
         ("recipe._target_=builtins.print", "recipe._target_='builtins.print' is not a recipe (a class with setup() an"),
-        ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be positive"),
+        ("distributed.timeout_min=0", "distributed.timeout_min=0.0 must be at least 1"),
+        ("distributed.timeout_min=0.0001", "distributed.timeout_min=0.0001 must be at least 1 (minutes)"),
         ("hardware.host_memory_gib=-5", "hardware.host_memory_gib=-5.0 must be in [0.5, 65536]"),
         ("hardware.gpus=-1", "hardware.gpus=-1 must be in [0, 64] (GPUs per node)"),
         # an optimizer key no schema types: named with its key and type, not torch's "'<=' not supported ..."
