@@ -23,7 +23,7 @@ from wandistiller.bench import (
 )
 from wandistiller.bench.models import ARCHS
 from wandistiller.core.errors import OneLineParser, UserError, exit_on_user_error
-from wandistiller.core.files import enclosing_run, folder_problem, held_run, read_in
+from wandistiller.core.files import enclosing_run, folder_problem, read_in, run_holding
 from wandistiller.student.lora import BUILDER
 from wandistiller.teacher.model import compile_unavailable
 
@@ -153,7 +153,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_latent(f"--{flag.replace('_', '-')}", getattr(args, flag, None))
     check_out(args.out)
     cache = getattr(args, "cache_dir", None)
-    run = cache and (enclosing_run(Path(cache)) or held_run(Path(cache).expanduser(), depth=0))
+    run = cache and run_holding(Path(cache))
     if run:  # its embeddings/ and teachers/ were written into a finished run, which train's paths.cache_dir refuses
         raise UserError(f"--cache-dir {cache} is or lies in the run folder {run}; choose a cache folder outside runs")
 

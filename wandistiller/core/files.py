@@ -170,6 +170,12 @@ def enclosing_run(path: Path) -> Path | None:
     )
 
 
+def run_holding(path: Path) -> Path | None:
+    """The run folder `path` is, or lies inside; None where it is neither (what may not be written into: a cache, a
+    sweep's, a benchmark's or a build's folder)."""
+    return held_run(Path(path).expanduser(), depth=0) or enclosing_run(path)
+
+
 def held_run(folder: Path, depth: int = 3) -> Path | None:
     """A run folder (one with `.hydra/config.yaml`) at `folder` or up to `depth` folders below it (a run's
     `outputs/<date>/<time>`), without following links; None if there is none."""

@@ -143,13 +143,12 @@ def _encode_and_cache(spec, prompts, negative_prompt, max_sequence_length, dtype
     damaged = [f"part_{c:06d}.pt" for c, e in found.items() if e is None and (parts / f"part_{c:06d}.pt").exists()]
     if damaged:
         log.warning("text embeddings: %s in %s damaged; encoding those prompts again", ", ".join(damaged), parts)
-    todo = sum(min(EMBED_CHUNK, len(prompts) - s) for c, s in enumerate(starts) if found[c] is None)
-    log.info("text embeddings: encoding %d of %d prompts with %s/text_encoder", todo, len(prompts), spec.path)
+    new = [p for c, s in enumerate(starts) if found[c] is None for p in prompts[s : s + EMBED_CHUNK]]
+    log.info("text embeddings: encoding %d of %d prompts with %s/text_encoder", len(new), len(prompts), spec.path)
     with loading(spec, "text encoder or tokenizer"):
         pipe = WanPipeline.from_pretrained(
             spec.path, transformer=None, transformer_2=None, vae=None, dtype=dtype, use_safetensors=True
         ).to(device)
-    new = [p for c, s in enumerate(starts) if found[c] is None for p in prompts[s : s + EMBED_CHUNK]]
     unknown = unknown_words(pipe.tokenizer, new) if warn_unknown else {}
     if unknown:  # a pocket teacher asked for "a fox in the snow" drew a digit-like blob without a word
         prompt, words = next(iter(unknown.items()))

@@ -26,7 +26,7 @@ from wandistiller.config import CONF_DIR, TrainConfig, hardware_problem
 from wandistiller.core.distributed import under_torchrun
 from wandistiller.core.errors import UserError, quieted
 from wandistiller.core.extensions import check_signatures
-from wandistiller.core.files import enclosing_run, folder_problem, held_run
+from wandistiller.core.files import folder_problem, run_holding
 from wandistiller.core.plugins import conf_options
 from wandistiller.data import sources as data_sources
 from wandistiller.placements.steptime import Passes
@@ -342,7 +342,7 @@ def check_folders(cfg: DictConfig) -> None:
         if problem:
             raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
     cache = Path(str(cfg.paths.cache_dir)).expanduser()
-    run = held_run(cache, depth=0) or enclosing_run(cache)
+    run = run_holding(cache)
     if run is not None and run.resolve() != Path(str(cfg.paths.output_dir)).expanduser().resolve():  # its own: ok
         raise UserError(
             f"paths.cache_dir: it is or lies in the run folder {run}, whose files are that run's; choose another "

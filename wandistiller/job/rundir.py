@@ -33,6 +33,7 @@ from wandistiller.core.files import (
     held_run,
     in_run,
     run_folder,
+    run_holding,
 )
 from wandistiller.state.checkpoint import clean_leftovers, list_checkpoints, resolve_resume
 
@@ -254,7 +255,7 @@ def check_sweep_folder(folder: Path, overrides: list[str]) -> None:
     """A sweep's folder holds no run's outputs, and no earlier sweep unless this one continues it (an audit's: a sweep
     into a finished run wrote its report and points into it, and one into an earlier sweep reported the old sweep's
     numbers as its own, exit 0)."""
-    run = enclosing_run(folder) or held_run(folder, depth=0)
+    run = run_holding(folder)
     if run is not None:
         raise UserError(
             f"hydra.sweep.dir={folder} is or lies in the run folder {run}; choose a new folder with hydra.sweep.dir=…"

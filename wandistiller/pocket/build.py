@@ -41,7 +41,7 @@ from wandistiller.core.arch import (
 )
 from wandistiller.core.atomic import flocked
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import enclosing_run, folder_problem, held_run, output_problem
+from wandistiller.core.files import folder_problem, output_problem, run_holding
 from wandistiller.pocket import (
     FRAME_CLASSIFIER_FILE,
     I2V_MOE_TEACHER_DIR,
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     problem = folder_problem(args.out) or output_problem(args.out.parent)  # tried before 17 minutes of training
-    run = enclosing_run(args.out) or held_run(args.out.expanduser(), depth=0)  # teachers written into a finished run
+    run = run_holding(args.out)  # teachers were written into a finished run
     problem = problem or (f"it is or lies in the run folder {run}, whose files are the run's" if run else None)
     if problem:
         parser.error(f"--out {args.out}: {problem}; choose another folder")

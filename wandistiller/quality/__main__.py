@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
-from wandistiller.core.files import enclosing_run, held_run, output_problem, read_in, read_text_in, write_in_run
+from wandistiller.core.files import enclosing_run, output_problem, read_in, read_text_in, run_holding, write_in_run
 from wandistiller.core.hydra import shipped_asset
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
@@ -353,7 +353,7 @@ def check_counts(args: argparse.Namespace) -> None:
     work = args.work.expanduser() if args.work is not None else None
     if work is not None and work.exists() and not work.is_dir():
         raise UserError(f"--work {args.work} is a file; give a folder for the run folders and caches")
-    run = work is not None and (enclosing_run(work) or held_run(work, depth=0))
+    run = work is not None and run_holding(work)
     if run:  # its refusal named paths.cache_dir or hydra.run.dir, not the flag typed
         raise UserError(f"--work {args.work} is or lies in the run folder {run}; give a folder outside runs")
 
