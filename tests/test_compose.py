@@ -68,6 +68,20 @@ def test_a_sweep_without_multirun_and_a_hydra_key_that_does_not_parse_are_one_li
         check_overrides(["hydra.run.dir=/runs/a,b"])  # Hydra's "Ambiguous value" was six lines and exit code 1
 
 
+def test_hydras_own_groups_and_glob_sweeps_are_checked_like_ours():
+    """`hydra/launcher=nope` was Hydra's block of lines and exit code 1; every `glob()` sweep failed with "ConfigLoader
+    is not set" (the parser had none to list options with); a glob matching nothing would launch no job."""
+    with pytest.raises(UserError, match=r"Could not find 'hydra/launcher/nope' Available options in 'hydra/launcher'"
+                       r": basic .*submitit_local.*; pick one of those options$"):  # fmt: skip
+        check_overrides(["hydra/launcher=nope"])
+    check_overrides(["hydra/launcher=basic"])
+    check_overrides(["-m", "student=glob(ti*)"])  # tenth, tiny: each composed
+    with pytest.raises(UserError, match=r"^student=glob\(zz\) sweeps over nothing: .* the options of student are base "):
+        check_overrides(["-m", "student=glob(zz)"])
+    with pytest.raises(UserError, match=r"^trainer.lr=glob\(\*\) sweeps over nothing: .* is not a config group; list"):
+        check_overrides(["-m", "trainer.lr=glob(*)"])
+
+
 @pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir=''", "paths.cache_dir= ", "hydra.sweep.dir="])
 def test_an_empty_folder_is_refused_not_read_as_the_current_directory(override):
     # `hydra.run.dir=$OUT` with OUT unset trained into the current directory (a checkout's root, say).

@@ -11,14 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from wandistiller.config import TrainConfig
 from wandistiller.core.errors import UserError
-from wandistiller.core.hydra import check_parses, compose_tree, hydra_error_line, register_resolvers
-from wandistiller.core.plugins import store_plugin_yamls
+from wandistiller.core.hydra import check_parses, compose_tree, hydra_error_line, parse_overrides, register_resolvers
+from wandistiller.core.plugins import conf_options, store_plugin_yamls
 from wandistiller.core.registry import Registry
 from wandistiller.data.sources import REGISTRY as DATA_SOURCES
 from wandistiller.job.checks import FOLDER_KEYS, check_missing
@@ -67,8 +66,8 @@ def check_overrides(argv: list[str]) -> None:
     check_parses(hydra)
     base: list[str | None] = []
     try:
-        parsed = OverridesParser.create().parse_overrides(given)
-        hydra_parsed = OverridesParser.create().parse_overrides(hydra)
+        parsed = parse_overrides(given)
+        hydra_parsed = parse_overrides(hydra)
         check_folder_values(parsed + hydra_parsed)
         sweep = next((o for o in parsed + hydra_parsed if o.is_sweep_override()), None)
         if sweep is not None and not any(a in ("-m", "--multirun") for a in argv):
@@ -86,6 +85,10 @@ def check_overrides(argv: list[str]) -> None:
         ]
         for overrides in variants:
             check_missing(compose_tree("train", [o for o in overrides if o is not None]))  # before the run folder
+        # Hydra's own groups (hydra/launcher=…): an option it lacks was Hydra's block of lines and exit code 1
+        groups = [o.input_line for o in hydra_parsed if "/" in o.key_or_group and not o.is_sweep_override()]
+        if groups:
+            compose_tree("train", [o for o in base if o is not None] + groups, with_hydra=True)
     except (HydraException, OmegaConfBaseException) as e:
         line = hydra_error_line(e)
         method = _resumed_method(argv, [o for o in base if o is not None])
@@ -127,4 +130,13 @@ def _first(override) -> str | None:
     """A sweep override at its first value (None for range/interval sweeps: Hydra checks those)."""
     if not override.is_choice_sweep():
         return None
-    return f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}"
+    first = next(iter(override.sweep_string_iterator()), None)
+    if first is None:  # a glob() that matches nothing: Hydra would launch no job, and say nothing of why
+        key = override.get_key_element()
+        options = conf_options(key.lstrip("+~"))
+        said = f"the options of {key} are {' '.join(options)}" if options else f"{key} is not a config group"
+        raise UserError(
+            f"{override.input_line} sweeps over nothing: glob() matches a config group's options, and {said}; "
+            "list values instead (key=a,b)"
+        )
+    return f"{override.get_key_element()}={first}"

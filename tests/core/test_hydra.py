@@ -134,6 +134,20 @@ def test_hydras_other_flag_mistakes_are_one_line_and_help_still_goes_first(argv,
         check_hydra_flags(fine)  # Hydra prints its help before it counts modes
 
 
+def test_overrides_on_both_sides_of_a_flag_are_told_to_go_together():
+    # `student=tiny --cfg job trainer.max_steps=1` was Hydra's usage block, "unrecognized arguments", of the second run
+    from wandistiller.core.hydra import check_hydra_flags
+
+    with pytest.raises(UserError) as e:
+        check_hydra_flags(["student=tiny", "--cfg", "job", "trainer.max_steps=1"])
+    assert str(e.value) == (
+        "trainer.max_steps=1: the overrides go together, all before or all after the flags (e.g. python -m "
+        "wandistiller.train --cfg job student=tiny trainer.max_steps=1)"
+    )
+    check_hydra_flags(["--cfg", "job", "student=tiny", "trainer.max_steps=1"])
+    check_hydra_flags(["student=tiny", "trainer.max_steps=1", "-m"])
+
+
 @pytest.mark.parametrize("argv", [["--teacher_path", "/x"], ["--batch_size=4", "seed=1"], ["--output_dir", "out"]])
 def test_an_old_train_distillation_flag_is_told_its_override(argv):
     # An audit's: Hydra's usage block and "unrecognized arguments", with the mapping only in docs/USAGE.md.

@@ -118,15 +118,25 @@ def compose_option(group: str, option: str):
     return compose_tree(None, [f"+{group}={option}"])[group]
 
 
-def compose_tree(config_name: str | None, overrides: list[str]):
-    """Hydra's compose, inside a Hydra job (which already set the search path) or outside one."""
+def compose_tree(config_name: str | None, overrides: list[str], with_hydra: bool = False):
+    """Hydra's compose, inside a Hydra job (which already set the search path) or outside one; `with_hydra`: Hydra's
+    own node composed too (where an option of its groups, `hydra/launcher=…`, is checked)."""
     if "train_schema.yaml" not in ConfigStore.instance().repo:
         raise RuntimeError("nothing is registered to compose: call wandistiller.compose.register_configs() first")
     register_resolvers()
     if GlobalHydra.instance().is_initialized():
-        return compose(config_name, overrides=overrides)
+        return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name, overrides=overrides)
+        return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
+
+
+def parse_overrides(overrides: list[str]) -> list:
+    """Hydra's parse of overrides, given the config loader a `glob()` sweep lists its group's options with (the
+    bare parser has none, and enumerating such a sweep failed with "ConfigLoader is not set")."""
+    if GlobalHydra.instance().is_initialized():
+        return OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(overrides)
 
 
 def hydra_error_line(error: Exception) -> str:
@@ -265,6 +275,13 @@ def check_hydra_flags(argv: list[str]) -> None:
         raise UserError(
             f"{old} is the old train_distillation.py's flag; write {LEGACY_FLAGS[old]} instead (docs/USAGE.md, "
             "'From the old train_distillation.py', maps each)"
+        )
+    split = [a for a in unknown if not a.startswith("-")]
+    if split:  # argparse takes one run of overrides: Hydra's usage block said "unrecognized arguments" of the rest
+        raise UserError(
+            f"{' '.join(split)}: the overrides go together, all before or all after the flags (e.g. "
+            f"python -m wandistiller.train {' '.join(a for a in argv if a not in args.overrides + split)} "
+            f"{' '.join(args.overrides + split)})"
         )
     modes = {
         "--run": args.run,
