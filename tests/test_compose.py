@@ -76,7 +76,7 @@ def test_hydras_own_groups_and_glob_sweeps_are_checked_like_ours():
         check_overrides(["hydra/launcher=nope"])
     check_overrides(["hydra/launcher=basic"])
     check_overrides(["-m", "student=glob(ti*)"])  # tenth, tiny: each composed
-    with pytest.raises(UserError, match=r"^student=glob\(zz\) sweeps over nothing: .* the options of student are base "):
+    with pytest.raises(UserError, match=r"^student=glob\(zz\) sweeps over nothing: .* options of student are base"):
         check_overrides(["-m", "student=glob(zz)"])
     with pytest.raises(UserError, match=r"^trainer.lr=glob\(\*\) sweeps over nothing: .* is not a config group; list"):
         check_overrides(["-m", "trainer.lr=glob(*)"])
