@@ -23,12 +23,41 @@ def test_a_device_map_without_a_gpu_is_refused_naming_cpu():
 
 
 def test_a_device_map_without_a_strategy_is_refused_naming_the_key_and_the_named_strategies():
-    with pytest.raises(
-        UserError, match=r"needs teacher_placement.strategy=\{module: GPU, …\}; .*balanced / sequential"
-    ):
+    with pytest.raises(UserError, match=r"needs teacher_placement.strategy, a map of module to GPU, e.g. "
+                       r"'teacher_placement.strategy=\{patch_embedding: 0, .*'.*; or use .*=balanced"):  # fmt: skip
         DeviceMapPlacement(debug_cpu=True).check(BF16, ONE)
     DeviceMapPlacement(strategy={"": 0}, debug_cpu=True).check(BF16, ONE)
     assert DeviceMapPlacement(debug_cpu=True).teacher_device(Topology(local_rank=1)) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "strategy, max_memory, line",
+    [
+        ("banana", None, r"strategy=banana is no strategy accelerate names \(auto, balanced, balanced_low_0, sequent"),
+        ([0, 1], None, r"strategy=\[0, 1\] is no map of module to GPU"),
+        ({"blocks": "gpu1"}, None, r"strategy puts blocks on 'gpu1'; give a GPU index \(0, 1, …\) or cpu"),
+        ({"blocks": -1}, None, r"strategy puts blocks on -1"),
+        ("balanced", 7, r"max_memory=7 is no map of GPU to cap"),
+        ("balanced", {"gpu0": "2GiB"}, r"max_memory caps 'gpu0'; give a GPU index"),
+        ("balanced", {0: "lots"}, r"max_memory caps GPU 0 at 'lots'; give a size, e.g. 20GiB"),
+    ],
+)
+def test_a_strategy_or_cap_accelerate_cannot_read_is_one_line_before_any_gpu_is_asked(strategy, max_memory, line):
+    # An audit's: each was accelerate's traceback at load, after the teacher's wait; the yaml's own example map was
+    # refused as "not in struct" (merged into the default {"": 0}), so the default is now none.
+    with pytest.raises(UserError, match=f"^teacher_placement.{line}"):
+        DeviceMapPlacement(strategy, max_memory).check(BF16, ONE)
+    DeviceMapPlacement({"blocks": 0, "rope": "cpu"}, {0: "20GiB", "cpu": 10**9}, debug_cpu=True).check(BF16, ONE)
+
+
+def test_the_yamls_example_map_is_taken_from_the_command_line():
+    from wandistiller.compose import register_configs
+    from wandistiller.core.hydra import compose_config
+    from wandistiller.placements.device_map import EXAMPLE
+
+    register_configs()
+    cfg = compose_config(["teacher_placement=device_map", f"teacher_placement.strategy={EXAMPLE}"])
+    assert dict(cfg.teacher_placement.strategy)["blocks"] == 1 and "" not in cfg.teacher_placement.strategy
 
 
 def test_a_hand_written_map_is_planned_as_an_even_spread_with_the_activations_on_gpu_0():

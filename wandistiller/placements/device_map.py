@@ -7,6 +7,7 @@ Only the owner loads it, so N ranks make one spread copy, not N (a plain device_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +48,26 @@ class DeviceMapPlacement(Placement):
         self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
 
     def check(self, precision, world) -> None:
+        if self.strategy is None:
+            raise UserError(
+                f"teacher_placement=device_map needs teacher_placement.strategy, a map of module to GPU, e.g. "
+                f"'teacher_placement.strategy={EXAMPLE}' (quoted for the shell); or use teacher_placement=balanced / "
+                "sequential"
+            )
+        check_map(self.strategy, self.max_memory)
         if not self.debug_cpu and gpu_count() == 0:
             raise UserError(
                 f"teacher_placement={self.name} spreads the teacher over GPUs and none is visible; "
                 "use teacher_placement=cpu"
             )
-        if self.strategy is None:
-            raise UserError(
-                "teacher_placement=device_map needs teacher_placement.strategy={module: GPU, …}; "
-                "or use teacher_placement=balanced / sequential"
-            )
+        if not self.debug_cpu:
+            gpus = [*(self.strategy.values() if isinstance(self.strategy, Mapping) else []), *(self.max_memory or {})]
+            missing = sorted({int(g) for g in gpus if str(g).isdigit() and int(g) >= gpu_count()})
+            if missing:
+                raise UserError(
+                    f"teacher_placement names GPU {', '.join(map(str, missing))}, and this node has {gpu_count()} "
+                    f"(0-{gpu_count() - 1}); name those in teacher_placement.strategy and max_memory"
+                )
 
     def shares(self, w: Workload, hw: Hardware) -> list[int]:
         """Teacher bytes per GPU: a hand-written map is planned as an even spread."""
@@ -95,6 +106,50 @@ class DeviceMapPlacement(Placement):
         first = teacher.experts[0].get_submodule("patch_embedding")
         teacher.device = next(first.parameters()).device
         return teacher
+
+
+# A hand-written map, as the refusal of none shows it (the yaml's comment gives a whole one).
+EXAMPLE = (
+    "{patch_embedding: 0, condition_embedder: 0, blocks: 1, norm_out: 1, proj_out: 1, scale_shift_table: 1, rope: 0}"
+)
+# accelerate's named strategies, which `device_map=` takes as a string.
+NAMED = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_map(strategy: Any, max_memory: Any) -> None:
+    """The strategy and the caps in the shapes accelerate takes, before any GPU is asked: a string it does not name, a
+    GPU that is no index or a cap that is no size was its traceback at load, after the wait for the teacher."""
+    if isinstance(strategy, str):
+        if strategy not in NAMED:
+            raise UserError(
+                f"teacher_placement.strategy={strategy} is no strategy accelerate names ({', '.join(NAMED)}); or give "
+                f"a map of module to GPU, e.g. 'teacher_placement.strategy={EXAMPLE}'"
+            )
+    elif not isinstance(strategy, Mapping) or not strategy:
+        raise UserError(f"teacher_placement.strategy={strategy} is no map of module to GPU; e.g. {EXAMPLE}")
+    else:
+        for module, gpu in strategy.items():
+            if not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0) and gpu != "cpu":
+                raise UserError(
+                    f"teacher_placement.strategy puts {module or 'the model'} on {gpu!r}; give a GPU index (0, 1, …) "
+                    "or cpu"
+                )
+    if max_memory is None:
+        return
+    from accelerate.utils import convert_file_size_to_int  # accelerate's reading of a cap: what load will do
+
+    if not isinstance(max_memory, Mapping):
+        raise UserError(f"teacher_placement.max_memory={max_memory} is no map of GPU to cap; e.g. '{{0: 20GiB}}'")
+    for gpu, cap in max_memory.items():
+        if not (str(gpu).isdigit() or gpu == "cpu"):
+            raise UserError(f"teacher_placement.max_memory caps {gpu!r}; give a GPU index (0, 1, …) or cpu")
+        try:
+            convert_file_size_to_int(cap)
+        except (ValueError, TypeError):
+            raise UserError(
+                f"teacher_placement.max_memory caps GPU {gpu} at {cap!r}; give a size, e.g. 20GiB or 20000000000 "
+                "(bytes)"
+            ) from None
 
 
 def sequential_shares(w: Workload, hw: Hardware) -> list[int]:
