@@ -158,3 +158,15 @@ def test_an_old_train_distillation_flag_is_told_its_override(argv):
         check_hydra_flags(argv)
     usage = (Path(__file__).resolve().parents[2] / "docs" / "USAGE.md").read_text()
     assert all(f"`{flag}" in usage for flag in LEGACY_FLAGS)  # each one the table maps
+
+
+def test_a_key_inside_a_map_is_not_told_to_choose_the_option_that_is_chosen():
+    # A map merged into a struct map (the device_map yaml's old default) named the chosen option as the one to choose.
+    from hydra.errors import HydraException
+
+    from wandistiller.core.hydra import hydra_error_line
+
+    line = hydra_error_line(
+        HydraException("Could not override 'teacher_placement.strategy'. Key 'blocks' is not in struct")
+    )
+    assert line.endswith("; check its spelling (python -m wandistiller.train --cfg job lists every key)")

@@ -193,6 +193,8 @@ def _other_options_key(text: str) -> str | None:
     if not override or not _options(override[1]):
         return None
     group, key = override[1], override[2]
+    if f"Key '{key}'" not in text:  # a key inside it (a map's) was refused, not the key itself: its option has it
+        return None
     try:
         holders = [o for o in _options(group) if key in compose_option(group, o)]
     except Exception:  # only a better hint was lost: the line stands as Hydra said it
