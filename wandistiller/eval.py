@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a count that is not a whole number of 1 or more is one `error:` line (UserError)."""
     parser = OneLineParser(prog="python -m wandistiller.eval", description=description(__doc__))
     parser.add_argument("run_dir", help="a run folder (outputs/<date>/<time>)")
-    parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
+    parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student, else latest)")
     own = "the run's own end-of-run evaluation's, hooks.evaluate."  # what eval.json was drawn at
     parser.add_argument(
         "--prompts", help=f"prompts file, one per line (default: {own}prompts_path, else the run's held-out prompts)"

@@ -167,12 +167,12 @@ def drawn_by(
     teacher: str | None = None,
 ) -> str:
     """Who drew an image and how, where it is not the default: `student` at its own steps (a few-step student's
-    K, a KD student's --steps 20), else `student1`; a checkpoint's `_best`/`_step_XXXXXXXX`; a --dtype other
+    K, a KD student's --steps 20), else `student1`; a checkpoint's `_best`/`_step_XXXXXXXX`/`_ema`; a --dtype other
     than the run's `_bf16`; a teacher other than the recorded one (--allow-other-teacher) `_teacher-<digest>`. The
     final student at its own steps keeps the name it always had."""
     name = who + (str(steps) if steps != own_steps else "")
     if source is not None and source.name != "student":
-        name += f"_{source.name}"
+        name += f"_{source.name.removeprefix('student_')}"  # student_ema/: `_ema`
     return name + (f"_{dtype}" if dtype else "") + (f"_{teacher}" if teacher else "")
 
 
@@ -295,7 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", metavar="N", default="0", help="noise seed (default 0)")
     parser.add_argument("--teacher", action="store_true", help="also write the teacher's image from the same noise")
-    parser.add_argument("--checkpoint", help="best, latest or step_N (default: the final student, else latest)")
+    parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student, else latest)")
     parser.add_argument("--out", help="output folder (default <run>/generated)")
     parser.add_argument(
         "--dtype", choices=["fp32", "bf16", "fp16"], help="teacher/text-encoder dtype (default: the run's)"

@@ -82,7 +82,7 @@ def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_pat
     folder = RunFolder(tmp_path, OmegaConf.create({}), None)  # student_source reads the folder only
     with pytest.raises(UserError, match=r"has no student yet \(checkpoints: none\); train it first"):
         student_source(folder, None)
-    with pytest.raises(UserError, match="--checkpoint 'newest' is not best, latest or step_N"):
+    with pytest.raises(UserError, match="--checkpoint 'newest' is not best, latest, step_N or ema"):
         student_source(folder, "newest")
     for step in (2, 4):
         save_checkpoint(tmp_path, step, {"student": {"w": torch.zeros(1)}}, keep=5)
@@ -108,6 +108,12 @@ def test_the_student_comes_from_the_final_folder_or_the_checkpoint_named(tmp_pat
         student_source(folder, None)
     (tmp_path / "student" / "config.json").write_text("{}")
     assert student_source(folder, None) == tmp_path / "student"
+    # --checkpoint ema: eval and generate refused it, though the export commands took it
+    with pytest.raises(UserError, match=r"has no student_ema/ \(trainer.ema_decay was off, .*\); drop --checkpoint"):
+        student_source(folder, "ema")
+    (tmp_path / "student_ema").mkdir()
+    (tmp_path / "student_ema" / "config.json").write_text("{}")
+    assert student_source(folder, "ema") == tmp_path / "student_ema"
 
 
 def test_a_damaged_student_file_is_one_line_naming_the_folder(tmp_path, tiny_path):

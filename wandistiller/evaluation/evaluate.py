@@ -385,10 +385,11 @@ def _write(folder: Path, stem: str, result: dict, grid: tuple, video: bool = Fal
 
 
 def result_stem(source: Path, variant: Sequence[str] = ()) -> str:
-    """`eval` for the final student, `eval_<checkpoint>` (eval_best, eval_step_00000050) for a checkpoint, then the
-    settings that differ from the run's own (`variant`: eval_student1, eval_best_steps20_limit1): evaluating a
-    checkpoint, or at other settings, must not overwrite the end-of-run result that metrics.json quotes."""
-    return "_".join(["eval", *([] if source.name == "student" else [source.name]), *variant])
+    """`eval` for the final student, `eval_<checkpoint>` (eval_best, eval_step_00000050; eval_ema for student_ema/)
+    for a checkpoint, then the settings that differ from the run's own (`variant`: eval_student1,
+    eval_best_steps20_limit1): evaluating a checkpoint, or at other settings, must not overwrite the end-of-run result
+    that metrics.json quotes."""
+    return "_".join(["eval", *([] if source.name == "student" else [source.name.removeprefix("student_")]), *variant])
 
 
 def run_settings(

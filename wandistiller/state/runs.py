@@ -413,7 +413,8 @@ def open_relocated(
 
 
 def student_source(run: RunFolder, checkpoint: str | None) -> Path:
-    """The folder a student comes from: `<run>/student` (the final one), or a checkpoint by name."""
+    """The folder a student comes from: `<run>/student` (the final one), or a checkpoint by name (`ema`: the final
+    EMA student, `<run>/student_ema`)."""
     checkpoints = list_checkpoints(run.path)
     if checkpoint is None:
         found = run.path / "student" if (run.path / "student").is_dir() else None
@@ -428,17 +429,25 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         found = run.path / "checkpoints" / "best"
     elif checkpoint.startswith("step_") and checkpoint[5:].isdigit():
         found = checkpoint_dir(run.path, int(checkpoint[5:]))
+    elif checkpoint == "ema":  # the EMA weights trainer.ema_decay kept, saved beside the final student
+        found = run.path / "student_ema"
+        if not found.is_dir():
+            raise UserError(
+                f"{run.path} has no student_ema/ (trainer.ema_decay was off, or the run did not finish); drop "
+                "--checkpoint ema, or pick best, latest or step_N"
+            )
     else:
-        raise UserError(f"--checkpoint {checkpoint!r} is not best, latest or step_N")
+        raise UserError(f"--checkpoint {checkpoint!r} is not best, latest, step_N or ema")
+    final = found is not None and found.name in ("student", "student_ema")
     if found is not None:  # a received folder's `student` or `checkpoints/step_N` linked elsewhere is not loaded
         in_run(run.path, found)
-    if found is None or not (found.name == "student" or (found / STATE_FILE).is_file()):
+    if found is None or not (final or (found / STATE_FILE).is_file()):
         have = ", ".join(p.name for p in checkpoints) or "none"
         what = "no student yet" if checkpoint is None else f"no checkpoint {checkpoint!r}"
         raise UserError(f"{run.path} has {what} (checkpoints: {have}); train it first or pick another --checkpoint")
-    if found.name == "student":
+    if final:
         check_saved_student(run, found)  # before anything is sampled, as a checkpoint's problem is
-    why = None if found.name == "student" else checkpoint_problem(found, resumed=False)
+    why = None if final else checkpoint_problem(found, resumed=False)
     if why is not None:  # said before anything is sampled, naming the flag that picks another (not trainer.resume)
         others = [p.name for p in checkpoints if p != found]
         pick = f"pick another --checkpoint ({', '.join(others)})" if others else "the run holds no other checkpoint"
