@@ -120,6 +120,17 @@ def test_folders_that_cannot_be_written_are_named(make_cfg, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_cache_folder_from_the_environment_is_named_as_it_was_set(make_cfg, tmp_path, monkeypatch):
+    # An audit's: WANDISTILLER_CACHE=<a file> was told to set paths.cache_dir, which the user never wrote.
+    from wandistiller.job.checks import check_folders
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("WANDISTILLER_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(UserError, match=r"^WANDISTILLER_CACHE \(paths.cache_dir\): .*afile is a file; choose another "
+                       r"folder with WANDISTILLER_CACHE=… \(or paths.cache_dir=…\)$"):  # fmt: skip
+        check_folders(make_cfg(f"paths.cache_dir={tmp_path / 'afile'}", run_dir=tmp_path / "r"))
+
+
 @pytest.mark.parametrize("override", ["+trainer.bacth_size=2", "+foo=1", "+data.promts_path=x"])
 def test_a_key_added_with_plus_that_no_schema_knows_is_refused(make_cfg, tmp_path, override):
     key = override[1:].split("=")[0]

@@ -10,6 +10,7 @@ import functools
 import inspect
 import logging
 import math
+import os
 import re
 import typing
 from collections.abc import Callable
@@ -335,18 +336,27 @@ FOLDER_KEYS = {  # and an example of each
 def check_folders(cfg: DictConfig) -> None:
     """The run folder and the cache can be created and written: checked before either is touched."""
 
-    for key, folder in (("hydra.run.dir", cfg.paths.output_dir), ("paths.cache_dir", cfg.paths.cache_dir)):
+    # The cache's folder from the environment (the default reads WANDISTILLER_CACHE) is named as the user set it.
+    from_env = os.environ.get("WANDISTILLER_CACHE") == str(cfg.paths.cache_dir)
+    cache_key = "WANDISTILLER_CACHE (paths.cache_dir)" if from_env else "paths.cache_dir"
+    cache_fix = "WANDISTILLER_CACHE=… (or paths.cache_dir=…)" if from_env else "paths.cache_dir=…"
+    for key, folder, fix in (
+        ("hydra.run.dir", cfg.paths.output_dir, "hydra.run.dir=…"),
+        ("paths.cache_dir", cfg.paths.cache_dir, cache_fix),
+    ):
         if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
             raise UserError(f"{key} is empty; give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
         problem = folder_problem(Path(str(folder)))
         if problem:
-            raise UserError(f"{key}: {problem}; choose another folder with {key}=…")
+            raise UserError(
+                f"{cache_key if key == 'paths.cache_dir' else key}: {problem}; choose another folder with {fix}"
+            )
     cache = Path(str(cfg.paths.cache_dir)).expanduser()
     run = run_holding(cache)
     if run is not None and run.resolve() != Path(str(cfg.paths.output_dir)).expanduser().resolve():  # its own: ok
         raise UserError(
-            f"paths.cache_dir: it is or lies in the run folder {run}, whose files are that run's; choose another "
-            "folder with paths.cache_dir=…"
+            f"{cache_key}: it is or lies in the run folder {run}, whose files are that run's; choose another "
+            f"folder with {cache_fix}"
         )
 
 
