@@ -245,8 +245,19 @@ def test_every_refusal_is_one_line_and_leaves_nothing_in_out(finished, tmp_path)
     (unfinished / "metrics.json").symlink_to(full / "mine.txt")  # a file of yours, never read into a card
     with pytest.raises(UserError, match="leads out of the run folder"):
         export(unfinished, tmp_path / "linked", "single-file")
+    # --force replaces only an earlier export: a folder of the user's own (`--out ~`, a data folder) stays whole
+    with refused(f"--out {full} holds files no export wrote (mine.txt, …: no WanDistiller model card README.md); "
+                 "--force replaces only an earlier export: choose a new folder"):  # fmt: skip
+        export(finished, full, "single-file", force=True)
+    (full / "README.md").write_text("# my notes\n")
+    with refused("holds files no export wrote (README.md, mine.txt, …"):
+        export(finished, full, "single-file", force=True)
+    assert (full / "mine.txt").read_text() == "mine"
+    for file in full.iterdir():  # emptied by its owner: an export goes there, and --force then replaces that
+        file.unlink()
+    export(finished, full, "diffusers")
     replaced = export(finished, full, "single-file", force=True)  # --force replaces it, once the export is whole
-    assert not (replaced / "mine.txt").exists() and (replaced / "README.md").is_file()
+    assert not (replaced / "model_index.json").exists() and (replaced / "README.md").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 

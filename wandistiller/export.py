@@ -46,7 +46,7 @@ from safetensors import SafetensorError
 from wandistiller.compose import register_configs
 from wandistiller.core.atomic import flocked, umask
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import folder_problem, held_run
+from wandistiller.core.files import folder_problem, held_run, read_text_in
 from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.comfy import WORKFLOWS
@@ -85,9 +85,26 @@ def check_out(out: Path, run: RunFolder, force: bool) -> None:
             f"--out {out} holds the run folder {run_inside}; --force replaces the folder --out names (its files "
             "gone), never one holding a run: choose another folder"
         )
+    if force and out.is_dir() and any(out.iterdir()) and not an_export(out):
+        # `--out ~ --force` (or a data folder's name) would have moved it whole into the temporary folder, and gone
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:3])
+        raise UserError(
+            f"--out {out} holds files no export wrote ({held}, …: no WanDistiller model card README.md); --force "
+            "replaces only an earlier export: choose a new folder"
+        )
     problem = folder_problem(out)
     if problem:
         raise UserError(f"--out {out}: {problem}; choose another folder")
+
+
+def an_export(folder: Path) -> bool:
+    """Whether `folder` is an earlier export, which --force may replace: its own model card at the top, which every
+    format writes (state/card.py)."""
+    try:
+        card = read_text_in(folder, "README.md", limit=2**20, what="model card")
+    except UserError:  # none, a link, too large, not text: not a card an export wrote
+        return False
+    return "Distilled with WanDistiller" in card
 
 
 def export(
@@ -235,8 +252,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=DTYPES,
         help=f"the weights' dtype (default: {defaults}); fp8: ComfyUI's fp8 (--fp8-layout), {fp8} only",
     )
-    parser.add_argument("--out", required=True, help="a new folder (or an empty one; --force replaces a full one)")
-    parser.add_argument("--force", action="store_true", help="replace --out if it holds files")
+    parser.add_argument(
+        "--out", required=True, help="a new folder (or an empty one; --force replaces an earlier export)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace --out if it holds an earlier export (its model card README.md)"
+    )
     parser.add_argument("--checkpoint", help="best, latest, step_N or ema (default: the final student)")
     parser.add_argument("--name", help="the single or LoRA files' name (default: <teacher>_<student>_<dtype>)")
     parser.add_argument(
