@@ -64,3 +64,11 @@ def test_a_work_folder_trained_for_more_steps_is_refused_not_reported_as_fewer(t
     with pytest.raises(UserError, match=r"holds a student trained 2 steps, more than --steps 1; give --steps 2"):
         train_student(Settings(student="tiny", seeds=(0,), max_steps=1, batch_size=2), kd, 0, run_dir, cache_dir)
     assert {p: p.read_bytes() for p in kept} == before  # the finished run untouched
+
+
+def test_a_jobs_refusal_names_this_commands_flags_not_the_keys_it_set():
+    # An audit's: `quality --batch-size 100000000` was told "it would with trainer.batch_size=30314"
+    from wandistiller.quality.compare import as_flags
+
+    line = "teacher_placement=cpu will not fit: …; it would with trainer.batch_size=30314 or trainer.max_steps=5"
+    assert as_flags(line) == "teacher_placement=cpu will not fit: …; it would with --batch-size 30314 or --steps 5"

@@ -10,6 +10,7 @@ teacher's sample from the same noise, parameters and seconds per image. Each row
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -74,6 +75,13 @@ I2V_TEACHERS = ("pocket_i2v", "pocket_i2v_moe")  # judged on clips from a given 
 VIDEO_PROMPT_COUNT = 40  # the video prompts file's first 40: every (digit, colour) once, every motion 8 times
 
 
+def as_flags(line: str) -> str:
+    """A training job's refusal, the keys this command sets from its flags named as those flags: `--batch-size 16`
+    was told "it would with trainer.batch_size=30314", a key the user never wrote."""
+    line = re.sub(r"\btrainer\.batch_size=(\d+)", r"--batch-size \1", line)
+    return re.sub(r"\btrainer\.max_steps=(\d+)", r"--steps \1", line)
+
+
 def prompt_set(settings: Settings) -> list[str]:
 
     if settings.teacher in VIDEO_TEACHERS + I2V_TEACHERS:
@@ -113,7 +121,10 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
             *settings.extra,
         ]
     )
-    summary = run(cfg, register_configs)
+    try:
+        summary = run(cfg, register_configs)
+    except UserError as e:  # a job's line names the keys this command set from its flags: said as those flags
+        raise UserError(as_flags(str(e))) from None
     # A finished run resumed at fewer steps is "nothing to do": its longer-trained student must not be reported
     # as one of --steps.
     trained = summary.get("final_step", settings.max_steps)
