@@ -80,6 +80,13 @@ def test_hydras_own_groups_and_glob_sweeps_are_checked_like_ours():
         check_overrides(["-m", "student=glob(zz)"])
     with pytest.raises(UserError, match=r"^trainer.lr=glob\(\*\) sweeps over nothing: .* is not a config group; list"):
         check_overrides(["-m", "trainer.lr=glob(*)"])
+    # range(1,1) ran no job and said "no point trained (each refused)"; an interval was the basic sweeper's traceback
+    with pytest.raises(UserError, match=r"^trainer.max_steps=range\(1,1\) sweeps over nothing: the range is empty"):
+        check_overrides(["-m", "trainer.max_steps=range(1,1)"])
+    with pytest.raises(UserError, match=r"^trainer.lr=interval\(0,1\): an interval is drawn from by a sampling"):
+        check_overrides(["-m", "trainer.lr=interval(0,1)"])
+    with pytest.raises(UserError, match=r"Value 'x' of type 'str' could not be converted to Integer"):
+        check_overrides(["-m", "trainer.max_steps=range(1,3)", "trainer.batch_size=x"])
 
 
 @pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir=''", "paths.cache_dir= ", "hydra.sweep.dir="])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -69,6 +70,7 @@ def check_overrides(argv: list[str]) -> None:
         parsed = parse_overrides(given)
         hydra_parsed = parse_overrides(hydra)
         check_folder_values(parsed + hydra_parsed)
+        check_sweeper_takes(parsed + hydra_parsed, argv)
         sweep = next((o for o in parsed + hydra_parsed if o.is_sweep_override()), None)
         if sweep is not None and not any(a in ("-m", "--multirun") for a in argv):
             key, value = str(sweep.input_line).split("=", 1)
@@ -127,16 +129,31 @@ def _resumed_method(argv: list[str], overrides: list[str]) -> str | None:
 
 
 def _first(override) -> str | None:
-    """A sweep override at its first value (None for range/interval sweeps: Hydra checks those)."""
-    if not override.is_choice_sweep():
+    """A sweep override at its first value (None for an interval, which a sampling sweeper draws from)."""
+    if override.value_type == ValueType.INTERVAL_SWEEP:
         return None
     first = next(iter(override.sweep_string_iterator()), None)
+    key = override.get_key_element()
+    if first is None and override.value_type == ValueType.RANGE_SWEEP:  # range(1,1): Hydra ran no job, said nothing
+        raise UserError(f"{override.input_line} sweeps over nothing: the range is empty; give range(start,stop) with "
+                        "stop past start, e.g. range(1,4)")  # fmt: skip
     if first is None:  # a glob() that matches nothing: Hydra would launch no job, and say nothing of why
-        key = override.get_key_element()
         options = conf_options(key.lstrip("+~"))
         said = f"the options of {key} are {' '.join(options)}" if options else f"{key} is not a config group"
         raise UserError(
             f"{override.input_line} sweeps over nothing: glob() matches a config group's options, and {said}; "
             "list values instead (key=a,b)"
         )
-    return f"{override.get_key_element()}={first}"
+    return f"{key}={first}"
+
+
+def check_sweeper_takes(parsed: list, argv: list[str]) -> None:
+    """An interval (`interval(0,1)`) is drawn from by a sampling sweeper (Optuna's, Nevergrad's plugins); Hydra's
+    basic one, the default, failed on it with a traceback."""
+    interval = next((o for o in parsed if o.value_type == ValueType.INTERVAL_SWEEP), None)
+    sweeper = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/sweeper=")), "basic")
+    if interval is not None and sweeper == "basic":
+        raise UserError(
+            f"{interval.input_line}: an interval is drawn from by a sampling sweeper (hydra/sweeper=optuna, from "
+            "its plugin); Hydra's basic sweeper takes values (key=a,b) and range(start,stop,step)"
+        )
