@@ -74,7 +74,10 @@ def test_hydras_own_groups_and_glob_sweeps_are_checked_like_ours():
     with pytest.raises(UserError, match=r"Could not find 'hydra/launcher/nope' Available options in 'hydra/launcher'"
                        r": basic .*submitit_local.*; pick one of those options$"):  # fmt: skip
         check_overrides(["hydra/launcher=nope"])
-    check_overrides(["hydra/launcher=basic"])
+    check_overrides(["hydra/launcher=basic", "hydra.run.dir=outputs/x", "hydra.job.chdir=false"])
+    with pytest.raises(UserError, match=r"^Could not override 'hydra.run.dri'. Key 'dri' not in 'RunDir'; check its "
+                       r"spelling \(python -m wandistiller.train --cfg hydra lists Hydra's keys\)$"):  # fmt: skip
+        check_overrides(["hydra.run.dri=x"])
     check_overrides(["-m", "student=glob(ti*)"])  # tenth, tiny: each composed
     with pytest.raises(UserError, match=r"^student=glob\(zz\) sweeps over nothing: .* options of student are base"):
         check_overrides(["-m", "student=glob(zz)"])

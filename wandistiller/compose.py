@@ -87,10 +87,10 @@ def check_overrides(argv: list[str]) -> None:
         ]
         for overrides in variants:
             check_missing(compose_tree("train", [o for o in overrides if o is not None]))  # before the run folder
-        # Hydra's own groups (hydra/launcher=…): an option it lacks was Hydra's block of lines and exit code 1
-        groups = [o.input_line for o in hydra_parsed if "/" in o.key_or_group and not o.is_sweep_override()]
-        if groups:
-            compose_tree("train", [o for o in base if o is not None] + groups, with_hydra=True)
+        # Hydra's own keys and groups (hydra.run.dri=…, hydra/launcher=nope): was Hydra's block of lines, exit code 1
+        own = [o.input_line for o in hydra_parsed if not o.is_sweep_override()]
+        if own:
+            compose_tree("train", [o for o in base if o is not None] + own, with_hydra=True)
     except (HydraException, OmegaConfBaseException) as e:
         line = hydra_error_line(e)
         method = _resumed_method(argv, [o for o in base if o is not None])

@@ -165,7 +165,8 @@ def hydra_error_line(error: Exception) -> str:
         )
     if "not in" in text and "Key '" in text:
         hint = _other_options_key(text) or "check its spelling"
-        return f"{text}; {hint} (python -m wandistiller.train --cfg job lists every key)"
+        lists = "--cfg hydra lists Hydra's keys" if "override 'hydra." in text else "--cfg job lists every key"
+        return f"{text}; {hint} (python -m wandistiller.train {lists})"
     if "override data.latents" in text:  # a source's schema takes its own name alone: the source is the option
         return f"{text}; choose the data source with data=<option> ({' '.join(_options('data'))})"
     if "Could not find" in text:
