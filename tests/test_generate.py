@@ -3,6 +3,8 @@ where a path leads (`locate`), the image files `write_images` names, and the arg
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from PIL import Image
@@ -28,23 +30,28 @@ def test_images_are_named_by_a_short_slug_of_their_prompt_its_seed_and_who_drew_
     prompts = ["A Red Fox, in the SNOW!", "!!!", "word " * 20]
     latents = torch.zeros(3, 16, 1, 8, 8)  # the tiny teacher's latents: 16 channels, 8x8 for a 64x64 image
     paths = generate_cli.write_images(latents, vae, prompts, tmp_path / "new" / "out", "student", 7)
-    assert [p.name for p in paths] == [
-        "a-red-fox-in-the-snow_seed7_student.png",
-        "prompt_seed7_student.png",  # nothing to slug: a name still
-        f"{'word-' * 9}wor_seed7_student.png",  # at most 48 characters of the prompt
+    digest = lambda prompt: hashlib.sha256(prompt.encode()).hexdigest()[:6]
+    assert [p.name for p in paths] == [  # where the slug loses some of the prompt, a digest of it follows
+        f"a-red-fox-in-the-snow-{digest(prompts[0])}_seed7_student.png",
+        f"prompt-{digest('!!!')}_seed7_student.png",  # nothing to slug: a name still
+        f"{'word-' * 9}wor-{digest(prompts[2])}_seed7_student.png",  # at most 48 characters of the prompt
     ]
     assert all(Image.open(p).size == (64, 64) and Image.open(p).mode == "RGB" for p in paths)
 
 
 def test_prompts_that_read_the_same_each_keep_their_image(tiny_path, tmp_path):
     """Issue 41: `--prompt "a fox" --prompt "A fox!"` (or one prompt twice, each from its own noise) wrote one file,
-    the second image over the first; each now has its own name, the first as before."""
+    the second image over the first; each now has its own name, the first as before. An audit's: across calls too
+    (`A fox!` in a later call replaced `a fox`'s image, as did any two prompts in Japanese)."""
     vae = load_vae(inspect_teacher(tiny_path), torch.device("cpu"))
-    prompts = ["a fox", "A fox!", "a fox", "a fox 2"]
-    paths = generate_cli.write_images(torch.zeros(4, 16, 1, 8, 8), vae, prompts, tmp_path, "student", 0)
-    names = ["a-fox", "a-fox-2", "a-fox-3", "a-fox-2-2"]
-    assert [p.name for p in paths] == [f"{n}_seed0_student.png" for n in names]
-    assert len(set(paths)) == 4 and all(p.is_file() for p in paths)
+    prompts = ["a fox", "A fox!", "a fox", "a fox 2", "日本語", "赤い"]
+    paths = generate_cli.write_images(torch.zeros(6, 16, 1, 8, 8), vae, prompts, tmp_path, "student", 0)
+    digest = lambda prompt: hashlib.sha256(prompt.encode()).hexdigest()[:6]
+    names = ["a-fox", f"a-fox-{digest('A fox!')}", "a-fox+2", "a-fox-2", f"prompt-{digest('日本語')}"]
+    assert [p.name for p in paths] == [f"{n}_seed0_student.png" for n in names + [f"prompt-{digest('赤い')}"]]
+    assert len(set(paths)) == 6 and all(p.is_file() for p in paths)
+    for prompt in set(prompts) - {"a fox"}:  # each alone, in a call of its own: another prompt's name never
+        assert generate_cli.prompt_slugs([prompt]) != generate_cli.prompt_slugs(["a fox"])
 
 
 def test_a_seed_too_long_to_name_an_image_is_one_line_before_any_work():

@@ -126,18 +126,23 @@ def write_clips(
 
 
 def prompt_slugs(prompts: list[str], given: list[str] | None = None) -> list[str]:
-    """Each prompt's short name: at most 48 letters and digits of it, joined by `-`. Prompts that read the same so
-    (`a fox`, `A fox!`, or one prompt given twice: each drawn from its own noise) get `-2`, `-3`, ... after the
-    first, so no image of a call replaces another. `given`: each prompt's `image_tag`, after the prompt's."""
+    """Each prompt's short name: at most 48 letters and digits of it, joined by `-`; where that loses something of
+    the prompt (capitals, punctuation, other scripts, its length past 48), a digest of the whole prompt after it, so
+    that a later call's prompt that reads the same so (`A fox!` after `a fox`, two long prompts alike for 48
+    letters, any two in Japanese) never replaces this one's image. One prompt given twice in a call (each drawn
+    from its own noise) gets `+2`, `+3`, ... after the first. `given`: each prompt's `image_tag`, after the
+    prompt's."""
     slugs: list[str] = []
     for i, prompt in enumerate(prompts):
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "prompt"
+        if "-" in prompt or slug.replace("-", " ") != prompt:
+            slug += "-" + hashlib.sha256(prompt.encode()).hexdigest()[:6]
         if given is not None:
             slug += "_" + given[i]
         name, n = slug, 1
-        while name in slugs:
+        while name in slugs:  # `+`: no prompt's slug has it, so `a fox` twice never takes the name of `a fox 2`
             n += 1
-            name = f"{slug}-{n}"
+            name = f"{slug}+{n}"
         slugs.append(name)
     return slugs
 
