@@ -172,6 +172,12 @@ def test_generate_never_writes_among_what_the_run_is_read_from(finished, tmp_pat
     with pytest.raises(UserError, match=f"--out: {out} is {what} or inside it"):
         generate_cli.run_generate(generate_cli.parse_args([str(folder), "--prompt", "a fox", "--out", str(out)]))
     assert not (tiny_path / "pictures").exists()
+    if inside != "teacher":  # an audit's: another run's folders took the pictures, and its next resume dropped them
+        another = f"--out: {tmp_path / 'other' / inside} is {what.replace('the run', 'another run')} or inside it"
+        shutil.copytree(finished, tmp_path / "other")
+        with pytest.raises(UserError, match=another):
+            argv = [str(folder), "--prompt", "a fox", "--out", str(tmp_path / "other" / inside)]
+            generate_cli.run_generate(generate_cli.parse_args(argv))
 
 
 def test_an_image_drawn_against_another_teacher_is_named_for_it():

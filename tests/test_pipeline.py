@@ -72,6 +72,11 @@ def test_an_export_refuses_a_file_for_out_writes_nothing_into_the_run_and_names_
     before = (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns)
     with refused(f"--out {run_dir / 'mine'} is inside the run folder {run_dir}; choose a folder outside it"):
         export(run_dir, run_dir / "mine")  # as `export --out` refuses: a run folder holds what training writes
+    other = tmp_path / "other_run"  # another run's too (an audit's: its resume replaced student/, the export in it)
+    (other / ".hydra").mkdir(parents=True)
+    (other / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    with refused(f"--out {other / 'student' / 'p'} is inside the run folder {other}; choose a folder outside it"):
+        export(run_dir, other / "student" / "p")
     out = export(run_dir, tmp_path / "exports" / "mine")  # its parent is made; its temporary folder is beside it
     assert (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns) == before  # a read-only run works
     assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]

@@ -32,7 +32,7 @@ from wandistiller.core.errors import (
     description,
     whole_number,
 )
-from wandistiller.core.files import in_run, output_problem, overlap, write_in_run
+from wandistiller.core.files import in_run, output_problem, overlap, run_holding, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.core.stopping import tool_session
 from wandistiller.data.conditions import fitted, frame_size, unreadable
@@ -89,6 +89,9 @@ def _among_inputs(out: Path, run) -> str | None:
     """Why `--out` would write pictures among what a run is read from, in words: the teacher's folder (a model
     folder, or the package's own pocket teacher), one of the run's own folders; None where it does not."""
     places = [("the teacher's folder", Path(run.spec.path))] + [(w, run.path / n) for n, w in RUNS_OWN.items()]
+    other = run_holding(out)  # another run's own folders too: its resume replaces student/, prunes checkpoints/
+    if other is not None and other.resolve() != run.path.resolve():
+        places += [(w.replace("the run's", "another run's"), other / n) for n, w in RUNS_OWN.items()]
     for what, place in places:
         if overlap(out, place) in ("is", "is inside"):  # a folder holding them is written beside them, not in
             return f"{out} is {what} or inside it ({place}), which are read, not written to"

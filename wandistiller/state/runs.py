@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from wandistiller.core import leftovers
 from wandistiller.core.atomic import NO_LOCKS
 from wandistiller.core.errors import UserError, clipped, quieted
-from wandistiller.core.files import OutsideRunFolder, check_tree, in_run, opened, overlap, read_json_in
+from wandistiller.core.files import OutsideRunFolder, check_tree, enclosing_run, in_run, opened, overlap, read_json_in
 from wandistiller.core.hydra import register_resolvers
 from wandistiller.core.precision import cast_keeping_fp32
 from wandistiller.core.tensor_files import safetensors_problem
@@ -130,9 +130,10 @@ def check_out_of_run(out: Path, run_dir: Path) -> None:
     where = overlap(out, run_dir)
     if where == "holds":
         raise UserError(f"--out {out} holds the run folder {run_dir}; choose a folder outside it")
-    if where:
+    other = enclosing_run(out)  # another run's too: its resume replaces student/ and prunes checkpoints/, files and all
+    if where or other is not None:
         raise UserError(
-            f"--out {out} is inside the run folder {run_dir}; choose a folder outside it (a run "
+            f"--out {out} is inside the run folder {run_dir if where else other}; choose a folder outside it (a run "
             "folder holds what training writes)"
         )
 
