@@ -74,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--allow-data",
         action="store_true",
-        help="read an image run's captions from its saved "
-        "data.root/data.dataset outside the run folder (only for run folders you trust)",
+        help="read the run's saved data files outside the run folder: its prompts files (data.prompts_path, "
+        "data.val_prompts_path, hooks.evaluate.prompts_path) and an image run's captions (data.root/data.dataset); "
+        "only for run folders you trust",
     )
     args = parser.parse_args(argv)
     # unset: the run's own settings (evaluate reads them from the run's saved config), so `eval RUN` is its eval.json

@@ -136,9 +136,13 @@ def test_a_received_prompts_file_outside_the_run_and_the_package_is_not_read(mak
     with pytest.raises(UserError) as e:
         eval_prompts(run, None, 8)
     assert str(e.value).startswith(f"data.{key}='{secret}' in the run's saved config lies outside the run folder")
-    assert str(e.value).endswith("give --prompts FILE") and "\n" not in str(e.value)
+    assert str(e.value).endswith("add --allow-data if you trust that file (its held-out prompts, as eval.json was "
+                                 "drawn from), or give --prompts FILE") and "\n" not in str(e.value)  # fmt: skip
     mine = write_prompts(tmp_path / "mine.txt")
     assert eval_prompts(run, str(mine), 8) == ["my own prompt"]  # the user's own file, named on the command line
+    # An audit's: --allow-data was ignored here, so a run of the user's own file could not redraw its eval.json
+    if key == "prompts_path":
+        assert eval_prompts(run, None, 8, allow_data=True) == ["another"]  # its held-out prompt, as the run's eval
 
 
 def test_prompts_inside_the_run_folder_or_shipped_are_read(make_cfg, tmp_path, tiny_path):

@@ -73,10 +73,11 @@ def eval_prompts(
         return read_prompts(prompts_path)[:limit]
     data = run.cfg.data
     for key in ("prompts_path", "val_prompts_path"):
-        if data.get(key) is not None and not own_files and not _readable_from_run(run, data[key]):
+        if data.get(key) is not None and not (own_files or allow_data) and not _readable_from_run(run, data[key]):
             raise UserError(
                 f"data.{key}={str(data[key])!r} in the run's saved config lies outside the run folder and "
-                "WanDistiller's shipped prompts, so eval does not read it; give --prompts FILE"
+                "WanDistiller's shipped prompts, so eval does not read it unasked; add --allow-data if you trust that "
+                "file (its held-out prompts, as eval.json was drawn from), or give --prompts FILE"
             )
 
     return source_of(data).held_out_prompts(data, data_readable(run, own_files or allow_data))[:limit]
@@ -403,7 +404,7 @@ def run_settings(
     # An image-to-video run's own prompts file has no first frames: its held-out captions are drawn (their images).
     takes_file = not image_conditioned(run.cfg.data, run.spec.layout)
     if prompts_path is None and own["prompts_path"] is not None and takes_file:
-        readable = trust.own_files or _readable_from_run(run, str(own["prompts_path"]))
+        readable = trust.own_files or trust.data or _readable_from_run(run, str(own["prompts_path"]))
         prompts_path = str(own["prompts_path"]) if readable else None
     return (
         int(own["steps"]) if steps is None else steps,
