@@ -44,7 +44,8 @@ def test_another_sources_key_is_refused_at_composition(make_cfg):
     [
         ("data.latents_per_prompt=0", "data.latents_per_prompt=0 must be a positive integer"),
         ("data.latent_chunk=-1", "data.latent_chunk=-1 must be a positive integer"),
-        ("data.sample_steps=0", "data.sample_steps=0 must be a positive integer"),
+        ("data.sample_steps=0", r"data.sample_steps=0 must be in \[1, 1000\], a Wan scheduler.s training timesteps"),
+        ("data.sample_steps=100000", r"data.sample_steps=100000 must be in \[1, 1000\]"),  # was hours of sampling
     ],
 )
 def test_a_sources_range_is_refused_in_one_line(make_cfg, tmp_path, override, message):

@@ -12,6 +12,7 @@ from wandistiller.core.registry import Option
 from wandistiller.data.latents import SamplerSettings, latents_folder, load_latent_bank, teacher_latents
 from wandistiller.data.sources.base import DataSource, Made, own_name
 from wandistiller.teacher.model import guidance_scales
+from wandistiller.teacher.spec import NUM_TRAIN_TIMESTEPS
 
 OwnName = own_name("teacher", __name__)
 
@@ -31,7 +32,12 @@ class TeacherLatents(DataSource):
     description = "the teacher's own samples"  # what the model card says the data was
     samples_teacher = True
     ranges = (
-        ("data.sample_steps", lambda v: v > 0, "a positive integer"),
+        # more than a Wan scheduler's training timesteps only repeats them (and 100000 was hours of sampling)
+        (
+            "data.sample_steps",
+            lambda v: 0 < v <= NUM_TRAIN_TIMESTEPS,
+            f"in [1, {NUM_TRAIN_TIMESTEPS}], a Wan scheduler's training timesteps (e.g. 20)",
+        ),
         ("data.latents_per_prompt", lambda v: v > 0, "a positive integer"),
         ("data.latent_chunk", lambda v: v > 0, "a positive integer"),
     )
