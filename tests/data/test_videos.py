@@ -16,6 +16,7 @@ from PIL import Image
 
 from tests.conftest import refused
 from wandistiller.core.arch import Layout
+from wandistiller.core.errors import UserError
 from wandistiller.data.conditions import rgb
 from wandistiller.data.sources.videos import Videos
 from wandistiller.data.videos import (
@@ -232,6 +233,18 @@ def test_a_damaged_mp4_is_one_line_naming_it(tmp_path):
     path = save_av(clip(9), root / "d.mp4", "a red square moving right")
     path.write_bytes(path.read_bytes()[:600])  # cut short in a copy
     with refused("d.mp4 is not a readable video (truncated or not a video"):
+        check_clips(data_cfg(root), WAN_VAE)
+    whole = save_av(clip(9), root / "d.mp4", "a red square moving right").read_bytes()
+    path.write_bytes(whole[: len(whole) * 2 // 3])  # its last third cut: PyAV's own slip was the reason given
+    with pytest.raises(UserError) as e:
+        check_clips(data_cfg(root), WAN_VAE)
+    assert "d.mp4 is not a readable video (truncated or not a video" in str(e.value) and "NoneType" not in str(e.value)
+
+
+def test_a_clip_too_large_for_pil_is_told_to_be_scaled_down_not_called_damaged(tmp_path, monkeypatch):
+    root = write_videos(tmp_path / "clips")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL refuses over twice this: a 64x64 frame is a "bomb"
+    with refused("a.gif is too large for PIL to decode (Image size (5120 pixels) exceeds limit of 200 pixels, a guard"):
         check_clips(data_cfg(root), WAN_VAE)
 
 

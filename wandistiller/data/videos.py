@@ -32,7 +32,7 @@ from PIL import Image, ImageOps, ImageSequence
 
 from wandistiller.core.errors import UserError
 from wandistiller.core.tensor_files import file_stamps
-from wandistiller.data.conditions import PIXELS, fitted, frame_size, image_bank, opaque, rgb
+from wandistiller.data.conditions import PIXELS, fitted, frame_size, image_bank, opaque, rgb, unreadable
 from wandistiller.data.images import (
     IMAGE_SUFFIXES,
     PIL_SUFFIXES,
@@ -267,11 +267,15 @@ def _read(source: VideoSource, i: int, shape: ClipShape, data_cfg, decoded: bool
         picked = _pick(timed, shape)
     except UserError:
         raise
+    except Image.DecompressionBombError as e:  # a valid clip too large for PIL's guard, not a damaged one
+        raise UserError(f"{source.key}: {name} {unreadable(e)}, or move it out of the folder") from None
     except Exception as e:  # PIL and PyAV raise many types for a damaged or foreign file; all mean the same here
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        # A decoder's own slip on a damaged stream (PyAV's "'NoneType' object has no attribute 'name'") says
+        # nothing to the user: the file is what they can act on.
+        said = "" if not reason or isinstance(e, (AttributeError, TypeError, KeyError, IndexError)) else f": {reason}"
         raise UserError(
-            f"{source.key}: {name} is not a readable video (truncated or not a video: {reason[:120]}); "
-            "replace or remove it"
+            f"{source.key}: {name} is not a readable video (truncated or not a video{said[:122]}); replace or remove it"
         ) from None
     frames, fps = picked.frames, shape.fps
     if picked.decoded == 1 and shape.frames > 1:  # a still saved as a GIF or WebP: not a short clip
