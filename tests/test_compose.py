@@ -92,7 +92,10 @@ def test_hydras_own_groups_and_glob_sweeps_are_checked_like_ours():
         check_overrides(["-m", "trainer.max_steps=range(1,3)", "trainer.batch_size=x"])
 
 
-@pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir=''", "paths.cache_dir= ", "hydra.sweep.dir="])
+@pytest.mark.parametrize(
+    "override",
+    ["hydra.run.dir=", "hydra.run.dir=''", "paths.cache_dir= ", "hydra.sweep.dir=", "data.root=", "teacher.path=''"],
+)
 def test_an_empty_folder_is_refused_not_read_as_the_current_directory(override):
     # `hydra.run.dir=$OUT` with OUT unset trained into the current directory (a checkout's root, say).
     key = override.split("=")[0]

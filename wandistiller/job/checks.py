@@ -330,6 +330,10 @@ FOLDER_KEYS = {  # and an example of each
     "hydra.sweep.dir": "multirun/my_sweep",
     "paths.output_dir": "outputs/my_run",
     "paths.cache_dir": "~/.cache/wandistiller",
+    # the data's folders: empty, each read the current directory (a video folder's refusal then spoke of its files)
+    "data.root": "/data/my_clips",
+    "data.dataset": "/data/my_hf_dataset",
+    "teacher.path": "/models/Wan2.1-T2V-1.3B-Diffusers",
 }
 
 
