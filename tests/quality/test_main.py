@@ -145,6 +145,7 @@ def test_a_style_that_is_no_lora_of_the_teacher_is_refused_before_the_work(tmp_p
         (["--seeds", "0", "1", "0"], "--seeds repeats 0: each seed is one sample of the mean"),
         (["--style", "nope.safetensors"], "--style is --stacking's style LoRA; add --stacking, or drop --style"),
         (["--jobs", "3"], "--jobs 3 trains --compression's sizes at once; add --compression, or drop --jobs"),
+        (["--student", "bogus"], "argument --student: invalid choice: 'bogus' (choose from 'base', "),  # composition's
     ],
 )
 def test_a_count_out_of_range_is_named_by_its_flag_before_the_work(tmp_path, capsys, args, line):

@@ -26,6 +26,7 @@ from typing import Any
 from wandistiller.core.errors import OneLineParser, UserError, description, exit_on_user_error
 from wandistiller.core.files import enclosing_run, output_problem, read_in, read_text_in, run_holding, write_in_run
 from wandistiller.core.hydra import shipped_asset
+from wandistiller.core.plugins import conf_options
 from wandistiller.evaluation.metrics import KID_MEANING
 from wandistiller.quality import compression, fewstep, i2v, stacking, video
 from wandistiller.quality.compare import COLUMNS, Settings, compare, prompt_set
@@ -304,7 +305,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the video or --stacking comparison: only the rows whose name holds one of these words (e.g. --rows "
         "LoRA 'KD student'); the teacher's row always",
     )
-    parser.add_argument("--student", default="half", help="the student config of every row (default half)")
+    parser.add_argument(
+        "--student",
+        default="half",
+        choices=conf_options("student"),  # a name no option has was composition's line, naming no flag
+        help="the student config of every row (default half)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
