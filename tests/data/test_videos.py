@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 from tests.conftest import refused
@@ -78,10 +79,17 @@ def test_a_folder_reads_as_captioned_clips_of_the_vaes_length_scaled_down_and_cr
     assert len(frames) == 9 and np.array_equal(np.asarray(frames[1]), np.asarray(clip(20)[2].convert("RGB")))
 
 
-def test_one_latent_frame_is_one_frame_and_a_still_gif_serves_it(tmp_path):
+def test_one_latent_frame_is_one_frame_and_a_still_gif_serves_it(tmp_path, caplog):
     root = tmp_path / "stills"
     save(clip(1), root / "a.gif", "a red square")
     assert len(read_clip(folder_videos(str(root)), 0, ClipShape.of(data_cfg(root, 1), WAN_VAE), data_cfg(root, 1))) == 1
+    # said, as the run checks its source: a video folder at one latent frame trains on stills (an audit's)
+    with caplog.at_level(logging.WARNING, logger="wandistiller"):
+        Videos.check(OmegaConf.create(vars(data_cfg(root, 1))))
+        assert "data.latent_frames=1 trains on each video's first frame alone, a still" in caplog.text
+        caplog.clear()
+        Videos.check(OmegaConf.create(vars(data_cfg(root, 3))))
+        assert "first frame alone" not in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ held out for validation with their captions, as the images source holds out imag
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from wandistiller.data.validation import split_prompts
 from wandistiller.data.videos import check_clips, folder_videos, held_out_first_frames, video_data, video_pairs
 
 OwnName = own_name("videos", __name__)
+log = logging.getLogger("wandistiller")
 
 
 @dataclass
@@ -60,6 +62,12 @@ class Videos(DataSource):
                 "set one of them (data.fps samples each file at one rate, whatever it is stored at)"
             )
         folder_videos(data_cfg.root)
+        if data_cfg.latent_frames == 1:  # an audit's: trained on each video's first frame without a word
+            log.warning(
+                "data=video_folder with data.latent_frames=1 trains on each video's first frame alone, a still: no "
+                "motion is learned; give data.latent_frames=5 or more (9 frames or more at a Wan VAE's 4x in time) "
+                "for clips, or use data=image_folder for stills"
+            )
 
     @classmethod
     def check_with_teacher(cls, data_cfg, vae_config: dict, layout: Layout) -> None:
