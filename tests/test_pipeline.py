@@ -77,6 +77,8 @@ def test_an_export_refuses_a_file_for_out_writes_nothing_into_the_run_and_names_
     (other / ".hydra" / "config.yaml").write_text("seed: 0\n")
     with refused(f"--out {other / 'student' / 'p'} is inside the run folder {other}; choose a folder outside it"):
         export(run_dir, other / "student" / "p")
+    beside = export(run_dir, other / ".." / "beside")  # `cd RUN && … --out ../x` lies beside it (a review's)
+    assert (tmp_path / "beside" / "model_index.json").is_file() and beside == other / ".." / "beside"
     out = export(run_dir, tmp_path / "exports" / "mine")  # its parent is made; its temporary folder is beside it
     assert (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns) == before  # a read-only run works
     assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]

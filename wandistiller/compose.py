@@ -78,6 +78,9 @@ def check_overrides(argv: list[str]) -> None:
                 f"{sweep.input_line}: a comma makes it a sweep, which runs only with --multirun (-m); for one value "
                 f"holding a comma, quote it: {key}='{value}'"
             )
+        for o in hydra_parsed:  # a hydra.* sweep's emptiness too (its values are Hydra's to check)
+            if o.is_sweep_override():
+                _first(o)
         base = [o.input_line if not o.is_sweep_override() else _first(o) for o in parsed]
         variants = [base] + [
             base[:i] + [f"{o.get_key_element()}={v}"] + base[i + 1 :]
@@ -138,7 +141,8 @@ def _first(override) -> str | None:
         raise UserError(f"{override.input_line} sweeps over nothing: the range is empty; give range(start,stop) with "
                         "stop past start, e.g. range(1,4)")  # fmt: skip
     if first is None:  # a glob() that matches nothing: Hydra would launch no job, and say nothing of why
-        options = conf_options(key.lstrip("+~"))
+        key = key.lstrip("+~")
+        options = conf_options(key)
         said = f"the options of {key} are {' '.join(options)}" if options else f"{key} is not a config group"
         raise UserError(
             f"{override.input_line} sweeps over nothing: glob() matches a config group's options, and {said}; "

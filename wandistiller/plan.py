@@ -127,6 +127,8 @@ def configured(cfg) -> Placement | None:
     placement = instantiate(cfg.teacher_placement)
     if hasattr(placement, "check_resident_blocks"):
         placement.check_resident_blocks()
+    if hasattr(placement, "check_settings"):  # device_map's strategy and caps: what train would refuse
+        placement.check_settings()
     return placement
 
 

@@ -160,13 +160,14 @@ def test_an_old_train_distillation_flag_is_told_its_override(argv):
     assert all(f"`{flag}" in usage for flag in LEGACY_FLAGS)  # each one the table maps
 
 
-def test_a_key_inside_a_map_is_not_told_to_choose_the_option_that_is_chosen():
-    # A map merged into a struct map (the device_map yaml's old default) named the chosen option as the one to choose.
+def test_a_key_inside_a_map_is_told_to_be_added_with_plus_not_to_choose_the_option_that_is_chosen():
+    # A map merged into a struct map (the device_map yaml's old default) named the chosen option as the one to choose;
+    # a review's: Hydra's own maps (hydra.job.env_set.FOO=bar) lost Hydra's "+" hint, told to check the spelling.
     from hydra.errors import HydraException
 
     from wandistiller.core.hydra import hydra_error_line
 
-    line = hydra_error_line(
-        HydraException("Could not override 'teacher_placement.strategy'. Key 'blocks' is not in struct")
-    )
-    assert line.endswith("; check its spelling (python -m wandistiller.train --cfg job lists every key)")
+    for full, key in (("teacher_placement.strategy", "blocks"), ("hydra.job.env_set.FOO", "FOO")):
+        line = hydra_error_line(HydraException(f"Could not override '{full}'. Key '{key}' is not in struct"))
+        added = full if full.endswith(key) else f"{full}.{key}"
+        assert line.endswith(f"; an entry a map does not have yet is added with +: +{added}=…")

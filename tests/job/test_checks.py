@@ -129,6 +129,9 @@ def test_a_cache_folder_from_the_environment_is_named_as_it_was_set(make_cfg, tm
     with pytest.raises(UserError, match=r"^WANDISTILLER_CACHE \(paths.cache_dir\): .*afile is a file; choose another "
                        r"folder with WANDISTILLER_CACHE=… \(or paths.cache_dir=…\)$"):  # fmt: skip
         check_folders(make_cfg(f"paths.cache_dir={tmp_path / 'afile'}", run_dir=tmp_path / "r"))
+    monkeypatch.setenv("WANDISTILLER_CACHE", "")  # set, and empty (a review's: named paths.cache_dir)
+    with pytest.raises(UserError, match=r"^WANDISTILLER_CACHE \(paths.cache_dir\) is empty; give it a folder, e.g. "):
+        check_folders(make_cfg("paths.cache_dir=''", run_dir=tmp_path / "r"))
 
 
 @pytest.mark.parametrize("override", ["+trainer.bacth_size=2", "+foo=1", "+data.promts_path=x"])

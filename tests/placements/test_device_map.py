@@ -35,7 +35,7 @@ def test_a_device_map_without_a_strategy_is_refused_naming_the_key_and_the_named
     [
         ("banana", None, r"strategy=banana is no strategy accelerate names \(auto, balanced, balanced_low_0, sequent"),
         ([0, 1], None, r"strategy=\[0, 1\] is no map of module to GPU"),
-        ({"blocks": "gpu1"}, None, r"strategy puts blocks on 'gpu1'; give a GPU index \(0, 1, …\) or cpu"),
+        ({"blocks": "gpu1"}, None, r"strategy puts blocks on 'gpu1'; give a GPU index \(0, 1, …\), cuda:N, cpu or"),
         ({"blocks": -1}, None, r"strategy puts blocks on -1"),
         ("balanced", 7, r"max_memory=7 is no map of GPU to cap"),
         ("balanced", {"gpu0": "2GiB"}, r"max_memory caps 'gpu0'; give a GPU index"),
@@ -47,7 +47,10 @@ def test_a_strategy_or_cap_accelerate_cannot_read_is_one_line_before_any_gpu_is_
     # refused as "not in struct" (merged into the default {"": 0}), so the default is now none.
     with pytest.raises(UserError, match=f"^teacher_placement.{line}"):
         DeviceMapPlacement(strategy, max_memory).check(BF16, ONE)
-    DeviceMapPlacement({"blocks": 0, "rope": "cpu"}, {0: "20GiB", "cpu": 10**9}, debug_cpu=True).check(BF16, ONE)
+    # what accelerate takes: an index, cuda:N, cpu, disk; a cap as a size string or bytes (2e10 too: a review's)
+    fine = DeviceMapPlacement({"blocks": 0, "rope": "cpu", "norm_out": "cuda:1", "proj_out": "disk"}, {0: 2e10})
+    DeviceMapPlacement({"blocks": 0}, {0: "20GiB", "cpu": 10**9}, debug_cpu=True).check(BF16, ONE)
+    fine.check_settings()
 
 
 def test_the_yamls_example_map_is_taken_from_the_command_line():

@@ -165,9 +165,8 @@ def _joined(root: Path, name: str | Path) -> Path:
 def enclosing_run(path: Path) -> Path | None:
     """The run folder (one holding `.hydra/config.yaml`) that `path` lies inside, `path` itself not counted; None
     where it lies in none."""
-    return next(
-        (p for p in Path(path).expanduser().absolute().parents if (p / ".hydra" / "config.yaml").is_file()), None
-    )
+    normal = Path(os.path.abspath(Path(path).expanduser()))  # `run/../x` lies beside the run, not in it
+    return next((p for p in normal.parents if (p / ".hydra" / "config.yaml").is_file()), None)
 
 
 def run_holding(path: Path) -> Path | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -163,6 +164,11 @@ def hydra_error_line(error: Exception) -> str:
             f"{text}; `~` removes only a hook, a logger or a key added with + (e.g. ~hooks.evaluate): set this one "
             "instead (key=…), or check its spelling (python -m wandistiller.train --cfg job lists every key)"
         )
+    entry = re.search(r"Could not override '([\w.]+)'\. Key '([^']+)' is not in struct", text)
+    if entry and "." in entry[1]:  # a map's entry it lacks (hydra.job.env_set.FOO, max_memory.0): added with +
+        full, key = entry[1], entry[2]
+        added = full if full.endswith(f".{key}") else f"{full}.{key}"
+        return f"{text}; an entry a map does not have yet is added with +: +{added}=…"
     if "not in" in text and "Key '" in text:
         hint = _other_options_key(text) or "check its spelling"
         lists = "--cfg hydra lists Hydra's keys" if "override 'hydra." in text else "--cfg job lists every key"
@@ -283,8 +289,8 @@ def check_hydra_flags(argv: list[str]) -> None:
     if split:  # argparse takes one run of overrides: Hydra's usage block said "unrecognized arguments" of the rest
         raise UserError(
             f"{' '.join(split)}: the overrides go together, all before or all after the flags (e.g. "
-            f"python -m wandistiller.train {' '.join(a for a in argv if a not in args.overrides + split)} "
-            f"{' '.join(args.overrides + split)})"
+            f"python -m wandistiller.train {shlex.join(a for a in argv if a not in args.overrides + split)} "
+            f"{shlex.join(args.overrides + split)})"
         )
     modes = {
         "--run": args.run,

@@ -349,7 +349,8 @@ def check_folders(cfg: DictConfig) -> None:
         ("paths.cache_dir", cfg.paths.cache_dir, cache_fix),
     ):
         if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
-            raise UserError(f"{key} is empty; give it a folder, e.g. {key}={FOLDER_KEYS[key]}")
+            named = cache_key if key == "paths.cache_dir" else key
+            raise UserError(f"{named} is empty; give it a folder, e.g. {fix.replace('…', FOLDER_KEYS[key])}")
         problem = folder_problem(Path(str(folder)))
         if problem:
             raise UserError(

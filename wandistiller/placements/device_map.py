@@ -7,6 +7,8 @@ Only the owner loads it, so N ranks make one spread copy, not N (a plain device_
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +50,7 @@ class DeviceMapPlacement(Placement):
         self.strategy, self.max_memory, self.debug_cpu = strategy, max_memory, debug_cpu
 
     def check(self, precision, world) -> None:
-        if self.strategy is None:
-            raise UserError(
-                f"teacher_placement=device_map needs teacher_placement.strategy, a map of module to GPU, e.g. "
-                f"'teacher_placement.strategy={EXAMPLE}' (quoted for the shell); or use teacher_placement=balanced / "
-                "sequential"
-            )
-        check_map(self.strategy, self.max_memory)
+        self.check_settings()
         if not self.debug_cpu and gpu_count() == 0:
             raise UserError(
                 f"teacher_placement={self.name} spreads the teacher over GPUs and none is visible; "
@@ -68,6 +64,17 @@ class DeviceMapPlacement(Placement):
                     f"teacher_placement names GPU {', '.join(map(str, missing))}, and this node has {gpu_count()} "
                     f"(0-{gpu_count() - 1}); name those in teacher_placement.strategy and max_memory"
                 )
+
+    def check_settings(self) -> None:
+        """The strategy and caps as accelerate takes them, on any machine (plan checks them too)."""
+        if self.strategy is None:
+            raise UserError(
+                f"teacher_placement=device_map needs teacher_placement.strategy, a map of module to GPU, e.g. "
+                f"'teacher_placement.strategy={EXAMPLE}' (quoted for the shell), or accelerate's own "
+                "(teacher_placement.strategy=auto); or use teacher_placement=balanced / sequential, or gpu0 for the "
+                "whole teacher on GPU 0"
+            )
+        check_map(self.strategy, self.max_memory)
 
     def shares(self, w: Workload, hw: Hardware) -> list[int]:
         """Teacher bytes per GPU: a hand-written map is planned as an even spread."""
@@ -128,11 +135,12 @@ def check_map(strategy: Any, max_memory: Any) -> None:
     elif not isinstance(strategy, Mapping) or not strategy:
         raise UserError(f"teacher_placement.strategy={strategy} is no map of module to GPU; e.g. {EXAMPLE}")
     else:
-        for module, gpu in strategy.items():
-            if not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0) and gpu != "cpu":
+        for module, gpu in strategy.items():  # as accelerate takes them: a GPU index, cuda:N, cpu or disk
+            index = isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0
+            if not index and gpu not in ("cpu", "disk") and not re.fullmatch(r"cuda:\d+", str(gpu)):
                 raise UserError(
-                    f"teacher_placement.strategy puts {module or 'the model'} on {gpu!r}; give a GPU index (0, 1, …) "
-                    "or cpu"
+                    f"teacher_placement.strategy puts {module or 'the model'} on {gpu!r}; give a GPU index (0, 1, …), "
+                    "cuda:N, cpu or disk"
                 )
     if max_memory is None:
         return
@@ -143,9 +151,12 @@ def check_map(strategy: Any, max_memory: Any) -> None:
     for gpu, cap in max_memory.items():
         if not (str(gpu).isdigit() or gpu == "cpu"):
             raise UserError(f"teacher_placement.max_memory caps {gpu!r}; give a GPU index (0, 1, …) or cpu")
+        number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+        if number and 0 <= cap < math.inf:  # bytes, which accelerate takes as they are (2e10 too)
+            continue
         try:
-            convert_file_size_to_int(cap)
-        except (ValueError, TypeError):
+            convert_file_size_to_int(cap)  # a string: accelerate's own reading of it
+        except (ValueError, TypeError, AttributeError):
             raise UserError(
                 f"teacher_placement.max_memory caps GPU {gpu} at {cap!r}; give a size, e.g. 20GiB or 20000000000 "
                 "(bytes)"

@@ -65,8 +65,8 @@ class Videos(DataSource):
         if data_cfg.latent_frames == 1:  # an audit's: trained on each video's first frame without a word
             log.warning(
                 "data=video_folder with data.latent_frames=1 trains on each video's first frame alone, a still: no "
-                "motion is learned; give data.latent_frames=5 or more (9 frames or more at a Wan VAE's 4x in time) "
-                "for clips, or use data=image_folder for stills"
+                "motion is learned; give data.latent_frames=5 or more for clips ((latent_frames - 1) x the VAE's "
+                "time factor + 1 frames: 17 at a Wan VAE's 4x), or use data=image_folder for stills"
             )
 
     @classmethod
