@@ -67,8 +67,8 @@ def check_overrides(argv: list[str]) -> None:
     check_parses(hydra)
     base: list[str | None] = []
     try:
-        parsed = parse_overrides(given)
-        hydra_parsed = parse_overrides(hydra)
+        both = parse_overrides(given + hydra)  # one search path set up, not one a list
+        parsed, hydra_parsed = both[: len(given)], both[len(given) :]
         check_folder_values(parsed + hydra_parsed)
         check_sweeper_takes(parsed + hydra_parsed, argv)
         sweep = next((o for o in parsed + hydra_parsed if o.is_sweep_override()), None)

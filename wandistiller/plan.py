@@ -125,10 +125,7 @@ def configured(cfg) -> Placement | None:
     if getattr(get_class(cfg.teacher_placement._target_), "chosen_by_planner", False):
         return None
     placement = instantiate(cfg.teacher_placement)
-    if hasattr(placement, "check_resident_blocks"):
-        placement.check_resident_blocks()
-    if hasattr(placement, "check_settings"):  # device_map's strategy and caps: what train would refuse
-        placement.check_settings()
+    placement.check_settings()
     return placement
 
 

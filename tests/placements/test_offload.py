@@ -51,9 +51,9 @@ def test_the_planner_keeps_what_fits_of_a_streamed_teacher_resident_and_the_run_
 @pytest.mark.parametrize("count", ["many", -1, "2.5"])
 def test_a_resident_block_count_that_is_not_auto_or_a_count_is_refused_naming_the_key(count):
     with pytest.raises(UserError, match=rf"teacher_placement.resident_blocks={count!r}: use auto or a count >= 0"):
-        OffloadPlacement(resident_blocks=count).check_resident_blocks()
+        OffloadPlacement(resident_blocks=count).check_settings()
     for fine in ("auto", 0, 3, "3"):
-        OffloadPlacement(resident_blocks=fine).check_resident_blocks()
+        OffloadPlacement(resident_blocks=fine).check_settings()
 
 
 def test_offload_is_planned_only_on_a_gpu_with_every_kept_block_beside_two_streaming_slots():

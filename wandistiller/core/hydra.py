@@ -7,6 +7,7 @@ CLI calls it before anything composes or reads a run folder, so the layers below
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -125,19 +126,22 @@ def compose_tree(config_name: str | None, overrides: list[str], with_hydra: bool
     if "train_schema.yaml" not in ConfigStore.instance().repo:
         raise RuntimeError("nothing is registered to compose: call wandistiller.compose.register_configs() first")
     register_resolvers()
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with _search_path():
         return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
 
 
 def parse_overrides(overrides: list[str]) -> list:
     """Hydra's parse of overrides, given the config loader a `glob()` sweep lists its group's options with (the
     bare parser has none, and enumerating such a sweep failed with "ConfigLoader is not set")."""
+    with _search_path():
+        return OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(overrides)
+
+
+def _search_path() -> contextlib.AbstractContextManager:
+    """Hydra's search path: a Hydra job's own (already set), else the package's conf/ for the call."""
     if GlobalHydra.instance().is_initialized():
-        return OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(overrides)
+        return contextlib.nullcontext()
+    return initialize_config_dir(config_dir=str(CONF_DIR), version_base=None)
 
 
 def hydra_error_line(error: Exception) -> str:

@@ -344,18 +344,15 @@ def check_folders(cfg: DictConfig) -> None:
     from_env = os.environ.get("WANDISTILLER_CACHE") == str(cfg.paths.cache_dir)
     cache_key = "WANDISTILLER_CACHE (paths.cache_dir)" if from_env else "paths.cache_dir"
     cache_fix = "WANDISTILLER_CACHE=… (or paths.cache_dir=…)" if from_env else "paths.cache_dir=…"
-    for key, folder, fix in (
-        ("hydra.run.dir", cfg.paths.output_dir, "hydra.run.dir=…"),
-        ("paths.cache_dir", cfg.paths.cache_dir, cache_fix),
+    for key, named, folder, fix in (
+        ("hydra.run.dir", "hydra.run.dir", cfg.paths.output_dir, "hydra.run.dir=…"),
+        ("paths.cache_dir", cache_key, cfg.paths.cache_dir, cache_fix),
     ):
         if not str(folder).strip():  # Path("") is the current directory: a run among whatever that holds
-            named = cache_key if key == "paths.cache_dir" else key
             raise UserError(f"{named} is empty; give it a folder, e.g. {fix.replace('…', FOLDER_KEYS[key])}")
         problem = folder_problem(Path(str(folder)))
         if problem:
-            raise UserError(
-                f"{cache_key if key == 'paths.cache_dir' else key}: {problem}; choose another folder with {fix}"
-            )
+            raise UserError(f"{named}: {problem}; choose another folder with {fix}")
     cache = Path(str(cfg.paths.cache_dir)).expanduser()
     run = run_holding(cache)
     if run is not None and run.resolve() != Path(str(cfg.paths.output_dir)).expanduser().resolve():  # its own: ok

@@ -91,6 +91,10 @@ class Placement(ABC):
     def check(self, precision: Precision, world: World) -> None:  # noqa: B027 -- most placements check nothing
         """Refuse a placement that cannot run here (no GPU, too few ranks), naming one that can."""
 
+    def check_settings(self) -> None:  # noqa: B027 -- most placements have no settings to check
+        """Refuse settings no machine could run (a bad resident_blocks, a map accelerate cannot read): called by
+        `check` and by the planner, which plans for hardware other than this machine's."""
+
     def speed(self, hw: Hardware) -> int:
         return self.speed_rank
 

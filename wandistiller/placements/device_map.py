@@ -66,7 +66,7 @@ class DeviceMapPlacement(Placement):
                 )
 
     def check_settings(self) -> None:
-        """The strategy and caps as accelerate takes them, on any machine (plan checks them too)."""
+        """The strategy and caps as accelerate takes them."""
         if self.strategy is None:
             raise UserError(
                 f"teacher_placement=device_map needs teacher_placement.strategy, a map of module to GPU, e.g. "

@@ -49,7 +49,7 @@ class DiskPlacement(OffloadPlacement):
         self.offload_dir = offload_dir
 
     def check(self, precision, world) -> None:
-        self.check_resident_blocks()  # no GPU needed: without one it computes on the CPU
+        self.check_settings()  # no GPU needed: without one it computes on the CPU
 
     def speed(self, hw: Hardware) -> int:
         # Without a GPU, streaming from disk to the CPU is the slowest way, not the second slowest.

@@ -67,9 +67,9 @@ class OffloadPlacement(Placement):
                 "teacher_placement=offload streams the teacher from RAM to a GPU and none is visible; "
                 "use teacher_placement=cpu (the same RAM, computing on the CPU)"
             )
-        self.check_resident_blocks()
+        self.check_settings()
 
-    def check_resident_blocks(self) -> None:
+    def check_settings(self) -> None:
         if self.resident_blocks != "auto" and not str(self.resident_blocks).isdigit():
             raise UserError(f"teacher_placement.resident_blocks={self.resident_blocks!r}: use auto or a count >= 0")
 
