@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from wandistiller.compose import register_configs
 from wandistiller.config import CONF_DIR
 from wandistiller.core.atomic import atomic_write
-from wandistiller.core.hydra import auto_precision
+from wandistiller.core.hydra import auto_precision, experiment_in_place
 from wandistiller.core.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,7 +223,7 @@ def make_cfg(cache_dir, tmp_path, tiny_path, tiny_moe_path):
         # A test's own value wins, and its own list of hooks drops the base's settings of them.
         base = [b for b in base if key(b) not in given and not any(key(b).startswith(f"{g}.") for g in given)]
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
-            return compose("train", overrides=base + list(overrides))
+            return compose("train", overrides=experiment_in_place(base + list(overrides)))
 
     return _make
 

@@ -114,3 +114,18 @@ def test_a_value_beyond_ascii_is_told_to_be_quoted():
     with pytest.raises(UserError, match=r"goes in quotes, 'data.prompts_path=\"/tmp/prömpts.txt\"'"):
         check_overrides(["data.prompts_path=/tmp/prömpts.txt"])
     check_overrides(['data.prompts_path="/tmp/prömpts.txt"'])
+
+
+@pytest.mark.parametrize("spelled", ["+experiment=pocket_lora", "experiment=pocket_lora"])
+def test_debug_fast_wins_over_an_experiment_which_keeps_its_choices(spelled):
+    """debug=fast with an experiment checks that experiment in 5 steps: the tree lists the experiment before debug
+    (it used to be appended after it, and silently ran its 600 steps without a word); both spellings choose it."""
+    from wandistiller.core.hydra import compose_config
+    from wandistiller.job.checks import drop_settings_of_unlisted_hooks
+
+    register_configs()
+    cfg = drop_settings_of_unlisted_hooks(compose_config([spelled, "debug=fast"]))
+    assert cfg.trainer.max_steps == 5 and list(cfg.hooks) == ["monitor", "progress"] and not cfg.logger
+    assert cfg.teacher.name == "pocket" and cfg.student.builder == "lora"  # the experiment's own choices stay
+    assert compose_config([spelled]).trainer.max_steps == 600
+    check_overrides([spelled, "debug=fast", "trainer.max_steps=2"])

@@ -258,7 +258,7 @@ def saved_run(make_cfg, run_dir, *first: str):
 def test_an_experiment_on_a_resume_is_held_to_the_run_never_dropped(make_cfg, tmp_path):
     kd = saved_run(make_cfg, tmp_path / "kd", "trainer.max_steps=4")
     given = ["trainer.resume=auto", "+experiment=pocket_fewstep"]
-    with pytest.raises(UserError, match=r"\+experiment=pocket_fewstep \(it sets .*method=dmd \(saved kd\)") as e:
+    with pytest.raises(UserError, match=r"experiment=pocket_fewstep \(it sets .*method=dmd \(saved kd\)") as e:
         continued_config(make_cfg(*given, run_dir=kd), given)
     assert "\n" not in str(e.value) and "hydra.run.dir=<a new folder>" in str(e.value)
     # The first launch's experiment given again restates it: the run continues as it was made.
@@ -266,7 +266,7 @@ def test_an_experiment_on_a_resume_is_held_to_the_run_never_dropped(make_cfg, tm
     cfg = continued_config(make_cfg(*given, run_dir=few), given)
     assert cfg.method.name == "dmd" and cfg.trainer.max_steps == 6
     other = ["trainer.resume=auto", "+experiment=pocket_lora"]
-    with pytest.raises(UserError, match=r"\+experiment=pocket_lora \(it sets student=.*lora"):
+    with pytest.raises(UserError, match=r"experiment=pocket_lora \(it sets student=.*lora"):
         continued_config(make_cfg(*other, run_dir=few), other)
 
 
@@ -280,7 +280,7 @@ def test_an_experiments_teacher_on_a_resume_is_named_not_taken_as_the_runs_teach
     given = ["trainer.resume=auto", "+experiment=pocket_video_lora"]
     with pytest.raises(UserError) as e:
         continued_config(make_cfg(*given, run_dir=folder), given)
-    assert "+experiment=pocket_video_lora (it sets " in str(e.value), e.value
+    assert "experiment=pocket_video_lora (it sets " in str(e.value), e.value
     assert "teacher=pocket_video (saved pocket_i2v)" in str(e.value), e.value
 
 

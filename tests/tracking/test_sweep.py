@@ -139,7 +139,7 @@ def hydra_cfg(*overrides):
 
 
 def test_the_placement_sweep_preset_composes():
-    cfg = hydra_cfg("+experiment=placement_sweep")
+    cfg = hydra_cfg("experiment=placement_sweep")  # as the CLI hands it to Hydra (core.hydra.experiment_in_place)
     assert cfg.hydra.sweeper.params.teacher_placement == "cpu,gpu" and cfg.trainer.max_steps == 30
     assert cfg.hooks.monitor.val_every == 0  # not 50 > 30 steps, which warned "no validation will run" at every point
     assert cfg.hydra.callbacks.sweep_report._target_ == "wandistiller.tracking.sweep.SweepReport"

@@ -126,8 +126,17 @@ def compose_tree(config_name: str | None, overrides: list[str], with_hydra: bool
     if "train_schema.yaml" not in ConfigStore.instance().repo:
         raise RuntimeError("nothing is registered to compose: call wandistiller.compose.register_configs() first")
     register_resolvers()
+    if config_name == "train":
+        overrides = experiment_in_place(overrides)
     with _search_path():
         return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
+
+
+def experiment_in_place(overrides: list[str]) -> list[str]:
+    """`+experiment=x` as `experiment=x`, both spellings choosing it: the tree lists `experiment: null` ahead of
+    `debug` so that debug=fast's few steps win over an experiment's, and Hydra appends a `+group` only where its
+    list holds none (a run saved before lists `+experiment=`)."""
+    return [o[1:] if o.startswith("+experiment=") else o for o in overrides]
 
 
 def parse_overrides(overrides: list[str]) -> list:
@@ -226,7 +235,7 @@ def modern_argv(argv: list[str]) -> list[str]:
     """The command line with every override of a moved key rewritten to today's (core/renamed.py), each with a
     warning on stderr: an older script still runs, and says what to write now."""
     rewritten, settings = [], []  # settings: the rewritten hook settings, kept where their hook is in the list
-    for arg in argv:
+    for arg in experiment_in_place(argv):
         new, warning = modern_override(arg) if "=" in arg and not arg.startswith("-") else ([arg], None)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

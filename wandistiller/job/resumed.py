@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from wandistiller.config import CONF_DIR, TrainConfig
 from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
-from wandistiller.core.hydra import compose_option, compose_tree
+from wandistiller.core.hydra import compose_option, compose_tree, experiment_in_place
 from wandistiller.job.checks import check_interpolations, check_missing, name_the_teacher
 from wandistiller.state.checkpoint import list_checkpoints, recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
@@ -100,7 +100,8 @@ def recorded_overrides(run_dir: Path, resume: str | None, with_now: bool = True)
             first = []
     if now is None and not first:
         return None
-    return first + [o for o in now or [] if o not in first]
+    first = experiment_in_place(first)  # a run saved before wrote `+experiment=`
+    return first + [o for o in experiment_in_place(now or []) if o not in first]
 
 
 def trained_method(run_dir: Path, resume: str | None) -> str | None:
@@ -366,7 +367,7 @@ def _whole_tree_choices(overrides: list[str], cfg: DictConfig) -> dict[str, set[
     `@package _global_` option, no node of its own), mapped to the keys it sets: those where the default tree
     composed with it differs from the default tree. A resume holds the run to each of them, never drops them."""
     out: dict[str, set[str]] = {}
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parsed = OverridesParser.create().parse_overrides(experiment_in_place(overrides))
     lines = [str(o.input_line) for o in parsed if _whole_tree(o, cfg)]
     if not lines:
         return out
