@@ -315,9 +315,17 @@ def test_prune_never_touches_another_runs_checkpoints_through_a_link(tmp_path):
     save_checkpoint(received, 1, state, keep=5)
     (received / "checkpoints" / "step_00000002").symlink_to(other / "checkpoints" / "step_00000002")
     (received / "checkpoints" / "step_00000009").symlink_to(mine.parent)  # a newest "checkpoint" elsewhere
-    assert [p.name for p in list_checkpoints(received)] == ["step_00000001"]  # the linked ones are skipped
-    assert resolve_resume("auto", received) == checkpoint_dir(received, 1)
-    save_checkpoint(received, 3, state, keep=1)  # prunes 1: never the links, never what they point to
+    assert [p.name for p in list_checkpoints(received)] == ["step_00000001"]  # the linked ones are never read
+    # Resuming from 1 would train again the steps linked in, and replace the link at step 9: refused, one line.
+    with pytest.raises(UserError, match=r"step_00000009 is a symbolic link to .*copy it in .* or remove the link to "
+                       r"resume from step_00000001$"):
+        resolve_resume("auto", received)
+    (received / "checkpoints" / "step_00000009").unlink()
+    with pytest.raises(UserError, match="step_00000002 is a symbolic link"):
+        resolve_resume(str(received), received)
+    save_checkpoint(received, 3, state, keep=5)
+    assert resolve_resume("auto", received) == checkpoint_dir(received, 3)  # a link older than the newest is no loss
+    save_checkpoint(received, 4, state, keep=1)  # prunes 1 and 3: never the link, never what it points to
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.rglob("*") if p.is_file()} == before
     assert untouched(mine) and sorted(p.name for p in mine.parent.iterdir()) == ["victim.txt"]
 

@@ -52,6 +52,10 @@ def checkpoint_step(path: Path) -> int:
             return step
     except (OSError, ValueError, AttributeError, UserError):
         pass
+    return _step_of_name(path)
+
+
+def _step_of_name(path: Path) -> int:
     return int(path.name[len("step_") :]) if re.fullmatch(r"step_\d+", path.name) else -1
 
 
@@ -75,6 +79,21 @@ def _own(run_dir: Path, path: Path) -> bool:
         return True
     except UserError as e:
         log.warning("skipping %s", e)
+        return False
+
+
+def _linked_out(run_dir: Path) -> list[Path]:
+    """The `step_*` names in the run's checkpoints/ that are links leading out of the run folder, oldest first."""
+    root = run_dir / CHECKPOINTS
+    names = root.glob("step_*") if root.is_dir() and not root.is_symlink() else []
+    return sorted((p for p in names if p.is_symlink() and not _inside(run_dir, p)), key=_step_of_name)
+
+
+def _inside(run_dir: Path, path: Path) -> bool:
+    try:
+        in_run(run_dir, path)
+        return True
+    except UserError:
         return False
 
 
@@ -271,11 +290,29 @@ def _newest_usable(run_dir: Path, key: str) -> tuple[Path | None, str]:
     for path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
+            _refuse_newer_links(run_dir, key, path)
             for old, old_why in skipped:
                 log.warning("%s: skipping %s: %s", key, old, old_why)
             return path, ""
         skipped.append((path, why))
+    _refuse_newer_links(run_dir, key, None)
     return None, f"{skipped[0][0].name}: {skipped[0][1]}" if skipped else ""
+
+
+def _refuse_newer_links(run_dir: Path, key: str, found: Path | None) -> None:
+    """A checkpoint linked in from outside the run is never resumed from; one newer than the one a resume would
+    take is refused rather than passed over: training from the older step would replace the link when it got there,
+    and the steps the user linked in for would be trained again unasked."""
+    after = checkpoint_step(found) if found is not None else -1
+    newer = [p for p in _linked_out(run_dir) if _step_of_name(p) > after]
+    if newer:
+        link = newer[-1]
+        then = f"resume from {found.name}" if found is not None else "start from step 0"
+        raise UserError(
+            f"{key}: {link} is a symbolic link to {os.readlink(link)}, out of the run folder, and a run reads its "
+            f"checkpoints only inside it: copy it in (rm {link} && cp -r {os.path.realpath(link)} {link}) to resume "
+            f"from it, or remove the link to {then}"
+        )
 
 
 def load_checkpoint(path: Path) -> dict:
