@@ -169,6 +169,28 @@ def recorded_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+def drop_rows_after(run_dir: Path, step: int) -> None:
+    """metrics_steps.jsonl without the rows past `step`, the checkpoint a run resumes from (or 0): those steps are
+    trained again, and a killed segment's rows (or those after a damaged checkpoint passed over) would stand twice
+    in the file and in loss.png. Rewritten whole, and only where something goes."""
+
+    path = in_run(run_dir, "metrics_steps.jsonl")
+    if not path.is_file():
+        return
+    lines = read_in(run_dir, path).decode(errors="replace").splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and _at_or_before(line, step)]
+    if len(kept) != len(lines):
+        write_in_run(run_dir, path.name, "".join(kept))
+
+
+def _at_or_before(line: str, step: int) -> bool:
+    try:
+        row = json.loads(line)
+    except ValueError:  # a line a killed process left half-written
+        return False
+    return not isinstance(row, dict) or not isinstance(row.get("step"), int) or row["step"] <= step
+
+
 def save_loss_plot(run_dir: str | os.PathLike, extra_rows: Sequence[dict] = ()) -> Path:
     """`loss.png` from `metrics_steps.jsonl` (plus rows not yet written): training loss and the validation
     curves, overall and per band. Drawn on a Figure of its own (not pyplot's: the caller's backend and figures are

@@ -27,7 +27,7 @@ from wandistiller.data import sources as data_sources
 from wandistiller.data.batches import BatchSettings, batch_source
 from wandistiller.data.conditions import ImageBank
 from wandistiller.data.prompts import encode_prompts, read_prompts
-from wandistiller.data.validation import split_prompts
+from wandistiller.data.validation import drop_rows_after, split_prompts
 from wandistiller.recipe import hooks, outputs
 from wandistiller.recipe.context import Prepared, RunContext
 from wandistiller.recipe.loop import Run, memory_metrics, train_loop
@@ -106,6 +106,8 @@ class DistillationRecipe:
         # The method's own networks beside the student (dmd's fake score), before DDP wraps the student.
         self.method.bind(self.ctx, student, self.cfg.trainer, state, self.student_group)
         tracker = self._setup_tracker(state)
+        if self.ctx.is_main:  # as the loggers drop them: the steps past the checkpoint are trained again
+            drop_rows_after(Path(self.ctx.run_dir), self.start_step)
         self.run = Run(
             model=self._wrap_ddp(student),
             targets=self._setup_targets(),

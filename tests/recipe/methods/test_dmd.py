@@ -137,6 +137,8 @@ def test_a_resumed_dmd_run_equals_an_uninterrupted_one_bit_for_bit(make_cfg, tmp
         shutil.rmtree(resumed / leftover) if (resumed / leftover).is_dir() else (resumed / leftover).unlink()
     if not recorded:
         _forget_the_method(resumed / "checkpoints" / "step_00000002")
+    with (resumed / "metrics_steps.jsonl").open("a") as f:  # what a segment killed after step 2 left: redone
+        f.write('{"step": 3, "loss": 9.0, "loss_dmd": 9.0, "loss_fake_score": 9.0, "grad_norm": 9.0}\n{"step": 4, "lo')
     run(make_cfg(*common, "trainer.resume=auto", run_dir=resumed))
     keys = ("loss", "loss_dmd", "loss_fake_score", "grad_norm")
     assert [[r[k] for k in keys] for r in metrics_steps(resumed)] == [[r[k] for k in keys] for r in
