@@ -515,10 +515,39 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with pytest.raises(UserError, match="leads out of the run folder"):
         export(run, tmp_path / "a", "lora")
     weights.unlink()
+    weights.symlink_to(tmp_path / "gone.safetensors")  # dangling: named as the link it is, never "finish the run"
+    with pytest.raises(UserError, match=r"leads out of the run folder \(.* is a symbolic link to .*gone"):
+        export(run, tmp_path / "a", "lora")
+    weights.unlink()
     weights.write_bytes(b"not safetensors")
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
+    shutil.rmtree(run / "student")
+    (run / "checkpoints" / "step_00000001").mkdir(parents=True)  # stopped after a checkpoint: listed, not read
+    (run / "checkpoints" / "step_00000001" / "state.json").write_text("{}")
+    told = f"finish it (trainer.resume=auto), or python -m wandistiller.pipeline {run} --out DIR writes its latest"
+    with refused(f"has no final student (student/): the run did not finish; {told} checkpoint's adapters"):
+        export(run, tmp_path / "a", "lora")
     assert not (tmp_path / "a").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_lora_students_link_to_a_file_inside_its_run_is_read_by_every_command(make_cfg, tmp_path):
+    """A link inside the run folder leads nowhere out of it: export, the pipeline and the sampler all follow it
+    (they once called it a link out of the run, and export alone read it)."""
+    from tests.student.test_lora import lora_run
+    from wandistiller.pipeline import export as export_pipeline
+    from wandistiller.state.runs import open_run, student_sampler
+
+    run = tmp_path / "run"
+    lora_run(make_cfg, run, "tiny")
+    weights = run / "student" / "pytorch_lora_weights.safetensors"
+    (run / "kept").mkdir()
+    shutil.move(weights, run / "kept" / weights.name)
+    weights.symlink_to(Path("..") / "kept" / weights.name)
+    export(run, tmp_path / "lora", "lora")
+    export_pipeline(run, tmp_path / "pipeline")
+    assert (tmp_path / "pipeline" / weights.name).read_bytes() == (run / "kept" / weights.name).read_bytes()
+    student_sampler(open_run(run), run / "student", torch.device("cpu"))
 
 
 def test_a_count_a_received_config_json_sets_is_bounded_before_memory_is_taken(finished, tmp_path):

@@ -146,7 +146,8 @@ def export(
     if is_lora_student(run) and checkpoint is not None:
         raise UserError(
             f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
-            "drop --checkpoint (or finish the run: trainer.resume=auto)"
+            "drop --checkpoint (or finish the run: trainer.resume=auto), or take a checkpoint's adapters with "
+            f"python -m wandistiller.pipeline {run_dir} --out DIR --checkpoint {checkpoint}"
         )
     record.ready(run)  # what the format needs at hand (a LoRA student's merged file: its teacher)
     if checkpoint in (None, "ema"):

@@ -317,8 +317,11 @@ def test_prune_never_touches_another_runs_checkpoints_through_a_link(tmp_path):
     (received / "checkpoints" / "step_00000009").symlink_to(mine.parent)  # a newest "checkpoint" elsewhere
     assert [p.name for p in list_checkpoints(received)] == ["step_00000001"]  # the linked ones are never read
     # Resuming from 1 would train again the steps linked in, and replace the link at step 9: refused, one line.
-    with pytest.raises(UserError, match=r"step_00000009 is a symbolic link to .*copy it in .* or remove the link to "
-                       r"resume from step_00000001$"):
+    with pytest.raises(
+        UserError,
+        match=r"step_00000009 is a symbolic link to .*copy it in .* or remove the link to "
+        r"resume from step_00000001$",
+    ):
         resolve_resume("auto", received)
     (received / "checkpoints" / "step_00000009").unlink()
     with pytest.raises(UserError, match="step_00000002 is a symbolic link"):

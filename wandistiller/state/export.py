@@ -176,12 +176,14 @@ def write_lora_pipeline(
     schedule: Schedule | None = None,
     loras: Sequence[dict] = (),
     finetuned: TeacherSpec | None = None,
+    root: Path | None = None,
 ) -> Path:
     """A LoRA student's WanPipeline folder (student=lora): the teacher's own pipeline (its transformer, and
     transformer_2 of a pair, as they are), the adapters beside it as diffusers writes them (`pytorch_lora_weights
     .safetensors`, `..._transformer_2.safetensors`: `pipe.load_lora_weights(folder)` loads them), its adapters.json,
     a few-step student's scheduler and sampling.json, and `card` as README.md. `finetuned`: the teacher with the
-    LoRAs it was fine-tuned with (teacher.lora), whose experts are written merged (the adapters' own base)."""
+    LoRAs it was fine-tuned with (teacher.lora), whose experts are written merged (the adapters' own base). `root`:
+    the folder the student's files may not lead out of (its run's); None: `student_dir`."""
 
     index = teacher_index(teacher_path)
     parts = [
@@ -204,7 +206,7 @@ def write_lora_pipeline(
             place(file, out / part / file.relative_to(src))
     for name in (*WEIGHTS, ADAPTERS_JSON):
         if (student_dir / name).is_file():  # through the guard: a received student's link out of it is refused
-            place(student_dir / name, out / name, student_dir)
+            place(student_dir / name, out / name, root or student_dir)
     if steps is not None:
         few_step_scheduler(inspect_teacher(teacher_path), steps).save_pretrained(out / "scheduler")
         facts = sampling(teacher_path, steps, schedule, loras)

@@ -486,7 +486,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
     if (source / "config.json").is_file():
         check_saved_student(run, source)
         try:
-            transformer = _from_opened(WanTransformer3DModel, source, dtype)
+            transformer = _from_opened(WanTransformer3DModel, source, dtype, run.path)
         except (ValueError, RuntimeError, OSError, KeyError, TypeError) as e:  # weights of another shape, a bad config
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise UserError(
@@ -524,7 +524,7 @@ def load_student(run: RunFolder, source: Path, device: torch.device, dtype: torc
 MAX_CONFIG_COUNT = 2**16  # any count or size a received config.json sets: Wan 14B's largest (ffn_dim) is 13824
 
 
-def _from_opened(model_class, source: Path, dtype: torch.dtype):
+def _from_opened(model_class, source: Path, dtype: torch.dtype, root: Path):
     """A saved diffusers model folder loaded from what the guard opened, never by path: its config.json read through
     the guard, the model built from it with its weights on the meta device (nothing allocated), every weights file
     read from its opened descriptor (a file swapped for a link meanwhile is not what is read), each tensor's shape
@@ -532,7 +532,7 @@ def _from_opened(model_class, source: Path, dtype: torch.dtype):
     first: no memory is taken for blocks the files do not hold. Closes from_pretrained's check-then-read gap."""
     from accelerate import init_empty_weights
 
-    config = read_json_in(source, "config.json", what="the student's config.json")
+    config = read_json_in(root, source / "config.json", what="the student's config.json")  # inside the run (`root`)
     if not isinstance(config, dict):
         raise ValueError("config.json is not a JSON object")
     for key, value in config.items():  # every size it sets (rope's buffers are built for real): Wan's are < 2**14
@@ -540,7 +540,7 @@ def _from_opened(model_class, source: Path, dtype: torch.dtype):
             raise ValueError(f"config.json {key}={value} is out of bounds (0 to {MAX_CONFIG_COUNT})")
     state: dict[str, torch.Tensor] = {}
     for file in sorted(source.glob("*.safetensors")):
-        with opened(source, file.name) as path:
+        with opened(root, file) as path:
             state.update(load_file(path))
     blocks = {int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()}
     layers = config.get("num_layers")
@@ -580,7 +580,7 @@ def student_sampler(run: RunFolder, source: Path, device: torch.device, dtype: t
         return as_sampler(run.spec, load_student(run, source, device, dtype), device)
     in_run(run.path, source)  # never a received folder's link to a student elsewhere
     checkpoint = None if is_lora_folder(source) else load_checkpoint(_checkpoint_folder(source))["student"]
-    experts = merged_experts(run.spec, source, run.cfg.student, dtype, device, checkpoint)
+    experts = merged_experts(run.spec, source, run.cfg.student, dtype, device, checkpoint, root=run.path)
     return Teacher(run.spec, experts, [1.0] * len(experts), device)
 
 

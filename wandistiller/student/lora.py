@@ -29,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import opened, write_in_run
+from wandistiller.core.files import in_run, opened, write_in_run
 from wandistiller.teacher.lora import AdaptedTeacher, Adapters, layer_names, narrowest
 from wandistiller.teacher.model import Teacher, load_expert
 from wandistiller.teacher.spec import TeacherSpec
@@ -184,11 +184,13 @@ def save_adapters(folder: Path, adapters: list[Adapters], teacher_record: dict |
     write_in_run(folder, ADAPTERS_JSON, json.dumps(about, indent=2))
 
 
-def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
+def read_adapters(folder: Path, experts: int, root: Path | None = None) -> list[tuple[dict, dict]]:
     """(peft state dict without its `transformer.` prefix, LoraConfig metadata) per expert, as diffusers reads
-    them (`WanPipeline.lora_state_dict`); one line where a file is missing or is not adapters."""
+    them (`WanPipeline.lora_state_dict`); one line where a file is missing or is not adapters. `root`: the folder
+    the files may not lead out of (a run's, whose own links inside it are followed); None: `folder`."""
     out = []
     for name in WEIGHTS[:experts]:
+        in_run(root or folder, folder / name)  # a link out (a dangling one too) is named as such, not as missing
         if not (folder / name).is_file():
             raise UserError(
                 f"the LoRA student in {folder} has no {name} (one file per expert of the teacher); "
@@ -196,7 +198,7 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
             )
         # Through the guard (never a link out of the folder, nor a file swapped in meanwhile): diffusers gets a dict.
         try:
-            state, meta = _read_adapter_file(folder, name)
+            state, meta = _read_adapter_file(root or folder, folder / name)
         except (OSError, ValueError, RuntimeError, UserError, SafetensorError) as e:
             raise UserError(
                 f"the LoRA student in {folder}: {name} cannot be read ({str(e)[:200]}); use "
@@ -207,7 +209,7 @@ def read_adapters(folder: Path, experts: int) -> list[tuple[dict, dict]]:
     return out
 
 
-def _read_adapter_file(folder: Path, name: str) -> tuple[dict, dict | None]:
+def _read_adapter_file(folder: Path, name: str | Path) -> tuple[dict, dict | None]:
     """(state dict, diffusers' LoRA metadata) of one adapters file, read from the descriptor the guard opened, as
     diffusers' own path loader reads it (`lora_adapter_metadata` in its header, JSON); diffusers converts the dict."""
     from diffusers import WanPipeline
@@ -220,16 +222,16 @@ def _read_adapter_file(folder: Path, name: str) -> tuple[dict, dict | None]:
 
 
 def adapters_from(
-    source: Path, student_cfg, experts: list[nn.Module], checkpoint: dict | None = None
+    source: Path, student_cfg, experts: list[nn.Module], checkpoint: dict | None = None, root: Path | None = None
 ) -> list[Adapters]:
     """Adapters hooked onto `experts` (off) holding a run's student: a saved `student/` folder (diffusers' files)
-    at `source`, or a checkpoint's training state's `student` (LoraStudent.state_dict: `checkpoint`, read by the
-    caller: state/ sits above this layer)."""
+    at `source` (read inside `root`, see `read_adapters`), or a checkpoint's training state's `student`
+    (LoraStudent.state_dict: `checkpoint`, read by the caller: state/ sits above this layer)."""
     rank, alpha, names = lora_settings(student_cfg)
     made = [Adapters(e, rank, torch.float32, 0, alpha, names) for e in experts]
     try:
         if checkpoint is None:
-            for adapter, (state, _) in zip(made, read_adapters(source, len(experts))):
+            for adapter, (state, _) in zip(made, read_adapters(source, len(experts), root)):
                 adapter.load_peft_state_dict(state)
         else:
             nn.ModuleDict({"adapters": nn.ModuleList(made)}).load_state_dict(checkpoint)
@@ -249,13 +251,14 @@ def merged_experts(
     dtype: torch.dtype,
     device: torch.device,
     checkpoint: dict | None = None,
+    root: Path | None = None,
 ) -> list[nn.Module]:
     """The teacher's experts (loaded afresh) with a run's adapters (`adapters_from`) merged into their weights
     (W + alpha/rank B A): the LoRA student as plain WanTransformer3DModels, for eval and generate."""
 
     # Loaded in `dtype` (an A14B teacher in fp32 would take twice its RAM): merge_into adds in float64, casts once.
     experts = [load_expert(spec, name, dtype) for name in spec.experts]
-    for expert, adapter in zip(experts, adapters_from(source, student_cfg, experts, checkpoint)):
+    for expert, adapter in zip(experts, adapters_from(source, student_cfg, experts, checkpoint, root)):
         adapter.merge_into(expert)
     return [e.to(device) for e in experts]
 

@@ -122,9 +122,15 @@ def final_student(run, checkpoint: str | None) -> Path:
             "checkpoint; train it first (trainer.resume=auto)"
         )
     if not source.is_dir():
+        # A LoRA student's files are written from its final student/ alone; the pipeline command takes a checkpoint's.
+        other = (
+            f"python -m wandistiller.pipeline {run.path} --out DIR writes its latest checkpoint's adapters"
+            if is_lora_student(run)
+            else "export a checkpoint's student with --checkpoint latest"
+        )
         raise UserError(
-            f"{run.path} has no final student (student/): the run did not finish; finish it "
-            "(trainer.resume=auto) or export a checkpoint's student with --checkpoint latest"
+            f"{run.path} has no final student (student/): the run did not finish; finish it (trainer.resume=auto), "
+            f"or {other}"
         )
     return source
 

@@ -33,6 +33,7 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool, phrases) -> Path:
         save_adapters(tmp / "student", adapters_from(source, run.cfg.student, experts, state))
         source = tmp / "student"
     card = model_card(run.path, run.spec.path, merged=merge, phrases=phrases)
+    root = run.path if source.is_relative_to(run.path) else source  # the run's, or the folder written here
     folder = write_lora_pipeline(
         tmp / PIPELINE,
         run.spec.path,
@@ -42,12 +43,13 @@ def _build_lora(run, tmp: Path, source: Path, merge: bool, phrases) -> Path:
         schedule=run.trained_schedule,
         loras=[lora.public() for lora in run.spec.loras],
         finetuned=run.spec if run.spec.loras else None,  # the fine-tuned teacher the adapters were trained on
+        root=root,
     )
     # The class the folder's model_index.json names: an image-to-video teacher's pipeline keeps its image parts
     pipe = DiffusionPipeline.from_pretrained(folder)
     experts = [pipe.transformer] + ([pipe.transformer_2] if getattr(pipe, "transformer_2", None) is not None else [])
     if merge:
-        for expert, adapters in zip(experts, adapters_from(source, run.cfg.student, experts)):
+        for expert, adapters in zip(experts, adapters_from(source, run.cfg.student, experts, root=root)):
             adapters.merge_into(expert)
     built = tmp / "export"
     pipe.save_pretrained(built, safe_serialization=True)

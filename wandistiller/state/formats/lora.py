@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from wandistiller.core.errors import UserError
-from wandistiller.core.files import open_in, opened, read_json_in, write_in_run
+from wandistiller.core.files import in_run, open_in, opened, read_json_in, write_in_run
 from wandistiller.core.tensor_files import safetensors_problem
 from wandistiller.state.card import files_section
 from wandistiller.state.checkpoint import teacher_digest
@@ -55,6 +55,7 @@ def read_lora_student(run, source: Path) -> list[tuple[dict, dict]]:
 
     out = []
     for name in WEIGHTS[: len(run.spec.experts)]:
+        in_run(run.path, source / name)  # a link out (a dangling one too) is named as such, not as missing
         if not (source / name).is_file():
             raise UserError(
                 f"the LoRA student in {source} has no {name} (one file per expert of the teacher); finish the run "

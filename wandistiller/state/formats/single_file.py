@@ -247,7 +247,7 @@ def _single_file(run, tmp: Path, request: Request) -> Path:
     teacher_name = saved_word(raw_value(run.cfg.teacher, "name")) or "wan"
     if is_lora_student(run):
         source = final_student(run, None)
-        experts = merged_experts(run.spec, source, run.cfg.student, torch.float32, torch.device("cpu"))
+        experts = merged_experts(run.spec, source, run.cfg.student, torch.float32, torch.device("cpu"), root=run.path)
         name = name or f"{teacher_name}_lora_merged_{dtype}".replace(".", "_")
     else:
         student, source = read_student(run, request.checkpoint)
