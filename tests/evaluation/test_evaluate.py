@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 
 import pytest
@@ -33,8 +34,11 @@ POCKET = ROOT / "wandistiller" / "assets" / "pocket" / "pocket-wan-t2v"
 def test_eval_writes_its_json_and_a_grid_named_by_its_settings(run_dir, caplog):
     with caplog.at_level("INFO", logger="wandistiller"):
         result = evaluate(run_dir, EvalSettings(steps=3, limit=2))
-    progress = [m.split(",")[0] for m in caplog.messages if m.startswith("eval: the")]
-    assert progress == [f"eval: the {who}: {n}/2 images" for who in ("teacher", "student") for n in (1, 2)]
+    timed = [re.sub(r"[\d.]+ s( each|,)", r"T s\1", m) for m in caplog.messages if m.startswith("eval: the")]
+    progress = [re.sub(r"(under 1|about \d+) s for", "D for", m) for m in timed]
+    # what the rest costs, said once the first image has measured it
+    lines = ("eval: the {}: 1/2 images in T s, so D for the rest", "eval: the {}: 2/2 images, T s each")
+    assert progress == [line.format(who) for who in ("teacher", "student") for line in lines]
     # not eval's defaults (20 steps, 8 prompts), which a run without an end-of-run evaluation has as its own
     assert result["files"] == ["eval_steps3_limit2.json", "eval_steps3_limit2.png"]
     assert result["variant"] == ["steps3", "limit2"] and not (run_dir / "eval.json").exists()

@@ -102,8 +102,8 @@ def generate(
     the image each call, and its CLIP where `image_encoder` is `load_image_encoder`'s pair, not (None, None)).
 
     One image per pipeline call, so the seconds are per image; a 1-step call (a few-step student: its own steps)
-    first pays the warm-up. A log
-    line as each quarter is done (`what: 4/8 images, 2.1 s each`): a long evaluation is not silent for minutes.
+    first pays the warm-up. A log line after the first image says what the rest will take (`what: 1/8 images in
+    2.1 s, so about 15 s for the rest`), and one as each quarter is done: a long evaluation is not silent for minutes.
     """
     if images is None:
         pipe, given = teacher_pipeline(sampler, scheduler), lambda i, k: None
@@ -126,8 +126,19 @@ def generate(
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds.append(time.perf_counter() - start)
-        if (n + 1) % max(1, len(items) // 4) == 0 or n + 1 == len(items):
+        if n == 0 and len(items) > 1:  # what the rest costs, said as soon as it is measured: Ctrl-C is still cheap
+            logging.getLogger("wandistiller").info(
+                "%s: 1/%d images in %.3g s, so %s for the rest", what, len(items), seconds[0],
+                _duration(seconds[0] * (len(items) - 1)),
+            )  # fmt: skip
+        elif (n + 1) % max(1, len(items) // 4) == 0 or n + 1 == len(items):
             logging.getLogger("wandistiller").info(
                 "%s: %d/%d images, %.3g s each", what, n + 1, len(items), seconds[-1]
             )
     return torch.cat(out), seconds
+
+
+def _duration(seconds: float) -> str:
+    return (
+        "under 1 s" if seconds < 1 else f"about {seconds:.0f} s" if seconds < 120 else f"about {seconds / 60:.0f} min"
+    )

@@ -79,23 +79,15 @@ class EvaluateAtEnd(Hook):
             )
             return {}
 
-        images = self.limit * self.per_prompt
-        pace = sorted(h["teacher_ms"] / ctx.trainer_cfg.batch_size for h in run.history[1:] if h.get("teacher_ms"))
-        # The teacher's and the student's sampling (a KD student at the teacher's steps): loading, decoding and
-        # judging aside, which on the pocket teachers take longer (make train: ~1 s of sampling in a ~6 s eval).
-        guess = ""
-        if pace:
-            seconds = 2 * images * self.steps * pace[len(pace) // 2] / 1e3
-            said = "under 1 s" if seconds < 1 else f"roughly {seconds:.0f} s"
-            guess = f", its sampling {said} (loading and judging aside)"
-        log.info(  # what it costs, said before it is paid, and how not to pay it
+        # What it costs is said once measured, after each sampler's first image (state/sampling.py): the training's
+        # teacher pace, at its batch, put a batch-1 evaluation at a third to a fifth of what it took.
+        log.info(  # what it is, said before it is paid, and how not to pay it
             "hooks.evaluate: the student against its teacher on up to %d held-out prompt(s) x %d image(s), the teacher "
-            "at %d steps with CFG%s at the training's teacher pace; ~hooks.evaluate skips it (python -m "
+            "at %d steps with CFG (its time said after the first image); ~hooks.evaluate skips it (python -m "
             "wandistiller.eval %s runs it later), and Ctrl-C now keeps the trained student",
             self.limit,
             self.per_prompt,
             self.steps,
-            guess,
             ctx.run_dir,
         )
         # The run's own folder, written by this process: its targets, cache and teacher are the user's own.
