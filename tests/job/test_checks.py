@@ -258,7 +258,16 @@ def test_a_run_whose_student_cannot_move_is_warned_of(make_cfg, caplog):
         assert "trainer.optimizer.lr=0: the student's weights never change" in caplog.text
         caplog.clear()
         check_training_parts(make_cfg("trainer.warmup_steps=10", "trainer.max_steps=3"))  # a short try: 30% of it
-        assert "never" not in caplog.text
+        assert "never" not in caplog.text and "warmup" not in caplog.text
+        check_training_parts(make_cfg("trainer.warmup_steps=40", "trainer.max_steps=40"))  # never past its warm-up
+        assert "trainer.warmup_steps=40 is as long as the whole 40-step schedule: the LR only climbs, reaching 98%" in (
+            caplog.text
+        )
+        caplog.clear()
+        check_training_parts(
+            make_cfg("trainer.warmup_steps=40", "trainer.max_steps=40", "trainer.lr_scheduler=constant")
+        )
+        assert "warmup" not in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -259,12 +259,20 @@ def warn_of_a_still_student(t: DictConfig, lr) -> None:
     if lr == 0:
         log.warning("trainer.optimizer.lr=0: the student's weights never change; was a learning rate meant (1e-4)?")
     length = t.get("schedule_steps") or t.max_steps
-    # Past 10x the schedule: its LR stays under a tenth of the asked one (a short try of the default warm-up of 10
-    # steps, trainer.max_steps=3, still reaches 30%: not worth a line)
-    if str(t.lr_scheduler) != "constant" and isinstance(t.warmup_steps, int) and t.warmup_steps > 10 * length > 0:
+    warmup = t.warmup_steps if isinstance(t.warmup_steps, int) and str(t.lr_scheduler) != "constant" else 0
+    # Past 10x the schedule: its LR stays under a tenth of the asked one. A warm-up as long as the schedule never
+    # reaches the asked LR either: said where it is not a short try of the default warm-up of 10 steps
+    # (trainer.max_steps=3 still reaches 30%: not worth a line).
+    if warmup > 10 * length > 0:
         log.warning(
-            f"trainer.warmup_steps={t.warmup_steps} spans the whole {length}-step schedule: the LR never reaches "
-            f"a tenth of trainer.optimizer.lr (at most {length / t.warmup_steps:.2g} of it); shorten the warm-up"
+            f"trainer.warmup_steps={warmup} spans the whole {length}-step schedule: the LR never reaches "
+            f"a tenth of trainer.optimizer.lr (at most {length / warmup:.2g} of it); shorten the warm-up"
+        )
+    elif warmup >= length > 10:
+        log.warning(
+            f"trainer.warmup_steps={warmup} is as long as the whole {length}-step schedule: the LR only climbs, "
+            f"reaching {(length - 1) / warmup:.0%} of trainer.optimizer.lr at its last step and never decaying; "
+            f"shorten the warm-up (e.g. trainer.warmup_steps={max(1, length // 10)})"
         )
 
 

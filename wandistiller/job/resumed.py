@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, cast
 
+import torch
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -329,14 +330,13 @@ def _given_keys(overrides: list[str]) -> set[str]:
 SCHEDULE = "trainer.schedule_steps"  # a resume's is its first launch's (`_keep_schedule`); given again, held to it
 # Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
 ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
-ENDS_AT_ZERO = ("linear", "cosine", "cosine_with_restarts")  # diffusers' get_scheduler: their LR at the end
 
 
 def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     """The LR schedule the run was made with: its length (`trainer.schedule_steps`) is the first launch's, whatever
     `trainer.max_steps` this resume gives, so the LR at every step is the one the run was made with (never a jump to
-    another curve). Steps past its length train at its last LR (recipe/distillation.py); for a schedule that ends
-    there (cosine: 0) the note that says so, and how to train on at a real LR."""
+    another curve). Steps past its length train at the LR it ends at (recipe/distillation.py): the note names it
+    (cosine's 0, or a warm-up's share), and how to train on at a real LR."""
     horizon = OmegaConf.select(saved, "trainer.schedule_steps") or OmegaConf.select(saved, "trainer.max_steps")
     if not isinstance(horizon, int):
         return ""
@@ -346,16 +346,35 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     if not isinstance(steps, int) or steps <= horizon or schedule in ENDLESS_SCHEDULES:
         return ""
     past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
-    # A newcomer's: "at its last LR" hid that a cosine run extended trained at 0, its steps changing nothing.
-    # Still warming up at its end (a first launch no longer than trainer.warmup_steps), it holds a share of the LR.
-    warmed = (OmegaConf.select(result, "trainer.warmup_steps") or 0) < horizon
-    ends_at_zero = schedule in ENDS_AT_ZERO and warmed
-    last = "at LR 0, where it ends: they change nothing" if ends_at_zero else "at its last LR"
+    # The LR it is held at, computed as the run computes it (a newcomer's: "at its last LR" hid that a cosine run
+    # extended trained at 0; a warm-up as long as the schedule holds another LR than any step used).
+    share = _held_share(schedule, OmegaConf.select(result, "trainer.warmup_steps") or 0, horizon)
+    lr = OmegaConf.select(result, "trainer.optimizer.lr")
+    if share is None:
+        last = "at its last LR"
+    elif share < 1e-6:  # cosine's and linear's end
+        last = "at LR 0, where it ends: they change nothing"
+    else:
+        value = f"LR {share * lr:.3g} ({share:.0%} of trainer.optimizer.lr)" if isinstance(lr, (int, float)) else ""
+        last = f"at {value or f'{share:.0%} of trainer.optimizer.lr'}, where it ends"
     return (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
         f"was made), so {past} {last}; to train on at a real LR, start a new run "
         f"from its student: student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
     )
+
+
+def _held_share(schedule: str, warmup: int, horizon: int) -> float | None:
+    """The share of the LR a run's schedule holds past its end (recipe/distillation.py `held_after`): diffusers'
+    factor at `horizon`; None where it cannot be computed here (an unknown schedule)."""
+    from diffusers.optimization import get_scheduler
+
+    try:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        factor = get_scheduler(schedule, optimizer, num_warmup_steps=warmup, num_training_steps=horizon)
+        return float(factor.lr_lambdas[0](horizon)) if hasattr(factor, "lr_lambdas") else None
+    except Exception:  # diffusers raises several types for a schedule it cannot build without more settings
+        return None
 
 
 def _steps(first: int, last: int) -> str:
