@@ -4,6 +4,7 @@ where a path leads (`locate`), the image files `write_images` names, and the arg
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,6 +145,7 @@ def test_images_drawn_otherwise_get_their_own_names_and_the_default_keeps_its_ow
     (["--student-steps", "1001"], "--student-steps 1001 is more than this teacher's 1000 training timesteps"),
     (["--out", "/sys/wd-images"], "--out: /sys cannot be written"),
     (["--out", "/proc/wd-images"], "--out: /proc cannot be written"),
+    (["--out", "fox.PNG"], r"--out fox.PNG names a picture, but --out is a folder: .*\(e.g. --out fox\)"),
 ])  # fmt: skip
 def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp_path, extra, message, monkeypatch):
     """Refused in one line before the prompts are encoded, nothing written into the run."""
@@ -155,6 +157,7 @@ def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp
     with pytest.raises(UserError, match=message) as e:
         generate_cli.run_generate(generate_cli.parse_args([str(folder), "--prompt", "a fox", *extra]))
     assert "\n" not in str(e.value) and not (folder / "generated").exists()  # nothing written into the run
+    assert not Path("fox.PNG").exists()
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,9 @@ RUNS_OWN = {
 }
 
 
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".mp4")
+
+
 def _among_inputs(out: Path, run) -> str | None:
     """Why `--out` would write pictures among what a run is read from, in words: the teacher's folder (a model
     folder, or the package's own pocket teacher), one of the run's own folders; None where it does not."""
@@ -203,6 +206,11 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     problem = (output_problem(out) or _among_inputs(out, run)) if args.out else output_problem(run.path, "generated")
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
         raise UserError(f"--out: {problem}; choose another folder")
+    if out.suffix.lower() in PICTURE_SUFFIXES and not out.is_dir():  # `--out fox.png` made a folder named fox.png
+        raise UserError(
+            f"--out {args.out} names a picture, but --out is a folder: each prompt, seed and model gets a file of its "
+            f"own in it; give a folder (e.g. --out {out.with_suffix('')})"
+        )
     t_cfg = run.cfg.teacher
     emb = encode_prompts(
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir
