@@ -171,3 +171,20 @@ def test_a_key_inside_a_map_is_told_to_be_added_with_plus_not_to_choose_the_opti
         line = hydra_error_line(HydraException(f"Could not override '{full}'. Key '{key}' is not in struct"))
         added = full if full.endswith(key) else f"{full}.{key}"
         assert line.endswith(f"; an entry a map does not have yet is added with +: +{added}=…")
+
+
+@pytest.mark.parametrize("choice", ["disabled", "none", "stdout", "wandistiller"])
+def test_any_of_hydras_job_logging_options_replaces_the_runs_whole(choice):
+    """train.log per rank is an option of Hydra's group (train.yaml chooses it): hydra/job_logging=disabled once got
+    its file handler's filename merged in, with no class, and Hydra's logging setup raised a traceback."""
+    from omegaconf import OmegaConf
+
+    from wandistiller.core.hydra import compose_tree
+
+    cfg = compose_tree("train", [f"hydra/job_logging={choice}"], with_hydra=True)
+    node = OmegaConf.to_container(cfg.hydra.job_logging, resolve=False)
+    handlers = node.get("handlers", {})
+    assert all("class" in h for h in handlers.values()), handlers  # logging's dictConfig needs each one's class
+    assert ("file" in handlers) == (choice == "wandistiller")
+    if "file" in handlers:
+        assert handlers["file"]["filename"].endswith("${hydra.job.name}${wd_rank_suffix:}.log")
