@@ -85,7 +85,8 @@ RUNS_OWN = {
 }
 
 
-PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".mp4")
+# What `--out` was once given as a file's name: pictures and clips (generate writes a file per prompt, seed and model)
+FILE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mp4", ".webm", ".mov", ".avi")
 
 
 def _among_inputs(out: Path, run) -> str | None:
@@ -206,9 +207,9 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     problem = (output_problem(out) or _among_inputs(out, run)) if args.out else output_problem(run.path, "generated")
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
         raise UserError(f"--out: {problem}; choose another folder")
-    if out.suffix.lower() in PICTURE_SUFFIXES and not out.is_dir():  # `--out fox.png` made a folder named fox.png
+    if out.suffix.lower() in FILE_SUFFIXES and not out.is_dir():  # `--out fox.png` made a folder named fox.png
         raise UserError(
-            f"--out {args.out} names a picture, but --out is a folder: each prompt, seed and model gets a file of its "
+            f"--out {args.out} names a file, but --out is a folder: each prompt, seed and model gets a file of its "
             f"own in it; give a folder (e.g. --out {out.with_suffix('')})"
         )
     t_cfg = run.cfg.teacher

@@ -268,6 +268,11 @@ def test_a_run_whose_student_cannot_move_is_warned_of(make_cfg, caplog):
             make_cfg("trainer.warmup_steps=40", "trainer.max_steps=40", "trainer.lr_scheduler=constant")
         )
         assert "warmup" not in caplog.text
+    # diffusers' polynomial decay divides by its 0 decay steps at the schedule's last step: refused before the run
+    with refused("trainer.warmup_steps=4 equals the 4-step schedule, which diffusers' polynomial decay cannot take"):
+        check_training_parts(
+            make_cfg("trainer.warmup_steps=4", "trainer.max_steps=4", "trainer.lr_scheduler=polynomial")
+        )
 
 
 @pytest.mark.parametrize(

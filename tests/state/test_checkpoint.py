@@ -317,14 +317,27 @@ def test_prune_never_touches_another_runs_checkpoints_through_a_link(tmp_path):
     (received / "checkpoints" / "step_00000009").symlink_to(mine.parent)  # a newest "checkpoint" elsewhere
     assert [p.name for p in list_checkpoints(received)] == ["step_00000001"]  # the linked ones are never read
     # Resuming from 1 would train again the steps linked in, and replace the link at step 9: refused, one line.
+    nine = received / "checkpoints" / "step_00000009"
     with pytest.raises(
         UserError,
-        match=r"step_00000009 is a symbolic link to .*copy it in .* or remove the link to "
-        r"resume from step_00000001$",
+        match=rf"step_00000009 leads out of the run folder \(to {mine.parent}\), .*copy it "
+        r"in \(rm .*\) to resume from step_00000009, or remove .* to resume from step_00000001$",
     ):
         resolve_resume("auto", received)
-    (received / "checkpoints" / "step_00000009").unlink()
-    with pytest.raises(UserError, match="step_00000002 is a symbolic link"):
+    assert resolve_resume(str(received / "checkpoints" / "step_00000001"), tmp_path / "new") is not None
+    assert resolve_resume(str(received), tmp_path / "new") == checkpoint_dir(received, 1)  # another run's: its own
+    nine.unlink()
+    nine.symlink_to(tmp_path / "gone")  # dangling: nothing to copy in
+    with pytest.raises(UserError, match=rf"{nine} is a link to {tmp_path / 'gone'}, which is not there: remove "):
+        resolve_resume("auto", received)
+    nine.unlink()
+    nine.mkdir()  # a copy made of links (cp -rs): a folder of its own whose files lead out
+    for name in ("state.json", "tensors.safetensors"):
+        (nine / name).symlink_to(other / "checkpoints" / "step_00000003" / name)
+    with pytest.raises(UserError, match=rf"{nine / 'state.json'} leads out of the run folder"):
+        resolve_resume("auto", received)
+    shutil.rmtree(nine)
+    with pytest.raises(UserError, match="step_00000002 leads out of the run folder"):
         resolve_resume(str(received), received)
     save_checkpoint(received, 3, state, keep=5)
     assert resolve_resume("auto", received) == checkpoint_dir(received, 3)  # a link older than the newest is no loss

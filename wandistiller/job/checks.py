@@ -244,6 +244,13 @@ def check_training_parts(cfg: DictConfig) -> tuple[Method, Loss]:
         get_scheduler(str(t.lr_scheduler), optimizer, num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     except (ValueError, TypeError) as e:
         raise UserError(f"trainer.lr_scheduler={t.lr_scheduler}: {_first_line(e)}; pick another schedule") from None
+    length = t.get("schedule_steps") or t.max_steps
+    if str(t.lr_scheduler) == "polynomial" and t.warmup_steps == length:  # its decay would divide by 0 steps
+        raise UserError(
+            f"trainer.warmup_steps={t.warmup_steps} equals the {length}-step schedule, which diffusers' polynomial "
+            f"decay cannot take (it decays over the steps after the warm-up: none); shorten the warm-up (e.g. "
+            f"trainer.warmup_steps={length // 10})"
+        )
     warn_of_a_still_student(t, lr)
     loss = as_loss(instantiate(t.loss))  # a loss class checks its keys as it is built (Blend's alpha, hidden_kd_weight)
     for node in cfg.hooks.values():  # and each hook its settings (hooks.monitor.val_every=-1), then against the run's

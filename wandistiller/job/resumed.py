@@ -261,7 +261,8 @@ def _teacher_recorded(run_dir: Path) -> bool:
 
 def _refuse_changes(cfg: DictConfig, now: dict, before: dict, differ: list[str], wholes: dict) -> NoReturn:
     """One line naming what would change what the run trains: the command line's own words where a whole config
-    (`+experiment=x`) reaches those keys, else the keys and both values."""
+    reaches those keys (an experiment as `experiment=x`, the spelling both `+experiment=x` and it are read as), else
+    the keys and both values."""
     shown = list(dict.fromkeys(d for k in differ for d in _differences(now, before, k)))  # each once, in order
     named = [f"{line} (it sets {_said(now, before, [k for k in differ if k in keys])})"
              for line, keys in wholes.items() if any(k in keys for k in differ)]  # fmt: skip
@@ -348,11 +349,11 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     past = _steps(horizon + 1, steps) + (" trains" if steps == horizon + 1 else " train")
     # The LR it is held at, computed as the run computes it (a newcomer's: "at its last LR" hid that a cosine run
     # extended trained at 0; a warm-up as long as the schedule holds another LR than any step used).
-    share = _held_share(schedule, OmegaConf.select(result, "trainer.warmup_steps") or 0, horizon)
     lr = OmegaConf.select(result, "trainer.optimizer.lr")
+    share = _held_share(schedule, OmegaConf.select(result, "trainer.warmup_steps") or 0, horizon, lr)
     if share is None:
         last = "at its last LR"
-    elif share < 1e-6:  # cosine's and linear's end
+    elif share == 0:  # cosine's and linear's end
         last = "at LR 0, where it ends: they change nothing"
     else:
         value = f"LR {share * lr:.3g} ({share:.0%} of trainer.optimizer.lr)" if isinstance(lr, (int, float)) else ""
@@ -364,13 +365,14 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     )
 
 
-def _held_share(schedule: str, warmup: int, horizon: int) -> float | None:
+def _held_share(schedule: str, warmup: int, horizon: int, lr) -> float | None:
     """The share of the LR a run's schedule holds past its end (recipe/distillation.py `held_after`): diffusers'
-    factor at `horizon`; None where it cannot be computed here (an unknown schedule)."""
+    factor at `horizon`, for the run's `lr` (polynomial ends at an absolute lr_end); None where it cannot be
+    computed here (an unknown schedule)."""
     from diffusers.optimization import get_scheduler
 
     try:
-        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(lr) if lr else 1.0)
         factor = get_scheduler(schedule, optimizer, num_warmup_steps=warmup, num_training_steps=horizon)
         return float(factor.lr_lambdas[0](horizon)) if hasattr(factor, "lr_lambdas") else None
     except Exception:  # diffusers raises several types for a schedule it cannot build without more settings

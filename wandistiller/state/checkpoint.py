@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -82,11 +83,20 @@ def _own(run_dir: Path, path: Path) -> bool:
         return False
 
 
-def _linked_out(run_dir: Path) -> list[Path]:
-    """The `step_*` names in the run's checkpoints/ that are links leading out of the run folder, oldest first."""
-    root = run_dir / CHECKPOINTS
-    names = root.glob("step_*") if root.is_dir() and not root.is_symlink() else []
-    return sorted((p for p in names if p.is_symlink() and not _inside(run_dir, p)), key=_step_of_name)
+def _leading_out(run_dir: Path) -> list[tuple[Path, Path]]:
+    """(checkpoint, link) for each `step_*` in the run's checkpoints/ that is, or holds, a link leading out of the run
+    folder (`ln -s`, or a copy made with `cp -rs`), oldest first: never read, and never passed over by a resume."""
+    root = in_run(run_dir, CHECKPOINTS)
+    found = []
+    for entry in root.glob("step_*") if root.is_dir() else []:
+        if entry.is_symlink():
+            links = [entry]
+        else:
+            links = sorted(f for f in entry.iterdir() if f.is_symlink()) if entry.is_dir() else []
+        out = next((link for link in links if not _inside(run_dir, link)), None)
+        if out is not None:
+            found.append((entry, out))
+    return sorted(found, key=lambda pair: _step_of_name(pair[0]))
 
 
 def _inside(run_dir: Path, path: Path) -> bool:
@@ -239,7 +249,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        found, newest_why = _newest_usable(run_dir, "trainer.resume=auto")
+        found, newest_why = _newest_usable(run_dir, "trainer.resume=auto", own=True)
         if found is None and list_checkpoints(run_dir):  # starting over would replace the run's outputs
             raise UserError(
                 f"trainer.resume=auto: none of the checkpoints in {run_dir / CHECKPOINTS} can be resumed from (the "
@@ -256,7 +266,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             raise UserError(f"trainer.resume={resume!r} cannot be resumed from: {why}; point it at another checkpoint")
         return path
     if list_checkpoints(path):  # a run folder: take its latest usable one
-        found, newest_why = _newest_usable(path, f"trainer.resume={resume!r}")
+        own = os.path.realpath(path) == os.path.realpath(run_dir)  # this run's folder named: as auto
+        found, newest_why = _newest_usable(path, f"trainer.resume={resume!r}", own)
         if found is not None:
             return found
         raise UserError(
@@ -283,36 +294,46 @@ def resume_candidate(resume: str | None, run_dir: Path, refuse: bool = False) ->
             return None
 
 
-def _newest_usable(run_dir: Path, key: str) -> tuple[Path | None, str]:
+def _newest_usable(run_dir: Path, key: str, own: bool) -> tuple[Path | None, str]:
     """(the newest checkpoint that can be loaded, or None; why the newest of all cannot, where it cannot). Those
-    skipped on the way are said (a line each) only where one is found: a refusal names the newest's problem."""
+    skipped on the way are said (a line each) only where one is found: a refusal names the newest's problem. `own`:
+    `run_dir` is the run this resume trains on, whose newer checkpoints linked in from outside are refused."""
     skipped: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
-            _refuse_newer_links(run_dir, key, path)
+            if own:
+                _refuse_newer_links(run_dir, key, path)
             for old, old_why in skipped:
                 log.warning("%s: skipping %s: %s", key, old, old_why)
             return path, ""
         skipped.append((path, why))
-    _refuse_newer_links(run_dir, key, None)
+    if own:
+        _refuse_newer_links(run_dir, key, None)
     return None, f"{skipped[0][0].name}: {skipped[0][1]}" if skipped else ""
 
 
 def _refuse_newer_links(run_dir: Path, key: str, found: Path | None) -> None:
     """A checkpoint linked in from outside the run is never resumed from; one newer than the one a resume would
-    take is refused rather than passed over: training from the older step would replace the link when it got there,
-    and the steps the user linked in for would be trained again unasked."""
+    take is refused rather than passed over: training from the older step would replace it when it got there, and
+    the steps the user linked in for would be trained again unasked."""
     after = checkpoint_step(found) if found is not None else -1
-    newer = [p for p in _linked_out(run_dir) if _step_of_name(p) > after]
-    if newer:
-        link = newer[-1]
-        then = f"resume from {found.name}" if found is not None else "start from step 0"
-        raise UserError(
-            f"{key}: {link} is a symbolic link to {os.readlink(link)}, out of the run folder, and a run reads its "
-            f"checkpoints only inside it: copy it in (rm {link} && cp -r {os.path.realpath(link)} {link}) to resume "
-            f"from it, or remove the link to {then}"
-        )
+    newer = [(entry, link) for entry, link in _leading_out(run_dir) if _step_of_name(entry) > after]
+    if not newer:
+        return
+    entry, link = newer[-1]
+    then = f"resume from {found.name}" if found is not None else "start from step 0"
+    real, named, here = os.path.realpath(link), shlex.quote(str(entry)), shlex.quote(str(entry) + ".copy")
+    if not os.path.exists(real):
+        raise UserError(f"{key}: {link} is a link to {real}, which is not there: remove {named} to {then}")
+    if link == entry:  # the checkpoint itself is the link
+        copy = f"rm {named} && cp -r {shlex.quote(real)} {named}"
+    else:  # a folder of links (cp -rs): each file copied in
+        copy = f"cp -rL {named} {here} && rm -r {named} && mv {here} {named}"
+    raise UserError(
+        f"{key}: {link} leads out of the run folder (to {real}), and a run reads its checkpoints only inside it: "
+        f"copy it in ({copy}) to resume from {entry.name}, or remove {named} to {then}"
+    )
 
 
 def load_checkpoint(path: Path) -> dict:

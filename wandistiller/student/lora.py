@@ -209,12 +209,12 @@ def read_adapters(folder: Path, experts: int, root: Path | None = None) -> list[
     return out
 
 
-def _read_adapter_file(folder: Path, name: str | Path) -> tuple[dict, dict | None]:
+def _read_adapter_file(root: Path, name: str | Path) -> tuple[dict, dict | None]:
     """(state dict, diffusers' LoRA metadata) of one adapters file, read from the descriptor the guard opened, as
     diffusers' own path loader reads it (`lora_adapter_metadata` in its header, JSON); diffusers converts the dict."""
     from diffusers import WanPipeline
 
-    with opened(folder, name) as path, safe_open(path, "pt") as f:
+    with opened(root, name) as path, safe_open(path, "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
         raw = (f.metadata() or {}).get("lora_adapter_metadata")
     meta = json.loads(raw) if raw else None
