@@ -437,3 +437,20 @@ def test_a_saved_config_that_lost_a_group_is_said_as_damaged_not_as_an_override_
     saved.write_text(yaml.safe_dump(config))
     with pytest.raises(UserError, match=r"config.yaml has no teacher: the run's saved config is damaged; restore it"):
         continued_config(make_cfg("trainer.resume=auto", run_dir=run_dir), ["trainer.resume=auto"])
+
+
+@pytest.mark.parametrize("schedule,after", [("constant_with_warmup", [0.75, 1.0, 1.0]), ("cosine", [0.75] * 3)])
+def test_each_step_logs_the_lr_it_trained_at_and_a_resume_past_the_schedule_goes_on_as_it_says(
+    make_cfg, tmp_path, schedule, after
+):
+    """`lr` in metrics_steps.jsonl is the step's own (it was the next step's: step 1 of a warm-up logged a share it
+    never trained at); a constant schedule's warm-up goes on past the first launch's length (it stopped, unsaid),
+    and another holds the LR it ends at (a warm-up of 4 over a 3-step schedule: 3/4 of it)."""
+    from tests.conftest import metrics_steps
+
+    folder = tmp_path / "r"
+    common = [f"trainer.lr_scheduler={schedule}", "trainer.warmup_steps=4", "trainer.optimizer.lr=1e-3",
+              "trainer.log_every=1", "trainer.schedule_steps=3", "hooks=[monitor,progress]", "logger=none"]  # fmt: skip
+    run(make_cfg(*common, "trainer.max_steps=3", run_dir=folder))
+    run(make_cfg(*common, "trainer.max_steps=6", "trainer.resume=auto", run_dir=folder))
+    assert [round(r["lr"] / 1e-3, 6) for r in metrics_steps(folder)] == [0.0, 0.25, 0.5, *after]

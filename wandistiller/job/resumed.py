@@ -33,9 +33,11 @@ from wandistiller.core.errors import UserError
 from wandistiller.core.files import in_run
 from wandistiller.core.hydra import compose_option, compose_tree, experiment_in_place
 from wandistiller.job.checks import check_interpolations, check_missing, name_the_teacher
+from wandistiller.recipe.distillation import ENDLESS_SCHEDULES
 from wandistiller.state.checkpoint import list_checkpoints, recorded_method, records_teacher, resume_candidate
 from wandistiller.state.received import check_received, load_yaml_config, targets_of
 from wandistiller.state.runs import NAMED_BY_PATH, PLACES, latest_places, put_places
+from wandistiller.student.lora import is_lora
 
 log = logging.getLogger("wandistiller")
 
@@ -329,8 +331,6 @@ def _given_keys(overrides: list[str]) -> set[str]:
 
 
 SCHEDULE = "trainer.schedule_steps"  # a resume's is its first launch's (`_keep_schedule`); given again, held to it
-# Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
-ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
@@ -356,12 +356,20 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
     elif share == 0:  # cosine's and linear's end
         last = "at LR 0, where it ends: they change nothing"
     else:
-        value = f"LR {share * lr:.3g} ({share:.0%} of trainer.optimizer.lr)" if isinstance(lr, (int, float)) else ""
-        last = f"at {value or f'{share:.0%} of trainer.optimizer.lr'}, where it ends"
-    return (
+        part = f"{share:.0%}" if share >= 0.01 else f"{share * 100:.2g}%"
+        value = f"LR {share * lr:.3g} ({part} of trainer.optimizer.lr)" if isinstance(lr, (int, float)) else ""
+        last = f"at {value or f'{part} of trainer.optimizer.lr'}, where it ends"
+    said = (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
-        f"was made), so {past} {last}; to train on at a real LR, start a new run "
-        f"from its student: student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
+    )
+    said += f"was made), so {past} {last}"
+    if share is not None and share >= 1:  # held at the full LR: nothing lost
+        return said
+    if is_lora(OmegaConf.select(result, "student")):  # adapters start from nothing else: no student.init
+        return said + f"; to train on at a real LR, start a new run of the whole length (trainer.max_steps={steps})"
+    return (
+        f"{said}; to train on at a real LR, start a new run from its student: "
+        f"student.init={result.paths.output_dir}/student hydra.run.dir=<a new folder>"
     )
 
 

@@ -299,8 +299,9 @@ class DistillationRecipe:
             num_warmup_steps=t.warmup_steps,
             num_training_steps=t.schedule_steps or t.max_steps,  # a resume's: its first launch's (job/resumed.py)
         )
-        # Past a resumed run's schedule (a longer max_steps): its last LR, never a new curve.
-        if t.schedule_steps and hasattr(lr_scheduler, "lr_lambdas"):
+        # Past a resumed run's schedule (a longer max_steps): its last LR, never a new curve. A constant schedule's
+        # LR does not depend on its length: its warm-up goes on as a first launch of the whole length would have it.
+        if t.schedule_steps and hasattr(lr_scheduler, "lr_lambdas") and str(t.lr_scheduler) not in ENDLESS_SCHEDULES:
             lr_scheduler.lr_lambdas = [held_after(f, t.schedule_steps) for f in lr_scheduler.lr_lambdas]
         scaler = torch.amp.GradScaler(self.ctx.device.type, enabled=self.ctx.precision.needs_grad_scaler)
         ema = EMAModel(params, decay=t.ema_decay) if t.ema_decay else None
@@ -433,6 +434,10 @@ def wrap_ddp(student: torch.nn.Module, device: torch.device, group) -> torch.nn.
     ids = [device.index] if device.type == "cuda" else None
     unused = isinstance(student, LoraStudent) and len(student.adapters) > 1
     return DistributedDataParallel(student, device_ids=ids, process_group=group, find_unused_parameters=unused)
+
+
+# Schedules whose LR does not depend on their length: a resume may train past its first launch's max_steps.
+ENDLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 def held_after(factor, steps: int):

@@ -124,11 +124,12 @@ def train_loop(run: Run, trainer_cfg, start_step: int) -> list[dict]:
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
+        lr = run.lr_scheduler.get_last_lr()[0]  # the LR this step trained at (after step(): the next one's)
         run.lr_scheduler.step()
         if run.ema is not None:
             run.ema.step(params)
         # Losses stay on the device and times on the device's timeline until the next log: no sync per step.
-        lr, copy_ms = run.lr_scheduler.get_last_lr()[0], run.targets.copy_ms()
+        copy_ms = run.targets.copy_ms()
         pending.append(_Pending(step + 1, sums, grad_norm, (step_start, clock.mark()), spans, lr, copy_ms))
         bar.update()
         stopping = stop.requested(run.student_group)  # SIGTERM/Ctrl-C on any rank: all stop after this step
