@@ -321,7 +321,7 @@ def test_prune_never_touches_another_runs_checkpoints_through_a_link(tmp_path):
     with pytest.raises(
         UserError,
         match=rf"step_00000009 leads out of the run folder \(to {mine.parent}\), .*copy it "
-        r"in \(rm .*\) to resume from step_00000009, or remove .* to resume from step_00000001$",
+        r"in \(rm .*\) to resume from it, or remove .* to resume from step_00000001$",
     ):
         resolve_resume("auto", received)
     assert resolve_resume(str(received / "checkpoints" / "step_00000001"), tmp_path / "new") is not None

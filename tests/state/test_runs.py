@@ -662,3 +662,31 @@ def test_a_clip_run_against_an_image_teacher_is_one_line_naming_the_flag_a_tool_
         cfg = OmegaConf.create({"data": {"latent_frames": frames, "latent_height": 8, "latent_width": 8}})
         with pytest.raises(UserError, match=r"; use it with the teacher it was trained with \(--teacher-path .*\)$"):
             check_frames(RunFolder(tmp_path, cfg, inspect_teacher(teacher)))
+
+
+def test_a_checkpoint_linked_in_from_outside_is_refused_by_name_by_every_reader_never_passed_over(tmp_path, caplog):
+    """eval, generate, pipeline and export took the older checkpoint past a newer one linked in from outside (and
+    called a `cp -rs` copy damaged), where a resume refuses it: the same one line for all, naming the copy."""
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    folder = RunFolder(run_dir, OmegaConf.create({}), None)
+    for step in (2, 4):
+        save_checkpoint(run_dir if step == 2 else other, step, {"student": {"w": torch.zeros(1)}}, keep=5)
+    linked = run_dir / "checkpoints" / "step_00000004"
+    linked.symlink_to(other / "checkpoints" / "step_00000004")
+    copy = f"copy it in (rm {linked} && cp -r {other / 'checkpoints' / 'step_00000004'} {linked}) to take it"
+    with refused(f"has no final student (the run did not finish): {linked} leads out of the run folder"):
+        student_source(folder, None)
+    assert "its latest checkpoint" not in caplog.text  # the refusal alone, not a line naming step 2 first
+    with refused(f"--checkpoint latest: {linked} leads out of the run folder (to {other}/checkpoints/step_00000004)"):
+        student_source(folder, "latest")
+    with refused(f"{copy}, or remove {linked} to take step_00000002"):
+        student_source(folder, "latest")
+    with refused(f"{copy}, or pick another --checkpoint"):
+        student_source(folder, "step_4")
+    assert student_source(folder, "step_2").name == "step_00000002"  # an older one asked for by name: no loss
+    linked.unlink()
+    linked.mkdir()  # a copy made of links (cp -rs): not "damaged", the same line
+    for name in ("state.json", "tensors.safetensors"):
+        (linked / name).symlink_to(other / "checkpoints" / "step_00000004" / name)
+    with refused(f"--checkpoint latest: {linked / 'state.json'} leads out of the run folder"):
+        student_source(folder, "latest")

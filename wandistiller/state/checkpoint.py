@@ -78,8 +78,8 @@ def _own(run_dir: Path, path: Path) -> bool:
     try:
         in_run(run_dir, path)
         return True
-    except UserError as e:
-        log.warning("skipping %s", e)
+    except UserError:  # never read; one newer than what is taken is refused by name (`refuse_linked_in`)
+        log.debug("%s leads out of the run folder: not read", path)
         return False
 
 
@@ -317,22 +317,30 @@ def _refuse_newer_links(run_dir: Path, key: str, found: Path | None) -> None:
     """A checkpoint linked in from outside the run is never resumed from; one newer than the one a resume would
     take is refused rather than passed over: training from the older step would replace it when it got there, and
     the steps the user linked in for would be trained again unasked."""
-    after = checkpoint_step(found) if found is not None else -1
-    newer = [(entry, link) for entry, link in _leading_out(run_dir) if _step_of_name(entry) > after]
-    if not newer:
-        return
-    entry, link = newer[-1]
     then = f"resume from {found.name}" if found is not None else "start from step 0"
+    refuse_linked_in(run_dir, key, found, "resume from it", then)
+
+
+def refuse_linked_in(run_dir: Path, key: str, found: Path | None, use: str, then: str, newer: bool = True) -> None:
+    """One line where `found` itself, or (with `newer`) a checkpoint of the run past its step (None: any), is or
+    holds a link out of the run folder: never read, and never passed over for an older one unsaid. `use`: what
+    copying it in does; `then`: what removing it does (`found` itself refused: pick another)."""
+    after = checkpoint_step(found) if found is not None else -1
+    out = [(e, link) for e, link in _leading_out(run_dir) if e == found or (newer and _step_of_name(e) > after)]
+    if not out:
+        return
+    entry, link = out[-1]
     real, named, here = os.path.realpath(link), shlex.quote(str(entry)), shlex.quote(str(entry) + ".copy")
+    otherwise = "pick another --checkpoint" if entry == found else f"remove {named} to {then}"
     if not os.path.exists(real):
-        raise UserError(f"{key}: {link} is a link to {real}, which is not there: remove {named} to {then}")
+        raise UserError(f"{key}: {link} is a link to {real}, which is not there: {otherwise}")
     if link == entry:  # the checkpoint itself is the link
         copy = f"rm {named} && cp -r {shlex.quote(real)} {named}"
     else:  # a folder of links (cp -rs): each file copied in
         copy = f"cp -rL {named} {here} && rm -r {named} && mv {here} {named}"
     raise UserError(
         f"{key}: {link} leads out of the run folder (to {real}), and a run reads its checkpoints only inside it: "
-        f"copy it in ({copy}) to resume from {entry.name}, or remove {named} to {then}"
+        f"copy it in ({copy}) to {use}, or {otherwise}"
     )
 
 

@@ -43,6 +43,7 @@ from wandistiller.state.checkpoint import (
     layout_problem,
     list_checkpoints,
     load_checkpoint,
+    refuse_linked_in,
     teacher_digest,
     teacher_problem,
     tensors_digest,
@@ -421,9 +422,9 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
         found = run.path / "student" if (run.path / "student").is_dir() else None
         if found is None and checkpoints:  # said: a run that did not finish is not read as a finished one
             found = checkpoints[-1]
-            logging.getLogger("wandistiller").warning(
-                "%s has no final student (the run did not finish): its latest checkpoint, %s", run.path, found.name
-            )
+            unfinished = f"{run.path} has no final student (the run did not finish)"
+            refuse_linked_in(run.path, unfinished, found, "take it", f"take {found.name}")  # before the line below
+            logging.getLogger("wandistiller").warning("%s: its latest checkpoint, %s", unfinished, found.name)
     elif checkpoint == "latest":
         found = checkpoints[-1] if checkpoints else None
     elif checkpoint == "best":
@@ -440,6 +441,9 @@ def student_source(run: RunFolder, checkpoint: str | None) -> Path:
     else:
         raise UserError(f"--checkpoint {checkpoint!r} is not best, latest, step_N or ema")
     final = found is not None and found.name in ("student", "student_ema")
+    if found is not None and checkpoint is not None and not final and found.name != "best":  # linked in: said
+        key = f"--checkpoint {checkpoint}"
+        refuse_linked_in(run.path, key, found, "take it", f"take {found.name}", newer=checkpoint == "latest")
     if found is not None:  # a received folder's `student` or `checkpoints/step_N` linked elsewhere is not loaded
         in_run(run.path, found)
     if found is None or not (final or (found / STATE_FILE).is_file()):
