@@ -505,6 +505,8 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
         export(run, tmp_path / "a", "lora", "fp8")
     with refused("--name '../up' is not a plain file name"):
         export(run, tmp_path / "a", "lora", name="../up")
+    with refused(f"--out {tmp_path / 'a.safetensors'} names a file, but --out is a folder (the export's files"):
+        export(run, tmp_path / "a.safetensors", "lora")  # it made a folder of that name
     with refused("--checkpoint latest with a LoRA student: its files are written from the run's final student/"):
         export(run, tmp_path / "a", "lora", checkpoint="latest")
     with refused("--format diffusers: the student of"):
@@ -523,6 +525,8 @@ def test_lora_refusals_are_one_line_and_leave_nothing(make_cfg, tmp_path):
     with refused("the LoRA student in"):
         export(run, tmp_path / "a", "lora")
     shutil.rmtree(run / "student")
+    with refused("its files are written from the run's final student/; finish the run (trainer.resume=auto), or take"):
+        export(run, tmp_path / "a", "lora", checkpoint="latest")  # not "drop --checkpoint": there is no student/
     (run / "checkpoints" / "step_00000001").mkdir(parents=True)  # stopped after a checkpoint: listed, not read
     (run / "checkpoints" / "step_00000001" / "state.json").write_text("{}")
     told = f"finish it (trainer.resume=auto), or python -m wandistiller.pipeline {run} --out DIR writes its latest"

@@ -145,7 +145,7 @@ def test_images_drawn_otherwise_get_their_own_names_and_the_default_keeps_its_ow
     (["--student-steps", "1001"], "--student-steps 1001 is more than this teacher's 1000 training timesteps"),
     (["--out", "/sys/wd-images"], "--out: /sys cannot be written"),
     (["--out", "/proc/wd-images"], "--out: /proc cannot be written"),
-    (["--out", "fox.PNG"], r"--out fox.PNG names a file, but --out is a folder: .*\(e.g. --out fox\)"),
+    (["--out", "fox.PNG"], r"--out fox.PNG names a file, but --out is a folder \(each .*\(e.g. --out fox\)"),
 ])  # fmt: skip
 def test_generate_checks_its_counts_and_its_output_before_any_work(finished, tmp_path, extra, message, monkeypatch):
     """Refused in one line before the prompts are encoded, nothing written into the run."""

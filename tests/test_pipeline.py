@@ -69,6 +69,9 @@ def test_an_export_refuses_a_file_for_out_writes_nothing_into_the_run_and_names_
     with refused(f"--out {tmp_path / 'a_file'} is a file; choose a new folder"):
         export(run_dir, tmp_path / "a_file")
     assert (tmp_path / "a_file").read_text() == "mine"
+    with refused(f"--out {tmp_path / 'pipe.png'} names a file, but --out is a folder"):
+        export(run_dir, tmp_path / "pipe.png")  # it made a folder of that name
+    assert not (tmp_path / "pipe.png").exists()
     before = (sorted(p.name for p in run_dir.iterdir()), run_dir.stat().st_mtime_ns)
     with refused(f"--out {run_dir / 'mine'} is inside the run folder {run_dir}; choose a folder outside it"):
         export(run_dir, run_dir / "mine")  # as `export --out` refuses: a run folder holds what training writes

@@ -46,7 +46,7 @@ from safetensors import SafetensorError
 from wandistiller.compose import register_configs
 from wandistiller.core.atomic import flocked, umask
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import folder_problem, held_run, read_text_in
+from wandistiller.core.files import folder_problem, held_run, out_folder_problem, read_text_in
 from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.comfy import WORKFLOWS
@@ -75,6 +75,9 @@ def check_out(out: Path, run: RunFolder, force: bool) -> None:
     the teacher's."""
 
     check_out_of_inputs(out, run)  # --force would remove a run, or its teacher, with the folder it replaces
+    problem = out_folder_problem(out, "the export's files, its card and workflow, go in it: --name names the files")
+    if problem:  # `--out student.safetensors` made a folder of that name
+        raise UserError(problem)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(f"--out {out} is a file or a link; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -146,8 +149,9 @@ def export(
     if is_lora_student(run) and checkpoint is not None:
         raise UserError(
             f"--checkpoint {checkpoint} with a LoRA student: its files are written from the run's final student/; "
-            "drop --checkpoint (or finish the run: trainer.resume=auto), or take a checkpoint's adapters with "
-            f"python -m wandistiller.pipeline {run_dir} --out DIR --checkpoint {checkpoint}"
+            + ("drop --checkpoint" if (run.path / "student").is_dir() else "finish the run (trainer.resume=auto)")
+            + f", or take a checkpoint's adapters with python -m wandistiller.pipeline {run_dir} --out DIR "
+            f"--checkpoint {checkpoint}"
         )
     record.ready(run)  # what the format needs at hand (a LoRA student's merged file: its teacher)
     if checkpoint in (None, "ema"):

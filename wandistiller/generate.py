@@ -32,7 +32,7 @@ from wandistiller.core.errors import (
     description,
     whole_number,
 )
-from wandistiller.core.files import in_run, output_problem, overlap, run_holding, write_in_run
+from wandistiller.core.files import in_run, out_folder_problem, output_problem, overlap, run_holding, write_in_run
 from wandistiller.core.precision import DTYPES, to_dtype
 from wandistiller.core.stopping import tool_session
 from wandistiller.data.conditions import fitted, frame_size, unreadable
@@ -83,10 +83,6 @@ RUNS_OWN = {
     "wandb": "the run's wandb folder",
     "tensorboard": "the run's tensorboard folder",
 }
-
-
-# What `--out` was once given as a file's name: pictures and clips (generate writes a file per prompt, seed and model)
-FILE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mp4", ".webm", ".mov", ".avi")
 
 
 def _among_inputs(out: Path, run) -> str | None:
@@ -207,11 +203,9 @@ def run_generate(args: argparse.Namespace, device: torch.device | None = None) -
     problem = (output_problem(out) or _among_inputs(out, run)) if args.out else output_problem(run.path, "generated")
     if problem:  # before any work (the prompts' encoding, minutes of sampling), not after
         raise UserError(f"--out: {problem}; choose another folder")
-    if out.suffix.lower() in FILE_SUFFIXES and not out.is_dir():  # `--out fox.png` made a folder named fox.png
-        raise UserError(
-            f"--out {args.out} names a file, but --out is a folder: each prompt, seed and model gets a file of its "
-            f"own in it; give a folder (e.g. --out {out.with_suffix('')})"
-        )
+    problem = out_folder_problem(out, "each prompt, seed and model gets a file of its own in it")
+    if problem:  # `--out fox.png` made a folder named fox.png
+        raise UserError(problem)
     t_cfg = run.cfg.teacher
     emb = encode_prompts(
         run.spec, args.prompt, t_cfg.negative_prompt, t_cfg.max_sequence_length, dtype, device, run.cfg.paths.cache_dir

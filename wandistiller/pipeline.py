@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 
 from wandistiller.compose import register_configs
 from wandistiller.core.errors import OneLineParser, UserError, description
-from wandistiller.core.files import folder_problem, output_problem
+from wandistiller.core.files import folder_problem, out_folder_problem, output_problem
 from wandistiller.core.stopping import tool_session
 from wandistiller.recipe.methods import card_phrases
 from wandistiller.state.card import model_card
@@ -99,6 +99,9 @@ def _check_out(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; choose a new folder (an export never overwrites)")
+    problem = out_folder_problem(out, "the whole pipeline's folders go in it")
+    if problem:
+        raise UserError(problem)
     if out.is_dir() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; choose a new folder (an export never overwrites)")
     problem = folder_problem(out) or output_problem(out.parent)  # tried: a file is made there and removed

@@ -112,6 +112,20 @@ def _read_only(path: Path) -> bool:
 # a file written whole replaces a link (never writes through it); a file appended to must be the folder's own.
 
 
+# What an `--out` folder was once given as a file's name (`--out fox.png`, `--out student.safetensors`): a folder of
+# that name was made. Pictures, clips and model files; an existing folder of such a name is still taken.
+FILE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mp4", ".webm", ".mov", ".avi",
+                 ".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".json")  # fmt: skip
+
+
+def out_folder_problem(out: Path, what: str) -> str | None:
+    """Why `--out` names a file where a folder is written (`what`: what goes in it), in words; None where it does
+    not."""
+    if out.suffix.lower() not in FILE_SUFFIXES or out.is_dir():
+        return None
+    return f"--out {out} names a file, but --out is a folder ({what}); give a folder (e.g. --out {out.with_suffix('')})"
+
+
 class OutsideRunFolder(UserError):
     """A name in a run folder leads out of it (a symbolic link, or a hard link to another file)."""
 
