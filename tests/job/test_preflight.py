@@ -241,3 +241,14 @@ def test_a_missing_teacher_folder_is_said_before_the_checks_that_import_diffuser
     with pytest.raises(UserError, match=r"^teacher.path='.*Wan2.1' does not exist; point it at a diffusers-format"):
         run(make_cfg(f"teacher.path={missing}", "teacher.builtin=null", run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_resume_asked_to_stop_before_its_checkpoint_is_refused_not_done_without_a_step(make_cfg, tmp_path):
+    """trainer.max_steps below the checkpoint's step ran no step and saved the checkpoint's student as the final
+    one, saying "done"; refused, nothing written."""
+    run_dir = tmp_path / "r"
+    run(make_cfg("trainer.max_steps=4", "trainer.checkpoint_every=2", run_dir=run_dir))
+    before = sorted((p.relative_to(run_dir), p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    with refused("trainer.max_steps=3 is below step 4, where trainer.resume=auto continues (step_00000004): nothing"):
+        run(make_cfg("trainer.max_steps=3", "trainer.resume=auto", run_dir=run_dir))
+    assert sorted((p.relative_to(run_dir), p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before

@@ -49,6 +49,7 @@ from wandistiller.state.checkpoint import (
     check_method,
     check_student_identity,
     check_teacher,
+    checkpoint_step,
     list_checkpoints,
     resume_candidate,
 )
@@ -215,6 +216,13 @@ def check_resumed(cfg: DictConfig, checkpoint: Path | None, spec, method) -> Non
     the settings that change what it trains: `Method.identity`)."""
     if checkpoint is None:
         return
+    step, last = checkpoint_step(checkpoint), cfg.trainer.max_steps
+    if isinstance(last, int) and step > last:  # the loop would run no step and save the checkpoint's student as final
+        raise UserError(
+            f"trainer.max_steps={last} is below step {step}, where trainer.resume={cfg.trainer.resume} continues "
+            f"({checkpoint.name}): nothing is left to train; give trainer.max_steps={step} or more to go on, or take "
+            f"an earlier student with --checkpoint step_N (python -m wandistiller.eval or export)"
+        )
     check_teacher(checkpoint, spec, bool(cfg.trainer.get("allow_other_teacher", False)), is_lora(cfg.student))
     check_method(checkpoint, method.identity(), cfg.trainer.resume)
     check_student_identity(checkpoint, student_identity(cfg), cfg.trainer.resume)

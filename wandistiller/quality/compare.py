@@ -29,6 +29,7 @@ from wandistiller.job.run import run
 from wandistiller.pocket.classifier import load_classifier
 from wandistiller.pocket.clips import video_prompt_file_order
 from wandistiller.pocket.digits import PROMPTS
+from wandistiller.state.checkpoint import checkpoint_step, list_checkpoints
 from wandistiller.state.runs import open_run, student_sampler, student_scheduler, student_steps
 from wandistiller.state.sampling import generate, load_teacher
 from wandistiller.student.lora import ADAPTERS_JSON, is_lora
@@ -121,19 +122,17 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
             *settings.extra,
         ]
     )
-    try:
-        summary = run(cfg, register_configs)
-    except UserError as e:  # a job's line names the keys this command set from its flags: said as those flags
-        raise UserError(as_flags(str(e))) from None
-    # A finished run resumed at fewer steps is "nothing to do": its longer-trained student must not be reported
-    # as one of --steps.
-    trained = summary.get("final_step", settings.max_steps)
+    # A student trained further than --steps is never reported as one of --steps (nor resumed: nothing to train).
+    trained = max((checkpoint_step(p) for p in list_checkpoints(run_dir)), default=0) if run_dir.is_dir() else 0
     if trained > settings.max_steps:
         raise UserError(
             f"--work: {run_dir} holds a student trained {trained} steps, more than --steps {settings.max_steps}; "
             f"give --steps {trained}, or another --work"
         )
-    return summary
+    try:
+        return run(cfg, register_configs)
+    except UserError as e:  # a job's line names the keys this command set from its flags: said as those flags
+        raise UserError(as_flags(str(e))) from None
 
 
 def sample(
