@@ -361,8 +361,8 @@ def _keep_schedule(result: DictConfig, saved: DictConfig) -> str:
         last = f"at {value or f'{part} of trainer.optimizer.lr'}, where it ends"
     said = (
         f"; trainer.max_steps={steps} goes past the run's {schedule} LR schedule of {horizon} steps (kept as the run "
+        f"was made), so {past} {last}"
     )
-    said += f"was made), so {past} {last}"
     if share is not None and share >= 1:  # held at the full LR: nothing lost
         return said
     if is_lora(OmegaConf.select(result, "student")):  # adapters start from nothing else: no student.init

@@ -123,7 +123,7 @@ def train_student(settings: Settings, overrides: list[str], seed: int, run_dir: 
         ]
     )
     # A student trained further than --steps is never reported as one of --steps (nor resumed: nothing to train).
-    trained = max((checkpoint_step(p) for p in list_checkpoints(run_dir)), default=0) if run_dir.is_dir() else 0
+    trained = max((checkpoint_step(p) for p in list_checkpoints(run_dir)), default=0)
     if trained > settings.max_steps:
         raise UserError(
             f"--work: {run_dir} holds a student trained {trained} steps, more than --steps {settings.max_steps}; "

@@ -69,18 +69,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file() or (p / LEGACY_FILE).is_file()]
-    found = [p for p in found if _own(run_dir, p)]
+    found = [p for p in found if _inside(run_dir, p)]  # one linked in from outside: refused by `refuse_linked_in`
     return sorted(found, key=lambda p: (checkpoint_step(p), p.name))  # by the step inside, not name or mtime
-
-
-def _own(run_dir: Path, path: Path) -> bool:
-    """Whether the checkpoint `path` lies inside the run folder; a linked one leading out is skipped, said once."""
-    try:
-        in_run(run_dir, path)
-        return True
-    except UserError:  # never read; one newer than what is taken is refused by name (`refuse_linked_in`)
-        log.debug("%s leads out of the run folder: not read", path)
-        return False
 
 
 def _leading_out(run_dir: Path) -> list[tuple[Path, Path]]:
